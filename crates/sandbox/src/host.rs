@@ -1,0 +1,100 @@
+//! What the host kernel offers, probed once per process. `spawn` refuses to run a policy that
+//! requires something missing here; `airlock doctor` prints the same facts.
+
+use std::fs;
+use std::sync::OnceLock;
+
+use crate::cgroup::{self, Layout};
+use crate::seccomp::Filters;
+use crate::sys;
+
+/// The mechanisms a sandbox can use on this host; each `Err` says what is missing and why.
+#[derive(Clone, Debug)]
+pub struct HostSupport {
+    pub kernel_release: String,
+    pub arch: &'static str,
+    pub running_as_root: bool,
+    pub user_namespaces: Result<(), String>,
+    pub seccomp: Result<(), String>,
+    pub landlock_abi: Result<u32, String>,
+    pub cgroup: Result<Layout, String>,
+}
+
+static SUPPORT: OnceLock<HostSupport> = OnceLock::new();
+
+/// Probes the host once; later calls return the same answer.
+pub fn host_support() -> &'static HostSupport {
+    SUPPORT.get_or_init(probe)
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    fs::read_to_string(path).ok().map(|s| s.trim().to_owned())
+}
+
+fn probe() -> HostSupport {
+    let running_as_root = nix::unistd::geteuid().is_root();
+    HostSupport {
+        kernel_release: nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        arch: std::env::consts::ARCH,
+        running_as_root,
+        user_namespaces: probe_userns(running_as_root),
+        seccomp: probe_seccomp(),
+        landlock_abi: sys::landlock_abi().map_err(|e| match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => "Landlock is built into the kernel but not enabled: add \
+                `landlock` to the `lsm=` kernel command line"
+                .to_owned(),
+            Some(libc::ENOSYS) => "the kernel has no Landlock (needs Linux 5.13+ built with \
+                CONFIG_SECURITY_LANDLOCK)"
+                .to_owned(),
+            _ => format!("landlock_create_ruleset: {e}"),
+        }),
+        cgroup: cgroup::detect()
+            .and_then(|layout| cgroup::check_writable(&layout).map(|()| layout))
+            .and_then(|layout| cgroup::prepare(&layout).map(|()| layout))
+            .map_err(|e| e.to_string()),
+    }
+}
+
+fn probe_userns(root: bool) -> Result<(), String> {
+    match read_trimmed("/proc/sys/user/max_user_namespaces").as_deref() {
+        None => return Err("the kernel has no user namespaces (CONFIG_USER_NS)".into()),
+        Some("0") => {
+            return Err(
+                "user namespaces are disabled: set `sysctl user.max_user_namespaces` \
+                above 0"
+                    .into(),
+            )
+        }
+        _ => {}
+    }
+    if !root && read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
+        return Err("unprivileged user namespaces are disabled: `sysctl \
+            kernel.unprivileged_userns_clone=1`, or run airlock as root"
+            .into());
+    }
+    if !root
+        && read_trimmed("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").as_deref()
+            == Some("1")
+    {
+        return Err(
+            "AppArmor restricts unprivileged user namespaces: run airlock as root or \
+            give it an AppArmor profile that allows `userns`"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+fn probe_seccomp() -> Result<(), String> {
+    sys::seccomp_mode().map_err(|e| format!("the kernel has no seccomp (CONFIG_SECCOMP): {e}"))?;
+    let actions = read_trimmed("/proc/sys/kernel/seccomp/actions_avail")
+        .ok_or("the kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)")?;
+    for needed in ["kill_process", "errno", "allow"] {
+        if !actions.split_whitespace().any(|a| a == needed) {
+            return Err(format!("the kernel's seccomp lacks the `{needed}` action"));
+        }
+    }
+    Filters::compile().map(drop).map_err(|e| e.to_string())
+}

@@ -1,0 +1,701 @@
+//! The inside of a sandbox, in the order it is built (compare firecracker's `Env::run` and
+//! nsjail's `containProc`). Three processes take part, all airlock code until the last exec:
+//!
+//! 1. **outer** — our own binary re-executed by the host (`INIT_ARG`), fresh and
+//!    single-threaded, already placed in the sandbox's cgroup. It drops host root to an
+//!    unprivileged uid of its own, creates the user namespace (mapping that uid to the policy's
+//!    uid), then the mount, PID, network, IPC, UTS and cgroup namespaces, and forks:
+//! 2. **init** — PID 1 of the new PID namespace. It builds the root file system, pivots into
+//!    it, forks the program and reaps every process until the program ends, then reports the
+//!    program's wait status and exits; the kernel then kills whatever is left in the namespace.
+//!    It dies with `outer` (`PR_SET_PDEATHSIG`), which is how the host kills a sandbox.
+//! 3. **program** — a new session, rlimits, only its own descriptors, `no_new_privs`, no
+//!    capabilities at all, Landlock, seccomp last, then `execve`.
+
+use std::convert::Infallible;
+use std::ffi::{CString, OsStr};
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope, ABI,
+};
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::prctl;
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::signal::Signal;
+use nix::unistd::{self, Gid, Uid};
+
+use crate::policy::{Policy, RootEntry};
+use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
+use crate::seccomp::{Filters, SeccompError};
+use crate::sys::{self, ForkResult, Waited};
+
+/// The argument that turns our own binary into a sandbox's init (see `run_if_init`).
+pub const INIT_ARG: &str = "__airlock-sandbox-init";
+/// The status socket, as the host places it in `outer`.
+pub(crate) const STATUS_FD: RawFd = 3;
+/// The first descriptor passed through to the program; it finds them from 3 on.
+pub(crate) const FIRST_EXTRA_FD: RawFd = 4;
+/// When the host runs as root, each sandbox gets host uid/gid `HOST_ID_BASE + pid of outer`:
+/// unique among live sandboxes, owning nothing on the host, and mapped to the policy's uid.
+pub const HOST_ID_BASE: u32 = 0x7000_0000;
+/// Processes of the sandbox's own (outer and init) in its pids cgroup.
+pub(crate) const INIT_PROCESSES: u32 = 2;
+
+/// Directory of the host that the new root is assembled on. The mount happens in the new
+/// mount namespace only; the host's own directory is untouched.
+const NEW_ROOT: &str = "/tmp";
+const OLD_ROOT: &str = ".oldroot";
+const SCRATCH_STAGING: &str = ".scratch";
+const DEV_NODES: [(&str, bool); 5] = [
+    ("null", true),
+    ("zero", true),
+    ("full", true),
+    ("random", false),
+    ("urandom", false),
+];
+const OOM_SCORE_ADJ: &str = "/proc/self/oom_score_adj";
+/// The Landlock ABI whose rights airlock asks for; older kernels give `partially_enforced`.
+const LANDLOCK_ABI: ABI = ABI::V6;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InitError {
+    #[error("reading the request: {0}")]
+    Request(io::Error),
+    #[error("the host process is gone")]
+    ParentGone,
+    #[error("{call}: {source}")]
+    Sys {
+        call: &'static str,
+        source: io::Error,
+    },
+    #[error("{call} {path:?}: {source}")]
+    Path {
+        call: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{resource} rlimit: {source}")]
+    Rlimit {
+        resource: &'static str,
+        source: io::Error,
+    },
+    #[error("landlock: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+    #[error("landlock is required but the kernel did not enforce it")]
+    LandlockNotEnforced,
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    #[error("execve {program:?}: {source}")]
+    Exec { program: PathBuf, source: io::Error },
+}
+
+fn sys_err(call: &'static str) -> impl FnOnce(Errno) -> InitError {
+    move |e| InitError::Sys {
+        call,
+        source: e.into(),
+    }
+}
+
+fn path_err<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> InitError + 'a {
+    move |source| InitError::Path {
+        call,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn path_errno<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> InitError + 'a {
+    move |e| InitError::Path {
+        call,
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// Runs a sandbox's init if this process was started as one, and never returns then.
+/// Binaries that spawn sandboxes call this first thing in `main`.
+pub fn run_if_init() {
+    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(INIT_ARG)) {
+        outer_main()
+    }
+}
+
+fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
+    let report = Report::Failed {
+        stage: stage.to_owned(),
+        error: err.to_string(),
+    };
+    let _ = proto::send_msg(status, &report);
+    sys::exit_immediately(1)
+}
+
+fn outer_main() -> ! {
+    let Ok(status) = sys::take_inherited_fd(STATUS_FD) else {
+        sys::exit_immediately(1)
+    };
+    match outer(&status) {
+        Ok(never) => match never {},
+        Err(e) => fail(&status, "outer", &e),
+    }
+}
+
+fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
+    let req: InitRequest = proto::recv_msg(status)
+        .map_err(InitError::Request)?
+        .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
+    // Nothing but stdio, the status socket and the program's own descriptors stays open.
+    let first_unused = FIRST_EXTRA_FD + req.extra_fds as RawFd;
+    sys::close_range(first_unused, RawFd::MAX).map_err(|source| InitError::Sys {
+        call: "close_range",
+        source,
+    })?;
+    if req.policy.die_with_parent {
+        prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
+        if unistd::getppid().as_raw() != req.parent_pid {
+            return Err(InitError::ParentGone);
+        }
+    }
+    // The OOM killer should pick the program, not us: our death would orphan the sandbox's
+    // init. Lowering the score needs CAP_SYS_RESOURCE, so this is a best effort; init puts
+    // the score back to at least 0 for itself and the program.
+    let _ = fs::write(OOM_SCORE_ADJ, "-1000");
+    let (host_uid, host_gid) = drop_host_root()?;
+    let filters = req
+        .policy
+        .seccomp
+        .is_required()
+        .then(Filters::compile)
+        .transpose()?;
+
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
+    write_id_maps(&req.policy, host_uid, host_gid)?;
+    let namespaces = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    unshare(namespaces).map_err(sys_err("unshare(namespaces)"))?;
+
+    // `init` watches the read end: if we die before its PR_SET_PDEATHSIG is armed, it sees EOF.
+    let (alive_r, alive_w) =
+        unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    match sys::fork().map_err(sys_err("fork"))? {
+        ForkResult::Child => {
+            drop(alive_w);
+            match init(&req, status, alive_r, filters.as_ref()) {
+                Ok(never) => match never {},
+                Err(e) => fail(status, "init", &e),
+            }
+        }
+        ForkResult::Parent { child } => {
+            drop(alive_r);
+            // The host kills the sandbox through this pidfd, never by killing us: init must
+            // stay our child so that we, and no init that might not reap, collect it.
+            let started = sys::pidfd_open(child.as_raw())
+                .and_then(|pidfd| proto::send_msg_with_fd(status, &Report::Started, Some(&pidfd)));
+            if let Err(source) = started {
+                let _ = nix::sys::signal::kill(child, Signal::SIGKILL);
+                let _ = sys::wait_child(child.as_raw());
+                return Err(InitError::Sys {
+                    call: "pidfd_open",
+                    source,
+                });
+            }
+            let _ = sys::close_range(0, 2);
+            let _ = sys::close_range(FIRST_EXTRA_FD, first_unused - 1);
+            let _ = sys::wait_child(child.as_raw());
+            drop(alive_w);
+            sys::exit_immediately(0)
+        }
+    }
+}
+
+/// As root on the host, become a uid and gid that own nothing; otherwise keep our own.
+fn drop_host_root() -> Result<(u32, u32), InitError> {
+    let euid = unistd::geteuid();
+    if !euid.is_root() {
+        return Ok((euid.as_raw(), unistd::getegid().as_raw()));
+    }
+    let id = HOST_ID_BASE + unistd::getpid().as_raw() as u32;
+    unistd::setgroups(&[]).map_err(sys_err("setgroups"))?;
+    let gid = Gid::from_raw(id);
+    unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
+    let uid = Uid::from_raw(id);
+    unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
+    // Changing credentials made us non-dumpable, which hands /proc/self (and its uid_map) to
+    // root. Nothing outside can reach this process: its uid is unique and unused.
+    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    Ok((id, id))
+}
+
+/// Maps exactly one uid and gid: the policy's, onto our host ids. `setgroups` is denied so
+/// that supplementary groups can never be dropped to get around a group-based permission.
+fn write_id_maps(policy: &Policy, host_uid: u32, host_gid: u32) -> Result<(), InitError> {
+    let write = |file: &'static str, contents: String| {
+        let path = Path::new(file);
+        fs::write(path, contents).map_err(path_err("write", path))
+    };
+    write(
+        "/proc/self/uid_map",
+        format!("{} {host_uid} 1\n", policy.uid),
+    )?;
+    write("/proc/self/setgroups", "deny".to_owned())?;
+    write(
+        "/proc/self/gid_map",
+        format!("{} {host_gid} 1\n", policy.gid),
+    )
+}
+
+/// PID 1 of the sandbox.
+fn init(
+    req: &InitRequest,
+    status: &OwnedFd,
+    alive: OwnedFd,
+    filters: Option<&Filters>,
+) -> Result<Infallible, InitError> {
+    prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
+    let mut fds = [PollFd::new(alive.as_fd(), PollFlags::POLLIN)];
+    poll(&mut fds, PollTimeout::ZERO).map_err(sys_err("poll"))?;
+    if fds[0]
+        .revents()
+        .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLIN))
+    {
+        return Err(InitError::ParentGone);
+    }
+    drop(alive);
+    // Whatever the host's own score, the program must stay killable by the OOM killer.
+    let oom = Path::new(OOM_SCORE_ADJ);
+    let score: i32 = fs::read_to_string(oom)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    if score < 0 {
+        fs::write(oom, "0").map_err(path_err("write", oom))?;
+    }
+
+    build_root(&req.policy)?;
+    unistd::sethostname(&req.policy.hostname).map_err(sys_err("sethostname"))?;
+    unistd::chdir(&req.policy.workdir).map_err(path_errno("chdir", &req.policy.workdir))?;
+    // Keeps the program (same uid) out of /proc/1: no ptrace-style access to our memory,
+    // descriptors or status socket.
+    prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+
+    match sys::fork().map_err(sys_err("fork"))? {
+        ForkResult::Child => program(req, status, filters),
+        ForkResult::Parent { child } => {
+            let n = req.extra_fds as RawFd;
+            let _ = sys::close_range(0, 2);
+            let _ = sys::close_range(FIRST_EXTRA_FD, FIRST_EXTRA_FD + n - 1);
+            sys::drop_all_capabilities().map_err(|source| InitError::Sys {
+                call: "drop capabilities",
+                source,
+            })?;
+            let report = reap_until(child.as_raw());
+            let _ = proto::send_msg(status, &report);
+            // Exiting as PID 1 makes the kernel kill everything left in the namespace.
+            sys::exit_immediately(0)
+        }
+    }
+}
+
+/// Reaps every process that ends (orphans are re-parented to us) until `main` does.
+fn reap_until(main: i32) -> Report {
+    loop {
+        match sys::wait_child(-1) {
+            Ok((pid, Waited::Exited(code))) if pid == main => {
+                return Report::Exited {
+                    code: Some(code),
+                    signal: None,
+                }
+            }
+            Ok((pid, Waited::Signaled(sig))) if pid == main => {
+                return Report::Exited {
+                    code: None,
+                    signal: Some(sig),
+                }
+            }
+            Ok(_) => continue,
+            Err(e) => {
+                return Report::Failed {
+                    stage: "init".into(),
+                    error: format!("wait: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Assembles the new root on a small tmpfs, pivots into it and makes it read-only.
+fn build_root(policy: &Policy) -> Result<(), InitError> {
+    let none = None::<&str>;
+    let root = Path::new(NEW_ROOT);
+    // Nothing we mount may propagate back to the host.
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(sys_err("mount(/, MS_REC|MS_PRIVATE)"))?;
+    mount_tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
+
+    for entry in &policy.root {
+        let target = inside(root, entry.path());
+        match entry {
+            RootEntry::ReadOnly { source, .. } => {
+                let meta = fs::metadata(source).map_err(path_err("stat", source))?;
+                make_mount_point(&target, meta.is_dir())?;
+                mount(
+                    Some(source.as_path()),
+                    &target,
+                    none,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    none,
+                )
+                .map_err(path_errno("bind mount", source))?;
+                let attrs =
+                    libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+                sys::mount_setattr(&target, true, attrs)
+                    .map_err(path_err("mount_setattr", &target))?;
+            }
+            RootEntry::Symlink { target: link, .. } => {
+                make_parent(&target)?;
+                symlink(link, &target).map_err(path_err("symlink", &target))?;
+            }
+            RootEntry::File { contents, .. } => {
+                make_parent(&target)?;
+                fs::write(&target, contents).map_err(path_err("write", &target))?;
+                fs::set_permissions(&target, fs::Permissions::from_mode(0o444))
+                    .map_err(path_err("chmod", &target))?;
+            }
+        }
+    }
+
+    // A fresh /proc for our PID namespace, with only the per-process entries (no /proc/sys,
+    // /proc/kcore, /proc/sysrq-trigger, ...).
+    let proc = root.join("proc");
+    make_mount_point(&proc, true)?;
+    let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        proc_flags,
+        Some("subset=pid"),
+    )
+    .map_err(path_errno("mount proc", &proc))?;
+
+    // A minimal /dev: a few harmless character devices bound from the host, and links.
+    let dev = root.join("dev");
+    make_mount_point(&dev, true)?;
+    mount_tmpfs(&dev, "size=64k,nr_inodes=64,mode=0755", MsFlags::MS_NOEXEC)?;
+    for (name, _) in DEV_NODES {
+        let node = dev.join(name);
+        let host = Path::new("/dev").join(name);
+        make_mount_point(&node, false)?;
+        mount(Some(host.as_path()), &node, none, MsFlags::MS_BIND, none)
+            .map_err(path_errno("bind mount", &host))?;
+        sys::mount_setattr(
+            &node,
+            false,
+            libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+        )
+        .map_err(path_err("mount_setattr", &node))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let path = dev.join(link);
+        symlink(target, &path).map_err(path_err("symlink", &path))?;
+    }
+
+    // One tmpfs carries every writable directory, so one size and inode budget covers them all.
+    let staging = root.join(SCRATCH_STAGING);
+    make_mount_point(&staging, true)?;
+    let opts = format!(
+        "size={},nr_inodes={},mode=0755",
+        policy.scratch.size_bytes, policy.scratch.inodes
+    );
+    mount_tmpfs(&staging, &opts, MsFlags::MS_NOEXEC)?;
+    for (i, mount_point) in policy.scratch.mounts.iter().enumerate() {
+        let dir = staging.join(i.to_string());
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .map_err(path_err("mkdir", &dir))?;
+        let target = inside(root, mount_point);
+        make_mount_point(&target, true)?;
+        mount(Some(dir.as_path()), &target, none, MsFlags::MS_BIND, none)
+            .map_err(path_errno("bind mount", &target))?;
+    }
+    umount2(&staging, MntFlags::MNT_DETACH).map_err(path_errno("umount", &staging))?;
+    fs::remove_dir(&staging).map_err(path_err("rmdir", &staging))?;
+    let workdir = inside(root, &policy.workdir);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&workdir)
+        .map_err(path_err("mkdir", &workdir))?;
+
+    // pivot_root(2) with the old root detached, so not even a path to the host remains.
+    let old = root.join(OLD_ROOT);
+    make_mount_point(&old, true)?;
+    unistd::pivot_root(root, &old).map_err(sys_err("pivot_root"))?;
+    unistd::chdir("/").map_err(sys_err("chdir /"))?;
+    let old = Path::new("/").join(OLD_ROOT);
+    umount2(&old, MntFlags::MNT_DETACH).map_err(path_errno("umount", &old))?;
+    fs::remove_dir(&old).map_err(path_err("rmdir", &old))?;
+
+    let ro = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    for path in ["/dev", "/"] {
+        sys::mount_setattr(Path::new(path), false, ro)
+            .map_err(path_err("mount_setattr", Path::new(path)))?;
+    }
+    Ok(())
+}
+
+fn inside(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn mount_tmpfs(target: &Path, options: &str, extra: MsFlags) -> Result<(), InitError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
+    mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(options))
+        .map_err(path_errno("mount tmpfs", target))
+}
+
+fn make_parent(path: &Path) -> Result<(), InitError> {
+    match path.parent() {
+        Some(parent) => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(path_err("mkdir", parent)),
+        None => Ok(()),
+    }
+}
+
+fn make_mount_point(path: &Path, dir: bool) -> Result<(), InitError> {
+    make_parent(path)?;
+    let made = if dir {
+        fs::DirBuilder::new().mode(0o755).create(path)
+    } else {
+        fs::File::create(path).map(drop)
+    };
+    match made {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(path_err("create", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// The program's process: confine, then exec. Never returns.
+fn program(req: &InitRequest, status: &OwnedFd, filters: Option<&Filters>) -> ! {
+    // The status socket moves above the program's descriptors, which then slide down to 3..
+    let n = req.extra_fds as RawFd;
+    let status_fd = match sys::dup_cloexec_at_least(status.as_raw_fd(), FIRST_EXTRA_FD + n) {
+        Ok(fd) => fd,
+        Err(source) => fail(
+            status,
+            "program",
+            &InitError::Sys {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                source,
+            },
+        ),
+    };
+    let status = match sys::take_inherited_fd(status_fd) {
+        Ok(fd) => fd,
+        Err(_) => sys::exit_immediately(1),
+    };
+    match confine_and_exec(req, &status, filters) {
+        Ok(never) => match never {},
+        Err(e) => {
+            let report = Report::Failed {
+                stage: "program".into(),
+                error: e.to_string(),
+            };
+            let _ = proto::send_msg(&status, &report);
+            sys::exit_immediately(127)
+        }
+    }
+}
+
+fn confine_and_exec(
+    req: &InitRequest,
+    status: &OwnedFd,
+    filters: Option<&Filters>,
+) -> Result<Infallible, InitError> {
+    let policy = &req.policy;
+    let n = req.extra_fds as RawFd;
+    for i in 0..n {
+        sys::move_fd(FIRST_EXTRA_FD + i, 3 + i).map_err(|source| InitError::Sys {
+            call: "dup2",
+            source,
+        })?;
+    }
+    let status_fd = status.as_raw_fd();
+    let close = |first, last| {
+        sys::close_range(first, last).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })
+    };
+    close(3 + n, status_fd - 1)?;
+    close(status_fd + 1, RawFd::MAX)?;
+
+    // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
+    unistd::setsid().map_err(sys_err("setsid"))?;
+    apply_rlimits(policy)?;
+    prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    sys::drop_all_capabilities().map_err(|source| InitError::Sys {
+        call: "drop capabilities",
+        source,
+    })?;
+
+    let landlock = if policy.landlock.is_required() {
+        apply_landlock(policy)?
+    } else {
+        LandlockReport {
+            state: LandlockState::Disabled,
+            abi: sys::landlock_abi().ok(),
+        }
+    };
+    proto::send_msg(status, &Report::Ready { landlock }).map_err(|source| InitError::Sys {
+        call: "send",
+        source,
+    })?;
+
+    let to_c = |s: &str| {
+        CString::new(s).map_err(|e| InitError::Exec {
+            program: req.program.clone(),
+            source: io::Error::other(e),
+        })
+    };
+    let program = to_c(&req.program.to_string_lossy())?;
+    let args = req
+        .args
+        .iter()
+        .map(|a| to_c(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = req
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    // Last, so that nothing above runs under the filter; execve itself is allowed.
+    if let Some(filters) = filters {
+        filters.install()?;
+    }
+    let err = unistd::execve(&program, &args, &env).unwrap_err();
+    Err(InitError::Exec {
+        program: req.program.clone(),
+        source: err.into(),
+    })
+}
+
+fn apply_rlimits(policy: &Policy) -> Result<(), InitError> {
+    let l = &policy.limits;
+    // SIGXCPU at the limit, SIGKILL a second later if the program handles SIGXCPU.
+    let cpu = l.cpu_time.as_secs() + u64::from(l.cpu_time.subsec_nanos() > 0);
+    let mut limits = vec![
+        (Resource::RLIMIT_CPU, "cpu", cpu, cpu + 1),
+        (
+            Resource::RLIMIT_NOFILE,
+            "nofile",
+            l.open_files,
+            l.open_files,
+        ),
+        (
+            Resource::RLIMIT_FSIZE,
+            "fsize",
+            l.file_size_bytes,
+            l.file_size_bytes,
+        ),
+        (Resource::RLIMIT_CORE, "core", 0, 0),
+    ];
+    if !policy.cgroups.is_required() {
+        // Backstops only: without cgroups nothing covers the sandbox as a whole.
+        limits.push((Resource::RLIMIT_AS, "as", l.memory_bytes, l.memory_bytes));
+        // Counted per uid in the user namespace, so the two init processes count too.
+        let procs = u64::from(l.pids) + u64::from(INIT_PROCESSES);
+        limits.push((Resource::RLIMIT_NPROC, "nproc", procs, procs));
+    }
+    for (resource, name, soft, hard) in limits {
+        setrlimit(resource, soft, hard).map_err(|e| InitError::Rlimit {
+            resource: name,
+            source: e.into(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Landlock as a second wall inside the mount namespace: reading everywhere the root shows,
+/// executing only from the read-only host paths, writing only to scratch and a few devices,
+/// no TCP bind or connect, no abstract unix sockets or signals outside the sandbox.
+fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
+    let abi = LANDLOCK_ABI;
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    let read_exec = AccessFs::from_read(abi);
+    let mut write_no_exec = AccessFs::from_all(abi);
+    write_no_exec.remove(AccessFs::Execute);
+    let file_rights = AccessFs::ReadFile
+        | AccessFs::WriteFile
+        | AccessFs::Execute
+        | AccessFs::Truncate
+        | AccessFs::IoctlDev;
+
+    let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> = vec![(PathBuf::from("/"), read)];
+    for entry in &policy.root {
+        if let RootEntry::ReadOnly { target, .. } = entry {
+            rules.push((target.clone(), read_exec));
+        }
+    }
+    for mount_point in &policy.scratch.mounts {
+        rules.push((mount_point.clone(), write_no_exec));
+    }
+    for (name, writable) in DEV_NODES {
+        let access = if writable {
+            AccessFs::ReadFile | AccessFs::WriteFile
+        } else {
+            AccessFs::ReadFile.into()
+        };
+        rules.push((Path::new("/dev").join(name), access));
+    }
+
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))?
+        .handle_access(AccessNet::from_all(abi))?
+        .scope(Scope::from_all(abi))?
+        .create()?;
+    for (path, mut access) in rules {
+        let meta = fs::metadata(&path).map_err(path_err("stat", &path))?;
+        if !meta.is_dir() {
+            access &= file_rights;
+        }
+        let fd = PathFd::new(&path).map_err(|e| InitError::Path {
+            call: "open",
+            path: path.clone(),
+            source: io::Error::other(e),
+        })?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, access))?;
+    }
+    let status = ruleset.restrict_self()?;
+    let state = match status.ruleset {
+        RulesetStatus::FullyEnforced => LandlockState::FullyEnforced,
+        RulesetStatus::PartiallyEnforced => LandlockState::PartiallyEnforced,
+        RulesetStatus::NotEnforced => return Err(InitError::LandlockNotEnforced),
+    };
+    Ok(LandlockReport {
+        state,
+        abi: sys::landlock_abi().ok(),
+    })
+}

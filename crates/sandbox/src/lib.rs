@@ -1,0 +1,58 @@
+//! A Linux jail for running untrusted programs, built from a plain-data [`Policy`].
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use airlock_sandbox::{spawn, Command, Policy, RootEntry};
+//!
+//! fn main() {
+//!     // The sandbox's init is this binary, re-executed: this must come first.
+//!     airlock_sandbox::run_if_init();
+//!
+//!     let mut policy = Policy::default();
+//!     policy.root.push(RootEntry::ReadOnly { source: "/usr".into(), target: "/usr".into() });
+//!     let child = spawn(Command::new("/usr/bin/true"), &policy).unwrap();
+//!     let outcome = child.wait().unwrap();
+//!     println!("{:?}", outcome.exit);
+//! }
+//! ```
+//!
+//! # What is enforced
+//!
+//! - New user, PID, network, mount, IPC, UTS and cgroup namespaces; one unprivileged uid and
+//!   gid mapped inside (as root on the host, a host uid unique to the sandbox and owning
+//!   nothing).
+//! - A read-only root holding only what the policy lists, a fresh `/proc` (per-process entries
+//!   only), a minimal `/dev`, and one size- and inode-capped tmpfs for the writable directories.
+//!   The host's root is detached after `pivot_root`.
+//! - An empty network namespace.
+//! - A new session (no controlling terminal), `no_new_privs`, every capability dropped and the
+//!   securebits locked, descriptors closed but the program's own.
+//! - Landlock (ABI 6 rights: file system, TCP, abstract unix sockets and signals scoped).
+//! - seccomp: a default-deny allow-list with an architecture check and x32 rejection, kept as
+//!   data in `seccomp/x86_64.json` (see [`seccomp`]).
+//! - cgroup v2 or v1 limits on memory (swap off), pids and CPU; rlimits on CPU time, open
+//!   files, file size and core dumps; a wall clock enforced from outside by killing the
+//!   sandbox's PID namespace.
+//! - Fail closed: a mechanism the policy requires but the host lacks is an error, never a
+//!   silent skip; it is skipped only when the policy says `Enforcement::Disabled`, and the
+//!   outcome's [`Isolation`] says so.
+
+mod cgroup;
+mod host;
+mod init;
+mod policy;
+mod proto;
+pub mod seccomp;
+mod spawn;
+mod sys;
+
+pub use cgroup::{remove_leftovers, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX};
+pub use host::{host_support, HostSupport};
+pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
+pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
+pub use proto::{LandlockReport, LandlockState};
+pub use spawn::{
+    spawn, Child, Command, Exit, Isolation, KillReason, Killer, Outcome, SpawnError, Usage,
+    WaitError, NAMESPACES,
+};

@@ -1,0 +1,142 @@
+//! Messages between the host and the sandbox's init processes, one JSON document per
+//! `SOCK_SEQPACKET` datagram. Only airlock's own code writes to this socket: the program
+//! never holds it (it is close-on-exec and closed before the program's code runs).
+
+use std::io;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::Policy;
+
+/// Largest message either side sends or accepts.
+pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
+
+/// Host to init, once: what to build and what to run.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct InitRequest {
+    pub policy: Policy,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Descriptors the host placed at 4.. for the program, which finds them at 3..
+    pub extra_fds: u32,
+    /// The host's pid, to notice a host that died before `PR_SET_PDEATHSIG` took effect.
+    pub parent_pid: i32,
+}
+
+/// Init to host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub(crate) enum Report {
+    /// The sandbox's PID 1 exists; a pidfd for it travels with this message (SCM_RIGHTS).
+    Started,
+    /// The program's process is confined and about to exec.
+    Ready { landlock: LandlockReport },
+    /// The program ended, as the kernel reported it to the sandbox's init (`wait4`).
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Setting up the sandbox failed; nothing of the program ran.
+    Failed { stage: String, error: String },
+}
+
+/// What Landlock enforced, as `landlock_restrict_self` reported it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockReport {
+    pub state: LandlockState,
+    /// The kernel's Landlock ABI version, when it has one.
+    pub abi: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LandlockState {
+    FullyEnforced,
+    PartiallyEnforced,
+    NotEnforced,
+    /// Explicitly downgraded by the caller.
+    Disabled,
+}
+
+pub(crate) fn send_msg<T: Serialize>(fd: impl AsFd, msg: &T) -> io::Result<()> {
+    send_msg_with_fd(fd, msg, None)
+}
+
+/// Sends one message, optionally passing a descriptor along with it.
+pub(crate) fn send_msg_with_fd<T: Serialize>(
+    fd: impl AsFd,
+    msg: &T,
+    pass: Option<&OwnedFd>,
+) -> io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if bytes.len() > MAX_MESSAGE {
+        return Err(io::Error::other(format!(
+            "message of {} bytes is too large",
+            bytes.len()
+        )));
+    }
+    let iov = [IoSlice::new(&bytes)];
+    let raw: Vec<RawFd> = pass.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsgs: Vec<ControlMessage<'_>> = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    loop {
+        match sendmsg::<()>(
+            fd.as_fd().as_raw_fd(),
+            &iov,
+            &cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one message and any descriptor passed with it; `None` at end of stream.
+pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
+    fd: impl AsFd,
+) -> io::Result<Option<(T, Option<OwnedFd>)>> {
+    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+    let (n, passed) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let flags = MsgFlags::MSG_CMSG_CLOEXEC;
+        match recvmsg::<()>(fd.as_fd().as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
+            Ok(msg) => {
+                let mut passed: Vec<OwnedFd> = Vec::new();
+                for c in msg.cmsgs().map_err(io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(fds) = c {
+                        passed.extend(fds.into_iter().map(crate::sys::own_received_fd));
+                    }
+                }
+                if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    return Err(io::Error::other("message too large"));
+                }
+                break (msg.bytes, passed);
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
+    Ok(Some((msg, passed.into_iter().next())))
+}
+
+/// Receives one message; `None` when the peer has closed its end.
+pub(crate) fn recv_msg<T: DeserializeOwned>(fd: impl AsFd) -> io::Result<Option<T>> {
+    Ok(recv_msg_with_fd(fd)?.map(|(m, _)| m))
+}

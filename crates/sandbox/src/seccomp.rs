@@ -1,0 +1,263 @@
+//! The syscall filter, kept as data: `seccomp/x86_64.json`, one entry per syscall with the reason
+//! it is there (the format is seccompiler's, as in firecracker's `resources/seccomp`).
+//!
+//! The file holds several filters that are all installed; the kernel runs every one on each call
+//! and the most severe answer wins, so a later filter (the program's own included) can only add
+//! restrictions:
+//! - `allow`: the default-deny allow-list; any other call fails with `ENOSYS`.
+//! - `kill`: calls only an escape attempt makes; the process is killed with `SIGSYS`.
+//! - `socket_families`, `socket_types`: narrow `socket(2)` with a precise errno.
+//!
+//! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
+//! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
+
+use seccompiler::{sock_filter, BpfProgram, TargetArch};
+
+/// The profile source for the architecture this crate was built for.
+#[cfg(target_arch = "x86_64")]
+pub const PROFILE_JSON: &str = include_str!("../seccomp/x86_64.json");
+#[cfg(not(target_arch = "x86_64"))]
+pub const PROFILE_JSON: &str = "";
+
+/// Installation order. All are installed; when several return an errno, the most recently
+/// installed wins, so a wrong family (EAFNOSUPPORT) outranks a raw type (EPERM).
+const FILTERS: [&str; 4] = ["kill", "socket_types", "socket_families", "allow"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("no seccomp profile for this architecture ({0})")]
+    UnsupportedArch(&'static str),
+    #[error("seccomp profile is malformed: {0}")]
+    Profile(String),
+    #[error("compiling seccomp profile: {0}")]
+    Compile(#[from] seccompiler::Error),
+    #[error("installing seccomp filter {name}: {source}")]
+    Install {
+        name: &'static str,
+        source: seccompiler::Error,
+    },
+}
+
+/// The compiled filters, in installation order.
+#[derive(Debug)]
+pub struct Filters(Vec<(&'static str, BpfProgram)>);
+
+impl Filters {
+    /// Compiles the embedded profile. Unknown syscall names are an error, never skipped.
+    pub fn compile() -> Result<Self, SeccompError> {
+        let arch = target_arch()?;
+        let stripped = strip_filter_comments(PROFILE_JSON)?;
+        let mut map = seccompiler::compile_from_json(stripped.as_bytes(), arch)?;
+        let mut out = vec![("arch_and_x32", x32_guard())];
+        for name in FILTERS {
+            let prog = map
+                .remove(name)
+                .ok_or_else(|| SeccompError::Profile(format!("filter {name:?} is missing")))?;
+            out.push((name, prog));
+        }
+        if let Some(extra) = map.keys().next() {
+            return Err(SeccompError::Profile(format!(
+                "unexpected filter {extra:?}"
+            )));
+        }
+        Ok(Filters(out))
+    }
+
+    /// Installs every filter on the calling thread. `no_new_privs` must already be set.
+    pub fn install(&self) -> Result<(), SeccompError> {
+        for (name, prog) in &self.0 {
+            seccompiler::apply_filter(prog)
+                .map_err(|source| SeccompError::Install { name, source })?;
+        }
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+fn target_arch() -> Result<TargetArch, SeccompError> {
+    if cfg!(target_arch = "x86_64") {
+        Ok(TargetArch::x86_64)
+    } else {
+        Err(SeccompError::UnsupportedArch(std::env::consts::ARCH))
+    }
+}
+
+/// seccompiler refuses unknown fields at filter level, where the profile keeps a comment per
+/// filter; every rule must carry one too.
+fn strip_filter_comments(json: &str) -> Result<String, SeccompError> {
+    let bad = |m: String| SeccompError::Profile(m);
+    let mut doc: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
+    let filters = doc
+        .as_object_mut()
+        .ok_or_else(|| bad("top level is not an object".into()))?;
+    for (name, filter) in filters.iter_mut() {
+        let filter = filter
+            .as_object_mut()
+            .ok_or_else(|| bad(format!("{name} not an object")))?;
+        let comment = filter.remove("comment");
+        if comment
+            .as_ref()
+            .and_then(|c| c.as_str())
+            .is_none_or(str::is_empty)
+        {
+            return Err(bad(format!("filter {name} has no comment")));
+        }
+        let rules = filter
+            .get("filter")
+            .and_then(|r| r.as_array())
+            .ok_or_else(|| bad(format!("filter {name} has no rule list")))?;
+        for rule in rules {
+            let has_reason = rule
+                .get("comment")
+                .and_then(|c| c.as_str())
+                .is_some_and(|c| !c.is_empty());
+            if !has_reason {
+                return Err(bad(format!("a rule of {name} has no reason: {rule}")));
+            }
+        }
+    }
+    Ok(doc.to_string())
+}
+
+/// Kill on a foreign architecture or an x32 syscall number.
+fn x32_guard() -> BpfProgram {
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
+        ins(JSET_K, 0, 1, X32_SYSCALL_BIT),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+        ins(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn profile() -> serde_json::Value {
+        serde_json::from_str(PROFILE_JSON).unwrap()
+    }
+
+    fn names(filter: &str) -> Vec<String> {
+        profile()[filter]["filter"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["syscall"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn profile_compiles_with_every_filter() {
+        let filters = Filters::compile().unwrap();
+        assert_eq!(filters.len(), 1 + FILTERS.len());
+    }
+
+    #[test]
+    fn allow_list_is_default_deny_and_kill_list_kills() {
+        let p = profile();
+        assert_eq!(
+            p["allow"]["mismatch_action"],
+            serde_json::json!({"errno": libc::ENOSYS})
+        );
+        assert_eq!(p["allow"]["filter_action"], "allow");
+        assert_eq!(p["kill"]["filter_action"], "kill_process");
+        assert_eq!(p["kill"]["mismatch_action"], "allow");
+    }
+
+    #[test]
+    fn dangerous_calls_are_never_allowed_and_always_killed() {
+        let allowed = names("allow");
+        let killed = names("kill");
+        for call in [
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "keyctl",
+            "add_key",
+            "bpf",
+            "perf_event_open",
+            "userfaultfd",
+            "io_uring_setup",
+            "io_uring_enter",
+            "kexec_load",
+            "init_module",
+            "finit_module",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "unshare",
+            "setns",
+            "open_by_handle_at",
+            "move_mount",
+            "fsopen",
+            "chroot",
+        ] {
+            assert!(!allowed.contains(&call.to_owned()), "{call} is allowed");
+            assert!(killed.contains(&call.to_owned()), "{call} is not killed");
+        }
+        assert!(
+            !allowed.contains(&"clone3".to_owned()),
+            "clone3 flags cannot be inspected"
+        );
+    }
+
+    #[test]
+    fn no_syscall_is_both_conditional_and_unconditional_in_one_filter() {
+        // seccompiler would silently turn such a pair into "conditional only".
+        for (filter, body) in profile().as_object().unwrap() {
+            let mut kinds: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+            for rule in body["filter"].as_array().unwrap() {
+                let entry = kinds
+                    .entry(rule["syscall"].as_str().unwrap().to_owned())
+                    .or_default();
+                if rule.get("args").is_some() {
+                    entry.1 = true;
+                } else {
+                    entry.0 = true;
+                }
+            }
+            for (name, (plain, cond)) in kinds {
+                assert!(!(plain && cond), "{filter}: {name} is both");
+            }
+        }
+    }
+
+    #[test]
+    fn rules_without_a_reason_are_refused() {
+        let json = r#"{"allow": {"comment": "x", "mismatch_action": "allow",
+            "filter_action": "allow", "filter": [{"syscall": "read"}]}}"#;
+        assert!(matches!(
+            strip_filter_comments(json),
+            Err(SeccompError::Profile(_))
+        ));
+    }
+
+    #[test]
+    fn unknown_syscall_names_are_an_error() {
+        let json = strip_filter_comments(
+            r#"{"allow": {"comment": "x", "mismatch_action": "allow",
+            "filter_action": "allow", "filter": [{"syscall": "no_such_call", "comment": "y"}]}}"#,
+        )
+        .unwrap();
+        assert!(seccompiler::compile_from_json(json.as_bytes(), TargetArch::x86_64).is_err());
+    }
+}

@@ -1,0 +1,568 @@
+//! The host side: start a sandbox from a `Command` and a `Policy`, supervise it, and turn what
+//! the kernel reports into an `Outcome`.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+use crate::cgroup::{CgroupError, CgroupVersion, SandboxCgroup};
+use crate::host::host_support;
+use crate::init::{FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
+use crate::policy::{Limits, Policy, PolicyError};
+use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
+use crate::sys;
+
+/// The namespaces every sandbox gets; not configurable.
+pub const NAMESPACES: [&str; 7] = ["user", "pid", "net", "mount", "ipc", "uts", "cgroup"];
+/// How often the CPU time of the whole sandbox is checked, when it can matter.
+const CPU_TICK: Duration = Duration::from_millis(50);
+/// How long a killed sandbox may take to disappear before the cgroup is swept by hand.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// What to run inside the sandbox.
+#[derive(Debug)]
+pub struct Command {
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    fds: Vec<OwnedFd>,
+}
+
+impl Command {
+    /// `program` is a path inside the sandbox; it is also `argv[0]`.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        let program = program.into();
+        let argv0 = program.to_string_lossy().into_owned();
+        Command {
+            program,
+            args: vec![argv0],
+            env: Vec::new(),
+            fds: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: Into<String>>(mut self, args: I) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets one environment variable. Nothing of the caller's environment is passed otherwise.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        let key = key.into();
+        self.env.retain(|(k, _)| *k != key);
+        self.env.push((key, value.into()));
+        self
+    }
+
+    /// Passes a descriptor through; the program finds them at 3, 4, ... in the order given.
+    pub fn pass_fd(mut self, fd: OwnedFd) -> Self {
+        self.fds.push(fd);
+        self
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("invalid policy: {0}")]
+    Policy(#[from] PolicyError),
+    #[error("{mechanism} is required by the policy but unavailable on this host: {reason} (see `airlock doctor`)")]
+    Missing {
+        mechanism: &'static str,
+        reason: String,
+    },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(std::io::Error) -> SpawnError {
+    move |source| SpawnError::Io { what, source }
+}
+
+/// Why the host killed a sandbox.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KillReason {
+    WallTime,
+    CpuTime,
+    Cancelled,
+}
+
+/// How the program ended, as the kernel reported it to the sandbox's init.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub wall: Duration,
+    pub cpu: Option<Duration>,
+    pub memory_peak_bytes: Option<u64>,
+}
+
+/// What was in force for one sandbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    pub namespaces: Vec<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub seccomp: bool,
+    pub landlock: LandlockReport,
+    pub cgroup: Option<CgroupVersion>,
+    /// `no_new_privs` set and every capability (effective, permitted, inheritable, bounding,
+    /// ambient) dropped before the program started.
+    pub no_new_privs: bool,
+    pub capabilities_dropped: bool,
+    /// Mechanisms the caller explicitly disabled.
+    pub downgraded: Vec<String>,
+}
+
+/// Everything known once a sandbox is gone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// `None` when the program never reported (killed with its sandbox, or never started).
+    pub exit: Option<Exit>,
+    pub killed: Option<KillReason>,
+    /// Processes the kernel's OOM killer killed inside the sandbox's memory cgroup.
+    pub oom_kills: u64,
+    /// Forks refused because the pids limit was reached.
+    pub pids_limit_hits: u64,
+    pub usage: Usage,
+    pub isolation: Isolation,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    #[error("sandbox setup failed in {stage}: {error}")]
+    Setup { stage: String, error: String },
+    #[error("sandbox status channel: {0}")]
+    Protocol(String),
+    #[error("cleaning up the sandbox: {0}")]
+    Cleanup(#[from] CgroupError),
+    #[error("the sandbox did not exit within {0:?} of being killed")]
+    Stuck(Duration),
+}
+
+struct KillState {
+    /// The outer init has been reaped: its pid may belong to someone else now.
+    reaped: bool,
+    reason: Option<KillReason>,
+    /// The sandbox's PID 1, once the outer init has sent it.
+    init: Option<OwnedFd>,
+}
+
+struct KillShared {
+    outer_pid: i32,
+    state: Mutex<KillState>,
+    wake: OwnedFd,
+}
+
+/// Kills a sandbox from any thread.
+///
+/// The kill goes to the sandbox's PID 1 through a pidfd (immune to pid reuse); its death takes
+/// the whole PID namespace, and the outer init then reaps it and exits. Killing the outer init
+/// instead would orphan PID 1 to whatever init the host has, which may never reap it.
+#[derive(Clone)]
+pub struct Killer(Arc<KillShared>);
+
+impl std::fmt::Debug for Killer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Killer")
+            .field("outer_pid", &self.0.outer_pid)
+            .finish()
+    }
+}
+
+impl Killer {
+    fn state(&self) -> MutexGuard<'_, KillState> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kills the sandbox. The first reason given is the one reported. Before the sandbox's
+    /// PID 1 exists the kill is remembered and carried out the moment it does.
+    pub fn kill(&self, reason: KillReason) {
+        let mut state = self.state();
+        if state.reaped || state.reason.is_some() {
+            return;
+        }
+        state.reason = Some(reason);
+        if let Some(init) = &state.init {
+            let _ = sys::pidfd_send_signal(init, libc::SIGKILL);
+        }
+        let _ = nix::unistd::write(&self.0.wake, &[1]);
+    }
+
+    fn set_init(&self, init: OwnedFd) {
+        let mut state = self.state();
+        if state.reason.is_some() {
+            let _ = sys::pidfd_send_signal(&init, libc::SIGKILL);
+        }
+        state.init = Some(init);
+    }
+
+    /// Last resort for a sandbox that did not die: SIGKILL the outer init itself.
+    fn kill_outer(&self) {
+        let state = self.state();
+        if !state.reaped {
+            let _ = kill(Pid::from_raw(self.0.outer_pid), Signal::SIGKILL);
+        }
+    }
+
+    fn reason(&self) -> Option<KillReason> {
+        self.state().reason
+    }
+}
+
+/// A running sandbox.
+#[derive(Debug)]
+pub struct Child {
+    process: Option<std::process::Child>,
+    status: OwnedFd,
+    wake: OwnedFd,
+    killer: Killer,
+    cgroup: Option<SandboxCgroup>,
+    started: Instant,
+    limits: Limits,
+    isolation: Isolation,
+}
+
+/// Starts `command` in a new sandbox built from `policy`.
+///
+/// The host process must call [`crate::run_if_init`] at the start of `main`: the sandbox's
+/// init is this same binary, re-executed.
+pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
+    policy.validate()?;
+    let host = host_support();
+    let missing = |mechanism, reason: &String| SpawnError::Missing {
+        mechanism,
+        reason: reason.clone(),
+    };
+    host.user_namespaces
+        .as_ref()
+        .map_err(|r| missing("user namespaces", r))?;
+    if policy.seccomp.is_required() {
+        host.seccomp.as_ref().map_err(|r| missing("seccomp", r))?;
+    }
+    if policy.landlock.is_required() {
+        host.landlock_abi
+            .as_ref()
+            .map_err(|r| missing("landlock", r))?;
+    }
+    let cgroup = if policy.cgroups.is_required() {
+        let layout = host.cgroup.as_ref().map_err(|r| missing("cgroups", r))?;
+        Some(SandboxCgroup::create(
+            layout,
+            &policy.limits,
+            INIT_PROCESSES,
+        )?)
+    } else {
+        None
+    };
+
+    let (host_end, init_end) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "socketpair",
+        source: e.into(),
+    })?;
+    // Lift every descriptor above its destination first so no dup2 clobbers another source.
+    let n = command.fds.len() as RawFd;
+    let floor = FIRST_EXTRA_FD + n;
+    let lifted: Vec<OwnedFd> = std::iter::once(init_end.as_fd())
+        .chain(command.fds.iter().map(|f| f.as_fd()))
+        .map(|fd| {
+            let raw = sys::dup_cloexec_at_least(fd.as_raw_fd(), floor)?;
+            sys::take_inherited_fd(raw)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(io_err("dup"))?;
+    let moves: Vec<(RawFd, RawFd)> = lifted
+        .iter()
+        .enumerate()
+        .map(|(i, fd)| {
+            (
+                fd.as_raw_fd(),
+                if i == 0 {
+                    STATUS_FD
+                } else {
+                    FIRST_EXTRA_FD + i as RawFd - 1
+                },
+            )
+        })
+        .collect();
+
+    let mut std_cmd = std::process::Command::new("/proc/self/exe");
+    std_cmd
+        .arg0("airlock-sandbox")
+        .arg(INIT_ARG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Terminal signals go to the host, which decides; the sandbox dies with it anyway.
+        .process_group(0);
+    sys::place_fds_in_child(&mut std_cmd, moves);
+    let process = std_cmd
+        .spawn()
+        .map_err(io_err("starting the sandbox init"))?;
+    drop(lifted);
+    drop(init_end);
+    drop(command.fds);
+
+    let (wake_r, wake_w) = nix::unistd::pipe2(
+        nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK,
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "pipe2",
+        source: e.into(),
+    })?;
+    let killer = Killer(Arc::new(KillShared {
+        outer_pid: process.id() as i32,
+        state: Mutex::new(KillState {
+            reaped: false,
+            reason: None,
+            init: None,
+        }),
+        wake: wake_w,
+    }));
+    let downgraded = [
+        ("seccomp", policy.seccomp),
+        ("landlock", policy.landlock),
+        ("cgroups", policy.cgroups),
+    ]
+    .into_iter()
+    .filter(|(_, e)| !e.is_required())
+    .map(|(name, _)| name.to_owned())
+    .collect();
+    let isolation = Isolation {
+        namespaces: NAMESPACES.iter().map(|s| (*s).to_owned()).collect(),
+        uid: policy.uid,
+        gid: policy.gid,
+        seccomp: policy.seccomp.is_required(),
+        landlock: LandlockReport {
+            state: LandlockState::NotEnforced,
+            abi: None,
+        },
+        cgroup: cgroup.as_ref().map(SandboxCgroup::version),
+        no_new_privs: true,
+        capabilities_dropped: true,
+        downgraded,
+    };
+    let child = Child {
+        process: Some(process),
+        status: host_end,
+        wake: wake_r,
+        killer,
+        cgroup,
+        started: Instant::now(),
+        limits: policy.limits.clone(),
+        isolation,
+    };
+
+    // The init waits for this request, so it is inside the cgroup before it does anything.
+    if let Some(cg) = &child.cgroup {
+        cg.add_process(child.id())?;
+    }
+    let request = InitRequest {
+        policy: policy.clone(),
+        program: command.program,
+        args: command.args,
+        env: command.env,
+        extra_fds: n as u32,
+        parent_pid: std::process::id() as i32,
+    };
+    proto::send_msg(&child.status, &request)
+        .map_err(io_err("sending the policy to the sandbox"))?;
+    Ok(child)
+}
+
+impl Child {
+    /// The host pid of the sandbox's outer init.
+    pub fn id(&self) -> u32 {
+        self.killer.0.outer_pid as u32
+    }
+
+    pub fn killer(&self) -> Killer {
+        self.killer.clone()
+    }
+
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.process.as_mut()?.stdin.take()
+    }
+
+    pub fn take_stdout(&mut self) -> Option<ChildStdout> {
+        self.process.as_mut()?.stdout.take()
+    }
+
+    pub fn take_stderr(&mut self) -> Option<ChildStderr> {
+        self.process.as_mut()?.stderr.take()
+    }
+
+    /// Supervises the sandbox until it is gone: enforces the wall clock (and the sandbox-wide
+    /// CPU time) by killing it, collects the program's exit and the cgroup's counters, and
+    /// removes the cgroup. Nothing of the sandbox exists when this returns.
+    pub fn wait(mut self) -> Result<Outcome, WaitError> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Result<Outcome, WaitError> {
+        let deadline = self.started + self.limits.wall_time;
+        let max_cpu = self
+            .limits
+            .wall_time
+            .mul_f64(f64::from(self.limits.cpu_millicores) / 1000.0);
+        let watch_cpu = self.cgroup.is_some() && self.limits.cpu_time < max_cpu;
+        let mut exit = None;
+        let mut failure: Option<WaitError> = None;
+        let mut killed_at: Option<Instant> = None;
+        let mut stuck = false;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                self.killer.kill(KillReason::WallTime);
+            }
+            if watch_cpu
+                && self.cgroup.as_ref().and_then(SandboxCgroup::cpu_usage)
+                    >= Some(self.limits.cpu_time)
+            {
+                self.killer.kill(KillReason::CpuTime);
+            }
+            if self.killer.reason().is_some() && killed_at.is_none() {
+                killed_at = Some(now);
+            }
+            let mut timeout = deadline.saturating_duration_since(now);
+            if watch_cpu {
+                timeout = timeout.min(CPU_TICK);
+            }
+            if let Some(at) = killed_at {
+                let left = (at + KILL_GRACE).saturating_duration_since(now);
+                if left.is_zero() {
+                    stuck = true;
+                    self.killer.kill_outer();
+                    break;
+                }
+                timeout = timeout.max(Duration::from_millis(1)).min(left);
+            }
+            let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let mut fds = [
+                PollFd::new(self.status.as_fd(), PollFlags::POLLIN),
+                PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(
+                &mut fds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    failure = Some(WaitError::Protocol(format!("poll: {e}")));
+                    self.killer.kill(KillReason::Cancelled);
+                    continue;
+                }
+            }
+            let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+            if ready(&fds[1]) {
+                let mut buf = [0u8; 64];
+                let _ = nix::unistd::read(&self.wake, &mut buf);
+            }
+            if !ready(&fds[0]) {
+                continue;
+            }
+            match proto::recv_msg_with_fd::<Report>(&self.status) {
+                Ok(None) => break,
+                Ok(Some((Report::Started, Some(init)))) => self.killer.set_init(init),
+                Ok(Some((Report::Started, None))) => {
+                    failure.get_or_insert(WaitError::Protocol(
+                        "no pidfd for the sandbox's init".into(),
+                    ));
+                }
+                Ok(Some((Report::Ready { landlock }, _))) => self.isolation.landlock = landlock,
+                Ok(Some((Report::Exited { code, signal }, _))) => {
+                    exit = code.map(Exit::Code).or(signal.map(Exit::Signal));
+                }
+                Ok(Some((Report::Failed { stage, error }, _))) => {
+                    failure.get_or_insert(WaitError::Setup { stage, error });
+                }
+                Err(e) => {
+                    failure.get_or_insert(WaitError::Protocol(e.to_string()));
+                    self.killer.kill(KillReason::Cancelled);
+                }
+            }
+        }
+        let wall = self.started.elapsed();
+        self.reap();
+        let cgroup = self.cgroup.take();
+        let stats = cgroup
+            .as_ref()
+            .map(SandboxCgroup::stats)
+            .unwrap_or_default();
+        if let Some(cg) = cgroup {
+            cg.kill_all();
+            cg.remove()?;
+        }
+        if stuck {
+            return Err(WaitError::Stuck(KILL_GRACE));
+        }
+        if let Some(err) = failure {
+            return Err(err);
+        }
+        Ok(Outcome {
+            exit,
+            killed: self.killer.reason(),
+            oom_kills: stats.oom_kills,
+            pids_limit_hits: stats.pids_limit_hits,
+            usage: Usage {
+                wall,
+                cpu: stats.cpu,
+                memory_peak_bytes: stats.memory_peak_bytes,
+            },
+            isolation: self.isolation.clone(),
+        })
+    }
+
+    /// Reaps the outer init, holding the kill lock so no signal can reach a recycled pid.
+    /// The status socket has reached EOF, so it has exited or is exiting.
+    fn reap(&mut self) {
+        let Some(mut process) = self.process.take() else {
+            return;
+        };
+        let _ = process.wait();
+        let mut state = self.killer.state();
+        state.reaped = true;
+        state.init = None;
+    }
+}
+
+impl Drop for Child {
+    /// A sandbox abandoned without `wait` is killed and cleaned up all the same.
+    fn drop(&mut self) {
+        if self.process.is_some() {
+            self.killer.kill(KillReason::Cancelled);
+            let _ = self.finish();
+        }
+    }
+}

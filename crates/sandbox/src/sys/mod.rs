@@ -1,0 +1,310 @@
+//! Every raw syscall and every `unsafe` block of airlock lives here, each with a `SAFETY:` line.
+//! The rest of the crate (and every other crate) is `unsafe`-free.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+
+pub use nix::unistd::ForkResult;
+
+/// `fork(2)`.
+///
+/// Only called from the sandbox's init processes, which are single-threaded: they are exec'd
+/// fresh for each sandbox and never start a thread, so no lock can be held across the fork.
+pub fn fork() -> nix::Result<ForkResult> {
+    // SAFETY: the caller is single-threaded (see above), so the child may run arbitrary code.
+    unsafe { nix::unistd::fork() }
+}
+
+/// `_exit(2)`: leave without running atexit handlers or flushing stdio owned by the parent.
+pub fn exit_immediately(code: i32) -> ! {
+    // SAFETY: _exit takes no pointers and never returns.
+    unsafe { libc::_exit(code) }
+}
+
+/// Takes ownership of a descriptor inherited by protocol (the parent placed it at `fd`).
+pub fn take_inherited_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_GETFD only inspects the descriptor table.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the descriptor is open (checked above) and, by protocol, owned by nobody else
+    // in this process.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Takes ownership of a descriptor the kernel just installed for us (SCM_RIGHTS).
+pub fn own_received_fd(fd: RawFd) -> OwnedFd {
+    // SAFETY: recvmsg installed this descriptor in our table moments ago and handed it only to
+    // the caller.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `close_range(first, last, 0)`.
+pub fn close_range(first: RawFd, last: RawFd) -> io::Result<()> {
+    if first > last {
+        return Ok(());
+    }
+    // SAFETY: close_range takes plain integers; closing descriptors owned by Rust objects would
+    // be a logic error, and callers only close ranges they know hold nothing of theirs.
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first as u32, last as u32, 0u32) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `dup2(src, dst)`; the copy at `dst` is inherited across exec.
+pub fn move_fd(src: RawFd, dst: RawFd) -> io::Result<()> {
+    if src == dst {
+        return set_cloexec(src, false);
+    }
+    // SAFETY: dup2 takes plain integers and replaces `dst`, which the caller reserved.
+    if unsafe { libc::dup2(src, dst) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, min)`.
+pub fn dup_cloexec_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
+    // SAFETY: fcntl F_DUPFD_CLOEXEC takes plain integers.
+    let new = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) };
+    if new < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(new)
+    }
+}
+
+/// Sets or clears `FD_CLOEXEC`.
+pub fn set_cloexec(fd: RawFd, on: bool) -> io::Result<()> {
+    let flag = if on { libc::FD_CLOEXEC } else { 0 };
+    // SAFETY: fcntl F_SETFD takes plain integers.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, flag) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Arranges for the child of `cmd` to find each `(src, dst)` descriptor at `dst`.
+/// Sources must not collide with destinations (callers pass fds above every destination).
+pub fn place_fds_in_child(cmd: &mut std::process::Command, moves: Vec<(RawFd, RawFd)>) {
+    let hook = move || {
+        for &(src, dst) in &moves {
+            // SAFETY: dup2 is async-signal-safe and the closure allocates nothing.
+            if unsafe { libc::dup2(src, dst) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs between fork and exec and only calls dup2 (async-signal-safe).
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// `mount_setattr(2)` on `path`, setting `attr_set` (MOUNT_ATTR_*), optionally recursively.
+pub fn mount_setattr(path: &Path, recursive: bool, attr_set: u64) -> io::Result<()> {
+    let c_path = CString::new(path.as_os_str().as_bytes())?;
+    let attr = libc::mount_attr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let flags = if recursive { libc::AT_RECURSIVE } else { 0 } | libc::AT_SYMLINK_NOFOLLOW;
+    // SAFETY: c_path is a valid NUL-terminated string and attr a valid mount_attr whose size we
+    // pass; the kernel reads both only during the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// The Landlock ABI version of the running kernel, or why there is none.
+pub fn landlock_abi() -> Result<u32, io::Error> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a NULL attribute pointer and size 0 the call only returns the ABI version.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if v < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(v as u32)
+    }
+}
+
+/// `prctl(PR_GET_SECCOMP)`: 0 when the caller runs without a filter.
+pub fn seccomp_mode() -> io::Result<i32> {
+    // SAFETY: PR_GET_SECCOMP takes no pointer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn prctl(option: libc::c_int, arg2: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: every option used here takes integer arguments only.
+    if unsafe { libc::prctl(option, arg2, 0, 0, 0) } < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Drops every capability for good: ambient and bounding sets emptied, securebits locked so
+/// that neither uid 0 nor exec can bring capabilities back, then all three sets cleared.
+pub fn drop_all_capabilities() -> io::Result<()> {
+    prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+    )?;
+    let mut cap = 0;
+    loop {
+        match prctl(libc::PR_CAPBSET_DROP, cap) {
+            Ok(()) => cap += 1,
+            // EINVAL: past the last capability this kernel knows.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && cap > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    const SECBIT_NOROOT: libc::c_ulong = 1 << 0;
+    const SECBIT_NOROOT_LOCKED: libc::c_ulong = 1 << 1;
+    const SECBIT_NO_SETUID_FIXUP: libc::c_ulong = 1 << 2;
+    const SECBIT_NO_SETUID_FIXUP_LOCKED: libc::c_ulong = 1 << 3;
+    const SECBIT_KEEP_CAPS_LOCKED: libc::c_ulong = 1 << 5;
+    const SECBIT_NO_CAP_AMBIENT_RAISE: libc::c_ulong = 1 << 6;
+    const SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED: libc::c_ulong = 1 << 7;
+    prctl(
+        libc::PR_SET_SECUREBITS,
+        SECBIT_NOROOT
+            | SECBIT_NOROOT_LOCKED
+            | SECBIT_NO_SETUID_FIXUP
+            | SECBIT_NO_SETUID_FIXUP_LOCKED
+            | SECBIT_KEEP_CAPS_LOCKED
+            | SECBIT_NO_CAP_AMBIENT_RAISE
+            | SECBIT_NO_CAP_AMBIENT_RAISE_LOCKED,
+    )?;
+    clear_capability_sets()
+}
+
+/// `capset(2)` with empty effective, permitted and inheritable sets.
+pub fn clear_capability_sets() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: header and data are valid, correctly laid out (version 3 takes two Data structs)
+    // and only read by the kernel during the call.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// How a child ended, decoded from a raw wait status (nix cannot represent real-time signals).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// `waitpid(pid, &status, 0)` (pid -1: any child), retried on `EINTR`; stops and continues
+/// are not reported because `WUNTRACED` is not asked for.
+pub fn wait_child(pid: i32) -> io::Result<(i32, Waited)> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: status is a valid, writable c_int for the duration of the call.
+        let got = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if got < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(err);
+        }
+        if libc::WIFEXITED(status) {
+            return Ok((got, Waited::Exited(libc::WEXITSTATUS(status))));
+        }
+        if libc::WIFSIGNALED(status) {
+            return Ok((got, Waited::Signaled(libc::WTERMSIG(status))));
+        }
+    }
+}
+
+/// `pidfd_open(pid, 0)`: a descriptor that names this process, immune to pid reuse.
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes plain integers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal(pidfd, sig, NULL, 0)`.
+pub fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor, a signal number and a NULL siginfo pointer.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0u32,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

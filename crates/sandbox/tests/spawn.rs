@@ -1,0 +1,160 @@
+//! The library on its own: spawn programs under a policy and read the outcome. This binary is
+//! also the sandboxes' init, so it has its own `main` (no libtest harness).
+
+use std::io::Read;
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::{
+    run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, RootEntry, SpawnError,
+    WaitError,
+};
+
+fn usr_policy() -> Policy {
+    let mut policy = Policy::default();
+    policy.root.push(RootEntry::ReadOnly {
+        source: "/usr".into(),
+        target: "/usr".into(),
+    });
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        policy.root.push(RootEntry::Symlink {
+            target: target.into(),
+            path: link.into(),
+        });
+    }
+    policy
+}
+
+fn sh(script: &str) -> Command {
+    Command::new("/usr/bin/sh").args(["-c", script])
+}
+
+fn outcome(cmd: Command, policy: &Policy) -> Outcome {
+    spawn(cmd, policy).expect("spawn").wait().expect("wait")
+}
+
+fn exit_codes_and_signals_come_from_the_kernel() {
+    let p = usr_policy();
+    assert_eq!(outcome(sh("exit 0"), &p).exit, Some(Exit::Code(0)));
+    assert_eq!(outcome(sh("exit 42"), &p).exit, Some(Exit::Code(42)));
+    assert_eq!(
+        outcome(sh("kill -SEGV $$"), &p).exit,
+        Some(Exit::Signal(11))
+    );
+    assert_eq!(
+        outcome(sh("kill -RTMIN $$"), &p).exit,
+        Some(Exit::Signal(libc::SIGRTMIN()))
+    );
+}
+
+fn the_wall_clock_and_the_killer_end_a_sandbox() {
+    let mut p = usr_policy();
+    p.limits.wall_time = Duration::from_millis(300);
+    let o = outcome(sh("sleep 60"), &p);
+    assert_eq!((o.killed, o.exit), (Some(KillReason::WallTime), None));
+
+    p.limits.wall_time = Duration::from_secs(60);
+    let child = spawn(sh("sleep 60"), &p).unwrap();
+    let killer = child.killer();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        killer.kill(KillReason::Cancelled);
+    });
+    let o = child.wait().unwrap();
+    assert_eq!(o.killed, Some(KillReason::Cancelled));
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+fn a_default_policy_shows_nothing_of_the_host() {
+    // Nothing is mounted, so not even a shell exists: the exec fails and says so.
+    let err = spawn(Command::new("/usr/bin/true"), &Policy::default())
+        .unwrap()
+        .wait()
+        .unwrap_err();
+    match err {
+        WaitError::Setup { stage, error } => {
+            assert_eq!(stage, "program");
+            assert!(
+                error.contains("execve") && error.contains("No such file"),
+                "{error}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn descriptors_pass_through_at_3() {
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let child = spawn(sh("echo through >&3").pass_fd(w), &usr_policy()).unwrap();
+    let o = child.wait().unwrap();
+    assert_eq!(o.exit, Some(Exit::Code(0)));
+    let mut got = String::new();
+    std::fs::File::from(r).read_to_string(&mut got).unwrap();
+    assert_eq!(got, "through\n");
+}
+
+fn outcomes_report_usage_and_isolation() {
+    let o = outcome(sh("exit 0"), &usr_policy());
+    assert_eq!(o.isolation.namespaces.len(), 7);
+    assert!(o.isolation.seccomp && o.isolation.no_new_privs && o.isolation.capabilities_dropped);
+    assert!(o.isolation.downgraded.is_empty());
+    assert!(o.usage.cpu.is_some() && o.usage.memory_peak_bytes.is_some());
+}
+
+fn invalid_policies_are_refused_before_anything_starts() {
+    let mut p = usr_policy();
+    p.uid = 0;
+    assert!(matches!(
+        spawn(sh("exit 0"), &p),
+        Err(SpawnError::Policy(_))
+    ));
+}
+
+fn main() {
+    run_if_init();
+    let tests: &[(&str, fn())] = &[
+        (
+            "exit_codes_and_signals_come_from_the_kernel",
+            exit_codes_and_signals_come_from_the_kernel,
+        ),
+        (
+            "the_wall_clock_and_the_killer_end_a_sandbox",
+            the_wall_clock_and_the_killer_end_a_sandbox,
+        ),
+        (
+            "a_default_policy_shows_nothing_of_the_host",
+            a_default_policy_shows_nothing_of_the_host,
+        ),
+        (
+            "descriptors_pass_through_at_3",
+            descriptors_pass_through_at_3,
+        ),
+        (
+            "outcomes_report_usage_and_isolation",
+            outcomes_report_usage_and_isolation,
+        ),
+        (
+            "invalid_policies_are_refused_before_anything_starts",
+            invalid_policies_are_refused_before_anything_starts,
+        ),
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut ran = 0;
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        print!("test {name} ... ");
+        test();
+        println!("ok");
+        ran += 1;
+    }
+    println!("\ntest result: ok. {ran} passed");
+}
