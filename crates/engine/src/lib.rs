@@ -1,0 +1,523 @@
+//! Runs Python code in airlock sandboxes.
+//!
+//! Each execution gets a fresh sandbox (see `airlock-sandbox`) whose program is the host's
+//! Python running `runner.py`. The code, its files and its options travel to the runner as a
+//! JSON request on descriptor 3, never pasted into source text; the runner answers on the same
+//! descriptor with the final expression's value (converted to JSON inside the sandbox) or the
+//! exception. The status comes from the kernel (see `verdict`).
+#![forbid(unsafe_code)]
+
+mod config;
+mod interpreter;
+mod pump;
+mod verdict;
+
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use airlock_api::{ExecutionResult, Limits, Status};
+use std::sync::{Arc, Mutex};
+
+use airlock_sandbox::{
+    spawn, Command, Enforcement, KillReason, Killer, Policy, Scratch, SpawnError,
+};
+use base64::Engine as _;
+use serde::Serialize;
+
+pub use config::{EngineConfig, LimitError, Mechanism};
+pub use interpreter::{Interpreter, InterpreterError};
+pub use pump::{Discard, OutputSink, Stdin, Stream};
+
+/// The runner, passed to `python3 -c`.
+pub const RUNNER: &str = include_str!("runner.py");
+/// Where the code runs, inside the sandbox.
+pub const WORKDIR: &str = "/work";
+/// Writable directories, all on one tmpfs of `disk_mb`.
+pub const SCRATCH_MOUNTS: [&str; 3] = ["/tmp", WORKDIR, "/dev/shm"];
+const SANDBOX_UID: u32 = 1000;
+const HOSTNAME: &str = "airlock";
+const REPR_LIMIT: usize = 4096;
+const MAX_DEPTH: usize = 64;
+/// Room for an error's message and traceback beyond the result limit.
+const RESPONSE_OVERHEAD: u64 = 128 * 1024;
+const MIB: u64 = 1 << 20;
+
+/// A file to place in the working directory before the code runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputFile {
+    /// Relative to the working directory: no absolute paths, no `..`.
+    pub path: String,
+    pub data: Vec<u8>,
+}
+
+/// One execution, with limits already resolved (`EngineConfig::resolve_limits`).
+#[derive(Debug)]
+pub struct Job {
+    pub code: String,
+    /// The name tracebacks show for the code.
+    pub filename: String,
+    pub stdin: Stdin,
+    pub env: Vec<(String, String)>,
+    pub files: Vec<InputFile>,
+    pub limits: Limits,
+    /// Largest code accepted for this job (`EngineConfig::code_limit`).
+    pub max_code_bytes: u64,
+    /// Line-buffer the program's stdout so output streams as it is printed.
+    pub stream: bool,
+    /// Also print an uncaught exception's traceback on stderr, as Python itself would.
+    pub echo_traceback: bool,
+    /// Lets another thread stop the execution (the result is then `internal_error`).
+    pub cancel: Option<Cancel>,
+}
+
+/// Cancels a running execution from another thread, e.g. on SIGINT. Cancelling before the
+/// sandbox exists kills it as soon as it does.
+#[derive(Clone, Debug, Default)]
+pub struct Cancel(Arc<Mutex<CancelState>>);
+
+#[derive(Debug, Default)]
+struct CancelState {
+    cancelled: bool,
+    killer: Option<Killer>,
+}
+
+impl Cancel {
+    fn state(&self) -> std::sync::MutexGuard<'_, CancelState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn cancel(&self) {
+        let mut state = self.state();
+        state.cancelled = true;
+        if let Some(killer) = &state.killer {
+            killer.kill(KillReason::Cancelled);
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.state().cancelled
+    }
+
+    fn attach(&self, killer: Killer) {
+        let mut state = self.state();
+        if state.cancelled {
+            killer.kill(KillReason::Cancelled);
+        }
+        state.killer = Some(killer);
+    }
+
+    fn detach(&self) {
+        self.state().killer = None;
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    #[error(transparent)]
+    Interpreter(#[from] InterpreterError),
+    #[error("cannot start a sandbox: {0}")]
+    Spawn(#[from] SpawnError),
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+}
+
+#[derive(Serialize)]
+struct RunnerRequest<'a> {
+    code: &'a str,
+    filename: &'a str,
+    files: Vec<RunnerFile<'a>>,
+    stream: bool,
+    echo_traceback: bool,
+    sys_path: &'a [String],
+    result_limit: u64,
+    repr_limit: usize,
+    max_depth: usize,
+}
+
+#[derive(Serialize)]
+struct RunnerFile<'a> {
+    path: &'a str,
+    data: String,
+}
+
+/// Runs jobs. Cheap to share between threads.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    interpreter: Interpreter,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
+        let interpreter = Interpreter::detect(&config.python)?;
+        Ok(Engine {
+            config,
+            interpreter,
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    pub fn interpreter(&self) -> &Interpreter {
+        &self.interpreter
+    }
+
+    /// Checks a job before anything runs.
+    pub fn check(&self, job: &Job) -> Result<(), EngineError> {
+        let invalid = |m: String| Err(EngineError::Invalid(m));
+        if job.code.len() as u64 > job.max_code_bytes {
+            return invalid(format!(
+                "code is {} bytes, over the limit of {} bytes",
+                job.code.len(),
+                job.max_code_bytes
+            ));
+        }
+        let name_ok = !job.filename.is_empty()
+            && job.filename.len() <= 255
+            && !job.filename.contains(['/', '\0']);
+        if !name_ok {
+            return invalid(format!("invalid code file name {:?}", job.filename));
+        }
+        if let Stdin::Bytes(b) = &job.stdin {
+            if b.len() as u64 > self.config.max_stdin_bytes {
+                return invalid(format!(
+                    "stdin is {} bytes, over the limit of {} bytes",
+                    b.len(),
+                    self.config.max_stdin_bytes
+                ));
+            }
+        }
+        for (key, value) in &job.env {
+            if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
+                return invalid(format!("invalid environment variable {key:?}"));
+            }
+        }
+        let mut total = 0u64;
+        for file in &job.files {
+            check_relative_path(&file.path).map_err(EngineError::Invalid)?;
+            total += file.data.len() as u64;
+        }
+        let cap = self.config.max_files_bytes.min(job.limits.disk_mb * MIB);
+        if total > cap {
+            return invalid(format!(
+                "input files total {total} bytes, over the limit of {cap} bytes"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sandbox policy for one execution.
+    pub fn policy(&self, limits: &Limits) -> Policy {
+        let enforce = |m| {
+            if self.config.is_downgraded(m) {
+                Enforcement::Disabled
+            } else {
+                Enforcement::Required
+            }
+        };
+        let disk = limits.disk_mb * MIB;
+        Policy {
+            root: self.interpreter.root.clone(),
+            scratch: Scratch {
+                size_bytes: disk,
+                // Enough for real work, not for millions of empty files.
+                inodes: (limits.disk_mb * 256).clamp(1024, 1 << 20),
+                mounts: SCRATCH_MOUNTS.iter().map(PathBuf::from).collect(),
+            },
+            workdir: PathBuf::from(WORKDIR),
+            hostname: HOSTNAME.into(),
+            uid: SANDBOX_UID,
+            gid: SANDBOX_UID,
+            limits: airlock_sandbox::Limits {
+                wall_time: Duration::from_millis(limits.timeout_ms),
+                cpu_time: Duration::from_millis(limits.cpu_ms),
+                memory_bytes: limits.memory_mb * MIB,
+                pids: limits.pids,
+                open_files: self.config.open_files,
+                file_size_bytes: disk,
+                cpu_millicores: self.config.cpu_millicores,
+            },
+            seccomp: enforce(Mechanism::Seccomp),
+            landlock: enforce(Mechanism::Landlock),
+            cgroups: enforce(Mechanism::Cgroups),
+            die_with_parent: true,
+        }
+    }
+
+    /// Runs one job in a fresh sandbox. Errors mean nothing ran (bad input, or a host that
+    /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
+    pub fn execute(
+        &self,
+        job: Job,
+        sink: &mut dyn OutputSink,
+    ) -> Result<ExecutionResult, EngineError> {
+        self.check(&job)?;
+        let policy = self.policy(&job.limits);
+        let files = job
+            .files
+            .iter()
+            .map(|f| RunnerFile {
+                path: &f.path,
+                data: base64::engine::general_purpose::STANDARD.encode(&f.data),
+            })
+            .collect();
+        let request = serde_json::to_vec(&RunnerRequest {
+            code: &job.code,
+            filename: &job.filename,
+            files,
+            stream: job.stream,
+            echo_traceback: job.echo_traceback,
+            sys_path: &self.interpreter.extra_sys_path,
+            result_limit: self.config.max_result_bytes,
+            repr_limit: REPR_LIMIT,
+            max_depth: MAX_DEPTH,
+        })
+        .map_err(|e| EngineError::Io {
+            what: "encoding the request",
+            source: e.into(),
+        })?;
+
+        let (control, theirs) = UnixStream::pair().map_err(|source| EngineError::Io {
+            what: "socketpair",
+            source,
+        })?;
+        let mut command = Command::new(self.interpreter.path.clone())
+            .args(["-I", "-S", "-B", "-c", RUNNER])
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", WORKDIR)
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", "/tmp")
+            .pass_fd(OwnedFd::from(theirs));
+        for (k, v) in &job.env {
+            command = command.env(k.clone(), v.clone());
+        }
+        let mut child = spawn(command, &policy)?;
+        let cancel = job.cancel.clone();
+        if let Some(c) = &cancel {
+            c.attach(child.killer());
+        }
+        let (stop_r, stop_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| EngineError::Io {
+                what: "pipe2",
+                source: e.into(),
+            })?;
+        let response_limit = self.config.max_result_bytes + RESPONSE_OVERHEAD;
+        let pump = pump::Pump {
+            stdin: child.take_stdin(),
+            stdin_source: job.stdin,
+            stdin_limit: self.config.max_stdin_bytes,
+            control,
+            request,
+            stdout: child.take_stdout(),
+            stderr: child.take_stderr(),
+            stop: stop_r,
+            output_limit: job.limits.output_bytes,
+            response_limit,
+            sink,
+        };
+        let (waited, io) = std::thread::scope(|s| {
+            let io = s.spawn(|| pump.run());
+            let waited = child.wait();
+            let _ = nix::unistd::write(&stop_w, &[1]);
+            (waited, io.join())
+        });
+        if let Some(c) = &cancel {
+            c.detach();
+        }
+        let io = io.map_err(|_| EngineError::Io {
+            what: "output pump",
+            source: std::io::Error::other("panicked"),
+        })?;
+        let stdout = pump::decode_output(&io.stdout.data, io.stdout.truncated);
+        let stderr = pump::decode_output(&io.stderr.data, io.stderr.truncated);
+        let truncated = io.stdout.truncated || io.stderr.truncated;
+
+        let outcome = match waited {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let isolation = planned_isolation(&policy);
+                return Ok(ExecutionResult {
+                    status: Status::InternalError,
+                    exit_code: None,
+                    signal: None,
+                    stdout,
+                    stderr,
+                    stdout_truncated: io.stdout.truncated,
+                    stderr_truncated: io.stderr.truncated,
+                    result: None,
+                    error: Some(airlock_api::ErrorInfo {
+                        kind: "SandboxError".into(),
+                        message: e.to_string(),
+                        traceback: None,
+                    }),
+                    usage: airlock_api::Usage::default(),
+                    limits: job.limits,
+                    limits_hit: Vec::new(),
+                    isolation,
+                });
+            }
+        };
+        let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
+        let v = verdict::verdict(&outcome, response, &job.limits, truncated);
+        Ok(ExecutionResult {
+            status: v.status,
+            exit_code: v.exit_code,
+            signal: v.signal,
+            stdout,
+            stderr,
+            stdout_truncated: io.stdout.truncated,
+            stderr_truncated: io.stderr.truncated,
+            result: v.result,
+            error: v.error,
+            usage: airlock_api::Usage {
+                wall_ms: outcome.usage.wall.as_millis() as u64,
+                cpu_ms: outcome.usage.cpu.map(|d| d.as_millis() as u64),
+                memory_peak_bytes: outcome.usage.memory_peak_bytes,
+            },
+            limits: job.limits,
+            limits_hit: v.limits_hit,
+            isolation: isolation(&outcome.isolation),
+        })
+    }
+}
+
+/// `path` must stay inside the working directory: relative, normal components only.
+pub fn check_relative_path(path: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    let normal = !path.is_empty()
+        && !path.contains('\0')
+        && !path.ends_with('/')
+        && p.components().all(|c| matches!(c, Component::Normal(_)))
+        && !path.split('/').any(|c| c.is_empty() || c == ".");
+    if normal {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid file path {path:?}: must be relative, without `.`, `..` or empty parts"
+        ))
+    }
+}
+
+fn isolation(iso: &airlock_sandbox::Isolation) -> airlock_api::Isolation {
+    use airlock_sandbox::{CgroupVersion, LandlockState};
+    airlock_api::Isolation {
+        namespaces: iso.namespaces.clone(),
+        uid: iso.uid,
+        network: "none".into(),
+        filesystem: "read_only".into(),
+        seccomp: if iso.seccomp { "enforced" } else { "disabled" }.into(),
+        landlock: match iso.landlock.state {
+            LandlockState::FullyEnforced => "fully_enforced",
+            LandlockState::PartiallyEnforced => "partially_enforced",
+            LandlockState::NotEnforced => "not_enforced",
+            LandlockState::Disabled => "disabled",
+        }
+        .into(),
+        landlock_abi: iso.landlock.abi,
+        cgroup: match iso.cgroup {
+            Some(CgroupVersion::V1) => "v1",
+            Some(CgroupVersion::V2) => "v2",
+            None => "disabled",
+        }
+        .into(),
+        no_new_privs: iso.no_new_privs,
+        capabilities: if iso.capabilities_dropped {
+            Vec::new()
+        } else {
+            vec!["unknown".into()]
+        },
+        downgraded: iso.downgraded.clone(),
+    }
+}
+
+/// What a policy asks for, for results of sandboxes that never reported.
+fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
+    use airlock_sandbox::{LandlockReport, LandlockState};
+    let downgraded: Vec<String> = Mechanism::ALL
+        .iter()
+        .filter(|m| {
+            let e = match m {
+                Mechanism::Seccomp => policy.seccomp,
+                Mechanism::Landlock => policy.landlock,
+                Mechanism::Cgroups => policy.cgroups,
+            };
+            !e.is_required()
+        })
+        .map(|m| m.name().to_owned())
+        .collect();
+    isolation(&airlock_sandbox::Isolation {
+        namespaces: airlock_sandbox::NAMESPACES
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect(),
+        uid: policy.uid,
+        gid: policy.gid,
+        seccomp: policy.seccomp.is_required(),
+        landlock: LandlockReport {
+            state: LandlockState::NotEnforced,
+            abi: None,
+        },
+        cgroup: None,
+        no_new_privs: true,
+        capabilities_dropped: true,
+        downgraded,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_only() {
+        for ok in ["a.txt", "data/x.csv", "a/b/c"] {
+            assert!(check_relative_path(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "./a",
+            "a//b",
+            "a/",
+            "a/./b",
+            "a\0b",
+        ] {
+            assert!(check_relative_path(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn policy_follows_limits_and_downgrades() {
+        let Ok(engine) = Engine::new(EngineConfig {
+            downgrade: vec![Mechanism::Landlock],
+            ..EngineConfig::default()
+        }) else {
+            panic!("/usr/bin/python3 is required by the test suite");
+        };
+        let limits = engine.config().defaults.clone();
+        let p = engine.policy(&limits);
+        p.validate().unwrap();
+        assert_eq!(p.limits.memory_bytes, limits.memory_mb * MIB);
+        assert_eq!(p.scratch.size_bytes, limits.disk_mb * MIB);
+        assert_eq!(p.landlock, Enforcement::Disabled);
+        assert_eq!(p.seccomp, Enforcement::Required);
+        assert_eq!(p.cgroups, Enforcement::Required);
+        assert_eq!(
+            planned_isolation(&p).downgraded,
+            vec!["landlock".to_owned()]
+        );
+    }
+}

@@ -1,0 +1,178 @@
+# airlock's runner: the first Python code of every sandbox, started with
+# `python3 -I -S -B -c <this file>`.
+#
+# It reads one request (JSON) from descriptor 3 until EOF, runs the code in a fresh __main__,
+# and writes one response (JSON) back on descriptor 3: {"result": ...} or {"error": ...}.
+# Whatever the code prints goes to stdout/stderr and can never be taken for the response.
+# The host treats the response as untrusted data: it parses it with size and depth limits,
+# and takes the verdict (status, exit code, signal, limits) only from the kernel.
+import os
+import sys
+
+CHANNEL = 3
+MARK = "$airlock"
+
+
+def read_request():
+    import json
+
+    chunks = []
+    while True:
+        chunk = os.read(CHANNEL, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return json.loads(b"".join(chunks))
+
+
+def send(payload, limit):
+    import json
+
+    data = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    data = data.encode("utf-8", "surrogatepass")
+    if len(data) > limit:
+        return False
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(CHANNEL, view):]
+        os.close(CHANNEL)
+    except OSError:
+        pass  # the code closed or replaced the channel: there is no result to give
+    return True
+
+
+def send_result(value, limit, depth, cap):
+    if not send({"result": to_json(value, depth, cap)}, limit):
+        why = "result larger than %d bytes" % limit
+        send({"result": marked_repr(value, why, min(cap, limit // 4))}, limit)
+
+
+def type_name(value):
+    cls = type(value)
+    module = getattr(cls, "__module__", None)
+    name = getattr(cls, "__qualname__", None) or cls.__name__
+    return name if module in (None, "builtins") else "%s.%s" % (module, name)
+
+
+def capped_text(make, label, cap):
+    try:
+        text = make()
+    except BaseException as exc:  # a hostile __repr__ or __str__ only hurts its own result
+        text = "<%s raised %s>" % (label, type(exc).__name__)
+    if not isinstance(text, str):
+        text = "<%s returned %s>" % (label, type(text).__name__)
+    if len(text) > cap:
+        return text[:cap], True
+    return text, False
+
+
+def marked_repr(value, why, cap):
+    text, truncated = capped_text(lambda: repr(value), "repr()", cap)
+    return {MARK: "repr", "type": type_name(value), "repr": text, "truncated": truncated, "why": why}
+
+
+def to_json(value, depth, cap):
+    """JSON-native values as they are (tuples as arrays); anything else as a marked repr."""
+    if value is None or value is True or value is False or type(value) is str:
+        return value
+    if type(value) is int:
+        if -(2**63) <= value < 2**64:
+            return value
+        return marked_repr(value, "integer outside the 64-bit range", cap)
+    if type(value) is float:
+        if value != value or value in (float("inf"), float("-inf")):
+            return marked_repr(value, "not a finite number", cap)
+        return value
+    if depth <= 0:
+        return marked_repr(value, "nested too deeply", cap)
+    if type(value) in (list, tuple):
+        return [to_json(item, depth - 1, cap) for item in value]
+    if type(value) is dict and all(type(k) is str for k in value) and MARK not in value:
+        return {k: to_json(v, depth - 1, cap) for k, v in value.items()}
+    return marked_repr(value, "not a JSON value", cap)
+
+
+def describe(exc, filename):
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next  # the runner's own frames
+    try:
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+    except BaseException:
+        text = "%s (traceback unavailable)\n" % type_name(exc)
+    message, _ = capped_text(lambda: str(exc), "str()", 8192)
+    if len(text) > 65536:
+        text = text[:32768] + "\n... traceback truncated ...\n" + text[-32768:]
+    return {"type": type_name(exc), "message": message, "traceback": text}
+
+
+def write_files(files):
+    import base64
+
+    for item in files:
+        path = item["path"]
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError("invalid file path %r" % path)
+        if len(parts) > 1:
+            os.makedirs("/".join(parts[:-1]), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(item["data"]))
+
+
+def main():
+    request = read_request()
+    limit = request["result_limit"]
+    cap = request["repr_limit"]
+    depth = request["max_depth"]
+    filename = request["filename"]
+    code = request["code"]
+
+    write_files(request["files"])
+    sys.path[:0] = [os.getcwd()]
+    sys.path.extend(request["sys_path"])
+    sys.argv = [filename]
+    if request["stream"]:
+        sys.stdout.reconfigure(line_buffering=True)
+
+    import ast
+    import linecache
+    import types
+
+    # Tracebacks show the code's own lines.
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    main_module = types.ModuleType("__main__")
+    sys.modules["__main__"] = main_module
+    namespace = main_module.__dict__
+
+    try:
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        body = compile(tree, filename, "exec")
+        tail = compile(last, filename, "eval") if last is not None else None
+        del tree, last
+        exec(body, namespace)
+        value = eval(tail, namespace) if tail is not None else None
+    except SystemExit:
+        sys.stdout.flush()
+        raise
+    except BaseException as exc:
+        error = describe(exc, filename)
+        sys.stdout.flush()
+        if request["echo_traceback"]:
+            sys.stderr.write(error["traceback"])
+        sys.stderr.flush()
+        if not send({"error": error}, limit):
+            error["traceback"] = error["traceback"][:1024]
+            send({"error": error}, limit)
+        sys.exit(1)
+    sys.stdout.flush()
+    send_result(value, limit, depth, cap)
+
+
+main()

@@ -1,0 +1,309 @@
+//! Turns what the kernel reported (exit, signal, cgroup counters, the host's own kills) and the
+//! program's response into one status. The response can only ever supply `result` and
+//! `error`; it can never turn a kill, a limit or a non-zero exit into anything else.
+
+use airlock_api::{ErrorInfo, LimitKind, Limits, Status};
+use airlock_sandbox::{Exit, KillReason, Outcome};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// What the runner sends back: exactly one of the two.
+#[derive(Debug, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub(crate) enum Response {
+    Result(Value),
+    Error(ErrorInfo),
+}
+
+const MAX_TYPE: usize = 256;
+const MAX_MESSAGE: usize = 8 * 1024;
+const MAX_TRACEBACK: usize = 64 * 1024;
+
+/// Parses the program's response as untrusted data: bounded size (the pump capped it) and
+/// bounded depth (serde_json refuses nesting past 128 levels).
+pub(crate) fn parse_response(
+    bytes: &[u8],
+    overflow: bool,
+    limit: u64,
+) -> Result<Option<Response>, String> {
+    if overflow {
+        return Err(format!("the response is larger than {limit} bytes"));
+    }
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let mut response: Response =
+        serde_json::from_slice(bytes).map_err(|e| format!("the response is not valid: {e}"))?;
+    if let Response::Error(e) = &mut response {
+        cap(&mut e.kind, MAX_TYPE);
+        cap(&mut e.message, MAX_MESSAGE);
+        if let Some(tb) = &mut e.traceback {
+            cap(tb, MAX_TRACEBACK);
+        }
+    }
+    Ok(Some(response))
+}
+
+fn cap(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+#[derive(Debug, PartialEq)]
+pub(crate) struct Verdict {
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub result: Option<Value>,
+    pub error: Option<ErrorInfo>,
+    pub limits_hit: Vec<LimitKind>,
+}
+
+pub(crate) fn verdict(
+    outcome: &Outcome,
+    response: Result<Option<Response>, String>,
+    limits: &Limits,
+    output_truncated: bool,
+) -> Verdict {
+    let cpu_limit = std::time::Duration::from_millis(limits.cpu_ms);
+    let cpu_exhausted = outcome.usage.cpu.is_some_and(|used| used >= cpu_limit);
+    let (exit_code, signal) = match outcome.exit {
+        Some(Exit::Code(c)) => (Some(c), None),
+        Some(Exit::Signal(s)) => (None, Some(s)),
+        None => (None, None),
+    };
+    let status = match (outcome.killed, outcome.exit) {
+        (Some(KillReason::WallTime), _) => Status::Timeout,
+        (Some(KillReason::CpuTime), _) => Status::CpuLimit,
+        (Some(KillReason::Cancelled), _) => Status::InternalError,
+        (None, Some(Exit::Signal(libc::SIGSYS))) => Status::PolicyViolation,
+        (None, Some(Exit::Signal(libc::SIGXCPU))) => Status::CpuLimit,
+        (None, Some(Exit::Signal(libc::SIGKILL))) if outcome.oom_kills > 0 => Status::MemoryLimit,
+        // RLIMIT_CPU's hard limit, for a program that handled SIGXCPU.
+        (None, Some(Exit::Signal(libc::SIGKILL))) if cpu_exhausted => Status::CpuLimit,
+        (None, Some(Exit::Signal(_))) => Status::Crashed,
+        (None, Some(Exit::Code(0))) if response.is_err() => Status::Error,
+        (None, Some(Exit::Code(0))) => Status::Ok,
+        (None, Some(Exit::Code(_))) => Status::Error,
+        // The sandbox's own init died before reporting: only the OOM killer does that.
+        (None, None) if outcome.oom_kills > 0 => Status::MemoryLimit,
+        (None, None) => Status::InternalError,
+    };
+
+    let (mut result, mut error) = (None, None);
+    match response {
+        Ok(Some(Response::Result(v))) if status == Status::Ok => result = Some(v),
+        Ok(Some(Response::Error(e))) if status == Status::Error => error = Some(e),
+        Err(why) if status == Status::Error => {
+            error = Some(ErrorInfo {
+                kind: "ResultError".into(),
+                message: why,
+                traceback: None,
+            })
+        }
+        _ => {}
+    }
+    if status == Status::InternalError && error.is_none() {
+        let message = match outcome.killed {
+            Some(KillReason::Cancelled) => "the execution was cancelled",
+            _ => "the sandbox ended without reporting how the program ended",
+        };
+        error = Some(ErrorInfo {
+            kind: "SandboxError".into(),
+            message: message.into(),
+            traceback: None,
+        });
+    }
+
+    let mut limits_hit = Vec::new();
+    if outcome.killed == Some(KillReason::WallTime) {
+        limits_hit.push(LimitKind::WallTime);
+    }
+    if status == Status::CpuLimit || cpu_exhausted {
+        limits_hit.push(LimitKind::CpuTime);
+    }
+    if outcome.oom_kills > 0 {
+        limits_hit.push(LimitKind::Memory);
+    }
+    if outcome.pids_limit_hits > 0 {
+        limits_hit.push(LimitKind::Pids);
+    }
+    if output_truncated {
+        limits_hit.push(LimitKind::Output);
+    }
+    limits_hit.sort();
+    limits_hit.dedup();
+    Verdict {
+        status,
+        exit_code,
+        signal,
+        result,
+        error,
+        limits_hit,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use airlock_sandbox::{Isolation, LandlockReport, LandlockState, Usage};
+    use serde_json::json;
+
+    use super::*;
+
+    fn outcome(exit: Option<Exit>, killed: Option<KillReason>, oom: u64) -> Outcome {
+        Outcome {
+            exit,
+            killed,
+            oom_kills: oom,
+            pids_limit_hits: 0,
+            usage: Usage {
+                wall: Duration::from_millis(5),
+                cpu: Some(Duration::from_millis(3)),
+                memory_peak_bytes: None,
+            },
+            isolation: Isolation {
+                namespaces: vec![],
+                uid: 1000,
+                gid: 1000,
+                seccomp: true,
+                landlock: LandlockReport {
+                    state: LandlockState::FullyEnforced,
+                    abi: Some(6),
+                },
+                cgroup: None,
+                no_new_privs: true,
+                capabilities_dropped: true,
+                downgraded: vec![],
+            },
+        }
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            timeout_ms: 1000,
+            memory_mb: 64,
+            cpu_ms: 1000,
+            pids: 8,
+            disk_mb: 8,
+            output_bytes: 100,
+        }
+    }
+
+    fn result(v: Value) -> Result<Option<Response>, String> {
+        Ok(Some(Response::Result(v)))
+    }
+
+    #[test]
+    fn a_response_cannot_override_the_kernel() {
+        // A program that wrote a perfect result, then was killed at the deadline.
+        let v = verdict(
+            &outcome(None, Some(KillReason::WallTime), 0),
+            result(json!(1)),
+            &limits(),
+            false,
+        );
+        assert_eq!(v.status, Status::Timeout);
+        assert_eq!(v.result, None);
+        assert_eq!(v.limits_hit, vec![LimitKind::WallTime]);
+        // A result with a non-zero exit is not a success.
+        let v = verdict(
+            &outcome(Some(Exit::Code(3)), None, 0),
+            result(json!(1)),
+            &limits(),
+            false,
+        );
+        assert_eq!(
+            (v.status, v.exit_code, v.result),
+            (Status::Error, Some(3), None)
+        );
+    }
+
+    #[test]
+    fn signals_map_to_their_statuses() {
+        let cases = [
+            (Exit::Signal(libc::SIGSYS), 0, Status::PolicyViolation),
+            (Exit::Signal(libc::SIGXCPU), 0, Status::CpuLimit),
+            (Exit::Signal(libc::SIGKILL), 1, Status::MemoryLimit),
+            (Exit::Signal(libc::SIGKILL), 0, Status::Crashed),
+            (Exit::Signal(libc::SIGSEGV), 0, Status::Crashed),
+        ];
+        for (exit, oom, want) in cases {
+            let v = verdict(&outcome(Some(exit), None, oom), Ok(None), &limits(), false);
+            assert_eq!(v.status, want, "{exit:?} oom={oom}");
+            assert!(v.signal.is_some() && v.exit_code.is_none());
+        }
+    }
+
+    #[test]
+    fn oom_of_a_child_is_reported_without_failing_the_program() {
+        let v = verdict(
+            &outcome(Some(Exit::Code(0)), None, 1),
+            result(json!(null)),
+            &limits(),
+            false,
+        );
+        assert_eq!(v.status, Status::Ok);
+        assert_eq!(v.limits_hit, vec![LimitKind::Memory]);
+    }
+
+    #[test]
+    fn exceptions_and_bad_responses() {
+        let err = ErrorInfo {
+            kind: "ValueError".into(),
+            message: "m".into(),
+            traceback: Some("tb".into()),
+        };
+        let v = verdict(
+            &outcome(Some(Exit::Code(1)), None, 0),
+            Ok(Some(Response::Error(err.clone()))),
+            &limits(),
+            false,
+        );
+        assert_eq!((v.status, v.error), (Status::Error, Some(err)));
+        let v = verdict(
+            &outcome(Some(Exit::Code(0)), None, 0),
+            Err("garbage".into()),
+            &limits(),
+            true,
+        );
+        assert_eq!(v.status, Status::Error);
+        assert_eq!(v.error.unwrap().kind, "ResultError");
+        assert_eq!(v.limits_hit, vec![LimitKind::Output]);
+        // No response at all (os._exit(0)): fine, no result.
+        let v = verdict(
+            &outcome(Some(Exit::Code(0)), None, 0),
+            Ok(None),
+            &limits(),
+            false,
+        );
+        assert_eq!((v.status, v.result), (Status::Ok, None));
+    }
+
+    #[test]
+    fn responses_are_parsed_strictly() {
+        assert_eq!(parse_response(b"", false, 10), Ok(None));
+        assert!(parse_response(b"{\"result\": 1}", true, 10)
+            .unwrap_err()
+            .contains("larger than 10"));
+        assert!(parse_response(b"{\"result\": 1, \"extra\": 2}", false, 99).is_err());
+        assert!(parse_response(b"{\"result\": NaN}", false, 99).is_err());
+        assert!(parse_response(b"{\"result\": 1}{\"result\": 2}", false, 99).is_err());
+        let deep = format!("{{\"result\": {}{}}}", "[".repeat(200), "]".repeat(200));
+        assert!(parse_response(deep.as_bytes(), false, 1 << 20).is_err());
+        let long = format!(
+            "{{\"error\": {{\"type\": \"E\", \"message\": \"{}\", \"traceback\": null}}}}",
+            "x".repeat(20000)
+        );
+        match parse_response(long.as_bytes(), false, 1 << 20).unwrap() {
+            Some(Response::Error(e)) => assert_eq!(e.message.len(), MAX_MESSAGE),
+            other => panic!("{other:?}"),
+        }
+    }
+}
