@@ -1,0 +1,280 @@
+//! `airlock doctor`: can this host run sandboxes, and what will a default run enforce?
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock_api::{LimitsRequest, Status};
+use airlock_engine::{Discard, Engine, EngineConfig, Job, Stdin};
+use airlock_sandbox::{host_support, Layout, HOST_ID_BASE};
+use clap::Args;
+use serde::Serialize;
+
+/// Check the host: namespaces, seccomp, Landlock, cgroups, the interpreter, and a real run.
+/// Exits 0 only when a default run would be fully enforced.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// The host's Python interpreter to check.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/python3")]
+    pub python: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+    /// How to fix it, when it is not ok.
+    fix: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    ok: bool,
+    kernel: String,
+    arch: String,
+    running_as_root: bool,
+    checks: Vec<Check>,
+    /// What a default `airlock run` enforces on this host.
+    enforced: Vec<String>,
+}
+
+fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
+    match r {
+        Ok(detail) => Check {
+            name,
+            ok: true,
+            detail,
+            fix: None,
+        },
+        Err(detail) => Check {
+            name,
+            ok: false,
+            detail,
+            fix: Some(fix.to_owned()),
+        },
+    }
+}
+
+fn describe_layout(layout: &Layout) -> String {
+    match layout {
+        Layout::V1 {
+            memory,
+            pids,
+            cpu,
+            cpuacct,
+        } => format!(
+            "v1: sandboxes go beneath memory {}, pids {}, cpu {}, cpuacct {}",
+            memory.display(),
+            pids.display(),
+            cpu.display(),
+            cpuacct.display()
+        ),
+        Layout::V2 { dir } => format!("v2: sandboxes go beneath {}", dir.display()),
+    }
+}
+
+pub fn main(args: DoctorArgs) -> ExitCode {
+    let host = host_support();
+    let mut checks = vec![
+        check(
+            "user namespaces",
+            host.user_namespaces.clone().map(|()| "available".into()),
+            "enable unprivileged user namespaces, or run airlock as root",
+        ),
+        check(
+            "seccomp",
+            host.seccomp
+                .clone()
+                .map(|()| format!("filters available; profile for {} compiles", host.arch)),
+            "use a kernel built with CONFIG_SECCOMP_FILTER on x86_64",
+        ),
+        check(
+            "landlock",
+            host.landlock_abi
+                .clone()
+                .map(|abi| format!("ABI {abi} (airlock asks for ABI 6 rights)")),
+            "use Linux 5.13+ with Landlock enabled (lsm=...,landlock); ABI 6+ for full enforcement",
+        ),
+        check(
+            "cgroups",
+            host.cgroup
+                .as_ref()
+                .map(describe_layout)
+                .map_err(Clone::clone),
+            "run as root, or in a delegated cgroup (v2: systemd-run --scope -p Delegate=yes); \
+             memory, pids and cpu (+cpuacct on v1) controllers are needed",
+        ),
+    ];
+
+    let config = EngineConfig {
+        python: args.python.clone(),
+        ..EngineConfig::default()
+    };
+    let defaults = config.defaults.clone();
+    let engine = Engine::new(config);
+    checks.push(check(
+        "python",
+        engine
+            .as_ref()
+            .map(|e| {
+                format!(
+                    "{} (Python {})",
+                    e.interpreter().path.display(),
+                    e.interpreter().version
+                )
+            })
+            .map_err(|e| e.to_string()),
+        "install Debian's python3 (apt-get install python3), or pass --python PATH",
+    ));
+
+    let mut enforced = Vec::new();
+    let mechanisms_ok = checks.iter().all(|c| c.ok);
+    let run = match (&engine, mechanisms_ok) {
+        (Ok(engine), true) => trial_run(engine, &mut enforced),
+        (Ok(_), false) => Err("skipped: a mechanism above is missing".into()),
+        (Err(_), _) => Err("skipped: no interpreter".into()),
+    };
+    checks.push(check(
+        "sandbox",
+        run,
+        "see the failures above; `airlock run` refuses to run until they are fixed",
+    ));
+    if enforced.is_empty() {
+        enforced.push("nothing: airlock run refuses to start on this host".into());
+    } else {
+        enforced.push(format!(
+            "limits by default: wall {} ms, CPU {} ms, memory {} MiB (swap off), {} pids, \
+             disk {} MiB, output {} bytes per stream",
+            defaults.timeout_ms,
+            defaults.cpu_ms,
+            defaults.memory_mb,
+            defaults.pids,
+            defaults.disk_mb,
+            defaults.output_bytes
+        ));
+    }
+
+    let report = Report {
+        ok: checks.iter().all(|c| c.ok),
+        kernel: host.kernel_release.clone(),
+        arch: host.arch.into(),
+        running_as_root: host.running_as_root,
+        checks,
+        enforced,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print_report(&report);
+    }
+    ExitCode::from(if report.ok { 0 } else { 1 })
+}
+
+/// Runs real code in a real sandbox with the default policy and checks what it reports.
+fn trial_run(engine: &Engine, enforced: &mut Vec<String>) -> Result<String, String> {
+    let limits = engine
+        .config()
+        .resolve_limits(&LimitsRequest::default())
+        .map_err(|e| e.to_string())?;
+    let job = Job {
+        // uid inside, own hostname, and only the sandbox's init and the program in /proc.
+        code: "import os, socket\n[os.getuid(), socket.gethostname(), sorted(p for p in os.listdir('/proc') if p.isdigit())]".into(),
+        filename: "doctor.py".into(),
+        stdin: Stdin::Empty,
+        env: Vec::new(),
+        files: Vec::new(),
+        limits,
+        max_code_bytes: engine.config().max_code_bytes,
+        stream: false,
+        echo_traceback: false,
+        cancel: None,
+    };
+    let r = engine
+        .execute(job, &mut Discard)
+        .map_err(|e| e.to_string())?;
+    if r.status != Status::Ok {
+        let why = r
+            .error
+            .map(|e| format!("{}: {}", e.kind, e.message))
+            .unwrap_or_default();
+        return Err(format!(
+            "a trial run ended with status {}: {why} {}",
+            r.status,
+            r.stderr.trim()
+        ));
+    }
+    let i = &r.isolation;
+    enforced.push(format!(
+        "namespaces: {} (uid {} inside)",
+        i.namespaces.join(", "),
+        i.uid
+    ));
+    enforced.push("filesystem: read-only root of the interpreter's paths, fresh /proc, minimal /dev, tmpfs /tmp and /work".into());
+    enforced.push("network: none (empty network namespace)".into());
+    enforced.push(format!("seccomp: {}", i.seccomp));
+    enforced.push(format!(
+        "landlock: {} (ABI {})",
+        i.landlock,
+        i.landlock_abi.map_or("?".into(), |a| a.to_string())
+    ));
+    enforced.push(format!("cgroup: {}", i.cgroup));
+    enforced.push(
+        "no_new_privs, no capabilities, new session without a terminal, environment cleared".into(),
+    );
+    let full = i.seccomp == "enforced"
+        && i.landlock == "fully_enforced"
+        && i.cgroup != "disabled"
+        && i.downgraded.is_empty();
+    let expected = serde_json::json!([1000, "airlock", ["1", "2"]]);
+    if r.result.as_ref() != Some(&expected) {
+        return Err(format!(
+            "the trial run saw {:?}, expected {expected}",
+            r.result
+        ));
+    }
+    if !full {
+        return Err(format!(
+            "the trial run was not fully enforced: seccomp {}, landlock {}, cgroup {}",
+            i.seccomp, i.landlock, i.cgroup
+        ));
+    }
+    Ok(format!(
+        "ran Python in a sandbox in {} ms; everything above enforced",
+        r.usage.wall_ms
+    ))
+}
+
+fn print_report(r: &Report) {
+    println!("airlock doctor: kernel {} ({})", r.kernel, r.arch);
+    if r.running_as_root {
+        println!("  running as root: each sandbox runs as host uid {HOST_ID_BASE:#x}+pid, which owns nothing");
+    } else {
+        println!("  running unprivileged: sandboxes run as your uid outside their user namespace");
+    }
+    println!();
+    for c in &r.checks {
+        let mark = if c.ok { "ok" } else { "MISSING" };
+        println!("  [{mark:^7}] {:<16} {}", c.name, c.detail);
+        if let Some(fix) = &c.fix {
+            println!("            {:<16} fix: {fix}", "");
+        }
+    }
+    println!();
+    println!("A default `airlock run` enforces:");
+    for line in &r.enforced {
+        println!("  - {line}");
+    }
+    println!();
+    if r.ok {
+        println!("Everything is enforced.");
+    } else {
+        println!("Not fully enforced: `airlock run` refuses to start until the above is fixed");
+        println!("(or a mechanism is explicitly switched off with --downgrade NAME).");
+    }
+}

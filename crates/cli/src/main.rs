@@ -1,0 +1,42 @@
+//! `airlock`: run untrusted code in a real Linux sandbox and get back only data.
+#![forbid(unsafe_code)]
+
+mod doctor;
+mod run;
+mod units;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "airlock",
+    version,
+    about = "Run untrusted code in a real Linux sandbox and get back only data."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Commands,
+}
+
+#[derive(Subcommand, Debug)]
+enum Commands {
+    Run(Box<run::RunArgs>),
+    Doctor(doctor::DoctorArgs),
+}
+
+/// Exit code for bad input: nothing ran.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit code when airlock itself failed or cannot enforce the policy.
+pub const EXIT_AIRLOCK: u8 = 125;
+
+fn main() -> ExitCode {
+    // The sandbox's init is this binary re-executed; it must not get past this line.
+    airlock_sandbox::run_if_init();
+    let cli = Cli::parse();
+    match cli.command {
+        Commands::Run(args) => run::main(*args),
+        Commands::Doctor(args) => doctor::main(args),
+    }
+}

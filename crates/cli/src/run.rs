@@ -1,0 +1,424 @@
+//! `airlock run`: one program, one fresh sandbox.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+
+use airlock_api::{ExecutionResult, LimitsRequest, Status};
+use airlock_engine::{
+    Cancel, Discard, Engine, EngineConfig, InputFile, Job, Mechanism, OutputSink, Stdin, Stream,
+};
+use clap::Args;
+
+use crate::units::{parse_duration, parse_mib, parse_size};
+use crate::{EXIT_AIRLOCK, EXIT_USAGE};
+
+pub const EXIT_POLICY_VIOLATION: u8 = 121;
+pub const EXIT_CPU_LIMIT: u8 = 122;
+pub const EXIT_MEMORY_LIMIT: u8 = 123;
+pub const EXIT_TIMEOUT: u8 = 124;
+
+const AFTER_HELP: &str = "\
+Exit status:
+  0-255    the program's own exit code (1 for an uncaught exception)
+  128+N    the program was killed by signal N (status crashed)
+  121      killed by the seccomp filter (status policy_violation)
+  122      CPU-time limit (status cpu_limit)
+  123      memory limit (status memory_limit)
+  124      wall-clock limit (status timeout)
+  125      airlock failed, or cannot enforce the policy on this host (see `airlock doctor`)
+  2        invalid options or input; nothing ran
+A program can exit with any of these codes itself: use --json for an unambiguous status.
+
+Defaults: --timeout 30s --cpu-time 30s --memory 512M --pids 64 --disk 256M
+--output-limit 1M --max-code-size 1M. Nothing of your environment is passed in.
+
+Examples:
+  echo 'print(6 * 7)' | airlock run
+  airlock run --json --timeout 2s script.py
+  airlock run --file data.csv --env MODE=fast analyse.py";
+
+/// Run Python code in a fresh sandbox that is destroyed afterwards.
+#[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct RunArgs {
+    /// Python file to run; standard input when absent or `-`.
+    pub file: Option<PathBuf>,
+    /// Print one JSON result object instead of the program's output.
+    #[arg(long)]
+    pub json: bool,
+    /// Wall-clock limit, e.g. 5s or 500ms.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub timeout: Option<std::time::Duration>,
+    /// CPU-time limit of all the program's processes together.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub cpu_time: Option<std::time::Duration>,
+    /// Memory limit of the whole sandbox, files it writes included, e.g. 256M or 1G.
+    #[arg(long, value_parser = parse_mib, value_name = "SIZE")]
+    pub memory: Option<u64>,
+    /// Most processes and threads at once.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
+    /// Size of the writable tmpfs (/tmp and the working directory), e.g. 512M.
+    #[arg(long, value_parser = parse_mib, value_name = "SIZE")]
+    pub disk: Option<u64>,
+    /// Output kept per stream; the rest is dropped and marked as truncated.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub output_limit: Option<u64>,
+    /// Largest code accepted.
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub max_code_size: Option<u64>,
+    /// Set an environment variable inside the sandbox (repeatable).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Copy a host file into the working directory (repeatable).
+    #[arg(long = "file", value_name = "HOST_PATH[:SANDBOX_PATH]")]
+    pub files: Vec<String>,
+    /// File to feed to the program's standard input (default: empty).
+    #[arg(long, value_name = "FILE")]
+    pub stdin: Option<PathBuf>,
+    /// The host's Python interpreter to use.
+    #[arg(long, value_name = "PATH", default_value = "/usr/bin/python3")]
+    pub python: PathBuf,
+    /// Switch off one protection by name (seccomp, landlock, cgroups); results say so.
+    #[arg(long = "downgrade", value_name = "MECHANISM")]
+    pub downgrade: Vec<Mechanism>,
+}
+
+/// A one-line error before anything ran.
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("airlock: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+fn read_capped(mut r: impl Read, cap: u64, what: &str, hint: &str) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    r.by_ref()
+        .take(cap + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("reading {what}: {e}"))?;
+    if buf.len() as u64 > cap {
+        return Err(format!("{what} is over the limit of {cap} bytes{hint}"));
+    }
+    Ok(buf)
+}
+
+fn open_regular(path: &Path, what: &str) -> Result<(File, std::fs::Metadata), String> {
+    let file = File::open(path).map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("{what} {}: {e}", path.display()))?;
+    if meta.is_dir() {
+        return Err(format!("{what} {} is a directory", path.display()));
+    }
+    Ok((file, meta))
+}
+
+struct Prepared {
+    engine: Engine,
+    job: Job,
+}
+
+fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
+    let config = EngineConfig {
+        python: args.python.clone(),
+        downgrade: args.downgrade.clone(),
+        ..EngineConfig::default()
+    };
+    let limits = config
+        .resolve_limits(&LimitsRequest {
+            timeout_ms: args.timeout.map(|d| d.as_millis() as u64),
+            memory_mb: args.memory,
+            cpu_ms: args.cpu_time.map(|d| d.as_millis() as u64),
+            pids: args.pids,
+            disk_mb: args.disk,
+            output_bytes: args.output_limit,
+        })
+        .map_err(|e| e.to_string())?;
+    let max_code = config
+        .code_limit(args.max_code_size)
+        .map_err(|e| e.to_string())?;
+
+    let from_stdin = args.file.as_deref().is_none_or(|f| f == Path::new("-"));
+    if from_stdin && args.stdin.as_deref() == Some(Path::new("-")) {
+        return Err("the code already comes from standard input; --stdin - is not possible".into());
+    }
+    let hint = " (raise it with --max-code-size)";
+    let (code, filename) = if from_stdin {
+        (
+            read_capped(std::io::stdin().lock(), max_code, "code", hint)?,
+            "main.py".to_owned(),
+        )
+    } else {
+        let path = args.file.as_deref().unwrap_or(Path::new("-"));
+        let (file, _) = open_regular(path, "code file")?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or("main.py".into());
+        (read_capped(file, max_code, "code", hint)?, name)
+    };
+    let code = String::from_utf8(code).map_err(|_| "the code is not valid UTF-8".to_owned())?;
+
+    let stdin = match &args.stdin {
+        None => Stdin::Empty,
+        Some(p) if p == Path::new("-") => {
+            Stdin::File(File::open("/dev/stdin").map_err(|e| format!("--stdin -: {e}"))?)
+        }
+        Some(p) => {
+            let (file, meta) = open_regular(p, "--stdin file")?;
+            if meta.is_file() && meta.len() > config.max_stdin_bytes {
+                return Err(format!(
+                    "--stdin file {} is {} bytes, over the limit of {} bytes",
+                    p.display(),
+                    meta.len(),
+                    config.max_stdin_bytes
+                ));
+            }
+            Stdin::File(file)
+        }
+    };
+
+    let mut env = Vec::new();
+    for pair in &args.env {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("--env {pair:?}: expected KEY=VALUE"))?;
+        env.push((k.to_owned(), v.to_owned()));
+    }
+
+    let mut files = Vec::new();
+    let mut total = 0u64;
+    for spec in &args.files {
+        let (host, inside) = match spec.split_once(':') {
+            Some((h, s)) => (PathBuf::from(h), s.to_owned()),
+            None => {
+                let h = PathBuf::from(spec);
+                let name = h
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                (h, name)
+            }
+        };
+        airlock_engine::check_relative_path(&inside)
+            .map_err(|e| format!("--file {spec:?}: {e}"))?;
+        let (file, meta) = open_regular(&host, "--file")?;
+        if !meta.is_file() {
+            return Err(format!("--file {}: not a regular file", host.display()));
+        }
+        let room = config.max_files_bytes.saturating_sub(total);
+        let data = read_capped(
+            file,
+            room,
+            &format!("--file {}", host.display()),
+            " (input files together)",
+        )?;
+        total += data.len() as u64;
+        files.push(InputFile { path: inside, data });
+    }
+
+    let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let job = Job {
+        code,
+        filename,
+        stdin,
+        env,
+        files,
+        limits,
+        max_code_bytes: max_code,
+        stream: !args.json,
+        echo_traceback: !args.json,
+        cancel: Some(cancel.clone()),
+    };
+    engine.check(&job).map_err(|e| e.to_string())?;
+    Ok(Prepared { engine, job })
+}
+
+/// Copies the program's output to ours as it arrives.
+struct Passthrough;
+
+impl OutputSink for Passthrough {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        // A closed stdout of ours must not stop the program; drop what cannot be written.
+        let _ = match stream {
+            Stream::Stdout => std::io::stdout()
+                .lock()
+                .write_all(chunk)
+                .and_then(|()| std::io::stdout().flush()),
+            Stream::Stderr => std::io::stderr().lock().write_all(chunk),
+        };
+    }
+
+    fn truncated(&mut self, stream: Stream, limit: u64) {
+        let name = match stream {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        };
+        eprintln!("\n[airlock: {name} truncated at {limit} bytes; the rest is discarded]");
+    }
+}
+
+fn exit_code(result: &ExecutionResult) -> u8 {
+    match result.status {
+        Status::Ok | Status::Error => result.exit_code.map_or(1, |c| (c & 0xff) as u8),
+        Status::Crashed => result
+            .signal
+            .map_or(EXIT_AIRLOCK, |s| (128 + s).clamp(0, 255) as u8),
+        Status::Timeout => EXIT_TIMEOUT,
+        Status::MemoryLimit => EXIT_MEMORY_LIMIT,
+        Status::CpuLimit => EXIT_CPU_LIMIT,
+        Status::PolicyViolation => EXIT_POLICY_VIOLATION,
+        Status::InternalError => EXIT_AIRLOCK,
+    }
+}
+
+/// One line on stderr for verdicts the program's own output does not explain.
+fn describe(result: &ExecutionResult) -> Option<String> {
+    let l = &result.limits;
+    Some(match result.status {
+        Status::Ok => return None,
+        Status::Error => match &result.error {
+            Some(e) if e.kind == "ResultError" => format!("airlock: {}", e.message),
+            _ => return None,
+        },
+        Status::Timeout => format!(
+            "airlock: timeout: killed at the wall-clock limit of {} ms",
+            l.timeout_ms
+        ),
+        Status::MemoryLimit => format!(
+            "airlock: memory_limit: killed at the memory limit of {} MiB",
+            l.memory_mb
+        ),
+        Status::CpuLimit => format!(
+            "airlock: cpu_limit: killed at the CPU-time limit of {} ms",
+            l.cpu_ms
+        ),
+        Status::PolicyViolation => {
+            "airlock: policy_violation: killed by the seccomp filter for a forbidden system call"
+                .into()
+        }
+        Status::Crashed => format!(
+            "airlock: crashed: killed by signal {}",
+            result.signal.unwrap_or(0)
+        ),
+        Status::InternalError => format!(
+            "airlock: internal_error: {}",
+            result
+                .error
+                .as_ref()
+                .map_or("unknown", |e| e.message.as_str())
+        ),
+    })
+}
+
+pub fn main(args: RunArgs) -> ExitCode {
+    let json = args.json;
+    let cancel = Cancel::default();
+    let signal = Arc::new(AtomicI32::new(0));
+    if let Err(e) = watch_signals(&cancel, &signal) {
+        eprintln!("airlock: cannot handle signals: {e}");
+        return ExitCode::from(EXIT_AIRLOCK);
+    }
+    let Prepared { engine, job } = match prepare(args, &cancel) {
+        Ok(p) => p,
+        Err(e) => return usage_error(e),
+    };
+    if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+        airlock_sandbox::remove_leftovers(layout);
+    }
+    let result = if json {
+        engine.execute(job, &mut Discard)
+    } else {
+        engine.execute(job, &mut Passthrough)
+    };
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
+    };
+    let sig = signal.load(Ordering::SeqCst);
+    if cancel.is_cancelled() && sig != 0 {
+        eprintln!("airlock: interrupted by signal {sig}; the sandbox was destroyed");
+        return ExitCode::from((128 + sig).clamp(0, 255) as u8);
+    }
+    if json {
+        let mut out = std::io::stdout().lock();
+        let written = serde_json::to_writer(&mut out, &result).is_ok() && writeln!(out).is_ok();
+        if !written {
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
+    } else if let Some(line) = describe(&result) {
+        eprintln!("{line}");
+    }
+    ExitCode::from(exit_code(&result))
+}
+
+/// SIGINT, SIGTERM and SIGHUP destroy the sandbox and end airlock with 128+signal.
+fn watch_signals(cancel: &Cancel, seen: &Arc<AtomicI32>) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    let cancel = cancel.clone();
+    let seen = seen.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                seen.store(sig, Ordering::SeqCst);
+                cancel.cancel();
+            }
+        })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(status: Status, exit_code: Option<i32>, signal: Option<i32>) -> ExecutionResult {
+        serde_json::from_value(serde_json::json!({
+            "status": status, "exit_code": exit_code, "signal": signal,
+            "stdout": "", "stderr": "", "stdout_truncated": false, "stderr_truncated": false,
+            "result": null, "error": null,
+            "usage": {"wall_ms": 1, "cpu_ms": null, "memory_peak_bytes": null},
+            "limits": {"timeout_ms": 1, "memory_mb": 1, "cpu_ms": 1, "pids": 1, "disk_mb": 1, "output_bytes": 1},
+            "limits_hit": [],
+            "isolation": {"namespaces": [], "uid": 1000, "network": "none", "filesystem": "read_only",
+                "seccomp": "enforced", "landlock": "fully_enforced", "landlock_abi": 6, "cgroup": "v1",
+                "no_new_privs": true, "capabilities": [], "downgraded": []}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn exit_codes_are_distinct_per_verdict() {
+        assert_eq!(exit_code(&result(Status::Ok, Some(0), None)), 0);
+        assert_eq!(exit_code(&result(Status::Error, Some(3), None)), 3);
+        assert_eq!(exit_code(&result(Status::Crashed, None, Some(11))), 139);
+        assert_eq!(
+            exit_code(&result(Status::Timeout, None, None)),
+            EXIT_TIMEOUT
+        );
+        assert_eq!(
+            exit_code(&result(Status::MemoryLimit, None, Some(9))),
+            EXIT_MEMORY_LIMIT
+        );
+        assert_eq!(
+            exit_code(&result(Status::CpuLimit, None, Some(24))),
+            EXIT_CPU_LIMIT
+        );
+        assert_eq!(
+            exit_code(&result(Status::PolicyViolation, None, Some(31))),
+            EXIT_POLICY_VIOLATION
+        );
+        assert_eq!(
+            exit_code(&result(Status::InternalError, None, None)),
+            EXIT_AIRLOCK
+        );
+    }
+}
