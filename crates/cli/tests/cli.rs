@@ -1,0 +1,405 @@
+//! `airlock run` and `airlock doctor` as a user meets them: options, bad input, exit codes,
+//! streaming, and failing closed on a host that cannot enforce the policy.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("airlock-cli-{}-{name}", std::process::id()));
+    std::fs::write(&path, contents).unwrap();
+    path
+}
+
+#[test]
+fn bad_input_is_refused_in_one_line_before_anything_runs() {
+    let _guard = serial();
+    let dir = std::env::temp_dir();
+    let big = "#".repeat((1 << 20) + 1);
+    let not_utf8 = temp_file("latin1.py", b"print('\xe9')");
+    let cases: Vec<(Vec<String>, &[u8], &str)> = vec![
+        (vec!["--timeout".into(), "5x".into()], b"1", "unknown unit"),
+        (vec!["--timeout".into(), "5".into()], b"1", "needs a unit"),
+        (
+            vec!["--memory".into(), "1500K".into()],
+            b"1",
+            "whole number of MiB",
+        ),
+        (
+            vec!["--memory".into(), "9T".into()],
+            b"1",
+            "above the operator's ceiling",
+        ),
+        (
+            vec!["--pids".into(), "0".into()],
+            b"1",
+            "must be greater than zero",
+        ),
+        (
+            vec!["--pids".into(), "5000".into()],
+            b"1",
+            "ceiling of 1024",
+        ),
+        (
+            vec!["--output-limit".into(), "1Q".into()],
+            b"1",
+            "unknown unit",
+        ),
+        (vec!["/nonexistent/code.py".into()], b"", "No such file"),
+        (
+            vec![dir.to_string_lossy().into_owned()],
+            b"",
+            "is a directory",
+        ),
+        (vec![], big.as_bytes(), "raise it with --max-code-size"),
+        (
+            vec!["--max-code-size".into(), "17M".into()],
+            b"1",
+            "ceiling",
+        ),
+        (
+            vec!["--env".into(), "NOEQUALS".into()],
+            b"1",
+            "expected KEY=VALUE",
+        ),
+        (
+            vec!["--env".into(), "=x".into()],
+            b"1",
+            "invalid environment variable",
+        ),
+        (
+            vec!["--file".into(), "/nonexistent".into()],
+            b"1",
+            "No such file",
+        ),
+        (
+            vec!["--file".into(), "/etc/hostname:/abs".into()],
+            b"1",
+            "must be relative",
+        ),
+        (
+            vec!["--file".into(), "/etc/hostname:../up".into()],
+            b"1",
+            "must be relative",
+        ),
+        (
+            vec!["--stdin".into(), "-".into()],
+            b"1",
+            "already comes from standard input",
+        ),
+        (
+            vec!["--downgrade".into(), "network".into()],
+            b"1",
+            "unknown mechanism",
+        ),
+        (vec!["--python".into(), "/bin/sh".into()], b"1", "pythonX.Y"),
+        (
+            vec![not_utf8.to_string_lossy().into_owned()],
+            b"",
+            "not valid UTF-8",
+        ),
+    ];
+    for (args, stdin, expect) in cases {
+        let before = HostState::now();
+        let mut all = vec!["run".to_owned()];
+        all.extend(args.iter().cloned());
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        let r = invoke(&all, stdin);
+        HostState::now().assert_same_as(&before, &r);
+        assert_eq!(r.exit, 2, "{args:?}: {r:#?}");
+        assert!(
+            r.stderr.contains(expect),
+            "{args:?}: expected {expect:?} in {:?}",
+            r.stderr
+        );
+        assert!(r.stdout.is_empty(), "{args:?} printed {:?}", r.stdout);
+        let first = r.stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("airlock: ") || first.starts_with("error: "),
+            "{args:?}: {:?}",
+            r.stderr
+        );
+    }
+    std::fs::remove_file(&not_utf8).unwrap();
+    // Raised on purpose, the same code runs.
+    let r = invoke(&["run", "--json", "--max-code-size", "2M"], big.as_bytes());
+    assert_eq!(r.status(), "ok", "{r:#?}");
+}
+
+#[test]
+fn files_stdin_and_environment_reach_the_program() {
+    let data = temp_file("data.csv", b"a,b\n1,2\n");
+    let input = temp_file("input.txt", b"line one\nline two\n");
+    let name = data.file_name().unwrap().to_str().unwrap().to_owned();
+    let code = r#"
+import os, sys, json
+print(json.dumps({"nested": open("inputs/data.csv").read(), "plain": open(os.environ["NAME"]).read(),
+                  "stdin": sys.stdin.read(),
+                  "env": {k: os.environ.get(k) for k in ["A", "B", "AIRLOCK_TEST_CANARY"]}}))
+"#;
+    let nested = format!("{}:inputs/data.csv", data.display());
+    let plain = data.display().to_string();
+    let r = run(
+        code,
+        &[
+            "--file",
+            &nested,
+            "--file",
+            &plain,
+            "--stdin",
+            input.to_str().unwrap(),
+            "--env",
+            "A=1",
+            "--env",
+            "B=x=y",
+            "--env",
+            &format!("NAME={name}"),
+        ],
+    );
+    std::fs::remove_file(&input).unwrap();
+    std::fs::remove_file(&data).unwrap();
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let seen = r.printed();
+    assert_eq!(seen["nested"], "a,b\n1,2\n");
+    assert_eq!(
+        seen["plain"], "a,b\n1,2\n",
+        "a --file without a target lands under its own name"
+    );
+    assert_eq!(seen["stdin"], "line one\nline two\n");
+    assert_eq!(
+        seen["env"],
+        json!({"A": "1", "B": "x=y", "AIRLOCK_TEST_CANARY": null})
+    );
+}
+
+#[test]
+fn exit_codes_follow_the_verdict() {
+    let _guard = serial();
+    let cases: &[(&[&str], &str, i32, &str)] = &[
+        (&[], "print('fine')", 0, ""),
+        (&[], "import sys\nsys.exit(7)", 7, ""),
+        (&[], "1/0", 1, "ZeroDivisionError: division by zero"),
+        (
+            &["--timeout", "500ms"],
+            "while True:\n    pass",
+            124,
+            "airlock: timeout",
+        ),
+        (
+            &["--memory", "32M"],
+            "x = bytearray(256 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1",
+            123,
+            "airlock: memory_limit",
+        ),
+        (
+            &["--cpu-time", "500ms"],
+            "while True:\n    pass",
+            122,
+            "airlock: cpu_limit",
+        ),
+        (
+            &[],
+            "import ctypes\nctypes.CDLL(None).syscall(101, 0, 0, 0, 0)",
+            121,
+            "airlock: policy_violation",
+        ),
+        (
+            &[],
+            "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
+            139,
+            "airlock: crashed: killed by signal 11",
+        ),
+    ];
+    for (args, code, want, stderr) in cases {
+        let before = HostState::now();
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let r = invoke(&all, code.as_bytes());
+        HostState::now().assert_same_as(&before, &r);
+        assert_eq!(r.exit, *want, "{code}: {r:#?}");
+        assert!(r.stderr.contains(stderr), "{code}: {:?}", r.stderr);
+    }
+    let help = invoke(&["run", "--help"], b"");
+    for documented in ["124", "123", "122", "121", "125", "128+N", "--json"] {
+        assert!(
+            help.stdout.contains(documented),
+            "--help does not document {documented}"
+        );
+    }
+}
+
+#[test]
+fn plain_mode_streams_output_as_it_is_printed() {
+    let _guard = serial();
+    let before = HostState::now();
+    let script = temp_file(
+        "stream.py",
+        b"import sys\nprint('first', flush=True)\nsys.stdin.readline()\nprint('second')\n",
+    );
+    let mut child = airlock()
+        .args(["run", "--stdin", "-", script.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // "first" arrives while the program is still waiting for its input.
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the program ended before its output arrived"
+    );
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert!(child.wait().unwrap().success());
+    std::fs::remove_file(&script).unwrap();
+    HostState::now().assert_same_as(&before, &"streaming");
+}
+
+#[test]
+fn doctor_reports_full_enforcement_on_this_host() {
+    let _guard = serial();
+    let r = invoke(&["doctor", "--json"], b"");
+    assert_eq!(r.exit, 0, "{}\n{}", r.stdout, r.stderr);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "user namespaces",
+            "seccomp",
+            "landlock",
+            "cgroups",
+            "python",
+            "sandbox"
+        ]
+    );
+    let cgroup = &report["checks"][3]["detail"];
+    assert!(
+        cgroup.as_str().unwrap().starts_with("v1:") || cgroup.as_str().unwrap().starts_with("v2:")
+    );
+    let enforced = report["enforced"].to_string();
+    for item in [
+        "seccomp: enforced",
+        "landlock: fully_enforced",
+        "network: none",
+    ] {
+        assert!(enforced.contains(item), "{item} missing from {enforced}");
+    }
+    let text = invoke(&["doctor"], b"");
+    assert_eq!(text.exit, 0);
+    assert!(
+        text.stdout.contains("Everything is enforced."),
+        "{}",
+        text.stdout
+    );
+}
+
+/// The airlock binary, copied where an unprivileged user can run it.
+fn binary_for_nobody() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-nobody-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("airlock");
+    std::fs::copy(env!("CARGO_BIN_EXE_airlock"), &bin).unwrap();
+    bin
+}
+
+fn as_nobody(bin: &PathBuf, args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(bin)
+        .args(args)
+        .current_dir("/")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("setpriv from util-linux");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = if args.contains(&"--json") && args[0] == "run" {
+        serde_json::from_str(&stdout).unwrap_or(Value::Null)
+    } else {
+        Value::Null
+    };
+    Run {
+        exit: out.status.code().unwrap_or(-1),
+        stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        json,
+    }
+}
+
+#[test]
+fn without_a_required_mechanism_airlock_refuses_unless_it_is_downgraded_by_name() {
+    // An unprivileged user may not create cgroups here: a real host missing a mechanism.
+    let _guard = serial();
+    let before = HostState::now();
+    let bin = binary_for_nobody();
+    let r = as_nobody(&bin, &["run", "--json"], b"print('ran')");
+    assert_eq!(r.exit, 125, "{r:#?}");
+    assert!(r.stdout.is_empty(), "something ran: {}", r.stdout);
+    assert!(r.stderr.contains("cgroups is required"), "{}", r.stderr);
+    assert!(r.stderr.contains("airlock doctor"), "{}", r.stderr);
+
+    let doctor = as_nobody(&bin, &["doctor", "--json"], b"");
+    assert_eq!(doctor.exit, 1, "{doctor:#?}");
+    let report: Value = serde_json::from_str(&doctor.stdout).unwrap();
+    let cg = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "cgroups")
+        .unwrap();
+    assert_eq!(cg["ok"], false);
+    assert!(cg["fix"].as_str().unwrap().contains("delegated"), "{cg}");
+
+    let r = as_nobody(
+        &bin,
+        &["run", "--json", "--downgrade", "cgroups"],
+        b"import os\nprint('ran')\nos.getuid()",
+    );
+    assert_eq!(r.json["status"], "ok", "{r:#?}");
+    assert_eq!(r.json["result"], 1000);
+    assert_eq!(r.json["isolation"]["cgroup"], "disabled");
+    assert_eq!(r.json["isolation"]["downgraded"], json!(["cgroups"]));
+    assert_eq!(r.json["isolation"]["seccomp"], "enforced");
+    assert!(
+        r.json["usage"]["cpu_ms"].is_null(),
+        "no cgroup, no counters"
+    );
+    // Without cgroups the rlimit backstops still stop a fork bomb.
+    let bomb = b"import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time\n            time.sleep(30)\n        n += 1\nexcept OSError:\n    print(n)";
+    let r = as_nobody(
+        &bin,
+        &[
+            "run",
+            "--json",
+            "--downgrade",
+            "cgroups",
+            "--pids",
+            "8",
+            "--timeout",
+            "3s",
+        ],
+        bomb,
+    );
+    assert_eq!(r.json["stdout"], "7\n", "{r:#?}");
+    std::fs::remove_dir_all(bin.parent().unwrap()).unwrap();
+    HostState::now().assert_same_as(&before, &r);
+}

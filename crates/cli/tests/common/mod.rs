@@ -1,0 +1,233 @@
+//! Helpers for tests that drive the real `airlock` binary on the real kernel.
+//!
+//! Every sandbox a test binary starts goes through [`run`], which holds [`SERIAL`] and compares
+//! the host before and after: no process of a sandbox uid, no sandbox cgroup, no mount, no SysV
+//! IPC object and no file owned by a sandbox uid may be left behind.
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+use serde_json::Value;
+
+pub static SERIAL: Mutex<()> = Mutex::new(());
+
+pub fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub fn airlock() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
+    cmd.env("AIRLOCK_TEST_CANARY", "host-secret-value");
+    cmd
+}
+
+/// One finished `airlock` invocation.
+#[derive(Debug)]
+pub struct Run {
+    pub exit: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub json: Value,
+}
+
+impl Run {
+    pub fn status(&self) -> &str {
+        self.json["status"].as_str().unwrap_or("<none>")
+    }
+
+    pub fn stdout_text(&self) -> &str {
+        self.json["stdout"].as_str().unwrap_or("")
+    }
+
+    pub fn result(&self) -> &Value {
+        &self.json["result"]
+    }
+
+    pub fn limits_hit(&self) -> Vec<String> {
+        self.json["limits_hit"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The program's stdout parsed as JSON (payloads print their findings with json.dumps).
+    pub fn printed(&self) -> Value {
+        serde_json::from_str(self.stdout_text().trim())
+            .unwrap_or_else(|e| panic!("payload output is not JSON ({e}): {self:#?}"))
+    }
+}
+
+fn finish(out: Output, json: bool) -> Run {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let json = if json {
+        serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!("not one JSON object ({e}):\nstdout: {stdout}\nstderr: {stderr}")
+        })
+    } else {
+        Value::Null
+    };
+    Run {
+        exit: out.status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+        json,
+    }
+}
+
+/// Runs `airlock ARGS` with `stdin` as its standard input, without the host checks.
+pub fn invoke(args: &[&str], stdin: &[u8]) -> Run {
+    let mut child = airlock()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start airlock");
+    let mut input = child.stdin.take().expect("stdin");
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().expect("wait for airlock");
+    let _ = writer.join();
+    finish(out, args.contains(&"--json"))
+}
+
+/// Runs `code` with `airlock run --json ARGS`, checking that the host is unchanged afterwards.
+pub fn run(code: &str, args: &[&str]) -> Run {
+    let _guard = serial();
+    run_unlocked(code, args)
+}
+
+/// As [`run`], for callers that already hold [`SERIAL`].
+pub fn run_unlocked(code: &str, args: &[&str]) -> Run {
+    let before = HostState::now();
+    let mut all = vec!["run", "--json"];
+    all.extend_from_slice(args);
+    let run = invoke(&all, code.as_bytes());
+    HostState::now().assert_same_as(&before, &run);
+    run
+}
+
+/// Runs `code` and expects it to end with status `ok`, returning what it printed as JSON.
+pub fn probe(code: &str) -> Value {
+    let r = run(code, &[]);
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    r.printed()
+}
+
+/// The first uid a sandbox can have on the host (see airlock_sandbox::HOST_ID_BASE).
+const SANDBOX_UID_MIN: u32 = airlock_sandbox::HOST_ID_BASE;
+
+/// What must not change on the host because of a sandbox.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostState {
+    sandbox_processes: Vec<String>,
+    sandbox_cgroups: Vec<PathBuf>,
+    mountinfo: String,
+    sysv_ipc: Vec<String>,
+    sandbox_owned_files: Vec<PathBuf>,
+}
+
+fn uid_of_status(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| {
+        l.strip_prefix("Uid:")?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+pub fn sandbox_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let Ok(status) = fs::read_to_string(path.join("status")) else {
+            continue;
+        };
+        if uid_of_status(&status).is_some_and(|u| u >= SANDBOX_UID_MIN) {
+            let cmd = fs::read_to_string(path.join("cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
+            found.push(format!("{} {}", path.display(), cmd));
+        }
+    }
+    found.sort();
+    found
+}
+
+/// Every `airlock-<pid>-<n>` cgroup beneath the cgroups this test process runs in.
+pub fn sandbox_cgroups() -> Vec<PathBuf> {
+    let Ok(layout) = &airlock_sandbox::host_support().cgroup else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for parent in layout.parents() {
+        for entry in fs::read_dir(&parent).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(airlock_sandbox::SANDBOX_PREFIX) && name != "airlock-supervisor" {
+                found.push(entry.path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+fn files_owned_by_sandboxes(dirs: &[&str]) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut found = Vec::new();
+    for dir in dirs {
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.metadata().is_ok_and(|m| m.uid() >= SANDBOX_UID_MIN) {
+                found.push(entry.path());
+            }
+        }
+    }
+    found
+}
+
+impl HostState {
+    pub fn now() -> Self {
+        let sysv_ipc = ["shm", "sem", "msg"]
+            .iter()
+            .map(|k| fs::read_to_string(Path::new("/proc/sysvipc").join(k)).unwrap_or_default())
+            .collect();
+        HostState {
+            sandbox_processes: sandbox_processes(),
+            sandbox_cgroups: sandbox_cgroups(),
+            mountinfo: fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            sysv_ipc,
+            sandbox_owned_files: files_owned_by_sandboxes(&[
+                "/tmp", "/var/tmp", "/dev/shm", "/root",
+            ]),
+        }
+    }
+
+    pub fn assert_same_as(&self, before: &HostState, context: &impl std::fmt::Debug) {
+        assert!(
+            self.sandbox_processes.is_empty(),
+            "sandbox processes left: {:?}\n{context:#?}",
+            self.sandbox_processes
+        );
+        assert!(
+            self.sandbox_cgroups.is_empty(),
+            "sandbox cgroups left: {:?}\n{context:#?}",
+            self.sandbox_cgroups
+        );
+        assert_eq!(self, before, "the host changed\n{context:#?}");
+    }
+}
+
+/// A Python prelude for payloads that call the kernel directly.
+pub const LIBC: &str = "import ctypes, os, json\nlibc = ctypes.CDLL(None, use_errno=True)\n";

@@ -1,0 +1,423 @@
+//! The jail, probed from inside by real programs: namespaces, the file system, the network and
+//! the process's own attributes. THREAT-MODEL: reading the host, writing the host, network.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, UdpSocket};
+use std::os::unix::net::UnixListener;
+use std::process::Stdio;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn sorted(v: &Value) -> Vec<String> {
+    let mut out: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn every_namespace_is_new() {
+    let inside = probe(
+        r#"
+import os, json
+print(json.dumps({n: os.readlink("/proc/self/ns/" + n)
+                  for n in ["user", "pid", "net", "mnt", "ipc", "uts", "cgroup"]}))
+"#,
+    );
+    for (name, link) in inside.as_object().unwrap() {
+        let host = std::fs::read_link(format!("/proc/self/ns/{name}")).unwrap();
+        assert_ne!(
+            link.as_str().unwrap(),
+            host.to_str().unwrap(),
+            "{name} namespace is shared"
+        );
+    }
+}
+
+#[test]
+fn unprivileged_uid_own_hostname_and_only_its_own_processes() {
+    let seen = probe(
+        r#"
+import os, json, socket
+child = os.fork()
+if child == 0:
+    os.pause()
+procs = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+os.kill(child, 9)
+os.waitpid(child, 0)
+print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(),
+                  "groups": os.getgroups(), "host": socket.gethostname(), "pid": os.getpid(),
+                  "ppid": os.getppid(), "procs": procs,
+                  "uid_map": open("/proc/self/uid_map").read().split()}))
+"#,
+    );
+    assert_eq!(
+        (
+            seen["uid"].clone(),
+            seen["euid"].clone(),
+            seen["gid"].clone()
+        ),
+        (json!(1000), json!(1000), json!(1000))
+    );
+    assert_eq!(seen["host"], "airlock");
+    // PID 1 is the sandbox's init, 2 the program, 3 its child: nothing else exists.
+    assert_eq!(seen["procs"], json!([1, 2, 3]));
+    assert_eq!(
+        (seen["pid"].clone(), seen["ppid"].clone()),
+        (json!(2), json!(1))
+    );
+    // Exactly one uid is mapped, and on the host it is an unprivileged one of its own.
+    let map = seen["uid_map"].as_array().unwrap();
+    assert_eq!(map.len(), 3, "{map:?}");
+    assert_eq!(map[0], "1000");
+    let outer: u32 = map[1].as_str().unwrap().parse().unwrap();
+    assert!(outer >= airlock_sandbox::HOST_ID_BASE, "host uid {outer}");
+}
+
+#[test]
+fn the_root_holds_only_what_the_interpreter_needs_and_is_read_only() {
+    let seen = probe(
+        r#"
+import os, json, errno
+def try_write(path):
+    try:
+        open(path, "w")
+        return "written"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(json.dumps({"root": os.listdir("/"), "etc": os.listdir("/etc"), "dev": os.listdir("/dev"),
+                  "usr": os.listdir("/usr"), "usr_bin": os.listdir("/usr/bin"),
+                  "usr_lib": os.listdir("/usr/lib"),
+                  "writes": {p: try_write(p) for p in ["/x", "/usr/x", "/etc/passwd", "/etc/x",
+                                                       "/usr/lib/x", "/dev/x", "/proc/x",
+                                                       "/usr/bin/python3"]}}))
+"#,
+    );
+    assert_eq!(
+        sorted(&seen["root"]),
+        ["bin", "dev", "etc", "lib", "lib64", "proc", "tmp", "usr", "work"]
+    );
+    assert_eq!(
+        sorted(&seen["etc"]),
+        ["group", "hosts", "ld.so.cache", "passwd"]
+    );
+    assert_eq!(
+        sorted(&seen["dev"]),
+        ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
+    );
+    assert_eq!(sorted(&seen["usr"]), ["bin", "lib", "lib64"]);
+    assert_eq!(sorted(&seen["usr_bin"]), ["python3", "python3.11"]);
+    assert_eq!(
+        sorted(&seen["usr_lib"]),
+        ["python3", "python3.11", "x86_64-linux-gnu"]
+    );
+    for (path, outcome) in seen["writes"].as_object().unwrap() {
+        let refused = ["EROFS", "EACCES", "ENOENT"].contains(&outcome.as_str().unwrap());
+        assert!(refused, "{path} could be written: {outcome}");
+    }
+}
+
+#[test]
+fn host_secrets_and_other_processes_are_unreachable() {
+    let root_canary = format!("/root/airlock-canary-{}", std::process::id());
+    let tmp_canary = format!("/tmp/airlock-canary-{}", std::process::id());
+    std::fs::write(&root_canary, "secret").unwrap();
+    std::fs::write(&tmp_canary, "secret").unwrap();
+    let r = run(
+        r#"
+import os, json, errno
+out = {}
+paths = ["/etc/shadow", "/root", os.environ["ROOT_CANARY"], os.environ["TMP_CANARY"], "/home",
+         "/sys", "/boot", "/var", "/run", "/proc/1/environ", "/proc/1/root/etc", "/proc/1/cwd",
+         "/proc/1/exe", "/proc/1/mem", "/proc/1/fd", "/proc/1/maps", "/proc/sys", "/proc/kcore",
+         "/proc/sysrq-trigger", "/proc/kallsyms", "/dev/vda", "/dev/mem", "/dev/kmsg"]
+for p in paths:
+    try:
+        out[p] = os.listdir(p) if os.path.isdir(p) else open(p, "rb").read(64).decode("latin1")
+    except OSError as e:
+        out[p] = errno.errorcode[e.errno]
+environs = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            environs.append(open("/proc/%s/environ" % p, "rb").read().decode("latin1"))
+        except OSError:
+            pass
+print(json.dumps({"paths": out, "env": dict(os.environ), "environs": environs}))
+"#,
+        &[
+            "--env",
+            &format!("ROOT_CANARY={root_canary}"),
+            "--env",
+            &format!("TMP_CANARY={tmp_canary}"),
+        ],
+    );
+    std::fs::remove_file(&root_canary).unwrap();
+    std::fs::remove_file(&tmp_canary).unwrap();
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let seen = r.printed();
+    for (path, got) in seen["paths"].as_object().unwrap() {
+        let denied = got
+            .as_str()
+            .is_some_and(|e| ["ENOENT", "EACCES", "EPERM"].contains(&e));
+        assert!(denied, "{path} was readable: {got}");
+    }
+    let env = seen["env"].as_object().unwrap();
+    let names: Vec<&str> = env.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "HOME",
+            "LANG",
+            "PATH",
+            "ROOT_CANARY",
+            "TMPDIR",
+            "TMP_CANARY"
+        ]
+    );
+    assert!(
+        !seen.to_string().contains("host-secret-value"),
+        "the caller's environment leaked: {seen}"
+    );
+}
+
+#[test]
+fn writable_directories_are_one_capped_noexec_tmpfs() {
+    let r = run(
+        r#"
+import os, json, errno, shutil
+out = {}
+for d in ["/tmp", "/work", "/dev/shm"]:
+    st = os.statvfs(d)
+    out[d] = [st.f_blocks * st.f_frsize, os.stat(d).st_dev]
+    open(d + "/probe", "w").write("x")
+shutil.copy("/usr/bin/python3", "/tmp/py")
+os.chmod("/tmp/py", 0o755)
+try:
+    os.execv("/tmp/py", ["py", "-c", "pass"])
+except OSError as e:
+    out["exec"] = errno.errorcode[e.errno]
+out["cwd"] = os.getcwd()
+out["mounts"] = [l.split()[4] + " " + l.split()[5] for l in open("/proc/self/mountinfo")
+                 if l.split()[4] in ("/tmp", "/work", "/dev/shm")]
+print(json.dumps(out))
+"#,
+        &["--disk", "32M"],
+    );
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let out = r.printed();
+    for d in ["/tmp", "/work", "/dev/shm"] {
+        assert_eq!(out[d][0], 32u64 << 20, "{d} is not the 32 MiB tmpfs: {out}");
+        assert_eq!(
+            out[d][1], out["/tmp"][1],
+            "{d} is not the same file system as /tmp"
+        );
+    }
+    assert_eq!(
+        out["exec"], "EACCES",
+        "a file written in the sandbox could be executed"
+    );
+    assert_eq!(out["cwd"], "/work");
+    assert_eq!(out["mounts"].as_array().unwrap().len(), 3);
+    for m in out["mounts"].as_array().unwrap() {
+        let opts = m.as_str().unwrap();
+        for flag in ["nosuid", "nodev", "noexec"] {
+            assert!(opts.contains(flag), "{opts} lacks {flag}");
+        }
+    }
+}
+
+#[test]
+fn the_network_namespace_is_empty() {
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let tcp6 = TcpListener::bind("[::1]:0").expect("IPv6 loopback");
+    tcp6.set_nonblocking(true).unwrap();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let abstract_name = format!("airlock-test-{}", std::process::id());
+    let abstract_listener = {
+        use std::os::linux::net::SocketAddrExt;
+        let addr =
+            std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+        UnixListener::bind_addr(&addr).unwrap()
+    };
+    abstract_listener.set_nonblocking(true).unwrap();
+    let env = |k: &str, v: String| format!("{k}={v}");
+    let args = [
+        "--env".to_owned(),
+        env("TCP", tcp.local_addr().unwrap().port().to_string()),
+        "--env".to_owned(),
+        env("TCP6", tcp6.local_addr().unwrap().port().to_string()),
+        "--env".to_owned(),
+        env("UDP", udp.local_addr().unwrap().port().to_string()),
+        "--env".to_owned(),
+        env("ABSTRACT", abstract_name),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = run(
+        r#"
+import socket, json, errno, os
+# (socket.if_nameindex() would need netlink, which the filter refuses.)
+out = {"interfaces": [l.split(":")[0].strip() for l in open("/proc/self/net/dev").readlines()[2:]]}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "connected"
+    except OSError as e:
+        out[name] = errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+env = os.environ
+attempt("tcp", lambda: socket.create_connection(("127.0.0.1", int(env["TCP"])), timeout=2))
+attempt("tcp6", lambda: socket.create_connection(("::1", int(env["TCP6"])), timeout=2))
+attempt("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=2))
+attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
+def udp():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"x", ("127.0.0.1", int(env["UDP"])))
+attempt("udp", udp)
+def abstract():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("\0" + env["ABSTRACT"])
+attempt("abstract", abstract)
+print(json.dumps(out))
+"#,
+        &args,
+    );
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let out = r.printed();
+    assert_eq!(out["interfaces"], json!(["lo"]), "{out}");
+    for key in ["tcp", "tcp6", "metadata", "dns", "udp", "abstract"] {
+        assert_ne!(out[key], "connected", "{key} reached the host: {out}");
+    }
+    assert!(
+        tcp.accept().is_err(),
+        "the host's TCP listener got a connection"
+    );
+    assert!(
+        tcp6.accept().is_err(),
+        "the host's TCP6 listener got a connection"
+    );
+    let mut buf = [0u8; 8];
+    assert!(
+        udp.recv_from(&mut buf).is_err(),
+        "the host's UDP socket got a datagram"
+    );
+    assert!(
+        abstract_listener.accept().is_err(),
+        "the host's abstract socket got a connection"
+    );
+}
+
+#[test]
+fn no_privileges_no_terminal_and_only_its_own_descriptors() {
+    // airlock itself holds an extra inherited descriptor (7) and runs under a pseudo-terminal,
+    // as an interactive user's shell would have it.
+    let _guard = serial();
+    let before = HostState::now();
+    let code = r#"
+import os, json
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+try:
+    open("/dev/tty")
+    tty = "opened"
+except OSError as e:
+    tty = e.errno
+keys = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"]
+print(json.dumps({**{k: status[k].strip() for k in keys}, "fds": fds, "tty_nr": int(stat[4]),
+                  "sid_is_pid": os.getsid(0) == os.getpid(), "dev_tty": tty}))
+"#;
+    let script = std::env::temp_dir().join(format!("airlock-tty-{}.py", std::process::id()));
+    std::fs::write(&script, code).unwrap();
+    let shell = format!(
+        "exec 7</etc/hostname; exec {} run --json {}",
+        env!("CARGO_BIN_EXE_airlock"),
+        script.display()
+    );
+    let out = std::process::Command::new("script")
+        .args(["-qec", &shell, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1) from util-linux");
+    std::fs::remove_file(&script).unwrap();
+    HostState::now().assert_same_as(&before, &out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("{text}"));
+    let result: Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(result["status"], "ok", "{result}");
+    let seen: Value = serde_json::from_str(result["stdout"].as_str().unwrap().trim()).unwrap();
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(seen[cap], "0000000000000000", "{cap}: {seen}");
+    }
+    assert_eq!(seen["NoNewPrivs"], "1");
+    assert_eq!(seen["Seccomp"], "2", "seccomp filter mode");
+    // 0, 1, 2, the protocol's channel 3, and the descriptor listing /proc/self/fd itself.
+    assert_eq!(seen["fds"], json!([0, 1, 2, 3, 4]), "{seen}");
+    assert_eq!(seen["tty_nr"], 0, "the program has a controlling terminal");
+    assert_eq!(
+        seen["sid_is_pid"], true,
+        "the program is not in a session of its own"
+    );
+    assert_eq!(seen["dev_tty"], 2, "/dev/tty should not exist (ENOENT)");
+}
+
+#[test]
+fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
+    for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
+        let _guard = serial();
+        let before = HostState::now();
+        let mut child = airlock()
+            .args(["run", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        let procs = sandbox_processes();
+        let uids: Vec<u32> = procs
+            .iter()
+            .map(|p| {
+                let dir = p.split_whitespace().next().unwrap();
+                let status = std::fs::read_to_string(format!("{dir}/status")).unwrap();
+                let line = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap();
+                line.split_whitespace().next().unwrap().parse().unwrap()
+            })
+            .collect();
+        // The outer init, PID 1 and the program: one unprivileged host uid for all three.
+        assert_eq!(uids.len(), 3, "{procs:?}");
+        assert!(
+            uids.iter()
+                .all(|&u| u == uids[0] && u >= airlock_sandbox::HOST_ID_BASE),
+            "{uids:?}"
+        );
+        assert!(!sandbox_cgroups().is_empty(), "the sandbox has no cgroup");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(
+            status.code(),
+            Some(128 + signal as i32),
+            "airlock should exit 128+{signal}"
+        );
+        HostState::now().assert_same_as(&before, &status);
+    }
+}

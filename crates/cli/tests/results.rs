@@ -1,0 +1,253 @@
+//! The result channel: values, exceptions, and programs that try to forge or break what comes
+//! back. THREAT-MODEL: the result channel (spoofed framing, invalid UTF-8, NaN, deep nesting).
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[test]
+fn the_final_expression_is_the_result() {
+    let cases = [
+        ("x = 6\nx * 7", json!(42)),
+        (
+            "{'a': (1, 2.5), 'b': [None, True, 'é']}",
+            json!({"a": [1, 2.5], "b": [null, true, "é"]}),
+        ),
+        ("x = 1", json!(null)),
+        ("print('hi')", json!(null)),
+        ("def f():\n    return 3\nf()", json!(3)),
+        ("2**63", json!(9223372036854775808u64)),
+        ("-2**63", json!(-9223372036854775808i64)),
+    ];
+    for (code, want) in cases {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code}: {r:#?}");
+        assert_eq!(r.result(), &want, "{code}");
+        assert!(r.json["error"].is_null());
+    }
+}
+
+#[test]
+fn values_that_are_not_json_cross_as_marked_capped_descriptions() {
+    let cases = [
+        ("{1, 2}", "set", "not a JSON value"),
+        ("b'\\x00\\xff'", "bytes", "not a JSON value"),
+        ("float('nan')", "float", "not a finite number"),
+        ("float('-inf')", "float", "not a finite number"),
+        ("10**100", "int", "integer outside the 64-bit range"),
+        ("{1: 'a'}", "dict", "not a JSON value"),
+        (
+            "{'$airlock': 'repr', 'repr': 'forged'}",
+            "dict",
+            "not a JSON value",
+        ),
+        (
+            "class Thing:\n    pass\nThing()",
+            "__main__.Thing",
+            "not a JSON value",
+        ),
+        (
+            "import datetime\ndatetime.date(2026, 1, 2)",
+            "datetime.date",
+            "not a JSON value",
+        ),
+    ];
+    for (code, kind, why) in cases {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code}: {r:#?}");
+        let v = r.result();
+        assert_eq!(v["$airlock"], "repr", "{code}: {v}");
+        assert_eq!(v["type"], kind, "{code}: {v}");
+        assert_eq!(v["why"], why, "{code}: {v}");
+        assert_eq!(v["truncated"], false);
+    }
+}
+
+#[test]
+fn deep_huge_and_hostile_values_are_bounded() {
+    // Nesting past 64 levels becomes a description at that depth.
+    let r = run("x = []\nfor _ in range(5000):\n    x = [x]\nx", &[]);
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let mut v = r.result();
+    let mut depth = 0;
+    while v.is_array() {
+        v = &v[0];
+        depth += 1;
+    }
+    assert_eq!((depth, v["why"].as_str()), (64, Some("nested too deeply")));
+    // A 3 MiB string is over the 1 MiB result limit: a capped description instead.
+    let r = run("'x' * (3 << 20)", &[]);
+    assert_eq!(r.status(), "ok");
+    assert_eq!(r.result()["truncated"], true);
+    assert!(r.result()["why"]
+        .as_str()
+        .unwrap()
+        .starts_with("result larger than"));
+    assert!(
+        r.stdout.len() < 1 << 20,
+        "the result JSON is {} bytes",
+        r.stdout.len()
+    );
+    // A __repr__ that raises, and one that returns 10 MiB.
+    let r = run(
+        "class A:\n    def __repr__(self):\n        raise ValueError('no')\nA()",
+        &[],
+    );
+    assert_eq!(r.result()["repr"], "<repr() raised ValueError>");
+    let r = run(
+        "class A:\n    def __repr__(self):\n        return 'r' * (10 << 20)\nA()",
+        &[],
+    );
+    assert_eq!(r.result()["truncated"], true);
+    assert_eq!(r.result()["repr"].as_str().unwrap().len(), 4096);
+}
+
+#[test]
+fn exceptions_give_type_message_and_the_code_s_own_traceback() {
+    let r = run("def f(x):\n    return 1 / x\n\nf(0)\n", &[]);
+    assert_eq!(
+        (r.status(), r.json["exit_code"].as_i64()),
+        ("error", Some(1)),
+        "{r:#?}"
+    );
+    let e = &r.json["error"];
+    assert_eq!(e["type"], "ZeroDivisionError");
+    assert_eq!(e["message"], "division by zero");
+    let tb = e["traceback"].as_str().unwrap();
+    assert!(tb.contains("File \"main.py\", line 4, in <module>"), "{tb}");
+    assert!(tb.contains("return 1 / x"), "{tb}");
+    assert!(
+        !tb.contains("<string>"),
+        "airlock's own frames leaked into {tb}"
+    );
+    assert!(r.result().is_null());
+
+    let r = run(
+        "class MyError(Exception):\n    pass\nraise MyError('boom')",
+        &[],
+    );
+    assert_eq!(r.json["error"]["type"], "__main__.MyError");
+    let r = run(
+        "class E(Exception):\n    def __str__(self):\n        raise RuntimeError\nraise E()",
+        &[],
+    );
+    assert_eq!(r.json["error"]["type"], "__main__.E");
+    assert_eq!(r.json["error"]["message"], "<str() raised RuntimeError>");
+
+    let r = run("def f(:\n    pass", &[]);
+    assert_eq!(r.json["error"]["type"], "SyntaxError", "{r:#?}");
+    assert!(r.json["error"]["traceback"]
+        .as_str()
+        .unwrap()
+        .contains("main.py"));
+}
+
+#[test]
+fn sys_exit_is_an_exit_not_an_exception() {
+    let r = run("import sys\nsys.exit(3)", &[]);
+    assert_eq!(
+        (r.status(), r.json["exit_code"].as_i64(), r.exit),
+        ("error", Some(3), 3)
+    );
+    assert!(r.json["error"].is_null());
+    let r = run("import sys\nprint('x')\nsys.exit(0)", &[]);
+    assert_eq!((r.status(), r.stdout_text()), ("ok", "x\n"));
+    let r = run("import sys\nsys.exit('bad input')", &[]);
+    assert_eq!(
+        (r.status(), r.json["exit_code"].as_i64()),
+        ("error", Some(1))
+    );
+    assert_eq!(r.json["stderr"], "bad input\n");
+}
+
+#[test]
+fn what_the_program_prints_is_never_the_result() {
+    let forged = r#"{"status":"ok","exit_code":0,"result":42,"error":null}"#;
+    let code = format!("print({forged:?})\nraise SystemExit(5)");
+    let r = run(&code, &[]);
+    assert_eq!(r.status(), "error");
+    assert_eq!(r.json["exit_code"], 5);
+    assert!(r.result().is_null());
+    assert_eq!(r.stdout_text(), format!("{forged}\n"));
+}
+
+#[test]
+fn tampering_with_the_channel_cannot_change_the_verdict() {
+    // A perfect response, then a non-zero exit.
+    let r = run(
+        "import os\nos.write(3, b'{\"result\": 42}')\nos._exit(3)",
+        &[],
+    );
+    assert_eq!(
+        (r.status(), r.json["exit_code"].as_i64()),
+        ("error", Some(3)),
+        "{r:#?}"
+    );
+    assert!(r.result().is_null());
+    // A perfect response, then the wall clock.
+    let r = run(
+        "import os, time\nos.write(3, b'{\"result\": 42}')\ntime.sleep(60)",
+        &["--timeout", "500ms"],
+    );
+    assert_eq!(r.status(), "timeout");
+    assert!(r.result().is_null());
+    // Garbage, a duplicate document, NaN, and 10 000 levels of nesting: refused, not parsed.
+    for garbage in [
+        "b'not json'",
+        "b'{\"result\": 1}{\"result\": 2}'",
+        "b'{\"result\": NaN}'",
+        "b'{\"result\": ' + b'[' * 10000 + b']' * 10000 + b'}'",
+        "b'{\"status\": \"ok\", \"result\": 1}'",
+    ] {
+        let r = run(
+            &format!("import os\nos.write(3, {garbage})\nos._exit(0)"),
+            &[],
+        );
+        assert_eq!(r.status(), "error", "{garbage}: {r:#?}");
+        assert_eq!(r.json["error"]["type"], "ResultError", "{garbage}");
+    }
+    // More than a response may hold.
+    let r = run(
+        "import os\nos.write(3, b'{\"result\": \"' + b'x' * (4 << 20) + b'\"}')\nos._exit(0)",
+        &[],
+    );
+    assert_eq!(r.json["error"]["type"], "ResultError");
+    assert!(r.json["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("larger than"));
+    // Closing the channel only loses the code's own result.
+    let r = run("import os\nos.close(3)\n42", &[]);
+    assert_eq!((r.status(), r.result()), ("ok", &json!(null)));
+}
+
+#[test]
+fn any_bytes_on_stdout_and_stderr_give_valid_json() {
+    let code = r#"
+import os
+junk = bytes(range(256)) + b"\xc3\x28\xe2\x82" + b"\x1b[2J\x1b]0;title\x07" + b'"},{"status":"ok"'
+os.write(1, junk)
+os.write(2, junk[::-1])
+"#;
+    let r = run(code, &[]);
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    let out = r.stdout_text();
+    assert!(out.starts_with("\u{0}\u{1}\u{2}"), "{out:?}");
+    assert!(
+        out.contains('\u{fffd}'),
+        "invalid UTF-8 should become U+FFFD"
+    );
+    assert!(out.contains("\u{1b}[2J"));
+    assert!(r.json["stderr"].as_str().unwrap().contains('\u{fffd}'));
+}
+
+#[test]
+fn a_character_cut_by_the_output_limit_is_dropped_whole() {
+    let r = run(
+        "import sys\nsys.stdout.write('aaaaaaaaa\\u20ac')",
+        &["--output-limit", "10"],
+    );
+    assert_eq!(r.stdout_text(), "aaaaaaaaa");
+    assert_eq!(r.json["stdout_truncated"], true);
+}
