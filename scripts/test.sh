@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the tests need, then runs every check: formatting, clippy, and the whole test
+# suite against the real kernel, the real sandbox and Debian's Python.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh needs root: the tests create cgroups and run airlock as an unprivileged user too" >&2
+    exit 1
+fi
+# python3: the interpreter inside the sandbox. util-linux/bsdutils: setpriv and script(1) for
+# the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
+ensure_debian_packages python3 util-linux bsdutils time
+ensure_rust_components rustfmt clippy
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --locked
+echo "==> all checks passed"
