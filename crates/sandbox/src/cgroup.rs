@@ -682,6 +682,94 @@ mod tests {
         assert!(err.contains("pids, cpu, cpuacct"), "{err}");
     }
 
+    /// A directory laid out like a cgroup v2 node: the controller files the kernel would have.
+    fn fake_v2_node(name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("airlock-cg-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        for (file, contents) in files {
+            fs::write(dir.join(file), contents).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn v2_limits_and_counters_use_the_kernel_s_file_formats() {
+        let parent = fake_v2_node("limits", &[]);
+        let layout = Layout::V2 {
+            dir: parent.clone(),
+        };
+        let limits = Limits {
+            memory_bytes: 64 << 20,
+            pids: 10,
+            cpu_millicores: 1500,
+            ..Limits::default()
+        };
+        // A real cgroup directory comes with its files; create the sandbox node the same way.
+        let cg = SandboxCgroup::create(&layout, &limits, 2).unwrap();
+        let dir = cg.dirs[0].clone();
+        assert!(
+            dir.starts_with(&parent)
+                && dir
+                    .file_name()
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(SANDBOX_PREFIX)
+        );
+        let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap();
+        assert_eq!(read("memory.max"), (64u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "12");
+        assert_eq!(read("cpu.max"), "150000 100000");
+        cg.add_process(4242).unwrap();
+        assert_eq!(read("cgroup.procs"), "4242");
+        fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 1500000\nuser_usec 1000000\n",
+        )
+        .unwrap();
+        fs::write(dir.join("memory.peak"), "123456\n").unwrap();
+        fs::write(
+            dir.join("memory.events"),
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n",
+        )
+        .unwrap();
+        fs::write(dir.join("pids.events"), "max 7\n").unwrap();
+        assert_eq!(
+            cg.stats(),
+            Stats {
+                cpu: Some(Duration::from_millis(1500)),
+                memory_peak_bytes: Some(123456),
+                oom_kills: 1,
+                pids_limit_hits: 7
+            }
+        );
+        // Dropping it would kill the pids in cgroup.procs (4242 is some real process here).
+        std::mem::forget(cg);
+        fs::remove_dir_all(&parent).unwrap();
+    }
+
+    #[test]
+    fn v2_delegation_moves_airlock_into_a_leaf_then_enables_controllers() {
+        let dir = fake_v2_node("delegate", &[("cgroup.subtree_control", "")]);
+        prepare(&Layout::V2 { dir: dir.clone() }).unwrap();
+        let moved = fs::read_to_string(dir.join(V2_SUPERVISOR_LEAF).join("cgroup.procs")).unwrap();
+        assert_eq!(moved, std::process::id().to_string());
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+        // Already delegated: nothing is touched.
+        let done = fake_v2_node(
+            "delegated",
+            &[("cgroup.subtree_control", "cpu memory pids")],
+        );
+        prepare(&Layout::V2 { dir: done.clone() }).unwrap();
+        assert!(!done.join(V2_SUPERVISOR_LEAF).exists());
+        fs::remove_dir_all(&dir).unwrap();
+        fs::remove_dir_all(&done).unwrap();
+    }
+
     #[test]
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape(r"/a\040b\134c"), r"/a b\c");
