@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -242,23 +242,16 @@ fn plain_mode_streams_output_as_it_is_printed() {
         "stream.py",
         b"import sys\nprint('first', flush=True)\nsys.stdin.readline()\nprint('second')\n",
     );
-    let mut child = airlock()
-        .args(["run", "--stdin", "-", script.to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut live = start(&["run", "--stdin", "-", script.to_str().unwrap()], None);
     // "first" arrives while the program is still waiting for its input.
-    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    assert_eq!(live.line(), "first");
     assert!(
-        child.try_wait().unwrap().is_none(),
+        live.child.try_wait().unwrap().is_none(),
         "the program ended before its output arrived"
     );
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(lines.next().unwrap().unwrap(), "second");
-    assert!(child.wait().unwrap().success());
+    live.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(live.line(), "second");
+    assert!(live.child.wait().unwrap().success());
     std::fs::remove_file(&script).unwrap();
     HostState::now().assert_same_as(&before, &"streaming");
 }

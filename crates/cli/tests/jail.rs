@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;
 use std::process::Stdio;
@@ -377,21 +376,11 @@ fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
     for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
         let _guard = serial();
         let before = HostState::now();
-        let mut child = airlock()
-            .args(["run", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"import time\nprint('ready', flush=True)\ntime.sleep(60)\n")
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), "ready");
+        let mut live = start(
+            &["run", "-"],
+            Some(b"import time\nprint('ready', flush=True)\ntime.sleep(60)\n"),
+        );
+        assert_eq!(live.line(), "ready");
         let procs = sandbox_processes();
         let uids: Vec<u32> = procs
             .iter()
@@ -410,9 +399,9 @@ fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
             "{uids:?}"
         );
         assert!(!sandbox_cgroups().is_empty(), "the sandbox has no cgroup");
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let pid = nix::unistd::Pid::from_raw(live.child.id() as i32);
         nix::sys::signal::kill(pid, signal).unwrap();
-        let status = child.wait().unwrap();
+        let status = live.child.wait().unwrap();
         assert_eq!(
             status.code(),
             Some(128 + signal as i32),

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::process::Stdio;
 
 use common::*;
@@ -99,21 +99,11 @@ fn files_in_ram_count_against_memory() {
 fn swap_is_off_for_the_sandbox_cgroup() {
     let _guard = serial();
     let before = HostState::now();
-    let mut child = airlock()
-        .args(["run", "--memory", "96M", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"import sys\nprint('ready', flush=True)\nsys.stdin.read()\n")
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let mut live = start(
+        &["run", "--memory", "96M", "-"],
+        Some(b"import sys\nprint('ready', flush=True)\nsys.stdin.read()\n"),
+    );
+    assert_eq!(live.line(), "ready");
     let cgroups = sandbox_cgroups();
     let read = |name: &str| {
         cgroups
@@ -138,7 +128,7 @@ fn swap_is_off_for_the_sandbox_cgroup() {
         }
         _ => panic!("no memory cgroup among {cgroups:?}"),
     }
-    let status = child.wait().unwrap(); // stdin is closed: the program ends
+    let status = live.child.wait().unwrap(); // stdin is closed: the program ends
     assert!(status.success());
     HostState::now().assert_same_as(&before, &status);
 }

@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
+use std::io::Write;
 
 use common::*;
 use serde_json::json;
@@ -59,16 +58,9 @@ fn two_executions_at_once_share_no_file_ipc_socket_or_signal() {
     );
     let script = std::env::temp_dir().join(format!("airlock-tenant-a-{}.py", std::process::id()));
     std::fs::write(&script, tenant_a).unwrap();
-    let mut a = airlock()
-        .args(["run", "--stdin", "-", script.to_str().unwrap()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut a_out = BufReader::new(a.stdout.take().unwrap()).lines();
-    assert_eq!(a_out.next().unwrap().unwrap(), "planted");
-    assert_eq!(a_out.next().unwrap().unwrap(), "ready");
+    let mut a = start(&["run", "--stdin", "-", script.to_str().unwrap()], None);
+    assert_eq!(a.line(), "planted");
+    assert_eq!(a.line(), "ready");
 
     // B, while A runs: sees none of A's files or IPC objects, cannot reach its socket, and its
     // kill(-1, SIGKILL) reaches only itself and its own children.
@@ -90,9 +82,9 @@ fn two_executions_at_once_share_no_file_ipc_socket_or_signal() {
     assert_eq!(lines[2], "['1', '2']", "B sees processes beyond its own");
     assert_eq!(lines[3], "kill -1: 3", "kill(-1) found someone to kill");
 
-    a.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    assert_eq!(a_out.next().unwrap().unwrap(), "alone");
-    let status = a.wait().unwrap();
+    a.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert_eq!(a.line(), "alone");
+    let status = a.child.wait().unwrap();
     assert!(status.success(), "A did not survive B: {status:?}");
     std::fs::remove_file(&script).unwrap();
     HostState::now().assert_same_as(&before, &status);

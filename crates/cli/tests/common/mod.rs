@@ -6,9 +6,9 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::io::Write;
+use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 use serde_json::Value;
@@ -81,6 +81,44 @@ fn finish(out: Output, json: bool) -> Run {
         stderr,
         json,
     }
+}
+
+/// An `airlock` still running, its stdout read line by line.
+pub struct Live {
+    pub child: Child,
+    pub lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Live {
+    /// The next line airlock printed.
+    pub fn line(&mut self) -> String {
+        self.lines
+            .next()
+            .expect("airlock ended")
+            .expect("read airlock's stdout")
+    }
+}
+
+/// Starts `airlock ARGS`. With `code`, it is written to airlock's stdin, which is then closed;
+/// without, stdin stays open in `child.stdin` for the test to feed.
+pub fn start(args: &[&str], code: Option<&[u8]>) -> Live {
+    let mut child = airlock()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start airlock");
+    if let Some(code) = code {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(code)
+            .expect("write the code");
+    }
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    Live { child, lines }
 }
 
 /// Runs `airlock ARGS` with `stdin` as its standard input, without the host checks.
