@@ -99,16 +99,21 @@ impl Live {
     }
 }
 
-/// Starts `airlock ARGS`. With `code`, it is written to airlock's stdin, which is then closed;
-/// without, stdin stays open in `child.stdin` for the test to feed.
-pub fn start(args: &[&str], code: Option<&[u8]>) -> Live {
-    let mut child = airlock()
+/// `airlock ARGS` with all three standard streams piped.
+fn piped(args: &[&str]) -> Child {
+    airlock()
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start airlock");
+        .expect("start airlock")
+}
+
+/// Starts `airlock ARGS`. With `code`, it is written to airlock's stdin, which is then closed;
+/// without, stdin stays open in `child.stdin` for the test to feed.
+pub fn start(args: &[&str], code: Option<&[u8]>) -> Live {
+    let mut child = piped(args);
     if let Some(code) = code {
         child
             .stdin
@@ -123,13 +128,7 @@ pub fn start(args: &[&str], code: Option<&[u8]>) -> Live {
 
 /// Runs `airlock ARGS` with `stdin` as its standard input, without the host checks.
 pub fn invoke(args: &[&str], stdin: &[u8]) -> Run {
-    let mut child = airlock()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start airlock");
+    let mut child = piped(args);
     let mut input = child.stdin.take().expect("stdin");
     let data = stdin.to_vec();
     let writer = std::thread::spawn(move || {
