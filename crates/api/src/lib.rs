@@ -110,7 +110,8 @@ pub enum LimitKind {
 #[serde(deny_unknown_fields)]
 pub struct Usage {
     pub wall_ms: u64,
-    /// CPU time of every process of the sandbox (cgroup), when cgroups were in force.
+    /// CPU time of every process of the sandbox (cgroup); without cgroups, of the program and
+    /// the children it waited for.
     pub cpu_ms: Option<u64>,
     /// Peak memory of the sandbox (cgroup), when cgroups were in force.
     pub memory_peak_bytes: Option<u64>,

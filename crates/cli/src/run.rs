@@ -359,10 +359,11 @@ pub fn main(args: RunArgs) -> ExitCode {
     ExitCode::from(exit_code(&result))
 }
 
-/// SIGINT, SIGTERM and SIGHUP destroy the sandbox and end airlock with 128+signal.
+/// SIGINT, SIGTERM, SIGHUP and SIGQUIT destroy the sandbox and end airlock with 128+signal.
+/// (Were airlock killed outright, its sandbox would still die with it: PR_SET_PDEATHSIG.)
 fn watch_signals(cancel: &Cancel, seen: &Arc<AtomicI32>) -> std::io::Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
     let cancel = cancel.clone();
     let seen = seen.clone();
     std::thread::Builder::new()

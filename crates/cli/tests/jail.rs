@@ -373,7 +373,8 @@ print(json.dumps({**{k: status[k].strip() for k in keys}, "fds": fds, "tty_nr": 
 
 #[test]
 fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
-    for signal in [nix::sys::signal::SIGTERM, nix::sys::signal::SIGINT] {
+    use nix::sys::signal::{SIGINT, SIGQUIT, SIGTERM};
+    for signal in [SIGTERM, SIGINT, SIGQUIT] {
         let _guard = serial();
         let before = HostState::now();
         let mut live = start(
@@ -409,4 +410,47 @@ fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
         );
         HostState::now().assert_same_as(&before, &status);
     }
+}
+
+#[test]
+fn a_sandbox_dies_even_when_airlock_is_killed_outright() {
+    use nix::sys::wait::{waitpid, WaitPidFlag};
+    use nix::unistd::Pid;
+    let _guard = serial();
+    let before = HostState::now();
+    // Orphans of the killed airlock come to us instead of the host's PID 1, which here never
+    // reaps them; we reap them below so that a zombie does not pass for a live sandbox.
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+    let mut live = start(
+        &["run", "--timeout", "60s", "-"],
+        Some(b"import time\nprint('ready', flush=True)\ntime.sleep(60)\n"),
+    );
+    assert_eq!(live.line(), "ready");
+    assert_eq!(sandbox_processes().len(), 3);
+    live.child.kill().unwrap(); // SIGKILL: airlock cannot clean up anything
+    live.child.wait().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // Reap whatever of the sandbox was handed to us.
+        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
+        if sandbox_processes().is_empty() || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    nix::sys::prctl::set_child_subreaper(false).unwrap();
+    assert!(
+        sandbox_processes().is_empty(),
+        "the sandbox outlived airlock: {:?}",
+        sandbox_processes()
+    );
+    // Nothing could remove its cgroup; the next airlock sweeps it away.
+    assert!(!sandbox_cgroups().is_empty());
+    let r = invoke(&["run", "--json"], b"1");
+    assert_eq!(r.status(), "ok");
+    HostState::now().assert_same_as(&before, &r);
 }

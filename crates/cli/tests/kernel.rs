@@ -161,10 +161,20 @@ for name, fam, typ in [("netlink", socket.AF_NETLINK, socket.SOCK_RAW),
                        ("raw6", socket.AF_INET6, socket.SOCK_RAW),
                        ("packet4", socket.AF_INET, 10),
                        ("unix", socket.AF_UNIX, socket.SOCK_STREAM),
+                       ("unix_seqpacket", socket.AF_UNIX, socket.SOCK_SEQPACKET),
                        ("tcp", socket.AF_INET, socket.SOCK_STREAM),
                        ("udp6", socket.AF_INET6, socket.SOCK_DGRAM)]:
     try:
         socket.socket(fam, typ).close()
+        out[name] = "created"
+    except OSError as e:
+        out[name] = e.errno
+# Protocols the kernel would create or try to load a module for: refused before it is asked.
+for name, fam, typ, proto in [("udplite", 2, 2, 136), ("mptcp", 2, 1, 262), ("sctp", 2, 1, 132),
+                              ("sctp6", 10, 5, 132), ("dccp", 2, 6, 0), ("udp_as_tcp", 2, 2, 6),
+                              ("icmp", 2, 2, 1), ("tcp_explicit", 2, 1, 6), ("udp_explicit", 10, 2, 17)]:
+    try:
+        socket.socket(fam, typ, proto).close()
         out[name] = "created"
     except OSError as e:
         out[name] = e.errno
@@ -177,7 +187,25 @@ print(json.dumps(out))
     for raw in ["raw4", "raw6", "packet4"] {
         assert_eq!(seen[raw], 1, "{raw}: {seen}"); // EPERM
     }
-    for ok in ["unix", "tcp", "udp6"] {
+    for proto in [
+        "udplite",
+        "mptcp",
+        "sctp",
+        "sctp6",
+        "dccp",
+        "udp_as_tcp",
+        "icmp",
+    ] {
+        assert_eq!(seen[proto], 93, "{proto}: {seen}"); // EPROTONOSUPPORT
+    }
+    for ok in [
+        "unix",
+        "unix_seqpacket",
+        "tcp",
+        "udp6",
+        "tcp_explicit",
+        "udp_explicit",
+    ] {
         assert_eq!(seen[ok], "created", "{ok}: {seen}");
     }
 }
@@ -250,4 +278,93 @@ fn seccomp_downgrade_is_explicit_and_reported() {
     assert_eq!(r.json["isolation"]["downgraded"], json!(["seccomp"]));
     // unshare(0) is harmless and, without the filter, simply succeeds.
     assert_eq!((r.status(), r.stdout_text()), ("ok", "0\n"));
+}
+
+#[test]
+fn disk_and_cache_calls_never_reach_the_host() {
+    // The durability and cache calls are answered without running: on descriptor -1 the real
+    // calls would fail with EBADF.
+    let seen = probe(&format!(
+        "{LIBC}def call(nr, *args):\n\
+        \x20   rc = libc.syscall(nr, *args)\n\
+        \x20   return [rc, ctypes.get_errno() if rc < 0 else 0]\n\
+         print(json.dumps({{\n\
+        \x20   'fsync': call(74, -1), 'fdatasync': call(75, -1), 'syncfs': call(306, -1),\n\
+        \x20   'sync_file_range': call(277, -1, 0, 0, 0), 'fadvise64': call(221, -1, 0, 0, 4),\n\
+        \x20   'readahead': call(187, -1, 0, 4096),\n\
+         }}))"
+    ));
+    for call in [
+        "fsync",
+        "fdatasync",
+        "syncfs",
+        "sync_file_range",
+        "fadvise64",
+        "readahead",
+    ] {
+        assert_eq!(
+            seen[call],
+            json!([0, 0]),
+            "{call} reached the kernel: {seen}"
+        );
+    }
+    let seen = probe(&format!(
+        "{LIBC}import errno, fcntl\n\
+         out = {{}}\n\
+         def attempt(name, fn):\n\
+        \x20   try:\n\
+        \x20       fn(); out[name] = 'done'\n\
+        \x20   except OSError as e:\n\
+        \x20       out[name] = errno.errorcode[e.errno]\n\
+         attempt('o_direct', lambda: os.open('/usr/bin/python3', os.O_RDONLY | os.O_DIRECT))\n\
+         fd = os.open('/usr/bin/python3', os.O_RDONLY)\n\
+         attempt('setfl_direct', lambda: fcntl.fcntl(fd, fcntl.F_SETFL, os.O_DIRECT))\n\
+         attempt('notify', lambda: fcntl.fcntl(os.open('/usr/lib', os.O_RDONLY), 1026, 0x80000001))\n\
+         attempt('lease', lambda: fcntl.fcntl(fd, 1024, 0))\n\
+         buf = bytearray(16)\n\
+         attempt('nowait', lambda: os.preadv(fd, [buf], 0, 8))  # RWF_NOWAIT\n\
+         attempt('plain_read', lambda: os.preadv(fd, [buf], 0))\n\
+         rc = libc.syscall(437, -100, b'/usr/bin/python3', None, 0)  # openat2\n\
+         out['openat2'] = errno.errorcode[ctypes.get_errno()] if rc < 0 else 'done'\n\
+         rc = libc.inotify_init1(0)\n\
+         out['inotify'] = errno.errorcode[ctypes.get_errno()] if rc < 0 else 'done'\n\
+         print(json.dumps(out))"
+    ));
+    assert_eq!(
+        seen,
+        json!({"o_direct": "EINVAL", "setfl_direct": "EINVAL", "notify": "EINVAL", "lease": "EINVAL",
+               "nowait": "EINVAL", "plain_read": "done", "openat2": "ENOSYS", "inotify": "ENOSYS"})
+    );
+}
+
+#[test]
+fn the_sandbox_s_init_is_out_of_the_program_s_reach() {
+    // init (PID 1) shares the program's uid; nothing may change its limits or scheduling.
+    let seen = probe(
+        r#"
+import os, json, errno, resource
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except OSError as e:
+        out[name] = errno.errorcode[e.errno]
+attempt("prlimit_init", lambda: resource.prlimit(1, resource.RLIMIT_CPU, (1, 1)))
+attempt("affinity_init", lambda: os.sched_setaffinity(1, {0}))
+attempt("sched_init", lambda: os.sched_setscheduler(1, os.SCHED_BATCH, os.sched_param(0)))
+attempt("nice_init", lambda: os.setpriority(os.PRIO_PROCESS, 1, 10))
+attempt("nice_user", lambda: os.setpriority(os.PRIO_USER, 0, 10))
+attempt("prlimit_self", lambda: resource.prlimit(0, resource.RLIMIT_NOFILE, (100, 100)))
+attempt("affinity_self", lambda: os.sched_setaffinity(0, {0}))
+attempt("nice_self", lambda: os.nice(1))
+print(json.dumps(out))
+"#,
+    );
+    assert_eq!(
+        seen,
+        json!({"prlimit_init": "EPERM", "affinity_init": "EPERM", "sched_init": "EPERM",
+               "nice_init": "EPERM", "nice_user": "EPERM",
+               "prlimit_self": "done", "affinity_self": "done", "nice_self": "done"})
+    );
 }

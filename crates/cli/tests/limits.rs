@@ -78,7 +78,7 @@ fn files_in_ram_count_against_memory() {
         ("dev_shm", "f = open('/dev/shm/big', 'wb')\nfor _ in range(160):\n    f.write(b'x' * (1 << 20))\n"),
         (
             "memfd",
-            "import os\nfd = os.memfd_create('x')\nfor _ in range(160):\n    os.write(fd, b'x' * (1 << 20))\n",
+            "import os\nfd = os.memfd_create('x', os.MFD_CLOEXEC | 8)\nfor _ in range(160):\n    os.write(fd, b'x' * (1 << 20))\n",
         ),
         (
             "sysv",
@@ -357,4 +357,79 @@ fn the_plain_mode_marks_truncation_on_stderr() {
         "{}",
         r.stderr
     );
+}
+
+/// Sets `kernel.core_pattern` for the length of a test and puts the old one back, even when
+/// the test fails.
+struct CorePattern(String);
+
+impl CorePattern {
+    fn set(pattern: &str) -> Self {
+        let old = std::fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+        std::fs::write("/proc/sys/kernel/core_pattern", pattern).unwrap();
+        CorePattern(old.trim_end().to_owned())
+    }
+}
+
+impl Drop for CorePattern {
+    fn drop(&mut self) {
+        let _ = std::fs::write("/proc/sys/kernel/core_pattern", &self.0);
+    }
+}
+
+#[test]
+fn a_crash_starts_no_core_dump_helper_on_the_host() {
+    // With a core_pattern that pipes to a program, the kernel starts that program as root on
+    // the host for every crash, whatever RLIMIT_CORE says -- unless it is 1.
+    let _guard = serial();
+    let before = HostState::now();
+    let dir = std::env::temp_dir().join(format!("airlock-core-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let helper = dir.join("helper.sh");
+    let marker = dir.join("ran");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\necho \"$1\" >> {}\ncat > /dev/null\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let pattern = CorePattern::set(&format!("|{} %P", helper.display()));
+
+    // Control: a host process with RLIMIT_CORE 0 does start the helper.
+    let status = std::process::Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import os, resource\nresource.setrlimit(resource.RLIMIT_CORE, (0, 0))\nos.abort()",
+        ])
+        .status()
+        .unwrap();
+    assert!(!status.success());
+    let waited = std::time::Instant::now();
+    while !marker.exists() && waited.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        marker.exists(),
+        "the control crash did not start the helper: the test proves nothing"
+    );
+    std::fs::remove_file(&marker).unwrap();
+
+    let r = run_unlocked("import os\nfor _ in range(3):\n    if os.fork() == 0:\n        os.abort()\n    os.wait()\nos.abort()", &[]);
+    assert_eq!(
+        (r.status(), r.json["signal"].as_i64()),
+        ("crashed", Some(6)),
+        "{r:#?}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(pattern);
+    let ran = marker.exists();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        !ran,
+        "a crash in the sandbox started the host's core dump helper"
+    );
+    HostState::now().assert_same_as(&before, &r);
 }

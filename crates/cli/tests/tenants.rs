@@ -68,6 +68,7 @@ fn two_executions_at_once_share_no_file_ipc_socket_or_signal() {
         "{LOOK}\nimport socket, signal\ns = socket.socket(socket.AF_UNIX)\n\
          try:\n    s.connect('\\0airlock-tenant')\n    print('reached A')\nexcept OSError as e:\n    print('refused', e.errno)\n\
          print(sorted(p for p in os.listdir('/proc') if p.isdigit()))\n\
+         print('inotify', libc.inotify_init1(0), ctypes.get_errno())\n\
          try:\n    os.kill(-1, signal.SIGKILL)\nexcept OSError as e:\n    print('kill -1:', e.errno)\n"
     );
     let rb = invoke(&["run", "--json"], b.as_bytes());
@@ -80,7 +81,8 @@ fn two_executions_at_once_share_no_file_ipc_socket_or_signal() {
     );
     assert_eq!(lines[1], "refused 111", "B reached A's abstract socket");
     assert_eq!(lines[2], "['1', '2']", "B sees processes beyond its own");
-    assert_eq!(lines[3], "kill -1: 3", "kill(-1) found someone to kill");
+    assert_eq!(lines[3], "inotify -1 38", "B could watch the files A opens");
+    assert_eq!(lines[4], "kill -1: 3", "kill(-1) found someone to kill");
 
     a.child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     assert_eq!(a.line(), "alone");

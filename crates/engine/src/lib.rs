@@ -382,7 +382,11 @@ impl Engine {
             error: v.error,
             usage: airlock_api::Usage {
                 wall_ms: outcome.usage.wall.as_millis() as u64,
-                cpu_ms: outcome.usage.cpu.map(|d| d.as_millis() as u64),
+                cpu_ms: outcome
+                    .usage
+                    .cpu
+                    .or(outcome.usage.program_cpu)
+                    .map(|d| d.as_millis() as u64),
                 memory_peak_bytes: outcome.usage.memory_peak_bytes,
             },
             limits: job.limits,

@@ -28,8 +28,12 @@ def read_request():
 def send(payload, limit):
     import json
 
-    data = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    data = data.encode("utf-8", "surrogatepass")
+    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Lone surrogates (os.fsdecode of odd bytes, for one) are not UTF-8: U+FFFD instead.
+        data = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
     if len(data) > limit:
         return False
     view = memoryview(data)

@@ -16,6 +16,8 @@ pub(crate) enum Response {
 }
 
 const MAX_TYPE: usize = 256;
+/// Error kinds airlock itself reports; a response claiming one is forged.
+pub(crate) const RESERVED_KINDS: [&str; 2] = ["ResultError", "SandboxError"];
 const MAX_MESSAGE: usize = 8 * 1024;
 const MAX_TRACEBACK: usize = 64 * 1024;
 
@@ -34,6 +36,15 @@ pub(crate) fn parse_response(
     }
     let mut response: Response =
         serde_json::from_slice(bytes).map_err(|e| format!("the response is not valid: {e}"))?;
+    if let Response::Error(e) = &response {
+        if RESERVED_KINDS.contains(&e.kind.as_str()) {
+            // Only airlock makes these; an exception's own type is never a bare one of them.
+            return Err(format!(
+                "the response used the reserved error type {}",
+                e.kind
+            ));
+        }
+    }
     if let Response::Error(e) = &mut response {
         cap(&mut e.kind, MAX_TYPE);
         cap(&mut e.message, MAX_MESSAGE);
@@ -71,7 +82,9 @@ pub(crate) fn verdict(
     output_truncated: bool,
 ) -> Verdict {
     let cpu_limit = std::time::Duration::from_millis(limits.cpu_ms);
-    let cpu_exhausted = outcome.usage.cpu.is_some_and(|used| used >= cpu_limit);
+    // Kernel counts only: the cgroup's total, or the program's own from wait4.
+    let used = outcome.usage.cpu.max(outcome.usage.program_cpu);
+    let cpu_exhausted = used.is_some_and(|used| used >= cpu_limit);
     let (exit_code, signal) = match outcome.exit {
         Some(Exit::Code(c)) => (Some(c), None),
         Some(Exit::Signal(s)) => (None, Some(s)),
@@ -82,7 +95,9 @@ pub(crate) fn verdict(
         (Some(KillReason::CpuTime), _) => Status::CpuLimit,
         (Some(KillReason::Cancelled), _) => Status::InternalError,
         (None, Some(Exit::Signal(libc::SIGSYS))) => Status::PolicyViolation,
-        (None, Some(Exit::Signal(libc::SIGXCPU))) => Status::CpuLimit,
+        // The kernel sends SIGXCPU at RLIMIT_CPU, which is at least the limit: a SIGXCPU with
+        // less CPU used was sent by the program itself.
+        (None, Some(Exit::Signal(libc::SIGXCPU))) if cpu_exhausted => Status::CpuLimit,
         (None, Some(Exit::Signal(libc::SIGKILL))) if outcome.oom_kills > 0 => Status::MemoryLimit,
         // RLIMIT_CPU's hard limit, for a program that handled SIGXCPU.
         (None, Some(Exit::Signal(libc::SIGKILL))) if cpu_exhausted => Status::CpuLimit,
@@ -166,6 +181,7 @@ mod tests {
             usage: Usage {
                 wall: Duration::from_millis(5),
                 cpu: Some(Duration::from_millis(3)),
+                program_cpu: Some(Duration::from_millis(2)),
                 memory_peak_bytes: None,
             },
             isolation: Isolation {
@@ -229,7 +245,8 @@ mod tests {
     fn signals_map_to_their_statuses() {
         let cases = [
             (Exit::Signal(libc::SIGSYS), 0, Status::PolicyViolation),
-            (Exit::Signal(libc::SIGXCPU), 0, Status::CpuLimit),
+            // 3 ms of CPU against a 1 s limit: the program sent SIGXCPU to itself.
+            (Exit::Signal(libc::SIGXCPU), 0, Status::Crashed),
             (Exit::Signal(libc::SIGKILL), 1, Status::MemoryLimit),
             (Exit::Signal(libc::SIGKILL), 0, Status::Crashed),
             (Exit::Signal(libc::SIGSEGV), 0, Status::Crashed),
@@ -239,6 +256,27 @@ mod tests {
             assert_eq!(v.status, want, "{exit:?} oom={oom}");
             assert!(v.signal.is_some() && v.exit_code.is_none());
         }
+    }
+
+    #[test]
+    fn sigxcpu_counts_as_the_cpu_limit_only_when_the_cpu_was_used() {
+        let mut o = outcome(Some(Exit::Signal(libc::SIGXCPU)), None, 0);
+        o.usage.program_cpu = Some(Duration::from_millis(1000));
+        let v = verdict(&o, Ok(None), &limits(), false);
+        assert_eq!(
+            (v.status, v.limits_hit),
+            (Status::CpuLimit, vec![LimitKind::CpuTime])
+        );
+        o.usage.cpu = None; // without cgroups, the program's own count decides
+        assert_eq!(
+            verdict(&o, Ok(None), &limits(), false).status,
+            Status::CpuLimit
+        );
+        o.usage.program_cpu = Some(Duration::from_millis(10));
+        assert_eq!(
+            verdict(&o, Ok(None), &limits(), false).status,
+            Status::Crashed
+        );
     }
 
     #[test]
@@ -295,6 +333,13 @@ mod tests {
         assert!(parse_response(b"{\"result\": 1, \"extra\": 2}", false, 99).is_err());
         assert!(parse_response(b"{\"result\": NaN}", false, 99).is_err());
         assert!(parse_response(b"{\"result\": 1}{\"result\": 2}", false, 99).is_err());
+        let forged = br#"{"error": {"type": "ResultError", "message": "m", "traceback": null}}"#;
+        assert!(parse_response(forged, false, 999)
+            .unwrap_err()
+            .contains("reserved"));
+        let own =
+            br#"{"error": {"type": "__main__.ResultError", "message": "m", "traceback": null}}"#;
+        assert!(parse_response(own, false, 999).is_ok());
         let deep = format!("{{\"result\": {}{}}}", "[".repeat(200), "]".repeat(200));
         assert!(parse_response(deep.as_bytes(), false, 1 << 20).is_err());
         let long = format!(

@@ -158,17 +158,15 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
         call: "close_range",
         source,
     })?;
+    let (host_uid, host_gid) = drop_host_root()?;
+    // After the last change of credentials: the kernel clears the parent-death signal
+    // whenever the effective uid or gid changes.
     if req.policy.die_with_parent {
         prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
         if unistd::getppid().as_raw() != req.parent_pid {
             return Err(InitError::ParentGone);
         }
     }
-    // The OOM killer should pick the program, not us: our death would orphan the sandbox's
-    // init. Lowering the score needs CAP_SYS_RESOURCE, so this is a best effort; init puts
-    // the score back to at least 0 for itself and the program.
-    let _ = fs::write(OOM_SCORE_ADJ, "-1000");
-    let (host_uid, host_gid) = drop_host_root()?;
     let filters = req
         .policy
         .seccomp
@@ -311,27 +309,31 @@ fn init(
 /// Reaps every process that ends (orphans are re-parented to us) until `main` does.
 fn reap_until(main: i32) -> Report {
     loop {
-        match sys::wait_child(-1) {
-            Ok((pid, Waited::Exited(code))) if pid == main => {
-                return Report::Exited {
-                    code: Some(code),
-                    signal: None,
-                }
-            }
-            Ok((pid, Waited::Signaled(sig))) if pid == main => {
-                return Report::Exited {
-                    code: None,
-                    signal: Some(sig),
-                }
-            }
-            Ok(_) => continue,
+        let (pid, how, cpu) = match sys::wait_child(-1) {
+            Ok(waited) => waited,
             Err(e) => {
                 return Report::Failed {
                     stage: "init".into(),
                     error: format!("wait: {e}"),
                 }
             }
+        };
+        if pid != main {
+            continue;
         }
+        let cpu_us = cpu.as_micros() as u64;
+        return match how {
+            Waited::Exited(code) => Report::Exited {
+                code: Some(code),
+                signal: None,
+                cpu_us,
+            },
+            Waited::Signaled(sig) => Report::Exited {
+                code: None,
+                signal: Some(sig),
+                cpu_us,
+            },
+        };
     }
 }
 
@@ -620,7 +622,9 @@ fn apply_rlimits(policy: &Policy) -> Result<(), InitError> {
             l.file_size_bytes,
             l.file_size_bytes,
         ),
-        (Resource::RLIMIT_CORE, "core", 0, 0),
+        // 1, not 0: a core_pattern that pipes to a helper ignores 0 and would start that
+        // helper as root on the host; 1 makes the kernel refuse the dump.
+        (Resource::RLIMIT_CORE, "core", 1, 1),
     ];
     if !policy.cgroups.is_required() {
         // Backstops only: without cgroups nothing covers the sandbox as a whole.

@@ -37,10 +37,12 @@ pub(crate) enum Report {
     Started,
     /// The program's process is confined and about to exec.
     Ready { landlock: LandlockReport },
-    /// The program ended, as the kernel reported it to the sandbox's init (`wait4`).
+    /// The program ended, as the kernel reported it to the sandbox's init (`wait4`): how,
+    /// and the CPU time of the program and of the children it reaped, in microseconds.
     Exited {
         code: Option<i32>,
         signal: Option<i32>,
+        cpu_us: u64,
     },
     /// Setting up the sandbox failed; nothing of the program ran.
     Failed { stage: String, error: String },

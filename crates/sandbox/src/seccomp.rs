@@ -6,7 +6,12 @@
 //! restrictions:
 //! - `allow`: the default-deny allow-list; any other call fails with `ENOSYS`.
 //! - `kill`: calls only an escape attempt makes; the process is killed with `SIGSYS`.
-//! - `socket_families`, `socket_types`: narrow `socket(2)` with a precise errno.
+//! - `noop`: durability and cache calls answered with success without running (the writable
+//!   file system is a tmpfs; on the read-only host files they would reach the host's disk).
+//! - `refused_flags`: `O_DIRECT`, directory notifications, leases and `RWF_NOWAIT` (EINVAL).
+//! - `protect_init`: calls that would reach the sandbox's init by pid (EPERM).
+//! - `socket_families`, `socket_types`, `socket_protocols`: only local sockets and TCP/UDP,
+//!   never raw, each refusal with its own errno.
 //!
 //! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
 //! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
@@ -19,9 +24,22 @@ pub const PROFILE_JSON: &str = include_str!("../seccomp/x86_64.json");
 #[cfg(not(target_arch = "x86_64"))]
 pub const PROFILE_JSON: &str = "";
 
-/// Installation order. All are installed; when several return an errno, the most recently
-/// installed wins, so a wrong family (EAFNOSUPPORT) outranks a raw type (EPERM).
-const FILTERS: [&str; 4] = ["kill", "socket_types", "socket_families", "allow"];
+/// Installation order. The kernel runs every filter and the most severe answer wins; among
+/// errno answers the most recently installed filter wins. So `allow` comes after the filters
+/// that refuse some forms of calls it allows (an errno beats its "allow" anyway), and `noop`
+/// (success without running) comes after `allow`, whose ENOSYS it must beat for the calls
+/// `allow` leaves out. A wrong socket family (EAFNOSUPPORT) outranks a raw type (EPERM),
+/// which outranks a protocol (EPROTONOSUPPORT).
+const FILTERS: [&str; 8] = [
+    "kill",
+    "refused_flags",
+    "protect_init",
+    "socket_protocols",
+    "socket_types",
+    "socket_families",
+    "allow",
+    "noop",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
@@ -237,6 +255,43 @@ mod tests {
             }
             for (name, (plain, cond)) in kinds {
                 assert!(!(plain && cond), "{filter}: {name} is both");
+            }
+        }
+    }
+
+    #[test]
+    fn noop_calls_are_left_out_of_the_allow_list_and_installed_after_it() {
+        let allowed = names("allow");
+        for call in names("noop") {
+            assert!(
+                !allowed.contains(&call),
+                "{call} would run: it is in the allow list"
+            );
+        }
+        let pos = |f: &str| FILTERS.iter().position(|x| *x == f).unwrap();
+        assert!(pos("noop") > pos("allow"), "noop must beat allow's ENOSYS");
+        assert_eq!(
+            profile()["noop"]["filter_action"],
+            serde_json::json!({"errno": 0})
+        );
+    }
+
+    #[test]
+    fn refining_filters_only_narrow_calls_the_allow_list_allows() {
+        // Their errno beats "allow"; for a call `allow` leaves out, ENOSYS would compete.
+        let allowed = names("allow");
+        for filter in [
+            "refused_flags",
+            "protect_init",
+            "socket_protocols",
+            "socket_types",
+            "socket_families",
+        ] {
+            for call in names(filter) {
+                assert!(
+                    allowed.contains(&call),
+                    "{filter} narrows {call}, which is not allowed"
+                );
             }
         }
     }

@@ -117,7 +117,10 @@ pub enum Exit {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub wall: Duration,
+    /// CPU time of every process of the sandbox (cgroup), when cgroups were in force.
     pub cpu: Option<Duration>,
+    /// CPU time of the program and the children it reaped (`wait4`), when it was reported.
+    pub program_cpu: Option<Duration>,
     pub memory_peak_bytes: Option<u64>,
 }
 
@@ -438,6 +441,7 @@ impl Child {
             .mul_f64(f64::from(self.limits.cpu_millicores) / 1000.0);
         let watch_cpu = self.cgroup.is_some() && self.limits.cpu_time < max_cpu;
         let mut exit = None;
+        let mut program_cpu = None;
         let mut failure: Option<WaitError> = None;
         let mut killed_at: Option<Instant> = None;
         let mut stuck = false;
@@ -501,8 +505,16 @@ impl Child {
                     ));
                 }
                 Ok(Some((Report::Ready { landlock }, _))) => self.isolation.landlock = landlock,
-                Ok(Some((Report::Exited { code, signal }, _))) => {
+                Ok(Some((
+                    Report::Exited {
+                        code,
+                        signal,
+                        cpu_us,
+                    },
+                    _,
+                ))) => {
                     exit = code.map(Exit::Code).or(signal.map(Exit::Signal));
+                    program_cpu = Some(Duration::from_micros(cpu_us));
                 }
                 Ok(Some((Report::Failed { stage, error }, _))) => {
                     failure.get_or_insert(WaitError::Setup { stage, error });
@@ -538,6 +550,7 @@ impl Child {
             usage: Usage {
                 wall,
                 cpu: stats.cpu,
+                program_cpu,
                 memory_peak_bytes: stats.memory_peak_bytes,
             },
             isolation: self.isolation.clone(),

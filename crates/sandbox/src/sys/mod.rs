@@ -255,13 +255,16 @@ pub enum Waited {
     Signaled(i32),
 }
 
-/// `waitpid(pid, &status, 0)` (pid -1: any child), retried on `EINTR`; stops and continues
-/// are not reported because `WUNTRACED` is not asked for.
-pub fn wait_child(pid: i32) -> io::Result<(i32, Waited)> {
+/// `wait4(pid, &status, 0, &rusage)` (pid -1: any child), retried on `EINTR`; stops and
+/// continues are not reported because `WUNTRACED` is not asked for. Also returns the CPU time
+/// (user + system) the kernel counted for the child and the children it reaped.
+pub fn wait_child(pid: i32) -> io::Result<(i32, Waited, std::time::Duration)> {
     loop {
         let mut status: libc::c_int = 0;
-        // SAFETY: status is a valid, writable c_int for the duration of the call.
-        let got = unsafe { libc::waitpid(pid, &mut status, 0) };
+        // SAFETY: rusage is plain old data; zeroes are a valid value.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: status and usage are valid, writable and live for the duration of the call.
+        let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
         if got < 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EINTR) {
@@ -269,11 +272,16 @@ pub fn wait_child(pid: i32) -> io::Result<(i32, Waited)> {
             }
             return Err(err);
         }
+        let tv = |t: libc::timeval| {
+            std::time::Duration::from_secs(t.tv_sec as u64)
+                + std::time::Duration::from_micros(t.tv_usec as u64)
+        };
+        let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
         if libc::WIFEXITED(status) {
-            return Ok((got, Waited::Exited(libc::WEXITSTATUS(status))));
+            return Ok((got, Waited::Exited(libc::WEXITSTATUS(status)), cpu));
         }
         if libc::WIFSIGNALED(status) {
-            return Ok((got, Waited::Signaled(libc::WTERMSIG(status))));
+            return Ok((got, Waited::Signaled(libc::WTERMSIG(status)), cpu));
         }
     }
 }
