@@ -235,6 +235,14 @@ fn files_owned_by_sandboxes(dirs: &[&str]) -> Vec<PathBuf> {
 }
 
 impl HostState {
+    pub fn sandbox_processes(&self) -> &[String] {
+        &self.sandbox_processes
+    }
+
+    pub fn sandbox_cgroups(&self) -> &[PathBuf] {
+        &self.sandbox_cgroups
+    }
+
     pub fn now() -> Self {
         let sysv_ipc = ["shm", "sem", "msg"]
             .iter()
@@ -252,15 +260,25 @@ impl HostState {
     }
 
     pub fn assert_same_as(&self, before: &HostState, context: &impl std::fmt::Debug) {
+        // Compared with the state before, not with nothing: a host whose PID 1 never reaps
+        // keeps the zombies of earlier runs, which are not this run's doing.
+        let new: Vec<&String> = self
+            .sandbox_processes
+            .iter()
+            .filter(|p| !before.sandbox_processes.contains(p))
+            .collect();
         assert!(
-            self.sandbox_processes.is_empty(),
-            "sandbox processes left: {:?}\n{context:#?}",
-            self.sandbox_processes
+            new.is_empty(),
+            "sandbox processes left: {new:?}\n{context:#?}"
         );
+        let cgroups: Vec<&PathBuf> = self
+            .sandbox_cgroups
+            .iter()
+            .filter(|c| !before.sandbox_cgroups.contains(c))
+            .collect();
         assert!(
-            self.sandbox_cgroups.is_empty(),
-            "sandbox cgroups left: {:?}\n{context:#?}",
-            self.sandbox_cgroups
+            cgroups.is_empty(),
+            "sandbox cgroups left: {cgroups:?}\n{context:#?}"
         );
         assert_eq!(self, before, "the host changed\n{context:#?}");
     }
