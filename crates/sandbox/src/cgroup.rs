@@ -343,26 +343,36 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 impl SandboxCgroup {
     /// Creates the cgroup and writes every limit before any process enters it.
     pub fn create(layout: &Layout, limits: &Limits, extra_pids: u32) -> Result<Self, CgroupError> {
-        let name = format!(
-            "{SANDBOX_PREFIX}{}-{}",
-            std::process::id(),
-            SEQUENCE.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut cg = SandboxCgroup {
-            version: layout.version(),
-            dirs: Vec::new(),
-            removed: false,
-        };
-        for parent in layout.parents() {
-            let dir = parent.join(&name);
-            fs::create_dir(&dir).map_err(|source| CgroupError::Create {
-                path: dir.clone(),
-                source,
-            })?;
-            cg.dirs.push(dir);
+        loop {
+            let name = format!(
+                "{SANDBOX_PREFIX}{}-{}",
+                std::process::id(),
+                SEQUENCE.fetch_add(1, Ordering::Relaxed)
+            );
+            let mut cg = SandboxCgroup {
+                version: layout.version(),
+                dirs: Vec::new(),
+                removed: false,
+            };
+            let mut taken = false;
+            for parent in layout.parents() {
+                let dir = parent.join(&name);
+                match fs::create_dir(&dir) {
+                    Ok(()) => cg.dirs.push(dir),
+                    // Left by an earlier airlock that had our pid: take the next name. `cg`
+                    // removes what this attempt made.
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        taken = true;
+                        break;
+                    }
+                    Err(source) => return Err(CgroupError::Create { path: dir, source }),
+                }
+            }
+            if !taken {
+                cg.set_limits(layout, limits, extra_pids)?;
+                return Ok(cg);
+            }
         }
-        cg.set_limits(layout, limits, extra_pids)?;
-        Ok(cg)
     }
 
     fn set_limits(
@@ -745,6 +755,29 @@ mod tests {
             }
         );
         // Dropping it would kill the pids in cgroup.procs (4242 is some real process here).
+        std::mem::forget(cg);
+        fs::remove_dir_all(&parent).unwrap();
+    }
+
+    #[test]
+    fn a_name_left_by_an_earlier_airlock_with_our_pid_is_skipped() {
+        let parent = fake_v2_node("taken", &[]);
+        let next = SEQUENCE.load(Ordering::Relaxed);
+        for n in next..next + 3 {
+            fs::create_dir(parent.join(format!("{SANDBOX_PREFIX}{}-{n}", std::process::id())))
+                .unwrap();
+        }
+        let cg = SandboxCgroup::create(
+            &Layout::V2 {
+                dir: parent.clone(),
+            },
+            &Limits::default(),
+            2,
+        )
+        .unwrap();
+        let name = cg.dirs[0].file_name().unwrap().to_str().unwrap().to_owned();
+        let seq: u64 = name.rsplit('-').next().unwrap().parse().unwrap();
+        assert!(seq >= next + 3, "{name} reuses a taken name");
         std::mem::forget(cg);
         fs::remove_dir_all(&parent).unwrap();
     }
