@@ -159,13 +159,111 @@ pub struct ExecutionResult {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     /// The value of the code's final expression, as JSON; values that are not JSON arrive as
-    /// `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ...}`.
+    /// `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ..., "why": ...}`.
     pub result: Option<serde_json::Value>,
     pub error: Option<ErrorInfo>,
     pub usage: Usage,
     pub limits: Limits,
     pub limits_hit: Vec<LimitKind>,
     pub isolation: Isolation,
+}
+
+/// The language of the code. Only Python exists today.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    #[default]
+    Python,
+}
+
+/// How an input file's `content` is encoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// A file placed in the working directory before the code runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputFile {
+    /// Relative to the working directory: no absolute paths, no `..`, no empty components.
+    pub path: String,
+    pub content: String,
+    #[serde(default)]
+    pub encoding: Encoding,
+}
+
+/// `POST /v1/execute`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    pub code: String,
+    #[serde(default)]
+    pub language: Language,
+    /// The program's standard input.
+    #[serde(default)]
+    pub stdin: String,
+    /// Environment variables; nothing of the server's environment is passed.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub files: Vec<InputFile>,
+    #[serde(default)]
+    pub limits: LimitsRequest,
+}
+
+/// The answer to `POST /v1/execute`: the result, and the id of its audit record.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ExecuteResponse {
+    pub id: String,
+    #[serde(flatten)]
+    pub result: ExecutionResult,
+}
+
+/// What the audit log keeps of one execution, and `GET /v1/executions/{id}` returns. Never
+/// the key itself, the code, its output or its environment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutionRecord {
+    pub id: String,
+    /// The request that made it (also in the `x-request-id` response header and the logs).
+    pub request_id: String,
+    /// Name of the API key that made it.
+    pub key: String,
+    /// When it was admitted, RFC 3339.
+    pub started_at: String,
+    pub code_sha256: String,
+    pub code_bytes: u64,
+    pub status: Status,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub limits: Limits,
+    pub limits_hit: Vec<LimitKind>,
+    pub usage: Usage,
+}
+
+/// Every error the HTTP API returns has this body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    pub error: ApiError,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    /// Stable, machine-readable: `invalid_json`, `invalid_request`, `limit_above_ceiling`,
+    /// `payload_too_large`, `unsupported_media_type`, `unauthorized`, `forbidden`,
+    /// `not_found`, `misdirected_request`, `rate_limited`, `overloaded`, `timeout`,
+    /// `shutting_down`, `internal`.
+    pub code: String,
+    pub message: String,
+    /// The request field at fault, as a path such as `files[2].path`.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub field: Option<String>,
 }
 
 #[cfg(test)]
@@ -194,6 +292,49 @@ mod tests {
         assert!(err.to_string().contains("unknown field"));
         let ok: LimitsRequest = serde_json::from_str(r#"{"timeout_ms": 5}"#).unwrap();
         assert_eq!(ok.timeout_ms, Some(5));
+    }
+
+    #[test]
+    fn execute_requests_default_everything_but_the_code() {
+        let r: ExecuteRequest = serde_json::from_str(r#"{"code": "1"}"#).unwrap();
+        assert_eq!(
+            (r.language, r.stdin.as_str(), r.files.len()),
+            (Language::Python, "", 0)
+        );
+        let err = serde_json::from_str::<ExecuteRequest>(r#"{"code": "1", "lang": "python"}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown field `lang`"), "{err}");
+        let err = serde_json::from_str::<ExecuteRequest>(r#"{"code": "1", "language": "ruby"}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown variant `ruby`"), "{err}");
+    }
+
+    #[test]
+    fn a_response_is_the_result_plus_its_id() {
+        let result: ExecutionResult = serde_json::from_value(serde_json::json!({
+            "status": "ok", "exit_code": 0, "signal": null, "stdout": "", "stderr": "",
+            "stdout_truncated": false, "stderr_truncated": false, "result": 1, "error": null,
+            "usage": {"wall_ms": 1, "cpu_ms": 1, "memory_peak_bytes": 1},
+            "limits": {"timeout_ms": 1, "memory_mb": 1, "cpu_ms": 1, "pids": 1, "disk_mb": 1, "output_bytes": 1},
+            "limits_hit": [],
+            "isolation": {"namespaces": [], "uid": 1000, "network": "none", "filesystem": "read_only",
+                "seccomp": "enforced", "landlock": "fully_enforced", "landlock_abi": 6, "cgroup": "v1",
+                "no_new_privs": true, "capabilities": [], "downgraded": []}
+        }))
+        .unwrap();
+        let response = ExecuteResponse {
+            id: "ex_1".into(),
+            result,
+        };
+        let json = serde_json::to_value(&response).unwrap();
+        assert_eq!(
+            (json["id"].as_str(), json["status"].as_str()),
+            (Some("ex_1"), Some("ok"))
+        );
+        assert_eq!(
+            serde_json::from_value::<ExecuteResponse>(json).unwrap(),
+            response
+        );
     }
 
     #[test]

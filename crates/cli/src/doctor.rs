@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_api::{LimitsRequest, Status};
-use airlock_engine::{Discard, Engine, EngineConfig, Job, Stdin};
+use airlock_engine::{Engine, EngineConfig};
 use airlock_sandbox::{host_support, Layout, HOST_ID_BASE};
 use clap::Args;
 use serde::Serialize;
@@ -178,51 +177,22 @@ pub fn main(args: DoctorArgs) -> ExitCode {
 
 /// Runs real code in a real sandbox with the default policy and checks what it reports.
 fn trial_run(engine: &Engine, enforced: &mut Vec<String>) -> Result<String, String> {
-    let limits = engine
-        .config()
-        .resolve_limits(&LimitsRequest::default())
-        .map_err(|e| e.to_string())?;
-    let job = Job {
-        // uid inside, own hostname, and only the sandbox's init and the program in /proc.
-        code: "import os, socket\n[os.getuid(), socket.gethostname(), sorted(p for p in os.listdir('/proc') if p.isdigit())]".into(),
-        filename: "doctor.py".into(),
-        stdin: Stdin::Empty,
-        env: Vec::new(),
-        files: Vec::new(),
-        limits,
-        max_code_bytes: engine.config().max_code_bytes,
-        stream: false,
-        echo_traceback: false,
-        cancel: None,
-    };
-    let r = engine
-        .execute(job, &mut Discard)
-        .map_err(|e| e.to_string())?;
-    if r.status != Status::Ok {
-        let why = r
-            .error
-            .map(|e| format!("{}: {}", e.kind, e.message))
-            .unwrap_or_default();
-        return Err(format!(
-            "a trial run ended with status {}: {why} {}",
-            r.status,
-            r.stderr.trim()
-        ));
-    }
+    let r = engine.self_test()?;
     let i = &r.isolation;
     enforced.push(format!(
         "namespaces: {} (uid {} inside)",
         i.namespaces.join(", "),
         i.uid
     ));
-    enforced.push("filesystem: read-only root of the interpreter's paths, fresh /proc, minimal /dev, tmpfs /tmp and /work".into());
+    enforced.push(
+        "filesystem: read-only root of the interpreter's paths, fresh /proc, minimal /dev, \
+         tmpfs /tmp and /work"
+            .into(),
+    );
     enforced.push("network: none (empty network namespace)".into());
     enforced.push(format!("seccomp: {}", i.seccomp));
-    enforced.push(format!(
-        "landlock: {} (ABI {})",
-        i.landlock,
-        i.landlock_abi.map_or("?".into(), |a| a.to_string())
-    ));
+    let abi = i.landlock_abi.map_or("?".into(), |a| a.to_string());
+    enforced.push(format!("landlock: {} (ABI {abi})", i.landlock));
     enforced.push(format!("cgroup: {}", i.cgroup));
     enforced.push(
         "no_new_privs, no capabilities, new session without a terminal, environment cleared".into(),
@@ -231,13 +201,6 @@ fn trial_run(engine: &Engine, enforced: &mut Vec<String>) -> Result<String, Stri
         && i.landlock == "fully_enforced"
         && i.cgroup != "disabled"
         && i.downgraded.is_empty();
-    let expected = serde_json::json!([1000, "airlock", ["1", "2"]]);
-    if r.result.as_ref() != Some(&expected) {
-        return Err(format!(
-            "the trial run saw {:?}, expected {expected}",
-            r.result
-        ));
-    }
     if !full {
         return Err(format!(
             "the trial run was not fully enforced: seccomp {}, landlock {}, cgroup {}",

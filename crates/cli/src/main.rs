@@ -3,6 +3,7 @@
 
 mod doctor;
 mod run;
+mod serve;
 mod units;
 
 use std::process::ExitCode;
@@ -23,6 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Commands {
     Run(Box<run::RunArgs>),
+    Serve(serve::ServeArgs),
     Doctor(doctor::DoctorArgs),
 }
 
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Commands::Run(args) => run::main(*args),
+        Commands::Serve(args) => serve::main(args),
         Commands::Doctor(args) => doctor::main(args),
     }
 }

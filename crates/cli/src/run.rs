@@ -336,7 +336,7 @@ pub fn main(args: RunArgs) -> ExitCode {
         engine.execute(job, &mut Passthrough)
     };
     let result = match result {
-        Ok(r) => r,
+        Ok(r) => r.result,
         Err(e) => {
             eprintln!("airlock: {e}");
             return ExitCode::from(EXIT_AIRLOCK);

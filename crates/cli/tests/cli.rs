@@ -141,7 +141,7 @@ fn files_stdin_and_environment_reach_the_program() {
 import os, sys, json
 print(json.dumps({"nested": open("inputs/data.csv").read(), "plain": open(os.environ["NAME"]).read(),
                   "stdin": sys.stdin.read(),
-                  "env": {k: os.environ.get(k) for k in ["A", "B", "AIRLOCK_TEST_CANARY"]}}))
+                  "env": {k: os.environ.get(k) for k in ["A", "B", "HOST_SECRET_CANARY"]}}))
 "#;
     let nested = format!("{}:inputs/data.csv", data.display());
     let plain = data.display().to_string();
@@ -174,7 +174,7 @@ print(json.dumps({"nested": open("inputs/data.csv").read(), "plain": open(os.env
     assert_eq!(seen["stdin"], "line one\nline two\n");
     assert_eq!(
         seen["env"],
-        json!({"A": "1", "B": "x=y", "AIRLOCK_TEST_CANARY": null})
+        json!({"A": "1", "B": "x=y", "HOST_SECRET_CANARY": null})
     );
 }
 

@@ -149,6 +149,14 @@ struct RunnerFile<'a> {
     data: String,
 }
 
+/// One execution's result, and how long its sandbox took to be ready.
+#[derive(Debug)]
+pub struct Execution {
+    pub result: ExecutionResult,
+    /// From starting the sandbox to its program being confined and about to run.
+    pub sandbox_ready: Option<Duration>,
+}
+
 /// Runs jobs. Cheap to share between threads.
 #[derive(Clone, Debug)]
 pub struct Engine {
@@ -257,11 +265,7 @@ impl Engine {
 
     /// Runs one job in a fresh sandbox. Errors mean nothing ran (bad input, or a host that
     /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
-    pub fn execute(
-        &self,
-        job: Job,
-        sink: &mut dyn OutputSink,
-    ) -> Result<ExecutionResult, EngineError> {
+    pub fn execute(&self, job: Job, sink: &mut dyn OutputSink) -> Result<Execution, EngineError> {
         self.check(&job)?;
         let policy = self.policy(&job.limits);
         let files = job
@@ -347,7 +351,7 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(e) => {
                 let isolation = planned_isolation(&policy);
-                return Ok(ExecutionResult {
+                let result = ExecutionResult {
                     status: Status::InternalError,
                     exit_code: None,
                     signal: None,
@@ -365,12 +369,16 @@ impl Engine {
                     limits: job.limits,
                     limits_hit: Vec::new(),
                     isolation,
+                };
+                return Ok(Execution {
+                    result,
+                    sandbox_ready: None,
                 });
             }
         };
         let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
         let v = verdict::verdict(&outcome, response, &job.limits, truncated);
-        Ok(ExecutionResult {
+        let result = ExecutionResult {
             status: v.status,
             exit_code: v.exit_code,
             signal: v.signal,
@@ -392,7 +400,58 @@ impl Engine {
             limits: job.limits,
             limits_hit: v.limits_hit,
             isolation: isolation(&outcome.isolation),
+        };
+        Ok(Execution {
+            result,
+            sandbox_ready: outcome.ready_after,
         })
+    }
+}
+
+impl Engine {
+    /// Runs real code in a real sandbox with the default limits and checks what it sees: the
+    /// unprivileged uid, its own hostname, and only its init and itself in `/proc`. Whether
+    /// every mechanism was in force is in the result's `isolation`, for the caller to judge.
+    pub fn self_test(&self) -> Result<ExecutionResult, String> {
+        let limits = self
+            .config
+            .resolve_limits(&airlock_api::LimitsRequest::default())
+            .map_err(|e| e.to_string())?;
+        let job = Job {
+            code: "import os, socket\n[os.getuid(), socket.gethostname(), sorted(p for p in os.listdir('/proc') if p.isdigit())]".into(),
+            filename: "self_test.py".into(),
+            stdin: Stdin::Empty,
+            env: Vec::new(),
+            files: Vec::new(),
+            limits,
+            max_code_bytes: self.config.max_code_bytes,
+            stream: false,
+            echo_traceback: false,
+            cancel: None,
+        };
+        let r = self
+            .execute(job, &mut Discard)
+            .map_err(|e| e.to_string())?
+            .result;
+        if r.status != Status::Ok {
+            let why = r
+                .error
+                .map(|e| format!("{}: {}", e.kind, e.message))
+                .unwrap_or_default();
+            return Err(format!(
+                "a trial run ended with status {}: {why} {}",
+                r.status,
+                r.stderr.trim()
+            ));
+        }
+        let expected = serde_json::json!([SANDBOX_UID, HOSTNAME, ["1", "2"]]);
+        if r.result.as_ref() != Some(&expected) {
+            return Err(format!(
+                "a trial run saw {:?}, expected {expected}",
+                r.result
+            ));
+        }
+        Ok(r)
     }
 }
 

@@ -198,6 +198,7 @@ mod tests {
                 capabilities_dropped: true,
                 downgraded: vec![],
             },
+            ready_after: None,
         }
     }
 

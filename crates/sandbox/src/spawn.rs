@@ -153,6 +153,8 @@ pub struct Outcome {
     pub pids_limit_hits: u64,
     pub usage: Usage,
     pub isolation: Isolation,
+    /// Time from `spawn` until the program was confined and about to exec.
+    pub ready_after: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -442,6 +444,7 @@ impl Child {
         let watch_cpu = self.cgroup.is_some() && self.limits.cpu_time < max_cpu;
         let mut exit = None;
         let mut program_cpu = None;
+        let mut ready_after = None;
         let mut failure: Option<WaitError> = None;
         let mut killed_at: Option<Instant> = None;
         let mut stuck = false;
@@ -504,7 +507,10 @@ impl Child {
                         "no pidfd for the sandbox's init".into(),
                     ));
                 }
-                Ok(Some((Report::Ready { landlock }, _))) => self.isolation.landlock = landlock,
+                Ok(Some((Report::Ready { landlock }, _))) => {
+                    self.isolation.landlock = landlock;
+                    ready_after = Some(self.started.elapsed());
+                }
                 Ok(Some((
                     Report::Exited {
                         code,
@@ -554,6 +560,7 @@ impl Child {
                 memory_peak_bytes: stats.memory_peak_bytes,
             },
             isolation: self.isolation.clone(),
+            ready_after,
         })
     }
 

@@ -5,6 +5,8 @@
 //! IPC object and no file owned by a sandbox uid may be left behind.
 #![allow(dead_code)]
 
+pub mod http;
+
 use std::fs;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
@@ -21,7 +23,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 pub fn airlock() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
-    cmd.env("AIRLOCK_TEST_CANARY", "host-secret-value");
+    cmd.env("HOST_SECRET_CANARY", "host-secret-value");
     cmd
 }
 

@@ -1,0 +1,77 @@
+//! `airlock serve`: the HTTP API.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock_server::config::{self, ENV_API_KEY};
+use clap::Args;
+
+use crate::{EXIT_AIRLOCK, EXIT_USAGE};
+
+const AFTER_HELP: &str = "\
+With no configuration at all the server listens on 127.0.0.1:8080, makes an API key on first
+start (printed once; only its hash is kept in the state directory) and runs executions with
+the same defaults as `airlock run`. Every setting can come from a TOML file (--config, or
+AIRLOCK_CONFIG) or an AIRLOCK_* variable named after its path, e.g.
+AIRLOCK_CONCURRENCY__MAX_RUNNING=8; see airlock.example.toml. AIRLOCK_API_KEY=<key> configures
+one key without a file. --print-config shows the result.";
+
+/// Serve the HTTP API.
+#[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct ServeArgs {
+    /// A TOML configuration file (see airlock.example.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Where the generated key's hash and the audit log are kept.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+pub fn main(args: ServeArgs) -> ExitCode {
+    // Variables that are not Unicode cannot be settings; they are left out, not misread.
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let config = match config::load(args.config.as_deref(), &env, args.listen, args.state_dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if args.print_config {
+        print!("{}", config.to_toml());
+        return ExitCode::SUCCESS;
+    }
+    airlock_server::init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
+    };
+    match runtime.block_on(airlock_server::run(
+        config,
+        env.get(ENV_API_KEY).cloned(),
+        |_| {},
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            ExitCode::from(EXIT_AIRLOCK)
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A real `airlock serve` on a loopback port, and a small HTTP/1.1 client over a plain TCP
+//! socket (so that tests can also speak HTTP badly on purpose).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::airlock;
+
+/// The key every test server accepts (through AIRLOCK_API_KEY), named "env".
+pub const KEY: &str = "test-key-0123456789abcdef";
+
+pub struct Server {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    /// Lines airlock writes on stderr (the log), as they come.
+    log: mpsc::Receiver<String>,
+    /// Log lines taken from `log` so far.
+    seen: std::cell::RefCell<Vec<String>>,
+    /// What airlock printed on stdout by the time it listened (a generated key, if any).
+    pub stdout: String,
+}
+
+impl Server {
+    /// Starts `airlock serve` with `config` (TOML) and extra environment variables.
+    pub fn start(config: &str, env: &[(&str, &str)]) -> Server {
+        Self::start_with(config, env, true)
+    }
+
+    /// As `start`; `with_key: false` leaves AIRLOCK_API_KEY unset.
+    pub fn start_with(config: &str, env: &[(&str, &str)], with_key: bool) -> Server {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "airlock-server-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config_path = dir.join("airlock.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let mut cmd = airlock();
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config_path)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if with_key {
+            cmd.env("AIRLOCK_API_KEY", KEY);
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("start airlock serve");
+        let (tx, rx) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap_or_else(|_| panic!("airlock serve did not start; it said: {seen:#?}"));
+            if let Some(rest) = line.strip_prefix("airlock: listening on http://") {
+                break rest.trim().parse().unwrap();
+            }
+            seen.push(line);
+        };
+        // Stdout holds at most the generated key, printed before listening is announced.
+        let mut stdout = String::new();
+        let out = child.stdout.take().unwrap();
+        let (otx, orx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if otx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Ok(line) =
+            orx.recv_timeout(Duration::from_millis(if with_key { 10 } else { 500 }))
+        {
+            stdout.push_str(&line);
+            stdout.push('\n');
+        }
+        Server {
+            child,
+            addr,
+            dir,
+            log: rx,
+            seen: std::cell::RefCell::new(seen),
+            stdout,
+        }
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    pub fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(self.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s
+    }
+
+    /// A request with the test key.
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Response {
+        let mut headers = vec![("Authorization".to_owned(), format!("Bearer {KEY}"))];
+        if body.is_some() {
+            headers.push(("Content-Type".into(), "application/json".into()));
+        }
+        let body = body.map(|b| b.to_string().into_bytes());
+        request(self.addr, method, path, &headers, body.as_deref())
+    }
+
+    pub fn execute(&self, body: Value) -> Response {
+        self.call("POST", "/v1/execute", Some(&body))
+    }
+
+    /// Every log line so far, from the start.
+    pub fn log_lines(&self) -> Vec<String> {
+        let mut seen = self.seen.borrow_mut();
+        seen.extend(self.log.try_iter());
+        seen.clone()
+    }
+
+    /// SIGTERM, then wait for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        self.terminate()
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM);
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.terminate();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: BTreeMap<String, String>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .get(&name.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The error code of an error body.
+    pub fn error_code(&self) -> String {
+        self.json()["error"]["code"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+/// One request on a new connection (`Connection: close`), Host set to the server's address.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(String, String)],
+    body: Option<&[u8]>,
+) -> Response {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("Host: {addr}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    if let Some(b) = body {
+        s.write_all(b).unwrap();
+    }
+    read_response(&mut s).expect("a response")
+}
+
+/// Reads one response: head, then a body by Content-Length, chunks, or to EOF.
+pub fn read_response(s: &mut impl Read) -> Option<Response> {
+    let mut reader = BufReader::new(s);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line).ok()?;
+    let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let mut headers = BTreeMap::new();
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).ok()?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        let (k, v) = line.split_once(':')?;
+        headers
+            .entry(k.trim().to_ascii_lowercase())
+            .and_modify(|e: &mut String| {
+                e.push_str(", ");
+                e.push_str(v.trim());
+            })
+            .or_insert_with(|| v.trim().to_owned());
+    }
+    let mut body = Vec::new();
+    if let Some(n) = headers
+        .get("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        body.resize(n, 0);
+        reader.read_exact(&mut body).ok()?;
+    } else if headers
+        .get("transfer-encoding")
+        .is_some_and(|v| v.contains("chunked"))
+    {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size).ok()?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            reader.read_exact(&mut chunk).ok()?;
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        let _ = reader.read_to_end(&mut body);
+    }
+    Some(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// Whether the server closed `s` (EOF or reset) within `within`.
+pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue, // a response before closing (408, 503) is fine
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! The server's configuration. Precedence, lowest first: the embedded defaults (which need no
+//! editing), a TOML file (`--config` or `AIRLOCK_CONFIG`), `AIRLOCK_*` environment variables,
+//! and the command-line flags `--listen` and `--state-dir`.
+//!
+//! An environment variable names a setting by its path, upper-cased, with `__` between
+//! sections: `AIRLOCK_CONCURRENCY__MAX_RUNNING=8`, `AIRLOCK_ENGINE__DEFAULTS__TIMEOUT_MS=5000`,
+//! `AIRLOCK_CORS__ALLOWED_ORIGINS='["https://app.example"]'`. Values are TOML (numbers, booleans,
+//! arrays), or a plain string. `AIRLOCK_API_KEY` configures one key without a file; an unknown
+//! `AIRLOCK_*` variable is an error, so a typo never goes unnoticed.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use airlock_api::LimitsRequest;
+use airlock_engine::EngineConfig;
+use serde::{Deserialize, Serialize};
+
+/// Environment variables with a meaning of their own rather than a setting's path.
+pub const ENV_API_KEY: &str = "AIRLOCK_API_KEY";
+pub const ENV_CONFIG: &str = "AIRLOCK_CONFIG";
+/// The log filter (`info`, `debug`, `airlock_server=debug`, ...).
+pub const ENV_LOG: &str = "AIRLOCK_LOG";
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address and port to listen on.
+    pub listen: SocketAddr,
+    /// Where the generated key's hash and the audit log live. Default: `$XDG_DATA_HOME/airlock`,
+    /// else `$HOME/.local/share/airlock`.
+    pub state_dir: Option<PathBuf>,
+    /// `text` or `json` logs, on stderr.
+    pub log_format: LogFormat,
+    /// Host header values accepted besides localhost names and the listen address.
+    pub allowed_hosts: Vec<String>,
+    /// How long running executions may finish after SIGTERM before they are killed.
+    pub shutdown_grace_ms: u64,
+    pub http: HttpConfig,
+    pub cors: CorsConfig,
+    pub concurrency: ConcurrencyConfig,
+    pub metrics: MetricsConfig,
+    pub engine: EngineConfig,
+    pub keys: Vec<KeyConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            state_dir: None,
+            log_format: LogFormat::Text,
+            allowed_hosts: Vec::new(),
+            shutdown_grace_ms: 30_000,
+            http: HttpConfig::default(),
+            cors: CorsConfig::default(),
+            concurrency: ConcurrencyConfig::default(),
+            metrics: MetricsConfig::default(),
+            engine: EngineConfig::default(),
+            keys: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Largest request body, counted on the bytes received (chunked bodies included).
+    pub max_body_bytes: u64,
+    /// Time allowed to send a request's headers; idle keep-alive connections close after it.
+    pub header_timeout_ms: u64,
+    /// Time allowed to send a request's body.
+    pub body_timeout_ms: u64,
+    /// Open connections at once; more are answered 503 and closed.
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 16 << 20,
+            header_timeout_ms: 10_000,
+            body_timeout_ms: 30_000,
+            max_connections: 256,
+        }
+    }
+}
+
+/// Cross-origin access for browsers. Off (no CORS headers at all) unless origins are listed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorsConfig {
+    /// Exact origins (`https://app.example:8443`); `*` and `null` are refused.
+    pub allowed_origins: Vec<String>,
+    /// Send `Access-Control-Allow-Credentials: true` to the listed origins.
+    pub allow_credentials: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    /// Executions running at once, for all keys together.
+    pub max_running: usize,
+    /// Executions waiting for a slot, for all keys together; past it, 503.
+    pub max_queue: usize,
+    /// Longest wait in the queue before 503.
+    pub queue_timeout_ms: u64,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        ConcurrencyConfig {
+            max_running: 4,
+            max_queue: 64,
+            queue_timeout_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `GET /metrics` needs a key with the `metrics` scope.
+    pub require_auth: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { require_auth: true }
+    }
+}
+
+/// What a key may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// `POST /v1/execute`.
+    Execute,
+    /// `GET /v1/executions/{id}` (its own executions only).
+    Read,
+    /// `GET /metrics` (when it requires a key).
+    Metrics,
+}
+
+impl Scope {
+    pub const ALL: [Scope; 3] = [Scope::Execute, Scope::Read, Scope::Metrics];
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// Shown in logs, metrics and the audit log instead of the key.
+    pub name: String,
+    /// `sha256:` and the hex SHA-256 of the key (`airlock` prints it when it makes a key).
+    pub hash: String,
+    #[serde(default = "all_scopes")]
+    pub scopes: Vec<Scope>,
+    /// Executions of this key running at once; absent: only the global limit applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrency: Option<usize>,
+    /// Executions of this key waiting at once, past which it gets 429; absent: only the
+    /// global queue applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_queue: Option<usize>,
+    /// Requests per minute (a bucket of that many, refilled evenly); 0: no limit.
+    #[serde(default)]
+    pub rate_per_minute: u32,
+    /// Ceilings for this key, below the engine's own; what is left out falls to those.
+    #[serde(default)]
+    pub ceilings: LimitsRequest,
+}
+
+fn all_scopes() -> Vec<Scope> {
+    Scope::ALL.to_vec()
+}
+
+impl KeyConfig {
+    /// A key with every scope and no limits of its own.
+    pub fn new(name: &str, hash: String) -> Self {
+        KeyConfig {
+            name: name.to_owned(),
+            hash,
+            scopes: all_scopes(),
+            max_concurrency: None,
+            max_queue: None,
+            rate_per_minute: 0,
+            ceilings: LimitsRequest::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("{0} does not name a setting (see airlock.example.toml)")]
+    UnknownVariable(String),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Builds the effective configuration. `env` is the process environment (passed in so tests
+/// can use their own).
+pub fn load(
+    file: Option<&Path>,
+    env: &BTreeMap<String, String>,
+    listen: Option<SocketAddr>,
+    state_dir: Option<PathBuf>,
+) -> Result<Config, ConfigError> {
+    let mut tree = toml::Table::try_from(Config::default())
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let file = file
+        .map(Path::to_path_buf)
+        .or_else(|| env.get(ENV_CONFIG).map(PathBuf::from));
+    if let Some(path) = &file {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let from_file: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Parse {
+                    origin: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+        merge(&mut tree, from_file);
+    }
+    for (name, raw) in env {
+        let Some(path) = name.strip_prefix("AIRLOCK_") else {
+            continue;
+        };
+        if [ENV_API_KEY, ENV_CONFIG, ENV_LOG].contains(&name.as_str()) {
+            continue;
+        }
+        let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
+        if segments.iter().any(String::is_empty) || !has_path(&tree, &segments) {
+            return Err(ConfigError::UnknownVariable(name.clone()));
+        }
+        set_path(&mut tree, &segments, parse_env_value(raw));
+    }
+    let mut config: Config = Config::deserialize(tree).map_err(|e| ConfigError::Parse {
+        origin: file.map_or("the environment".into(), |p| {
+            format!("{} and the environment", p.display())
+        }),
+        message: e.to_string(),
+    })?;
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    if let Some(dir) = state_dir {
+        config.state_dir = Some(dir);
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// A value from the environment: TOML when it parses as a value, else the text itself.
+fn parse_env_value(raw: &str) -> toml::Value {
+    match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+        Err(_) => toml::Value::String(raw.to_owned()),
+    }
+}
+
+/// Settings that are optional (absent from the defaults' table) but may still be set.
+const OPTIONAL: [&[&str]; 1] = [&["state_dir"]];
+
+fn has_path(tree: &toml::Table, path: &[String]) -> bool {
+    if OPTIONAL
+        .iter()
+        .any(|o| o.len() == path.len() && o.iter().zip(path).all(|(a, b)| a == b))
+    {
+        return true;
+    }
+    let mut table = tree;
+    for (i, seg) in path.iter().enumerate() {
+        match table.get(seg) {
+            Some(toml::Value::Table(t)) if i + 1 < path.len() => table = t,
+            Some(_) if i + 1 == path.len() => return true,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn set_path(tree: &mut toml::Table, path: &[String], value: toml::Value) {
+    let (last, parents) = path.split_last().expect("non-empty path");
+    let mut table = tree;
+    for seg in parents {
+        table = table
+            .entry(seg.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()))
+            .as_table_mut()
+            .expect("has_path checked this is a table");
+    }
+    table.insert(last.clone(), value);
+}
+
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        for origin in &self.cors.allowed_origins {
+            let well_formed = (origin.starts_with("https://") || origin.starts_with("http://"))
+                && !origin.ends_with('/')
+                && origin
+                    .split("://")
+                    .nth(1)
+                    .is_some_and(|h| !h.is_empty() && !h.contains(['/', '*', ' ']));
+            if !well_formed {
+                return bad(format!(
+                    "cors.allowed_origins: {origin:?} is not an exact origin such as https://app.example \
+                     (`*` and `null` are never accepted)"
+                ));
+            }
+        }
+        let c = &self.concurrency;
+        if c.max_running == 0 {
+            return bad("concurrency.max_running must be at least 1".into());
+        }
+        if self.http.max_connections == 0 || self.http.max_body_bytes == 0 {
+            return bad("http.max_connections and http.max_body_bytes must be at least 1".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for key in &self.keys {
+            if key.name.is_empty()
+                || !key
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return bad(format!(
+                    "keys: name {:?} must be letters, digits, - _ or .",
+                    key.name
+                ));
+            }
+            if !names.insert(key.name.clone()) {
+                return bad(format!("keys: the name {:?} is used twice", key.name));
+            }
+            let hex = key.hash.strip_prefix("sha256:").unwrap_or("");
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return bad(format!(
+                    "keys.{}: hash must be sha256: and 64 hex digits",
+                    key.name
+                ));
+            }
+            if key.max_concurrency == Some(0) {
+                return bad(format!(
+                    "keys.{}: max_concurrency must be at least 1",
+                    key.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The state directory, `state_dir` or the user's data directory.
+    pub fn state_dir(&self) -> PathBuf {
+        if let Some(dir) = &self.state_dir {
+            return dir.clone();
+        }
+        if let Some(data) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+            return PathBuf::from(data).join("airlock");
+        }
+        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            Some(home) => PathBuf::from(home).join(".local/share/airlock"),
+            None => PathBuf::from("/var/lib/airlock"),
+        }
+    }
+
+    /// The configuration as TOML, as `--print-config` shows it (key hashes only, never keys).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self)
+            .unwrap_or_else(|e| format!("# cannot print the configuration: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn the_defaults_need_no_file() {
+        let c = load(None, &env(&[]), None, None).unwrap();
+        assert_eq!(c, Config::default());
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert!(c.cors.allowed_origins.is_empty());
+        assert!(c.metrics.require_auth);
+    }
+
+    #[test]
+    fn environment_variables_override_the_file_and_flags_override_both() {
+        let dir = std::env::temp_dir().join(format!("airlock-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("airlock.toml");
+        std::fs::write(
+            &file,
+            "listen = \"127.0.0.1:9000\"\n[concurrency]\nmax_running = 3\nmax_queue = 5\n",
+        )
+        .unwrap();
+        let e = env(&[
+            ("AIRLOCK_CONCURRENCY__MAX_RUNNING", "7"),
+            ("AIRLOCK_ENGINE__DEFAULTS__TIMEOUT_MS", "1234"),
+            (
+                "AIRLOCK_CORS__ALLOWED_ORIGINS",
+                r#"["https://app.example"]"#,
+            ),
+            ("AIRLOCK_STATE_DIR", "/srv/airlock"),
+            ("AIRLOCK_LOG_FORMAT", "json"),
+            ("AIRLOCK_API_KEY", "not a setting"),
+            ("PATH", "/usr/bin"),
+        ]);
+        let c = load(
+            Some(&file),
+            &e,
+            Some("127.0.0.1:9100".parse().unwrap()),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.concurrency.max_running, 7, "env beats the file");
+        assert_eq!(c.concurrency.max_queue, 5, "the file beats the defaults");
+        assert_eq!(c.engine.defaults.timeout_ms, 1234);
+        assert_eq!(c.cors.allowed_origins, ["https://app.example"]);
+        assert_eq!(c.state_dir, Some(PathBuf::from("/srv/airlock")));
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.listen.port(), 9100, "the flag beats everything");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn typos_and_bad_values_are_errors() {
+        let e = env(&[("AIRLOCK_CONCURENCY__MAX_RUNNING", "7")]);
+        assert!(matches!(
+            load(None, &e, None, None),
+            Err(ConfigError::UnknownVariable(_))
+        ));
+        let e = env(&[("AIRLOCK_CONCURRENCY__MAX_RUNNING", "many")]);
+        assert!(load(None, &e, None, None)
+            .unwrap_err()
+            .to_string()
+            .contains("max_running"));
+        for origin in ["*", "null", "https://a.example/", "app.example"] {
+            let e = env(&[("AIRLOCK_CORS__ALLOWED_ORIGINS", &format!("[{origin:?}]"))]);
+            assert!(load(None, &e, None, None).is_err(), "{origin}");
+        }
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        let mut c = Config::default();
+        c.keys.push(KeyConfig::new(
+            "alice",
+            format!("sha256:{}", "a".repeat(64)),
+        ));
+        c.validate().unwrap();
+        c.keys.push(KeyConfig::new(
+            "alice",
+            format!("sha256:{}", "b".repeat(64)),
+        ));
+        assert!(c.validate().unwrap_err().to_string().contains("used twice"));
+        c.keys.pop();
+        c.keys.push(KeyConfig::new("bob", "plaintext".into()));
+        assert!(c.validate().unwrap_err().to_string().contains("64 hex"));
+    }
+
+    #[test]
+    fn the_example_file_sets_every_setting_to_its_default() {
+        let text = include_str!("../../../airlock.example.toml");
+        let example: toml::Table = text.parse().unwrap();
+        let defaults = toml::Table::try_from(Config::default()).unwrap();
+        fn keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+            for (k, v) in t {
+                let path = format!("{prefix}{k}");
+                match v {
+                    toml::Value::Table(inner) => keys(inner, &format!("{path}."), out),
+                    _ => out.push(path),
+                }
+            }
+        }
+        let (mut want, mut have) = (Vec::new(), Vec::new());
+        keys(&defaults, "", &mut want);
+        keys(&example, "", &mut have);
+        want.sort();
+        have.sort();
+        assert_eq!(have, want, "airlock.example.toml must list every setting");
+        let parsed: Config = Config::deserialize(example).unwrap();
+        assert_eq!(parsed, Config::default());
+    }
+}

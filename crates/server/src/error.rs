@@ -1,0 +1,96 @@
+//! The one error type of the HTTP API: a status, a stable code, a clear message, the field at
+//! fault, and the headers some statuses need. The body is always `{"error": {...}}`.
+
+use airlock_api::{ApiError, ErrorBody};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+#[derive(Debug, Clone)]
+pub struct Error {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub field: Option<String>,
+    pub retry_after_secs: Option<u64>,
+    pub close: bool,
+}
+
+impl Error {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Error {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+            retry_after_secs: None,
+            close: false,
+        }
+    }
+
+    pub fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Self {
+        self.retry_after_secs = Some(secs.max(1));
+        self
+    }
+
+    /// Ask the client to close the connection (its request was not fully read, or was unsafe).
+    pub fn close(mut self) -> Self {
+        self.close = true;
+        self
+    }
+
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::new(StatusCode::BAD_REQUEST, "invalid_request", message).field(field)
+    }
+
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message).field(field)
+    }
+
+    pub fn unauthorized(message: &str) -> Self {
+        Error::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Error::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    pub fn not_found() -> Self {
+        Error::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ApiError {
+                code: self.code.to_owned(),
+                message: self.message,
+                field: self.field,
+            },
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"airlock\""),
+            );
+        }
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+}

@@ -1,0 +1,232 @@
+//! What every request passes before a handler sees it, in this order: a request id; the Host
+//! allow-list (against DNS rebinding); CORS and foreign origins; authentication. Then one log
+//! line and the request metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::Error;
+use crate::keys::{random_id, Key};
+use crate::metrics::event;
+use crate::SharedState;
+
+/// The request's id, also sent back as `x-request-id`.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+/// The authenticated key.
+#[derive(Clone, Debug)]
+pub struct Caller(pub Arc<Key>);
+
+const PUBLIC: &[&str] = &["/healthz"];
+
+pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let rid = random_id("rq_");
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = req.method().clone();
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    req.extensions_mut().insert(RequestId(rid.clone()));
+
+    let (mut response, key_name) = match check(&state, &route, &mut req) {
+        Ok(early) => match early {
+            Some(response) => (response, None),
+            None => {
+                let key = req
+                    .extensions()
+                    .get::<Caller>()
+                    .map(|c| c.0.name().to_owned());
+                (next.run(req).await, key)
+            }
+        },
+        Err(e) => (e.into_response(), None),
+    };
+
+    add_cors_headers(&state, origin, &mut response);
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&rid) {
+        headers.insert("x-request-id", v);
+    }
+    let status = response.status().as_u16();
+    state
+        .metrics
+        .http_requests
+        .add(&[&route, &status.to_string()]);
+    tracing::info!(
+        request_id = %rid,
+        method = %method,
+        route = %route,
+        status,
+        key = key_name.as_deref().unwrap_or("-"),
+        ms = started.elapsed().as_millis() as u64,
+        "request"
+    );
+    response
+}
+
+/// `Ok(Some(response))` answers the request here (a CORS preflight); `Ok(None)` lets it on.
+fn check(state: &SharedState, route: &str, req: &mut Request) -> Result<Option<Response>, Error> {
+    let public = PUBLIC.contains(&route);
+    if !public {
+        check_host(state, req.headers())?;
+    }
+    if let Some(response) = cors(state, req)? {
+        return Ok(Some(response));
+    }
+    let metrics_open = route == "/metrics" && !state.config.metrics.require_auth;
+    if !public && !metrics_open {
+        let key = authenticate(state, req.headers())?;
+        req.extensions_mut().insert(Caller(key));
+    }
+    Ok(None)
+}
+
+fn check_host(state: &SharedState, headers: &HeaderMap) -> Result<(), Error> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let name = host_name(host).to_ascii_lowercase();
+    if state.allowed_hosts.contains(&name) {
+        return Ok(());
+    }
+    state.metrics.security_events.add(&[event::FOREIGN_HOST]);
+    tracing::warn!(host = %host.chars().take(100).collect::<String>(), "refused a request for a foreign Host");
+    Err(Error::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "misdirected_request",
+        "this server does not answer for that Host (add it to allowed_hosts)",
+    )
+    .close())
+}
+
+/// The host part of a Host header: `name`, `name:port`, `[v6]` or `[v6]:port`.
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("");
+    }
+    host.rsplit_once(':').map_or(host, |(name, port)| {
+        if port.bytes().all(|b| b.is_ascii_digit()) {
+            name
+        } else {
+            host
+        }
+    })
+}
+
+fn cors(state: &SharedState, req: &Request) -> Result<Option<Response>, Error> {
+    let Some(origin) = req.headers().get(header::ORIGIN) else {
+        return Ok(None);
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let allowed = origin != "null"
+        && state
+            .config
+            .cors
+            .allowed_origins
+            .iter()
+            .any(|o| o == origin);
+    if !allowed {
+        // A browser on another site (or a sandboxed frame: `Origin: null`). Nothing here is
+        // for it, preflight or not, and it gets no CORS headers.
+        state.metrics.security_events.add(&[event::FOREIGN_ORIGIN]);
+        return Err(Error::forbidden(
+            "requests from this origin are not allowed",
+        ));
+    }
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    if !preflight {
+        return Ok(None);
+    }
+    let mut response = StatusCode::NO_CONTENT.into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
+    Ok(Some(response))
+}
+
+/// The CORS headers for an allowed origin, on whatever the response is.
+fn add_cors_headers(state: &SharedState, origin: Option<HeaderValue>, response: &mut Response) {
+    if state.config.cors.allowed_origins.is_empty() {
+        return; // CORS is off: no CORS headers at all
+    }
+    let h = response.headers_mut();
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+    let Some(origin) = origin else { return };
+    let text = origin.to_str().unwrap_or("");
+    if text != "null" && state.config.cors.allowed_origins.iter().any(|o| o == text) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        if state.config.cors.allow_credentials {
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
+        }
+        h.insert(
+            header::ACCESS_CONTROL_EXPOSE_HEADERS,
+            HeaderValue::from_static("x-request-id, retry-after"),
+        );
+    }
+}
+
+fn authenticate(state: &SharedState, headers: &HeaderMap) -> Result<Arc<Key>, Error> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim);
+    let failure = match presented {
+        None => "missing",
+        Some(key) => match state.keys.verify(key) {
+            Some(k) => return Ok(k),
+            None => "invalid",
+        },
+    };
+    state.metrics.security_events.add(&[event::AUTH_FAILURE]);
+    // Never the key itself: only that it was missing or wrong.
+    tracing::warn!(reason = failure, "authentication failed");
+    Err(Error::unauthorized(if failure == "missing" {
+        "an API key is required: Authorization: Bearer <key>"
+    } else {
+        "the API key is not valid"
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_name;
+
+    #[test]
+    fn host_names_lose_their_port() {
+        assert_eq!(host_name("localhost:8080"), "localhost");
+        assert_eq!(host_name("LOCALHOST"), "LOCALHOST");
+        assert_eq!(host_name("[::1]:8080"), "::1");
+        assert_eq!(host_name("[::1]"), "::1");
+        assert_eq!(host_name("evil.example:80"), "evil.example");
+        assert_eq!(host_name("a:b"), "a:b");
+    }
+}

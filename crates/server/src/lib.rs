@@ -1,0 +1,163 @@
+//! airlock's HTTP API: `POST /v1/execute` and friends, authenticated and hardened, over the
+//! engine. Handlers only parse, check and call the engine.
+//!
+//! # What is enforced
+//! - Every route but `/healthz` needs a valid key (`Authorization: Bearer ...`); keys are stored
+//!   as SHA-256 hashes and compared in constant time.
+//! - Host header allow-list (DNS rebinding), no CORS unless origins are listed, requests from
+//!   foreign origins refused, only `application/json` bodies.
+//! - Body size counted on the bytes received, header and body read timeouts, a cap on open
+//!   connections, `Transfer-Encoding` with `Content-Length` refused.
+//! - Global and per-key concurrency with bounded queues, per-key rate limits and ceilings.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod audit;
+pub mod config;
+mod error;
+mod guard;
+pub mod keys;
+pub mod metrics;
+mod openapi;
+mod routes;
+mod serve;
+mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use airlock_engine::{Cancel, Engine};
+
+pub use error::Error;
+pub use openapi::{openapi, ROUTES};
+pub use routes::app;
+pub use serve::{init_logging, run, ServeError, Started};
+
+use crate::admission::Admission;
+use crate::audit::AuditLog;
+use crate::config::Config;
+use crate::keys::KeyStore;
+use crate::metrics::Metrics;
+
+/// Everything the handlers share.
+#[derive(Debug)]
+pub struct AppState {
+    pub config: Config,
+    pub engine: Engine,
+    pub keys: KeyStore,
+    pub admission: Admission,
+    pub metrics: Arc<Metrics>,
+    pub audit: AuditLog,
+    /// Lower-case host names (no port) accepted in the Host header.
+    pub allowed_hosts: Vec<String>,
+    /// Whether the start-up trial run worked, and why not.
+    pub trial: Mutex<Result<(), String>>,
+    shutting_down: AtomicBool,
+    running: Mutex<HashMap<u64, Cancel>>,
+    next_execution: AtomicU64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    pub fn new(config: Config, engine: Engine, keys: KeyStore, audit: AuditLog) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
+        let allowed_hosts = allowed_hosts(&config);
+        AppState {
+            config,
+            engine,
+            keys,
+            admission,
+            metrics,
+            audit,
+            allowed_hosts,
+            trial: Mutex::new(Err("not run yet".into())),
+            shutting_down: AtomicBool::new(false),
+            running: Mutex::new(HashMap::new()),
+            next_execution: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Refuses new executions from now on.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    /// Kills every running execution's sandbox.
+    pub fn cancel_all(&self) -> usize {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        for cancel in running.values() {
+            cancel.cancel();
+        }
+        running.len()
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Registers an execution; the guard cancels it if dropped before `finish` (the client
+    /// went away, so nobody wants the result).
+    fn track(self: &Arc<Self>) -> Tracked {
+        let id = self.next_execution.fetch_add(1, Ordering::Relaxed);
+        let cancel = Cancel::default();
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, cancel.clone());
+        Tracked {
+            state: self.clone(),
+            id,
+            cancel,
+            finished: false,
+        }
+    }
+}
+
+struct Tracked {
+    state: SharedState,
+    id: u64,
+    cancel: Cancel,
+    finished: bool,
+}
+
+impl Tracked {
+    fn finish(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.cancel.cancel();
+        }
+        self.state
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// localhost names, the listen address, and what the operator added.
+fn allowed_hosts(config: &Config) -> Vec<String> {
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let ip = config.listen.ip();
+    if !ip.is_unspecified() {
+        hosts.push(ip.to_string());
+    }
+    hosts.extend(config.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()));
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}

@@ -1,0 +1,265 @@
+//! Counters, gauges and histograms, rendered in the Prometheus text format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicI64);
+
+impl Gauge {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn dec(&self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> i64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Counters by one or two label values.
+#[derive(Debug, Default)]
+pub struct Counters(Mutex<BTreeMap<Vec<String>, u64>>);
+
+impl Counters {
+    pub fn add(&self, labels: &[&str]) {
+        let key = labels.iter().map(|s| (*s).to_owned()).collect();
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    pub fn get(&self, labels: &[&str]) -> u64 {
+        let key: Vec<String> = labels.iter().map(|s| (*s).to_owned()).collect();
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label_names: &[&str]) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (values, n) in self.0.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let labels: Vec<String> = label_names
+                .iter()
+                .zip(values)
+                .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+        }
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [f64],
+    state: Mutex<(Vec<u64>, u64, f64)>, // per-bucket counts, total count, sum
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            state: Mutex::new((vec![0; bounds.len()], 0, 0.0)),
+        }
+    }
+
+    pub fn observe(&self, d: Duration) {
+        let v = d.as_secs_f64();
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        for (i, b) in self.bounds.iter().enumerate() {
+            if v <= *b {
+                s.0[i] += 1;
+            }
+        }
+        s.1 += 1;
+        s.2 += v;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, n) in self.bounds.iter().zip(&s.0) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            s.1, s.2, s.1
+        );
+    }
+}
+
+const DURATION_BOUNDS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+const START_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+/// Security events, by kind.
+pub mod event {
+    pub const AUTH_FAILURE: &str = "auth_failure";
+    pub const REJECTED_INPUT: &str = "rejected_input";
+    pub const SECCOMP_KILL: &str = "seccomp_kill";
+    pub const MEMORY_KILL: &str = "memory_kill";
+    pub const TIMEOUT: &str = "timeout";
+    pub const OUTPUT_TRUNCATED: &str = "output_truncated";
+    pub const FOREIGN_HOST: &str = "foreign_host";
+    pub const FOREIGN_ORIGIN: &str = "foreign_origin";
+    pub const SMUGGLING: &str = "smuggling";
+}
+
+#[derive(Debug)]
+pub struct Metrics {
+    pub executions: Counters,
+    pub execution_seconds: Histogram,
+    pub sandbox_start_seconds: Histogram,
+    pub queue_depth: Gauge,
+    pub running: Gauge,
+    pub connections: Gauge,
+    pub security_events: Counters,
+    pub http_requests: Counters,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            executions: Counters::default(),
+            execution_seconds: Histogram::new(DURATION_BOUNDS),
+            sandbox_start_seconds: Histogram::new(START_BOUNDS),
+            queue_depth: Gauge::default(),
+            running: Gauge::default(),
+            connections: Gauge::default(),
+            security_events: Counters::default(),
+            http_requests: Counters::default(),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.executions.render(
+            &mut out,
+            "airlock_executions_total",
+            "Executions by status.",
+            &["status"],
+        );
+        self.execution_seconds.render(
+            &mut out,
+            "airlock_execution_duration_seconds",
+            "Wall time of executions.",
+        );
+        self.sandbox_start_seconds.render(
+            &mut out,
+            "airlock_sandbox_start_seconds",
+            "Time from starting a sandbox to its program being confined and about to run.",
+        );
+        for (name, help, g) in [
+            (
+                "airlock_queue_depth",
+                "Executions waiting for a slot.",
+                &self.queue_depth,
+            ),
+            (
+                "airlock_running_sandboxes",
+                "Executions running now.",
+                &self.running,
+            ),
+            (
+                "airlock_open_connections",
+                "Open HTTP connections.",
+                &self.connections,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {}",
+                g.get()
+            );
+        }
+        self.security_events.render(
+            &mut out,
+            "airlock_security_events_total",
+            "Security-relevant events by kind.",
+            &["kind"],
+        );
+        self.http_requests.render(
+            &mut out,
+            "airlock_http_requests_total",
+            "HTTP requests by route and status code.",
+            &["route", "code"],
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_alert_rules_use_only_metrics_that_exist() {
+        let rules = include_str!("../../../deploy/prometheus/alerts.yml");
+        let exported = Metrics::default().render();
+        let mut checked = 0;
+        for (i, _) in rules.match_indices("airlock_") {
+            let name: String = rules[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let name = name.trim_end_matches("_bucket");
+            assert!(
+                exported.contains(&format!("# TYPE {name} ")),
+                "alerts.yml uses {name}, which airlock does not export"
+            );
+            checked += 1;
+        }
+        assert!(checked >= 7, "{checked}");
+        for kind in [
+            event::SECCOMP_KILL,
+            event::AUTH_FAILURE,
+            event::FOREIGN_HOST,
+            event::FOREIGN_ORIGIN,
+            event::SMUGGLING,
+        ] {
+            assert!(rules.contains(kind), "{kind}");
+        }
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.executions.add(&["ok"]);
+        m.executions.add(&["ok"]);
+        m.http_requests.add(&["/v1/execute", "200"]);
+        m.execution_seconds.observe(Duration::from_millis(30));
+        m.running.inc();
+        let text = m.render();
+        assert!(
+            text.contains("airlock_executions_total{status=\"ok\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("airlock_http_requests_total{route=\"/v1/execute\",code=\"200\"} 1"));
+        assert!(text.contains("airlock_execution_duration_seconds_bucket{le=\"0.05\"} 1"));
+        assert!(text.contains("airlock_execution_duration_seconds_bucket{le=\"0.025\"} 0"));
+        assert!(text.contains("airlock_execution_duration_seconds_count 1"));
+        assert!(text.contains("airlock_running_sandboxes 1"));
+    }
+}

@@ -1,0 +1,471 @@
+//! The routes. Handlers parse, check and call the engine; nothing else lives here.
+
+use std::time::{Duration, SystemTime};
+
+use airlock_api::{
+    ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
+};
+use airlock_engine::{
+    check_relative_path, Discard, EngineError, InputFile, Job, LimitError, Stdin,
+};
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use base64::Engine as _;
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+use crate::admission::Rejection;
+use crate::config::Scope;
+use crate::error::Error;
+use crate::guard::{Caller, RequestId};
+use crate::keys::{random_id, Key};
+use crate::metrics::event;
+use crate::SharedState;
+
+pub fn app(state: SharedState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi))
+        .route("/v1/execute", post(execute))
+        .route("/v1/executions/{id}", get(execution))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::guard::guard,
+        ))
+        .with_state(state)
+}
+
+async fn not_found() -> Error {
+    Error::not_found()
+}
+
+async fn method_not_allowed() -> Error {
+    Error::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
+fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
+    if caller.0.allows(scope) {
+        Ok(())
+    } else {
+        Err(Error::forbidden(
+            format!("this key lacks the {scope:?} scope").to_lowercase(),
+        ))
+    }
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+/// Whether an execution could start now: the host enforces what the policy requires, the
+/// start-up trial run worked, the server is not shutting down, and there is room.
+async fn readyz(State(state): State<SharedState>) -> Response {
+    let mut reasons = Vec::new();
+    let host = airlock_sandbox::host_support();
+    let downgraded = |m| state.engine.config().is_downgraded(m);
+    use airlock_engine::Mechanism;
+    if let Err(e) = &host.user_namespaces {
+        reasons.push(format!("user namespaces: {e}"));
+    }
+    for (m, r) in [
+        (Mechanism::Seccomp, host.seccomp.as_ref().err()),
+        (Mechanism::Landlock, host.landlock_abi.as_ref().err()),
+        (Mechanism::Cgroups, host.cgroup.as_ref().err()),
+    ] {
+        if let (false, Some(e)) = (downgraded(m), r) {
+            reasons.push(format!("{}: {e}", m.name()));
+        }
+    }
+    if let Err(e) = &*state.trial.lock().unwrap_or_else(|e| e.into_inner()) {
+        reasons.push(format!("trial run: {e}"));
+    }
+    if state.is_shutting_down() {
+        reasons.push("shutting down".into());
+    }
+    if !state.admission.has_room() {
+        reasons.push("every slot and the queue are full".into());
+    }
+    let ready = reasons.is_empty();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(serde_json::json!({"ready": ready, "reasons": reasons})),
+    )
+        .into_response()
+}
+
+async fn metrics(
+    State(state): State<SharedState>,
+    caller: Option<Extension<Caller>>,
+) -> Result<Response, Error> {
+    if let Some(Extension(caller)) = caller {
+        require(&caller, Scope::Metrics)?;
+    }
+    let mut response = state.metrics.render().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(response)
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(crate::openapi())
+}
+
+async fn execution(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ExecutionRecord>, Error> {
+    require(&caller, Scope::Read)?;
+    // Another key's execution is as absent as one that never was.
+    match state.audit.get(&id) {
+        Some(record) if record.key == caller.0.name() => Ok(Json(record)),
+        _ => Err(Error::not_found()),
+    }
+}
+
+/// Reads a JSON body: `application/json` only, no more than the configured bytes (counted as
+/// they arrive, chunked or not), within the body timeout; errors name the field at fault.
+async fn read_json<T: DeserializeOwned>(state: &SharedState, req: Request) -> Result<T, Error> {
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if !mime.eq_ignore_ascii_case("application/json") {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        return Err(Error::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be Content-Type: application/json",
+        )
+        .close());
+    }
+    let limit = state.config.http.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        Error::too_large("body", format!("the body is larger than {limit} bytes")).close()
+    };
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large()); // before reading a byte of it
+    }
+    let body = http_body_util::Limited::new(req.into_body(), limit as usize);
+    let timeout = Duration::from_millis(state.config.http.body_timeout_ms);
+    let bytes = match tokio::time::timeout(timeout, body.collect()).await {
+        Err(_) => {
+            return Err(Error::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "timeout",
+                "the body did not arrive in time",
+            )
+            .close())
+        }
+        Ok(Err(e))
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large())
+        }
+        Ok(Err(e)) => return Err(Error::invalid("body", format!("reading the body: {e}")).close()),
+        Ok(Ok(collected)) => collected.to_bytes(),
+    };
+    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        let path = e.path().to_string();
+        let err = Error::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            e.inner().to_string(),
+        );
+        if path == "." {
+            err
+        } else {
+            err.field(path)
+        }
+    })
+}
+
+/// The ceilings for one key: its own where it has them, never above the engine's.
+fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
+    Limits {
+        timeout_ms: key
+            .timeout_ms
+            .map_or(global.timeout_ms, |k| k.min(global.timeout_ms)),
+        memory_mb: key
+            .memory_mb
+            .map_or(global.memory_mb, |k| k.min(global.memory_mb)),
+        cpu_ms: key.cpu_ms.map_or(global.cpu_ms, |k| k.min(global.cpu_ms)),
+        pids: key.pids.map_or(global.pids, |k| k.min(global.pids)),
+        disk_mb: key
+            .disk_mb
+            .map_or(global.disk_mb, |k| k.min(global.disk_mb)),
+        output_bytes: key
+            .output_bytes
+            .map_or(global.output_bytes, |k| k.min(global.output_bytes)),
+    }
+}
+
+/// The limits for one request: what it asks for, within the key's ceilings; what it leaves
+/// out takes the defaults, brought down to the key's ceilings.
+fn resolve_limits(state: &SharedState, key: &Key, asked: &LimitsRequest) -> Result<Limits, Error> {
+    let engine = state.engine.config();
+    let c = key_ceilings(&engine.ceilings, &key.config.ceilings);
+    let checks = [
+        ("timeout_ms", asked.timeout_ms, c.timeout_ms),
+        ("memory_mb", asked.memory_mb, c.memory_mb),
+        ("cpu_ms", asked.cpu_ms, c.cpu_ms),
+        ("pids", asked.pids.map(u64::from), u64::from(c.pids)),
+        ("disk_mb", asked.disk_mb, c.disk_mb),
+        ("output_bytes", asked.output_bytes, c.output_bytes),
+    ];
+    for (name, value, ceiling) in checks {
+        if let Some(v) = value.filter(|v| *v > ceiling) {
+            state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+            return Err(Error::new(
+                StatusCode::BAD_REQUEST,
+                "limit_above_ceiling",
+                format!("limits.{name} = {v} is above the ceiling of {ceiling} for this key"),
+            )
+            .field(format!("limits.{name}")));
+        }
+    }
+    let r = engine.resolve_limits(asked).map_err(|e| {
+        let name = match &e {
+            LimitError::Zero { name } | LimitError::AboveCeiling { name, .. } => *name,
+        };
+        Error::invalid(format!("limits.{name}"), e.to_string())
+    })?;
+    Ok(Limits {
+        timeout_ms: r.timeout_ms.min(c.timeout_ms),
+        memory_mb: r.memory_mb.min(c.memory_mb),
+        cpu_ms: r.cpu_ms.min(c.cpu_ms),
+        pids: r.pids.min(c.pids),
+        disk_mb: r.disk_mb.min(c.disk_mb),
+        output_bytes: r.output_bytes.min(c.output_bytes),
+    })
+}
+
+/// Turns a request into a job, naming the field at fault for anything wrong with it.
+fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, Error> {
+    let cfg = state.engine.config();
+    let reject = |e: Error| {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        e
+    };
+    if req.code.len() as u64 > cfg.max_code_bytes {
+        return Err(reject(Error::too_large(
+            "code",
+            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
+        )));
+    }
+    if req.stdin.len() as u64 > cfg.max_stdin_bytes {
+        return Err(reject(Error::too_large(
+            "stdin",
+            format!("stdin is over the limit of {} bytes", cfg.max_stdin_bytes),
+        )));
+    }
+    for (name, value) in &req.env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(reject(Error::invalid(
+                format!("env.{name}"),
+                "names must not be empty or contain = or NUL; values must not contain NUL",
+            )));
+        }
+    }
+    let limits = resolve_limits(state, key, &req.limits)?;
+    let mut files = Vec::with_capacity(req.files.len());
+    let mut total = 0u64;
+    let cap = cfg.max_files_bytes.min(limits.disk_mb << 20);
+    for (i, f) in req.files.into_iter().enumerate() {
+        check_relative_path(&f.path)
+            .map_err(|e| reject(Error::invalid(format!("files[{i}].path"), e)))?;
+        if files.iter().any(|g: &InputFile| g.path == f.path) {
+            return Err(reject(Error::invalid(
+                format!("files[{i}].path"),
+                format!("{:?} is given twice", f.path),
+            )));
+        }
+        let data = match f.encoding {
+            airlock_api::Encoding::Utf8 => f.content.into_bytes(),
+            airlock_api::Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(f.content.as_bytes())
+                .map_err(|e| {
+                    reject(Error::invalid(
+                        format!("files[{i}].content"),
+                        format!("not base64: {e}"),
+                    ))
+                })?,
+        };
+        total += data.len() as u64;
+        if total > cap {
+            return Err(reject(Error::too_large(
+                "files",
+                format!("files total over the limit of {cap} bytes"),
+            )));
+        }
+        files.push(InputFile { path: f.path, data });
+    }
+    Ok(Job {
+        code: req.code,
+        filename: "main.py".into(),
+        stdin: Stdin::Bytes(req.stdin.into_bytes()),
+        env: req.env.into_iter().collect(),
+        files,
+        limits,
+        max_code_bytes: cfg.max_code_bytes,
+        stream: false,
+        echo_traceback: false,
+        cancel: None,
+    })
+}
+
+fn rejection(r: Rejection) -> Error {
+    match r {
+        Rejection::RateLimited(secs) => Error::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "this key's rate limit is reached",
+        )
+        .retry_after(secs),
+        Rejection::KeyBusy => Error::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "this key already runs and queues as many executions as it may",
+        )
+        .retry_after(1),
+        Rejection::Overloaded => Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "every slot and the queue are full",
+        )
+        .retry_after(1),
+        Rejection::QueueTimeout => Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "waited too long for a free slot",
+        )
+        .retry_after(1),
+    }
+}
+
+async fn execute(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    req: Request<Body>,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    if state.is_shutting_down() {
+        return Err(Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+        .retry_after(5));
+    }
+    let body: ExecuteRequest = read_json(&state, req).await?;
+    let code_sha256 = format!("{:x}", Sha256::digest(body.code.as_bytes()));
+    let code_bytes = body.code.len() as u64;
+    let mut job = job_from(&state, &caller.0, body)?;
+    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+    let tracked = state.track();
+    job.cancel = Some(tracked.cancel.clone());
+    let id = random_id("ex_");
+    let started_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+    let engine = state.engine.clone();
+    // The slot is held until the sandbox is gone, even if this request is dropped meanwhile
+    // (a client that went away): its sandbox is then killed, and only then is the slot free.
+    let ran = tokio::task::spawn_blocking(move || {
+        let ran = engine.execute(job, &mut Discard);
+        drop(admitted);
+        ran
+    })
+    .await;
+    tracked.finish();
+    let execution = match ran {
+        Ok(Ok(execution)) => execution,
+        Ok(Err(EngineError::Spawn(e))) => {
+            tracing::error!(%request_id, error = %e, "cannot start a sandbox");
+            return Err(Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ));
+        }
+        Ok(Err(EngineError::Invalid(m))) => return Err(Error::invalid("body", m)),
+        Ok(Err(e)) => {
+            tracing::error!(%request_id, error = %e, "execution failed");
+            return Err(Error::internal("the execution failed inside airlock"));
+        }
+        Err(e) => {
+            tracing::error!(%request_id, error = %e, "execution task failed");
+            return Err(Error::internal("the execution failed inside airlock"));
+        }
+    };
+    let result = execution.result;
+    let m = &state.metrics;
+    m.executions.add(&[result.status.as_str()]);
+    m.execution_seconds
+        .observe(Duration::from_millis(result.usage.wall_ms));
+    if let Some(ready) = execution.sandbox_ready {
+        m.sandbox_start_seconds.observe(ready);
+    }
+    let kind = match result.status {
+        Status::PolicyViolation => Some(event::SECCOMP_KILL),
+        Status::MemoryLimit => Some(event::MEMORY_KILL),
+        Status::Timeout => Some(event::TIMEOUT),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        m.security_events.add(&[kind]);
+    }
+    if result.stdout_truncated || result.stderr_truncated {
+        m.security_events.add(&[event::OUTPUT_TRUNCATED]);
+    }
+    let record = ExecutionRecord {
+        id: id.clone(),
+        request_id: request_id.clone(),
+        key: caller.0.name().to_owned(),
+        started_at,
+        code_sha256,
+        code_bytes,
+        status: result.status,
+        exit_code: result.exit_code,
+        signal: result.signal,
+        limits: result.limits.clone(),
+        limits_hit: result.limits_hit.clone(),
+        usage: result.usage.clone(),
+    };
+    if let Err(e) = state.audit.append(&record) {
+        // The result is the client's; losing the audit line must still be loud.
+        tracing::error!(%request_id, error = %e, "cannot append to the audit log");
+    }
+    tracing::info!(%request_id, execution = %id, key = %caller.0.name(), status = %result.status, wall_ms = result.usage.wall_ms, "execution");
+    Ok(Json(ExecuteResponse { id, result }).into_response())
+}

@@ -1,0 +1,286 @@
+//! Listening, connections and shutdown.
+//!
+//! Each connection is HTTP/1.1 through hyper, with a header read timeout (slowloris; it also
+//! closes idle keep-alive connections), the wire guard (`wire.rs`) and a cap on open
+//! connections. On SIGTERM or SIGINT the server stops accepting, refuses new executions, lets
+//! running ones finish for `shutdown_grace_ms`, then kills their sandboxes and exits.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Request};
+use axum::response::IntoResponse;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tower::ServiceExt;
+
+use airlock_engine::Engine;
+
+use crate::audit::AuditLog;
+use crate::config::Config;
+use crate::error::Error;
+use crate::keys::KeyStore;
+use crate::metrics::event;
+use crate::wire::{Findings, Guarded};
+use crate::{app, AppState, SharedState};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Keys(#[from] crate::keys::KeyError),
+    #[error(transparent)]
+    Engine(#[from] airlock_engine::EngineError),
+    #[error("audit log: {0}")]
+    Audit(std::io::Error),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("signals: {0}")]
+    Signals(std::io::Error),
+}
+
+/// What `run` reports once it listens (for callers that bind port 0).
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub addr: SocketAddr,
+}
+
+/// Runs the server until SIGTERM or SIGINT, then shuts down gracefully.
+pub async fn run(
+    config: Config,
+    env_key: Option<String>,
+    on_start: impl FnOnce(Started),
+) -> Result<(), ServeError> {
+    let state_dir = config.state_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&state_dir)
+        .map_err(|source| ServeError::StateDir {
+            path: state_dir.clone(),
+            source,
+        })?;
+    let resolved = KeyStore::resolve(&config.keys, env_key.as_deref(), &state_dir)?;
+    if let Some(key) = &resolved.generated {
+        // Shown this once; only its hash is kept (state_dir/keys.json).
+        println!("airlock: generated an API key. It is shown only now; store it:\n{key}");
+    }
+    let engine = Engine::new(config.engine.clone())?;
+    let audit = AuditLog::open(&state_dir).map_err(ServeError::Audit)?;
+    if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+        let removed = airlock_sandbox::remove_leftovers(layout);
+        if !removed.is_empty() {
+            tracing::warn!(
+                count = removed.len(),
+                "removed sandbox cgroups left by an earlier airlock"
+            );
+        }
+    }
+    let listen = config.listen;
+    let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit));
+    tracing::info!(
+        state_dir = %state_dir.display(),
+        keys = state.keys.keys().len(),
+        max_running = state.config.concurrency.max_running,
+        "starting"
+    );
+
+    let trial_state = state.clone();
+    let trial = tokio::task::spawn_blocking(move || trial_state.engine.self_test().map(drop)).await;
+    let trial = trial.unwrap_or_else(|e| Err(format!("the trial run failed: {e}")));
+    if let Err(e) = &trial {
+        tracing::error!(error = %e, "the start-up trial run failed; executions will fail until it is fixed (see `airlock doctor`)");
+    }
+    *state.trial.lock().unwrap_or_else(|e| e.into_inner()) = trial;
+
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Listen {
+        addr: listen,
+        source,
+    })?;
+    eprintln!("airlock: listening on http://{addr}");
+    tracing::info!(%addr, "listening");
+    on_start(Started { addr });
+
+    serve(listener, state).await
+}
+
+async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    let router = app(state.clone());
+    let slots = Arc::new(Semaphore::new(state.config.http.max_connections));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut connections = JoinSet::new();
+
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                match slots.clone().try_acquire_owned() {
+                    Ok(slot) => {
+                        connections.spawn(connection(stream, slot, router.clone(), state.clone(), stop_rx.clone()));
+                    }
+                    Err(_) => {
+                        connections.spawn(refuse(stream));
+                    }
+                }
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+
+    // Stop accepting, refuse new executions, let the running ones finish for a while.
+    drop(listener);
+    state.begin_shutdown();
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_millis(state.config.shutdown_grace_ms);
+    tracing::info!(
+        running = state.running_count(),
+        grace_ms = grace.as_millis() as u64,
+        "shutting down"
+    );
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(grace, drain).await.is_err() {
+        let killed = state.cancel_all();
+        tracing::warn!(
+            killed,
+            "grace period over: killed the sandboxes still running"
+        );
+        let rest = async { while connections.join_next().await.is_some() {} };
+        if tokio::time::timeout(Duration::from_secs(10), rest)
+            .await
+            .is_err()
+        {
+            connections.abort_all();
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn connection(
+    stream: TcpStream,
+    slot: OwnedSemaphorePermit,
+    router: Router,
+    state: SharedState,
+    mut stop: watch::Receiver<bool>,
+) {
+    state.metrics.connections.inc();
+    let findings = Arc::new(Findings::default());
+    let io = TokioIo::new(Guarded::new(stream, findings.clone()));
+    let svc_state = state.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let router = router.clone();
+        let findings = findings.clone();
+        let state = svc_state.clone();
+        async move {
+            if findings.smuggling.load(Ordering::SeqCst) {
+                state.metrics.security_events.add(&[event::SMUGGLING]);
+                tracing::warn!("refused a request with both Transfer-Encoding and Content-Length");
+                let refusal = Error::invalid(
+                    "headers",
+                    "Transfer-Encoding together with Content-Length is refused",
+                )
+                .close();
+                return Ok::<_, Infallible>(refusal.into_response());
+            }
+            let mut response = match router.oneshot(req.map(Body::new)).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            if findings.close_after.load(Ordering::SeqCst) {
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok(response)
+        }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(state.config.http.header_timeout_ms))
+        .keep_alive(true);
+    let conn = builder.serve_connection(io, service);
+    tokio::pin!(conn);
+    let stopping = async move {
+        // (A watch guard must not live across an await: only the result is kept.)
+        let _ = stop.wait_for(|stop| *stop).await.map(|_| ());
+    };
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        _ = stopping => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+    state.metrics.connections.dec();
+    drop(slot);
+}
+
+/// Over the connection cap: a short 503 and close.
+async fn refuse(mut stream: TcpStream) {
+    let body = r#"{"error":{"code":"overloaded","message":"too many open connections"}}"#;
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         retry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(
+        Duration::from_secs(1),
+        stream.write_all(response.as_bytes()),
+    )
+    .await;
+    let _ = stream.shutdown().await;
+}
+
+/// Logs to stderr, as text or JSON lines.
+pub fn init_logging(format: crate::config::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env(crate::config::ENV_LOG)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        crate::config::LogFormat::Text => builder.try_init(),
+    };
+}
