@@ -107,6 +107,12 @@ fn a_sandbox_verdict_is_a_200_with_its_status() {
         (r.status, r.json()["status"].as_str()),
         (200, Some("policy_violation"))
     );
+    let hog = "x = bytearray(256 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1";
+    let r = server.execute(json!({"code": hog, "limits": {"memory_mb": 32}}));
+    assert_eq!(
+        (r.status, r.json()["status"].as_str()),
+        (200, Some("memory_limit"))
+    );
     let metrics = server.call("GET", "/metrics", None).text();
     assert!(
         metrics.contains("airlock_executions_total{status=\"timeout\"} 1"),
@@ -114,7 +120,8 @@ fn a_sandbox_verdict_is_a_200_with_its_status() {
     );
     assert!(metrics.contains("airlock_security_events_total{kind=\"seccomp_kill\"} 1"));
     assert!(metrics.contains("airlock_security_events_total{kind=\"timeout\"} 1"));
-    assert!(metrics.contains("airlock_sandbox_start_seconds_count 2"));
+    assert!(metrics.contains("airlock_security_events_total{kind=\"memory_kill\"} 1"));
+    assert!(metrics.contains("airlock_sandbox_start_seconds_count 3"));
 }
 
 #[test]

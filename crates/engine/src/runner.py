@@ -114,17 +114,36 @@ def describe(exc, filename):
 
 
 def write_files(files):
+    """Writes input files below the working directory without ever following a symbolic link
+    (or opening a FIFO or device) that something in the sandbox may have planted."""
     import base64
+    import stat
 
     for item in files:
         path = item["path"]
         parts = path.split("/")
         if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise ValueError("invalid file path %r" % path)
-        if len(parts) > 1:
-            os.makedirs("/".join(parts[:-1]), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(base64.b64decode(item["data"]))
+        here = "."
+        for part in parts[:-1]:
+            here = here + "/" + part
+            try:
+                mode = os.lstat(here).st_mode
+            except FileNotFoundError:
+                os.mkdir(here, 0o755)
+                continue
+            if not stat.S_ISDIR(mode):
+                raise ValueError("%r: %r is not a directory" % (path, here[2:]))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o644)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("%r is not a regular file" % path)
+            data = memoryview(base64.b64decode(item["data"]))
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
 
 
 def main():
