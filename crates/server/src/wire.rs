@@ -15,8 +15,10 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Largest head the scanner keeps looking at; hyper refuses larger ones itself.
-const MAX_HEAD: usize = 64 * 1024;
+/// Largest head the scanner looks at; hyper is configured to refuse larger ones (`serve.rs`).
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Most header lines in a head, here and in hyper's parser alike.
+const MAX_HEADERS: usize = 100;
 
 /// What the scanner found, shared with the connection's service.
 #[derive(Debug, Default)]
@@ -63,11 +65,21 @@ impl<S> Guarded<S> {
                 Scan::Head(head) => {
                     let before = head.len();
                     head.extend_from_slice(bytes);
-                    let Some(end) = find_end(head) else {
+                    // A head ends at a newline: only then is it worth parsing again.
+                    if !bytes.contains(&b'\n') {
                         if head.len() > MAX_HEAD {
-                            self.scan = Scan::Stopped;
+                            self.stop();
                         }
                         return;
+                    }
+                    let end = match head_end(head) {
+                        HeadEnd::Complete(end) => end,
+                        HeadEnd::Partial if head.len() <= MAX_HEAD => return,
+                        HeadEnd::Partial | HeadEnd::Invalid => {
+                            // hyper refuses it too; nothing after it on this connection.
+                            self.stop();
+                            return;
+                        }
                     };
                     let consumed = end - before;
                     let next = match inspect(&head[..end]) {
@@ -88,11 +100,29 @@ impl<S> Guarded<S> {
             }
         }
     }
+
+    /// Stops scanning; the connection closes after the request in progress.
+    fn stop(&mut self) {
+        self.findings.close_after.store(true, Ordering::SeqCst);
+        self.scan = Scan::Stopped;
+    }
 }
 
-/// Index just past the blank line that ends a head.
-fn find_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4)
+enum HeadEnd {
+    Complete(usize),
+    Partial,
+    Invalid,
+}
+
+/// Where a head ends, found the way hyper finds it (httparse: bare LF line ends included).
+fn head_end(buf: &[u8]) -> HeadEnd {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => HeadEnd::Complete(n),
+        Ok(httparse::Status::Partial) => HeadEnd::Partial,
+        Err(_) => HeadEnd::Invalid,
+    }
 }
 
 enum Head {
@@ -103,7 +133,7 @@ enum Head {
 }
 
 fn inspect(head: &[u8]) -> Head {
-    let mut headers = [httparse::EMPTY_HEADER; 128];
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     if !matches!(req.parse(head), Ok(httparse::Status::Complete(_))) {
         return Head::Unparsable;
@@ -205,6 +235,22 @@ mod tests {
         let second = b"POST / HTTP/1.1\r\nHost: x\r\ncontent-length: 1\r\nTRANSFER-ENCODING: chunked\r\n\r\n";
         assert_eq!(scan(&[first, second]), (true, false));
         assert_eq!(scan(&[first]), (false, false));
+    }
+
+    #[test]
+    fn bare_lf_heads_are_read_as_hyper_reads_them() {
+        let req =
+            b"POST / HTTP/1.1\nHost: x\nContent-Length: 5\nTransfer-Encoding: chunked\n\n0\r\n\r\n";
+        assert_eq!(scan(&[req]), (true, false));
+    }
+
+    #[test]
+    fn a_head_too_large_to_scan_closes_the_connection() {
+        let mut big = b"GET / HTTP/1.1\r\nX-Pad: ".to_vec();
+        big.extend(std::iter::repeat_n(b'a', MAX_HEAD + 10));
+        assert_eq!(scan(&[&big]), (false, true));
+        let dripped: Vec<&[u8]> = big.chunks(1000).collect();
+        assert_eq!(scan(&dripped), (false, true));
     }
 
     #[test]
