@@ -233,6 +233,8 @@ pub struct ExecutionRecord {
     pub request_id: String,
     /// Name of the API key that made it.
     pub key: String,
+    /// The first 16 hex digits of the key's SHA-256: a record belongs to a key, not a name.
+    pub key_fingerprint: String,
     /// When it was admitted, RFC 3339.
     pub started_at: String,
     pub code_sha256: String,

@@ -63,11 +63,14 @@ pub fn main(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_AIRLOCK);
         }
     };
-    match runtime.block_on(airlock_server::run(
+    let served = runtime.block_on(airlock_server::run(
         config,
         env.get(ENV_API_KEY).cloned(),
         |_| {},
-    )) {
+    ));
+    // Sandboxes were killed and answered by now; a task still blocked must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("airlock: {e}");

@@ -74,6 +74,18 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
             "invalid environment variable",
         ),
         (
+            (0..300)
+                .flat_map(|i| ["--env".into(), format!("V{i}=x")])
+                .collect(),
+            b"1",
+            "over the limit of 256",
+        ),
+        (
+            vec!["--env".into(), format!("BIG={}", "x".repeat(70_000))],
+            b"1",
+            "over the limit of 65536",
+        ),
+        (
             vec!["--file".into(), "/nonexistent".into()],
             b"1",
             "No such file",

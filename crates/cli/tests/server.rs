@@ -424,10 +424,10 @@ fn bodies_are_capped_on_what_arrives() {
 }
 
 #[test]
-fn slow_clients_are_cut_off_and_connections_are_capped() {
+fn slow_clients_are_cut_off() {
     let _g = serial();
     let server = Server::start(
-        "[http]\nheader_timeout_ms = 500\nbody_timeout_ms = 500\nmax_connections = 4\n",
+        "[http]\nheader_timeout_ms = 500\nbody_timeout_ms = 500\n",
         &[],
     );
     // Headers that never finish: closed after the header timeout.
@@ -444,25 +444,111 @@ fn slow_clients_are_cut_off_and_connections_are_capped() {
     write!(slow_body, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"code\"").unwrap();
     let r = read_response(&mut slow_body).unwrap();
     assert_eq!((r.status, r.error_code()), (408, "timeout".into()));
-    // Four open connections are the cap: the fifth is told so and closed.
-    let held: Vec<_> = (0..4)
+}
+
+#[test]
+fn at_the_connection_cap_idle_connections_make_way_and_busy_ones_do_not() {
+    let _g = serial();
+    let server = Server::start(
+        "[http]\nmax_connections = 4\n[concurrency]\nmax_running = 4\n",
+        &[],
+    );
+    // Four connections that never finish a head fill the cap; a fifth still gets in, in
+    // place of the oldest of them.
+    let mut idle: Vec<_> = (0..4)
         .map(|_| {
             let mut s = server.connect();
             s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
                 .unwrap();
+            std::thread::sleep(Duration::from_millis(20));
             s
         })
         .collect();
+    let r = request(server.addr, "GET", "/healthz", &[], None);
+    assert_eq!(r.status, 200, "an idle connection held the last slot");
+    assert!(
+        closed_within(&mut idle[0], Duration::from_secs(5)),
+        "the oldest idle connection was not the one closed"
+    );
+    assert!(
+        !closed_within(&mut idle[3], Duration::from_millis(200)),
+        "a newer idle connection was closed instead of the oldest"
+    );
+    drop(idle);
     std::thread::sleep(Duration::from_millis(100));
-    let mut fifth = server.connect();
-    let r = read_response(&mut fifth).unwrap();
+
+    // Four connections each waiting for an execution are busy: a fifth is refused.
+    let busy: Vec<_> = (0..4)
+        .map(|_| in_background(&server, "import time\ntime.sleep(2)", KEY))
+        .collect();
+    wait_sandboxes(4);
+    let r = request(server.addr, "GET", "/healthz", &[], None);
     assert_eq!((r.status, r.header("retry-after")), (503, Some("1")));
-    drop(held);
-    // Once they are closed (by the header timeout), connections are accepted again.
-    std::thread::sleep(Duration::from_millis(800));
-    assert_eq!(
-        request(server.addr, "GET", "/healthz", &[], None).status,
-        200
+    for b in busy {
+        assert_eq!(
+            b.join().unwrap().json()["status"],
+            "ok",
+            "a busy connection was cut"
+        );
+    }
+    let m = server.call("GET", "/metrics", None).text();
+    assert!(
+        m.contains("airlock_security_events_total{kind=\"connection_evicted\"}"),
+        "{m}"
+    );
+    assert!(
+        m.contains("airlock_security_events_total{kind=\"connection_refused\"} 1"),
+        "{m}"
+    );
+}
+
+#[test]
+fn clients_without_a_key_cannot_hog_the_connection_slots() {
+    let _g = serial();
+    let server = Server::start("[http]\nmax_connections = 8\n", &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // 32 hogs against 8 slots: each sends one byte and reconnects as soon as it is closed.
+    let hogs: Vec<_> = (0..32)
+        .map(|_| {
+            let (addr, stop) = (server.addr, stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    let _ = s.write_all(b"G");
+                    let _ = closed_within(&mut s, Duration::from_secs(1));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let (mut ok, mut failed) = (0, 0);
+    for _ in 0..40 {
+        let answered = std::net::TcpStream::connect(server.addr)
+            .ok()
+            .and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(
+                    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                )
+                .ok()?;
+                read_response(&mut s)
+            });
+        match answered {
+            Some(r) if r.status == 200 => ok += 1,
+            _ => failed += 1,
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for h in hogs {
+        h.join().unwrap();
+    }
+    // Before eviction this was 0 of 40.
+    assert!(
+        ok >= 36,
+        "only {ok} of 40 requests got through the hogs ({failed} failed)"
     );
 }
 
@@ -470,26 +556,64 @@ fn slow_clients_are_cut_off_and_connections_are_capped() {
 fn transfer_encoding_with_content_length_is_refused() {
     let _g = serial();
     let server = Server::start("", &[]);
+    let smuggled = |s: &mut std::net::TcpStream, eol: &str| {
+        // A smuggling attempt: a proxy reading Content-Length would frame it differently.
+        let head = format!(
+            "POST /v1/execute HTTP/1.1{eol}Host: localhost{eol}Authorization: Bearer {KEY}{eol}\
+             Content-Type: application/json{eol}Content-Length: 60{eol}Transfer-Encoding: chunked{eol}{eol}"
+        );
+        let _ = s.write_all(head.as_bytes());
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = s.write_all(b"f\r\n{\"code\":\"40+2\"}\r\n0\r\n\r\n");
+        read_response(s)
+    };
+    let refused = |r: Option<common::http::Response>, what: &str| {
+        if let Some(r) = r {
+            assert_ne!(r.status, 200, "{what}: executed: {}", r.text());
+            assert_eq!(r.status, 400, "{what}: {}", r.text());
+            assert_eq!(r.json()["error"]["field"], "headers", "{what}");
+        }
+    };
+    // CRLF and bare-LF line ends alike.
+    for eol in ["\r\n", "\n"] {
+        let mut s = server.connect();
+        let r = smuggled(&mut s, eol);
+        assert!(r.is_some(), "no answer with {eol:?}");
+        refused(r, &format!("line end {eol:?}"));
+        assert!(
+            closed_within(&mut s, Duration::from_secs(5)),
+            "the connection stayed open after a smuggling attempt"
+        );
+    }
+    // After a large (but allowed) head on the same connection.
     let mut s = server.connect();
-    // A smuggling attempt: a proxy reading Content-Length would see a second request.
+    let pad = "a".repeat(60_000);
     write!(
         s,
-        "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n\
-         Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: {pad}\r\n"
     )
     .unwrap();
-    let r = read_response(&mut s).unwrap();
-    assert_eq!(
-        (r.status, r.json()["error"]["field"].as_str()),
-        (400, Some("headers"))
-    );
-    assert!(
-        closed_within(&mut s, Duration::from_secs(5)),
-        "the connection stayed open after a smuggling attempt"
-    );
+    std::thread::sleep(Duration::from_millis(300));
+    s.write_all(b"\r\n").unwrap();
+    assert_eq!(read_response(&mut s).unwrap().status, 200);
+    refused(smuggled(&mut s, "\r\n"), "after a 60 KB head");
+    // A head over 64 KiB is refused, and nothing after it is read.
+    let mut s = server.connect();
+    let pad = "a".repeat(70_000);
+    write!(
+        s,
+        "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: {pad}\r\n"
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = s.write_all(b"\r\n");
+    if let Some(r) = read_response(&mut s) {
+        assert_eq!(r.status, 431, "{}", r.text());
+    }
+    refused(smuggled(&mut s, "\r\n"), "after a head over 64 KiB");
     let metrics = server.call("GET", "/metrics", None).text();
     assert!(
-        metrics.contains("airlock_security_events_total{kind=\"smuggling\"} 1"),
+        metrics.contains("airlock_security_events_total{kind=\"smuggling\"} 3"),
         "{metrics}"
     );
     // A plain keep-alive connection carries several requests.
@@ -517,6 +641,28 @@ fn in_background(
             Some(body.as_bytes()),
         )
     })
+}
+
+/// Waits until `n` sandboxes exist, seen on the host (not over HTTP: for when every
+/// connection slot is taken).
+fn wait_sandboxes(n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut names: Vec<_> = sandbox_cgroups()
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_owned()))
+            .collect();
+        names.sort();
+        names.dedup();
+        if names.len() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never saw {n} sandboxes: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn wait_running(server: &Server, n: i64) {
@@ -586,11 +732,13 @@ fn per_key_concurrency_and_rate_limits_answer_429() {
     // The test key is not affected by the other key's limits.
     assert_eq!(server.execute(json!({"code": "1"})).status, 200);
     assert_eq!(busy.join().unwrap().status, 200);
-    // Three requests a minute: the fourth is limited (two were used above).
-    assert_eq!(
-        as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"}))).status,
-        200
-    );
+    // Three requests a minute: one was used above (the refused one cost nothing).
+    for _ in 0..2 {
+        assert_eq!(
+            as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"}))).status,
+            200
+        );
+    }
     let limited = as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"})));
     assert_eq!(limited.status, 429);
     let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
@@ -816,6 +964,33 @@ fn a_client_that_goes_away_takes_its_sandbox_with_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     HostState::now().assert_same_as(&before, &"after the client left");
+    // It ran, so it is in the audit log and the request log, like any other.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let audit = server.state_dir().join("audit.jsonl");
+    while std::fs::read_to_string(&audit)
+        .unwrap_or_default()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no audit record for the abandoned execution"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let record: Value =
+        serde_json::from_str(std::fs::read_to_string(&audit).unwrap().trim()).unwrap();
+    assert_eq!(record["status"], "internal_error");
+    let log = server.log_lines();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("request abandoned by the client")),
+        "{log:#?}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains(" execution ") || l.contains("execution=")),
+        "{log:#?}"
+    );
     drop(server);
 }
 
@@ -959,4 +1134,267 @@ fn json_logs_carry_the_request_id() {
     assert!(entries.iter().any(|e| e["request_id"] == rid.as_str()
         && e["message"] == "request"
         && e["status"] == 200));
+}
+
+#[test]
+fn records_belong_to_a_key_not_to_its_name() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let id = server.execute(json!({"code": "1"})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("/v1/executions/{id}");
+    assert_eq!(server.call("GET", &path, None).status, 200);
+    let dir = server.stop_keeping_state();
+    // Another key under the same name (AIRLOCK_API_KEY is always "env").
+    let other = "a-completely-different-key-999";
+    let server = Server::start_in(dir, "", &[], Some(other));
+    let r = request(
+        server.addr,
+        "GET",
+        &path,
+        &[h("Authorization", &format!("Bearer {other}"))],
+        None,
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    // The key that ran it still reads it after a restart.
+    let dir = server.stop_keeping_state();
+    let server = Server::start_in(dir, "", &[], Some(KEY));
+    assert_eq!(server.call("GET", &path, None).status, 200);
+}
+
+/// A request head announcing a large body, and no body.
+fn head_without_body(server: &Server, key: &str) -> Option<common::http::Response> {
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n").unwrap();
+    read_response(&mut s)
+}
+
+#[test]
+fn a_throttled_key_is_refused_before_its_body_is_read() {
+    let _g = serial();
+    let server = Server::start(
+        &other_key_toml("max_concurrency = 1\nmax_queue = 0\nrate_per_minute = 2"),
+        &[],
+    );
+    let busy = in_background(&server, "import time\ntime.sleep(1.5)", OTHER_KEY);
+    wait_running(&server, 1);
+    // Its one slot is taken: refused on the head (the body timeout is 30 s; the answer does
+    // not wait for a body that never comes), and without spending a token.
+    let r = head_without_body(&server, OTHER_KEY).expect("an answer before the body");
+    assert_eq!((r.status, r.error_code()), (429, "rate_limited".into()));
+    assert_eq!(busy.join().unwrap().status, 200);
+    assert_eq!(
+        as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"}))).status,
+        200,
+        "the refused request cost a token"
+    );
+    // Out of tokens: refused on the head too.
+    let r = head_without_body(&server, OTHER_KEY).expect("an answer before the body");
+    assert_eq!(r.status, 429);
+    assert!(r.header("retry-after").is_some());
+}
+
+#[test]
+fn bodies_in_memory_at_once_are_bounded() {
+    let _g = serial();
+    let server = Server::start("[http]\nmax_buffered_bytes = 65536\n", &[]);
+    let partial = |n: usize| {
+        let mut s = server.connect();
+        write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 50000\r\n\r\n").unwrap();
+        s.write_all(&vec![b' '; n]).unwrap();
+        s
+    };
+    // 40 KB of one body held; the next 40 KB do not fit in 64 KiB.
+    let _first = partial(40_000);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut second = partial(40_000);
+    let r = read_response(&mut second).expect("an answer");
+    assert_eq!((r.status, r.error_code()), (503, "overloaded".into()));
+    drop(_first);
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        server.execute(json!({"code": "1"})).status,
+        200,
+        "the budget was not given back"
+    );
+}
+
+#[test]
+fn huge_env_and_file_lists_are_refused_and_hold_nothing() {
+    let _g = serial();
+    let server = Server::start("[concurrency]\nmax_running = 1\n", &[]);
+    let env: serde_json::Map<String, Value> =
+        (0..2000).map(|i| (format!("V{i}"), json!(""))).collect();
+    let r = server.execute(json!({"code": "1", "env": env}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (413, Some("env"))
+    );
+    let files: Vec<_> = (0..2000)
+        .map(|i| json!({"path": format!("f{i}"), "content": ""}))
+        .collect();
+    let r = server.execute(json!({"code": "1", "files": files}));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].as_str()),
+        (413, Some("files"))
+    );
+    // Two large ones at once (a few MB each): refused, while the only slot serves others.
+    let big: Vec<_> = (0..2)
+        .map(|n| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                let body = if n == 0 {
+                    let env: serde_json::Map<String, Value> =
+                        (0..300_000).map(|i| (format!("V{i}"), json!(""))).collect();
+                    json!({"code": "1", "env": env})
+                } else {
+                    let mut files: Vec<_> = (0..300_000)
+                        .map(|i| json!({"path": format!("{i}"), "content": ""}))
+                        .collect();
+                    files.push(json!({"path": "0", "content": ""}));
+                    json!({"code": "1", "files": files})
+                };
+                let body = body.to_string();
+                request(
+                    addr,
+                    "POST",
+                    "/v1/execute",
+                    &[auth(), json_type()],
+                    Some(body.as_bytes()),
+                )
+            })
+        })
+        .collect();
+    for _ in 0..5 {
+        assert_eq!(server.execute(json!({"code": "6*7"})).json()["result"], 42);
+    }
+    for (b, field) in big.into_iter().zip(["env", "files"]) {
+        let r = b.join().unwrap();
+        assert_eq!(
+            (r.status, r.json()["error"]["field"].as_str()),
+            (413, Some(field))
+        );
+    }
+}
+
+#[test]
+fn sigterm_refuses_queued_and_uploading_requests_and_exits_after_the_grace() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start(
+        "shutdown_grace_ms = 1000\n[concurrency]\nmax_running = 1\nmax_queue = 4\n",
+        &[],
+    );
+    let stuck = in_background(&server, "import time\ntime.sleep(60)", KEY);
+    wait_running(&server, 1);
+    let queued: Vec<_> = (0..2)
+        .map(|_| in_background(&server, "print('must not run')", KEY))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !server
+        .call("GET", "/metrics", None)
+        .text()
+        .contains("airlock_queue_depth 2\n")
+    {
+        assert!(Instant::now() < deadline, "the two never queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut uploading = server.connect();
+    write!(uploading, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"code\"").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    let asked = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+    for q in queued {
+        let r = q.join().unwrap();
+        assert_eq!((r.status, r.error_code()), (503, "shutting_down".into()));
+    }
+    let r = read_response(&mut uploading).expect("an answer to the upload");
+    assert_eq!((r.status, r.error_code()), (503, "shutting_down".into()));
+    assert_eq!(stuck.join().unwrap().json()["status"], "internal_error");
+    let mut server = server;
+    assert!(server.child.wait().unwrap().success());
+    let took = asked.elapsed();
+    // The grace is 1 s; before queues were closed at shutdown this took grace + 10 s.
+    assert!(took < Duration::from_secs(8), "shutdown took {took:?}");
+    // Only the execution that ran is in the audit log.
+    let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
+    let statuses: Vec<_> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["status"].clone())
+        .collect();
+    assert_eq!(statuses, vec![json!("internal_error")], "{audit}");
+    HostState::now().assert_same_as(&before, &"after shutdown");
+}
+
+#[test]
+fn executions_stop_when_the_audit_log_cannot_be_written() {
+    let _g = serial();
+    let dir = std::env::temp_dir().join(format!("airlock-audit-full-{}", std::process::id()));
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // A small file system of its own for the state directory, to fill up.
+    let mounted = std::process::Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=256k,mode=0700",
+            "airlock-test",
+            state.to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs (the suite runs as root)");
+    struct Unmount(std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _unmount = Unmount(state.clone(), dir.clone());
+
+    let server = Server::start_in(dir.clone(), "", &[], Some(KEY));
+    assert_eq!(server.execute(json!({"code": "1"})).status, 200);
+    let mut filler = std::fs::File::create(state.join("filler")).unwrap();
+    while filler.write_all(&[0; 4096]).is_ok() {}
+    // Records fit in the file's last page until it is full. The result of the run whose
+    // record could not be written is still the client's.
+    let failed = |s: &Server| {
+        s.log_lines()
+            .iter()
+            .any(|l| l.contains("cannot append to the audit log"))
+    };
+    let mut ran = 1;
+    while !failed(&server) {
+        ran += 1;
+        assert!(ran < 50, "the audit log never filled up");
+        let r = server.execute(json!({"code": format!("{ran}")}));
+        assert_eq!(r.json()["result"], ran);
+    }
+    let r = server.execute(json!({"code": "3"}));
+    assert_eq!((r.status, r.error_code()), (503, "unavailable".into()));
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("audit"));
+    let ready = server.call("GET", "/readyz", None);
+    assert_eq!(ready.status, 503);
+    assert!(ready.text().contains("audit log"), "{}", ready.text());
+    assert!(server
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("cannot append to the audit log")));
+    // No torn line: every record but the last run's, each whole.
+    let audit = std::fs::read_to_string(state.join("audit.jsonl")).unwrap();
+    assert_eq!(audit.lines().count(), ran - 1, "{audit}");
+    for line in audit.lines() {
+        serde_json::from_str::<Value>(line).unwrap();
+    }
+    drop(server);
 }

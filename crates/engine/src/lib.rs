@@ -40,6 +40,11 @@ const SANDBOX_UID: u32 = 1000;
 const HOSTNAME: &str = "airlock";
 const REPR_LIMIT: usize = 4096;
 const MAX_DEPTH: usize = 64;
+/// Input bounds that keep the work before a sandbox exists small (it is not under the wall
+/// clock): environment variables (count and bytes, as execve itself bounds them) and files.
+pub const MAX_ENV_VARS: usize = 256;
+pub const MAX_ENV_BYTES: usize = 64 * 1024;
+pub const MAX_FILES: usize = 1000;
 /// Room for an error's message and traceback beyond the result limit.
 const RESPONSE_OVERHEAD: u64 = 128 * 1024;
 const MIB: u64 = 1 << 20;
@@ -128,6 +133,8 @@ pub enum EngineError {
         what: &'static str,
         source: std::io::Error,
     },
+    #[error("the execution was cancelled before its sandbox started")]
+    Cancelled,
 }
 
 #[derive(Serialize)]
@@ -206,10 +213,28 @@ impl Engine {
                 ));
             }
         }
+        if job.env.len() > MAX_ENV_VARS {
+            return invalid(format!(
+                "{} environment variables, over the limit of {MAX_ENV_VARS}",
+                job.env.len()
+            ));
+        }
+        let env_bytes: usize = job.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        if env_bytes > MAX_ENV_BYTES {
+            return invalid(format!(
+                "the environment is {env_bytes} bytes, over the limit of {MAX_ENV_BYTES}"
+            ));
+        }
         for (key, value) in &job.env {
             if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
                 return invalid(format!("invalid environment variable {key:?}"));
             }
+        }
+        if job.files.len() > MAX_FILES {
+            return invalid(format!(
+                "{} input files, over the limit of {MAX_FILES}",
+                job.files.len()
+            ));
         }
         let mut total = 0u64;
         for file in &job.files {
@@ -306,8 +331,11 @@ impl Engine {
         for (k, v) in &job.env {
             command = command.env(k.clone(), v.clone());
         }
-        let mut child = spawn(command, &policy)?;
         let cancel = job.cancel.clone();
+        if cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+            return Err(EngineError::Cancelled);
+        }
+        let mut child = spawn(command, &policy)?;
         if let Some(c) = &cancel {
             c.attach(child.killer());
         }
@@ -541,6 +569,40 @@ fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_are_bounded_before_anything_runs() {
+        let engine = Engine::new(EngineConfig::default()).expect("an engine");
+        let job = |env: Vec<(String, String)>, files: usize| Job {
+            code: "1".into(),
+            filename: "main.py".into(),
+            stdin: Stdin::Bytes(Vec::new()),
+            env,
+            files: (0..files)
+                .map(|i| InputFile {
+                    path: format!("f{i}"),
+                    data: Vec::new(),
+                })
+                .collect(),
+            limits: engine.config().defaults.clone(),
+            max_code_bytes: 1000,
+            stream: false,
+            echo_traceback: false,
+            cancel: None,
+        };
+        let refused = |j: Job| match engine.check(&j) {
+            Err(EngineError::Invalid(m)) => m,
+            other => panic!("accepted: {other:?}"),
+        };
+        assert!(engine.check(&job(Vec::new(), MAX_FILES)).is_ok());
+        assert!(refused(job(Vec::new(), MAX_FILES + 1)).contains("input files"));
+        let many = (0..=MAX_ENV_VARS)
+            .map(|i| (format!("V{i}"), String::new()))
+            .collect();
+        assert!(refused(job(many, 0)).contains("environment variables"));
+        let big = vec![("V".to_owned(), "x".repeat(MAX_ENV_BYTES))];
+        assert!(refused(job(big, 0)).contains("bytes"));
+    }
 
     #[test]
     fn relative_paths_only() {

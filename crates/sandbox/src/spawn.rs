@@ -33,7 +33,7 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 pub struct Command {
     program: PathBuf,
     args: Vec<String>,
-    env: Vec<(String, String)>,
+    env: std::collections::BTreeMap<String, String>,
     fds: Vec<OwnedFd>,
 }
 
@@ -45,7 +45,7 @@ impl Command {
         Command {
             program,
             args: vec![argv0],
-            env: Vec::new(),
+            env: std::collections::BTreeMap::new(),
             fds: Vec::new(),
         }
     }
@@ -62,9 +62,7 @@ impl Command {
 
     /// Sets one environment variable. Nothing of the caller's environment is passed otherwise.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        let key = key.into();
-        self.env.retain(|(k, _)| *k != key);
-        self.env.push((key, value.into()));
+        self.env.insert(key.into(), value.into());
         self
     }
 
@@ -397,7 +395,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         policy: policy.clone(),
         program: command.program,
         args: command.args,
-        env: command.env,
+        env: command.env.into_iter().collect(),
         extra_fds: n as u32,
         parent_pid: std::process::id() as i32,
     };

@@ -1,13 +1,17 @@
-//! Who may run now. A request passes its key's rate limit, then its key's concurrency (with a
-//! bounded queue: past it, 429), then the global concurrency (with a bounded queue: past it,
-//! 503). Queues are FIFO, bounded in length and in waiting time. The configured numbers are
-//! the numbers enforced.
+//! Who may run now.
+//!
+//! Before its body is read, a request passes its key's rate limit and a bound on the key's
+//! requests in flight (`enter`), so a throttled key cannot make the server buffer bodies for
+//! it. Then it waits for a running slot (`admit`): its key's own concurrency, when the key has
+//! limits of its own (bounded queue; past it, 429), then the global concurrency (bounded queue;
+//! past it, 503). Queues are FIFO, bounded in length and in waiting time, and closed on
+//! shutdown. The configured numbers are the numbers enforced.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::config::ConcurrencyConfig;
 use crate::keys::Key;
@@ -24,6 +28,8 @@ pub enum Rejection {
     Overloaded,
     /// Waited in a queue for longer than allowed.
     QueueTimeout,
+    /// The server is shutting down.
+    ShuttingDown,
 }
 
 struct Bucket {
@@ -36,6 +42,25 @@ struct KeyGate {
     running: Option<Arc<Semaphore>>,
     waiting: Mutex<usize>,
     bucket: Mutex<Bucket>,
+    /// Requests of this key between `enter` and their answer.
+    in_flight: Mutex<usize>,
+}
+
+/// A request that passed its key's rate limit and in-flight bound; held until it is answered.
+pub struct Entered<'a> {
+    gate: &'a KeyGate,
+}
+
+impl std::fmt::Debug for Entered<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Entered")
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        *lock(&self.gate.in_flight) -= 1;
+    }
 }
 
 /// Holds a running slot, globally and for the key, until dropped.
@@ -93,6 +118,7 @@ impl Admission {
         let keys = keys
             .iter()
             .map(|k| {
+                let rate = f64::from(k.config.rate_per_minute);
                 let gate = KeyGate {
                     running: k
                         .config
@@ -100,9 +126,10 @@ impl Admission {
                         .map(|n| Arc::new(Semaphore::new(n))),
                     waiting: Mutex::new(0),
                     bucket: Mutex::new(Bucket {
-                        tokens: f64::from(k.config.rate_per_minute),
+                        tokens: rate,
                         updated: Instant::now(),
                     }),
+                    in_flight: Mutex::new(0),
                 };
                 (k.name().to_owned(), gate)
             })
@@ -121,29 +148,51 @@ impl Admission {
         self.global.available_permits() > 0 || *lock(&self.global_waiting) < self.config.max_queue
     }
 
+    /// Before a request's body is read: the key's rate limit, and a bound on its requests in
+    /// flight (its concurrency plus its queue, when it has limits of its own).
+    pub fn enter(&self, key: &Key) -> Result<Entered<'_>, Rejection> {
+        let gate = self.keys.get(key.name()).ok_or(Rejection::KeyBusy)?;
+        if self.global.is_closed() {
+            return Err(Rejection::ShuttingDown);
+        }
+        let mut in_flight = lock(&gate.in_flight);
+        if let Some(running) = key.config.max_concurrency {
+            let bound = running + key.config.max_queue.unwrap_or(self.config.max_queue);
+            if *in_flight >= bound {
+                return Err(Rejection::KeyBusy);
+            }
+        }
+        // (A request refused for being one too many costs no token.)
+        self.take_token(key, gate)?;
+        *in_flight += 1;
+        Ok(Entered { gate })
+    }
+
+    /// Stops admitting: every waiter and every later request is refused.
+    pub fn close(&self) {
+        self.global.close();
+        for gate in self.keys.values() {
+            if let Some(running) = &gate.running {
+                running.close();
+            }
+        }
+    }
+
+    /// Waits for a running slot: the key's own (when it has limits), then the global one.
     pub async fn admit(&self, key: &Key) -> Result<Admitted, Rejection> {
         let gate = self.keys.get(key.name()).ok_or(Rejection::KeyBusy)?;
-        self.take_token(key, gate)?;
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.config.queue_timeout_ms);
         let key_permit = match &gate.running {
             // A key without limits of its own meets only the global ones.
             None => None,
             Some(running) => {
-                let key_queue = key.config.max_queue.unwrap_or(self.config.max_queue);
-                let permit = acquire(running, &gate.waiting, key_queue, deadline, None)
-                    .await
-                    .map_err(|full| {
-                        if full {
-                            Rejection::KeyBusy
-                        } else {
-                            Rejection::QueueTimeout
-                        }
-                    })?;
-                Some(permit)
+                let queue = key.config.max_queue.unwrap_or(self.config.max_queue);
+                let permit = acquire(running, &gate.waiting, queue, deadline, None).await;
+                Some(permit.map_err(|no| no.or(Rejection::KeyBusy))?)
             }
         };
-        let global_permit = acquire(
+        let global = acquire(
             &self.global,
             &self.global_waiting,
             self.config.max_queue,
@@ -151,17 +200,11 @@ impl Admission {
             Some(&self.metrics),
         )
         .await
-        .map_err(|full| {
-            if full {
-                Rejection::Overloaded
-            } else {
-                Rejection::QueueTimeout
-            }
-        })?;
+        .map_err(|no| no.or(Rejection::Overloaded))?;
         self.metrics.running.inc();
         Ok(Admitted {
             _key: key_permit,
-            _global: global_permit,
+            _global: global,
             metrics: self.metrics.clone(),
         })
     }
@@ -186,22 +229,32 @@ impl Admission {
     }
 }
 
+/// Why `acquire` gave up: the queue was full (the caller says whose), or a definite reason.
+struct NoSlot(Option<Rejection>);
+
+impl NoSlot {
+    fn or(self, full: Rejection) -> Rejection {
+        self.0.unwrap_or(full)
+    }
+}
+
 /// Takes a permit now, or queues for one if fewer than `max_queue` already wait.
-/// `Err(true)`: the queue is full; `Err(false)`: the wait timed out.
 async fn acquire(
     semaphore: &Arc<Semaphore>,
     waiting: &Mutex<usize>,
     max_queue: usize,
     deadline: tokio::time::Instant,
     gauge: Option<&Metrics>,
-) -> Result<OwnedSemaphorePermit, bool> {
-    if let Ok(permit) = semaphore.clone().try_acquire_owned() {
-        return Ok(permit);
+) -> Result<OwnedSemaphorePermit, NoSlot> {
+    match semaphore.clone().try_acquire_owned() {
+        Ok(permit) => return Ok(permit),
+        Err(TryAcquireError::Closed) => return Err(NoSlot(Some(Rejection::ShuttingDown))),
+        Err(TryAcquireError::NoPermits) => {}
     }
     {
         let mut count = lock(waiting);
         if *count >= max_queue {
-            return Err(true);
+            return Err(NoSlot(None));
         }
         *count += 1;
     }
@@ -214,7 +267,8 @@ async fn acquire(
     };
     match tokio::time::timeout_at(deadline, semaphore.clone().acquire_owned()).await {
         Ok(Ok(permit)) => Ok(permit),
-        _ => Err(false),
+        Ok(Err(_closed)) => Err(NoSlot(Some(Rejection::ShuttingDown))),
+        Err(_elapsed) => Err(NoSlot(Some(Rejection::QueueTimeout))),
     }
 }
 
@@ -276,11 +330,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn closing_refuses_waiters_and_newcomers() {
+        let (adm, key) = setup(1, 5, 5, 5, 0);
+        let adm = Arc::new(adm);
+        let _running = adm.admit(&key).await.unwrap();
+        let waiter = {
+            let (adm, key) = (adm.clone(), key.clone());
+            tokio::spawn(async move { adm.admit(&key).await.map(drop) })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        adm.close();
+        assert_eq!(waiter.await.unwrap().unwrap_err(), Rejection::ShuttingDown);
+        assert_eq!(adm.admit(&key).await.unwrap_err(), Rejection::ShuttingDown);
+        assert_eq!(adm.enter(&key).err(), Some(Rejection::ShuttingDown));
+    }
+
+    #[tokio::test]
+    async fn a_key_s_requests_in_flight_are_bounded_before_any_body_is_read() {
+        let (adm, key) = setup(10, 10, 1, 1, 0);
+        let a = adm.enter(&key).unwrap();
+        let _b = adm.enter(&key).unwrap();
+        assert_eq!(adm.enter(&key).err(), Some(Rejection::KeyBusy));
+        drop(a);
+        assert!(adm.enter(&key).is_ok());
+    }
+
+    #[tokio::test]
     async fn the_rate_limit_names_when_to_retry() {
         let (adm, key) = setup(10, 10, 10, 10, 2);
-        drop(adm.admit(&key).await.unwrap());
-        drop(adm.admit(&key).await.unwrap());
-        match adm.admit(&key).await.unwrap_err() {
+        drop(adm.enter(&key).unwrap());
+        drop(adm.enter(&key).unwrap());
+        match adm.enter(&key).err().unwrap() {
             Rejection::RateLimited(secs) => assert!((1..=30).contains(&secs), "{secs}"),
             other => panic!("{other:?}"),
         }

@@ -74,7 +74,12 @@ impl AuditLog {
         let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
         line.push(b'\n');
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.file.write_all(&line)?;
+        let before = inner.file.metadata()?.len();
+        if let Err(e) = inner.file.write_all(&line) {
+            // No torn line for the next record to be glued to.
+            let _ = inner.file.set_len(before);
+            return Err(e);
+        }
         remember(&mut inner, record.clone());
         Ok(())
     }
@@ -118,6 +123,7 @@ mod tests {
             id: id.into(),
             request_id: "rq_1".into(),
             key: "alice".into(),
+            key_fingerprint: "0123456789abcdef".into(),
             started_at: "2026-01-01T00:00:00Z".into(),
             code_sha256: "0".repeat(64),
             code_bytes: 1,

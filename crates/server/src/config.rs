@@ -78,8 +78,11 @@ pub struct HttpConfig {
     pub header_timeout_ms: u64,
     /// Time allowed to send a request's body.
     pub body_timeout_ms: u64,
-    /// Open connections at once; more are answered 503 and closed.
+    /// Open connections at once. At the cap, a new connection closes the oldest one that is
+    /// not in the middle of a request (idle, or still sending its head).
     pub max_connections: usize,
+    /// Request bodies held in memory at once, all requests together; past it, 503.
+    pub max_buffered_bytes: u64,
 }
 
 impl Default for HttpConfig {
@@ -89,6 +92,7 @@ impl Default for HttpConfig {
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             max_connections: 256,
+            max_buffered_bytes: 256 << 20,
         }
     }
 }

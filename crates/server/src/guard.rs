@@ -26,50 +26,72 @@ pub struct Caller(pub Arc<Key>);
 const PUBLIC: &[&str] = &["/healthz"];
 
 pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let rid = random_id("rq_");
     let route = req
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let method = req.method().clone();
+    let mut log = RequestLog {
+        state: state.clone(),
+        rid: random_id("rq_"),
+        method: req.method().clone(),
+        route,
+        key: None,
+        started: Instant::now(),
+        status: None,
+    };
     let origin = req.headers().get(header::ORIGIN).cloned();
-    req.extensions_mut().insert(RequestId(rid.clone()));
+    req.extensions_mut().insert(RequestId(log.rid.clone()));
 
-    let (mut response, key_name) = match check(&state, &route, &mut req) {
-        Ok(early) => match early {
-            Some(response) => (response, None),
-            None => {
-                let key = req
-                    .extensions()
-                    .get::<Caller>()
-                    .map(|c| c.0.name().to_owned());
-                (next.run(req).await, key)
-            }
-        },
-        Err(e) => (e.into_response(), None),
+    let mut response = match check(&state, &log.route, &mut req) {
+        Ok(Some(early)) => early,
+        Ok(None) => {
+            log.key = req
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.0.name().to_owned());
+            next.run(req).await
+        }
+        Err(e) => e.into_response(),
     };
 
     add_cors_headers(&state, origin, &mut response);
-    let headers = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&rid) {
-        headers.insert("x-request-id", v);
+    if let Ok(v) = HeaderValue::from_str(&log.rid) {
+        response.headers_mut().insert("x-request-id", v);
     }
-    let status = response.status().as_u16();
-    state
-        .metrics
-        .http_requests
-        .add(&[&route, &status.to_string()]);
-    tracing::info!(
-        request_id = %rid,
-        method = %method,
-        route = %route,
-        status,
-        key = key_name.as_deref().unwrap_or("-"),
-        ms = started.elapsed().as_millis() as u64,
-        "request"
-    );
+    log.status = Some(response.status().as_u16());
     response
+}
+
+/// The request's log line and metric, written when the request ends, also when it ends
+/// because the client went away (the handler is then dropped mid-way).
+struct RequestLog {
+    state: SharedState,
+    rid: String,
+    method: Method,
+    route: String,
+    key: Option<String>,
+    started: Instant,
+    status: Option<u16>,
+}
+
+/// The status recorded for a request whose client left before the answer (as nginx does).
+const CLIENT_GONE: u16 = 499;
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        let status = self.status.unwrap_or(CLIENT_GONE);
+        self.state
+            .metrics
+            .http_requests
+            .add(&[&self.route, &status.to_string()]);
+        let ms = self.started.elapsed().as_millis() as u64;
+        let key = self.key.as_deref().unwrap_or("-");
+        if self.status.is_some() {
+            tracing::info!(request_id = %self.rid, method = %self.method, route = %self.route, status, key, ms, "request");
+        } else {
+            tracing::warn!(request_id = %self.rid, method = %self.method, route = %self.route, status, key, ms, "request abandoned by the client");
+        }
+    }
 }
 
 /// `Ok(Some(response))` answers the request here (a CORS preflight); `Ok(None)` lets it on.
@@ -99,7 +121,9 @@ fn check_host(state: &SharedState, headers: &HeaderMap) -> Result<(), Error> {
         return Ok(());
     }
     state.metrics.security_events.add(&[event::FOREIGN_HOST]);
-    tracing::warn!(host = %host.chars().take(100).collect::<String>(), "refused a request for a foreign Host");
+    // Quoted (Debug): a Host value must not be able to add fields to a text log line.
+    let shown: String = host.chars().take(100).collect();
+    tracing::warn!(host = ?shown, "refused a request for a foreign Host");
     Err(Error::new(
         StatusCode::MISDIRECTED_REQUEST,
         "misdirected_request",

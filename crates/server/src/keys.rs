@@ -26,6 +26,11 @@ impl Key {
         &self.config.name
     }
 
+    /// The first 16 hex digits of the key's SHA-256 (not secret: the hash is configuration).
+    pub fn fingerprint(&self) -> String {
+        hex(&self.hash[..8])
+    }
+
     pub fn allows(&self, scope: Scope) -> bool {
         self.config.scopes.contains(&scope)
     }

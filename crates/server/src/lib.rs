@@ -53,7 +53,12 @@ pub struct AppState {
     pub allowed_hosts: Vec<String>,
     /// Whether the start-up trial run worked, and why not.
     pub trial: Mutex<Result<(), String>>,
+    /// Bodies being received, in KiB (http.max_buffered_bytes).
+    pub body_budget: Arc<tokio::sync::Semaphore>,
     shutting_down: AtomicBool,
+    /// Turns true on shutdown, for whoever waits on something else meanwhile.
+    shutdown: tokio::sync::watch::Sender<bool>,
+    audit_failure: Mutex<Option<String>>,
     running: Mutex<HashMap<u64, Cancel>>,
     next_execution: AtomicU64,
 }
@@ -65,6 +70,9 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
+        let budget_kib = usize::try_from(config.http.max_buffered_bytes / 1024)
+            .unwrap_or(usize::MAX)
+            .max(1);
         AppState {
             config,
             engine,
@@ -74,7 +82,10 @@ impl AppState {
             audit,
             allowed_hosts,
             trial: Mutex::new(Err("not run yet".into())),
+            body_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib)),
             shutting_down: AtomicBool::new(false),
+            shutdown: tokio::sync::watch::Sender::new(false),
+            audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),
         }
@@ -84,9 +95,29 @@ impl AppState {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Refuses new executions from now on.
+    /// Refuses new executions from now on, waiters in the queues included.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.admission.close();
+        self.shutdown.send_replace(true);
+    }
+
+    /// Resolves once shutdown has begun.
+    pub async fn shutdown_begun(&self) {
+        let mut rx = self.shutdown.subscribe();
+        let _ = rx.wait_for(|begun| *begun).await.map(|_| ());
+    }
+
+    /// Why the audit log could not be written, if it could not.
+    pub fn audit_failure(&self) -> Option<String> {
+        self.audit_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn set_audit_failure(&self, why: String) {
+        *self.audit_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
     /// Kills every running execution's sandbox.
@@ -102,20 +133,16 @@ impl AppState {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// Registers an execution; the guard cancels it if dropped before `finish` (the client
-    /// went away, so nobody wants the result).
-    fn track(self: &Arc<Self>) -> Tracked {
+    /// Registers a running execution so that shutdown can cancel it; deregistered on drop.
+    fn track(self: &Arc<Self>, cancel: Cancel) -> Tracked {
         let id = self.next_execution.fetch_add(1, Ordering::Relaxed);
-        let cancel = Cancel::default();
         self.running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id, cancel.clone());
+            .insert(id, cancel);
         Tracked {
             state: self.clone(),
             id,
-            cancel,
-            finished: false,
         }
     }
 }
@@ -123,21 +150,10 @@ impl AppState {
 struct Tracked {
     state: SharedState,
     id: u64,
-    cancel: Cancel,
-    finished: bool,
-}
-
-impl Tracked {
-    fn finish(mut self) {
-        self.finished = true;
-    }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if !self.finished {
-            self.cancel.cancel();
-        }
         self.state
             .running
             .lock()

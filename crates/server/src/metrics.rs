@@ -123,6 +123,10 @@ pub mod event {
     pub const FOREIGN_HOST: &str = "foreign_host";
     pub const FOREIGN_ORIGIN: &str = "foreign_origin";
     pub const SMUGGLING: &str = "smuggling";
+    /// The connection cap was reached and an idle connection was closed for a new one.
+    pub const CONNECTION_EVICTED: &str = "connection_evicted";
+    /// Every connection was busy with a request: a new one was refused.
+    pub const CONNECTION_REFUSED: &str = "connection_refused";
 }
 
 #[derive(Debug)]
@@ -238,6 +242,8 @@ mod tests {
             event::FOREIGN_HOST,
             event::FOREIGN_ORIGIN,
             event::SMUGGLING,
+            event::CONNECTION_EVICTED,
+            event::CONNECTION_REFUSED,
         ] {
             assert!(rules.contains(kind), "{kind}");
         }

@@ -6,7 +6,7 @@ use airlock_api::{
     ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
 };
 use airlock_engine::{
-    check_relative_path, Discard, EngineError, InputFile, Job, LimitError, Stdin,
+    check_relative_path, Cancel, Discard, EngineError, Execution, InputFile, Job, LimitError, Stdin,
 };
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -95,6 +95,9 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     if state.is_shutting_down() {
         reasons.push("shutting down".into());
     }
+    if let Some(why) = state.audit_failure() {
+        reasons.push(format!("the audit log cannot be written: {why}"));
+    }
     if !state.admission.has_room() {
         reasons.push("every slot and the queue are full".into());
     }
@@ -138,14 +141,21 @@ async fn execution(
     require(&caller, Scope::Read)?;
     // Another key's execution is as absent as one that never was.
     match state.audit.get(&id) {
-        Some(record) if record.key == caller.0.name() => Ok(Json(record)),
+        Some(record) if record.key_fingerprint == caller.0.fingerprint() => Ok(Json(record)),
         _ => Err(Error::not_found()),
     }
 }
 
-/// Reads a JSON body: `application/json` only, no more than the configured bytes (counted as
-/// they arrive, chunked or not), within the body timeout; errors name the field at fault.
-async fn read_json<T: DeserializeOwned>(state: &SharedState, req: Request) -> Result<T, Error> {
+/// A request body, and its share of the global budget for bodies in memory.
+struct ReadBody {
+    bytes: Vec<u8>,
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
+/// (counted as they arrive, chunked or not), within the body timeout, and within the global
+/// budget for bodies being buffered at once.
+async fn read_body(state: &SharedState, req: Request) -> Result<ReadBody, Error> {
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -174,27 +184,69 @@ async fn read_json<T: DeserializeOwned>(state: &SharedState, req: Request) -> Re
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large()); // before reading a byte of it
     }
-    let body = http_body_util::Limited::new(req.into_body(), limit as usize);
     let timeout = Duration::from_millis(state.config.http.body_timeout_ms);
-    let bytes = match tokio::time::timeout(timeout, body.collect()).await {
-        Err(_) => {
-            return Err(Error::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "timeout",
-                "the body did not arrive in time",
-            )
-            .close())
+    let read = async {
+        let mut body = req.into_body();
+        // Memory is reserved as bytes arrive, not on the sender's word.
+        let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(64 << 10) as usize);
+        let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| Error::invalid("body", format!("reading the body: {e}")).close())?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let total = bytes.len() as u64 + data.len() as u64;
+            if total > limit {
+                return Err(too_large());
+            }
+            // One permit per KiB received, held until this request's body is parsed.
+            let have = held.as_ref().map_or(0, |p| p.num_permits() as u64);
+            let more = u32::try_from(total.div_ceil(1024).saturating_sub(have)).unwrap_or(u32::MAX);
+            if more > 0 {
+                let Ok(permit) = state.body_budget.clone().try_acquire_many_owned(more) else {
+                    return Err(Error::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "overloaded",
+                        "too many request bodies are being received at once",
+                    )
+                    .retry_after(1)
+                    .close());
+                };
+                match &mut held {
+                    Some(h) => h.merge(permit),
+                    None => held = Some(permit),
+                }
+            }
+            bytes.extend_from_slice(&data);
         }
-        Ok(Err(e))
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return Err(too_large())
-        }
-        Ok(Err(e)) => return Err(Error::invalid("body", format!("reading the body: {e}")).close()),
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok((bytes, held))
     };
-    let de = &mut serde_json::Deserializer::from_slice(&bytes);
+    // A body still arriving when shutdown begins will not be run: no need to wait for it.
+    let read = async {
+        tokio::select! {
+            read = read => read,
+            () = state.shutdown_begun() => Err(shutting_down().close()),
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => Err(Error::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            "the body did not arrive in time",
+        )
+        .close()),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((bytes, held))) => Ok(ReadBody {
+            bytes,
+            _budget: held,
+        }),
+    }
+}
+
+/// Parses a JSON body; errors name the field at fault.
+fn parse_json<T: DeserializeOwned>(state: &SharedState, bytes: &[u8]) -> Result<T, Error> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
         let path = e.path().to_string();
@@ -290,6 +342,25 @@ fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, 
             format!("stdin is over the limit of {} bytes", cfg.max_stdin_bytes),
         )));
     }
+    if req.env.len() > airlock_engine::MAX_ENV_VARS {
+        return Err(reject(Error::too_large(
+            "env",
+            format!("more than {} variables", airlock_engine::MAX_ENV_VARS),
+        )));
+    }
+    let env_bytes: usize = req.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if env_bytes > airlock_engine::MAX_ENV_BYTES {
+        return Err(reject(Error::too_large(
+            "env",
+            format!("more than {} bytes", airlock_engine::MAX_ENV_BYTES),
+        )));
+    }
+    if req.files.len() > airlock_engine::MAX_FILES {
+        return Err(reject(Error::too_large(
+            "files",
+            format!("more than {} files", airlock_engine::MAX_FILES),
+        )));
+    }
     for (name, value) in &req.env {
         if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
             return Err(reject(Error::invalid(
@@ -299,13 +370,14 @@ fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, 
         }
     }
     let limits = resolve_limits(state, key, &req.limits)?;
+    let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
     let cap = cfg.max_files_bytes.min(limits.disk_mb << 20);
     for (i, f) in req.files.into_iter().enumerate() {
         check_relative_path(&f.path)
             .map_err(|e| reject(Error::invalid(format!("files[{i}].path"), e)))?;
-        if files.iter().any(|g: &InputFile| g.path == f.path) {
+        if !seen.insert(f.path.clone()) {
             return Err(reject(Error::invalid(
                 format!("files[{i}].path"),
                 format!("{:?} is given twice", f.path),
@@ -371,6 +443,54 @@ fn rejection(r: Rejection) -> Error {
             "waited too long for a free slot",
         )
         .retry_after(1),
+        Rejection::ShuttingDown => shutting_down(),
+    }
+}
+
+fn shutting_down() -> Error {
+    Error::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "the server is shutting down",
+    )
+    .retry_after(5)
+}
+
+/// No new executions while shutting down, or while the audit log cannot be written.
+fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
+    if state.is_shutting_down() {
+        return Err(shutting_down());
+    }
+    if let Some(why) = state.audit_failure() {
+        return Err(Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("executions are refused while the audit log cannot be written: {why}"),
+        ));
+    }
+    Ok(())
+}
+
+/// What the audit record needs besides the result.
+struct Context {
+    id: String,
+    request_id: String,
+    key: String,
+    key_fingerprint: String,
+    started_at: String,
+    code_sha256: String,
+    code_bytes: u64,
+}
+
+/// Cancels the execution if the request is dropped before it is answered (the client went
+/// away): its sandbox is killed at once.
+struct CancelOnDrop(Option<Cancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            cancel.cancel();
+        }
     }
 }
 
@@ -381,50 +501,72 @@ async fn execute(
     req: Request<Body>,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    if state.is_shutting_down() {
-        return Err(Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "shutting_down",
-            "the server is shutting down",
-        )
-        .retry_after(5));
-    }
-    let body: ExecuteRequest = read_json(&state, req).await?;
-    let code_sha256 = format!("{:x}", Sha256::digest(body.code.as_bytes()));
-    let code_bytes = body.code.len() as u64;
-    let mut job = job_from(&state, &caller.0, body)?;
-    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
-    let tracked = state.track();
-    job.cancel = Some(tracked.cancel.clone());
-    let id = random_id("ex_");
-    let started_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-    let engine = state.engine.clone();
-    // The slot is held until the sandbox is gone, even if this request is dropped meanwhile
-    // (a client that went away): its sandbox is then killed, and only then is the slot free.
-    let ran = tokio::task::spawn_blocking(move || {
-        let ran = engine.execute(job, &mut Discard);
-        drop(admitted);
-        ran
+    refuse_if_unavailable(&state)?;
+    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
+    let body = read_body(&state, req).await?;
+    // Parsing and checking a large body is CPU work: not on the async workers.
+    let (st, key) = (state.clone(), caller.0.clone());
+    let prepared = tokio::task::spawn_blocking(move || {
+        let request: ExecuteRequest = parse_json(&st, &body.bytes)?;
+        let code_sha256 = format!("{:x}", Sha256::digest(request.code.as_bytes()));
+        let code_bytes = request.code.len() as u64;
+        job_from(&st, &key, request).map(|job| (job, code_sha256, code_bytes))
     })
-    .await;
-    tracked.finish();
+    .await
+    .map_err(|e| Error::internal(format!("preparing the request: {e}")))?;
+    let (mut job, code_sha256, code_bytes) = prepared?;
+
+    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+    refuse_if_unavailable(&state)?; // shutdown may have begun while this request waited
+    let cancel = Cancel::default();
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
+    let tracked = state.track(cancel.clone());
+    job.cancel = Some(cancel);
+    let ctx = Context {
+        id: random_id("ex_"),
+        request_id,
+        key: caller.0.name().to_owned(),
+        key_fingerprint: caller.0.fingerprint(),
+        started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        code_sha256,
+        code_bytes,
+    };
+    // Everything from here runs to its end even if the client goes away: the sandbox is then
+    // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
+    // line and the metrics are still written.
+    let st = state.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let ran = st.engine.execute(job, &mut Discard);
+        drop(admitted);
+        drop(tracked);
+        finish(&st, ctx, ran)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
+    on_drop.0 = None; // answered: nothing to cancel
+    done.map(|response| Json(response).into_response())
+}
+
+/// Metrics, the audit record and the log line for one execution; the response.
+fn finish(
+    state: &SharedState,
+    ctx: Context,
+    ran: Result<Execution, EngineError>,
+) -> Result<ExecuteResponse, Error> {
     let execution = match ran {
-        Ok(Ok(execution)) => execution,
-        Ok(Err(EngineError::Spawn(e))) => {
-            tracing::error!(%request_id, error = %e, "cannot start a sandbox");
+        Ok(execution) => execution,
+        Err(EngineError::Cancelled) => return Err(shutting_down()),
+        Err(EngineError::Spawn(e)) => {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
             return Err(Error::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",
                 e.to_string(),
             ));
         }
-        Ok(Err(EngineError::Invalid(m))) => return Err(Error::invalid("body", m)),
-        Ok(Err(e)) => {
-            tracing::error!(%request_id, error = %e, "execution failed");
-            return Err(Error::internal("the execution failed inside airlock"));
-        }
+        Err(EngineError::Invalid(m)) => return Err(Error::invalid("body", m)),
         Err(e) => {
-            tracing::error!(%request_id, error = %e, "execution task failed");
+            tracing::error!(request_id = %ctx.request_id, error = %e, "execution failed");
             return Err(Error::internal("the execution failed inside airlock"));
         }
     };
@@ -449,12 +591,13 @@ async fn execute(
         m.security_events.add(&[event::OUTPUT_TRUNCATED]);
     }
     let record = ExecutionRecord {
-        id: id.clone(),
-        request_id: request_id.clone(),
-        key: caller.0.name().to_owned(),
-        started_at,
-        code_sha256,
-        code_bytes,
+        id: ctx.id.clone(),
+        request_id: ctx.request_id.clone(),
+        key: ctx.key.clone(),
+        key_fingerprint: ctx.key_fingerprint,
+        started_at: ctx.started_at,
+        code_sha256: ctx.code_sha256,
+        code_bytes: ctx.code_bytes,
         status: result.status,
         exit_code: result.exit_code,
         signal: result.signal,
@@ -463,9 +606,17 @@ async fn execute(
         usage: result.usage.clone(),
     };
     if let Err(e) = state.audit.append(&record) {
-        // The result is the client's; losing the audit line must still be loud.
-        tracing::error!(%request_id, error = %e, "cannot append to the audit log");
+        // The result is the client's, but nothing more runs without a record.
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
     }
-    tracing::info!(%request_id, execution = %id, key = %caller.0.name(), status = %result.status, wall_ms = result.usage.wall_ms, "execution");
-    Ok(Json(ExecuteResponse { id, result }).into_response())
+    tracing::info!(
+        request_id = %ctx.request_id,
+        execution = %ctx.id,
+        key = %ctx.key,
+        status = %result.status,
+        wall_ms = result.usage.wall_ms,
+        "execution"
+    );
+    Ok(ExecuteResponse { id: ctx.id, result })
 }

@@ -2,15 +2,16 @@
 //!
 //! Each connection is HTTP/1.1 through hyper, with a header read timeout (slowloris; it also
 //! closes idle keep-alive connections), the wire guard (`wire.rs`) and a cap on open
-//! connections. On SIGTERM or SIGINT the server stops accepting, refuses new executions, lets
+//! connections where a new connection displaces the oldest idle one. On SIGTERM or SIGINT the server stops accepting, refuses new executions, lets
 //! running ones finish for `shutdown_grace_ms`, then kills their sandboxes and exits.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -21,7 +22,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tower::ServiceExt;
 
@@ -32,7 +33,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::keys::KeyStore;
 use crate::metrics::event;
-use crate::wire::{Findings, Guarded};
+use crate::wire::{Findings, Guarded, MAX_HEAD};
 use crate::{app, AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
@@ -133,7 +134,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let router = app(state.clone());
-    let slots = Arc::new(Semaphore::new(state.config.http.max_connections));
+    let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
 
@@ -150,14 +151,16 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                match slots.clone().try_acquire_owned() {
-                    Ok(slot) => {
-                        connections.spawn(connection(stream, slot, router.clone(), state.clone(), stop_rx.clone()));
+                let (table, router, state, stop) = (table.clone(), router.clone(), state.clone(), stop_rx.clone());
+                connections.spawn(async move {
+                    match table.enter(&state).await {
+                        Some(entry) => connection(stream, entry, router, state, stop).await,
+                        None => {
+                            state.metrics.security_events.add(&[event::CONNECTION_REFUSED]);
+                            refuse(stream).await
+                        }
                     }
-                    Err(_) => {
-                        connections.spawn(refuse(stream));
-                    }
-                }
+                });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             _ = term.recv() => break,
@@ -165,7 +168,8 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
         }
     }
 
-    // Stop accepting, refuse new executions, let the running ones finish for a while.
+    // Stop accepting, refuse new executions (queued ones included), let the running ones
+    // finish for a while, then kill their sandboxes.
     drop(listener);
     state.begin_shutdown();
     let _ = stop_tx.send(true);
@@ -177,26 +181,158 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     );
     let drain = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(grace, drain).await.is_err() {
-        let killed = state.cancel_all();
         tracing::warn!(
-            killed,
-            "grace period over: killed the sandboxes still running"
+            running = state.running_count(),
+            "grace period over: killing the sandboxes still running"
         );
+        // Keep killing until nothing runs: an execution may have been between its last
+        // check and its spawn when the first round went out.
+        let deadline = tokio::time::Instant::now() + KILL_DEADLINE;
+        while state.running_count() > 0 && tokio::time::Instant::now() < deadline {
+            state.cancel_all();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Answers are on their way; the connections get a moment to write them.
         let rest = async { while connections.join_next().await.is_some() {} };
-        if tokio::time::timeout(Duration::from_secs(10), rest)
+        if tokio::time::timeout(Duration::from_secs(2), rest)
             .await
             .is_err()
         {
             connections.abort_all();
         }
     }
-    tracing::info!("stopped");
+    tracing::info!(still_running = state.running_count(), "stopped");
     Ok(())
+}
+
+/// How long killed sandboxes get to be gone after the grace period.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The open connections, oldest first. At the cap, a new connection takes the place of the
+/// oldest one that has no request in progress (one still sending its head, or an idle
+/// keep-alive), so that holding connections open without using them cannot lock anyone out;
+/// only when every connection is busy with a request is the new one refused.
+struct Table {
+    slots: Arc<Semaphore>,
+    open: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    next: AtomicU64,
+}
+
+/// One open connection, as the table sees it.
+#[derive(Default)]
+struct Conn {
+    /// Requests in progress (handler running).
+    busy: AtomicUsize,
+    /// Requests answered so far.
+    served: AtomicUsize,
+    evicted: AtomicBool,
+    evict: Notify,
+}
+
+/// A place in the table; gives it back on drop.
+struct Entry {
+    table: Arc<Table>,
+    id: u64,
+    conn: Arc<Conn>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.table
+            .open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// How long a new connection waits for an evicted one to let go of its slot.
+const EVICTION_WAIT: Duration = Duration::from_secs(2);
+
+impl Table {
+    fn new(max: usize) -> Self {
+        Table {
+            slots: Arc::new(Semaphore::new(max)),
+            open: Mutex::new(BTreeMap::new()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    async fn enter(self: &Arc<Self>, state: &SharedState) -> Option<Entry> {
+        let slot = match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if !self.evict_one() {
+                    return None;
+                }
+                state
+                    .metrics
+                    .security_events
+                    .add(&[event::CONNECTION_EVICTED]);
+                tokio::time::timeout(EVICTION_WAIT, self.slots.clone().acquire_owned())
+                    .await
+                    .ok()?
+                    .ok()?
+            }
+        };
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::default());
+        self.open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, conn.clone());
+        Some(Entry {
+            table: self.clone(),
+            id,
+            conn,
+            _slot: slot,
+        })
+    }
+
+    /// Asks the oldest idle connection to close, preferring one that never finished a
+    /// request. False when every connection is busy.
+    fn evict_one(&self) -> bool {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = |c: &&Arc<Conn>| {
+            c.busy.load(Ordering::SeqCst) == 0 && !c.evicted.load(Ordering::SeqCst)
+        };
+        let victim = open
+            .values()
+            .filter(idle)
+            .find(|c| c.served.load(Ordering::SeqCst) == 0)
+            .or_else(|| open.values().find(idle));
+        match victim {
+            Some(conn) => {
+                conn.evicted.store(true, Ordering::SeqCst);
+                conn.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Marks a connection busy while a request is being handled.
+struct Busy(Arc<Conn>);
+
+impl Busy {
+    fn new(conn: &Arc<Conn>) -> Self {
+        conn.busy.fetch_add(1, Ordering::SeqCst);
+        Busy(conn.clone())
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.served.fetch_add(1, Ordering::SeqCst);
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 async fn connection(
     stream: TcpStream,
-    slot: OwnedSemaphorePermit,
+    entry: Entry,
     router: Router,
     state: SharedState,
     mut stop: watch::Receiver<bool>,
@@ -205,11 +341,14 @@ async fn connection(
     let findings = Arc::new(Findings::default());
     let io = TokioIo::new(Guarded::new(stream, findings.clone()));
     let svc_state = state.clone();
+    let conn_state = entry.conn.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let router = router.clone();
         let findings = findings.clone();
         let state = svc_state.clone();
+        let busy = Busy::new(&conn_state);
         async move {
+            let _busy = busy;
             if findings.smuggling.load(Ordering::SeqCst) {
                 state.metrics.security_events.add(&[event::SMUGGLING]);
                 tracing::warn!("refused a request with both Transfer-Encoding and Content-Length");
@@ -236,6 +375,7 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(state.config.http.header_timeout_ms))
+        .max_buf_size(MAX_HEAD)
         .keep_alive(true);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
@@ -243,18 +383,27 @@ async fn connection(
         // (A watch guard must not live across an await: only the result is kept.)
         let _ = stop.wait_for(|stop| *stop).await.map(|_| ());
     };
+    let evicted = entry.conn.evict.notified();
     tokio::select! {
         _ = conn.as_mut() => {}
         _ = stopping => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
         }
+        _ = evicted => {
+            if entry.conn.busy.load(Ordering::SeqCst) > 0 {
+                // A request started after all: answer it, then close.
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+            // Otherwise dropping the connection closes it.
+        }
     }
     state.metrics.connections.dec();
-    drop(slot);
+    drop(entry);
 }
 
-/// Over the connection cap: a short 503 and close.
+/// Over the connection cap with every connection busy: a short 503 and close.
 async fn refuse(mut stream: TcpStream) {
     let body = r#"{"error":{"code":"overloaded","message":"too many open connections"}}"#;
     let response = format!(

@@ -27,6 +27,8 @@ pub struct Server {
     seen: std::cell::RefCell<Vec<String>>,
     /// What airlock printed on stdout by the time it listened (a generated key, if any).
     pub stdout: String,
+    /// Leave `dir` behind on drop (for a restart on the same state).
+    keep_dir: bool,
 }
 
 impl Server {
@@ -46,6 +48,13 @@ impl Server {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
+        Self::start_in(dir, config, env, with_key.then_some(KEY))
+    }
+
+    /// Starts `airlock serve` in `dir` (config file and state directory), which may hold the
+    /// state of an earlier server; `key` goes into AIRLOCK_API_KEY.
+    pub fn start_in(dir: PathBuf, config: &str, env: &[(&str, &str)], key: Option<&str>) -> Server {
+        let with_key = key.is_some();
         let config_path = dir.join("airlock.toml");
         std::fs::write(&config_path, config).unwrap();
         let mut cmd = airlock();
@@ -56,8 +65,8 @@ impl Server {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if with_key {
-            cmd.env("AIRLOCK_API_KEY", KEY);
+        if let Some(key) = key {
+            cmd.env("AIRLOCK_API_KEY", key);
         }
         for (k, v) in env {
             cmd.env(k, v);
@@ -106,6 +115,7 @@ impl Server {
             log: rx,
             seen: std::cell::RefCell::new(seen),
             stdout,
+            keep_dir: false,
         }
     }
 
@@ -145,6 +155,13 @@ impl Server {
         self.terminate()
     }
 
+    /// As `stop`, keeping the directory for `start_in`.
+    pub fn stop_keeping_state(mut self) -> PathBuf {
+        self.keep_dir = true;
+        assert!(self.terminate().success());
+        self.dir.clone()
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM);
@@ -157,7 +174,9 @@ impl Drop for Server {
         if self.child.try_wait().ok().flatten().is_none() {
             self.terminate();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
