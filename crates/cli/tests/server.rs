@@ -82,8 +82,22 @@ fn an_execution_returns_its_result_with_an_id_and_leaves_an_audit_record() {
     );
     assert_eq!(record["request_id"], r.header("x-request-id").unwrap());
     let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
-    assert!(audit.contains(&id));
-    for secret in [KEY, "environment-value-9f3", "print('hi')"] {
+    let lines: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // A started line written before the sandbox ran, then the record with the verdict.
+    assert_eq!(lines.len(), 2, "{audit}");
+    assert_eq!(
+        (&lines[0]["event"], &lines[0]["id"]),
+        (&json!("started"), &json!(id))
+    );
+    assert_eq!(lines[0]["code_sha256"], record["code_sha256"]);
+    assert_eq!(
+        (&lines[1]["id"], &lines[1]["status"]),
+        (&json!(id), &json!("ok"))
+    );
+    for secret in [KEY, "environment-value-9f3", "print('hi')", "hi\\n"] {
         assert!(!audit.contains(secret), "the audit log holds {secret:?}");
     }
     assert!(!server
@@ -169,7 +183,22 @@ fn every_route_but_healthz_needs_a_valid_key() {
 #[test]
 fn scopes_are_enforced_and_records_belong_to_their_key() {
     let _g = serial();
-    let server = Server::start(&other_key_toml("scopes = [\"execute\"]"), &[]);
+    let reader = "reader-key-0123456789abcdef";
+    let config = format!(
+        "{}[[keys]]\nname = \"reader\"\nhash = \"sha256:{:x}\"\nscopes = [\"read\"]\n",
+        other_key_toml("scopes = [\"execute\"]"),
+        Sha256::digest(reader.as_bytes())
+    );
+    let server = Server::start(&config, &[]);
+    // A key without the execute scope may not execute.
+    let r = request(
+        server.addr,
+        "POST",
+        "/v1/execute",
+        &[h("Authorization", &format!("Bearer {reader}")), json_type()],
+        Some(br#"{"code": "1"}"#),
+    );
+    assert_eq!((r.status, r.error_code()), (403, "forbidden".into()));
     let mine = server.execute(json!({"code": "1"})).json()["id"]
         .as_str()
         .unwrap()
@@ -502,54 +531,145 @@ fn at_the_connection_cap_idle_connections_make_way_and_busy_ones_do_not() {
     );
 }
 
+/// How hogs without a key hold connections.
+#[derive(Clone, Copy, Debug)]
+enum Hog {
+    /// One byte of a head, never finished.
+    PartialHead,
+    /// A whole `GET /healthz`, answered, then the connection kept open.
+    IdleAfterHealthz,
+}
+
 #[test]
 fn clients_without_a_key_cannot_hog_the_connection_slots() {
     let _g = serial();
     let server = Server::start("[http]\nmax_connections = 8\n", &[]);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // 32 hogs against 8 slots: each sends one byte and reconnects as soon as it is closed.
-    let hogs: Vec<_> = (0..32)
-        .map(|_| {
-            let (addr, stop) = (server.addr, stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-                        continue;
-                    };
-                    let _ = s.write_all(b"G");
-                    let _ = closed_within(&mut s, Duration::from_secs(1));
-                }
+    for hog in [Hog::PartialHead, Hog::IdleAfterHealthz] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // A client with a key, on one keep-alive connection the whole time.
+        let mut keyed = server.connect();
+        let ask = |s: &mut std::net::TcpStream| {
+            write!(
+                s,
+                "GET /readyz HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+            )
+            .ok()?;
+            read_response(s).map(|r| r.status)
+        };
+        assert_eq!(ask(&mut keyed), Some(200));
+        // 32 hogs against 8 slots, reconnecting as soon as they are closed.
+        let hogs: Vec<_> = (0..32)
+            .map(|_| {
+                let (addr, stop) = (server.addr, stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+                            continue;
+                        };
+                        match hog {
+                            Hog::PartialHead => {
+                                let _ = s.write_all(b"G");
+                            }
+                            Hog::IdleAfterHealthz => {
+                                let _ = s
+                                    .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n");
+                                let _ = read_response(&mut s);
+                            }
+                        }
+                        let _ = closed_within(&mut s, Duration::from_secs(1));
+                    }
+                })
             })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let (mut ok, mut failed, mut keyed_ok) = (0, 0, 0);
+        for _ in 0..40 {
+            // A new connection from a client that sends its request at once.
+            let answered = std::net::TcpStream::connect(server.addr)
+                .ok()
+                .and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    s.write_all(
+                        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                    )
+                    .ok()?;
+                    read_response(&mut s)
+                });
+            match answered {
+                Some(r) if r.status == 200 => ok += 1,
+                _ => failed += 1,
+            }
+            if ask(&mut keyed) == Some(200) {
+                keyed_ok += 1;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for h in hogs {
+            h.join().unwrap();
+        }
+        // Before eviction this was 0 of 40; with the newest connections evicted first, 16.
+        assert!(
+            ok >= 36,
+            "{hog:?}: only {ok} of 40 requests got through the hogs ({failed} failed)"
+        );
+        assert_eq!(
+            keyed_ok, 40,
+            "{hog:?}: the keyed client's connection was cut"
+        );
+    }
+}
+
+#[test]
+fn an_answer_being_written_is_not_cut_when_the_cap_fills() {
+    let _g = serial();
+    let server = Server::start("[http]\nmax_connections = 4\n", &[]);
+    let size = 8_000_000;
+    let body = json!({"code": format!("import sys\nsys.stdout.write('x' * {size})"),
+                      "limits": {"output_bytes": size}})
+    .to_string();
+    // A client that reads its (large) answer slowly.
+    let socket = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Stream,
+        nix::sys::socket::SockFlag::empty(),
+        None,
+    )
+    .unwrap();
+    nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::RcvBuf, &16384).unwrap();
+    nix::sys::socket::connect(
+        std::os::fd::AsRawFd::as_raw_fd(&socket),
+        &nix::sys::socket::SockaddrIn::from(match server.addr {
+            std::net::SocketAddr::V4(a) => a,
+            std::net::SocketAddr::V6(_) => unreachable!(),
+        }),
+    )
+    .unwrap();
+    let mut slow = std::net::TcpStream::from(socket);
+    write!(slow, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 4096];
+    let n = std::io::Read::read(&mut slow, &mut first).unwrap();
+    assert!(
+        first[..n].starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&first[..n])
+    );
+    // Meanwhile clients without a key fill the table, each answered, then idle.
+    let _idle: Vec<_> = (0..4)
+        .map(|_| {
+            let mut s = server.connect();
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                .unwrap();
+            assert_eq!(read_response(&mut s).unwrap().status, 200);
+            s
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let (mut ok, mut failed) = (0, 0);
-    for _ in 0..40 {
-        let answered = std::net::TcpStream::connect(server.addr)
-            .ok()
-            .and_then(|mut s| {
-                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                s.write_all(
-                    b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-                )
-                .ok()?;
-                read_response(&mut s)
-            });
-        match answered {
-            Some(r) if r.status == 200 => ok += 1,
-            _ => failed += 1,
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for h in hogs {
-        h.join().unwrap();
-    }
-    // Before eviction this was 0 of 40.
-    assert!(
-        ok >= 36,
-        "only {ok} of 40 requests got through the hogs ({failed} failed)"
-    );
+    let mut rest = Vec::new();
+    std::io::Read::read_to_end(&mut slow, &mut rest).unwrap();
+    let mut whole = first[..n].to_vec();
+    whole.extend_from_slice(&rest);
+    let r = read_response(&mut whole.as_slice()).expect("the whole answer");
+    assert_eq!(r.json()["stdout"].as_str().map(str::len), Some(size));
 }
 
 #[test]
@@ -967,18 +1087,21 @@ fn a_client_that_goes_away_takes_its_sandbox_with_it() {
     // It ran, so it is in the audit log and the request log, like any other.
     let deadline = Instant::now() + Duration::from_secs(10);
     let audit = server.state_dir().join("audit.jsonl");
-    while std::fs::read_to_string(&audit)
-        .unwrap_or_default()
-        .is_empty()
-    {
+    let record = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let done = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|l| l.get("status").is_some());
+        if let Some(record) = done {
+            break record;
+        }
         assert!(
             Instant::now() < deadline,
             "no audit record for the abandoned execution"
         );
         std::thread::sleep(Duration::from_millis(20));
-    }
-    let record: Value =
-        serde_json::from_str(std::fs::read_to_string(&audit).unwrap().trim()).unwrap();
+    };
     assert_eq!(record["status"], "internal_error");
     let log = server.log_lines();
     assert!(
@@ -1137,6 +1260,32 @@ fn json_logs_carry_the_request_id() {
 }
 
 #[test]
+fn one_key_configured_twice_is_refused_at_start() {
+    let dir = std::env::temp_dir().join(format!("airlock-dupkey-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("airlock.toml");
+    // The same key as AIRLOCK_API_KEY, under another name and with limits it would dodge.
+    let hash = format!("sha256:{:x}", Sha256::digest(KEY.as_bytes()));
+    std::fs::write(
+        &config,
+        format!("[[keys]]\nname = \"limited\"\nhash = \"{hash}\"\nrate_per_minute = 1\n"),
+    )
+    .unwrap();
+    let out = airlock()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env("AIRLOCK_API_KEY", KEY)
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("same key"), "{stderr}");
+}
+
+#[test]
 fn records_belong_to_a_key_not_to_its_name() {
     let _g = serial();
     let server = Server::start("", &[]);
@@ -1200,26 +1349,42 @@ fn a_throttled_key_is_refused_before_its_body_is_read() {
 #[test]
 fn bodies_in_memory_at_once_are_bounded() {
     let _g = serial();
-    let server = Server::start("[http]\nmax_buffered_bytes = 65536\n", &[]);
-    let partial = |n: usize| {
+    let config = format!(
+        "[http]\nmax_body_bytes = 60000\nmax_buffered_bytes_per_key = 65536\nmax_buffered_bytes = 98304\n\
+         [concurrency]\nmax_running = 1\n{}",
+        other_key_toml("")
+    );
+    let server = Server::start(&config, &[]);
+    let partial = |key: &str, n: usize| {
         let mut s = server.connect();
-        write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: 50000\r\n\r\n").unwrap();
+        write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 60000\r\n\r\n").unwrap();
         s.write_all(&vec![b' '; n]).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
         s
     };
-    // 40 KB of one body held; the next 40 KB do not fit in 64 KiB.
-    let _first = partial(40_000);
-    std::thread::sleep(Duration::from_millis(200));
-    let mut second = partial(40_000);
-    let r = read_response(&mut second).expect("an answer");
-    assert_eq!((r.status, r.error_code()), (503, "overloaded".into()));
-    drop(_first);
-    std::thread::sleep(Duration::from_millis(200));
+    let refused = |mut s: std::net::TcpStream| {
+        let r = read_response(&mut s).expect("an answer");
+        (r.status, r.error_code())
+    };
+    // One key: 40 KB held; 40 KB more would pass its 64 KiB share.
+    let first = partial(KEY, 40_000);
+    assert_eq!(refused(partial(KEY, 40_000)), (429, "rate_limited".into()));
+    // Another key still has room, until all bodies together pass 96 KiB.
+    let other = partial(OTHER_KEY, 40_000);
     assert_eq!(
-        server.execute(json!({"code": "1"})).status,
-        200,
-        "the budget was not given back"
+        refused(partial(OTHER_KEY, 20_000)),
+        (503, "overloaded".into())
     );
+    drop((first, other));
+    std::thread::sleep(Duration::from_millis(200));
+    // A body whose execution has started no longer counts: two 50 KB bodies of one key, the
+    // second waiting in the queue while the first runs.
+    let code = |n: u32| format!("import time\ntime.sleep(1)\n{n}  # {}", "#".repeat(50_000));
+    let running = in_background(&server, &code(1), KEY);
+    wait_running(&server, 1);
+    let queued = server.execute(json!({"code": code(2)}));
+    assert_eq!(queued.json()["result"], 2, "{}", queued.text());
+    assert_eq!(running.join().unwrap().json()["result"], 1);
 }
 
 #[test]
@@ -1325,7 +1490,9 @@ fn sigterm_refuses_queued_and_uploading_requests_and_exits_after_the_grace() {
     let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
     let statuses: Vec<_> = audit
         .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap()["status"].clone())
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l.get("event").is_none())
+        .map(|l| l["status"].clone())
         .collect();
     assert_eq!(statuses, vec![json!("internal_error")], "{audit}");
     HostState::now().assert_same_as(&before, &"after shutdown");
@@ -1363,26 +1530,42 @@ fn executions_stop_when_the_audit_log_cannot_be_written() {
     assert_eq!(server.execute(json!({"code": "1"})).status, 200);
     let mut filler = std::fs::File::create(state.join("filler")).unwrap();
     while filler.write_all(&[0; 4096]).is_ok() {}
-    // Records fit in the file's last page until it is full. The result of the run whose
-    // record could not be written is still the client's.
-    let failed = |s: &Server| {
-        s.log_lines()
-            .iter()
-            .any(|l| l.contains("cannot append to the audit log"))
+    // Lines still fit in the file's last page for a while. Executions at once, then one at a
+    // time, until the server refuses: every execution that ran has its `started` line.
+    let mut ran: Vec<String> = Vec::new();
+    let refused = std::cell::Cell::new(0);
+    let mut answer = |r: common::http::Response| {
+        if r.status == 200 {
+            ran.push(r.json()["id"].as_str().unwrap().to_owned());
+        } else {
+            assert_eq!(
+                (r.status, r.error_code()),
+                (503, "unavailable".into()),
+                "{}",
+                r.text()
+            );
+            assert!(r.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("audit"));
+            refused.set(refused.get() + 1);
+        }
     };
-    let mut ran = 1;
-    while !failed(&server) {
-        ran += 1;
-        assert!(ran < 50, "the audit log never filled up");
-        let r = server.execute(json!({"code": format!("{ran}")}));
-        assert_eq!(r.json()["result"], ran);
+    let at_once: Vec<_> = (0..4)
+        .map(|_| in_background(&server, "import time\ntime.sleep(0.5)", KEY))
+        .collect();
+    for t in at_once {
+        answer(t.join().unwrap());
     }
+    for _ in 0..50 {
+        if refused.get() > 0 {
+            break;
+        }
+        answer(server.execute(json!({"code": "1"})));
+    }
+    assert!(refused.get() > 0, "the audit log never filled up");
     let r = server.execute(json!({"code": "3"}));
     assert_eq!((r.status, r.error_code()), (503, "unavailable".into()));
-    assert!(r.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("audit"));
     let ready = server.call("GET", "/readyz", None);
     assert_eq!(ready.status, 503);
     assert!(ready.text().contains("audit log"), "{}", ready.text());
@@ -1390,11 +1573,19 @@ fn executions_stop_when_the_audit_log_cannot_be_written() {
         .log_lines()
         .iter()
         .any(|l| l.contains("cannot append to the audit log")));
-    // No torn line: every record but the last run's, each whole.
+    // No torn line, and a `started` line for every execution that ran.
     let audit = std::fs::read_to_string(state.join("audit.jsonl")).unwrap();
-    assert_eq!(audit.lines().count(), ran - 1, "{audit}");
-    for line in audit.lines() {
-        serde_json::from_str::<Value>(line).unwrap();
+    let lines: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    for id in &ran {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["event"] == "started" && l["id"] == id.as_str()),
+            "{id} ran without a started line:\n{audit}"
+        );
     }
     drop(server);
 }

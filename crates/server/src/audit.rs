@@ -1,6 +1,8 @@
-//! The audit log: one JSON line per execution, appended to `audit.jsonl` in the state
-//! directory (mode 0600). It records who, when, what code (its SHA-256, never the code), the
-//! limits and the verdict; never a key, never the sandbox's environment or output.
+//! The audit log: JSON lines appended to `audit.jsonl` in the state directory (mode 0600).
+//! Each execution has two: `{"event": "started", ...}` before its sandbox starts (an execution
+//! whose line cannot be written does not run), then its record with the verdict. They hold
+//! who, when, what code (its SHA-256, never the code), the limits and the verdict; never a
+//! key, never the sandbox's environment or output.
 //! The most recent records are also kept in memory for `GET /v1/executions/{id}`.
 
 use std::collections::{HashMap, VecDeque};
@@ -69,19 +71,19 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one record (a single write of one line, so lines never interleave).
+    /// Appends one execution's record, with its verdict.
     pub fn append(&self, record: &ExecutionRecord) -> std::io::Result<()> {
-        let mut line = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-        line.push(b'\n');
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let before = inner.file.metadata()?.len();
-        if let Err(e) = inner.file.write_all(&line) {
-            // No torn line for the next record to be glued to.
-            let _ = inner.file.set_len(before);
-            return Err(e);
-        }
+        write_line(&mut inner.file, record)?;
         remember(&mut inner, record.clone());
         Ok(())
+    }
+
+    /// Appends the line written before an execution starts: if it cannot be written, the
+    /// execution does not run.
+    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        write_line(&mut inner.file, started)
     }
 
     pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
@@ -92,6 +94,34 @@ impl AuditLog {
             .get(id)
             .cloned()
     }
+}
+
+/// One JSON line in a single write, so lines never interleave; on failure the file is cut
+/// back, so no torn line is left for the next one to be glued to.
+fn write_line(file: &mut File, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let before = file.metadata()?.len();
+    if let Err(e) = file.write_all(&line) {
+        let _ = file.set_len(before);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The line written when an execution is about to start (`"event": "started"`); the
+/// record with the verdict follows when it ends.
+#[derive(Debug, serde::Serialize)]
+pub struct Started<'a> {
+    pub event: &'static str,
+    pub id: &'a str,
+    pub request_id: &'a str,
+    pub key: &'a str,
+    pub key_fingerprint: &'a str,
+    pub started_at: &'a str,
+    pub code_sha256: &'a str,
+    pub code_bytes: u64,
+    pub limits: &'a airlock_api::Limits,
 }
 
 fn remember(inner: &mut Inner, record: ExecutionRecord) {

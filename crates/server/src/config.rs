@@ -78,11 +78,15 @@ pub struct HttpConfig {
     pub header_timeout_ms: u64,
     /// Time allowed to send a request's body.
     pub body_timeout_ms: u64,
-    /// Open connections at once. At the cap, a new connection closes the oldest one that is
-    /// not in the middle of a request (idle, or still sending its head).
+    /// Open connections at once. At the cap, a new connection closes one that is not in the
+    /// middle of a request (idle, or still sending its head): from the address with the most
+    /// connections, anonymous before authenticated, oldest first.
     pub max_connections: usize,
-    /// Request bodies held in memory at once, all requests together; past it, 503.
+    /// Request bodies in memory at once (received, or parsed and waiting for a slot), all
+    /// requests together; past it, 503.
     pub max_buffered_bytes: u64,
+    /// The share of `max_buffered_bytes` one key may hold; past it, 429.
+    pub max_buffered_bytes_per_key: u64,
 }
 
 impl Default for HttpConfig {
@@ -93,6 +97,7 @@ impl Default for HttpConfig {
             body_timeout_ms: 30_000,
             max_connections: 256,
             max_buffered_bytes: 256 << 20,
+            max_buffered_bytes_per_key: 64 << 20,
         }
     }
 }
@@ -346,8 +351,18 @@ impl Config {
         if c.max_running == 0 {
             return bad("concurrency.max_running must be at least 1".into());
         }
-        if self.http.max_connections == 0 || self.http.max_body_bytes == 0 {
+        let h = &self.http;
+        if h.max_connections == 0 || h.max_body_bytes == 0 {
             return bad("http.max_connections and http.max_body_bytes must be at least 1".into());
+        }
+        if h.max_buffered_bytes_per_key < h.max_body_bytes
+            || h.max_buffered_bytes < h.max_buffered_bytes_per_key
+        {
+            return bad(
+                "http: max_body_bytes <= max_buffered_bytes_per_key <= max_buffered_bytes \
+                 (a body that fits no budget could never be received)"
+                    .into(),
+            );
         }
         let mut names = std::collections::BTreeSet::new();
         for key in &self.keys {

@@ -23,6 +23,11 @@ pub struct RequestId(pub String);
 #[derive(Clone, Debug)]
 pub struct Caller(pub Arc<Key>);
 
+/// Set once a request on the connection presents a valid key (`serve.rs` keeps such
+/// connections over anonymous ones at the connection cap).
+#[derive(Clone, Debug)]
+pub struct Authenticated(pub Arc<std::sync::atomic::AtomicBool>);
+
 const PUBLIC: &[&str] = &["/healthz"];
 
 pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
@@ -106,6 +111,9 @@ fn check(state: &SharedState, route: &str, req: &mut Request) -> Result<Option<R
     let metrics_open = route == "/metrics" && !state.config.metrics.require_auth;
     if !public && !metrics_open {
         let key = authenticate(state, req.headers())?;
+        if let Some(Authenticated(flag)) = req.extensions().get::<Authenticated>() {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         req.extensions_mut().insert(Caller(key));
     }
     Ok(None)

@@ -127,7 +127,17 @@ impl KeyStore {
                     .ok_or_else(|| KeyError::Invalid(format!("key {}: bad hash", config.name)))?;
                 Ok(Arc::new(Key { config, hash }))
             })
-            .collect::<Result<_, KeyError>>()?;
+            .collect::<Result<Vec<Arc<Key>>, KeyError>>()?;
+        // Two entries for one key: the first match would win, and with it its limits.
+        for (i, a) in keys.iter().enumerate() {
+            if let Some(b) = keys[..i].iter().find(|b| b.hash == a.hash) {
+                return Err(KeyError::Invalid(format!(
+                    "keys {} and {} are the same key (same hash)",
+                    b.name(),
+                    a.name()
+                )));
+            }
+        }
         Ok(KeyStore { keys })
     }
 
@@ -225,6 +235,28 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeyError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn one_key_cannot_be_configured_twice() {
+        let hash = super::hash_key("key-for-tests-0001");
+        let configs = vec![
+            crate::config::KeyConfig::new("a", hash.clone()),
+            crate::config::KeyConfig::new("b", hash),
+        ];
+        let err = super::KeyStore::new(configs).unwrap_err().to_string();
+        assert!(err.contains("same key"), "{err}");
+        let err = super::KeyStore::resolve(
+            &[crate::config::KeyConfig::new(
+                "limited",
+                super::hash_key("key-for-tests-0001"),
+            )],
+            Some("key-for-tests-0001"),
+            std::path::Path::new("/nonexistent"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("same key"), "{err}");
+    }
+
     use super::*;
 
     #[test]

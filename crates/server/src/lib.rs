@@ -13,6 +13,7 @@
 
 pub mod admission;
 pub mod audit;
+mod budget;
 pub mod config;
 mod error;
 mod guard;
@@ -53,8 +54,8 @@ pub struct AppState {
     pub allowed_hosts: Vec<String>,
     /// Whether the start-up trial run worked, and why not.
     pub trial: Mutex<Result<(), String>>,
-    /// Bodies being received, in KiB (http.max_buffered_bytes).
-    pub body_budget: Arc<tokio::sync::Semaphore>,
+    /// Memory for request bodies (http.max_buffered_bytes, and per key).
+    pub body_budget: budget::BodyBudget,
     shutting_down: AtomicBool,
     /// Turns true on shutdown, for whoever waits on something else meanwhile.
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -70,9 +71,11 @@ impl AppState {
         let metrics = Arc::new(Metrics::default());
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
-        let budget_kib = usize::try_from(config.http.max_buffered_bytes / 1024)
-            .unwrap_or(usize::MAX)
-            .max(1);
+        let body_budget = budget::BodyBudget::new(
+            config.http.max_buffered_bytes,
+            config.http.max_buffered_bytes_per_key,
+            keys.keys(),
+        );
         AppState {
             config,
             engine,
@@ -82,7 +85,7 @@ impl AppState {
             audit,
             allowed_hosts,
             trial: Mutex::new(Err("not run yet".into())),
-            body_budget: Arc::new(tokio::sync::Semaphore::new(budget_kib)),
+            body_budget,
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
             audit_failure: Mutex::new(None),

@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::admission::Rejection;
+use crate::budget::{OverBudget, Share};
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
@@ -146,16 +147,16 @@ async fn execution(
     }
 }
 
-/// A request body, and its share of the global budget for bodies in memory.
+/// A request body, and its share of the memory budget for bodies.
 struct ReadBody {
     bytes: Vec<u8>,
-    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    share: Share,
 }
 
 /// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
-/// (counted as they arrive, chunked or not), within the body timeout, and within the global
-/// budget for bodies being buffered at once.
-async fn read_body(state: &SharedState, req: Request) -> Result<ReadBody, Error> {
+/// (counted as they arrive, chunked or not), within the body timeout, and within the memory
+/// budget for bodies (all requests', and the key's own share).
+async fn read_body(state: &SharedState, key: &Key, req: Request) -> Result<ReadBody, Error> {
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -189,7 +190,7 @@ async fn read_body(state: &SharedState, req: Request) -> Result<ReadBody, Error>
         let mut body = req.into_body();
         // Memory is reserved as bytes arrive, not on the sender's word.
         let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(64 << 10) as usize);
-        let mut held: Option<tokio::sync::OwnedSemaphorePermit> = None;
+        let mut share = Share::default();
         while let Some(frame) = body.frame().await {
             let frame = frame
                 .map_err(|e| Error::invalid("body", format!("reading the body: {e}")).close())?;
@@ -200,27 +201,28 @@ async fn read_body(state: &SharedState, req: Request) -> Result<ReadBody, Error>
             if total > limit {
                 return Err(too_large());
             }
-            // One permit per KiB received, held until this request's body is parsed.
-            let have = held.as_ref().map_or(0, |p| p.num_permits() as u64);
-            let more = u32::try_from(total.div_ceil(1024).saturating_sub(have)).unwrap_or(u32::MAX);
-            if more > 0 {
-                let Ok(permit) = state.body_budget.clone().try_acquire_many_owned(more) else {
-                    return Err(Error::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "overloaded",
-                        "too many request bodies are being received at once",
+            state
+                .body_budget
+                .cover(key, &mut share, total)
+                .map_err(|over| match over {
+                    OverBudget::Key => Error::new(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        "rate_limited",
+                        "this key has too many request bodies in memory at once",
                     )
                     .retry_after(1)
-                    .close());
-                };
-                match &mut held {
-                    Some(h) => h.merge(permit),
-                    None => held = Some(permit),
-                }
-            }
+                    .close(),
+                    OverBudget::All => Error::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "overloaded",
+                        "too many request bodies are in memory at once",
+                    )
+                    .retry_after(1)
+                    .close(),
+                })?;
             bytes.extend_from_slice(&data);
         }
-        Ok((bytes, held))
+        Ok((bytes, share))
     };
     // A body still arriving when shutdown begins will not be run: no need to wait for it.
     let read = async {
@@ -237,10 +239,7 @@ async fn read_body(state: &SharedState, req: Request) -> Result<ReadBody, Error>
         )
         .close()),
         Ok(Err(e)) => Err(e),
-        Ok(Ok((bytes, held))) => Ok(ReadBody {
-            bytes,
-            _budget: held,
-        }),
+        Ok(Ok((bytes, share))) => Ok(ReadBody { bytes, share }),
     }
 }
 
@@ -462,11 +461,7 @@ fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
         return Err(shutting_down());
     }
     if let Some(why) = state.audit_failure() {
-        return Err(Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("executions are refused while the audit log cannot be written: {why}"),
-        ));
+        return Err(audit_unavailable(&why));
     }
     Ok(())
 }
@@ -503,11 +498,11 @@ async fn execute(
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
     let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
-    let body = read_body(&state, req).await?;
+    let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
     // Parsing and checking a large body is CPU work: not on the async workers.
     let (st, key) = (state.clone(), caller.0.clone());
     let prepared = tokio::task::spawn_blocking(move || {
-        let request: ExecuteRequest = parse_json(&st, &body.bytes)?;
+        let request: ExecuteRequest = parse_json(&st, &bytes)?;
         let code_sha256 = format!("{:x}", Sha256::digest(request.code.as_bytes()));
         let code_bytes = request.code.len() as u64;
         job_from(&st, &key, request).map(|job| (job, code_sha256, code_bytes))
@@ -517,6 +512,8 @@ async fn execute(
     let (mut job, code_sha256, code_bytes) = prepared?;
 
     let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+    // The job leaves the queue for its sandbox: its memory no longer waits here.
+    drop(share);
     refuse_if_unavailable(&state)?; // shutdown may have begun while this request waited
     let cancel = Cancel::default();
     let mut on_drop = CancelOnDrop(Some(cancel.clone()));
@@ -536,6 +533,8 @@ async fn execute(
     // line and the metrics are still written.
     let st = state.clone();
     let done = tokio::task::spawn_blocking(move || {
+        // Nothing runs that the audit log has not heard of.
+        audit_start(&st, &ctx, &job)?;
         let ran = st.engine.execute(job, &mut Discard);
         drop(admitted);
         drop(tracked);
@@ -545,6 +544,35 @@ async fn execute(
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
     on_drop.0 = None; // answered: nothing to cancel
     done.map(|response| Json(response).into_response())
+}
+
+/// The audit log's `started` line; when it cannot be written, the execution is refused and
+/// so is every later one.
+fn audit_start(state: &SharedState, ctx: &Context, job: &Job) -> Result<(), Error> {
+    let started = crate::audit::Started {
+        event: "started",
+        id: &ctx.id,
+        request_id: &ctx.request_id,
+        key: &ctx.key,
+        key_fingerprint: &ctx.key_fingerprint,
+        started_at: &ctx.started_at,
+        code_sha256: &ctx.code_sha256,
+        code_bytes: ctx.code_bytes,
+        limits: &job.limits,
+    };
+    state.audit.append_started(&started).map_err(|e| {
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
+        audit_unavailable(&e.to_string())
+    })
+}
+
+fn audit_unavailable(why: &str) -> Error {
+    Error::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("executions are refused while the audit log cannot be written: {why}"),
+    )
 }
 
 /// Metrics, the audit record and the log line for one execution; the response.

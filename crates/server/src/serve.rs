@@ -5,20 +5,22 @@
 //! connections where a new connection displaces the oldest idle one. On SIGTERM or SIGINT the server stops accepting, refuses new executions, lets
 //! running ones finish for `shutdown_grace_ms`, then kills their sandboxes and exits.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Request};
 use axum::response::IntoResponse;
 use axum::Router;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -31,6 +33,7 @@ use airlock_engine::Engine;
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::error::Error;
+use crate::guard::Authenticated;
 use crate::keys::KeyStore;
 use crate::metrics::event;
 use crate::wire::{Findings, Guarded, MAX_HEAD};
@@ -141,7 +144,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
@@ -153,7 +156,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
                 let _ = stream.set_nodelay(true);
                 let (table, router, state, stop) = (table.clone(), router.clone(), state.clone(), stop_rx.clone());
                 connections.spawn(async move {
-                    match table.enter(&state).await {
+                    match table.enter(&state, peer.ip()).await {
                         Some(entry) => connection(stream, entry, router, state, stop).await,
                         None => {
                             state.metrics.security_events.add(&[event::CONNECTION_REFUSED]);
@@ -208,10 +211,14 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
 /// How long killed sandboxes get to be gone after the grace period.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
 
-/// The open connections, oldest first. At the cap, a new connection takes the place of the
-/// oldest one that has no request in progress (one still sending its head, or an idle
-/// keep-alive), so that holding connections open without using them cannot lock anyone out;
-/// only when every connection is busy with a request is the new one refused.
+/// The open connections, oldest first. At the cap, a new connection takes the place of one
+/// that has no request in progress (still sending its head, or an idle keep-alive): from the
+/// address holding the most connections, one that never presented a valid key before one
+/// that did, the oldest first. So holding connections open without using them cannot lock
+/// anyone out, and a client with a key keeps its connections while clients without one churn;
+/// only when every connection is busy with a request is the new one refused. (Many addresses
+/// together can still crowd others out: a proxy with per-client limits belongs in front of a
+/// server exposed to them.)
 struct Table {
     slots: Arc<Semaphore>,
     open: Mutex<BTreeMap<u64, Arc<Conn>>>,
@@ -219,12 +226,12 @@ struct Table {
 }
 
 /// One open connection, as the table sees it.
-#[derive(Default)]
 struct Conn {
-    /// Requests in progress (handler running).
+    peer: IpAddr,
+    /// Requests in progress, from a complete head until the answer is written.
     busy: AtomicUsize,
-    /// Requests answered so far.
-    served: AtomicUsize,
+    /// A request on this connection presented a valid key.
+    authenticated: Arc<AtomicBool>,
     evicted: AtomicBool,
     evict: Notify,
 }
@@ -249,6 +256,8 @@ impl Drop for Entry {
 
 /// How long a new connection waits for an evicted one to let go of its slot.
 const EVICTION_WAIT: Duration = Duration::from_secs(2);
+/// How long an evicted connection may take to finish the request it had just started.
+const EVICTED_GRACE: Duration = Duration::from_secs(10);
 
 impl Table {
     fn new(max: usize) -> Self {
@@ -259,7 +268,7 @@ impl Table {
         }
     }
 
-    async fn enter(self: &Arc<Self>, state: &SharedState) -> Option<Entry> {
+    async fn enter(self: &Arc<Self>, state: &SharedState, peer: IpAddr) -> Option<Entry> {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
@@ -277,7 +286,13 @@ impl Table {
             }
         };
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn::default());
+        let conn = Arc::new(Conn {
+            peer,
+            busy: AtomicUsize::new(0),
+            authenticated: Arc::new(AtomicBool::new(false)),
+            evicted: AtomicBool::new(false),
+            evict: Notify::new(),
+        });
         self.open
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -290,18 +305,26 @@ impl Table {
         })
     }
 
-    /// Asks the oldest idle connection to close, preferring one that never finished a
-    /// request. False when every connection is busy.
+    /// Asks an idle connection to close (see `Table`). False when every connection is busy.
     fn evict_one(&self) -> bool {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        let idle = |c: &&Arc<Conn>| {
-            c.busy.load(Ordering::SeqCst) == 0 && !c.evicted.load(Ordering::SeqCst)
-        };
+        let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
+        for conn in open.values() {
+            *per_peer.entry(conn.peer).or_default() += 1;
+        }
         let victim = open
-            .values()
-            .filter(idle)
-            .find(|c| c.served.load(Ordering::SeqCst) == 0)
-            .or_else(|| open.values().find(idle));
+            .iter()
+            .filter(|(_, c)| {
+                c.busy.load(Ordering::SeqCst) == 0 && !c.evicted.load(Ordering::SeqCst)
+            })
+            .min_by_key(|(id, c)| {
+                (
+                    std::cmp::Reverse(per_peer[&c.peer]),
+                    c.authenticated.load(Ordering::SeqCst),
+                    **id,
+                )
+            })
+            .map(|(_, c)| c);
         match victim {
             Some(conn) => {
                 conn.evicted.store(true, Ordering::SeqCst);
@@ -313,7 +336,7 @@ impl Table {
     }
 }
 
-/// Marks a connection busy while a request is being handled.
+/// Marks a connection busy while a request is handled and its answer written.
 struct Busy(Arc<Conn>);
 
 impl Busy {
@@ -325,8 +348,34 @@ impl Busy {
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.served.fetch_add(1, Ordering::SeqCst);
         self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A response body that keeps its connection busy until hyper is done with it (written, or
+/// the connection gone): an answer being written is not an idle connection.
+struct BusyBody {
+    inner: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for BusyBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -347,28 +396,31 @@ async fn connection(
         let findings = findings.clone();
         let state = svc_state.clone();
         let busy = Busy::new(&conn_state);
+        let authenticated = Authenticated(conn_state.authenticated.clone());
         async move {
-            let _busy = busy;
-            if findings.smuggling.load(Ordering::SeqCst) {
+            let mut response = if findings.smuggling.load(Ordering::SeqCst) {
                 state.metrics.security_events.add(&[event::SMUGGLING]);
                 tracing::warn!("refused a request with both Transfer-Encoding and Content-Length");
-                let refusal = Error::invalid(
+                Error::invalid(
                     "headers",
                     "Transfer-Encoding together with Content-Length is refused",
                 )
-                .close();
-                return Ok::<_, Infallible>(refusal.into_response());
-            }
-            let mut response = match router.oneshot(req.map(Body::new)).await {
-                Ok(r) => r,
-                Err(never) => match never {},
+                .close()
+                .into_response()
+            } else {
+                let mut req = req.map(Body::new);
+                req.extensions_mut().insert(authenticated);
+                match router.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }
             };
             if findings.close_after.load(Ordering::SeqCst) {
                 response
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok(response)
+            Ok::<_, Infallible>(response.map(|inner| BusyBody { inner, _busy: busy }))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -392,9 +444,9 @@ async fn connection(
         }
         _ = evicted => {
             if entry.conn.busy.load(Ordering::SeqCst) > 0 {
-                // A request started after all: answer it, then close.
+                // A request started after all: answer it (for a while), then close.
                 conn.as_mut().graceful_shutdown();
-                let _ = conn.await;
+                let _ = tokio::time::timeout(EVICTED_GRACE, conn).await;
             }
             // Otherwise dropping the connection closes it.
         }
