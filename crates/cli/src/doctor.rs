@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_engine::{Engine, EngineConfig};
+use airlock_engine::{Engine, EngineConfig, PoolConfig};
 use airlock_sandbox::{host_support, Layout, HOST_ID_BASE};
 use clap::Args;
 use serde::Serialize;
@@ -136,11 +136,20 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         (Ok(_), false) => Err("skipped: a mechanism above is missing".into()),
         (Err(_), _) => Err("skipped: no interpreter".into()),
     };
+    let ran = run.is_ok();
     checks.push(check(
         "sandbox",
         run,
         "see the failures above; `airlock run` refuses to run until they are fixed",
     ));
+    if let (Ok(engine), true) = (&engine, ran) {
+        checks.push(check(
+            "warm pool",
+            trial_pool(engine),
+            "see the error; `airlock serve` falls back to cold sandboxes while the pool fails \
+             (pool.size = 0 turns it off)",
+        ));
+    }
     if enforced.is_empty() {
         enforced.push("nothing: airlock run refuses to start on this host".into());
     } else {
@@ -211,6 +220,60 @@ fn trial_run(engine: &Engine, enforced: &mut Vec<String>) -> Result<String, Stri
         "ran Python in a sandbox in {} ms; everything above enforced",
         r.usage.wall_ms
     ))
+}
+
+/// Starts a one-sandbox warm pool as `airlock serve` would, measures what an idle pooled
+/// sandbox costs, and runs the trial through it.
+fn trial_pool(engine: &Engine) -> Result<String, String> {
+    let mut engine = engine.clone();
+    let defaults = PoolConfig::default();
+    let pool = engine.start_pool(PoolConfig {
+        size: 1,
+        max_size: 1,
+        workers: 1,
+    })?;
+    let started = std::time::Instant::now();
+    while pool.status().idle == 0 {
+        if let Some(e) = pool.status().last_error {
+            return Err(format!("a pooled sandbox failed to start: {e}"));
+        }
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            return Err("no pooled sandbox was ready within 10 s".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let ready = started.elapsed();
+    let pss_kib: u64 = pool
+        .idle_processes()
+        .iter()
+        .flatten()
+        .map(|pid| pss_kib(*pid))
+        .sum();
+    let r = engine.self_test()?;
+    let taken = pool.status().takes;
+    pool.close();
+    if taken != 1 {
+        return Err("the trial run did not get the pooled sandbox".into());
+    }
+    Ok(format!(
+        "a pooled sandbox was ready in {} ms and holds {:.1} MiB (PSS) idle; a run through it \
+         took {} ms; `airlock serve` keeps {} ready (pool.size), up to {} on demand",
+        ready.as_millis(),
+        pss_kib as f64 / 1024.0,
+        r.usage.wall_ms,
+        defaults.size,
+        defaults.max_size
+    ))
+}
+
+/// Proportional set size of a process, in KiB (0 when unreadable).
+fn pss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 fn print_report(r: &Report) {

@@ -289,8 +289,14 @@ fn doctor_reports_full_enforcement_on_this_host() {
             "landlock",
             "cgroups",
             "python",
-            "sandbox"
+            "sandbox",
+            "warm pool"
         ]
+    );
+    let pool = report["checks"][6]["detail"].as_str().unwrap();
+    assert!(
+        pool.starts_with("a pooled sandbox was ready in") && pool.contains("MiB (PSS) idle"),
+        "{pool}"
     );
     let cgroup = &report["checks"][3]["detail"];
     assert!(

@@ -988,10 +988,12 @@ fn metrics_openapi_and_readiness() {
     let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
     assert_eq!(paths.len(), airlock_server::ROUTES.len());
     let ready = server.call("GET", "/readyz", None);
+    let body = ready.json();
     assert_eq!(
-        (ready.status, ready.json()),
-        (200, json!({"ready": true, "reasons": []}))
+        (ready.status, &body["ready"], &body["reasons"]),
+        (200, &json!(true), &json!([]))
     );
+    assert_eq!(body["pool"]["size"], 0, "{body}");
     drop(server);
     // Metrics can be opened to scrapers without a key.
     let open = Server::start("[metrics]\nrequire_auth = false\n", &[]);

@@ -9,6 +9,7 @@
 
 mod config;
 mod interpreter;
+mod pool;
 mod pump;
 mod verdict;
 
@@ -28,6 +29,7 @@ use serde::Serialize;
 
 pub use config::{EngineConfig, LimitError, Mechanism};
 pub use interpreter::{Interpreter, InterpreterError};
+pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
 
 /// The runner, passed to `python3 -c`.
@@ -141,6 +143,7 @@ pub enum EngineError {
 struct RunnerRequest<'a> {
     code: &'a str,
     filename: &'a str,
+    env: std::collections::BTreeMap<&'a str, &'a str>,
     files: Vec<RunnerFile<'a>>,
     stream: bool,
     echo_traceback: bool,
@@ -160,8 +163,11 @@ struct RunnerFile<'a> {
 #[derive(Debug)]
 pub struct Execution {
     pub result: ExecutionResult,
-    /// From starting the sandbox to its program being confined and about to run.
+    /// From starting the sandbox to its program being confined and about to run; for a
+    /// sandbox from the warm pool, the time it took to take it.
     pub sandbox_ready: Option<Duration>,
+    /// Whether the sandbox came from the warm pool.
+    pub pooled: bool,
 }
 
 /// Runs jobs. Cheap to share between threads.
@@ -169,6 +175,7 @@ pub struct Execution {
 pub struct Engine {
     config: EngineConfig,
     interpreter: Interpreter,
+    pool: Option<Arc<Pool>>,
 }
 
 impl Engine {
@@ -177,7 +184,44 @@ impl Engine {
         Ok(Engine {
             config,
             interpreter,
+            pool: None,
         })
+    }
+
+    /// Starts a warm pool (see `pool`) that this engine, and its clones made from now on,
+    /// take sandboxes from.
+    pub fn start_pool(&mut self, config: PoolConfig) -> Result<Arc<Pool>, String> {
+        let pool = Arc::new(Pool::start(self, config)?);
+        self.pool = Some(pool.clone());
+        Ok(pool)
+    }
+
+    pub fn pool(&self) -> Option<&Arc<Pool>> {
+        self.pool.as_ref()
+    }
+
+    /// Starts a sandbox running the runner, and returns it with the host's end of the
+    /// runner's channel. A `warm` runner reports ready on the channel before it reads.
+    fn start_sandbox(
+        &self,
+        policy: &Policy,
+        warm: bool,
+    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
+        let (control, theirs) = UnixStream::pair().map_err(|source| EngineError::Io {
+            what: "socketpair",
+            source,
+        })?;
+        let mut command = Command::new(self.interpreter.path.clone())
+            .args(["-I", "-S", "-B", "-c", RUNNER])
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", WORKDIR)
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", "/tmp")
+            .pass_fd(OwnedFd::from(theirs));
+        if warm {
+            command = command.arg("warm");
+        }
+        Ok((spawn(command, policy)?, control))
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -304,6 +348,11 @@ impl Engine {
         let request = serde_json::to_vec(&RunnerRequest {
             code: &job.code,
             filename: &job.filename,
+            env: job
+                .env
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
             files,
             stream: job.stream,
             echo_traceback: job.echo_traceback,
@@ -317,25 +366,25 @@ impl Engine {
             source: e.into(),
         })?;
 
-        let (control, theirs) = UnixStream::pair().map_err(|source| EngineError::Io {
-            what: "socketpair",
-            source,
-        })?;
-        let mut command = Command::new(self.interpreter.path.clone())
-            .args(["-I", "-S", "-B", "-c", RUNNER])
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", WORKDIR)
-            .env("LANG", "C.UTF-8")
-            .env("TMPDIR", "/tmp")
-            .pass_fd(OwnedFd::from(theirs));
-        for (k, v) in &job.env {
-            command = command.env(k.clone(), v.clone());
-        }
         let cancel = job.cancel.clone();
         if cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             return Err(EngineError::Cancelled);
         }
-        let mut child = spawn(command, &policy)?;
+        let asked = std::time::Instant::now();
+        let warm = self.pool.as_ref().and_then(|p| p.take(&policy));
+        let pooled = warm.is_some();
+        let (mut child, control, _in_use) = match warm {
+            Some((w, in_use)) => {
+                let mut child = w.child;
+                child.restart_clock(policy.limits.wall_time);
+                (child, w.control, Some(in_use))
+            }
+            None => {
+                let (child, control) = self.start_sandbox(&policy, false)?;
+                (child, control, None)
+            }
+        };
+        let taken = pooled.then(|| asked.elapsed());
         if let Some(c) = &cancel {
             c.attach(child.killer());
         }
@@ -401,6 +450,7 @@ impl Engine {
                 return Ok(Execution {
                     result,
                     sandbox_ready: None,
+                    pooled,
                 });
             }
         };
@@ -431,7 +481,8 @@ impl Engine {
         };
         Ok(Execution {
             result,
-            sandbox_ready: outcome.ready_after,
+            sandbox_ready: taken.or(outcome.ready_after),
+            pooled,
         })
     }
 }

@@ -483,7 +483,7 @@ impl SandboxCgroup {
         }
     }
 
-    fn pids(&self) -> Vec<i32> {
+    pub fn pids(&self) -> Vec<i32> {
         self.dirs
             .iter()
             .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())

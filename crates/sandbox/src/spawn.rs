@@ -246,6 +246,8 @@ pub struct Child {
     killer: Killer,
     cgroup: Option<SandboxCgroup>,
     started: Instant,
+    /// CPU time the sandbox had used when its clock was (re)started; not counted against it.
+    cpu_before: Duration,
     limits: Limits,
     isolation: Isolation,
 }
@@ -383,6 +385,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         killer,
         cgroup,
         started: Instant::now(),
+        cpu_before: Duration::ZERO,
         limits: policy.limits.clone(),
         isolation,
     };
@@ -412,6 +415,27 @@ impl Child {
 
     pub fn killer(&self) -> Killer {
         self.killer.clone()
+    }
+
+    /// Restarts the wall clock with `wall_time`, and the CPU count from what has been used so
+    /// far: for a sandbox started ahead of its work (a warm pool), whose clock should run from
+    /// when the work is handed to it. Every other limit stays as the policy set it.
+    pub fn restart_clock(&mut self, wall_time: Duration) {
+        self.started = Instant::now();
+        self.limits.wall_time = wall_time;
+        self.cpu_before = self
+            .cgroup
+            .as_ref()
+            .and_then(SandboxCgroup::cpu_usage)
+            .unwrap_or_default();
+    }
+
+    /// Host pids of every process in the sandbox (from its cgroup; empty without one).
+    pub fn processes(&self) -> Vec<i32> {
+        self.cgroup
+            .as_ref()
+            .map(SandboxCgroup::pids)
+            .unwrap_or_default()
     }
 
     pub fn take_stdin(&mut self) -> Option<ChildStdin> {
@@ -453,7 +477,7 @@ impl Child {
             }
             if watch_cpu
                 && self.cgroup.as_ref().and_then(SandboxCgroup::cpu_usage)
-                    >= Some(self.limits.cpu_time)
+                    >= Some(self.cpu_before + self.limits.cpu_time)
             {
                 self.killer.kill(KillReason::CpuTime);
             }
@@ -553,7 +577,7 @@ impl Child {
             pids_limit_hits: stats.pids_limit_hits,
             usage: Usage {
                 wall,
-                cpu: stats.cpu,
+                cpu: stats.cpu.map(|c| c.saturating_sub(self.cpu_before)),
                 program_cpu,
                 memory_peak_bytes: stats.memory_peak_bytes,
             },

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use airlock_api::LimitsRequest;
-use airlock_engine::EngineConfig;
+use airlock_engine::{EngineConfig, PoolConfig};
 use serde::{Deserialize, Serialize};
 
 /// Environment variables with a meaning of their own rather than a setting's path.
@@ -41,6 +41,8 @@ pub struct Config {
     pub concurrency: ConcurrencyConfig,
     pub metrics: MetricsConfig,
     pub engine: EngineConfig,
+    /// The warm pool of sandboxes started ahead of their work.
+    pub pool: PoolConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -57,6 +59,7 @@ impl Default for Config {
             concurrency: ConcurrencyConfig::default(),
             metrics: MetricsConfig::default(),
             engine: EngineConfig::default(),
+            pool: PoolConfig::default(),
             keys: Vec::new(),
         }
     }
@@ -333,6 +336,9 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if let Err(m) = self.pool.validate() {
+            return bad(m);
+        }
         for origin in &self.cors.allowed_origins {
             let well_formed = (origin.starts_with("https://") || origin.starts_with("http://"))
                 && !origin.ends_with('/')

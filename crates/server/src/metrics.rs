@@ -173,7 +173,7 @@ impl Metrics {
         self.sandbox_start_seconds.render(
             &mut out,
             "airlock_sandbox_start_seconds",
-            "Time from starting a sandbox to its program being confined and about to run.",
+            "Time until an execution's sandbox was ready: built and confined, or taken from the warm pool.",
         );
         for (name, help, g) in [
             (
@@ -214,6 +214,61 @@ impl Metrics {
     }
 }
 
+/// The warm pool's state (zeros when there is none), in Prometheus text.
+pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
+    let mut out = String::new();
+    for (name, kind, help, value) in [
+        (
+            "airlock_pool_idle_sandboxes",
+            "gauge",
+            "Pooled sandboxes ready and waiting.",
+            status.idle as u64,
+        ),
+        (
+            "airlock_pool_in_use_sandboxes",
+            "gauge",
+            "Pooled sandboxes running an execution now.",
+            status.in_use,
+        ),
+        (
+            "airlock_pool_target_sandboxes",
+            "gauge",
+            "What the pool fills up to now (between pool.size and pool.max_size).",
+            status.target as u64,
+        ),
+        (
+            "airlock_pool_takes_total",
+            "counter",
+            "Executions that got a pooled sandbox.",
+            status.takes,
+        ),
+        (
+            "airlock_pool_refills_total",
+            "counter",
+            "Sandboxes added to the pool.",
+            status.refills,
+        ),
+        (
+            "airlock_pool_failures_total",
+            "counter",
+            "Pooled sandboxes that failed to start or were found dead.",
+            status.failures,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    let name = "airlock_pool_misses_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Executions that started a sandbox cold: the pool was empty, or their limits differ from the pool's.\n# TYPE {name} counter\n{name}{{reason=\"empty\"}} {}\n{name}{{reason=\"limits\"}} {}",
+        status.misses_empty, status.misses_limits
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,7 +276,8 @@ mod tests {
     #[test]
     fn the_example_alert_rules_use_only_metrics_that_exist() {
         let rules = include_str!("../../../deploy/prometheus/alerts.yml");
-        let exported = Metrics::default().render();
+        let exported =
+            Metrics::default().render() + &render_pool(&airlock_engine::PoolStatus::default());
         let mut checked = 0;
         for (i, _) in rules.match_indices("airlock_") {
             let name: String = rules[i..]

@@ -108,9 +108,12 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    // The pool does not decide readiness (a cold sandbox serves when it is empty), but says
+    // how it is doing.
+    let pool = state.engine.pool().map(|p| p.status());
     (
         status,
-        Json(serde_json::json!({"ready": ready, "reasons": reasons})),
+        Json(serde_json::json!({"ready": ready, "reasons": reasons, "pool": pool})),
     )
         .into_response()
 }
@@ -122,7 +125,10 @@ async fn metrics(
     if let Some(Extension(caller)) = caller {
         require(&caller, Scope::Metrics)?;
     }
-    let mut response = state.metrics.render().into_response();
+    let pool = state.engine.pool().map(|p| p.status()).unwrap_or_default();
+    let mut text = state.metrics.render();
+    text.push_str(&crate::metrics::render_pool(&pool));
+    let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

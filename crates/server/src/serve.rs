@@ -59,6 +59,8 @@ pub enum ServeError {
     },
     #[error("signals: {0}")]
     Signals(std::io::Error),
+    #[error("warm pool: {0}")]
+    Pool(String),
 }
 
 /// What `run` reports once it listens (for callers that bind port 0).
@@ -87,7 +89,7 @@ pub async fn run(
         // Shown this once; only its hash is kept (state_dir/keys.json).
         println!("airlock: generated an API key. It is shown only now; store it:\n{key}");
     }
-    let engine = Engine::new(config.engine.clone())?;
+    let mut engine = Engine::new(config.engine.clone())?;
     let audit = AuditLog::open(&state_dir).map_err(ServeError::Audit)?;
     if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
         let removed = airlock_sandbox::remove_leftovers(layout);
@@ -98,6 +100,10 @@ pub async fn run(
             );
         }
     }
+    // After the leftovers are gone: the pool's sandboxes are this run's.
+    engine
+        .start_pool(config.pool.clone())
+        .map_err(ServeError::Pool)?;
     let listen = config.listen;
     let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit));
     tracing::info!(
@@ -203,6 +209,10 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
         {
             connections.abort_all();
         }
+    }
+    // Idle pooled sandboxes go last: nothing can take them any more.
+    if let Some(pool) = state.engine.pool().cloned() {
+        let _ = tokio::task::spawn_blocking(move || pool.close()).await;
     }
     tracing::info!(still_running = state.running_count(), "stopped");
     Ok(())

@@ -68,6 +68,11 @@ impl Server {
         if let Some(key) = key {
             cmd.env("AIRLOCK_API_KEY", key);
         }
+        // These tests count sandboxes, so the warm pool is off unless a test turns it on (the
+        // pool's own tests, in pool.rs, do).
+        if !config.contains("[pool]") {
+            cmd.env("AIRLOCK_POOL__SIZE", "0");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -1,0 +1,682 @@
+//! `airlock-bench`: start-up cost and throughput, side by side, in one run.
+//!
+//! Interleaves, round by round: a bare `/usr/bin/python3 -I -S -c pass`, the same under
+//! `bwrap` (Debian's bubblewrap), `airlock run` one-shot, and `print(1)` over the HTTP API.
+//! Then HTTP at concurrency 1, 2, 4 and 8 (and bare python starts on every core, for the
+//! process-start ceiling), repeated in alternating blocks; then cost curves over code size and
+//! output size; then the idle memory of the server and of each pooled sandbox. Everything is
+//! reported as a ratio to bare python measured in the same run, because machines are noisy.
+//!
+//! Usage: `airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]`
+//! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PYTHON: &str = "/usr/bin/python3";
+const KEY: &str = "bench-key-3b1f0c5e9a7d42e8b6c4a2f0e1d3c5b7";
+
+struct Args {
+    airlock: PathBuf,
+    rounds: usize,
+    requests: usize,
+    blocks: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        airlock: PathBuf::from("target/release/airlock"),
+        rounds: 100,
+        requests: 200,
+        blocks: 3,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+        match a.as_str() {
+            "--airlock" => args.airlock = PathBuf::from(value("--airlock")?),
+            "--rounds" => args.rounds = value("--rounds")?.parse().map_err(|e| format!("{e}"))?,
+            "--requests" => {
+                args.requests = value("--requests")?.parse().map_err(|e| format!("{e}"))?
+            }
+            "--blocks" => args.blocks = value("--blocks")?.parse().map_err(|e| format!("{e}"))?,
+            "-h" | "--help" => {
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Latencies of one series.
+#[derive(Default)]
+struct Series {
+    name: String,
+    samples: Vec<Duration>,
+    /// Executions per second measured over whole blocks (concurrent series), if any.
+    busy: Duration,
+    done: usize,
+}
+
+impl Series {
+    fn new(name: impl Into<String>) -> Self {
+        Series {
+            name: name.into(),
+            ..Series::default()
+        }
+    }
+
+    fn quantile(&self, q: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        if s.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((s.len() as f64 - 1.0) * q).round() as usize;
+        s[i]
+    }
+
+    /// Per second: over the blocks when measured so, else one after another.
+    fn rate(&self) -> f64 {
+        if self.done > 0 {
+            self.done as f64 / self.busy.as_secs_f64()
+        } else {
+            let total: Duration = self.samples.iter().sum();
+            self.samples.len() as f64 / total.as_secs_f64()
+        }
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("airlock-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&args) {
+        eprintln!("airlock-bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let airlock = std::fs::canonicalize(&args.airlock).map_err(|e| {
+        format!(
+            "{}: {e} (build it with cargo build --release)",
+            args.airlock.display()
+        )
+    })?;
+    let bwrap = which("bwrap");
+    if bwrap.is_none() {
+        eprintln!(
+            "airlock-bench: bwrap not found; install Debian's bubblewrap (scripts/bench.sh does)"
+        );
+    }
+    let state = std::env::temp_dir().join(format!("airlock-bench-{}", std::process::id()));
+    let server = Server::start(&airlock, &state)?;
+    // The pool fills, the first requests warm up.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut client = server.connect()?;
+    for _ in 0..10 {
+        client.execute("print(1)", None)?;
+    }
+    let idle_rss = rss_kib(server.child.id()).unwrap_or(0);
+    let pooled = pooled_sandboxes(server.child.id());
+
+    // Round-robin single starts.
+    let mut bare = Series::new("bare `python3 -I -S -c pass`");
+    let mut bw = Series::new("`bwrap` + the same");
+    let mut one_shot = Series::new("`airlock run` one-shot, `print(1)`");
+    let mut http = Series::new("HTTP `print(1)`, sequential");
+    eprintln!("airlock-bench: {} interleaved rounds", args.rounds);
+    for _ in 0..args.rounds {
+        bare.samples.push(time_command(
+            Command::new(PYTHON).args(["-I", "-S", "-c", "pass"]),
+        )?);
+        if let Some(b) = &bwrap {
+            bw.samples.push(time_command(
+                Command::new(b)
+                    .args(BWRAP_ARGS)
+                    .args([PYTHON, "-I", "-S", "-c", "pass"]),
+            )?);
+        }
+        one_shot.samples.push(time_command_with(
+            Command::new(&airlock).args(["run", "-"]),
+            Some(b"print(1)\n"),
+        )?);
+        let t = Instant::now();
+        client.execute("print(1)", None)?;
+        http.samples.push(t.elapsed());
+    }
+
+    // Concurrency, in alternating blocks.
+    let levels = [1usize, 2, 4, 8];
+    let mut conc: Vec<Series> = levels
+        .iter()
+        .map(|c| Series::new(format!("HTTP `print(1)`, {c} at once")))
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut bare_conc = Series::new(format!("bare python starts, {cores} at once"));
+    eprintln!(
+        "airlock-bench: {} blocks of {} requests per level",
+        args.blocks, args.requests
+    );
+    for _ in 0..args.blocks {
+        block(&mut bare_conc, cores, args.requests, |_| {
+            time_command(Command::new(PYTHON).args(["-I", "-S", "-c", "pass"])).map(drop)
+        })?;
+        for (i, &c) in levels.iter().enumerate() {
+            let clients: Vec<std::sync::Mutex<Client>> = (0..c)
+                .map(|_| server.connect().map(std::sync::Mutex::new))
+                .collect::<Result<_, _>>()?;
+            block(&mut conc[i], c, args.requests, |w| {
+                clients[w]
+                    .lock()
+                    .unwrap()
+                    .execute("print(1)", None)
+                    .map(drop)
+            })?;
+        }
+    }
+
+    // Cost curves, sequential, interleaved.
+    let code_sizes = [1usize << 10, 64 << 10, 512 << 10];
+    let output_sizes = [1usize << 10, 64 << 10, 1 << 20];
+    let mut code_series: Vec<Series> = code_sizes
+        .iter()
+        .map(|n| Series::new(format!("code of {}", size(*n))))
+        .collect();
+    let mut out_series: Vec<Series> = output_sizes
+        .iter()
+        .map(|n| Series::new(format!("output of {}", size(*n))))
+        .collect();
+    let codes: Vec<String> = code_sizes.iter().map(|&n| padded_code(n)).collect();
+    let rounds = (args.rounds / 2).max(5);
+    for _ in 0..rounds {
+        for (i, code) in codes.iter().enumerate() {
+            let t = Instant::now();
+            client.execute(code, None)?;
+            code_series[i].samples.push(t.elapsed());
+        }
+        for (i, &n) in output_sizes.iter().enumerate() {
+            let code = format!("import sys\nsys.stdout.write('x' * {n})");
+            let t = Instant::now();
+            client.execute(&code, Some(n * 2))?;
+            out_series[i].samples.push(t.elapsed());
+        }
+    }
+    let status = client.get("/readyz")?;
+    drop(client);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&state);
+
+    report(
+        args,
+        &bare,
+        &[&bare, &bw, &one_shot, &http],
+        &bare_conc,
+        &conc,
+        &code_series,
+        &out_series,
+        idle_rss,
+        &pooled,
+        &status,
+    );
+    Ok(())
+}
+
+/// Runs `total` calls of `f` on `workers` threads (worker index given) and adds every call's
+/// latency and the block's wall time to `series`.
+fn block(
+    series: &mut Series,
+    workers: usize,
+    total: usize,
+    f: impl Fn(usize) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let start = Instant::now();
+    let results: Vec<Result<Vec<Duration>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (next, f) = (&next, &f);
+                s.spawn(move || {
+                    let mut mine = Vec::new();
+                    while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                        let t = Instant::now();
+                        f(w)?;
+                        mine.push(t.elapsed());
+                    }
+                    Ok(mine)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    series.busy += start.elapsed();
+    for r in results {
+        let mine = r?;
+        series.done += mine.len();
+        series.samples.extend(mine);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &Args,
+    bare: &Series,
+    single: &[&Series],
+    bare_conc: &Series,
+    conc: &[Series],
+    code: &[Series],
+    out: &[Series],
+    idle_rss_kib: u64,
+    pooled: &[u64],
+    status: &serde_json::Value,
+) {
+    let base = bare.quantile(0.5);
+    let ratio = |d: Duration| d.as_secs_f64() / base.as_secs_f64();
+    println!("## Machine\n");
+    println!("{}", machine());
+    println!(
+        "Command: `airlock-bench --rounds {} --requests {} --blocks {}`; server with its default configuration.\n",
+        args.rounds, args.requests, args.blocks
+    );
+    println!("## Start-up, interleaved ({} rounds)\n", args.rounds);
+    table_head();
+    for s in single.iter().filter(|s| !s.samples.is_empty()) {
+        row(s, ratio(s.quantile(0.5)), ratio(s.quantile(0.99)));
+    }
+    println!(
+        "\n## Throughput and latency under concurrency ({} blocks of {} each)\n",
+        args.blocks, args.requests
+    );
+    table_head();
+    row(
+        bare_conc,
+        ratio(bare_conc.quantile(0.5)),
+        ratio(bare_conc.quantile(0.99)),
+    );
+    for s in conc {
+        row(s, ratio(s.quantile(0.5)), ratio(s.quantile(0.99)));
+    }
+    println!("\n## Cost curve: code size and output size (HTTP, sequential)\n");
+    table_head();
+    for s in code.iter().chain(out) {
+        row(s, ratio(s.quantile(0.5)), ratio(s.quantile(0.99)));
+    }
+    println!("\n## Memory\n");
+    println!(
+        "- idle server (pool full, after warm-up), RSS: {:.1} MiB",
+        idle_rss_kib as f64 / 1024.0
+    );
+    if pooled.is_empty() {
+        println!("- no idle pooled sandbox was found");
+    } else {
+        let mut p = pooled.to_vec();
+        p.sort();
+        println!(
+            "- idle pooled sandbox (all its processes), PSS: median {:.1} MiB, max {:.1} MiB, over {} sandboxes",
+            p[p.len() / 2] as f64 / 1024.0,
+            p[p.len() - 1] as f64 / 1024.0,
+            p.len()
+        );
+    }
+    println!("- pool at the end: `{}`", status["pool"]);
+    let http_p50 = ratio(single[3].quantile(0.5));
+    let http_p99 = ratio(single[3].quantile(0.99));
+    let best = conc.iter().map(Series::rate).fold(0.0, f64::max);
+    let one = ratio(single[2].quantile(0.5));
+    println!("\n## Against the targets\n");
+    println!("| target | reached |\n|---|---|");
+    println!("| HTTP `print(1)` p50 ≤ 0.2 × bare python | {http_p50:.2} × |");
+    println!("| HTTP `print(1)` p99 ≤ 0.5 × bare python | {http_p99:.2} × |");
+    println!("| trivial executions ≥ 400/s | {best:.0}/s (best concurrency level) |");
+    println!("| `airlock run` one-shot ≤ 1.3 × bare python | {one:.2} × |");
+    println!(
+        "| idle server RSS ≤ 40 MiB | {:.1} MiB |",
+        idle_rss_kib as f64 / 1024.0
+    );
+    if let Some(m) = pooled.iter().max() {
+        println!(
+            "| idle pooled sandbox ≤ 12 MiB PSS | {:.1} MiB (max) |",
+            *m as f64 / 1024.0
+        );
+    }
+}
+
+fn table_head() {
+    println!("| series | n | p50 ms | p99 ms | per second | p50 ÷ bare | p99 ÷ bare p50 |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+}
+
+fn row(s: &Series, r50: f64, r99: f64) {
+    println!(
+        "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} |",
+        s.name,
+        s.samples.len(),
+        ms(s.quantile(0.5)),
+        ms(s.quantile(0.99)),
+        s.rate(),
+        r50,
+        r99
+    );
+}
+
+fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpu = read("/proc/cpuinfo")
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("unknown")
+        .trim()
+        .to_owned();
+    let mem = read("/proc/meminfo")
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|k| k.parse::<u64>().ok())
+        .map_or("?".into(), |k| format!("{:.1} GiB", k as f64 / 1048576.0));
+    let kernel = read("/proc/sys/kernel/osrelease").trim().to_owned();
+    let python = Command::new(PYTHON)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let bwrap = Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|_| "not installed".into());
+    let cgroup = if Path::new("/sys/fs/cgroup/memory").is_dir() {
+        "v1"
+    } else {
+        "v2"
+    };
+    format!(
+        "- CPU: {cpu}, {} cores; memory {mem}\n- kernel {kernel}, cgroup {cgroup}\n- {python} ({PYTHON}); {bwrap}\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    )
+}
+
+/// `bwrap` with every namespace, a read-only `/usr` and fresh `/proc`, `/dev` and `/tmp`.
+const BWRAP_ARGS: &[&str] = &[
+    "--unshare-all",
+    "--die-with-parent",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/tmp",
+];
+
+/// Time from spawn to exit; fails unless it exits 0.
+fn time_command(cmd: &mut Command) -> Result<Duration, String> {
+    time_command_with(cmd, None)
+}
+
+/// The same, writing `input` to its standard input.
+fn time_command_with(cmd: &mut Command, input: Option<&[u8]>) -> Result<Duration, String> {
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    cmd.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let t = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if let Some(bytes) = input {
+        let mut stdin = child.stdin.take().ok_or("no stdin")?;
+        stdin
+            .write_all(bytes)
+            .map_err(|e| format!("{cmd:?}: stdin: {e}"))?;
+    }
+    let status = child.wait().map_err(|e| format!("{cmd:?}: {e}"))?;
+    let took = t.elapsed();
+    if !status.success() {
+        return Err(format!("{cmd:?} failed: {status}"));
+    }
+    Ok(took)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+fn size(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{} KiB", n >> 10)
+    }
+}
+
+/// `print(1)` after comment lines, `n` bytes in all.
+fn padded_code(n: usize) -> String {
+    let line = format!("# {}\n", "x".repeat(77));
+    let mut code = String::with_capacity(n);
+    while code.len() + line.len() + 9 <= n {
+        code.push_str(&line);
+    }
+    code.push_str("print(1)\n");
+    code
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    fn start(airlock: &Path, state: &Path) -> Result<Server, String> {
+        let mut child = Command::new(airlock)
+            .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state)
+            .env("AIRLOCK_API_KEY", KEY)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting airlock serve: {e}"))?;
+        let mut lines = BufReader::new(child.stderr.take().ok_or("no stderr")?).lines();
+        let addr = loop {
+            let line = match lines.next() {
+                Some(Ok(l)) => l,
+                _ => return Err("airlock serve exited before listening".into()),
+            };
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                break rest.trim().parse().map_err(|e| format!("{rest}: {e}"))?;
+            }
+        };
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Server { child, addr })
+    }
+
+    fn connect(&self) -> Result<Client, String> {
+        let stream = TcpStream::connect(self.addr).map_err(|e| format!("connect: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        Ok(Client {
+            addr: self.addr,
+            stream: BufReader::new(stream),
+        })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// A keep-alive HTTP/1.1 client, just enough for the API. It reconnects when the server has
+/// closed an idle connection.
+struct Client {
+    addr: SocketAddr,
+    stream: BufReader<TcpStream>,
+}
+
+impl Client {
+    fn execute(
+        &mut self,
+        code: &str,
+        output_bytes: Option<usize>,
+    ) -> Result<serde_json::Value, String> {
+        let mut body = serde_json::json!({"code": code});
+        if let Some(n) = output_bytes {
+            body["limits"] = serde_json::json!({"output_bytes": n});
+        }
+        let body = body.to_string();
+        let head = format!(
+            "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (status, text) = self.call(head.as_bytes(), body.as_bytes())?;
+        let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{e}"))?;
+        if status != 200 || v["status"] != "ok" {
+            return Err(format!("execution failed: {status} {v}"));
+        }
+        Ok(v)
+    }
+
+    fn get(&mut self, path: &str) -> Result<serde_json::Value, String> {
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+        );
+        let (_, text) = self.call(head.as_bytes(), b"")?;
+        serde_json::from_slice(&text).map_err(|e| format!("{e}"))
+    }
+
+    fn call(&mut self, head: &[u8], body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        match self.call_once(head, body) {
+            Err(e) if e.starts_with("send") || e == "connection closed" => {
+                let stream = TcpStream::connect(self.addr).map_err(|e| format!("connect: {e}"))?;
+                stream.set_nodelay(true).map_err(|e| e.to_string())?;
+                self.stream = BufReader::new(stream);
+                self.call_once(head, body)
+            }
+            other => other,
+        }
+    }
+
+    fn call_once(&mut self, head: &[u8], body: &[u8]) -> Result<(u16, Vec<u8>), String> {
+        let s = self.stream.get_mut();
+        s.write_all(head)
+            .and_then(|_| s.write_all(body))
+            .map_err(|e| format!("send: {e}"))?;
+        let mut status = 0;
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            self.stream
+                .read_line(&mut line)
+                .map_err(|e| format!("read: {e}"))?;
+            if line.is_empty() {
+                return Err("connection closed".into());
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(rest) = line.strip_prefix("HTTP/1.1 ") {
+                status = rest.get(..3).and_then(|c| c.parse().ok()).unwrap_or(0);
+            } else if let Some((k, v)) = line.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    length = v.trim().parse().map_err(|e| format!("{e}"))?;
+                }
+            }
+        }
+        let mut text = vec![0; length];
+        self.stream
+            .read_exact(&mut text)
+            .map_err(|e| format!("read body: {e}"))?;
+        Ok((status, text))
+    }
+}
+
+fn rss_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| {
+            c.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// PSS of every idle sandbox of the server: each of its children is a sandbox's outer init;
+/// a sandbox's cost is the sum over it and all its descendants.
+fn pooled_sandboxes(server: u32) -> Vec<u64> {
+    children(server)
+        .into_iter()
+        .map(|outer| {
+            let mut total = 0;
+            let mut todo = vec![outer];
+            while let Some(p) = todo.pop() {
+                total += pss_kib(p);
+                todo.extend(children(p));
+            }
+            total
+        })
+        .filter(|&t| t > 0)
+        .collect()
+}

@@ -1,0 +1,246 @@
+//! The warm pool, through the real `airlock serve`: pooled sandboxes are the same sandboxes,
+//! each serves one execution, nothing of one reaches the next, and the pool's state shows.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http::Server;
+use common::*;
+use serde_json::{json, Value};
+
+/// What a program can see of its sandbox, with nothing that differs between two sandboxes
+/// built alike (pids are namespaced, so they are the same too).
+const PROBE: &str = r#"
+import json, os, resource, socket, sys
+def status(field):
+    for line in open('/proc/self/status'):
+        if line.startswith(field + ':'):
+            return line.split(':', 1)[1].strip()
+def attempt(f):
+    try:
+        f()
+        return 'allowed'
+    except OSError as e:
+        return e.errno
+mounts = []
+for line in open('/proc/self/mountinfo'):
+    left, right = line.split(' - ')
+    f = left.split()
+    # Without the owner's ids, which are each sandbox's own host ids.
+    options = ','.join(o for o in right.split()[2].split(',') if not o.startswith(('uid=', 'gid=')))
+    mounts.append([f[4], f[5], right.split()[0], options])
+limits = {name: resource.getrlimit(getattr(resource, name)) for name in
+          ['RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC', 'RLIMIT_CORE']}
+def connect():
+    s = socket.socket()
+    s.settimeout(1)
+    s.connect(('127.0.0.1', 1))
+print(json.dumps({
+    'ids': [os.getuid(), os.getgid(), os.getgroups()],
+    'hostname': socket.gethostname(),
+    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
+    'root': sorted(os.listdir('/')),
+    'cwd': os.getcwd(),
+    'interfaces': attempt(socket.if_nameindex),
+    'caps': [status(f) for f in ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']],
+    'no_new_privs': status('NoNewPrivs'),
+    'seccomp': [status('Seccomp'), status('Seccomp_filters')],
+    'mounts': mounts,
+    'rlimits': limits,
+    'env': sorted(os.environ.items()),
+    'modules': sorted(sys.modules),
+    'write_usr': attempt(lambda: open('/usr/airlock-probe', 'w')),
+    'network': attempt(connect),
+    'cgroup': open('/proc/self/cgroup').read(),
+}, sort_keys=True))
+"#;
+
+fn metric(server: &Server, name: &str) -> f64 {
+    let text = server.call("GET", "/metrics", None).text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+}
+
+fn pool_status(server: &Server) -> Value {
+    server.call("GET", "/readyz", None).json()["pool"].clone()
+}
+
+/// Waits until the pool holds at least `n` idle sandboxes.
+fn wait_idle(server: &Server, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pool = pool_status(server);
+        if pool["idle"].as_u64() >= Some(n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool never had {n} idle: {pool}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_pooled_sandbox_is_the_same_sandbox_as_a_cold_one() {
+    let _g = serial();
+    let cold = run_unlocked(PROBE, &[]);
+    assert_eq!(cold.status(), "ok", "{cold:#?}");
+
+    let server = Server::start("[pool]\nsize = 1\n", &[]);
+    wait_idle(&server, 1);
+    let takes = metric(&server, "airlock_pool_takes_total");
+    let r = server.execute(json!({"code": PROBE}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let pooled = r.json();
+    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    assert_eq!(pooled["status"], "ok", "{pooled}");
+
+    let seen = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
+    let (cold_seen, pooled_seen) = (seen(&cold.json["stdout"]), seen(&pooled["stdout"]));
+    // Field by field, for a readable failure.
+    for (field, value) in cold_seen.as_object().unwrap() {
+        assert_eq!(
+            &pooled_seen[field], value,
+            "{field} differs between a pooled and a cold sandbox"
+        );
+    }
+    assert_eq!(cold_seen, pooled_seen);
+    assert_eq!(
+        cold_seen["write_usr"],
+        json!(nix::errno::Errno::EROFS as i32)
+    );
+    assert_ne!(cold_seen["network"], "allowed");
+    assert_eq!(pooled["isolation"], cold.json["isolation"]);
+    assert_eq!(pooled["isolation"]["seccomp"], "enforced");
+    drop(server);
+}
+
+#[test]
+fn nothing_of_one_execution_reaches_the_next() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("[pool]\nsize = 1\nmax_size = 1\nworkers = 1\n", &[]);
+    // Each run looks for what earlier runs left, then leaves all it can: files in every
+    // writable place, a module attribute, an environment variable, a process that outlives
+    // the program, and a SysV shared memory segment.
+    let code = r#"
+import ctypes, json, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+# A segment under a fixed key: creating it exclusively fails (EEXIST) if an earlier run made it.
+made = libc.shmget(0x5EED, 4096, 0o1000 | 0o2000 | 0o600)
+found = {
+    'files': sorted(os.listdir('/tmp') + os.listdir('/work') + os.listdir('/dev/shm')),
+    'module': getattr(json, 'planted', None),
+    'env': os.environ.get('PLANTED'),
+    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
+    'shm': 'made' if made >= 0 else os.strerror(ctypes.get_errno()),
+}
+for d in ['/tmp', '/work', '/dev/shm']:
+    open(d + '/planted', 'w').write('x')
+json.planted = True
+os.environ['PLANTED'] = '1'
+subprocess.Popen(['/usr/bin/python3', '-c', 'import os, time\nos.setsid()\ntime.sleep(60)'],
+                 start_new_session=True)
+time.sleep(0.2)
+found
+"#;
+    let runs = 5;
+    for i in 0..runs {
+        wait_idle(&server, 1);
+        let r = server.execute(json!({"code": code}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let body = r.json();
+        assert_eq!(body["status"], "ok", "run {i}: {body}");
+        assert_eq!(
+            body["result"],
+            json!({"files": [], "module": null, "env": null, "pids": ["1", "2"], "shm": "made"}),
+            "run {i} saw what an earlier run left"
+        );
+    }
+    let pool = pool_status(&server);
+    assert_eq!(pool["takes"], runs, "{pool}");
+    // Every take was replaced by a new sandbox: none ever went back.
+    assert!(pool["refills"].as_u64().unwrap() > runs, "{pool}");
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the pool's server stopped");
+}
+
+#[test]
+fn the_clock_starts_when_the_work_is_handed_over() {
+    let _g = serial();
+    let server = Server::start(
+        "[pool]\nsize = 1\n[engine.defaults]\ntimeout_ms = 1000\n",
+        &[],
+    );
+    wait_idle(&server, 1);
+    // Idle for longer than the timeout: the sandbox still gets all of it.
+    std::thread::sleep(Duration::from_millis(1500));
+    let r = server
+        .execute(json!({"code": "import time\ntime.sleep(0.6)\n'done'"}))
+        .json();
+    assert_eq!(
+        (&r["status"], &r["result"]),
+        (&json!("ok"), &json!("done")),
+        "{r}"
+    );
+    assert_eq!(pool_status(&server)["takes"], 1);
+    // And it is enforced from there.
+    wait_idle(&server, 1);
+    let r = server
+        .execute(json!({"code": "import time\ntime.sleep(5)"}))
+        .json();
+    assert_eq!(r["status"], "timeout", "{r}");
+    // Killed a full timeout after the take, not at once for having sat idle past it.
+    assert!(r["usage"]["wall_ms"].as_u64().unwrap() >= 1000, "{r}");
+    assert_eq!(pool_status(&server)["takes"], 2);
+    // A longer timeout of its own is still served from the pool: only the host keeps time.
+    wait_idle(&server, 1);
+    let r = server
+        .execute(json!({"code": "import time\ntime.sleep(1.2)\n1", "limits": {"timeout_ms": 3000}}))
+        .json();
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(pool_status(&server)["takes"], 3);
+    drop(server);
+}
+
+#[test]
+fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("[pool]\nsize = 2\nmax_size = 4\n", &[]);
+    wait_idle(&server, 2);
+    assert!(metric(&server, "airlock_pool_idle_sandboxes") >= 2.0);
+    let pool = pool_status(&server);
+    assert_eq!((&pool["size"], &pool["max_size"]), (&json!(2), &json!(4)));
+    let takes = metric(&server, "airlock_pool_takes_total");
+    let refills = metric(&server, "airlock_pool_refills_total");
+
+    let r = server.execute(json!({"code": "1"})).json();
+    assert_eq!(r["status"], "ok");
+    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    // Other limits than the pool's: a cold sandbox, counted as a miss.
+    let misses = metric(&server, "airlock_pool_misses_total{reason=\"limits\"}");
+    let r = server
+        .execute(json!({"code": "1", "limits": {"memory_mb": 128}}))
+        .json();
+    assert_eq!(
+        (&r["status"], &r["limits"]["memory_mb"]),
+        (&json!("ok"), &json!(128))
+    );
+    assert_eq!(
+        metric(&server, "airlock_pool_misses_total{reason=\"limits\"}"),
+        misses + 1.0
+    );
+    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    wait_idle(&server, 2);
+    assert!(metric(&server, "airlock_pool_refills_total") > refills);
+    assert_eq!(metric(&server, "airlock_pool_in_use_sandboxes"), 0.0);
+    assert_eq!(metric(&server, "airlock_pool_failures_total"), 0.0);
+    // Idle sandboxes are real sandboxes on the host, until the server stops.
+    assert!(sandbox_cgroups().len() >= before.sandbox_cgroups().len() + 2);
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the server stopped");
+}

@@ -1,0 +1,497 @@
+//! The warm pool: sandboxes started ahead of their work, so an execution does not wait for a
+//! sandbox to be built and an interpreter to start.
+//!
+//! A pooled sandbox is an ordinary sandbox in every respect (the same policy, namespaces,
+//! cgroup, seccomp filter and Landlock ruleset as a cold one), whose runner has started and
+//! waits for its request. Each serves exactly one execution and is destroyed with it: nothing
+//! is ever returned to the pool. The pool holds sandboxes built for the default limits; a job
+//! with other limits (beyond its timeout, which only the host enforces) gets a cold sandbox.
+//!
+//! Threads: a sandbox dies with the thread that started it (`PR_SET_PDEATHSIG` follows the
+//! parent thread), so pooled sandboxes are started by the pool's own worker threads, which
+//! live until every idle sandbox has been destroyed at `close`.
+//!
+//! Sizing: the pool keeps `size` sandboxes idle; each take that finds it empty raises the
+//! target by one, up to `max_size`, and the target falls back by one per `DECAY` without such
+//! a miss.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::{Child, Policy};
+use serde::{Deserialize, Serialize};
+
+use crate::{Engine, EngineError};
+
+/// How long a pooled sandbox may take to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Without a miss for this long, the target shrinks by one (down to `size`).
+const DECAY: Duration = Duration::from_secs(30);
+/// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
+const BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Warm pool settings (`[pool]` in the server's configuration).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Sandboxes kept ready at all times; 0 turns the pool off.
+    pub size: usize,
+    /// The most kept ready when demand outruns `size`.
+    pub max_size: usize,
+    /// Sandboxes started at once when refilling.
+    pub workers: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 2,
+            max_size: 8,
+            workers: 2,
+        }
+    }
+}
+
+impl PoolConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_size < self.size {
+            return Err(format!(
+                "pool.max_size ({}) is below pool.size ({})",
+                self.max_size, self.size
+            ));
+        }
+        if self.max_size > 256 {
+            return Err(format!("pool.max_size ({}) is above 256", self.max_size));
+        }
+        if self.size > 0 && !(1..=16).contains(&self.workers) {
+            return Err(format!(
+                "pool.workers ({}) must be between 1 and 16",
+                self.workers
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A sandbox whose runner is ready for its request.
+pub(crate) struct Warm {
+    pub child: Child,
+    pub control: UnixStream,
+}
+
+/// What the pool is doing, for metrics, `/readyz` and `airlock doctor`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub max_size: usize,
+    /// What the pool is filling up to now (between `size` and `max_size`).
+    pub target: usize,
+    pub idle: usize,
+    /// Pooled sandboxes running an execution now.
+    pub in_use: u64,
+    pub starting: usize,
+    /// Executions that got a pooled sandbox.
+    pub takes: u64,
+    /// Executions that found the pool empty.
+    pub misses_empty: u64,
+    /// Executions whose limits differ from the pool's (they always start cold).
+    pub misses_limits: u64,
+    /// Sandboxes added to the pool.
+    pub refills: u64,
+    /// Pooled sandboxes that failed to start, or were found dead when taken.
+    pub failures: u64,
+    pub last_error: Option<String>,
+}
+
+struct State {
+    idle: VecDeque<Warm>,
+    starting: usize,
+    target: usize,
+    last_miss: Instant,
+    /// No more sandboxes go into the pool.
+    closed: bool,
+    /// The workers may exit: every sandbox they started is gone.
+    stop: bool,
+    last_error: Option<String>,
+}
+
+struct Shared {
+    engine: Engine,
+    policy: Policy,
+    config: PoolConfig,
+    state: Mutex<State>,
+    wake: Condvar,
+    in_use: AtomicU64,
+    takes: AtomicU64,
+    misses_empty: AtomicU64,
+    misses_limits: AtomicU64,
+    refills: AtomicU64,
+    failures: AtomicU64,
+}
+
+/// A warm pool. Dropping it (or `close`) destroys every idle sandbox.
+pub struct Pool {
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Counts a pooled sandbox as in use until dropped.
+pub(crate) struct InUse(Arc<Shared>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.in_use.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Pool {
+    /// Starts filling a pool for `engine` (whose own pool, if any, is not used).
+    pub fn start(engine: &Engine, config: PoolConfig) -> Result<Pool, String> {
+        config.validate()?;
+        let engine = Engine {
+            pool: None,
+            ..engine.clone()
+        };
+        let policy = engine.policy(&engine.config.defaults);
+        let shared = Arc::new(Shared {
+            engine,
+            policy,
+            state: Mutex::new(State {
+                idle: VecDeque::new(),
+                starting: 0,
+                target: config.size,
+                last_miss: Instant::now(),
+                closed: false,
+                stop: false,
+                last_error: None,
+            }),
+            config: config.clone(),
+            wake: Condvar::new(),
+            in_use: AtomicU64::new(0),
+            takes: AtomicU64::new(0),
+            misses_empty: AtomicU64::new(0),
+            misses_limits: AtomicU64::new(0),
+            refills: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        });
+        let workers = if config.size == 0 { 0 } else { config.workers };
+        let handles = (0..workers)
+            .map(|i| {
+                let shared = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("airlock-pool-{i}"))
+                    .spawn(move || refill(&shared))
+                    .map_err(|e| format!("starting a pool thread: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Pool {
+            shared,
+            workers: Mutex::new(handles),
+        })
+    }
+
+    pub fn config(&self) -> &PoolConfig {
+        &self.shared.config
+    }
+
+    /// A ready sandbox for `policy`, if the pool holds one built for it. The sandbox is
+    /// removed from the pool for good.
+    pub(crate) fn take(&self, policy: &Policy) -> Option<(Warm, InUse)> {
+        let s = &self.shared;
+        if s.config.size == 0 {
+            return None;
+        }
+        if !same_sandbox(&s.policy, policy) {
+            s.misses_limits.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        loop {
+            let mut state = s.state();
+            let Some(warm) = state.idle.pop_front() else {
+                if !state.closed {
+                    s.misses_empty.fetch_add(1, Ordering::Relaxed);
+                    state.target = (state.target + 1).min(s.config.max_size);
+                    state.last_miss = Instant::now();
+                }
+                s.wake.notify_all();
+                return None;
+            };
+            s.wake.notify_all();
+            drop(state);
+            // A runner that wrote anything more, or whose end closed, is not a ready runner.
+            if readable(&warm.control) {
+                s.failures.fetch_add(1, Ordering::Relaxed);
+                s.state().last_error = Some("a pooled sandbox was found dead".into());
+                drop(warm);
+                continue;
+            }
+            s.takes.fetch_add(1, Ordering::Relaxed);
+            s.in_use.fetch_add(1, Ordering::Relaxed);
+            return Some((warm, InUse(s.clone())));
+        }
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        let s = &self.shared;
+        let state = s.state();
+        PoolStatus {
+            size: s.config.size,
+            max_size: s.config.max_size,
+            target: state.target,
+            idle: state.idle.len(),
+            in_use: s.in_use.load(Ordering::Relaxed),
+            starting: state.starting,
+            takes: s.takes.load(Ordering::Relaxed),
+            misses_empty: s.misses_empty.load(Ordering::Relaxed),
+            misses_limits: s.misses_limits.load(Ordering::Relaxed),
+            refills: s.refills.load(Ordering::Relaxed),
+            failures: s.failures.load(Ordering::Relaxed),
+            last_error: state.last_error.clone(),
+        }
+    }
+
+    /// Host pids of the processes of every idle sandbox, one list per sandbox (to measure
+    /// what an idle sandbox costs).
+    pub fn idle_processes(&self) -> Vec<Vec<i32>> {
+        self.shared
+            .state()
+            .idle
+            .iter()
+            .map(|w| w.child.processes())
+            .collect()
+    }
+
+    /// Stops refilling and destroys every idle sandbox. Sandboxes taken from the pool must
+    /// be finished first: they die with the workers, which exit here.
+    pub fn close(&self) {
+        let idle: Vec<Warm> = {
+            let mut state = self.shared.state();
+            state.closed = true;
+            state.idle.drain(..).collect()
+        };
+        // Destroyed while the workers that started them still live, so each goes through
+        // its own orderly kill and clean-up.
+        drop(idle);
+        self.shared.state().stop = true;
+        self.shared.wake.notify_all();
+        let workers: Vec<_> =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in workers {
+            let _ = w.join();
+        }
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Whether a sandbox built from `pooled` is the sandbox `wanted` would build: the same policy
+/// in everything but the wall clock, which the host alone enforces and restarts at take.
+fn same_sandbox(pooled: &Policy, wanted: &Policy) -> bool {
+    let mut wanted = wanted.clone();
+    wanted.limits.wall_time = pooled.limits.wall_time;
+    *pooled == wanted
+}
+
+fn readable(control: &UnixStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut fds = [PollFd::new(control.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) => n > 0,
+        Err(_) => true,
+    }
+}
+
+/// One refill worker: keeps `idle + starting` at the target until the pool closes.
+fn refill(s: &Arc<Shared>) {
+    let mut backoff = BACKOFF;
+    loop {
+        let mut excess = Vec::new();
+        {
+            let mut state = s.state();
+            loop {
+                if state.stop {
+                    return;
+                }
+                if state.closed {
+                    state = s
+                        .wake
+                        .wait_timeout(state, Duration::from_secs(1))
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                    continue;
+                }
+                if state.target > s.config.size && state.last_miss.elapsed() >= DECAY {
+                    state.target -= 1;
+                    state.last_miss = Instant::now();
+                    while state.idle.len() > state.target {
+                        excess.extend(state.idle.pop_back());
+                    }
+                }
+                if state.idle.len() + state.starting < state.target && excess.is_empty() {
+                    break;
+                }
+                if !excess.is_empty() {
+                    break;
+                }
+                state = s
+                    .wake
+                    .wait_timeout(state, Duration::from_secs(1))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            if excess.is_empty() {
+                state.starting += 1;
+            }
+        }
+        if !excess.is_empty() {
+            drop(excess);
+            continue;
+        }
+        let started = start_warm(&s.engine, &s.policy);
+        let mut state = s.state();
+        state.starting -= 1;
+        match started {
+            Ok(warm) if state.closed => {
+                // Destroyed here, by the thread it would die with.
+                drop(state);
+                drop(warm);
+            }
+            Ok(warm) => {
+                backoff = BACKOFF;
+                s.refills.fetch_add(1, Ordering::Relaxed);
+                state.idle.push_back(warm);
+            }
+            Err(e) => {
+                s.failures.fetch_add(1, Ordering::Relaxed);
+                state.last_error = Some(e.to_string());
+                // Wait, but wake for close.
+                let _ = s.wake.wait_timeout_while(state, backoff, |st| !st.closed);
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
+fn start_warm(engine: &Engine, policy: &Policy) -> Result<Warm, EngineError> {
+    let (child, mut control) = engine.start_sandbox(policy, true)?;
+    let io = |what: &'static str| move |source| EngineError::Io { what, source };
+    control
+        .set_read_timeout(Some(READY_TIMEOUT))
+        .map_err(io("pool: setting a timeout"))?;
+    let mut byte = [0u8; 1];
+    let got = control.read(&mut byte);
+    if !matches!(got, Ok(1)) || byte[0] != b'R' {
+        // Its own report says what went wrong, when it has one.
+        child.killer().kill(airlock_sandbox::KillReason::Cancelled);
+        let why = match child.wait() {
+            Err(e) => e.to_string(),
+            Ok(o) => format!("the runner did not report ready (exit: {:?})", o.exit),
+        };
+        return Err(EngineError::Io {
+            what: "pool: starting a sandbox",
+            source: std::io::Error::other(why),
+        });
+    }
+    control
+        .set_read_timeout(None)
+        .map_err(io("pool: clearing a timeout"))?;
+    Ok(Warm { child, control })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EngineConfig;
+
+    #[test]
+    fn only_a_sandbox_built_alike_is_taken_from_the_pool() {
+        let Ok(engine) = Engine::new(EngineConfig::default()) else {
+            panic!("/usr/bin/python3 is required by the test suite");
+        };
+        let defaults = engine.config().defaults.clone();
+        let pooled = engine.policy(&defaults);
+        // The timeout is the host's alone: restarted at take.
+        let longer = airlock_api::Limits {
+            timeout_ms: defaults.timeout_ms * 2,
+            output_bytes: defaults.output_bytes * 2,
+            ..defaults.clone()
+        };
+        assert!(same_sandbox(&pooled, &engine.policy(&longer)));
+        // Anything the sandbox itself is built with is not.
+        for other in [
+            airlock_api::Limits {
+                memory_mb: defaults.memory_mb / 2,
+                ..defaults.clone()
+            },
+            airlock_api::Limits {
+                cpu_ms: defaults.cpu_ms / 2,
+                ..defaults.clone()
+            },
+            airlock_api::Limits {
+                pids: defaults.pids / 2,
+                ..defaults.clone()
+            },
+            airlock_api::Limits {
+                disk_mb: defaults.disk_mb / 2,
+                ..defaults.clone()
+            },
+        ] {
+            assert!(!same_sandbox(&pooled, &engine.policy(&other)), "{other:?}");
+        }
+    }
+
+    #[test]
+    fn settings_are_checked() {
+        assert!(PoolConfig::default().validate().is_ok());
+        let bad = |c: PoolConfig| c.validate().unwrap_err();
+        assert!(bad(PoolConfig {
+            size: 4,
+            max_size: 2,
+            ..PoolConfig::default()
+        })
+        .contains("max_size"));
+        assert!(bad(PoolConfig {
+            max_size: 1000,
+            ..PoolConfig::default()
+        })
+        .contains("256"));
+        assert!(bad(PoolConfig {
+            workers: 0,
+            ..PoolConfig::default()
+        })
+        .contains("workers"));
+        assert!(PoolConfig {
+            size: 0,
+            max_size: 0,
+            workers: 0
+        }
+        .validate()
+        .is_ok());
+    }
+}
