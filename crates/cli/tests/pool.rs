@@ -164,6 +164,20 @@ found
     assert_eq!(pool["takes"], runs, "{pool}");
     // Every take was replaced by a new sandbox: none ever went back.
     assert!(pool["refills"].as_u64().unwrap() > runs, "{pool}");
+    // Used sandboxes are gone while the server runs (their cgroups are removed in the
+    // background): what is left is the one idle sandbox.
+    wait_idle(&server, 1);
+    let names = |dirs: &[std::path::PathBuf]| {
+        dirs.iter()
+            .map(|d| d.file_name().unwrap().to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while names(&sandbox_cgroups()) != names(before.sandbox_cgroups()) + 1 {
+        assert!(Instant::now() < deadline, "{:?}", sandbox_cgroups());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after the pool's server stopped");
 }

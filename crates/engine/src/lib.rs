@@ -176,6 +176,7 @@ pub struct Engine {
     config: EngineConfig,
     interpreter: Interpreter,
     pool: Option<Arc<Pool>>,
+    defer_cleanup: bool,
 }
 
 impl Engine {
@@ -185,7 +186,15 @@ impl Engine {
             config,
             interpreter,
             pool: None,
+            defer_cleanup: false,
         })
+    }
+
+    /// Answers as soon as a sandbox's processes are gone, leaving the removal of its empty
+    /// cgroup to a background thread (a long-running server; `airlock_sandbox::settle` must
+    /// be called before exiting).
+    pub fn defer_cleanup(&mut self) {
+        self.defer_cleanup = true;
     }
 
     /// Starts a warm pool (see `pool`) that this engine, and its clones made from now on,
@@ -385,6 +394,9 @@ impl Engine {
             }
         };
         let taken = pooled.then(|| asked.elapsed());
+        if self.defer_cleanup {
+            child.defer_cleanup();
+        }
         if let Some(c) = &cancel {
             c.attach(child.killer());
         }

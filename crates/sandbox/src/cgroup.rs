@@ -562,6 +562,78 @@ impl Drop for SandboxCgroup {
     }
 }
 
+/// Removal of empty sandbox cgroups off an execution's critical path: `rmdir` of a v1 memory
+/// cgroup waits for an RCU grace period, several milliseconds that the answer need not wait
+/// for. Only cgroups whose processes are all gone are handed over; what a crash leaves behind
+/// is swept by [`remove_leftovers`] at the next start.
+struct Janitor {
+    queue: std::sync::Mutex<Option<std::sync::mpsc::Sender<SandboxCgroup>>>,
+    pending: std::sync::Mutex<usize>,
+    done: std::sync::Condvar,
+}
+
+/// Beyond this many waiting removals, removal happens in line again (back-pressure).
+const MAX_PENDING_REMOVALS: usize = 64;
+
+static JANITOR: std::sync::OnceLock<Janitor> = std::sync::OnceLock::new();
+
+fn janitor() -> &'static Janitor {
+    JANITOR.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<SandboxCgroup>();
+        let spawned = std::thread::Builder::new()
+            .name("airlock-cgroup-janitor".into())
+            .spawn(move || {
+                for cg in rx {
+                    let _ = cg.remove();
+                    let j = janitor();
+                    *j.pending.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    j.done.notify_all();
+                }
+            });
+        Janitor {
+            queue: std::sync::Mutex::new(spawned.ok().map(|_| tx)),
+            pending: std::sync::Mutex::new(0),
+            done: std::sync::Condvar::new(),
+        }
+    })
+}
+
+impl SandboxCgroup {
+    /// Removes the (empty) cgroup in the background; in line when the background is busy or
+    /// unavailable.
+    pub(crate) fn remove_later(self) -> Result<(), CgroupError> {
+        let j = janitor();
+        let queue = j.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = j.pending.lock().unwrap_or_else(|e| e.into_inner());
+        match &*queue {
+            Some(tx) if *pending < MAX_PENDING_REMOVALS => {
+                *pending += 1;
+                if let Err(back) = tx.send(self) {
+                    *pending -= 1;
+                    drop((pending, queue));
+                    return back.0.remove();
+                }
+                Ok(())
+            }
+            _ => {
+                drop((pending, queue));
+                self.remove()
+            }
+        }
+    }
+}
+
+/// Waits until every cgroup handed to the background has been removed: call before exiting.
+pub fn settle() {
+    let Some(j) = JANITOR.get() else {
+        return;
+    };
+    let mut pending = j.pending.lock().unwrap_or_else(|e| e.into_inner());
+    while *pending > 0 {
+        pending = j.done.wait(pending).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
 /// Removes sandbox cgroups that a crashed airlock left behind beneath `layout`: those whose
 /// name carries a pid that is no longer an airlock process. Returns the paths removed.
 pub fn remove_leftovers(layout: &Layout) -> Vec<PathBuf> {

@@ -248,6 +248,8 @@ pub struct Child {
     started: Instant,
     /// CPU time the sandbox had used when its clock was (re)started; not counted against it.
     cpu_before: Duration,
+    /// Remove the emptied cgroup in the background (see `defer_cleanup`).
+    defer_cleanup: bool,
     limits: Limits,
     isolation: Isolation,
 }
@@ -386,6 +388,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         cgroup,
         started: Instant::now(),
         cpu_before: Duration::ZERO,
+        defer_cleanup: false,
         limits: policy.limits.clone(),
         isolation,
     };
@@ -428,6 +431,13 @@ impl Child {
             .as_ref()
             .and_then(SandboxCgroup::cpu_usage)
             .unwrap_or_default();
+    }
+
+    /// Lets `wait` return once every process of the sandbox is gone and its counters are
+    /// read, leaving the removal of its empty cgroup to a background thread. A process that
+    /// uses this must call [`crate::settle`] before it exits.
+    pub fn defer_cleanup(&mut self) {
+        self.defer_cleanup = true;
     }
 
     /// Host pids of every process in the sandbox (from its cgroup; empty without one).
@@ -562,7 +572,11 @@ impl Child {
             .unwrap_or_default();
         if let Some(cg) = cgroup {
             cg.kill_all();
-            cg.remove()?;
+            if self.defer_cleanup && cg.pids().is_empty() {
+                cg.remove_later()?;
+            } else {
+                cg.remove()?;
+            }
         }
         if stuck {
             return Err(WaitError::Stuck(KILL_GRACE));

@@ -90,6 +90,7 @@ pub async fn run(
         println!("airlock: generated an API key. It is shown only now; store it:\n{key}");
     }
     let mut engine = Engine::new(config.engine.clone())?;
+    engine.defer_cleanup();
     let audit = AuditLog::open(&state_dir).map_err(ServeError::Audit)?;
     if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
         let removed = airlock_sandbox::remove_leftovers(layout);
@@ -214,6 +215,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     if let Some(pool) = state.engine.pool().cloned() {
         let _ = tokio::task::spawn_blocking(move || pool.close()).await;
     }
+    let _ = tokio::task::spawn_blocking(airlock_sandbox::settle).await;
     tracing::info!(still_running = state.running_count(), "stopped");
     Ok(())
 }
