@@ -258,3 +258,75 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after the server stopped");
 }
+
+#[test]
+fn a_pooled_sandbox_that_died_idle_is_never_handed_out() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("[pool]\nsize = 1\nmax_size = 1\nworkers = 1\n", &[]);
+    wait_idle(&server, 1);
+    // Kill the waiting interpreter of the idle sandbox, as an OOM kill or an operator might.
+    let mut killed = 0;
+    for p in sandbox_processes() {
+        if p.contains("python3") && p.trim_end().ends_with("warm") {
+            let pid: i32 = p.split_whitespace().next().unwrap()["/proc/".len()..]
+                .parse()
+                .unwrap();
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 1, "{:#?}", sandbox_processes());
+    std::thread::sleep(Duration::from_millis(200));
+    let r = server.execute(json!({"code": "6 * 7"})).json();
+    assert_eq!(
+        (&r["status"], &r["result"]),
+        (&json!("ok"), &json!(42)),
+        "{r}"
+    );
+    let pool = pool_status(&server);
+    assert_eq!(pool["failures"], 1, "{pool}");
+    assert!(
+        pool["last_error"].as_str().unwrap().contains("dead"),
+        "{pool}"
+    );
+    assert_eq!(pool["takes"], 0, "{pool}");
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the server stopped");
+}
+
+#[test]
+fn a_pool_that_cannot_start_sandboxes_says_why_and_backs_off() {
+    let _g = serial();
+    let before = HostState::now();
+    // No interpreter starts in 4 MiB.
+    let server = Server::start("[pool]\nsize = 2\n[engine.defaults]\nmemory_mb = 4\n", &[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pool = loop {
+        let pool = pool_status(&server);
+        if pool["failures"].as_u64() >= Some(2) {
+            break pool;
+        }
+        assert!(Instant::now() < deadline, "no failure reported: {pool}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(pool["idle"], 0, "{pool}");
+    assert!(
+        pool["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("starting a sandbox")),
+        "{pool}"
+    );
+    assert!(metric(&server, "airlock_pool_failures_total") >= 2.0);
+    // Executions still get an answer (a cold sandbox, and its own verdict).
+    let r = server.execute(json!({"code": "1"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_ne!(r.json()["status"], "ok");
+    // Failed starts back off (0.5 s, doubling) instead of spinning.
+    std::thread::sleep(Duration::from_millis(1500));
+    let failures = pool_status(&server)["failures"].as_u64().unwrap();
+    assert!(failures <= 10, "{failures} failed starts in about 2 s");
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the server stopped");
+}

@@ -411,7 +411,19 @@ fn start_warm(engine: &Engine, policy: &Policy) -> Result<Warm, EngineError> {
         child.killer().kill(airlock_sandbox::KillReason::Cancelled);
         let why = match child.wait() {
             Err(e) => e.to_string(),
-            Ok(o) => format!("the runner did not report ready (exit: {:?})", o.exit),
+            Ok(o) => {
+                let how = match o.exit {
+                    Some(airlock_sandbox::Exit::Code(c)) => format!("exited with code {c}"),
+                    Some(airlock_sandbox::Exit::Signal(s)) => format!("was killed by signal {s}"),
+                    None => "ended without an exit status".into(),
+                };
+                let oom = if o.oom_kills > 0 {
+                    " (out of memory: the default memory limit is too small for the interpreter)"
+                } else {
+                    ""
+                };
+                format!("the interpreter {how} before it was ready{oom}")
+            }
         };
         return Err(EngineError::Io {
             what: "pool: starting a sandbox",
