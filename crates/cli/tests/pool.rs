@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::http::Server;
+use common::http::{request, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
 
@@ -253,6 +253,33 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert!(metric(&server, "airlock_pool_refills_total") > refills);
     assert_eq!(metric(&server, "airlock_pool_in_use_sandboxes"), 0.0);
     assert_eq!(metric(&server, "airlock_pool_failures_total"), 0.0);
+    // Demand: executions that find the pool empty raise what it keeps ready, up to max_size.
+    let target = pool_status(&server)["target"].as_u64().unwrap();
+    let addr = server.addr;
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(move || {
+                let body = json!({"code": "import time\ntime.sleep(0.3)"});
+                let headers = [
+                    ("Authorization".to_owned(), format!("Bearer {KEY}")),
+                    ("Content-Type".to_owned(), "application/json".to_owned()),
+                ];
+                let r = request(
+                    addr,
+                    "POST",
+                    "/v1/execute",
+                    &headers,
+                    Some(body.to_string().as_bytes()),
+                );
+                assert_eq!(r.json()["status"], "ok");
+            });
+        }
+    });
+    let pool = pool_status(&server);
+    assert!(pool["misses_empty"].as_u64().unwrap() > 0, "{pool}");
+    assert!(pool["target"].as_u64().unwrap() > target, "{pool}");
+    assert!(pool["target"].as_u64().unwrap() <= 4, "{pool}");
+    wait_idle(&server, pool["target"].as_u64().unwrap());
     // Idle sandboxes are real sandboxes on the host, until the server stops.
     assert!(sandbox_cgroups().len() >= before.sandbox_cgroups().len() + 2);
     assert!(server.stop().success());
