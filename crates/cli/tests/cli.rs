@@ -11,12 +11,6 @@ use std::process::Stdio;
 use common::*;
 use serde_json::{json, Value};
 
-fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("airlock-cli-{}-{name}", std::process::id()));
-    std::fs::write(&path, contents).unwrap();
-    path
-}
-
 #[test]
 fn bad_input_is_refused_in_one_line_before_anything_runs() {
     let _guard = serial();

@@ -172,10 +172,18 @@ except RuntimeError as e:
 
 #[test]
 fn cpu_time_is_limited_per_process_and_for_the_whole_sandbox() {
-    // One busy process: RLIMIT_CPU's SIGXCPU.
+    // One busy process: RLIMIT_CPU's SIGXCPU. Without the cgroup, whose sandbox-wide count
+    // (the inits' CPU included) would otherwise race it to the kill.
     let r = run(
         "while True:\n    pass\n",
-        &["--cpu-time", "1s", "--timeout", "20s"],
+        &[
+            "--cpu-time",
+            "1s",
+            "--timeout",
+            "20s",
+            "--downgrade",
+            "cgroups",
+        ],
     );
     assert_eq!(r.status(), "cpu_limit", "{r:#?}");
     assert_eq!(r.json["signal"], 24);

@@ -327,8 +327,8 @@ fn a_pooled_sandbox_that_died_idle_is_never_handed_out() {
 fn a_pool_that_cannot_start_sandboxes_says_why_and_backs_off() {
     let _g = serial();
     let before = HostState::now();
-    // No interpreter starts in 4 MiB.
-    let server = Server::start("[pool]\nsize = 2\n[engine.defaults]\nmemory_mb = 4\n", &[]);
+    // No interpreter starts with four descriptors (its own 0-3 take them all).
+    let server = Server::start("[pool]\nsize = 2\n[engine]\nopen_files = 4\n", &[]);
     let deadline = Instant::now() + Duration::from_secs(10);
     let pool = loop {
         let pool = pool_status(&server);

@@ -144,6 +144,37 @@ fn exceptions_give_type_message_and_the_code_s_own_traceback() {
 }
 
 #[test]
+fn the_interpreter_ends_as_python_itself_would() {
+    // Finalizers run and user-made streams are flushed at exit; a closed stderr is no error;
+    // a warning shows its source line; the code's own lines are shown even when the working
+    // directory holds a file of the same name.
+    let shadow = temp_file("shadow.py", b"this is not the code\n");
+    let code = "import os, sys, warnings\n\
+                class A:\n    def __del__(self):\n        print('finalized')\n\
+                a = A()\n\
+                out = os.fdopen(os.dup(1), 'w')\n\
+                out.write('buffered\\n')\n\
+                warnings.warn('careful')\n\
+                sys.stderr.flush()\n\
+                sys.stderr.close()\n\
+                42\n";
+    let file = format!("{}:main.py", shadow.display());
+    let r = run(code, &["--file", &file]);
+    assert_eq!((r.status(), r.result()), ("ok", &json!(42)), "{r:#?}");
+    let stdout = r.stdout_text();
+    assert!(stdout.contains("finalized"), "{r:#?}");
+    assert!(stdout.contains("buffered"), "{r:#?}");
+    let stderr = r.json["stderr"].as_str().unwrap();
+    assert!(
+        stderr.contains("main.py:8: UserWarning: careful"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("warnings.warn('careful')"), "{stderr}");
+    assert!(!stderr.contains("this is not the code"), "{stderr}");
+    std::fs::remove_file(shadow).unwrap();
+}
+
+#[test]
 fn sys_exit_is_an_exit_not_an_exception() {
     let r = run("import sys\nsys.exit(3)", &[]);
     assert_eq!(

@@ -12,11 +12,11 @@ import sys
 
 # Everything the runner needs, imported before the request is read, so a warm sandbox has it
 # ready and user code sees the same modules loaded either way. Kept lean, because a cold start
-# pays for each: `_ast` and `binascii` are built in (`ast` and `base64` cost ~10 ms more), and
-# tracebacks find the code's lines through the module's `__loader__`, not `linecache`.
+# pays for each: `_ast` and `binascii` are built in (`ast` and `base64` cost ~10 ms more).
 import _ast
 import binascii
 import json
+import linecache
 import stat
 
 CHANNEL = 3
@@ -103,23 +103,9 @@ def to_json(value, depth, cap):
     return marked_repr(value, "not a JSON value", cap)
 
 
-class Source:
-    """The `__loader__` of the code's module: lets tracebacks (ours, and any the code prints
-    itself) show its lines."""
-
-    def __init__(self, code):
-        self.code = code
-
-    def get_source(self, name):
-        return self.code
-
-
-def describe(exc, filename, code):
-    import linecache
+def describe(exc, filename):
     import traceback
 
-    # The code's own lines, even if a file of the same name is in the working directory.
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
         tb = tb.tb_next  # the runner's own frames
@@ -181,8 +167,9 @@ def main():
     if request["stream"]:
         sys.stdout.reconfigure(line_buffering=True)
 
+    # Tracebacks and warnings show the code's own lines (never a file of the same name).
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     main_module = type(sys)("__main__")
-    main_module.__loader__ = Source(code)
     sys.modules["__main__"] = main_module
     namespace = main_module.__dict__
 
@@ -200,7 +187,7 @@ def main():
         sys.stdout.flush()
         raise
     except BaseException as exc:
-        error = describe(exc, filename, code)
+        error = describe(exc, filename)
         sys.stdout.flush()
         if request["echo_traceback"]:
             sys.stderr.write(error["traceback"])
@@ -211,27 +198,6 @@ def main():
         sys.exit(1)
     sys.stdout.flush()
     send_result(value, limit, depth, cap)
-    finish()
-
-
-def finish():
-    """Exits the way Python's own shutdown would, as far as a program can tell: other threads
-    joined, atexit functions run, streams flushed (an unflushable stdout exits 120, as in
-    CPython). It skips freeing every object one by one, which nobody sees and which costs
-    milliseconds."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        threading._shutdown()
-    import atexit
-
-    atexit._run_exitfuncs()
-    code = 0
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            code = 120
-    os._exit(code)
 
 
 if sys.argv[1:] == ["warm"]:

@@ -576,6 +576,12 @@ struct Janitor {
 const MAX_PENDING_REMOVALS: usize = 64;
 
 static JANITOR: std::sync::OnceLock<Janitor> = std::sync::OnceLock::new();
+static CLEANUP_FAILURES: AtomicU64 = AtomicU64::new(0);
+
+/// Cgroups the background removal failed to remove (swept at the next start instead).
+pub fn cleanup_failures() -> u64 {
+    CLEANUP_FAILURES.load(Ordering::Relaxed)
+}
 
 fn janitor() -> &'static Janitor {
     JANITOR.get_or_init(|| {
@@ -584,7 +590,9 @@ fn janitor() -> &'static Janitor {
             .name("airlock-cgroup-janitor".into())
             .spawn(move || {
                 for cg in rx {
-                    let _ = cg.remove();
+                    if cg.remove().is_err() {
+                        CLEANUP_FAILURES.fetch_add(1, Ordering::Relaxed);
+                    }
                     let j = janitor();
                     *j.pending.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
                     j.done.notify_all();

@@ -47,7 +47,9 @@ pub mod seccomp;
 mod spawn;
 mod sys;
 
-pub use cgroup::{remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX};
+pub use cgroup::{
+    cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
+};
 pub use host::{host_support, HostSupport};
 pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
 pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};

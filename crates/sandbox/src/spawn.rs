@@ -246,8 +246,6 @@ pub struct Child {
     killer: Killer,
     cgroup: Option<SandboxCgroup>,
     started: Instant,
-    /// CPU time the sandbox had used when its clock was (re)started; not counted against it.
-    cpu_before: Duration,
     /// Remove the emptied cgroup in the background (see `defer_cleanup`).
     defer_cleanup: bool,
     limits: Limits,
@@ -387,7 +385,6 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         killer,
         cgroup,
         started: Instant::now(),
-        cpu_before: Duration::ZERO,
         defer_cleanup: false,
         limits: policy.limits.clone(),
         isolation,
@@ -420,17 +417,13 @@ impl Child {
         self.killer.clone()
     }
 
-    /// Restarts the wall clock with `wall_time`, and the CPU count from what has been used so
-    /// far: for a sandbox started ahead of its work (a warm pool), whose clock should run from
-    /// when the work is handed to it. Every other limit stays as the policy set it.
+    /// Restarts the wall clock with `wall_time`: for a sandbox started ahead of its work (a
+    /// warm pool), whose clock should run from when the work is handed to it. CPU time keeps
+    /// counting from the start, as for any sandbox, so the two are billed alike. Every other
+    /// limit stays as the policy set it.
     pub fn restart_clock(&mut self, wall_time: Duration) {
         self.started = Instant::now();
         self.limits.wall_time = wall_time;
-        self.cpu_before = self
-            .cgroup
-            .as_ref()
-            .and_then(SandboxCgroup::cpu_usage)
-            .unwrap_or_default();
     }
 
     /// Lets `wait` return once every process of the sandbox is gone and its counters are
@@ -487,7 +480,7 @@ impl Child {
             }
             if watch_cpu
                 && self.cgroup.as_ref().and_then(SandboxCgroup::cpu_usage)
-                    >= Some(self.cpu_before + self.limits.cpu_time)
+                    >= Some(self.limits.cpu_time)
             {
                 self.killer.kill(KillReason::CpuTime);
             }
@@ -591,7 +584,7 @@ impl Child {
             pids_limit_hits: stats.pids_limit_hits,
             usage: Usage {
                 wall,
-                cpu: stats.cpu.map(|c| c.saturating_sub(self.cpu_before)),
+                cpu: stats.cpu,
                 program_cpu,
                 memory_peak_bytes: stats.memory_peak_bytes,
             },

@@ -214,7 +214,8 @@ impl Metrics {
     }
 }
 
-/// The warm pool's state (zeros when there is none), in Prometheus text.
+/// The warm pool's state (zeros when there is none) and background clean-up failures, in
+/// Prometheus text.
 pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
     let mut out = String::new();
     for (name, kind, help, value) in [
@@ -260,6 +261,12 @@ pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     }
+    let name = "airlock_cgroup_cleanup_failures_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Emptied sandbox cgroups the background removal could not remove (swept at the next start).\n# TYPE {name} counter\n{name} {}",
+        airlock_sandbox::cleanup_failures()
+    );
     let name = "airlock_pool_misses_total";
     let _ = writeln!(
         out,

@@ -141,6 +141,13 @@ pub fn invoke(args: &[&str], stdin: &[u8]) -> Run {
     finish(out, args.contains(&"--json"))
 }
 
+/// A file in the temporary directory, named after this test process.
+pub fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("airlock-test-{}-{name}", std::process::id()));
+    fs::write(&path, contents).unwrap();
+    path
+}
+
 /// Runs `code` with `airlock run --json ARGS`, checking that the host is unchanged afterwards.
 pub fn run(code: &str, args: &[&str]) -> Run {
     let _guard = serial();
