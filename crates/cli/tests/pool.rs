@@ -249,6 +249,17 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         misses + 1.0
     );
     assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    // The log says which executions ran in a pooled sandbox.
+    let log = server.log_lines();
+    let executions: Vec<&String> = log.iter().filter(|l| l.contains(" execution ")).collect();
+    assert!(
+        executions.iter().any(|l| l.contains("pooled=true")),
+        "{log:#?}"
+    );
+    assert!(
+        executions.iter().any(|l| l.contains("pooled=false")),
+        "{log:#?}"
+    );
     wait_idle(&server, 2);
     assert!(metric(&server, "airlock_pool_refills_total") > refills);
     assert_eq!(metric(&server, "airlock_pool_in_use_sandboxes"), 0.0);

@@ -604,7 +604,7 @@ fn finish(
             return Err(Error::internal("the execution failed inside airlock"));
         }
     };
-    let result = execution.result;
+    let (result, pooled) = (execution.result, execution.pooled);
     let m = &state.metrics;
     m.executions.add(&[result.status.as_str()]);
     m.execution_seconds
@@ -650,6 +650,7 @@ fn finish(
         key = %ctx.key,
         status = %result.status,
         wall_ms = result.usage.wall_ms,
+        pooled,
         "execution"
     );
     Ok(ExecuteResponse { id: ctx.id, result })
