@@ -9,6 +9,7 @@
 
 mod config;
 mod interpreter;
+mod marshal;
 mod pool;
 mod pump;
 mod verdict;
@@ -24,8 +25,6 @@ use std::sync::{Arc, Mutex};
 use airlock_sandbox::{
     spawn, Command, Enforcement, KillReason, Killer, Policy, Scratch, SpawnError,
 };
-use base64::Engine as _;
-use serde::Serialize;
 
 pub use config::{EngineConfig, LimitError, Mechanism};
 pub use interpreter::{Interpreter, InterpreterError};
@@ -137,26 +136,6 @@ pub enum EngineError {
     },
     #[error("the execution was cancelled before its sandbox started")]
     Cancelled,
-}
-
-#[derive(Serialize)]
-struct RunnerRequest<'a> {
-    code: &'a str,
-    filename: &'a str,
-    env: std::collections::BTreeMap<&'a str, &'a str>,
-    files: Vec<RunnerFile<'a>>,
-    stream: bool,
-    echo_traceback: bool,
-    sys_path: &'a [String],
-    result_limit: u64,
-    repr_limit: usize,
-    max_depth: usize,
-}
-
-#[derive(Serialize)]
-struct RunnerFile<'a> {
-    path: &'a str,
-    data: String,
 }
 
 /// One execution's result, and how long its sandbox took to be ready.
@@ -341,39 +320,66 @@ impl Engine {
         }
     }
 
+    /// The runner's request for `job` (see `marshal`).
+    fn runner_request(&self, job: &Job) -> Result<Vec<u8>, EngineError> {
+        use marshal::Value;
+        // A limit past what one marshal integer holds is no limit anyway: no single answer
+        // can be that large.
+        let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
+        let request = Value::Dict(vec![
+            ("code", Value::Str(&job.code)),
+            ("filename", Value::Str(&job.filename)),
+            (
+                "env",
+                Value::Dict(
+                    job.env
+                        .iter()
+                        .map(|(k, v)| (k.as_str(), Value::Str(v)))
+                        .collect(),
+                ),
+            ),
+            (
+                "files",
+                Value::List(
+                    job.files
+                        .iter()
+                        .map(|f| {
+                            Value::Dict(vec![
+                                ("path", Value::Str(&f.path)),
+                                ("data", Value::Bytes(&f.data)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            ("stream", Value::Bool(job.stream)),
+            ("echo_traceback", Value::Bool(job.echo_traceback)),
+            (
+                "sys_path",
+                Value::List(
+                    self.interpreter
+                        .extra_sys_path
+                        .iter()
+                        .map(|p| Value::Str(p))
+                        .collect(),
+                ),
+            ),
+            ("result_limit", int(self.config.max_result_bytes)),
+            ("repr_limit", int(REPR_LIMIT as u64)),
+            ("max_depth", int(MAX_DEPTH as u64)),
+        ]);
+        marshal::encode(&request).map_err(|e| EngineError::Io {
+            what: "encoding the request",
+            source: std::io::Error::other(e),
+        })
+    }
+
     /// Runs one job in a fresh sandbox. Errors mean nothing ran (bad input, or a host that
     /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
     pub fn execute(&self, job: Job, sink: &mut dyn OutputSink) -> Result<Execution, EngineError> {
         self.check(&job)?;
         let policy = self.policy(&job.limits);
-        let files = job
-            .files
-            .iter()
-            .map(|f| RunnerFile {
-                path: &f.path,
-                data: base64::engine::general_purpose::STANDARD.encode(&f.data),
-            })
-            .collect();
-        let request = serde_json::to_vec(&RunnerRequest {
-            code: &job.code,
-            filename: &job.filename,
-            env: job
-                .env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-            files,
-            stream: job.stream,
-            echo_traceback: job.echo_traceback,
-            sys_path: &self.interpreter.extra_sys_path,
-            result_limit: self.config.max_result_bytes,
-            repr_limit: REPR_LIMIT,
-            max_depth: MAX_DEPTH,
-        })
-        .map_err(|e| EngineError::Io {
-            what: "encoding the request",
-            source: e.into(),
-        })?;
+        let request = self.runner_request(&job)?;
 
         let cancel = job.cancel.clone();
         if cancel.as_ref().is_some_and(Cancel::is_cancelled) {

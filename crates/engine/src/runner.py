@@ -2,8 +2,9 @@
 # `python3 -I -S -B -c <this file>` (and the argument `warm` in a sandbox started ahead of its
 # work, for the warm pool: it then says it is ready with one byte on descriptor 3 first).
 #
-# It reads one request (JSON) from descriptor 3 until EOF, runs the code in a fresh __main__,
-# and writes one response (JSON) back on descriptor 3: {"result": ...} or {"error": ...}.
+# It reads one request (marshal, from the host) from descriptor 3 until EOF, runs the code in a
+# fresh __main__, and writes one response (JSON) back on descriptor 3: {"result": ...} or
+# {"error": ...}.
 # Whatever the code prints goes to stdout/stderr and can never be taken for the response.
 # The host treats the response as untrusted data: it parses it with size and depth limits,
 # and takes the verdict (status, exit code, signal, limits) only from the kernel.
@@ -11,12 +12,12 @@ import os
 import sys
 
 # Everything the runner needs, imported before the request is read, so a warm sandbox has it
-# ready and user code sees the same modules loaded either way. Kept lean, because a cold start
-# pays for each: `_ast` and `binascii` are built in (`ast` and `base64` cost ~10 ms more).
+# ready and user code sees the same modules loaded either way. Kept lean, because every
+# sandbox pays for each: `json` and `linecache` would each import `re` and compile patterns,
+# more work together than starting the interpreter; `marshal` and `_json` are C.
 import _ast
-import binascii
-import json
-import linecache
+import _json
+import marshal
 import stat
 
 CHANNEL = 3
@@ -30,11 +31,17 @@ def read_request():
         if not chunk:
             break
         chunks.append(chunk)
-    return json.loads(b"".join(chunks))
+    return marshal.loads(b"".join(chunks))
+
+
+# json.dumps(payload, ensure_ascii=False, separators=(",", ":")), from json's own C encoder.
+# Payloads are built by to_json (or are errors made of strings): exact JSON types only, no
+# cycles, no non-finite floats.
+ENCODE = _json.make_encoder(None, None, _json.encode_basestring, None, ":", ",", False, False, False)
 
 
 def send(payload, limit):
-    text = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = "".join(ENCODE(payload, 0))
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
@@ -103,6 +110,35 @@ def to_json(value, depth, cap):
     return marked_repr(value, "not a JSON value", cap)
 
 
+class SeedLinecache:
+    """Puts the code's lines into `linecache` the moment anything imports it (a traceback, a
+    warning, the code itself), then steps aside; importing it up front would cost every
+    sandbox a regular-expression compiler."""
+
+    def __init__(self, filename, code):
+        self.entry = (filename, (len(code), None, code.splitlines(True), filename))
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "linecache":
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        run = spec.loader.exec_module
+        filename, lines = self.entry
+
+        def exec_module(module):
+            run(module)
+            module.cache[filename] = lines
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def describe(exc, filename):
     import traceback
 
@@ -142,7 +178,7 @@ def write_files(files):
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ValueError("%r is not a regular file" % path)
-            data = memoryview(binascii.a2b_base64(item["data"]))
+            data = memoryview(item["data"])
             while data:
                 data = data[os.write(fd, data):]
         finally:
@@ -168,7 +204,7 @@ def main():
         sys.stdout.reconfigure(line_buffering=True)
 
     # Tracebacks and warnings show the code's own lines (never a file of the same name).
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    sys.meta_path.insert(0, SeedLinecache(filename, code))
     main_module = type(sys)("__main__")
     sys.modules["__main__"] = main_module
     namespace = main_module.__dict__
