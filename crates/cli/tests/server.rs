@@ -717,14 +717,14 @@ fn transfer_encoding_with_content_length_is_refused() {
     s.write_all(b"\r\n").unwrap();
     assert_eq!(read_response(&mut s).unwrap().status, 200);
     refused(smuggled(&mut s, "\r\n"), "after a 60 KB head");
-    // A head over 64 KiB is refused, and nothing after it is read.
+    // A head over 64 KiB is refused, and nothing after it is read. (The server may close the
+    // connection before the client has written it all.)
     let mut s = server.connect();
     let pad = "a".repeat(70_000);
-    write!(
+    let _ = write!(
         s,
         "GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Pad: {pad}\r\n"
-    )
-    .unwrap();
+    );
     std::thread::sleep(Duration::from_millis(300));
     let _ = s.write_all(b"\r\n");
     if let Some(r) = read_response(&mut s) {
