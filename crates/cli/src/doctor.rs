@@ -231,6 +231,7 @@ fn trial_pool(engine: &Engine) -> Result<String, String> {
         size: 1,
         max_size: 1,
         workers: 1,
+        ..defaults.clone()
     })?;
     let started = std::time::Instant::now();
     while pool.status().idle == 0 {

@@ -224,7 +224,10 @@ fn the_clock_starts_when_the_work_is_handed_over() {
 fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     let _g = serial();
     let before = HostState::now();
-    let server = Server::start("[pool]\nsize = 2\nmax_size = 4\n", &[]);
+    let server = Server::start(
+        "[pool]\nsize = 2\nmax_size = 4\nshrink_after_ms = 1500\n",
+        &[],
+    );
     wait_idle(&server, 2);
     assert!(metric(&server, "airlock_pool_idle_sandboxes") >= 2.0);
     let pool = pool_status(&server);
@@ -291,6 +294,17 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert!(pool["target"].as_u64().unwrap() > target, "{pool}");
     assert!(pool["target"].as_u64().unwrap() <= 4, "{pool}");
     wait_idle(&server, pool["target"].as_u64().unwrap());
+    // Without such misses the pool shrinks back to its size, destroying what is too many.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pool = pool_status(&server);
+        if pool["target"] == 2 && pool["idle"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the pool never shrank: {pool}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(metric(&server, "airlock_pool_idle_sandboxes"), 2.0);
     // Idle sandboxes are real sandboxes on the host, until the server stops.
     assert!(sandbox_cgroups().len() >= before.sandbox_cgroups().len() + 2);
     assert!(server.stop().success());

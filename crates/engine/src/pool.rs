@@ -12,8 +12,8 @@
 //! live until every idle sandbox has been destroyed at `close`.
 //!
 //! Sizing: the pool keeps `size` sandboxes idle; each take that finds it empty raises the
-//! target by one, up to `max_size`, and the target falls back by one per `DECAY` without such
-//! a miss.
+//! target by one, up to `max_size`, and the target falls back by one per `shrink_after_ms`
+//! without such//! a miss.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -31,8 +31,6 @@ use crate::{Engine, EngineError};
 
 /// How long a pooled sandbox may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Without a miss for this long, the target shrinks by one (down to `size`).
-const DECAY: Duration = Duration::from_secs(30);
 /// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -47,6 +45,9 @@ pub struct PoolConfig {
     pub max_size: usize,
     /// Sandboxes started at once when refilling.
     pub workers: usize,
+    /// After this long without an execution finding the pool empty, it keeps one sandbox
+    /// fewer ready (down to `size`), and destroys the one too many.
+    pub shrink_after_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -55,6 +56,7 @@ impl Default for PoolConfig {
             size: 2,
             max_size: 8,
             workers: 2,
+            shrink_after_ms: 30_000,
         }
     }
 }
@@ -66,6 +68,9 @@ impl PoolConfig {
                 "pool.max_size ({}) is below pool.size ({})",
                 self.max_size, self.size
             ));
+        }
+        if self.shrink_after_ms == 0 {
+            return Err("pool.shrink_after_ms must be greater than zero".into());
         }
         if self.max_size > 256 {
             return Err(format!("pool.max_size ({}) is above 256", self.max_size));
@@ -345,7 +350,8 @@ fn refill(s: &Arc<Shared>) {
                         .0;
                     continue;
                 }
-                if state.target > s.config.size && state.last_miss.elapsed() >= DECAY {
+                let shrink_after = Duration::from_millis(s.config.shrink_after_ms);
+                if state.target > s.config.size && state.last_miss.elapsed() >= shrink_after {
                     state.target -= 1;
                     state.last_miss = Instant::now();
                     while state.idle.len() > state.target {
@@ -498,10 +504,16 @@ mod tests {
             ..PoolConfig::default()
         })
         .contains("workers"));
+        assert!(bad(PoolConfig {
+            shrink_after_ms: 0,
+            ..PoolConfig::default()
+        })
+        .contains("shrink_after_ms"));
         assert!(PoolConfig {
             size: 0,
             max_size: 0,
-            workers: 0
+            workers: 0,
+            ..PoolConfig::default()
         }
         .validate()
         .is_ok());
