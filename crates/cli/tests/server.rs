@@ -190,6 +190,20 @@ fn scopes_are_enforced_and_records_belong_to_their_key() {
         Sha256::digest(reader.as_bytes())
     );
     let server = Server::start(&config, &[]);
+    // Readiness for any key; the pool's counters (everyone's traffic) only with `metrics`.
+    let ready = |key: &str| {
+        let r = request(
+            server.addr,
+            "GET",
+            "/readyz",
+            &[h("Authorization", &format!("Bearer {key}"))],
+            None,
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    assert!(ready(reader).get("pool").is_none());
+    assert!(ready(KEY).get("pool").is_some());
     // A key without the execute scope may not execute.
     let r = request(
         server.addr,

@@ -73,7 +73,7 @@ async fn healthz() -> Json<serde_json::Value> {
 
 /// Whether an execution could start now: the host enforces what the policy requires, the
 /// start-up trial run worked, the server is not shutting down, and there is room.
-async fn readyz(State(state): State<SharedState>) -> Response {
+async fn readyz(State(state): State<SharedState>, caller: Option<Extension<Caller>>) -> Response {
     let mut reasons = Vec::new();
     let host = airlock_sandbox::host_support();
     let downgraded = |m| state.engine.config().is_downgraded(m);
@@ -108,14 +108,14 @@ async fn readyz(State(state): State<SharedState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let mut body = serde_json::json!({"ready": ready, "reasons": reasons});
     // The pool does not decide readiness (a cold sandbox serves when it is empty), but says
-    // how it is doing.
-    let pool = state.engine.pool().map(|p| p.status());
-    (
-        status,
-        Json(serde_json::json!({"ready": ready, "reasons": reasons, "pool": pool})),
-    )
-        .into_response()
+    // how it is doing, to keys that may see metrics: its counters tell everyone's traffic.
+    let may_see = caller.is_none_or(|Extension(c)| c.0.allows(Scope::Metrics));
+    if let (true, Some(pool)) = (may_see, state.engine.pool()) {
+        body["pool"] = serde_json::json!(pool.status());
+    }
+    (status, Json(body)).into_response()
 }
 
 async fn metrics(
