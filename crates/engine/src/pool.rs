@@ -335,34 +335,22 @@ fn readable(control: &UnixStream) -> bool {
 fn refill(s: &Arc<Shared>) {
     let mut backoff = BACKOFF;
     loop {
-        let mut excess = Vec::new();
-        {
+        // Wait for work: sandboxes to shed, or one to start.
+        let excess = {
             let mut state = s.state();
             loop {
                 if state.stop {
                     return;
                 }
-                if state.closed {
-                    state = s
-                        .wake
-                        .wait_timeout(state, Duration::from_secs(1))
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
-                    continue;
-                }
-                let shrink_after = Duration::from_millis(s.config.shrink_after_ms);
-                if state.target > s.config.size && state.last_miss.elapsed() >= shrink_after {
-                    state.target -= 1;
-                    state.last_miss = Instant::now();
-                    while state.idle.len() > state.target {
-                        excess.extend(state.idle.pop_back());
+                if !state.closed {
+                    let excess = shrink(s, &mut state);
+                    if !excess.is_empty() {
+                        break excess;
                     }
-                }
-                if state.idle.len() + state.starting < state.target && excess.is_empty() {
-                    break;
-                }
-                if !excess.is_empty() {
-                    break;
+                    if state.idle.len() + state.starting < state.target {
+                        state.starting += 1;
+                        break Vec::new();
+                    }
                 }
                 state = s
                     .wake
@@ -370,10 +358,7 @@ fn refill(s: &Arc<Shared>) {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            if excess.is_empty() {
-                state.starting += 1;
-            }
-        }
+        };
         if !excess.is_empty() {
             drop(excess);
             continue;
@@ -401,6 +386,19 @@ fn refill(s: &Arc<Shared>) {
             }
         }
     }
+}
+
+/// After `shrink_after_ms` without a miss, the target falls by one (not below `size`); returns
+/// the idle sandboxes now too many, to destroy outside the lock.
+fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
+    let quiet = Duration::from_millis(s.config.shrink_after_ms);
+    if state.target <= s.config.size || state.last_miss.elapsed() < quiet {
+        return Vec::new();
+    }
+    state.target -= 1;
+    state.last_miss = Instant::now();
+    let keep = state.target.min(state.idle.len());
+    state.idle.drain(keep..).collect()
 }
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
