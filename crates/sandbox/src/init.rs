@@ -152,6 +152,14 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
     let req: InitRequest = proto::recv_msg(status)
         .map_err(InitError::Request)?
         .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
+    // Into the sandbox's cgroup before anything else; still single-threaded and root here.
+    for tasks in &req.join_cgroup {
+        std::fs::write(tasks, "0").map_err(|source| InitError::Path {
+            call: "joining the sandbox cgroup",
+            path: tasks.clone(),
+            source,
+        })?;
+    }
     // Nothing but stdio, the status socket and the program's own descriptors stays open.
     let first_unused = FIRST_EXTRA_FD + req.extra_fds as RawFd;
     sys::close_range(first_unused, RawFd::MAX).map_err(|source| InitError::Sys {

@@ -27,6 +27,10 @@ pub(crate) struct InitRequest {
     pub extra_fds: u32,
     /// The host's pid, to notice a host that died before `PR_SET_PDEATHSIG` took effect.
     pub parent_pid: i32,
+    /// cgroup v1 `tasks` files the init writes `0` to before anything else, moving itself
+    /// into the sandbox's cgroup (see `SandboxCgroup::self_join_files`); empty when the host
+    /// moved it already.
+    pub join_cgroup: Vec<PathBuf>,
 }
 
 /// Init to host.

@@ -390,9 +390,14 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         isolation,
     };
 
-    // The init waits for this request, so it is inside the cgroup before it does anything.
+    // The init waits for this request, so it is inside the cgroup before it does anything:
+    // moved there by the host, or (v1) moving itself first thing.
+    let mut join_cgroup = Vec::new();
     if let Some(cg) = &child.cgroup {
-        cg.add_process(child.id())?;
+        match cg.self_join_files() {
+            Some(files) => join_cgroup = files,
+            None => cg.add_process(child.id())?,
+        }
     }
     let request = InitRequest {
         policy: policy.clone(),
@@ -401,6 +406,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         env: command.env.into_iter().collect(),
         extra_fds: n as u32,
         parent_pid: std::process::id() as i32,
+        join_cgroup,
     };
     proto::send_msg(&child.status, &request)
         .map_err(io_err("sending the policy to the sandbox"))?;
