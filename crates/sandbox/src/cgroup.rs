@@ -493,8 +493,10 @@ impl SandboxCgroup {
         }
     }
 
+    /// Every process in the cgroup, once (on v1 each hierarchy lists them all).
     pub fn pids(&self) -> Vec<i32> {
-        self.dirs
+        let mut pids: Vec<i32> = self
+            .dirs
             .iter()
             .filter_map(|d| fs::read_to_string(d.join("cgroup.procs")).ok())
             .flat_map(|t| {
@@ -502,7 +504,10 @@ impl SandboxCgroup {
                     .filter_map(|l| l.trim().parse().ok())
                     .collect::<Vec<i32>>()
             })
-            .collect()
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// SIGKILLs every process still inside, until none is left.

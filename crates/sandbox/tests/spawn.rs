@@ -105,6 +105,25 @@ fn outcomes_report_usage_and_isolation() {
     assert!(o.usage.cpu.is_some() && o.usage.memory_peak_bytes.is_some());
 }
 
+fn every_process_of_a_sandbox_is_in_its_cgroup_once() {
+    let child = spawn(sh("exec sleep 60"), &usr_policy()).unwrap();
+    // The outer init, PID 1 and the program, each listed once though v1 has a directory per
+    // controller; the outer init among them, however it got there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pids = child.processes();
+    while pids.len() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        pids = child.processes();
+    }
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    assert!(pids.contains(&(child.id() as i32)), "{pids:?}");
+    let mut unique = pids.clone();
+    unique.dedup();
+    assert_eq!(unique, pids);
+    child.killer().kill(KillReason::Cancelled);
+    assert_eq!(child.wait().unwrap().killed, Some(KillReason::Cancelled));
+}
+
 fn invalid_policies_are_refused_before_anything_starts() {
     let mut p = usr_policy();
     p.uid = 0;
@@ -136,6 +155,10 @@ fn main() {
         (
             "outcomes_report_usage_and_isolation",
             outcomes_report_usage_and_isolation,
+        ),
+        (
+            "every_process_of_a_sandbox_is_in_its_cgroup_once",
+            every_process_of_a_sandbox_is_in_its_cgroup_once,
         ),
         (
             "invalid_policies_are_refused_before_anything_starts",
