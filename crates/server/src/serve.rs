@@ -284,13 +284,14 @@ impl Table {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
-                if !self.evict_one() {
-                    return None;
+                match self.evict_one() {
+                    Eviction::AllBusy => return None,
+                    Eviction::Asked => state
+                        .metrics
+                        .security_events
+                        .add(&[event::CONNECTION_EVICTED]),
+                    Eviction::Pending => {}
                 }
-                state
-                    .metrics
-                    .security_events
-                    .add(&[event::CONNECTION_EVICTED]);
                 tokio::time::timeout(EVICTION_WAIT, self.slots.clone().acquire_owned())
                     .await
                     .ok()?
@@ -317,8 +318,11 @@ impl Table {
         })
     }
 
-    /// Asks an idle connection to close (see `Table`). False when every connection is busy.
-    fn evict_one(&self) -> bool {
+    /// Asks an idle connection to close (see `Table`). A connection that presented a key is
+    /// not asked while one that did not is still on its way out: a burst of newcomers would
+    /// otherwise run through every keyless connection before those had time to close, and
+    /// reach the keyed ones.
+    fn evict_one(&self) -> Eviction {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let mut per_peer: HashMap<IpAddr, usize> = HashMap::new();
         for conn in open.values() {
@@ -337,15 +341,33 @@ impl Table {
                 )
             })
             .map(|(_, c)| c);
+        let keyless_leaving = || {
+            open.values().any(|c| {
+                c.evicted.load(Ordering::SeqCst) && !c.authenticated.load(Ordering::SeqCst)
+            })
+        };
         match victim {
+            Some(conn) if conn.authenticated.load(Ordering::SeqCst) && keyless_leaving() => {
+                Eviction::Pending
+            }
             Some(conn) => {
                 conn.evicted.store(true, Ordering::SeqCst);
                 conn.evict.notify_one();
-                true
+                Eviction::Asked
             }
-            None => false,
+            None => Eviction::AllBusy,
         }
     }
+}
+
+/// What `evict_one` did for a newcomer at the cap.
+enum Eviction {
+    /// An idle connection was asked to close; its slot will follow.
+    Asked,
+    /// One already asked is still closing: wait for a slot.
+    Pending,
+    /// Every connection is busy with a request.
+    AllBusy,
 }
 
 /// Marks a connection busy while a request is handled and its answer written.
