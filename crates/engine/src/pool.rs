@@ -13,7 +13,7 @@
 //!
 //! Sizing: the pool keeps `size` sandboxes idle; each take that finds it empty raises the
 //! target by one, up to `max_size`, and the target falls back by one per `shrink_after_ms`
-//! without such//! a miss.
+//! without such a miss.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -214,10 +214,6 @@ impl Pool {
             shared,
             workers: Mutex::new(handles),
         })
-    }
-
-    pub fn config(&self) -> &PoolConfig {
-        &self.shared.config
     }
 
     /// A ready sandbox for `policy`, if the pool holds one built for it. The sandbox is

@@ -582,9 +582,14 @@ impl Drop for SandboxCgroup {
 /// for. Only cgroups whose processes are all gone are handed over; what a crash leaves behind
 /// is swept by [`remove_leftovers`] at the next start.
 struct Janitor {
-    queue: std::sync::Mutex<Option<std::sync::mpsc::Sender<SandboxCgroup>>>,
-    pending: std::sync::Mutex<usize>,
+    state: std::sync::Mutex<JanitorState>,
     done: std::sync::Condvar,
+}
+
+struct JanitorState {
+    /// None when its thread could not be started: removal then happens in line.
+    queue: Option<std::sync::mpsc::Sender<SandboxCgroup>>,
+    pending: usize,
 }
 
 /// Beyond this many waiting removals, removal happens in line again (back-pressure).
@@ -609,13 +614,15 @@ fn janitor() -> &'static Janitor {
                         CLEANUP_FAILURES.fetch_add(1, Ordering::Relaxed);
                     }
                     let j = janitor();
-                    *j.pending.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    j.state.lock().unwrap_or_else(|e| e.into_inner()).pending -= 1;
                     j.done.notify_all();
                 }
             });
         Janitor {
-            queue: std::sync::Mutex::new(spawned.ok().map(|_| tx)),
-            pending: std::sync::Mutex::new(0),
+            state: std::sync::Mutex::new(JanitorState {
+                queue: spawned.ok().map(|_| tx),
+                pending: 0,
+            }),
             done: std::sync::Condvar::new(),
         }
     })
@@ -625,22 +632,20 @@ impl SandboxCgroup {
     /// Removes the (empty) cgroup in the background; in line when the background is busy or
     /// unavailable.
     pub(crate) fn remove_later(self) -> Result<(), CgroupError> {
-        let j = janitor();
-        let queue = j.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let mut pending = j.pending.lock().unwrap_or_else(|e| e.into_inner());
-        match &*queue {
-            Some(tx) if *pending < MAX_PENDING_REMOVALS => {
-                *pending += 1;
-                if let Err(back) = tx.send(self) {
-                    *pending -= 1;
-                    drop((pending, queue));
-                    return back.0.remove();
-                }
+        let mut state = janitor().state.lock().unwrap_or_else(|e| e.into_inner());
+        let room = state.pending < MAX_PENDING_REMOVALS;
+        let sent = match &state.queue {
+            Some(tx) if room => tx.send(self).map_err(|back| back.0),
+            _ => Err(self),
+        };
+        match sent {
+            Ok(()) => {
+                state.pending += 1;
                 Ok(())
             }
-            _ => {
-                drop((pending, queue));
-                self.remove()
+            Err(cg) => {
+                drop(state);
+                cg.remove()
             }
         }
     }
@@ -651,9 +656,9 @@ pub fn settle() {
     let Some(j) = JANITOR.get() else {
         return;
     };
-    let mut pending = j.pending.lock().unwrap_or_else(|e| e.into_inner());
-    while *pending > 0 {
-        pending = j.done.wait(pending).unwrap_or_else(|e| e.into_inner());
+    let mut state = j.state.lock().unwrap_or_else(|e| e.into_inner());
+    while state.pending > 0 {
+        state = j.done.wait(state).unwrap_or_else(|e| e.into_inner());
     }
 }
 
