@@ -254,6 +254,33 @@ fn tampering_with_the_channel_cannot_change_the_verdict() {
 }
 
 #[test]
+fn a_program_that_closes_the_channel_and_waits_costs_the_host_nothing() {
+    // Regression: the host polled the hung-up channel in a loop until the program ended.
+    let _guard = serial();
+    let mut live = start(
+        &["run"],
+        Some(b"import os, time\nos.close(3)\nprint('closed', flush=True)\ntime.sleep(2)"),
+    );
+    assert_eq!(live.line(), "closed");
+    let pid = live.child.id();
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        let fields: Vec<&str> = stat.rsplit_once(") ").unwrap().1.split(' ').collect();
+        // utime and stime, in clock ticks (100 per second on Linux).
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    };
+    let before = cpu();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let spent = cpu() - before;
+    let out = live.child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        spent < 30,
+        "airlock used {spent} ticks of CPU in 1.5 s while the program slept"
+    );
+}
+
+#[test]
 fn any_bytes_on_stdout_and_stderr_give_valid_json() {
     let code = r#"
 import os

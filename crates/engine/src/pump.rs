@@ -159,7 +159,10 @@ impl Pump<'_> {
                 let wanted = [
                     self.stdout.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
                     self.stderr.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
-                    Some((self.control.as_fd(), ctl)),
+                    // Once both directions are done the socket must leave the set: a hung-up
+                    // descriptor is always ready, and the loop would spin until the program
+                    // ends (a program that closes the channel and sleeps would burn a core).
+                    (!ctl.is_empty()).then(|| (self.control.as_fd(), ctl)),
                     match (&self.stdin, &self.stdin_source) {
                         (None, _) => None,
                         (Some(s), _) if stdin_at < stdin_buf.len() => {
