@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::http::{request, Server, KEY};
@@ -309,6 +310,92 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert!(sandbox_cgroups().len() >= before.sandbox_cgroups().len() + 2);
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after the server stopped");
+}
+
+/// The CPU weight of each sandbox of the server `pid` that holds processes: (cgroup, value)
+/// for v1's `cpu.shares` or v2's `cpu.weight`.
+fn sandbox_cpu_weights(pid: u32) -> Vec<(String, String)> {
+    let prefix = format!("airlock-{pid}-");
+    let mut found = Vec::new();
+    let mut dirs = vec![(std::path::PathBuf::from("/sys/fs/cgroup"), 0)];
+    while let Some((dir, depth)) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let path = e.path();
+            if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with(&prefix) {
+                if depth < 6 {
+                    dirs.push((path, depth + 1));
+                }
+                continue;
+            }
+            // A cgroup the init has not joined yet may not have its weight yet.
+            let procs = std::fs::read_to_string(path.join("cgroup.procs")).unwrap_or_default();
+            for file in ["cpu.shares", "cpu.weight"] {
+                if let Ok(v) = std::fs::read_to_string(path.join(file)) {
+                    if !procs.trim().is_empty() {
+                        found.push((name.clone(), v.trim().to_owned()));
+                    }
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn pooled_sandboxes_wait_at_the_lowest_cpu_weight_and_run_at_the_default() {
+    let _g = serial();
+    let server = Server::start("[pool]\nsize = 2\nmax_size = 2\n", &[]);
+    wait_idle(&server, 2);
+    let pid = server.child.id();
+    let (background, default) = if Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists() {
+        ("2", "1024")
+    } else {
+        ("1", "100")
+    };
+    let idle = sandbox_cpu_weights(pid);
+    assert_eq!(idle.len(), 2, "{idle:?}");
+    assert!(idle.iter().all(|(_, w)| w == background), "{idle:?}");
+
+    let running = std::thread::scope(|s| {
+        let addr = server.addr;
+        let job = s.spawn(move || {
+            let headers = [
+                ("Authorization".to_owned(), format!("Bearer {KEY}")),
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+            ];
+            let body = json!({"code": "import time\ntime.sleep(1.5)\n'slept'"}).to_string();
+            request(addr, "POST", "/v1/execute", &headers, Some(body.as_bytes())).json()
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pool_status(&server)["in_use"] != 1 {
+            assert!(Instant::now() < deadline, "{}", pool_status(&server));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let weights = sandbox_cpu_weights(pid);
+        let r = job.join().unwrap();
+        assert_eq!(
+            (&r["status"], &r["result"]),
+            (&json!("ok"), &json!("slept"))
+        );
+        weights
+    });
+    // The one running someone's code has the default weight, the waiting ones the lowest.
+    let at_default: Vec<_> = running.iter().filter(|(_, w)| w == default).collect();
+    assert_eq!(at_default.len(), 1, "{running:?}");
+    assert!(
+        running.iter().all(|(_, w)| w == default || w == background),
+        "{running:?}"
+    );
+    assert!(running.len() >= 2, "{running:?}");
+    drop(server);
 }
 
 #[test]

@@ -207,7 +207,8 @@ impl Engine {
             .env("TMPDIR", "/tmp")
             .pass_fd(OwnedFd::from(theirs));
         if warm {
-            command = command.arg("warm");
+            // Built ahead of need: in the background until taken.
+            command = command.arg("warm").background();
         }
         Ok((spawn(command, policy)?, control))
     }

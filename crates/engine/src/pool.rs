@@ -34,6 +34,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// The longest a refill waits for running executions to end (see `defer_refill`).
+const LAZY_REFILL: Duration = Duration::from_millis(100);
 
 /// Warm pool settings (`[pool]` in the server's configuration).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -120,6 +122,7 @@ struct State {
     starting: usize,
     target: usize,
     last_miss: Instant,
+    last_take: Instant,
     /// No more sandboxes go into the pool.
     closed: bool,
     /// The workers may exit: every sandbox they started is gone.
@@ -166,7 +169,10 @@ pub(crate) struct InUse(Arc<Shared>);
 
 impl Drop for InUse {
     fn drop(&mut self) {
+        // Under the lock, so that a worker deciding to defer cannot miss the wake-up.
+        let _state = self.0.state();
         self.0.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.0.wake.notify_all();
     }
 }
 
@@ -187,6 +193,7 @@ impl Pool {
                 starting: 0,
                 target: config.size,
                 last_miss: Instant::now(),
+                last_take: Instant::now(),
                 closed: false,
                 stop: false,
                 last_error: None,
@@ -238,18 +245,30 @@ impl Pool {
                 s.wake.notify_all();
                 return None;
             };
+            // Counted in use before the workers hear of the take (see `defer_refill`).
+            state.last_take = Instant::now();
+            s.in_use.fetch_add(1, Ordering::Relaxed);
             s.wake.notify_all();
             drop(state);
+            let in_use = InUse(s.clone());
             // A runner that wrote anything more, or whose end closed, is not a ready runner.
-            if readable(&warm.control) {
+            // It waited in the background; it runs with the CPU weight of a cold one.
+            let unfit = if readable(&warm.control) {
+                Some("a pooled sandbox was found dead".to_owned())
+            } else {
+                (warm.child.foreground())
+                    .err()
+                    .map(|e| format!("giving a pooled sandbox its CPU weight: {e}"))
+            };
+            if let Some(why) = unfit {
                 s.failures.fetch_add(1, Ordering::Relaxed);
-                s.state().last_error = Some("a pooled sandbox was found dead".into());
+                s.state().last_error = Some(why);
                 drop(warm);
+                drop(in_use);
                 continue;
             }
             s.takes.fetch_add(1, Ordering::Relaxed);
-            s.in_use.fetch_add(1, Ordering::Relaxed);
-            return Some((warm, InUse(s.clone())));
+            return Some((warm, in_use));
         }
     }
 
@@ -344,8 +363,17 @@ fn refill(s: &Arc<Shared>) {
                         break excess;
                     }
                     if state.idle.len() + state.starting < state.target {
-                        state.starting += 1;
-                        break Vec::new();
+                        let wait = defer_refill(s, &state);
+                        if wait.is_zero() {
+                            state.starting += 1;
+                            break Vec::new();
+                        }
+                        state = s
+                            .wake
+                            .wait_timeout(state, wait)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                        continue;
                     }
                 }
                 state = s
@@ -382,6 +410,25 @@ fn refill(s: &Arc<Shared>) {
             }
         }
     }
+}
+
+/// How long a refill should still wait. Building a sandbox while another runs someone's code
+/// slows that execution (they share cores and kernel locks: about 2 ms of a 5 ms `print(1)`
+/// here), so while enough sandboxes are idle for the executions running, the refill waits
+/// for those to end, or for `LAZY_REFILL` after the last take.
+fn defer_refill(s: &Shared, state: &State) -> Duration {
+    refill_wait(
+        state.idle.len(),
+        s.in_use.load(Ordering::Relaxed) as usize,
+        state.last_take.elapsed(),
+    )
+}
+
+fn refill_wait(idle: usize, in_use: usize, since_take: Duration) -> Duration {
+    if in_use == 0 || idle < in_use {
+        return Duration::ZERO;
+    }
+    LAZY_REFILL.saturating_sub(since_take)
 }
 
 /// After `shrink_after_ms` without a miss, the target falls by one (not below `size`); returns
@@ -476,6 +523,21 @@ mod tests {
         ] {
             assert!(!same_sandbox(&pooled, &engine.policy(&other)), "{other:?}");
         }
+    }
+
+    #[test]
+    fn a_refill_waits_for_running_executions_while_enough_are_idle() {
+        let ms = Duration::from_millis;
+        // Nothing running, or fewer idle than running: at once.
+        assert_eq!(refill_wait(0, 0, ms(0)), Duration::ZERO);
+        assert_eq!(refill_wait(1, 0, ms(0)), Duration::ZERO);
+        assert_eq!(refill_wait(0, 1, ms(0)), Duration::ZERO);
+        assert_eq!(refill_wait(1, 2, ms(0)), Duration::ZERO);
+        // As many idle as running: until they end, at most LAZY_REFILL after the last take.
+        assert_eq!(refill_wait(1, 1, ms(0)), LAZY_REFILL);
+        assert_eq!(refill_wait(3, 2, ms(30)), LAZY_REFILL - ms(30));
+        assert_eq!(refill_wait(1, 1, LAZY_REFILL), Duration::ZERO);
+        assert_eq!(refill_wait(1, 1, ms(10_000)), Duration::ZERO);
     }
 
     #[test]

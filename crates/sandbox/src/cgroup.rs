@@ -435,6 +435,20 @@ impl SandboxCgroup {
             .then(|| self.dirs.iter().map(|d| d.join("tasks")).collect())
     }
 
+    /// Sets the sandbox's CPU weight against everything else on the host: the lowest there is
+    /// (`background`), or the kernel's default, which every other sandbox keeps. The quota
+    /// (`cpu_millicores`) is unchanged either way.
+    pub fn set_cpu_weight(&self, background: bool) -> Result<(), CgroupError> {
+        let (name, value) = match (self.version, background) {
+            (CgroupVersion::V1, true) => ("cpu.shares", "2"),
+            (CgroupVersion::V1, false) => ("cpu.shares", "1024"),
+            (CgroupVersion::V2, true) => ("cpu.weight", "1"),
+            (CgroupVersion::V2, false) => ("cpu.weight", "100"),
+        };
+        let path = self.file(name).unwrap_or_else(|| self.dirs[0].join(name));
+        write(&path, value)
+    }
+
     /// Moves a process (and so everything it will start) into the cgroup.
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
         for dir in &self.dirs {
@@ -831,6 +845,10 @@ mod tests {
         assert_eq!(read("memory.max"), (64u64 << 20).to_string());
         assert_eq!(read("pids.max"), "12");
         assert_eq!(read("cpu.max"), "150000 100000");
+        cg.set_cpu_weight(true).unwrap();
+        assert_eq!(read("cpu.weight"), "1");
+        cg.set_cpu_weight(false).unwrap();
+        assert_eq!(read("cpu.weight"), "100");
         cg.add_process(4242).unwrap();
         assert_eq!(read("cgroup.procs"), "4242");
         fs::write(

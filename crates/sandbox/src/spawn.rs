@@ -35,6 +35,7 @@ pub struct Command {
     args: Vec<String>,
     env: std::collections::BTreeMap<String, String>,
     fds: Vec<OwnedFd>,
+    background: bool,
 }
 
 impl Command {
@@ -47,6 +48,7 @@ impl Command {
             args: vec![argv0],
             env: std::collections::BTreeMap::new(),
             fds: Vec::new(),
+            background: false,
         }
     }
 
@@ -69,6 +71,14 @@ impl Command {
     /// Passes a descriptor through; the program finds them at 3, 4, ... in the order given.
     pub fn pass_fd(mut self, fd: OwnedFd) -> Self {
         self.fds.push(fd);
+        self
+    }
+
+    /// Starts the sandbox with the lowest CPU weight, so that building it ahead of need
+    /// never slows a sandbox that is running someone's code; [`Child::foreground`] gives it
+    /// the default weight every other sandbox has. Without a cgroup this does nothing.
+    pub fn background(mut self) -> Self {
+        self.background = true;
         self
     }
 }
@@ -276,11 +286,11 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
     }
     let cgroup = if policy.cgroups.is_required() {
         let layout = host.cgroup.as_ref().map_err(|r| missing("cgroups", r))?;
-        Some(SandboxCgroup::create(
-            layout,
-            &policy.limits,
-            INIT_PROCESSES,
-        )?)
+        let cg = SandboxCgroup::create(layout, &policy.limits, INIT_PROCESSES)?;
+        if command.background {
+            cg.set_cpu_weight(true)?;
+        }
+        Some(cg)
     } else {
         None
     };
@@ -414,6 +424,15 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
 }
 
 impl Child {
+    /// Gives a sandbox started in the [background](Command::background) the default CPU
+    /// weight, the same as a sandbox started for its work.
+    pub fn foreground(&self) -> Result<(), CgroupError> {
+        match &self.cgroup {
+            Some(cg) => cg.set_cpu_weight(false),
+            None => Ok(()),
+        }
+    }
+
     /// The host pid of the sandbox's outer init.
     pub fn id(&self) -> u32 {
         self.killer.0.outer_pid as u32
