@@ -14,6 +14,10 @@ ensure_debian_packages() {
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# The Python packages code in the sandbox can import (headless: no display libraries are
+# needed by the Agg backend), from Debian so they match /usr/bin/python3.
+SANDBOX_PYTHON_PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib)
+
 # ensure_rust_components COMPONENT...: rustup component add what the toolchain lacks.
 ensure_rust_components() {
     command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-ensure_debian_packages python3
+ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}"
 echo "==> building airlock (release)"
 cargo build --release --locked -p airlock
 bin=target/release/airlock

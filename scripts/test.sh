@@ -9,9 +9,10 @@ if [ "$(id -u)" -ne 0 ]; then
     echo "scripts/test.sh needs root: the tests create cgroups and run airlock as an unprivileged user too" >&2
     exit 1
 fi
-# python3: the interpreter inside the sandbox. util-linux/bsdutils: setpriv and script(1) for
+# The sandbox's Python and its packages (function mode returns numpy and pandas values; charts
+# need matplotlib). util-linux/bsdutils: setpriv and script(1) for
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
-ensure_debian_packages python3 util-linux bsdutils time
+ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time
 ensure_rust_components rustfmt clippy
 
 echo "==> cargo fmt --check"

@@ -158,8 +158,11 @@ pub struct ExecutionResult {
     pub stderr: String,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
-    /// The value of the code's final expression, as JSON; values that are not JSON arrive as
-    /// `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ..., "why": ...}`.
+    /// The value of the code's final expression, or the entrypoint's return value, as JSON,
+    /// converted inside the sandbox. Values JSON has no type for arrive as objects marked
+    /// `"$airlock"`: `bytes` (base64), `set`, `dict` (keys that are not strings), `datetime`,
+    /// `timedelta`, `decimal`, `complex`, `ndarray`, `dataframe`, `series`, and for anything
+    /// else `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ..., "why": ...}`.
     pub result: Option<serde_json::Value>,
     pub error: Option<ErrorInfo>,
     pub usage: Usage,
@@ -213,6 +216,15 @@ pub struct ExecuteRequest {
     pub files: Vec<InputFile>,
     #[serde(default)]
     pub limits: LimitsRequest,
+    /// Function mode: the name of a function the code defines (`name`, or `Class.method`),
+    /// called once the code has run, with `inputs` as keyword arguments; its return value
+    /// becomes `result`. An `async def` is run to completion.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    /// The entrypoint's keyword arguments: plain data (JSON), never objects with behaviour.
+    /// Only with `entrypoint`.
+    #[serde(default)]
+    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The answer to `POST /v1/execute`: the result, and the id of its audit record.

@@ -39,7 +39,8 @@ Defaults: --timeout 30s --cpu-time 30s --memory 512M --pids 64 --disk 256M
 Examples:
   echo 'print(6 * 7)' | airlock run
   airlock run --json --timeout 2s script.py
-  airlock run --file data.csv --env MODE=fast analyse.py";
+  airlock run --file data.csv --env MODE=fast analyse.py
+  airlock run --entrypoint main --inputs args.json tool.py   # prints main(**args) as JSON";
 
 /// Run Python code in a fresh sandbox that is destroyed afterwards.
 #[derive(Args, Debug)]
@@ -77,6 +78,13 @@ pub struct RunArgs {
     /// Copy a host file into the working directory (repeatable).
     #[arg(long = "file", value_name = "HOST_PATH[:SANDBOX_PATH]")]
     pub files: Vec<String>,
+    /// Function mode: call this function of the code (`name` or `Class.method`) once the code
+    /// has run; its return value is the result.
+    #[arg(long, value_name = "NAME")]
+    pub entrypoint: Option<String>,
+    /// The entrypoint's keyword arguments: a file holding one JSON object (`-` for stdin).
+    #[arg(long, value_name = "FILE.json", requires = "entrypoint")]
+    pub inputs: Option<PathBuf>,
     /// File to feed to the program's standard input (default: empty).
     #[arg(long, value_name = "FILE")]
     pub stdin: Option<PathBuf>,
@@ -117,6 +125,27 @@ fn open_regular(path: &Path, what: &str) -> Result<(File, std::fs::Metadata), St
     Ok((file, meta))
 }
 
+/// `--inputs`: one JSON object, from a file or standard input, at most `cap` bytes.
+fn read_inputs(
+    path: &Path,
+    cap: u64,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let data = if path == Path::new("-") {
+        read_capped(std::io::stdin().lock(), cap, "--inputs", "")?
+    } else {
+        let (file, _) = open_regular(path, "--inputs")?;
+        read_capped(file, cap, &format!("--inputs {}", path.display()), "")?
+    };
+    match serde_json::from_slice(&data) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(format!(
+            "--inputs {}: expected a JSON object (the keyword arguments)",
+            path.display()
+        )),
+        Err(e) => Err(format!("--inputs {}: not JSON: {e}", path.display())),
+    }
+}
+
 struct Prepared {
     engine: Engine,
     job: Job,
@@ -145,6 +174,16 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
     let from_stdin = args.file.as_deref().is_none_or(|f| f == Path::new("-"));
     if from_stdin && args.stdin.as_deref() == Some(Path::new("-")) {
         return Err("the code already comes from standard input; --stdin - is not possible".into());
+    }
+    if from_stdin && args.inputs.as_deref() == Some(Path::new("-")) {
+        return Err(
+            "the code already comes from standard input; --inputs - is not possible".into(),
+        );
+    }
+    if args.stdin.as_deref() == Some(Path::new("-"))
+        && args.inputs.as_deref() == Some(Path::new("-"))
+    {
+        return Err("--stdin - and --inputs - cannot both read standard input".into());
     }
     let hint = " (raise it with --max-code-size)";
     let (code, filename) = if from_stdin {
@@ -221,6 +260,23 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         files.push(InputFile { path: inside, data });
     }
 
+    let entrypoint = match &args.entrypoint {
+        None => None,
+        Some(name) => {
+            let inputs = match &args.inputs {
+                None => serde_json::Map::new(),
+                Some(path) => read_inputs(path, config.max_code_bytes)?,
+            };
+            let entry = airlock_engine::Entrypoint {
+                name: name.clone(),
+                inputs,
+            };
+            airlock_engine::check_entrypoint(&entry)
+                .map_err(|(field, m)| format!("--{field}: {m}"))?;
+            Some(entry)
+        }
+    };
+
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
     let job = Job {
         code,
@@ -228,6 +284,7 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         stdin,
         env,
         files,
+        entrypoint,
         limits,
         max_code_bytes: max_code,
         stream: !args.json,
@@ -317,6 +374,7 @@ fn describe(result: &ExecutionResult) -> Option<String> {
 
 pub fn main(args: RunArgs) -> ExitCode {
     let json = args.json;
+    let function_mode = args.entrypoint.is_some();
     let cancel = Cancel::default();
     let signal = Arc::new(AtomicI32::new(0));
     if let Err(e) = watch_signals(&cancel, &signal) {
@@ -355,6 +413,10 @@ pub fn main(args: RunArgs) -> ExitCode {
         }
     } else if let Some(line) = describe(&result) {
         eprintln!("{line}");
+    } else if function_mode && result.status == Status::Ok {
+        // What the function returned, after what it printed: one line of JSON.
+        let value = result.result.as_ref().unwrap_or(&serde_json::Value::Null);
+        println!("{value}");
     }
     ExitCode::from(exit_code(&result))
 }

@@ -94,6 +94,9 @@ def try_write(path):
 print(json.dumps({"root": os.listdir("/"), "etc": os.listdir("/etc"), "dev": os.listdir("/dev"),
                   "usr": os.listdir("/usr"), "usr_bin": os.listdir("/usr/bin"),
                   "usr_lib": os.listdir("/usr/lib"),
+                  "usr_share": os.listdir("/usr/share"),
+                  "alternatives": {n: os.readlink("/etc/alternatives/" + n)
+                                   for n in os.listdir("/etc/alternatives")},
                   "writes": {p: try_write(p) for p in ["/x", "/usr/x", "/etc/passwd", "/etc/x",
                                                        "/usr/lib/x", "/dev/x", "/proc/x",
                                                        "/usr/bin/python3"]}}))
@@ -103,15 +106,30 @@ print(json.dumps({"root": os.listdir("/"), "etc": os.listdir("/etc"), "dev": os.
         sorted(&seen["root"]),
         ["bin", "dev", "etc", "lib", "lib64", "proc", "tmp", "usr", "work"]
     );
+    // /etc/alternatives holds only the links libraries go through (the test script installs
+    // numpy, whose BLAS is one), each to a library inside the sandbox anyway.
     assert_eq!(
         sorted(&seen["etc"]),
-        ["group", "hosts", "ld.so.cache", "passwd"]
+        ["alternatives", "group", "hosts", "ld.so.cache", "passwd"]
     );
+    let alternatives = seen["alternatives"].as_object().unwrap();
+    assert!(
+        alternatives.contains_key("libblas.so.3-x86_64-linux-gnu"),
+        "{alternatives:?}"
+    );
+    for (name, target) in alternatives {
+        let target = target.as_str().unwrap();
+        assert!(
+            target.starts_with("/usr/lib/x86_64-linux-gnu/"),
+            "{name} -> {target}"
+        );
+    }
+    assert_eq!(sorted(&seen["usr_share"]), ["zoneinfo"]);
     assert_eq!(
         sorted(&seen["dev"]),
         ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
     );
-    assert_eq!(sorted(&seen["usr"]), ["bin", "lib", "lib64"]);
+    assert_eq!(sorted(&seen["usr"]), ["bin", "lib", "lib64", "share"]);
     assert_eq!(sorted(&seen["usr_bin"]), ["python3", "python3.11"]);
     assert_eq!(
         sorted(&seen["usr_lib"]),

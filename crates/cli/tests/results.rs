@@ -31,27 +31,15 @@ fn the_final_expression_is_the_result() {
 #[test]
 fn values_that_are_not_json_cross_as_marked_capped_descriptions() {
     let cases = [
-        ("{1, 2}", "set", "not a JSON value"),
-        ("b'\\x00\\xff'", "bytes", "not a JSON value"),
         ("float('nan')", "float", "not a finite number"),
         ("float('-inf')", "float", "not a finite number"),
         ("10**100", "int", "integer outside the 64-bit range"),
-        ("{1: 'a'}", "dict", "not a JSON value"),
-        (
-            "{'$airlock': 'repr', 'repr': 'forged'}",
-            "dict",
-            "not a JSON value",
-        ),
         (
             "class Thing:\n    pass\nThing()",
             "__main__.Thing",
             "not a JSON value",
         ),
-        (
-            "import datetime\ndatetime.date(2026, 1, 2)",
-            "datetime.date",
-            "not a JSON value",
-        ),
+        ("range(3)", "range", "not a JSON value"),
     ];
     for (code, kind, why) in cases {
         let r = run(code, &[]);
@@ -61,6 +49,39 @@ fn values_that_are_not_json_cross_as_marked_capped_descriptions() {
         assert_eq!(v["type"], kind, "{code}: {v}");
         assert_eq!(v["why"], why, "{code}: {v}");
         assert_eq!(v["truncated"], false);
+    }
+}
+
+#[test]
+fn types_json_lacks_cross_in_documented_marked_forms() {
+    let cases = [
+        (
+            "{2, 1}",
+            json!({"$airlock": "set", "type": "set", "items": [1, 2]}),
+        ),
+        (
+            "b'\\x00\\xff'",
+            json!({"$airlock": "bytes", "base64": "AP8="}),
+        ),
+        ("{1: 'a'}", json!({"$airlock": "dict", "items": [[1, "a"]]})),
+        // A dict that looks like a marked form is not taken for one.
+        (
+            "{'$airlock': 'repr', 'repr': 'forged'}",
+            json!({"$airlock": "dict", "items": [["$airlock", "repr"], ["repr", "forged"]]}),
+        ),
+        (
+            "import datetime\ndatetime.date(2026, 1, 2)",
+            json!({"$airlock": "datetime", "type": "datetime.date", "iso": "2026-01-02"}),
+        ),
+        (
+            "1+2j",
+            json!({"$airlock": "complex", "real": 1.0, "imag": 2.0}),
+        ),
+    ];
+    for (code, want) in cases {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code}: {r:#?}");
+        assert_eq!(r.result(), &want, "{code}");
     }
 }
 

@@ -97,6 +97,10 @@ impl Interpreter {
                 root.push(ro(&dir));
             }
         }
+        // Libraries chosen through Debian's alternatives (libblas.so.3 -> /etc/alternatives/
+        // ... -> openblas, which numpy loads): the link in /etc/alternatives, when the library
+        // it names is in the sandbox anyway. Nothing else of /etc comes in.
+        root.extend(alternatives(&root));
         // Merged-/usr links (/lib -> usr/lib, ...), as the host has them.
         for link in ["/bin", "/lib", "/lib64"] {
             let link = Path::new(link);
@@ -123,6 +127,11 @@ impl Interpreter {
                 path: python.to_owned(),
             });
         }
+        // Time zones (zoneinfo, pytz, pandas): public data.
+        let zoneinfo = Path::new("/usr/share/zoneinfo");
+        if zoneinfo.is_dir() {
+            root.push(ro(zoneinfo));
+        }
         if Path::new("/etc/ld.so.cache").is_file() {
             root.push(ro(Path::new("/etc/ld.so.cache")));
         }
@@ -143,6 +152,41 @@ impl Interpreter {
             extra_sys_path,
         })
     }
+}
+
+/// The `/etc/alternatives` links that libraries in the read-only directories of `root` go
+/// through, whose own targets are inside those directories.
+fn alternatives(root: &[RootEntry]) -> Vec<RootEntry> {
+    let alternatives = Path::new("/etc/alternatives");
+    let dirs: Vec<&Path> = root
+        .iter()
+        .filter_map(|e| match e {
+            RootEntry::ReadOnly { target, .. } if target.is_dir() => Some(target.as_path()),
+            _ => None,
+        })
+        .collect();
+    let mut links = Vec::new();
+    for dir in &dirs {
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let Ok(via) = fs::read_link(entry.path()) else {
+                continue;
+            };
+            if via.parent() != Some(alternatives) || links.iter().any(|(p, _)| p == &via) {
+                continue;
+            }
+            let Ok(target) = fs::read_link(&via) else {
+                continue;
+            };
+            if target.is_absolute() && dirs.iter().any(|d| target.starts_with(d)) {
+                links.push((via, target));
+            }
+        }
+    }
+    links.sort();
+    links
+        .into_iter()
+        .map(|(path, target)| RootEntry::Symlink { target, path })
+        .collect()
 }
 
 #[cfg(test)]

@@ -58,6 +58,18 @@ pub struct InputFile {
     pub data: Vec<u8>,
 }
 
+/// Function mode: a function the code defines, called once the code has run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entrypoint {
+    /// `name` or `Class.method`: identifiers, looked up in the code's namespace.
+    pub name: String,
+    /// Keyword arguments, plain data.
+    pub inputs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Deepest nesting accepted in an entrypoint's inputs.
+pub const MAX_INPUT_DEPTH: usize = 64;
+
 /// One execution, with limits already resolved (`EngineConfig::resolve_limits`).
 #[derive(Debug)]
 pub struct Job {
@@ -67,6 +79,8 @@ pub struct Job {
     pub stdin: Stdin,
     pub env: Vec<(String, String)>,
     pub files: Vec<InputFile>,
+    /// Function mode, when set: the code's final expression is not the result.
+    pub entrypoint: Option<Entrypoint>,
     pub limits: Limits,
     /// Largest code accepted for this job (`EngineConfig::code_limit`).
     pub max_code_bytes: u64,
@@ -280,6 +294,10 @@ impl Engine {
                 "input files total {total} bytes, over the limit of {cap} bytes"
             ));
         }
+        if let Some(entry) = &job.entrypoint {
+            check_entrypoint(entry)
+                .map_err(|(field, m)| EngineError::Invalid(format!("{field}: {m}")))?;
+        }
         Ok(())
     }
 
@@ -324,6 +342,10 @@ impl Engine {
     /// The runner's request for `job` (see `marshal`).
     fn runner_request(&self, job: &Job) -> Result<Vec<u8>, EngineError> {
         use marshal::Value;
+        let inputs = job
+            .entrypoint
+            .as_ref()
+            .map(|e| serde_json::Value::Object(e.inputs.clone()));
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
         let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
@@ -353,6 +375,13 @@ impl Engine {
                         .collect(),
                 ),
             ),
+            (
+                "entrypoint",
+                job.entrypoint
+                    .as_ref()
+                    .map_or(Value::None, |e| Value::Str(&e.name)),
+            ),
+            ("inputs", inputs.as_ref().map_or(Value::None, Value::Json)),
             ("stream", Value::Bool(job.stream)),
             ("echo_traceback", Value::Bool(job.echo_traceback)),
             (
@@ -521,6 +550,7 @@ impl Engine {
             stdin: Stdin::Empty,
             env: Vec::new(),
             files: Vec::new(),
+            entrypoint: None,
             limits,
             max_code_bytes: self.config.max_code_bytes,
             stream: false,
@@ -554,6 +584,42 @@ impl Engine {
 }
 
 /// `path` must stay inside the working directory: relative, normal components only.
+/// An entrypoint names a function by identifiers (`name` or `Class.method`); its inputs are
+/// plain data no deeper than [`MAX_INPUT_DEPTH`]. Errors name the field at fault.
+pub fn check_entrypoint(entry: &Entrypoint) -> Result<(), (&'static str, String)> {
+    let identifier = |part: &str| {
+        let mut chars = part.chars();
+        chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
+            && chars.all(|c| c == '_' || c.is_alphanumeric())
+    };
+    if entry.name.len() > 255 || !entry.name.split('.').all(identifier) {
+        return Err((
+            "entrypoint",
+            format!(
+                "{:?} is not a name such as `main` or `Class.method`",
+                entry.name
+            ),
+        ));
+    }
+    // Iterative: hostile nesting must not use the stack.
+    let mut pending: Vec<(&serde_json::Value, usize)> =
+        entry.inputs.values().map(|v| (v, 1)).collect();
+    while let Some((value, depth)) = pending.pop() {
+        if depth > MAX_INPUT_DEPTH {
+            return Err((
+                "inputs",
+                format!("nested more than {MAX_INPUT_DEPTH} levels deep"),
+            ));
+        }
+        match value {
+            serde_json::Value::Array(items) => pending.extend(items.iter().map(|v| (v, depth + 1))),
+            serde_json::Value::Object(map) => pending.extend(map.values().map(|v| (v, depth + 1))),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 pub fn check_relative_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
     let normal = !path.is_empty()
@@ -654,6 +720,7 @@ mod tests {
                     data: Vec::new(),
                 })
                 .collect(),
+            entrypoint: None,
             limits: engine.config().defaults.clone(),
             max_code_bytes: 1000,
             stream: false,

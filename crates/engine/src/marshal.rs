@@ -14,6 +14,10 @@ pub(crate) enum Value<'a> {
     Bytes(&'a [u8]),
     List(Vec<Value<'a>>),
     Dict(Vec<(&'a str, Value<'a>)>),
+    None,
+    /// Plain data from the caller (an entrypoint's inputs): null, booleans, integers of any
+    /// size serde_json holds, floats, strings, lists and dicts; nothing with behaviour.
+    Json(&'a serde_json::Value),
 }
 
 /// One object is at most this long (marshal's lengths are signed 32-bit).
@@ -69,8 +73,68 @@ fn write(value: &Value<'_>, out: &mut Vec<u8>) -> Result<(), String> {
             }
             out.push(b'0');
         }
+        Value::None => out.push(b'N'),
+        Value::Json(json) => write_json(json, out)?,
     }
     Ok(())
+}
+
+fn write_json(value: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), String> {
+    use serde_json::Value as J;
+    match value {
+        J::Null => out.push(b'N'),
+        J::Bool(b) => out.push(if *b { b'T' } else { b'F' }),
+        J::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                write_int(i128::from(i), out);
+            } else if let Some(u) = n.as_u64() {
+                write_int(i128::from(u), out);
+            } else {
+                // Binary float ('g'): every f64 exactly.
+                out.push(b'g');
+                out.extend_from_slice(&n.as_f64().unwrap_or(f64::NAN).to_le_bytes());
+            }
+        }
+        J::String(s) => write_str(s, out)?,
+        J::Array(items) => {
+            out.push(b'[');
+            write_len(items.len(), out)?;
+            for item in items {
+                write_json(item, out)?;
+            }
+        }
+        J::Object(entries) => {
+            out.push(b'{');
+            for (key, item) in entries {
+                write_str(key, out)?;
+                write_json(item, out)?;
+            }
+            out.push(b'0');
+        }
+    }
+    Ok(())
+}
+
+/// An integer: 32-bit ('i') when it fits, else marshal's long ('l'): a signed count of
+/// 15-bit digits, least significant first.
+fn write_int(n: i128, out: &mut Vec<u8>) {
+    if let Ok(small) = i32::try_from(n) {
+        out.push(b'i');
+        out.extend_from_slice(&small.to_le_bytes());
+        return;
+    }
+    let mut magnitude = n.unsigned_abs();
+    let mut digits = Vec::new();
+    while magnitude > 0 {
+        digits.push((magnitude & 0x7fff) as u16);
+        magnitude >>= 15;
+    }
+    let count = digits.len() as i32;
+    out.push(b'l');
+    out.extend_from_slice(&(if n < 0 { -count } else { count }).to_le_bytes());
+    for d in digits {
+        out.extend_from_slice(&d.to_le_bytes());
+    }
 }
 
 #[cfg(test)]
@@ -103,6 +167,12 @@ mod tests {
     #[test]
     fn python_reads_what_is_written() {
         let long = "é".repeat(70_000);
+        let inputs = serde_json::json!({
+            "null": null, "t": true, "f": false, "small": -5, "i32": 2147483647,
+            "past_i32": 2147483648i64, "min_i64": i64::MIN, "max_u64": u64::MAX,
+            "float": 0.1, "tiny": 5e-324, "big": 1.7976931348623157e308, "neg_zero": -0.0,
+            "s": "x\u{0}é", "list": [1, [2, {"k": []}]], "obj": {"a": {"b": null}}
+        });
         let value = Value::Dict(vec![
             ("code", Value::Str("print('hi')\n\u{1F600} \0 end")),
             ("empty", Value::Str("")),
@@ -120,6 +190,8 @@ mod tests {
             ),
             ("none", Value::List(Vec::new())),
             ("env", Value::Dict(Vec::new())),
+            ("nothing", Value::None),
+            ("inputs", Value::Json(&inputs)),
         ]);
         let read = python_reads(&encode(&value).unwrap());
         assert_eq!(
@@ -135,6 +207,8 @@ mod tests {
                 "files": [{"path": "a/b.bin", "data": {"bytes": [0, 255, 10, 13]}}],
                 "none": [],
                 "env": {},
+                "nothing": null,
+                "inputs": inputs,
             })
         );
     }

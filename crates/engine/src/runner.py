@@ -89,25 +89,103 @@ def marked_repr(value, why, cap):
     return {MARK: "repr", "type": type_name(value), "repr": text, "truncated": truncated, "why": why}
 
 
+# Arrays and tables with more cells than this cross as a marked repr (numpy and pandas
+# summarise their own), not as a list the host would refuse as too large anyway.
+MAX_CELLS = 100_000
+
+
 def to_json(value, depth, cap):
-    """JSON-native values as they are (tuples as arrays); anything else as a marked repr."""
-    if value is None or value is True or value is False or type(value) is str:
+    """JSON-native values as they are (tuples as arrays); the types JSON lacks as objects
+    marked "$airlock" (README: "What comes back"); anything else as a marked repr. Only
+    types already imported by the code are looked for: nothing is imported here."""
+    kind = type(value)
+    if value is None or value is True or value is False or kind is str:
         return value
-    if type(value) is int:
+    if kind is int:
         if -(2**63) <= value < 2**64:
             return value
         return marked_repr(value, "integer outside the 64-bit range", cap)
-    if type(value) is float:
+    if kind is float:
         if value != value or value in (float("inf"), float("-inf")):
             return marked_repr(value, "not a finite number", cap)
         return value
     if depth <= 0:
         return marked_repr(value, "nested too deeply", cap)
-    if type(value) in (list, tuple):
-        return [to_json(item, depth - 1, cap) for item in value]
-    if type(value) is dict and all(type(k) is str for k in value) and MARK not in value:
-        return {k: to_json(v, depth - 1, cap) for k, v in value.items()}
+    inner = depth - 1
+    if isinstance(value, (list, tuple)):
+        return [to_json(item, inner, cap) for item in value]
+    if isinstance(value, dict):
+        if all(type(k) is str for k in value) and MARK not in value:
+            return {k: to_json(v, inner, cap) for k, v in value.items()}
+        return {MARK: "dict", "items": [[to_json(k, inner, cap), to_json(v, inner, cap)] for k, v in value.items()]}
+    if isinstance(value, (bytes, bytearray)):
+        import binascii
+
+        return {MARK: "bytes", "base64": binascii.b2a_base64(value, newline=False).decode("ascii")}
+    if isinstance(value, (set, frozenset)):
+        try:
+            items = sorted(value)
+        except Exception:
+            items = list(value)
+        return {MARK: "set", "type": type_name(value), "items": [to_json(i, inner, cap) for i in items]}
+    if kind is complex:
+        return {MARK: "complex", "real": to_json(value.real, inner, cap), "imag": to_json(value.imag, inner, cap)}
+    modules = sys.modules
+    numpy = modules.get("numpy")
+    if numpy is not None:
+        if isinstance(value, numpy.ndarray):
+            if value.size > MAX_CELLS:
+                return marked_repr(value, "array of more than %d cells" % MAX_CELLS, cap)
+            return {MARK: "ndarray", "dtype": str(value.dtype), "shape": list(value.shape),
+                    "data": to_json(value.tolist(), inner, cap)}
+        if isinstance(value, numpy.generic):
+            return to_json(value.item(), depth, cap)
+    pandas = modules.get("pandas")
+    if pandas is not None:
+        if isinstance(value, pandas.DataFrame):
+            if value.size > MAX_CELLS:
+                return marked_repr(value, "table of more than %d cells" % MAX_CELLS, cap)
+            return {MARK: "dataframe", "columns": to_json(list(value.columns), inner, cap),
+                    "index": to_json(list(value.index), inner, cap),
+                    "records": to_json(value.to_dict(orient="records"), inner, cap)}
+        if isinstance(value, pandas.Series):
+            if value.size > MAX_CELLS:
+                return marked_repr(value, "series of more than %d cells" % MAX_CELLS, cap)
+            return {MARK: "series", "name": to_json(value.name, inner, cap),
+                    "index": to_json(list(value.index), inner, cap),
+                    "data": to_json(value.tolist(), inner, cap)}
+        if value is pandas.NaT:
+            return None
+    dt = modules.get("datetime")
+    if dt is not None:
+        if isinstance(value, (dt.datetime, dt.date, dt.time)):
+            return {MARK: "datetime", "type": type_name(value), "iso": value.isoformat()}
+        if isinstance(value, dt.timedelta):
+            return {MARK: "timedelta", "seconds": value.total_seconds()}
+    decimal = modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
+        return {MARK: "decimal", "value": str(value)}
     return marked_repr(value, "not a JSON value", cap)
+
+
+def call_entrypoint(namespace, name, inputs):
+    """Function mode: `name` (or `Class.method`) from the code's namespace, called with the
+    inputs (plain data from marshal) as keyword arguments; a coroutine is run to its end."""
+    first, *rest = name.split(".")
+    try:
+        target = namespace[first]
+    except KeyError:
+        raise NameError("entrypoint %r: the code defines no %r" % (name, first)) from None
+    for part in rest:
+        target = getattr(target, part)
+    if not callable(target):
+        raise TypeError("entrypoint %r is %s, not a function" % (name, type_name(target)))
+    value = target(**inputs)
+    if type(value).__name__ == "coroutine" and type(value).__module__ == "builtins":
+        import asyncio
+
+        value = asyncio.run(value)
+    return value
 
 
 class SeedLinecache:
@@ -192,6 +270,7 @@ def main():
     depth = request["max_depth"]
     filename = request["filename"]
     code = request["code"]
+    entrypoint = request["entrypoint"]
 
     # The job's environment, over the sandbox's base one (os.environ also calls putenv, so
     # child processes inherit it).
@@ -212,13 +291,16 @@ def main():
     try:
         tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
         last = None
-        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+        if entrypoint is None and tree.body and isinstance(tree.body[-1], _ast.Expr):
             last = _ast.Expression(tree.body.pop().value)
         body = compile(tree, filename, "exec")
         tail = compile(last, filename, "eval") if last is not None else None
         del tree, last
         exec(body, namespace)
-        value = eval(tail, namespace) if tail is not None else None
+        if entrypoint is not None:
+            value = call_entrypoint(namespace, entrypoint, request["inputs"])
+        else:
+            value = eval(tail, namespace) if tail is not None else None
     except SystemExit:
         sys.stdout.flush()
         raise

@@ -6,7 +6,8 @@ use airlock_api::{
     ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
 };
 use airlock_engine::{
-    check_relative_path, Cancel, Discard, EngineError, Execution, InputFile, Job, LimitError, Stdin,
+    check_entrypoint, check_relative_path, Cancel, Discard, EngineError, Entrypoint, Execution,
+    InputFile, Job, LimitError, Stdin,
 };
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -374,6 +375,22 @@ fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, 
             )));
         }
     }
+    let entrypoint = match (req.entrypoint, req.inputs) {
+        (Some(name), inputs) => Some(Entrypoint {
+            name,
+            inputs: inputs.unwrap_or_default(),
+        }),
+        (None, Some(_)) => {
+            return Err(reject(Error::invalid(
+                "inputs",
+                "inputs are the keyword arguments of an entrypoint: name one",
+            )))
+        }
+        (None, None) => None,
+    };
+    if let Some(entry) = &entrypoint {
+        check_entrypoint(entry).map_err(|(field, m)| reject(Error::invalid(field, m)))?;
+    }
     let limits = resolve_limits(state, key, &req.limits)?;
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
@@ -414,6 +431,7 @@ fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, 
         stdin: Stdin::Bytes(req.stdin.into_bytes()),
         env: req.env.into_iter().collect(),
         files,
+        entrypoint,
         limits,
         max_code_bytes: cfg.max_code_bytes,
         stream: false,
