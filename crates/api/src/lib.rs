@@ -143,6 +143,26 @@ pub struct Isolation {
     pub downgraded: Vec<String>,
 }
 
+/// A rich output (a chart, a `display()` call), in the order the code made them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Output {
+    /// `text/plain`, `text/html`, `image/png`, `image/svg+xml` or `application/json`.
+    #[serde(rename = "type")]
+    pub mime: String,
+    /// Text for the text types and SVG, base64 for PNG, any JSON value for JSON.
+    pub data: serde_json::Value,
+}
+
+/// The media types an [`Output`] can have.
+pub const OUTPUT_TYPES: [&str; 5] = [
+    "text/plain",
+    "text/html",
+    "image/png",
+    "image/svg+xml",
+    "application/json",
+];
+
 /// The outcome of one execution.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -165,6 +185,9 @@ pub struct ExecutionResult {
     /// else `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ..., "why": ...}`.
     pub result: Option<serde_json::Value>,
     pub error: Option<ErrorInfo>,
+    /// Charts and `display()` outputs, in order (also with an `error`).
+    #[serde(default)]
+    pub outputs: Vec<Output>,
     pub usage: Usage,
     pub limits: Limits,
     pub limits_hit: Vec<LimitKind>,

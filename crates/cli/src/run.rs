@@ -418,6 +418,15 @@ pub fn main(args: RunArgs) -> ExitCode {
         let value = result.result.as_ref().unwrap_or(&serde_json::Value::Null);
         println!("{value}");
     }
+    if !json && !result.outputs.is_empty() {
+        let mut kinds: Vec<&str> = result.outputs.iter().map(|o| o.mime.as_str()).collect();
+        kinds.dedup();
+        eprintln!(
+            "airlock: {} rich output(s) ({}) are in the result of --json",
+            result.outputs.len(),
+            kinds.join(", ")
+        );
+    }
     ExitCode::from(exit_code(&result))
 }
 

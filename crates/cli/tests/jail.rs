@@ -124,7 +124,7 @@ print(json.dumps({"root": os.listdir("/"), "etc": os.listdir("/etc"), "dev": os.
             "{name} -> {target}"
         );
     }
-    assert_eq!(sorted(&seen["usr_share"]), ["zoneinfo"]);
+    assert_eq!(sorted(&seen["usr_share"]), ["matplotlib", "zoneinfo"]);
     assert_eq!(
         sorted(&seen["dev"]),
         ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"]
@@ -193,6 +193,9 @@ print(json.dumps({"paths": out, "env": dict(os.environ), "environs": environs}))
         [
             "HOME",
             "LANG",
+            "MATPLOTLIBRC",
+            "MPLBACKEND",
+            "MPLCONFIGDIR",
             "PATH",
             "ROOT_CANARY",
             "TMPDIR",

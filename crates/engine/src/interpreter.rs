@@ -127,10 +127,13 @@ impl Interpreter {
                 path: python.to_owned(),
             });
         }
-        // Time zones (zoneinfo, pytz, pandas): public data.
-        let zoneinfo = Path::new("/usr/share/zoneinfo");
-        if zoneinfo.is_dir() {
-            root.push(ro(zoneinfo));
+        // Public data the packages read: time zones (zoneinfo, pytz, pandas) and
+        // matplotlib's fonts and styles.
+        for data in ["/usr/share/zoneinfo", "/usr/share/matplotlib"] {
+            let data = Path::new(data);
+            if data.is_dir() {
+                root.push(ro(data));
+            }
         }
         if Path::new("/etc/ld.so.cache").is_file() {
             root.push(ro(Path::new("/etc/ld.so.cache")));

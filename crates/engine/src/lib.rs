@@ -219,6 +219,11 @@ impl Engine {
             .env("HOME", WORKDIR)
             .env("LANG", "C.UTF-8")
             .env("TMPDIR", "/tmp")
+            // Headless charts; matplotlib's caches in /tmp, not in the working directory, and
+            // its settings from its data (Debian's build looks only in /etc otherwise).
+            .env("MPLBACKEND", "Agg")
+            .env("MPLCONFIGDIR", "/tmp/matplotlib")
+            .env("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data")
             .pass_fd(OwnedFd::from(theirs));
         if warm {
             // Built ahead of need: in the background until taken.
@@ -490,6 +495,7 @@ impl Engine {
                         message: e.to_string(),
                         traceback: None,
                     }),
+                    outputs: Vec::new(),
                     usage: airlock_api::Usage::default(),
                     limits: job.limits,
                     limits_hit: Vec::new(),
@@ -514,6 +520,7 @@ impl Engine {
             stderr_truncated: io.stderr.truncated,
             result: v.result,
             error: v.error,
+            outputs: v.outputs,
             usage: airlock_api::Usage {
                 wall_ms: outcome.usage.wall.as_millis() as u64,
                 cpu_ms: outcome

@@ -59,10 +59,16 @@ def send(payload, limit):
     return True
 
 
-def send_result(value, limit, depth, cap):
-    if not send({"result": to_json(value, depth, cap)}, limit):
+def answer(outputs, **fields):
+    if outputs:
+        fields["outputs"] = outputs
+    return fields
+
+
+def send_result(value, limit, depth, cap, outputs):
+    if not send(answer(result=to_json(value, depth, cap), outputs=outputs), limit):
         why = "result larger than %d bytes" % limit
-        send({"result": marked_repr(value, why, min(cap, limit // 4))}, limit)
+        send(answer(result=marked_repr(value, why, min(cap, limit // 4)), outputs=outputs), limit)
 
 
 def type_name(value):
@@ -188,33 +194,131 @@ def call_entrypoint(namespace, name, inputs):
     return value
 
 
-class SeedLinecache:
-    """Puts the code's lines into `linecache` the moment anything imports it (a traceback, a
-    warning, the code itself), then steps aside; importing it up front would cost every
-    sandbox a regular-expression compiler."""
+class AfterImport:
+    """Runs a hook on a module the moment the code (or a traceback, a warning) imports it,
+    then steps aside: `linecache` gets the code's lines (importing it up front would cost every
+    sandbox a regular-expression compiler), `matplotlib.pyplot` a `show()` that makes outputs."""
 
-    def __init__(self, filename, code):
-        self.entry = (filename, (len(code), None, code.splitlines(True), filename))
+    def __init__(self, hooks):
+        self.hooks = hooks
 
     def find_spec(self, name, path=None, target=None):
-        if name != "linecache":
+        hook = self.hooks.pop(name, None)
+        if hook is None:
             return None
-        sys.meta_path.remove(self)
+        if not self.hooks:
+            sys.meta_path.remove(self)
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             spec = finder.find_spec(name, path, target)
             if spec is not None:
                 break
         else:
             return None
         run = spec.loader.exec_module
-        filename, lines = self.entry
 
         def exec_module(module):
             run(module)
-            module.cache[filename] = lines
+            hook(module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+# Rich outputs (display(), charts), in the order they were made; they may take up to half of
+# the result limit, and what comes past that is dropped with a note.
+OUTPUTS = []
+MIMES = ("text/plain", "text/html", "image/png", "image/svg+xml", "application/json")
+budget = [0]
+
+
+def b64(data):
+    import binascii
+
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def emit(kind, data):
+    size = len(data) if type(data) is str else len("".join(ENCODE(data, 0)))
+    if budget[0] < 0:
+        return
+    budget[0] -= size + 32
+    if budget[0] < 0:
+        note = "[airlock: outputs past %d bytes were dropped]" % (REQUEST["result_limit"] // 2)
+        OUTPUTS.append({"type": "text/plain", "data": note})
+        return
+    OUTPUTS.append({"type": kind, "data": data})
+
+
+def figure_png(figure):
+    import io
+
+    buf = io.BytesIO()
+    figure.savefig(buf, format="png")
+    return b64(buf.getvalue())
+
+
+def show_figures(*args, **kwargs):
+    """pyplot.show(): every open figure becomes a PNG output, and is closed."""
+    pyplot = sys.modules["matplotlib.pyplot"]
+    for number in pyplot.get_fignums():
+        emit("image/png", figure_png(pyplot.figure(number)))
+    pyplot.close("all")
+
+
+def display(*objects, mime=None):
+    """Shows each object as an output: a matplotlib figure or anything with `_repr_png_` as
+    PNG, `_repr_svg_` as SVG, `_repr_html_` (a DataFrame) as HTML, a str as text, other data
+    as JSON, anything else by its repr; `mime` forces a type for str or bytes data."""
+    depth, cap = REQUEST["max_depth"], REQUEST["repr_limit"]
+    for obj in objects:
+        if mime is not None:
+            if mime not in MIMES:
+                raise ValueError("display: mime must be one of %s" % ", ".join(MIMES))
+            if mime == "application/json":
+                emit(mime, to_json(obj, depth, cap))
+            elif mime == "image/png" and isinstance(obj, (bytes, bytearray)):
+                emit(mime, b64(obj))
+            elif mime != "image/png" and isinstance(obj, str):
+                emit(mime, obj)
+            else:
+                raise TypeError("display: %s needs %s" % (mime, "bytes" if mime == "image/png" else "a str"))
+            continue
+        figures = sys.modules.get("matplotlib.figure")
+        if figures is not None and isinstance(obj, figures.Figure):
+            emit("image/png", figure_png(obj))
+            continue
+        shown = False
+        for method, kind in (("_repr_png_", "image/png"), ("_repr_svg_", "image/svg+xml"), ("_repr_html_", "text/html")):
+            make = getattr(obj, method, None)
+            data = make() if callable(make) and not isinstance(obj, type) else None
+            if kind == "image/png" and isinstance(data, (bytes, bytearray)):
+                emit(kind, b64(data))
+            elif kind != "image/png" and isinstance(data, str):
+                emit(kind, data)
+            else:
+                continue
+            shown = True
+            break
+        if shown:
+            continue
+        if isinstance(obj, str):
+            emit("text/plain", obj)
+        elif obj is None or isinstance(obj, (bool, int, float, list, tuple, dict)):
+            emit("application/json", to_json(obj, depth, cap))
+        else:
+            emit("text/plain", capped_text(lambda: repr(obj), "repr()", cap)[0])
+
+
+def finish_outputs():
+    """Figures left open at the end are shown too; the outputs go with the answer."""
+    if "matplotlib.pyplot" in sys.modules:
+        try:
+            show_figures()
+        except BaseException as exc:  # a figure that cannot be drawn loses only itself
+            emit("text/plain", "[airlock: a figure could not be drawn: %s]" % type_name(exc))
+    return OUTPUTS
 
 
 def describe(exc, filename):
@@ -264,7 +368,9 @@ def write_files(files):
 
 
 def main():
-    request = read_request()
+    global REQUEST
+    request = REQUEST = read_request()
+    budget[0] = request["result_limit"] // 2
     limit = request["result_limit"]
     cap = request["repr_limit"]
     depth = request["max_depth"]
@@ -283,7 +389,18 @@ def main():
         sys.stdout.reconfigure(line_buffering=True)
 
     # Tracebacks and warnings show the code's own lines (never a file of the same name).
-    sys.meta_path.insert(0, SeedLinecache(filename, code))
+    lines = (len(code), None, code.splitlines(True), filename)
+
+    def seed_linecache(module):
+        module.cache[filename] = lines
+
+    def patch_pyplot(module):
+        module.show = show_figures
+
+    sys.meta_path.insert(0, AfterImport({"linecache": seed_linecache, "matplotlib.pyplot": patch_pyplot}))
+    import builtins
+
+    builtins.display = display
     main_module = type(sys)("__main__")
     sys.modules["__main__"] = main_module
     namespace = main_module.__dict__
@@ -302,7 +419,10 @@ def main():
         else:
             value = eval(tail, namespace) if tail is not None else None
     except SystemExit:
+        outputs = finish_outputs()
         sys.stdout.flush()
+        if outputs:
+            send(answer(result=None, outputs=outputs), limit)
         raise
     except BaseException as exc:
         error = describe(exc, filename)
@@ -310,12 +430,14 @@ def main():
         if request["echo_traceback"]:
             sys.stderr.write(error["traceback"])
         sys.stderr.flush()
-        if not send({"error": error}, limit):
+        outputs = finish_outputs()
+        if not send(answer(error=error, outputs=outputs), limit):
             error["traceback"] = error["traceback"][:1024]
             send({"error": error}, limit)
         sys.exit(1)
+    outputs = finish_outputs()
     sys.stdout.flush()
-    send_result(value, limit, depth, cap)
+    send_result(value, limit, depth, cap, outputs)
 
 
 # What is loaded so far lives until the end: kept out of every collection, including the one

@@ -2,18 +2,47 @@
 //! program's response into one status. The response can only ever supply `result` and
 //! `error`; it can never turn a kill, a limit or a non-zero exit into anything else.
 
-use airlock_api::{ErrorInfo, LimitKind, Limits, Status};
+use airlock_api::{ErrorInfo, LimitKind, Limits, Output, Status, OUTPUT_TYPES};
 use airlock_sandbox::{Exit, KillReason, Outcome};
 use serde::Deserialize;
 use serde_json::Value;
 
 /// What the runner sends back: exactly one of the two.
-#[derive(Debug, PartialEq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[derive(Debug, PartialEq)]
 pub(crate) enum Response {
     Result(Value),
     Error(ErrorInfo),
 }
+
+/// The runner's answer: the result or the error, and the rich outputs made on the way.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Reply {
+    pub answer: Response,
+    pub outputs: Vec<Output>,
+}
+
+/// The answer as it travels: `{"result": ...}` or `{"error": ...}`, with `outputs` or not.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    #[serde(default, deserialize_with = "present")]
+    result: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    error: Option<ErrorInfo>,
+    #[serde(default)]
+    outputs: Vec<Output>,
+}
+
+/// `Some` for a field that is there, `null` included.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
+}
+
+const MAX_OUTPUTS: usize = 1000;
 
 const MAX_TYPE: usize = 256;
 /// Error kinds airlock itself reports; a response claiming one is forged.
@@ -27,15 +56,32 @@ pub(crate) fn parse_response(
     bytes: &[u8],
     overflow: bool,
     limit: u64,
-) -> Result<Option<Response>, String> {
+) -> Result<Option<Reply>, String> {
     if overflow {
         return Err(format!("the response is larger than {limit} bytes"));
     }
     if bytes.is_empty() {
         return Ok(None);
     }
-    let mut response: Response =
+    let wire: Wire =
         serde_json::from_slice(bytes).map_err(|e| format!("the response is not valid: {e}"))?;
+    let mut response = match (wire.result, wire.error) {
+        (Some(v), None) => Response::Result(v),
+        (None, Some(e)) => Response::Error(e),
+        _ => return Err("the response is not valid: not one of result and error".into()),
+    };
+    if wire.outputs.len() > MAX_OUTPUTS {
+        return Err(format!("the response has more than {MAX_OUTPUTS} outputs"));
+    }
+    for o in &wire.outputs {
+        let text = o.data.is_string();
+        if !OUTPUT_TYPES.contains(&o.mime.as_str()) || (o.mime != "application/json" && !text) {
+            return Err(format!(
+                "the response has an invalid output of type {:?}",
+                o.mime
+            ));
+        }
+    }
     if let Response::Error(e) = &response {
         if RESERVED_KINDS.contains(&e.kind.as_str()) {
             // Only airlock makes these; an exception's own type is never a bare one of them.
@@ -52,7 +98,10 @@ pub(crate) fn parse_response(
             cap(tb, MAX_TRACEBACK);
         }
     }
-    Ok(Some(response))
+    Ok(Some(Reply {
+        answer: response,
+        outputs: wire.outputs,
+    }))
 }
 
 fn cap(s: &mut String, max: usize) {
@@ -72,12 +121,13 @@ pub(crate) struct Verdict {
     pub signal: Option<i32>,
     pub result: Option<Value>,
     pub error: Option<ErrorInfo>,
+    pub outputs: Vec<Output>,
     pub limits_hit: Vec<LimitKind>,
 }
 
 pub(crate) fn verdict(
     outcome: &Outcome,
-    response: Result<Option<Response>, String>,
+    response: Result<Option<Reply>, String>,
     limits: &Limits,
     output_truncated: bool,
 ) -> Verdict {
@@ -110,7 +160,15 @@ pub(crate) fn verdict(
         (None, None) => Status::InternalError,
     };
 
-    let (mut result, mut error) = (None, None);
+    let (mut result, mut error, mut outputs) = (None, None, Vec::new());
+    let response = response.map(|reply| {
+        reply.map(|r| {
+            if matches!(status, Status::Ok | Status::Error) {
+                outputs = r.outputs;
+            }
+            r.answer
+        })
+    });
     match response {
         Ok(Some(Response::Result(v))) if status == Status::Ok => result = Some(v),
         Ok(Some(Response::Error(e))) if status == Status::Error => error = Some(e),
@@ -159,6 +217,7 @@ pub(crate) fn verdict(
         signal,
         result,
         error,
+        outputs,
         limits_hit,
     }
 }
@@ -213,8 +272,15 @@ mod tests {
         }
     }
 
-    fn result(v: Value) -> Result<Option<Response>, String> {
-        Ok(Some(Response::Result(v)))
+    fn reply(answer: Response) -> Result<Option<Reply>, String> {
+        Ok(Some(Reply {
+            answer,
+            outputs: Vec::new(),
+        }))
+    }
+
+    fn result(v: Value) -> Result<Option<Reply>, String> {
+        reply(Response::Result(v))
     }
 
     #[test]
@@ -301,7 +367,7 @@ mod tests {
         };
         let v = verdict(
             &outcome(Some(Exit::Code(1)), None, 0),
-            Ok(Some(Response::Error(err.clone()))),
+            reply(Response::Error(err.clone())),
             &limits(),
             false,
         );
@@ -341,6 +407,30 @@ mod tests {
         let own =
             br#"{"error": {"type": "__main__.ResultError", "message": "m", "traceback": null}}"#;
         assert!(parse_response(own, false, 999).is_ok());
+        // Exactly one of result and error; outputs of known types, text where text is due.
+        assert!(parse_response(b"{}", false, 99).is_err());
+        assert!(parse_response(br#"{"result": 1, "error": null}"#, false, 99).is_err());
+        let r = parse_response(br#"{"result": null}"#, false, 99)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.answer, Response::Result(Value::Null));
+        let ok = br#"{"result": 1, "outputs": [{"type": "image/png", "data": "iVBO"},
+                     {"type": "application/json", "data": {"a": [1]}}]}"#;
+        assert_eq!(
+            parse_response(ok, false, 999)
+                .unwrap()
+                .unwrap()
+                .outputs
+                .len(),
+            2
+        );
+        for bad in [
+            r#"{"result": 1, "outputs": [{"type": "text/javascript", "data": "x"}]}"#,
+            r#"{"result": 1, "outputs": [{"type": "image/png", "data": 1}]}"#,
+            r#"{"result": 1, "outputs": [{"type": "text/plain", "data": "x", "extra": 1}]}"#,
+        ] {
+            assert!(parse_response(bad.as_bytes(), false, 999).is_err(), "{bad}");
+        }
         let deep = format!("{{\"result\": {}{}}}", "[".repeat(200), "]".repeat(200));
         assert!(parse_response(deep.as_bytes(), false, 1 << 20).is_err());
         let long = format!(
@@ -348,7 +438,10 @@ mod tests {
             "x".repeat(20000)
         );
         match parse_response(long.as_bytes(), false, 1 << 20).unwrap() {
-            Some(Response::Error(e)) => assert_eq!(e.message.len(), MAX_MESSAGE),
+            Some(Reply {
+                answer: Response::Error(e),
+                ..
+            }) => assert_eq!(e.message.len(), MAX_MESSAGE),
             other => panic!("{other:?}"),
         }
     }
