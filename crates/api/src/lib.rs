@@ -154,6 +154,22 @@ pub struct Output {
     pub data: serde_json::Value,
 }
 
+/// A file the code left in `./outputs` (one-shot executions).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutputFile {
+    /// Relative to `outputs/`.
+    pub path: String,
+    pub size: u64,
+    /// The contents, when the file was returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+    /// Why it was not: `a symbolic link`, `not a regular file`, `over the size limit`,
+    /// `more than 100 files`, `still growing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+}
+
 /// The media types an [`Output`] can have.
 pub const OUTPUT_TYPES: [&str; 5] = [
     "text/plain",
@@ -188,6 +204,10 @@ pub struct ExecutionResult {
     /// Charts and `display()` outputs, in order (also with an `error`).
     #[serde(default)]
     pub outputs: Vec<Output>,
+    /// Files the code left in `./outputs`, base64, within half the result limit together
+    /// with `outputs`.
+    #[serde(default)]
+    pub files: Vec<OutputFile>,
     pub usage: Usage,
     pub limits: Limits,
     pub limits_hit: Vec<LimitKind>,

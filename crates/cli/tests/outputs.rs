@@ -133,3 +133,68 @@ fn forged_outputs_are_refused_by_the_host() {
         assert_eq!(r.json["outputs"], json!([]));
     }
 }
+
+#[test]
+fn files_left_in_outputs_come_back_and_planted_links_do_not() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let code = r#"
+import os
+os.makedirs("outputs/sub/deeper")
+open("outputs/report.csv", "w").write("a,b\n1,2\n")
+open("outputs/sub/deeper/blob.bin", "wb").write(bytes(range(256)))
+os.symlink("/etc/passwd", "outputs/passwd")
+os.symlink("/usr", "outputs/usr")
+os.mkfifo("outputs/pipe")
+open("outputs/big.bin", "wb").write(b"x" * (700 << 10))
+"#;
+    let r = server.execute(json!({"code": code})).json();
+    assert_eq!(r["status"], "ok", "{r}");
+    let files = r["files"].as_array().unwrap();
+    let by_path = |p: &str| {
+        files
+            .iter()
+            .find(|f| f["path"] == p)
+            .unwrap_or_else(|| panic!("{p} missing from {files:?}"))
+    };
+    let decode = |f: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(f["base64"].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(decode(by_path("report.csv")), b"a,b\n1,2\n");
+    let blob = by_path("sub/deeper/blob.bin");
+    assert_eq!(
+        (decode(blob), blob["size"].as_u64()),
+        ((0..=255).collect::<Vec<u8>>(), Some(256))
+    );
+    // Links are listed, never followed, and a FIFO is never opened (that would block).
+    assert_eq!(by_path("passwd")["skipped"], "a symbolic link");
+    assert!(by_path("passwd").get("base64").is_none());
+    assert_eq!(by_path("usr")["skipped"], "a symbolic link");
+    assert_eq!(by_path("pipe")["skipped"], "not a regular file");
+    // Over what is left of half the 1 MiB result limit: listed with its size only.
+    let big = by_path("big.bin");
+    assert_eq!(
+        (&big["skipped"], big["size"].as_u64()),
+        (&json!("over the size limit"), Some(700 << 10))
+    );
+    assert_eq!(files.len(), 6, "{files:?}");
+
+    // An outputs directory that is itself a link to elsewhere returns nothing.
+    let r = server
+        .execute(json!({"code": "import os\nos.symlink('/usr/lib', 'outputs')"}))
+        .json();
+    assert_eq!(
+        (&r["status"], &r["files"]),
+        (&json!("ok"), &json!([])),
+        "{r}"
+    );
+    // More than 100 files: the first 100, then one line saying so.
+    let r = server
+        .execute(json!({"code": "import os\nos.mkdir('outputs')\nfor i in range(150):\n    open(f'outputs/f{i:03}', 'w').write('x')"}))
+        .json();
+    let files = r["files"].as_array().unwrap();
+    assert_eq!(files.len(), 101, "{r}");
+    assert_eq!(files[100]["skipped"], "more than 100 files");
+}

@@ -496,6 +496,7 @@ impl Engine {
                         traceback: None,
                     }),
                     outputs: Vec::new(),
+                    files: Vec::new(),
                     usage: airlock_api::Usage::default(),
                     limits: job.limits,
                     limits_hit: Vec::new(),
@@ -521,6 +522,7 @@ impl Engine {
             result: v.result,
             error: v.error,
             outputs: v.outputs,
+            files: v.files,
             usage: airlock_api::Usage {
                 wall_ms: outcome.usage.wall.as_millis() as u64,
                 cpu_ms: outcome

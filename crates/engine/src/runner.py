@@ -62,6 +62,8 @@ def send(payload, limit):
 def answer(outputs, **fields):
     if outputs:
         fields["outputs"] = outputs
+    if FILES:
+        fields["files"] = FILES
     return fields
 
 
@@ -229,6 +231,7 @@ class AfterImport:
 # Rich outputs (display(), charts), in the order they were made; they may take up to half of
 # the result limit, and what comes past that is dropped with a note.
 OUTPUTS = []
+FILES = []
 MIMES = ("text/plain", "text/html", "image/png", "image/svg+xml", "application/json")
 budget = [0]
 
@@ -311,13 +314,87 @@ def display(*objects, mime=None):
             emit("text/plain", capped_text(lambda: repr(obj), "repr()", cap)[0])
 
 
+MAX_OUTPUT_FILES = 100
+
+
+def collect_files():
+    """Files the code left in ./outputs: regular files only, walked through directory
+    descriptors without following a symbolic link (nor opening a FIFO or device) anywhere,
+    each read whole if it fits what is left of the outputs' budget, else listed as skipped."""
+    try:
+        top = os.open("outputs", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []
+    found = []
+    pending = [(top, "")]
+    while pending:
+        dir_fd, prefix = pending.pop()
+        try:
+            names = sorted(os.listdir(dir_fd))
+        except OSError:
+            names = []
+        for name in names:
+            path = prefix + name
+            if len(found) >= MAX_OUTPUT_FILES:
+                found.append({"path": path, "size": 0, "skipped": "more than %d files" % MAX_OUTPUT_FILES})
+                for fd, _ in pending:
+                    os.close(fd)
+                pending = []
+                break
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and prefix.count("/") < 16:
+                try:
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    pending.append((os.open(name, flags, dir_fd=dir_fd), path + "/"))
+                except OSError:
+                    pass
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+                found.append({"path": path, "size": 0, "skipped": kind})
+                continue
+            if st.st_size * 4 // 3 + 64 > budget[0]:
+                found.append({"path": path, "size": st.st_size, "skipped": "over the size limit"})
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue  # swapped since the stat: not what was listed
+                chunks, left = [], st.st_size + 1
+                while left > 0:
+                    chunk = os.read(fd, min(left, 1 << 20))
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    left -= len(chunk)
+                data = b"".join(chunks)
+            finally:
+                os.close(fd)
+            if len(data) > st.st_size:
+                found.append({"path": path, "size": len(data), "skipped": "still growing"})
+                continue
+            encoded = b64(data)
+            budget[0] -= len(encoded) + 64
+            found.append({"path": path, "size": len(data), "base64": encoded})
+        os.close(dir_fd)
+    return found
+
+
 def finish_outputs():
-    """Figures left open at the end are shown too; the outputs go with the answer."""
+    """Figures left open at the end are shown too, files in ./outputs collected; the outputs
+    go with the answer."""
     if "matplotlib.pyplot" in sys.modules:
         try:
             show_figures()
         except BaseException as exc:  # a figure that cannot be drawn loses only itself
             emit("text/plain", "[airlock: a figure could not be drawn: %s]" % type_name(exc))
+    FILES[:] = collect_files()
     return OUTPUTS
 
 

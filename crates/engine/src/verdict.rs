@@ -2,8 +2,9 @@
 //! program's response into one status. The response can only ever supply `result` and
 //! `error`; it can never turn a kill, a limit or a non-zero exit into anything else.
 
-use airlock_api::{ErrorInfo, LimitKind, Limits, Output, Status, OUTPUT_TYPES};
+use airlock_api::{ErrorInfo, LimitKind, Limits, Output, OutputFile, Status, OUTPUT_TYPES};
 use airlock_sandbox::{Exit, KillReason, Outcome};
+use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -19,6 +20,7 @@ pub(crate) enum Response {
 pub(crate) struct Reply {
     pub answer: Response,
     pub outputs: Vec<Output>,
+    pub files: Vec<OutputFile>,
 }
 
 /// The answer as it travels: `{"result": ...}` or `{"error": ...}`, with `outputs` or not.
@@ -31,6 +33,8 @@ struct Wire {
     error: Option<ErrorInfo>,
     #[serde(default)]
     outputs: Vec<Output>,
+    #[serde(default)]
+    files: Vec<OutputFile>,
 }
 
 /// `Some` for a field that is there, `null` included.
@@ -43,6 +47,7 @@ where
 }
 
 const MAX_OUTPUTS: usize = 1000;
+const MAX_FILES: usize = 101;
 
 const MAX_TYPE: usize = 256;
 /// Error kinds airlock itself reports; a response claiming one is forged.
@@ -82,6 +87,12 @@ pub(crate) fn parse_response(
             ));
         }
     }
+    if wire.files.len() > MAX_FILES {
+        return Err(format!("the response has more than {MAX_FILES} files"));
+    }
+    for f in &wire.files {
+        check_file(f).map_err(|why| format!("the response has an invalid file: {why}"))?;
+    }
     if let Response::Error(e) = &response {
         if RESERVED_KINDS.contains(&e.kind.as_str()) {
             // Only airlock makes these; an exception's own type is never a bare one of them.
@@ -101,7 +112,27 @@ pub(crate) fn parse_response(
     Ok(Some(Reply {
         answer: response,
         outputs: wire.outputs,
+        files: wire.files,
     }))
+}
+
+/// A returned file: a relative path of plain components, and either contents (base64 of
+/// exactly `size` bytes) or the reason it was skipped.
+fn check_file(f: &OutputFile) -> Result<(), String> {
+    crate::check_relative_path(&f.path)?;
+    match (&f.base64, &f.skipped) {
+        (Some(data), None) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|e| format!("{:?}: {e}", f.path))?;
+            if bytes.len() as u64 != f.size {
+                return Err(format!("{:?}: the size does not match", f.path));
+            }
+            Ok(())
+        }
+        (None, Some(why)) if why.len() <= 64 => Ok(()),
+        _ => Err(format!("{:?}: neither contents nor a reason", f.path)),
+    }
 }
 
 fn cap(s: &mut String, max: usize) {
@@ -122,6 +153,7 @@ pub(crate) struct Verdict {
     pub result: Option<Value>,
     pub error: Option<ErrorInfo>,
     pub outputs: Vec<Output>,
+    pub files: Vec<OutputFile>,
     pub limits_hit: Vec<LimitKind>,
 }
 
@@ -160,11 +192,12 @@ pub(crate) fn verdict(
         (None, None) => Status::InternalError,
     };
 
-    let (mut result, mut error, mut outputs) = (None, None, Vec::new());
+    let (mut result, mut error, mut outputs, mut files) = (None, None, Vec::new(), Vec::new());
     let response = response.map(|reply| {
         reply.map(|r| {
             if matches!(status, Status::Ok | Status::Error) {
                 outputs = r.outputs;
+                files = r.files;
             }
             r.answer
         })
@@ -218,6 +251,7 @@ pub(crate) fn verdict(
         result,
         error,
         outputs,
+        files,
         limits_hit,
     }
 }
@@ -276,6 +310,7 @@ mod tests {
         Ok(Some(Reply {
             answer,
             outputs: Vec::new(),
+            files: Vec::new(),
         }))
     }
 
@@ -428,6 +463,11 @@ mod tests {
             r#"{"result": 1, "outputs": [{"type": "text/javascript", "data": "x"}]}"#,
             r#"{"result": 1, "outputs": [{"type": "image/png", "data": 1}]}"#,
             r#"{"result": 1, "outputs": [{"type": "text/plain", "data": "x", "extra": 1}]}"#,
+            r#"{"result": 1, "files": [{"path": "../x", "size": 1, "base64": "eA=="}]}"#,
+            r#"{"result": 1, "files": [{"path": "/etc/x", "size": 1, "base64": "eA=="}]}"#,
+            r#"{"result": 1, "files": [{"path": "x", "size": 2, "base64": "eA=="}]}"#,
+            r#"{"result": 1, "files": [{"path": "x", "size": 1, "base64": "!!"}]}"#,
+            r#"{"result": 1, "files": [{"path": "x", "size": 1}]}"#,
         ] {
             assert!(parse_response(bad.as_bytes(), false, 999).is_err(), "{bad}");
         }
