@@ -47,17 +47,17 @@ struct KeyGate {
 }
 
 /// A request that passed its key's rate limit and in-flight bound; held until it is answered.
-pub struct Entered<'a> {
-    gate: &'a KeyGate,
+pub struct Entered {
+    gate: Arc<KeyGate>,
 }
 
-impl std::fmt::Debug for Entered<'_> {
+impl std::fmt::Debug for Entered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Entered")
     }
 }
 
-impl Drop for Entered<'_> {
+impl Drop for Entered {
     fn drop(&mut self) {
         *lock(&self.gate.in_flight) -= 1;
     }
@@ -81,7 +81,7 @@ pub struct Admission {
     config: ConcurrencyConfig,
     global: Arc<Semaphore>,
     global_waiting: Mutex<usize>,
-    keys: HashMap<String, KeyGate>,
+    keys: HashMap<String, Arc<KeyGate>>,
     metrics: Arc<Metrics>,
 }
 
@@ -131,7 +131,7 @@ impl Admission {
                     }),
                     in_flight: Mutex::new(0),
                 };
-                (k.name().to_owned(), gate)
+                (k.name().to_owned(), Arc::new(gate))
             })
             .collect();
         Admission {
@@ -150,7 +150,7 @@ impl Admission {
 
     /// Before a request's body is read: the key's rate limit, and a bound on its requests in
     /// flight (its concurrency plus its queue, when it has limits of its own).
-    pub fn enter(&self, key: &Key) -> Result<Entered<'_>, Rejection> {
+    pub fn enter(&self, key: &Key) -> Result<Entered, Rejection> {
         let gate = self.keys.get(key.name()).ok_or(Rejection::KeyBusy)?;
         if self.global.is_closed() {
             return Err(Rejection::ShuttingDown);
@@ -165,7 +165,8 @@ impl Admission {
         // (A request refused for being one too many costs no token.)
         self.take_token(key, gate)?;
         *in_flight += 1;
-        Ok(Entered { gate })
+        drop(in_flight);
+        Ok(Entered { gate: gate.clone() })
     }
 
     /// Stops admitting: every waiter and every later request is refused.

@@ -66,17 +66,22 @@ impl Error {
     pub fn internal(message: impl Into<String>) -> Self {
         Error::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
+
+    /// The body every error response has: `{"error": {...}}`.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ApiError {
+                code: self.code.to_owned(),
+                message: self.message.clone(),
+                field: self.field.clone(),
+            },
+        }
+    }
 }
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ApiError {
-                code: self.code.to_owned(),
-                message: self.message,
-                field: self.field,
-            },
-        };
+        let body = self.body();
         let mut response = (self.status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {

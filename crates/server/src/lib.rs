@@ -22,6 +22,7 @@ pub mod metrics;
 mod openapi;
 mod routes;
 mod serve;
+mod stream;
 mod wire;
 
 use std::collections::HashMap;

@@ -70,7 +70,8 @@ pub fn openapi() -> Value {
                 "summary": "Run code in a fresh sandbox",
                 "requestBody": {"required": true, "content": json_body(&request)},
                 "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 429, 503]), "200",
-                    json!({"description": "The execution's result, whatever its status.", "content": json_body(&response)})),
+                    json!({"description": "The execution's result, whatever its status. With `Accept: text/event-stream`, server-sent events instead: `stdout` and `stderr` (`{\"text\"}`) as the program writes, `truncated` (`{\"stream\", \"limit\"}`) at the output limit, then `result` (this object) or `error` (an error body).",
+                           "content": with(json_body(&response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
             }},
             "/v1/executions/{id}": {"get": {
                 "summary": "The audit record of one of this key's executions",

@@ -521,7 +521,8 @@ async fn execute(
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
+    let streamed = crate::stream::wanted(req.headers());
+    let entered = state.admission.enter(&caller.0).map_err(rejection)?;
     let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
     // Parsing and checking a large body is CPU work: not on the async workers.
     let (st, key) = (state.clone(), caller.0.clone());
@@ -555,6 +556,10 @@ async fn execute(
     // Everything from here runs to its end even if the client goes away: the sandbox is then
     // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
     // line and the metrics are still written.
+    if streamed {
+        let guards = (entered, admitted, tracked);
+        return stream_execution(state, ctx, job, on_drop, guards).await;
+    }
     let st = state.clone();
     let done = tokio::task::spawn_blocking(move || {
         // Nothing runs that the audit log has not heard of.
@@ -568,6 +573,43 @@ async fn execute(
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
     on_drop.0 = None; // answered: nothing to cancel
     done.map(|response| Json(response).into_response())
+}
+
+/// `Accept: text/event-stream`: the audit line first (its failure is still a plain error
+/// response), then a 200 whose body carries the output as it comes and the result last. The
+/// guards travel with the execution, which a client that leaves or stops reading cancels.
+async fn stream_execution<G: Send + 'static>(
+    state: SharedState,
+    ctx: Context,
+    mut job: Job,
+    mut on_drop: CancelOnDrop,
+    guards: G,
+) -> Result<Response, Error> {
+    let cancel = job.cancel.clone().unwrap_or_default();
+    job.stream = true; // line-buffered: print() reaches the client as it happens
+    let st = state.clone();
+    let (ctx, job) =
+        tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &job).map(|()| (ctx, job)))
+            .await
+            .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
+    let (response, mut events) = crate::stream::channel(cancel);
+    on_drop.0 = None; // from here the stream's own sender cancels
+    tokio::task::spawn_blocking(move || {
+        let ran = state.engine.execute(job, &mut events);
+        drop(guards);
+        events.flush();
+        match finish(&state, ctx, ran) {
+            Ok(answer) => {
+                let value = serde_json::to_value(answer).unwrap_or_default();
+                events.send("result", &value);
+            }
+            Err(e) => {
+                let value = serde_json::to_value(e.body()).unwrap_or_default();
+                events.send("error", &value);
+            }
+        }
+    });
+    Ok(response)
 }
 
 /// The audit log's `started` line; when it cannot be written, the execution is refused and

@@ -1,0 +1,180 @@
+//! `Accept: text/event-stream` on `POST /v1/execute`, against the real server: output arrives
+//! while the program still runs, limits and truncation hold on the stream, the result is last.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::http::{Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+
+/// A streamed response, read event by event from a chunked body.
+struct Events {
+    reader: BufReader<TcpStream>,
+    buffer: String,
+    pub status: u16,
+    pub content_type: String,
+}
+
+impl Events {
+    fn open(server: &Server, body: &Value) -> Events {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let body = body.to_string();
+        write!(
+            s,
+            "POST /v1/execute HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
+             Content-Type: application/json\r\nAccept: text/event-stream\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            server.addr,
+            body.len()
+        )
+        .unwrap();
+        let mut reader = BufReader::new(s);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).unwrap();
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut content_type = String::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line.trim_end().is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-type:") {
+                content_type = v.trim().to_owned();
+            }
+        }
+        Events {
+            reader,
+            buffer: String::new(),
+            status,
+            content_type,
+        }
+    }
+
+    /// The next event, `(name, data)`; `None` at the end of the body.
+    fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let event: String = self.buffer.drain(..end + 2).collect();
+                let mut name = String::new();
+                let mut data = String::new();
+                for line in event.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        name = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                return Some((name, serde_json::from_str(&data).unwrap()));
+            }
+            let mut size = String::new();
+            self.reader.read_line(&mut size).ok()?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                return None;
+            }
+            let mut chunk = vec![0; n + 2];
+            self.reader.read_exact(&mut chunk).ok()?;
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk[..n]).expect("events are UTF-8"));
+        }
+    }
+}
+
+fn running(server: &Server) -> String {
+    let text = server.call("GET", "/metrics", None).text();
+    text.lines()
+        .find(|l| l.starts_with("airlock_running_sandboxes "))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn output_arrives_while_the_program_runs_and_the_result_comes_last() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let code = "import sys, time\nprint('first')\nsys.stderr.write('oops\\n')\ntime.sleep(3)\nprint('second')\n'done'";
+    let mut events = Events::open(&server, &json!({"code": code}));
+    assert_eq!(
+        (events.status, events.content_type.as_str()),
+        (200, "text/event-stream")
+    );
+    let (name, data) = events.next().unwrap();
+    assert_eq!(
+        (name.as_str(), &data),
+        ("stdout", &json!({"text": "first\n"}))
+    );
+    // The program is still sleeping: it has not finished, yet its output is here.
+    assert_eq!(running(&server), "airlock_running_sandboxes 1");
+    let mut seen = Vec::new();
+    while let Some(event) = events.next() {
+        seen.push(event);
+    }
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["stderr", "stdout", "result"], "{seen:?}");
+    assert_eq!(seen[0].1, json!({"text": "oops\n"}));
+    assert_eq!(seen[1].1, json!({"text": "second\n"}));
+    let result = &seen[2].1;
+    assert_eq!(
+        (&result["status"], &result["result"], &result["stdout"]),
+        (&json!("ok"), &json!("done"), &json!("first\nsecond\n"))
+    );
+    assert!(result["id"].as_str().unwrap().starts_with("ex_"));
+    assert_eq!(running(&server), "airlock_running_sandboxes 0");
+}
+
+#[test]
+fn limits_and_truncation_hold_on_the_stream() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let body = json!({"code": "print('é' * 100)\nimport time\ntime.sleep(60)",
+                      "limits": {"output_bytes": 9, "timeout_ms": 1000}});
+    let mut events = Events::open(&server, &body);
+    let mut seen = Vec::new();
+    while let Some(event) = events.next() {
+        seen.push(event);
+    }
+    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["stdout", "truncated", "result"], "{seen:?}");
+    // Nine bytes: four whole characters; the fifth, cut, is dropped whole.
+    assert_eq!(seen[0].1, json!({"text": "éééé"}));
+    assert_eq!(seen[1].1, json!({"stream": "stdout", "limit": 9}));
+    let result = &seen[2].1;
+    assert_eq!(result["status"], "timeout", "{result}");
+    assert_eq!(result["stdout_truncated"], true);
+    assert_eq!(result["limits_hit"], json!(["wall_time", "output"]));
+}
+
+#[test]
+fn refusals_stay_plain_errors_and_a_client_that_leaves_a_stream_kills_its_sandbox() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let events = Events::open(&server, &json!({"code": 1}));
+    assert_eq!(events.status, 400);
+    assert_eq!(events.content_type, "application/json");
+    // A client that leaves mid-stream: its sandbox is killed, the slot freed.
+    let mut events = Events::open(
+        &server,
+        &json!({"code": "print('x')\nimport time\ntime.sleep(60)"}),
+    );
+    assert_eq!(events.next().unwrap().0, "stdout");
+    drop(events);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while running(&server) != "airlock_running_sandboxes 0" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sandbox outlived its client"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

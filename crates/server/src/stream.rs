@@ -1,0 +1,238 @@
+//! Server-sent events for `Accept: text/event-stream`: the program's output as it is
+//! produced, then the result.
+//!
+//! Events, each one line of JSON in `data`:
+//! - `stdout` / `stderr`: `{"text": "..."}`, UTF-8 (a character split between two reads is
+//!   held until it is whole; invalid bytes become U+FFFD, as in the result);
+//! - `truncated`: `{"stream": "stdout", "limit": N}`, once, when a stream reaches the output
+//!   limit (the rest is dropped, as in the result);
+//! - `result`: the same object a plain request gets, last;
+//! - `error`: `{"error": {...}}` instead of `result` when airlock itself failed.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use airlock_engine::{Cancel, OutputSink, Stream};
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use tokio::sync::mpsc;
+
+/// How long a client may leave events unread before its execution is cancelled: the same
+/// bound as for a client that will not read a plain answer.
+const STALLED: Duration = Duration::from_secs(10);
+const QUEUE: usize = 64;
+
+/// Whether the request asked for a stream.
+pub fn wanted(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|v| v.split(';').next().unwrap_or("").trim() == "text/event-stream")
+}
+
+/// The sending half, used from the execution's blocking thread.
+pub struct Events {
+    tx: mpsc::Sender<Bytes>,
+    cancel: Cancel,
+    /// Bytes of an unfinished UTF-8 character, per stream.
+    pending: [Vec<u8>; 2],
+    gone: bool,
+    /// Dropped with the events: stops the watcher, whose sender would keep the body open.
+    _done: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A response whose body is the stream, and the sender that feeds it. A client that goes
+/// away cancels the execution at once, even while the program prints nothing.
+pub fn channel(cancel: Cancel) -> (Response, Events) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let (watched, on_close) = (tx.clone(), cancel.clone());
+    let (done, finished) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = watched.closed() => on_close.cancel(),
+            _ = finished => {} // the execution is over: let the body end
+        }
+    });
+    let mut response = Response::new(Body::new(EventBody(rx)));
+    *response.status_mut() = StatusCode::OK;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    let events = Events {
+        tx,
+        cancel,
+        pending: [Vec::new(), Vec::new()],
+        gone: false,
+        _done: Some(done),
+    };
+    (response, events)
+}
+
+impl Events {
+    /// Sends one event; a client that went away or stopped reading cancels the execution.
+    pub fn send(&mut self, event: &str, data: &serde_json::Value) {
+        if self.gone {
+            return;
+        }
+        let mut bytes = Bytes::from(format!("event: {event}\ndata: {data}\n\n"));
+        let deadline = Instant::now() + STALLED;
+        loop {
+            match self.tx.try_send(bytes) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
+                    bytes = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(_) => {
+                    self.gone = true;
+                    self.cancel.cancel();
+                    return;
+                }
+            }
+        }
+    }
+
+    fn text(&mut self, stream: Stream, chunk: &[u8]) {
+        let held = &mut self.pending[stream as usize];
+        held.extend_from_slice(chunk);
+        // Keep back an incomplete character at the end (at most 3 bytes).
+        let cut = match std::str::from_utf8(held) {
+            Ok(_) => held.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => held.len(),
+        };
+        let rest = held.split_off(cut);
+        let text = String::from_utf8_lossy(&std::mem::replace(held, rest)).into_owned();
+        if !text.is_empty() {
+            self.send(name(stream), &serde_json::json!({ "text": text }));
+        }
+    }
+
+    /// Whatever is still held (an incomplete character at the very end), as U+FFFD.
+    pub fn flush(&mut self) {
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let held = std::mem::take(&mut self.pending[stream as usize]);
+            if !held.is_empty() {
+                let text = String::from_utf8_lossy(&held).into_owned();
+                self.send(name(stream), &serde_json::json!({ "text": text }));
+            }
+        }
+    }
+}
+
+fn name(stream: Stream) -> &'static str {
+    match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    }
+}
+
+impl OutputSink for Events {
+    fn output(&mut self, stream: Stream, chunk: &[u8]) {
+        self.text(stream, chunk);
+    }
+
+    fn truncated(&mut self, stream: Stream, limit: u64) {
+        // A character cut by the limit is dropped whole, as in the result.
+        self.pending[stream as usize].clear();
+        self.send(
+            "truncated",
+            &serde_json::json!({ "stream": name(stream), "limit": limit }),
+        );
+    }
+}
+
+/// The response body: events as the execution sends them, until it drops its sender.
+struct EventBody(mpsc::Receiver<Bytes>);
+
+impl http_body::Body for EventBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(rx: &mut mpsc::Receiver<Bytes>) -> String {
+        let mut all = String::new();
+        while let Ok(b) = rx.try_recv() {
+            all.push_str(std::str::from_utf8(&b).unwrap());
+        }
+        all
+    }
+
+    #[test]
+    fn accept_headers_are_read_as_lists() {
+        let mut h = HeaderMap::new();
+        assert!(!wanted(&h));
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, text/event-stream;q=0.9"),
+        );
+        assert!(wanted(&h));
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-streams"),
+        );
+        assert!(!wanted(&h));
+    }
+
+    #[test]
+    fn characters_split_between_reads_arrive_whole() {
+        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let mut events = Events {
+            tx,
+            cancel: Cancel::default(),
+            pending: [Vec::new(), Vec::new()],
+            gone: false,
+            _done: None,
+        };
+        let euro = "€".as_bytes();
+        events.output(Stream::Stdout, &[b'a', euro[0]]);
+        events.output(Stream::Stdout, &euro[1..]);
+        events.output(Stream::Stderr, b"\xff!");
+        events.output(Stream::Stdout, &euro[..2]);
+        events.flush();
+        assert_eq!(
+            drain(&mut rx),
+            "event: stdout\ndata: {\"text\":\"a\"}\n\n\
+             event: stdout\ndata: {\"text\":\"€\"}\n\n\
+             event: stderr\ndata: {\"text\":\"\u{fffd}!\"}\n\n\
+             event: stdout\ndata: {\"text\":\"\u{fffd}\"}\n\n"
+        );
+    }
+
+    #[test]
+    fn a_client_that_went_away_cancels_the_execution() {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let cancel = Cancel::default();
+        let mut events = Events {
+            tx,
+            cancel: cancel.clone(),
+            pending: [Vec::new(), Vec::new()],
+            gone: false,
+            _done: None,
+        };
+        drop(rx);
+        events.output(Stream::Stdout, b"x");
+        assert!(cancel.is_cancelled());
+    }
+}
