@@ -270,6 +270,91 @@ pub struct ExecuteRequest {
     pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
+/// `POST /v1/sessions`: a sandbox that keeps its interpreter between cells.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    /// The sandbox's limits for the whole session (memory, pids, disk, CPU time); `timeout_ms`
+    /// is each cell's default wall clock, `output_bytes` each cell's output.
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    /// Close the session after this long without a request (at most the server's setting).
+    pub idle_timeout_ms: Option<u64>,
+    /// Close the session this long after it started (at most the server's setting).
+    pub max_lifetime_ms: Option<u64>,
+    /// Environment variables for the whole session.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Files placed in the working directory at the start.
+    #[serde(default)]
+    pub files: Vec<InputFile>,
+}
+
+/// A session, as its owner sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionInfo {
+    pub id: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// When it will be closed at the latest, RFC 3339.
+    pub expires_at: String,
+    pub idle_timeout_ms: u64,
+    pub max_lifetime_ms: u64,
+    /// Cells run so far.
+    pub cells: u64,
+    /// `null` while it can run cells; else the status of the cell that ended it.
+    pub ended: Option<Status>,
+    pub limits: Limits,
+}
+
+/// `GET /v1/sessions`: the caller's own sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionInfo>,
+}
+
+/// `POST /v1/sessions/{id}/execute`: one cell, in the session's interpreter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CellRequest {
+    pub code: String,
+    /// Function mode, as for `POST /v1/execute`.
+    #[serde(default)]
+    pub entrypoint: Option<String>,
+    #[serde(default)]
+    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
+    /// This cell's wall clock (default: the session's `timeout_ms`). Reaching it ends the
+    /// session.
+    pub timeout_ms: Option<u64>,
+}
+
+/// The answer to a cell: its result, the id of its audit record, and whether it ended the
+/// session (a limit, `sys.exit()`, a crash: then `status` says which).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CellResponse {
+    pub id: String,
+    pub session_ended: bool,
+    #[serde(flatten)]
+    pub result: ExecutionResult,
+}
+
+/// One entry of a session's working directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FileEntry {
+    pub path: String,
+    /// `file`, `dir`, `link` (never followed) or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+}
+
+/// `GET /v1/sessions/{id}/files`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FileList {
+    pub files: Vec<FileEntry>,
+}
+
 /// The answer to `POST /v1/execute`: the result, and the id of its audit record.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecuteResponse {

@@ -21,12 +21,16 @@ struct Events {
 
 impl Events {
     fn open(server: &Server, body: &Value) -> Events {
+        Self::open_at(server, "/v1/execute", body)
+    }
+
+    fn open_at(server: &Server, path: &str, body: &Value) -> Events {
         let mut s = TcpStream::connect(server.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
         let body = body.to_string();
         write!(
             s,
-            "POST /v1/execute HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
              Content-Type: application/json\r\nAccept: text/event-stream\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
             server.addr,
@@ -177,4 +181,39 @@ fn refusals_stay_plain_errors_and_a_client_that_leaves_a_stream_kills_its_sandbo
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn a_session_cell_streams_too() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let r = server.call("POST", "/v1/sessions", Some(&json!({})));
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sessions/{id}/execute");
+    let code = "import time\nx = 7\nprint('first')\ntime.sleep(2)\nprint('second')\nx";
+    let mut events = Events::open_at(&server, &path, &json!({"code": code}));
+    assert_eq!(events.status, 200);
+    assert_eq!(
+        events.next().unwrap(),
+        ("stdout".to_owned(), json!({"text": "first\n"}))
+    );
+    assert_eq!(running(&server), "airlock_running_sandboxes 1");
+    let mut seen = Vec::new();
+    while let Some(event) = events.next() {
+        seen.push(event);
+    }
+    assert_eq!(seen[0], ("stdout".to_owned(), json!({"text": "second\n"})));
+    let result = &seen[1].1;
+    assert_eq!(seen[1].0, "result");
+    assert_eq!(
+        (
+            &result["result"],
+            &result["session_ended"],
+            &result["stdout"]
+        ),
+        (&json!(7), &json!(false), &json!("first\nsecond\n"))
+    );
+    // The session goes on.
+    let r = server.call("POST", &path, Some(&json!({"code": "x * 6"})));
+    assert_eq!(r.json()["result"], 42);
 }

@@ -12,6 +12,7 @@ mod interpreter;
 mod marshal;
 mod pool;
 mod pump;
+mod session;
 mod verdict;
 
 use std::os::fd::OwnedFd;
@@ -30,6 +31,8 @@ pub use config::{EngineConfig, LimitError, Mechanism};
 pub use interpreter::{Interpreter, InterpreterError};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
+use session::Mode;
+pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRIES};
 
 /// The runner, passed to `python3 -c`.
 pub const RUNNER: &str = include_str!("runner.py");
@@ -47,7 +50,7 @@ pub const MAX_ENV_VARS: usize = 256;
 pub const MAX_ENV_BYTES: usize = 64 * 1024;
 pub const MAX_FILES: usize = 1000;
 /// Room for an error's message and traceback beyond the result limit.
-const RESPONSE_OVERHEAD: u64 = 128 * 1024;
+pub(crate) const RESPONSE_OVERHEAD: u64 = 128 * 1024;
 const MIB: u64 = 1 << 20;
 
 /// A file to place in the working directory before the code runs.
@@ -203,11 +206,12 @@ impl Engine {
     }
 
     /// Starts a sandbox running the runner, and returns it with the host's end of the
-    /// runner's channel. A `warm` runner reports ready on the channel before it reads.
+    /// runner's channel. A warm runner reports ready on the channel before it reads; a
+    /// session's serves requests until the channel closes.
     fn start_sandbox(
         &self,
         policy: &Policy,
-        warm: bool,
+        mode: Mode,
     ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
         let (control, theirs) = UnixStream::pair().map_err(|source| EngineError::Io {
             what: "socketpair",
@@ -225,9 +229,11 @@ impl Engine {
             .env("MPLCONFIGDIR", "/tmp/matplotlib")
             .env("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data")
             .pass_fd(OwnedFd::from(theirs));
-        if warm {
+        match mode {
+            Mode::Cold => {}
             // Built ahead of need: in the background until taken.
-            command = command.arg("warm").background();
+            Mode::Warm => command = command.arg("warm").background(),
+            Mode::Session => command = command.arg("session"),
         }
         Ok((spawn(command, policy)?, control))
     }
@@ -430,7 +436,7 @@ impl Engine {
                 (child, w.control, Some(in_use))
             }
             None => {
-                let (child, control) = self.start_sandbox(&policy, false)?;
+                let (child, control) = self.start_sandbox(&policy, Mode::Cold)?;
                 (child, control, None)
             }
         };

@@ -72,20 +72,20 @@ pub(crate) struct Pump<'a> {
     pub sink: &'a mut dyn OutputSink,
 }
 
-fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
+pub(crate) fn set_nonblocking(fd: impl AsFd) -> io::Result<()> {
     let flags = fcntl(&fd, FcntlArg::F_GETFL)?;
     let flags = OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK;
     fcntl(&fd, FcntlArg::F_SETFL(flags))?;
     Ok(())
 }
 
-enum Progress {
+pub(crate) enum Progress {
     Data(usize),
     Eof,
     Blocked,
 }
 
-fn read_some(r: &mut impl Read, buf: &mut [u8]) -> Progress {
+pub(crate) fn read_some(r: &mut impl Read, buf: &mut [u8]) -> Progress {
     loop {
         match r.read(buf) {
             Ok(0) => return Progress::Eof,
@@ -98,7 +98,7 @@ fn read_some(r: &mut impl Read, buf: &mut [u8]) -> Progress {
 }
 
 /// Writes what it can; `None` when the reader is gone.
-fn write_some(w: &mut impl Write, data: &[u8]) -> Option<usize> {
+pub(crate) fn write_some(w: &mut impl Write, data: &[u8]) -> Option<usize> {
     loop {
         match w.write(data) {
             Ok(n) => return Some(n),

@@ -22,6 +22,7 @@ import stat
 
 CHANNEL = 3
 MARK = "$airlock"
+WORKDIR = "/work"
 
 
 def read_request():
@@ -40,14 +41,20 @@ def read_request():
 ENCODE = _json.make_encoder(None, None, _json.encode_basestring, None, ":", ",", False, False, False)
 
 
-def send(payload, limit):
+def encode(payload, limit):
+    """The payload as UTF-8 JSON, or None when it is over `limit` bytes."""
     text = "".join(ENCODE(payload, 0))
     try:
         data = text.encode("utf-8")
     except UnicodeEncodeError:
         # Lone surrogates (os.fsdecode of odd bytes, for one) are not UTF-8: U+FFFD instead.
         data = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace").encode("utf-8")
-    if len(data) > limit:
+    return data if len(data) <= limit else None
+
+
+def send(payload, limit):
+    data = encode(payload, limit)
+    if data is None:
         return False
     view = memoryview(data)
     try:
@@ -65,12 +72,6 @@ def answer(outputs, **fields):
     if FILES:
         fields["files"] = FILES
     return fields
-
-
-def send_result(value, limit, depth, cap, outputs):
-    if not send(answer(result=to_json(value, depth, cap), outputs=outputs), limit):
-        why = "result larger than %d bytes" % limit
-        send(answer(result=marked_repr(value, why, min(cap, limit // 4)), outputs=outputs), limit)
 
 
 def type_name(value):
@@ -386,7 +387,7 @@ def collect_files():
     return found
 
 
-def finish_outputs():
+def finish_outputs(collect):
     """Figures left open at the end are shown too, files in ./outputs collected; the outputs
     go with the answer."""
     if "matplotlib.pyplot" in sys.modules:
@@ -394,7 +395,8 @@ def finish_outputs():
             show_figures()
         except BaseException as exc:  # a figure that cannot be drawn loses only itself
             emit("text/plain", "[airlock: a figure could not be drawn: %s]" % type_name(exc))
-    FILES[:] = collect_files()
+    if collect:
+        FILES[:] = collect_files()
     return OUTPUTS
 
 
@@ -415,28 +417,11 @@ def describe(exc, filename):
 
 
 def write_files(files):
-    """Writes input files below the working directory without ever following a symbolic link
-    (or opening a FIFO or device) that something in the sandbox may have planted."""
+    """Writes files below the working directory without ever following a symbolic link (or
+    opening a FIFO or device) that something in the sandbox may have planted."""
     for item in files:
-        path = item["path"]
-        parts = path.split("/")
-        if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError("invalid file path %r" % path)
-        here = "."
-        for part in parts[:-1]:
-            here = here + "/" + part
-            try:
-                mode = os.lstat(here).st_mode
-            except FileNotFoundError:
-                os.mkdir(here, 0o755)
-                continue
-            if not stat.S_ISDIR(mode):
-                raise ValueError("%r: %r is not a directory" % (path, here[2:]))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o644)
+        fd = open_below_workdir(item["path"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ValueError("%r is not a regular file" % path)
             data = memoryview(item["data"])
             while data:
                 data = data[os.write(fd, data):]
@@ -444,32 +429,22 @@ def write_files(files):
             os.close(fd)
 
 
-def main():
+def setup(request):
+    """Applies what the request sets for the whole interpreter; returns the code's namespace."""
     global REQUEST
-    request = REQUEST = read_request()
-    budget[0] = request["result_limit"] // 2
-    limit = request["result_limit"]
-    cap = request["repr_limit"]
-    depth = request["max_depth"]
-    filename = request["filename"]
-    code = request["code"]
-    entrypoint = request["entrypoint"]
-
+    REQUEST = request
     # The job's environment, over the sandbox's base one (os.environ also calls putenv, so
     # child processes inherit it).
     os.environ.update(request["env"])
     write_files(request["files"])
     sys.path[:0] = [os.getcwd()]
     sys.path.extend(request["sys_path"])
-    sys.argv = [filename]
+    sys.argv = [request["filename"]]
     if request["stream"]:
         sys.stdout.reconfigure(line_buffering=True)
 
-    # Tracebacks and warnings show the code's own lines (never a file of the same name).
-    lines = (len(code), None, code.splitlines(True), filename)
-
     def seed_linecache(module):
-        module.cache[filename] = lines
+        module.cache.update(LINES)
 
     def patch_pyplot(module):
         module.show = show_figures
@@ -480,8 +455,26 @@ def main():
     builtins.display = display
     main_module = type(sys)("__main__")
     sys.modules["__main__"] = main_module
-    namespace = main_module.__dict__
+    return main_module.__dict__
 
+
+# The code's lines, by file name, for tracebacks and warnings (never a file of the same name).
+LINES = {}
+
+
+def seed_lines(filename, code):
+    LINES[filename] = (len(code), None, code.splitlines(True), filename)
+    if "linecache" in sys.modules:
+        sys.modules["linecache"].cache[filename] = LINES[filename]
+
+
+def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
+    """Runs code in `namespace` and hands the answer to `deliver`; False if it raised."""
+    limit, cap, depth = REQUEST["result_limit"], REQUEST["repr_limit"], REQUEST["max_depth"]
+    OUTPUTS.clear()
+    FILES.clear()
+    budget[0] = limit // 2
+    seed_lines(filename, code)
     try:
         tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
         last = None
@@ -492,29 +485,195 @@ def main():
         del tree, last
         exec(body, namespace)
         if entrypoint is not None:
-            value = call_entrypoint(namespace, entrypoint, request["inputs"])
+            value = call_entrypoint(namespace, entrypoint, inputs)
         else:
             value = eval(tail, namespace) if tail is not None else None
     except SystemExit:
-        outputs = finish_outputs()
+        outputs = finish_outputs(collect)
         sys.stdout.flush()
         if outputs:
-            send(answer(result=None, outputs=outputs), limit)
+            deliver(answer(result=None, outputs=outputs))
         raise
     except BaseException as exc:
         error = describe(exc, filename)
         sys.stdout.flush()
-        if request["echo_traceback"]:
+        if REQUEST["echo_traceback"]:
             sys.stderr.write(error["traceback"])
         sys.stderr.flush()
-        outputs = finish_outputs()
-        if not send(answer(error=error, outputs=outputs), limit):
+        outputs = finish_outputs(collect)
+        if not deliver(answer(error=error, outputs=outputs)):
             error["traceback"] = error["traceback"][:1024]
-            send({"error": error}, limit)
-        sys.exit(1)
-    outputs = finish_outputs()
+            deliver({"error": error})
+        return False
+    outputs = finish_outputs(collect)
     sys.stdout.flush()
-    send_result(value, limit, depth, cap, outputs)
+    try:
+        sys.stderr.flush()  # before the answer, so that a session's cell owns its output
+    except Exception:
+        pass  # the code closed it: nothing is buffered there
+    if not deliver(answer(result=to_json(value, depth, cap), outputs=outputs)):
+        why = "result larger than %d bytes" % limit
+        deliver(answer(result=marked_repr(value, why, min(cap, limit // 4)), outputs=outputs))
+    return True
+
+
+def main():
+    request = read_request()
+    namespace = setup(request)
+    limit = request["result_limit"]
+    ok = run(namespace, request["filename"], request["code"], request["entrypoint"], request["inputs"],
+             lambda payload: send(payload, limit), True)
+    if not ok:
+        sys.exit(1)
+
+
+# Sessions: one interpreter, many requests. Each travels as a frame (4-byte little-endian
+# length, then marshal from the host or JSON from here) on the same descriptor.
+
+
+def read_exact(n):
+    chunks, left = [], n
+    while left:
+        chunk = os.read(CHANNEL, left)
+        if not chunk:
+            if left == n:
+                return None
+            raise EOFError("the host closed the channel mid-request")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame():
+    head = read_exact(4)
+    if head is None:
+        return None
+    return marshal.loads(read_exact(int.from_bytes(head, "little")) or b"")
+
+
+def write_frame(payload, limit):
+    data = encode(payload, limit)
+    if data is None:
+        return False
+    view = memoryview(len(data).to_bytes(4, "little") + data)
+    while view:
+        view = view[os.write(CHANNEL, view):]
+    return True
+
+
+def open_below_workdir(path, flags):
+    """Opens `path` below the working directory one component at a time, following no
+    symbolic link; with O_CREAT, missing directories are made."""
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("invalid file path %r" % path)
+    dirs = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(WORKDIR, dirs)
+    try:
+        for part in parts[:-1]:
+            try:
+                inner = os.open(part, dirs, dir_fd=fd)
+            except FileNotFoundError:
+                if not flags & os.O_CREAT:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                inner = os.open(part, dirs, dir_fd=fd)
+            except OSError as exc:
+                raise NotADirectoryError("%r: %r is not a directory" % (path, part)) from exc
+            os.close(fd)
+            fd = inner
+        try:
+            opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno == 40:  # ELOOP: the last component is a symbolic link
+                raise ValueError("%r is a symbolic link: not followed" % path) from None
+            raise
+        if not stat.S_ISREG(os.fstat(opened).st_mode):
+            os.close(opened)
+            raise ValueError("%r is not a regular file" % path)
+        return opened
+    finally:
+        os.close(fd)
+
+
+def session_op(op, limit):
+    """One file operation of a session: its answer."""
+    kind = op["op"]
+    if kind == "put":
+        write_files([{"path": op["path"], "data": op["data"]}])
+        return {"result": None}
+    if kind == "get":
+        fd = open_below_workdir(op["path"], os.O_RDONLY)
+        try:
+            data = os.read(fd, op["max_bytes"] + 1)
+            while len(data) <= op["max_bytes"]:
+                more = os.read(fd, op["max_bytes"] + 1 - len(data))
+                if not more:
+                    break
+                data += more
+        finally:
+            os.close(fd)
+        if len(data) > op["max_bytes"]:
+            raise ValueError("%r is larger than %d bytes" % (op["path"], op["max_bytes"]))
+        return {"result": {"size": len(data), "base64": b64(data)}}
+    if kind == "list":
+        return {"result": list_workdir(op["max_entries"])}
+    raise ValueError("unknown operation %r" % kind)
+
+
+def list_workdir(most):
+    """Every entry below the working directory, without following a link: path, type, size."""
+    found = []
+    top = os.open(WORKDIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    pending = [(top, "")]
+    while pending:
+        dir_fd, prefix = pending.pop()
+        try:
+            names = sorted(os.listdir(dir_fd))
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            mode = st.st_mode
+            kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "other"
+            if len(found) < most:
+                found.append({"path": prefix + name, "type": kind, "size": st.st_size if kind == "file" else 0})
+            if kind == "dir" and len(found) < most and prefix.count("/") < 32:
+                try:
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    pending.append((os.open(name, flags, dir_fd=dir_fd), prefix + name + "/"))
+                except OSError:
+                    pass
+        os.close(dir_fd)
+    found.sort(key=lambda e: e["path"])
+    return found
+
+
+def session():
+    """Runs cells and file operations until the host closes the channel. A cell that calls
+    sys.exit() ends the session, as it would end the interpreter."""
+    request = read_frame()
+    namespace = setup(request)
+    limit = request["result_limit"]
+    write_frame({"result": None}, limit)
+    while True:
+        op = read_frame()
+        if op is None:
+            return
+        if op["op"] == "exec":
+            run(namespace, op["filename"], op["code"], op["entrypoint"], op["inputs"],
+                lambda payload: write_frame(payload, limit), False)
+            continue
+        try:
+            reply = session_op(op, limit)
+        except Exception as exc:
+            message, _ = capped_text(lambda: str(exc), "str()", 8192)
+            reply = {"error": {"type": type_name(exc), "message": message, "traceback": None}}
+        if not write_frame(reply, limit):
+            write_frame({"error": {"type": "ValueError", "message": "the answer is over the limit", "traceback": None}}, limit)
 
 
 # What is loaded so far lives until the end: kept out of every collection, including the one
@@ -524,4 +683,7 @@ import gc
 gc.freeze()
 if sys.argv[1:] == ["warm"]:
     os.write(CHANNEL, b"R")
-main()
+if sys.argv[1:] == ["session"]:
+    session()
+else:
+    main()

@@ -449,6 +449,15 @@ impl SandboxCgroup {
         write(&path, value)
     }
 
+    /// The same directories, read-only: dropping the view removes nothing.
+    pub(crate) fn view(&self) -> SandboxCgroup {
+        SandboxCgroup {
+            version: self.version,
+            dirs: self.dirs.clone(),
+            removed: true,
+        }
+    }
+
     /// Moves a process (and so everything it will start) into the cgroup.
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
         for dir in &self.dirs {

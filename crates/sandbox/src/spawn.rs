@@ -260,6 +260,49 @@ pub struct Child {
     defer_cleanup: bool,
     limits: Limits,
     isolation: Isolation,
+    /// The isolation as the init reported it when the program started, for long-lived
+    /// sandboxes whose owner cannot wait for the outcome (see [`Child::started_isolation`]).
+    program_started: Arc<Started>,
+}
+
+/// Set once the init reports the program started; see [`Child::started_isolation`].
+#[derive(Debug, Default)]
+pub struct Started {
+    isolation: Mutex<Option<Isolation>>,
+    set: std::sync::Condvar,
+}
+
+impl Started {
+    /// The isolation in force, once the program has started; `None` if that takes longer
+    /// than `within` (or never happens: the sandbox failed).
+    pub fn wait(&self, within: Duration) -> Option<Isolation> {
+        let guard = self.isolation.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .set
+            .wait_timeout_while(guard, within, |i| i.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        guard.clone()
+    }
+
+    fn set(&self, isolation: Isolation) {
+        *self.isolation.lock().unwrap_or_else(|e| e.into_inner()) = Some(isolation);
+        self.set.notify_all();
+    }
+}
+
+/// Reads a sandbox's cgroup counters while it runs (CPU so far, peak memory); reads nothing
+/// once the sandbox is gone.
+#[derive(Debug)]
+pub struct Probe(SandboxCgroup);
+
+impl Probe {
+    pub fn cpu(&self) -> Option<Duration> {
+        self.0.cpu_usage()
+    }
+
+    pub fn stats(&self) -> crate::cgroup::Stats {
+        self.0.stats()
+    }
 }
 
 /// Starts `command` in a new sandbox built from `policy`.
@@ -398,6 +441,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         defer_cleanup: false,
         limits: policy.limits.clone(),
         isolation,
+        program_started: Arc::default(),
     };
 
     // The init waits for this request, so it is inside the cgroup before it does anything:
@@ -459,6 +503,16 @@ impl Child {
     }
 
     /// Host pids of every process in the sandbox (from its cgroup; empty without one).
+    /// Filled in when the program has started, by whichever thread waits for the sandbox.
+    pub fn started_isolation(&self) -> Arc<Started> {
+        self.program_started.clone()
+    }
+
+    /// A reader of the cgroup's counters, when the sandbox has a cgroup.
+    pub fn probe(&self) -> Option<Probe> {
+        self.cgroup.as_ref().map(|cg| Probe(cg.view()))
+    }
+
     pub fn processes(&self) -> Vec<i32> {
         self.cgroup
             .as_ref()
@@ -559,6 +613,7 @@ impl Child {
                 }
                 Ok(Some((Report::Ready { landlock }, _))) => {
                     self.isolation.landlock = landlock;
+                    self.program_started.set(self.isolation.clone());
                     ready_after = Some(self.started.elapsed());
                 }
                 Ok(Some((

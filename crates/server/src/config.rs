@@ -43,6 +43,7 @@ pub struct Config {
     pub engine: EngineConfig,
     /// The warm pool of sandboxes started ahead of their work.
     pub pool: PoolConfig,
+    pub sessions: SessionsConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -60,7 +61,33 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             engine: EngineConfig::default(),
             pool: PoolConfig::default(),
+            sessions: SessionsConfig::default(),
             keys: Vec::new(),
+        }
+    }
+}
+
+/// Sessions: long-lived sandboxes, each owned by the key that made it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// Sessions open at once, all keys together; past it, 429.
+    pub max_open: usize,
+    /// Sessions open at once per key.
+    pub max_open_per_key: usize,
+    /// A session unused for this long is closed (a request may ask for less).
+    pub idle_timeout_ms: u64,
+    /// No session lives longer (a request may ask for less).
+    pub max_lifetime_ms: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            max_open: 16,
+            max_open_per_key: 4,
+            idle_timeout_ms: 600_000,
+            max_lifetime_ms: 3_600_000,
         }
     }
 }

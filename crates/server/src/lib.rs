@@ -22,6 +22,7 @@ pub mod metrics;
 mod openapi;
 mod routes;
 mod serve;
+mod sessions;
 mod stream;
 mod wire;
 
@@ -63,6 +64,8 @@ pub struct AppState {
     audit_failure: Mutex<Option<String>>,
     running: Mutex<HashMap<u64, Cancel>>,
     next_execution: AtomicU64,
+    /// Open sessions, each one key's.
+    pub sessions: sessions::Sessions,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -89,6 +92,7 @@ impl AppState {
             body_budget,
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
+            sessions: sessions::Sessions::default(),
             audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),
@@ -104,6 +108,11 @@ impl AppState {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.admission.close();
         self.shutdown.send_replace(true);
+    }
+
+    /// Changes when shutdown begins.
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.subscribe()
     }
 
     /// Resolves once shutdown has begun.

@@ -1,7 +1,10 @@
 //! `GET /openapi.json`: OpenAPI 3.1, whose schemas are generated from the request and response
 //! types themselves (JSON Schema 2020-12, as OpenAPI 3.1 uses).
 
-use airlock_api::{ErrorBody, ExecuteRequest, ExecuteResponse, ExecutionRecord};
+use airlock_api::{
+    CellRequest, CellResponse, ErrorBody, ExecuteRequest, ExecuteResponse, ExecutionRecord,
+    FileList, SessionInfo, SessionList, SessionRequest,
+};
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
 
@@ -9,6 +12,14 @@ use serde_json::{json, Value};
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/execute"),
     ("GET", "/v1/executions/{id}"),
+    ("POST", "/v1/sessions"),
+    ("GET", "/v1/sessions"),
+    ("GET", "/v1/sessions/{id}"),
+    ("DELETE", "/v1/sessions/{id}"),
+    ("POST", "/v1/sessions/{id}/execute"),
+    ("GET", "/v1/sessions/{id}/files"),
+    ("GET", "/v1/sessions/{id}/files/{path}"),
+    ("PUT", "/v1/sessions/{id}/files/{path}"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -45,6 +56,14 @@ fn with(mut responses: Value, code: &str, body: Value) -> Value {
     responses
 }
 
+fn id_param() -> Value {
+    json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}})
+}
+
+fn path_param() -> Value {
+    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the working directory; may contain `/`.", "schema": {"type": "string"}})
+}
+
 pub fn openapi() -> Value {
     let mut settings = SchemaSettings::draft2020_12();
     settings.definitions_path = "/components/schemas".into();
@@ -53,6 +72,12 @@ pub fn openapi() -> Value {
     let request = generator.subschema_for::<ExecuteRequest>();
     let response = generator.subschema_for::<ExecuteResponse>();
     let record = generator.subschema_for::<ExecutionRecord>();
+    let session_request = generator.subschema_for::<SessionRequest>();
+    let session = generator.subschema_for::<SessionInfo>();
+    let sessions = generator.subschema_for::<SessionList>();
+    let cell_request = generator.subschema_for::<CellRequest>();
+    let cell_response = generator.subschema_for::<CellResponse>();
+    let files = generator.subschema_for::<FileList>();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.definitions().clone();
     let json_body = |schema: &schemars::Schema| json!({"application/json": {"schema": schema}});
@@ -79,6 +104,61 @@ pub fn openapi() -> Value {
                 "responses": with(errors(&[401, 403, 404, 421]), "200",
                     json!({"description": "The record.", "content": json_body(&record)})),
             }},
+            "/v1/sessions": {
+                "post": {
+                    "summary": "Start a session: one sandbox and interpreter for many cells, this key's alone",
+                    "requestBody": {"required": true, "content": json_body(&session_request)},
+                    "responses": with(errors(&[400, 401, 403, 413, 415, 421, 429, 503]), "201",
+                        json!({"description": "The session.", "content": json_body(&session)})),
+                },
+                "get": {
+                    "summary": "This key's sessions",
+                    "responses": with(errors(&[401, 403, 421]), "200",
+                        json!({"description": "Its sessions.", "content": json_body(&sessions)})),
+                },
+            },
+            "/v1/sessions/{id}": {
+                "get": {
+                    "summary": "One of this key's sessions",
+                    "parameters": [id_param()],
+                    "responses": with(errors(&[401, 403, 404, 421]), "200",
+                        json!({"description": "The session.", "content": json_body(&session)})),
+                },
+                "delete": {
+                    "summary": "Close a session: its sandbox is destroyed (a running cell with it) before the answer",
+                    "parameters": [id_param()],
+                    "responses": with(errors(&[401, 403, 404, 421]), "204", json!({"description": "Closed."})),
+                },
+            },
+            "/v1/sessions/{id}/execute": {"post": {
+                "summary": "Run a cell in the session's interpreter (streams with Accept: text/event-stream, as /v1/execute)",
+                "parameters": [id_param()],
+                "requestBody": {"required": true, "content": json_body(&cell_request)},
+                "responses": with(with(errors(&[400, 401, 403, 404, 413, 415, 421, 429, 503]), "409",
+                    json!({"description": "The session is running another request (`session_busy`) or has ended (`session_ended`)."})), "200",
+                    json!({"description": "The cell's result; `session_ended` when it ended the session.",
+                           "content": with(json_body(&cell_response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
+            }},
+            "/v1/sessions/{id}/files": {"get": {
+                "summary": "Everything below the session's working directory (links are listed, never followed)",
+                "parameters": [id_param()],
+                "responses": with(errors(&[401, 403, 404, 409, 421]), "200",
+                    json!({"description": "The entries.", "content": json_body(&files)})),
+            }},
+            "/v1/sessions/{id}/files/{path}": {
+                "get": {
+                    "summary": "A regular file below the working directory; no link is followed on the way",
+                    "parameters": [id_param(), path_param()],
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 421]), "200",
+                        json!({"description": "Its contents.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+                },
+                "put": {
+                    "summary": "Write a file below the working directory (missing directories are made); a link in the way is refused",
+                    "parameters": [id_param(), path_param()],
+                    "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written."})),
+                },
+            },
             "/healthz": {"get": {
                 "summary": "Liveness; needs no key",
                 "security": [],
@@ -122,7 +202,13 @@ mod tests {
                 "{method} {path}"
             );
         }
-        assert_eq!(doc["paths"].as_object().unwrap().len(), ROUTES.len());
+        let methods: usize = doc["paths"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|p| p.as_object().unwrap().len())
+            .sum();
+        assert_eq!(methods, ROUTES.len());
         let text = doc.to_string();
         for piece in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
             let name = piece.split('"').next().unwrap();

@@ -37,6 +37,20 @@ pub fn app(state: SharedState) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/v1/execute", post(execute))
         .route("/v1/executions/{id}", get(execution))
+        .route(
+            "/v1/sessions",
+            get(crate::sessions::list).post(crate::sessions::create),
+        )
+        .route(
+            "/v1/sessions/{id}",
+            get(crate::sessions::get).delete(crate::sessions::delete),
+        )
+        .route("/v1/sessions/{id}/execute", post(crate::sessions::execute))
+        .route("/v1/sessions/{id}/files", get(crate::sessions::list_files))
+        .route(
+            "/v1/sessions/{id}/files/{*path}",
+            get(crate::sessions::get_file).put(crate::sessions::put_file),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
@@ -58,7 +72,7 @@ async fn method_not_allowed() -> Error {
     )
 }
 
-fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
+pub(crate) fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
     if caller.0.allows(scope) {
         Ok(())
     } else {
@@ -155,22 +169,36 @@ async fn execution(
 }
 
 /// A request body, and its share of the memory budget for bodies.
-struct ReadBody {
-    bytes: Vec<u8>,
-    share: Share,
+pub(crate) struct ReadBody {
+    pub bytes: Vec<u8>,
+    pub share: Share,
 }
 
 /// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
 /// (counted as they arrive, chunked or not), within the body timeout, and within the memory
 /// budget for bodies (all requests', and the key's own share).
-async fn read_body(state: &SharedState, key: &Key, req: Request) -> Result<ReadBody, Error> {
+pub(crate) async fn read_body(
+    state: &SharedState,
+    key: &Key,
+    req: Request,
+) -> Result<ReadBody, Error> {
+    read_body_as(state, key, req, true).await
+}
+
+/// As `read_body`; `json: false` takes any content type (file uploads).
+pub(crate) async fn read_body_as(
+    state: &SharedState,
+    key: &Key,
+    req: Request,
+    json: bool,
+) -> Result<ReadBody, Error> {
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let mime = content_type.split(';').next().unwrap_or("").trim();
-    if !mime.eq_ignore_ascii_case("application/json") {
+    if json && !mime.eq_ignore_ascii_case("application/json") {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
         return Err(Error::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -251,7 +279,10 @@ async fn read_body(state: &SharedState, key: &Key, req: Request) -> Result<ReadB
 }
 
 /// Parses a JSON body; errors name the field at fault.
-fn parse_json<T: DeserializeOwned>(state: &SharedState, bytes: &[u8]) -> Result<T, Error> {
+pub(crate) fn parse_json<T: DeserializeOwned>(
+    state: &SharedState,
+    bytes: &[u8],
+) -> Result<T, Error> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
@@ -291,7 +322,11 @@ fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
 
 /// The limits for one request: what it asks for, within the key's ceilings; what it leaves
 /// out takes the defaults, brought down to the key's ceilings.
-fn resolve_limits(state: &SharedState, key: &Key, asked: &LimitsRequest) -> Result<Limits, Error> {
+pub(crate) fn resolve_limits(
+    state: &SharedState,
+    key: &Key,
+    asked: &LimitsRequest,
+) -> Result<Limits, Error> {
     let engine = state.engine.config();
     let c = key_ceilings(&engine.ceilings, &key.config.ceilings);
     let checks = [
@@ -330,7 +365,7 @@ fn resolve_limits(state: &SharedState, key: &Key, asked: &LimitsRequest) -> Resu
 }
 
 /// Turns a request into a job, naming the field at fault for anything wrong with it.
-fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, Error> {
+pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, Error> {
     let cfg = state.engine.config();
     let reject = |e: Error| {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
@@ -440,7 +475,7 @@ fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, 
     })
 }
 
-fn rejection(r: Rejection) -> Error {
+pub(crate) fn rejection(r: Rejection) -> Error {
     match r {
         Rejection::RateLimited(secs) => Error::new(
             StatusCode::TOO_MANY_REQUESTS,
@@ -470,7 +505,7 @@ fn rejection(r: Rejection) -> Error {
     }
 }
 
-fn shutting_down() -> Error {
+pub(crate) fn shutting_down() -> Error {
     Error::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "shutting_down",
@@ -480,7 +515,7 @@ fn shutting_down() -> Error {
 }
 
 /// No new executions while shutting down, or while the audit log cannot be written.
-fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
+pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
     if state.is_shutting_down() {
         return Err(shutting_down());
     }
@@ -491,19 +526,19 @@ fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
 }
 
 /// What the audit record needs besides the result.
-struct Context {
-    id: String,
-    request_id: String,
-    key: String,
-    key_fingerprint: String,
-    started_at: String,
-    code_sha256: String,
-    code_bytes: u64,
+pub(crate) struct Context {
+    pub id: String,
+    pub request_id: String,
+    pub key: String,
+    pub key_fingerprint: String,
+    pub started_at: String,
+    pub code_sha256: String,
+    pub code_bytes: u64,
 }
 
 /// Cancels the execution if the request is dropped before it is answered (the client went
 /// away): its sandbox is killed at once.
-struct CancelOnDrop(Option<Cancel>);
+pub(crate) struct CancelOnDrop(pub Option<Cancel>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -563,7 +598,7 @@ async fn execute(
     let st = state.clone();
     let done = tokio::task::spawn_blocking(move || {
         // Nothing runs that the audit log has not heard of.
-        audit_start(&st, &ctx, &job)?;
+        audit_start(&st, &ctx, &job.limits)?;
         let ran = st.engine.execute(job, &mut Discard);
         drop(admitted);
         drop(tracked);
@@ -588,11 +623,13 @@ async fn stream_execution<G: Send + 'static>(
     let cancel = job.cancel.clone().unwrap_or_default();
     job.stream = true; // line-buffered: print() reaches the client as it happens
     let st = state.clone();
-    let (ctx, job) =
-        tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &job).map(|()| (ctx, job)))
-            .await
-            .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
-    let (response, mut events) = crate::stream::channel(cancel);
+    let (ctx, job) = tokio::task::spawn_blocking(move || {
+        audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
+    let (response, mut events) =
+        crate::stream::channel(std::sync::Arc::new(move || cancel.cancel()));
     on_drop.0 = None; // from here the stream's own sender cancels
     tokio::task::spawn_blocking(move || {
         let ran = state.engine.execute(job, &mut events);
@@ -614,7 +651,11 @@ async fn stream_execution<G: Send + 'static>(
 
 /// The audit log's `started` line; when it cannot be written, the execution is refused and
 /// so is every later one.
-fn audit_start(state: &SharedState, ctx: &Context, job: &Job) -> Result<(), Error> {
+pub(crate) fn audit_start(
+    state: &SharedState,
+    ctx: &Context,
+    limits: &Limits,
+) -> Result<(), Error> {
     let started = crate::audit::Started {
         event: "started",
         id: &ctx.id,
@@ -624,7 +665,7 @@ fn audit_start(state: &SharedState, ctx: &Context, job: &Job) -> Result<(), Erro
         started_at: &ctx.started_at,
         code_sha256: &ctx.code_sha256,
         code_bytes: ctx.code_bytes,
-        limits: &job.limits,
+        limits,
     };
     state.audit.append_started(&started).map_err(|e| {
         tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
@@ -642,7 +683,7 @@ fn audit_unavailable(why: &str) -> Error {
 }
 
 /// Metrics, the audit record and the log line for one execution; the response.
-fn finish(
+pub(crate) fn finish(
     state: &SharedState,
     ctx: Context,
     ran: Result<Execution, EngineError>,

@@ -147,6 +147,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
+    tokio::spawn(crate::sessions::reaper(state.clone()));
 
     loop {
         tokio::select! {
@@ -211,6 +212,9 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
             connections.abort_all();
         }
     }
+    // Sessions: their sandboxes are destroyed, waited for.
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || st.sessions.close_all()).await;
     // Idle pooled sandboxes go last: nothing can take them any more.
     if let Some(pool) = state.engine.pool().cloned() {
         let _ = tokio::task::spawn_blocking(move || pool.close()).await;

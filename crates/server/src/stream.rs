@@ -13,7 +13,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use airlock_engine::{Cancel, OutputSink, Stream};
+use std::sync::Arc;
+
+use airlock_engine::{OutputSink, Stream};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -37,7 +39,8 @@ pub fn wanted(headers: &HeaderMap) -> bool {
 /// The sending half, used from the execution's blocking thread.
 pub struct Events {
     tx: mpsc::Sender<Bytes>,
-    cancel: Cancel,
+    /// What to stop when the client is gone: the execution, or the session.
+    on_gone: OnGone,
     /// Bytes of an unfinished UTF-8 character, per stream.
     pending: [Vec<u8>; 2],
     gone: bool,
@@ -45,15 +48,18 @@ pub struct Events {
     _done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+/// Stops what a stream's client was waiting for.
+pub type OnGone = Arc<dyn Fn() + Send + Sync>;
+
 /// A response whose body is the stream, and the sender that feeds it. A client that goes
-/// away cancels the execution at once, even while the program prints nothing.
-pub fn channel(cancel: Cancel) -> (Response, Events) {
+/// away stops the work at once (`on_gone`), even while the program prints nothing.
+pub fn channel(on_gone: OnGone) -> (Response, Events) {
     let (tx, rx) = mpsc::channel(QUEUE);
-    let (watched, on_close) = (tx.clone(), cancel.clone());
+    let (watched, on_close) = (tx.clone(), on_gone.clone());
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         tokio::select! {
-            () = watched.closed() => on_close.cancel(),
+            () = watched.closed() => on_close(),
             _ = finished => {} // the execution is over: let the body end
         }
     });
@@ -68,7 +74,7 @@ pub fn channel(cancel: Cancel) -> (Response, Events) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     let events = Events {
         tx,
-        cancel,
+        on_gone,
         pending: [Vec::new(), Vec::new()],
         gone: false,
         _done: Some(done),
@@ -93,7 +99,7 @@ impl Events {
                 }
                 Err(_) => {
                     self.gone = true;
-                    self.cancel.cancel();
+                    (self.on_gone)();
                     return;
                 }
             }
@@ -200,7 +206,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let mut events = Events {
             tx,
-            cancel: Cancel::default(),
+            on_gone: Arc::new(|| {}),
             pending: [Vec::new(), Vec::new()],
             gone: false,
             _done: None,
@@ -223,10 +229,11 @@ mod tests {
     #[test]
     fn a_client_that_went_away_cancels_the_execution() {
         let (tx, rx) = mpsc::channel(QUEUE);
-        let cancel = Cancel::default();
+        let cancel = airlock_engine::Cancel::default();
+        let stop = cancel.clone();
         let mut events = Events {
             tx,
-            cancel: cancel.clone(),
+            on_gone: Arc::new(move || stop.cancel()),
             pending: [Vec::new(), Vec::new()],
             gone: false,
             _done: None,

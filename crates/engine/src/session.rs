@@ -1,0 +1,714 @@
+//! Sessions: one sandbox and one interpreter for many cells (and file operations), like a
+//! notebook kernel. Variables, imports and files persist between cells; the sandbox's limits
+//! (memory, pids, disk, CPU) cover the whole session; each cell has its own wall clock.
+//!
+//! The runner (`session` mode) reads frames from the host on its channel: a 4-byte
+//! little-endian length, then marshal (host to runner) or JSON (runner to host). A cell's
+//! output is what reaches stdout and stderr while it runs: the runner flushes both before it
+//! answers, and the host then reads what the pipes hold.
+//!
+//! A dedicated thread starts the sandbox and waits for it for its whole life: the sandbox's
+//! init dies with the thread that forked it (`PR_SET_PDEATHSIG`), so it must not be a
+//! short-lived worker's.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{ChildStderr, ChildStdout};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use airlock_api::{ExecutionResult, Limits, Status};
+use airlock_sandbox::{KillReason, Killer, Outcome, Probe};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::marshal::{self, Value};
+use crate::pump::{self, Captured, OutputSink, Progress, Stream};
+use crate::verdict::{self, Response};
+use crate::{Engine, EngineError, Entrypoint, Job};
+
+/// How long a new session may take to be ready, and a file operation to be answered.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const FILE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Entries a listing of the working directory returns at most.
+pub const MAX_LIST_ENTRIES: i32 = 10_000;
+
+/// Why a session cannot take a request.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("the session has ended ({0})")]
+    Ended(Status),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A file operation the code's environment refused (no such file, a link, too large).
+    #[error("{kind}: {message}")]
+    File { kind: String, message: String },
+}
+
+/// How the session's sandbox ended, once it has.
+#[derive(Default)]
+struct End {
+    outcome: Mutex<Option<Result<Outcome, String>>>,
+    done: Condvar,
+}
+
+impl End {
+    fn wait(&self, within: Duration) -> Option<Result<Outcome, String>> {
+        let guard = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
+        let (guard, _) = self
+            .done
+            .wait_timeout_while(guard, within, |o| o.is_none())
+            .unwrap_or_else(|e| e.into_inner());
+        guard.clone()
+    }
+
+    fn ended(&self) -> bool {
+        self.outcome
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+struct Io {
+    control: UnixStream,
+    stdout: ChildStdout,
+    stderr: ChildStderr,
+    /// Readable once the sandbox has ended.
+    ended: OwnedFd,
+    cells: u64,
+    /// Set when a cell ended the session: its status, for later requests.
+    final_status: Option<Status>,
+}
+
+/// A live session. Dropping it destroys the sandbox.
+pub struct Session {
+    io: Mutex<Io>,
+    killer: Killer,
+    end: Arc<End>,
+    probe: Option<Probe>,
+    isolation: airlock_api::Isolation,
+    limits: Limits,
+    /// Each cell's default wall clock and output limit.
+    cell_limits: Mutex<Limits>,
+    response_limit: u64,
+}
+
+/// One cell.
+#[derive(Debug)]
+pub struct Cell {
+    pub code: String,
+    pub entrypoint: Option<Entrypoint>,
+    pub timeout: Duration,
+}
+
+/// What a cell did, and whether the session is over.
+#[derive(Debug)]
+pub struct CellResult {
+    pub result: ExecutionResult,
+    /// The sandbox has ended (the cell hit a limit, exited, or crashed): the session is over.
+    pub ended: bool,
+}
+
+/// One entry of the working directory.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    pub path: String,
+    /// `file`, `dir`, `link` (never followed) or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+}
+
+impl Session {
+    /// Starts a session whose sandbox has `limits` (its `timeout_ms` is the session's
+    /// lifetime) with the job's environment and files; the job's code is not run.
+    pub fn start(engine: &Engine, setup: Job) -> Result<Session, EngineError> {
+        engine.check(&setup)?;
+        let policy = engine.policy(&setup.limits);
+        let mut request = engine.runner_request(&setup)?;
+        frame(&mut request);
+        let end = Arc::new(End::default());
+        let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| io_error("pipe2", e.into()))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (engine2, end2) = (engine.clone(), end.clone());
+        std::thread::Builder::new()
+            .name("airlock-session".into())
+            .spawn(move || {
+                let (mut child, control) = match engine2.start_sandbox(&policy, Mode::Session) {
+                    Ok(started) => started,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                drop(child.take_stdin()); // cells have no standard input
+                let parts = (
+                    control,
+                    child.take_stdout(),
+                    child.take_stderr(),
+                    child.killer(),
+                    child.probe(),
+                    child.started_isolation(),
+                );
+                let _ = tx.send(Ok(parts));
+                let outcome = child.wait().map_err(|e| e.to_string());
+                *end2.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
+                end2.done.notify_all();
+                let _ = nix::unistd::write(&wake_w, &[1]);
+            })
+            .map_err(|e| io_error("starting a session thread", e))?;
+        let (control, stdout, stderr, killer, probe, started) = rx
+            .recv()
+            .map_err(|_| io_error("starting a session", std::io::Error::other("no sandbox")))??;
+        let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+            killer.kill(KillReason::Cancelled);
+            return Err(io_error(
+                "starting a session",
+                std::io::Error::other("no output pipes"),
+            ));
+        };
+        let response_limit = engine.config.max_result_bytes + crate::RESPONSE_OVERHEAD;
+        let mut io = Io {
+            control,
+            stdout,
+            stderr,
+            ended: wake_r,
+            cells: 0,
+            final_status: None,
+        };
+        let failed = |why: String| {
+            killer.kill(KillReason::Cancelled);
+            io_error("starting a session", std::io::Error::other(why))
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut discard = pump::Discard;
+        let ex = exchange(&mut io, &request, deadline, &mut discard, 0, response_limit);
+        match ex
+            .reply
+            .as_deref()
+            .map(|r| verdict::parse_response(r, false, response_limit))
+        {
+            Some(Ok(Some(r))) if matches!(r.answer, Response::Result(_)) => {}
+            Some(Ok(Some(verdict::Reply {
+                answer: Response::Error(e),
+                ..
+            }))) => return Err(failed(format!("{}: {}", e.kind, e.message))),
+            _ if ex.timed_out => return Err(failed("it was not ready in time".into())),
+            _ => {
+                let how = match end.wait(READY_TIMEOUT).map(|o| o.map(|o| o.exit)) {
+                    Some(Ok(Some(exit))) => format!("the interpreter ended ({exit:?})"),
+                    Some(Err(e)) => e,
+                    _ => "the interpreter did not answer".into(),
+                };
+                return Err(failed(how));
+            }
+        }
+        let isolation = started
+            .wait(READY_TIMEOUT)
+            .map(|i| crate::isolation(&i))
+            .ok_or_else(|| failed("the sandbox did not report its isolation".into()))?;
+        Ok(Session {
+            io: Mutex::new(io),
+            killer,
+            end,
+            probe,
+            isolation,
+            cell_limits: Mutex::new(setup.limits.clone()),
+            limits: setup.limits,
+            response_limit,
+        })
+    }
+
+    fn io(&self) -> MutexGuard<'_, Io> {
+        self.io.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The limits of the session's sandbox (`timeout_ms` is its lifetime).
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Sets each cell's default wall clock (`timeout_ms`) and output limit (`output_bytes`);
+    /// the rest stays the sandbox's.
+    pub fn set_cell_limits(&self, limits: Limits) {
+        let mut l = self.limits.clone();
+        l.timeout_ms = limits.timeout_ms;
+        l.output_bytes = limits.output_bytes;
+        *self.cell_limits.lock().unwrap_or_else(|e| e.into_inner()) = l;
+    }
+
+    /// The limits a cell runs with, by default.
+    pub fn cell_limits(&self) -> Limits {
+        self.cell_limits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Waits until the sandbox is gone (after `close`), at most `within`.
+    pub fn wait_ended(&self, within: Duration) -> bool {
+        self.end.wait(within).is_some()
+    }
+
+    /// Whether the sandbox is gone.
+    pub fn has_ended(&self) -> bool {
+        self.end.ended()
+    }
+
+    /// Destroys the sandbox (idempotent); what runs in it now ends as cancelled.
+    pub fn close(&self) {
+        self.killer.kill(KillReason::Cancelled);
+    }
+
+    /// Runs one cell; one at a time (a second caller waits for the first).
+    pub fn execute(
+        &self,
+        cell: Cell,
+        sink: &mut dyn OutputSink,
+    ) -> Result<CellResult, SessionError> {
+        let mut io = self.io();
+        if let Some(status) = io.final_status {
+            return Err(SessionError::Ended(status));
+        }
+        if let Some(e) = &cell.entrypoint {
+            crate::check_entrypoint(e)
+                .map_err(|(field, m)| EngineError::Invalid(format!("{field}: {m}")))?;
+        }
+        io.cells += 1;
+        let filename = format!("cell{}.py", io.cells);
+        let inputs = cell
+            .entrypoint
+            .as_ref()
+            .map(|e| serde_json::Value::Object(e.inputs.clone()));
+        let mut request = marshal::encode(&Value::Dict(vec![
+            ("op", Value::Str("exec")),
+            ("code", Value::Str(&cell.code)),
+            ("filename", Value::Str(&filename)),
+            (
+                "entrypoint",
+                cell.entrypoint
+                    .as_ref()
+                    .map_or(Value::None, |e| Value::Str(&e.name)),
+            ),
+            ("inputs", inputs.as_ref().map_or(Value::None, Value::Json)),
+        ]))
+        .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
+        frame(&mut request);
+
+        let started = Instant::now();
+        let cpu_before = self.probe.as_ref().and_then(Probe::cpu);
+        let mut limits = self.cell_limits();
+        limits.timeout_ms = cell.timeout.as_millis() as u64;
+        let output_limit = limits.output_bytes;
+        let ex = exchange(
+            &mut io,
+            &request,
+            started + cell.timeout,
+            sink,
+            output_limit,
+            self.response_limit,
+        );
+        let truncated = ex.stdout.truncated || ex.stderr.truncated;
+        let stdout = pump::decode_output(&ex.stdout.data, ex.stdout.truncated);
+        let stderr = pump::decode_output(&ex.stderr.data, ex.stderr.truncated);
+        let parsed = ex
+            .reply
+            .as_deref()
+            .map(|r| verdict::parse_response(r, ex.overflow, self.response_limit))
+            .unwrap_or(Ok(None));
+
+        let (status, error, result, outputs, limits_hit, exit_code, signal, ended) =
+            if ex.reply.is_some() && !ex.overflow && !self.end.ended() {
+                // Answered, and alive: the cell's own verdict.
+                let mut limits_hit = Vec::new();
+                if truncated {
+                    limits_hit.push(airlock_api::LimitKind::Output);
+                }
+                match parsed {
+                    Ok(Some(reply)) => {
+                        let (status, result, error) = match reply.answer {
+                            Response::Result(v) => (Status::Ok, Some(v), None),
+                            Response::Error(e) => (Status::Error, None, Some(e)),
+                        };
+                        (
+                            status,
+                            error,
+                            result,
+                            reply.outputs,
+                            limits_hit,
+                            None,
+                            None,
+                            false,
+                        )
+                    }
+                    Ok(None) | Err(_) => {
+                        let why = parsed.err().unwrap_or_else(|| "no answer".into());
+                        let error = airlock_api::ErrorInfo {
+                            kind: "ResultError".into(),
+                            message: why,
+                            traceback: None,
+                        };
+                        (
+                            Status::Error,
+                            Some(error),
+                            None,
+                            Vec::new(),
+                            limits_hit,
+                            None,
+                            None,
+                            false,
+                        )
+                    }
+                }
+            } else {
+                // The sandbox ended (or must: a timeout, a broken channel): the kernel's verdict.
+                if ex.timed_out {
+                    self.killer.kill(KillReason::WallTime);
+                } else if self.end.wait(Duration::from_secs(2)).is_none() {
+                    // The channel broke but the sandbox lives on: it cannot be trusted.
+                    self.killer.kill(KillReason::Cancelled);
+                }
+                let outcome = self.end.wait(Duration::from_secs(30));
+                let Some(Ok(outcome)) = outcome else {
+                    let why = match outcome {
+                        Some(Err(e)) => e,
+                        _ => "the session's sandbox did not end".into(),
+                    };
+                    io.final_status = Some(Status::InternalError);
+                    return Err(io_error("ending a session", std::io::Error::other(why)).into());
+                };
+                let v = verdict::verdict(&outcome, parsed, &limits, truncated);
+                (
+                    v.status,
+                    v.error,
+                    v.result,
+                    v.outputs,
+                    v.limits_hit,
+                    v.exit_code,
+                    v.signal,
+                    true,
+                )
+            };
+        if ended {
+            io.final_status = Some(status);
+        }
+        let stats = self.probe.as_ref().map(Probe::stats);
+        let cpu_now = stats.as_ref().and_then(|s| s.cpu);
+        let result = ExecutionResult {
+            status,
+            exit_code,
+            signal,
+            stdout,
+            stderr,
+            stdout_truncated: ex.stdout.truncated,
+            stderr_truncated: ex.stderr.truncated,
+            result,
+            error,
+            outputs,
+            files: Vec::new(),
+            usage: airlock_api::Usage {
+                wall_ms: started.elapsed().as_millis() as u64,
+                cpu_ms: match (cpu_now, cpu_before) {
+                    (Some(now), Some(before)) => {
+                        Some(now.saturating_sub(before).as_millis() as u64)
+                    }
+                    _ => None,
+                },
+                memory_peak_bytes: stats.and_then(|s| s.memory_peak_bytes),
+            },
+            limits,
+            limits_hit,
+            isolation: self.isolation.clone(),
+        };
+        Ok(CellResult { result, ended })
+    }
+
+    /// Writes a file below the working directory (missing directories are made); a link or
+    /// anything but a regular file in the way is refused.
+    pub fn put_file(&self, path: &str, data: &[u8]) -> Result<(), SessionError> {
+        crate::check_relative_path(path).map_err(EngineError::Invalid)?;
+        self.file_op(&Value::Dict(vec![
+            ("op", Value::Str("put")),
+            ("path", Value::Str(path)),
+            ("data", Value::Bytes(data)),
+        ]))
+        .map(|_| ())
+    }
+
+    /// Reads a regular file below the working directory, at most `max_bytes`, following no
+    /// link on the way.
+    pub fn get_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SessionError> {
+        use base64::Engine as _;
+        crate::check_relative_path(path).map_err(EngineError::Invalid)?;
+        let max = max_bytes.min(self.response_limit / 2).min(i32::MAX as u64);
+        let value = self.file_op(&Value::Dict(vec![
+            ("op", Value::Str("get")),
+            ("path", Value::Str(path)),
+            ("max_bytes", Value::Int(max as i32)),
+        ]))?;
+        let data = value
+            .get("base64")
+            .and_then(|d| d.as_str())
+            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+            .filter(|d| d.len() as u64 <= max && Some(d.len() as u64) == value["size"].as_u64())
+            .ok_or_else(|| bad_answer("a file's contents"))?;
+        Ok(data)
+    }
+
+    /// Everything below the working directory (no link followed), sorted by path.
+    pub fn list_files(&self) -> Result<Vec<Entry>, SessionError> {
+        let value = self.file_op(&Value::Dict(vec![
+            ("op", Value::Str("list")),
+            ("max_entries", Value::Int(MAX_LIST_ENTRIES)),
+        ]))?;
+        let entries: Vec<Entry> =
+            serde_json::from_value(value).map_err(|_| bad_answer("a listing"))?;
+        if entries.len() > MAX_LIST_ENTRIES as usize
+            || entries
+                .iter()
+                .any(|e| crate::check_relative_path(&e.path).is_err())
+        {
+            return Err(bad_answer("a listing"));
+        }
+        Ok(entries)
+    }
+
+    fn file_op(&self, op: &Value<'_>) -> Result<serde_json::Value, SessionError> {
+        let mut io = self.io();
+        if let Some(status) = io.final_status {
+            return Err(SessionError::Ended(status));
+        }
+        let mut request = marshal::encode(op)
+            .map_err(|e| io_error("encoding a file operation", std::io::Error::other(e)))?;
+        frame(&mut request);
+        // Output of background work in the meantime belongs to no cell: dropped.
+        let mut discard = pump::Discard;
+        let ex = exchange(
+            &mut io,
+            &request,
+            Instant::now() + FILE_TIMEOUT,
+            &mut discard,
+            0,
+            self.response_limit,
+        );
+        let parsed = ex
+            .reply
+            .as_deref()
+            .map(|r| verdict::parse_response(r, ex.overflow, self.response_limit));
+        match parsed {
+            Some(Ok(Some(reply))) => match reply.answer {
+                Response::Result(v) => Ok(v),
+                Response::Error(e) => Err(SessionError::File {
+                    kind: e.kind,
+                    message: e.message,
+                }),
+            },
+            _ => {
+                // No usable answer: the session cannot be trusted to go on.
+                self.killer.kill(KillReason::Cancelled);
+                let status = match self.end.wait(Duration::from_secs(30)) {
+                    Some(Ok(o)) => verdict::verdict(&o, Ok(None), &self.limits, false).status,
+                    _ => Status::InternalError,
+                };
+                io.final_status = Some(status);
+                Err(SessionError::Ended(status))
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn bad_answer(what: &str) -> SessionError {
+    SessionError::File {
+        kind: "ResultError".into(),
+        message: format!("the sandbox sent an invalid answer for {what}"),
+    }
+}
+
+fn io_error(what: &'static str, source: std::io::Error) -> EngineError {
+    EngineError::Io { what, source }
+}
+
+/// How the runner of a new sandbox starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Reads its request at once.
+    Cold,
+    /// Says it is ready, then waits for its request (the warm pool).
+    Warm,
+    /// Serves frames until the channel closes.
+    Session,
+}
+
+/// Prefixes a request with its length.
+fn frame(request: &mut Vec<u8>) {
+    let len = (request.len() as u32).to_le_bytes();
+    request.splice(0..0, len);
+}
+
+/// What one request/answer exchange on a session's channel gave.
+struct Exchange {
+    /// The answer's payload (without its length).
+    reply: Option<Vec<u8>>,
+    /// The answer announced more than an answer may hold.
+    overflow: bool,
+    stdout: Captured,
+    stderr: Captured,
+    timed_out: bool,
+}
+
+/// Sends `request`, then collects output until the answer is whole, the deadline passes or
+/// the sandbox ends. Output that the pipes hold once the answer is in belongs to it too.
+fn exchange(
+    io: &mut Io,
+    request: &[u8],
+    deadline: Instant,
+    sink: &mut dyn OutputSink,
+    output_limit: u64,
+    response_limit: u64,
+) -> Exchange {
+    let mut ex = Exchange {
+        reply: None,
+        overflow: false,
+        stdout: Captured::default(),
+        stderr: Captured::default(),
+        timed_out: false,
+    };
+    for fd in [io.control.as_fd(), io.stdout.as_fd(), io.stderr.as_fd()] {
+        let _ = pump::set_nonblocking(fd);
+    }
+    let mut sent = 0usize;
+    let mut answer: Vec<u8> = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut open = [true, true]; // stdout, stderr
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            ex.timed_out = true;
+            break;
+        }
+        let mut ctl = PollFlags::POLLIN;
+        if sent < request.len() {
+            ctl |= PollFlags::POLLOUT;
+        }
+        let mut fds = vec![
+            PollFd::new(io.control.as_fd(), ctl),
+            PollFd::new(io.ended.as_fd(), PollFlags::POLLIN),
+        ];
+        if open[0] {
+            fds.push(PollFd::new(io.stdout.as_fd(), PollFlags::POLLIN));
+        }
+        if open[1] {
+            fds.push(PollFd::new(io.stderr.as_fd(), PollFlags::POLLIN));
+        }
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        );
+        let ended = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+        if control_ready {
+            if sent < request.len() {
+                match pump::write_some(&mut io.control, &request[sent..]) {
+                    Some(n) => sent += n,
+                    None => break, // the runner is gone
+                }
+            }
+            let mut closed = false;
+            loop {
+                match pump::read_some(&mut io.control, &mut buf) {
+                    Progress::Data(n) => answer.extend_from_slice(&buf[..n]),
+                    Progress::Eof => {
+                        closed = true;
+                        break;
+                    }
+                    Progress::Blocked => break,
+                }
+                if answer.len() as u64 > response_limit + 4 {
+                    break;
+                }
+            }
+            if answer.len() >= 4 {
+                let len = u32::from_le_bytes([answer[0], answer[1], answer[2], answer[3]]) as u64;
+                if len > response_limit {
+                    ex.overflow = true;
+                    ex.reply = Some(Vec::new());
+                    break;
+                }
+                if answer.len() as u64 >= 4 + len {
+                    ex.reply = Some(answer[4..4 + len as usize].to_vec());
+                    drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+                    break;
+                }
+            }
+            if closed {
+                break;
+            }
+        }
+        if ended {
+            drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+            break;
+        }
+    }
+    ex
+}
+
+/// Reads what stdout and stderr hold now, within the output limit.
+fn drain(
+    io: &mut Io,
+    buf: &mut [u8],
+    ex: &mut Exchange,
+    open: &mut [bool; 2],
+    sink: &mut dyn OutputSink,
+    limit: u64,
+) {
+    for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+        while open[i] {
+            let got = match stream {
+                Stream::Stdout => pump::read_some(&mut io.stdout, buf),
+                Stream::Stderr => pump::read_some(&mut io.stderr, buf),
+            };
+            let n = match got {
+                Progress::Data(n) => n,
+                Progress::Eof => {
+                    open[i] = false;
+                    break;
+                }
+                Progress::Blocked => break,
+            };
+            let cap = if i == 0 {
+                &mut ex.stdout
+            } else {
+                &mut ex.stderr
+            };
+            let room = (limit as usize).saturating_sub(cap.data.len());
+            let keep = n.min(room);
+            if keep > 0 {
+                cap.data.extend_from_slice(&buf[..keep]);
+                sink.output(stream, &buf[..keep]);
+            }
+            if n > keep && !cap.truncated && limit > 0 {
+                cap.truncated = true;
+                sink.truncated(stream, limit);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("limits", &self.limits)
+            .finish()
+    }
+}

@@ -1,0 +1,590 @@
+//! Sessions over HTTP: `POST /v1/sessions`, cells, files, listing and closing. A session
+//! belongs to the key that made it (by the key's fingerprint): any other key gets 404. Its
+//! limits cover the whole session; each cell goes through admission like an execution, and
+//! is audited like one. Idle and expired sessions are closed by a reaper, and every session
+//! is closed at shutdown.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use airlock_api::{
+    CellRequest, CellResponse, ExecuteRequest, FileEntry, FileList, SessionInfo, SessionList,
+    SessionRequest, Status,
+};
+use airlock_engine::{Cell, CellResult, Entrypoint, Execution, Session, SessionError};
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use sha2::{Digest, Sha256};
+
+use crate::config::Scope;
+use crate::error::Error;
+use crate::guard::{Caller, RequestId};
+use crate::keys::{random_id, Key};
+use crate::routes::{
+    audit_start, finish, job_from, parse_json, read_body, read_body_as, refuse_if_unavailable,
+    rejection, require, resolve_limits, Context,
+};
+use crate::SharedState;
+
+/// How often the reaper looks for idle and expired sessions.
+const REAP_EVERY: Duration = Duration::from_millis(500);
+
+/// Every open session.
+#[derive(Default)]
+pub struct Sessions {
+    open: Mutex<HashMap<String, Arc<Entry>>>,
+    pub closed: AtomicU64,
+}
+
+pub struct Entry {
+    id: String,
+    key_fingerprint: String,
+    created_at: SystemTime,
+    created: Instant,
+    idle_timeout: Duration,
+    max_lifetime: Duration,
+    last_used: Mutex<Instant>,
+    cells: AtomicU64,
+    ended: Mutex<Option<Status>>,
+    /// One request at a time: another gets 409.
+    busy: AtomicBool,
+    session: Session,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions")
+            .field("open", &self.count())
+            .finish()
+    }
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Closes every session and waits for their sandboxes to be gone (shutdown).
+    pub fn close_all(&self) {
+        let all: Vec<Arc<Entry>> = self.lock().drain().map(|(_, e)| e).collect();
+        for entry in &all {
+            entry.session.close();
+        }
+        for entry in &all {
+            entry.session.wait_ended(Duration::from_secs(10));
+        }
+    }
+
+    /// Closes the sessions idle or alive for too long; returns how many.
+    pub fn reap(&self) -> usize {
+        let now = Instant::now();
+        let expired: Vec<Arc<Entry>> = {
+            let mut open = self.lock();
+            let ids: Vec<String> = open
+                .values()
+                .filter(|e| {
+                    let idle = now.duration_since(*lock(&e.last_used));
+                    !e.busy.load(Ordering::Acquire)
+                        && (idle >= e.idle_timeout
+                            || now.duration_since(e.created) >= e.max_lifetime)
+                })
+                .map(|e| e.id.clone())
+                .collect();
+            ids.iter().filter_map(|id| open.remove(id)).collect()
+        };
+        for e in &expired {
+            e.session.close();
+        }
+        for e in &expired {
+            e.session.wait_ended(Duration::from_secs(10));
+        }
+        self.closed
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
+        expired.len()
+    }
+
+    /// The caller's session `id`, or 404 (also when it is another key's).
+    fn find(&self, key: &Key, id: &str) -> Result<Arc<Entry>, Error> {
+        self.lock()
+            .get(id)
+            .filter(|e| e.key_fingerprint == key.fingerprint())
+            .cloned()
+            .ok_or_else(|| Error::new(StatusCode::NOT_FOUND, "not_found", "no such session"))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs the reaper until shutdown.
+pub async fn reaper(state: SharedState) {
+    let mut shutdown = state.shutdown_signal();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(REAP_EVERY) => {}
+            _ = shutdown.changed() => return,
+        }
+        let st = state.clone();
+        let _ = tokio::task::spawn_blocking(move || st.sessions.reap()).await;
+    }
+}
+
+impl Entry {
+    fn info(&self) -> SessionInfo {
+        let rfc = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
+        SessionInfo {
+            id: self.id.clone(),
+            created_at: rfc(self.created_at),
+            expires_at: rfc(self.created_at + self.max_lifetime),
+            idle_timeout_ms: self.idle_timeout.as_millis() as u64,
+            max_lifetime_ms: self.max_lifetime.as_millis() as u64,
+            cells: self.cells.load(Ordering::Relaxed),
+            ended: *lock(&self.ended),
+            limits: self.session.cell_limits(),
+        }
+    }
+
+    /// Marks the session busy for one request, or says it is.
+    fn take(self: &Arc<Self>) -> Result<Busy, Error> {
+        if let Some(status) = *lock(&self.ended) {
+            return Err(Error::new(
+                StatusCode::CONFLICT,
+                "session_ended",
+                format!("the session has ended ({status}); close it and start another"),
+            ));
+        }
+        if self.busy.swap(true, Ordering::AcqRel) {
+            return Err(Error::new(
+                StatusCode::CONFLICT,
+                "session_busy",
+                "the session is running another request",
+            ));
+        }
+        *lock(&self.last_used) = Instant::now();
+        Ok(Busy(self.clone()))
+    }
+}
+
+/// Held while a request uses the session.
+struct Busy(Arc<Entry>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *lock(&self.0.last_used) = Instant::now();
+        self.0.busy.store(false, Ordering::Release);
+    }
+}
+
+fn session_error(e: SessionError, entry: &Entry) -> Error {
+    match e {
+        SessionError::Ended(status) => {
+            *lock(&entry.ended) = Some(status);
+            Error::new(
+                StatusCode::CONFLICT,
+                "session_ended",
+                format!("the session has ended ({status}); close it and start another"),
+            )
+        }
+        SessionError::File { kind, message } => {
+            let status = match kind.as_str() {
+                "FileNotFoundError" => StatusCode::NOT_FOUND,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            let code = if status == StatusCode::NOT_FOUND {
+                "not_found"
+            } else {
+                "invalid_request"
+            };
+            Error::new(status, code, format!("{kind}: {message}")).field("path")
+        }
+        SessionError::Engine(airlock_engine::EngineError::Invalid(m)) => Error::invalid("body", m),
+        SessionError::Engine(e) => Error::internal(e.to_string()),
+    }
+}
+
+/// `POST /v1/sessions`.
+pub async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    refuse_if_unavailable(&state)?;
+    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
+    let body = read_body(&state, &caller.0, req).await?;
+    let asked: SessionRequest = parse_json(&state, &body.bytes)?;
+    let cfg = &state.config.sessions;
+    let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
+    let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
+    for (field, v, most) in [
+        ("idle_timeout_ms", idle, cfg.idle_timeout_ms),
+        ("max_lifetime_ms", lifetime, cfg.max_lifetime_ms),
+    ] {
+        if v == 0 || v > most {
+            return Err(Error::invalid(
+                field,
+                format!("{field} must be between 1 and {most}"),
+            ));
+        }
+    }
+    // The cells' default wall clock and output, checked against the key's ceilings.
+    let per_cell = resolve_limits(&state, &caller.0, &asked.limits)?;
+    let mut job = job_from(
+        &state,
+        &caller.0,
+        ExecuteRequest {
+            code: String::new(),
+            language: Default::default(),
+            stdin: String::new(),
+            env: asked.env,
+            files: asked.files,
+            limits: asked.limits,
+            entrypoint: None,
+            inputs: None,
+        },
+    )?;
+    // The sandbox itself lives as long as the session may.
+    job.limits.timeout_ms = lifetime;
+    job.filename = "session.py".into();
+    job.stream = true;
+    {
+        let open = state.sessions.lock();
+        let mine = open
+            .values()
+            .filter(|e| e.key_fingerprint == caller.0.fingerprint())
+            .count();
+        if mine >= cfg.max_open_per_key {
+            return Err(Error::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!("this key has {mine} sessions open, its most; close one first"),
+            ));
+        }
+        if open.len() >= cfg.max_open {
+            return Err(Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "the server has as many sessions open as it may",
+            )
+            .retry_after(5));
+        }
+    }
+    let st = state.clone();
+    let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job))
+        .await
+        .map_err(|e| Error::internal(format!("starting a session: {e}")))?
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot start a session");
+            Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        })?;
+    session.set_cell_limits(per_cell);
+    let entry = Arc::new(Entry {
+        id: random_id("se_"),
+        key_fingerprint: caller.0.fingerprint(),
+        created_at: SystemTime::now(),
+        created: Instant::now(),
+        idle_timeout: Duration::from_millis(idle),
+        max_lifetime: Duration::from_millis(lifetime),
+        last_used: Mutex::new(Instant::now()),
+        cells: AtomicU64::new(0),
+        ended: Mutex::new(None),
+        busy: AtomicBool::new(false),
+        session,
+    });
+    let info = entry.info();
+    {
+        let mut open = state.sessions.lock();
+        // Counted again under the lock: two creations may have raced past the first check.
+        let mine = open
+            .values()
+            .filter(|e| e.key_fingerprint == caller.0.fingerprint())
+            .count();
+        if mine >= cfg.max_open_per_key || open.len() >= cfg.max_open {
+            entry.session.close();
+            return Err(Error::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "too many sessions open; close one first",
+            ));
+        }
+        open.insert(entry.id.clone(), entry);
+    }
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+/// `GET /v1/sessions`.
+pub async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<SessionList>, Error> {
+    require(&caller, Scope::Execute)?;
+    let mut sessions: Vec<SessionInfo> = state
+        .sessions
+        .lock()
+        .values()
+        .filter(|e| e.key_fingerprint == caller.0.fingerprint())
+        .map(|e| e.info())
+        .collect();
+    sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+    Ok(Json(SessionList { sessions }))
+}
+
+/// `GET /v1/sessions/{id}`.
+pub async fn get(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, Error> {
+    require(&caller, Scope::Execute)?;
+    Ok(Json(state.sessions.find(&caller.0, &id)?.info()))
+}
+
+/// `DELETE /v1/sessions/{id}`: the sandbox is destroyed at once, a running cell with it; the
+/// answer comes when it is gone.
+pub async fn delete(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Error> {
+    require(&caller, Scope::Execute)?;
+    let entry = state.sessions.find(&caller.0, &id)?;
+    state.sessions.lock().remove(&entry.id);
+    state.sessions.closed.fetch_add(1, Ordering::Relaxed);
+    entry.session.close();
+    let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/sessions/{id}/execute`: one cell.
+pub async fn execute(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    refuse_if_unavailable(&state)?;
+    let entry = state.sessions.find(&caller.0, &id)?;
+    let streamed = crate::stream::wanted(req.headers());
+    let entered = state.admission.enter(&caller.0).map_err(rejection)?;
+    let body = read_body(&state, &caller.0, req).await?;
+    let asked: CellRequest = parse_json(&state, &body.bytes)?;
+    let cfg = state.engine.config();
+    if asked.code.len() as u64 > cfg.max_code_bytes {
+        return Err(Error::too_large(
+            "code",
+            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
+        ));
+    }
+    let entrypoint = match (asked.entrypoint, asked.inputs) {
+        (Some(name), inputs) => Some(Entrypoint {
+            name,
+            inputs: inputs.unwrap_or_default(),
+        }),
+        (None, Some(_)) => {
+            return Err(Error::invalid(
+                "inputs",
+                "inputs are the keyword arguments of an entrypoint: name one",
+            ))
+        }
+        (None, None) => None,
+    };
+    if let Some(e) = &entrypoint {
+        airlock_engine::check_entrypoint(e).map_err(|(field, m)| Error::invalid(field, m))?;
+    }
+    let mut limits = entry.session.cell_limits();
+    if let Some(t) = asked.timeout_ms {
+        let ceiling = resolve_limits(
+            &state,
+            &caller.0,
+            &airlock_api::LimitsRequest {
+                timeout_ms: Some(t),
+                ..Default::default()
+            },
+        )?;
+        limits.timeout_ms = ceiling.timeout_ms;
+    }
+    let busy = entry.take()?;
+    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+    drop(body.share);
+    let ctx = Context {
+        id: random_id("ex_"),
+        request_id,
+        key: caller.0.name().to_owned(),
+        key_fingerprint: caller.0.fingerprint(),
+        started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+        code_sha256: format!("{:x}", Sha256::digest(asked.code.as_bytes())),
+        code_bytes: asked.code.len() as u64,
+    };
+    let cell = Cell {
+        code: asked.code,
+        entrypoint,
+        timeout: Duration::from_millis(limits.timeout_ms),
+    };
+    // The session is destroyed if the client leaves mid-cell: its state is unknown then.
+    let mut on_close = OnDrop(Some(entry.clone()));
+    let st = state.clone();
+    let ctx = tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &limits).map(|()| ctx))
+        .await
+        .map_err(|e| Error::internal(format!("the cell failed: {e}")))??;
+    if streamed {
+        let gone = entry.clone();
+        let (response, mut events) = crate::stream::channel(Arc::new(move || gone.session.close()));
+        on_close.0 = None; // from here the stream's own sender closes it
+        tokio::task::spawn_blocking(move || {
+            let done = run_cell(&state, &entry, ctx, cell, &mut events);
+            drop((admitted, busy, entered));
+            events.flush();
+            match done {
+                Ok(answer) => {
+                    let value = serde_json::to_value(answer).unwrap_or_default();
+                    events.send("result", &value);
+                }
+                Err(e) => {
+                    let value = serde_json::to_value(e.body()).unwrap_or_default();
+                    events.send("error", &value);
+                }
+            }
+        });
+        return Ok(response);
+    }
+    let st = state.clone();
+    let e2 = entry.clone();
+    let done = tokio::task::spawn_blocking(move || {
+        let done = run_cell(&st, &e2, ctx, cell, &mut airlock_engine::Discard);
+        drop(admitted);
+        done
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the cell failed: {e}")))?;
+    on_close.0 = None;
+    drop((busy, entered));
+    done.map(|r| Json(r).into_response())
+}
+
+/// Runs one cell and records it (audit, metrics, log) like an execution.
+fn run_cell(
+    state: &SharedState,
+    entry: &Entry,
+    ctx: Context,
+    cell: Cell,
+    sink: &mut dyn airlock_engine::OutputSink,
+) -> Result<CellResponse, Error> {
+    let CellResult { result, ended } = entry
+        .session
+        .execute(cell, sink)
+        .map_err(|e| session_error(e, entry))?;
+    if ended {
+        *lock(&entry.ended) = Some(result.status);
+    }
+    entry.cells.fetch_add(1, Ordering::Relaxed);
+    let execution = Execution {
+        result,
+        sandbox_ready: None,
+        pooled: false,
+    };
+    finish(state, ctx, Ok(execution)).map(|r| CellResponse {
+        id: r.id,
+        session_ended: ended,
+        result: r.result,
+    })
+}
+
+/// Closes the session if the request is dropped before its cell is answered.
+struct OnDrop(Option<Arc<Entry>>);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(entry) = self.0.take() {
+            entry.session.close();
+        }
+    }
+}
+
+/// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
+pub async fn put_file(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    req: Request,
+) -> Result<StatusCode, Error> {
+    require(&caller, Scope::Execute)?;
+    let entry = state.sessions.find(&caller.0, &id)?;
+    airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
+    let body = read_body_as(&state, &caller.0, req, false).await?;
+    let busy = entry.take()?;
+    let e2 = entry.clone();
+    let done = tokio::task::spawn_blocking(move || e2.session.put_file(&path, &body.bytes))
+        .await
+        .map_err(|e| Error::internal(format!("writing a file: {e}")))?;
+    drop(busy);
+    done.map_err(|e| session_error(e, &entry))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sessions/{id}/files/{*path}`: the file's contents.
+pub async fn get_file(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    let entry = state.sessions.find(&caller.0, &id)?;
+    airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
+    let busy = entry.take()?;
+    let max = state.config.http.max_body_bytes;
+    let e2 = entry.clone();
+    let done = tokio::task::spawn_blocking(move || e2.session.get_file(&path, max))
+        .await
+        .map_err(|e| Error::internal(format!("reading a file: {e}")))?;
+    drop(busy);
+    let data = done.map_err(|e| session_error(e, &entry))?;
+    let mut response = Response::new(Body::from(data));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
+/// `GET /v1/sessions/{id}/files`: everything below the working directory.
+pub async fn list_files(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<FileList>, Error> {
+    require(&caller, Scope::Execute)?;
+    let entry = state.sessions.find(&caller.0, &id)?;
+    let busy = entry.take()?;
+    let e2 = entry.clone();
+    let done = tokio::task::spawn_blocking(move || e2.session.list_files())
+        .await
+        .map_err(|e| Error::internal(format!("listing files: {e}")))?;
+    drop(busy);
+    let files = done
+        .map_err(|e| session_error(e, &entry))?
+        .into_iter()
+        .map(|e| FileEntry {
+            path: e.path,
+            kind: e.kind,
+            size: e.size,
+        })
+        .collect();
+    Ok(Json(FileList { files }))
+}
