@@ -323,68 +323,81 @@ def collect_files():
     descriptors without following a symbolic link (nor opening a FIFO or device) anywhere,
     each read whole if it fits what is left of the outputs' budget, else listed as skipped."""
     try:
-        top = os.open("outputs", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        top = os.open("outputs", DIRECTORY)
     except OSError:
         return []
     found = []
-    pending = [(top, "")]
-    while pending:
-        dir_fd, prefix = pending.pop()
+    for dir_fd, name, path, st in walk(top, 16):
+        if len(found) >= MAX_OUTPUT_FILES:
+            found.append({"path": path, "size": 0, "skipped": "more than %d files" % MAX_OUTPUT_FILES})
+            break
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            found.append({"path": path, "size": 0, "skipped": kind})
+            continue
+        if st.st_size * 4 // 3 + 64 > budget[0]:
+            found.append({"path": path, "size": st.st_size, "skipped": "over the size limit"})
+            continue
         try:
-            names = sorted(os.listdir(dir_fd))
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError:
-            names = []
-        for name in names:
-            path = prefix + name
-            if len(found) >= MAX_OUTPUT_FILES:
-                found.append({"path": path, "size": 0, "skipped": "more than %d files" % MAX_OUTPUT_FILES})
-                for fd, _ in pending:
-                    os.close(fd)
-                pending = []
-                break
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode) and prefix.count("/") < 16:
-                try:
-                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                    pending.append((os.open(name, flags, dir_fd=dir_fd), path + "/"))
-                except OSError:
-                    pass
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
-                found.append({"path": path, "size": 0, "skipped": kind})
-                continue
-            if st.st_size * 4 // 3 + 64 > budget[0]:
-                found.append({"path": path, "size": st.st_size, "skipped": "over the size limit"})
-                continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-            except OSError:
-                continue
-            try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue  # swapped since the stat: not what was listed
-                chunks, left = [], st.st_size + 1
-                while left > 0:
-                    chunk = os.read(fd, min(left, 1 << 20))
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    left -= len(chunk)
-                data = b"".join(chunks)
-            finally:
-                os.close(fd)
-            if len(data) > st.st_size:
-                found.append({"path": path, "size": len(data), "skipped": "still growing"})
-                continue
-            encoded = b64(data)
-            budget[0] -= len(encoded) + 64
-            found.append({"path": path, "size": len(data), "base64": encoded})
-        os.close(dir_fd)
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue  # swapped since the stat: not what was listed
+            chunks, left = [], st.st_size + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+        finally:
+            os.close(fd)
+        if len(data) > st.st_size:
+            found.append({"path": path, "size": len(data), "skipped": "still growing"})
+            continue
+        encoded = b64(data)
+        budget[0] -= len(encoded) + 64
+        found.append({"path": path, "size": len(data), "base64": encoded})
     return found
+
+
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def walk(top, depth):
+    """(dir_fd, name, path, stat) of everything below the directory descriptor `top`, by
+    sorted name, `depth` levels at most, never following a link; closes what it opens, also
+    when the caller stops early."""
+    pending = [(top, "")]
+    try:
+        while pending:
+            dir_fd, prefix = pending.pop()
+            try:
+                try:
+                    names = sorted(os.listdir(dir_fd))
+                except OSError:
+                    names = []
+                for name in names:
+                    try:
+                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    yield dir_fd, name, prefix + name, st
+                    if stat.S_ISDIR(st.st_mode) and prefix.count("/") < depth:
+                        try:
+                            pending.append((os.open(name, DIRECTORY, dir_fd=dir_fd), prefix + name + "/"))
+                        except OSError:
+                            pass
+            finally:
+                os.close(dir_fd)
+    finally:
+        for fd, _ in pending:
+            os.close(fd)
 
 
 def finish_outputs(collect):
@@ -567,7 +580,7 @@ def open_below_workdir(path, flags):
     parts = path.split("/")
     if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
         raise ValueError("invalid file path %r" % path)
-    dirs = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    dirs = DIRECTORY
     fd = os.open(WORKDIR, dirs)
     try:
         for part in parts[:-1]:
@@ -624,30 +637,12 @@ def session_op(op, limit):
 def list_workdir(most):
     """Every entry below the working directory, without following a link: path, type, size."""
     found = []
-    top = os.open(WORKDIR, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    pending = [(top, "")]
-    while pending:
-        dir_fd, prefix = pending.pop()
-        try:
-            names = sorted(os.listdir(dir_fd))
-        except OSError:
-            names = []
-        for name in names:
-            try:
-                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-            except OSError:
-                continue
-            mode = st.st_mode
-            kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "other"
-            if len(found) < most:
-                found.append({"path": prefix + name, "type": kind, "size": st.st_size if kind == "file" else 0})
-            if kind == "dir" and len(found) < most and prefix.count("/") < 32:
-                try:
-                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-                    pending.append((os.open(name, flags, dir_fd=dir_fd), prefix + name + "/"))
-                except OSError:
-                    pass
-        os.close(dir_fd)
+    for _, _, path, st in walk(os.open(WORKDIR, DIRECTORY), 32):
+        if len(found) >= most:
+            break
+        mode = st.st_mode
+        kind = "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "link" if stat.S_ISLNK(mode) else "other"
+        found.append({"path": path, "type": kind, "size": st.st_size if kind == "file" else 0})
     found.sort(key=lambda e: e["path"])
     return found
 

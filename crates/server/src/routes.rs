@@ -536,6 +536,21 @@ pub(crate) struct Context {
     pub code_bytes: u64,
 }
 
+impl Context {
+    /// A new execution of `code` by `key`, starting now.
+    pub fn new(key: &Key, request_id: String, code_sha256: String, code_bytes: u64) -> Context {
+        Context {
+            id: random_id("ex_"),
+            request_id,
+            key: key.name().to_owned(),
+            key_fingerprint: key.fingerprint(),
+            started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            code_sha256,
+            code_bytes,
+        }
+    }
+}
+
 /// Cancels the execution if the request is dropped before it is answered (the client went
 /// away): its sandbox is killed at once.
 pub(crate) struct CancelOnDrop(pub Option<Cancel>);
@@ -579,15 +594,7 @@ async fn execute(
     let mut on_drop = CancelOnDrop(Some(cancel.clone()));
     let tracked = state.track(cancel.clone());
     job.cancel = Some(cancel);
-    let ctx = Context {
-        id: random_id("ex_"),
-        request_id,
-        key: caller.0.name().to_owned(),
-        key_fingerprint: caller.0.fingerprint(),
-        started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        code_sha256,
-        code_bytes,
-    };
+    let ctx = Context::new(&caller.0, request_id, code_sha256, code_bytes);
     // Everything from here runs to its end even if the client goes away: the sandbox is then
     // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
     // line and the metrics are still written.

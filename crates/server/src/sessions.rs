@@ -423,15 +423,8 @@ pub async fn execute(
     let busy = entry.take()?;
     let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
     drop(body.share);
-    let ctx = Context {
-        id: random_id("ex_"),
-        request_id,
-        key: caller.0.name().to_owned(),
-        key_fingerprint: caller.0.fingerprint(),
-        started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-        code_sha256: format!("{:x}", Sha256::digest(asked.code.as_bytes())),
-        code_bytes: asked.code.len() as u64,
-    };
+    let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
+    let ctx = Context::new(&caller.0, request_id, sha, asked.code.len() as u64);
     let cell = Cell {
         code: asked.code,
         entrypoint,
