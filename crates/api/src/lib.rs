@@ -265,9 +265,59 @@ pub struct ExecuteRequest {
     #[serde(default)]
     pub entrypoint: Option<String>,
     /// The entrypoint's keyword arguments: plain data (JSON), never objects with behaviour.
-    /// Only with `entrypoint`.
-    #[serde(default)]
+    /// Only with `entrypoint`; at most [`MAX_INPUT_VALUES`] values in all.
+    #[serde(default, deserialize_with = "bounded_inputs")]
     pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Values an entrypoint's `inputs` may hold in all (each number, string, list, ... counts).
+/// A parsed value takes several times the bytes of its text; counting before parsing keeps
+/// what a request can cost the server proportionate to its size.
+pub const MAX_INPUT_VALUES: usize = 50_000;
+
+/// `inputs`: counted in its text first, then parsed (an object, or null for none).
+fn bounded_inputs<'de, D>(
+    d: D,
+) -> Result<Option<serde_json::Map<String, serde_json::Value>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::de::Error as _;
+    let Some(raw) = Option::<Box<serde_json::value::RawValue>>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let values = count_values(raw.get());
+    if values > MAX_INPUT_VALUES {
+        return Err(D::Error::custom(format!(
+            "inputs hold {values} values, more than {MAX_INPUT_VALUES}"
+        )));
+    }
+    serde_json::from_str(raw.get())
+        .map(Some)
+        .map_err(D::Error::custom)
+}
+
+/// An upper bound on the values in a JSON text: each one but the first follows a `[`, `{`,
+/// `,` or `:` outside a string.
+fn count_values(text: &str) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => count += 1,
+                _ => {}
+            }
+        }
+    }
+    count
 }
 
 /// `POST /v1/sessions`: a sandbox that keeps its interpreter between cells.
@@ -322,7 +372,7 @@ pub struct CellRequest {
     /// Function mode, as for `POST /v1/execute`.
     #[serde(default)]
     pub entrypoint: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "bounded_inputs")]
     pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
     /// This cell's wall clock (default: the session's `timeout_ms`). Reaching it ends the
     /// session.
@@ -477,6 +527,27 @@ mod tests {
             serde_json::from_value::<ExecuteResponse>(json).unwrap(),
             response
         );
+    }
+
+    #[test]
+    fn inputs_are_counted_before_they_are_parsed() {
+        assert_eq!(count_values(r#"{"a": [1, 2], "b": "x,y:[{"}"#), 7);
+        assert_eq!(count_values(r#""\\"""#), 1);
+        let many = format!(
+            r#"{{"code": "", "entrypoint": "f", "inputs": {{"a": [{}]}}}}"#,
+            vec!["[]"; MAX_INPUT_VALUES].join(",")
+        );
+        let err = serde_json::from_str::<ExecuteRequest>(&many).unwrap_err();
+        assert!(err.to_string().contains("more than"), "{err}");
+        let ok: ExecuteRequest =
+            serde_json::from_str(r#"{"code": "", "entrypoint": "f", "inputs": {"a": [1]}}"#)
+                .unwrap();
+        assert_eq!(ok.inputs.unwrap()["a"], serde_json::json!([1]));
+        let none: ExecuteRequest = serde_json::from_str(r#"{"code": "", "inputs": null}"#).unwrap();
+        assert!(none.inputs.is_none());
+        let err =
+            serde_json::from_str::<ExecuteRequest>(r#"{"code": "", "inputs": [1]}"#).unwrap_err();
+        assert!(err.to_string().contains("map"), "{err}");
     }
 
     #[test]

@@ -477,3 +477,98 @@ fn a_client_that_leaves_mid_cell_closes_its_session_and_shutdown_closes_the_rest
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after shutdown with a session open");
 }
+
+#[test]
+fn hostile_cells_cannot_outlast_their_deadline_or_blur_their_verdict() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // Writers faster than the host reads: the deadline still holds.
+    let id = create(&server, json!({"limits": {"output_bytes": 1024}}));
+    let flood = "import os, threading\n\
+                 def spam():\n    while True:\n        os.write(1, b'x' * 4096)\n\
+                 for _ in range(4):\n    threading.Thread(target=spam, daemon=True).start()\n\
+                 spam()";
+    let r = cell(&server, &id, json!({"code": flood, "timeout_ms": 500}));
+    assert_eq!(
+        (&r["status"], &r["session_ended"], &r["stdout_truncated"]),
+        (&json!("timeout"), &json!(true), &json!(true)),
+        "{}",
+        r["status"]
+    );
+    assert!(
+        r["usage"]["wall_ms"].as_u64().unwrap() < 10_000,
+        "{}",
+        r["usage"]
+    );
+
+    // A child killed at the memory limit is reported, the session goes on; a later
+    // self-inflicted SIGKILL is a crash, not that earlier memory kill.
+    let id = create(&server, json!({"limits": {"memory_mb": 160}}));
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'bytearray(300 << 20)']).returncode"}),
+    );
+    assert_eq!(
+        (&r["status"], &r["result"], &r["session_ended"]),
+        (&json!("ok"), &json!(-9), &json!(false)),
+        "{r}"
+    );
+    assert_eq!(r["limits_hit"], json!(["memory"]), "{r}");
+    let r = cell(&server, &id, json!({"code": "'fine'"}));
+    assert_eq!(
+        (&r["result"], &r["limits_hit"]),
+        (&json!("fine"), &json!([]))
+    );
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"}),
+    );
+    assert_eq!(
+        (&r["status"], &r["signal"], &r["session_ended"]),
+        (&json!("crashed"), &json!(9), &json!(true)),
+        "{r}"
+    );
+
+    // Outputs, then sys.exit(): the exit decides, and ends the session.
+    let id = create(&server, json!({}));
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "display('shown')\nimport sys\nsys.exit(3)"}),
+    );
+    assert_eq!(
+        (&r["status"], &r["exit_code"], &r["session_ended"]),
+        (&json!("error"), &json!(3), &json!(true)),
+        "{r}"
+    );
+
+    // The code closes the channel and lives on: its own error, the session ended.
+    let id = create(&server, json!({}));
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import os, time\nos.close(3)\ntime.sleep(30)"}),
+    );
+    assert_eq!(
+        (&r["status"], &r["error"]["type"], &r["session_ended"]),
+        (&json!("error"), &json!("ResultError"), &json!(true)),
+        "{r}"
+    );
+
+    // Inputs are counted before they are parsed.
+    let many = format!("[{}]", vec!["[]"; 60_000].join(","));
+    let body =
+        format!(r#"{{"code": "def f(a): pass", "entrypoint": "f", "inputs": {{"a": {many}}}}}"#);
+    let r = call(
+        &server,
+        KEY,
+        "POST",
+        "/v1/execute",
+        Some(body.as_bytes()),
+        true,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("more than 50000"), "{}", r.text());
+}

@@ -370,33 +370,38 @@ DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def walk(top, depth):
-    """(dir_fd, name, path, stat) of everything below the directory descriptor `top`, by
-    sorted name, `depth` levels at most, never following a link; closes what it opens, also
-    when the caller stops early."""
-    pending = [(top, "")]
+    """(dir_fd, name, path, stat) of everything below the directory descriptor `top`, depth
+    first by sorted name, `depth` levels at most, never following a link. At most one
+    descriptor per level is open at a time; all are closed, also when the caller stops early."""
+
+    def names(fd):
+        try:
+            return iter(sorted(os.listdir(fd)))
+        except OSError:
+            return iter(())
+
+    stack = [(top, "", names(top))]
     try:
-        while pending:
-            dir_fd, prefix = pending.pop()
-            try:
-                try:
-                    names = sorted(os.listdir(dir_fd))
-                except OSError:
-                    names = []
-                for name in names:
-                    try:
-                        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    yield dir_fd, name, prefix + name, st
-                    if stat.S_ISDIR(st.st_mode) and prefix.count("/") < depth:
-                        try:
-                            pending.append((os.open(name, DIRECTORY, dir_fd=dir_fd), prefix + name + "/"))
-                        except OSError:
-                            pass
-            finally:
+        while stack:
+            dir_fd, prefix, left = stack[-1]
+            name = next(left, None)
+            if name is None:
                 os.close(dir_fd)
+                stack.pop()
+                continue
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                continue
+            yield dir_fd, name, prefix + name, st
+            if stat.S_ISDIR(st.st_mode) and len(stack) <= depth:
+                try:
+                    inner = os.open(name, DIRECTORY, dir_fd=dir_fd)
+                except OSError:
+                    continue
+                stack.append((inner, prefix + name + "/", names(inner)))
     finally:
-        for fd, _ in pending:
+        for fd, _, _ in stack:
             os.close(fd)
 
 
@@ -481,6 +486,13 @@ def seed_lines(filename, code):
         sys.modules["linecache"].cache[filename] = LINES[filename]
 
 
+def flush(stream):
+    try:
+        stream.flush()
+    except Exception:
+        pass  # the code closed or replaced it: nothing of ours is buffered there
+
+
 def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
     """Runs code in `namespace` and hands the answer to `deliver`; False if it raised."""
     limit, cap, depth = REQUEST["result_limit"], REQUEST["repr_limit"], REQUEST["max_depth"]
@@ -503,13 +515,15 @@ def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
             value = eval(tail, namespace) if tail is not None else None
     except SystemExit:
         outputs = finish_outputs(collect)
-        sys.stdout.flush()
-        if outputs:
+        flush(sys.stdout)
+        # One-shot: the outputs go with the exit, whose code the kernel reports. A session's
+        # answer would say the cell ended well: the session ends instead, by the exit.
+        if outputs and collect:
             deliver(answer(result=None, outputs=outputs))
         raise
     except BaseException as exc:
         error = describe(exc, filename)
-        sys.stdout.flush()
+        flush(sys.stdout)
         if REQUEST["echo_traceback"]:
             sys.stderr.write(error["traceback"])
         sys.stderr.flush()
@@ -519,11 +533,9 @@ def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
             deliver({"error": error})
         return False
     outputs = finish_outputs(collect)
-    sys.stdout.flush()
-    try:
-        sys.stderr.flush()  # before the answer, so that a session's cell owns its output
-    except Exception:
-        pass  # the code closed it: nothing is buffered there
+    # Before the answer, so that a session's cell owns its output.
+    flush(sys.stdout)
+    flush(sys.stderr)
     if not deliver(answer(result=to_json(value, depth, cap), outputs=outputs)):
         why = "result larger than %d bytes" % limit
         deliver(answer(result=marked_repr(value, why, min(cap, limit // 4)), outputs=outputs))

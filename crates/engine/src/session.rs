@@ -29,6 +29,9 @@ use crate::{Engine, EngineError, Entrypoint, Job};
 /// How long a new session may take to be ready, and a file operation to be answered.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 const FILE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reads of each stream once an answer is in: what the pipes hold then (background writers
+/// could go on for ever).
+const FINAL_READS: usize = 64;
 /// Entries a listing of the working directory returns at most.
 pub const MAX_LIST_ENTRIES: i32 = 10_000;
 
@@ -298,7 +301,8 @@ impl Session {
         frame(&mut request);
 
         let started = Instant::now();
-        let cpu_before = self.probe.as_ref().and_then(Probe::cpu);
+        // Counters of the whole session so far: this cell's are what they grow by.
+        let before = self.probe.as_ref().map(Probe::stats).unwrap_or_default();
         let mut limits = self.cell_limits();
         limits.timeout_ms = cell.timeout.as_millis() as u64;
         let output_limit = limits.output_bytes;
@@ -326,6 +330,15 @@ impl Session {
                 if truncated {
                     limits_hit.push(airlock_api::LimitKind::Output);
                 }
+                // A child process killed at the memory or pids limit, the session alive.
+                let now = self.probe.as_ref().map(Probe::stats).unwrap_or_default();
+                if now.oom_kills > before.oom_kills {
+                    limits_hit.push(airlock_api::LimitKind::Memory);
+                }
+                if now.pids_limit_hits > before.pids_limit_hits {
+                    limits_hit.push(airlock_api::LimitKind::Pids);
+                }
+                limits_hit.sort();
                 match parsed {
                     Ok(Some(reply)) => {
                         let (status, result, error) = match reply.answer {
@@ -364,14 +377,17 @@ impl Session {
                 }
             } else {
                 // The sandbox ended (or must: a timeout, a broken channel): the kernel's verdict.
+                let mut broken = false;
                 if ex.timed_out {
                     self.killer.kill(KillReason::WallTime);
                 } else if self.end.wait(Duration::from_secs(2)).is_none() {
-                    // The channel broke but the sandbox lives on: it cannot be trusted.
+                    // The code closed or misused the channel and lives on: the session can
+                    // no longer be trusted to answer.
+                    broken = true;
                     self.killer.kill(KillReason::Cancelled);
                 }
                 let outcome = self.end.wait(Duration::from_secs(30));
-                let Some(Ok(outcome)) = outcome else {
+                let Some(Ok(mut outcome)) = outcome else {
                     let why = match outcome {
                         Some(Err(e)) => e,
                         _ => "the session's sandbox did not end".into(),
@@ -379,7 +395,23 @@ impl Session {
                     io.final_status = Some(Status::InternalError);
                     return Err(io_error("ending a session", std::io::Error::other(why)).into());
                 };
-                let v = verdict::verdict(&outcome, parsed, &limits, truncated);
+                // Only this cell's kills count for its verdict.
+                outcome.oom_kills = outcome.oom_kills.saturating_sub(before.oom_kills);
+                outcome.pids_limit_hits = outcome
+                    .pids_limit_hits
+                    .saturating_sub(before.pids_limit_hits);
+                let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
+                if broken {
+                    // The code's own doing, not airlock's failure.
+                    v.status = Status::Error;
+                    v.error = Some(airlock_api::ErrorInfo {
+                        kind: "ResultError".into(),
+                        message: "the code closed or misused the session's channel; the \
+                                  session was ended"
+                            .into(),
+                        traceback: None,
+                    });
+                }
                 (
                     v.status,
                     v.error,
@@ -410,7 +442,7 @@ impl Session {
             files: Vec::new(),
             usage: airlock_api::Usage {
                 wall_ms: started.elapsed().as_millis() as u64,
-                cpu_ms: match (cpu_now, cpu_before) {
+                cpu_ms: match (cpu_now, before.cpu) {
                     (Some(now), Some(before)) => {
                         Some(now.saturating_sub(before).as_millis() as u64)
                     }
@@ -616,7 +648,7 @@ fn exchange(
         let ended = fds[1].revents().is_some_and(|r| !r.is_empty());
         let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
         drop(fds);
-        drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+        drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, false);
         if control_ready {
             if sent < request.len() {
                 match pump::write_some(&mut io.control, &request[sent..]) {
@@ -647,7 +679,7 @@ fn exchange(
                 }
                 if answer.len() as u64 >= 4 + len {
                     ex.reply = Some(answer[4..4 + len as usize].to_vec());
-                    drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+                    drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, true);
                     break;
                 }
             }
@@ -656,14 +688,16 @@ fn exchange(
             }
         }
         if ended {
-            drain(io, &mut buf, &mut ex, &mut open, sink, output_limit);
+            drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, true);
             break;
         }
     }
     ex
 }
 
-/// Reads what stdout and stderr hold now, within the output limit.
+/// Reads from stdout and stderr, keeping what fits the output limit: one read each while the
+/// cell runs (so the deadline is looked at between reads, however fast the code writes), or
+/// what they hold, up to `FINAL_READS` reads each, once the answer is in.
 fn drain(
     io: &mut Io,
     buf: &mut [u8],
@@ -671,9 +705,14 @@ fn drain(
     open: &mut [bool; 2],
     sink: &mut dyn OutputSink,
     limit: u64,
+    last: bool,
 ) {
+    let reads = if last { FINAL_READS } else { 1 };
     for (i, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
-        while open[i] {
+        for _ in 0..reads {
+            if !open[i] {
+                break;
+            }
             let got = match stream {
                 Stream::Stdout => pump::read_some(&mut io.stdout, buf),
                 Stream::Stderr => pump::read_some(&mut io.stderr, buf),

@@ -53,6 +53,8 @@ pub struct Entry {
     ended: Mutex<Option<Status>>,
     /// One request at a time: another gets 409.
     busy: AtomicBool,
+    /// Removed from the open sessions (deleted or reaped): no request may start on it.
+    closed: AtomicBool,
     session: Session,
 }
 
@@ -93,13 +95,22 @@ impl Sessions {
                 .values()
                 .filter(|e| {
                     let idle = now.duration_since(*lock(&e.last_used));
-                    !e.busy.load(Ordering::Acquire)
-                        && (idle >= e.idle_timeout
-                            || now.duration_since(e.created) >= e.max_lifetime)
+                    let due =
+                        idle >= e.idle_timeout || now.duration_since(e.created) >= e.max_lifetime;
+                    // Claimed as busy for good, so that no request starts on it meanwhile;
+                    // a session in use now is reaped when it is done (or killed at its
+                    // lifetime by its own sandbox's clock).
+                    due && e
+                        .busy
+                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
                 })
                 .map(|e| e.id.clone())
                 .collect();
-            ids.iter().filter_map(|id| open.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| open.remove(id))
+                .inspect(|e| e.closed.store(true, Ordering::Release))
+                .collect()
         };
         for e in &expired {
             e.session.close();
@@ -120,6 +131,11 @@ impl Sessions {
             .cloned()
             .ok_or_else(|| Error::new(StatusCode::NOT_FOUND, "not_found", "no such session"))
     }
+}
+
+/// Whether `e` counts against `key`'s open sessions: one that has ended does not.
+fn counts_for(e: &Entry, key: &Key) -> bool {
+    e.key_fingerprint == key.fingerprint() && lock(&e.ended).is_none()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -156,6 +172,13 @@ impl Entry {
 
     /// Marks the session busy for one request, or says it is.
     fn take(self: &Arc<Self>) -> Result<Busy, Error> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such session",
+            ));
+        }
         if let Some(status) = *lock(&self.ended) {
             return Err(Error::new(
                 StatusCode::CONFLICT,
@@ -170,8 +193,17 @@ impl Entry {
                 "the session is running another request",
             ));
         }
+        let busy = Busy(self.clone());
+        // Closed between the check and the claim: give it back.
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such session",
+            ));
+        }
         *lock(&self.last_used) = Instant::now();
-        Ok(Busy(self.clone()))
+        Ok(busy)
     }
 }
 
@@ -259,10 +291,7 @@ pub async fn create(
     job.stream = true;
     {
         let open = state.sessions.lock();
-        let mine = open
-            .values()
-            .filter(|e| e.key_fingerprint == caller.0.fingerprint())
-            .count();
+        let mine = open.values().filter(|e| counts_for(e, &caller.0)).count();
         if mine >= cfg.max_open_per_key {
             return Err(Error::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -303,23 +332,31 @@ pub async fn create(
         cells: AtomicU64::new(0),
         ended: Mutex::new(None),
         busy: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
         session,
     });
     let info = entry.info();
     {
         let mut open = state.sessions.lock();
         // Counted again under the lock: two creations may have raced past the first check.
-        let mine = open
-            .values()
-            .filter(|e| e.key_fingerprint == caller.0.fingerprint())
-            .count();
-        if mine >= cfg.max_open_per_key || open.len() >= cfg.max_open {
+        let mine = open.values().filter(|e| counts_for(e, &caller.0)).count();
+        let full = open.len() >= cfg.max_open;
+        if mine >= cfg.max_open_per_key || full {
             entry.session.close();
-            return Err(Error::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                "too many sessions open; close one first",
-            ));
+            return Err(if full {
+                Error::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "overloaded",
+                    "the server has as many sessions open as it may",
+                )
+                .retry_after(5)
+            } else {
+                Error::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    "this key has as many sessions open as it may; close one first",
+                )
+            });
         }
         open.insert(entry.id.clone(), entry);
     }
@@ -362,7 +399,9 @@ pub async fn delete(
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
     let entry = state.sessions.find(&caller.0, &id)?;
-    state.sessions.lock().remove(&entry.id);
+    if let Some(e) = state.sessions.lock().remove(&entry.id) {
+        e.closed.store(true, Ordering::Release);
+    }
     state.sessions.closed.fetch_add(1, Ordering::Relaxed);
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
@@ -437,11 +476,18 @@ pub async fn execute(
         .await
         .map_err(|e| Error::internal(format!("the cell failed: {e}")))??;
     if streamed {
-        let gone = entry.clone();
-        let (response, mut events) = crate::stream::channel(Arc::new(move || gone.session.close()));
+        let (gone, answered) = (entry.clone(), Arc::new(AtomicBool::new(false)));
+        let answered2 = answered.clone();
+        // A client gone mid-cell closes the session; one gone after the cell ended does not.
+        let (response, mut events) = crate::stream::channel(Arc::new(move || {
+            if !answered2.load(Ordering::Acquire) {
+                gone.session.close();
+            }
+        }));
         on_close.0 = None; // from here the stream's own sender closes it
         tokio::task::spawn_blocking(move || {
             let done = run_cell(&state, &entry, ctx, cell, &mut events);
+            answered.store(true, Ordering::Release);
             drop((admitted, busy, entered));
             events.flush();
             match done {
@@ -518,6 +564,7 @@ pub async fn put_file(
     req: Request,
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
+    refuse_if_unavailable(&state)?;
     let entry = state.sessions.find(&caller.0, &id)?;
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
     let body = read_body_as(&state, &caller.0, req, false).await?;
@@ -538,6 +585,7 @@ pub async fn get_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
+    refuse_if_unavailable(&state)?;
     let entry = state.sessions.find(&caller.0, &id)?;
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
     let busy = entry.take()?;
@@ -563,6 +611,7 @@ pub async fn list_files(
     Path(id): Path<String>,
 ) -> Result<Json<FileList>, Error> {
     require(&caller, Scope::Execute)?;
+    refuse_if_unavailable(&state)?;
     let entry = state.sessions.find(&caller.0, &id)?;
     let busy = entry.take()?;
     let e2 = entry.clone();
