@@ -139,6 +139,8 @@ fn run(args: &Args) -> Result<(), String> {
     let mut bw = Series::new("`bwrap` + the same");
     let mut one_shot = Series::new("`airlock run` one-shot, `print(1)`");
     let mut http = Series::new("HTTP `print(1)`, sequential");
+    let mut cells = Series::new("HTTP `print(1)` as a session cell, sequential");
+    let session = client.session()?;
     eprintln!("airlock-bench: {} interleaved rounds", args.rounds);
     for _ in 0..args.rounds {
         bare.samples.push(time_command(
@@ -158,13 +160,21 @@ fn run(args: &Args) -> Result<(), String> {
         let t = Instant::now();
         client.execute("print(1)", None)?;
         http.samples.push(t.elapsed());
+        let t = Instant::now();
+        client.cell(&session, "print(1)")?;
+        cells.samples.push(t.elapsed());
     }
+    client.delete(&format!("/v1/sessions/{session}"))?;
 
     // Concurrency, in alternating blocks.
     let levels = [1usize, 2, 4, 8];
     let mut conc: Vec<Series> = levels
         .iter()
         .map(|c| Series::new(format!("HTTP `print(1)`, {c} at once")))
+        .collect();
+    let mut cell_conc: Vec<Series> = levels
+        .iter()
+        .map(|c| Series::new(format!("session cells, {c} sessions at once")))
         .collect();
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut bare_conc = Series::new(format!("bare python starts, {cores} at once"));
@@ -187,6 +197,21 @@ fn run(args: &Args) -> Result<(), String> {
                     .execute("print(1)", None)
                     .map(drop)
             })?;
+            // The same clients, each with a session of its own.
+            let sessions: Vec<String> = clients
+                .iter()
+                .map(|cl| cl.lock().unwrap().session())
+                .collect::<Result<_, _>>()?;
+            block(&mut cell_conc[i], c, args.requests, |w| {
+                clients[w]
+                    .lock()
+                    .unwrap()
+                    .cell(&sessions[w], "print(1)")
+                    .map(drop)
+            })?;
+            for (cl, id) in clients.iter().zip(&sessions) {
+                cl.lock().unwrap().delete(&format!("/v1/sessions/{id}"))?;
+            }
         }
     }
 
@@ -224,9 +249,10 @@ fn run(args: &Args) -> Result<(), String> {
     report(
         args,
         &bare,
-        &[&bare, &bw, &one_shot, &http],
+        &[&bare, &bw, &one_shot, &http, &cells],
         &bare_conc,
         &conc,
+        &cell_conc,
         &code_series,
         &out_series,
         idle_rss,
@@ -279,6 +305,7 @@ fn report(
     single: &[&Series],
     bare_conc: &Series,
     conc: &[Series],
+    cell_conc: &[Series],
     code: &[Series],
     out: &[Series],
     idle_rss_kib: u64,
@@ -308,7 +335,7 @@ fn report(
         ratio(bare_conc.quantile(0.5)),
         ratio(bare_conc.quantile(0.99)),
     );
-    for s in conc {
+    for s in conc.iter().chain(cell_conc) {
         row(s, ratio(s.quantile(0.5)), ratio(s.quantile(0.99)));
     }
     println!("\n## Cost curve: code size and output size (HTTP, sequential)\n");
@@ -354,6 +381,12 @@ fn report(
             *m as f64 / 1024.0
         );
     }
+    let cell_best = cell_conc.iter().map(Series::rate).fold(0.0, f64::max);
+    println!(
+        "\nFor comparison, a cell in a session (no new sandbox: the same interpreter): p50 {:.2} ×, p99 {:.2} × bare python, {cell_best:.0}/s at best.",
+        ratio(single[4].quantile(0.5)),
+        ratio(single[4].quantile(0.99)),
+    );
 }
 
 fn table_head() {
@@ -504,6 +537,8 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .env("AIRLOCK_API_KEY", KEY)
+            // One session per client at the highest concurrency level.
+            .env("AIRLOCK_SESSIONS__MAX_OPEN_PER_KEY", "8")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -560,17 +595,58 @@ impl Client {
         if let Some(n) = output_bytes {
             body["limits"] = serde_json::json!({"output_bytes": n});
         }
+        self.post("/v1/execute", &body, 200)
+    }
+
+    /// A new session's id.
+    fn session(&mut self) -> Result<String, String> {
+        let v = self.post("/v1/sessions", &serde_json::json!({}), 201)?;
+        v["id"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("no session id in {v}"))
+    }
+
+    /// One cell in session `id`.
+    fn cell(&mut self, id: &str, code: &str) -> Result<serde_json::Value, String> {
+        let body = serde_json::json!({"code": code});
+        let v = self.post(&format!("/v1/sessions/{id}/execute"), &body, 200)?;
+        if v["status"] != "ok" {
+            return Err(format!("cell failed: {v}"));
+        }
+        Ok(v)
+    }
+
+    fn post(
+        &mut self,
+        path: &str,
+        body: &serde_json::Value,
+        want: u16,
+    ) -> Result<serde_json::Value, String> {
         let body = body.to_string();
         let head = format!(
-            "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
         );
         let (status, text) = self.call(head.as_bytes(), body.as_bytes())?;
         let v: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{e}"))?;
-        if status != 200 || v["status"] != "ok" {
-            return Err(format!("execution failed: {status} {v}"));
+        if status != want || (want == 200 && v["status"] != "ok") {
+            return Err(format!("{path} failed: {status} {v}"));
         }
         Ok(v)
+    }
+
+    fn delete(&mut self, path: &str) -> Result<(), String> {
+        let head = format!(
+            "DELETE {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+        );
+        match self.call(head.as_bytes(), b"")? {
+            (204, _) => Ok(()),
+            (status, body) => Err(format!(
+                "DELETE {path}: {status} {}",
+                String::from_utf8_lossy(&body)
+            )),
+        }
     }
 
     fn get(&mut self, path: &str) -> Result<serde_json::Value, String> {

@@ -157,8 +157,10 @@ impl Interpreter {
     }
 }
 
-/// The `/etc/alternatives` links that libraries in the read-only directories of `root` go
-/// through, whose own targets are inside those directories.
+/// The `/etc/alternatives` links for shared libraries (`libblas.so.3-x86_64-linux-gnu`, ...)
+/// whose targets are inside the read-only directories of `root`: a library link there may go
+/// through one. Only names of shared objects are read, so that this stays cheap for every
+/// `airlock run`.
 fn alternatives(root: &[RootEntry]) -> Vec<RootEntry> {
     let alternatives = Path::new("/etc/alternatives");
     let dirs: Vec<&Path> = root
@@ -168,23 +170,17 @@ fn alternatives(root: &[RootEntry]) -> Vec<RootEntry> {
             _ => None,
         })
         .collect();
-    let mut links = Vec::new();
-    for dir in &dirs {
-        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-            let Ok(via) = fs::read_link(entry.path()) else {
-                continue;
-            };
-            if via.parent() != Some(alternatives) || links.iter().any(|(p, _)| p == &via) {
-                continue;
-            }
-            let Ok(target) = fs::read_link(&via) else {
-                continue;
-            };
-            if target.is_absolute() && dirs.iter().any(|d| target.starts_with(d)) {
-                links.push((via, target));
-            }
-        }
-    }
+    let mut links: Vec<(PathBuf, PathBuf)> = fs::read_dir(alternatives)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(".so"))
+        .filter_map(|e| {
+            let target = fs::read_link(e.path()).ok()?;
+            let inside = target.is_absolute() && dirs.iter().any(|d| target.starts_with(d));
+            inside.then(|| (e.path(), target))
+        })
+        .collect();
     links.sort();
     links
         .into_iter()

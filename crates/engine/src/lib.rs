@@ -36,6 +36,8 @@ pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRI
 
 /// The runner, passed to `python3 -c`.
 pub const RUNNER: &str = include_str!("runner.py");
+/// The rest of it, sent with each request and compiled only when needed (see runner.py).
+const RUNNER_MORE: &str = include_str!("runner_more.py");
 /// Where the code runs, inside the sandbox.
 pub const WORKDIR: &str = "/work";
 /// Writable directories, all on one tmpfs of `disk_mb`.
@@ -405,6 +407,7 @@ impl Engine {
                         .collect(),
                 ),
             ),
+            ("more", Value::Str(RUNNER_MORE)),
             ("result_limit", int(self.config.max_result_bytes)),
             ("repr_limit", int(REPR_LIMIT as u64)),
             ("max_depth", int(MAX_DEPTH as u64)),
