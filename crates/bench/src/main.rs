@@ -131,6 +131,16 @@ fn run(args: &Args) -> Result<(), String> {
     for _ in 0..10 {
         client.execute("print(1)", None)?;
     }
+    // Measured once the pool is full again: refills wait for executions to end.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pool = client.get("/readyz")?["pool"].clone();
+        let full = pool["idle"].as_u64() >= pool["size"].as_u64() && pool["starting"] == 0;
+        if full || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let idle_rss = rss_kib(server.child.id()).unwrap_or(0);
     let pooled = pooled_sandboxes(server.child.id());
 
