@@ -38,7 +38,6 @@ const REAP_EVERY: Duration = Duration::from_millis(500);
 #[derive(Default)]
 pub struct Sessions {
     open: Mutex<HashMap<String, Arc<Entry>>>,
-    pub closed: AtomicU64,
 }
 
 pub struct Entry {
@@ -118,8 +117,6 @@ impl Sessions {
         for e in &expired {
             e.session.wait_ended(Duration::from_secs(10));
         }
-        self.closed
-            .fetch_add(expired.len() as u64, Ordering::Relaxed);
         expired.len()
     }
 
@@ -402,7 +399,6 @@ pub async fn delete(
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
         e.closed.store(true, Ordering::Release);
     }
-    state.sessions.closed.fetch_add(1, Ordering::Relaxed);
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
         .await;
@@ -556,6 +552,25 @@ impl Drop for OnDrop {
     }
 }
 
+/// Runs one file operation on the caller's session `id`, off the async workers, with the
+/// session held busy meanwhile.
+async fn file_op<T: Send + 'static>(
+    state: &SharedState,
+    caller: &Caller,
+    id: &str,
+    what: &'static str,
+    op: impl FnOnce(&Session) -> Result<T, SessionError> + Send + 'static,
+) -> Result<T, Error> {
+    let entry = state.sessions.find(&caller.0, id)?;
+    let busy = entry.take()?;
+    let e2 = entry.clone();
+    let done = tokio::task::spawn_blocking(move || op(&e2.session))
+        .await
+        .map_err(|e| Error::internal(format!("{what}: {e}")))?;
+    drop(busy);
+    done.map_err(|e| session_error(e, &entry))
+}
+
 /// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
 pub async fn put_file(
     State(state): State<SharedState>,
@@ -565,16 +580,13 @@ pub async fn put_file(
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    let entry = state.sessions.find(&caller.0, &id)?;
+    state.sessions.find(&caller.0, &id)?; // 404 before the body is read
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
     let body = read_body_as(&state, &caller.0, req, false).await?;
-    let busy = entry.take()?;
-    let e2 = entry.clone();
-    let done = tokio::task::spawn_blocking(move || e2.session.put_file(&path, &body.bytes))
-        .await
-        .map_err(|e| Error::internal(format!("writing a file: {e}")))?;
-    drop(busy);
-    done.map_err(|e| session_error(e, &entry))?;
+    file_op(&state, &caller, &id, "writing a file", move |s| {
+        s.put_file(&path, &body.bytes)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -586,16 +598,12 @@ pub async fn get_file(
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    let entry = state.sessions.find(&caller.0, &id)?;
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
-    let busy = entry.take()?;
     let max = state.config.http.max_body_bytes;
-    let e2 = entry.clone();
-    let done = tokio::task::spawn_blocking(move || e2.session.get_file(&path, max))
-        .await
-        .map_err(|e| Error::internal(format!("reading a file: {e}")))?;
-    drop(busy);
-    let data = done.map_err(|e| session_error(e, &entry))?;
+    let data = file_op(&state, &caller, &id, "reading a file", move |s| {
+        s.get_file(&path, max)
+    })
+    .await?;
     let mut response = Response::new(Body::from(data));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -612,15 +620,8 @@ pub async fn list_files(
 ) -> Result<Json<FileList>, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    let entry = state.sessions.find(&caller.0, &id)?;
-    let busy = entry.take()?;
-    let e2 = entry.clone();
-    let done = tokio::task::spawn_blocking(move || e2.session.list_files())
-        .await
-        .map_err(|e| Error::internal(format!("listing files: {e}")))?;
-    drop(busy);
-    let files = done
-        .map_err(|e| session_error(e, &entry))?
+    let entries = file_op(&state, &caller, &id, "listing files", |s| s.list_files()).await?;
+    let files = entries
         .into_iter()
         .map(|e| FileEntry {
             path: e.path,
