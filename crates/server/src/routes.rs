@@ -641,17 +641,7 @@ async fn stream_execution<G: Send + 'static>(
     tokio::task::spawn_blocking(move || {
         let ran = state.engine.execute(job, &mut events);
         drop(guards);
-        events.flush();
-        match finish(&state, ctx, ran) {
-            Ok(answer) => {
-                let value = serde_json::to_value(answer).unwrap_or_default();
-                events.send("result", &value);
-            }
-            Err(e) => {
-                let value = serde_json::to_value(e.body()).unwrap_or_default();
-                events.send("error", &value);
-            }
-        }
+        events.end(finish(&state, ctx, ran));
     });
     Ok(response)
 }

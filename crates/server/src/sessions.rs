@@ -485,17 +485,7 @@ pub async fn execute(
             let done = run_cell(&state, &entry, ctx, cell, &mut events);
             answered.store(true, Ordering::Release);
             drop((admitted, busy, entered));
-            events.flush();
-            match done {
-                Ok(answer) => {
-                    let value = serde_json::to_value(answer).unwrap_or_default();
-                    events.send("result", &value);
-                }
-                Err(e) => {
-                    let value = serde_json::to_value(e.body()).unwrap_or_default();
-                    events.send("error", &value);
-                }
-            }
+            events.end(done);
         });
         return Ok(response);
     }

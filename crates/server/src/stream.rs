@@ -122,6 +122,16 @@ impl Events {
         }
     }
 
+    /// The last events: what is still held, then the answer or the error's body.
+    pub fn end<T: serde::Serialize>(mut self, done: Result<T, crate::error::Error>) {
+        self.flush();
+        let (event, value) = match done {
+            Ok(answer) => ("result", serde_json::to_value(answer)),
+            Err(e) => ("error", serde_json::to_value(e.body())),
+        };
+        self.send(event, &value.unwrap_or_default());
+    }
+
     /// Whatever is still held (an incomplete character at the very end), as U+FFFD.
     pub fn flush(&mut self) {
         for stream in [Stream::Stdout, Stream::Stderr] {
