@@ -115,6 +115,12 @@ fn a_session_keeps_variables_imports_and_files_between_cells() {
     let list = server.call("GET", "/v1/sessions", None).json();
     assert_eq!(list["sessions"][0]["id"], id.as_str());
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+    let metrics = server.call("GET", "/metrics", None).text();
+    assert!(metrics.contains("airlock_sessions_open 1\n"), "{metrics}");
+    assert!(
+        metrics.contains("airlock_sessions_started_total 1\n"),
+        "{metrics}"
+    );
     // Closed: gone, and its sandbox with it.
     let r = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
     assert_eq!(r.status, 204);
@@ -124,6 +130,8 @@ fn a_session_keeps_variables_imports_and_files_between_cells() {
             .status,
         404
     );
+    let metrics = server.call("GET", "/metrics", None).text();
+    assert!(metrics.contains("airlock_sessions_open 0\n"), "{metrics}");
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after the session and the server");
 }

@@ -143,6 +143,7 @@ async fn metrics(
     let pool = state.engine.pool().map(|p| p.status()).unwrap_or_default();
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));
+    text.push_str(&state.sessions.render_metrics());
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

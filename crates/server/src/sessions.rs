@@ -38,6 +38,7 @@ const REAP_EVERY: Duration = Duration::from_millis(500);
 #[derive(Default)]
 pub struct Sessions {
     open: Mutex<HashMap<String, Arc<Entry>>>,
+    started: AtomicU64,
 }
 
 pub struct Entry {
@@ -72,6 +73,18 @@ impl Sessions {
 
     pub fn count(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Open sessions and sessions started so far, in Prometheus text.
+    pub fn render_metrics(&self) -> String {
+        format!(
+            "# HELP airlock_sessions_open Sessions open now (ended ones until they are closed).\n\
+             # TYPE airlock_sessions_open gauge\nairlock_sessions_open {}\n\
+             # HELP airlock_sessions_started_total Sessions started.\n\
+             # TYPE airlock_sessions_started_total counter\nairlock_sessions_started_total {}\n",
+            self.count(),
+            self.started.load(Ordering::Relaxed)
+        )
     }
 
     /// Closes every session and waits for their sandboxes to be gone (shutdown).
@@ -356,6 +369,7 @@ pub async fn create(
             });
         }
         open.insert(entry.id.clone(), entry);
+        state.sessions.started.fetch_add(1, Ordering::Relaxed);
     }
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
