@@ -91,8 +91,9 @@ pub struct Session {
     probe: Option<Probe>,
     isolation: airlock_api::Isolation,
     limits: Limits,
-    /// Each cell's default wall clock and output limit.
-    cell_limits: Mutex<Limits>,
+    /// What a cell runs with by default: the sandbox's limits, but a cell's own wall clock
+    /// and output limit.
+    cell_limits: Limits,
     response_limit: u64,
 }
 
@@ -124,9 +125,10 @@ pub struct Entry {
 }
 
 impl Session {
-    /// Starts a session whose sandbox has `limits` (its `timeout_ms` is the session's
-    /// lifetime) with the job's environment and files; the job's code is not run.
-    pub fn start(engine: &Engine, setup: Job) -> Result<Session, EngineError> {
+    /// Starts a session whose sandbox has the job's limits (their `timeout_ms` is the
+    /// session's lifetime), environment and files (the job's code is not run). Cells run with
+    /// `per_cell`'s `timeout_ms` and `output_bytes` by default.
+    pub fn start(engine: &Engine, setup: Job, per_cell: &Limits) -> Result<Session, EngineError> {
         engine.check(&setup)?;
         let policy = engine.policy(&setup.limits);
         let mut request = engine.runner_request(&setup)?;
@@ -218,7 +220,11 @@ impl Session {
             end,
             probe,
             isolation,
-            cell_limits: Mutex::new(setup.limits.clone()),
+            cell_limits: Limits {
+                timeout_ms: per_cell.timeout_ms,
+                output_bytes: per_cell.output_bytes,
+                ..setup.limits.clone()
+            },
             limits: setup.limits,
             response_limit,
         })
@@ -228,36 +234,14 @@ impl Session {
         self.io.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The limits of the session's sandbox (`timeout_ms` is its lifetime).
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// Sets each cell's default wall clock (`timeout_ms`) and output limit (`output_bytes`);
-    /// the rest stays the sandbox's.
-    pub fn set_cell_limits(&self, limits: Limits) {
-        let mut l = self.limits.clone();
-        l.timeout_ms = limits.timeout_ms;
-        l.output_bytes = limits.output_bytes;
-        *self.cell_limits.lock().unwrap_or_else(|e| e.into_inner()) = l;
-    }
-
     /// The limits a cell runs with, by default.
     pub fn cell_limits(&self) -> Limits {
-        self.cell_limits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.cell_limits.clone()
     }
 
     /// Waits until the sandbox is gone (after `close`), at most `within`.
     pub fn wait_ended(&self, within: Duration) -> bool {
         self.end.wait(within).is_some()
-    }
-
-    /// Whether the sandbox is gone.
-    pub fn has_ended(&self) -> bool {
-        self.end.ended()
     }
 
     /// Destroys the sandbox (idempotent); what runs in it now ends as cancelled.

@@ -319,7 +319,7 @@ pub async fn create(
         }
     }
     let st = state.clone();
-    let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job))
+    let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job, &per_cell))
         .await
         .map_err(|e| Error::internal(format!("starting a session: {e}")))?
         .map_err(|e| {
@@ -330,7 +330,6 @@ pub async fn create(
                 e.to_string(),
             )
         })?;
-    session.set_cell_limits(per_cell);
     let entry = Arc::new(Entry {
         id: random_id("se_"),
         key_fingerprint: caller.0.fingerprint(),
