@@ -103,6 +103,17 @@ fn outputs_come_with_an_error_and_are_bounded() {
     assert!(outputs.len() < 30, "{} outputs", outputs.len());
     let last = outputs.last().unwrap()["data"].as_str().unwrap();
     assert!(last.contains("were dropped"), "{last}");
+    // More outputs than the host takes: the first 999 and a note, the result intact.
+    let r = server
+        .execute(json!({"code": "for i in range(1500):\n    display('')\n'many'"}))
+        .json();
+    assert_eq!(r["result"], "many", "{}", r["status"]);
+    let outputs = r["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1000);
+    assert!(outputs[999]["data"]
+        .as_str()
+        .unwrap()
+        .contains("999 outputs were dropped"));
     // Bad display() calls are the code's own errors.
     let r = server
         .execute(json!({"code": "display(b'x', mime='text/javascript')"}))

@@ -26,11 +26,22 @@ fn call(
     body: Option<&[u8]>,
     json: bool,
 ) -> common::http::Response {
+    call_at(server.addr, key, method, path, body, json)
+}
+
+fn call_at(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    json: bool,
+) -> common::http::Response {
     let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
     if json {
         headers.push(("Content-Type".to_owned(), "application/json".to_owned()));
     }
-    request(server.addr, method, path, &headers, body)
+    request(addr, method, path, &headers, body)
 }
 
 fn create(server: &Server, body: Value) -> String {
@@ -115,15 +126,35 @@ fn a_session_keeps_variables_imports_and_files_between_cells() {
     let list = server.call("GET", "/v1/sessions", None).json();
     assert_eq!(list["sessions"][0]["id"], id.as_str());
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+    // One request at a time: another gets 409 while a cell runs.
+    let path = format!("/v1/sessions/{id}/execute");
+    std::thread::scope(|s| {
+        let addr = server.addr;
+        let slow_path = path.clone();
+        let slow = s.spawn(move || {
+            let body = br#"{"code": "import time\ntime.sleep(1.5)\n'slow'"}"#;
+            call_at(addr, KEY, "POST", &slow_path, Some(body.as_slice()), true).json()
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        let r = server.call("POST", &path, Some(&json!({"code": "1"})));
+        assert_eq!(
+            (r.status, r.error_code()),
+            (409, "session_busy".into()),
+            "{}",
+            r.text()
+        );
+        assert_eq!(slow.join().unwrap()["result"], "slow");
+    });
     let metrics = server.call("GET", "/metrics", None).text();
     assert!(metrics.contains("airlock_sessions_open 1\n"), "{metrics}");
     assert!(
         metrics.contains("airlock_sessions_started_total 1\n"),
         "{metrics}"
     );
-    // Closed: gone, and its sandbox with it.
+    // Closed: gone, and its sandbox with it, before the answer.
     let r = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
     assert_eq!(r.status, 204);
+    assert!(sandbox_processes().is_empty(), "{:#?}", sandbox_processes());
     assert_eq!(
         server
             .call("GET", &format!("/v1/sessions/{id}"), None)

@@ -98,13 +98,19 @@ def b64(data):
 
 
 
+# The host takes at most 1000 outputs: the last place is kept for the note.
+MAX_OUTPUTS = 1000
+
+
 def emit(kind, data):
     size = len(data) if type(data) is str else len("".join(ENCODE(data, 0)))
     if budget[0] < 0:
         return
     budget[0] -= size + 32
-    if budget[0] < 0:
-        note = "[airlock: outputs past %d bytes were dropped]" % (REQUEST["result_limit"] // 2)
+    if budget[0] < 0 or len(OUTPUTS) >= MAX_OUTPUTS - 1:
+        budget[0] = -1
+        note = "[airlock: outputs past %d bytes or %d outputs were dropped]" % (
+            REQUEST["result_limit"] // 2, MAX_OUTPUTS - 1)
         OUTPUTS.append({"type": "text/plain", "data": note})
         return
     OUTPUTS.append({"type": kind, "data": data})
@@ -331,6 +337,16 @@ def open_below_workdir(path, flags):
                 raise NotADirectoryError("%r: %r is not a directory" % (path, part)) from exc
             os.close(fd)
             fd = inner
+        # Refused before it is opened: a link, a FIFO, a device (and checked again after, in
+        # case it was swapped in between).
+        try:
+            mode = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and stat.S_ISLNK(mode):
+            raise ValueError("%r is a symbolic link: not followed" % path)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise ValueError("%r is not a regular file" % path)
         try:
             opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644, dir_fd=fd)
         except OSError as exc:

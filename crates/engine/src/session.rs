@@ -458,7 +458,9 @@ impl Session {
     pub fn get_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SessionError> {
         use base64::Engine as _;
         crate::check_relative_path(path).map_err(EngineError::Invalid)?;
-        let max = max_bytes.min(self.response_limit / 2).min(i32::MAX as u64);
+        // Half the result limit: its base64 and the answer around it fit in a response.
+        let result_limit = self.response_limit - crate::RESPONSE_OVERHEAD;
+        let max = max_bytes.min(result_limit / 2).min(i32::MAX as u64);
         let value = self.file_op(&Value::Dict(vec![
             ("op", Value::Str("get")),
             ("path", Value::Str(path)),

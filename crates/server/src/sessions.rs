@@ -309,7 +309,7 @@ pub async fn create(
                 format!("this key has {mine} sessions open, its most; close one first"),
             ));
         }
-        if open.len() >= cfg.max_open {
+        if open.values().filter(|e| lock(&e.ended).is_none()).count() >= cfg.max_open {
             return Err(Error::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded",
@@ -349,7 +349,7 @@ pub async fn create(
         let mut open = state.sessions.lock();
         // Counted again under the lock: two creations may have raced past the first check.
         let mine = open.values().filter(|e| counts_for(e, &caller.0)).count();
-        let full = open.len() >= cfg.max_open;
+        let full = open.values().filter(|e| lock(&e.ended).is_none()).count() >= cfg.max_open;
         if mine >= cfg.max_open_per_key || full {
             entry.session.close();
             return Err(if full {
