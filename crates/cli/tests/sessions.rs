@@ -611,3 +611,68 @@ fn hostile_cells_cannot_outlast_their_deadline_or_blur_their_verdict() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("more than 50000"), "{}", r.text());
 }
+
+#[test]
+fn cpu_time_covers_the_session_while_output_and_the_clock_are_per_cell() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // CPU time: 1.5 s for the whole session; two cells of about 1 s each exceed it.
+    let id = create(
+        &server,
+        json!({"limits": {"cpu_ms": 1500, "output_bytes": 10}}),
+    );
+    let burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0:\n    pass\n'burnt'";
+    let r = cell(&server, &id, json!({"code": burn}));
+    assert_eq!(r["result"], "burnt", "{r}");
+    // Output: each cell has its own limit.
+    let r = cell(&server, &id, json!({"code": "print('x' * 20)"}));
+    assert_eq!(
+        (&r["stdout"], &r["stdout_truncated"]),
+        (&json!("xxxxxxxxxx"), &json!(true))
+    );
+    let r = cell(&server, &id, json!({"code": "print('short')"}));
+    assert_eq!(
+        (&r["stdout"], &r["stdout_truncated"]),
+        (&json!("short\n"), &json!(false))
+    );
+    // No standard input: EOF at once.
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import sys\nsys.stdin.read()"}),
+    );
+    assert_eq!(r["result"], "", "{r}");
+    // A cell's own clock may not pass the key's ceiling.
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({"code": "1", "timeout_ms": 999_999_999})),
+    );
+    assert_eq!(
+        (r.status, r.error_code()),
+        (400, "limit_above_ceiling".into()),
+        "{}",
+        r.text()
+    );
+    let r = cell(&server, &id, json!({"code": burn}));
+    assert_eq!(
+        (&r["status"], &r["session_ended"]),
+        (&json!("cpu_limit"), &json!(true)),
+        "{r}"
+    );
+
+    // What background work prints between cells reaches the next cell.
+    let id = create(&server, json!({}));
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import threading, time\ndef later():\n    time.sleep(0.3)\n    print('from the background', flush=True)\nthreading.Thread(target=later).start()"}),
+    );
+    assert_eq!(r["stdout"], "", "{r}");
+    let r = cell(
+        &server,
+        &id,
+        json!({"code": "import time\ntime.sleep(0.6)\nprint('mine')"}),
+    );
+    assert_eq!(r["stdout"], "from the background\nmine\n", "{r}");
+}
