@@ -14,11 +14,11 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::{ChildStderr, ChildStdout};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use airlock_api::{ExecutionResult, Limits, Status};
-use airlock_sandbox::{KillReason, Killer, Outcome, Probe};
+use airlock_sandbox::{KillReason, Killer, Later, Outcome, Probe};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::marshal::{self, Value};
@@ -48,29 +48,7 @@ pub enum SessionError {
 }
 
 /// How the session's sandbox ended, once it has.
-#[derive(Default)]
-struct End {
-    outcome: Mutex<Option<Result<Outcome, String>>>,
-    done: Condvar,
-}
-
-impl End {
-    fn wait(&self, within: Duration) -> Option<Result<Outcome, String>> {
-        let guard = self.outcome.lock().unwrap_or_else(|e| e.into_inner());
-        let (guard, _) = self
-            .done
-            .wait_timeout_while(guard, within, |o| o.is_none())
-            .unwrap_or_else(|e| e.into_inner());
-        guard.clone()
-    }
-
-    fn ended(&self) -> bool {
-        self.outcome
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-    }
-}
+type End = Later<Result<Outcome, String>>;
 
 struct Io {
     control: UnixStream,
@@ -159,8 +137,7 @@ impl Session {
                 );
                 let _ = tx.send(Ok(parts));
                 let outcome = child.wait().map_err(|e| e.to_string());
-                *end2.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(outcome);
-                end2.done.notify_all();
+                end2.set(outcome);
                 let _ = nix::unistd::write(&wake_w, &[1]);
             })
             .map_err(|e| io_error("starting a session thread", e))?;
@@ -308,7 +285,7 @@ impl Session {
             .unwrap_or(Ok(None));
 
         let (status, error, result, outputs, limits_hit, exit_code, signal, ended) =
-            if ex.reply.is_some() && !ex.overflow && !self.end.ended() {
+            if ex.reply.is_some() && !ex.overflow && !self.end.is_set() {
                 // Answered, and alive: the cell's own verdict.
                 let mut limits_hit = Vec::new();
                 if truncated {

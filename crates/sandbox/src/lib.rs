@@ -55,6 +55,6 @@ pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
 pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
 pub use proto::{LandlockReport, LandlockState};
 pub use spawn::{
-    spawn, Child, Command, Exit, Isolation, KillReason, Killer, Outcome, Probe, SpawnError,
-    Started, Usage, WaitError, NAMESPACES,
+    spawn, Child, Command, Exit, Isolation, KillReason, Killer, Later, Outcome, Probe, SpawnError,
+    Usage, WaitError, NAMESPACES,
 };

@@ -262,30 +262,45 @@ pub struct Child {
     isolation: Isolation,
     /// The isolation as the init reported it when the program started, for long-lived
     /// sandboxes whose owner cannot wait for the outcome (see [`Child::started_isolation`]).
-    program_started: Arc<Started>,
+    program_started: Arc<Later<Isolation>>,
 }
 
-/// Set once the init reports the program started; see [`Child::started_isolation`].
-#[derive(Debug, Default)]
-pub struct Started {
-    isolation: Mutex<Option<Isolation>>,
+/// A value one thread sets and others wait for.
+#[derive(Debug)]
+pub struct Later<T> {
+    value: Mutex<Option<T>>,
     set: std::sync::Condvar,
 }
 
-impl Started {
-    /// The isolation in force, once the program has started; `None` if that takes longer
-    /// than `within` (or never happens: the sandbox failed).
-    pub fn wait(&self, within: Duration) -> Option<Isolation> {
-        let guard = self.isolation.lock().unwrap_or_else(|e| e.into_inner());
+impl<T> Default for Later<T> {
+    fn default() -> Self {
+        Later {
+            value: Mutex::new(None),
+            set: std::sync::Condvar::new(),
+        }
+    }
+}
+
+impl<T: Clone> Later<T> {
+    /// The value once it is set; `None` if that takes longer than `within`.
+    pub fn wait(&self, within: Duration) -> Option<T> {
+        let guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
         let (guard, _) = self
             .set
-            .wait_timeout_while(guard, within, |i| i.is_none())
+            .wait_timeout_while(guard, within, |v| v.is_none())
             .unwrap_or_else(|e| e.into_inner());
         guard.clone()
     }
 
-    fn set(&self, isolation: Isolation) {
-        *self.isolation.lock().unwrap_or_else(|e| e.into_inner()) = Some(isolation);
+    pub fn is_set(&self) -> bool {
+        self.value
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    pub fn set(&self, value: T) {
+        *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         self.set.notify_all();
     }
 }
@@ -504,7 +519,7 @@ impl Child {
 
     /// Host pids of every process in the sandbox (from its cgroup; empty without one).
     /// Filled in when the program has started, by whichever thread waits for the sandbox.
-    pub fn started_isolation(&self) -> Arc<Started> {
+    pub fn started_isolation(&self) -> Arc<Later<Isolation>> {
         self.program_started.clone()
     }
 
