@@ -209,3 +209,41 @@ open("outputs/big.bin", "wb").write(b"x" * (700 << 10))
     assert_eq!(files.len(), 101, "{r}");
     assert_eq!(files[100]["skipped"], "more than 100 files");
 }
+
+#[test]
+fn display_takes_figures_objects_that_draw_themselves_and_raw_png() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let code = r#"
+import io
+import matplotlib.pyplot as plt
+fig = plt.figure(figsize=(1, 1), dpi=30)
+display(fig)
+plt.close(fig)
+buf = io.BytesIO()
+plt.figure(figsize=(2, 2), dpi=20).savefig(buf, format="png")
+plt.close("all")
+png = buf.getvalue()
+class Drawn:
+    def _repr_png_(self):
+        return png
+display(Drawn(), png)
+display(png, mime="image/png")
+"#;
+    let r = server.execute(json!({"code": code})).json();
+    assert_eq!(r["status"], "ok", "{r}");
+    let outputs = r["outputs"].as_array().unwrap();
+    let kinds: Vec<&str> = outputs
+        .iter()
+        .map(|o| o["type"].as_str().unwrap())
+        .collect();
+    // Raw bytes without a type are data, not an image.
+    assert_eq!(
+        kinds,
+        ["image/png", "image/png", "text/plain", "image/png"],
+        "{r}"
+    );
+    assert_eq!(png_size(&outputs[0]["data"]), (30, 30));
+    assert_eq!(png_size(&outputs[1]["data"]), (40, 40));
+    assert_eq!(png_size(&outputs[3]["data"]), (40, 40));
+}

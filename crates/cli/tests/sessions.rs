@@ -475,6 +475,20 @@ fn a_key_s_sessions_are_bounded() {
         Some(&json!({"limits": {"memory_mb": 1_000_000}})),
     );
     assert_eq!(r.status, 400);
+    drop(server);
+    // The server's own cap; a session that has ended counts for neither.
+    let server = Server::start("[sessions]\nmax_open = 1\n", &[]);
+    let first = create(&server, json!({}));
+    let r = server.call("POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(
+        (r.status, r.error_code()),
+        (503, "overloaded".into()),
+        "{}",
+        r.text()
+    );
+    let r = cell(&server, &first, json!({"code": "import sys\nsys.exit(0)"}));
+    assert_eq!(r["session_ended"], true, "{r}");
+    create(&server, json!({}));
 }
 
 #[test]
