@@ -355,10 +355,6 @@ impl Engine {
     /// The runner's request for `job` (see `marshal`).
     fn runner_request(&self, job: &Job) -> Result<Vec<u8>, EngineError> {
         use marshal::Value;
-        let inputs = job
-            .entrypoint
-            .as_ref()
-            .map(|e| serde_json::Value::Object(e.inputs.clone()));
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
         let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
@@ -394,7 +390,12 @@ impl Engine {
                     .as_ref()
                     .map_or(Value::None, |e| Value::Str(&e.name)),
             ),
-            ("inputs", inputs.as_ref().map_or(Value::None, Value::Json)),
+            (
+                "inputs",
+                job.entrypoint
+                    .as_ref()
+                    .map_or(Value::None, |e| Value::Object(&e.inputs)),
+            ),
             ("stream", Value::Bool(job.stream)),
             ("echo_traceback", Value::Bool(job.echo_traceback)),
             (

@@ -15,9 +15,10 @@ pub(crate) enum Value<'a> {
     List(Vec<Value<'a>>),
     Dict(Vec<(&'a str, Value<'a>)>),
     None,
-    /// Plain data from the caller (an entrypoint's inputs): null, booleans, integers of any
-    /// size serde_json holds, floats, strings, lists and dicts; nothing with behaviour.
-    Json(&'a serde_json::Value),
+    /// Plain data from the caller (an entrypoint's inputs), as a dict of null, booleans,
+    /// integers of any size serde_json holds, floats, strings, lists and dicts; nothing with
+    /// behaviour.
+    Object(&'a serde_json::Map<String, serde_json::Value>),
 }
 
 /// One object is at most this long (marshal's lengths are signed 32-bit).
@@ -74,7 +75,7 @@ fn write(value: &Value<'_>, out: &mut Vec<u8>) -> Result<(), String> {
             out.push(b'0');
         }
         Value::None => out.push(b'N'),
-        Value::Json(json) => write_json(json, out)?,
+        Value::Object(map) => write_object(map, out)?,
     }
     Ok(())
 }
@@ -103,15 +104,21 @@ fn write_json(value: &serde_json::Value, out: &mut Vec<u8>) -> Result<(), String
                 write_json(item, out)?;
             }
         }
-        J::Object(entries) => {
-            out.push(b'{');
-            for (key, item) in entries {
-                write_str(key, out)?;
-                write_json(item, out)?;
-            }
-            out.push(b'0');
-        }
+        J::Object(map) => write_object(map, out)?,
     }
+    Ok(())
+}
+
+fn write_object(
+    map: &serde_json::Map<String, serde_json::Value>,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    out.push(b'{');
+    for (key, item) in map {
+        write_str(key, out)?;
+        write_json(item, out)?;
+    }
+    out.push(b'0');
     Ok(())
 }
 
@@ -191,7 +198,7 @@ mod tests {
             ("none", Value::List(Vec::new())),
             ("env", Value::Dict(Vec::new())),
             ("nothing", Value::None),
-            ("inputs", Value::Json(&inputs)),
+            ("inputs", Value::Object(inputs.as_object().unwrap())),
         ]);
         let read = python_reads(&encode(&value).unwrap());
         assert_eq!(
