@@ -242,10 +242,6 @@ impl Session {
         }
         io.cells += 1;
         let filename = format!("cell{}.py", io.cells);
-        let inputs = cell
-            .entrypoint
-            .as_ref()
-            .map(|e| serde_json::Value::Object(e.inputs.clone()));
         let mut request = marshal::encode(&Value::Dict(vec![
             ("op", Value::Str("exec")),
             ("code", Value::Str(&cell.code)),
@@ -256,7 +252,12 @@ impl Session {
                     .as_ref()
                     .map_or(Value::None, |e| Value::Str(&e.name)),
             ),
-            ("inputs", inputs.as_ref().map_or(Value::None, Value::Json)),
+            (
+                "inputs",
+                cell.entrypoint
+                    .as_ref()
+                    .map_or(Value::None, |e| Value::Object(&e.inputs)),
+            ),
         ]))
         .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
         frame(&mut request);
@@ -284,122 +285,98 @@ impl Session {
             .map(|r| verdict::parse_response(r, ex.overflow, self.response_limit))
             .unwrap_or(Ok(None));
 
-        let (status, error, result, outputs, limits_hit, exit_code, signal, ended) =
-            if ex.reply.is_some() && !ex.overflow && !self.end.is_set() {
-                // Answered, and alive: the cell's own verdict.
-                let mut limits_hit = Vec::new();
-                if truncated {
-                    limits_hit.push(airlock_api::LimitKind::Output);
-                }
-                // A child process killed at the memory or pids limit, the session alive.
-                let now = self.probe.as_ref().map(Probe::stats).unwrap_or_default();
-                if now.oom_kills > before.oom_kills {
-                    limits_hit.push(airlock_api::LimitKind::Memory);
-                }
-                if now.pids_limit_hits > before.pids_limit_hits {
-                    limits_hit.push(airlock_api::LimitKind::Pids);
-                }
-                limits_hit.sort();
-                match parsed {
-                    Ok(Some(reply)) => {
-                        let (status, result, error) = match reply.answer {
-                            Response::Result(v) => (Status::Ok, Some(v), None),
-                            Response::Error(e) => (Status::Error, None, Some(e)),
-                        };
-                        (
-                            status,
-                            error,
-                            result,
-                            reply.outputs,
-                            limits_hit,
-                            None,
-                            None,
-                            false,
-                        )
-                    }
-                    Ok(None) | Err(_) => {
-                        let why = parsed.err().unwrap_or_else(|| "no answer".into());
-                        let error = airlock_api::ErrorInfo {
-                            kind: "ResultError".into(),
-                            message: why,
-                            traceback: None,
-                        };
-                        (
-                            Status::Error,
-                            Some(error),
-                            None,
-                            Vec::new(),
-                            limits_hit,
-                            None,
-                            None,
-                            false,
-                        )
-                    }
-                }
-            } else {
-                // The sandbox ended (or must: a timeout, a broken channel): the kernel's verdict.
-                let mut broken = false;
-                if ex.timed_out {
-                    self.killer.kill(KillReason::WallTime);
-                } else if self.end.wait(Duration::from_secs(2)).is_none() {
-                    // The code closed or misused the channel and lives on: the session can
-                    // no longer be trusted to answer.
-                    broken = true;
-                    self.killer.kill(KillReason::Cancelled);
-                }
-                let outcome = self.end.wait(Duration::from_secs(30));
-                let Some(Ok(mut outcome)) = outcome else {
-                    let why = match outcome {
-                        Some(Err(e)) => e,
-                        _ => "the session's sandbox did not end".into(),
-                    };
-                    io.final_status = Some(Status::InternalError);
-                    return Err(io_error("ending a session", std::io::Error::other(why)).into());
-                };
-                // Only this cell's kills count for its verdict.
-                outcome.oom_kills = outcome.oom_kills.saturating_sub(before.oom_kills);
-                outcome.pids_limit_hits = outcome
-                    .pids_limit_hits
-                    .saturating_sub(before.pids_limit_hits);
-                let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
-                if broken {
-                    // The code's own doing, not airlock's failure.
-                    v.status = Status::Error;
-                    v.error = Some(airlock_api::ErrorInfo {
-                        kind: "ResultError".into(),
-                        message: "the code closed or misused the session's channel; the \
-                                  session was ended"
-                            .into(),
-                        traceback: None,
-                    });
-                }
-                (
-                    v.status,
-                    v.error,
-                    v.result,
-                    v.outputs,
-                    v.limits_hit,
-                    v.exit_code,
-                    v.signal,
-                    true,
-                )
+        let alive = ex.reply.is_some() && !ex.overflow && !self.end.is_set();
+        let v = if alive {
+            // Answered, and alive: the cell's own verdict.
+            let mut limits_hit = Vec::new();
+            if truncated {
+                limits_hit.push(airlock_api::LimitKind::Output);
+            }
+            // A child process killed at the memory or pids limit, the session alive.
+            let now = self.probe.as_ref().map(Probe::stats).unwrap_or_default();
+            if now.oom_kills > before.oom_kills {
+                limits_hit.push(airlock_api::LimitKind::Memory);
+            }
+            if now.pids_limit_hits > before.pids_limit_hits {
+                limits_hit.push(airlock_api::LimitKind::Pids);
+            }
+            limits_hit.sort();
+            let mut v = verdict::Verdict {
+                status: Status::Error,
+                exit_code: None,
+                signal: None,
+                result: None,
+                error: None,
+                outputs: Vec::new(),
+                files: Vec::new(),
+                limits_hit,
             };
+            match parsed {
+                Ok(Some(reply)) => {
+                    v.outputs = reply.outputs;
+                    match reply.answer {
+                        Response::Result(r) => (v.status, v.result) = (Status::Ok, Some(r)),
+                        Response::Error(e) => v.error = Some(e),
+                    }
+                }
+                Ok(None) => v.error = Some(verdict::result_error("no answer".into())),
+                Err(why) => v.error = Some(verdict::result_error(why)),
+            }
+            v
+        } else {
+            // The sandbox ended (or must: a timeout, a broken channel): the kernel's verdict.
+            let mut broken = false;
+            if ex.timed_out {
+                self.killer.kill(KillReason::WallTime);
+            } else if self.end.wait(Duration::from_secs(2)).is_none() {
+                // The code closed or misused the channel and lives on: the session can
+                // no longer be trusted to answer.
+                broken = true;
+                self.killer.kill(KillReason::Cancelled);
+            }
+            let outcome = self.end.wait(Duration::from_secs(30));
+            let Some(Ok(mut outcome)) = outcome else {
+                let why = match outcome {
+                    Some(Err(e)) => e,
+                    _ => "the session's sandbox did not end".into(),
+                };
+                io.final_status = Some(Status::InternalError);
+                return Err(io_error("ending a session", std::io::Error::other(why)).into());
+            };
+            // Only this cell's kills count for its verdict.
+            outcome.oom_kills = outcome.oom_kills.saturating_sub(before.oom_kills);
+            outcome.pids_limit_hits = outcome
+                .pids_limit_hits
+                .saturating_sub(before.pids_limit_hits);
+            let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
+            if broken {
+                // The code's own doing, not airlock's failure.
+                v.status = Status::Error;
+                v.error = Some(verdict::result_error(
+                    "the code closed or misused the session's channel; the session was \
+                         ended"
+                        .into(),
+                ));
+            }
+            v
+        };
+        let ended = !alive;
         if ended {
-            io.final_status = Some(status);
+            io.final_status = Some(v.status);
         }
         let stats = self.probe.as_ref().map(Probe::stats);
         let cpu_now = stats.as_ref().and_then(|s| s.cpu);
         let result = ExecutionResult {
-            status,
-            exit_code,
-            signal,
+            status: v.status,
+            exit_code: v.exit_code,
+            signal: v.signal,
             stdout,
             stderr,
             stdout_truncated: ex.stdout.truncated,
             stderr_truncated: ex.stderr.truncated,
-            result,
-            error,
-            outputs,
+            result: v.result,
+            error: v.error,
+            outputs: v.outputs,
             files: Vec::new(),
             usage: airlock_api::Usage {
                 wall_ms: started.elapsed().as_millis() as u64,
@@ -412,7 +389,7 @@ impl Session {
                 memory_peak_bytes: stats.and_then(|s| s.memory_peak_bytes),
             },
             limits,
-            limits_hit,
+            limits_hit: v.limits_hit,
             isolation: self.isolation.clone(),
         };
         Ok(CellResult { result, ended })

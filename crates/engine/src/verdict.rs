@@ -157,6 +157,15 @@ pub(crate) struct Verdict {
     pub limits_hit: Vec<LimitKind>,
 }
 
+/// The error of an answer that could not be taken (airlock's own kind, never the code's).
+pub(crate) fn result_error(message: String) -> ErrorInfo {
+    ErrorInfo {
+        kind: "ResultError".into(),
+        message,
+        traceback: None,
+    }
+}
+
 pub(crate) fn verdict(
     outcome: &Outcome,
     response: Result<Option<Reply>, String>,
@@ -205,13 +214,7 @@ pub(crate) fn verdict(
     match response {
         Ok(Some(Response::Result(v))) if status == Status::Ok => result = Some(v),
         Ok(Some(Response::Error(e))) if status == Status::Error => error = Some(e),
-        Err(why) if status == Status::Error => {
-            error = Some(ErrorInfo {
-                kind: "ResultError".into(),
-                message: why,
-                traceback: None,
-            })
-        }
+        Err(why) if status == Status::Error => error = Some(result_error(why)),
         _ => {}
     }
     if status == Status::InternalError && error.is_none() {
