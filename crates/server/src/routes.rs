@@ -411,22 +411,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
             )));
         }
     }
-    let entrypoint = match (req.entrypoint, req.inputs) {
-        (Some(name), inputs) => Some(Entrypoint {
-            name,
-            inputs: inputs.unwrap_or_default(),
-        }),
-        (None, Some(_)) => {
-            return Err(reject(Error::invalid(
-                "inputs",
-                "inputs are the keyword arguments of an entrypoint: name one",
-            )))
-        }
-        (None, None) => None,
-    };
-    if let Some(entry) = &entrypoint {
-        check_entrypoint(entry).map_err(|(field, m)| reject(Error::invalid(field, m)))?;
-    }
+    let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
@@ -474,6 +459,29 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         echo_traceback: false,
         cancel: None,
     })
+}
+
+/// Function mode from a request's `entrypoint` and `inputs`, checked (no inputs without an
+/// entrypoint, a dotted name, bounded nesting).
+pub(crate) fn entrypoint_from(
+    name: Option<String>,
+    inputs: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Option<Entrypoint>, Error> {
+    let entrypoint = match (name, inputs) {
+        (Some(name), inputs) => Entrypoint {
+            name,
+            inputs: inputs.unwrap_or_default(),
+        },
+        (None, Some(_)) => {
+            return Err(Error::invalid(
+                "inputs",
+                "inputs are the keyword arguments of an entrypoint: name one",
+            ))
+        }
+        (None, None) => return Ok(None),
+    };
+    check_entrypoint(&entrypoint).map_err(|(field, m)| Error::invalid(field, m))?;
+    Ok(Some(entrypoint))
 }
 
 pub(crate) fn rejection(r: Rejection) -> Error {

@@ -13,7 +13,7 @@ use airlock_api::{
     CellRequest, CellResponse, ExecuteRequest, FileEntry, FileList, SessionInfo, SessionList,
     SessionRequest, Status,
 };
-use airlock_engine::{Cell, CellResult, Entrypoint, Execution, Session, SessionError};
+use airlock_engine::{Cell, CellResult, Execution, Session, SessionError};
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -26,8 +26,8 @@ use crate::error::Error;
 use crate::guard::{Caller, RequestId};
 use crate::keys::{random_id, Key};
 use crate::routes::{
-    audit_start, finish, job_from, parse_json, read_body, read_body_as, refuse_if_unavailable,
-    rejection, require, resolve_limits, Context,
+    audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
+    refuse_if_unavailable, rejection, require, resolve_limits, Context,
 };
 use crate::SharedState;
 
@@ -143,9 +143,33 @@ impl Sessions {
     }
 }
 
-/// Whether `e` counts against `key`'s open sessions: one that has ended does not.
-fn counts_for(e: &Entry, key: &Key) -> bool {
-    e.key_fingerprint == key.fingerprint() && lock(&e.ended).is_none()
+/// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
+/// that have ended count for neither.
+fn room_for_one(
+    open: &HashMap<String, Arc<Entry>>,
+    key: &Key,
+    cfg: &crate::config::SessionsConfig,
+) -> Result<(), Error> {
+    let live = || open.values().filter(|e| lock(&e.ended).is_none());
+    let mine = live()
+        .filter(|e| e.key_fingerprint == key.fingerprint())
+        .count();
+    if mine >= cfg.max_open_per_key {
+        return Err(Error::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("this key has {mine} sessions open, its most; close one first"),
+        ));
+    }
+    if live().count() >= cfg.max_open {
+        return Err(Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "the server has as many sessions open as it may",
+        )
+        .retry_after(5));
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -300,23 +324,7 @@ pub async fn create(
     job.filename = "session.py".into();
     job.stream = true;
     {
-        let open = state.sessions.lock();
-        let mine = open.values().filter(|e| counts_for(e, &caller.0)).count();
-        if mine >= cfg.max_open_per_key {
-            return Err(Error::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "rate_limited",
-                format!("this key has {mine} sessions open, its most; close one first"),
-            ));
-        }
-        if open.values().filter(|e| lock(&e.ended).is_none()).count() >= cfg.max_open {
-            return Err(Error::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "the server has as many sessions open as it may",
-            )
-            .retry_after(5));
-        }
+        room_for_one(&state.sessions.lock(), &caller.0, cfg)?;
     }
     let st = state.clone();
     let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job, &per_cell))
@@ -347,25 +355,10 @@ pub async fn create(
     let info = entry.info();
     {
         let mut open = state.sessions.lock();
-        // Counted again under the lock: two creations may have raced past the first check.
-        let mine = open.values().filter(|e| counts_for(e, &caller.0)).count();
-        let full = open.values().filter(|e| lock(&e.ended).is_none()).count() >= cfg.max_open;
-        if mine >= cfg.max_open_per_key || full {
+        // Checked again under the lock: two creations may have raced past the first check.
+        if let Err(e) = room_for_one(&open, &caller.0, cfg) {
             entry.session.close();
-            return Err(if full {
-                Error::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "overloaded",
-                    "the server has as many sessions open as it may",
-                )
-                .retry_after(5)
-            } else {
-                Error::new(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "rate_limited",
-                    "this key has as many sessions open as it may; close one first",
-                )
-            });
+            return Err(e);
         }
         open.insert(entry.id.clone(), entry);
         state.sessions.started.fetch_add(1, Ordering::Relaxed);
@@ -440,22 +433,7 @@ pub async fn execute(
             format!("code is over the limit of {} bytes", cfg.max_code_bytes),
         ));
     }
-    let entrypoint = match (asked.entrypoint, asked.inputs) {
-        (Some(name), inputs) => Some(Entrypoint {
-            name,
-            inputs: inputs.unwrap_or_default(),
-        }),
-        (None, Some(_)) => {
-            return Err(Error::invalid(
-                "inputs",
-                "inputs are the keyword arguments of an entrypoint: name one",
-            ))
-        }
-        (None, None) => None,
-    };
-    if let Some(e) = &entrypoint {
-        airlock_engine::check_entrypoint(e).map_err(|(field, m)| Error::invalid(field, m))?;
-    }
+    let entrypoint = entrypoint_from(asked.entrypoint, asked.inputs)?;
     let mut limits = entry.session.cell_limits();
     if let Some(t) = asked.timeout_ms {
         let ceiling = resolve_limits(
