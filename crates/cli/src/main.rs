@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod doctor;
+mod eval;
 mod run;
 mod serve;
 mod units;
@@ -26,6 +27,7 @@ enum Commands {
     Run(Box<run::RunArgs>),
     Serve(serve::ServeArgs),
     Doctor(doctor::DoctorArgs),
+    Eval(eval::EvalArgs),
 }
 
 /// Exit code for bad input: nothing ran.
@@ -41,5 +43,6 @@ fn main() -> ExitCode {
         Commands::Run(args) => run::main(*args),
         Commands::Serve(args) => serve::main(args),
         Commands::Doctor(args) => doctor::main(args),
+        Commands::Eval(args) => eval::main(args),
     }
 }

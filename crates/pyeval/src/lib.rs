@@ -1,0 +1,201 @@
+//! A native evaluator for Python literal expressions: the answers CPython
+//! 3.11 gives, without an interpreter, a process or unbounded work.
+//!
+//! ```
+//! let limits = airlock_pyeval::Limits::default();
+//! let v = airlock_pyeval::evaluate("{3, 1, 2} | {0}", &limits).unwrap();
+//! assert_eq!(v.repr, "{0, 1, 2, 3}");
+//! let e = airlock_pyeval::evaluate("1/0", &limits).unwrap_err();
+//! assert_eq!(e.to_string(), "ZeroDivisionError: division by zero");
+//! ```
+//!
+//! The expression is parsed by ruff's Python parser; names, calls,
+//! attributes, lambdas, comprehensions, f-strings, `:=`, `is`, starred
+//! expressions and `await`/`yield` are refused before anything is evaluated.
+//! Work is bounded by [`Limits`]: input length, memory, integer width,
+//! result size and time. Nothing recurses without the stack to do it.
+
+mod budget;
+mod compile;
+mod error;
+mod eval;
+mod hash;
+mod num;
+mod ops;
+mod printable;
+mod repr;
+mod value;
+
+use serde_json::json;
+
+pub use budget::Limits;
+pub use error::{Error, ErrorKind};
+
+use budget::Budget;
+use value::Value;
+
+/// A successful evaluation, already printed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluated {
+    /// The value's type, as `type(v).__name__`.
+    pub type_name: &'static str,
+    /// `repr(v)`.
+    pub repr: String,
+    /// `str(v)`.
+    pub str: String,
+    /// The value as JSON, when JSON holds it exactly: None, bools, ints of
+    /// 64 bits, finite floats, str, and lists, tuples and str-keyed dicts of
+    /// those.
+    pub value: Option<serde_json::Value>,
+}
+
+/// CPython's limit on nested brackets ("too many nested parentheses").
+const MAX_PAREN_LEVEL: usize = 200;
+
+/// Stack the deepest input of `len` bytes may need for dropping syntax trees
+/// (drop glue recurses; everything else grows the stack on demand).
+fn stack_for(len: usize) -> usize {
+    (256 << 10) + len * 2048
+}
+
+/// Evaluates one expression (`<expr>` or `result = <expr>`).
+pub fn evaluate(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
+    let cap = limits.max_input_bytes.min(Limits::MAX_INPUT);
+    if source.len() > cap {
+        return Err(Error::limit(
+            ErrorKind::NotAllowedError,
+            format!(
+                "expression too long: {} bytes, the limit is {cap}",
+                source.len()
+            ),
+        ));
+    }
+    let needed = stack_for(source.len());
+    if stacker::remaining_stack().is_some_and(|left| left >= needed) {
+        evaluate_here(source, limits)
+    } else {
+        stacker::grow(needed, || evaluate_here(source, limits))
+    }
+}
+
+fn evaluate_here(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
+    let mut budget = Budget::new(limits);
+    let expr = strip_result_assignment(source.trim_start_matches([' ', '\t', '\x0c']));
+    let parsed = ruff_python_parser::parse_expression(expr).map_err(|e| {
+        Error::new(
+            ErrorKind::SyntaxError,
+            format!("{} (at offset {})", e.error, e.location.start().to_usize()),
+        )
+    })?;
+    let mut depth = 0usize;
+    for token in parsed.tokens().iter() {
+        use ruff_python_ast::token::TokenKind as T;
+        match token.kind() {
+            T::Lpar | T::Lsqb | T::Lbrace => {
+                depth += 1;
+                if depth > MAX_PAREN_LEVEL {
+                    return Err(Error::new(
+                        ErrorKind::SyntaxError,
+                        "too many nested parentheses",
+                    ));
+                }
+            }
+            T::Rpar | T::Rsqb | T::Rbrace => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    let node = compile::Compiler {
+        source: expr,
+        budget: &mut budget,
+    }
+    .expr(parsed.expr())?;
+    drop(parsed);
+    let value = eval::Evaluator::default().eval(&node, &mut budget)?;
+    drop(node);
+    let repr = repr::repr(&value, &mut budget)?;
+    let str = match &value {
+        Value::Str(s) => s.to_string(),
+        _ => repr.clone(),
+    };
+    Ok(Evaluated {
+        type_name: value.type_name(),
+        value: to_json(&value),
+        repr,
+        str,
+    })
+}
+
+/// `result = <expr>` is accepted as `<expr>` (the form seed 001's fix used).
+fn strip_result_assignment(source: &str) -> &str {
+    if let Some(rest) = source.strip_prefix("result") {
+        let rest = rest.trim_start_matches([' ', '\t']);
+        if let Some(expr) = rest.strip_prefix('=') {
+            if !expr.starts_with('=') {
+                return expr.trim_start_matches([' ', '\t']);
+            }
+        }
+    }
+    source
+}
+
+fn to_json(v: &Value) -> Option<serde_json::Value> {
+    use num_traits::ToPrimitive;
+    Some(match v {
+        Value::None => serde_json::Value::Null,
+        Value::Bool(b) => json!(b),
+        Value::Int(n) => match (n.to_i64(), n.to_u64()) {
+            (Some(i), _) => json!(i),
+            (None, Some(u)) => json!(u),
+            _ => return None,
+        },
+        Value::Float(f) if f.is_finite() => json!(f),
+        Value::Str(s) => json!(&**s),
+        Value::List(items) | Value::Tuple(items) => {
+            serde_json::Value::Array(items.iter().map(to_json).collect::<Option<_>>()?)
+        }
+        Value::Dict(d) => {
+            let mut map = serde_json::Map::new();
+            for (_, k, v) in d.entries() {
+                let Value::Str(k) = k else { return None };
+                map.insert(k.to_string(), to_json(v)?);
+            }
+            serde_json::Value::Object(map)
+        }
+        _ => return None,
+    })
+}
+
+impl Evaluated {
+    /// `{"ok": true, "type", "repr", "str", "value"?}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut out = json!({
+            "ok": true,
+            "type": self.type_name,
+            "repr": self.repr,
+            "str": self.str,
+        });
+        if let Some(v) = &self.value {
+            out["value"] = v.clone();
+        }
+        out
+    }
+}
+
+impl Error {
+    /// `{"ok": false, "error": {"type", "message", "limit"?}}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut error = json!({ "type": self.kind.as_str(), "message": self.message });
+        if self.limit {
+            error["limit"] = json!(true);
+        }
+        json!({ "ok": false, "error": error })
+    }
+}
+
+/// The JSON object for either outcome.
+pub fn outcome_json(outcome: &Result<Evaluated, Error>) -> serde_json::Value {
+    match outcome {
+        Ok(v) => v.to_json(),
+        Err(e) => e.to_json(),
+    }
+}
