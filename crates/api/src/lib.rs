@@ -563,3 +563,45 @@ mod tests {
         );
     }
 }
+
+/// `POST /v1/eval`: one Python literal expression, evaluated natively (no sandbox, no
+/// interpreter).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EvalRequest {
+    /// `<expr>` or `result = <expr>`: literals, containers, operators, comparisons,
+    /// `and`/`or`/`not`, `x if c else y`, subscripts and slices.
+    pub expression: String,
+}
+
+/// The answer to `POST /v1/eval`: `ok` true with the value, or false with the error.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EvalResponse {
+    pub ok: bool,
+    /// `type(value).__name__`.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_name: Option<String>,
+    /// `repr(value)`, exactly as CPython 3.11 prints it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repr: Option<String>,
+    /// `str(value)`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub str: Option<String>,
+    /// The value as JSON, present only when JSON holds it exactly.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<EvalError>,
+}
+
+/// A Python-style error: `ZeroDivisionError`, `TypeError`, ..., `SyntaxError`,
+/// `NotAllowedError` (syntax that is refused), `MemoryError`/`TimeoutError` (a budget).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct EvalError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    /// True when one of the evaluator's budgets, not Python, refused the work.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub limit: bool,
+}

@@ -44,6 +44,8 @@ pub struct Config {
     /// The warm pool of sandboxes started ahead of their work.
     pub pool: PoolConfig,
     pub sessions: SessionsConfig,
+    /// `POST /v1/eval`: the native evaluator's budgets.
+    pub eval: EvalConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -62,7 +64,52 @@ impl Default for Config {
             engine: EngineConfig::default(),
             pool: PoolConfig::default(),
             sessions: SessionsConfig::default(),
+            eval: EvalConfig::default(),
             keys: Vec::new(),
+        }
+    }
+}
+
+/// The native evaluator's budgets, per expression (`POST /v1/eval`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EvalConfig {
+    /// Longest expression, in bytes (at most 65536).
+    pub max_input_bytes: usize,
+    /// Bytes of values one expression may create.
+    pub max_memory_bytes: usize,
+    /// Widest integer one expression may create, in bits.
+    pub max_int_bits: u64,
+    /// Longest repr of a result, in bytes.
+    pub max_result_bytes: usize,
+    /// Wall clock for parsing and evaluating one expression.
+    pub timeout_ms: u64,
+    /// Expressions evaluated at once (0: one per CPU); more wait their turn.
+    pub max_running: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        let l = airlock_pyeval::Limits::default();
+        EvalConfig {
+            max_input_bytes: l.max_input_bytes,
+            max_memory_bytes: l.max_memory_bytes,
+            max_int_bits: l.max_int_bits,
+            max_result_bytes: l.max_result_bytes,
+            timeout_ms: l.timeout.as_millis() as u64,
+            max_running: 0,
+        }
+    }
+}
+
+impl EvalConfig {
+    pub fn limits(&self) -> airlock_pyeval::Limits {
+        airlock_pyeval::Limits {
+            max_input_bytes: self.max_input_bytes,
+            max_memory_bytes: self.max_memory_bytes,
+            max_int_bits: self.max_int_bits,
+            max_result_bytes: self.max_result_bytes,
+            timeout: std::time::Duration::from_millis(self.timeout_ms),
         }
     }
 }
@@ -365,6 +412,14 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if let Err(m) = self.pool.validate() {
             return bad(m);
+        }
+        if self.eval.max_input_bytes > airlock_pyeval::Limits::MAX_INPUT
+            || self.eval.timeout_ms == 0
+        {
+            return bad(format!(
+                "eval.max_input_bytes must be at most {} and eval.timeout_ms at least 1",
+                airlock_pyeval::Limits::MAX_INPUT
+            ));
         }
         for origin in &self.cors.allowed_origins {
             let well_formed = (origin.starts_with("https://") || origin.starts_with("http://"))

@@ -16,6 +16,7 @@ pub mod audit;
 mod budget;
 pub mod config;
 mod error;
+mod eval;
 mod guard;
 pub mod keys;
 pub mod metrics;
@@ -66,15 +67,25 @@ pub struct AppState {
     next_execution: AtomicU64,
     /// Open sessions, each one key's.
     pub sessions: sessions::Sessions,
+    /// Turns to evaluate an expression (`eval.max_running`).
+    pub eval_slots: tokio::sync::Semaphore,
 }
 
 pub type SharedState = Arc<AppState>;
+
+fn eval_slots(config: &Config) -> usize {
+    match config.eval.max_running {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
 
 impl AppState {
     pub fn new(config: Config, engine: Engine, keys: KeyStore, audit: AuditLog) -> Self {
         let metrics = Arc::new(Metrics::default());
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
+        let eval_turns = eval_slots(&config);
         let body_budget = budget::BodyBudget::new(
             config.http.max_buffered_bytes,
             config.http.max_buffered_bytes_per_key,
@@ -93,6 +104,7 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
             sessions: sessions::Sessions::default(),
+            eval_slots: tokio::sync::Semaphore::new(eval_turns),
             audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),

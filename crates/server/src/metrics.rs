@@ -139,6 +139,7 @@ pub struct Metrics {
     pub connections: Gauge,
     pub security_events: Counters,
     pub http_requests: Counters,
+    pub evaluations: Counters,
 }
 
 impl Default for Metrics {
@@ -152,6 +153,7 @@ impl Default for Metrics {
             connections: Gauge::default(),
             security_events: Counters::default(),
             http_requests: Counters::default(),
+            evaluations: Counters::default(),
         }
     }
 }
@@ -209,6 +211,12 @@ impl Metrics {
             "airlock_http_requests_total",
             "HTTP requests by route and status code.",
             &["route", "code"],
+        );
+        self.evaluations.render(
+            &mut out,
+            "airlock_evaluations_total",
+            "Expressions evaluated by POST /v1/eval, by outcome (ok, or the error's type).",
+            &["outcome"],
         );
         out
     }

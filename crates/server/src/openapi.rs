@@ -2,8 +2,8 @@
 //! types themselves (JSON Schema 2020-12, as OpenAPI 3.1 uses).
 
 use airlock_api::{
-    CellRequest, CellResponse, ErrorBody, ExecuteRequest, ExecuteResponse, ExecutionRecord,
-    FileList, SessionInfo, SessionList, SessionRequest,
+    CellRequest, CellResponse, ErrorBody, EvalRequest, EvalResponse, ExecuteRequest,
+    ExecuteResponse, ExecutionRecord, FileList, SessionInfo, SessionList, SessionRequest,
 };
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 /// Every route, as `METHOD path`; the README's API section is checked against this list.
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/execute"),
+    ("POST", "/v1/eval"),
     ("GET", "/v1/executions/{id}"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),
@@ -78,6 +79,8 @@ pub fn openapi() -> Value {
     let cell_request = generator.subschema_for::<CellRequest>();
     let cell_response = generator.subschema_for::<CellResponse>();
     let files = generator.subschema_for::<FileList>();
+    let eval_request = generator.subschema_for::<EvalRequest>();
+    let eval_response = generator.subschema_for::<EvalResponse>();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.definitions().clone();
     let json_body = |schema: &schemars::Schema| json!({"application/json": {"schema": schema}});
@@ -91,6 +94,13 @@ pub fn openapi() -> Value {
         },
         "security": [{"bearer": []}],
         "paths": {
+            "/v1/eval": {"post": {
+                "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",
+                "requestBody": {"required": true, "content": json_body(&eval_request)},
+                "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 503]), "200",
+                    json!({"description": "The value (`ok` true: `type`, `repr`, `str`, `value` when JSON holds it exactly) or the Python-style error (`ok` false: `error.type`, `error.message`, `error.limit` when a budget refused).",
+                           "content": json_body(&eval_response)})),
+            }},
             "/v1/execute": {"post": {
                 "summary": "Run code in a fresh sandbox",
                 "requestBody": {"required": true, "content": json_body(&request)},

@@ -1,0 +1,192 @@
+//! `airlock eval` and `POST /v1/eval`: Python literal expressions evaluated natively, through
+//! the real binary and the real server on loopback.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+
+use common::http::{request, Server};
+use common::*;
+use serde_json::{json, Value};
+
+fn eval_cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = airlock()
+        .arg("eval")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn the_cli_prints_str_or_the_error_and_exits_accordingly() {
+    assert_eq!(
+        eval_cli(&["{3, 1, 2} | {0}"], None),
+        (0, "{0, 1, 2, 3}\n".into(), String::new())
+    );
+    assert_eq!(
+        eval_cli(&["'a' + 'b'"], None),
+        (0, "ab\n".into(), String::new())
+    );
+    assert_eq!(
+        eval_cli(&["result = 2**0.5"], None),
+        (0, "1.4142135623730951\n".into(), String::new())
+    );
+    assert_eq!(
+        eval_cli(&["1/0"], None),
+        (
+            1,
+            String::new(),
+            "ZeroDivisionError: division by zero\n".into()
+        )
+    );
+    let (code, out, err) = eval_cli(&["__import__('os').system('id')"], None);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert!(
+        err.starts_with("NotAllowedError: calls are not allowed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_cli_evaluates_one_expression_per_line_in_batch_mode() {
+    let (code, out, err) = eval_cli(&[], Some("1 + 1\n{'a': 1}['b']\n[1, 2][::-1]\n"));
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (1, "2\n[2, 1]\n", "KeyError: 'b'\n")
+    );
+    let (code, out, _) = eval_cli(&["--json"], Some("(1, 2.5)\n2**64\n1 +\n'x' * 10**10\n"));
+    assert_eq!(code, 1);
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines[0],
+        json!({"ok": true, "type": "tuple", "repr": "(1, 2.5)", "str": "(1, 2.5)", "value": [1, 2.5]})
+    );
+    // Beyond 64 bits an int has no exact JSON here: no `value`, the repr says it all.
+    assert_eq!(
+        lines[1],
+        json!({"ok": true, "type": "int", "repr": "18446744073709551616", "str": "18446744073709551616"})
+    );
+    assert_eq!(lines[2]["ok"], false);
+    assert_eq!(lines[2]["error"]["type"], "SyntaxError");
+    assert_eq!(lines[3]["error"]["type"], "MemoryError");
+    assert_eq!(lines[3]["error"]["limit"], true);
+    assert_eq!(lines.len(), 4);
+    // All good: exit 0.
+    let (code, out, _) = eval_cli(&["--json"], Some("1\n2\n"));
+    assert_eq!((code, out.lines().count()), (0, 2));
+}
+
+fn post_eval(server: &Server, key: Option<&str>, body: &[u8]) -> common::http::Response {
+    let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+    if let Some(k) = key {
+        headers.push(("Authorization".into(), format!("Bearer {k}")));
+    }
+    request(server.addr, "POST", "/v1/eval", &headers, Some(body))
+}
+
+/// The server's child processes (sandboxes are its children).
+fn children(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let list = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        out.extend(list.split_whitespace().map(str::to_owned));
+    }
+    out
+}
+
+#[test]
+fn the_service_evaluates_for_a_key_counts_and_never_starts_a_sandbox() {
+    let _g = serial();
+    // No warm pool: any sandbox would be a child started for this request.
+    let server = Server::start(
+        "[pool]\nsize = 0\nmax_size = 0\n[eval]\nmax_int_bits = 256\n",
+        &[],
+    );
+    // The start-up trial run's sandbox is gone once the server answers.
+    let before = children(server.child.id());
+    let r = post_eval(
+        &server,
+        Some(common::http::KEY),
+        br#"{"expression": "[1, 2.5, 'x', None]"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"ok": true, "type": "list", "repr": "[1, 2.5, 'x', None]", "str": "[1, 2.5, 'x', None]", "value": [1, 2.5, "x", null]})
+    );
+    let r = post_eval(
+        &server,
+        Some(common::http::KEY),
+        br#"{"expression": "1 // 0"}"#,
+    );
+    assert_eq!(
+        r.json(),
+        json!({"ok": false, "error": {"type": "ZeroDivisionError", "message": "integer division or modulo by zero"}})
+    );
+    // The configured budget applies.
+    let r = post_eval(
+        &server,
+        Some(common::http::KEY),
+        br#"{"expression": "2**300"}"#,
+    );
+    assert_eq!(r.json()["error"]["type"], "MemoryError");
+    assert_eq!(r.json()["error"]["limit"], true);
+    assert_eq!(
+        children(server.child.id()),
+        before,
+        "no process was started"
+    );
+
+    // Authenticated like everything else; the body is checked like everything else.
+    assert_eq!(
+        post_eval(&server, None, br#"{"expression": "1"}"#).status,
+        401
+    );
+    assert_eq!(
+        post_eval(&server, Some("wrong-key"), br#"{"expression": "1"}"#).status,
+        401
+    );
+    let r = post_eval(
+        &server,
+        Some(common::http::KEY),
+        br#"{"expression": "1", "code": "x"}"#,
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = post_eval(&server, Some(common::http::KEY), br#"{"expr": "1"}"#);
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    let metrics = server.call("GET", "/metrics", None).text();
+    for line in [
+        "airlock_evaluations_total{outcome=\"ok\"} 1",
+        "airlock_evaluations_total{outcome=\"ZeroDivisionError\"} 1",
+        "airlock_evaluations_total{outcome=\"MemoryError\"} 1",
+        "airlock_http_requests_total{route=\"/v1/eval\",code=\"200\"} 3",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(
+        !metrics.contains("airlock_executions_total{"),
+        "no execution ran:\n{metrics}"
+    );
+    let spec = server.call("GET", "/openapi.json", None).json();
+    assert!(spec["paths"]["/v1/eval"]["post"].is_object());
+}
