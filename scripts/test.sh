@@ -21,4 +21,6 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
+# The native evaluator must never panic, hang or overflow its stack on any input.
+scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-60}"
 echo "==> all checks passed"

@@ -10,6 +10,8 @@
 //! Usage: `airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]`
 //! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
 
+mod eval;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -24,6 +26,8 @@ struct Args {
     rounds: usize,
     requests: usize,
     blocks: usize,
+    /// Only the native evaluator against seed 001's subprocess.
+    eval_only: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -32,6 +36,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 100,
         requests: 200,
         blocks: 3,
+        eval_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -43,8 +48,9 @@ fn parse_args() -> Result<Args, String> {
                 args.requests = value("--requests")?.parse().map_err(|e| format!("{e}"))?
             }
             "--blocks" => args.blocks = value("--blocks")?.parse().map_err(|e| format!("{e}"))?,
+            "--eval-only" => args.eval_only = true,
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -128,6 +134,11 @@ fn run(args: &Args) -> Result<(), String> {
     // The pool fills, the first requests warm up.
     std::thread::sleep(Duration::from_secs(1));
     let mut client = server.connect()?;
+    if args.eval_only {
+        let report = eval::measure(args.rounds, &mut client)?;
+        eval::print(&report);
+        return Ok(());
+    }
     for _ in 0..10 {
         client.execute("print(1)", None)?;
     }
@@ -252,6 +263,7 @@ fn run(args: &Args) -> Result<(), String> {
         }
     }
     let status = client.get("/readyz")?;
+    let eval_report = eval::measure((args.rounds / 10).max(3), &mut client)?;
     drop(client);
     drop(server);
     let _ = std::fs::remove_dir_all(&state);
@@ -269,6 +281,7 @@ fn run(args: &Args) -> Result<(), String> {
         &pooled,
         &status,
     );
+    eval::print(&eval_report);
     Ok(())
 }
 

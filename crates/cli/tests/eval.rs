@@ -190,3 +190,37 @@ fn the_service_evaluates_for_a_key_counts_and_never_starts_a_sandbox() {
     let spec = server.call("GET", "/openapi.json", None).json();
     assert!(spec["paths"]["/v1/eval"]["post"].is_object());
 }
+
+#[test]
+fn expressions_beyond_max_running_wait_their_turn() {
+    let _g = serial();
+    let server = Server::start("[pool]\nsize = 0\nmax_size = 0\n[eval]\nmax_running = 1\ntimeout_ms = 3000\n", &[]);
+    // Each compares 100 million shared elements: it holds its turn until its clock runs out.
+    let slow = br#"{"expression": "[[[[0] * 100] * 100] * 100] * 100 == [[[[0] * 100] * 100] * 100] * 100"}"#;
+    let addr = server.addr;
+    let send = move || {
+        let headers = vec![
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            ("Authorization".to_owned(), format!("Bearer {}", common::http::KEY)),
+        ];
+        request(addr, "POST", "/v1/eval", &headers, Some(slow)).json()
+    };
+    let first = std::thread::spawn(send);
+    let second = std::thread::spawn(send);
+    // One of them waits while the other runs.
+    let mut saw_waiting = false;
+    for _ in 0..200 {
+        let metrics = server.call("GET", "/metrics", None).text();
+        if metrics.contains("airlock_evaluations_waiting 1") {
+            saw_waiting = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(saw_waiting, "the second expression waited for the first");
+    for answer in [first.join().unwrap(), second.join().unwrap()] {
+        assert_eq!(answer["error"]["type"], "TimeoutError", "{answer}");
+    }
+    let metrics = server.call("GET", "/metrics", None).text();
+    assert!(metrics.contains("airlock_evaluations_waiting 0"), "{metrics}");
+}

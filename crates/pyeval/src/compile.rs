@@ -78,6 +78,14 @@ impl Compiler<'_> {
         Ok(match e {
             Expr::NumberLiteral(n) => Node::Const(self.number(n)?),
             Expr::StringLiteral(s) => {
+                for part in s.value.iter() {
+                    let raw = ast::StringFlags::prefix(part.flags).is_raw();
+                    let range = part.range();
+                    let code = &src[range.start().to_usize()..range.end().to_usize()];
+                    if !raw && escapes_a_surrogate(code) {
+                        return Err(refuse("lone surrogates (\\ud800-\\udfff) are", src, e));
+                    }
+                }
                 let text = s.value.to_str();
                 self.budget.alloc(text.len())?;
                 Node::Const(Value::Str(text.into()))
@@ -396,4 +404,34 @@ fn fold(r: Result<Value>) -> Result<Option<Value>> {
         Err(e) if e.limit => Err(e),
         Err(_) => Ok(None),
     }
+}
+
+/// Whether a (non-raw) string literal's source has a `\uXXXX` or `\UXXXXXXXX`
+/// escape for a surrogate, which Python keeps as a lone code point and the
+/// parser would replace with U+FFFD.
+fn escapes_a_surrogate(code: &str) -> bool {
+    let b = code.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        let width = match b.get(i + 1) {
+            Some(b'u') => 4,
+            Some(b'U') => 8,
+            _ => {
+                i += 2; // any other escape, `\\` included
+                continue;
+            }
+        };
+        let hex = code.get(i + 2..i + 2 + width).unwrap_or("");
+        if let Ok(v) = u32::from_str_radix(hex, 16) {
+            if (0xD800..=0xDFFF).contains(&v) {
+                return true;
+            }
+        }
+        i += 2;
+    }
+    false
 }

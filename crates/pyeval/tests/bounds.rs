@@ -191,6 +191,8 @@ fn refused_syntax_is_named_before_anything_runs() {
         ("{**{}}", "dict unpacking (**) is not allowed"),
         ("1 if x else 2", "names are not allowed"),
         ("'%d' % 1", "printf-style formatting"),
+        ("'\\ud800'", "lone surrogates"),
+        ("'ok' '\\U0000dfff'", "lone surrogates"),
     ] {
         let e = refused(expr, &limits);
         assert_eq!(e.kind, ErrorKind::NotAllowedError, "{expr}: {e}");

@@ -22,11 +22,10 @@ pub(crate) async fn eval(
     }
     let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
     // A bounded number at once, each bounded in time: floods wait, they do not pile up CPU.
-    let _turn = state
-        .eval_slots
-        .acquire()
-        .await
-        .map_err(|_| crate::routes::shutting_down())?;
+    state.metrics.evaluations_waiting.inc();
+    let turn = state.eval_slots.acquire().await;
+    state.metrics.evaluations_waiting.dec();
+    let _turn = turn.map_err(|_| crate::routes::shutting_down())?;
     let st = state.clone();
     let outcome = tokio::task::spawn_blocking(move || {
         let request: EvalRequest = parse_json(&st, &bytes)?;

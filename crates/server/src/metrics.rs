@@ -140,6 +140,7 @@ pub struct Metrics {
     pub security_events: Counters,
     pub http_requests: Counters,
     pub evaluations: Counters,
+    pub evaluations_waiting: Gauge,
 }
 
 impl Default for Metrics {
@@ -154,6 +155,7 @@ impl Default for Metrics {
             security_events: Counters::default(),
             http_requests: Counters::default(),
             evaluations: Counters::default(),
+            evaluations_waiting: Gauge::default(),
         }
     }
 }
@@ -192,6 +194,11 @@ impl Metrics {
                 "airlock_open_connections",
                 "Open HTTP connections.",
                 &self.connections,
+            ),
+            (
+                "airlock_evaluations_waiting",
+                "Expressions waiting for a turn to be evaluated (eval.max_running).",
+                &self.evaluations_waiting,
             ),
         ] {
             let _ = writeln!(
