@@ -129,7 +129,10 @@ fn post_eval(client: &mut Client, expr: &str) -> Result<(), String> {
     );
     match client.call(head.as_bytes(), body.as_bytes())? {
         (200, _) => Ok(()),
-        (status, text) => Err(format!("/v1/eval: {status} {}", String::from_utf8_lossy(&text))),
+        (status, text) => Err(format!(
+            "/v1/eval: {status} {}",
+            String::from_utf8_lossy(&text)
+        )),
     }
 }
 
@@ -139,7 +142,10 @@ fn us(d: Duration) -> String {
 
 pub fn print(report: &EvalReport) {
     let base = report.seed.quantile(0.5).as_secs_f64();
-    println!("\n## Native evaluation of literal expressions ({} expressions, mixed)\n", CORPUS.len());
+    println!(
+        "\n## Native evaluation of literal expressions ({} expressions, mixed)\n",
+        CORPUS.len()
+    );
     println!("| series | p50 µs | p99 µs | seed 001 p50 ÷ p50 |");
     println!("|---|---:|---:|---:|");
     for s in [&report.native, &report.http, &report.seed] {

@@ -194,14 +194,20 @@ fn the_service_evaluates_for_a_key_counts_and_never_starts_a_sandbox() {
 #[test]
 fn expressions_beyond_max_running_wait_their_turn() {
     let _g = serial();
-    let server = Server::start("[pool]\nsize = 0\nmax_size = 0\n[eval]\nmax_running = 1\ntimeout_ms = 3000\n", &[]);
+    let server = Server::start(
+        "[pool]\nsize = 0\nmax_size = 0\n[eval]\nmax_running = 1\ntimeout_ms = 3000\n",
+        &[],
+    );
     // Each compares 100 million shared elements: it holds its turn until its clock runs out.
     let slow = br#"{"expression": "[[[[0] * 100] * 100] * 100] * 100 == [[[[0] * 100] * 100] * 100] * 100"}"#;
     let addr = server.addr;
     let send = move || {
         let headers = vec![
             ("Content-Type".to_owned(), "application/json".to_owned()),
-            ("Authorization".to_owned(), format!("Bearer {}", common::http::KEY)),
+            (
+                "Authorization".to_owned(),
+                format!("Bearer {}", common::http::KEY),
+            ),
         ];
         request(addr, "POST", "/v1/eval", &headers, Some(slow)).json()
     };
@@ -222,5 +228,8 @@ fn expressions_beyond_max_running_wait_their_turn() {
         assert_eq!(answer["error"]["type"], "TimeoutError", "{answer}");
     }
     let metrics = server.call("GET", "/metrics", None).text();
-    assert!(metrics.contains("airlock_evaluations_waiting 0"), "{metrics}");
+    assert!(
+        metrics.contains("airlock_evaluations_waiting 0"),
+        "{metrics}"
+    );
 }

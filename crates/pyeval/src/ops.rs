@@ -248,8 +248,14 @@ pub(crate) fn compare(op: Cmp, a: &Value, b: &Value, budget: &mut Budget) -> Res
     }
     use Value::{Bytes, List, Set, Str, Tuple};
     match (a, b) {
-        (Str(x), Str(y)) => Ok(op.holds(x.cmp(y))),
-        (Bytes(x), Bytes(y)) => Ok(op.holds(x.cmp(y))),
+        (Str(x), Str(y)) => {
+            budget.ticks(x.len().min(y.len()) as u64 / 64)?;
+            Ok(op.holds(x.cmp(y)))
+        }
+        (Bytes(x), Bytes(y)) => {
+            budget.ticks(x.len().min(y.len()) as u64 / 64)?;
+            Ok(op.holds(x.cmp(y)))
+        }
         (List(x), List(y)) | (Tuple(x), Tuple(y)) => {
             for (p, q) in x.iter().zip(y.iter()) {
                 if !equal(p, q, budget)? {
@@ -300,7 +306,8 @@ pub(crate) fn contains(container: &Value, item: &Value, budget: &mut Budget) -> 
         Bytes(b) => match item {
             Bytes(sub) => {
                 budget.ticks(b.len() as u64 / 16)?;
-                Ok(sub.is_empty() || b.windows(sub.len()).any(|w| w == &sub[..]))
+                // Linear time whatever the pattern (naive search is quadratic).
+                Ok(memchr::memmem::find(b, sub).is_some())
             }
             Int(_) | Bool(_) => {
                 let n = item.as_index().unwrap_or_default();
@@ -352,8 +359,9 @@ fn index_of(len: usize, i: &BigInt, what: &str) -> Result<usize> {
     Ok(k as usize)
 }
 
-/// PySlice_Unpack + PySlice_AdjustIndices: the indices a slice selects.
-fn slice_indices(parts: &[Value; 3], len: usize) -> Result<Vec<usize>> {
+/// PySlice_Unpack + PySlice_AdjustIndices: where a slice starts, its step and
+/// how many items it selects (computed, never enumerated).
+fn slice_indices(parts: &[Value; 3], len: usize) -> Result<(i64, i64, usize)> {
     let clamp = |v: &Value| -> Result<Option<i64>> {
         match v {
             Value::None => Ok(None),
@@ -389,26 +397,23 @@ fn slice_indices(parts: &[Value; 3], len: usize) -> Result<Vec<usize>> {
     };
     adjust(&mut start);
     adjust(&mut stop);
-    let mut out = Vec::new();
-    let mut i = start;
-    if step > 0 {
-        while i < stop {
-            out.push(i as usize);
-            i = match i.checked_add(step) {
-                Some(n) => n,
-                None => break,
-            };
+    let count = if step < 0 {
+        if stop < start {
+            (start - stop - 1) / (-step) + 1
+        } else {
+            0
         }
+    } else if start < stop {
+        (stop - start - 1) / step + 1
     } else {
-        while i > stop {
-            out.push(i as usize);
-            i = match i.checked_add(step) {
-                Some(n) => n,
-                None => break,
-            };
-        }
-    }
-    Ok(out)
+        0
+    };
+    Ok((start, step, count as usize))
+}
+
+/// The positions a slice selects, in order.
+fn positions(start: i64, step: i64, count: usize) -> impl Iterator<Item = usize> {
+    (0..count as i64).map(move |k| (start + k * step) as usize)
 }
 
 /// `v[index]`.
@@ -424,9 +429,11 @@ pub(crate) fn subscript(v: &Value, index: &Value, budget: &mut Budget) -> Result
             };
             match index {
                 Slice(parts) => {
-                    let idx = slice_indices(parts, items.len())?;
-                    budget.alloc(Value::cost_of_items(idx.len()))?;
-                    let out: Rc<[Value]> = idx.into_iter().map(|i| items[i].clone()).collect();
+                    let (start, step, count) = slice_indices(parts, items.len())?;
+                    budget.alloc(Value::cost_of_items(count))?;
+                    let out: Rc<[Value]> = positions(start, step, count)
+                        .map(|i| items[i].clone())
+                        .collect();
                     Ok(if list { List(out) } else { Tuple(out) })
                 }
                 _ => match index.as_index() {
@@ -440,14 +447,22 @@ pub(crate) fn subscript(v: &Value, index: &Value, budget: &mut Budget) -> Result
         }
         Str(s) => match index {
             Slice(parts) => {
+                if s.is_ascii() {
+                    let (start, step, count) = slice_indices(parts, s.len())?;
+                    budget.alloc(count)?;
+                    let b = s.as_bytes();
+                    let out: String = positions(start, step, count)
+                        .map(|i| b[i] as char)
+                        .collect();
+                    return Ok(Str(out.into()));
+                }
+                // Characters need indexing: the working copy counts too.
+                budget.alloc(s.len() * 4)?;
                 let chars: Vec<char> = s.chars().collect();
-                let idx = slice_indices(parts, chars.len())?;
-                budget.alloc(idx.len() * 4)?;
-                Ok(Str(idx
-                    .into_iter()
-                    .map(|i| chars[i])
-                    .collect::<String>()
-                    .into()))
+                let (start, step, count) = slice_indices(parts, chars.len())?;
+                budget.alloc(count * 4)?;
+                let out: String = positions(start, step, count).map(|i| chars[i]).collect();
+                Ok(Str(out.into()))
             }
             _ => match index.as_index() {
                 Some(i) => {
@@ -473,11 +488,10 @@ pub(crate) fn subscript(v: &Value, index: &Value, budget: &mut Budget) -> Result
         },
         Bytes(b) => match index {
             Slice(parts) => {
-                let idx = slice_indices(parts, b.len())?;
-                budget.alloc(idx.len())?;
-                Ok(Bytes(
-                    idx.into_iter().map(|i| b[i]).collect::<Vec<u8>>().into(),
-                ))
+                let (start, step, count) = slice_indices(parts, b.len())?;
+                budget.alloc(count)?;
+                let out: Vec<u8> = positions(start, step, count).map(|i| b[i]).collect();
+                Ok(Bytes(out.into()))
             }
             _ => match index.as_index() {
                 Some(i) => Ok(Value::int(BigInt::from(b[index_of(b.len(), &i, "")?]))),

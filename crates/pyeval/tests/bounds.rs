@@ -81,6 +81,18 @@ fn long_computations_stop_at_the_deadline() {
 }
 
 #[test]
+fn searches_take_linear_time_whatever_the_pattern() {
+    // A naive search would compare 4 001 bytes at each of 8 million places.
+    for expr in [
+        "b'a' * 4000 + b'b' in b'a' * 8_000_000",
+        "'a' * 4000 + 'b' in 'a' * 8_000_000",
+    ] {
+        let v = evaluate(expr, &limits()).expect(expr);
+        assert_eq!(v.repr, "False", "{expr}");
+    }
+}
+
+#[test]
 fn the_input_length_is_capped() {
     let limits = Limits::default();
     let long = format!("1{}", " + 1".repeat(2_500));
