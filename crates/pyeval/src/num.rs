@@ -308,13 +308,27 @@ fn ratio_to_f64(x: &BigUint, y: &BigUint) -> Option<f64> {
 }
 
 /// m * 2**e, exact whenever the result is representable (m has at most 54
-/// bits and was already rounded for the result's precision).
-fn ldexp(m: f64, e: i64) -> f64 {
-    let e = e.clamp(-2200, 2200);
-    let e1 = e / 2;
-    m * pow2(e1) * pow2(e - e1)
+/// bits and was already rounded for the result's precision), in steps that
+/// each stay within the exponent range.
+fn ldexp(mut m: f64, mut e: i64) -> f64 {
+    while e > 1000 {
+        m *= pow2(1000);
+        e -= 1000;
+        if m.is_infinite() {
+            return m;
+        }
+    }
+    while e < -1000 {
+        m *= pow2(-1000);
+        e += 1000;
+        if m == 0.0 {
+            return m;
+        }
+    }
+    m * pow2(e)
 }
 
+/// 2**e for -1074 <= e <= 1023.
 fn pow2(e: i64) -> f64 {
     if e >= -1022 {
         f64::from_bits(((e + 1023) as u64) << 52)
