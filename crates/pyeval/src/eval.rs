@@ -195,7 +195,7 @@ fn rebuild(order: &[Value], budget: &mut Budget) -> Result<Set> {
 /// start-up as objects other than its cached one-character strings (names
 /// in its frozen modules): interning replaces exactly these. The test
 /// `single_characters_interned_at_startup_are_cpythons` checks the list.
-pub(crate) const INTERNED_AT_STARTUP: &str = "abcdefhijklmnopqrstvwxyBCLST_";
+pub const INTERNED_AT_STARTUP: &str = "abcdefhijklmnopqrstvwxyBCLST_";
 
 /// Whether intern_string_constants replaces this member: identifier-like
 /// strings (ASCII letters, digits, `_`) of two or more characters, taken

@@ -30,6 +30,9 @@ use serde_json::json;
 
 pub use budget::Limits;
 pub use error::{Error, ErrorKind};
+/// For the test that checks it against the installed CPython.
+#[doc(hidden)]
+pub use eval::INTERNED_AT_STARTUP;
 
 use budget::Budget;
 use value::Value;

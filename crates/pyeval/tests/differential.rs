@@ -433,3 +433,44 @@ fn random_numbers_match_cpython() {
     let (mismatches, compared) = compare(&exprs);
     report(&mismatches, compared);
 }
+
+/// The table of printable characters (what repr escapes) is CPython's own.
+#[test]
+fn printable_table_matches_cpython() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let out = std::env::temp_dir().join(format!("printable-{}.rs", std::process::id()));
+    let status = Command::new(PYTHON)
+        .arg(format!("{root}/scripts/gen-printable.py"))
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run gen-printable.py");
+    assert!(status.success());
+    let fresh = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let committed = include_str!("../src/printable.rs");
+    assert!(
+        fresh == committed,
+        "src/printable.rs is not what CPython says: rerun scripts/gen-printable.py"
+    );
+}
+
+/// The one-character strings CPython interned at start-up (as other objects than its cached
+/// ones) decide whether the compiler rebuilds a constant set.
+#[test]
+fn single_characters_interned_at_startup_are_cpythons() {
+    let out = Command::new(PYTHON)
+        .args([
+            "-c",
+            "import sys, string\n\
+             print(''.join(c for c in string.ascii_letters + string.digits + '_' \
+             if sys.intern(chr(ord(c))) is not chr(ord(c))))",
+        ])
+        .output()
+        .expect("run python");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap().trim(),
+        airlock_pyeval::INTERNED_AT_STARTUP
+    );
+}
