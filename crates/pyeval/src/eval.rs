@@ -48,6 +48,16 @@ impl Evaluator {
             Node::Dict(pairs) => {
                 let mut dict = Dict::default();
                 for chunk in pairs.chunks(DICT_CHUNK) {
+                    // compiler_subdict: a chunk of 16 or more pairs adds each pair as it
+                    // is evaluated (MAP_ADD); a smaller one evaluates all, then builds.
+                    if chunk.len() * 2 > STACK_USE_GUIDELINE {
+                        for (k, v) in chunk {
+                            let k = self.eval(k, budget)?;
+                            let v = self.eval(v, budget)?;
+                            dict.insert(k, v, budget)?;
+                        }
+                        continue;
+                    }
                     let mut evaluated = Vec::with_capacity(chunk.len());
                     for (k, v) in chunk {
                         let k = self.eval(k, budget)?;
@@ -164,7 +174,7 @@ impl Evaluator {
         }
         let members: Vec<Value> = first.iter().map(|(_, v)| v.clone()).collect();
         for (seen, set) in &self.frozensets {
-            if same_constant_members(seen, &members) {
+            if same_constant_members(seen, &members, budget)? {
                 return Ok(set.clone());
             }
         }
@@ -217,8 +227,17 @@ fn replaced_by_interning(v: &Value) -> bool {
 /// Whether two frozenset constants are the same constant for the compiler's
 /// cache: the same members by type and value (1, 1.0 and True differ, and
 /// so do 0.0 and -0.0).
-fn same_constant_members(a: &[Value], b: &[Value]) -> bool {
-    a.len() == b.len() && a.iter().all(|x| b.iter().any(|y| strictly_equal(x, y)))
+fn same_constant_members(a: &[Value], b: &[Value], budget: &mut Budget) -> Result<bool> {
+    if a.len() != b.len() {
+        return Ok(false);
+    }
+    for x in a {
+        budget.ticks(b.len() as u64)?;
+        if !b.iter().any(|y| strictly_equal(x, y)) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn strictly_equal(a: &Value, b: &Value) -> bool {

@@ -26,6 +26,7 @@ mod printable;
 mod repr;
 mod value;
 
+use ruff_text_size::Ranged;
 use serde_json::json;
 
 pub use budget::Limits;
@@ -83,6 +84,20 @@ pub fn evaluate(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
 
 fn evaluate_here(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
     let mut budget = Budget::new(limits);
+    if source.contains('\0') {
+        return Err(Error::new(
+            ErrorKind::ValueError,
+            "source code string cannot contain null bytes",
+        ));
+    }
+    // CPython's tokenizer reads \r\n and \r as \n (inside triple-quoted strings too).
+    let normalized;
+    let source = if source.contains('\r') {
+        normalized = source.replace("\r\n", "\n").replace('\r', "\n");
+        normalized.as_str()
+    } else {
+        source
+    };
     let expr = strip_result_assignment(source.trim_start_matches([' ', '\t', '\x0c']));
     let parsed = ruff_python_parser::parse_expression(expr).map_err(|e| {
         Error::new(
@@ -90,6 +105,20 @@ fn evaluate_here(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
             format!("{} (at offset {})", e.error, e.location.start().to_usize()),
         )
     })?;
+    // The parser takes U+FEFF for whitespace; CPython refuses it outside a string.
+    for (at, _) in expr.match_indices('\u{feff}') {
+        let in_string = parsed.tokens().iter().any(|t| {
+            t.kind() == ruff_python_ast::token::TokenKind::String
+                && t.range().start().to_usize() <= at
+                && at < t.range().end().to_usize()
+        });
+        if !in_string {
+            return Err(Error::new(
+                ErrorKind::SyntaxError,
+                format!("invalid non-printable character U+FEFF (at offset {at})"),
+            ));
+        }
+    }
     let mut depth = 0usize;
     for token in parsed.tokens().iter() {
         use ruff_python_ast::token::TokenKind as T;

@@ -235,10 +235,27 @@ fn int_pow(x: BigInt, y: &BigInt, budget: &mut Budget) -> Result<BigInt> {
         return Ok(if y.is_even() { BigInt::one() } else { x });
     }
     let e = y.to_u64().unwrap_or(u64::MAX);
-    let width = (bits(&x) - 1).max(1).saturating_mul(e);
+    // An upper bound on the result's width: e * log2|x|, rounded up, plus slack for
+    // the float's own rounding.
+    let width = ((e as f64) * log2_abs(&x)).ceil();
+    let width = if width >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        width as u64 + 2
+    };
     budget.int_bits(width)?;
     budget.ticks(width / 64 * (width / 4096 + 1))?;
     Ok(num_traits::pow::Pow::pow(x, e))
+}
+
+/// log2(|x|) for x != 0, from its top 64 bits.
+fn log2_abs(x: &BigInt) -> f64 {
+    let b = x.bits();
+    if b <= 64 {
+        return x.magnitude().to_f64().unwrap_or(0.0).log2();
+    }
+    let top = (x.magnitude() >> (b - 64)).to_f64().unwrap_or(1.0);
+    top.log2() + (b - 64) as f64
 }
 
 /// int / int, correctly rounded (CPython's long_true_divide).

@@ -445,7 +445,7 @@ impl Set {
         if newsize == MINSIZE && self.table.len() == MINSIZE && self.fill == self.used {
             return Ok(());
         }
-        budget.alloc(newsize * 16)?;
+        budget.alloc(newsize * std::mem::size_of::<Slot>())?;
         let old = std::mem::replace(&mut self.table, vec![Slot::Empty; newsize]);
         self.fill = self.used;
         for slot in old {

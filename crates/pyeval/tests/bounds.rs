@@ -35,6 +35,8 @@ fn huge_results_are_refused_by_the_budgets() {
         "1 << 10**100",
         "[[0] * 10**4] * 10**4 + [1]",
         "10**1000 * 10**100000",
+        // 207 744 bits: the width of a power is bounded before it is computed.
+        "3**131072 % 7",
     ] {
         let e = refused(expr, &limits);
         assert_eq!(e.kind, ErrorKind::MemoryError, "{expr:.60}: {e}");
@@ -43,6 +45,15 @@ fn huge_results_are_refused_by_the_budgets() {
             "{expr:.60} is refused by a budget, not by Python: {e}"
         );
     }
+}
+
+#[test]
+fn powers_just_inside_the_int_budget_are_computed() {
+    let v = evaluate("3**82000 % 1000", &limits()).unwrap();
+    assert_eq!(
+        v.repr, "1",
+        "3**82000 is 129 967 bits wide; 3**82000 % 1000 == 1"
+    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ def intern_constants(expr):
     # the evaluator models).
     try:
         tree = ast.parse(expr, mode="eval")
-    except SyntaxError:
+    except Exception:  # the real compile below reports it
         return
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
