@@ -85,6 +85,13 @@ impl Compiler<'_> {
                     if !raw && escapes_a_surrogate(code) {
                         return Err(refuse("lone surrogates (\\ud800-\\udfff) are", src, e));
                     }
+                    if !raw && names_an_unknown_character(code) {
+                        return Err(Error::new(
+                            ErrorKind::SyntaxError,
+                            "(unicode error) 'unicodeescape' codec can't decode bytes: \
+                             unknown Unicode character name",
+                        ));
+                    }
                 }
                 let text = s.value.to_str();
                 self.budget.alloc(text.len())?;
@@ -432,6 +439,45 @@ fn escapes_a_surrogate(code: &str) -> bool {
             }
         }
         i += 2;
+    }
+    false
+}
+
+/// Whether a (non-raw) string literal's source has a `\N{...}` escape that
+/// CPython 3.11 cannot resolve although the parser did: a character assigned
+/// after Unicode 14.0, or an algorithmic name (Hangul syllables, CJK
+/// ideographs) not spelled all in capitals, which CPython's lookup refuses.
+fn names_an_unknown_character(code: &str) -> bool {
+    let mut rest = code;
+    while let Some(at) = rest.find('\\') {
+        let after = &rest[at + 1..];
+        let Some(next) = after.chars().next() else {
+            return false;
+        };
+        if next != 'N' {
+            rest = &after[next.len_utf8()..];
+            continue;
+        }
+        let Some(body) = after.strip_prefix("N{") else {
+            rest = &after[1..];
+            continue;
+        };
+        let Some(end) = body.find('}') else {
+            return false;
+        };
+        let name = &body[..end];
+        rest = &body[end..];
+        let upper = name.to_ascii_uppercase();
+        let algorithmic = ["HANGUL SYLLABLE ", "CJK UNIFIED IDEOGRAPH-"]
+            .iter()
+            .any(|p| upper.starts_with(p));
+        if algorithmic && upper != name {
+            return true;
+        }
+        match unicode_names2::character(name) {
+            Some(c) if !crate::repr::is_assigned(c) => return true,
+            _ => {}
+        }
     }
     false
 }

@@ -39,7 +39,16 @@ pub(crate) fn is_printable(c: char) -> bool {
     if c < 0x7f {
         return c >= 0x20;
     }
-    PRINTABLE
+    in_ranges(PRINTABLE, c)
+}
+
+/// Whether CPython 3.11's Unicode database (14.0) assigns this code point.
+pub(crate) fn is_assigned(c: char) -> bool {
+    in_ranges(crate::printable::ASSIGNED, c as u32)
+}
+
+fn in_ranges(table: &[(u32, u32)], c: u32) -> bool {
+    table
         .binary_search_by(|&(lo, hi)| {
             if hi < c {
                 std::cmp::Ordering::Less
