@@ -284,6 +284,16 @@ const LINEAR_PROBES: usize = 9;
 const PERTURB_SHIFT: u32 = 5;
 const MINSIZE: usize = 8;
 
+/// The next slot to look at once a run of linear probes is used up (the
+/// perturbed recurrence of setobject.c).
+fn next_probe(i: usize, perturb: &mut u64, mask: usize) -> usize {
+    *perturb >>= PERTURB_SHIFT;
+    (i.wrapping_mul(5)
+        .wrapping_add(1)
+        .wrapping_add(*perturb as usize))
+        & mask
+}
+
 impl Default for Set {
     fn default() -> Set {
         Set {
@@ -336,12 +346,7 @@ impl Set {
                 }
             }
             budget.tick()?;
-            perturb >>= PERTURB_SHIFT;
-            i = (i
-                .wrapping_mul(5)
-                .wrapping_add(1)
-                .wrapping_add(perturb as usize))
-                & mask;
+            i = next_probe(i, &mut perturb, mask);
         }
     }
 
@@ -384,12 +389,7 @@ impl Set {
                 }
             }
             budget.tick()?;
-            perturb >>= PERTURB_SHIFT;
-            i = (i
-                .wrapping_mul(5)
-                .wrapping_add(1)
-                .wrapping_add(perturb as usize))
-                & mask;
+            i = next_probe(i, &mut perturb, mask);
         };
         budget.alloc(Value::cost_of_items(1) + 8)?;
         if let Some(free) = freeslot {
@@ -427,12 +427,7 @@ impl Set {
                     return;
                 }
             }
-            perturb >>= PERTURB_SHIFT;
-            i = (i
-                .wrapping_mul(5)
-                .wrapping_add(1)
-                .wrapping_add(perturb as usize))
-                & mask;
+            i = next_probe(i, &mut perturb, mask);
         }
     }
 
