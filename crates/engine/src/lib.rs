@@ -358,7 +358,7 @@ impl Engine {
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
         let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
-        let request = Value::Dict(vec![
+        let mut fields = vec![
             ("code", Value::Str(&job.code)),
             ("filename", Value::Str(&job.filename)),
             (
@@ -384,18 +384,6 @@ impl Engine {
                         .collect(),
                 ),
             ),
-            (
-                "entrypoint",
-                job.entrypoint
-                    .as_ref()
-                    .map_or(Value::None, |e| Value::Str(&e.name)),
-            ),
-            (
-                "inputs",
-                job.entrypoint
-                    .as_ref()
-                    .map_or(Value::None, |e| Value::Object(&e.inputs)),
-            ),
             ("stream", Value::Bool(job.stream)),
             ("echo_traceback", Value::Bool(job.echo_traceback)),
             (
@@ -412,8 +400,9 @@ impl Engine {
             ("result_limit", int(self.config.max_result_bytes)),
             ("repr_limit", int(REPR_LIMIT as u64)),
             ("max_depth", int(MAX_DEPTH as u64)),
-        ]);
-        marshal::encode(&request).map_err(|e| EngineError::Io {
+        ];
+        fields.extend(marshal::entrypoint_fields(job.entrypoint.as_ref()));
+        marshal::encode(&Value::Dict(fields)).map_err(|e| EngineError::Io {
             what: "encoding the request",
             source: std::io::Error::other(e),
         })

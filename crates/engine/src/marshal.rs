@@ -21,6 +21,18 @@ pub(crate) enum Value<'a> {
     Object(&'a serde_json::Map<String, serde_json::Value>),
 }
 
+/// Function mode's two request fields (None for a plain execution), the same for a one-shot
+/// run and a session cell.
+pub(crate) fn entrypoint_fields(e: Option<&crate::Entrypoint>) -> [(&'static str, Value<'_>); 2] {
+    [
+        ("entrypoint", e.map_or(Value::None, |e| Value::Str(&e.name))),
+        (
+            "inputs",
+            e.map_or(Value::None, |e| Value::Object(&e.inputs)),
+        ),
+    ]
+}
+
 /// One object is at most this long (marshal's lengths are signed 32-bit).
 const MAX_LEN: usize = i32::MAX as usize;
 

@@ -242,24 +242,14 @@ impl Session {
         }
         io.cells += 1;
         let filename = format!("cell{}.py", io.cells);
-        let mut request = marshal::encode(&Value::Dict(vec![
+        let mut fields = vec![
             ("op", Value::Str("exec")),
             ("code", Value::Str(&cell.code)),
             ("filename", Value::Str(&filename)),
-            (
-                "entrypoint",
-                cell.entrypoint
-                    .as_ref()
-                    .map_or(Value::None, |e| Value::Str(&e.name)),
-            ),
-            (
-                "inputs",
-                cell.entrypoint
-                    .as_ref()
-                    .map_or(Value::None, |e| Value::Object(&e.inputs)),
-            ),
-        ]))
-        .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
+        ];
+        fields.extend(marshal::entrypoint_fields(cell.entrypoint.as_ref()));
+        let mut request = marshal::encode(&Value::Dict(fields))
+            .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
         frame(&mut request);
 
         let started = Instant::now();
