@@ -1,0 +1,992 @@
+//! The symbolic pickle machine: the opcodes of protocols 0-5, a stack of descriptions, marks
+//! and a memo. Every length is checked against the bytes that are really there before
+//! anything is read or allocated.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use base64::Engine as _;
+use num_bigint::BigInt;
+use num_traits::ToPrimitive;
+use serde_json::{json, Value as Json};
+
+use crate::{CallSite, DecodeError, Global, Options, Report, Verdict};
+
+type Shared<T> = Rc<RefCell<T>>;
+
+/// What a value on the stack is known to be.
+#[derive(Debug, Clone)]
+enum V {
+    None,
+    Bool(bool),
+    Int(Rc<BigInt>),
+    Float(f64),
+    Complex(f64, f64),
+    Str(Rc<str>),
+    Bytes(Rc<[u8]>),
+    ByteArray(Rc<[u8]>),
+    List(Shared<Vec<V>>),
+    Tuple(Rc<Vec<V>>),
+    Dict(Shared<Vec<(V, V)>>),
+    Set(Shared<Vec<V>>),
+    FrozenSet(Rc<Vec<V>>),
+    /// A global that was named; `allowed` says whether the allow-list has it.
+    Global(Rc<str>, bool),
+    /// An allow-listed global outside the built-in forms, called with these arguments.
+    Call(Rc<str>, Rc<Vec<V>>),
+    /// The result of something that is not allowed: loading would run code.
+    Opaque,
+}
+
+struct Malformed(usize, String);
+
+struct Machine<'a> {
+    data: &'a [u8],
+    pos: usize,
+    op_at: usize,
+    opts: &'a Options,
+    stack: Vec<V>,
+    marks: Vec<usize>,
+    memo: HashMap<u64, V>,
+    report: Report,
+    reasons: Vec<String>,
+    /// Items copied so far (a set built from a memoized list copies it); bounded so that a
+    /// small pickle cannot ask for quadratic work.
+    work: u64,
+}
+
+fn bad<T>(at: usize, why: impl Into<String>) -> Result<T, Malformed> {
+    Err(Malformed(at, why.into()))
+}
+
+impl<'a> Machine<'a> {
+    fn take(&mut self, n: u64) -> Result<&'a [u8], Malformed> {
+        let left = (self.data.len() - self.pos) as u64;
+        if n > left {
+            return bad(
+                self.op_at,
+                format!("declares {n} bytes but only {left} are left"),
+            );
+        }
+        let s = &self.data[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(s)
+    }
+
+    fn uint(&mut self, n: u64) -> Result<u64, Malformed> {
+        let b = self.take(n)?;
+        let mut v = 0u64;
+        for (i, byte) in b.iter().enumerate() {
+            v |= (*byte as u64) << (8 * i);
+        }
+        Ok(v)
+    }
+
+    fn int4(&mut self) -> Result<i64, Malformed> {
+        Ok(self.uint(4)? as u32 as i32 as i64)
+    }
+
+    fn line(&mut self) -> Result<&'a [u8], Malformed> {
+        let rest = &self.data[self.pos..];
+        match rest.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                self.pos += i + 1;
+                Ok(&rest[..i])
+            }
+            None => bad(self.op_at, "a text argument has no end of line"),
+        }
+    }
+
+    fn text_line(&mut self) -> Result<String, Malformed> {
+        let l = self.line()?;
+        match std::str::from_utf8(l) {
+            Ok(s) => Ok(s.to_string()),
+            Err(_) => bad(self.op_at, "a text argument is not UTF-8"),
+        }
+    }
+
+    fn pop(&mut self) -> Result<V, Malformed> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return bad(self.op_at, "stack underflow");
+        }
+        Ok(self.stack.pop().unwrap_or(V::Opaque))
+    }
+
+    fn top(&mut self) -> Result<&mut V, Malformed> {
+        let at = self.op_at;
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return bad(at, "stack underflow");
+        }
+        match self.stack.last_mut() {
+            Some(v) => Ok(v),
+            None => bad(at, "stack underflow"),
+        }
+    }
+
+    fn pop_mark(&mut self) -> Result<Vec<V>, Malformed> {
+        match self.marks.pop() {
+            Some(m) => Ok(self.stack.split_off(m)),
+            None => bad(self.op_at, "no MARK to pop to"),
+        }
+    }
+
+    fn unsafe_(&mut self, why: String) {
+        if !self.reasons.contains(&why) {
+            self.reasons.push(why);
+        }
+    }
+
+    fn call_site(&mut self, opcode: &'static str, target: Option<String>) {
+        self.report.calls.push(CallSite {
+            opcode,
+            offset: self.op_at,
+            target,
+        });
+    }
+
+    fn global(&mut self, module: String, name: String) -> V {
+        let q = format!("{module}.{name}");
+        let allowed = self.opts.allow.contains(&q);
+        if !allowed {
+            self.unsafe_(format!("global {q} is not allowed"));
+        }
+        self.report.globals.push(Global {
+            module,
+            name,
+            offset: self.op_at,
+            allowed,
+        });
+        V::Global(q.into(), allowed)
+    }
+
+    fn memo_get(&mut self, idx: u64) -> Result<V, Malformed> {
+        match self.memo.get(&idx) {
+            Some(v) => Ok(v.clone()),
+            None => bad(self.op_at, format!("memo {idx} was never stored")),
+        }
+    }
+
+    fn memo_put(&mut self, idx: u64) -> Result<(), Malformed> {
+        let v = self.top()?.clone();
+        self.memo.insert(idx, v);
+        Ok(())
+    }
+
+    fn run(&mut self) -> Result<V, Malformed> {
+        loop {
+            if self.pos >= self.data.len() {
+                return bad(self.data.len(), "the pickle ends without STOP");
+            }
+            self.op_at = self.pos;
+            let op = self.data[self.pos];
+            self.pos += 1;
+            self.report.opcodes += 1;
+            match op {
+                b'.' => {
+                    let v = self.pop()?;
+                    if self.pos != self.data.len() {
+                        return bad(
+                            self.pos,
+                            format!("{} bytes after STOP", self.data.len() - self.pos),
+                        );
+                    }
+                    return Ok(v);
+                }
+                0x80 => {
+                    let p = self.uint(1)? as u8;
+                    if p > 5 {
+                        return bad(self.op_at, format!("unsupported protocol {p}"));
+                    }
+                    self.report.protocol = Some(p);
+                }
+                0x95 => {
+                    // FRAME: a length hint; the opcodes follow inline.
+                    let n = self.uint(8)?;
+                    if n > (self.data.len() - self.pos) as u64 {
+                        return bad(self.op_at, format!("frame of {n} bytes runs past the end"));
+                    }
+                }
+                b'N' => self.stack.push(V::None),
+                0x88 => self.stack.push(V::Bool(true)),
+                0x89 => self.stack.push(V::Bool(false)),
+                b'I' => {
+                    let l = self.text_line()?;
+                    let v = match l.as_str() {
+                        "00" => V::Bool(false),
+                        "01" => V::Bool(true),
+                        s => match s.parse::<BigInt>() {
+                            Ok(n) => V::Int(Rc::new(n)),
+                            Err(_) => return bad(self.op_at, "INT is not a decimal integer"),
+                        },
+                    };
+                    self.stack.push(v);
+                }
+                b'L' => {
+                    let l = self.text_line()?;
+                    let s = l.strip_suffix('L').unwrap_or(&l);
+                    match s.parse::<BigInt>() {
+                        Ok(n) => self.stack.push(V::Int(Rc::new(n))),
+                        Err(_) => return bad(self.op_at, "LONG is not a decimal integer"),
+                    }
+                }
+                b'J' => {
+                    let n = self.int4()?;
+                    self.stack.push(V::Int(Rc::new(n.into())));
+                }
+                b'K' => {
+                    let n = self.uint(1)?;
+                    self.stack.push(V::Int(Rc::new(n.into())));
+                }
+                b'M' => {
+                    let n = self.uint(2)?;
+                    self.stack.push(V::Int(Rc::new(n.into())));
+                }
+                0x8a | 0x8b => {
+                    let n = if op == 0x8a {
+                        self.uint(1)? as i64
+                    } else {
+                        self.int4()?
+                    };
+                    if n < 0 {
+                        return bad(self.op_at, "LONG4 with a negative length");
+                    }
+                    let b = self.take(n as u64)?;
+                    let v = if b.is_empty() {
+                        BigInt::from(0)
+                    } else {
+                        BigInt::from_signed_bytes_le(b)
+                    };
+                    self.stack.push(V::Int(Rc::new(v)));
+                }
+                b'F' => {
+                    let l = self.text_line()?;
+                    match l.trim().parse::<f64>() {
+                        Ok(f) => self.stack.push(V::Float(f)),
+                        Err(_) => return bad(self.op_at, "FLOAT is not a number"),
+                    }
+                }
+                b'G' => {
+                    let b = self.take(8)?;
+                    let f = f64::from_be_bytes(b.try_into().unwrap_or([0; 8]));
+                    self.stack.push(V::Float(f));
+                }
+                b'S' => {
+                    let l = self.line()?.to_vec();
+                    let bytes = match unquote(&l) {
+                        Some(b) => b,
+                        None => return bad(self.op_at, "STRING is not a quoted string"),
+                    };
+                    self.push_ascii(bytes)?;
+                }
+                b'T' | b'U' => {
+                    let n = if op == b'T' {
+                        self.int4()?
+                    } else {
+                        self.uint(1)? as i64
+                    };
+                    if n < 0 {
+                        return bad(self.op_at, "BINSTRING with a negative length");
+                    }
+                    let b = self.take(n as u64)?.to_vec();
+                    self.push_ascii(b)?;
+                }
+                b'V' => {
+                    let l = self.line()?;
+                    match raw_unicode_escape(l) {
+                        Some(s) => self.stack.push(V::Str(s.into())),
+                        None => return bad(self.op_at, "UNICODE has a bad escape"),
+                    }
+                }
+                b'X' | 0x8c | 0x8d => {
+                    let n = match op {
+                        b'X' => self.uint(4)?,
+                        0x8c => self.uint(1)?,
+                        _ => self.uint(8)?,
+                    };
+                    let b = self.take(n)?;
+                    match std::str::from_utf8(b) {
+                        Ok(s) => self.stack.push(V::Str(s.into())),
+                        // CPython decodes with surrogatepass; lone surrogates are data we do
+                        // not represent.
+                        Err(_) => return bad(self.op_at, "BINUNICODE is not UTF-8"),
+                    }
+                }
+                b'B' | b'C' | 0x8e | 0x96 => {
+                    let n = match op {
+                        b'B' => self.uint(4)?,
+                        b'C' => self.uint(1)?,
+                        _ => self.uint(8)?,
+                    };
+                    let b: Rc<[u8]> = self.take(n)?.into();
+                    self.stack.push(if op == 0x96 {
+                        V::ByteArray(b)
+                    } else {
+                        V::Bytes(b)
+                    });
+                }
+                b')' => self.stack.push(V::Tuple(Rc::default())),
+                b']' => self.stack.push(V::List(Rc::default())),
+                b'}' => self.stack.push(V::Dict(Rc::default())),
+                0x8f => self.stack.push(V::Set(Rc::default())),
+                b'(' => self.marks.push(self.stack.len()),
+                b't' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(V::Tuple(Rc::new(items)));
+                }
+                0x85..=0x87 => {
+                    let n = (op - 0x84) as usize;
+                    let mut items = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        items.push(self.pop()?);
+                    }
+                    items.reverse();
+                    self.stack.push(V::Tuple(Rc::new(items)));
+                }
+                b'l' => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(V::List(Rc::new(RefCell::new(items))));
+                }
+                b'd' => {
+                    let items = self.pop_mark()?;
+                    if items.len() % 2 != 0 {
+                        return bad(self.op_at, "DICT with an odd number of items");
+                    }
+                    let pairs = pairs(items);
+                    self.stack.push(V::Dict(Rc::new(RefCell::new(pairs))));
+                }
+                0x91 => {
+                    let items = self.pop_mark()?;
+                    self.stack.push(V::FrozenSet(Rc::new(items)));
+                }
+                b'a' => {
+                    let item = self.pop()?;
+                    self.append(vec![item])?;
+                }
+                b'e' => {
+                    let items = self.pop_mark()?;
+                    self.append(items)?;
+                }
+                b's' => {
+                    let value = self.pop()?;
+                    let key = self.pop()?;
+                    self.set_items(vec![(key, value)])?;
+                }
+                b'u' => {
+                    let items = self.pop_mark()?;
+                    if items.len() % 2 != 0 {
+                        return bad(self.op_at, "SETITEMS with an odd number of items");
+                    }
+                    self.set_items(pairs(items))?;
+                }
+                0x90 => {
+                    let items = self.pop_mark()?;
+                    match self.top()? {
+                        V::Set(s) => s.borrow_mut().extend(items),
+                        V::Opaque => {}
+                        _ => return bad(self.op_at, "ADDITEMS on something that is not a set"),
+                    }
+                }
+                b'0' => {
+                    self.pop()?;
+                }
+                b'1' => {
+                    self.pop_mark()?;
+                }
+                b'2' => {
+                    let v = self.top()?.clone();
+                    self.stack.push(v);
+                }
+                b'p' => {
+                    let l = self.text_line()?;
+                    match l.parse::<u64>() {
+                        Ok(i) => self.memo_put(i)?,
+                        Err(_) => return bad(self.op_at, "PUT index is not a number"),
+                    }
+                }
+                b'q' => {
+                    let i = self.uint(1)?;
+                    self.memo_put(i)?;
+                }
+                b'r' => {
+                    let i = self.uint(4)?;
+                    self.memo_put(i)?;
+                }
+                0x94 => {
+                    let i = self.memo.len() as u64;
+                    self.memo_put(i)?;
+                }
+                b'g' => {
+                    let l = self.text_line()?;
+                    let v = match l.parse::<u64>() {
+                        Ok(i) => self.memo_get(i)?,
+                        Err(_) => return bad(self.op_at, "GET index is not a number"),
+                    };
+                    self.stack.push(v);
+                }
+                b'h' | b'j' => {
+                    let i = if op == b'h' {
+                        self.uint(1)?
+                    } else {
+                        self.uint(4)?
+                    };
+                    let v = self.memo_get(i)?;
+                    self.stack.push(v);
+                }
+                b'c' => {
+                    let module = self.text_line()?;
+                    let name = self.text_line()?;
+                    let g = self.global(module, name);
+                    self.stack.push(g);
+                }
+                0x93 => {
+                    let name = self.pop()?;
+                    let module = self.pop()?;
+                    match (module, name) {
+                        (V::Str(m), V::Str(n)) => {
+                            let g = self.global(m.to_string(), n.to_string());
+                            self.stack.push(g);
+                        }
+                        _ => {
+                            self.unsafe_(
+                                "STACK_GLOBAL with operands that are not plain strings".into(),
+                            );
+                            self.report.calls.push(CallSite {
+                                opcode: "STACK_GLOBAL",
+                                offset: self.op_at,
+                                target: None,
+                            });
+                            self.stack.push(V::Opaque);
+                        }
+                    }
+                }
+                b'i' => {
+                    let module = self.text_line()?;
+                    let name = self.text_line()?;
+                    let _ = self.pop_mark()?;
+                    let g = self.global(module, name);
+                    let target = global_name(&g);
+                    self.call_site("INST", target.clone());
+                    self.unsafe_(format!("INST instantiates {}", target.unwrap_or_default()));
+                    self.stack.push(V::Opaque);
+                }
+                b'o' => {
+                    let mut items = self.pop_mark()?;
+                    if items.is_empty() {
+                        return bad(self.op_at, "OBJ without a class");
+                    }
+                    let cls = items.remove(0);
+                    self.instantiate("OBJ", &cls);
+                }
+                0x81 => {
+                    let _args = self.pop()?;
+                    let cls = self.pop()?;
+                    self.instantiate("NEWOBJ", &cls);
+                }
+                0x92 => {
+                    let _kwargs = self.pop()?;
+                    let _args = self.pop()?;
+                    let cls = self.pop()?;
+                    self.instantiate("NEWOBJ_EX", &cls);
+                }
+                b'R' => {
+                    let args = self.pop()?;
+                    let callable = self.pop()?;
+                    let v = self.reduce(callable, args)?;
+                    self.stack.push(v);
+                }
+                b'b' => {
+                    let _state = self.pop()?;
+                    let target = global_name(self.top()?);
+                    self.call_site("BUILD", None);
+                    let _ = target;
+                    self.unsafe_(
+                        "BUILD sets an object's state (__setstate__ or attributes)".into(),
+                    );
+                    *self.top()? = V::Opaque;
+                }
+                0x82..=0x84 => {
+                    let code = match op {
+                        0x82 => self.uint(1)? as i64,
+                        0x83 => self.uint(2)? as i64,
+                        _ => self.int4()?,
+                    };
+                    let name = ["EXT1", "EXT2", "EXT4"][(op - 0x82) as usize];
+                    self.call_site(name, None);
+                    self.unsafe_(format!(
+                        "{name} looks up extension code {code} in copyreg's registry"
+                    ));
+                    self.stack.push(V::Opaque);
+                }
+                b'P' => {
+                    self.line()?;
+                    self.call_site("PERSID", None);
+                    self.unsafe_("PERSID asks the loader's persistent_load".into());
+                    self.stack.push(V::Opaque);
+                }
+                b'Q' => {
+                    self.pop()?;
+                    self.call_site("BINPERSID", None);
+                    self.unsafe_("BINPERSID asks the loader's persistent_load".into());
+                    self.stack.push(V::Opaque);
+                }
+                0x97 => {
+                    self.call_site("NEXT_BUFFER", None);
+                    self.unsafe_("NEXT_BUFFER takes an out-of-band buffer".into());
+                    self.stack.push(V::Opaque);
+                }
+                0x98 => {
+                    self.top()?;
+                    self.call_site("READONLY_BUFFER", None);
+                    self.unsafe_("READONLY_BUFFER wraps an out-of-band buffer".into());
+                }
+                other => return bad(self.op_at, format!("unknown opcode 0x{other:02x}")),
+            }
+        }
+    }
+
+    fn push_ascii(&mut self, bytes: Vec<u8>) -> Result<(), Malformed> {
+        // Python 3 reads protocol 0-2 strings as ASCII by default.
+        if !bytes.is_ascii() {
+            return bad(
+                self.op_at,
+                "a STRING is not ASCII (Python 3 would fail to load it)",
+            );
+        }
+        let s = String::from_utf8(bytes).unwrap_or_default();
+        self.stack.push(V::Str(s.into()));
+        Ok(())
+    }
+
+    fn append(&mut self, items: Vec<V>) -> Result<(), Malformed> {
+        match self.top()? {
+            V::List(l) => l.borrow_mut().extend(items),
+            V::Opaque => {}
+            _ => return bad(self.op_at, "APPEND to something that is not a list"),
+        }
+        Ok(())
+    }
+
+    fn set_items(&mut self, items: Vec<(V, V)>) -> Result<(), Malformed> {
+        match self.top()? {
+            V::Dict(d) => d.borrow_mut().extend(items),
+            V::Opaque => {}
+            _ => return bad(self.op_at, "SETITEM on something that is not a dict"),
+        }
+        Ok(())
+    }
+
+    fn instantiate(&mut self, opcode: &'static str, cls: &V) {
+        let target = global_name(cls);
+        self.call_site(opcode, target.clone());
+        self.unsafe_(format!(
+            "{opcode} instantiates {}",
+            target.unwrap_or_else(|| "an unknown class".into())
+        ));
+        self.stack.push(V::Opaque);
+    }
+
+    /// REDUCE: only allow-listed globals, and for the built-in forms only the argument
+    /// shapes CPython writes for plain data.
+    fn reduce(&mut self, callable: V, args: V) -> Result<V, Malformed> {
+        let name = global_name(&callable);
+        self.call_site("REDUCE", name.clone());
+        let (q, allowed) = match &callable {
+            V::Global(q, allowed) => (q.clone(), *allowed),
+            _ => {
+                self.unsafe_("REDUCE calls something that is not a named global".into());
+                return Ok(V::Opaque);
+            }
+        };
+        if !allowed {
+            // The global itself was already reported.
+            return Ok(V::Opaque);
+        }
+        let V::Tuple(args) = args else {
+            self.unsafe_(format!(
+                "REDUCE calls {q} with arguments that are not a tuple"
+            ));
+            return Ok(V::Opaque);
+        };
+        let short = q.split_once('.').map_or(&*q, |(m, n)| {
+            if m == "builtins" || m == "__builtin__" {
+                n
+            } else {
+                &q
+            }
+        });
+        let copied: u64 = args
+            .iter()
+            .map(|a| match a {
+                V::List(l) => l.borrow().len() as u64,
+                _ => 0,
+            })
+            .sum();
+        self.work += copied;
+        if self.work > work_limit(self.data.len()) {
+            return bad(self.op_at, "asks for more copying than its size allows");
+        }
+        let built = match (short, &args[..]) {
+            ("set", []) => Some(V::Set(Rc::default())),
+            ("set", [V::List(l)]) => Some(V::Set(Rc::new(RefCell::new(l.borrow().clone())))),
+            ("frozenset", []) => Some(V::FrozenSet(Rc::default())),
+            ("frozenset", [V::List(l)]) => Some(V::FrozenSet(Rc::new(l.borrow().clone()))),
+            ("bytearray", []) => Some(V::ByteArray(Rc::new([]))),
+            ("bytearray", [V::Bytes(b)]) => Some(V::ByteArray(b.clone())),
+            ("bytearray", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
+                latin1(s).map(|b| V::ByteArray(b.into()))
+            }
+            ("bytes", []) => Some(V::Bytes(Rc::new([]))),
+            ("_codecs.encode", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
+                latin1(s).map(|b| V::Bytes(b.into()))
+            }
+            ("complex", [V::Float(re), V::Float(im)]) => Some(V::Complex(*re, *im)),
+            ("complex", [V::Float(re)]) => Some(V::Complex(*re, 0.0)),
+            ("collections.OrderedDict", []) => Some(V::Dict(Rc::default())),
+            (_, _) if !crate::DEFAULT_ALLOW.contains(&&*q) => {
+                Some(V::Call(q.clone(), args.clone()))
+            }
+            _ => None,
+        };
+        match built {
+            Some(v) => Ok(v),
+            None => {
+                self.unsafe_(format!("{q} is called with arguments plain data never has"));
+                Ok(V::Opaque)
+            }
+        }
+    }
+}
+
+/// Items a pickle of `len` bytes may have copied, and may decode to: generous for data
+/// (every byte a separate item, many times over), far below what sharing could multiply.
+fn work_limit(len: usize) -> u64 {
+    64 * (len as u64).max(1 << 16)
+}
+
+fn pairs(items: Vec<V>) -> Vec<(V, V)> {
+    let mut out = Vec::with_capacity(items.len() / 2);
+    let mut it = items.into_iter();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        out.push((k, v));
+    }
+    out
+}
+
+fn global_name(v: &V) -> Option<String> {
+    match v {
+        V::Global(q, _) => Some(q.to_string()),
+        _ => None,
+    }
+}
+
+fn is_latin1(enc: &str) -> bool {
+    matches!(enc, "latin1" | "latin-1" | "latin_1" | "iso-8859-1")
+}
+
+fn latin1(s: &str) -> Option<Vec<u8>> {
+    s.chars().map(|c| u8::try_from(c as u32).ok()).collect()
+}
+
+/// A protocol-0 STRING argument: a Python bytes repr in quotes.
+fn unquote(l: &[u8]) -> Option<Vec<u8>> {
+    let (&q, rest) = l.split_first()?;
+    if (q != b'\'' && q != b'"') || rest.last() != Some(&q) {
+        return None;
+    }
+    let body = &rest[..rest.len() - 1];
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        let c = body[i];
+        if c != b'\\' {
+            out.push(c);
+            i += 1;
+            continue;
+        }
+        let e = *body.get(i + 1)?;
+        i += 2;
+        match e {
+            b'\\' | b'\'' | b'"' => out.push(e),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'a' => out.push(7),
+            b'b' => out.push(8),
+            b'f' => out.push(12),
+            b'v' => out.push(11),
+            b'\n' => {}
+            b'x' => {
+                let h = std::str::from_utf8(body.get(i..i + 2)?).ok()?;
+                out.push(u8::from_str_radix(h, 16).ok()?);
+                i += 2;
+            }
+            b'0'..=b'7' => {
+                let mut v = (e - b'0') as u32;
+                let mut k = 0;
+                while k < 2 && i < body.len() && (b'0'..=b'7').contains(&body[i]) {
+                    v = v * 8 + (body[i] - b'0') as u32;
+                    i += 1;
+                    k += 1;
+                }
+                out.push(v as u8);
+            }
+            other => {
+                out.push(b'\\');
+                out.push(other);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// raw-unicode-escape: `\uXXXX` and `\UXXXXXXXX` escapes, every other byte Latin-1.
+fn raw_unicode_escape(l: &[u8]) -> Option<String> {
+    let mut out = String::with_capacity(l.len());
+    let mut i = 0;
+    while i < l.len() {
+        let c = l[i];
+        if c == b'\\' && matches!(l.get(i + 1), Some(b'u') | Some(b'U')) {
+            // An odd run of backslashes escapes; CPython checks the count before it.
+            let width = if l[i + 1] == b'u' { 4 } else { 8 };
+            let h = std::str::from_utf8(l.get(i + 2..i + 2 + width)?).ok()?;
+            let v = u32::from_str_radix(h, 16).ok()?;
+            out.push(char::from_u32(v)?);
+            i += 2 + width;
+        } else {
+            out.push(c as char);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
+    Machine {
+        data,
+        pos: 0,
+        op_at: 0,
+        opts,
+        stack: Vec::new(),
+        marks: Vec::new(),
+        memo: HashMap::new(),
+        report: Report {
+            protocol: None,
+            size: data.len(),
+            opcodes: 0,
+            globals: Vec::new(),
+            calls: Vec::new(),
+            verdict: Verdict::Safe,
+        },
+        reasons: Vec::new(),
+        work: 0,
+    }
+}
+
+/// Takes values apart without recursion: a pickle can nest containers 100 000 deep (drop glue
+/// would overflow the stack) or make one contain itself (reference counts would never free
+/// it). Mutable containers are emptied even when shared, which breaks every cycle.
+fn dismantle(values: Vec<V>) {
+    let mut work = values;
+    while let Some(v) = work.pop() {
+        match v {
+            V::List(l) | V::Set(l) => work.append(&mut l.borrow_mut()),
+            V::Dict(d) => {
+                for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
+                    work.push(k);
+                    work.push(x);
+                }
+            }
+            V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
+                if let Ok(items) = Rc::try_unwrap(t) {
+                    work.extend(items);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Runs the machine, then hands `use_result` the report and the value while they live, and
+/// takes everything apart afterwards.
+fn execute<T>(
+    data: &[u8],
+    opts: &Options,
+    use_result: impl FnOnce(&Report, Option<&V>) -> T,
+) -> (Report, T) {
+    let mut m = machine(data, opts);
+    if data.len() > opts.max_bytes {
+        m.report.verdict = Verdict::Malformed {
+            offset: 0,
+            reason: format!(
+                "{} bytes, more than the {} accepted",
+                data.len(),
+                opts.max_bytes
+            ),
+        };
+        let out = use_result(&m.report, None);
+        return (m.report, out);
+    }
+    let result = m.run();
+    let mut report = std::mem::replace(
+        &mut m.report,
+        Report {
+            protocol: None,
+            size: 0,
+            opcodes: 0,
+            globals: Vec::new(),
+            calls: Vec::new(),
+            verdict: Verdict::Safe,
+        },
+    );
+    let value = match result {
+        Err(Malformed(offset, reason)) => {
+            report.verdict = Verdict::Malformed { offset, reason };
+            None
+        }
+        Ok(v) => {
+            if !m.reasons.is_empty() {
+                report.verdict = Verdict::Unsafe {
+                    reasons: std::mem::take(&mut m.reasons),
+                };
+            }
+            Some(v)
+        }
+    };
+    let out = use_result(&report, value.as_ref());
+    let mut rest: Vec<V> = std::mem::take(&mut m.stack);
+    rest.extend(m.memo.drain().map(|(_, v)| v));
+    rest.extend(value);
+    dismantle(rest);
+    (report, out)
+}
+
+/// Scans a pickle: its globals, its call sites, and the verdict.
+pub fn scan(data: &[u8], opts: &Options) -> Report {
+    execute(data, opts, |_, _| ()).0
+}
+
+/// The JSON form of a `safe` pickle; anything else is refused.
+pub fn decode(data: &[u8], opts: &Options) -> Result<Json, DecodeError> {
+    let (report, json) = execute(data, opts, |report, value| match (&report.verdict, value) {
+        (Verdict::Safe, Some(v)) => {
+            let mut left = work_limit(data.len());
+            Some(to_json(v, opts.max_depth, &mut Vec::new(), &mut left))
+        }
+        _ => None,
+    });
+    match report.verdict {
+        Verdict::Safe => json.unwrap_or_else(|| Err(DecodeError::Unsafe(vec!["no value".into()]))),
+        Verdict::Unsafe { reasons } => Err(DecodeError::Unsafe(reasons)),
+        Verdict::Malformed { offset, reason } => Err(DecodeError::Malformed { offset, reason }),
+    }
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn float_json(f: f64) -> Json {
+    if f.is_finite() {
+        json!(f)
+    } else {
+        json!({"$float": if f.is_nan() { "nan" } else if f > 0.0 { "inf" } else { "-inf" }})
+    }
+}
+
+/// Containers being converted, by address: a pickle can describe a list that contains
+/// itself, which JSON cannot hold.
+fn enter(path: &mut Vec<usize>, addr: usize) -> Result<(), DecodeError> {
+    if path.contains(&addr) {
+        return Err(DecodeError::Unrepresentable(
+            "a container contains itself".into(),
+        ));
+    }
+    path.push(addr);
+    Ok(())
+}
+
+/// `left`: how many more items the output may have. Shared containers print once per
+/// reference, so a small pickle could otherwise describe an exponentially large value.
+fn to_json(
+    v: &V,
+    depth: usize,
+    path: &mut Vec<usize>,
+    left: &mut u64,
+) -> Result<Json, DecodeError> {
+    if depth == 0 {
+        return Err(DecodeError::Unrepresentable("nested too deeply".into()));
+    }
+    if *left == 0 {
+        return Err(DecodeError::Unrepresentable(
+            "the value repeats shared parts more often than its size allows".into(),
+        ));
+    }
+    *left -= 1;
+    let many =
+        |items: &[V], path: &mut Vec<usize>, left: &mut u64| -> Result<Vec<Json>, DecodeError> {
+            items
+                .iter()
+                .map(|x| to_json(x, depth - 1, path, left))
+                .collect()
+        };
+    Ok(match v {
+        V::None => Json::Null,
+        V::Bool(b) => json!(b),
+        V::Int(n) => match n.to_i64() {
+            Some(i) => json!(i),
+            None => json!({"$int": n.to_string()}),
+        },
+        V::Float(f) => float_json(*f),
+        V::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
+        V::Str(s) => json!(&**s),
+        V::Bytes(b) => json!({"$bytes": b64(b)}),
+        V::ByteArray(b) => json!({"$bytearray": b64(b)}),
+        V::List(l) => {
+            enter(path, Rc::as_ptr(l) as usize)?;
+            let out = many(&l.borrow(), path, left)?;
+            path.pop();
+            Json::Array(out)
+        }
+        V::Tuple(t) => json!({"$tuple": many(t, path, left)?}),
+        V::Set(s) => {
+            enter(path, Rc::as_ptr(s) as usize)?;
+            let out = many(&s.borrow(), path, left)?;
+            path.pop();
+            json!({"$set": out})
+        }
+        V::FrozenSet(s) => json!({"$frozenset": many(s, path, left)?}),
+        V::Dict(d) => {
+            enter(path, Rc::as_ptr(d) as usize)?;
+            let d = d.borrow();
+            let plain = d
+                .iter()
+                .all(|(k, _)| matches!(k, V::Str(s) if !s.starts_with('$')));
+            let out = if plain {
+                let mut map = serde_json::Map::new();
+                for (k, val) in d.iter() {
+                    if let V::Str(k) = k {
+                        map.insert(k.to_string(), to_json(val, depth - 1, path, left)?);
+                    }
+                }
+                Json::Object(map)
+            } else {
+                let mut pairs = Vec::with_capacity(d.len());
+                for (k, val) in d.iter() {
+                    pairs.push(json!([
+                        to_json(k, depth - 1, path, left)?,
+                        to_json(val, depth - 1, path, left)?
+                    ]));
+                }
+                json!({"$dict": pairs})
+            };
+            path.pop();
+            out
+        }
+        V::Call(name, args) => json!({"$call": &**name, "args": many(args, path, left)?}),
+        V::Global(name, _) => json!({"$global": &**name}),
+        V::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
+    })
+}

@@ -1,0 +1,163 @@
+//! Bad input: a `malformed` verdict with the offset and a clear reason, never a panic, and no
+//! allocation a header merely claims.
+
+use airlock_pickle::{decode, scan, DecodeError, Options, Verdict};
+
+fn malformed(data: &[u8]) -> (usize, String) {
+    match scan(data, &Options::default()).verdict {
+        Verdict::Malformed { offset, reason } => (offset, reason),
+        other => panic!("{data:?}: {other:?}"),
+    }
+}
+
+#[test]
+fn broken_streams_are_malformed_with_their_offset() {
+    // A 4 GiB BINUNICODE header in a 20-byte file.
+    let (at, why) = malformed(b"\x80\x04X\xff\xff\xff\xffabcdefghijklm.");
+    assert_eq!(at, 2);
+    assert!(why.contains("4294967295") && why.contains("14"), "{why}");
+    // BINUNICODE8 and BINBYTES8 claiming 2**64-1 bytes.
+    assert!(malformed(b"\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\xffx.")
+        .1
+        .contains("declares"));
+    assert!(malformed(b"\x80\x04\x8e\xff\xff\xff\xff\xff\xff\xff\xffx.")
+        .1
+        .contains("declares"));
+    assert_eq!(
+        malformed(b"\x80\x04K\x01").1,
+        "the pickle ends without STOP"
+    );
+    assert_eq!(malformed(b""), (0, "the pickle ends without STOP".into()));
+    assert!(malformed(b"\x80\x04\xff.")
+        .1
+        .contains("unknown opcode 0xff"));
+    assert_eq!(malformed(b"\x80\x04h\x07.").1, "memo 7 was never stored");
+    assert_eq!(
+        malformed(b"\x80\x04j\xff\xff\xff\xff.").1,
+        "memo 4294967295 was never stored"
+    );
+    assert_eq!(malformed(b"\x80\x04a.").1, "stack underflow");
+    assert_eq!(malformed(b"\x80\x04(.").1, "stack underflow");
+    assert_eq!(malformed(b"\x80\x04K\x01t.").1, "no MARK to pop to");
+    assert_eq!(
+        malformed(b"\x80\x04N.garbage"),
+        (4, "7 bytes after STOP".into())
+    );
+    assert!(malformed(b"\x80\x09N.").1.contains("protocol 9"));
+    assert!(malformed(b"Ixyz\n.").1.contains("INT"));
+    assert!(malformed(b"S'unterminated\n.").1.contains("STRING"));
+    assert!(malformed(b"\x80\x04K\x01K\x02a.").1.contains("not a list"));
+    assert!(malformed(b"cos\nsystem").1.contains("end of line"));
+    // Random garbage never panics, whatever it says.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for _ in 0..20_000 {
+        let len = (x % 64) as usize;
+        let mut data = Vec::with_capacity(len);
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            data.push(x as u8);
+        }
+        let _ = scan(&data, &Options::default());
+        let _ = decode(&data, &Options::default());
+    }
+}
+
+#[test]
+fn cycles_and_deep_nesting_are_not_representable_but_never_crash() {
+    // A list that contains itself, through the memo.
+    let cyclic = b"\x80\x02]q\x00h\x00a.";
+    assert_eq!(scan(cyclic, &Options::default()).verdict, Verdict::Safe);
+    assert!(matches!(
+        decode(cyclic, &Options::default()),
+        Err(DecodeError::Unrepresentable(_))
+    ));
+    // 200 000 nested lists: parsing is a loop, decoding stops at max_depth.
+    let mut deep = b"\x80\x02".to_vec();
+    deep.extend(std::iter::repeat_n(b']', 200_000));
+    deep.extend(std::iter::repeat_n(b'a', 199_999));
+    deep.push(b'.');
+    assert_eq!(scan(&deep, &Options::default()).verdict, Verdict::Safe);
+    assert!(matches!(
+        decode(&deep, &Options::default()),
+        Err(DecodeError::Unrepresentable(_))
+    ));
+    // Shared, not cyclic: fine.
+    let shared = b"\x80\x02(]q\x00h\x00l.";
+    assert_eq!(
+        decode(shared, &Options::default()).unwrap(),
+        serde_json::json!([[], []])
+    );
+}
+
+#[test]
+fn a_name_is_allowed_only_exactly() {
+    let mut opts = Options::default();
+    opts.allow.insert("datetime.date".into());
+    let date = b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R.";
+    assert_eq!(scan(date, &opts).verdict, Verdict::Safe);
+    assert_eq!(
+        decode(date, &opts).unwrap(),
+        serde_json::json!({"$call": "datetime.date", "args": [2024, 1, 2]})
+    );
+    // Neither a prefix nor a longer name of an allowed one is allowed.
+    for stream in [
+        b"\x80\x02cdatetime\ndate.fromtimestamp\nK\x01\x85R.".as_slice(),
+        b"\x80\x02cdatetime\ndat\nK\x01\x85R.".as_slice(),
+        b"\x80\x02cdatetime.x\ndate\nK\x01\x85R.".as_slice(),
+    ] {
+        assert!(
+            matches!(scan(stream, &opts).verdict, Verdict::Unsafe { .. }),
+            "{stream:?}"
+        );
+    }
+    // Reported: every global with its offset, every call site.
+    let r = scan(b"\x80\x02cos\nsystem\nVid\n\x85R.", &Options::default());
+    assert_eq!(
+        (r.protocol, r.globals.len(), r.calls.len()),
+        (Some(2), 1, 1)
+    );
+    assert_eq!(
+        (
+            r.globals[0].qualified(),
+            r.globals[0].offset,
+            r.globals[0].allowed
+        ),
+        ("os.system".into(), 2, false)
+    );
+    assert_eq!(
+        (r.calls[0].opcode, r.calls[0].target.as_deref()),
+        ("REDUCE", Some("os.system"))
+    );
+}
+
+#[test]
+fn small_pickles_cannot_ask_for_huge_work_or_output() {
+    // A list of 60 000 items, memoized, then `set()` of it 2 000 times: 120 million copies.
+    let mut p = b"\x80\x02]q\x00(".to_vec();
+    for _ in 0..60_000 {
+        p.extend_from_slice(b"K\x01");
+    }
+    p.push(b'e');
+    for _ in 0..2_000 {
+        p.extend_from_slice(b"c__builtin__\nset\nh\x00\x85R0");
+    }
+    p.push(b'.');
+    let why = match scan(&p, &Options::default()).verdict {
+        Verdict::Malformed { reason, .. } => reason,
+        other => panic!("{other:?}"),
+    };
+    assert!(why.contains("copying"), "{why}");
+    // A list holding itself twice, 40 levels deep: 2**40 items once printed.
+    let mut p = b"\x80\x02]q\x00".to_vec();
+    for _ in 0..40 {
+        p.extend_from_slice(b"(h\x00h\x00lq\x00");
+    }
+    p.push(b'.');
+    assert_eq!(scan(&p, &Options::default()).verdict, Verdict::Safe);
+    match decode(&p, &Options::default()) {
+        Err(DecodeError::Unrepresentable(why)) => assert!(why.contains("shared"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+}
