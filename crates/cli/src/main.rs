@@ -3,6 +3,7 @@
 
 mod doctor;
 mod eval;
+mod pickle;
 mod run;
 mod serve;
 mod units;
@@ -28,6 +29,7 @@ enum Commands {
     Serve(serve::ServeArgs),
     Doctor(doctor::DoctorArgs),
     Eval(eval::EvalArgs),
+    Pickle(pickle::PickleArgs),
 }
 
 /// Exit code for bad input: nothing ran.
@@ -44,5 +46,6 @@ fn main() -> ExitCode {
         Commands::Serve(args) => serve::main(args),
         Commands::Doctor(args) => doctor::main(args),
         Commands::Eval(args) => eval::main(args),
+        Commands::Pickle(args) => pickle::main(args),
     }
 }

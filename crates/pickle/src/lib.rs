@@ -6,10 +6,12 @@
 //! import something else makes the pickle `unsafe`, and `decode` then refuses it. Nothing is
 //! executed, imported or called, whatever the input.
 
+mod container;
 mod vm;
 
 use std::collections::BTreeSet;
 
+pub use container::{looks_like_pickle, scan_file, FileReport, Member};
 pub use vm::{decode, scan};
 
 /// What the scanner allows and how much work it may do.

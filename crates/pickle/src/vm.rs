@@ -990,3 +990,21 @@ fn to_json(
         V::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A list that contains itself is freed once taken apart (reference counts alone would
+    /// keep it forever).
+    #[test]
+    fn dismantling_frees_cycles() {
+        let list: Shared<Vec<V>> = Rc::default();
+        list.borrow_mut().push(V::List(list.clone()));
+        let dict: Shared<Vec<(V, V)>> = Rc::default();
+        dict.borrow_mut().push((V::None, V::Dict(dict.clone())));
+        let (weak_list, weak_dict) = (Rc::downgrade(&list), Rc::downgrade(&dict));
+        dismantle(vec![V::List(list), V::Tuple(Rc::new(vec![V::Dict(dict)]))]);
+        assert!(weak_list.upgrade().is_none() && weak_dict.upgrade().is_none());
+    }
+}

@@ -87,3 +87,32 @@ fn every_malicious_pickle_is_unsafe_and_never_decoded() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn every_member_of_an_archive_is_scanned_whatever_its_name_or_its_oddities() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/archives.py");
+    let out = Command::new("/usr/bin/python3")
+        .arg(script)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut failures = Vec::new();
+    let mut n = 0;
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let case: Value = serde_json::from_str(line).unwrap();
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(case["zip"].as_str().unwrap())
+            .unwrap();
+        let report = airlock_pickle::scan_file(&data, &Options::default());
+        n += 1;
+        if report.verdict().name() != case["verdict"] {
+            failures.push(format!("{}: {:?}", case["name"], report.verdict()));
+        }
+    }
+    assert!(n >= 10);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

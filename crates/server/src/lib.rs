@@ -21,6 +21,7 @@ mod guard;
 pub mod keys;
 pub mod metrics;
 mod openapi;
+mod pickle;
 mod routes;
 mod serve;
 mod sessions;

@@ -141,6 +141,7 @@ pub struct Metrics {
     pub http_requests: Counters,
     pub evaluations: Counters,
     pub evaluations_waiting: Gauge,
+    pub pickle_scans: Counters,
 }
 
 impl Default for Metrics {
@@ -156,6 +157,7 @@ impl Default for Metrics {
             http_requests: Counters::default(),
             evaluations: Counters::default(),
             evaluations_waiting: Gauge::default(),
+            pickle_scans: Counters::default(),
         }
     }
 }
@@ -224,6 +226,12 @@ impl Metrics {
             "airlock_evaluations_total",
             "Expressions evaluated by POST /v1/eval, by outcome (ok, or the error's type).",
             &["outcome"],
+        );
+        self.pickle_scans.render(
+            &mut out,
+            "airlock_pickle_scans_total",
+            "Files scanned by POST /v1/pickle/scan, by verdict.",
+            &["verdict"],
         );
         out
     }

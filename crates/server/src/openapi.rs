@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/execute"),
     ("POST", "/v1/eval"),
+    ("POST", "/v1/pickle/scan"),
     ("GET", "/v1/executions/{id}"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),
@@ -94,6 +95,13 @@ pub fn openapi() -> Value {
         },
         "security": [{"bearer": []}],
         "paths": {
+            "/v1/pickle/scan": {"post": {
+                "summary": "Scan a pickle, or a ZIP archive of pickles, without running it",
+                "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                "responses": with(errors(&[401, 403, 408, 413, 421, 503]), "200",
+                    json!({"description": "`kind` (`pickle` or `zip`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
+                           "content": {"application/json": {"schema": {"type": "object"}}}})),
+            }},
             "/v1/eval": {"post": {
                 "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",
                 "requestBody": {"required": true, "content": json_body(&eval_request)},

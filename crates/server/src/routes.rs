@@ -37,6 +37,7 @@ pub fn app(state: SharedState) -> Router {
         .route("/openapi.json", get(openapi))
         .route("/v1/execute", post(execute))
         .route("/v1/eval", post(crate::eval::eval))
+        .route("/v1/pickle/scan", post(crate::pickle::scan))
         .route("/v1/executions/{id}", get(execution))
         .route(
             "/v1/sessions",

@@ -1,0 +1,100 @@
+//! `airlock pickle`: scan and decode pickles without ever running them.
+
+use std::process::ExitCode;
+
+use airlock_pickle::{decode, scan_file, DecodeError, Options, Verdict};
+
+/// Scan or decode Python pickles (and ZIP archives of them, PyTorch style) without running
+/// them.
+#[derive(clap::Args, Debug)]
+pub struct PickleArgs {
+    #[command(subcommand)]
+    command: PickleCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum PickleCommand {
+    /// Report globals, call sites and a verdict per file. Exit 0 if every file is safe, 1 if
+    /// any is unsafe, 2 if any is malformed or unreadable.
+    Scan {
+        /// One JSON object per file.
+        #[arg(long)]
+        json: bool,
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Print a safe pickle's data as JSON; refuse anything else (exit 1 unsafe, 2 malformed).
+    Decode { file: std::path::PathBuf },
+}
+
+pub fn main(args: PickleArgs) -> ExitCode {
+    let opts = Options::default();
+    match args.command {
+        PickleCommand::Scan { json, files } => {
+            let mut worst = 0u8;
+            for file in files {
+                let shown = file.display().to_string();
+                let data = match std::fs::read(&file) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        eprintln!("{shown}: cannot read: {e}");
+                        worst = 2;
+                        continue;
+                    }
+                };
+                let report = scan_file(&data, &opts);
+                let code = match report.verdict() {
+                    Verdict::Safe => 0,
+                    Verdict::Unsafe { .. } => 1,
+                    Verdict::Malformed { .. } => 2,
+                };
+                worst = worst.max(code);
+                if json {
+                    let mut v = report.to_json();
+                    v["file"] = shown.into();
+                    println!("{v}");
+                } else {
+                    match report.verdict() {
+                        Verdict::Safe => println!("{shown}: safe"),
+                        Verdict::Unsafe { reasons } => {
+                            println!("{shown}: unsafe: {}", reasons.join("; "))
+                        }
+                        Verdict::Malformed { offset, reason } => {
+                            println!("{shown}: malformed at offset {offset}: {reason}")
+                        }
+                    }
+                }
+            }
+            ExitCode::from(worst)
+        }
+        PickleCommand::Decode { file } => {
+            let data = match std::fs::read(&file) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("{}: cannot read: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            if data.starts_with(b"PK\x03\x04") {
+                eprintln!(
+                    "{}: a ZIP archive; decode takes one pickle (scan the archive instead)",
+                    file.display()
+                );
+                return ExitCode::from(2);
+            }
+            match decode(&data, &opts) {
+                Ok(v) => {
+                    println!("{v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{}: {e}", file.display());
+                    ExitCode::from(match e {
+                        DecodeError::Unsafe(_) => 1,
+                        _ => 2,
+                    })
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! Files: a pickle, or a ZIP archive of them (PyTorch's `.pt`/`.pth`/`.ckpt`). Members are
+//! found by their local headers wherever they are, not through the central directory, and a
+//! pickle is recognised by its content, not its name: a bad CRC, odd flag bits or a
+//! duplicate name hide nothing.
+
+use crate::{Options, Report, Verdict};
+
+/// One member of an archive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Member {
+    pub name: String,
+    /// Offset of its local header in the file.
+    pub offset: usize,
+    /// Its size once decompressed.
+    pub size: usize,
+    /// The scan, when its content is a pickle.
+    pub pickle: Option<Report>,
+    /// Why it could not be read, if it could not.
+    pub error: Option<String>,
+}
+
+/// A file's scan: a lone pickle, or every member of an archive.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FileReport {
+    Pickle(Report),
+    Zip {
+        members: Vec<Member>,
+        verdict: Verdict,
+    },
+}
+
+impl FileReport {
+    pub fn verdict(&self) -> &Verdict {
+        match self {
+            FileReport::Pickle(r) => &r.verdict,
+            FileReport::Zip { verdict, .. } => verdict,
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            FileReport::Pickle(r) => {
+                let mut v = r.to_json();
+                v["kind"] = "pickle".into();
+                v
+            }
+            FileReport::Zip { members, verdict } => {
+                let members: Vec<serde_json::Value> = members
+                    .iter()
+                    .map(|m| {
+                        let mut v = serde_json::json!({
+                            "name": m.name, "offset": m.offset, "size": m.size,
+                            "pickle": m.pickle.as_ref().map(Report::to_json),
+                        });
+                        if let Some(e) = &m.error {
+                            v["error"] = e.clone().into();
+                        }
+                        v
+                    })
+                    .collect();
+                let mut v = serde_json::json!({"kind": "zip", "verdict": verdict.name(), "members": members});
+                match verdict {
+                    Verdict::Safe => {}
+                    Verdict::Unsafe { reasons } => v["reasons"] = serde_json::json!(reasons),
+                    Verdict::Malformed { offset, reason } => {
+                        v["offset"] = (*offset).into();
+                        v["reason"] = reason.clone().into();
+                    }
+                }
+                v
+            }
+        }
+    }
+}
+
+const LOCAL: &[u8] = b"PK\x03\x04";
+const CENTRAL: &[u8] = b"PK\x01\x02";
+
+/// Whether bytes look like a pickle: a PROTO opcode, or a protocol 0/1 stream that ends
+/// with STOP and starts with an opcode such streams start with.
+pub fn looks_like_pickle(data: &[u8]) -> bool {
+    match data {
+        [0x80, p, ..] => *p <= 5,
+        [first, .., b'.'] => b"(NIJKLMFSTUVX]})cgp".contains(first),
+        _ => false,
+    }
+}
+
+fn u16_at(d: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn u32_at(d: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Compressed sizes the central directory gives, by local header offset (for members whose
+/// local header defers its sizes to a data descriptor).
+fn central_sizes(data: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(i) = find(&data[from..], CENTRAL) {
+        let at = from + i;
+        if let (Some(csize), Some(offset)) = (u32_at(data, at + 20), u32_at(data, at + 42)) {
+            out.push((offset as usize, csize as usize));
+        }
+        from = at + 4;
+    }
+    out
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn read_member(data: &[u8], at: usize, central: &[(usize, usize)], opts: &Options) -> Member {
+    let mut m = Member {
+        name: String::new(),
+        offset: at,
+        size: 0,
+        pickle: None,
+        error: None,
+    };
+    let header = (|| {
+        let flags = u16_at(data, at + 6)?;
+        let method = u16_at(data, at + 8)?;
+        let csize = u32_at(data, at + 18)? as usize;
+        let nlen = u16_at(data, at + 26)? as usize;
+        let xlen = u16_at(data, at + 28)? as usize;
+        let name = data.get(at + 30..at + 30 + nlen)?;
+        Some((flags, method, csize, name, at + 30 + nlen + xlen))
+    })();
+    let Some((flags, method, csize, name, start)) = header else {
+        m.error = Some("truncated local header".into());
+        return m;
+    };
+    m.name = String::from_utf8_lossy(name).into_owned();
+    if flags & 1 != 0 {
+        m.error = Some("encrypted: its content cannot be checked".into());
+        return m;
+    }
+    let csize = if flags & 8 != 0 && csize == 0 {
+        match central.iter().find(|(o, _)| *o == at) {
+            Some((_, size)) => *size,
+            // No size anywhere: up to the next header.
+            None => find(data.get(start..).unwrap_or(&[]), b"PK")
+                .unwrap_or(data.len() - start.min(data.len())),
+        }
+    } else {
+        csize
+    };
+    let Some(raw) = data.get(start..start.saturating_add(csize)) else {
+        m.error = Some(format!("{csize} bytes declared, the file ends first"));
+        return m;
+    };
+    let content = match method {
+        0 => raw.to_vec(),
+        8 => match miniz_oxide::inflate::decompress_to_vec_with_limit(raw, opts.max_bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                m.error = Some(format!("cannot be inflated: {:?}", e.status));
+                return m;
+            }
+        },
+        other => {
+            m.error = Some(format!("compression method {other} is not supported"));
+            return m;
+        }
+    };
+    m.size = content.len();
+    if looks_like_pickle(&content) {
+        m.pickle = Some(crate::scan(&content, opts));
+    }
+    m
+}
+
+/// Scans a file: a pickle, or every member of a ZIP archive.
+pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
+    if !data.starts_with(LOCAL) {
+        return FileReport::Pickle(crate::scan(data, opts));
+    }
+    let central = central_sizes(data);
+    let mut members = Vec::new();
+    let mut from = 0;
+    while let Some(i) = find(&data[from..], LOCAL) {
+        let at = from + i;
+        members.push(read_member(data, at, &central, opts));
+        from = at + 4;
+    }
+    let mut reasons = Vec::new();
+    let mut malformed = None;
+    for m in &members {
+        if let Some(e) = &m.error {
+            malformed.get_or_insert((m.offset, format!("{}: {e}", m.name)));
+        }
+        match m.pickle.as_ref().map(|r| &r.verdict) {
+            Some(Verdict::Unsafe { reasons: r }) => {
+                reasons.extend(r.iter().map(|why| format!("{}: {why}", m.name)))
+            }
+            Some(Verdict::Malformed { offset, reason }) => {
+                malformed.get_or_insert((m.offset + offset, format!("{}: {reason}", m.name)));
+            }
+            _ => {}
+        }
+    }
+    let verdict = match (malformed, reasons.is_empty()) {
+        (Some((offset, reason)), _) => Verdict::Malformed { offset, reason },
+        (None, false) => Verdict::Unsafe { reasons },
+        (None, true) => Verdict::Safe,
+    };
+    FileReport::Zip { members, verdict }
+}

@@ -1,0 +1,79 @@
+"""ZIP archives made by CPython's zipfile for the tests, PyTorch style, with the tricks that
+have hidden members from scanners. One JSON object per line: {"name", "verdict", "zip"}.
+Run with /usr/bin/python3.
+"""
+import base64
+import io
+import json
+import os
+import pickle
+import struct
+import sys
+import zipfile
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("id",))
+
+
+GOOD = pickle.dumps({"weights": [1.0, 2.0], "meta": {"epoch": 3}}, protocol=2)
+BAD = pickle.dumps(Evil(), protocol=2)
+
+
+def archive(members, compression=zipfile.ZIP_STORED, stream=False):
+    buf = io.BytesIO()
+    target = buf
+    if stream:
+        class Unseekable(io.RawIOBase):
+            def writable(self):
+                return True
+
+            def write(self, b):
+                return buf.write(b)
+        target = Unseekable()
+    with zipfile.ZipFile(target, "w", compression=compression) as z:
+        for name, data in members:
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+cases = {}
+cases["torch_like_safe"] = ("safe", archive([("archive/data.pkl", GOOD), ("archive/version", b"3\n"), ("archive/data/0", b"\x00" * 64)]))
+cases["torch_like_unsafe"] = ("unsafe", archive([("archive/data.pkl", BAD), ("archive/version", b"3\n")]))
+cases["renamed_member"] = ("unsafe", archive([("archive/data.pkl", GOOD), ("archive/version", BAD)]))
+cases["deflated"] = ("unsafe", archive([("model/weights.bin", BAD)], compression=zipfile.ZIP_DEFLATED))
+cases["streamed_descriptor"] = ("unsafe", archive([("archive/data.pkl", GOOD), ("x", BAD)], stream=True))
+import warnings
+warnings.simplefilter("ignore")
+cases["duplicate_names"] = ("unsafe", archive([("archive/data.pkl", GOOD), ("archive/data.pkl", BAD)]))
+
+# A bad CRC on the malicious member: loaders that skip the check still read it.
+z = bytearray(archive([("archive/data.pkl", GOOD), ("b", BAD)]))
+second = z.find(b"PK\x03\x04", 1)
+z[second + 14:second + 18] = b"\xde\xad\xbe\xef"
+cases["bad_crc"] = ("unsafe", bytes(z))
+
+# The central directory forgets the malicious member.
+z = archive([("archive/data.pkl", GOOD), ("b", BAD)])
+cd = z.find(b"PK\x01\x02", z.find(b"PK\x01\x02") + 4)
+cases["hidden_from_directory"] = ("unsafe", z[:cd] + b"\x00" * 10 + z[cd + 10:])
+
+# Odd flag bits (UTF-8 names, unknown bits) change nothing.
+z = bytearray(archive([("b", BAD)]))
+z[6:8] = struct.pack("<H", 0x0800 | 0x0040)
+cases["flag_bits"] = ("unsafe", bytes(z))
+
+# What cannot be read cannot be called safe.
+z = bytearray(archive([("b", GOOD)]))
+z[6:8] = struct.pack("<H", 1)
+cases["encrypted"] = ("malformed", bytes(z))
+z = bytearray(archive([("b", GOOD)]))
+z[8:10] = struct.pack("<H", 99)
+cases["unknown_method"] = ("malformed", bytes(z))
+
+# Decompresses far past the size limit.
+cases["zip_bomb"] = ("malformed", archive([("big", b"\x80\x02" + b"\x00" * (300 << 20))], compression=zipfile.ZIP_DEFLATED))
+
+for name, (verdict, blob) in cases.items():
+    sys.stdout.write(json.dumps({"name": name, "verdict": verdict, "zip": base64.b64encode(blob).decode()}) + "\n")
