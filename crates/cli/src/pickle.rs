@@ -20,17 +20,32 @@ enum PickleCommand {
         /// One JSON object per file.
         #[arg(long)]
         json: bool,
+        /// Also allow this global, as an exact `module.qualname` (repeatable).
+        #[arg(long = "allow", value_name = "MODULE.NAME")]
+        allow: Vec<String>,
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
     /// Print a safe pickle's data as JSON; refuse anything else (exit 1 unsafe, 2 malformed).
-    Decode { file: std::path::PathBuf },
+    Decode {
+        file: std::path::PathBuf,
+        /// Also allow this global, as an exact `module.qualname` (repeatable); it decodes as
+        /// `{"$call": name, "args": [...]}`.
+        #[arg(long = "allow", value_name = "MODULE.NAME")]
+        allow: Vec<String>,
+    },
+}
+
+fn options(allow: Vec<String>) -> Options {
+    let mut opts = Options::default();
+    opts.allow.extend(allow);
+    opts
 }
 
 pub fn main(args: PickleArgs) -> ExitCode {
-    let opts = Options::default();
     match args.command {
-        PickleCommand::Scan { json, files } => {
+        PickleCommand::Scan { json, files, allow } => {
+            let opts = options(allow);
             let mut worst = 0u8;
             for file in files {
                 let shown = file.display().to_string();
@@ -67,7 +82,8 @@ pub fn main(args: PickleArgs) -> ExitCode {
             }
             ExitCode::from(worst)
         }
-        PickleCommand::Decode { file } => {
+        PickleCommand::Decode { file, allow } => {
+            let opts = options(allow);
             let data = match std::fs::read(&file) {
                 Ok(d) => d,
                 Err(e) => {

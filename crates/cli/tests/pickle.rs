@@ -93,6 +93,22 @@ fn scan_and_decode_give_verdicts_and_data_and_never_run_the_payload() {
     assert_eq!(pickle_cli(&["decode", &s(&broken)]).0, 2);
     assert_eq!(pickle_cli(&["decode", &s(&model)]).0, 2);
 
+    // More names can be allowed, exactly.
+    let date = dir.join("date.pkl");
+    std::fs::write(&date, b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R.").unwrap();
+    assert_eq!(pickle_cli(&["scan", &s(&date)]).0, 1);
+    assert_eq!(
+        pickle_cli(&["scan", "--allow", "datetime.date", &s(&date)]).0,
+        0
+    );
+    let (code, out, _) = pickle_cli(&["decode", "--allow", "datetime.date", &s(&date)]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        serde_json::json!({"$call": "datetime.date", "args": [2024, 1, 2]})
+    );
+    assert_eq!(pickle_cli(&["scan", "--allow", "datetime", &s(&date)]).0, 1);
+
     // The same files loaded by CPython would have run the payload; nothing here did.
     assert!(!marker.exists(), "the payload ran");
     let _ = std::fs::remove_dir_all(&dir);
@@ -104,7 +120,12 @@ fn the_service_scans_a_posted_file() {
     let dir = std::env::temp_dir().join(format!("airlock-pickle-srv-{}", std::process::id()));
     let marker = dir.join("payload-ran");
     let [_, evil, _, model] = files(&dir, &marker);
-    let server = Server::start("[pool]\nsize = 0\nmax_size = 0\n", &[]);
+    let date = dir.join("date.pkl");
+    std::fs::write(&date, b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R.").unwrap();
+    let server = Server::start(
+        "[pool]\nsize = 0\nmax_size = 0\n[pickle]\nallow = [\"datetime.date\"]\n",
+        &[],
+    );
     let post = |path: &PathBuf, key: Option<&str>| {
         let body = std::fs::read(path).unwrap();
         let mut headers = vec![(
@@ -136,12 +157,17 @@ fn the_service_scans_a_posted_file() {
         (v["kind"].as_str(), v["verdict"].as_str()),
         (Some("zip"), Some("unsafe"))
     );
+    // The configured allow-list applies.
+    let v = post(&date, Some(KEY)).json();
+    assert_eq!(v["verdict"], "safe", "{v}");
     assert_eq!(post(&evil, None).status, 401);
     let metrics = server.call("GET", "/metrics", None).text();
-    assert!(
-        metrics.contains("airlock_pickle_scans_total{verdict=\"unsafe\"} 2"),
-        "{metrics}"
-    );
+    for line in [
+        "airlock_pickle_scans_total{verdict=\"unsafe\"} 2",
+        "airlock_pickle_scans_total{verdict=\"safe\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     assert!(!marker.exists(), "the payload ran");
     let _ = std::fs::remove_dir_all(&dir);
 }

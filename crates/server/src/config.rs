@@ -46,6 +46,8 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// `POST /v1/eval`: the native evaluator's budgets.
     pub eval: EvalConfig,
+    /// `POST /v1/pickle/scan`.
+    pub pickle: PickleConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -65,8 +67,25 @@ impl Default for Config {
             pool: PoolConfig::default(),
             sessions: SessionsConfig::default(),
             eval: EvalConfig::default(),
+            pickle: PickleConfig::default(),
             keys: Vec::new(),
         }
+    }
+}
+
+/// The pickle scanner (`POST /v1/pickle/scan`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PickleConfig {
+    /// Globals allowed besides the built-in list, as exact `module.qualname`.
+    pub allow: Vec<String>,
+}
+
+impl PickleConfig {
+    pub fn options(&self) -> airlock_pickle::Options {
+        let mut opts = airlock_pickle::Options::default();
+        opts.allow.extend(self.allow.iter().cloned());
+        opts
     }
 }
 
@@ -413,6 +432,14 @@ impl Config {
         if let Err(m) = self.pool.validate() {
             return bad(m);
         }
+        if let Some(name) = self.pickle.allow.iter().find(|n| {
+            let parts: Vec<&str> = n.split('.').collect();
+            parts.len() < 2 || parts.iter().any(|p| p.is_empty())
+        }) {
+            return bad(format!(
+                "pickle.allow: {name:?} is not an exact module.qualname"
+            ));
+        }
         if self.eval.max_input_bytes > airlock_pyeval::Limits::MAX_INPUT
             || self.eval.timeout_ms == 0
         {
@@ -599,6 +626,18 @@ mod tests {
         c.keys.pop();
         c.keys.push(KeyConfig::new("bob", "plaintext".into()));
         assert!(c.validate().unwrap_err().to_string().contains("64 hex"));
+    }
+
+    #[test]
+    fn pickle_allow_takes_exact_qualified_names_only() {
+        let mut c = Config::default();
+        c.pickle.allow = vec!["datetime.date".into()];
+        assert!(c.validate().is_ok());
+        for bad in ["os", "os.", ".system", "a..b"] {
+            c.pickle.allow = vec![bad.into()];
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("pickle.allow"), "{bad}: {e}");
+        }
     }
 
     #[test]

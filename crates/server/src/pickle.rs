@@ -20,11 +20,11 @@ pub(crate) async fn scan(
         return Err(crate::routes::shutting_down());
     }
     let ReadBody { bytes, share } = read_body_as(&state, &caller.0, req, false).await?;
-    let report = tokio::task::spawn_blocking(move || {
-        airlock_pickle::scan_file(&bytes, &airlock_pickle::Options::default()).to_json()
-    })
-    .await
-    .map_err(|e| Error::internal(format!("scanning: {e}")))?;
+    let opts = state.config.pickle.options();
+    let report =
+        tokio::task::spawn_blocking(move || airlock_pickle::scan_file(&bytes, &opts).to_json())
+            .await
+            .map_err(|e| Error::internal(format!("scanning: {e}")))?;
     drop(share);
     let verdict = report["verdict"].as_str().unwrap_or("malformed").to_owned();
     state.metrics.pickle_scans.add(&[&verdict]);
