@@ -3,6 +3,8 @@
 //! pickle is recognised by its content, not its name: a bad CRC, odd flag bits or a
 //! duplicate name hide nothing.
 
+use std::collections::HashMap;
+
 use crate::{Options, Report, Verdict};
 
 /// One member of an archive.
@@ -13,6 +15,8 @@ pub struct Member {
     pub offset: usize,
     /// Its size once decompressed.
     pub size: usize,
+    /// Compression method (0 stored, 8 deflated).
+    pub method: u16,
     /// The scan, when its content is a pickle.
     pub pickle: Option<Report>,
     /// Why it could not be read, if it could not.
@@ -96,13 +100,13 @@ fn u32_at(d: &[u8], at: usize) -> Option<u32> {
 
 /// Compressed sizes the central directory gives, by local header offset (for members whose
 /// local header defers its sizes to a data descriptor).
-fn central_sizes(data: &[u8]) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
+fn central_sizes(data: &[u8]) -> HashMap<usize, usize> {
+    let mut out = HashMap::new();
     let mut from = 0;
     while let Some(i) = find(&data[from..], CENTRAL) {
         let at = from + i;
         if let (Some(csize), Some(offset)) = (u32_at(data, at + 20), u32_at(data, at + 42)) {
-            out.push((offset as usize, csize as usize));
+            out.entry(offset as usize).or_insert(csize as usize);
         }
         from = at + 4;
     }
@@ -113,11 +117,36 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-fn read_member(data: &[u8], at: usize, central: &[(usize, usize)], opts: &Options) -> Member {
+/// ZIP64: the real compressed size in the extra field (id 1), after the uncompressed size
+/// when that one is in it too.
+fn zip64_compressed_size(extra: &[u8], has_uncompressed: bool) -> Option<u64> {
+    let mut i = 0;
+    while i + 4 <= extra.len() {
+        let id = u16_at(extra, i)?;
+        let len = u16_at(extra, i + 2)? as usize;
+        if id == 1 {
+            let at = i + 4 + if has_uncompressed { 8 } else { 0 };
+            return Some(u64::from_le_bytes(extra.get(at..at + 8)?.try_into().ok()?));
+        }
+        i += 4 + len;
+    }
+    None
+}
+
+/// Reads the member whose local header is at `at`; `next` is where the next header starts
+/// (the end of a member whose size is nowhere).
+fn read_member(
+    data: &[u8],
+    at: usize,
+    next: usize,
+    central: &HashMap<usize, usize>,
+    opts: &Options,
+) -> Member {
     let mut m = Member {
         name: String::new(),
         offset: at,
         size: 0,
+        method: 0,
         pickle: None,
         error: None,
     };
@@ -127,7 +156,14 @@ fn read_member(data: &[u8], at: usize, central: &[(usize, usize)], opts: &Option
         let csize = u32_at(data, at + 18)? as usize;
         let nlen = u16_at(data, at + 26)? as usize;
         let xlen = u16_at(data, at + 28)? as usize;
+        let usize_ = u32_at(data, at + 22)?;
         let name = data.get(at + 30..at + 30 + nlen)?;
+        let extra = data.get(at + 30 + nlen..at + 30 + nlen + xlen)?;
+        let csize = if csize == 0xFFFF_FFFF {
+            zip64_compressed_size(extra, usize_ == 0xFFFF_FFFF)? as usize
+        } else {
+            csize
+        };
         Some((flags, method, csize, name, at + 30 + nlen + xlen))
     })();
     let Some((flags, method, csize, name, start)) = header else {
@@ -135,16 +171,16 @@ fn read_member(data: &[u8], at: usize, central: &[(usize, usize)], opts: &Option
         return m;
     };
     m.name = String::from_utf8_lossy(name).into_owned();
+    m.method = method;
     if flags & 1 != 0 {
         m.error = Some("encrypted: its content cannot be checked".into());
         return m;
     }
     let csize = if flags & 8 != 0 && csize == 0 {
-        match central.iter().find(|(o, _)| *o == at) {
-            Some((_, size)) => *size,
+        match central.get(&at) {
+            Some(size) => *size,
             // No size anywhere: up to the next header.
-            None => find(data.get(start..).unwrap_or(&[]), b"PK")
-                .unwrap_or(data.len() - start.min(data.len())),
+            None => next.saturating_sub(start),
         }
     } else {
         csize
@@ -180,12 +216,41 @@ pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
         return FileReport::Pickle(crate::scan(data, opts));
     }
     let central = central_sizes(data);
-    let mut members = Vec::new();
+    let mut headers = Vec::new();
     let mut from = 0;
     while let Some(i) = find(&data[from..], LOCAL) {
-        let at = from + i;
-        members.push(read_member(data, at, &central, opts));
-        from = at + 4;
+        headers.push(from + i);
+        from += i + 4;
+    }
+    // Members may overlap (a header inside another member's bytes is scanned too); what
+    // they add up to is bounded, so that overlap cannot make the work quadratic.
+    let (mut stored, mut inflated) = (0usize, 0usize);
+    let mut members = Vec::new();
+    for (i, &at) in headers.iter().enumerate() {
+        let next = headers.get(i + 1).copied().unwrap_or(data.len());
+        let m = read_member(data, at, next, &central, opts);
+        if m.method == 0 {
+            stored = stored.saturating_add(m.size);
+        } else {
+            inflated = inflated.saturating_add(m.size);
+        }
+        members.push(m);
+        let too_much = if stored > 8 * data.len() {
+            Some("its members overlap: reading them all is more than 8 times its size")
+        } else if inflated > opts.max_bytes {
+            Some("its members inflate to more than the size accepted, together")
+        } else {
+            None
+        };
+        if let Some(reason) = too_much {
+            return FileReport::Zip {
+                members,
+                verdict: Verdict::Malformed {
+                    offset: at,
+                    reason: reason.into(),
+                },
+            };
+        }
     }
     let mut reasons = Vec::new();
     let mut malformed = None;

@@ -72,6 +72,22 @@ z = bytearray(archive([("b", GOOD)]))
 z[8:10] = struct.pack("<H", 99)
 cases["unknown_method"] = ("malformed", bytes(z))
 
+# ZIP64: the local header's sizes are in the extra field (as for members over 4 GiB).
+b = io.BytesIO()
+with zipfile.ZipFile(b, "w") as zz:
+    with zz.open("archive/data.pkl", "w", force_zip64=True) as f:
+        f.write(BAD)
+z = bytearray(b.getvalue())
+z[18:26] = b"\xff" * 8
+cases["zip64_sizes"] = ("unsafe", bytes(z))
+b = io.BytesIO()
+with zipfile.ZipFile(b, "w") as zz:
+    with zz.open("archive/data.pkl", "w", force_zip64=True) as f:
+        f.write(GOOD)
+z = bytearray(b.getvalue())
+z[18:26] = b"\xff" * 8
+cases["zip64_safe"] = ("safe", bytes(z))
+
 # Decompresses far past the size limit.
 cases["zip_bomb"] = ("malformed", archive([("big", b"\x80\x02" + b"\x00" * (300 << 20))], compression=zipfile.ZIP_DEFLATED))
 

@@ -161,3 +161,26 @@ fn small_pickles_cannot_ask_for_huge_work_or_output() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn overlapping_archive_members_cannot_make_the_work_quadratic() {
+    // 3 000 local headers, each claiming every byte after it as its own stored member.
+    let n = 3_000usize;
+    let header = 30 + 1;
+    let total = n * header;
+    let mut z = Vec::with_capacity(total);
+    for i in 0..n {
+        let rest = (total - (i + 1) * header) as u32;
+        z.extend_from_slice(b"PK\x03\x04\x14\x00\x00\x00\x00\x00\x00\x00\x00\x00");
+        z.extend_from_slice(&[0; 4]); // crc
+        z.extend_from_slice(&rest.to_le_bytes());
+        z.extend_from_slice(&rest.to_le_bytes());
+        z.extend_from_slice(&1u16.to_le_bytes());
+        z.extend_from_slice(&0u16.to_le_bytes());
+        z.push(b'x');
+    }
+    match airlock_pickle::scan_file(&z, &Options::default()).verdict() {
+        Verdict::Malformed { reason, .. } => assert!(reason.contains("overlap"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
