@@ -80,16 +80,6 @@ impl FileReport {
 const LOCAL: &[u8] = b"PK\x03\x04";
 const CENTRAL: &[u8] = b"PK\x01\x02";
 
-/// Whether bytes look like a pickle: a PROTO opcode, or a protocol 0/1 stream that ends
-/// with STOP and starts with an opcode such streams start with.
-pub fn looks_like_pickle(data: &[u8]) -> bool {
-    match data {
-        [0x80, p, ..] => *p <= 5,
-        [first, .., b'.'] => b"(NIJKLMFSTUVX]})cgp".contains(first),
-        _ => false,
-    }
-}
-
 fn u16_at(d: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?))
 }
@@ -98,19 +88,49 @@ fn u32_at(d: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?))
 }
 
-/// Compressed sizes the central directory gives, by local header offset (for members whose
-/// local header defers its sizes to a data descriptor).
-fn central_sizes(data: &[u8]) -> HashMap<usize, usize> {
+/// What the central directory says of each member, by the offset of its local header —
+/// shifted as zipfile shifts it when the archive sits after other bytes (its end record
+/// tells where the directory really is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Central {
+    method: u16,
+    csize: usize,
+}
+
+fn central_directory(data: &[u8]) -> HashMap<usize, Central> {
+    let shift = end_record(data)
+        .and_then(|eocd| {
+            let size = u32_at(data, eocd + 12)? as usize;
+            let offset = u32_at(data, eocd + 16)? as usize;
+            eocd.checked_sub(size)?.checked_sub(offset)
+        })
+        .unwrap_or(0);
     let mut out = HashMap::new();
     let mut from = 0;
     while let Some(i) = find(&data[from..], CENTRAL) {
         let at = from + i;
-        if let (Some(csize), Some(offset)) = (u32_at(data, at + 20), u32_at(data, at + 42)) {
-            out.entry(offset as usize).or_insert(csize as usize);
+        if let (Some(method), Some(csize), Some(offset)) = (
+            u16_at(data, at + 10),
+            u32_at(data, at + 20),
+            u32_at(data, at + 42),
+        ) {
+            out.entry(offset as usize + shift).or_insert(Central {
+                method,
+                csize: csize as usize,
+            });
         }
         from = at + 4;
     }
     out
+}
+
+/// The end-of-central-directory record, searched from the end as zipfile does.
+fn end_record(data: &[u8]) -> Option<usize> {
+    let from = data.len().saturating_sub(22 + 65_535);
+    data[from..]
+        .windows(4)
+        .rposition(|w| w == b"PK\x05\x06")
+        .map(|i| from + i)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -139,7 +159,7 @@ fn read_member(
     data: &[u8],
     at: usize,
     next: usize,
-    central: &HashMap<usize, usize>,
+    central: &HashMap<usize, Central>,
     opts: &Options,
 ) -> Member {
     let mut m = Member {
@@ -176,9 +196,21 @@ fn read_member(
         m.error = Some("encrypted: its content cannot be checked".into());
         return m;
     }
-    let csize = if flags & 8 != 0 && csize == 0 {
-        match central.get(&at) {
-            Some(size) => *size,
+    let listed = central.get(&at).copied();
+    let deferred = flags & 8 != 0 && csize == 0;
+    if let Some(c) = listed {
+        // Loaders read what the directory says; a local header that says otherwise is
+        // a disguise (a pickle hidden as "0 bytes" or as "stored").
+        if c.method != method || (!deferred && c.csize != csize && c.csize != 0xFFFF_FFFF) {
+            m.error = Some(
+                "its local header and the central directory disagree on its size or method".into(),
+            );
+            return m;
+        }
+    }
+    let csize = if deferred {
+        match listed {
+            Some(c) => c.csize,
             // No size anywhere: up to the next header.
             None => next.saturating_sub(start),
         }
@@ -204,8 +236,13 @@ fn read_member(
         }
     };
     m.size = content.len();
-    if looks_like_pickle(&content) {
-        m.pickle = Some(crate::scan(&content, opts));
+    // Every member is read as a pickle, whatever its name or its first bytes: only one whose
+    // very first opcode is no opcode (or fails at once) is data, because CPython loading it
+    // would stop there too.
+    let report = crate::scan(&content, opts);
+    let data_only = matches!(report.verdict, Verdict::Malformed { offset: 0, .. });
+    if !data_only {
+        m.pickle = Some(report);
     }
     m
 }
@@ -213,9 +250,22 @@ fn read_member(
 /// Scans a file: a pickle, or every member of a ZIP archive.
 pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
     if !data.starts_with(LOCAL) {
-        return FileReport::Pickle(crate::scan(data, opts));
+        let report = crate::scan(data, opts);
+        // A pickle can carry a whole archive that zipfile finds from the end of the file:
+        // such a file is both, and is judged as both.
+        if end_record(data).is_some() {
+            let zip = scan_zip(data, opts);
+            if *zip.verdict() != Verdict::Safe {
+                return zip;
+            }
+        }
+        return FileReport::Pickle(report);
     }
-    let central = central_sizes(data);
+    scan_zip(data, opts)
+}
+
+fn scan_zip(data: &[u8], opts: &Options) -> FileReport {
+    let central = central_directory(data);
     let mut headers = Vec::new();
     let mut from = 0;
     while let Some(i) = find(&data[from..], LOCAL) {
@@ -228,7 +278,12 @@ pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
     let mut members = Vec::new();
     for (i, &at) in headers.iter().enumerate() {
         let next = headers.get(i + 1).copied().unwrap_or(data.len());
-        let m = read_member(data, at, next, &central, opts);
+        let mut m = read_member(data, at, next, &central, opts);
+        // A signature no directory entry points to may be a member's own bytes (tensor data
+        // can hold "PK\x03\x04"): unreadable, it is data; readable, it is scanned.
+        if m.error.is_some() && !central.is_empty() && !central.contains_key(&at) {
+            m.error = None;
+        }
         if m.method == 0 {
             stored = stored.saturating_add(m.size);
         } else {

@@ -11,7 +11,7 @@ mod vm;
 
 use std::collections::BTreeSet;
 
-pub use container::{looks_like_pickle, scan_file, FileReport, Member};
+pub use container::{scan_file, FileReport, Member};
 pub use vm::{decode, scan};
 
 /// What the scanner allows and how much work it may do.
@@ -106,6 +106,10 @@ pub struct Report {
     /// The PROTO opcode's protocol, if any (protocols 0 and 1 have none).
     pub protocol: Option<u8>,
     pub size: usize,
+    /// Pickles one after another in the data (the first is the value; each is scanned).
+    pub pickles: usize,
+    /// Bytes after the last pickle that are no pickle (CPython ignores them).
+    pub trailing_bytes: usize,
     pub opcodes: usize,
     pub globals: Vec<Global>,
     pub calls: Vec<CallSite>,
@@ -118,6 +122,8 @@ impl Report {
             "verdict": self.verdict.name(),
             "protocol": self.protocol,
             "size": self.size,
+            "pickles": self.pickles,
+            "trailing_bytes": self.trailing_bytes,
             "opcodes": self.opcodes,
             "globals": self.globals.iter().map(|g| serde_json::json!({
                 "module": g.module, "name": g.name, "offset": g.offset, "allowed": g.allowed,

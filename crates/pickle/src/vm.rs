@@ -39,6 +39,43 @@ enum V {
     Opaque,
 }
 
+/// Values are freed without recursion: a pickle can nest 1 000 000 tuples in a few bytes,
+/// and drop glue would overflow the stack on them (the last owner of a container moves its
+/// items into a work list instead).
+impl Drop for V {
+    fn drop(&mut self) {
+        let mut work = Vec::new();
+        take_children(self, &mut work);
+        while let Some(mut v) = work.pop() {
+            take_children(&mut v, &mut work);
+        }
+    }
+}
+
+fn take_children(v: &mut V, work: &mut Vec<V>) {
+    match v {
+        V::List(l) | V::Set(l) => {
+            if Rc::strong_count(l) == 1 {
+                work.append(&mut l.borrow_mut());
+            }
+        }
+        V::Dict(d) => {
+            if Rc::strong_count(d) == 1 {
+                for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
+                    work.push(k);
+                    work.push(x);
+                }
+            }
+        }
+        V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
+            if let Some(items) = Rc::get_mut(t) {
+                work.append(items);
+            }
+        }
+        _ => {}
+    }
+}
+
 struct Malformed(usize, String);
 
 struct Machine<'a> {
@@ -51,6 +88,7 @@ struct Machine<'a> {
     memo: HashMap<u64, V>,
     report: Report,
     reasons: Vec<String>,
+    seen_reasons: std::collections::HashSet<String>,
     /// Items copied so far (a set built from a memoized list copies it); bounded so that a
     /// small pickle cannot ask for quadratic work.
     work: u64,
@@ -134,7 +172,8 @@ impl<'a> Machine<'a> {
     }
 
     fn unsafe_(&mut self, why: String) {
-        if !self.reasons.contains(&why) {
+        // At most 100 reasons are kept; the report's globals and calls list everything.
+        if self.reasons.len() < 100 && self.seen_reasons.insert(why.clone()) {
             self.reasons.push(why);
         }
     }
@@ -185,16 +224,7 @@ impl<'a> Machine<'a> {
             self.pos += 1;
             self.report.opcodes += 1;
             match op {
-                b'.' => {
-                    let v = self.pop()?;
-                    if self.pos != self.data.len() {
-                        return bad(
-                            self.pos,
-                            format!("{} bytes after STOP", self.data.len() - self.pos),
-                        );
-                    }
-                    return Ok(v);
-                }
+                b'.' => return self.pop(),
                 0x80 => {
                     let p = self.uint(1)? as u8;
                     if p > 5 {
@@ -214,6 +244,7 @@ impl<'a> Machine<'a> {
                 0x89 => self.stack.push(V::Bool(false)),
                 b'I' => {
                     let l = self.text_line()?;
+                    self.digits_cap(&l)?;
                     let v = match l.as_str() {
                         "00" => V::Bool(false),
                         "01" => V::Bool(true),
@@ -226,6 +257,7 @@ impl<'a> Machine<'a> {
                 }
                 b'L' => {
                     let l = self.text_line()?;
+                    self.digits_cap(&l)?;
                     let s = l.strip_suffix('L').unwrap_or(&l);
                     match s.parse::<BigInt>() {
                         Ok(n) => self.stack.push(V::Int(Rc::new(n))),
@@ -390,7 +422,12 @@ impl<'a> Machine<'a> {
                     }
                 }
                 b'0' => {
-                    self.pop()?;
+                    // CPython's POP takes a MARK when one is on top.
+                    if self.marks.last() == Some(&self.stack.len()) {
+                        self.marks.pop();
+                    } else {
+                        self.pop()?;
+                    }
                 }
                 b'1' => {
                     self.pop_mark()?;
@@ -444,7 +481,7 @@ impl<'a> Machine<'a> {
                 0x93 => {
                     let name = self.pop()?;
                     let module = self.pop()?;
-                    match (module, name) {
+                    match (&module, &name) {
                         (V::Str(m), V::Str(n)) => {
                             let g = self.global(m.to_string(), n.to_string());
                             self.stack.push(g);
@@ -547,6 +584,18 @@ impl<'a> Machine<'a> {
         }
     }
 
+    /// CPython refuses decimal integers of more than 4300 digits (and converting longer
+    /// ones would be quadratic).
+    fn digits_cap(&self, text: &str) -> Result<(), Malformed> {
+        if text.len() > 4_302 {
+            return bad(
+                self.op_at,
+                "an integer of more than 4300 digits (CPython refuses it)",
+            );
+        }
+        Ok(())
+    }
+
     fn push_ascii(&mut self, bytes: Vec<u8>) -> Result<(), Malformed> {
         // Python 3 reads protocol 0-2 strings as ASCII by default.
         if !bytes.is_ascii() {
@@ -604,7 +653,7 @@ impl<'a> Machine<'a> {
             // The global itself was already reported.
             return Ok(V::Opaque);
         }
-        let V::Tuple(args) = args else {
+        let V::Tuple(args) = &args else {
             self.unsafe_(format!(
                 "REDUCE calls {q} with arguments that are not a tuple"
             ));
@@ -660,8 +709,8 @@ impl<'a> Machine<'a> {
     }
 }
 
-/// Items a pickle of `len` bytes may have copied, and may decode to: generous for data
-/// (every byte a separate item, many times over), far below what sharing could multiply.
+/// Items a pickle of `len` bytes may have copied, and bytes it may decode to: generous for
+/// data, far below what sharing could multiply.
 fn work_limit(len: usize) -> u64 {
     64 * (len as u64).max(1 << 16)
 }
@@ -775,12 +824,15 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         report: Report {
             protocol: None,
             size: data.len(),
+            pickles: 0,
+            trailing_bytes: 0,
             opcodes: 0,
             globals: Vec::new(),
             calls: Vec::new(),
             verdict: Verdict::Safe,
         },
         reasons: Vec::new(),
+        seen_reasons: std::collections::HashSet::new(),
         work: 0,
     }
 }
@@ -790,8 +842,8 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
 /// it). Mutable containers are emptied even when shared, which breaks every cycle.
 fn dismantle(values: Vec<V>) {
     let mut work = values;
-    while let Some(v) = work.pop() {
-        match v {
+    while let Some(mut v) = work.pop() {
+        match &mut v {
             V::List(l) | V::Set(l) => work.append(&mut l.borrow_mut()),
             V::Dict(d) => {
                 for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
@@ -800,8 +852,10 @@ fn dismantle(values: Vec<V>) {
                 }
             }
             V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
-                if let Ok(items) = Rc::try_unwrap(t) {
-                    work.extend(items);
+                // The last owner looks inside (for mutable containers that hold cycles);
+                // other owners leave it to whoever drops it last.
+                if let Some(items) = Rc::get_mut(t) {
+                    work.append(items);
                 }
             }
             _ => {}
@@ -830,11 +884,36 @@ fn execute<T>(
         return (m.report, out);
     }
     let result = m.run();
+    // pickle.loads ignores what follows STOP, but a file can hold pickles one after another
+    // (pickle.load called again, torch's legacy format): each that follows is scanned with
+    // its own stack and memo. Bytes that are no pickle are left alone, as CPython leaves them.
+    if result.is_ok() {
+        m.report.pickles = 1;
+        while m.pos < data.len() {
+            let start = m.pos;
+            m.stack.clear();
+            m.marks.clear();
+            let memo = std::mem::take(&mut m.memo);
+            dismantle(memo.into_values().collect());
+            match m.run() {
+                Ok(v) => {
+                    m.report.pickles += 1;
+                    dismantle(vec![v]);
+                }
+                Err(_) => {
+                    m.report.trailing_bytes = data.len() - start;
+                    break;
+                }
+            }
+        }
+    }
     let mut report = std::mem::replace(
         &mut m.report,
         Report {
             protocol: None,
             size: 0,
+            pickles: 0,
+            trailing_bytes: 0,
             opcodes: 0,
             globals: Vec::new(),
             calls: Vec::new(),
@@ -842,6 +921,15 @@ fn execute<T>(
         },
     );
     let value = match result {
+        // What ran before the stream broke would have run in CPython too.
+        Err(Malformed(offset, reason)) if !m.reasons.is_empty() => {
+            let mut reasons = std::mem::take(&mut m.reasons);
+            reasons.push(format!(
+                "and then the stream is malformed at offset {offset}: {reason}"
+            ));
+            report.verdict = Verdict::Unsafe { reasons };
+            None
+        }
         Err(Malformed(offset, reason)) => {
             report.verdict = Verdict::Malformed { offset, reason };
             None
@@ -919,12 +1007,20 @@ fn to_json(
     if depth == 0 {
         return Err(DecodeError::Unrepresentable("nested too deeply".into()));
     }
-    if *left == 0 {
+    // Each item costs its bytes: shared parts print once per reference.
+    let cost = 16
+        + match v {
+            V::Str(s) => s.len() as u64,
+            V::Bytes(b) | V::ByteArray(b) => b.len() as u64 * 4 / 3,
+            V::Int(n) => n.bits() / 3,
+            _ => 0,
+        };
+    if *left < cost {
         return Err(DecodeError::Unrepresentable(
             "the value repeats shared parts more often than its size allows".into(),
         ));
     }
-    *left -= 1;
+    *left -= cost;
     let many =
         |items: &[V], path: &mut Vec<usize>, left: &mut u64| -> Result<Vec<Json>, DecodeError> {
             items
@@ -937,6 +1033,10 @@ fn to_json(
         V::Bool(b) => json!(b),
         V::Int(n) => match n.to_i64() {
             Some(i) => json!(i),
+            // Decimal conversion is quadratic: past CPython's 4300 digits, hexadecimal.
+            None if n.bits() > 14_000 => {
+                json!({"$int": format!("{}0x{:x}", if n.sign() == num_bigint::Sign::Minus { "-" } else { "" }, n.magnitude())})
+            }
             None => json!({"$int": n.to_string()}),
         },
         V::Float(f) => float_json(*f),

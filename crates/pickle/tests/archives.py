@@ -88,6 +88,33 @@ z = bytearray(b.getvalue())
 z[18:26] = b"\xff" * 8
 cases["zip64_safe"] = ("safe", bytes(z))
 
+# Pickles need no PROTO opcode, and CPython ignores what follows STOP: a member that starts
+# like anything but a protocol-2+ pickle, or ends with junk, is still read.
+NOPROTO = b"\x8c\x02os\x8c\x06system\x93\x8c\x02id\x85R."
+assert pickle.loads(b"\x8c\x02ok\x94.") == "ok"
+cases["no_proto_member"] = ("unsafe", archive([("archive/data.pkl", GOOD), ("weights", NOPROTO + b"\x00junk")]))
+cases["data_members"] = ("safe", archive([("archive/data.pkl", GOOD), ("archive/version", b"3\n"), ("notes.txt", b"#hello")]))
+
+# The local header disguises what the central directory (which loaders read) says.
+def patched(members, at_second, offset, value):
+    z = bytearray(archive(members))
+    pos = z.find(b"PK\x03\x04", 1) if at_second else 0
+    z[pos + offset:pos + offset + len(value)] = value
+    return bytes(z)
+
+cases["local_size_zero"] = ("malformed", patched([("a", BAD)], False, 18, b"\x00\x00\x00\x00"))
+cases["local_size_one"] = ("malformed", patched([("a", BAD)], False, 18, b"\x01\x00\x00\x00"))
+z = bytearray(archive([("a", BAD)], compression=zipfile.ZIP_DEFLATED))
+z[8:10] = b"\x00\x00"
+cases["local_method_stored"] = ("malformed", bytes(z))
+
+# A pickle that carries a whole archive, which zipfile finds from the end of the file.
+inner = archive([("archive/data.pkl", BAD)])
+cases["pickle_zip_polyglot"] = ("unsafe", b"\x80\x04B" + len(inner).to_bytes(4, "little") + inner + b"0N.")
+
+# Tensor bytes may hold the local header signature: that alone refuses nothing.
+cases["signature_in_data"] = ("safe", archive([("archive/data.pkl", GOOD), ("archive/data/0", b"\x00" * 10 + b"PK\x03\x04" + b"\xff" * 40)]))
+
 # Decompresses far past the size limit.
 cases["zip_bomb"] = ("malformed", archive([("big", b"\x80\x02" + b"\x00" * (300 << 20))], compression=zipfile.ZIP_DEFLATED))
 

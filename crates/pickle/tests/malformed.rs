@@ -39,10 +39,24 @@ fn broken_streams_are_malformed_with_their_offset() {
     assert_eq!(malformed(b"\x80\x04a.").1, "stack underflow");
     assert_eq!(malformed(b"\x80\x04(.").1, "stack underflow");
     assert_eq!(malformed(b"\x80\x04K\x01t.").1, "no MARK to pop to");
+    // What follows STOP is ignored, as CPython ignores it, unless it is another pickle.
+    let r = scan(b"\x80\x04N.garbage", &Options::default());
     assert_eq!(
-        malformed(b"\x80\x04N.garbage"),
-        (4, "7 bytes after STOP".into())
+        (r.verdict, r.pickles, r.trailing_bytes),
+        (Verdict::Safe, 1, 7)
     );
+    let r = scan(b"\x80\x04N.\x80\x02cos\nsystem\n.", &Options::default());
+    assert!(matches!(r.verdict, Verdict::Unsafe { .. }), "{r:?}");
+    assert_eq!(r.pickles, 2);
+    // What ran before the stream broke counts.
+    let r = scan(b"\x80\x02cos\nsystem\nVid\n\x85R\xff", &Options::default());
+    match r.verdict {
+        Verdict::Unsafe { reasons } => assert!(
+            reasons.iter().any(|x| x.contains("malformed at offset")),
+            "{reasons:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
     assert!(malformed(b"\x80\x09N.").1.contains("protocol 9"));
     assert!(malformed(b"Ixyz\n.").1.contains("INT"));
     assert!(malformed(b"S'unterminated\n.").1.contains("STRING"));
@@ -183,4 +197,50 @@ fn overlapping_archive_members_cannot_make_the_work_quadratic() {
         Verdict::Malformed { reason, .. } => assert!(reason.contains("overlap"), "{reason}"),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn discarded_deep_values_never_overflow_the_stack() {
+    // A million nested tuples, thrown away by POP, then more: freed without recursion,
+    // on a thread with a small stack.
+    let mut p = b"\x80\x04)".to_vec();
+    p.extend(std::iter::repeat_n(0x85u8, 1_000_000));
+    p.extend_from_slice(b"0N.");
+    let verdict = std::thread::Builder::new()
+        .stack_size(256 << 10)
+        .spawn(move || scan(&p, &Options::default()).verdict)
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert_eq!(verdict, Verdict::Safe);
+}
+
+#[test]
+fn cpython_quirks_are_followed() {
+    // POP takes a MARK on top (protocol 0 writes this for recursive tuples).
+    let recursive = b"((lp0\n(g0\ntp1\na00g1\n.";
+    assert_eq!(scan(recursive, &Options::default()).verdict, Verdict::Safe);
+    // Integers of more than 4300 digits: CPython refuses them, so do we (quickly).
+    let mut big = b"I".to_vec();
+    big.extend(std::iter::repeat_n(b'7', 2_000_000));
+    big.extend_from_slice(b"\n.");
+    assert!(matches!(
+        scan(&big, &Options::default()).verdict,
+        Verdict::Malformed { .. }
+    ));
+    // Shared strings are counted by their bytes when decoded.
+    let mut amp = b"\x80\x04".to_vec();
+    amp.push(b'X');
+    amp.extend_from_slice(&100_000u32.to_le_bytes());
+    amp.extend(std::iter::repeat_n(b'a', 100_000));
+    amp.extend_from_slice(b"\x94(");
+    amp.extend(std::iter::repeat_n(*b"h\x00", 1_000).flatten());
+    amp.extend_from_slice(b"l\x94(");
+    amp.extend(std::iter::repeat_n(*b"h\x01", 1_000).flatten());
+    amp.extend_from_slice(b"l.");
+    assert_eq!(scan(&amp, &Options::default()).verdict, Verdict::Safe);
+    assert!(matches!(
+        decode(&amp, &Options::default()),
+        Err(DecodeError::Unrepresentable(_))
+    ));
 }
