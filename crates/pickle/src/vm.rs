@@ -54,17 +54,13 @@ impl Drop for V {
 
 fn take_children(v: &mut V, work: &mut Vec<V>) {
     match v {
-        V::List(l) | V::Set(l) => {
-            if Rc::strong_count(l) == 1 {
-                work.append(&mut l.borrow_mut());
-            }
+        V::List(l) | V::Set(l) if Rc::strong_count(l) == 1 => {
+            work.append(&mut l.borrow_mut());
         }
-        V::Dict(d) => {
-            if Rc::strong_count(d) == 1 {
-                for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
-                    work.push(k);
-                    work.push(x);
-                }
+        V::Dict(d) if Rc::strong_count(d) == 1 => {
+            for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
+                work.push(k);
+                work.push(x);
             }
         }
         V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
