@@ -45,19 +45,21 @@ enum V {
 impl Drop for V {
     fn drop(&mut self) {
         let mut work = Vec::new();
-        take_children(self, &mut work);
+        take_children(self, &mut work, false);
         while let Some(mut v) = work.pop() {
-            take_children(&mut v, &mut work);
+            take_children(&mut v, &mut work, false);
         }
     }
 }
 
-fn take_children(v: &mut V, work: &mut Vec<V>) {
+/// Moves a container's items into `work` when this is its last owner — or, with
+/// `even_shared`, always (mutable containers only: emptying them breaks cycles).
+fn take_children(v: &mut V, work: &mut Vec<V>, even_shared: bool) {
     match v {
-        V::List(l) | V::Set(l) if Rc::strong_count(l) == 1 => {
+        V::List(l) | V::Set(l) if even_shared || Rc::strong_count(l) == 1 => {
             work.append(&mut l.borrow_mut());
         }
-        V::Dict(d) if Rc::strong_count(d) == 1 => {
+        V::Dict(d) if even_shared || Rc::strong_count(d) == 1 => {
             for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
                 work.push(k);
                 work.push(x);
@@ -839,23 +841,7 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
 fn dismantle(values: Vec<V>) {
     let mut work = values;
     while let Some(mut v) = work.pop() {
-        match &mut v {
-            V::List(l) | V::Set(l) => work.append(&mut l.borrow_mut()),
-            V::Dict(d) => {
-                for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
-                    work.push(k);
-                    work.push(x);
-                }
-            }
-            V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
-                // The last owner looks inside (for mutable containers that hold cycles);
-                // other owners leave it to whoever drops it last.
-                if let Some(items) = Rc::get_mut(t) {
-                    work.append(items);
-                }
-            }
-            _ => {}
-        }
+        take_children(&mut v, &mut work, true);
     }
 }
 
