@@ -117,6 +117,20 @@ pub struct Report {
 }
 
 impl Report {
+    /// Nothing seen yet in `size` bytes.
+    pub(crate) fn new(size: usize) -> Report {
+        Report {
+            protocol: None,
+            size,
+            pickles: 0,
+            trailing_bytes: 0,
+            opcodes: 0,
+            globals: Vec::new(),
+            calls: Vec::new(),
+            verdict: Verdict::Safe,
+        }
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         let mut v = serde_json::json!({
             "verdict": self.verdict.name(),

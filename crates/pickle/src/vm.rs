@@ -819,16 +819,7 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         stack: Vec::new(),
         marks: Vec::new(),
         memo: HashMap::new(),
-        report: Report {
-            protocol: None,
-            size: data.len(),
-            pickles: 0,
-            trailing_bytes: 0,
-            opcodes: 0,
-            globals: Vec::new(),
-            calls: Vec::new(),
-            verdict: Verdict::Safe,
-        },
+        report: Report::new(data.len()),
         reasons: Vec::new(),
         seen_reasons: std::collections::HashSet::new(),
         work: 0,
@@ -889,19 +880,7 @@ fn execute<T>(
             }
         }
     }
-    let mut report = std::mem::replace(
-        &mut m.report,
-        Report {
-            protocol: None,
-            size: 0,
-            pickles: 0,
-            trailing_bytes: 0,
-            opcodes: 0,
-            globals: Vec::new(),
-            calls: Vec::new(),
-            verdict: Verdict::Safe,
-        },
-    );
+    let mut report = std::mem::replace(&mut m.report, Report::new(0));
     let value = match result {
         // What ran before the stream broke would have run in CPython too.
         Err(Malformed(offset, reason)) if !m.reasons.is_empty() => {

@@ -115,6 +115,11 @@ fn a_name_is_allowed_only_exactly() {
         decode(date, &opts).unwrap(),
         serde_json::json!({"$call": "datetime.date", "args": [2024, 1, 2]})
     );
+    // An allowed global that is the value itself, not called.
+    assert_eq!(
+        decode(b"cbuiltins\nset\n.", &opts).unwrap(),
+        serde_json::json!({"$global": "builtins.set"})
+    );
     // Neither a prefix nor a longer name of an allowed one is allowed.
     for stream in [
         b"\x80\x02cdatetime\ndate.fromtimestamp\nK\x01\x85R.".as_slice(),
