@@ -6,7 +6,10 @@
 //! import something else makes the pickle `unsafe`, and `decode` then refuses it. Nothing is
 //! executed, imported or called, whatever the input.
 
+mod compat;
 mod container;
+mod json;
+mod text;
 mod vm;
 
 use std::collections::BTreeSet;
@@ -27,19 +30,15 @@ pub struct Options {
 }
 
 /// The allow-list by default: the constructors CPython itself uses to pickle plain data
-/// (sets, frozensets, bytearrays, complex numbers, ordered dicts, and bytes in protocols 0-2),
-/// under both their Python 3 and Python 2 module names.
+/// (sets, frozensets, bytearrays, complex numbers, ordered dicts, and bytes in protocols 0-2).
+/// Protocols 0-2 name them `__builtin__.set` and so on, which CPython loads as `builtins.set`:
+/// names are checked as CPython resolves them.
 pub const DEFAULT_ALLOW: &[&str] = &[
     "builtins.set",
     "builtins.frozenset",
     "builtins.bytearray",
     "builtins.bytes",
     "builtins.complex",
-    "__builtin__.set",
-    "__builtin__.frozenset",
-    "__builtin__.bytearray",
-    "__builtin__.bytes",
-    "__builtin__.complex",
     "_codecs.encode",
     "collections.OrderedDict",
 ];
@@ -54,11 +53,13 @@ impl Default for Options {
     }
 }
 
-/// A global the pickle names.
+/// A global the pickle names, as CPython would import it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Global {
     pub module: String,
     pub name: String,
+    /// The name as written, when CPython maps it (a Python 2 name below protocol 3).
+    pub written: Option<String>,
     /// Offset of the opcode that named it.
     pub offset: usize,
     pub allowed: bool,
@@ -140,7 +141,8 @@ impl Report {
             "trailing_bytes": self.trailing_bytes,
             "opcodes": self.opcodes,
             "globals": self.globals.iter().map(|g| serde_json::json!({
-                "module": g.module, "name": g.name, "offset": g.offset, "allowed": g.allowed,
+                "module": g.module, "name": g.name, "written": g.written,
+                "offset": g.offset, "allowed": g.allowed,
             })).collect::<Vec<_>>(),
             "calls": self.calls.iter().map(|c| serde_json::json!({
                 "opcode": c.opcode, "offset": c.offset, "target": c.target,

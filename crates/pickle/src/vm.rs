@@ -6,26 +6,27 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use base64::Engine as _;
 use num_bigint::BigInt;
 use num_traits::ToPrimitive;
-use serde_json::{json, Value as Json};
+use serde_json::Value as Json;
 
-use crate::{CallSite, DecodeError, Global, Options, Report, Verdict};
+use crate::{text, CallSite, DecodeError, Global, Options, Report, Verdict};
 
-type Shared<T> = Rc<RefCell<T>>;
+pub(crate) type Shared<T> = Rc<RefCell<T>>;
 
 /// What a value on the stack is known to be.
 #[derive(Debug, Clone)]
-enum V {
+pub(crate) enum V {
     None,
     Bool(bool),
     Int(Rc<BigInt>),
     Float(f64),
     Complex(f64, f64),
     Str(Rc<str>),
+    /// A str holding lone surrogates, which Rust's strings cannot: its code points.
+    Wide(Rc<[u32]>),
     Bytes(Rc<[u8]>),
-    ByteArray(Rc<[u8]>),
+    ByteArray(Shared<Vec<u8>>),
     List(Shared<Vec<V>>),
     Tuple(Rc<Vec<V>>),
     Dict(Shared<Vec<(V, V)>>),
@@ -85,6 +86,9 @@ struct Machine<'a> {
     marks: Vec<usize>,
     memo: HashMap<u64, V>,
     report: Report,
+    /// The protocol the current pickle declared (0 until a PROTO opcode), which decides how
+    /// CPython resolves globals.
+    proto: u8,
     reasons: Vec<String>,
     seen_reasons: std::collections::HashSet<String>,
     /// Items copied so far (a set built from a memoized list copies it); bounded so that a
@@ -184,13 +188,22 @@ impl<'a> Machine<'a> {
         });
     }
 
+    /// A global is checked under the name CPython imports: below protocol 3 its unpickler
+    /// maps Python 2 names to Python 3 ones (`__builtin__.set` loads `builtins.set`).
     fn global(&mut self, module: String, name: String) -> V {
+        let written = format!("{module}.{name}");
+        let (module, name) = if self.proto < 3 {
+            compat(module, name)
+        } else {
+            (module, name)
+        };
         let q = format!("{module}.{name}");
         let allowed = self.opts.allow.contains(&q);
         if !allowed {
             self.unsafe_(format!("global {q} is not allowed"));
         }
         self.report.globals.push(Global {
+            written: (written != q).then_some(written),
             module,
             name,
             offset: self.op_at,
@@ -213,6 +226,7 @@ impl<'a> Machine<'a> {
     }
 
     fn run(&mut self) -> Result<V, Malformed> {
+        self.proto = 0;
         loop {
             if self.pos >= self.data.len() {
                 return bad(self.data.len(), "the pickle ends without STOP");
@@ -229,6 +243,7 @@ impl<'a> Machine<'a> {
                         return bad(self.op_at, format!("unsupported protocol {p}"));
                     }
                     self.report.protocol = Some(p);
+                    self.proto = p;
                 }
                 0x95 => {
                     // FRAME: a length hint; the opcodes follow inline.
@@ -241,26 +256,22 @@ impl<'a> Machine<'a> {
                 0x88 => self.stack.push(V::Bool(true)),
                 0x89 => self.stack.push(V::Bool(false)),
                 b'I' => {
-                    let l = self.text_line()?;
-                    self.digits_cap(&l)?;
-                    let v = match l.as_str() {
-                        "00" => V::Bool(false),
-                        "01" => V::Bool(true),
-                        s => match s.parse::<BigInt>() {
-                            Ok(n) => V::Int(Rc::new(n)),
-                            Err(_) => return bad(self.op_at, "INT is not a decimal integer"),
-                        },
+                    let l = self.line()?;
+                    let v = match text::int(l)
+                        .map_err(|why| Malformed(self.op_at, format!("INT: {why}")))?
+                    {
+                        text::Int::Bool(b) => V::Bool(b),
+                        text::Int::Int(n) => V::Int(Rc::new(n)),
                     };
                     self.stack.push(v);
                 }
                 b'L' => {
-                    let l = self.text_line()?;
-                    self.digits_cap(&l)?;
-                    let s = l.strip_suffix('L').unwrap_or(&l);
-                    match s.parse::<BigInt>() {
-                        Ok(n) => self.stack.push(V::Int(Rc::new(n))),
-                        Err(_) => return bad(self.op_at, "LONG is not a decimal integer"),
-                    }
+                    let l = self.line()?;
+                    // CPython drops one 'L' before the end of the line (Python 2 wrote it).
+                    let l = l.strip_suffix(b"L").unwrap_or(l);
+                    let n = text::long(l, true)
+                        .map_err(|why| Malformed(self.op_at, format!("LONG: {why}")))?;
+                    self.stack.push(V::Int(Rc::new(n)));
                 }
                 b'J' => {
                     let n = self.int4()?;
@@ -292,11 +303,10 @@ impl<'a> Machine<'a> {
                     self.stack.push(V::Int(Rc::new(v)));
                 }
                 b'F' => {
-                    let l = self.text_line()?;
-                    match l.trim().parse::<f64>() {
-                        Ok(f) => self.stack.push(V::Float(f)),
-                        Err(_) => return bad(self.op_at, "FLOAT is not a number"),
-                    }
+                    let l = self.line()?;
+                    let f = text::float(l)
+                        .map_err(|why| Malformed(self.op_at, format!("FLOAT: {why}")))?;
+                    self.stack.push(V::Float(f));
                 }
                 b'G' => {
                     let b = self.take(8)?;
@@ -325,8 +335,8 @@ impl<'a> Machine<'a> {
                 }
                 b'V' => {
                     let l = self.line()?;
-                    match raw_unicode_escape(l) {
-                        Some(s) => self.stack.push(V::Str(s.into())),
+                    match text::raw_unicode_escape(l) {
+                        Some(points) => self.stack.push(string(points)),
                         None => return bad(self.op_at, "UNICODE has a bad escape"),
                     }
                 }
@@ -337,12 +347,15 @@ impl<'a> Machine<'a> {
                         _ => self.uint(8)?,
                     };
                     let b = self.take(n)?;
-                    match std::str::from_utf8(b) {
-                        Ok(s) => self.stack.push(V::Str(s.into())),
-                        // CPython decodes with surrogatepass; lone surrogates are data we do
-                        // not represent.
-                        Err(_) => return bad(self.op_at, "BINUNICODE is not UTF-8"),
-                    }
+                    let v = match std::str::from_utf8(b) {
+                        Ok(s) => V::Str(s.into()),
+                        // CPython decodes with surrogatepass: lone surrogates are data.
+                        Err(_) => match text::utf8_surrogatepass(b) {
+                            Some(points) => string(points),
+                            None => return bad(self.op_at, "BINUNICODE is not UTF-8"),
+                        },
+                    };
+                    self.stack.push(v);
                 }
                 b'B' | b'C' | 0x8e | 0x96 => {
                     let n = match op {
@@ -350,11 +363,11 @@ impl<'a> Machine<'a> {
                         b'C' => self.uint(1)?,
                         _ => self.uint(8)?,
                     };
-                    let b: Rc<[u8]> = self.take(n)?.into();
+                    let b = self.take(n)?;
                     self.stack.push(if op == 0x96 {
-                        V::ByteArray(b)
+                        V::ByteArray(Rc::new(RefCell::new(b.to_vec())))
                     } else {
-                        V::Bytes(b)
+                        V::Bytes(b.into())
                     });
                 }
                 b')' => self.stack.push(V::Tuple(Rc::default())),
@@ -385,10 +398,16 @@ impl<'a> Machine<'a> {
                         return bad(self.op_at, "DICT with an odd number of items");
                     }
                     let pairs = pairs(items);
+                    for (k, _) in &pairs {
+                        self.check_hashable(k, "a dict key")?;
+                    }
                     self.stack.push(V::Dict(Rc::new(RefCell::new(pairs))));
                 }
                 0x91 => {
                     let items = self.pop_mark()?;
+                    for x in &items {
+                        self.check_hashable(x, "a frozenset item")?;
+                    }
                     self.stack.push(V::FrozenSet(Rc::new(items)));
                 }
                 b'a' => {
@@ -413,11 +432,7 @@ impl<'a> Machine<'a> {
                 }
                 0x90 => {
                     let items = self.pop_mark()?;
-                    match self.top()? {
-                        V::Set(s) => s.borrow_mut().extend(items),
-                        V::Opaque => {}
-                        _ => return bad(self.op_at, "ADDITEMS on something that is not a set"),
-                    }
+                    self.add_items(items)?;
                 }
                 b'0' => {
                     // CPython's POP takes a MARK when one is on top.
@@ -435,10 +450,10 @@ impl<'a> Machine<'a> {
                     self.stack.push(v);
                 }
                 b'p' => {
-                    let l = self.text_line()?;
-                    match l.parse::<u64>() {
-                        Ok(i) => self.memo_put(i)?,
-                        Err(_) => return bad(self.op_at, "PUT index is not a number"),
+                    let l = self.line()?;
+                    match text::memo_index(l) {
+                        Some(i) => self.memo_put(i)?,
+                        None => return bad(self.op_at, "PUT index is not a number"),
                     }
                 }
                 b'q' => {
@@ -454,10 +469,10 @@ impl<'a> Machine<'a> {
                     self.memo_put(i)?;
                 }
                 b'g' => {
-                    let l = self.text_line()?;
-                    let v = match l.parse::<u64>() {
-                        Ok(i) => self.memo_get(i)?,
-                        Err(_) => return bad(self.op_at, "GET index is not a number"),
+                    let l = self.line()?;
+                    let v = match text::memo_index(l) {
+                        Some(i) => self.memo_get(i)?,
+                        None => return bad(self.op_at, "GET index is not a number"),
                     };
                     self.stack.push(v);
                 }
@@ -582,18 +597,6 @@ impl<'a> Machine<'a> {
         }
     }
 
-    /// CPython refuses decimal integers of more than 4300 digits (and converting longer
-    /// ones would be quadratic).
-    fn digits_cap(&self, text: &str) -> Result<(), Malformed> {
-        if text.len() > 4_302 {
-            return bad(
-                self.op_at,
-                "an integer of more than 4300 digits (CPython refuses it)",
-            );
-        }
-        Ok(())
-    }
-
     fn push_ascii(&mut self, bytes: Vec<u8>) -> Result<(), Malformed> {
         // Python 3 reads protocol 0-2 strings as ASCII by default.
         if !bytes.is_ascii() {
@@ -607,20 +610,138 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
+    /// APPEND(S): CPython extends a list, and calls `extend` (or `append`) of anything else.
     fn append(&mut self, items: Vec<V>) -> Result<(), Malformed> {
-        match self.top()? {
+        let at = self.op_at;
+        let target = self.top()?;
+        if items.is_empty() {
+            return Ok(());
+        }
+        match target {
             V::List(l) => l.borrow_mut().extend(items),
+            V::ByteArray(b) => {
+                let bytes: Option<Vec<u8>> = items.iter().map(byte_value).collect();
+                match bytes {
+                    Some(bytes) => b.borrow_mut().extend(bytes),
+                    None => return bad(at, "APPEND to a bytearray of something not a byte"),
+                }
+            }
             V::Opaque => {}
-            _ => return bad(self.op_at, "APPEND to something that is not a list"),
+            V::Global(..) | V::Call(..) => {
+                let name = describe(target);
+                *target = V::Opaque;
+                self.unsafe_(format!("APPEND calls extend or append of {name}"));
+            }
+            other => {
+                let kind = describe(other);
+                return bad(
+                    at,
+                    format!("APPEND to {kind}, which has no extend or append"),
+                );
+            }
         }
         Ok(())
     }
 
+    /// SETITEM(S): a dict's items, or `__setitem__` of anything else.
     fn set_items(&mut self, items: Vec<(V, V)>) -> Result<(), Malformed> {
-        match self.top()? {
+        let at = self.op_at;
+        if items.is_empty() {
+            self.top()?;
+            return Ok(());
+        }
+        if matches!(self.top()?, V::Dict(_)) {
+            for (k, _) in &items {
+                self.check_hashable(k, "a dict key")?;
+            }
+        }
+        let target = self.top()?;
+        match target {
             V::Dict(d) => d.borrow_mut().extend(items),
+            V::List(l) => {
+                let mut l = l.borrow_mut();
+                for (k, v) in items {
+                    match index(&k, l.len()) {
+                        Some(i) => l[i] = v,
+                        None => return bad(at, "SETITEM on a list with a bad index"),
+                    }
+                }
+            }
+            V::ByteArray(b) => {
+                let mut b = b.borrow_mut();
+                for (k, v) in items {
+                    match (index(&k, b.len()), byte_value(&v)) {
+                        (Some(i), Some(v)) => b[i] = v,
+                        _ => return bad(at, "SETITEM on a bytearray with a bad index or byte"),
+                    }
+                }
+            }
             V::Opaque => {}
-            _ => return bad(self.op_at, "SETITEM on something that is not a dict"),
+            V::Global(..) | V::Call(..) => {
+                let name = describe(target);
+                *target = V::Opaque;
+                self.unsafe_(format!("SETITEM calls __setitem__ of {name}"));
+            }
+            other => {
+                let kind = describe(other);
+                return bad(at, format!("SETITEM on {kind}, which takes no items"));
+            }
+        }
+        Ok(())
+    }
+
+    /// ADDITEMS: a set's items, or `add` of anything else.
+    fn add_items(&mut self, items: Vec<V>) -> Result<(), Malformed> {
+        let at = self.op_at;
+        if items.is_empty() {
+            self.top()?;
+            return Ok(());
+        }
+        if matches!(self.top()?, V::Set(_)) {
+            for x in &items {
+                self.check_hashable(x, "a set item")?;
+            }
+        }
+        let target = self.top()?;
+        match target {
+            V::Set(s) => s.borrow_mut().extend(items),
+            V::Opaque => {}
+            V::Global(..) | V::Call(..) => {
+                let name = describe(target);
+                *target = V::Opaque;
+                self.unsafe_(format!("ADDITEMS calls add of {name}"));
+            }
+            other => {
+                let kind = describe(other);
+                return bad(at, format!("ADDITEMS on {kind}, which has no add"));
+            }
+        }
+        Ok(())
+    }
+
+    /// CPython hashes dict keys and set items as it loads them: a list among them fails the
+    /// load. Tuples are looked into (without recursion); the work counts against the budget.
+    fn check_hashable(&mut self, v: &V, role: &str) -> Result<(), Malformed> {
+        let mut todo = vec![v];
+        while let Some(x) = todo.pop() {
+            self.work += 1;
+            match x {
+                V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) => {
+                    return bad(
+                        self.op_at,
+                        format!(
+                            "{role} is unhashable ({}): CPython fails to load it",
+                            describe(x)
+                        ),
+                    );
+                }
+                // A frozenset's items were checked when it was built.
+                V::Tuple(t) => todo.extend(t.iter()),
+                _ => {}
+            }
+        }
+        if self.work > work_limit(self.data.len()) {
+            return bad(self.op_at, "asks for more work than its size allows");
         }
         Ok(())
     }
@@ -657,13 +778,7 @@ impl<'a> Machine<'a> {
             ));
             return Ok(V::Opaque);
         };
-        let short = q.split_once('.').map_or(&*q, |(m, n)| {
-            if m == "builtins" || m == "__builtin__" {
-                n
-            } else {
-                &q
-            }
-        });
+        let short = q.strip_prefix("builtins.").unwrap_or(&q);
         let copied: u64 = args
             .iter()
             .map(|a| match a {
@@ -675,16 +790,20 @@ impl<'a> Machine<'a> {
         if self.work > work_limit(self.data.len()) {
             return bad(self.op_at, "asks for more copying than its size allows");
         }
+        if let ("set" | "frozenset", [V::List(l)]) = (short, &args[..]) {
+            for x in l.borrow().iter() {
+                self.check_hashable(x, "a set item")?;
+            }
+        }
+        let bytearray = |b: Vec<u8>| V::ByteArray(Rc::new(RefCell::new(b)));
         let built = match (short, &args[..]) {
             ("set", []) => Some(V::Set(Rc::default())),
             ("set", [V::List(l)]) => Some(V::Set(Rc::new(RefCell::new(l.borrow().clone())))),
             ("frozenset", []) => Some(V::FrozenSet(Rc::default())),
             ("frozenset", [V::List(l)]) => Some(V::FrozenSet(Rc::new(l.borrow().clone()))),
-            ("bytearray", []) => Some(V::ByteArray(Rc::new([]))),
-            ("bytearray", [V::Bytes(b)]) => Some(V::ByteArray(b.clone())),
-            ("bytearray", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
-                latin1(s).map(|b| V::ByteArray(b.into()))
-            }
+            ("bytearray", []) => Some(bytearray(Vec::new())),
+            ("bytearray", [V::Bytes(b)]) => Some(bytearray(b.to_vec())),
+            ("bytearray", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => latin1(s).map(bytearray),
             ("bytes", []) => Some(V::Bytes(Rc::new([]))),
             ("_codecs.encode", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
                 latin1(s).map(|b| V::Bytes(b.into()))
@@ -720,6 +839,77 @@ fn pairs(items: Vec<V>) -> Vec<(V, V)> {
         out.push((k, v));
     }
     out
+}
+
+/// A str from its code points.
+fn string(points: Vec<u32>) -> V {
+    match points
+        .iter()
+        .map(|&p| char::from_u32(p))
+        .collect::<Option<String>>()
+    {
+        Some(s) => V::Str(s.into()),
+        None => V::Wide(points.into()),
+    }
+}
+
+/// CPython's name for what a value is, in messages.
+fn describe(v: &V) -> String {
+    match v {
+        V::None => "None".into(),
+        V::Bool(_) => "a bool".into(),
+        V::Int(_) => "an int".into(),
+        V::Float(_) => "a float".into(),
+        V::Complex(..) => "a complex".into(),
+        V::Str(_) | V::Wide(_) => "a str".into(),
+        V::Bytes(_) => "bytes".into(),
+        V::ByteArray(_) => "a bytearray".into(),
+        V::List(_) => "a list".into(),
+        V::Tuple(_) => "a tuple".into(),
+        V::Dict(_) => "a dict".into(),
+        V::Set(_) => "a set".into(),
+        V::FrozenSet(_) => "a frozenset".into(),
+        V::Global(q, _) => q.to_string(),
+        V::Call(q, _) => format!("what {q} returned"),
+        V::Opaque => "an unknown object".into(),
+    }
+}
+
+/// An int (or bool) as a Python index into a sequence of `len` items.
+fn index(k: &V, len: usize) -> Option<usize> {
+    let i = match k {
+        V::Bool(b) => *b as i64,
+        V::Int(n) => n.to_i64()?,
+        _ => return None,
+    };
+    let i = if i < 0 { i.checked_add(len as i64)? } else { i };
+    usize::try_from(i).ok().filter(|&i| i < len)
+}
+
+/// An int (or bool) that fits a byte, as bytearray's item assignment takes it.
+fn byte_value(v: &V) -> Option<u8> {
+    match v {
+        V::Bool(b) => Some(*b as u8),
+        V::Int(n) => n.to_u8(),
+        _ => None,
+    }
+}
+
+/// `_compat_pickle`'s mapping of a Python 2 name, as CPython applies it below protocol 3.
+fn compat(module: String, name: String) -> (String, String) {
+    if let Some((_, (m, n))) = crate::compat::NAME_MAPPING
+        .iter()
+        .find(|((m, n), _)| *m == module && *n == name)
+    {
+        return (m.to_string(), n.to_string());
+    }
+    match crate::compat::IMPORT_MAPPING
+        .iter()
+        .find(|(m, _)| *m == module)
+    {
+        Some((_, m)) => (m.to_string(), name),
+        None => (module, name),
+    }
 }
 
 fn global_name(v: &V) -> Option<String> {
@@ -789,27 +979,6 @@ fn unquote(l: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// raw-unicode-escape: `\uXXXX` and `\UXXXXXXXX` escapes, every other byte Latin-1.
-fn raw_unicode_escape(l: &[u8]) -> Option<String> {
-    let mut out = String::with_capacity(l.len());
-    let mut i = 0;
-    while i < l.len() {
-        let c = l[i];
-        if c == b'\\' && matches!(l.get(i + 1), Some(b'u') | Some(b'U')) {
-            // An odd run of backslashes escapes; CPython checks the count before it.
-            let width = if l[i + 1] == b'u' { 4 } else { 8 };
-            let h = std::str::from_utf8(l.get(i + 2..i + 2 + width)?).ok()?;
-            let v = u32::from_str_radix(h, 16).ok()?;
-            out.push(char::from_u32(v)?);
-            i += 2 + width;
-        } else {
-            out.push(c as char);
-            i += 1;
-        }
-    }
-    Some(out)
-}
-
 fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
     Machine {
         data,
@@ -820,6 +989,7 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         marks: Vec::new(),
         memo: HashMap::new(),
         report: Report::new(data.len()),
+        proto: 0,
         reasons: Vec::new(),
         seen_reasons: std::collections::HashSet::new(),
         work: 0,
@@ -860,18 +1030,20 @@ fn execute<T>(
     // pickle.loads ignores what follows STOP, but a file can hold pickles one after another
     // (pickle.load called again, torch's legacy format): each that follows is scanned with
     // its own stack and memo. Bytes that are no pickle are left alone, as CPython leaves them.
+    // Values of the pickles that follow, kept until the end: the memo shares containers with
+    // the first pickle's value, which taking them apart now would empty.
+    let mut done = Vec::new();
     if result.is_ok() {
         m.report.pickles = 1;
         while m.pos < data.len() {
             let start = m.pos;
-            m.stack.clear();
+            done.append(&mut m.stack);
             m.marks.clear();
-            let memo = std::mem::take(&mut m.memo);
-            dismantle(memo.into_values().collect());
+            done.extend(std::mem::take(&mut m.memo).into_values());
             match m.run() {
                 Ok(v) => {
                     m.report.pickles += 1;
-                    dismantle(vec![v]);
+                    done.push(v);
                 }
                 Err(_) => {
                     m.report.trailing_bytes = data.len() - start;
@@ -906,6 +1078,7 @@ fn execute<T>(
     };
     let out = use_result(&report, value.as_ref());
     let mut rest: Vec<V> = std::mem::take(&mut m.stack);
+    rest.append(&mut done);
     rest.extend(m.memo.drain().map(|(_, v)| v));
     rest.extend(value);
     dismantle(rest);
@@ -920,10 +1093,11 @@ pub fn scan(data: &[u8], opts: &Options) -> Report {
 /// The JSON form of a `safe` pickle; anything else is refused.
 pub fn decode(data: &[u8], opts: &Options) -> Result<Json, DecodeError> {
     let (report, json) = execute(data, opts, |report, value| match (&report.verdict, value) {
-        (Verdict::Safe, Some(v)) => {
-            let mut left = work_limit(data.len());
-            Some(to_json(v, opts.max_depth, &mut Vec::new(), &mut left))
-        }
+        (Verdict::Safe, Some(v)) => Some(crate::json::to_json(
+            v,
+            opts.max_depth,
+            work_limit(data.len()),
+        )),
         _ => None,
     });
     match report.verdict {
@@ -931,125 +1105,6 @@ pub fn decode(data: &[u8], opts: &Options) -> Result<Json, DecodeError> {
         Verdict::Unsafe { reasons } => Err(DecodeError::Unsafe(reasons)),
         Verdict::Malformed { offset, reason } => Err(DecodeError::Malformed { offset, reason }),
     }
-}
-
-fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
-}
-
-fn float_json(f: f64) -> Json {
-    if f.is_finite() {
-        json!(f)
-    } else {
-        json!({"$float": if f.is_nan() { "nan" } else if f > 0.0 { "inf" } else { "-inf" }})
-    }
-}
-
-/// Containers being converted, by address: a pickle can describe a list that contains
-/// itself, which JSON cannot hold.
-fn enter(path: &mut Vec<usize>, addr: usize) -> Result<(), DecodeError> {
-    if path.contains(&addr) {
-        return Err(DecodeError::Unrepresentable(
-            "a container contains itself".into(),
-        ));
-    }
-    path.push(addr);
-    Ok(())
-}
-
-/// `left`: how many more items the output may have. Shared containers print once per
-/// reference, so a small pickle could otherwise describe an exponentially large value.
-fn to_json(
-    v: &V,
-    depth: usize,
-    path: &mut Vec<usize>,
-    left: &mut u64,
-) -> Result<Json, DecodeError> {
-    if depth == 0 {
-        return Err(DecodeError::Unrepresentable("nested too deeply".into()));
-    }
-    // Each item costs its bytes: shared parts print once per reference.
-    let cost = 16
-        + match v {
-            V::Str(s) => s.len() as u64,
-            V::Bytes(b) | V::ByteArray(b) => b.len() as u64 * 4 / 3,
-            V::Int(n) => n.bits() / 3,
-            _ => 0,
-        };
-    if *left < cost {
-        return Err(DecodeError::Unrepresentable(
-            "the value repeats shared parts more often than its size allows".into(),
-        ));
-    }
-    *left -= cost;
-    let many =
-        |items: &[V], path: &mut Vec<usize>, left: &mut u64| -> Result<Vec<Json>, DecodeError> {
-            items
-                .iter()
-                .map(|x| to_json(x, depth - 1, path, left))
-                .collect()
-        };
-    Ok(match v {
-        V::None => Json::Null,
-        V::Bool(b) => json!(b),
-        V::Int(n) => match n.to_i64() {
-            Some(i) => json!(i),
-            // Decimal conversion is quadratic: past CPython's 4300 digits, hexadecimal.
-            None if n.bits() > 14_000 => {
-                json!({"$int": format!("{}0x{:x}", if n.sign() == num_bigint::Sign::Minus { "-" } else { "" }, n.magnitude())})
-            }
-            None => json!({"$int": n.to_string()}),
-        },
-        V::Float(f) => float_json(*f),
-        V::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
-        V::Str(s) => json!(&**s),
-        V::Bytes(b) => json!({"$bytes": b64(b)}),
-        V::ByteArray(b) => json!({"$bytearray": b64(b)}),
-        V::List(l) => {
-            enter(path, Rc::as_ptr(l) as usize)?;
-            let out = many(&l.borrow(), path, left)?;
-            path.pop();
-            Json::Array(out)
-        }
-        V::Tuple(t) => json!({"$tuple": many(t, path, left)?}),
-        V::Set(s) => {
-            enter(path, Rc::as_ptr(s) as usize)?;
-            let out = many(&s.borrow(), path, left)?;
-            path.pop();
-            json!({"$set": out})
-        }
-        V::FrozenSet(s) => json!({"$frozenset": many(s, path, left)?}),
-        V::Dict(d) => {
-            enter(path, Rc::as_ptr(d) as usize)?;
-            let d = d.borrow();
-            let plain = d
-                .iter()
-                .all(|(k, _)| matches!(k, V::Str(s) if !s.starts_with('$')));
-            let out = if plain {
-                let mut map = serde_json::Map::new();
-                for (k, val) in d.iter() {
-                    if let V::Str(k) = k {
-                        map.insert(k.to_string(), to_json(val, depth - 1, path, left)?);
-                    }
-                }
-                Json::Object(map)
-            } else {
-                let mut pairs = Vec::with_capacity(d.len());
-                for (k, val) in d.iter() {
-                    pairs.push(json!([
-                        to_json(k, depth - 1, path, left)?,
-                        to_json(val, depth - 1, path, left)?
-                    ]));
-                }
-                json!({"$dict": pairs})
-            };
-            path.pop();
-            out
-        }
-        V::Call(name, args) => json!({"$call": &**name, "args": many(args, path, left)?}),
-        V::Global(name, _) => json!({"$global": &**name}),
-        V::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,271 @@
+//! The JSON form of a value the machine proved safe. Dicts keep their order; keys and set
+//! items that Python deems equal (1, 1.0, True) are one, as when CPython loads them.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+use base64::Engine as _;
+use num_bigint::BigInt;
+use num_traits::{FromPrimitive, ToPrimitive};
+use serde_json::{json, Value as Json};
+
+use crate::vm::V;
+use crate::DecodeError;
+
+/// What one conversion may still do.
+struct Cx {
+    /// Containers being converted, by address: a pickle can describe a list that contains
+    /// itself, which JSON cannot hold.
+    path: Vec<usize>,
+    /// Bytes the output may still have: shared parts print once per reference, so a small
+    /// pickle could otherwise describe an exponentially large value.
+    left: u64,
+    /// Keys that equal nothing but themselves (NaN) are told apart by a counter.
+    unique: u64,
+}
+
+pub(crate) fn to_json(v: &V, max_depth: usize, budget: u64) -> Result<Json, DecodeError> {
+    let mut cx = Cx {
+        path: Vec::new(),
+        left: budget,
+        unique: 0,
+    };
+    convert(v, max_depth, &mut cx)
+}
+
+fn too_deep() -> DecodeError {
+    DecodeError::Unrepresentable("nested too deeply".into())
+}
+
+fn charge(cx: &mut Cx, cost: u64) -> Result<(), DecodeError> {
+    if cx.left < cost {
+        return Err(DecodeError::Unrepresentable(
+            "the value repeats shared parts more often than its size allows".into(),
+        ));
+    }
+    cx.left -= cost;
+    Ok(())
+}
+
+fn enter(cx: &mut Cx, addr: usize) -> Result<(), DecodeError> {
+    if cx.path.contains(&addr) {
+        return Err(DecodeError::Unrepresentable(
+            "a container contains itself".into(),
+        ));
+    }
+    cx.path.push(addr);
+    Ok(())
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn float_json(f: f64) -> Json {
+    if f.is_finite() {
+        json!(f)
+    } else {
+        json!({"$float": if f.is_nan() { "nan" } else if f > 0.0 { "inf" } else { "-inf" }})
+    }
+}
+
+/// What printing (or hashing) a value costs, in bytes: each item its size, shared ones once
+/// per reference.
+fn cost(v: &V) -> u64 {
+    16 + match v {
+        V::Str(s) => s.len() as u64,
+        V::Wide(w) => w.len() as u64 * 8,
+        V::Bytes(b) => b.len() as u64 * 4 / 3,
+        V::ByteArray(b) => b.borrow().len() as u64 * 4 / 3,
+        V::Int(n) => n.bits() / 3,
+        _ => 0,
+    }
+}
+
+/// Recursion is bounded by `max_depth`; the stack grows as needed, whatever the thread's size
+/// and however large the frames of an unoptimized build.
+fn convert(v: &V, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+    stacker::maybe_grow(64 << 10, 1 << 20, || convert_here(v, depth, cx))
+}
+
+fn convert_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+    if depth == 0 {
+        return Err(too_deep());
+    }
+    charge(cx, cost(v))?;
+    let many = |items: &[V], cx: &mut Cx| -> Result<Vec<Json>, DecodeError> {
+        items.iter().map(|x| convert(x, depth - 1, cx)).collect()
+    };
+    Ok(match v {
+        V::None => Json::Null,
+        V::Bool(b) => json!(b),
+        V::Int(n) => match n.to_i64() {
+            Some(i) => json!(i),
+            // Decimal conversion is quadratic: past CPython's 4300 digits, hexadecimal.
+            None if n.bits() > 14_000 => {
+                let sign = if n.sign() == num_bigint::Sign::Minus {
+                    "-"
+                } else {
+                    ""
+                };
+                json!({"$int": format!("{sign}0x{:x}", n.magnitude())})
+            }
+            None => json!({"$int": n.to_string()}),
+        },
+        V::Float(f) => float_json(*f),
+        V::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
+        V::Str(s) => json!(&**s),
+        V::Wide(w) => json!({"$str": &**w}),
+        V::Bytes(b) => json!({"$bytes": b64(b)}),
+        V::ByteArray(b) => json!({"$bytearray": b64(&b.borrow())}),
+        V::List(l) => {
+            enter(cx, Rc::as_ptr(l) as usize)?;
+            let out = many(&l.borrow(), cx)?;
+            cx.path.pop();
+            Json::Array(out)
+        }
+        V::Tuple(t) => json!({"$tuple": many(t, cx)?}),
+        V::Set(s) => {
+            enter(cx, Rc::as_ptr(s) as usize)?;
+            let out = distinct(&s.borrow(), depth, cx)?;
+            cx.path.pop();
+            json!({"$set": out})
+        }
+        V::FrozenSet(s) => json!({"$frozenset": distinct(s, depth, cx)?}),
+        V::Dict(d) => {
+            enter(cx, Rc::as_ptr(d) as usize)?;
+            let out = dict(&d.borrow(), depth, cx)?;
+            cx.path.pop();
+            out
+        }
+        V::Call(name, args) => json!({"$call": &**name, "args": many(args, cx)?}),
+        V::Global(name, _) => json!({"$global": &**name}),
+        V::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
+    })
+}
+
+/// A set's items, each once, first come first kept (as `set.add` keeps them).
+fn distinct(items: &[V], depth: usize, cx: &mut Cx) -> Result<Vec<Json>, DecodeError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for x in items {
+        if seen.insert(key(x, depth - 1, cx)?) {
+            out.push(convert(x, depth - 1, cx)?);
+        }
+    }
+    Ok(out)
+}
+
+/// A dict in its order: a key seen again keeps its first place and takes the last value. With
+/// only string keys it is a JSON object; otherwise `{"$dict": [[key, value], ...]}`.
+fn dict(pairs: &[(V, V)], depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+    let plain = pairs
+        .iter()
+        .all(|(k, _)| matches!(k, V::Str(s) if !s.starts_with('$')));
+    if plain {
+        let mut map = serde_json::Map::new();
+        for (k, val) in pairs {
+            if let V::Str(k) = k {
+                // Insertion order is kept (serde_json's preserve_order), and inserting a
+                // key again replaces its value in place.
+                map.insert(k.to_string(), convert(val, depth - 1, cx)?);
+            }
+        }
+        return Ok(Json::Object(map));
+    }
+    let mut at: HashMap<Key, usize> = HashMap::new();
+    let mut out: Vec<Json> = Vec::new();
+    for (k, val) in pairs {
+        let value = convert(val, depth - 1, cx)?;
+        match at.entry(key(k, depth - 1, cx)?) {
+            Entry::Occupied(e) => out[*e.get()][1] = value,
+            Entry::Vacant(e) => {
+                e.insert(out.len());
+                out.push(json!([convert(k, depth - 1, cx)?, value]));
+            }
+        }
+    }
+    Ok(json!({"$dict": out}))
+}
+
+/// A dict key or set item under Python's equality: numbers that are equal are one key
+/// whatever their type, a frozenset equals any other with the same items, NaN equals
+/// nothing else.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    None,
+    Int(BigInt),
+    /// A float that is not an integer, by its bits.
+    Float(u64),
+    Complex(u64, u64),
+    Str(Rc<str>),
+    Wide(Rc<[u32]>),
+    Bytes(Rc<[u8]>),
+    Tuple(Vec<Key>),
+    /// Sorted, without repeats.
+    FrozenSet(Vec<Key>),
+    Global(Rc<str>),
+    Unique(u64),
+}
+
+fn key(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
+    stacker::maybe_grow(64 << 10, 1 << 20, || key_here(v, depth, cx))
+}
+
+fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
+    if depth == 0 {
+        return Err(too_deep());
+    }
+    // Hashing and comparing a key reads all of it.
+    charge(cx, cost(v))?;
+    Ok(match v {
+        V::None => Key::None,
+        V::Bool(b) => Key::Int((*b as u8).into()),
+        V::Int(n) => Key::Int((**n).clone()),
+        V::Float(f) => float_key(*f, cx),
+        V::Complex(re, im) if *im == 0.0 => float_key(*re, cx),
+        V::Complex(re, im) if re.is_nan() || im.is_nan() => unique(cx),
+        V::Complex(re, im) => Key::Complex((re + 0.0).to_bits(), im.to_bits()),
+        V::Str(s) => Key::Str(s.clone()),
+        V::Wide(w) => Key::Wide(w.clone()),
+        V::Bytes(b) => Key::Bytes(b.clone()),
+        V::Tuple(t) => Key::Tuple(
+            t.iter()
+                .map(|x| key(x, depth - 1, cx))
+                .collect::<Result<_, _>>()?,
+        ),
+        V::FrozenSet(s) => {
+            let mut items = s
+                .iter()
+                .map(|x| key(x, depth - 1, cx))
+                .collect::<Result<Vec<_>, _>>()?;
+            items.sort();
+            items.dedup();
+            Key::FrozenSet(items)
+        }
+        V::Global(name, _) => Key::Global(name.clone()),
+        // What an allowed constructor returned: its equality is its own.
+        V::Call(..) => unique(cx),
+        // The machine refuses unhashable keys; unsafe values never reach here.
+        V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) | V::Opaque => {
+            return Err(DecodeError::Unrepresentable("an unhashable key".into()))
+        }
+    })
+}
+
+fn unique(cx: &mut Cx) -> Key {
+    cx.unique += 1;
+    Key::Unique(cx.unique)
+}
+
+fn float_key(f: f64, cx: &mut Cx) -> Key {
+    if f.is_nan() {
+        unique(cx)
+    } else if f.fract() == 0.0 {
+        // Finite and integral: equal to the int (-0.0 is 0).
+        Key::Int(BigInt::from_f64(f).unwrap_or_default())
+    } else {
+        Key::Float(f.to_bits())
+    }
+}
