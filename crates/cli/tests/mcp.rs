@@ -146,6 +146,16 @@ fn check_tools(seen: &Value) {
     assert!(t.starts_with("status: timeout"), "{t}");
     assert!(t.contains("1000 ms"), "{t}");
     assert!(t.contains("stdout:\nstarted\n"), "{t}");
+    let t = failed(&seen["memory"]);
+    assert!(
+        t.starts_with("status: memory_limit (killed at the memory limit of 512 MB)"),
+        "{t}"
+    );
+    // bpf(2): killed by the seccomp filter, and the program did not go on.
+    let t = failed(&seen["forbidden_syscall"]);
+    assert!(t.starts_with("status: policy_violation"), "{t}");
+    assert!(t.contains("stdout:\ncalling\n"), "{t}");
+    assert!(!t.contains("survived"), "{t}");
     let t = failed(&seen["exception"]);
     assert!(t.starts_with("status: error"), "{t}");
     assert!(t.contains("error: ValueError: bad value"), "{t}");

@@ -71,6 +71,16 @@ async def tools(session):
     seen["timeout"] = await call(
         session, "run_python", {"code": "print('started', flush=True)\nwhile True:\n    pass", "timeout_seconds": 1}
     )
+    seen["memory"] = await call(
+        session,
+        "run_python",
+        {"code": "x = bytearray(768 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1"},
+    )
+    seen["forbidden_syscall"] = await call(
+        session,
+        "run_python",
+        {"code": "import ctypes\nprint('calling', flush=True)\nctypes.CDLL(None).syscall(321, 0, 0, 0, 0, 0)\nprint('survived')"},
+    )
     seen["exception"] = await call(session, "run_python", {"code": "raise ValueError('bad value')"})
     seen["network"] = await call(
         session,
