@@ -6,8 +6,10 @@
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::http::{request, Response, Server, KEY};
 use common::*;
@@ -432,4 +434,47 @@ fn mcp_can_be_turned_off() {
     let server = Server::start("[mcp]\nenabled = false\n", &[]);
     let r = rpc(&server, Some(KEY), &[], &initialize());
     assert_eq!((r.status, r.error_code()), (404, "not_found".into()));
+}
+
+fn wait_running(server: &Server, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = server.call("GET", "/metrics", None).text();
+        if m.contains(&format!("airlock_running_sandboxes {n}\n")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never saw {n} running: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let mut s = server.connect();
+    let body = tool_call(
+        "run_python",
+        json!({"code": "import time\ntime.sleep(60)", "timeout_seconds": 120}),
+    )
+    .to_string();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_running(&server, 1);
+    drop(s);
+    // Well before the 60 s the code would sleep.
+    wait_running(&server, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sandbox_processes().len() > before.sandbox_processes().len() && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    HostState::now().assert_same_as(&before, &"after the MCP client left");
 }

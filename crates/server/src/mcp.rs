@@ -614,7 +614,16 @@ impl ServerHandler for Tools {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let args = request.arguments.unwrap_or_default();
-        let result = self.call(&request.name, args, &context).await?;
+        // rmcp runs each handler in a task of its own and only signals cancellation (a client
+        // that sent notifications/cancelled, or left the HTTP request, or closed stdin):
+        // dropping the call is what kills its sandbox, as for a REST client that goes away.
+        let ct = context.ct.clone();
+        let result = tokio::select! {
+            result = self.call(&request.name, args, &context) => result?,
+            () = ct.cancelled() => {
+                return Err(ErrorData::internal_error("the call was cancelled", None));
+            }
+        };
         Ok(result.unwrap_or_else(refusal).into())
     }
 }
