@@ -30,3 +30,20 @@ ensure_rust_components() {
         rustup component add "$c"
     done
 }
+
+# The MCP client the tests drive `airlock mcp` with: the official Python SDK, in its own venv
+# under target/ (Debian's Python; its system packages stay untouched).
+MCP_CLIENT_VENV=target/mcp-client
+MCP_CLIENT_VERSION=2.3.0
+
+# ensure_mcp_client: a venv in $MCP_CLIENT_VENV with mcp==$MCP_CLIENT_VERSION.
+ensure_mcp_client() {
+    local py="$MCP_CLIENT_VENV/bin/python"
+    if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$MCP_CLIENT_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    echo "==> installing the MCP client (mcp $MCP_CLIENT_VERSION) into $MCP_CLIENT_VENV"
+    ensure_debian_packages python3-venv
+    /usr/bin/python3 -m venv --clear "$MCP_CLIENT_VENV"
+    "$py" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_CLIENT_VERSION"
+}

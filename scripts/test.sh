@@ -14,6 +14,8 @@ fi
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time
 ensure_rust_components rustfmt clippy
+# The official Python MCP SDK, the client of crates/cli/tests/mcp.rs.
+ensure_mcp_client
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -3,6 +3,7 @@
 
 mod doctor;
 mod eval;
+mod mcp;
 mod pickle;
 mod run;
 mod serve;
@@ -30,6 +31,7 @@ enum Commands {
     Doctor(doctor::DoctorArgs),
     Eval(eval::EvalArgs),
     Pickle(pickle::PickleArgs),
+    Mcp(mcp::McpArgs),
 }
 
 /// Exit code for bad input: nothing ran.
@@ -47,5 +49,6 @@ fn main() -> ExitCode {
         Commands::Doctor(args) => doctor::main(args),
         Commands::Eval(args) => eval::main(args),
         Commands::Pickle(args) => pickle::main(args),
+        Commands::Mcp(args) => mcp::main(args),
     }
 }

@@ -48,6 +48,8 @@ pub struct Config {
     pub eval: EvalConfig,
     /// `POST /v1/pickle/scan`.
     pub pickle: PickleConfig,
+    /// `/mcp`: the MCP tools over streamable HTTP.
+    pub mcp: McpConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -68,8 +70,25 @@ impl Default for Config {
             sessions: SessionsConfig::default(),
             eval: EvalConfig::default(),
             pickle: PickleConfig::default(),
+            mcp: McpConfig::default(),
             keys: Vec::new(),
         }
+    }
+}
+
+/// The MCP endpoint (`/mcp`). It answers like every other route: only for the Host names in
+/// `allowed_hosts` (and localhost and the listen address), only to browsers on the origins in
+/// `cors.allowed_origins` (none by default), and only to keys with the `execute` scope.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// Serve `/mcp`; when false it is 404 like any unknown route.
+    pub enabled: bool,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig { enabled: true }
     }
 }
 

@@ -21,22 +21,41 @@ pub(crate) async fn eval(
         return Err(crate::routes::shutting_down());
     }
     let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
+    let st = state.clone();
+    let response = evaluate_with(&state, move || {
+        let request: EvalRequest = parse_json(&st, &bytes)?;
+        Ok(request.expression)
+    })
+    .await;
+    drop(share);
+    response.map(Json)
+}
+
+/// Evaluates `expression` within the `[eval]` budgets, waiting for a turn first.
+pub(crate) async fn evaluate(
+    state: &SharedState,
+    expression: String,
+) -> Result<EvalResponse, Error> {
+    evaluate_with(state, move || Ok(expression)).await
+}
+
+/// Waits for a turn, then takes the expression from `parse` and evaluates it, both off the
+/// async workers (parsing a large body is CPU work too).
+async fn evaluate_with(
+    state: &SharedState,
+    parse: impl FnOnce() -> Result<String, Error> + Send + 'static,
+) -> Result<EvalResponse, Error> {
     // A bounded number at once, each bounded in time: floods wait, they do not pile up CPU.
     state.metrics.evaluations_waiting.inc();
     let turn = state.eval_slots.acquire().await;
     state.metrics.evaluations_waiting.dec();
     let _turn = turn.map_err(|_| crate::routes::shutting_down())?;
-    let st = state.clone();
+    let limits = state.config.eval.limits();
     let outcome = tokio::task::spawn_blocking(move || {
-        let request: EvalRequest = parse_json(&st, &bytes)?;
-        Ok::<_, Error>(airlock_pyeval::evaluate(
-            &request.expression,
-            &st.config.eval.limits(),
-        ))
+        Ok::<_, Error>(airlock_pyeval::evaluate(&parse()?, &limits))
     })
     .await
     .map_err(|e| Error::internal(format!("evaluating: {e}")))??;
-    drop(share);
     let response = match outcome {
         Ok(v) => {
             state.metrics.evaluations.add(&["ok"]);
@@ -65,5 +84,5 @@ pub(crate) async fn eval(
             }
         }
     };
-    Ok(Json(response))
+    Ok(response)
 }

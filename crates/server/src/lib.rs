@@ -19,6 +19,7 @@ mod error;
 mod eval;
 mod guard;
 pub mod keys;
+pub mod mcp;
 pub mod metrics;
 mod openapi;
 mod pickle;

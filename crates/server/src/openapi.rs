@@ -22,6 +22,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/sessions/{id}/files"),
     ("GET", "/v1/sessions/{id}/files/{path}"),
     ("PUT", "/v1/sessions/{id}/files/{path}"),
+    ("POST", "/mcp"),
     ("GET", "/healthz"),
     ("GET", "/readyz"),
     ("GET", "/metrics"),
@@ -177,6 +178,14 @@ pub fn openapi() -> Value {
                     "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written."})),
                 },
             },
+            "/mcp": {"post": {
+                "summary": "The Model Context Protocol over streamable HTTP: the tools of `airlock mcp` (run_python, eval_expression, sessions); scope `execute`",
+                "description": "One JSON-RPC 2.0 message per POST, which must accept both `application/json` and `text/event-stream` (else 406), answered as JSON. Stateless: no `Mcp-Session-Id`, no GET stream. Tool verdicts and refusals are tool results with `isError`; unknown tools and bad arguments are JSON-RPC errors.",
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "description": "A JSON-RPC 2.0 request or notification."}}}},
+                "responses": with(with(errors(&[401, 403, 408, 413, 415, 421]), "200",
+                    json!({"description": "The JSON-RPC answer.", "content": {"application/json": {"schema": {"type": "object"}}}})),
+                    "202", json!({"description": "A notification, accepted; no body."})),
+            }},
             "/healthz": {"get": {
                 "summary": "Liveness; needs no key",
                 "security": [],

@@ -1,5 +1,6 @@
 //! The routes. Handlers parse, check and call the engine; nothing else lives here.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use airlock_api::{
@@ -13,7 +14,7 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Extension, Json, Router};
 use base64::Engine as _;
 use http_body_util::BodyExt;
@@ -30,7 +31,12 @@ use crate::metrics::event;
 use crate::SharedState;
 
 pub fn app(state: SharedState) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    if state.config.mcp.enabled {
+        let service = crate::mcp::http_service(state.clone());
+        router = router.route("/mcp", any(crate::mcp::route).layer(Extension(service)));
+    }
+    router
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -548,6 +554,13 @@ pub(crate) struct Context {
 }
 
 impl Context {
+    /// A new execution of `code` by `key`, starting now (hashes the code: CPU work for a large
+    /// one, so called off the async workers).
+    pub fn for_code(key: &Key, request_id: String, code: &str) -> Context {
+        let sha = format!("{:x}", Sha256::digest(code.as_bytes()));
+        Context::new(key, request_id, sha, code.len() as u64)
+    }
+
     /// A new execution of `code` by `key`, starting now.
     pub fn new(key: &Key, request_id: String, code_sha256: String, code_bytes: u64) -> Context {
         Context {
@@ -587,34 +600,48 @@ async fn execute(
     let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
     // Parsing and checking a large body is CPU work: not on the async workers.
     let (st, key) = (state.clone(), caller.0.clone());
-    let prepared = tokio::task::spawn_blocking(move || {
+    let job = tokio::task::spawn_blocking(move || {
         let request: ExecuteRequest = parse_json(&st, &bytes)?;
-        let code_sha256 = format!("{:x}", Sha256::digest(request.code.as_bytes()));
-        let code_bytes = request.code.len() as u64;
-        job_from(&st, &key, request).map(|job| (job, code_sha256, code_bytes))
+        job_from(&st, &key, request)
     })
     .await
-    .map_err(|e| Error::internal(format!("preparing the request: {e}")))?;
-    let (mut job, code_sha256, code_bytes) = prepared?;
+    .map_err(|e| Error::internal(format!("preparing the request: {e}")))??;
+    if streamed {
+        let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+        drop(share); // as in run_job
+        refuse_if_unavailable(&state)?;
+        let guards = (entered, admitted);
+        return stream_execution(state, caller.0, request_id, job, guards).await;
+    }
+    let response = run_job(&state, &caller.0, request_id, job, share).await;
+    drop(entered);
+    response.map(|response| Json(response).into_response())
+}
 
-    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
+/// Runs a checked job to its end, not streamed: a running slot (`held` is let go once it is
+/// had), the audit log, the engine, the record. Dropping the future (the client went away)
+/// kills the sandbox; the slot is still held until it is gone, and the record still written.
+pub(crate) async fn run_job<H>(
+    state: &SharedState,
+    key: &Arc<Key>,
+    request_id: String,
+    mut job: Job,
+    held: H,
+) -> Result<ExecuteResponse, Error> {
+    let admitted = state.admission.admit(key).await.map_err(rejection)?;
     // The job leaves the queue for its sandbox: its memory no longer waits here.
-    drop(share);
-    refuse_if_unavailable(&state)?; // shutdown may have begun while this request waited
+    drop(held);
+    refuse_if_unavailable(state)?; // shutdown may have begun while this request waited
     let cancel = Cancel::default();
     let mut on_drop = CancelOnDrop(Some(cancel.clone()));
     let tracked = state.track(cancel.clone());
     job.cancel = Some(cancel);
-    let ctx = Context::new(&caller.0, request_id, code_sha256, code_bytes);
-    // Everything from here runs to its end even if the client goes away: the sandbox is then
+    let (st, key) = (state.clone(), key.clone());
+    // Everything from here runs to its end even if the caller goes away: the sandbox is then
     // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
     // line and the metrics are still written.
-    if streamed {
-        let guards = (entered, admitted, tracked);
-        return stream_execution(state, ctx, job, on_drop, guards).await;
-    }
-    let st = state.clone();
     let done = tokio::task::spawn_blocking(move || {
+        let ctx = Context::for_code(&key, request_id, &job.code);
         // Nothing runs that the audit log has not heard of.
         audit_start(&st, &ctx, &job.limits)?;
         let ran = st.engine.execute(job, &mut Discard);
@@ -625,7 +652,7 @@ async fn execute(
     .await
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
     on_drop.0 = None; // answered: nothing to cancel
-    done.map(|response| Json(response).into_response())
+    done
 }
 
 /// `Accept: text/event-stream`: the audit line first (its failure is still a plain error
@@ -633,15 +660,19 @@ async fn execute(
 /// guards travel with the execution, which a client that leaves or stops reading cancels.
 async fn stream_execution<G: Send + 'static>(
     state: SharedState,
-    ctx: Context,
+    key: Arc<Key>,
+    request_id: String,
     mut job: Job,
-    mut on_drop: CancelOnDrop,
     guards: G,
 ) -> Result<Response, Error> {
-    let cancel = job.cancel.clone().unwrap_or_default();
+    let cancel = Cancel::default();
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
+    let tracked = state.track(cancel.clone());
+    job.cancel = Some(cancel.clone());
     job.stream = true; // line-buffered: print() reaches the client as it happens
     let st = state.clone();
     let (ctx, job) = tokio::task::spawn_blocking(move || {
+        let ctx = Context::for_code(&key, request_id, &job.code);
         audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
     })
     .await
@@ -651,7 +682,7 @@ async fn stream_execution<G: Send + 'static>(
     on_drop.0 = None; // from here the stream's own sender cancels
     tokio::task::spawn_blocking(move || {
         let ran = state.engine.execute(job, &mut events);
-        drop(guards);
+        drop((guards, tracked));
         events.end(finish(&state, ctx, ran));
     });
     Ok(response)

@@ -61,6 +61,8 @@ pub enum ServeError {
     Signals(std::io::Error),
     #[error("warm pool: {0}")]
     Pool(String),
+    #[error("MCP: {0}")]
+    Mcp(String),
 }
 
 /// What `run` reports once it listens (for callers that bind port 0).
@@ -75,36 +77,13 @@ pub async fn run(
     env_key: Option<String>,
     on_start: impl FnOnce(Started),
 ) -> Result<(), ServeError> {
-    let state_dir = config.state_dir();
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&state_dir)
-        .map_err(|source| ServeError::StateDir {
-            path: state_dir.clone(),
-            source,
-        })?;
+    let state_dir = make_state_dir(&config)?;
     let resolved = KeyStore::resolve(&config.keys, env_key.as_deref(), &state_dir)?;
     if let Some(key) = &resolved.generated {
         // Shown this once; only its hash is kept (state_dir/keys.json).
         println!("airlock: generated an API key. It is shown only now; store it:\n{key}");
     }
-    let mut engine = Engine::new(config.engine.clone())?;
-    engine.defer_cleanup();
-    let audit = AuditLog::open(&state_dir).map_err(ServeError::Audit)?;
-    if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
-        let removed = airlock_sandbox::remove_leftovers(layout);
-        if !removed.is_empty() {
-            tracing::warn!(
-                count = removed.len(),
-                "removed sandbox cgroups left by an earlier airlock"
-            );
-        }
-    }
-    // After the leftovers are gone: the pool's sandboxes are this run's.
-    engine
-        .start_pool(config.pool.clone())
-        .map_err(ServeError::Pool)?;
+    let (engine, audit) = start_engine(&config, &state_dir)?;
     let listen = config.listen;
     let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit));
     tracing::info!(
@@ -137,6 +116,67 @@ pub async fn run(
     on_start(Started { addr });
 
     serve(listener, state).await
+}
+
+/// The state directory, made private if it is new.
+pub(crate) fn make_state_dir(config: &Config) -> Result<PathBuf, ServeError> {
+    let state_dir = config.state_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&state_dir)
+        .map_err(|source| ServeError::StateDir {
+            path: state_dir.clone(),
+            source,
+        })?;
+    Ok(state_dir)
+}
+
+/// The engine (with the cgroups an earlier airlock left removed, then its warm pool started)
+/// and the audit log.
+pub(crate) fn start_engine(
+    config: &Config,
+    state_dir: &std::path::Path,
+) -> Result<(Engine, AuditLog), ServeError> {
+    let mut engine = Engine::new(config.engine.clone())?;
+    engine.defer_cleanup();
+    let audit = AuditLog::open(state_dir).map_err(ServeError::Audit)?;
+    if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+        let removed = airlock_sandbox::remove_leftovers(layout);
+        if !removed.is_empty() {
+            tracing::warn!(
+                count = removed.len(),
+                "removed sandbox cgroups left by an earlier airlock"
+            );
+        }
+    }
+    // After the leftovers are gone: the pool's sandboxes are this run's.
+    engine
+        .start_pool(config.pool.clone())
+        .map_err(ServeError::Pool)?;
+    Ok((engine, audit))
+}
+
+/// Ends what runs once nothing new may start: running sandboxes are killed (and waited for,
+/// a few seconds at most), then sessions, then the warm pool.
+pub(crate) async fn stop_everything(state: &SharedState) {
+    let deadline = tokio::time::Instant::now() + KILL_DEADLINE;
+    while state.running_count() > 0 && tokio::time::Instant::now() < deadline {
+        state.cancel_all();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    close_sessions_and_pool(state).await;
+}
+
+async fn close_sessions_and_pool(state: &SharedState) {
+    // Sessions: their sandboxes are destroyed, waited for.
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || st.sessions.close_all()).await;
+    // Idle pooled sandboxes go last: nothing can take them any more.
+    if let Some(pool) = state.engine.pool().cloned() {
+        let _ = tokio::task::spawn_blocking(move || pool.close()).await;
+    }
+    let _ = tokio::task::spawn_blocking(airlock_sandbox::settle).await;
 }
 
 async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeError> {
@@ -212,14 +252,7 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
             connections.abort_all();
         }
     }
-    // Sessions: their sandboxes are destroyed, waited for.
-    let st = state.clone();
-    let _ = tokio::task::spawn_blocking(move || st.sessions.close_all()).await;
-    // Idle pooled sandboxes go last: nothing can take them any more.
-    if let Some(pool) = state.engine.pool().cloned() {
-        let _ = tokio::task::spawn_blocking(move || pool.close()).await;
-    }
-    let _ = tokio::task::spawn_blocking(airlock_sandbox::settle).await;
+    close_sessions_and_pool(&state).await;
     tracing::info!(still_running = state.running_count(), "stopped");
     Ok(())
 }

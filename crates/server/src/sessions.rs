@@ -289,6 +289,16 @@ pub async fn create(
     let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
     let body = read_body(&state, &caller.0, req).await?;
     let asked: SessionRequest = parse_json(&state, &body.bytes)?;
+    let info = open(&state, &caller.0, asked).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+/// Starts a session owned by `key` (the caller holds its admission `enter`).
+pub(crate) async fn open(
+    state: &SharedState,
+    key: &Key,
+    asked: SessionRequest,
+) -> Result<SessionInfo, Error> {
     let cfg = &state.config.sessions;
     let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
     let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
@@ -304,10 +314,10 @@ pub async fn create(
         }
     }
     // The cells' default wall clock and output, checked against the key's ceilings.
-    let per_cell = resolve_limits(&state, &caller.0, &asked.limits)?;
+    let per_cell = resolve_limits(state, key, &asked.limits)?;
     let mut job = job_from(
-        &state,
-        &caller.0,
+        state,
+        key,
         ExecuteRequest {
             code: String::new(),
             language: Default::default(),
@@ -324,7 +334,7 @@ pub async fn create(
     job.filename = "session.py".into();
     job.stream = true;
     {
-        room_for_one(&state.sessions.lock(), &caller.0, cfg)?;
+        room_for_one(&state.sessions.lock(), key, cfg)?;
     }
     let st = state.clone();
     let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job, &per_cell))
@@ -340,7 +350,7 @@ pub async fn create(
         })?;
     let entry = Arc::new(Entry {
         id: random_id("se_"),
-        key_fingerprint: caller.0.fingerprint(),
+        key_fingerprint: key.fingerprint(),
         created_at: SystemTime::now(),
         created: Instant::now(),
         idle_timeout: Duration::from_millis(idle),
@@ -356,14 +366,14 @@ pub async fn create(
     {
         let mut open = state.sessions.lock();
         // Checked again under the lock: two creations may have raced past the first check.
-        if let Err(e) = room_for_one(&open, &caller.0, cfg) {
+        if let Err(e) = room_for_one(&open, key, cfg) {
             entry.session.close();
             return Err(e);
         }
         open.insert(entry.id.clone(), entry);
         state.sessions.started.fetch_add(1, Ordering::Relaxed);
     }
-    Ok((StatusCode::CREATED, Json(info)).into_response())
+    Ok(info)
 }
 
 /// `GET /v1/sessions`.
@@ -401,14 +411,20 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
-    let entry = state.sessions.find(&caller.0, &id)?;
+    close(&state, &caller.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Closes `key`'s session `id` and waits for its sandbox to be gone.
+pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<(), Error> {
+    let entry = state.sessions.find(key, id)?;
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
         e.closed.store(true, Ordering::Release);
     }
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
         .await;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 /// `POST /v1/sessions/{id}/execute`: one cell.
@@ -426,43 +442,16 @@ pub async fn execute(
     let entered = state.admission.enter(&caller.0).map_err(rejection)?;
     let body = read_body(&state, &caller.0, req).await?;
     let asked: CellRequest = parse_json(&state, &body.bytes)?;
-    let cfg = state.engine.config();
-    if asked.code.len() as u64 > cfg.max_code_bytes {
-        return Err(Error::too_large(
-            "code",
-            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
-        ));
-    }
-    let entrypoint = entrypoint_from(asked.entrypoint, asked.inputs)?;
-    let mut limits = entry.session.cell_limits();
-    if let Some(t) = asked.timeout_ms {
-        let ceiling = resolve_limits(
-            &state,
-            &caller.0,
-            &airlock_api::LimitsRequest {
-                timeout_ms: Some(t),
-                ..Default::default()
-            },
-        )?;
-        limits.timeout_ms = ceiling.timeout_ms;
-    }
-    let busy = entry.take()?;
-    let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
-    drop(body.share);
-    let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
-    let ctx = Context::new(&caller.0, request_id, sha, asked.code.len() as u64);
-    let cell = Cell {
-        code: asked.code,
-        entrypoint,
-        timeout: Duration::from_millis(limits.timeout_ms),
-    };
-    // The session is destroyed if the client leaves mid-cell: its state is unknown then.
-    let mut on_close = OnDrop(Some(entry.clone()));
-    let st = state.clone();
-    let ctx = tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &limits).map(|()| ctx))
-        .await
-        .map_err(|e| Error::internal(format!("the cell failed: {e}")))??;
+    let started = start_cell(&state, &caller.0, request_id, entry, asked, body.share).await?;
     if streamed {
+        let StartedCell {
+            entry,
+            busy,
+            admitted,
+            ctx,
+            cell,
+            mut on_close,
+        } = started;
         let (gone, answered) = (entry.clone(), Arc::new(AtomicBool::new(false)));
         let answered2 = answered.clone();
         // A client gone mid-cell closes the session; one gone after the cell ended does not.
@@ -480,6 +469,100 @@ pub async fn execute(
         });
         return Ok(response);
     }
+    let done = finish_cell(&state, started).await;
+    drop(entered);
+    done.map(|r| Json(r).into_response())
+}
+
+/// One cell of `key`'s session `id`, not streamed (the caller holds its admission `enter`).
+pub(crate) async fn cell(
+    state: &SharedState,
+    key: &Key,
+    request_id: String,
+    id: &str,
+    asked: CellRequest,
+) -> Result<CellResponse, Error> {
+    let entry = state.sessions.find(key, id)?;
+    let started = start_cell(state, key, request_id, entry, asked, ()).await?;
+    finish_cell(state, started).await
+}
+
+/// A cell that holds its session and a running slot, and is in the audit log.
+struct StartedCell {
+    entry: Arc<Entry>,
+    busy: Busy,
+    admitted: crate::admission::Admitted,
+    ctx: Context,
+    cell: Cell,
+    on_close: OnDrop,
+}
+
+/// Checks a cell, takes its session and a running slot (`held` is let go once it is had) and
+/// writes its audit line.
+async fn start_cell<H>(
+    state: &SharedState,
+    key: &Key,
+    request_id: String,
+    entry: Arc<Entry>,
+    asked: CellRequest,
+    held: H,
+) -> Result<StartedCell, Error> {
+    let cfg = state.engine.config();
+    if asked.code.len() as u64 > cfg.max_code_bytes {
+        return Err(Error::too_large(
+            "code",
+            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
+        ));
+    }
+    let entrypoint = entrypoint_from(asked.entrypoint, asked.inputs)?;
+    let mut limits = entry.session.cell_limits();
+    if let Some(t) = asked.timeout_ms {
+        let ceiling = resolve_limits(
+            state,
+            key,
+            &airlock_api::LimitsRequest {
+                timeout_ms: Some(t),
+                ..Default::default()
+            },
+        )?;
+        limits.timeout_ms = ceiling.timeout_ms;
+    }
+    let busy = entry.take()?;
+    let admitted = state.admission.admit(key).await.map_err(rejection)?;
+    drop(held);
+    let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
+    let ctx = Context::new(key, request_id, sha, asked.code.len() as u64);
+    let cell = Cell {
+        code: asked.code,
+        entrypoint,
+        timeout: Duration::from_millis(limits.timeout_ms),
+    };
+    // The session is destroyed if the client leaves mid-cell: its state is unknown then.
+    let on_close = OnDrop(Some(entry.clone()));
+    let st = state.clone();
+    let ctx = tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &limits).map(|()| ctx))
+        .await
+        .map_err(|e| Error::internal(format!("the cell failed: {e}")))??;
+    Ok(StartedCell {
+        entry,
+        busy,
+        admitted,
+        ctx,
+        cell,
+        on_close,
+    })
+}
+
+/// Runs a started cell to its end; dropping the future closes the session.
+async fn finish_cell(state: &SharedState, started: StartedCell) -> Result<CellResponse, Error> {
+    let StartedCell {
+        entry,
+        busy,
+        admitted,
+        ctx,
+        cell,
+        mut on_close,
+    } = started;
     let st = state.clone();
     let e2 = entry.clone();
     let done = tokio::task::spawn_blocking(move || {
@@ -490,8 +573,8 @@ pub async fn execute(
     .await
     .map_err(|e| Error::internal(format!("the cell failed: {e}")))?;
     on_close.0 = None;
-    drop((busy, entered));
-    done.map(|r| Json(r).into_response())
+    drop(busy);
+    done
 }
 
 /// Runs one cell and records it (audit, metrics, log) like an execution.
@@ -537,12 +620,12 @@ impl Drop for OnDrop {
 /// session held busy meanwhile.
 async fn file_op<T: Send + 'static>(
     state: &SharedState,
-    caller: &Caller,
+    key: &Key,
     id: &str,
     what: &'static str,
     op: impl FnOnce(&Session) -> Result<T, SessionError> + Send + 'static,
 ) -> Result<T, Error> {
-    let entry = state.sessions.find(&caller.0, id)?;
+    let entry = state.sessions.find(key, id)?;
     let busy = entry.take()?;
     let e2 = entry.clone();
     let done = tokio::task::spawn_blocking(move || op(&e2.session))
@@ -564,7 +647,7 @@ pub async fn put_file(
     state.sessions.find(&caller.0, &id)?; // 404 before the body is read
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
     let body = read_body_as(&state, &caller.0, req, false).await?;
-    file_op(&state, &caller, &id, "writing a file", move |s| {
+    file_op(&state, &caller.0, &id, "writing a file", move |s| {
         s.put_file(&path, &body.bytes)
     })
     .await?;
@@ -578,19 +661,29 @@ pub async fn get_file(
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    refuse_if_unavailable(&state)?;
-    airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
-    let max = state.config.http.max_body_bytes;
-    let data = file_op(&state, &caller, &id, "reading a file", move |s| {
-        s.get_file(&path, max)
-    })
-    .await?;
+    let data = read_file(&state, &caller.0, &id, path).await?;
     let mut response = Response::new(Body::from(data));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     Ok(response)
+}
+
+/// The contents of `path` in `key`'s session `id`, up to `http.max_body_bytes`.
+pub(crate) async fn read_file(
+    state: &SharedState,
+    key: &Key,
+    id: &str,
+    path: String,
+) -> Result<Vec<u8>, Error> {
+    refuse_if_unavailable(state)?;
+    airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
+    let max = state.config.http.max_body_bytes;
+    file_op(state, key, id, "reading a file", move |s| {
+        s.get_file(&path, max)
+    })
+    .await
 }
 
 /// `GET /v1/sessions/{id}/files`: everything below the working directory.
@@ -600,8 +693,13 @@ pub async fn list_files(
     Path(id): Path<String>,
 ) -> Result<Json<FileList>, Error> {
     require(&caller, Scope::Execute)?;
-    refuse_if_unavailable(&state)?;
-    let entries = file_op(&state, &caller, &id, "listing files", |s| s.list_files()).await?;
+    Ok(Json(files(&state, &caller.0, &id).await?))
+}
+
+/// Everything below the working directory of `key`'s session `id`.
+pub(crate) async fn files(state: &SharedState, key: &Key, id: &str) -> Result<FileList, Error> {
+    refuse_if_unavailable(state)?;
+    let entries = file_op(state, key, id, "listing files", |s| s.list_files()).await?;
     let files = entries
         .into_iter()
         .map(|e| FileEntry {
@@ -610,5 +708,5 @@ pub async fn list_files(
             size: e.size,
         })
         .collect();
-    Ok(Json(FileList { files }))
+    Ok(FileList { files })
 }

@@ -1,0 +1,68 @@
+//! `airlock mcp`: the MCP tools on stdin and stdout, for an agent host that starts airlock as
+//! a subprocess.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use airlock_server::config;
+use clap::Args;
+
+use crate::{EXIT_AIRLOCK, EXIT_USAGE};
+
+const AFTER_HELP: &str = "\
+Speaks the Model Context Protocol on stdin and stdout; logs go to stderr. The tools are
+run_python, eval_expression, create_session, run_in_session, list_session_files,
+read_session_file and close_session. Settings come from the same places as for `airlock
+serve` (--config, AIRLOCK_CONFIG, AIRLOCK_* variables): the engine's limits, concurrency,
+sessions and the evaluator's budgets apply; API keys do not (the caller is the local user).
+Executions are recorded in the state directory's audit log. The same tools are served over
+streamable HTTP at /mcp by `airlock serve`.";
+
+/// Serve the MCP tools over stdio.
+#[derive(Args, Debug)]
+#[command(after_help = AFTER_HELP)]
+pub struct McpArgs {
+    /// A TOML configuration file (see airlock.example.toml).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where the audit log is kept.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+pub fn main(args: McpArgs) -> ExitCode {
+    // Variables that are not Unicode cannot be settings; they are left out, not misread.
+    let env: BTreeMap<String, String> = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .collect();
+    let config = match config::load(args.config.as_deref(), &env, None, args.state_dir) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    airlock_server::init_logging(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
+    };
+    let served = runtime.block_on(airlock_server::mcp::run_stdio(config));
+    // Sandboxes were killed by now; a task still blocked (a read of stdin) must not hold the
+    // exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            ExitCode::from(EXIT_AIRLOCK)
+        }
+    }
+}

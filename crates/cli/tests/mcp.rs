@@ -1,0 +1,480 @@
+//! MCP, driven by the official Python SDK (`mcp`, in the venv that scripts/lib.sh's
+//! `ensure_mcp_client` makes under target/): `airlock mcp` over stdio, and `/mcp` on the real
+//! server over streamable HTTP. The client script (`mcp_client.py`) only reports what it saw;
+//! every judgement is here. Also, with raw HTTP: who may reach `/mcp` at all (keys, scopes,
+//! Origin, Host), and that one key's session is not another's.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::http::{request, Response, Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const OTHER_KEY: &str = "other-key-0123456789abcdef";
+const READER_KEY: &str = "reader-key-0123456789abcdef";
+
+/// The venv's Python (AIRLOCK_MCP_PYTHON overrides it).
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("AIRLOCK_MCP_PYTHON") {
+        return p.into();
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-client/bin/python");
+    assert!(
+        p.exists(),
+        "the MCP client is not installed at {}: run `bash -c '. scripts/lib.sh && \
+         ensure_mcp_client'` from the repository (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// Runs the client script with `args`; what it printed, as JSON.
+fn client(args: &[&str]) -> Value {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+    let out = Command::new(python())
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("run the MCP client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "the client printed no JSON ({e}):\n{stdout}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// `airlock mcp` started by the client, with a state directory of its own.
+fn over_stdio(scenario: &str) -> Value {
+    let dir = std::env::temp_dir().join(format!("airlock-mcp-{}-{scenario}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let seen = client(&[
+        "stdio",
+        env!("CARGO_BIN_EXE_airlock"),
+        dir.to_str().unwrap(),
+        scenario,
+    ]);
+    let audit = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        scenario == "connect" || audit.contains("\"key\":\"stdio\""),
+        "executions over stdio are audited: {audit}"
+    );
+    seen
+}
+
+fn over_http(server: &Server, key: &str, scenario: &str) -> Value {
+    let url = format!("http://{}/mcp", server.addr);
+    client(&["http", &url, key, scenario])
+}
+
+/// A tool result's text blocks, joined.
+fn text(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a tool result: {result}"))
+        .iter()
+        .filter(|c| c["type"] == "text")
+        .map(|c| c["text"].as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn ok(result: &Value) -> String {
+    assert_eq!(result["is_error"], json!(false), "{result}");
+    text(result)
+}
+
+fn failed(result: &Value) -> String {
+    assert_eq!(result["is_error"], json!(true), "{result}");
+    text(result)
+}
+
+fn check_tools(seen: &Value) {
+    assert!(seen.get("failed").is_none(), "{seen:#}");
+    assert_eq!(seen["server"]["name"], "airlock", "{seen:#}");
+    let tools = seen["tools"].as_object().unwrap();
+    let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "close_session",
+            "create_session",
+            "eval_expression",
+            "list_session_files",
+            "read_session_file",
+            "run_in_session",
+            "run_python"
+        ]
+    );
+    let run = &tools["run_python"];
+    assert_eq!(run["input_schema"]["required"], json!(["code"]), "{run}");
+    let props = run["input_schema"]["properties"].as_object().unwrap();
+    assert!(props.contains_key("timeout_seconds"), "{run}");
+    let description = run["description"].as_str().unwrap();
+    for told in ["no network", "Limits: 30 s", "PNG"] {
+        assert!(description.contains(told), "{told:?} in {description}");
+    }
+
+    let t = ok(&seen["print"]);
+    assert!(t.starts_with("status: ok\n"), "{t}");
+    assert!(t.contains("stdout:\nhello from the sandbox\n"), "{t}");
+    assert!(t.contains("stderr:\noops\n"), "{t}");
+    assert!(t.contains("result: 42"), "{t}");
+
+    let chart = &seen["chart"];
+    assert!(ok(chart).contains("drawn"), "{chart}");
+    let images: Vec<&Value> = chart["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "image")
+        .collect();
+    assert_eq!(images.len(), 1, "{chart}");
+    assert_eq!(images[0]["mime_type"], "image/png");
+    assert_eq!(images[0]["png_signature"], json!(true), "{chart}");
+    assert!(images[0]["bytes"].as_u64().unwrap() > 1000, "{chart}");
+
+    // A verdict is a result the model reads, marked as an error; output before it is kept.
+    let t = failed(&seen["timeout"]);
+    assert!(t.starts_with("status: timeout"), "{t}");
+    assert!(t.contains("1000 ms"), "{t}");
+    assert!(t.contains("stdout:\nstarted\n"), "{t}");
+    let t = failed(&seen["memory"]);
+    assert!(
+        t.starts_with("status: memory_limit (killed at the memory limit of 512 MB)"),
+        "{t}"
+    );
+    // bpf(2): killed by the seccomp filter, and the program did not go on.
+    let t = failed(&seen["forbidden_syscall"]);
+    assert!(t.starts_with("status: policy_violation"), "{t}");
+    assert!(t.contains("stdout:\ncalling\n"), "{t}");
+    assert!(!t.contains("survived"), "{t}");
+    let t = failed(&seen["exception"]);
+    assert!(t.starts_with("status: error"), "{t}");
+    assert!(t.contains("error: ValueError: bad value"), "{t}");
+    assert!(t.contains("Traceback"), "{t}");
+    let t = failed(&seen["network"]);
+    assert!(t.starts_with("status: error"), "{t}");
+    assert!(t.contains("socket.create_connection"), "{t}");
+
+    assert_eq!(ok(&seen["eval"]), "6144 (type: int)");
+    assert_eq!(
+        failed(&seen["eval_error"]),
+        "ZeroDivisionError: division by zero"
+    );
+    assert!(
+        failed(&seen["eval_call"]).starts_with("NotAllowedError: calls are not allowed"),
+        "{}",
+        seen["eval_call"]
+    );
+
+    // Protocol errors stay protocol errors.
+    for (step, names) in [
+        ("unknown_tool", "no_such_tool"),
+        ("bad_arguments", "source"),
+        ("wrong_type", "expected a string"),
+    ] {
+        let e = &seen[step]["jsonrpc_error"];
+        assert_eq!(e["code"], json!(-32602), "{step}: {}", seen[step]);
+        assert!(
+            e["message"].as_str().unwrap().contains(names),
+            "{step}: {e}"
+        );
+    }
+    // A refusal is the model's to read and fix.
+    let t = failed(&seen["above_ceiling"]);
+    assert!(t.starts_with("limit_above_ceiling: "), "{t}");
+}
+
+fn check_session(seen: &Value) {
+    assert!(seen.get("failed").is_none(), "{seen:#}");
+    let t = ok(&seen["create"]);
+    assert!(t.contains("per-cell limits: 30 s wall clock"), "{t}");
+    assert!(seen["session_id"].as_str().unwrap().starts_with("se_"));
+    assert!(ok(&seen["cell1"]).contains("stdout:\nfirst cell\n"));
+    let t = ok(&seen["cell2"]);
+    assert!(t.contains("counter is 42"), "{t}");
+    assert!(t.contains("result: 42"), "{t}");
+    let t = ok(&seen["files"]);
+    assert_eq!(t, "out (dir, 0 bytes)\nout/notes.txt (file, 18 bytes)");
+    assert_eq!(ok(&seen["read"]), "kept between cells");
+    assert!(failed(&seen["read_missing"]).starts_with("not_found: FileNotFoundError"));
+    assert!(failed(&seen["read_escape"]).starts_with("invalid_request: "));
+    assert!(ok(&seen["close"]).contains("closed"));
+    assert_eq!(
+        failed(&seen["after_close"]),
+        "not_found: no such session",
+        "a closed session is gone"
+    );
+}
+
+#[test]
+fn stdio_serves_the_tools_with_verdicts_as_results_and_protocol_errors_as_errors() {
+    let _g = serial();
+    let before = HostState::now();
+    let seen = over_stdio("tools");
+    check_tools(&seen);
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+#[test]
+fn stdio_session_keeps_variables_and_files_until_closed() {
+    let _g = serial();
+    let before = HostState::now();
+    let seen = over_stdio("session");
+    check_session(&seen);
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+#[test]
+fn a_stdio_server_closes_the_sessions_left_open_when_the_client_goes() {
+    let _g = serial();
+    let before = HostState::now();
+    let seen = over_stdio("abandon");
+    assert!(seen.get("failed").is_none(), "{seen:#}");
+    assert!(ok(&seen["create"]).contains("session_id: se_"));
+    assert_eq!(seen["cell"]["is_error"], json!(false), "{seen:#}");
+    // The client left without close_session: airlock must destroy that sandbox on its way out.
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+#[test]
+fn http_serves_the_same_tools() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let seen = over_http(&server, KEY, "tools");
+    check_tools(&seen);
+    drop(server);
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+#[test]
+fn http_session_keeps_variables_and_files_until_closed() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let seen = over_http(&server, KEY, "session");
+    check_session(&seen);
+    drop(server);
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+fn key_toml(name: &str, key: &str, scopes: &str) -> String {
+    let hash = format!("sha256:{:x}", Sha256::digest(key.as_bytes()));
+    format!("[[keys]]\nname = \"{name}\"\nhash = \"{hash}\"\nscopes = {scopes}\n")
+}
+
+/// A raw JSON-RPC POST to `/mcp` (each one stands alone: the transport is stateless).
+fn rpc(server: &Server, key: Option<&str>, extra: &[(&str, &str)], body: &Value) -> Response {
+    let mut headers: Vec<(String, String)> = vec![
+        ("Content-Type".into(), "application/json".into()),
+        (
+            "Accept".into(),
+            "application/json, text/event-stream".into(),
+        ),
+    ];
+    if let Some(key) = key {
+        headers.push(("Authorization".into(), format!("Bearer {key}")));
+    }
+    headers.extend(
+        extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    let body = serde_json::to_vec(body).unwrap();
+    request(server.addr, "POST", "/mcp", &headers, Some(&body))
+}
+
+fn initialize() -> Value {
+    json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}})
+}
+
+fn tool_call(name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": name, "arguments": arguments}})
+}
+
+#[test]
+fn http_refuses_wrong_keys_scopes_foreign_origins_and_hosts() {
+    let _g = serial();
+    let config = format!(
+        "[cors]\nallowed_origins = [\"https://agents.example\"]\n{}",
+        key_toml("reader", READER_KEY, "[\"read\"]")
+    );
+    let server = Server::start(&config, &[]);
+    // The SDK with a wrong key gets nothing but an error.
+    let seen = over_http(&server, "not-the-key", "connect");
+    assert!(seen.get("server").is_none(), "{seen:#}");
+    assert!(seen["failed"].to_string().contains("MCPError"), "{seen:#}");
+
+    let init = initialize();
+    let r = rpc(&server, Some("not-the-key"), &[], &init);
+    assert_eq!((r.status, r.error_code()), (401, "unauthorized".into()));
+    let r = rpc(&server, None, &[], &init);
+    assert_eq!((r.status, r.error_code()), (401, "unauthorized".into()));
+    let r = rpc(&server, Some(READER_KEY), &[], &init);
+    assert_eq!((r.status, r.error_code()), (403, "forbidden".into()));
+    assert!(r.text().contains("execute"), "{}", r.text());
+    // A web page elsewhere cannot drive the tools through a visitor's browser...
+    for origin in ["http://evil.example", "null", "http://localhost:1234"] {
+        let r = rpc(&server, Some(KEY), &[("Origin", origin)], &init);
+        assert_eq!(
+            (r.status, r.error_code()),
+            (403, "forbidden".into()),
+            "{origin}"
+        );
+    }
+    // ...nor through a name that resolves to this host (DNS rebinding).
+    let r = rpc(&server, Some(KEY), &[("Host", "evil.example:80")], &init);
+    assert_eq!(r.status, 421, "{}", r.text());
+    // The transport's own rule: a client must take both JSON and event streams.
+    let r = request(
+        server.addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Authorization".into(), format!("Bearer {KEY}")),
+            ("Content-Type".into(), "application/json".into()),
+            ("Accept".into(), "application/json".into()),
+        ],
+        Some(&serde_json::to_vec(&init).unwrap()),
+    );
+    assert_eq!(r.status, 406, "{}", r.text());
+    // What is configured, and the listen address without an Origin, are answered.
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[("Origin", "https://agents.example")],
+        &init,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://agents.example")
+    );
+    let r = rpc(&server, Some(KEY), &[], &init);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["serverInfo"]["name"], "airlock");
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[("Host", &format!("localhost:{}", server.addr.port()))],
+        &tool_call("eval_expression", json!({"expression": "2 ** 10"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["content"][0]["text"], "1024 (type: int)");
+}
+
+#[test]
+fn a_session_made_with_one_key_is_not_found_with_another() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start(&key_toml("other", OTHER_KEY, "[\"execute\"]"), &[]);
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call("create_session", json!({})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = r.json()["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = t
+        .lines()
+        .find_map(|l| l.strip_prefix("session_id: "))
+        .unwrap()
+        .to_owned();
+    let cell = tool_call(
+        "run_in_session",
+        json!({"session_id": id, "code": "secret = 'mine'"}),
+    );
+    let theirs = rpc(&server, Some(OTHER_KEY), &[], &cell).json();
+    assert_eq!(theirs["result"]["isError"], json!(true), "{theirs}");
+    assert_eq!(
+        theirs["result"]["content"][0]["text"],
+        "not_found: no such session"
+    );
+    for tool in ["list_session_files", "close_session"] {
+        let r = rpc(
+            &server,
+            Some(OTHER_KEY),
+            &[],
+            &tool_call(tool, json!({"session_id": id})),
+        )
+        .json();
+        assert_eq!(r["result"]["isError"], json!(true), "{tool}: {r}");
+    }
+    // The owner's session is still there, and still the owner's.
+    let mine = rpc(&server, Some(KEY), &[], &cell).json();
+    assert_eq!(mine["result"]["isError"], json!(false), "{mine}");
+    // The same session is visible over REST too: MCP and HTTP share one engine.
+    let r = server.call("GET", &format!("/v1/sessions/{id}"), None);
+    assert_eq!((r.status, &r.json()["cells"]), (200, &json!(1)));
+    drop(server);
+    HostState::now().assert_same_as(&before, &"cross-key session");
+}
+
+#[test]
+fn mcp_can_be_turned_off() {
+    let _g = serial();
+    let server = Server::start("[mcp]\nenabled = false\n", &[]);
+    let r = rpc(&server, Some(KEY), &[], &initialize());
+    assert_eq!((r.status, r.error_code()), (404, "not_found".into()));
+}
+
+fn wait_running(server: &Server, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = server.call("GET", "/metrics", None).text();
+        if m.contains(&format!("airlock_running_sandboxes {n}\n")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never saw {n} running: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let mut s = server.connect();
+    let body = tool_call(
+        "run_python",
+        json!({"code": "import time\ntime.sleep(60)", "timeout_seconds": 120}),
+    )
+    .to_string();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_running(&server, 1);
+    drop(s);
+    // Well before the 60 s the code would sleep.
+    wait_running(&server, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sandbox_processes().len() > before.sandbox_processes().len() && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    HostState::now().assert_same_as(&before, &"after the MCP client left");
+}

@@ -1,0 +1,183 @@
+"""An MCP client for crates/cli/tests/mcp.rs, on the official Python SDK (`mcp`).
+
+It drives `airlock mcp` (stdio) or `airlock serve`'s /mcp (streamable HTTP) through a scenario
+and prints one JSON object of what it saw, step by step; the Rust test judges it. Nothing is
+checked here, so a wrong answer is reported as it came, not hidden.
+
+    mcp_client.py stdio AIRLOCK_BINARY STATE_DIR SCENARIO
+    mcp_client.py http URL KEY SCENARIO
+
+Scenarios: `tools` (initialize, list the tools, run_python, charts, timeouts, eval_expression,
+protocol errors), `session` (a session's round trip), `abandon` (a session left open),
+`connect` (initialize only).
+"""
+
+import base64
+import json
+import sys
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx2
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+
+def content(result):
+    """A tool result as plain data: each block's kind and text, or an image's facts."""
+    blocks = []
+    for c in result.content:
+        if c.type == "text":
+            blocks.append({"type": "text", "text": c.text})
+        elif c.type == "image":
+            raw = base64.b64decode(c.data)
+            blocks.append(
+                {
+                    "type": "image",
+                    "mime_type": c.mime_type,
+                    "bytes": len(raw),
+                    "png_signature": raw[:8] == b"\x89PNG\r\n\x1a\n",
+                }
+            )
+        else:
+            blocks.append({"type": c.type})
+    return {"is_error": result.is_error, "content": blocks}
+
+
+async def call(session, name, arguments):
+    """A tool call's result, or the JSON-RPC error it got."""
+    try:
+        return content(await session.call_tool(name, arguments))
+    except MCPError as e:
+        return {"jsonrpc_error": {"code": e.code, "message": e.message}}
+
+
+async def tools(session):
+    seen = {}
+    listed = await session.list_tools()
+    seen["tools"] = {
+        t.name: {"description": t.description, "input_schema": t.input_schema}
+        for t in listed.tools
+    }
+    seen["print"] = await call(
+        session, "run_python", {"code": "import sys\nprint('hello from the sandbox')\nprint('oops', file=sys.stderr)\n6 * 7"}
+    )
+    seen["chart"] = await call(
+        session,
+        "run_python",
+        {"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\nprint('drawn')"},
+    )
+    seen["timeout"] = await call(
+        session, "run_python", {"code": "print('started', flush=True)\nwhile True:\n    pass", "timeout_seconds": 1}
+    )
+    seen["memory"] = await call(
+        session,
+        "run_python",
+        {"code": "x = bytearray(768 << 20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1"},
+    )
+    seen["forbidden_syscall"] = await call(
+        session,
+        "run_python",
+        {"code": "import ctypes\nprint('calling', flush=True)\nctypes.CDLL(None).syscall(321, 0, 0, 0, 0, 0)\nprint('survived')"},
+    )
+    seen["exception"] = await call(session, "run_python", {"code": "raise ValueError('bad value')"})
+    seen["network"] = await call(
+        session,
+        "run_python",
+        {"code": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)"},
+    )
+    seen["eval"] = await call(session, "eval_expression", {"expression": "(1 + 2 + 3) * 2 ** 10"})
+    seen["eval_error"] = await call(session, "eval_expression", {"expression": "1 / 0"})
+    seen["eval_call"] = await call(session, "eval_expression", {"expression": "__import__('os')"})
+    seen["unknown_tool"] = await call(session, "no_such_tool", {})
+    seen["bad_arguments"] = await call(session, "run_python", {"source": "print(1)"})
+    seen["wrong_type"] = await call(session, "run_python", {"code": 5})
+    seen["above_ceiling"] = await call(
+        session, "run_python", {"code": "print(1)", "timeout_seconds": 10**6}
+    )
+    return seen
+
+
+async def session_round_trip(session):
+    seen = {}
+    seen["create"] = await call(session, "create_session", {})
+    text = seen["create"]["content"][0]["text"]
+    sid = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("session_id: "))
+    seen["session_id"] = sid
+    seen["cell1"] = await call(
+        session,
+        "run_in_session",
+        {
+            "session_id": sid,
+            "code": "import os\nos.makedirs('out', exist_ok=True)\nopen('out/notes.txt', 'w').write('kept between cells')\ncounter = 41\nprint('first cell')",
+        },
+    )
+    seen["cell2"] = await call(
+        session, "run_in_session", {"session_id": sid, "code": "counter += 1\nprint('counter is', counter)\ncounter"}
+    )
+    seen["files"] = await call(session, "list_session_files", {"session_id": sid})
+    seen["read"] = await call(session, "read_session_file", {"session_id": sid, "path": "out/notes.txt"})
+    seen["read_missing"] = await call(session, "read_session_file", {"session_id": sid, "path": "nope.txt"})
+    seen["read_escape"] = await call(session, "read_session_file", {"session_id": sid, "path": "../etc/passwd"})
+    seen["close"] = await call(session, "close_session", {"session_id": sid})
+    seen["after_close"] = await call(session, "run_in_session", {"session_id": sid, "code": "counter"})
+    return seen
+
+
+@asynccontextmanager
+async def connect(argv):
+    mode = argv[0]
+    if mode == "stdio":
+        binary, state_dir = argv[1], argv[2]
+        params = StdioServerParameters(
+            command=binary,
+            args=["mcp", "--state-dir", state_dir],
+            env={"AIRLOCK_POOL__SIZE": "0"},
+        )
+        async with stdio_client(params) as (read, write):
+            yield read, write
+    else:
+        url, key = argv[1], argv[2]
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(60.0)) as http:
+            async with streamable_http_client(url, http_client=http) as (read, write):
+                yield read, write
+
+
+async def main(argv):
+    scenario = argv[3]
+    out = {}
+    try:
+        async with connect(argv) as (read, write):
+            async with ClientSession(read, write) as session:
+                init = await session.initialize()
+                out["server"] = {"name": init.server_info.name, "instructions": init.instructions}
+                out["protocol_version"] = init.protocol_version
+                if scenario == "tools":
+                    out.update(await tools(session))
+                elif scenario == "session":
+                    out.update(await session_round_trip(session))
+                elif scenario == "abandon":
+                    # A session left open when the client goes.
+                    out["create"] = await call(session, "create_session", {})
+                    sid = out["create"]["content"][0]["text"].split("\n")[0].split(": ", 1)[1]
+                    out["cell"] = await call(session, "run_in_session", {"session_id": sid, "code": "x = 1"})
+    except BaseException as e:  # noqa: BLE001 - reported, for the test to judge
+        out["failed"] = describe(e)
+    print(json.dumps(out))
+
+
+def describe(e):
+    """An exception, with those an exception group holds."""
+    if isinstance(e, BaseExceptionGroup):
+        return {"type": type(e).__name__, "inner": [describe(x) for x in e.exceptions]}
+    seen = {"type": type(e).__name__, "message": str(e)}
+    if isinstance(e, MCPError):
+        seen["code"] = e.code
+        seen["data"] = e.error.data
+    return seen
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1:])

@@ -1,0 +1,721 @@
+//! MCP: airlock's tools for agents, over stdio (`airlock mcp`) and over streamable HTTP
+//! (`POST /mcp` on the service). One handler serves both; it parses the arguments and calls
+//! the same functions as the REST routes (admission, limits, audit, sessions), so a tool call
+//! is checked, limited and recorded exactly like the request it stands for.
+//!
+//! Over HTTP the caller is the key the guard authenticated (it needs the `execute` scope);
+//! over stdio it is one local key with every scope, under the engine's own ceilings.
+//! Sandbox verdicts (an exception, a timeout, a memory limit...) and refusals (a limit above
+//! the ceiling, a busy session...) come back as tool results with `isError: true`, which the
+//! model reads; an unknown tool or arguments that do not fit the schema are JSON-RPC errors.
+
+use std::sync::Arc;
+
+use airlock_api::{
+    CellRequest, EvalResponse, ExecuteRequest, ExecutionResult, LimitsRequest, SessionRequest,
+    Status,
+};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use base64::Engine as _;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::config::Scope;
+use crate::error::Error;
+use crate::guard::{Caller, RequestId};
+use crate::keys::KeyStore;
+use crate::keys::{random_id, Key};
+use crate::routes::{job_from, read_body, refuse_if_unavailable, rejection, require, run_job};
+use crate::serve::{make_state_dir, start_engine, ServeError};
+use crate::SharedState;
+
+/// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    state: SharedState,
+    /// The caller over stdio; over HTTP each request carries its own (and this is `None`).
+    local: Option<Arc<Key>>,
+}
+
+/// `run_python`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunPython {
+    /// The Python 3 source to run, as a script. The value of a final bare expression is
+    /// returned as `result`.
+    code: String,
+    /// Wall-clock limit for this run, in seconds (default and maximum: see the description).
+    #[schemars(range(min = 1))]
+    timeout_seconds: Option<u64>,
+}
+
+/// `eval_expression`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct EvalExpression {
+    /// A Python expression of literals and operators, e.g. `(1 + 2 + 3) * 2 ** 10`.
+    expression: String,
+}
+
+/// `create_session`'s arguments (none).
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct CreateSession {}
+
+/// `run_in_session`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunInSession {
+    /// The id `create_session` returned.
+    session_id: String,
+    /// Python 3 source, run in the session's interpreter like a notebook cell.
+    code: String,
+    /// Wall-clock limit for this cell, in seconds.
+    #[schemars(range(min = 1))]
+    timeout_seconds: Option<u64>,
+}
+
+/// Arguments naming a session only.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct SessionId {
+    /// The id `create_session` returned.
+    session_id: String,
+}
+
+/// `read_session_file`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReadSessionFile {
+    /// The id `create_session` returned.
+    session_id: String,
+    /// A path relative to the session's working directory, as `list_session_files` shows it.
+    path: String,
+}
+
+const INSTRUCTIONS: &str = "airlock runs Python in a locked-down Linux sandbox and returns only \
+data. Use run_python for a one-off computation (each call starts from nothing), \
+eval_expression for plain arithmetic on literals (instant, no interpreter), and the session \
+tools (create_session, run_in_session, list_session_files, read_session_file, close_session) \
+when later code needs the variables, imports or files of earlier code. The sandbox has no \
+network and cannot see the host's files; it has the standard library, plus numpy, pandas and \
+matplotlib where the host installed them. Close sessions you no longer need.";
+
+impl Tools {
+    /// Tools for callers that the HTTP guard authenticated.
+    pub fn for_http(state: SharedState) -> Tools {
+        Tools { state, local: None }
+    }
+
+    /// Tools for the one local caller of `airlock mcp`.
+    pub fn for_stdio(state: SharedState, key: Arc<Key>) -> Tools {
+        Tools {
+            state,
+            local: Some(key),
+        }
+    }
+
+    /// The caller and a request id: the HTTP request's, or the local key's.
+    fn caller(&self, context: &RequestContext<RoleServer>) -> Result<(Arc<Key>, String), Error> {
+        let parts = context.extensions.get::<axum::http::request::Parts>();
+        let (key, request_id) = match (parts, &self.local) {
+            (Some(parts), None) => {
+                // The guard put it there; without it the request was not authenticated.
+                let key = parts
+                    .extensions
+                    .get::<Caller>()
+                    .map(|c| c.0.clone())
+                    .ok_or_else(|| Error::internal("an MCP request without a caller"))?;
+                let id = parts.extensions.get::<RequestId>().map(|r| r.0.clone());
+                (key, id.unwrap_or_else(|| random_id("rq_")))
+            }
+            (None, Some(key)) => (key.clone(), random_id("rq_")),
+            _ => return Err(Error::internal("an MCP request from an unknown transport")),
+        };
+        require(&Caller(key.clone()), Scope::Execute)?;
+        Ok((key, request_id))
+    }
+
+    fn tools(&self) -> Vec<Tool> {
+        let engine = self.state.engine.config();
+        let d = &engine.defaults;
+        let c = &engine.ceilings;
+        let secs = |ms: u64| ms.div_ceil(1000);
+        let limits = format!(
+            "Limits: {} s of wall clock by default (timeout_seconds, at most {} s), {} MB of \
+             memory, {} processes, {} MB of disk, {} bytes of output per stream (cut beyond).",
+            secs(d.timeout_ms),
+            secs(c.timeout_ms),
+            d.memory_mb,
+            d.pids,
+            d.disk_mb,
+            d.output_bytes
+        );
+        let sandbox = "It runs in a fresh Linux sandbox: no network, none of the host's files, \
+                       an unprivileged user, a private writable working directory.";
+        let verdicts = "The answer says the status (ok, error, timeout, memory_limit, \
+                        cpu_limit, policy_violation, crashed), stdout, stderr, the value of a \
+                        final bare expression (result) and any exception with its traceback; \
+                        matplotlib figures (shown or left open) come back as PNG images. Any \
+                        status but ok is marked as an error.";
+        let session = format!(
+            "A session is one sandboxed Python interpreter kept between calls: variables, \
+             imports and files stay. It is closed after {} s unused or {} s in all, and when a \
+             cell ends it by a limit. One call at a time per session.",
+            secs(self.state.config.sessions.idle_timeout_ms),
+            secs(self.state.config.sessions.max_lifetime_ms)
+        );
+        vec![
+            tool::<RunPython>(
+                "run_python",
+                "Run Python 3 code",
+                format!(
+                    "Run Python 3 code and get back its output. {sandbox} Each call starts from \
+                     nothing: nothing is kept between calls (use a session for that). \
+                     {verdicts} {limits}"
+                ),
+                false,
+            ),
+            tool::<EvalExpression>(
+                "eval_expression",
+                "Evaluate a Python literal expression",
+                format!(
+                    "Evaluate one Python expression made only of literals (numbers, strings, \
+                     bytes, lists, tuples, dicts, sets, True/False/None) and operators \
+                     (arithmetic, comparisons, boolean logic, indexing, slicing), with the \
+                     answer CPython 3.11 gives. Names, function calls, attributes, lambdas and \
+                     comprehensions are refused. Evaluated natively, without an interpreter: \
+                     instant, and bounded ({} bytes of input, {} bits per integer, {} ms). \
+                     Returns the value's repr and type, or the Python exception it raises.",
+                    self.state.config.eval.max_input_bytes,
+                    self.state.config.eval.max_int_bits,
+                    self.state.config.eval.timeout_ms
+                ),
+                true,
+            ),
+            tool::<CreateSession>(
+                "create_session",
+                "Start a Python session",
+                format!(
+                    "Start a Python session and return its session_id. {session} {sandbox} \
+                     {limits}"
+                ),
+                false,
+            ),
+            tool::<RunInSession>(
+                "run_in_session",
+                "Run code in a session",
+                format!(
+                    "Run Python 3 code in a session's interpreter, like a notebook cell: it \
+                     sees the variables, imports and files earlier cells left. {verdicts} A \
+                     timeout or memory limit ends the session (the answer says so)."
+                ),
+                false,
+            ),
+            tool::<SessionId>(
+                "list_session_files",
+                "List a session's files",
+                "List the files and directories below a session's working directory, with \
+                 their sizes."
+                    .to_owned(),
+                true,
+            ),
+            tool::<ReadSessionFile>(
+                "read_session_file",
+                "Read a session's file",
+                "Read one file of a session's working directory. Text (UTF-8) comes back as \
+                 text, PNG as an image, anything else as base64."
+                    .to_owned(),
+                true,
+            ),
+            tool::<SessionId>(
+                "close_session",
+                "Close a session",
+                "Close a session: its sandbox, variables and files are destroyed.".to_owned(),
+                false,
+            ),
+        ]
+    }
+
+    async fn call(
+        &self,
+        name: &str,
+        args: JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Result<CallToolResult, Error>, ErrorData> {
+        // Arguments are checked before anything else: a call that does not fit the schema is
+        // a protocol error whoever makes it.
+        Ok(match name {
+            "run_python" => {
+                let a: RunPython = arguments(args)?;
+                self.run_python(context, a).await
+            }
+            "eval_expression" => {
+                let a: EvalExpression = arguments(args)?;
+                self.eval_expression(context, a).await
+            }
+            "create_session" => {
+                let CreateSession {} = arguments(args)?;
+                self.create_session(context).await
+            }
+            "run_in_session" => {
+                let a: RunInSession = arguments(args)?;
+                self.run_in_session(context, a).await
+            }
+            "list_session_files" => {
+                let a: SessionId = arguments(args)?;
+                self.list_session_files(context, a).await
+            }
+            "read_session_file" => {
+                let a: ReadSessionFile = arguments(args)?;
+                self.read_session_file(context, a).await
+            }
+            "close_session" => {
+                let a: SessionId = arguments(args)?;
+                self.close_session(context, a).await
+            }
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("unknown tool: {other}"),
+                    None,
+                ))
+            }
+        })
+    }
+
+    async fn run_python(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: RunPython,
+    ) -> Result<CallToolResult, Error> {
+        let (key, request_id) = self.caller(context)?;
+        let state = &self.state;
+        refuse_if_unavailable(state)?;
+        let entered = state.admission.enter(&key).map_err(rejection)?;
+        let request = ExecuteRequest {
+            code: a.code,
+            language: Default::default(),
+            stdin: String::new(),
+            env: Default::default(),
+            files: Vec::new(),
+            limits: LimitsRequest {
+                timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
+                ..Default::default()
+            },
+            entrypoint: None,
+            inputs: None,
+        };
+        let job = job_from(state, &key, request)?;
+        let response = run_job(state, &key, request_id, job, ()).await?;
+        drop(entered);
+        Ok(execution_result(&response.result, ""))
+    }
+
+    async fn eval_expression(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: EvalExpression,
+    ) -> Result<CallToolResult, Error> {
+        self.caller(context)?;
+        refuse_if_unavailable(&self.state)?;
+        let r = crate::eval::evaluate(&self.state, a.expression).await?;
+        Ok(eval_result(r))
+    }
+
+    async fn create_session(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, Error> {
+        let (key, _) = self.caller(context)?;
+        let state = &self.state;
+        refuse_if_unavailable(state)?;
+        let _entered = state.admission.enter(&key).map_err(rejection)?;
+        let info = crate::sessions::open(state, &key, SessionRequest::default()).await?;
+        let l = &info.limits;
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
+             wall clock, {} bytes of output per stream; for the whole session: {} MB memory, \
+             {} processes, {} MB disk",
+            info.id,
+            info.expires_at,
+            info.idle_timeout_ms / 1000,
+            l.timeout_ms.div_ceil(1000),
+            l.output_bytes,
+            l.memory_mb,
+            l.pids,
+            l.disk_mb
+        ))]))
+    }
+
+    async fn run_in_session(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: RunInSession,
+    ) -> Result<CallToolResult, Error> {
+        let (key, request_id) = self.caller(context)?;
+        let state = &self.state;
+        refuse_if_unavailable(state)?;
+        let _entered = state.admission.enter(&key).map_err(rejection)?;
+        let asked = CellRequest {
+            code: a.code,
+            entrypoint: None,
+            inputs: None,
+            timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
+        };
+        let r = crate::sessions::cell(state, &key, request_id, &a.session_id, asked).await?;
+        let note = if r.session_ended {
+            "\nThe session has ended because of this cell; close it and create another."
+        } else {
+            ""
+        };
+        Ok(execution_result(&r.result, note))
+    }
+
+    async fn list_session_files(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: SessionId,
+    ) -> Result<CallToolResult, Error> {
+        let (key, _) = self.caller(context)?;
+        let list = crate::sessions::files(&self.state, &key, &a.session_id).await?;
+        let text = if list.files.is_empty() {
+            "(no files)".to_owned()
+        } else {
+            list.files
+                .iter()
+                .map(|f| format!("{} ({}, {} bytes)", f.path, f.kind, f.size))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    }
+
+    async fn read_session_file(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: ReadSessionFile,
+    ) -> Result<CallToolResult, Error> {
+        let (key, _) = self.caller(context)?;
+        let data = crate::sessions::read_file(&self.state, &key, &a.session_id, a.path).await?;
+        let content = if data.starts_with(PNG_SIGNATURE) {
+            ContentBlock::image(
+                base64::engine::general_purpose::STANDARD.encode(&data),
+                "image/png",
+            )
+        } else {
+            match String::from_utf8(data) {
+                Ok(text) => ContentBlock::text(text),
+                Err(e) => ContentBlock::text(format!(
+                    "(binary file, {} bytes, base64:)\n{}",
+                    e.as_bytes().len(),
+                    base64::engine::general_purpose::STANDARD.encode(e.as_bytes())
+                )),
+            }
+        };
+        Ok(CallToolResult::success(vec![content]))
+    }
+
+    async fn close_session(
+        &self,
+        context: &RequestContext<RoleServer>,
+        a: SessionId,
+    ) -> Result<CallToolResult, Error> {
+        let (key, _) = self.caller(context)?;
+        crate::sessions::close(&self.state, &key, &a.session_id).await?;
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "session {} closed",
+            a.session_id
+        ))]))
+    }
+}
+
+const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// A tool's description, its JSON Schema made from its argument type.
+fn tool<T: JsonSchema>(name: &'static str, title: &str, description: String, read: bool) -> Tool {
+    let schema = schemars::schema_for!(T);
+    let schema = match serde_json::to_value(schema) {
+        Ok(serde_json::Value::Object(mut map)) => {
+            // Hosts want a plain object schema; the meta-schema line adds nothing for them.
+            map.remove("$schema");
+            map
+        }
+        _ => JsonObject::new(),
+    };
+    let mut tool = Tool::new(name, description, schema);
+    tool.title = Some(title.to_owned());
+    // Nothing here reaches beyond the sandbox: a closed world.
+    tool.annotations = Some(
+        ToolAnnotations::with_title(title)
+            .read_only(read)
+            .destructive(name == "close_session")
+            .open_world(false),
+    );
+    tool
+}
+
+/// The arguments of a call, or a JSON-RPC "invalid params" error naming what is wrong.
+fn arguments<T: DeserializeOwned>(args: JsonObject) -> Result<T, ErrorData> {
+    serde_json::from_value(serde_json::Value::Object(args))
+        .map_err(|e| ErrorData::invalid_params(format!("invalid arguments: {e}"), None))
+}
+
+/// A refusal (a limit above the ceiling, no such session, a busy session, too many requests)
+/// as a result the model can read and act on.
+fn refusal(e: Error) -> CallToolResult {
+    let mut text = format!("{}: {}", e.code, e.message);
+    if let Some(field) = &e.field {
+        text.push_str(&format!(" [field: {field}]"));
+    }
+    if let Some(secs) = e.retry_after_secs {
+        text.push_str(&format!(" [retry after {secs} s]"));
+    }
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// What a verdict means, for a reader who did not see the limits.
+fn verdict(r: &ExecutionResult) -> String {
+    let l = &r.limits;
+    match r.status {
+        Status::Ok => "ok".to_owned(),
+        Status::Error => "error (the code raised an exception or exited non-zero)".to_owned(),
+        Status::Timeout => format!(
+            "timeout (killed at the wall-clock limit of {} ms)",
+            l.timeout_ms
+        ),
+        Status::MemoryLimit => format!(
+            "memory_limit (killed at the memory limit of {} MB)",
+            l.memory_mb
+        ),
+        Status::CpuLimit => format!("cpu_limit (killed at the CPU limit of {} ms)", l.cpu_ms),
+        Status::PolicyViolation => {
+            "policy_violation (killed for a system call the sandbox forbids)".to_owned()
+        }
+        Status::Crashed => format!(
+            "crashed (killed by signal {})",
+            r.signal.map_or_else(|| "?".to_owned(), |s| s.to_string())
+        ),
+        Status::InternalError => "internal_error (airlock itself failed)".to_owned(),
+    }
+}
+
+/// An execution's result as text for the model, charts as images; an error unless `ok`.
+fn execution_result(r: &ExecutionResult, note: &str) -> CallToolResult {
+    let mut text = format!("status: {}", verdict(r));
+    if let Some(code) = r.exit_code.filter(|c| *c != 0) {
+        text.push_str(&format!("\nexit_code: {code}"));
+    }
+    let stream = |text: &mut String, name: &str, s: &str, cut: bool| {
+        if !s.is_empty() || cut {
+            text.push_str(&format!("\n{name}:\n{s}"));
+            if cut {
+                text.push_str(&format!("\n[{name} cut at the output limit]"));
+            }
+        }
+    };
+    stream(&mut text, "stdout", &r.stdout, r.stdout_truncated);
+    stream(&mut text, "stderr", &r.stderr, r.stderr_truncated);
+    // None, as a final print() gives, is no result to show (as in Python's REPL).
+    if let Some(value) = r.result.as_ref().filter(|v| !v.is_null()) {
+        text.push_str(&format!("\nresult: {value}"));
+    }
+    if let Some(e) = &r.error {
+        text.push_str(&format!("\nerror: {}: {}", e.kind, e.message));
+        if let Some(tb) = &e.traceback {
+            text.push_str(&format!("\ntraceback:\n{tb}"));
+        }
+    }
+    let mut images = Vec::new();
+    for o in &r.outputs {
+        match (o.mime.as_str(), &o.data) {
+            ("image/png", serde_json::Value::String(b64)) => {
+                images.push(ContentBlock::image(b64.clone(), "image/png"));
+            }
+            (mime, serde_json::Value::String(s)) => {
+                text.push_str(&format!("\ndisplay ({mime}):\n{s}"));
+            }
+            (mime, value) => text.push_str(&format!("\ndisplay ({mime}): {value}")),
+        }
+    }
+    for f in &r.files {
+        let why = f.skipped.as_deref().unwrap_or("returned");
+        text.push_str(&format!(
+            "\noutput file: {} ({} bytes, {why})",
+            f.path, f.size
+        ));
+    }
+    text.push_str(note);
+    let mut content = vec![ContentBlock::text(text)];
+    content.extend(images);
+    if r.status == Status::Ok {
+        CallToolResult::success(content)
+    } else {
+        CallToolResult::error(content)
+    }
+}
+
+fn eval_result(r: EvalResponse) -> CallToolResult {
+    match (r.ok, r.error) {
+        (true, _) => CallToolResult::success(vec![ContentBlock::text(format!(
+            "{} (type: {})",
+            r.repr.unwrap_or_default(),
+            r.type_name.unwrap_or_default()
+        ))]),
+        (false, Some(e)) => {
+            let limit = if e.limit {
+                " (an evaluator limit, not a Python error)"
+            } else {
+                ""
+            };
+            CallToolResult::error(vec![ContentBlock::text(format!(
+                "{}: {}{limit}",
+                e.kind, e.message
+            ))])
+        }
+        (false, None) => CallToolResult::error(vec![ContentBlock::text("evaluation failed")]),
+    }
+}
+
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools().into_iter().find(|t| t.name == name)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        // rmcp runs each handler in a task of its own and only signals cancellation (a client
+        // that sent notifications/cancelled, or left the HTTP request, or closed stdin):
+        // dropping the call is what kills its sandbox, as for a REST client that goes away.
+        let ct = context.ct.clone();
+        let result = tokio::select! {
+            result = self.call(&request.name, args, &context) => result?,
+            () = ct.cancelled() => {
+                return Err(ErrorData::internal_error("the call was cancelled", None));
+            }
+        };
+        Ok(result.unwrap_or_else(refusal).into())
+    }
+}
+
+/// The streamable HTTP transport for `/mcp`. Stateless: each POST is answered on its own, as
+/// JSON, so no MCP session outlives its request or can be taken over by another key (airlock
+/// sessions are the tools' own, owned by the key). Host and Origin are the guard's to check.
+pub(crate) fn http_service(
+    state: SharedState,
+) -> StreamableHttpService<Tools, NeverSessionManager> {
+    let max_body = usize::try_from(state.config.http.max_body_bytes).unwrap_or(usize::MAX);
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .with_sse_retry(None)
+        .with_max_request_body_bytes(max_body)
+        .disable_allowed_hosts()
+        .disable_allowed_origins();
+    StreamableHttpService::new(
+        move || Ok(Tools::for_http(state.clone())),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    )
+}
+
+/// `/mcp`: a key with the `execute` scope, a POST body read within the same limits as every
+/// other body (size, time, memory), then the MCP transport.
+pub(crate) async fn route(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(service): Extension<StreamableHttpService<Tools, NeverSessionManager>>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    let req = if req.method() == axum::http::Method::POST {
+        let (parts, body) = req.into_parts();
+        let read = read_body(&state, &caller.0, Request::from_parts(parts.clone(), body)).await?;
+        let req = Request::from_parts(parts, Body::from(read.bytes));
+        // The body budget covers bodies while they are read; a tool may then run for long and
+        // must not hold it meanwhile.
+        drop(read.share);
+        req
+    } else {
+        req
+    };
+    Ok(service.handle(req).await.into_response())
+}
+
+/// `airlock mcp`: serves the tools on stdin and stdout (nothing else is written to stdout;
+/// logs go to stderr) until the client closes stdin, or SIGTERM or SIGINT; then kills what
+/// still runs and closes every session. The caller is the local user: one key with every
+/// scope, under the engine's defaults and ceilings and the server's concurrency and session
+/// caps; executions are in the audit log of the state directory like the service's.
+pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> {
+    use rmcp::ServiceExt;
+    use tokio::signal::unix::{signal, SignalKind};
+    let state_dir = make_state_dir(&config)?;
+    // A key nobody holds: it only names the local caller in logs, metrics and the audit log.
+    let secret = crate::keys::generate_key()
+        .map_err(|e| ServeError::Mcp(format!("making the local key: {e}")))?;
+    let keys = KeyStore::new(vec![crate::config::KeyConfig {
+        name: "stdio".into(),
+        hash: crate::keys::hash_key(&secret),
+        scopes: Scope::ALL.to_vec(),
+        max_concurrency: None,
+        max_queue: None,
+        rate_per_minute: 0,
+        ceilings: LimitsRequest::default(),
+    }])?;
+    let (engine, audit) = start_engine(&config, &state_dir)?;
+    let state: SharedState = Arc::new(crate::AppState::new(config, engine, keys, audit));
+    let key = state.keys.keys()[0].clone();
+    tokio::spawn(crate::sessions::reaper(state.clone()));
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    tracing::info!(state_dir = %state_dir.display(), "serving MCP on stdio");
+    let tools = Tools::for_stdio(state.clone(), key);
+    let served = tokio::select! {
+        served = async {
+            let running = tools
+                .serve(rmcp::transport::io::stdio_pipes())
+                .await
+                .map_err(|e| ServeError::Mcp(e.to_string()))?;
+            running.waiting().await.map_err(|e| ServeError::Mcp(e.to_string()))?;
+            Ok(())
+        } => served,
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
+    };
+    state.begin_shutdown();
+    crate::serve::stop_everything(&state).await;
+    tracing::info!("stopped");
+    served
+}
