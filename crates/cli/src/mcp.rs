@@ -1,14 +1,13 @@
 //! `airlock mcp`: the MCP tools on stdin and stdout, for an agent host that starts airlock as
 //! a subprocess.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use airlock_server::config;
 use clap::Args;
 
-use crate::{EXIT_AIRLOCK, EXIT_USAGE};
+use crate::EXIT_USAGE;
 
 const AFTER_HELP: &str = "\
 Speaks the Model Context Protocol on stdin and stdout; logs go to stderr. The tools are
@@ -32,10 +31,7 @@ pub struct McpArgs {
 }
 
 pub fn main(args: McpArgs) -> ExitCode {
-    // Variables that are not Unicode cannot be settings; they are left out, not misread.
-    let env: BTreeMap<String, String> = std::env::vars_os()
-        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
+    let env = crate::serve::settings_env();
     let config = match config::load(args.config.as_deref(), &env, None, args.state_dir) {
         Ok(c) => c,
         Err(e) => {
@@ -44,25 +40,5 @@ pub fn main(args: McpArgs) -> ExitCode {
         }
     };
     airlock_server::init_logging(config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("airlock: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_AIRLOCK);
-        }
-    };
-    let served = runtime.block_on(airlock_server::mcp::run_stdio(config));
-    // Sandboxes were killed by now; a task still blocked (a read of stdin) must not hold the
-    // exit.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("airlock: {e}");
-            ExitCode::from(EXIT_AIRLOCK)
-        }
-    }
+    crate::serve::run_to_end(airlock_server::mcp::run_stdio(config))
 }

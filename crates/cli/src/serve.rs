@@ -36,11 +36,43 @@ pub struct ServeArgs {
     pub print_config: bool,
 }
 
-pub fn main(args: ServeArgs) -> ExitCode {
-    // Variables that are not Unicode cannot be settings; they are left out, not misread.
-    let env: BTreeMap<String, String> = std::env::vars_os()
+/// The environment as settings read it: variables that are not Unicode cannot be settings;
+/// they are left out, not misread.
+pub(crate) fn settings_env() -> BTreeMap<String, String> {
+    std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
-        .collect();
+        .collect()
+}
+
+/// Runs a server (`airlock serve` or `airlock mcp`) to its end; its result is the exit status.
+pub(crate) fn run_to_end<E: std::fmt::Display>(
+    serve: impl std::future::Future<Output = Result<(), E>>,
+) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("airlock: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
+    };
+    let served = runtime.block_on(serve);
+    // Sandboxes were killed and answered by now; a task still blocked (a read of stdin) must
+    // not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlock: {e}");
+            ExitCode::from(EXIT_AIRLOCK)
+        }
+    }
+}
+
+pub fn main(args: ServeArgs) -> ExitCode {
+    let env = settings_env();
     let config = match config::load(args.config.as_deref(), &env, args.listen, args.state_dir) {
         Ok(c) => c,
         Err(e) => {
@@ -53,28 +85,6 @@ pub fn main(args: ServeArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     airlock_server::init_logging(config.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("airlock: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_AIRLOCK);
-        }
-    };
-    let served = runtime.block_on(airlock_server::run(
-        config,
-        env.get(ENV_API_KEY).cloned(),
-        |_| {},
-    ));
-    // Sandboxes were killed and answered by now; a task still blocked must not hold the exit.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("airlock: {e}");
-            ExitCode::from(EXIT_AIRLOCK)
-        }
-    }
+    let key = env.get(ENV_API_KEY).cloned();
+    run_to_end(airlock_server::run(config, key, |_| {}))
 }

@@ -17,6 +17,20 @@ fn is_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
+/// Leading whitespace and a sign, as both C and CPython skip them: whether the number is
+/// negative, and where its digits start.
+fn spaces_and_sign(s: &[u8]) -> (bool, usize) {
+    let mut i = 0;
+    while i < s.len() && is_space(s[i]) {
+        i += 1;
+    }
+    match s.get(i) {
+        Some(b'-') => (true, i + 1),
+        Some(b'+') => (false, i + 1),
+        _ => (false, i),
+    }
+}
+
 /// Up to the first NUL, where the C string ends.
 fn c_str(l: &[u8]) -> &[u8] {
     l.split(|&b| b == 0).next().unwrap_or_default()
@@ -42,21 +56,7 @@ pub(crate) fn int(l: &[u8]) -> Result<Int, String> {
 /// glibc's `strtol` with base 0: the value, if it fits an i64 and the digits stop at the end
 /// of the line or at a NUL. `l` is not empty.
 fn strtol0(l: &[u8]) -> Option<i64> {
-    let mut i = 0;
-    while i < l.len() && is_space(l[i]) {
-        i += 1;
-    }
-    let negative = match l.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
+    let (negative, i) = spaces_and_sign(l);
     let hex = l.get(i) == Some(&b'0')
         && matches!(l.get(i + 1), Some(b'x' | b'X'))
         && l.get(i + 2).is_some_and(u8::is_ascii_hexdigit);
@@ -88,21 +88,7 @@ fn strtol0(l: &[u8]) -> Option<i64> {
 pub(crate) fn long(l: &[u8], base0: bool) -> Result<BigInt, String> {
     let s = c_str(l);
     let invalid = || Err("not an integer as Python reads one".to_string());
-    let mut i = 0;
-    while i < s.len() && is_space(s[i]) {
-        i += 1;
-    }
-    let negative = match s.get(i) {
-        Some(b'-') => {
-            i += 1;
-            true
-        }
-        Some(b'+') => {
-            i += 1;
-            false
-        }
-        _ => false,
-    };
+    let (negative, mut i) = spaces_and_sign(s);
     let mut base = 10;
     let mut zero_only = false;
     if base0 && s.get(i) == Some(&b'0') {
