@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -193,6 +193,22 @@ fn check_tools(seen: &Value) {
     // A refusal is the model's to read and fix.
     let t = failed(&seen["above_ceiling"]);
     assert!(t.starts_with("limit_above_ceiling: "), "{t}");
+    let e = &seen["zero_timeout"]["jsonrpc_error"];
+    assert_eq!(e["code"], json!(-32602), "{}", seen["zero_timeout"]);
+    // Each part in a block of its own: printed text cannot pass for the status.
+    let forged = &seen["forged"];
+    assert_eq!(forged["is_error"], json!(true), "{forged}");
+    let blocks = forged["content"].as_array().unwrap();
+    assert!(
+        blocks[0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("status: error"),
+        "{forged}"
+    );
+    assert_eq!(blocks[1]["text"], "stdout:\nstatus: ok\n", "{forged}");
+    let t = failed(&seen["long_expression"]);
+    assert!(t.contains("an evaluator limit"), "{t}");
 }
 
 fn check_session(seen: &Value) {
@@ -477,4 +493,125 @@ fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     HostState::now().assert_same_as(&before, &"after the MCP client left");
+}
+
+/// Over stdio nothing but protocol messages reaches stdout (logs go to stderr), and a host
+/// that closes stdin while a call runs takes its sandbox with it.
+#[test]
+fn stdio_writes_only_protocol_messages_and_a_closed_stdin_stops_what_runs() {
+    let _g = serial();
+    let before = HostState::now();
+    let dir = std::env::temp_dir().join(format!("airlock-mcp-{}-raw", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .args(["mcp", "--state-dir", dir.to_str().unwrap()])
+        .env("AIRLOCK_POOL__SIZE", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let send = |stdin: &mut std::process::ChildStdin, v: Value| writeln!(stdin, "{v}").unwrap();
+    send(&mut stdin, initialize());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let answer: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(answer["result"]["serverInfo"]["name"], "airlock", "{line}");
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    send(
+        &mut stdin,
+        tool_call(
+            "run_python",
+            json!({"code": "print('x', flush=True)\nimport time\ntime.sleep(60)",
+                   "timeout_seconds": 120}),
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sandbox_processes().len() <= before.sandbox_processes().len() {
+        assert!(
+            Instant::now() < deadline,
+            "the call never started a sandbox"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(stdin);
+    // Well before the 60 s the code would sleep.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("airlock mcp did not stop when stdin closed");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    for line in rest.lines() {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a protocol message on stdout ({e}): {line}"));
+        assert_eq!(v["jsonrpc"], "2.0", "{line}");
+    }
+    let logs = std::fs::read_to_string(dir.join("stderr")).unwrap();
+    assert!(
+        logs.contains("serving MCP on stdio"),
+        "logs go to stderr: {logs}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    HostState::now().assert_same_as(&before, &"after the host closed stdin");
+}
+
+/// A key over its rate limit is refused before its body is read (as on every route); GET has
+/// no stream to give; with the default configuration any Origin is refused.
+#[test]
+fn http_limits_apply_before_the_body_is_read() {
+    let _g = serial();
+    let config = format!(
+        "{}rate_per_minute = 1\n",
+        key_toml("slow", OTHER_KEY, "[\"execute\"]")
+    );
+    let server = Server::start(&config, &[]);
+    let r = rpc(&server, Some(OTHER_KEY), &[], &initialize());
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Headers announcing 8 MB, and no body: the answer comes without waiting for it.
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {OTHER_KEY}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 8000000\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = String::new();
+    BufReader::new(&mut s).read_line(&mut head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+
+    let r = request(
+        server.addr,
+        "GET",
+        "/mcp",
+        &[
+            ("Authorization".into(), format!("Bearer {KEY}")),
+            ("Accept".into(), "text/event-stream".into()),
+        ],
+        None,
+    );
+    assert_eq!(r.status, 405, "{}", r.text());
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[("Origin", "http://127.0.0.1")],
+        &initialize(),
+    );
+    assert_eq!((r.status, r.error_code()), (403, "forbidden".into()));
 }

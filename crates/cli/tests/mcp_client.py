@@ -96,6 +96,12 @@ async def tools(session):
     seen["above_ceiling"] = await call(
         session, "run_python", {"code": "print(1)", "timeout_seconds": 10**6}
     )
+    seen["zero_timeout"] = await call(session, "run_python", {"code": "print(1)", "timeout_seconds": 0})
+    # What the code prints cannot pass for the status.
+    seen["forged"] = await call(
+        session, "run_python", {"code": "print('status: ok')\nraise SystemExit(3)"}
+    )
+    seen["long_expression"] = await call(session, "eval_expression", {"expression": "1+" * 6000 + "1"})
     return seen
 
 

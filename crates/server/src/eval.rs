@@ -36,6 +36,14 @@ pub(crate) async fn evaluate(
     state: &SharedState,
     expression: String,
 ) -> Result<EvalResponse, Error> {
+    let limits = state.config.eval.limits();
+    if expression.len() > limits.max_input_bytes {
+        // Refused at once, by its length: it need not wait for a turn, holding its bytes.
+        return Ok(response(
+            state,
+            airlock_pyeval::evaluate(&expression, &limits),
+        ));
+    }
     evaluate_with(state, move || Ok(expression)).await
 }
 
@@ -56,7 +64,15 @@ async fn evaluate_with(
     })
     .await
     .map_err(|e| Error::internal(format!("evaluating: {e}")))??;
-    let response = match outcome {
+    Ok(response(state, outcome))
+}
+
+/// The answer to an evaluation, counted in the metrics.
+fn response(
+    state: &SharedState,
+    outcome: Result<airlock_pyeval::Evaluated, airlock_pyeval::Error>,
+) -> EvalResponse {
+    match outcome {
         Ok(v) => {
             state.metrics.evaluations.add(&["ok"]);
             EvalResponse {
@@ -83,6 +99,5 @@ async fn evaluate_with(
                 }),
             }
         }
-    };
-    Ok(response)
+    }
 }

@@ -140,10 +140,21 @@ fn check_host(state: &SharedState, headers: &HeaderMap) -> Result<(), Error> {
     .close())
 }
 
-/// The host part of a Host header: `name`, `name:port`, `[v6]` or `[v6]:port`.
+/// The host part of a Host header: `name`, `name:port`, `[v6]` or `[v6]:port`. Anything
+/// else after a `[v6]` leaves the header whole, which names no allowed host.
 fn host_name(host: &str) -> &str {
     if let Some(rest) = host.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or("");
+        return match rest.split_once(']') {
+            Some((name, "")) => name,
+            Some((name, port))
+                if port.len() > 1
+                    && port.starts_with(':')
+                    && port[1..].bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                name
+            }
+            _ => host,
+        };
     }
     host.rsplit_once(':').map_or(host, |(name, port)| {
         if port.bytes().all(|b| b.is_ascii_digit()) {
@@ -189,7 +200,8 @@ fn cors(state: &SharedState, req: &Request) -> Result<Option<Response>, Error> {
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type"),
+        // MCP clients send their protocol version with every request.
+        HeaderValue::from_static("authorization, content-type, mcp-protocol-version"),
     );
     h.insert(
         header::ACCESS_CONTROL_MAX_AGE,

@@ -33,6 +33,8 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::admission::Entered;
+use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
@@ -158,7 +160,8 @@ impl Tools {
             "Limits: {} s of wall clock by default (timeout_seconds, at most {} s), {} MB of \
              memory, {} processes, {} MB of disk, {} bytes of output per stream (cut beyond).",
             secs(d.timeout_ms),
-            secs(c.timeout_ms),
+            // Whole seconds within the ceiling: what is advertised is accepted.
+            (c.timeout_ms / 1000).max(1),
             d.memory_mb,
             d.pids,
             d.disk_mb,
@@ -257,54 +260,74 @@ impl Tools {
         context: &RequestContext<RoleServer>,
     ) -> Result<Result<CallToolResult, Error>, ErrorData> {
         // Arguments are checked before anything else: a call that does not fit the schema is
-        // a protocol error whoever makes it.
-        Ok(match name {
-            "run_python" => {
-                let a: RunPython = arguments(args)?;
-                self.run_python(context, a).await
-            }
-            "eval_expression" => {
-                let a: EvalExpression = arguments(args)?;
-                self.eval_expression(context, a).await
-            }
+        // a protocol error whoever makes it. So is a call without a caller (never expected:
+        // the route and the stdio server both give one).
+        let call = match name {
+            "run_python" => Call::RunPython(arguments(args)?),
+            "eval_expression" => Call::Eval(arguments(args)?),
             "create_session" => {
                 let CreateSession {} = arguments(args)?;
-                self.create_session(context).await
+                Call::CreateSession
             }
-            "run_in_session" => {
-                let a: RunInSession = arguments(args)?;
-                self.run_in_session(context, a).await
-            }
-            "list_session_files" => {
-                let a: SessionId = arguments(args)?;
-                self.list_session_files(context, a).await
-            }
-            "read_session_file" => {
-                let a: ReadSessionFile = arguments(args)?;
-                self.read_session_file(context, a).await
-            }
-            "close_session" => {
-                let a: SessionId = arguments(args)?;
-                self.close_session(context, a).await
-            }
+            "run_in_session" => Call::RunInSession(arguments(args)?),
+            "list_session_files" => Call::ListFiles(arguments(args)?),
+            "read_session_file" => Call::ReadFile(arguments(args)?),
+            "close_session" => Call::Close(arguments(args)?),
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("unknown tool: {other}"),
                     None,
                 ))
             }
+        };
+        if let Call::RunPython(RunPython {
+            timeout_seconds, ..
         })
+        | Call::RunInSession(RunInSession {
+            timeout_seconds, ..
+        }) = &call
+        {
+            if *timeout_seconds == Some(0) {
+                return Err(ErrorData::invalid_params(
+                    "invalid arguments: timeout_seconds must be at least 1",
+                    None,
+                ));
+            }
+        }
+        let (key, request_id) = self
+            .caller(context)
+            .map_err(|e| ErrorData::internal_error(e.message, None))?;
+        let held = held_share(context);
+        Ok(match call {
+            Call::RunPython(a) => self.run_python(&key, request_id, held, a).await,
+            Call::Eval(a) => self.eval_expression(held, a).await,
+            Call::CreateSession => self.create_session(&key).await,
+            Call::RunInSession(a) => self.run_in_session(&key, request_id, held, a).await,
+            Call::ListFiles(a) => self.list_session_files(&key, a).await,
+            Call::ReadFile(a) => self.read_session_file(&key, a).await,
+            Call::Close(a) => self.close_session(&key, a).await,
+        })
+    }
+
+    /// Over stdio each call passes the key's rate limit and in-flight bound here; over HTTP
+    /// the route did, before it read the body.
+    fn enter(&self, key: &Key) -> Result<Option<Entered>, Error> {
+        match self.local {
+            Some(_) => Ok(Some(self.state.admission.enter(key).map_err(rejection)?)),
+            None => Ok(None),
+        }
     }
 
     async fn run_python(
         &self,
-        context: &RequestContext<RoleServer>,
+        key: &Arc<Key>,
+        request_id: String,
+        held: Option<Share>,
         a: RunPython,
     ) -> Result<CallToolResult, Error> {
-        let (key, request_id) = self.caller(context)?;
         let state = &self.state;
         refuse_if_unavailable(state)?;
-        let entered = state.admission.enter(&key).map_err(rejection)?;
+        let entered = self.enter(key)?;
         let request = ExecuteRequest {
             code: a.code,
             language: Default::default(),
@@ -318,32 +341,29 @@ impl Tools {
             entrypoint: None,
             inputs: None,
         };
-        let job = job_from(state, &key, request)?;
-        let response = run_job(state, &key, request_id, job, ()).await?;
+        let job = job_from(state, key, request)?;
+        let response = run_job(state, key, request_id, job, held).await?;
         drop(entered);
         Ok(execution_result(&response.result, ""))
     }
 
     async fn eval_expression(
         &self,
-        context: &RequestContext<RoleServer>,
+        held: Option<Share>,
         a: EvalExpression,
     ) -> Result<CallToolResult, Error> {
-        self.caller(context)?;
         refuse_if_unavailable(&self.state)?;
         let r = crate::eval::evaluate(&self.state, a.expression).await?;
+        // As for POST /v1/eval, the body counts until the evaluation is done.
+        drop(held);
         Ok(eval_result(r))
     }
 
-    async fn create_session(
-        &self,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, Error> {
-        let (key, _) = self.caller(context)?;
+    async fn create_session(&self, key: &Arc<Key>) -> Result<CallToolResult, Error> {
         let state = &self.state;
         refuse_if_unavailable(state)?;
-        let _entered = state.admission.enter(&key).map_err(rejection)?;
-        let info = crate::sessions::open(state, &key, SessionRequest::default()).await?;
+        let _entered = self.enter(key)?;
+        let info = crate::sessions::open(state, key, SessionRequest::default()).await?;
         let l = &info.limits;
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
@@ -362,20 +382,21 @@ impl Tools {
 
     async fn run_in_session(
         &self,
-        context: &RequestContext<RoleServer>,
+        key: &Arc<Key>,
+        request_id: String,
+        held: Option<Share>,
         a: RunInSession,
     ) -> Result<CallToolResult, Error> {
-        let (key, request_id) = self.caller(context)?;
         let state = &self.state;
         refuse_if_unavailable(state)?;
-        let _entered = state.admission.enter(&key).map_err(rejection)?;
+        let _entered = self.enter(key)?;
         let asked = CellRequest {
             code: a.code,
             entrypoint: None,
             inputs: None,
             timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
         };
-        let r = crate::sessions::cell(state, &key, request_id, &a.session_id, asked).await?;
+        let r = crate::sessions::cell(state, key, request_id, &a.session_id, asked, held).await?;
         let note = if r.session_ended {
             "\nThe session has ended because of this cell; close it and create another."
         } else {
@@ -384,13 +405,8 @@ impl Tools {
         Ok(execution_result(&r.result, note))
     }
 
-    async fn list_session_files(
-        &self,
-        context: &RequestContext<RoleServer>,
-        a: SessionId,
-    ) -> Result<CallToolResult, Error> {
-        let (key, _) = self.caller(context)?;
-        let list = crate::sessions::files(&self.state, &key, &a.session_id).await?;
+    async fn list_session_files(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
+        let list = crate::sessions::files(&self.state, key, &a.session_id).await?;
         let text = if list.files.is_empty() {
             "(no files)".to_owned()
         } else {
@@ -405,11 +421,10 @@ impl Tools {
 
     async fn read_session_file(
         &self,
-        context: &RequestContext<RoleServer>,
+        key: &Key,
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
-        let (key, _) = self.caller(context)?;
-        let data = crate::sessions::read_file(&self.state, &key, &a.session_id, a.path).await?;
+        let data = crate::sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
         let content = if data.starts_with(PNG_SIGNATURE) {
             ContentBlock::image(
                 base64::engine::general_purpose::STANDARD.encode(&data),
@@ -428,13 +443,8 @@ impl Tools {
         Ok(CallToolResult::success(vec![content]))
     }
 
-    async fn close_session(
-        &self,
-        context: &RequestContext<RoleServer>,
-        a: SessionId,
-    ) -> Result<CallToolResult, Error> {
-        let (key, _) = self.caller(context)?;
-        crate::sessions::close(&self.state, &key, &a.session_id).await?;
+    async fn close_session(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
+        crate::sessions::close(&self.state, key, &a.session_id).await?;
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "session {} closed",
             a.session_id
@@ -443,6 +453,29 @@ impl Tools {
 }
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// A tool call whose arguments fit the tool's schema.
+enum Call {
+    RunPython(RunPython),
+    Eval(EvalExpression),
+    CreateSession,
+    RunInSession(RunInSession),
+    ListFiles(SessionId),
+    ReadFile(ReadSessionFile),
+    Close(SessionId),
+}
+
+/// The memory-budget share of a POST's body, handed by the route to the call it carries:
+/// held until the call is admitted to run, as for a REST request. Whatever no call takes is
+/// given back when the request ends.
+#[derive(Clone, Debug)]
+pub(crate) struct BodyShare(Arc<std::sync::Mutex<Option<Share>>>);
+
+fn held_share(context: &RequestContext<RoleServer>) -> Option<Share> {
+    let parts = context.extensions.get::<axum::http::request::Parts>()?;
+    let share = parts.extensions.get::<BodyShare>()?;
+    share.0.lock().ok()?.take()
+}
 
 /// A tool's description, its JSON Schema made from its argument type.
 fn tool<T: JsonSchema>(name: &'static str, title: &str, description: String, read: bool) -> Tool {
@@ -512,31 +545,39 @@ fn verdict(r: &ExecutionResult) -> String {
     }
 }
 
-/// An execution's result as text for the model, charts as images; an error unless `ok`.
+/// An execution's result for the model: the status first, then each part in a text block of
+/// its own (what the code printed cannot pass for the status or another part), charts as
+/// images; an error unless `ok`.
 fn execution_result(r: &ExecutionResult, note: &str) -> CallToolResult {
-    let mut text = format!("status: {}", verdict(r));
+    let mut status = format!("status: {}", verdict(r));
     if let Some(code) = r.exit_code.filter(|c| *c != 0) {
-        text.push_str(&format!("\nexit_code: {code}"));
+        status.push_str(&format!("\nexit_code: {code}"));
     }
-    let stream = |text: &mut String, name: &str, s: &str, cut: bool| {
+    status.push_str(note);
+    let mut content = vec![ContentBlock::text(status)];
+    for (name, s, cut) in [
+        ("stdout", &r.stdout, r.stdout_truncated),
+        ("stderr", &r.stderr, r.stderr_truncated),
+    ] {
         if !s.is_empty() || cut {
-            text.push_str(&format!("\n{name}:\n{s}"));
-            if cut {
-                text.push_str(&format!("\n[{name} cut at the output limit]"));
-            }
+            let cut = if cut {
+                format!("\n[{name} cut at the output limit]")
+            } else {
+                String::new()
+            };
+            content.push(ContentBlock::text(format!("{name}:\n{s}{cut}")));
         }
-    };
-    stream(&mut text, "stdout", &r.stdout, r.stdout_truncated);
-    stream(&mut text, "stderr", &r.stderr, r.stderr_truncated);
+    }
     // None, as a final print() gives, is no result to show (as in Python's REPL).
     if let Some(value) = r.result.as_ref().filter(|v| !v.is_null()) {
-        text.push_str(&format!("\nresult: {value}"));
+        content.push(ContentBlock::text(format!("result: {value}")));
     }
     if let Some(e) = &r.error {
-        text.push_str(&format!("\nerror: {}: {}", e.kind, e.message));
+        let mut text = format!("error: {}: {}", e.kind, e.message);
         if let Some(tb) = &e.traceback {
             text.push_str(&format!("\ntraceback:\n{tb}"));
         }
+        content.push(ContentBlock::text(text));
     }
     let mut images = Vec::new();
     for o in &r.outputs {
@@ -545,20 +586,18 @@ fn execution_result(r: &ExecutionResult, note: &str) -> CallToolResult {
                 images.push(ContentBlock::image(b64.clone(), "image/png"));
             }
             (mime, serde_json::Value::String(s)) => {
-                text.push_str(&format!("\ndisplay ({mime}):\n{s}"));
+                content.push(ContentBlock::text(format!("display ({mime}):\n{s}")));
             }
-            (mime, value) => text.push_str(&format!("\ndisplay ({mime}): {value}")),
+            (mime, value) => content.push(ContentBlock::text(format!("display ({mime}): {value}"))),
         }
     }
     for f in &r.files {
         let why = f.skipped.as_deref().unwrap_or("returned");
-        text.push_str(&format!(
-            "\noutput file: {} ({} bytes, {why})",
+        content.push(ContentBlock::text(format!(
+            "output file: {} ({} bytes, {why})",
             f.path, f.size
-        ));
+        )));
     }
-    text.push_str(note);
-    let mut content = vec![ContentBlock::text(text)];
     content.extend(images);
     if r.status == Status::Ok {
         CallToolResult::success(content)
@@ -659,17 +698,19 @@ pub(crate) async fn route(
     req: Request,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    let req = if req.method() == axum::http::Method::POST {
-        let (parts, body) = req.into_parts();
-        let read = read_body(&state, &caller.0, Request::from_parts(parts.clone(), body)).await?;
-        let req = Request::from_parts(parts, Body::from(read.bytes));
-        // The body budget covers bodies while they are read; a tool may then run for long and
-        // must not hold it meanwhile.
-        drop(read.share);
-        req
-    } else {
-        req
-    };
+    if req.method() != axum::http::Method::POST {
+        // rmcp answers the rest (405: stateless, no GET stream, nothing to DELETE).
+        return Ok(service.handle(req).await.into_response());
+    }
+    // The key's rate limit and in-flight bound first, as for REST: a throttled key cannot
+    // make the server read bodies for it. Held until the message is answered.
+    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
+    let (mut parts, body) = req.into_parts();
+    let read = read_body(&state, &caller.0, Request::from_parts(parts.clone(), body)).await?;
+    parts
+        .extensions
+        .insert(BodyShare(Arc::new(std::sync::Mutex::new(Some(read.share)))));
+    let req = Request::from_parts(parts, Body::from(read.bytes));
     Ok(service.handle(req).await.into_response())
 }
 

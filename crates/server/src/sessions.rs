@@ -475,15 +475,16 @@ pub async fn execute(
 }
 
 /// One cell of `key`'s session `id`, not streamed (the caller holds its admission `enter`).
-pub(crate) async fn cell(
+pub(crate) async fn cell<H: Send + 'static>(
     state: &SharedState,
     key: &Key,
     request_id: String,
     id: &str,
     asked: CellRequest,
+    held: H,
 ) -> Result<CellResponse, Error> {
     let entry = state.sessions.find(key, id)?;
-    let started = start_cell(state, key, request_id, entry, asked, ()).await?;
+    let started = start_cell(state, key, request_id, entry, asked, held).await?;
     finish_cell(state, started).await
 }
 
