@@ -353,8 +353,15 @@ fn http_refuses_wrong_keys_scopes_foreign_origins_and_hosts() {
         );
     }
     // ...nor through a name that resolves to this host (DNS rebinding).
-    let r = rpc(&server, Some(KEY), &[("Host", "evil.example:80")], &init);
-    assert_eq!(r.status, 421, "{}", r.text());
+    for host in [
+        "evil.example:80",
+        "[localhost]evil.example",
+        "[::1]junk",
+        "[::1",
+    ] {
+        let r = rpc(&server, Some(KEY), &[("Host", host)], &init);
+        assert_eq!(r.status, 421, "{host}: {}", r.text());
+    }
     // The transport's own rule: a client must take both JSON and event streams.
     let r = request(
         server.addr,
