@@ -166,6 +166,8 @@ fn dict(pairs: &[(V, V)], depth: usize, cx: &mut Cx) -> Result<Json, DecodeError
     if plain {
         let mut map = serde_json::Map::new();
         for (k, val) in pairs {
+            // Hashing the key reads all of it.
+            charge(cx, cost(k))?;
             if let V::Str(k) = k {
                 // Insertion order is kept (serde_json's preserve_order), and inserting a
                 // key again replaces its value in place.

@@ -161,6 +161,21 @@ impl Report {
     }
 }
 
+/// A name from the input as messages show it: control characters escaped (a terminal must
+/// not take them for commands), at most 200 characters.
+pub(crate) fn shown(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .take(200)
+        .collect::<String>()
+        .escape_debug()
+        .collect();
+    if name.chars().nth(200).is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// Why `decode` gave no value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DecodeError {

@@ -94,6 +94,12 @@ struct Machine<'a> {
     /// Items copied so far (a set built from a memoized list copies it); bounded so that a
     /// small pickle cannot ask for quadratic work.
     work: u64,
+    /// Where the current FRAME ends: what is read must not cross it, since CPython reading a
+    /// file and CPython reading bytes would then part ways.
+    frame_end: Option<usize>,
+    /// The first STRING that is not ASCII: Python 3 loads it only when told an encoding, and
+    /// its value depends on which.
+    encoding_dependent: Option<usize>,
 }
 
 fn bad<T>(at: usize, why: impl Into<String>) -> Result<T, Malformed> {
@@ -109,9 +115,28 @@ impl<'a> Machine<'a> {
                 format!("declares {n} bytes but only {left} are left"),
             );
         }
+        self.within_frame(self.pos + n as usize)?;
         let s = &self.data[self.pos..self.pos + n as usize];
         self.pos += n as usize;
         Ok(s)
+    }
+
+    /// One read up to `end` must not begin inside the current frame and end past it:
+    /// pickle.py refuses that, CPython's C unpickler reading a file goes on with the bytes
+    /// after the frame, and reading bytes it goes on in the frame.
+    fn within_frame(&mut self, end: usize) -> Result<(), Malformed> {
+        match self.frame_end {
+            // Read up to its end: what follows is read from the file as it is.
+            Some(f) if self.pos >= f => {
+                self.frame_end = None;
+                Ok(())
+            }
+            Some(f) if end > f => bad(
+                self.op_at,
+                format!("an opcode crosses the end of its FRAME at offset {f}"),
+            ),
+            _ => Ok(()),
+        }
     }
 
     fn uint(&mut self, n: u64) -> Result<u64, Malformed> {
@@ -131,6 +156,7 @@ impl<'a> Machine<'a> {
         let rest = &self.data[self.pos..];
         match rest.iter().position(|&b| b == b'\n') {
             Some(i) => {
+                self.within_frame(self.pos + i + 1)?;
                 self.pos += i + 1;
                 Ok(&rest[..i])
             }
@@ -190,7 +216,13 @@ impl<'a> Machine<'a> {
 
     /// A global is checked under the name CPython imports: below protocol 3 its unpickler
     /// maps Python 2 names to Python 3 ones (`__builtin__.set` loads `builtins.set`).
-    fn global(&mut self, module: String, name: String) -> V {
+    fn global(&mut self, module: String, name: String) -> Result<V, Malformed> {
+        // Names are copied into the report: a memoized long string named again and again
+        // would otherwise cost its length each time.
+        self.work += (module.len() + name.len()) as u64;
+        if self.work > work_limit(self.data.len()) {
+            return bad(self.op_at, "asks for more work than its size allows");
+        }
         let written = format!("{module}.{name}");
         let (module, name) = if self.proto < 3 {
             compat(module, name)
@@ -200,7 +232,7 @@ impl<'a> Machine<'a> {
         let q = format!("{module}.{name}");
         let allowed = self.opts.allow.contains(&q);
         if !allowed {
-            self.unsafe_(format!("global {q} is not allowed"));
+            self.unsafe_(format!("global {} is not allowed", crate::shown(&q)));
         }
         self.report.globals.push(Global {
             written: (written != q).then_some(written),
@@ -209,7 +241,7 @@ impl<'a> Machine<'a> {
             offset: self.op_at,
             allowed,
         });
-        V::Global(q.into(), allowed)
+        Ok(V::Global(q.into(), allowed))
     }
 
     fn memo_get(&mut self, idx: u64) -> Result<V, Malformed> {
@@ -227,16 +259,27 @@ impl<'a> Machine<'a> {
 
     fn run(&mut self) -> Result<V, Malformed> {
         self.proto = 0;
+        self.frame_end = None;
         loop {
             if self.pos >= self.data.len() {
                 return bad(self.data.len(), "the pickle ends without STOP");
             }
             self.op_at = self.pos;
+            if self.frame_end == Some(self.pos) {
+                self.frame_end = None;
+            }
             let op = self.data[self.pos];
             self.pos += 1;
             self.report.opcodes += 1;
             match op {
-                b'.' => return self.pop(),
+                b'.' => {
+                    // A frame that goes on past STOP: a file reader's next load() would
+                    // start after the frame, not after STOP.
+                    if self.frame_end.is_some_and(|f| f != self.pos) {
+                        return bad(self.op_at, "the FRAME goes on past STOP");
+                    }
+                    return self.pop();
+                }
                 0x80 => {
                     let p = self.uint(1)? as u8;
                     if p > 5 {
@@ -246,11 +289,15 @@ impl<'a> Machine<'a> {
                     self.proto = p;
                 }
                 0x95 => {
-                    // FRAME: a length hint; the opcodes follow inline.
+                    // FRAME: the opcodes follow inline, and must fit it exactly.
                     let n = self.uint(8)?;
                     if n > (self.data.len() - self.pos) as u64 {
                         return bad(self.op_at, format!("frame of {n} bytes runs past the end"));
                     }
+                    if self.frame_end.is_some_and(|f| f != self.pos) {
+                        return bad(self.op_at, "a FRAME begins before the previous one ends");
+                    }
+                    self.frame_end = Some(self.pos + n as usize);
                 }
                 b'N' => self.stack.push(V::None),
                 0x88 => self.stack.push(V::Bool(true)),
@@ -319,7 +366,7 @@ impl<'a> Machine<'a> {
                         Some(b) => b,
                         None => return bad(self.op_at, "STRING is not a quoted string"),
                     };
-                    self.push_ascii(bytes)?;
+                    self.push_ascii(bytes);
                 }
                 b'T' | b'U' => {
                     let n = if op == b'T' {
@@ -331,7 +378,7 @@ impl<'a> Machine<'a> {
                         return bad(self.op_at, "BINSTRING with a negative length");
                     }
                     let b = self.take(n as u64)?.to_vec();
-                    self.push_ascii(b)?;
+                    self.push_ascii(b);
                 }
                 b'V' => {
                     let l = self.line()?;
@@ -488,7 +535,7 @@ impl<'a> Machine<'a> {
                 b'c' => {
                     let module = self.text_line()?;
                     let name = self.text_line()?;
-                    let g = self.global(module, name);
+                    let g = self.global(module, name)?;
                     self.stack.push(g);
                 }
                 0x93 => {
@@ -496,7 +543,7 @@ impl<'a> Machine<'a> {
                     let module = self.pop()?;
                     match (&module, &name) {
                         (V::Str(m), V::Str(n)) => {
-                            let g = self.global(m.to_string(), n.to_string());
+                            let g = self.global(m.to_string(), n.to_string())?;
                             self.stack.push(g);
                         }
                         _ => {
@@ -516,10 +563,13 @@ impl<'a> Machine<'a> {
                     let module = self.text_line()?;
                     let name = self.text_line()?;
                     let _ = self.pop_mark()?;
-                    let g = self.global(module, name);
+                    let g = self.global(module, name)?;
                     let target = global_name(&g);
                     self.call_site("INST", target.clone());
-                    self.unsafe_(format!("INST instantiates {}", target.unwrap_or_default()));
+                    self.unsafe_(format!(
+                        "INST instantiates {}",
+                        crate::shown(&target.unwrap_or_default())
+                    ));
                     self.stack.push(V::Opaque);
                 }
                 b'o' => {
@@ -597,17 +647,17 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn push_ascii(&mut self, bytes: Vec<u8>) -> Result<(), Malformed> {
-        // Python 3 reads protocol 0-2 strings as ASCII by default.
-        if !bytes.is_ascii() {
-            return bad(
-                self.op_at,
-                "a STRING is not ASCII (Python 3 would fail to load it)",
-            );
+    /// Python 3 reads protocol 0-2 strings as ASCII by default. One that is not loads only
+    /// with another encoding (torch.load passes utf-8, pandas retries with latin1) as a value
+    /// that depends on it: the scan goes on past it, and the pickle cannot be safe.
+    fn push_ascii(&mut self, bytes: Vec<u8>) {
+        match String::from_utf8(bytes) {
+            Ok(s) if s.is_ascii() => self.stack.push(V::Str(s.into())),
+            _ => {
+                self.encoding_dependent.get_or_insert(self.op_at);
+                self.stack.push(V::Opaque);
+            }
         }
-        let s = String::from_utf8(bytes).unwrap_or_default();
-        self.stack.push(V::Str(s.into()));
-        Ok(())
     }
 
     /// APPEND(S): CPython extends a list, and calls `extend` (or `append`) of anything else.
@@ -725,6 +775,9 @@ impl<'a> Machine<'a> {
         let mut todo = vec![v];
         while let Some(x) = todo.pop() {
             self.work += 1;
+            if self.work > work_limit(self.data.len()) {
+                return bad(self.op_at, "asks for more work than its size allows");
+            }
             match x {
                 V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) => {
                     return bad(
@@ -740,9 +793,6 @@ impl<'a> Machine<'a> {
                 _ => {}
             }
         }
-        if self.work > work_limit(self.data.len()) {
-            return bad(self.op_at, "asks for more work than its size allows");
-        }
         Ok(())
     }
 
@@ -751,7 +801,7 @@ impl<'a> Machine<'a> {
         self.call_site(opcode, target.clone());
         self.unsafe_(format!(
             "{opcode} instantiates {}",
-            target.unwrap_or_else(|| "an unknown class".into())
+            target.map_or_else(|| "an unknown class".into(), |t| crate::shown(&t))
         ));
         self.stack.push(V::Opaque);
     }
@@ -774,15 +824,19 @@ impl<'a> Machine<'a> {
         }
         let V::Tuple(args) = &args else {
             self.unsafe_(format!(
-                "REDUCE calls {q} with arguments that are not a tuple"
+                "REDUCE calls {} with arguments that are not a tuple",
+                crate::shown(&q)
             ));
             return Ok(V::Opaque);
         };
         let short = q.strip_prefix("builtins.").unwrap_or(&q);
+        // What building the value copies: a list's items, a string's or bytes' bytes.
         let copied: u64 = args
             .iter()
             .map(|a| match a {
                 V::List(l) => l.borrow().len() as u64,
+                V::Str(s) => s.len() as u64,
+                V::Bytes(b) => b.len() as u64,
                 _ => 0,
             })
             .sum();
@@ -819,7 +873,10 @@ impl<'a> Machine<'a> {
         match built {
             Some(v) => Ok(v),
             None => {
-                self.unsafe_(format!("{q} is called with arguments plain data never has"));
+                self.unsafe_(format!(
+                    "{} is called with arguments plain data never has",
+                    crate::shown(&q)
+                ));
                 Ok(V::Opaque)
             }
         }
@@ -869,8 +926,8 @@ fn describe(v: &V) -> String {
         V::Dict(_) => "a dict".into(),
         V::Set(_) => "a set".into(),
         V::FrozenSet(_) => "a frozenset".into(),
-        V::Global(q, _) => q.to_string(),
-        V::Call(q, _) => format!("what {q} returned"),
+        V::Global(q, _) => crate::shown(q),
+        V::Call(q, _) => format!("what {} returned", crate::shown(q)),
         V::Opaque => "an unknown object".into(),
     }
 }
@@ -990,6 +1047,8 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         memo: HashMap::new(),
         report: Report::new(data.len()),
         proto: 0,
+        frame_end: None,
+        encoding_dependent: None,
         reasons: Vec::new(),
         seen_reasons: std::collections::HashSet::new(),
         work: 0,
@@ -1006,13 +1065,10 @@ fn dismantle(values: Vec<V>) {
     }
 }
 
-/// Runs the machine, then hands `use_result` the report and the value while they live, and
-/// takes everything apart afterwards.
-fn execute<T>(
-    data: &[u8],
-    opts: &Options,
-    use_result: impl FnOnce(&Report, Option<&V>) -> T,
-) -> (Report, T) {
+/// Runs the machine over the first pickle, hands `snapshot` its value before anything else
+/// can change it, then goes on with the pickles that follow; takes everything apart at the
+/// end.
+fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (Report, Option<T>) {
     let mut m = machine(data, opts);
     if data.len() > opts.max_bytes {
         m.report.verdict = Verdict::Malformed {
@@ -1023,82 +1079,88 @@ fn execute<T>(
                 opts.max_bytes
             ),
         };
-        let out = use_result(&m.report, None);
-        return (m.report, out);
+        return (m.report, None);
     }
-    let result = m.run();
+    let first = m.run();
+    let taken = first.as_ref().ok().map(snapshot);
     // pickle.loads ignores what follows STOP, but a file can hold pickles one after another
-    // (pickle.load called again, torch's legacy format): each that follows is scanned with
-    // its own stack and memo. Bytes that are no pickle are left alone, as CPython leaves them.
-    // Values of the pickles that follow, kept until the end: the memo shares containers with
-    // the first pickle's value, which taking them apart now would empty.
+    // (load() called again, torch's legacy format): each that follows is scanned, with the
+    // memo kept (one Unpickler's load() called again keeps it; a new Unpickler would reach
+    // no further). Bytes whose very first opcode fails are no pickle, and left alone as
+    // CPython leaves them; a pickle that breaks later hides what a reader would do next.
     let mut done = Vec::new();
-    if result.is_ok() {
+    let mut broken = first
+        .as_ref()
+        .err()
+        .map(|Malformed(at, why)| (*at, why.clone()));
+    if first.is_ok() {
         m.report.pickles = 1;
         while m.pos < data.len() {
             let start = m.pos;
             done.append(&mut m.stack);
             m.marks.clear();
-            done.extend(std::mem::take(&mut m.memo).into_values());
             match m.run() {
                 Ok(v) => {
                     m.report.pickles += 1;
                     done.push(v);
                 }
-                Err(_) => {
+                Err(Malformed(at, _)) if at == start => {
                     m.report.trailing_bytes = data.len() - start;
+                    break;
+                }
+                Err(Malformed(at, why)) => {
+                    broken = Some((
+                        at,
+                        format!("the pickle that follows at offset {start} breaks: {why}"),
+                    ));
                     break;
                 }
             }
         }
     }
     let mut report = std::mem::replace(&mut m.report, Report::new(0));
-    let value = match result {
+    report.verdict = match (broken, m.reasons.is_empty()) {
         // What ran before the stream broke would have run in CPython too.
-        Err(Malformed(offset, reason)) if !m.reasons.is_empty() => {
+        (Some((offset, reason)), false) => {
             let mut reasons = std::mem::take(&mut m.reasons);
             reasons.push(format!(
                 "and then the stream is malformed at offset {offset}: {reason}"
             ));
-            report.verdict = Verdict::Unsafe { reasons };
-            None
+            Verdict::Unsafe { reasons }
         }
-        Err(Malformed(offset, reason)) => {
-            report.verdict = Verdict::Malformed { offset, reason };
-            None
-        }
-        Ok(v) => {
-            if !m.reasons.is_empty() {
-                report.verdict = Verdict::Unsafe {
-                    reasons: std::mem::take(&mut m.reasons),
-                };
-            }
-            Some(v)
-        }
+        (Some((offset, reason)), true) => Verdict::Malformed { offset, reason },
+        (None, false) => Verdict::Unsafe {
+            reasons: std::mem::take(&mut m.reasons),
+        },
+        (None, true) => match m.encoding_dependent {
+            Some(offset) => Verdict::Malformed {
+                offset,
+                reason: "a STRING is not ASCII: Python 3 loads it only when told an encoding, \
+                         and its value depends on which"
+                    .into(),
+            },
+            None => Verdict::Safe,
+        },
     };
-    let out = use_result(&report, value.as_ref());
     let mut rest: Vec<V> = std::mem::take(&mut m.stack);
     rest.append(&mut done);
     rest.extend(m.memo.drain().map(|(_, v)| v));
-    rest.extend(value);
+    rest.extend(first.ok());
     dismantle(rest);
-    (report, out)
+    (report, taken)
 }
 
 /// Scans a pickle: its globals, its call sites, and the verdict.
 pub fn scan(data: &[u8], opts: &Options) -> Report {
-    execute(data, opts, |_, _| ()).0
+    execute(data, opts, |_| ()).0
 }
 
 /// The JSON form of a `safe` pickle; anything else is refused.
 pub fn decode(data: &[u8], opts: &Options) -> Result<Json, DecodeError> {
-    let (report, json) = execute(data, opts, |report, value| match (&report.verdict, value) {
-        (Verdict::Safe, Some(v)) => Some(crate::json::to_json(
-            v,
-            opts.max_depth,
-            work_limit(data.len()),
-        )),
-        _ => None,
+    // Converted before the pickles that follow run: they could change it through the memo,
+    // and pickle.loads returns it as it was.
+    let (report, json) = execute(data, opts, |v| {
+        crate::json::to_json(v, opts.max_depth, work_limit(data.len()))
     });
     match report.verdict {
         Verdict::Safe => json.unwrap_or_else(|| Err(DecodeError::Unsafe(vec!["no value".into()]))),

@@ -9,7 +9,9 @@ import os
 import pickle
 import struct
 import sys
+import tarfile
 import zipfile
+import zlib
 
 
 class Evil:
@@ -117,6 +119,57 @@ cases["signature_in_data"] = ("safe", archive([("archive/data.pkl", GOOD), ("arc
 
 # Decompresses far past the size limit.
 cases["zip_bomb"] = ("malformed", archive([("big", b"\x80\x02" + b"\x00" * (300 << 20))], compression=zipfile.ZIP_DEFLATED))
+
+# The central directory gives the real size in a ZIP64 field; the local header says 0 bytes.
+PAYLOAD = b"cos\nsystem\n(S'id'\ntR."
+NAME = b"archive/data.pkl"
+CRC = zlib.crc32(PAYLOAD)
+local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, CRC, 0, 0, len(NAME), 0) + NAME
+z64 = struct.pack("<HHQQ", 1, 16, len(PAYLOAD), len(PAYLOAD))
+cd = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, 0, 0, 0, 0, CRC, 0xFFFFFFFF,
+                 0xFFFFFFFF, len(NAME), len(z64), 0, 0, 0, 0, 0) + NAME + z64
+body = local + PAYLOAD
+eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+assert zipfile.ZipFile(io.BytesIO(body + cd + eocd)).read("archive/data.pkl") == PAYLOAD
+cases["zip64_directory_size"] = ("malformed", body + cd + eocd)
+
+# The end record puts the directory 1000 bytes further, and every entry's offset too:
+# zipfile shifts them back (a negative "concat") and reads the payload.
+cd = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, CRC, len(PAYLOAD),
+                 len(PAYLOAD), len(NAME), 0, 0, 0, 0, 0, 1000) + NAME
+eocd = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body) + 1000, 0)
+assert zipfile.ZipFile(io.BytesIO(body + cd + eocd)).read("archive/data.pkl") == PAYLOAD
+cases["negative_shift"] = ("malformed", body + cd + eocd)
+
+# A member whose first opcode is a STRING that is not ASCII: torch.load reads it as UTF-8.
+cases["encoding_first"] = ("unsafe", archive([("archive/data.pkl", b"S'\xc3\xa9'\n0" + PAYLOAD)]))
+
+
+# torch's legacy format: a tar archive whose members are pickles, whatever their names.
+def tar(members):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+cases["legacy_tar_safe"] = ("safe", tar([("sys_info", GOOD), ("pickle", GOOD)]))
+cases["legacy_tar_unsafe"] = ("unsafe", tar([("N.", b"3\n"), ("storages", BAD)]))
+# A name too long for the header goes in a pax record before it.
+cases["legacy_tar_pax"] = ("unsafe", tar([("pax_long_name_" + "x" * 120, BAD)]))
+
+# Many headers pointing at one stream that inflates past the limit: inflated once, not again.
+co = zlib.compressobj(9, zlib.DEFLATED, -15)
+comp = co.compress(b"\x00" * (300 << 20)) + co.flush()
+k = 40
+hdrs = b""
+for i in range(k):
+    rest = 30 * k - 30 * i - 30
+    hdrs += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, 0, len(comp), 300 << 20, rest, 0)
+cases["one_bomb_many_headers"] = ("malformed", hdrs + comp)
 
 for name, (verdict, blob) in cases.items():
     sys.stdout.write(json.dumps({"name": name, "verdict": verdict, "zip": base64.b64encode(blob).decode()}) + "\n")

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use airlock_pickle::{decode, scan, Options, Verdict};
 use base64::Engine as _;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn corpus() -> Vec<Value> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus.py");
@@ -148,7 +148,8 @@ fn canonical(v: &Value) -> Value {
 /// refuses globals outside the default allow-list before they are imported). What CPython
 /// loads must be `safe` and decode to the same value, unless an allowed constructor was
 /// called with arguments the scanner does not model (then `unsafe`); what it refuses must
-/// never be `safe`; a global the guard refused must be `unsafe`.
+/// never be `safe`; a global the guard refused must be `unsafe`. Where another reader may
+/// read on differently (bytes after STOP, frames crossed) only `safe` is checked.
 /// `AIRLOCK_PICKLE_SEED` and `AIRLOCK_PICKLE_CASES` choose other streams.
 #[test]
 fn hand_made_streams_get_the_verdict_cpython_gives_them() {
@@ -175,7 +176,10 @@ fn hand_made_streams_get_the_verdict_cpython_gives_them() {
         *counts
             .entry(format!("{outcome} -> {}", report.verdict.name()))
             .or_default() += 1;
+        let ambiguous = case["ambiguous"] == json!(true);
         let wrong = match (outcome, &report.verdict) {
+            // Another reader may read on differently: anything but safe is right.
+            (_, Verdict::Unsafe { .. } | Verdict::Malformed { .. }) if ambiguous => None,
             ("ok", Verdict::Safe) => match decode(&data, &opts) {
                 Ok(v) if same(&v, &case["expected"]) => None,
                 Ok(v) => Some(format!("decoded {v}, CPython loaded {}", case["expected"])),

@@ -313,3 +313,131 @@ fn values_load_as_cpython_loads_them() {
     assert_eq!(r.globals[0].qualified(), "builtins.str");
     assert!(matches!(r.verdict, Verdict::Unsafe { .. }), "{r:?}");
 }
+
+/// What another reader would read otherwise than `pickle.loads` is never safe: frames that
+/// opcodes cross (a file reader goes on after the frame), a frame past STOP (the next
+/// load() starts after it), what load() called again reads (the memo kept), and strings
+/// whose value depends on the encoding the caller passes.
+#[test]
+fn what_other_readers_would_read_is_never_safe() {
+    let opts = Options::default();
+    let payload = b"cos\nsystem\n(S'id'\ntR.";
+    let not_safe = |data: &[u8]| {
+        let r = scan(data, &opts);
+        assert_ne!(r.verdict, Verdict::Safe, "{data:?}");
+        assert!(decode(data, &opts).is_err());
+        r.verdict
+    };
+    // A 2-byte frame, then BINBYTES whose length runs past it: pickle.loads reads bytes,
+    // pickle.load(file) reads on after the frame, into the payload.
+    let mut crossing = b"\x80\x04\x95\x02\x00\x00\x00\x00\x00\x00\x00J\x00\x00\x00\x00C(".to_vec();
+    crossing.extend_from_slice(payload);
+    crossing.extend_from_slice(b"\x00.");
+    match not_safe(&crossing) {
+        Verdict::Malformed { reason, .. } => assert!(reason.contains("FRAME"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let mut past_stop = b"\x80\x04\x95\x03\x00\x00\x00\x00\x00\x00\x00N.\x00".to_vec();
+    past_stop.extend_from_slice(payload);
+    not_safe(&past_stop);
+    // A frame split between an opcode and its argument is read alike by all: fine.
+    let split = b"\x80\x04\x95\x01\x00\x00\x00\x00\x00\x00\x00K\x07.";
+    assert_eq!(decode(split, &opts).unwrap(), serde_json::json!(7));
+    // load() called again on one Unpickler keeps the memo.
+    let mut memo = b"(lp0\n.g0\n0".to_vec();
+    memo.extend_from_slice(payload);
+    assert!(matches!(not_safe(&memo), Verdict::Unsafe { .. }));
+    // A STRING that is not ASCII loads with encoding="utf-8" (torch.load) or "latin1".
+    let mut encoded = b"N.S'\xc3\xa9'\n0".to_vec();
+    encoded.extend_from_slice(payload);
+    assert!(matches!(not_safe(&encoded), Verdict::Unsafe { .. }));
+    match not_safe(b"S'\xc3\xa9'\n.") {
+        Verdict::Malformed { offset: 0, reason } => {
+            assert!(reason.contains("encoding"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A later pickle that breaks after its first opcode (here on the copying budget) hides
+    // what load() called again would reach.
+    let mut budget = b"N.\x80\x02]q\x00(".to_vec();
+    budget.extend(std::iter::repeat_n(*b"K\x01", 70_000).flatten());
+    budget.extend_from_slice(b"ec__builtin__\nset\nq\x01");
+    budget.extend(std::iter::repeat_n(*b"h\x01h\x00\x85R0", 200).flatten());
+    budget.extend_from_slice(payload);
+    match not_safe(&budget) {
+        Verdict::Malformed { reason, .. } => assert!(reason.contains("follows"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // Bytes whose first opcode is no opcode are no pickle: left alone, as CPython leaves them.
+    let r = scan(b"N.\x00\xff junk", &opts);
+    assert_eq!((r.verdict, r.trailing_bytes), (Verdict::Safe, 7));
+}
+
+/// Small inputs that once asked for exponential or quadratic work, or copies far larger than
+/// themselves, are refused on the work budget.
+#[test]
+fn shared_values_cannot_multiply_the_work() {
+    let opts = Options::default();
+    let binbytes = |b: &[u8]| [b"B".as_slice(), &(b.len() as u32).to_le_bytes(), b].concat();
+    let binuni = |b: &[u8]| [b"X".as_slice(), &(b.len() as u32).to_le_bytes(), b].concat();
+    let over_budget = |data: &[u8]| match scan(data, &opts).verdict {
+        Verdict::Malformed { reason, .. } => assert!(reason.contains("than its size allows")),
+        other => panic!("{other:?}"),
+    };
+    // A tuple of two references to the one below, 60 levels: 2**60 items as a dict key.
+    let mut tower = b"\x80\x04)\x94".to_vec();
+    for k in 1u8..60 {
+        tower.extend_from_slice(&[b'h', k - 1, b'h', k - 1, 0x86, 0x94]);
+    }
+    tower.extend_from_slice(b"0}h\x3bNs.");
+    over_budget(&tower);
+    // bytearray() and _codecs.encode() of one memoized megabyte, 2 000 times.
+    let mb = vec![b'A'; 1 << 20];
+    let calls = |head: &[u8], arg: &[u8]| {
+        let mut d = head.to_vec();
+        d.extend_from_slice(b"q\x010");
+        d.extend_from_slice(arg);
+        d.extend_from_slice(b"q\x020(");
+        d.extend(std::iter::repeat_n(*b"h\x01h\x02R", 2_000).flatten());
+        d.extend_from_slice(b"e.");
+        d
+    };
+    let mut arg = binbytes(&mb);
+    arg.push(0x85);
+    over_budget(&calls(b"\x80\x02]q\x00c__builtin__\nbytearray\n", &arg));
+    let mut arg = binuni(&mb);
+    arg.extend_from_slice(b"X\x06\x00\x00\x00latin1\x86");
+    over_budget(&calls(b"\x80\x02]q\x00c_codecs\nencode\n", &arg));
+    // STACK_GLOBAL of two memoized megabyte strings, 2 000 times.
+    let mut names = b"\x80\x04".to_vec();
+    names.extend(binuni(&mb));
+    names.extend_from_slice(b"q\x00");
+    names.extend(binuni(&mb));
+    names.extend_from_slice(b"q\x0100");
+    names.extend(std::iter::repeat_n(*b"h\x00h\x01\x930", 2_000).flatten());
+    names.extend_from_slice(b"N.");
+    match scan(&names, &opts).verdict {
+        Verdict::Unsafe { reasons } => {
+            assert!(
+                reasons.iter().any(|r| r.contains("than its size allows")),
+                "{reasons:?}"
+            );
+            assert!(
+                reasons.iter().all(|r| r.len() < 1_000),
+                "names are cut in messages"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // decode: one memoized megabyte str as the key of a dict, 30 000 times.
+    let mut keys = b"\x80\x02}q\x00".to_vec();
+    keys.extend(binuni(&mb));
+    keys.extend_from_slice(b"q\x010(");
+    keys.extend(std::iter::repeat_n(*b"h\x01N", 30_000).flatten());
+    keys.extend_from_slice(b"u.");
+    assert_eq!(scan(&keys, &opts).verdict, Verdict::Safe);
+    assert!(matches!(
+        decode(&keys, &opts),
+        Err(DecodeError::Unrepresentable(_))
+    ));
+}
