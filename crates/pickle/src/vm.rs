@@ -667,28 +667,23 @@ impl<'a> Machine<'a> {
         if items.is_empty() {
             return Ok(());
         }
-        match target {
-            V::List(l) => l.borrow_mut().extend(items),
+        let why = match target {
+            V::List(l) => {
+                l.borrow_mut().extend(items);
+                None
+            }
             V::ByteArray(b) => {
                 let bytes: Option<Vec<u8>> = items.iter().map(byte_value).collect();
                 match bytes {
                     Some(bytes) => b.borrow_mut().extend(bytes),
                     None => return bad(at, "APPEND to a bytearray of something not a byte"),
                 }
+                None
             }
-            V::Opaque => {}
-            V::Global(..) | V::Call(..) => {
-                let name = describe(target);
-                *target = V::Opaque;
-                self.unsafe_(format!("APPEND calls extend or append of {name}"));
-            }
-            other => {
-                let kind = describe(other);
-                return bad(
-                    at,
-                    format!("APPEND to {kind}, which has no extend or append"),
-                );
-            }
+            other => call_on(other, "APPEND", "extend or append", at)?,
+        };
+        if let Some(why) = why {
+            self.unsafe_(why);
         }
         Ok(())
     }
@@ -706,8 +701,11 @@ impl<'a> Machine<'a> {
             }
         }
         let target = self.top()?;
-        match target {
-            V::Dict(d) => d.borrow_mut().extend(items),
+        let why = match target {
+            V::Dict(d) => {
+                d.borrow_mut().extend(items);
+                None
+            }
             V::List(l) => {
                 let mut l = l.borrow_mut();
                 for (k, v) in items {
@@ -716,6 +714,7 @@ impl<'a> Machine<'a> {
                         None => return bad(at, "SETITEM on a list with a bad index"),
                     }
                 }
+                None
             }
             V::ByteArray(b) => {
                 let mut b = b.borrow_mut();
@@ -725,17 +724,12 @@ impl<'a> Machine<'a> {
                         _ => return bad(at, "SETITEM on a bytearray with a bad index or byte"),
                     }
                 }
+                None
             }
-            V::Opaque => {}
-            V::Global(..) | V::Call(..) => {
-                let name = describe(target);
-                *target = V::Opaque;
-                self.unsafe_(format!("SETITEM calls __setitem__ of {name}"));
-            }
-            other => {
-                let kind = describe(other);
-                return bad(at, format!("SETITEM on {kind}, which takes no items"));
-            }
+            other => call_on(other, "SETITEM", "__setitem__", at)?,
+        };
+        if let Some(why) = why {
+            self.unsafe_(why);
         }
         Ok(())
     }
@@ -753,18 +747,15 @@ impl<'a> Machine<'a> {
             }
         }
         let target = self.top()?;
-        match target {
-            V::Set(s) => s.borrow_mut().extend(items),
-            V::Opaque => {}
-            V::Global(..) | V::Call(..) => {
-                let name = describe(target);
-                *target = V::Opaque;
-                self.unsafe_(format!("ADDITEMS calls add of {name}"));
+        let why = match target {
+            V::Set(s) => {
+                s.borrow_mut().extend(items);
+                None
             }
-            other => {
-                let kind = describe(other);
-                return bad(at, format!("ADDITEMS on {kind}, which has no add"));
-            }
+            other => call_on(other, "ADDITEMS", "add", at)?,
+        };
+        if let Some(why) = why {
+            self.unsafe_(why);
         }
         Ok(())
     }
@@ -929,6 +920,29 @@ fn describe(v: &V) -> String {
         V::Global(q, _) => crate::shown(q),
         V::Call(q, _) => format!("what {} returned", crate::shown(q)),
         V::Opaque => "an unknown object".into(),
+    }
+}
+
+/// A target that APPEND, SETITEM or ADDITEMS does not fill by itself: CPython calls its
+/// `method` — code, for an allowed global or what one returned (then unknown; the reason is
+/// returned) — and fails on a value that has no such method.
+fn call_on(
+    target: &mut V,
+    opcode: &str,
+    method: &str,
+    at: usize,
+) -> Result<Option<String>, Malformed> {
+    match target {
+        V::Opaque => Ok(None),
+        V::Global(..) | V::Call(..) => {
+            let name = describe(target);
+            *target = V::Opaque;
+            Ok(Some(format!("{opcode} calls {method} of {name}")))
+        }
+        other => bad(
+            at,
+            format!("{opcode} on {}, which has no {method}", describe(other)),
+        ),
     }
 }
 

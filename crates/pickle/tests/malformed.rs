@@ -296,7 +296,7 @@ fn values_load_as_cpython_loads_them() {
         (b"L010\n.", "LONG"),
         (b"I1__0\n.", "INT"),
         (b"(K\x01lVx\nK\x01s.", "bad index"),
-        (b")K\x00K\x01s.", "a tuple, which takes no items"),
+        (b")K\x00K\x01s.", "a tuple, which has no __setitem__"),
         (b"V\\ud80\n.", "UNICODE"),
     ] {
         let (_, reason) = malformed(p);
