@@ -6,6 +6,10 @@
 use num_bigint::BigInt;
 use num_traits::{ToPrimitive, Zero};
 
+/// CPython refuses decimal integers of more than 4300 digits unless
+/// `sys.set_int_max_str_digits` raised the limit: a reader's setting, not the stream's.
+pub(crate) const TOO_MANY_DIGITS: &str = "an integer of more than 4300 digits";
+
 /// What an INT line loads as.
 pub(crate) enum Int {
     Bool(bool),
@@ -132,7 +136,7 @@ pub(crate) fn long(l: &[u8], base0: bool) -> Result<BigInt, String> {
         return invalid();
     }
     if base == 10 && digits.len() > 4300 {
-        return Err("an integer of more than 4300 digits (CPython refuses it)".into());
+        return Err(TOO_MANY_DIGITS.into());
     }
     let Some(n) = BigInt::parse_bytes(&digits, base) else {
         return invalid();
@@ -143,16 +147,27 @@ pub(crate) fn long(l: &[u8], base0: bool) -> Result<BigInt, String> {
     Ok(if negative { -n } else { n })
 }
 
+/// Whether pickle.py reads an INT (`with_bool`) or LONG line: Python's `int(line, 0)`, which
+/// takes no NUL and no C-style octal (the C unpickler takes both).
+pub(crate) fn python_int(l: &[u8], with_bool: bool) -> bool {
+    !l.contains(&0) && (with_bool && (l == b"00" || l == b"01") || long(l, true).is_ok())
+}
+
+/// Whether pickle.py reads a PUT or GET index: `int(line)`, which takes no NUL.
+pub(crate) fn python_index(l: &[u8]) -> bool {
+    !l.contains(&0) && memo_index(l).is_some()
+}
+
 /// PUT and GET: a base-10 index CPython takes as a non-negative Py_ssize_t.
 pub(crate) fn memo_index(l: &[u8]) -> Option<u64> {
     let n = long(l, false).ok()?;
     n.to_i64().and_then(|i| u64::try_from(i).ok())
 }
 
-/// FLOAT: `PyOS_string_to_double`, which reads no whitespace and refuses values too large
-/// for a double (`1e500`) but not too small ones. Rust's parser accepts the same forms
-/// (digits, `inf`, `infinity`, `nan`, any case) and rounds the same way.
-pub(crate) fn float(l: &[u8]) -> Result<f64, String> {
+/// FLOAT as the C unpickler reads it: `PyOS_string_to_double` (up to a NUL, no whitespace,
+/// `1e500` refused as too large). Rust's parser accepts the same forms (digits, `inf`,
+/// `infinity`, `nan`, any case) and rounds the same way.
+pub(crate) fn c_float(l: &[u8]) -> Result<f64, String> {
     let text = std::str::from_utf8(c_str(l)).map_err(|_| "not a number")?;
     let f: f64 = text.parse().map_err(|_| "not a number")?;
     let word = text.trim_start_matches(['+', '-']).to_ascii_lowercase();
@@ -160,6 +175,27 @@ pub(crate) fn float(l: &[u8]) -> Result<f64, String> {
         return Err("out of a double's range (CPython raises OverflowError)".into());
     }
     Ok(f)
+}
+
+/// FLOAT as pickle.py (which dill uses) reads it: Python's `float(bytes)` (surrounding
+/// whitespace, underscores between digits, `1e500` is inf, no NUL).
+pub(crate) fn python_float(l: &[u8]) -> Option<f64> {
+    if l.contains(&0) {
+        return None;
+    }
+    let text = std::str::from_utf8(l)
+        .ok()?
+        .trim_matches(|c: char| is_space(c as u8) && c.is_ascii());
+    // Underscores only between digits.
+    let b = text.as_bytes();
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'_'
+            && !(i > 0 && b[i - 1].is_ascii_digit() && b.get(i + 1).is_some_and(u8::is_ascii_digit))
+        {
+            return None;
+        }
+    }
+    text.replace('_', "").parse().ok()
 }
 
 /// raw-unicode-escape: `\uXXXX` and `\UXXXXXXXX` (surrogates included), a backslash before

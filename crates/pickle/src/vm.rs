@@ -97,9 +97,17 @@ struct Machine<'a> {
     /// Where the current FRAME ends: what is read must not cross it, since CPython reading a
     /// file and CPython reading bytes would then part ways.
     frame_end: Option<usize>,
-    /// The first STRING that is not ASCII: Python 3 loads it only when told an encoding, and
-    /// its value depends on which.
-    encoding_dependent: Option<usize>,
+    /// The first value that loads only with a reader's setting (an `encoding=` for a STRING
+    /// that is not ASCII, a raised integer digit limit), and what it is: the scan goes on past
+    /// it, and the pickle cannot be safe.
+    reader_dependent: Option<(usize, &'static str)>,
+    /// The scan stopped on one of its own limits, not on the stream: what follows is unknown.
+    limit_hit: bool,
+    /// Whether CPython's C unpickler, and pickle.py's (which dill uses), still read this
+    /// pickle: they differ on a few text arguments and frames, and the scan reads on while
+    /// either does (values are the C one's while it reads).
+    c_reads: bool,
+    py_reads: bool,
 }
 
 fn bad<T>(at: usize, why: impl Into<String>) -> Result<T, Malformed> {
@@ -160,7 +168,13 @@ impl<'a> Machine<'a> {
                 self.pos += i + 1;
                 Ok(&rest[..i])
             }
-            None => bad(self.op_at, "a text argument has no end of line"),
+            // At the end without one, both unpicklers take what is left, less its last byte,
+            // as the line (a GLOBAL there is still imported); the next read then fails.
+            None => {
+                self.within_frame(self.data.len())?;
+                self.pos = self.data.len();
+                Ok(&rest[..rest.len().saturating_sub(1)])
+            }
         }
     }
 
@@ -221,7 +235,7 @@ impl<'a> Machine<'a> {
         // would otherwise cost its length each time.
         self.work += (module.len() + name.len()) as u64;
         if self.work > work_limit(self.data.len()) {
-            return bad(self.op_at, "asks for more work than its size allows");
+            return self.over_limit("asks for more work than its size allows");
         }
         let written = format!("{module}.{name}");
         let (module, name) = if self.proto < 3 {
@@ -259,6 +273,7 @@ impl<'a> Machine<'a> {
 
     fn run(&mut self) -> Result<V, Malformed> {
         self.proto = 0;
+        (self.c_reads, self.py_reads) = (true, true);
         self.frame_end = None;
         loop {
             if self.pos >= self.data.len() {
@@ -291,34 +306,43 @@ impl<'a> Machine<'a> {
                 0x95 => {
                     // FRAME: the opcodes follow inline, and must fit it exactly.
                     let n = self.uint(8)?;
-                    if n > (self.data.len() - self.pos) as u64 {
-                        return bad(self.op_at, format!("frame of {n} bytes runs past the end"));
+                    if n > i64::MAX as u64 {
+                        return bad(self.op_at, format!("frame of {n} bytes"));
                     }
                     if self.frame_end.is_some_and(|f| f != self.pos) {
                         return bad(self.op_at, "a FRAME begins before the previous one ends");
                     }
-                    self.frame_end = Some(self.pos + n as usize);
+                    // The C unpickler refuses a frame longer than what is left; pickle.py
+                    // reads what there is and goes on, so the scan does too.
+                    let left = (self.data.len() - self.pos) as u64;
+                    if n > left {
+                        self.readers(false, true)?;
+                    }
+                    self.frame_end = Some(self.pos + n.min(left) as usize);
                 }
                 b'N' => self.stack.push(V::None),
                 0x88 => self.stack.push(V::Bool(true)),
                 0x89 => self.stack.push(V::Bool(false)),
                 b'I' => {
                     let l = self.line()?;
-                    let v = match text::int(l)
-                        .map_err(|why| Malformed(self.op_at, format!("INT: {why}")))?
-                    {
-                        text::Int::Bool(b) => V::Bool(b),
-                        text::Int::Int(n) => V::Int(Rc::new(n)),
-                    };
-                    self.stack.push(v);
+                    self.readers(true, text::python_int(l, true))?;
+                    match text::int(l) {
+                        Ok(text::Int::Bool(b)) => self.stack.push(V::Bool(b)),
+                        Ok(text::Int::Int(n)) => self.stack.push(V::Int(Rc::new(n))),
+                        Err(why) if why == text::TOO_MANY_DIGITS => self.too_many_digits(),
+                        Err(why) => return bad(self.op_at, format!("INT: {why}")),
+                    }
                 }
                 b'L' => {
                     let l = self.line()?;
                     // CPython drops one 'L' before the end of the line (Python 2 wrote it).
                     let l = l.strip_suffix(b"L").unwrap_or(l);
-                    let n = text::long(l, true)
-                        .map_err(|why| Malformed(self.op_at, format!("LONG: {why}")))?;
-                    self.stack.push(V::Int(Rc::new(n)));
+                    self.readers(true, text::python_int(l, false))?;
+                    match text::long(l, true) {
+                        Ok(n) => self.stack.push(V::Int(Rc::new(n))),
+                        Err(why) if why == text::TOO_MANY_DIGITS => self.too_many_digits(),
+                        Err(why) => return bad(self.op_at, format!("LONG: {why}")),
+                    }
                 }
                 b'J' => {
                     let n = self.int4()?;
@@ -351,9 +375,13 @@ impl<'a> Machine<'a> {
                 }
                 b'F' => {
                     let l = self.line()?;
-                    let f = text::float(l)
-                        .map_err(|why| Malformed(self.op_at, format!("FLOAT: {why}")))?;
-                    self.stack.push(V::Float(f));
+                    let (c, py) = (text::c_float(l), text::python_float(l));
+                    if let (Err(why), None) = (&c, py) {
+                        return bad(self.op_at, format!("FLOAT: {why}"));
+                    }
+                    self.readers(c.is_ok(), py.is_some())?;
+                    let f = if self.c_reads { c.ok() } else { py };
+                    self.stack.push(V::Float(f.unwrap_or_default()));
                 }
                 b'G' => {
                     let b = self.take(8)?;
@@ -498,6 +526,7 @@ impl<'a> Machine<'a> {
                 }
                 b'p' => {
                     let l = self.line()?;
+                    self.readers(true, text::python_index(l))?;
                     match text::memo_index(l) {
                         Some(i) => self.memo_put(i)?,
                         None => return bad(self.op_at, "PUT index is not a number"),
@@ -517,6 +546,7 @@ impl<'a> Machine<'a> {
                 }
                 b'g' => {
                     let l = self.line()?;
+                    self.readers(true, text::python_index(l))?;
                     let v = match text::memo_index(l) {
                         Some(i) => self.memo_get(i)?,
                         None => return bad(self.op_at, "GET index is not a number"),
@@ -562,8 +592,9 @@ impl<'a> Machine<'a> {
                 b'i' => {
                     let module = self.text_line()?;
                     let name = self.text_line()?;
-                    let _ = self.pop_mark()?;
+                    // pickle.py imports the class before it looks for the MARK.
                     let g = self.global(module, name)?;
+                    let _ = self.pop_mark()?;
                     let target = global_name(&g);
                     self.call_site("INST", target.clone());
                     self.unsafe_(format!(
@@ -653,11 +684,44 @@ impl<'a> Machine<'a> {
     fn push_ascii(&mut self, bytes: Vec<u8>) {
         match String::from_utf8(bytes) {
             Ok(s) if s.is_ascii() => self.stack.push(V::Str(s.into())),
-            _ => {
-                self.encoding_dependent.get_or_insert(self.op_at);
-                self.stack.push(V::Opaque);
-            }
+            _ => self.depends_on_reader(
+                "a STRING is not ASCII: Python 3 loads it only when told an encoding, and its \
+                 value depends on which",
+            ),
         }
+    }
+
+    /// Whether each unpickler accepts this opcode: once neither reads the pickle, it is
+    /// malformed here.
+    fn readers(&mut self, c: bool, py: bool) -> Result<(), Malformed> {
+        self.c_reads &= c;
+        self.py_reads &= py;
+        if !self.c_reads && !self.py_reads {
+            return bad(
+                self.op_at,
+                "neither CPython's C unpickler nor pickle.py reads this pickle to here",
+            );
+        }
+        Ok(())
+    }
+
+    fn too_many_digits(&mut self) {
+        self.depends_on_reader(
+            "an integer of more than 4300 digits: CPython refuses it unless \
+             sys.set_int_max_str_digits raised the limit",
+        );
+    }
+
+    /// A value that loads only with a reader's setting: unknown, and the pickle not safe.
+    fn depends_on_reader(&mut self, why: &'static str) {
+        self.reader_dependent.get_or_insert((self.op_at, why));
+        self.stack.push(V::Opaque);
+    }
+
+    /// An error of the scan's own limits.
+    fn over_limit<T>(&mut self, why: &str) -> Result<T, Malformed> {
+        self.limit_hit = true;
+        bad(self.op_at, why)
     }
 
     /// APPEND(S): CPython extends a list, and calls `extend` (or `append`) of anything else.
@@ -665,7 +729,12 @@ impl<'a> Machine<'a> {
         let at = self.op_at;
         let target = self.top()?;
         if items.is_empty() {
-            return Ok(());
+            // The C unpickler does nothing; pickle.py still looks the method up.
+            let has = matches!(
+                target,
+                V::List(_) | V::ByteArray(_) | V::Opaque | V::Global(..) | V::Call(..)
+            );
+            return self.readers(true, has);
         }
         let why = match target {
             V::List(l) => {
@@ -738,8 +807,12 @@ impl<'a> Machine<'a> {
     fn add_items(&mut self, items: Vec<V>) -> Result<(), Malformed> {
         let at = self.op_at;
         if items.is_empty() {
-            self.top()?;
-            return Ok(());
+            // The C unpickler does nothing; pickle.py still looks `add` up.
+            let has = matches!(
+                self.top()?,
+                V::Set(_) | V::Opaque | V::Global(..) | V::Call(..)
+            );
+            return self.readers(true, has);
         }
         if matches!(self.top()?, V::Set(_)) {
             for x in &items {
@@ -767,7 +840,7 @@ impl<'a> Machine<'a> {
         while let Some(x) = todo.pop() {
             self.work += 1;
             if self.work > work_limit(self.data.len()) {
-                return bad(self.op_at, "asks for more work than its size allows");
+                return self.over_limit("asks for more work than its size allows");
             }
             match x {
                 V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) => {
@@ -833,7 +906,7 @@ impl<'a> Machine<'a> {
             .sum();
         self.work += copied;
         if self.work > work_limit(self.data.len()) {
-            return bad(self.op_at, "asks for more copying than its size allows");
+            return self.over_limit("asks for more copying than its size allows");
         }
         if let ("set" | "frozenset", [V::List(l)]) = (short, &args[..]) {
             for x in l.borrow().iter() {
@@ -1062,7 +1135,10 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         report: Report::new(data.len()),
         proto: 0,
         frame_end: None,
-        encoding_dependent: None,
+        reader_dependent: None,
+        limit_hit: false,
+        c_reads: true,
+        py_reads: true,
         reasons: Vec::new(),
         seen_reasons: std::collections::HashSet::new(),
         work: 0,
@@ -1118,7 +1194,9 @@ fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (R
                     m.report.pickles += 1;
                     done.push(v);
                 }
-                Err(Malformed(at, _)) if at == start => {
+                // No opcode at all, or one every reader refuses: no pickle. A stop on the
+                // scan's own limits is not the stream's.
+                Err(Malformed(at, _)) if at == start && !m.limit_hit => {
                     m.report.trailing_bytes = data.len() - start;
                     break;
                 }
@@ -1146,12 +1224,10 @@ fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (R
         (None, false) => Verdict::Unsafe {
             reasons: std::mem::take(&mut m.reasons),
         },
-        (None, true) => match m.encoding_dependent {
-            Some(offset) => Verdict::Malformed {
+        (None, true) => match m.reader_dependent {
+            Some((offset, why)) => Verdict::Malformed {
                 offset,
-                reason: "a STRING is not ASCII: Python 3 loads it only when told an encoding, \
-                         and its value depends on which"
-                    .into(),
+                reason: why.into(),
             },
             None => Verdict::Safe,
         },

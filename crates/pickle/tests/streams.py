@@ -294,11 +294,21 @@ def outcome(blob):
 
 
 def plain_outcome(blob):
+    """What CPython's C unpickler does; where it fails, what pickle.py's (which dill uses,
+    and which reads some FLOAT forms the C one refuses) does."""
+    case = load_with(blob, pickle.loads if plain(blob) else lambda b: Guard(io.BytesIO(b)).load())
+    if case["outcome"] == "error":
+        other = load_with(blob, lambda b: PyGuard(io.BytesIO(b)).load())
+        if other["outcome"] in ("ok", "forbidden"):
+            return other
+    return case
+
+
+def load_with(blob, load):
     # pickle.loads reads bytes; the guard needs an Unpickler on a file, which reads frames
     # otherwise where opcodes cross them (those streams are marked ambiguous).
-    direct = plain(blob)
     try:
-        value = pickle.loads(blob) if direct else Guard(io.BytesIO(blob)).load()
+        value = load(blob)
     except Forbidden as e:
         return {"outcome": "forbidden", "error": str(e)}
     except MemoryError:
