@@ -108,99 +108,136 @@ fn u64_at(d: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// The central directory, read as each reader reads it: zipfile from where the end record's
-/// position says it is (shifting every offset when the archive sits after other bytes,
-/// ZIP64 end record included), and miniz (torch) at the offset the end record gives, with no
-/// shift. A member either finds is a member; two readings that disagree are a disguise.
+/// The central directory, read as each reader may read it: from every end record a reader
+/// could take (zipfile takes the last 22 bytes when they are one, else the last signature
+/// within 64 KiB and 22 bytes of the end; miniz the last signature with a whole record after
+/// it, a little further back), at the position zipfile computes (shifting every offset when
+/// the archive sits after other bytes; ZIP64 end record right before its locator) and at the
+/// offset the record gives (miniz, unshifted; ZIP64 record where the locator points). A
+/// member any reading finds is a member; readings that disagree are a disguise.
 fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
     let mut out = HashMap::new();
-    let Some(eocd) = end_record(data) else {
-        return Ok(out);
-    };
-    let (mut size, mut offset) = (
-        u32_at(data, eocd + 12).unwrap_or(0) as u64,
-        u32_at(data, eocd + 16).unwrap_or(0) as u64,
-    );
-    let mut concat = 0i64;
-    if eocd >= 20 && data.get(eocd - 20..eocd - 16) == Some(b"PK\x06\x07") {
-        let record = eocd
-            .checked_sub(76)
-            .filter(|&r| data.get(r..r + 4) == Some(b"PK\x06\x06"));
-        let Some(record) = record else {
-            return Err("a ZIP64 locator without its end record".into());
-        };
-        size = u64_at(data, record + 40).unwrap_or(0);
-        offset = u64_at(data, record + 48).unwrap_or(0);
-        concat -= 76;
-    }
-    let (Ok(size_i), Ok(offset_i)) = (i64::try_from(size), i64::try_from(offset)) else {
-        return Err("the end record's directory is out of range".into());
-    };
-    concat += eocd as i64 - size_i - offset_i;
-    for (start, shift) in [(offset_i + concat, concat), (offset_i, 0)] {
-        if shift == 0 && concat == 0 && !out.is_empty() {
-            break; // no shift: both read the same entries
-        }
-        let Ok(mut at) = usize::try_from(start) else {
-            continue;
-        };
-        let end = at.saturating_add(size as usize).min(data.len());
-        while at < end && data.get(at..at + 4) == Some(CENTRAL) {
-            let entry = (|| {
-                let method = u16_at(data, at + 10)?;
-                let mut csize = u32_at(data, at + 20)? as u64;
-                let mut usize_ = u32_at(data, at + 24)? as u64;
-                let (nlen, xlen, clen) = (
-                    u16_at(data, at + 28)? as usize,
-                    u16_at(data, at + 30)? as usize,
-                    u16_at(data, at + 32)? as usize,
-                );
-                let mut local = u32_at(data, at + 42)? as u64;
-                let extra = data.get(at + 46 + nlen..at + 46 + nlen + xlen)?;
-                // ZIP64 (extra field 1): the real values of those set to 0xFFFFFFFF, in order.
-                if let Some(mut z) = zip64_field(extra) {
-                    for v in [&mut usize_, &mut csize, &mut local] {
-                        if *v == 0xFFFF_FFFF {
-                            *v = u64_at(z, 0)?;
-                            z = &z[8..];
-                        }
-                    }
+    let mut seen = std::collections::HashSet::new();
+    // Reading a directory costs its bytes: bounded, however many records the end holds.
+    let mut left = data.len().saturating_mul(8).saturating_add(1 << 20);
+    for eocd in end_records(data) {
+        let (size, offset) = (
+            u32_at(data, eocd + 12).unwrap_or(0) as u64,
+            u32_at(data, eocd + 16).unwrap_or(0) as u64,
+        );
+        let mut readings = vec![(size, offset, 0i64, true), (size, offset, 0, false)];
+        if eocd >= 20 && data.get(eocd - 20..eocd - 16) == Some(b"PK\x06\x07") {
+            readings.clear();
+            let pointed = u64_at(data, eocd - 12).and_then(|r| usize::try_from(r).ok());
+            for (record, zipfile) in [(eocd.checked_sub(76), true), (pointed, false)] {
+                if let Some(r) = record.filter(|&r| data.get(r..r + 4) == Some(b"PK\x06\x06")) {
+                    let (size, offset) = (
+                        u64_at(data, r + 40).unwrap_or(0),
+                        u64_at(data, r + 48).unwrap_or(0),
+                    );
+                    readings.push((size, offset, if zipfile { -76 } else { 0 }, zipfile));
                 }
-                Some((method, csize, local, 46 + nlen + xlen + clen))
-            })();
-            let Some((method, csize, local, len)) = entry else {
-                return Err(format!(
-                    "a truncated central directory entry at offset {at}"
-                ));
-            };
-            let key = i64::try_from(local).ok().map(|l| l + shift);
-            let Some(key) = key.and_then(|k| usize::try_from(k).ok()) else {
-                return Err(format!(
-                    "a central directory entry at offset {at} points before the file"
-                ));
-            };
-            let c = Central {
-                method,
-                csize: usize::try_from(csize).unwrap_or(usize::MAX),
-            };
-            if *out.entry(key).or_insert(c) != c {
-                return Err(format!(
-                    "the central directory says two things of the member at offset {key}"
-                ));
             }
-            at += len;
+            if readings.is_empty() {
+                return Err("a ZIP64 locator without its end record".into());
+            }
+        }
+        for (size, offset, extra, zipfile) in readings {
+            let (Ok(size), Ok(offset)) = (i64::try_from(size), i64::try_from(offset)) else {
+                return Err("an end record's directory is out of range".into());
+            };
+            let shift = if zipfile {
+                eocd as i64 - size - offset + extra
+            } else {
+                0
+            };
+            if !seen.insert((offset + shift, shift)) {
+                continue;
+            }
+            read_directory(data, offset + shift, size, shift, &mut out, &mut left)?;
         }
     }
     Ok(out)
 }
 
-/// The end-of-central-directory record, searched from the end as zipfile does.
-fn end_record(data: &[u8]) -> Option<usize> {
-    let from = data.len().saturating_sub(22 + 65_535);
+/// Every place an end-of-central-directory record may be taken from: each signature in the
+/// last 64 KiB + 22 bytes of the file and a little more (miniz searches in 4 KiB steps),
+/// with a whole record after it.
+fn end_records(data: &[u8]) -> Vec<usize> {
+    let from = data.len().saturating_sub(22 + 65_535 + 4096);
+    let last = data.len().saturating_sub(22);
     data[from..]
         .windows(4)
-        .rposition(|w| w == b"PK\x05\x06")
-        .map(|i| from + i)
+        .enumerate()
+        .filter(|(i, w)| *w == b"PK\x05\x06" && from + i <= last)
+        .map(|(i, _)| from + i)
+        .collect()
+}
+
+/// One reading of a directory of `size` bytes at `start`, offsets shifted by `shift`.
+fn read_directory(
+    data: &[u8],
+    start: i64,
+    size: i64,
+    shift: i64,
+    out: &mut HashMap<usize, Central>,
+    left: &mut usize,
+) -> Result<(), String> {
+    let Ok(mut at) = usize::try_from(start) else {
+        return Ok(());
+    };
+    let end = at
+        .saturating_add(usize::try_from(size).unwrap_or(0))
+        .min(data.len());
+    while at < end && data.get(at..at + 4) == Some(CENTRAL) {
+        let entry = (|| {
+            let method = u16_at(data, at + 10)?;
+            let mut csize = u32_at(data, at + 20)? as u64;
+            let mut usize_ = u32_at(data, at + 24)? as u64;
+            let (nlen, xlen, clen) = (
+                u16_at(data, at + 28)? as usize,
+                u16_at(data, at + 30)? as usize,
+                u16_at(data, at + 32)? as usize,
+            );
+            let mut local = u32_at(data, at + 42)? as u64;
+            let extra = data.get(at + 46 + nlen..at + 46 + nlen + xlen)?;
+            // ZIP64 (extra field 1): the real values of those set to 0xFFFFFFFF, in order.
+            if let Some(mut z) = zip64_field(extra) {
+                for v in [&mut usize_, &mut csize, &mut local] {
+                    if *v == 0xFFFF_FFFF {
+                        *v = u64_at(z, 0)?;
+                        z = &z[8..];
+                    }
+                }
+            }
+            Some((method, csize, local, 46 + nlen + xlen + clen))
+        })();
+        let Some((method, csize, local, len)) = entry else {
+            return Err(format!(
+                "a truncated central directory entry at offset {at}"
+            ));
+        };
+        *left = left
+            .checked_sub(len)
+            .ok_or("more central directories than its size allows")?;
+        let key = i64::try_from(local).ok().map(|l| l + shift);
+        let Some(key) = key.and_then(|k| usize::try_from(k).ok()) else {
+            return Err(format!(
+                "a central directory entry at offset {at} points before the file"
+            ));
+        };
+        let c = Central {
+            method,
+            csize: usize::try_from(csize).unwrap_or(usize::MAX),
+        };
+        if *out.entry(key).or_insert(c) != c {
+            return Err(format!(
+                "the central directory says two things of the member at offset {key}"
+            ));
+        }
+        at += len;
+    }
+    Ok(())
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -237,6 +274,7 @@ fn read_member(
     central: &HashMap<usize, Central>,
     opts: &Options,
     inflate_left: &mut usize,
+    consumed: &mut usize,
 ) -> Member {
     let mut m = Member {
         name: String::new(),
@@ -297,6 +335,8 @@ fn read_member(
         m.error = Some(format!("{csize} bytes declared, the file ends first"));
         return m;
     };
+    // What is read of the file, stored or compressed: headers may share their bytes.
+    *consumed = consumed.saturating_add(raw.len());
     let content = match method {
         0 => raw.to_vec(),
         // What every member inflates to counts, failed ones too: many headers pointing at
@@ -404,7 +444,7 @@ fn scan_pickle_or_zip(data: &[u8], opts: &Options) -> FileReport {
         let report = crate::scan(data, opts);
         // A pickle can carry a whole archive that zipfile finds from the end of the file:
         // such a file is both, and is judged as both.
-        if end_record(data).is_some() {
+        if !end_records(data).is_empty() {
             let zip = scan_zip(data, opts);
             if *zip.verdict() != Verdict::Safe {
                 return zip;
@@ -422,7 +462,7 @@ fn scan_zip(data: &[u8], opts: &Options) -> FileReport {
     };
     let central = match central_directory(data) {
         Ok(c) => c,
-        Err(reason) => return malformed(end_record(data).unwrap_or(0), reason),
+        Err(reason) => return malformed(end_records(data).last().copied().unwrap_or(0), reason),
     };
     let mut headers = Vec::new();
     let mut from = 0;
@@ -444,23 +484,29 @@ fn scan_zip(data: &[u8], opts: &Options) -> FileReport {
     let mut inflate_left = opts.max_bytes;
     // Members may overlap (a header inside another member's bytes is scanned too); what
     // they add up to is bounded, so that overlap cannot make the work quadratic.
-    let (mut stored, mut inflated) = (0usize, 0usize);
+    let (mut consumed, mut inflated) = (0usize, 0usize);
     let mut members = Vec::new();
     for (i, &at) in headers.iter().enumerate() {
         let next = headers.get(i + 1).copied().unwrap_or(data.len());
-        let mut m = read_member(data, at, next, &central, opts, &mut inflate_left);
+        let mut m = read_member(
+            data,
+            at,
+            next,
+            &central,
+            opts,
+            &mut inflate_left,
+            &mut consumed,
+        );
         // A signature no directory entry points to may be a member's own bytes (tensor data
         // can hold "PK\x03\x04"): unreadable, it is data; readable, it is scanned.
         if m.error.is_some() && !central.is_empty() && !central.contains_key(&at) {
             m.error = None;
         }
-        if m.method == 0 {
-            stored = stored.saturating_add(m.size);
-        } else {
+        if m.method != 0 {
             inflated = inflated.saturating_add(m.size);
         }
         members.push(m);
-        let too_much = if stored > 8 * data.len() {
+        let too_much = if consumed > 8 * data.len() {
             Some("its members overlap: reading them all is more than 8 times its size")
         } else if inflated > opts.max_bytes {
             Some("its members inflate to more than the size accepted, together")
@@ -481,149 +527,180 @@ fn scan_zip(data: &[u8], opts: &Options) -> FileReport {
     FileReport::Zip { members, verdict }
 }
 
-/// A tar header block's checksum is right (as tarfile checks it: unsigned or signed sums).
+/// A tar header block's checksum is right, as tarfile checks it (unsigned or signed sums).
 fn tar_header(block: &[u8]) -> bool {
-    let Some(stored) = octal(&block[148..156]) else {
+    let Some(stored) = nti(&block[148..156]) else {
         return false;
     };
-    let unsigned: u64 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                b as u64
-            }
-        })
-        .sum();
-    let signed: i64 = block
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                b as i8 as i64
-            }
-        })
-        .sum();
-    stored == unsigned || stored as i64 == signed
+    let (mut unsigned, mut signed) = (0i128, 0i128);
+    for (i, &b) in block.iter().enumerate() {
+        let (u, s) = if (148..156).contains(&i) {
+            (32, 32)
+        } else {
+            (b as i128, b as i8 as i128)
+        };
+        unsigned += u;
+        signed += s;
+    }
+    stored == unsigned || stored == signed
 }
 
-/// A tar number: octal digits (NUL or space ended), or base-256 when the high bit is set.
-fn octal(field: &[u8]) -> Option<u64> {
-    if field.first().is_some_and(|b| b & 0x80 != 0) {
-        let mut v: u64 = (field[0] & 0x7f) as u64;
-        for &b in &field[1..] {
-            v = v.checked_mul(256)?.checked_add(b as u64)?;
+/// tarfile's `nti`: base-256 when the first byte is 0x80 (0xff: negative), else the text up
+/// to the first NUL, ASCII, read as Python's `int(s.strip() or "0", 8)` reads it.
+fn nti(field: &[u8]) -> Option<i128> {
+    if let Some((&first, rest)) = field.split_first() {
+        if first == 0x80 || first == 0xff {
+            let mut n: i128 = 0;
+            for &b in rest {
+                n = n.checked_mul(256)?.checked_add(b as i128)?;
+            }
+            if first == 0xff {
+                n -= 256i128.checked_pow(rest.len() as u32)?;
+            }
+            return Some(n);
         }
-        return Some(v);
     }
-    let text = std::str::from_utf8(field).ok()?;
-    let text = text.trim_matches(|c| c == '\0' || c == ' ');
+    let text = field.split(|&b| b == 0).next().unwrap_or_default();
+    if !text.is_ascii() {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?;
+    let text = text.trim_matches(|c: char| {
+        c.is_ascii_whitespace() || ('\x1c'..='\x1f').contains(&c) || c == '\x0b'
+    });
     if text.is_empty() {
         return Some(0);
     }
-    u64::from_str_radix(text, 8).ok()
+    let (negative, text) = match text.as_bytes()[0] {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let text = text
+        .strip_prefix("0o")
+        .or_else(|| text.strip_prefix("0O"))
+        .map(|t| t.strip_prefix('_').unwrap_or(t))
+        .unwrap_or(text);
+    // Single underscores between digits only.
+    let b = text.as_bytes();
+    if b.is_empty() || b[0] == b'_' || b[b.len() - 1] == b'_' || text.contains("__") {
+        return None;
+    }
+    let n = i128::from_str_radix(&text.replace('_', ""), 8).ok()?;
+    Some(if negative { -n } else { n })
 }
 
 /// A tar archive, as tarfile (and torch's legacy loader, which extracts its members and
-/// unpickles them) reads it: headers one after another, pax records that change the next
-/// member's size or name, GNU long names; every regular member is scanned as a pickle.
+/// unpickles them) reads it: header after header until one is empty or invalid; pax
+/// records (`x`, `X`, `g`) and GNU long names (`L`, `K`) for the member after them; data only
+/// for regular members and types tarfile does not know (an old-style regular member whose
+/// name ends in `/` is a directory). A pax size that differs from the header's, where
+/// readers would then disagree on where the next header is, is malformed. Every regular
+/// member is scanned as a pickle.
 fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
     let mut members = Vec::new();
     let mut at = 0;
     let mut global: HashMap<String, String> = HashMap::new();
-    let mut local: HashMap<String, String> = HashMap::new();
+    let mut local: Option<HashMap<String, String>> = None;
     let mut long_name: Option<String> = None;
     let mut read = 0usize;
-    let fail = |members: Vec<Member>, offset: usize, reason: String| FileReport::Tar {
+    let fail = |members: Vec<Member>, offset: usize, reason: &str| FileReport::Tar {
         members,
-        verdict: Verdict::Malformed { offset, reason },
+        verdict: Verdict::Malformed {
+            offset,
+            reason: reason.into(),
+        },
     };
     while let Some(block) = data.get(at..at + 512) {
         if block.iter().all(|&b| b == 0) || !tar_header(block) {
-            break; // the end, as tarfile reads it
+            break; // where tarfile stops
         }
-        let Some(mut size) = octal(&block[124..136]) else {
-            return fail(members, at, "a tar header's size is not a number".into());
+        let Some(size) = nti(&block[124..136]).and_then(|n| usize::try_from(n).ok()) else {
+            return fail(members, at, "a tar header's size is not a size");
         };
-        if let Some(s) = local.get("size").or_else(|| global.get("size")) {
-            match s.parse::<u64>() {
-                Ok(s) => size = s,
-                Err(_) => return fail(members, at, "a pax size that is not a number".into()),
-            }
-        }
-        let kind = block[156];
         let start = at + 512;
-        let Some(body) = usize::try_from(size)
-            .ok()
-            .and_then(|n| data.get(start..start.checked_add(n)?))
-        else {
-            return fail(
-                members,
-                at,
-                format!("a member of {size} bytes runs past the end"),
-            );
+        let Some(body) = start.checked_add(size).and_then(|end| data.get(start..end)) else {
+            return fail(members, at, "a tar member runs past the end of the file");
         };
-        let next = start + body.len().div_ceil(512) * 512;
+        let next = start + size.div_ceil(512) * 512;
+        let raw_name = {
+            let n = &block[..100];
+            String::from_utf8_lossy(&n[..n.iter().position(|&b| b == 0).unwrap_or(100)])
+                .into_owned()
+        };
+        let mut kind = block[156];
+        if kind == 0 && raw_name.ends_with('/') {
+            kind = b'5';
+        }
         match kind {
-            b'x' | b'g' => {
+            b'x' | b'X' | b'g' => {
+                if local.is_some() || long_name.is_some() {
+                    return fail(members, at, "pax records after other extended headers");
+                }
                 let Some(records) = pax_records(body) else {
-                    return fail(members, at, "pax records that do not parse".into());
+                    return fail(members, at, "pax records that do not parse");
                 };
                 if kind == b'g' {
                     global.extend(records);
                 } else {
-                    local = records;
+                    let mut merged = global.clone();
+                    merged.extend(records);
+                    local = Some(merged);
                 }
                 at = next;
                 continue;
             }
-            b'L' => {
-                long_name = Some(String::from_utf8_lossy(body).trim_end_matches('\0').into());
+            b'L' | b'K' => {
+                if local.is_some() {
+                    return fail(members, at, "a GNU long name after pax records");
+                }
+                if kind == b'L' {
+                    long_name = Some(String::from_utf8_lossy(body).trim_end_matches('\0').into());
+                }
                 at = next;
                 continue;
             }
-            b'S' => return fail(members, at, "a GNU sparse member is not supported".into()),
+            b'S' => return fail(members, at, "a GNU sparse member is not supported"),
             _ => {}
         }
-        let name = local
-            .remove("path")
-            .or_else(|| long_name.take())
-            .unwrap_or_else(|| {
-                let n = &block[..100];
-                let n = &n[..n.iter().position(|&b| b == 0).unwrap_or(100)];
-                String::from_utf8_lossy(n).into_owned()
-            });
-        local.clear();
-        // Regular files and types tarfile does not know carry data; other types' sizes
-        // are not skipped (as tarfile does).
-        let regular = matches!(kind, b'0' | 0 | b'7') || !b"123456".contains(&kind);
-        if regular {
-            let mut m = Member {
-                name,
-                offset: at,
-                size: 0,
-                method: 0,
-                pickle: None,
-                error: None,
-            };
-            read = read.saturating_add(body.len());
-            if read > opts.max_bytes {
-                m.error = Some("the members are more than the size accepted, together".into());
-            } else {
-                scan_member(&mut m, body, opts);
+        let pax = local.take().unwrap_or_else(|| global.clone());
+        if let Some(s) = pax.get("size") {
+            if s.parse::<usize>().ok() != Some(size) {
+                return fail(
+                    members,
+                    at,
+                    "a pax size that differs from the header's: readers would disagree on \
+                     where the next member is",
+                );
             }
-            members.push(m);
-            at = next;
-        } else {
-            at = start;
         }
-    }
-    if members.is_empty() && at == 0 {
-        return fail(members, 0, "not a tar archive".into());
+        let name = pax
+            .get("path")
+            .cloned()
+            .or_else(|| long_name.take())
+            .unwrap_or(raw_name);
+        long_name = None;
+        let regular = !b"123456".contains(&kind);
+        if !regular {
+            at = start;
+            continue;
+        }
+        let mut m = Member {
+            name,
+            offset: at,
+            size: 0,
+            method: 0,
+            pickle: None,
+            error: None,
+        };
+        read = read.saturating_add(body.len());
+        if read > opts.max_bytes {
+            m.error = Some("the members are more than the size accepted, together".into());
+        } else {
+            scan_member(&mut m, body, opts);
+        }
+        members.push(m);
+        at = next;
     }
     let verdict = fold(&members);
     FileReport::Tar { members, verdict }

@@ -171,5 +171,89 @@ for i in range(k):
     hdrs += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 8, 0, 0, 0, len(comp), 300 << 20, rest, 0)
 cases["one_bomb_many_headers"] = ("malformed", hdrs + comp)
 
+# Tar headers made by hand, for what tarfile reads in its own way.
+def hdr(name, size, typ=b"0", cks_fmt=b"%06o\0 "):
+    b = bytearray(512)
+    b[0:len(name)] = name
+    b[100:108] = b"0000644\0"
+    b[108:116] = b"0000000\0"
+    b[116:124] = b"0000000\0"
+    b[124:136] = b"%011o\0" % size
+    b[136:148] = b"00000000000\0"
+    b[156:157] = typ
+    b[257:263] = b"ustar\0"
+    b[263:265] = b"00"
+    b[148:156] = b" " * 8
+    b[148:156] = cks_fmt % sum(b)
+    return bytes(b)
+
+
+def pad(d):
+    return d + b"\0" * (-len(d) % 512)
+
+
+def pax(recs):
+    out = b""
+    for k, v in recs:
+        body = b" %s=%s\n" % (k, v)
+        n = len(body) + 1
+        while len(str(n).encode()) + len(body) != n:
+            n += 1
+        out += str(n).encode() + body
+    return out
+
+
+END = b"\0" * 1024
+PAYLOAD_SIZE = str(len(PAYLOAD)).encode()
+x = pax([(b"size", PAYLOAD_SIZE)])
+# A Solaris extended header ('X') is a pax header to tarfile.
+cases["tar_solaris_pax_size"] = ("malformed", hdr(b"././@PaxHeader", len(x), b"X") + pad(x) + hdr(b"pickle", 0) + pad(PAYLOAD) + END)
+# An old-style member whose name ends in '/' is a directory: its "data" is the next header.
+inner = hdr(b"pickle", len(PAYLOAD)) + pad(PAYLOAD)
+cases["tar_old_directory"] = ("unsafe", hdr(b"d/", len(inner), b"\0") + inner + END)
+# A global pax size: tarfile reads the member with it but moves on by the header's size.
+g = pax([(b"size", b"2")])
+cases["tar_global_size"] = ("malformed", hdr(b"././@GlobalHead", len(g), b"g") + pad(g) + hdr(b"a", 1024) + pad(b"N.") + b"\0" * 512 + hdr(b"pickle", len(PAYLOAD)) + pad(PAYLOAD) + END)
+# A pax size before a GNU long name belongs to the member after it, not to the name.
+L = b"pickle\0"
+cases["tar_pax_then_long_name"] = ("malformed", hdr(b"././@PaxHeader", len(x), b"x") + pad(x) + hdr(b"././@LongLink", len(L), b"L") + pad(L) + hdr(b"whatever", 0) + pad(PAYLOAD) + END)
+# Checksums tarfile reads up to a NUL, on a later header and on the first.
+cases["tar_checksum_nul"] = ("unsafe", hdr(b"a", 2) + pad(b"N.") + hdr(b"pickle", len(PAYLOAD), cks_fmt=b"%06o\0x") + pad(PAYLOAD) + END)
+cases["tar_first_checksum_nul"] = ("unsafe", hdr(b"N.", 0, cks_fmt=b"%06o\0x") + hdr(b"pickle", len(PAYLOAD)) + pad(PAYLOAD) + END)
+for name, (verdict, blob) in list(cases.items()):
+    if name.startswith("tar_"):
+        # tarfile reads the payload as a member (the cases stricter than tarfile excepted).
+        names = tarfile.open(fileobj=io.BytesIO(blob), mode="r:").getnames()
+        assert verdict == "malformed" or "pickle" in names, (name, names)
+
+
+# End records where readers look for them: 65 558 bytes from the end (zipfile and miniz find
+# it), one whose entry counts spell the signature (zipfile takes the last 22 bytes), and a
+# signature too short to be a record after the real one (miniz skips it).
+def zip_by_hand(members, local_sizes, tail=b"", counts=None, comment_len=0):
+    out = cd = b""
+    for name, data in members:
+        crc = zlib.crc32(data)
+        size = local_sizes.get(name, len(data))
+        off = len(out)
+        out += struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, 0, 0, 0, crc, size, size, len(name), 0) + name + data
+        cd += struct.pack("<IHHHHHHIIIHHHHHII", 0x02014b50, 20, 20, 0, 0, 0, 0, crc, len(data), len(data), len(name), 0, 0, 0, 0, 0, off) + name
+    n = len(members)
+    eocd = struct.pack("<IHH", 0x06054b50, 0, 0) + (counts or struct.pack("<HH", n, n)) + struct.pack("<IIH", len(cd), len(out), comment_len)
+    return out + cd + eocd + tail
+
+
+HIDDEN = [(NAME, PAYLOAD), (b"archive/version", b"3\n")]
+cases["eocd_far_back"] = ("malformed", zip_by_hand(HIDDEN, {NAME: 0}, tail=b"\0" * 65536, comment_len=0xFFFF))
+cases["eocd_signature_in_counts"] = ("malformed", zip_by_hand(HIDDEN, {NAME: 0}, counts=b"PK\x05\x06"))
+cases["eocd_short_signature_after"] = ("malformed", zip_by_hand(HIDDEN, {NAME: 0}, tail=b"PK\x05\x06"))
+assert zipfile.ZipFile(io.BytesIO(cases["eocd_far_back"][1])).read(NAME.decode()) == PAYLOAD
+assert zipfile.ZipFile(io.BytesIO(cases["eocd_signature_in_counts"][1])).read(NAME.decode()) == PAYLOAD
+
+# 200 headers sharing one megabyte of deflate data that inflates to nothing.
+stream = b"\x00\x00\x00\xff\xff" * ((1 << 20) // 5) + b"\x01\x00\x00\xff\xff"
+hdrs = b"".join(struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, 8, 0, 0, 0, len(stream), 0, 0, 30 * 200 - 30 * i - 30) for i in range(200))
+cases["empty_deflate_many_headers"] = ("malformed", hdrs + stream)
+
 for name, (verdict, blob) in cases.items():
     sys.stdout.write(json.dumps({"name": name, "verdict": verdict, "zip": base64.b64encode(blob).decode()}) + "\n")

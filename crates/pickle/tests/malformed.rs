@@ -376,6 +376,21 @@ fn what_other_readers_would_read_is_never_safe() {
         Verdict::Malformed { reason, .. } => assert!(reason.contains("follows"), "{reason}"),
         other => panic!("{other:?}"),
     }
+    // A first pickle that spends the work budget to its last units: the scan stopping on its
+    // own limit at the next pickle's first opcode says nothing of the stream.
+    let mut spent = b"\x80\x02(".to_vec();
+    spent.extend(std::iter::repeat_n(b'N', 1000));
+    spent.extend_from_slice(b"tq\x000}");
+    let (reps, pads) = ((64 * 65536 - 3) / 1001, (64 * 65536 - 3) % 1001);
+    spent.extend(std::iter::repeat_n(*b"h\x00Ns", reps).flatten());
+    spent.extend(std::iter::repeat_n(*b"NNs", pads).flatten());
+    spent.push(b'.');
+    spent.extend_from_slice(payload);
+    not_safe(&spent);
+    // A FLOAT pickle.py reads (the C unpickler does not) opening the next pickle.
+    let mut float = b"N.F1_0\n0".to_vec();
+    float.extend_from_slice(payload);
+    assert!(matches!(not_safe(&float), Verdict::Unsafe { .. }));
     // Bytes whose first opcode is no opcode are no pickle: left alone, as CPython leaves them.
     let r = scan(b"N.\x00\xff junk", &opts);
     assert_eq!((r.verdict, r.trailing_bytes), (Verdict::Safe, 7));
