@@ -125,9 +125,10 @@ fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
             u32_at(data, eocd + 12).unwrap_or(0) as u64,
             u32_at(data, eocd + 16).unwrap_or(0) as u64,
         );
+        // The 32-bit fields are read too when a ZIP64 locator is there: both readers fall back
+        // on them when their ZIP64 record is missing.
         let mut readings = vec![(size, offset, 0i64, true), (size, offset, 0, false)];
         if eocd >= 20 && data.get(eocd - 20..eocd - 16) == Some(b"PK\x06\x07") {
-            readings.clear();
             let pointed = u64_at(data, eocd - 12).and_then(|r| usize::try_from(r).ok());
             for (record, zipfile) in [(eocd.checked_sub(76), true), (pointed, false)] {
                 if let Some(r) = record.filter(|&r| data.get(r..r + 4) == Some(b"PK\x06\x06")) {
@@ -137,9 +138,6 @@ fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
                     );
                     readings.push((size, offset, if zipfile { -76 } else { 0 }, zipfile));
                 }
-            }
-            if readings.is_empty() {
-                return Err("a ZIP64 locator without its end record".into());
             }
         }
         for (size, offset, extra, zipfile) in readings {
@@ -603,6 +601,7 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
     let mut global: HashMap<String, String> = HashMap::new();
     let mut local: Option<HashMap<String, String>> = None;
     let mut long_name: Option<String> = None;
+    let mut long_link: Option<String> = None;
     let mut read = 0usize;
     let fail = |members: Vec<Member>, offset: usize, reason: &str| FileReport::Tar {
         members,
@@ -637,9 +636,14 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                 if local.is_some() || long_name.is_some() {
                     return fail(members, at, "pax records after other extended headers");
                 }
-                let Some(records) = pax_records(body) else {
+                // tarfile parses the records over the whole blocks, padding included.
+                let blocks = &data[start..next.min(data.len())];
+                let Some(records) = pax_records(blocks) else {
                     return fail(members, at, "pax records that do not parse");
                 };
+                if records.keys().any(|k| k.starts_with("GNU.sparse.")) {
+                    return fail(members, at, "GNU sparse records are not supported");
+                }
                 if kind == b'g' {
                     global.extend(records);
                 } else {
@@ -654,8 +658,13 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                 if local.is_some() {
                     return fail(members, at, "a GNU long name after pax records");
                 }
+                let text = String::from_utf8_lossy(body)
+                    .trim_end_matches('\0')
+                    .to_string();
                 if kind == b'L' {
-                    long_name = Some(String::from_utf8_lossy(body).trim_end_matches('\0').into());
+                    long_name = Some(text);
+                } else {
+                    long_link = Some(text);
                 }
                 at = next;
                 continue;
@@ -680,6 +689,23 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
             .or_else(|| long_name.take())
             .unwrap_or(raw_name);
         long_name = None;
+        let link = pax
+            .get("linkpath")
+            .cloned()
+            .or_else(|| long_link.take())
+            .unwrap_or_else(|| {
+                let n = &block[157..257];
+                String::from_utf8_lossy(&n[..n.iter().position(|&b| b == 0).unwrap_or(100)])
+                    .into_owned()
+            });
+        long_link = None;
+        // torch extracts its members to disk and reads them: a link out of the archive
+        // would have it read a file this scan never sees.
+        if matches!(kind, b'1' | b'2')
+            && (link.starts_with('/') || link.split('/').any(|part| part == ".."))
+        {
+            return fail(members, at, "a link that points out of the archive");
+        }
         let regular = !b"123456".contains(&kind);
         if !regular {
             at = start;
@@ -706,20 +732,31 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
     FileReport::Tar { members, verdict }
 }
 
-/// pax records: "LEN key=value\n", one after another.
-fn pax_records(mut body: &[u8]) -> Option<HashMap<String, String>> {
+/// pax records as tarfile parses them: "LEN key=value\n", one after another until a NUL or
+/// the end of the blocks, each at least 5 bytes and framed exactly.
+fn pax_records(buf: &[u8]) -> Option<HashMap<String, String>> {
     let mut out = HashMap::new();
-    while !body.is_empty() && body[0] != 0 {
-        let space = body.iter().position(|&b| b == b' ')?;
-        let len: usize = std::str::from_utf8(&body[..space]).ok()?.parse().ok()?;
-        let record = body.get(space + 1..len)?;
-        let record = record.strip_suffix(b"\n")?;
-        let eq = record.iter().position(|&b| b == b'=')?;
+    let mut pos = 0;
+    while pos < buf.len() && buf[pos] != 0 {
+        let digits = buf[pos..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if digits == 0 || digits > 20 || buf.get(pos + digits) != Some(&b' ') {
+            return None;
+        }
+        let len: usize = std::str::from_utf8(&buf[pos..pos + digits])
+            .ok()?
+            .parse()
+            .ok()?;
+        let end = pos.checked_add(len)?;
+        if len < 5 || end > buf.len() || buf[end - 1] != b'\n' {
+            return None;
+        }
+        let record = &buf[pos + digits + 1..end - 1];
+        let eq = record.iter().position(|&b| b == b'=').filter(|&e| e > 0)?;
         out.insert(
             String::from_utf8_lossy(&record[..eq]).into_owned(),
             String::from_utf8_lossy(&record[eq + 1..]).into_owned(),
         );
-        body = &body[len..];
+        pos = end;
     }
     Some(out)
 }

@@ -227,6 +227,21 @@ for name, (verdict, blob) in list(cases.items()):
         assert verdict == "malformed" or "pickle" in names, (name, names)
 
 
+# GNU sparse records change the size extractfile reads without moving the next header.
+r = pax([(b"GNU.sparse.realsize", PAYLOAD_SIZE)])
+cases["tar_sparse_realsize"] = ("malformed", hdr(b"pax", len(r), b"x") + pad(r) + hdr(b"storages", 0) + pad(PAYLOAD) + END)
+cases["tar_global_sparse_realsize"] = ("malformed", hdr(b"glob", len(r), b"g") + pad(r) + hdr(b"storages", 0) + pad(PAYLOAD) + END)
+# A pax record in the padding after the declared size: tarfile parses the whole block.
+r1, r2 = pax([(b"a", b"b")]), pax([(b"size", b"0")])
+inner = hdr(b"storages", len(PAYLOAD)) + pad(PAYLOAD)
+cases["tar_pax_in_padding"] = ("malformed", hdr(b"pax", len(r1), b"x") + pad(r1 + r2) + hdr(b"\xffdata", len(inner)) + inner)
+# A link out of the archive: torch extracts "storages" to disk and reads what it points at.
+link = bytearray(hdr(b"storages", 0, b"2"))
+link[157:168] = b"/etc/passwd"
+link[148:156] = b" " * 8
+link[148:156] = b"%06o\0 " % sum(link)
+cases["tar_link_out"] = ("malformed", bytes(link) + END)
+
 # End records where readers look for them: 65 558 bytes from the end (zipfile and miniz find
 # it), one whose entry counts spell the signature (zipfile takes the last 22 bytes), and a
 # signature too short to be a record after the real one (miniz skips it).
@@ -249,6 +264,28 @@ cases["eocd_signature_in_counts"] = ("malformed", zip_by_hand(HIDDEN, {NAME: 0},
 cases["eocd_short_signature_after"] = ("malformed", zip_by_hand(HIDDEN, {NAME: 0}, tail=b"PK\x05\x06"))
 assert zipfile.ZipFile(io.BytesIO(cases["eocd_far_back"][1])).read(NAME.decode()) == PAYLOAD
 assert zipfile.ZipFile(io.BytesIO(cases["eocd_signature_in_counts"][1])).read(NAME.decode()) == PAYLOAD
+
+# A ZIP64 locator whose record is missing where one reader looks: it reads the 32-bit fields,
+# which list the member with its real size.
+FULL = b"X" + struct.pack("<I", 40) + b"a" * 40 + b"0" + PAYLOAD
+def local_hdr(csize, crc):
+    return struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, csize, csize, len(NAME), 0) + NAME
+def central_hdr(csize, crc, off, comment=b""):
+    return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, csize, csize, len(NAME), 0, len(comment), 0, 0, 0, off) + NAME + comment
+def z64_record(n, size, off):
+    return struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, n, n, size, off)
+def z64_locator(ptr):
+    return struct.pack("<4sIQI", b"PK\x06\x07", 0, ptr, 1)
+body = local_hdr(10, zlib.crc32(FULL[:10])) + FULL
+cd = central_hdr(len(FULL), zlib.crc32(FULL), 0)
+z = body + cd
+z += z64_record(0, 0, len(z)) + z64_locator(0) + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+cases["zip64_locator_points_nowhere"] = ("malformed", z)
+rec_at = len(body)
+cd2 = central_hdr(len(FULL), zlib.crc32(FULL), 0, comment=z64_locator(rec_at))
+z = body + z64_record(0, 0, rec_at) + cd2 + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd2), rec_at + 56, 0)
+assert zipfile.ZipFile(io.BytesIO(z)).read(NAME.decode()) == FULL
+cases["zip64_record_not_before_locator"] = ("malformed", z)
 
 # 200 headers sharing one megabyte of deflate data that inflates to nothing.
 stream = b"\x00\x00\x00\xff\xff" * ((1 << 20) // 5) + b"\x01\x00\x00\xff\xff"
