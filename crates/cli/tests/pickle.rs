@@ -123,7 +123,7 @@ fn the_service_scans_a_posted_file() {
     let date = dir.join("date.pkl");
     std::fs::write(&date, b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R.").unwrap();
     let server = Server::start(
-        "[pool]\nsize = 0\nmax_size = 0\n[pickle]\nallow = [\"datetime.date\"]\n",
+        "[pool]\nsize = 0\nmax_size = 0\n[pickle]\nallow = [\"datetime.date\"]\nmax_bytes = 4096\n",
         &[],
     );
     let post = |path: &PathBuf, key: Option<&str>| {
@@ -161,9 +161,23 @@ fn the_service_scans_a_posted_file() {
     let v = post(&date, Some(KEY)).json();
     assert_eq!(v["verdict"], "safe", "{v}");
     assert_eq!(post(&evil, None).status, 401);
+    // pickle.max_bytes bounds what a scan reads, however small the body.
+    let big = dir.join("big.pkl");
+    let mut data = b"\x80\x04\x8e".to_vec();
+    data.extend_from_slice(&5000u64.to_le_bytes());
+    data.extend(std::iter::repeat_n(0u8, 5000));
+    data.push(b'.');
+    std::fs::write(&big, &data).unwrap();
+    let v = post(&big, Some(KEY)).json();
+    assert_eq!(v["verdict"], "malformed", "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("more than the 4096"),
+        "{v}"
+    );
     let metrics = server.call("GET", "/metrics", None).text();
     for line in [
         "airlock_pickle_scans_total{verdict=\"unsafe\"} 2",
+        "airlock_pickle_scans_total{verdict=\"malformed\"} 1",
         "airlock_pickle_scans_total{verdict=\"safe\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");

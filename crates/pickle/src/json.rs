@@ -207,7 +207,7 @@ enum Key {
     Tuple(Vec<Key>),
     /// Sorted, without repeats.
     FrozenSet(Vec<Key>),
-    Global(Rc<str>),
+    Global(std::sync::Arc<str>),
     Unique(u64),
 }
 

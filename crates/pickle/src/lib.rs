@@ -79,7 +79,7 @@ pub struct CallSite {
     pub opcode: &'static str,
     pub offset: usize,
     /// The callable's name, when it is a known global.
-    pub target: Option<String>,
+    pub target: Option<std::sync::Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,10 +113,17 @@ pub struct Report {
     /// Bytes after the last pickle that are no pickle (CPython ignores them).
     pub trailing_bytes: usize,
     pub opcodes: usize,
+    /// The first `MAX_RECORDS` globals named and call sites, and how many more there were.
     pub globals: Vec<Global>,
+    pub globals_omitted: usize,
     pub calls: Vec<CallSite>,
+    pub calls_omitted: usize,
     pub verdict: Verdict,
 }
+
+/// How many globals and call sites a report lists (a pickle can name the same global at
+/// every few bytes); the rest are counted.
+pub const MAX_RECORDS: usize = 10_000;
 
 impl Report {
     /// Nothing seen yet in `size` bytes.
@@ -128,7 +135,9 @@ impl Report {
             trailing_bytes: 0,
             opcodes: 0,
             globals: Vec::new(),
+            globals_omitted: 0,
             calls: Vec::new(),
+            calls_omitted: 0,
             verdict: Verdict::Safe,
         }
     }
@@ -142,12 +151,15 @@ impl Report {
             "trailing_bytes": self.trailing_bytes,
             "opcodes": self.opcodes,
             "globals": self.globals.iter().map(|g| serde_json::json!({
-                "module": g.module, "name": g.name, "written": g.written,
+                "module": cut(&g.module), "name": cut(&g.name),
+                "written": g.written.as_deref().map(cut),
                 "offset": g.offset, "allowed": g.allowed,
             })).collect::<Vec<_>>(),
+            "globals_omitted": self.globals_omitted,
             "calls": self.calls.iter().map(|c| serde_json::json!({
-                "opcode": c.opcode, "offset": c.offset, "target": c.target,
+                "opcode": c.opcode, "offset": c.offset, "target": c.target.as_deref().map(cut),
             })).collect::<Vec<_>>(),
+            "calls_omitted": self.calls_omitted,
         });
         match &self.verdict {
             Verdict::Safe => {}
@@ -174,6 +186,15 @@ pub(crate) fn shown(name: &str) -> String {
         out.push('…');
     }
     out
+}
+
+/// A name as a report gives it: at most 1 000 characters (a name can be megabytes, and named
+/// thousands of times).
+fn cut(name: &str) -> String {
+    match name.char_indices().nth(1000) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_string(),
+    }
 }
 
 /// Why `decode` gave no value.

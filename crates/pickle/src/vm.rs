@@ -5,6 +5,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use num_bigint::BigInt;
 use num_traits::ToPrimitive;
@@ -33,9 +34,9 @@ pub(crate) enum V {
     Set(Shared<Vec<V>>),
     FrozenSet(Rc<Vec<V>>),
     /// A global that was named; `allowed` says whether the allow-list has it.
-    Global(Rc<str>, bool),
+    Global(Arc<str>, bool),
     /// An allow-listed global outside the built-in forms, called with these arguments.
-    Call(Rc<str>, Rc<Vec<V>>),
+    Call(Arc<str>, Rc<Vec<V>>),
     /// The result of something that is not allowed: loading would run code.
     Opaque,
 }
@@ -220,7 +221,12 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn call_site(&mut self, opcode: &'static str, target: Option<String>) {
+    /// The report keeps the first `MAX_RECORDS` call sites and counts the others.
+    fn call_site(&mut self, opcode: &'static str, target: Option<Arc<str>>) {
+        if self.report.calls.len() >= crate::MAX_RECORDS {
+            self.report.calls_omitted += 1;
+            return;
+        }
         self.report.calls.push(CallSite {
             opcode,
             offset: self.op_at,
@@ -231,9 +237,9 @@ impl<'a> Machine<'a> {
     /// A global is checked under the name CPython imports: below protocol 3 its unpickler
     /// maps Python 2 names to Python 3 ones (`__builtin__.set` loads `builtins.set`).
     fn global(&mut self, module: String, name: String) -> Result<V, Malformed> {
-        // Names are copied into the report: a memoized long string named again and again
-        // would otherwise cost its length each time.
-        self.work += (module.len() + name.len()) as u64;
+        // Names are copied (the report, the qualified name): a memoized long string named
+        // again and again would otherwise cost its length each time.
+        self.work += 2 * (module.len() + name.len()) as u64;
         if self.work > work_limit(self.data.len()) {
             return self.over_limit("asks for more work than its size allows");
         }
@@ -248,13 +254,17 @@ impl<'a> Machine<'a> {
         if !allowed {
             self.unsafe_(format!("global {} is not allowed", crate::shown(&q)));
         }
-        self.report.globals.push(Global {
-            written: (written != q).then_some(written),
-            module,
-            name,
-            offset: self.op_at,
-            allowed,
-        });
+        if self.report.globals.len() < crate::MAX_RECORDS {
+            self.report.globals.push(Global {
+                written: (written != q).then_some(written),
+                module,
+                name,
+                offset: self.op_at,
+                allowed,
+            });
+        } else {
+            self.report.globals_omitted += 1;
+        }
         Ok(V::Global(q.into(), allowed))
     }
 
@@ -580,11 +590,7 @@ impl<'a> Machine<'a> {
                             self.unsafe_(
                                 "STACK_GLOBAL with operands that are not plain strings".into(),
                             );
-                            self.report.calls.push(CallSite {
-                                opcode: "STACK_GLOBAL",
-                                offset: self.op_at,
-                                target: None,
-                            });
+                            self.call_site("STACK_GLOBAL", None);
                             self.stack.push(V::Opaque);
                         }
                     }
@@ -1056,9 +1062,9 @@ fn compat(module: String, name: String) -> (String, String) {
     }
 }
 
-fn global_name(v: &V) -> Option<String> {
+fn global_name(v: &V) -> Option<Arc<str>> {
     match v {
-        V::Global(q, _) => Some(q.to_string()),
+        V::Global(q, _) => Some(q.clone()),
         _ => None,
     }
 }

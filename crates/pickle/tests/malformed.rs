@@ -452,6 +452,26 @@ fn shared_values_cannot_multiply_the_work() {
         }
         other => panic!("{other:?}"),
     }
+    // A call site on a memoized global with a megabyte name, 20 000 times: the name is
+    // shared, not copied, and the report lists the first call sites and counts the rest.
+    let mut calls = b"\x80\x04\x8c\x01a\x94".to_vec();
+    calls.push(0x8d);
+    calls.extend_from_slice(&(mb.len() as u64).to_le_bytes());
+    calls.extend_from_slice(&mb);
+    calls.extend_from_slice(b"\x94\x93\x94");
+    calls.extend(std::iter::repeat_n(*b"h\x02)R0", 20_000).flatten());
+    calls.extend_from_slice(b"N.");
+    let r = scan(&calls, &opts);
+    assert!(
+        matches!(r.verdict, Verdict::Unsafe { .. }),
+        "{:?}",
+        r.verdict
+    );
+    assert_eq!((r.calls.len(), r.calls_omitted), (10_000, 10_000));
+    assert!(
+        r.to_json().to_string().len() < 30 << 20,
+        "names are cut in the report"
+    );
     // decode: one memoized megabyte str as the key of a dict, 30 000 times.
     let mut keys = b"\x80\x02}q\x00".to_vec();
     keys.extend(binuni(&mb));

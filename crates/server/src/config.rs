@@ -93,17 +93,33 @@ impl Default for McpConfig {
 }
 
 /// The pickle scanner (`POST /v1/pickle/scan`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PickleConfig {
     /// Globals allowed besides the built-in list, as exact `module.qualname`.
     pub allow: Vec<String>,
+    /// Largest pickle scanned, and most an archive's members may inflate to together: the
+    /// scan holds up to about 128 bytes of memory per byte it reads.
+    pub max_bytes: u64,
+    /// Scans at once; others wait.
+    pub max_running: usize,
+}
+
+impl Default for PickleConfig {
+    fn default() -> Self {
+        PickleConfig {
+            allow: Vec::new(),
+            max_bytes: 16 << 20,
+            max_running: 2,
+        }
+    }
 }
 
 impl PickleConfig {
     pub fn options(&self) -> airlock_pickle::Options {
         let mut opts = airlock_pickle::Options::default();
         opts.allow.extend(self.allow.iter().cloned());
+        opts.max_bytes = usize::try_from(self.max_bytes).unwrap_or(usize::MAX);
         opts
     }
 }
@@ -458,6 +474,9 @@ impl Config {
             return bad(format!(
                 "pickle.allow: {name:?} is not an exact module.qualname"
             ));
+        }
+        if self.pickle.max_bytes == 0 || self.pickle.max_running == 0 {
+            return bad("pickle.max_bytes and pickle.max_running must be at least 1".into());
         }
         if self.eval.max_input_bytes > airlock_pyeval::Limits::MAX_INPUT
             || self.eval.timeout_ms == 0

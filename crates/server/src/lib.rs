@@ -71,6 +71,8 @@ pub struct AppState {
     pub sessions: sessions::Sessions,
     /// Turns to evaluate an expression (`eval.max_running`).
     pub eval_slots: tokio::sync::Semaphore,
+    /// Turns to scan a pickle (`pickle.max_running`).
+    pub pickle_slots: tokio::sync::Semaphore,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -88,6 +90,7 @@ impl AppState {
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
         let eval_turns = eval_slots(&config);
+        let pickle_turns = config.pickle.max_running.max(1);
         let body_budget = budget::BodyBudget::new(
             config.http.max_buffered_bytes,
             config.http.max_buffered_bytes_per_key,
@@ -107,6 +110,7 @@ impl AppState {
             shutdown: tokio::sync::watch::Sender::new(false),
             sessions: sessions::Sessions::default(),
             eval_slots: tokio::sync::Semaphore::new(eval_turns),
+            pickle_slots: tokio::sync::Semaphore::new(pickle_turns),
             audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),

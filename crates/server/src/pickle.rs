@@ -20,6 +20,9 @@ pub(crate) async fn scan(
         return Err(crate::routes::shutting_down());
     }
     let ReadBody { bytes, share } = read_body_as(&state, &caller.0, req, false).await?;
+    // A bounded number at once: a scan may hold much more memory than its body.
+    let turn = state.pickle_slots.acquire().await;
+    let _turn = turn.map_err(|_| crate::routes::shutting_down())?;
     let opts = state.config.pickle.options();
     let report =
         tokio::task::spawn_blocking(move || airlock_pickle::scan_file(&bytes, &opts).to_json())
