@@ -49,7 +49,7 @@ impl Default for Options {
         Options {
             allow: DEFAULT_ALLOW.iter().map(|s| s.to_string()).collect(),
             max_depth: 200,
-            max_bytes: 256 << 20,
+            max_bytes: 64 << 20,
         }
     }
 }
@@ -151,8 +151,7 @@ impl Report {
             "trailing_bytes": self.trailing_bytes,
             "opcodes": self.opcodes,
             "globals": self.globals.iter().map(|g| serde_json::json!({
-                "module": cut(&g.module), "name": cut(&g.name),
-                "written": g.written.as_deref().map(cut),
+                "module": g.module, "name": g.name, "written": g.written,
                 "offset": g.offset, "allowed": g.allowed,
             })).collect::<Vec<_>>(),
             "globals_omitted": self.globals_omitted,
@@ -190,7 +189,7 @@ pub(crate) fn shown(name: &str) -> String {
 
 /// A name as a report gives it: at most 1 000 characters (a name can be megabytes, and named
 /// thousands of times).
-fn cut(name: &str) -> String {
+pub(crate) fn cut(name: &str) -> String {
     match name.char_indices().nth(1000) {
         Some((at, _)) => format!("{}…", &name[..at]),
         None => name.to_string(),

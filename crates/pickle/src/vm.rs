@@ -255,10 +255,11 @@ impl<'a> Machine<'a> {
             self.unsafe_(format!("global {} is not allowed", crate::shown(&q)));
         }
         if self.report.globals.len() < crate::MAX_RECORDS {
+            // Kept cut: the report holds up to MAX_RECORDS of them.
             self.report.globals.push(Global {
-                written: (written != q).then_some(written),
-                module,
-                name,
+                written: (written != q).then(|| crate::cut(&written)),
+                module: crate::cut(&module),
+                name: crate::cut(&name),
                 offset: self.op_at,
                 allowed,
             });
@@ -954,9 +955,9 @@ impl<'a> Machine<'a> {
 }
 
 /// Items a pickle of `len` bytes may have copied, and bytes it may decode to: generous for
-/// data, far below what sharing could multiply.
+/// data, far below what sharing could multiply, and never more than 2**30 (seconds of work).
 fn work_limit(len: usize) -> u64 {
-    64 * (len as u64).max(1 << 16)
+    (64 * (len as u64).max(1 << 16)).min(1 << 30)
 }
 
 fn pairs(items: Vec<V>) -> Vec<(V, V)> {
