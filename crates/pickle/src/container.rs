@@ -374,11 +374,15 @@ fn scan_member(m: &mut Member, content: &[u8], opts: &Options) {
         return;
     }
     let report = crate::scan(content, opts);
-    let data_only =
-        matches!(report.verdict, Verdict::Malformed { offset: 0, .. }) && report.opcodes <= 1;
-    if !data_only {
+    if !no_pickle(&report) {
         m.pickle = Some(report);
     }
+}
+
+/// Bytes whose very first opcode fails (or that are empty): CPython reading them would stop
+/// there too.
+fn no_pickle(report: &Report) -> bool {
+    matches!(report.verdict, Verdict::Malformed { offset: 0, .. }) && report.opcodes <= 1
 }
 
 /// Names from an archive go into messages a terminal shows: control characters escaped,
@@ -422,10 +426,7 @@ pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
         let other = scan_pickle_or_zip(data, opts);
         // A tar header read as a pickle mostly fails at its first opcode: harmless.
         let harmless = match &other {
-            FileReport::Pickle(r) => {
-                r.verdict == Verdict::Safe
-                    || matches!(r.verdict, Verdict::Malformed { offset: 0, .. }) && r.opcodes <= 1
-            }
+            FileReport::Pickle(r) => r.verdict == Verdict::Safe || no_pickle(r),
             other => *other.verdict() == Verdict::Safe,
         };
         return if harmless || *tar.verdict() != Verdict::Safe {
