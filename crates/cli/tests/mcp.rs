@@ -459,18 +459,6 @@ fn mcp_can_be_turned_off() {
     assert_eq!((r.status, r.error_code()), (404, "not_found".into()));
 }
 
-fn wait_running(server: &Server, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = server.call("GET", "/metrics", None).text();
-        if m.contains(&format!("airlock_running_sandboxes {n}\n")) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never saw {n} running: {m}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
     let _g = serial();
@@ -490,10 +478,10 @@ fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
         body.len()
     )
     .unwrap();
-    wait_running(&server, 1);
+    server.wait_running(1);
     drop(s);
     // Well before the 60 s the code would sleep.
-    wait_running(&server, 0);
+    server.wait_running(0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while sandbox_processes().len() > before.sandbox_processes().len() && Instant::now() < deadline
     {

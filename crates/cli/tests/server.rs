@@ -799,18 +799,6 @@ fn wait_sandboxes(n: usize) {
     }
 }
 
-fn wait_running(server: &Server, n: i64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = server.call("GET", "/metrics", None).text();
-        if m.contains(&format!("airlock_running_sandboxes {n}\n")) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never saw {n} running: {m}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn the_configured_concurrency_is_the_enforced_concurrency() {
     let _g = serial();
@@ -818,7 +806,7 @@ fn the_configured_concurrency_is_the_enforced_concurrency() {
     let sleepers: Vec<_> = (0..2)
         .map(|_| in_background(&server, "import time\ntime.sleep(1.5)", KEY))
         .collect();
-    wait_running(&server, 2);
+    server.wait_running(2);
     let third = server.execute(json!({"code": "1"}));
     assert_eq!(
         (third.status, third.error_code()),
@@ -838,7 +826,7 @@ fn the_configured_concurrency_is_the_enforced_concurrency() {
     // With a queue, the third waits for a slot instead.
     let server = Server::start("[concurrency]\nmax_running = 1\nmax_queue = 1\n", &[]);
     let first = in_background(&server, "import time\ntime.sleep(1)", KEY);
-    wait_running(&server, 1);
+    server.wait_running(1);
     let queued = in_background(&server, "2", KEY);
     std::thread::sleep(Duration::from_millis(200));
     let m = server.call("GET", "/metrics", None).text();
@@ -857,7 +845,7 @@ fn per_key_concurrency_and_rate_limits_answer_429() {
         &[],
     );
     let busy = in_background(&server, "import time\ntime.sleep(1)", OTHER_KEY);
-    wait_running(&server, 1);
+    server.wait_running(1);
     let r = as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"})));
     assert_eq!(
         (r.status, r.error_code(), r.header("retry-after")),
@@ -1062,7 +1050,7 @@ fn sigterm_lets_running_executions_finish_then_kills_what_outlives_the_grace() {
     let server = Server::start("shutdown_grace_ms = 3000\n", &[]);
     let quick = in_background(&server, "import time\ntime.sleep(1)\n'done'", KEY);
     let stuck = in_background(&server, "import time\ntime.sleep(60)", KEY);
-    wait_running(&server, 2);
+    server.wait_running(2);
     let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
     let asked = Instant::now();
     nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
@@ -1097,9 +1085,9 @@ fn a_client_that_goes_away_takes_its_sandbox_with_it() {
     let mut s = server.connect();
     let body = json!({"code": "import time\ntime.sleep(60)"}).to_string();
     write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    wait_running(&server, 1);
+    server.wait_running(1);
     drop(s);
-    wait_running(&server, 0);
+    server.wait_running(0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let gone = || {
         sandbox_processes().len() <= before.sandbox_processes().len()
@@ -1354,7 +1342,7 @@ fn a_throttled_key_is_refused_before_its_body_is_read() {
         &[],
     );
     let busy = in_background(&server, "import time\ntime.sleep(1.5)", OTHER_KEY);
-    wait_running(&server, 1);
+    server.wait_running(1);
     // Its one slot is taken: refused on the head (the body timeout is 30 s; the answer does
     // not wait for a body that never comes), and without spending a token.
     let r = head_without_body(&server, OTHER_KEY).expect("an answer before the body");
@@ -1406,7 +1394,7 @@ fn bodies_in_memory_at_once_are_bounded() {
     // second waiting in the queue while the first runs.
     let code = |n: u32| format!("import time\ntime.sleep(1)\n{n}  # {}", "#".repeat(50_000));
     let running = in_background(&server, &code(1), KEY);
-    wait_running(&server, 1);
+    server.wait_running(1);
     let queued = server.execute(json!({"code": code(2)}));
     assert_eq!(queued.json()["result"], 2, "{}", queued.text());
     assert_eq!(running.join().unwrap().json()["result"], 1);
@@ -1479,7 +1467,7 @@ fn sigterm_refuses_queued_and_uploading_requests_and_exits_after_the_grace() {
         &[],
     );
     let stuck = in_background(&server, "import time\ntime.sleep(60)", KEY);
-    wait_running(&server, 1);
+    server.wait_running(1);
     let queued: Vec<_> = (0..2)
         .map(|_| in_background(&server, "print('must not run')", KEY))
         .collect();

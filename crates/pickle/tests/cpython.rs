@@ -8,10 +8,10 @@ use airlock_pickle::{decode, scan, Options, Verdict};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-fn corpus() -> Vec<Value> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus.py");
+/// What Debian's CPython prints running `args`; it must succeed.
+fn python(args: &[&str]) -> String {
     let out = Command::new("/usr/bin/python3")
-        .arg(script)
+        .args(args)
         .output()
         .expect("run /usr/bin/python3");
     assert!(
@@ -19,8 +19,11 @@ fn corpus() -> Vec<Value> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
-        .unwrap()
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn corpus() -> Vec<Value> {
+    python(&[concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus.py")])
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
@@ -92,18 +95,10 @@ fn every_malicious_pickle_is_unsafe_and_never_decoded() {
 #[test]
 fn every_member_of_an_archive_is_scanned_whatever_its_name_or_its_oddities() {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/archives.py");
-    let out = Command::new("/usr/bin/python3")
-        .arg(script)
-        .output()
-        .expect("python");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = python(&[script]);
     let mut failures = Vec::new();
     let mut n = 0;
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
+    for line in out.lines() {
         let case: Value = serde_json::from_str(line).unwrap();
         let data = base64::engine::general_purpose::STANDARD
             .decode(case["zip"].as_str().unwrap())
@@ -156,19 +151,11 @@ fn hand_made_streams_get_the_verdict_cpython_gives_them() {
     let seed = std::env::var("AIRLOCK_PICKLE_SEED").unwrap_or_else(|_| "7".into());
     let cases = std::env::var("AIRLOCK_PICKLE_CASES").unwrap_or_else(|_| "20000".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/streams.py");
-    let out = Command::new("/usr/bin/python3")
-        .args([script, &seed, &cases])
-        .output()
-        .expect("run /usr/bin/python3");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = python(&[script, &seed, &cases]);
     let opts = Options::default();
     let mut failures = Vec::new();
     let mut counts = std::collections::BTreeMap::<String, usize>::new();
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
+    for line in out.lines() {
         let case: Value = serde_json::from_str(line).unwrap();
         let data = bytes_of(&case);
         let report = scan(&data, &opts);
@@ -228,15 +215,10 @@ fn hand_made_streams_get_the_verdict_cpython_gives_them() {
 #[test]
 fn compat_table_matches_cpython() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
-    let out = Command::new("/usr/bin/python3")
-        .arg(format!("{root}/scripts/gen-compat.py"))
-        .arg("--stdout")
-        .output()
-        .expect("run gen-compat.py");
-    assert!(out.status.success());
+    let out = python(&[&format!("{root}/scripts/gen-compat.py"), "--stdout"]);
     let committed = include_str!("../src/compat.rs");
     assert!(
-        String::from_utf8(out.stdout).unwrap() == committed,
+        out == committed,
         "src/compat.rs is not what CPython says: rerun scripts/gen-compat.py"
     );
 }

@@ -32,6 +32,22 @@ pub struct Server {
 }
 
 impl Server {
+    /// Waits (up to 20 s) until the metrics say `n` sandboxes run.
+    pub fn wait_running(&self, n: i64) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = self.call("GET", "/metrics", None).text();
+            if m.contains(&format!("airlock_running_sandboxes {n}\n")) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never saw {n} running: {m}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts `airlock serve` with `config` (TOML) and extra environment variables.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Server {
         Self::start_with(config, env, true)
