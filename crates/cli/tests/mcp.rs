@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::http::{request, Response, Server, KEY};
+use common::http::{read_response, request, Response, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -609,4 +609,53 @@ fn http_limits_apply_before_the_body_is_read() {
         &initialize(),
     );
     assert_eq!((r.status, r.error_code()), (403, "forbidden".into()));
+}
+
+/// Over MCP too, a body counts in the memory budget until its call is admitted to run: with
+/// the only slot busy, a queued 40 KB call and 40 KB more from the same key pass its 64 KiB.
+#[test]
+fn a_queued_call_holds_its_body_in_the_memory_budget() {
+    let _g = serial();
+    let server = Server::start(
+        "[http]\nmax_body_bytes = 60000\nmax_buffered_bytes_per_key = 65536\n\
+         max_buffered_bytes = 98304\n[concurrency]\nmax_running = 1\n",
+        &[],
+    );
+    let call = |n: u32| {
+        let addr = server.addr;
+        let code = format!("import time\ntime.sleep(2)\n{n}  # {}", "#".repeat(40_000));
+        let body = serde_json::to_vec(&tool_call("run_python", json!({"code": code}))).unwrap();
+        std::thread::spawn(move || {
+            let headers = [
+                ("Content-Type".to_owned(), "application/json".to_owned()),
+                (
+                    "Accept".to_owned(),
+                    "application/json, text/event-stream".to_owned(),
+                ),
+                ("Authorization".to_owned(), format!("Bearer {KEY}")),
+            ];
+            request(addr, "POST", "/mcp", &headers, Some(&body))
+        })
+    };
+    let running = call(1);
+    server.wait_running(1);
+    let queued = call(2);
+    std::thread::sleep(Duration::from_millis(700));
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: 60000\r\n\r\n"
+    )
+    .unwrap();
+    s.write_all(&[b' '; 40_000]).unwrap();
+    let r = read_response(&mut s).expect("an answer before the body is all there");
+    assert_eq!((r.status, r.error_code()), (429, "rate_limited".into()));
+    for (t, n) in [(running, "1"), (queued, "2")] {
+        let r = t.join().unwrap();
+        let text = r.json()["result"]["content"].to_string();
+        assert!(text.contains(&format!("result: {n}")), "{text}");
+    }
 }
