@@ -75,20 +75,18 @@ z[8:10] = struct.pack("<H", 99)
 cases["unknown_method"] = ("malformed", bytes(z))
 
 # ZIP64: the local header's sizes are in the extra field (as for members over 4 GiB).
-b = io.BytesIO()
-with zipfile.ZipFile(b, "w") as zz:
-    with zz.open("archive/data.pkl", "w", force_zip64=True) as f:
-        f.write(BAD)
-z = bytearray(b.getvalue())
-z[18:26] = b"\xff" * 8
-cases["zip64_sizes"] = ("unsafe", bytes(z))
-b = io.BytesIO()
-with zipfile.ZipFile(b, "w") as zz:
-    with zz.open("archive/data.pkl", "w", force_zip64=True) as f:
-        f.write(GOOD)
-z = bytearray(b.getvalue())
-z[18:26] = b"\xff" * 8
-cases["zip64_safe"] = ("safe", bytes(z))
+def zip64(data):
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w") as zz:
+        with zz.open("archive/data.pkl", "w", force_zip64=True) as f:
+            f.write(data)
+    z = bytearray(b.getvalue())
+    z[18:26] = b"\xff" * 8
+    return bytes(z)
+
+
+cases["zip64_sizes"] = ("unsafe", zip64(BAD))
+cases["zip64_safe"] = ("safe", zip64(GOOD))
 
 # Pickles need no PROTO opcode, and CPython ignores what follows STOP: a member that starts
 # like anything but a protocol-2+ pickle, or ends with junk, is still read.
