@@ -7,6 +7,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod text;
+pub use text::{write_deferring_texts, Deferred, Text};
+
 /// How an execution ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -189,9 +192,10 @@ pub struct ExecutionResult {
     /// The signal that killed the program, when one did.
     pub signal: Option<i32>,
     /// What the program wrote, decoded as UTF-8 (invalid bytes become U+FFFD), capped at
-    /// `limits.output_bytes`.
-    pub stdout: String,
-    pub stderr: String,
+    /// `limits.output_bytes` bytes as written. Sent, a byte takes up to 6 (a control
+    /// character is escaped as `\u00XX`; an invalid byte becomes the 3 bytes of U+FFFD).
+    pub stdout: Text,
+    pub stderr: Text,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     /// The value of the code's final expression, or the entrypoint's return value, as JSON,

@@ -468,12 +468,12 @@ impl Engine {
         if let Some(c) = &cancel {
             c.detach();
         }
-        let io = io.map_err(|_| EngineError::Io {
+        let mut io = io.map_err(|_| EngineError::Io {
             what: "output pump",
             source: std::io::Error::other("panicked"),
         })?;
-        let stdout = pump::decode_output(&io.stdout.data, io.stdout.truncated);
-        let stderr = pump::decode_output(&io.stderr.data, io.stderr.truncated);
+        let stdout = pump::decode_output(std::mem::take(&mut io.stdout.data), io.stdout.truncated);
+        let stderr = pump::decode_output(std::mem::take(&mut io.stderr.data), io.stderr.truncated);
         let truncated = io.stdout.truncated || io.stderr.truncated;
 
         let outcome = match waited {
@@ -577,7 +577,7 @@ impl Engine {
             return Err(format!(
                 "a trial run ended with status {}: {why} {}",
                 r.status,
-                r.stderr.trim()
+                r.stderr.to_string_lossy().trim()
             ));
         }
         let expected = serde_json::json!([SANDBOX_UID, HOSTNAME, ["1", "2"]]);

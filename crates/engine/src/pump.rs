@@ -8,6 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 
+use airlock_api::Text;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
@@ -333,9 +334,10 @@ impl Pump<'_> {
     }
 }
 
-/// Decodes captured output for JSON. Invalid bytes become U+FFFD; when the capture was cut
-/// at its limit, a multi-byte character split by the cut is dropped rather than mangled.
-pub(crate) fn decode_output(bytes: &[u8], truncated: bool) -> String {
+/// Captured output as the result holds it: the bytes themselves (invalid ones become U+FFFD
+/// only as the text is sent); when the capture was cut at its limit, a multi-byte character
+/// split by the cut is dropped rather than mangled.
+pub(crate) fn decode_output(mut bytes: Vec<u8>, truncated: bool) -> Text {
     let mut end = bytes.len();
     if truncated {
         for i in (end.saturating_sub(3)..end).rev() {
@@ -351,7 +353,8 @@ pub(crate) fn decode_output(bytes: &[u8], truncated: bool) -> String {
             break;
         }
     }
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
+    bytes.truncate(end);
+    Text::from(bytes)
 }
 
 #[cfg(test)]
@@ -361,7 +364,7 @@ mod tests {
     #[test]
     fn invalid_utf8_becomes_replacement_characters() {
         assert_eq!(
-            decode_output(b"ok \xff\xfe end", false),
+            decode_output(b"ok \xff\xfe end".to_vec(), false),
             "ok \u{fffd}\u{fffd} end"
         );
     }
@@ -369,12 +372,15 @@ mod tests {
     #[test]
     fn a_character_split_by_the_limit_is_dropped() {
         let euro = "\u{20ac}".as_bytes(); // 3 bytes
-        assert_eq!(decode_output(&[b'a', euro[0], euro[1]], true), "a");
+        assert_eq!(decode_output(vec![b'a', euro[0], euro[1]], true), "a");
         assert_eq!(
-            decode_output(&[b'a', euro[0], euro[1], euro[2]], true),
+            decode_output(vec![b'a', euro[0], euro[1], euro[2]], true),
             "a\u{20ac}"
         );
         // Not cut by us: the program really wrote a broken sequence.
-        assert_eq!(decode_output(&[b'a', euro[0], euro[1]], false), "a\u{fffd}");
+        assert_eq!(
+            decode_output(vec![b'a', euro[0], euro[1]], false),
+            "a\u{fffd}"
+        );
     }
 }

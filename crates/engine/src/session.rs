@@ -258,7 +258,7 @@ impl Session {
         let mut limits = self.cell_limits();
         limits.timeout_ms = cell.timeout.as_millis() as u64;
         let output_limit = limits.output_bytes;
-        let ex = exchange(
+        let mut ex = exchange(
             &mut io,
             &request,
             started + cell.timeout,
@@ -267,8 +267,8 @@ impl Session {
             self.response_limit,
         );
         let truncated = ex.stdout.truncated || ex.stderr.truncated;
-        let stdout = pump::decode_output(&ex.stdout.data, ex.stdout.truncated);
-        let stderr = pump::decode_output(&ex.stderr.data, ex.stderr.truncated);
+        let stdout = pump::decode_output(std::mem::take(&mut ex.stdout.data), ex.stdout.truncated);
+        let stderr = pump::decode_output(std::mem::take(&mut ex.stderr.data), ex.stderr.truncated);
         let parsed = ex
             .reply
             .as_deref()
