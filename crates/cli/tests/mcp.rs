@@ -612,19 +612,25 @@ fn http_limits_apply_before_the_body_is_read() {
 }
 
 /// Over MCP too, a body counts in the memory budget until its call is admitted to run: with
-/// the only slot busy, a queued 40 KB call and 40 KB more from the same key pass its 64 KiB.
+/// the only slot busy, a queued 2 MB call (and both calls' answer reservations, 2.4 MiB each)
+/// and 3 MB more from the same key pass its 8 MiB share; without the queued body they would
+/// not.
 #[test]
 fn a_queued_call_holds_its_body_in_the_memory_budget() {
     let _g = serial();
     let server = Server::start(
-        "[http]\nmax_body_bytes = 60000\nmax_buffered_bytes_per_key = 65536\n\
-         max_buffered_bytes = 98304\n[concurrency]\nmax_running = 1\n",
+        &format!(
+            "[http]\nmax_body_bytes = 4000000\nmax_buffered_bytes_per_key = 8388608\n\
+             max_buffered_bytes = 16777216\n[concurrency]\nmax_running = 1\n{}",
+            common::http::SMALL_ANSWERS
+        ),
         &[],
     );
-    let call = |n: u32| {
+    let call = |n: u32, pad: usize| {
         let addr = server.addr;
-        let code = format!("import time\ntime.sleep(2)\n{n}  # {}", "#".repeat(40_000));
-        let body = serde_json::to_vec(&tool_call("run_python", json!({"code": code}))).unwrap();
+        let code = format!("import time\ntime.sleep(2)\n{n}");
+        let mut body = vec![b' '; pad];
+        body.extend(serde_json::to_vec(&tool_call("run_python", json!({"code": code}))).unwrap());
         std::thread::spawn(move || {
             let headers = [
                 ("Content-Type".to_owned(), "application/json".to_owned()),
@@ -637,9 +643,9 @@ fn a_queued_call_holds_its_body_in_the_memory_budget() {
             request(addr, "POST", "/mcp", &headers, Some(&body))
         })
     };
-    let running = call(1);
+    let running = call(1, 0);
     server.wait_running(1);
-    let queued = call(2);
+    let queued = call(2, 2_000_000);
     std::thread::sleep(Duration::from_millis(700));
     let mut s = server.connect();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -647,10 +653,10 @@ fn a_queued_call_holds_its_body_in_the_memory_budget() {
         s,
         "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
          Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         Content-Length: 60000\r\n\r\n"
+         Content-Length: 4000000\r\n\r\n"
     )
     .unwrap();
-    s.write_all(&[b' '; 40_000]).unwrap();
+    s.write_all(&vec![b' '; 3_000_000]).unwrap();
     let r = read_response(&mut s).expect("an answer before the body is all there");
     assert_eq!((r.status, r.error_code()), (429, "rate_limited".into()));
     for (t, n) in [(running, "1"), (queued, "2")] {

@@ -1362,40 +1362,69 @@ fn a_throttled_key_is_refused_before_its_body_is_read() {
 #[test]
 fn bodies_in_memory_at_once_are_bounded() {
     let _g = serial();
+    // Small answers (784 KiB reserved per execution), so that bodies decide.
     let config = format!(
-        "[http]\nmax_body_bytes = 60000\nmax_buffered_bytes_per_key = 65536\nmax_buffered_bytes = 98304\n\
-         [concurrency]\nmax_running = 1\n{}",
+        "[http]\nmax_body_bytes = 4000000\nmax_buffered_bytes_per_key = 5242880\n\
+         max_buffered_bytes = 7340032\n[concurrency]\nmax_running = 1\n{}{}",
+        common::http::SMALL_ANSWERS,
         other_key_toml("")
     );
     let server = Server::start(&config, &[]);
     let partial = |key: &str, n: usize| {
         let mut s = server.connect();
-        write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 60000\r\n\r\n").unwrap();
+        write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n").unwrap();
         s.write_all(&vec![b' '; n]).unwrap();
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(300));
         s
     };
     let refused = |mut s: std::net::TcpStream| {
         let r = read_response(&mut s).expect("an answer");
         (r.status, r.error_code())
     };
-    // One key: 40 KB held; 40 KB more would pass its 64 KiB share.
-    let first = partial(KEY, 40_000);
-    assert_eq!(refused(partial(KEY, 40_000)), (429, "rate_limited".into()));
-    // Another key still has room, until all bodies together pass 96 KiB.
-    let other = partial(OTHER_KEY, 40_000);
+    // One key: 3 MB held; 3 MB more would pass its 5 MiB share.
+    let first = partial(KEY, 3_000_000);
     assert_eq!(
-        refused(partial(OTHER_KEY, 20_000)),
+        refused(partial(KEY, 3_000_000)),
+        (429, "rate_limited".into())
+    );
+    // Another key still has room, until all bodies together pass 7 MiB.
+    let other = partial(OTHER_KEY, 3_000_000);
+    assert_eq!(
+        refused(partial(OTHER_KEY, 2_200_000)),
         (503, "overloaded".into())
     );
     drop((first, other));
-    std::thread::sleep(Duration::from_millis(200));
-    // A body whose execution has started no longer counts: two 50 KB bodies of one key, the
-    // second waiting in the queue while the first runs.
-    let code = |n: u32| format!("import time\ntime.sleep(1)\n{n}  # {}", "#".repeat(50_000));
-    let running = in_background(&server, &code(1), KEY);
+    std::thread::sleep(Duration::from_millis(300));
+    // A body whose execution has started no longer counts (its answer's reservation does):
+    // two 3 MB bodies of one key, the second waiting in the queue while the first runs.
+    let padded = |n: u32| {
+        let mut body = vec![b' '; 3_000_000];
+        body.extend_from_slice(
+            json!({"code": format!("import time\ntime.sleep(1)\n{n}")})
+                .to_string()
+                .as_bytes(),
+        );
+        body
+    };
+    let addr = server.addr;
+    let first = padded(1);
+    let running = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/execute",
+            &[h("Authorization", &format!("Bearer {KEY}")), json_type()],
+            Some(&first),
+        )
+    });
     server.wait_running(1);
-    let queued = server.execute(json!({"code": code(2)}));
+    let queued = request(
+        addr,
+        "POST",
+        "/v1/execute",
+        &[h("Authorization", &format!("Bearer {KEY}")), json_type()],
+        Some(&padded(2)),
+    );
     assert_eq!(queued.json()["result"], 2, "{}", queued.text());
     assert_eq!(running.join().unwrap().json()["result"], 1);
 }

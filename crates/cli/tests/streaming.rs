@@ -129,9 +129,22 @@ fn output_arrives_while_the_program_runs_and_the_result_comes_last() {
     assert_eq!(seen[0].1, json!({"text": "oops\n"}));
     assert_eq!(seen[1].1, json!({"text": "second\n"}));
     let result = &seen[2].1;
+    // The output came in its events: the result does not repeat it, and says so.
     assert_eq!(
-        (&result["status"], &result["result"], &result["stdout"]),
-        (&json!("ok"), &json!("done"), &json!("first\nsecond\n"))
+        (
+            &result["status"],
+            &result["result"],
+            &result["stdout"],
+            &result["stderr"],
+            &result["output_streamed"]
+        ),
+        (
+            &json!("ok"),
+            &json!("done"),
+            &json!(""),
+            &json!(""),
+            &json!(true)
+        )
     );
     assert!(result["id"].as_str().unwrap().starts_with("ex_"));
     assert_eq!(running(&server), "airlock_running_sandboxes 0");
@@ -211,9 +224,56 @@ fn a_session_cell_streams_too() {
             &result["session_ended"],
             &result["stdout"]
         ),
-        (&json!(7), &json!(false), &json!("first\nsecond\n"))
+        (&json!(7), &json!(false), &json!(""))
     );
+    assert_eq!(result["output_streamed"], true);
     // The session goes on.
     let r = server.call("POST", &path, Some(&json!({"code": "x * 6"})));
     assert_eq!(r.json()["result"], 42);
+}
+
+/// Each byte of output reaches a streaming client once, in order, whatever it is: through
+/// the stdout and stderr events, never again in the result.
+#[test]
+fn streaming_clients_get_each_byte_once() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // 600 KB of every byte value (control characters, quotes, invalid UTF-8), in writes
+    // that split multi-byte characters, and a line on stderr between them.
+    let code = [
+        "import sys",
+        "chunk = bytes(range(256)) * 40 + 'é€'.encode()",
+        "for i in range(60):",
+        "    sys.stdout.buffer.write(chunk[:7] if i % 7 == 0 else chunk)",
+        "    sys.stdout.flush()",
+        "    if i == 30:",
+        "        sys.stderr.write('half\\n')",
+        "        sys.stderr.flush()",
+    ]
+    .join("\n");
+    let mut events = Events::open(&server, &json!({"code": code}));
+    assert_eq!(events.status, 200);
+    let (mut stdout, mut stderr, mut result) = (String::new(), String::new(), None);
+    while let Some((name, data)) = events.next() {
+        match name.as_str() {
+            "stdout" => stdout.push_str(data["text"].as_str().unwrap()),
+            "stderr" => stderr.push_str(data["text"].as_str().unwrap()),
+            "result" => result = Some(data),
+            other => panic!("unexpected event {other}: {data}"),
+        }
+    }
+    let mut chunk: Vec<u8> = (0..=255u8).cycle().take(256 * 40).collect();
+    chunk.extend_from_slice("é€".as_bytes());
+    let mut written = Vec::new();
+    for i in 0..60 {
+        written.extend_from_slice(if i % 7 == 0 { &chunk[..7] } else { &chunk });
+    }
+    assert_eq!(stdout, String::from_utf8_lossy(&written));
+    assert_eq!(stderr, "half\n");
+    let result = result.expect("a result event");
+    assert_eq!(
+        (&result["status"], &result["stdout"], &result["stderr"]),
+        (&json!("ok"), &json!(""), &json!(""))
+    );
+    assert_eq!(result["output_streamed"], true);
 }

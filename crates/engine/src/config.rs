@@ -101,6 +101,17 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// See [`crate::Engine::result_bytes`].
+    pub fn result_bytes(&self, limits: &Limits) -> u64 {
+        let response = self.max_result_bytes + crate::RESPONSE_OVERHEAD;
+        limits
+            .output_bytes
+            .saturating_mul(2)
+            .saturating_add(response.saturating_mul(2))
+    }
+}
+
 /// A request the operator's settings do not allow.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum LimitError {

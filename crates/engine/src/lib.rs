@@ -244,6 +244,14 @@ impl Engine {
         &self.config
     }
 
+    /// The most memory one execution's result can hold, under `limits`: both captured
+    /// streams as written, and the sandbox's response (result, error, outputs, files) once
+    /// parsed and serialized again (twice its bytes: numbers and escapes can grow a little
+    /// when written back).
+    pub fn result_bytes(&self, limits: &Limits) -> u64 {
+        self.config.result_bytes(limits)
+    }
+
     pub fn interpreter(&self) -> &Interpreter {
         &self.interpreter
     }

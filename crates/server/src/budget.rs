@@ -1,22 +1,62 @@
-//! Memory for request bodies: counted in KiB as the bytes arrive, against a budget for all
-//! requests together and a smaller one per key, so that no key can hold the whole of it.
-//! A request keeps its share from its first byte until it is admitted to run (its body, then
-//! the job parsed from it, wait in memory until then).
+//! Memory for what requests and answers hold: counted in bytes against a budget for all of
+//! them together (`http.max_buffered_bytes`) and a smaller one per key
+//! (`http.max_buffered_bytes_per_key`), so that no key can hold the whole of it.
+//!
+//! - A request body counts from its first byte until it is admitted to run (its body, then
+//!   the job parsed from it, wait in memory until then).
+//! - An execution reserves the most its answer can hold (both captured streams, the
+//!   sandbox's response, a write window) before it queues; when it ends the reservation
+//!   shrinks to what the answer really holds, and that counts until the answer is written
+//!   out or its connection closed.
+//! - Any other answer counts from when it is made until it is written out.
+//!
+//! Past a budget, new work gets 429 (the key's share) or 503 (everyone's), as for bodies.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::keys::Key;
 
 #[derive(Debug)]
-pub struct BodyBudget {
-    all: Arc<Semaphore>,
-    per_key: HashMap<String, Arc<Semaphore>>,
+pub struct MemoryBudget {
+    all: Arc<Pool>,
+    per_key: HashMap<String, Arc<Pool>>,
 }
 
-/// Which budget a body did not fit.
+/// One budget: a limit and what is counted against it now.
+#[derive(Debug)]
+struct Pool {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl Pool {
+    fn new(limit: u64) -> Arc<Pool> {
+        Arc::new(Pool {
+            limit,
+            used: AtomicU64::new(0),
+        })
+    }
+
+    fn try_take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn take(&self, n: u64) {
+        self.used.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn give(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Which budget a share could not grow in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverBudget {
     /// The key's own share.
@@ -25,55 +65,122 @@ pub enum OverBudget {
     All,
 }
 
-/// One request's share, given back on drop.
+/// What one request or answer holds, given back on drop.
 #[derive(Debug, Default)]
 pub struct Share {
-    kib: u64,
-    permits: Vec<OwnedSemaphorePermit>,
+    key: Option<Arc<Pool>>,
+    all: Option<Arc<Pool>>,
+    bytes: u64,
 }
 
-fn kib(bytes: u64) -> usize {
-    usize::try_from(bytes / 1024).unwrap_or(usize::MAX).max(1)
-}
-
-impl BodyBudget {
+impl MemoryBudget {
     pub fn new(total_bytes: u64, per_key_bytes: u64, keys: &[Arc<Key>]) -> Self {
         let per_key = keys
             .iter()
-            .map(|k| {
-                (
-                    k.name().to_owned(),
-                    Arc::new(Semaphore::new(kib(per_key_bytes))),
-                )
-            })
+            .map(|k| (k.name().to_owned(), Pool::new(per_key_bytes)))
             .collect();
-        BodyBudget {
-            all: Arc::new(Semaphore::new(kib(total_bytes))),
+        MemoryBudget {
+            all: Pool::new(total_bytes),
             per_key,
         }
     }
 
-    /// Grows `share` to cover `bytes` received so far.
-    pub fn cover(&self, key: &Key, share: &mut Share, bytes: u64) -> Result<(), OverBudget> {
-        let more = bytes.div_ceil(1024).saturating_sub(share.kib);
+    /// An empty share, counted against `key`'s budget (when there is a key) and everyone's.
+    pub fn share(&self, key: Option<&Key>) -> Share {
+        Share {
+            key: key.and_then(|k| self.per_key.get(k.name()).cloned()),
+            all: Some(self.all.clone()),
+            bytes: 0,
+        }
+    }
+
+    /// A share of `bytes`, or which budget it does not fit.
+    pub fn reserve(&self, key: &Key, bytes: u64) -> Result<Share, OverBudget> {
+        let mut share = self.share(Some(key));
+        share.cover(bytes)?;
+        Ok(share)
+    }
+
+    /// Bytes counted now, against everyone's budget.
+    pub fn used(&self) -> u64 {
+        self.all.used.load(Ordering::Acquire)
+    }
+
+    /// Bytes counted now against `key`'s share.
+    pub fn used_by(&self, key: &str) -> u64 {
+        self.per_key
+            .get(key)
+            .map_or(0, |p| p.used.load(Ordering::Acquire))
+    }
+}
+
+impl Share {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Grows the share to `total` bytes if both budgets have room; it is left as it was if
+    /// not.
+    pub fn cover(&mut self, total: u64) -> Result<(), OverBudget> {
+        let more = total.saturating_sub(self.bytes);
         if more == 0 {
             return Ok(());
         }
-        let n = u32::try_from(more).map_err(|_| OverBudget::All)?;
-        let mine = self.per_key.get(key.name()).ok_or(OverBudget::Key)?;
-        let from_key = mine
-            .clone()
-            .try_acquire_many_owned(n)
-            .map_err(|_| OverBudget::Key)?;
-        let from_all = self
-            .all
-            .clone()
-            .try_acquire_many_owned(n)
-            .map_err(|_| OverBudget::All)?;
-        share.kib += more;
-        share.permits.push(from_key);
-        share.permits.push(from_all);
+        if let Some(key) = &self.key {
+            if !key.try_take(more) {
+                return Err(OverBudget::Key);
+            }
+        }
+        if let Some(all) = &self.all {
+            if !all.try_take(more) {
+                if let Some(key) = &self.key {
+                    key.give(more);
+                }
+                return Err(OverBudget::All);
+            }
+        }
+        self.bytes = total;
         Ok(())
+    }
+
+    /// Makes the share exactly `total` bytes: what is already held must be counted, room or
+    /// not (a reservation made for it was smaller than the thing itself).
+    pub fn set(&mut self, total: u64) {
+        if total > self.bytes {
+            let more = total - self.bytes;
+            for pool in self.key.iter().chain(&self.all) {
+                pool.take(more);
+            }
+        } else {
+            let less = self.bytes - total;
+            for pool in self.key.iter().chain(&self.all) {
+                pool.give(less);
+            }
+        }
+        self.bytes = total;
+    }
+
+    /// Takes `other`'s bytes into this share (both must count against the same budgets).
+    pub fn absorb(&mut self, mut other: Share) {
+        debug_assert!(
+            same(&self.key, &other.key) && same(&self.all, &other.all),
+            "shares of different budgets"
+        );
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+}
+
+fn same(a: &Option<Arc<Pool>>, b: &Option<Arc<Pool>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        self.set(0);
     }
 }
 
@@ -91,21 +198,45 @@ mod tests {
         ])
         .unwrap();
         let (a, b) = (&store.keys()[0], &store.keys()[1]);
-        let budget = BodyBudget::new(100 << 10, 60 << 10, store.keys());
-        let mut first = Share::default();
-        budget.cover(a, &mut first, 50 << 10).unwrap();
-        let mut second = Share::default();
-        assert_eq!(budget.cover(a, &mut second, 20 << 10), Err(OverBudget::Key));
-        let mut other = Share::default();
-        budget.cover(b, &mut other, 40 << 10).unwrap();
-        assert_eq!(budget.cover(b, &mut other, 55 << 10), Err(OverBudget::All));
+        let budget = MemoryBudget::new(100 << 10, 60 << 10, store.keys());
+        let first = budget.reserve(a, 50 << 10).unwrap();
+        assert_eq!(budget.reserve(a, 20 << 10).err(), Some(OverBudget::Key));
+        let mut other = budget.reserve(b, 40 << 10).unwrap();
+        assert_eq!(other.cover(55 << 10), Err(OverBudget::All));
+        // A failed growth takes nothing from either budget.
+        assert_eq!(budget.used(), 90 << 10);
+        assert_eq!(budget.used_by("b"), 40 << 10);
         drop(first);
-        budget.cover(b, &mut other, 55 << 10).unwrap();
-        // Growing a share counts only what is new.
-        let mut grow = Share::default();
+        other.cover(55 << 10).unwrap();
+        assert_eq!(budget.used(), 55 << 10);
+        // Growing counts only what is new; shrinking gives back the rest.
+        let mut grow = budget.share(Some(a));
         for n in 1..=5 {
-            budget.cover(a, &mut grow, n * 1024).unwrap();
+            grow.cover(n * 1024).unwrap();
         }
-        assert_eq!(grow.kib, 5);
+        assert_eq!((grow.bytes(), budget.used_by("a")), (5 << 10, 5 << 10));
+        grow.set(1024);
+        assert_eq!(budget.used_by("a"), 1024);
+        drop((grow, other));
+        assert_eq!((budget.used(), budget.used_by("a")), (0, 0));
+    }
+
+    #[test]
+    fn what_is_held_is_counted_even_past_the_budget() {
+        let store =
+            KeyStore::new(vec![KeyConfig::new("a", hash_key("key-for-tests-000a"))]).unwrap();
+        let a = &store.keys()[0];
+        let budget = MemoryBudget::new(100, 50, store.keys());
+        let mut held = budget.reserve(a, 40).unwrap();
+        held.set(80); // the answer turned out larger than its reservation
+        assert_eq!(budget.used_by("a"), 80);
+        // Nothing new fits until it is gone.
+        assert_eq!(budget.reserve(a, 1).err(), Some(OverBudget::Key));
+        let mut merged = budget.share(Some(a));
+        merged.absorb(held);
+        assert_eq!(budget.used_by("a"), 80);
+        drop(merged);
+        assert_eq!((budget.used(), budget.used_by("a")), (0, 0));
+        budget.reserve(a, 50).unwrap();
     }
 }

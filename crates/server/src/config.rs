@@ -213,11 +213,20 @@ pub struct HttpConfig {
     /// middle of a request (idle, or still sending its head): from the address with the most
     /// connections, anonymous before authenticated, oldest first.
     pub max_connections: usize,
-    /// Request bodies in memory at once (received, or parsed and waiting for a slot), all
-    /// requests together; past it, 503.
+    /// Memory for request bodies and answers, all requests together: bodies received (or
+    /// parsed and waiting for a slot), what each execution in flight reserves for its answer
+    /// (both output streams at `output_bytes`, the result, a write window), and answers made
+    /// but not yet written out. Past it, 503.
     pub max_buffered_bytes: u64,
-    /// The share of `max_buffered_bytes` one key may hold; past it, 429.
+    /// The share of `max_buffered_bytes` one key may hold; past it, 429. It must hold the
+    /// answer of one execution at the ceilings.
     pub max_buffered_bytes_per_key: u64,
+    /// A client must take its answer at `answer_min_bytes_per_second` or more, over every
+    /// stretch of this long in which the answer waits for it; otherwise its connection is
+    /// closed and the answer's memory freed (the `slow_reader` security event).
+    pub answer_timeout_ms: u64,
+    /// See `answer_timeout_ms`. 0 cuts off only clients that take nothing at all.
+    pub answer_min_bytes_per_second: u64,
 }
 
 impl Default for HttpConfig {
@@ -227,8 +236,10 @@ impl Default for HttpConfig {
             header_timeout_ms: 10_000,
             body_timeout_ms: 30_000,
             max_connections: 256,
-            max_buffered_bytes: 256 << 20,
-            max_buffered_bytes_per_key: 64 << 20,
+            max_buffered_bytes: 1 << 30,
+            max_buffered_bytes_per_key: 256 << 20,
+            answer_timeout_ms: 10_000,
+            answer_min_bytes_per_second: 16 << 10,
         }
     }
 }
@@ -516,6 +527,32 @@ impl Config {
                  (a body that fits no budget could never be received)"
                     .into(),
             );
+        }
+        if h.answer_timeout_ms == 0 {
+            return bad("http.answer_timeout_ms must be at least 1".into());
+        }
+        // One execution at the ceilings (and one MCP call at the defaults) must fit a key's
+        // share, or it could never be admitted.
+        use crate::routes::{answer_bytes, Form};
+        let e = &self.engine;
+        for (what, bytes) in [
+            (
+                "an execution at engine.ceilings",
+                answer_bytes(e, &e.ceilings, Form::Json),
+            ),
+            (
+                "an MCP call at engine.defaults",
+                answer_bytes(e, &e.defaults, Form::Mcp),
+            ),
+        ] {
+            if bytes > h.max_buffered_bytes_per_key {
+                return bad(format!(
+                    "http.max_buffered_bytes_per_key = {} is less than the {bytes} bytes the \
+                     answer of {what} may hold (both output streams at output_bytes, the \
+                     result, a write window): raise it, or lower output_bytes",
+                    h.max_buffered_bytes_per_key
+                ));
+            }
         }
         let mut names = std::collections::BTreeSet::new();
         for key in &self.keys {

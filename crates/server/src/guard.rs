@@ -47,17 +47,18 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     let origin = req.headers().get(header::ORIGIN).cloned();
     req.extensions_mut().insert(RequestId(log.rid.clone()));
 
-    let mut response = match check(&state, &log.route, &mut req) {
+    let mut caller = None;
+    let response = match check(&state, &log.route, &mut req) {
         Ok(Some(early)) => early,
         Ok(None) => {
-            log.key = req
-                .extensions()
-                .get::<Caller>()
-                .map(|c| c.0.name().to_owned());
+            caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
+            log.key = caller.as_ref().map(|k| k.name().to_owned());
             next.run(req).await
         }
         Err(e) => e.into_response(),
     };
+    // The answer's memory counts until it is written out.
+    let mut response = crate::answer::count(&state, caller.as_deref(), response);
 
     add_cors_headers(&state, origin, &mut response);
     if let Ok(v) = HeaderValue::from_str(&log.rid) {

@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+mod answer;
 pub mod audit;
 mod budget;
 pub mod config;
@@ -59,8 +60,8 @@ pub struct AppState {
     pub allowed_hosts: Vec<String>,
     /// Whether the start-up trial run worked, and why not.
     pub trial: Mutex<Result<(), String>>,
-    /// Memory for request bodies (http.max_buffered_bytes, and per key).
-    pub body_budget: budget::BodyBudget,
+    /// Memory for request bodies and answers (http.max_buffered_bytes, and per key).
+    pub memory: budget::MemoryBudget,
     shutting_down: AtomicBool,
     /// Turns true on shutdown, for whoever waits on something else meanwhile.
     shutdown: tokio::sync::watch::Sender<bool>,
@@ -91,7 +92,7 @@ impl AppState {
         let allowed_hosts = allowed_hosts(&config);
         let eval_turns = eval_slots(&config);
         let pickle_turns = config.pickle.max_running.max(1);
-        let body_budget = budget::BodyBudget::new(
+        let memory = budget::MemoryBudget::new(
             config.http.max_buffered_bytes,
             config.http.max_buffered_bytes_per_key,
             keys.keys(),
@@ -105,7 +106,7 @@ impl AppState {
             audit,
             allowed_hosts,
             trial: Mutex::new(Err("not run yet".into())),
-            body_budget,
+            memory,
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
             sessions: sessions::Sessions::default(),

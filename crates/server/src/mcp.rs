@@ -34,13 +34,16 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::admission::Entered;
+use crate::answer::Reserved;
 use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
 use crate::keys::KeyStore;
 use crate::keys::{random_id, Key};
-use crate::routes::{job_from, read_body, refuse_if_unavailable, rejection, require, run_job};
+use crate::routes::{
+    job_from, read_body, refuse_if_unavailable, rejection, require, reserve_answer, run_job, Form,
+};
 use crate::serve::{make_state_dir, start_engine, ServeError};
 use crate::SharedState;
 
@@ -298,11 +301,12 @@ impl Tools {
             .caller(context)
             .map_err(|e| ErrorData::internal_error(e.message, None))?;
         let held = held_share(context);
+        let slot = answer_slot(context);
         Ok(match call {
-            Call::RunPython(a) => self.run_python(&key, request_id, held, a).await,
+            Call::RunPython(a) => self.run_python(&key, request_id, held, &slot, a).await,
             Call::Eval(a) => self.eval_expression(held, a).await,
             Call::CreateSession => self.create_session(&key).await,
-            Call::RunInSession(a) => self.run_in_session(&key, request_id, held, a).await,
+            Call::RunInSession(a) => self.run_in_session(&key, request_id, held, &slot, a).await,
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
             Call::Close(a) => self.close_session(&key, a).await,
@@ -323,6 +327,7 @@ impl Tools {
         key: &Arc<Key>,
         request_id: String,
         held: Option<Share>,
+        slot: &Option<Reserved>,
         a: RunPython,
     ) -> Result<CallToolResult, Error> {
         let state = &self.state;
@@ -342,9 +347,14 @@ impl Tools {
             inputs: None,
         };
         let job = job_from(state, key, request)?;
-        let response = run_job(state, key, request_id, job, held).await?;
+        let answer = reserve_answer(state, key, &job.limits, Form::Mcp)?;
+        let (response, answer) =
+            run_job(state, key, request_id, job, held, answer, |r, a| (r, a)).await?;
         drop(entered);
-        Ok(execution_result(&response.result, ""))
+        let result = execution_result(&response.result, "");
+        drop(response);
+        keep_for_answer(slot, answer);
+        Ok(result)
     }
 
     async fn eval_expression(
@@ -385,6 +395,7 @@ impl Tools {
         key: &Arc<Key>,
         request_id: String,
         held: Option<Share>,
+        slot: &Option<Reserved>,
         a: RunInSession,
     ) -> Result<CallToolResult, Error> {
         let state = &self.state;
@@ -396,7 +407,17 @@ impl Tools {
             inputs: None,
             timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
         };
-        let r = crate::sessions::cell(state, key, request_id, &a.session_id, asked, held).await?;
+        let (r, answer) = crate::sessions::cell(
+            state,
+            key,
+            request_id,
+            &a.session_id,
+            asked,
+            held,
+            Form::Mcp,
+        )
+        .await?;
+        keep_for_answer(slot, answer);
         let note = if r.session_ended {
             "\nThe session has ended because of this cell; close it and create another."
         } else {
@@ -475,6 +496,25 @@ fn held_share(context: &RequestContext<RoleServer>) -> Option<Share> {
     let parts = context.extensions.get::<axum::http::request::Parts>()?;
     let share = parts.extensions.get::<BodyShare>()?;
     share.0.lock().ok()?.take()
+}
+
+/// Where a call over HTTP leaves the reservation its answer holds: the route hands it on
+/// with the response, which counts it until it is written (`answer::count`).
+fn answer_slot(context: &RequestContext<RoleServer>) -> Option<Reserved> {
+    let parts = context.extensions.get::<axum::http::request::Parts>()?;
+    parts.extensions.get::<Reserved>().cloned()
+}
+
+/// Keeps an execution's answer reservation for the response (over stdio there is none: rmcp
+/// writes the answer to stdout, and the reservation ends with the call).
+fn keep_for_answer(slot: &Option<Reserved>, share: Share) {
+    if let Some(Reserved(slot)) = slot {
+        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+        match held.as_mut() {
+            Some(kept) => kept.absorb(share),
+            None => *held = Some(share),
+        }
+    }
 }
 
 /// A tool's description, its JSON Schema made from its argument type.
@@ -710,8 +750,13 @@ pub(crate) async fn route(
     parts
         .extensions
         .insert(BodyShare(Arc::new(std::sync::Mutex::new(Some(read.share)))));
+    let slot = Reserved::default();
+    parts.extensions.insert(slot.clone());
     let req = Request::from_parts(parts, Body::from(read.bytes));
-    Ok(service.handle(req).await.into_response())
+    let mut response = service.handle(req).await.into_response();
+    // What the call reserved counts the answer rmcp made of its result.
+    response.extensions_mut().insert(slot);
+    Ok(response)
 }
 
 /// `airlock mcp`: serves the tools on stdin and stdout (nothing else is written to stdout;

@@ -127,6 +127,12 @@ pub mod event {
     pub const CONNECTION_EVICTED: &str = "connection_evicted";
     /// Every connection was busy with a request: a new one was refused.
     pub const CONNECTION_REFUSED: &str = "connection_refused";
+    /// A client took an answer more slowly than `http.answer_min_bytes_per_second`: its
+    /// connection was closed and the answer's memory freed.
+    pub const SLOW_READER: &str = "slow_reader";
+    /// An answer did not fit in its key's (or everyone's) memory budget: a 429 or 503 went
+    /// in its place.
+    pub const ANSWER_OVER_BUDGET: &str = "answer_over_budget";
 }
 
 #[derive(Debug)]

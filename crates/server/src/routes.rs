@@ -22,7 +22,8 @@ use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::admission::Rejection;
-use crate::budget::{OverBudget, Share};
+use crate::answer::{over_budget, Answer, WINDOW};
+use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
@@ -152,6 +153,14 @@ async fn metrics(
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));
     text.push_str(&state.sessions.render_metrics());
+    text.push_str(&format!(
+        "# HELP airlock_memory_held_bytes Memory held by request bodies and answers (and reserved for running executions' answers).\n\
+         # TYPE airlock_memory_held_bytes gauge\nairlock_memory_held_bytes {}\n\
+         # HELP airlock_memory_budget_bytes http.max_buffered_bytes.\n\
+         # TYPE airlock_memory_budget_bytes gauge\nairlock_memory_budget_bytes {}\n",
+        state.memory.used(),
+        state.config.http.max_buffered_bytes
+    ));
     let mut response = text.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -234,7 +243,7 @@ pub(crate) async fn read_body_as(
         let mut body = req.into_body();
         // Memory is reserved as bytes arrive, not on the sender's word.
         let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(64 << 10) as usize);
-        let mut share = Share::default();
+        let mut share = state.memory.share(Some(key));
         while let Some(frame) = body.frame().await {
             let frame = frame
                 .map_err(|e| Error::invalid("body", format!("reading the body: {e}")).close())?;
@@ -245,25 +254,9 @@ pub(crate) async fn read_body_as(
             if total > limit {
                 return Err(too_large());
             }
-            state
-                .body_budget
-                .cover(key, &mut share, total)
-                .map_err(|over| match over {
-                    OverBudget::Key => Error::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "rate_limited",
-                        "this key has too many request bodies in memory at once",
-                    )
-                    .retry_after(1)
-                    .close(),
-                    OverBudget::All => Error::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "overloaded",
-                        "too many request bodies are in memory at once",
-                    )
-                    .retry_after(1)
-                    .close(),
-                })?;
+            share
+                .cover(total)
+                .map_err(|over| over_budget(over, "request bodies and answers").close())?;
             bytes.extend_from_slice(&data);
         }
         Ok((bytes, share))
@@ -606,28 +599,85 @@ async fn execute(
     })
     .await
     .map_err(|e| Error::internal(format!("preparing the request: {e}")))??;
+    // The most its answer can hold, from now until it is written out.
+    let answer = reserve_answer(&state, &caller.0, &job.limits, Form::Json)?;
     if streamed {
         let admitted = state.admission.admit(&caller.0).await.map_err(rejection)?;
         drop(share); // as in run_job
         refuse_if_unavailable(&state)?;
         let guards = (entered, admitted);
-        return stream_execution(state, caller.0, request_id, job, guards).await;
+        return stream_execution(state, caller.0, request_id, job, guards, answer).await;
     }
-    let response = run_job(&state, &caller.0, request_id, job, share).await;
+    let response = run_job(
+        &state,
+        &caller.0,
+        request_id,
+        job,
+        share,
+        answer,
+        |r, share| Answer::json(&r, share),
+    )
+    .await;
     drop(entered);
-    response.map(|response| Json(response).into_response())
+    response
+}
+
+/// How an execution's answer is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// JSON whose output is escaped as it is written (`Answer`), or a stream of events.
+    Json,
+    /// An MCP tool result: the output decoded into text blocks, then rmcp's JSON of them,
+    /// both whole in memory while it is serialized (up to 3 and 6 bytes per byte written).
+    Mcp,
+}
+
+/// The most memory an execution's answer can hold under `limits`, sent as `form`.
+pub(crate) fn answer_bytes(
+    engine: &airlock_engine::EngineConfig,
+    limits: &Limits,
+    form: Form,
+) -> u64 {
+    let result = engine.result_bytes(limits);
+    match form {
+        Form::Json => result.saturating_add(WINDOW),
+        Form::Mcp => result.saturating_mul(7).saturating_add(WINDOW),
+    }
+}
+
+/// Reserves what an execution's answer can hold (429 or 503 when it does not fit the key's
+/// share or everyone's), before it queues: what a key has in flight and unread never holds
+/// more than its share.
+pub(crate) fn reserve_answer(
+    state: &SharedState,
+    key: &Key,
+    limits: &Limits,
+    form: Form,
+) -> Result<Share, Error> {
+    let bytes = answer_bytes(state.engine.config(), limits, form);
+    state.memory.reserve(key, bytes).map_err(|over| {
+        state
+            .metrics
+            .security_events
+            .add(&[event::ANSWER_OVER_BUDGET]);
+        over_budget(over, "answers")
+    })
 }
 
 /// Runs a checked job to its end, not streamed: a running slot (`held` is let go once it is
-/// had), the audit log, the engine, the record. Dropping the future (the client went away)
-/// kills the sandbox; the slot is still held until it is gone, and the record still written.
-pub(crate) async fn run_job<H>(
+/// had), the audit log, the engine, the record, then `present` makes the answer from the
+/// response and the answer's reservation (off the async workers). Dropping the future (the
+/// client went away) kills the sandbox; the slot is still held until it is gone, and the
+/// record still written.
+pub(crate) async fn run_job<H, T: Send + 'static>(
     state: &SharedState,
     key: &Arc<Key>,
     request_id: String,
     mut job: Job,
     held: H,
-) -> Result<ExecuteResponse, Error> {
+    answer: Share,
+    present: impl FnOnce(ExecuteResponse, Share) -> T + Send + 'static,
+) -> Result<T, Error> {
     let admitted = state.admission.admit(key).await.map_err(rejection)?;
     // The job leaves the queue for its sandbox: its memory no longer waits here.
     drop(held);
@@ -647,7 +697,7 @@ pub(crate) async fn run_job<H>(
         let ran = st.engine.execute(job, &mut Discard);
         drop(admitted);
         drop(tracked);
-        finish(&st, ctx, ran)
+        finish(&st, ctx, ran).map(|r| present(r, answer))
     })
     .await
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
@@ -664,6 +714,7 @@ async fn stream_execution<G: Send + 'static>(
     request_id: String,
     mut job: Job,
     guards: G,
+    answer: Share,
 ) -> Result<Response, Error> {
     let cancel = Cancel::default();
     let mut on_drop = CancelOnDrop(Some(cancel.clone()));
@@ -678,12 +729,15 @@ async fn stream_execution<G: Send + 'static>(
     .await
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
     let (response, mut events) =
-        crate::stream::channel(std::sync::Arc::new(move || cancel.cancel()));
+        crate::stream::channel(std::sync::Arc::new(move || cancel.cancel()), answer);
     on_drop.0 = None; // from here the stream's own sender cancels
     tokio::task::spawn_blocking(move || {
         let ran = state.engine.execute(job, &mut events);
         drop((guards, tracked));
-        events.end(finish(&state, ctx, ran));
+        events.end(finish(&state, ctx, ran).map(|mut r| {
+            crate::stream::without_output(&mut r.result);
+            r
+        }));
     });
     Ok(response)
 }

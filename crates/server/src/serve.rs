@@ -36,7 +36,7 @@ use crate::error::Error;
 use crate::guard::Authenticated;
 use crate::keys::KeyStore;
 use crate::metrics::event;
-use crate::wire::{Findings, Guarded, MAX_HEAD};
+use crate::wire::{Findings, Flow, Guarded, MAX_HEAD};
 use crate::{app, AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
@@ -202,6 +202,9 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                // Unsent bytes wait in airlock, where they are counted, not in the kernel: a
+                // write is taken once the client takes what came before (`slow_reader`).
+                let _ = socket2::SockRef::from(&stream).set_tcp_notsent_lowat(NOTSENT_LOWAT);
                 let (table, router, state, stop) = (table.clone(), router.clone(), state.clone(), stop_rx.clone());
                 connections.spawn(async move {
                     match table.enter(&state, peer.ip()).await {
@@ -257,6 +260,9 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
     Ok(())
 }
 
+/// Unsent bytes the kernel keeps queued on a connection (`TCP_NOTSENT_LOWAT`).
+const NOTSENT_LOWAT: u32 = 128 << 10;
+
 /// How long killed sandboxes get to be gone after the grace period.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -279,6 +285,11 @@ struct Conn {
     peer: IpAddr,
     /// Requests in progress, from a complete head until the answer is written.
     busy: AtomicUsize,
+    /// Answers made and not yet written out (their bodies are alive).
+    answers: AtomicUsize,
+    /// The answer being written had nothing more to give when last asked (a stream waiting
+    /// for its execution): the client owes nothing meanwhile.
+    answer_idle: AtomicBool,
     /// A request on this connection presented a valid key.
     authenticated: Arc<AtomicBool>,
     evicted: AtomicBool,
@@ -339,6 +350,8 @@ impl Table {
         let conn = Arc::new(Conn {
             peer,
             busy: AtomicUsize::new(0),
+            answers: AtomicUsize::new(0),
+            answer_idle: AtomicBool::new(false),
             authenticated: Arc::new(AtomicBool::new(false)),
             evicted: AtomicBool::new(false),
             evict: Notify::new(),
@@ -424,10 +437,25 @@ impl Drop for Busy {
 }
 
 /// A response body that keeps its connection busy until hyper is done with it (written, or
-/// the connection gone): an answer being written is not an idle connection.
+/// the connection gone): an answer being written is not an idle connection. It also tells
+/// the slow-reader watch whether the answer has more to give.
 struct BusyBody {
     inner: Body,
-    _busy: Busy,
+    busy: Busy,
+}
+
+impl BusyBody {
+    fn new(inner: Body, busy: Busy) -> Self {
+        busy.0.answers.fetch_add(1, Ordering::SeqCst);
+        busy.0.answer_idle.store(false, Ordering::SeqCst);
+        BusyBody { inner, busy }
+    }
+}
+
+impl Drop for BusyBody {
+    fn drop(&mut self) {
+        self.busy.0.answers.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl hyper::body::Body for BusyBody {
@@ -438,7 +466,12 @@ impl hyper::body::Body for BusyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        self.busy
+            .0
+            .answer_idle
+            .store(polled.is_pending(), Ordering::SeqCst);
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -459,7 +492,8 @@ async fn connection(
 ) {
     state.metrics.connections.inc();
     let findings = Arc::new(Findings::default());
-    let io = TokioIo::new(Guarded::new(stream, findings.clone()));
+    let flow = Arc::new(Flow::default());
+    let io = TokioIo::new(Guarded::new(stream, findings.clone(), flow.clone()));
     let svc_state = state.clone();
     let conn_state = entry.conn.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -491,7 +525,7 @@ async fn connection(
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            Ok::<_, Infallible>(response.map(|inner| BusyBody { inner, _busy: busy }))
+            Ok::<_, Infallible>(response.map(|inner| BusyBody::new(inner, busy)))
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
@@ -507,8 +541,26 @@ async fn connection(
         let _ = stop.wait_for(|stop| *stop).await.map(|_| ());
     };
     let evicted = entry.conn.evict.notified();
+    let h = &state.config.http;
+    let slow = slow_reader(
+        &entry.conn,
+        &flow,
+        Duration::from_millis(h.answer_timeout_ms),
+        h.answer_min_bytes_per_second,
+    );
     tokio::select! {
         _ = conn.as_mut() => {}
+        taken = slow => {
+            // Dropping the connection drops the answer, and its memory with it.
+            state.metrics.security_events.add(&[event::SLOW_READER]);
+            tracing::warn!(
+                peer = %entry.conn.peer,
+                taken,
+                timeout_ms = h.answer_timeout_ms,
+                min_bytes_per_second = h.answer_min_bytes_per_second,
+                "closed a connection whose client did not take its answer"
+            );
+        }
         _ = stopping => {
             conn.as_mut().graceful_shutdown();
             let _ = conn.await;
@@ -524,6 +576,40 @@ async fn connection(
     }
     state.metrics.connections.dec();
     drop(entry);
+}
+
+/// Resolves when the client takes an answer waiting for it more slowly than `min_rate`
+/// bytes a second over `timeout` (or takes nothing at all), with the bytes it took in that
+/// time. The answer waits for the client while the socket is full, or while an answer has
+/// more to give than hyper has asked for; a stream waiting for its execution's next event,
+/// a request still being handled and an idle connection owe nothing.
+async fn slow_reader(conn: &Conn, flow: &Flow, timeout: Duration, min_rate: u64) -> u64 {
+    let every = (timeout / 4).clamp(Duration::from_millis(20), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Since when the answer has waited, and what the socket had taken then.
+    let mut waiting: Option<(tokio::time::Instant, u64)> = None;
+    loop {
+        tick.tick().await;
+        let written = flow.written();
+        let owed = flow.blocked()
+            || (conn.answers.load(Ordering::SeqCst) > 0
+                && !conn.answer_idle.load(Ordering::SeqCst));
+        if !owed {
+            waiting = None;
+            continue;
+        }
+        let (since, at) = *waiting.get_or_insert((tokio::time::Instant::now(), written));
+        let elapsed = since.elapsed();
+        if elapsed >= timeout {
+            let taken = written - at;
+            let owed = (min_rate as f64 * elapsed.as_secs_f64()).max(1.0);
+            if (taken as f64) < owed {
+                return taken;
+            }
+            waiting = Some((tokio::time::Instant::now(), written));
+        }
+    }
 }
 
 /// Over the connection cap with every connection busy: a short 503 and close.

@@ -21,13 +21,15 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use sha2::{Digest, Sha256};
 
+use crate::answer::Answer;
+use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
 use crate::keys::{random_id, Key};
 use crate::routes::{
     audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
-    refuse_if_unavailable, rejection, require, resolve_limits, Context,
+    refuse_if_unavailable, rejection, require, reserve_answer, resolve_limits, Context, Form,
 };
 use crate::SharedState;
 
@@ -442,6 +444,8 @@ pub async fn execute(
     let entered = state.admission.enter(&caller.0).map_err(rejection)?;
     let body = read_body(&state, &caller.0, req).await?;
     let asked: CellRequest = parse_json(&state, &body.bytes)?;
+    let limits = entry.session.cell_limits();
+    let answer = reserve_answer(&state, &caller.0, &limits, Form::Json)?;
     let started = start_cell(&state, &caller.0, request_id, entry, asked, body.share).await?;
     if streamed {
         let StartedCell {
@@ -455,26 +459,31 @@ pub async fn execute(
         let (gone, answered) = (entry.clone(), Arc::new(AtomicBool::new(false)));
         let answered2 = answered.clone();
         // A client gone mid-cell closes the session; one gone after the cell ended does not.
-        let (response, mut events) = crate::stream::channel(Arc::new(move || {
+        let on_gone = Arc::new(move || {
             if !answered2.load(Ordering::Acquire) {
                 gone.session.close();
             }
-        }));
+        });
+        let (response, mut events) = crate::stream::channel(on_gone, answer);
         on_close.0 = None; // from here the stream's own sender closes it
         tokio::task::spawn_blocking(move || {
             let done = run_cell(&state, &entry, ctx, cell, &mut events);
             answered.store(true, Ordering::Release);
             drop((admitted, busy, entered));
-            events.end(done);
+            events.end(done.map(|mut r| {
+                crate::stream::without_output(&mut r.result);
+                r
+            }));
         });
         return Ok(response);
     }
-    let done = finish_cell(&state, started).await;
+    let done = finish_cell(&state, started, answer, |r, share| Answer::json(&r, share)).await;
     drop(entered);
-    done.map(|r| Json(r).into_response())
+    done
 }
 
-/// One cell of `key`'s session `id`, not streamed (the caller holds its admission `enter`).
+/// One cell of `key`'s session `id`, not streamed (the caller holds its admission `enter`),
+/// and the reservation of memory its answer, sent as `form`, holds.
 pub(crate) async fn cell<H: Send + 'static>(
     state: &SharedState,
     key: &Key,
@@ -482,10 +491,12 @@ pub(crate) async fn cell<H: Send + 'static>(
     id: &str,
     asked: CellRequest,
     held: H,
-) -> Result<CellResponse, Error> {
+    form: Form,
+) -> Result<(CellResponse, Share), Error> {
     let entry = state.sessions.find(key, id)?;
+    let answer = reserve_answer(state, key, &entry.session.cell_limits(), form)?;
     let started = start_cell(state, key, request_id, entry, asked, held).await?;
-    finish_cell(state, started).await
+    finish_cell(state, started, answer, |r, share| (r, share)).await
 }
 
 /// A cell that holds its session and a running slot, and is in the audit log.
@@ -554,8 +565,14 @@ async fn start_cell<H>(
     })
 }
 
-/// Runs a started cell to its end; dropping the future closes the session.
-async fn finish_cell(state: &SharedState, started: StartedCell) -> Result<CellResponse, Error> {
+/// Runs a started cell to its end, then `present` makes the answer from the response and
+/// the answer's reservation (off the async workers); dropping the future closes the session.
+async fn finish_cell<T: Send + 'static>(
+    state: &SharedState,
+    started: StartedCell,
+    answer: Share,
+    present: impl FnOnce(CellResponse, Share) -> T + Send + 'static,
+) -> Result<T, Error> {
     let StartedCell {
         entry,
         busy,
@@ -569,7 +586,7 @@ async fn finish_cell(state: &SharedState, started: StartedCell) -> Result<CellRe
     let done = tokio::task::spawn_blocking(move || {
         let done = run_cell(&st, &e2, ctx, cell, &mut airlock_engine::Discard);
         drop(admitted);
-        done
+        done.map(|r| present(r, answer))
     })
     .await
     .map_err(|e| Error::internal(format!("the cell failed: {e}")))?;

@@ -6,25 +6,36 @@
 //!   held until it is whole; invalid bytes become U+FFFD, as in the result);
 //! - `truncated`: `{"stream": "stdout", "limit": N}`, once, when a stream reaches the output
 //!   limit (the rest is dropped, as in the result);
-//! - `result`: the same object a plain request gets, last;
+//! - `result`: the same object a plain request gets, last, but for the output the events
+//!   already carried: `result.stdout` and `result.stderr` are empty, and
+//!   `"output_streamed": true` says so (each byte reaches the client once);
 //! - `error`: `{"error": {...}}` instead of `result` when airlock itself failed.
+//!
+//! The events wait for the client in a queue of at most [`QUEUE_BYTES`]; the stream holds
+//! its execution's answer reservation (`budget.rs`) until it is written out or dropped.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use airlock_api::ExecutionResult;
 use airlock_engine::{OutputSink, Stream};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use tokio::sync::mpsc;
 
+use crate::budget::Share;
+
 /// How long a client may leave events unread before its execution is cancelled: the same
 /// bound as for a client that will not read a plain answer.
 const STALLED: Duration = Duration::from_secs(10);
 const QUEUE: usize = 64;
+/// Bytes of events that may wait for the client (one larger event may wait alone).
+pub const QUEUE_BYTES: usize = 1 << 20;
 
 /// Whether the request asked for a stream.
 pub fn wanted(headers: &HeaderMap) -> bool {
@@ -39,6 +50,8 @@ pub fn wanted(headers: &HeaderMap) -> bool {
 /// The sending half, used from the execution's blocking thread.
 pub struct Events {
     tx: mpsc::Sender<Bytes>,
+    /// Bytes in the queue, not yet taken by the body.
+    queued: Arc<AtomicUsize>,
     /// What to stop when the client is gone: the execution, or the session.
     on_gone: OnGone,
     /// Bytes of an unfinished UTF-8 character, per stream.
@@ -52,9 +65,11 @@ pub struct Events {
 pub type OnGone = Arc<dyn Fn() + Send + Sync>;
 
 /// A response whose body is the stream, and the sender that feeds it. A client that goes
-/// away stops the work at once (`on_gone`), even while the program prints nothing.
-pub fn channel(on_gone: OnGone) -> (Response, Events) {
+/// away stops the work at once (`on_gone`), even while the program prints nothing. The body
+/// holds `share` until it is dropped.
+pub fn channel(on_gone: OnGone, share: Share) -> (Response, Events) {
     let (tx, rx) = mpsc::channel(QUEUE);
+    let queued = Arc::new(AtomicUsize::new(0));
     let (watched, on_close) = (tx.clone(), on_gone.clone());
     let (done, finished) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
@@ -63,7 +78,13 @@ pub fn channel(on_gone: OnGone) -> (Response, Events) {
             _ = finished => {} // the execution is over: let the body end
         }
     });
-    let mut response = Response::new(Body::new(EventBody(rx)));
+    let body = EventBody {
+        rx,
+        queued: queued.clone(),
+        _share: share,
+    };
+    let mut response = Response::new(Body::new(body));
+    response.extensions_mut().insert(crate::answer::Counted);
     *response.status_mut() = StatusCode::OK;
     let h = response.headers_mut();
     h.insert(
@@ -74,6 +95,7 @@ pub fn channel(on_gone: OnGone) -> (Response, Events) {
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     let events = Events {
         tx,
+        queued,
         on_gone,
         pending: [Vec::new(), Vec::new()],
         gone: false,
@@ -89,9 +111,20 @@ impl Events {
             return;
         }
         let mut bytes = Bytes::from(format!("event: {event}\ndata: {data}\n\n"));
+        let len = bytes.len();
         let deadline = Instant::now() + STALLED;
         loop {
-            match self.tx.try_send(bytes) {
+            let queued = self.queued.load(Ordering::Acquire);
+            let room = queued == 0 || queued + len <= QUEUE_BYTES;
+            let sent = if room {
+                self.queued.fetch_add(len, Ordering::AcqRel);
+                self.tx.try_send(bytes).inspect_err(|_| {
+                    self.queued.fetch_sub(len, Ordering::AcqRel);
+                })
+            } else {
+                Err(mpsc::error::TrySendError::Full(bytes))
+            };
+            match sent {
                 Ok(()) => return,
                 Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
                     bytes = back;
@@ -122,14 +155,21 @@ impl Events {
         }
     }
 
-    /// The last events: what is still held, then the answer or the error's body.
+    /// The last events: what is still held, then the answer (whose output the events
+    /// carried: see `without_output`) or the error's body.
     pub fn end<T: serde::Serialize>(mut self, done: Result<T, crate::error::Error>) {
         self.flush();
         let (event, value) = match done {
-            Ok(answer) => ("result", serde_json::to_value(answer)),
-            Err(e) => ("error", serde_json::to_value(e.body())),
+            Ok(answer) => {
+                let mut value = serde_json::to_value(answer).unwrap_or_default();
+                if let Some(object) = value.as_object_mut() {
+                    object.insert("output_streamed".into(), true.into());
+                }
+                ("result", value)
+            }
+            Err(e) => ("error", serde_json::to_value(e.body()).unwrap_or_default()),
         };
-        self.send(event, &value.unwrap_or_default());
+        self.send(event, &value);
     }
 
     /// Whatever is still held (an incomplete character at the very end), as U+FFFD.
@@ -142,6 +182,12 @@ impl Events {
             }
         }
     }
+}
+
+/// Empties the output of a result whose output the stream's events already carried.
+pub fn without_output(result: &mut ExecutionResult) {
+    result.stdout = Default::default();
+    result.stderr = Default::default();
 }
 
 fn name(stream: Stream) -> &'static str {
@@ -167,7 +213,11 @@ impl OutputSink for Events {
 }
 
 /// The response body: events as the execution sends them, until it drops its sender.
-struct EventBody(mpsc::Receiver<Bytes>);
+struct EventBody {
+    rx: mpsc::Receiver<Bytes>,
+    queued: Arc<AtomicUsize>,
+    _share: Share,
+}
 
 impl http_body::Body for EventBody {
     type Data = Bytes;
@@ -177,9 +227,11 @@ impl http_body::Body for EventBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        self.0
-            .poll_recv(cx)
-            .map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(bytes)) = &polled {
+            self.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+        }
+        polled.map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
     }
 }
 
@@ -216,6 +268,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(QUEUE);
         let mut events = Events {
             tx,
+            queued: Arc::default(),
             on_gone: Arc::new(|| {}),
             pending: [Vec::new(), Vec::new()],
             gone: false,
@@ -243,6 +296,7 @@ mod tests {
         let stop = cancel.clone();
         let mut events = Events {
             tx,
+            queued: Arc::default(),
             on_gone: Arc::new(move || stop.cancel()),
             pending: [Vec::new(), Vec::new()],
             gone: false,

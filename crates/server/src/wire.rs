@@ -9,7 +9,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -29,6 +29,37 @@ pub struct Findings {
     pub close_after: AtomicBool,
 }
 
+/// How writes to the client go: what the socket took, and whether the last write had to
+/// wait (the client is not taking what is sent). `serve.rs` cuts off slow readers with it.
+#[derive(Debug, Default)]
+pub struct Flow {
+    written: AtomicU64,
+    blocked: AtomicBool,
+}
+
+impl Flow {
+    /// Bytes the socket has taken so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    /// Whether the last write found the socket full.
+    pub fn blocked(&self) -> bool {
+        self.blocked.load(Ordering::Acquire)
+    }
+
+    fn after<T>(&self, poll: &Poll<io::Result<T>>, taken: impl Fn(&T) -> usize) {
+        match poll {
+            Poll::Pending => self.blocked.store(true, Ordering::Release),
+            Poll::Ready(Ok(n)) => {
+                self.written.fetch_add(taken(n) as u64, Ordering::AcqRel);
+                self.blocked.store(false, Ordering::Release);
+            }
+            Poll::Ready(Err(_)) => {}
+        }
+    }
+}
+
 enum Scan {
     Head(Vec<u8>),
     Body(u64),
@@ -39,14 +70,16 @@ pub struct Guarded<S> {
     inner: S,
     scan: Scan,
     findings: Arc<Findings>,
+    flow: Arc<Flow>,
 }
 
 impl<S> Guarded<S> {
-    pub fn new(inner: S, findings: Arc<Findings>) -> Self {
+    pub fn new(inner: S, findings: Arc<Findings>, flow: Arc<Flow>) -> Self {
         Guarded {
             inner,
             scan: Scan::Head(Vec::new()),
             findings,
+            flow,
         }
     }
 
@@ -181,7 +214,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let poll = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.flow.after(&poll, |n| *n);
+        poll
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -197,7 +232,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let poll = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.flow.after(&poll, |n| *n);
+        poll
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -211,7 +248,7 @@ mod tests {
 
     fn scan(chunks: &[&[u8]]) -> (bool, bool) {
         let findings = Arc::new(Findings::default());
-        let mut g = Guarded::new((), findings.clone());
+        let mut g = Guarded::new((), findings.clone(), Arc::default());
         for c in chunks {
             g.observe(c);
         }

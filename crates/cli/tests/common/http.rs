@@ -17,6 +17,15 @@ use super::airlock;
 /// The key every test server accepts (through AIRLOCK_API_KEY), named "env".
 pub const KEY: &str = "test-key-0123456789abcdef";
 
+/// Engine settings for tests of the memory budget: 4 KiB of output and result, so that an
+/// execution reserves 784 KiB for its answer (and an MCP call about 2.4 MiB) and budgets of a
+/// few MiB can be tested.
+pub const SMALL_ANSWERS: &str = "[engine]\nmax_result_bytes = 4096\n\
+    [engine.defaults]\ntimeout_ms = 30000\nmemory_mb = 512\ncpu_ms = 30000\npids = 64\n\
+    disk_mb = 256\noutput_bytes = 4096\n\
+    [engine.ceilings]\ntimeout_ms = 600000\nmemory_mb = 8192\ncpu_ms = 600000\npids = 1024\n\
+    disk_mb = 4096\noutput_bytes = 4096\n";
+
 pub struct Server {
     pub child: Child,
     pub addr: SocketAddr,
@@ -150,6 +159,43 @@ impl Server {
         s
     }
 
+    /// A connection whose receive buffer is `bytes` (set before it connects, so the kernel
+    /// takes little of an answer its client does not read).
+    pub fn connect_small(&self, bytes: usize) -> TcpStream {
+        use nix::sys::socket::{
+            connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+        };
+        use std::os::fd::AsRawFd;
+        let SocketAddr::V4(v4) = self.addr else {
+            panic!("the test server listens on IPv4")
+        };
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::empty(),
+            None,
+        )
+        .unwrap();
+        setsockopt(&fd, sockopt::RcvBuf, &bytes).unwrap();
+        connect(fd.as_raw_fd(), &SockaddrIn::from(v4)).unwrap();
+        let s = TcpStream::from(fd);
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s
+    }
+
+    /// The value of a metric line of `/metrics` (`name` with its labels, as written).
+    pub fn metric(&self, name: &str) -> f64 {
+        let text = self.call("GET", "/metrics", None).text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    }
+
+    /// The server's resident memory (VmRSS), in bytes.
+    pub fn rss(&self) -> u64 {
+        rss_of(self.child.id())
+    }
+
     /// A request with the test key.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Response {
         let mut headers = vec![("Authorization".to_owned(), format!("Bearer {KEY}"))];
@@ -231,6 +277,17 @@ impl Response {
             .unwrap_or("")
             .to_owned()
     }
+}
+
+/// Resident memory (VmRSS) of process `pid`, in bytes.
+pub fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kib * 1024
 }
 
 /// One request on a new connection (`Connection: close`), Host set to the server's address.
