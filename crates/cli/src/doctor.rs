@@ -18,6 +18,10 @@ pub struct DoctorArgs {
     /// The host's Python interpreter to check.
     #[arg(long, value_name = "PATH", default_value = "/usr/bin/python3")]
     pub python: PathBuf,
+    /// The `airlock serve` configuration whose worst-case memory to show (as `serve` reads
+    /// it: this file or AIRLOCK_CONFIG, then AIRLOCK_* variables).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -38,6 +42,17 @@ struct Report {
     checks: Vec<Check>,
     /// What a default `airlock run` enforces on this host.
     enforced: Vec<String>,
+    /// The most memory `airlock serve` can hold with the configuration, part by part.
+    memory: Option<Memory>,
+}
+
+#[derive(Serialize)]
+struct Memory {
+    /// The configuration file read, if any.
+    config: Option<PathBuf>,
+    server: Vec<airlock_server::sizing::Part>,
+    server_total_bytes: u64,
+    sandboxes: airlock_server::sizing::Part,
 }
 
 fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
@@ -165,6 +180,29 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         ));
     }
 
+    let env = crate::serve::settings_env();
+    let memory = match airlock_server::config::load(args.config.as_deref(), &env, None, None) {
+        Ok(config) => {
+            let server = airlock_server::sizing::worst_case(&config);
+            Some(Memory {
+                config: args.config.clone().or_else(|| {
+                    env.get(airlock_server::config::ENV_CONFIG)
+                        .map(PathBuf::from)
+                }),
+                server_total_bytes: server.iter().map(|p| p.bytes).sum(),
+                server,
+                sandboxes: airlock_server::sizing::sandboxes(&config),
+            })
+        }
+        Err(e) => {
+            checks.push(check(
+                "configuration",
+                Err(e.to_string()),
+                "fix the configuration; `airlock serve --print-config` shows what is read",
+            ));
+            None
+        }
+    };
     let report = Report {
         ok: checks.iter().all(|c| c.ok),
         kernel: host.kernel_release.clone(),
@@ -172,6 +210,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         running_as_root: host.running_as_root,
         checks,
         enforced,
+        memory,
     };
     if args.json {
         println!(
@@ -267,6 +306,10 @@ fn trial_pool(engine: &Engine) -> Result<String, String> {
     ))
 }
 
+fn mib(bytes: u64) -> String {
+    format!("{:.0} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
 /// Proportional set size of a process, in KiB (0 when unreadable).
 fn pss_kib(pid: i32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
@@ -296,6 +339,25 @@ fn print_report(r: &Report) {
     println!("A default `airlock run` enforces:");
     for line in &r.enforced {
         println!("  - {line}");
+    }
+    if let Some(m) = &r.memory {
+        let from = m
+            .config
+            .as_ref()
+            .map_or("the default configuration".to_owned(), |p| {
+                p.display().to_string()
+            });
+        println!();
+        println!("Memory `airlock serve` can hold at most, with {from}:");
+        for p in &m.server {
+            println!("  - {:<22} {:>10}  {}", p.name, mib(p.bytes), p.how);
+        }
+        println!("  = {:<22} {:>10}", "in all", mib(m.server_total_bytes));
+        println!(
+            "  and the sandboxes, outside it: {}  {}",
+            mib(m.sandboxes.bytes),
+            m.sandboxes.how
+        );
     }
     println!();
     if r.ok {

@@ -311,6 +311,74 @@ fn doctor_reports_full_enforcement_on_this_host() {
         "{}",
         text.stdout
     );
+    assert!(
+        text.stdout
+            .contains("Memory `airlock serve` can hold at most, with the default configuration:"),
+        "{}",
+        text.stdout
+    );
+}
+
+/// `airlock doctor --config` sizes the server for that configuration: every part of its
+/// worst-case memory, from the settings that bound it.
+#[test]
+fn doctor_states_the_worst_case_memory_of_a_configuration() {
+    let _guard = serial();
+    let config = temp_file(
+        "sizing.toml",
+        b"[http]\nmax_buffered_bytes = 2147483648\nmax_connections = 100\n\
+          [concurrency]\nmax_running = 2\n[pickle]\nmax_bytes = 1048576\nmax_running = 1\n",
+    );
+    let r = invoke(
+        &["doctor", "--json", "--config", config.to_str().unwrap()],
+        b"",
+    );
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    let memory = &report["memory"];
+    let part = |name: &str| {
+        memory["server"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {memory}"))
+            .clone()
+    };
+    assert_eq!(part("bodies and answers")["bytes"], 2u64 << 30);
+    assert_eq!(part("pickle scans")["bytes"], 128u64 << 20);
+    assert_eq!(
+        part("results being parsed")["bytes"],
+        2 * 72 * ((1u64 << 20) + (128 << 10))
+    );
+    let connections = part("connections");
+    assert!(connections["how"]
+        .as_str()
+        .unwrap()
+        .contains("http.max_connections = 100"));
+    let total: u64 = memory["server"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(memory["server_total_bytes"], total);
+    assert_eq!(memory["config"], config.to_str().unwrap());
+    // A configuration that could never admit an execution at the ceilings says so.
+    let bad = temp_file(
+        "too-small.toml",
+        b"[http]\nmax_buffered_bytes_per_key = 33554432\n",
+    );
+    let r = invoke(
+        &["doctor", "--json", "--config", bad.to_str().unwrap()],
+        b"",
+    );
+    assert_eq!(r.exit, 1);
+    let report: Value = serde_json::from_str(&r.stdout).unwrap();
+    let failed = report["checks"].to_string();
+    assert!(
+        failed.contains("max_buffered_bytes_per_key = 33554432 is less than"),
+        "{failed}"
+    );
 }
 
 /// The airlock binary, copied where an unprivileged user can run it.

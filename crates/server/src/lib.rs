@@ -27,6 +27,7 @@ mod pickle;
 mod routes;
 mod serve;
 mod sessions;
+pub mod sizing;
 mod stream;
 mod wire;
 
@@ -78,7 +79,7 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
-fn eval_slots(config: &Config) -> usize {
+pub(crate) fn eval_slots(config: &Config) -> usize {
     match config.eval.max_running {
         0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
         n => n,

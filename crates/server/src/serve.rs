@@ -86,11 +86,16 @@ pub async fn run(
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let listen = config.listen;
     let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit));
+    let worst: u64 = crate::sizing::worst_case(&state.config)
+        .iter()
+        .map(|p| p.bytes)
+        .sum();
     tracing::info!(
         state_dir = %state_dir.display(),
         keys = state.keys.keys().len(),
         max_running = state.config.concurrency.max_running,
-        "starting"
+        worst_case_memory_mib = worst >> 20,
+        "starting (`airlock doctor --config` breaks the worst-case memory down)"
     );
 
     let trial_state = state.clone();
