@@ -392,3 +392,30 @@ fn an_unread_mcp_answer_is_counted_until_it_is_cut_off() {
     });
     assert!(drain(&mut s, Duration::from_secs(10)).expect("closed") < 6 << 20);
 }
+
+/// A stream whose program is silent for longer than the deadline owes nothing meanwhile: the
+/// client, reading all the while, is not cut off.
+#[test]
+fn a_stream_waiting_for_its_program_is_not_cut_off() {
+    let _g = serial();
+    let server = Server::start("[http]\nanswer_timeout_ms = 500\n", &[]);
+    let code = "import time\nprint('a', flush=True)\ntime.sleep(3)\nprint('b')";
+    let body = json!({"code": code}).to_string();
+    let mut s = server.connect();
+    write!(
+        s,
+        "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    assert!(all.contains("event: result"), "{all}");
+    assert!(all.contains(r#"{"text":"b\n"}"#), "{all}");
+    assert_eq!(
+        server.metric("airlock_security_events_total{kind=\"slow_reader\"}"),
+        0.0
+    );
+}

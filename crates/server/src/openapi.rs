@@ -41,8 +41,8 @@ fn errors(codes: &[u16]) -> Value {
             413 => "The body, the code, stdin or the files are too large.",
             415 => "The body is not `application/json`.",
             421 => "The Host header is not one this server answers for.",
-            429 => "The key's rate limit, or its concurrency and queue, is exhausted (`Retry-After`).",
-            503 => "Every slot and the queue are full, or the server is shutting down (`Retry-After`).",
+            429 => "The key's rate limit, its concurrency and queue, or its share of memory for request bodies and answers not yet read (`http.max_buffered_bytes_per_key`) is exhausted (`Retry-After`).",
+            503 => "Every slot and the queue are full, the memory for bodies and answers of all keys is taken, or the server is shutting down (`Retry-After`).",
             _ => "Error.",
         };
         out.insert(
@@ -99,14 +99,14 @@ pub fn openapi() -> Value {
             "/v1/pickle/scan": {"post": {
                 "summary": "Scan a pickle, or a ZIP archive of pickles, without running it",
                 "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                "responses": with(errors(&[401, 403, 408, 413, 421, 503]), "200",
+                "responses": with(errors(&[401, 403, 408, 413, 421, 429, 503]), "200",
                     json!({"description": "`kind` (`pickle` or `zip`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
                            "content": {"application/json": {"schema": {"type": "object"}}}})),
             }},
             "/v1/eval": {"post": {
                 "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",
                 "requestBody": {"required": true, "content": json_body(&eval_request)},
-                "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 503]), "200",
+                "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 429, 503]), "200",
                     json!({"description": "The value (`ok` true: `type`, `repr`, `str`, `value` when JSON holds it exactly) or the Python-style error (`ok` false: `error.type`, `error.message`, `error.limit` when a budget refused).",
                            "content": json_body(&eval_response)})),
             }},
@@ -114,13 +114,13 @@ pub fn openapi() -> Value {
                 "summary": "Run code in a fresh sandbox",
                 "requestBody": {"required": true, "content": json_body(&request)},
                 "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 429, 503]), "200",
-                    json!({"description": "The execution's result, whatever its status. With `Accept: text/event-stream`, server-sent events instead: `stdout` and `stderr` (`{\"text\"}`) as the program writes, `truncated` (`{\"stream\", \"limit\"}`) at the output limit, then `result` (this object) or `error` (an error body).",
+                    json!({"description": "The execution's result, whatever its status. With `Accept: text/event-stream`, server-sent events instead: `stdout` and `stderr` (`{\"text\"}`) as the program writes, `truncated` (`{\"stream\", \"limit\"}`) at the output limit, then `result` (this object, but for the output the events carried: `stdout` and `stderr` empty, `output_streamed` true) or `error` (an error body). The JSON answer has a `Content-Length`; its `stdout` and `stderr` are at most `output_bytes` bytes as written, up to 6 times that sent (a control character is `\\u00XX`, an invalid byte U+FFFD). A client that takes it more slowly than `http.answer_min_bytes_per_second` is cut off.",
                            "content": with(json_body(&response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
             }},
             "/v1/executions/{id}": {"get": {
                 "summary": "The audit record of one of this key's executions",
                 "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": with(errors(&[401, 403, 404, 421]), "200",
+                "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
                     json!({"description": "The record.", "content": json_body(&record)})),
             }},
             "/v1/sessions": {
@@ -132,7 +132,7 @@ pub fn openapi() -> Value {
                 },
                 "get": {
                     "summary": "This key's sessions",
-                    "responses": with(errors(&[401, 403, 421]), "200",
+                    "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
                         json!({"description": "Its sessions.", "content": json_body(&sessions)})),
                 },
             },
@@ -140,7 +140,7 @@ pub fn openapi() -> Value {
                 "get": {
                     "summary": "One of this key's sessions",
                     "parameters": [id_param()],
-                    "responses": with(errors(&[401, 403, 404, 421]), "200",
+                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
                         json!({"description": "The session.", "content": json_body(&session)})),
                 },
                 "delete": {
@@ -161,14 +161,14 @@ pub fn openapi() -> Value {
             "/v1/sessions/{id}/files": {"get": {
                 "summary": "Everything below the session's working directory (links are listed, never followed)",
                 "parameters": [id_param()],
-                "responses": with(errors(&[401, 403, 404, 409, 421]), "200",
+                "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
                     json!({"description": "The entries.", "content": json_body(&files)})),
             }},
             "/v1/sessions/{id}/files/{path}": {
                 "get": {
                     "summary": "A regular file below the working directory; no link is followed on the way",
                     "parameters": [id_param(), path_param()],
-                    "responses": with(errors(&[400, 401, 403, 404, 409, 421]), "200",
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 421, 429, 503]), "200",
                         json!({"description": "Its contents.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
                 },
                 "put": {
@@ -182,7 +182,7 @@ pub fn openapi() -> Value {
                 "summary": "The Model Context Protocol over streamable HTTP: the tools of `airlock mcp` (run_python, eval_expression, sessions); scope `execute`",
                 "description": "One JSON-RPC 2.0 message per POST, which must accept both `application/json` and `text/event-stream` (else 406), answered as JSON. Stateless: no `Mcp-Session-Id`, no GET stream. Tool verdicts and refusals are tool results with `isError`; unknown tools and bad arguments are JSON-RPC errors.",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "description": "A JSON-RPC 2.0 request or notification."}}}},
-                "responses": with(with(errors(&[401, 403, 408, 413, 415, 421]), "200",
+                "responses": with(with(errors(&[401, 403, 408, 413, 415, 421, 429, 503]), "200",
                     json!({"description": "The JSON-RPC answer.", "content": {"application/json": {"schema": {"type": "object"}}}})),
                     "202", json!({"description": "A notification, accepted; no body."})),
             }},
