@@ -419,3 +419,50 @@ fn a_stream_waiting_for_its_program_is_not_cut_off() {
         0.0
     );
 }
+
+/// An answer that could never fit the key's share is refused at once, saying what to change,
+/// rather than waiting for room that cannot come: here cells of 64 MiB of output, over MCP
+/// (whose answers are built whole).
+#[test]
+fn an_answer_that_could_never_fit_is_refused_with_what_to_change() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let r = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"limits": {"output_bytes": 64 * MIB}})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "run_in_session", "arguments": {"session_id": id, "code": "1"}}});
+    let r = request(
+        server.addr,
+        "POST",
+        "/mcp",
+        &[
+            ("Authorization".into(), format!("Bearer {KEY}")),
+            ("Content-Type".into(), "application/json".into()),
+            (
+                "Accept".into(),
+                "application/json, text/event-stream".into(),
+            ),
+        ],
+        Some(call.to_string().as_bytes()),
+    );
+    let result = &r.json()["result"];
+    assert_eq!(result["isError"], true, "{result}");
+    assert!(
+        result
+            .to_string()
+            .contains("http.max_buffered_bytes_per_key"),
+        "{result}"
+    );
+    // Over REST the same cell fits (its answer is streamed, not built whole).
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(r.json()["result"], 1, "{}", r.text());
+}

@@ -655,6 +655,21 @@ pub(crate) fn reserve_answer(
     form: Form,
 ) -> Result<Share, Error> {
     let bytes = answer_bytes(state.engine.config(), limits, form);
+    let share = state.config.http.max_buffered_bytes_per_key;
+    if bytes > share {
+        // It would never fit, however long the client waited (a session's cells at 64 MiB
+        // of output, over MCP): say what to change.
+        return Err(Error::new(
+            StatusCode::BAD_REQUEST,
+            "limit_above_ceiling",
+            format!(
+                "limits.output_bytes = {} makes an answer that may hold {bytes} bytes, more than \
+                 this key's share of {share} (http.max_buffered_bytes_per_key)",
+                limits.output_bytes
+            ),
+        )
+        .field("limits.output_bytes"));
+    }
     state.memory.reserve(key, bytes).map_err(|over| {
         state
             .metrics
