@@ -35,9 +35,18 @@ fn send(s: &mut TcpStream, key: &str, method: &str, path: &str, body: Option<&Va
     if !body.is_empty() {
         head.push_str("Content-Type: application/json\r\n");
     }
+    if path == "/mcp" {
+        head.push_str("Accept: application/json, text/event-stream\r\n");
+    }
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).unwrap();
     s.write_all(body.as_bytes()).unwrap();
+}
+
+/// A JSON-RPC call of an MCP tool.
+fn tool_call(name: &str, arguments: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+           "params": {"name": name, "arguments": arguments}})
 }
 
 /// The status code of the answer waiting on `s`, read without taking it (`peek`), once one
@@ -371,19 +380,12 @@ fn other_answers_count_in_the_memory_budget() {
 fn an_unread_mcp_answer_is_counted_until_it_is_cut_off() {
     let _g = serial();
     let server = Server::start("[http]\nanswer_timeout_ms = 2000\n", &[]);
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "run_python",
-        "arguments": {"code": "import sys\nsys.stdout.write(chr(1) * (1 << 20))"}}})
-    .to_string();
+    let call = tool_call(
+        "run_python",
+        json!({"code": "import sys\nsys.stdout.write(chr(1) * (1 << 20))"}),
+    );
     let mut s = server.connect_small(4096);
-    write!(
-        s,
-        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
-         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         Content-Length: {}\r\n\r\n{call}",
-        call.len()
-    )
-    .unwrap();
+    send(&mut s, KEY, "POST", "/mcp", Some(&call));
     assert_eq!(peek_status(&s, Duration::from_secs(30)), Some(200));
     let held = server.metric("airlock_memory_held_bytes");
     assert!(held >= 6e6, "{held} bytes held for a 6 MiB answer");
@@ -434,22 +436,10 @@ fn an_answer_that_could_never_fit_is_refused_with_what_to_change() {
     );
     assert_eq!(r.status, 201, "{}", r.text());
     let id = r.json()["id"].as_str().unwrap().to_owned();
-    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "run_in_session", "arguments": {"session_id": id, "code": "1"}}});
-    let r = request(
-        server.addr,
-        "POST",
-        "/mcp",
-        &[
-            ("Authorization".into(), format!("Bearer {KEY}")),
-            ("Content-Type".into(), "application/json".into()),
-            (
-                "Accept".into(),
-                "application/json, text/event-stream".into(),
-            ),
-        ],
-        Some(call.to_string().as_bytes()),
-    );
+    let call = tool_call("run_in_session", json!({"session_id": id, "code": "1"}));
+    let mut s = server.connect();
+    send(&mut s, KEY, "POST", "/mcp", Some(&call));
+    let r = read_response(&mut s).expect("an answer");
     let result = &r.json()["result"];
     assert_eq!(result["isError"], true, "{result}");
     assert!(
