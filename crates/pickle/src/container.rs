@@ -101,7 +101,11 @@ fn u32_at(d: &[u8], at: usize) -> Option<u32> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Central {
     method: u16,
+    /// The compressed size: what zipfile reads of a stored member.
     csize: usize,
+    /// The uncompressed size: what miniz (under torch.load) reads of a stored member, and
+    /// what it requires a deflated one to inflate to.
+    usize: usize,
 }
 
 fn u64_at(d: &[u8], at: usize) -> Option<u64> {
@@ -208,9 +212,9 @@ fn read_directory(
                     }
                 }
             }
-            Some((method, csize, local, 46 + nlen + xlen + clen))
+            Some((method, csize, usize_, local, 46 + nlen + xlen + clen))
         })();
-        let Some((method, csize, local, len)) = entry else {
+        let Some((method, csize, usize_, local, len)) = entry else {
             return Err(format!(
                 "a truncated central directory entry at offset {at}"
             ));
@@ -227,6 +231,7 @@ fn read_directory(
         let c = Central {
             method,
             csize: usize::try_from(csize).unwrap_or(usize::MAX),
+            usize: usize::try_from(usize_).unwrap_or(usize::MAX),
         };
         if *out.entry(key).or_insert(c) != c {
             return Err(format!(
@@ -256,11 +261,20 @@ fn zip64_field(extra: &[u8]) -> Option<&[u8]> {
     None
 }
 
-/// ZIP64: the real compressed size in the extra field, after the uncompressed size when that
-/// one is in it too.
-fn zip64_compressed_size(extra: &[u8], has_uncompressed: bool) -> Option<u64> {
-    let z = zip64_field(extra)?;
-    u64_at(z, if has_uncompressed { 8 } else { 0 })
+/// A local header's sizes, compressed then uncompressed: ZIP64 puts the real value of each
+/// one set to 0xFFFFFFFF in the extra field, the uncompressed size first.
+fn local_sizes(extra: &[u8], csize: u32, usize_: u32) -> Option<(u64, u64)> {
+    let (mut c, mut u) = (csize as u64, usize_ as u64);
+    if c == 0xFFFF_FFFF || u == 0xFFFF_FFFF {
+        let mut z = zip64_field(extra)?;
+        for v in [&mut u, &mut c] {
+            if *v == 0xFFFF_FFFF {
+                *v = u64_at(z, 0)?;
+                z = &z[8..];
+            }
+        }
+    }
+    Some((c, u))
 }
 
 /// Reads the member whose local header is at `at`; `next` is where the next header starts
@@ -285,20 +299,22 @@ fn read_member(
     let header = (|| {
         let flags = u16_at(data, at + 6)?;
         let method = u16_at(data, at + 8)?;
-        let csize = u32_at(data, at + 18)? as usize;
         let nlen = u16_at(data, at + 26)? as usize;
         let xlen = u16_at(data, at + 28)? as usize;
-        let usize_ = u32_at(data, at + 22)?;
         let name = data.get(at + 30..at + 30 + nlen)?;
         let extra = data.get(at + 30 + nlen..at + 30 + nlen + xlen)?;
-        let csize = if csize == 0xFFFF_FFFF {
-            zip64_compressed_size(extra, usize_ == 0xFFFF_FFFF)? as usize
-        } else {
-            csize
-        };
-        Some((flags, method, csize, name, at + 30 + nlen + xlen))
+        let (csize, usize_) = local_sizes(extra, u32_at(data, at + 18)?, u32_at(data, at + 22)?)?;
+        let size = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        Some((
+            flags,
+            method,
+            size(csize),
+            size(usize_),
+            name,
+            at + 30 + nlen + xlen,
+        ))
     })();
-    let Some((flags, method, csize, name, start)) = header else {
+    let Some((flags, method, csize, local_usize, name, start)) = header else {
         m.error = Some("truncated local header".into());
         return m;
     };
@@ -329,6 +345,22 @@ fn read_member(
     } else {
         csize
     };
+    // The size a member has once extracted, where a header says it: what miniz reads of a
+    // stored member (zipfile reads the compressed size) and what it requires a deflated one
+    // to inflate to (zipfile cuts one that inflates to more).
+    let declared = match listed {
+        Some(c) => Some(c.usize),
+        None => (!deferred).then_some(local_usize),
+    };
+    if let (0, Some(size)) = (method, declared) {
+        if size != csize {
+            m.error = Some(format!(
+                "stored, with a compressed size of {csize} bytes and a size of {size}: zipfile \
+                 reads the one, miniz (torch.load) the other"
+            ));
+            return m;
+        }
+    }
     let Some(raw) = data.get(start..start.saturating_add(csize)) else {
         m.error = Some(format!("{csize} bytes declared, the file ends first"));
         return m;
@@ -359,6 +391,15 @@ fn read_member(
             return m;
         }
     };
+    if let Some(size) = declared.filter(|&size| size != content.len()) {
+        m.size = content.len();
+        m.error = Some(format!(
+            "inflates to {} bytes where its header says {size}: miniz (torch.load) refuses it, \
+             zipfile cuts it",
+            content.len()
+        ));
+        return m;
+    }
     m.size = content.len();
     scan_member(&mut m, &content, opts);
     m

@@ -143,6 +143,41 @@ cases["negative_shift"] = ("malformed", body + cd + eocd)
 cases["encoding_first"] = ("unsafe", archive([("archive/data.pkl", b"S'\xc3\xa9'\n0" + PAYLOAD)]))
 
 
+# A stored member whose compressed size (what zipfile reads, and the scanner read) is 1 and
+# whose size (what miniz, under torch.load, reads) is all of the pickle: a file time that is
+# not zero skips miniz's check that a stored member's two sizes agree. zipfile refuses the
+# file (the CRC is over all of it); miniz extracts the whole pickle, which calls print.
+CALL = b"\x80\x04cbuiltins\nprint\n)R."
+import contextlib
+with contextlib.redirect_stdout(io.StringIO()) as printed:
+    pickle.loads(CALL)
+assert printed.getvalue() == "\n"
+
+
+def stored_sizes(csize, size, data, zip64=False, method=0):
+    crc = zlib.crc32(data)
+    c32, u32, extra = csize, size, b""
+    if zip64:
+        c32 = u32 = 0xFFFFFFFF
+        extra = struct.pack("<HHQQ", 1, 16, size, csize)
+    local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, method, 0x6000, 0x5821, crc, c32, u32, len(NAME), len(extra)) + NAME + extra
+    cd = struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, 0, method, 0x6000, 0x5821, crc, c32, u32, len(NAME), len(extra), 0, 0, 0, 0, 0) + NAME + extra
+    body = local + data
+    return body + cd + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd), len(body), 0)
+
+
+cases["stored_sizes_differ"] = ("malformed", stored_sizes(1, len(CALL), CALL))
+cases["stored_sizes_differ_zip64"] = ("malformed", stored_sizes(1, len(CALL), CALL, zip64=True))
+# The other way: zipfile reads the whole pickle, miniz one byte of it.
+cases["stored_size_smaller"] = ("malformed", stored_sizes(len(CALL), 1, CALL))
+# A deflated member that inflates to more than its header says: miniz refuses it, zipfile
+# hands the first bytes only.
+co = zlib.compressobj(9, zlib.DEFLATED, -15)
+deflated = co.compress(GOOD + b"\x00" * 7) + co.flush()
+z = bytearray(stored_sizes(len(deflated), len(GOOD), deflated, method=8))
+cases["inflates_past_its_size"] = ("malformed", bytes(z))
+cases["stored_sizes_agree"] = ("safe", stored_sizes(len(GOOD), len(GOOD), GOOD))
+
 # torch's legacy format: a tar archive whose members are pickles, whatever their names.
 def tar(members):
     buf = io.BytesIO()
