@@ -34,6 +34,9 @@ pub enum FileReport {
     Tar {
         members: Vec<Member>,
         verdict: Verdict,
+        /// Bytes the scan parsed or copied to read the headers: bounded by
+        /// [`tar_work_limit`], so that no header layout makes the scan more than linear.
+        work: usize,
     },
 }
 
@@ -52,7 +55,10 @@ impl FileReport {
                 v["kind"] = "pickle".into();
                 v
             }
-            FileReport::Zip { members, verdict } | FileReport::Tar { members, verdict } => {
+            FileReport::Zip { members, verdict }
+            | FileReport::Tar {
+                members, verdict, ..
+            } => {
                 let members: Vec<serde_json::Value> = members
                     .iter()
                     .map(|m| {
@@ -637,31 +643,57 @@ fn nti(field: &[u8]) -> Option<i128> {
 /// name ends in `/` is a directory). A pax size that differs from the header's, where
 /// readers would then disagree on where the next header is, is malformed. Every regular
 /// member is scanned as a pickle.
+/// Header work a tar of `len` bytes may ask for: every header and pax record is parsed once
+/// (about its own size); what can be multiplied is a global record applied to every member
+/// (its path, its link), which legitimate archives keep short.
+pub fn tar_work_limit(len: usize) -> usize {
+    len.saturating_mul(4).saturating_add(1 << 20)
+}
+
 fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
     let mut members = Vec::new();
     let mut at = 0;
+    // tarfile applies the global records to every member; an extended header's records
+    // override them for the next member. Looked up in that order, never copied.
     let mut global: HashMap<String, String> = HashMap::new();
     let mut local: Option<HashMap<String, String>> = None;
     let mut long_name: Option<String> = None;
     let mut long_link: Option<String> = None;
     let mut read = 0usize;
-    let fail = |members: Vec<Member>, offset: usize, reason: &str| FileReport::Tar {
+    let mut work = 0usize;
+    let limit = tar_work_limit(data.len());
+    let fail = |members: Vec<Member>, offset: usize, reason: &str, work: usize| FileReport::Tar {
         members,
         verdict: Verdict::Malformed {
             offset,
             reason: reason.into(),
         },
+        work,
     };
     while let Some(block) = data.get(at..at + 512) {
         if block.iter().all(|&b| b == 0) || !tar_header(block) {
             break; // where tarfile stops
         }
+        work += 512;
+        if work > limit {
+            return fail(
+                members,
+                at,
+                "its headers ask for more work than its size allows",
+                work,
+            );
+        }
         let Some(size) = nti(&block[124..136]).and_then(|n| usize::try_from(n).ok()) else {
-            return fail(members, at, "a tar header's size is not a size");
+            return fail(members, at, "a tar header's size is not a size", work);
         };
         let start = at + 512;
         let Some(body) = start.checked_add(size).and_then(|end| data.get(start..end)) else {
-            return fail(members, at, "a tar member runs past the end of the file");
+            return fail(
+                members,
+                at,
+                "a tar member runs past the end of the file",
+                work,
+            );
         };
         let next = start + size.div_ceil(512) * 512;
         let raw_name = {
@@ -676,30 +708,35 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
         match kind {
             b'x' | b'X' | b'g' => {
                 if local.is_some() || long_name.is_some() {
-                    return fail(members, at, "pax records after other extended headers");
+                    return fail(
+                        members,
+                        at,
+                        "pax records after other extended headers",
+                        work,
+                    );
                 }
                 // tarfile parses the records over the whole blocks, padding included.
                 let blocks = &data[start..next.min(data.len())];
+                work += blocks.len();
                 let Some(records) = pax_records(blocks) else {
-                    return fail(members, at, "pax records that do not parse");
+                    return fail(members, at, "pax records that do not parse", work);
                 };
                 if records.keys().any(|k| k.starts_with("GNU.sparse.")) {
-                    return fail(members, at, "GNU sparse records are not supported");
+                    return fail(members, at, "GNU sparse records are not supported", work);
                 }
                 if kind == b'g' {
                     global.extend(records);
                 } else {
-                    let mut merged = global.clone();
-                    merged.extend(records);
-                    local = Some(merged);
+                    local = Some(records);
                 }
                 at = next;
                 continue;
             }
             b'L' | b'K' => {
                 if local.is_some() {
-                    return fail(members, at, "a GNU long name after pax records");
+                    return fail(members, at, "a GNU long name after pax records", work);
                 }
+                work += body.len();
                 let text = String::from_utf8_lossy(body)
                     .trim_end_matches('\0')
                     .to_string();
@@ -711,28 +748,33 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                 at = next;
                 continue;
             }
-            b'S' => return fail(members, at, "a GNU sparse member is not supported"),
+            b'S' => return fail(members, at, "a GNU sparse member is not supported", work),
             _ => {}
         }
-        let pax = local.take().unwrap_or_else(|| global.clone());
-        if let Some(s) = pax.get("size") {
+        let local_records = local.take();
+        let pax = |key: &str| {
+            local_records
+                .as_ref()
+                .and_then(|l| l.get(key))
+                .or_else(|| global.get(key))
+        };
+        if let Some(s) = pax("size") {
             if s.parse::<usize>().ok() != Some(size) {
                 return fail(
                     members,
                     at,
                     "a pax size that differs from the header's: readers would disagree on \
                      where the next member is",
+                    work,
                 );
             }
         }
-        let name = pax
-            .get("path")
+        let name = pax("path")
             .cloned()
             .or_else(|| long_name.take())
             .unwrap_or(raw_name);
         long_name = None;
-        let link = pax
-            .get("linkpath")
+        let link = pax("linkpath")
             .cloned()
             .or_else(|| long_link.take())
             .unwrap_or_else(|| {
@@ -741,12 +783,22 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                     .into_owned()
             });
         long_link = None;
+        // A global path or link is copied into every member that follows.
+        work += name.len() + link.len();
+        if work > limit {
+            return fail(
+                members,
+                at,
+                "its headers ask for more work than its size allows",
+                work,
+            );
+        }
         // torch extracts its members to disk and reads them: a link out of the archive
         // would have it read a file this scan never sees.
         if matches!(kind, b'1' | b'2')
             && (link.starts_with('/') || link.split('/').any(|part| part == ".."))
         {
-            return fail(members, at, "a link that points out of the archive");
+            return fail(members, at, "a link that points out of the archive", work);
         }
         let regular = !b"123456".contains(&kind);
         if !regular {
@@ -771,7 +823,11 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
         at = next;
     }
     let verdict = fold(&members);
-    FileReport::Tar { members, verdict }
+    FileReport::Tar {
+        members,
+        verdict,
+        work,
+    }
 }
 
 /// pax records as tarfile parses them: "LEN key=value\n", one after another until a NUL or

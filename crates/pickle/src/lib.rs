@@ -15,7 +15,7 @@ mod vm;
 
 use std::collections::BTreeSet;
 
-pub use container::{scan_file, FileReport, Member};
+pub use container::{scan_file, tar_work_limit, FileReport, Member};
 pub use vm::{decode, scan};
 
 /// What the scanner allows and how much work it may do.
