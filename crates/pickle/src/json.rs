@@ -21,15 +21,12 @@ struct Cx {
     /// Bytes the output may still have: shared parts print once per reference, so a small
     /// pickle could otherwise describe an exponentially large value.
     left: u64,
-    /// Keys that equal nothing but themselves (NaN) are told apart by a counter.
-    unique: u64,
 }
 
 pub(crate) fn to_json(v: &V, max_depth: usize, budget: u64) -> Result<Json, DecodeError> {
     let mut cx = Cx {
         path: Vec::new(),
         left: budget,
-        unique: 0,
     };
     convert(v, max_depth, &mut cx)
 }
@@ -192,8 +189,8 @@ fn dict(pairs: &[(V, V)], depth: usize, cx: &mut Cx) -> Result<Json, DecodeError
 }
 
 /// A dict key or set item under Python's equality: numbers that are equal are one key
-/// whatever their type, a frozenset equals any other with the same items, NaN equals
-/// nothing else.
+/// whatever their type, a frozenset equals any other with the same items, and a NaN or a
+/// call's result equals only itself (the same object, reused through the memo).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
     None,
@@ -208,7 +205,8 @@ enum Key {
     /// Sorted, without repeats.
     FrozenSet(Vec<Key>),
     Global(std::sync::Arc<str>),
-    Unique(u64),
+    /// An object whose equality is its identity: here, its allocation.
+    Object(usize),
 }
 
 fn key(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
@@ -225,9 +223,12 @@ fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
         V::None => Key::None,
         V::Bool(b) => Key::Int((*b as u8).into()),
         V::Int(n) => Key::Int((**n).clone()),
-        V::Float(f) => float_key(*f, cx),
-        V::Complex(re, im) if *im == 0.0 => float_key(*re, cx),
-        V::Complex(re, im) if re.is_nan() || im.is_nan() => unique(cx),
+        V::Float(f) => float_key(*f),
+        V::Complex(re, im) if *im == 0.0 => float_key(*re),
+        // The machine gave each NaN object its own payload: its bits are its identity.
+        V::Complex(re, im) if re.is_nan() || im.is_nan() => {
+            Key::Complex(re.to_bits(), im.to_bits())
+        }
         V::Complex(re, im) => Key::Complex((re + 0.0).to_bits(), im.to_bits()),
         V::Str(s) => Key::Str(s.clone()),
         V::Wide(w) => Key::Wide(w.clone()),
@@ -248,7 +249,7 @@ fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
         }
         V::Global(name, _) => Key::Global(name.clone()),
         // What an allowed constructor returned: its equality is its own.
-        V::Call(..) => unique(cx),
+        V::Call(_, args) => Key::Object(Rc::as_ptr(args) as usize),
         // The machine refuses unhashable keys; unsafe values never reach here.
         V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) | V::Opaque => {
             return Err(DecodeError::Unrepresentable("an unhashable key".into()))
@@ -256,14 +257,10 @@ fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
     })
 }
 
-fn unique(cx: &mut Cx) -> Key {
-    cx.unique += 1;
-    Key::Unique(cx.unique)
-}
-
-fn float_key(f: f64, cx: &mut Cx) -> Key {
+fn float_key(f: f64) -> Key {
     if f.is_nan() {
-        unique(cx)
+        // Its own payload, given by the machine: the same object, the same key.
+        Key::Float(f.to_bits())
     } else if f.fract() == 0.0 {
         // Finite and integral: equal to the int (-0.0 is 0).
         Key::Int(BigInt::from_f64(f).unwrap_or_default())

@@ -57,6 +57,17 @@ pub(crate) fn int(l: &[u8]) -> Result<Int, String> {
     long(l, true).map(Int::Int)
 }
 
+/// INT as pickle.py reads it: only "00" and "01" are bools, anything else is `int(l, 0)`
+/// (the C unpickler also reads "+1", "-0" or " 1" as bools). Only for lines
+/// [`python_int`] accepts.
+pub(crate) fn python_int_value(l: &[u8]) -> Result<Int, String> {
+    match l {
+        b"00" => Ok(Int::Bool(false)),
+        b"01" => Ok(Int::Bool(true)),
+        _ => long(l, true).map(Int::Int),
+    }
+}
+
 /// glibc's `strtol` with base 0: the value, if it fits an i64 and the digits stop at the end
 /// of the line or at a NUL. `l` is not empty.
 fn strtol0(l: &[u8]) -> Option<i64> {

@@ -109,6 +109,15 @@ struct Machine<'a> {
     /// either does (values are the C one's while it reads).
     c_reads: bool,
     py_reads: bool,
+    /// An INT was given the C unpickler's value where pickle.py's differs ("+1": True for
+    /// the one, 1 for the other) while both read; wrong if the C one stops reading later.
+    c_valued: bool,
+    /// INT values as pickle.py gives them: the first pickle is run again this way when only
+    /// pickle.py reads it to its end and an INT took the C value.
+    py_values: bool,
+    /// NaNs made so far. Each NaN object gets its own payload: CPython compares keys by
+    /// identity first, so one NaN reused through the memo is one key, two NaNs are two.
+    nans: u64,
 }
 
 fn bad<T>(at: usize, why: impl Into<String>) -> Result<T, Malformed> {
@@ -285,6 +294,7 @@ impl<'a> Machine<'a> {
     fn run(&mut self) -> Result<V, Malformed> {
         self.proto = 0;
         (self.c_reads, self.py_reads) = (true, true);
+        self.c_valued = false;
         self.frame_end = None;
         loop {
             if self.pos >= self.data.len() {
@@ -336,8 +346,22 @@ impl<'a> Machine<'a> {
                 0x89 => self.stack.push(V::Bool(false)),
                 b'I' => {
                     let l = self.line()?;
-                    self.readers(true, text::python_int(l, true))?;
-                    match text::int(l) {
+                    let py = text::python_int(l, true);
+                    self.readers(true, py)?;
+                    let c = text::int(l);
+                    let value = if !self.c_reads || self.py_values {
+                        text::python_int_value(l)
+                    } else {
+                        if self.py_reads
+                            && matches!(c, Ok(text::Int::Bool(_)))
+                            && l != b"00"
+                            && l != b"01"
+                        {
+                            self.c_valued = true;
+                        }
+                        c
+                    };
+                    match value {
                         Ok(text::Int::Bool(b)) => self.stack.push(V::Bool(b)),
                         Ok(text::Int::Int(n)) => self.stack.push(V::Int(Rc::new(n))),
                         Err(why) if why == text::TOO_MANY_DIGITS => self.too_many_digits(),
@@ -392,11 +416,12 @@ impl<'a> Machine<'a> {
                     }
                     self.readers(c.is_ok(), py.is_some())?;
                     let f = if self.c_reads { c.ok() } else { py };
-                    self.stack.push(V::Float(f.unwrap_or_default()));
+                    let f = self.float(f.unwrap_or_default());
+                    self.stack.push(V::Float(f));
                 }
                 b'G' => {
                     let b = self.take(8)?;
-                    let f = f64::from_be_bytes(b.try_into().unwrap_or([0; 8]));
+                    let f = self.float(f64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
                     self.stack.push(V::Float(f));
                 }
                 b'S' => {
@@ -867,6 +892,27 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
+    /// A float object: a NaN gets a payload no other NaN object has (its bits are its
+    /// identity, as far as keys go; nothing shows them).
+    fn float(&mut self, f: f64) -> f64 {
+        if !f.is_nan() {
+            return f;
+        }
+        self.nans += 1;
+        f64::from_bits(0x7ff8_0000_0000_0000 | (self.nans & 0x0007_ffff_ffff_ffff))
+    }
+
+    /// A complex object: a NaN part gets a new payload, since the complex is not the float
+    /// it was made from.
+    fn complex(&mut self, re: f64, im: f64) -> V {
+        if re.is_nan() || im.is_nan() {
+            let nan = self.float(f64::NAN);
+            let tag = |x: f64| if x.is_nan() { nan } else { x };
+            return V::Complex(tag(re), tag(im));
+        }
+        V::Complex(re, im)
+    }
+
     fn instantiate(&mut self, opcode: &'static str, cls: &V) {
         let target = global_name(cls);
         self.call_site(opcode, target.clone());
@@ -933,11 +979,13 @@ impl<'a> Machine<'a> {
             ("_codecs.encode", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
                 latin1(s).map(|b| V::Bytes(b.into()))
             }
-            ("complex", [V::Float(re), V::Float(im)]) => Some(V::Complex(*re, *im)),
-            ("complex", [V::Float(re)]) => Some(V::Complex(*re, 0.0)),
+            ("complex", [V::Float(re), V::Float(im)]) => Some(self.complex(*re, *im)),
+            ("complex", [V::Float(re)]) => Some(self.complex(*re, 0.0)),
             ("collections.OrderedDict", []) => Some(V::Dict(Rc::default())),
+            // A new object, told apart from any other call by its own allocation (keys
+            // compare by identity first).
             (_, _) if !crate::DEFAULT_ALLOW.contains(&&*q) => {
-                Some(V::Call(q.clone(), args.clone()))
+                Some(V::Call(q.clone(), Rc::new(args.to_vec())))
             }
             _ => None,
         };
@@ -1146,6 +1194,9 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         limit_hit: false,
         c_reads: true,
         py_reads: true,
+        c_valued: false,
+        py_values: false,
+        nans: 0,
         reasons: Vec::new(),
         seen_reasons: std::collections::HashSet::new(),
         work: 0,
@@ -1178,7 +1229,16 @@ fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (R
         };
         return (m.report, None);
     }
-    let first = m.run();
+    let mut first = m.run();
+    if first.is_ok() && m.c_valued && !m.c_reads {
+        // Only pickle.py reads this pickle to its end: its INT values, from the start.
+        dismantle(std::mem::take(&mut m.stack));
+        dismantle(m.memo.drain().map(|(_, v)| v).collect());
+        dismantle(first.into_iter().collect());
+        m = machine(data, opts);
+        m.py_values = true;
+        first = m.run();
+    }
     let taken = first.as_ref().ok().map(snapshot);
     // pickle.loads ignores what follows STOP, but a file can hold pickles one after another
     // (load() called again, torch's legacy format): each that follows is scanned, with the
