@@ -213,7 +213,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
         memory,
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
@@ -321,24 +321,24 @@ fn pss_kib(pid: i32) -> u64 {
 }
 
 fn print_report(r: &Report) {
-    println!("airlock doctor: kernel {} ({})", r.kernel, r.arch);
+    outln!("airlock doctor: kernel {} ({})", r.kernel, r.arch);
     if r.running_as_root {
-        println!("  running as root: each sandbox runs as host uid {HOST_ID_BASE:#x}+pid, which owns nothing");
+        outln!("  running as root: each sandbox runs as host uid {HOST_ID_BASE:#x}+pid, which owns nothing");
     } else {
-        println!("  running unprivileged: sandboxes run as your uid outside their user namespace");
+        outln!("  running unprivileged: sandboxes run as your uid outside their user namespace");
     }
-    println!();
+    outln!();
     for c in &r.checks {
         let mark = if c.ok { "ok" } else { "MISSING" };
-        println!("  [{mark:^7}] {:<16} {}", c.name, c.detail);
+        outln!("  [{mark:^7}] {:<16} {}", c.name, c.detail);
         if let Some(fix) = &c.fix {
-            println!("            {:<16} fix: {fix}", "");
+            outln!("            {:<16} fix: {fix}", "");
         }
     }
-    println!();
-    println!("A default `airlock run` enforces:");
+    outln!();
+    outln!("A default `airlock run` enforces:");
     for line in &r.enforced {
-        println!("  - {line}");
+        outln!("  - {line}");
     }
     if let Some(m) = &r.memory {
         let from = m
@@ -347,23 +347,23 @@ fn print_report(r: &Report) {
             .map_or("the default configuration".to_owned(), |p| {
                 p.display().to_string()
             });
-        println!();
-        println!("Memory `airlock serve` can hold at most, with {from}:");
+        outln!();
+        outln!("Memory `airlock serve` can hold at most, with {from}:");
         for p in &m.server {
-            println!("  - {:<22} {:>10}  {}", p.name, mib(p.bytes), p.how);
+            outln!("  - {:<22} {:>10}  {}", p.name, mib(p.bytes), p.how);
         }
-        println!("  = {:<22} {:>10}", "in all", mib(m.server_total_bytes));
-        println!(
+        outln!("  = {:<22} {:>10}", "in all", mib(m.server_total_bytes));
+        outln!(
             "  and the sandboxes, outside it: {}  {}",
             mib(m.sandboxes.bytes),
             m.sandboxes.how
         );
     }
-    println!();
+    outln!();
     if r.ok {
-        println!("Everything is enforced.");
+        outln!("Everything is enforced.");
     } else {
-        println!("Not fully enforced: `airlock run` refuses to start until the above is fixed");
-        println!("(or a mechanism is explicitly switched off with --downgrade NAME).");
+        outln!("Not fully enforced: `airlock run` refuses to start until the above is fixed");
+        outln!("(or a mechanism is explicitly switched off with --downgrade NAME).");
     }
 }

@@ -23,37 +23,43 @@ pub struct EvalArgs {
 
 pub fn main(args: EvalArgs) -> ExitCode {
     let limits = Limits::default();
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+    // Buffered: a line of input is often a line of output, and a syscall each is slow.
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut failed = false;
-    let mut one = |expr: &str, out: &mut dyn Write| -> std::io::Result<()> {
+    // Once stdout is gone the expressions are still evaluated, for the exit status.
+    let mut gone = false;
+    let mut one = |expr: &str, out: &mut dyn Write| {
         let outcome = evaluate(expr, &limits);
         failed |= outcome.is_err();
-        if args.json {
+        let written = if args.json {
             writeln!(out, "{}", outcome_json(&outcome))
         } else {
             match outcome {
                 Ok(v) => writeln!(out, "{}", v.str),
-                Err(e) => {
-                    out.flush()?;
-                    eprintln!("{e}");
-                    Ok(())
+                Err(e) => out.flush().map(|()| errln!("{e}")),
+            }
+        };
+        if let (false, Err(e)) = (gone, written) {
+            gone = true;
+            crate::out::settle(e);
+        }
+    };
+    match &args.expr {
+        Some(expr) => one(expr, &mut out),
+        None => {
+            for line in std::io::stdin().lock().lines() {
+                match line {
+                    Ok(line) => one(&line, &mut out),
+                    Err(e) => {
+                        errln!("airlock eval: {e}");
+                        return ExitCode::from(crate::EXIT_AIRLOCK);
+                    }
                 }
             }
         }
-    };
-    let written = match &args.expr {
-        Some(expr) => one(expr, &mut out),
-        None => (|| {
-            for line in std::io::stdin().lock().lines() {
-                one(&line?, &mut out)?;
-            }
-            Ok(())
-        })(),
-    };
-    if let Err(e) = written.and_then(|()| out.flush()) {
-        eprintln!("airlock eval: {e}");
-        return ExitCode::from(crate::EXIT_AIRLOCK);
+    }
+    if let Err(e) = out.flush() {
+        crate::out::settle(e);
     }
     if failed {
         ExitCode::from(1)

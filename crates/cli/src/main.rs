@@ -1,6 +1,10 @@
 //! `airlock`: run untrusted code in a real Linux sandbox and get back only data.
 #![forbid(unsafe_code)]
 
+// Before the others: its macros are theirs.
+#[macro_use]
+mod out;
+
 mod doctor;
 mod eval;
 mod mcp;
@@ -43,12 +47,18 @@ fn main() -> ExitCode {
     // The sandbox's init is this binary re-executed; it must not get past this line.
     airlock_sandbox::run_if_init();
     let cli = Cli::parse();
-    match cli.command {
+    let code = match cli.command {
         Commands::Run(args) => run::main(*args),
         Commands::Serve(args) => serve::main(args),
         Commands::Doctor(args) => doctor::main(args),
         Commands::Eval(args) => eval::main(args),
         Commands::Pickle(args) => pickle::main(args),
         Commands::Mcp(args) => mcp::main(args),
+    };
+    out::flush();
+    if out::failed() {
+        ExitCode::from(EXIT_AIRLOCK)
+    } else {
+        code
     }
 }

@@ -35,7 +35,7 @@ pub fn main(args: McpArgs) -> ExitCode {
     let config = match config::load(args.config.as_deref(), &env, None, args.state_dir) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("airlock: {e}");
+            errln!("airlock: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };

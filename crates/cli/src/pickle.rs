@@ -52,7 +52,7 @@ pub fn main(args: PickleArgs) -> ExitCode {
                 let data = match std::fs::read(&file) {
                     Ok(d) => d,
                     Err(e) => {
-                        eprintln!("{shown}: cannot read: {e}");
+                        errln!("{shown}: cannot read: {e}");
                         worst = 2;
                         continue;
                     }
@@ -67,15 +67,15 @@ pub fn main(args: PickleArgs) -> ExitCode {
                 if json {
                     let mut v = report.to_json();
                     v["file"] = shown.into();
-                    println!("{v}");
+                    outln!("{v}");
                 } else {
                     match report.verdict() {
-                        Verdict::Safe => println!("{shown}: safe"),
+                        Verdict::Safe => outln!("{shown}: safe"),
                         Verdict::Unsafe { reasons } => {
-                            println!("{shown}: unsafe: {}", reasons.join("; "))
+                            outln!("{shown}: unsafe: {}", reasons.join("; "))
                         }
                         Verdict::Malformed { offset, reason } => {
-                            println!("{shown}: malformed at offset {offset}: {reason}")
+                            outln!("{shown}: malformed at offset {offset}: {reason}")
                         }
                     }
                 }
@@ -87,12 +87,12 @@ pub fn main(args: PickleArgs) -> ExitCode {
             let data = match std::fs::read(&file) {
                 Ok(d) => d,
                 Err(e) => {
-                    eprintln!("{}: cannot read: {e}", file.display());
+                    errln!("{}: cannot read: {e}", file.display());
                     return ExitCode::from(2);
                 }
             };
             if data.starts_with(b"PK\x03\x04") {
-                eprintln!(
+                errln!(
                     "{}: a ZIP archive; decode takes one pickle (scan the archive instead)",
                     file.display()
                 );
@@ -100,11 +100,11 @@ pub fn main(args: PickleArgs) -> ExitCode {
             }
             match decode(&data, &opts) {
                 Ok(v) => {
-                    println!("{v}");
+                    outln!("{v}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("{}: {e}", file.display());
+                    errln!("{}: {e}", file.display());
                     ExitCode::from(match e {
                         DecodeError::Unsafe(_) => 1,
                         _ => 2,

@@ -98,7 +98,7 @@ pub struct RunArgs {
 
 /// A one-line error before anything ran.
 fn usage_error(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("airlock: {message}");
+    errln!("airlock: {message}");
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -301,13 +301,12 @@ struct Passthrough;
 impl OutputSink for Passthrough {
     fn output(&mut self, stream: Stream, chunk: &[u8]) {
         // A closed stdout of ours must not stop the program; drop what cannot be written.
-        let _ = match stream {
-            Stream::Stdout => std::io::stdout()
-                .lock()
-                .write_all(chunk)
-                .and_then(|()| std::io::stdout().flush()),
-            Stream::Stderr => std::io::stderr().lock().write_all(chunk),
-        };
+        match stream {
+            Stream::Stdout => crate::out::write_bytes(chunk),
+            Stream::Stderr => {
+                let _ = std::io::stderr().lock().write_all(chunk);
+            }
+        }
     }
 
     fn truncated(&mut self, stream: Stream, limit: u64) {
@@ -315,7 +314,7 @@ impl OutputSink for Passthrough {
             Stream::Stdout => "stdout",
             Stream::Stderr => "stderr",
         };
-        eprintln!("\n[airlock: {name} truncated at {limit} bytes; the rest is discarded]");
+        errln!("\n[airlock: {name} truncated at {limit} bytes; the rest is discarded]");
     }
 }
 
@@ -378,7 +377,7 @@ pub fn main(args: RunArgs) -> ExitCode {
     let cancel = Cancel::default();
     let signal = Arc::new(AtomicI32::new(0));
     if let Err(e) = watch_signals(&cancel, &signal) {
-        eprintln!("airlock: cannot handle signals: {e}");
+        errln!("airlock: cannot handle signals: {e}");
         return ExitCode::from(EXIT_AIRLOCK);
     }
     let Prepared { engine, job } = match prepare(args, &cancel) {
@@ -396,32 +395,37 @@ pub fn main(args: RunArgs) -> ExitCode {
     let result = match result {
         Ok(r) => r.result,
         Err(e) => {
-            eprintln!("airlock: {e}");
+            errln!("airlock: {e}");
             return ExitCode::from(EXIT_AIRLOCK);
         }
     };
     let sig = signal.load(Ordering::SeqCst);
     if cancel.is_cancelled() && sig != 0 {
-        eprintln!("airlock: interrupted by signal {sig}; the sandbox was destroyed");
+        errln!("airlock: interrupted by signal {sig}; the sandbox was destroyed");
         return ExitCode::from((128 + sig).clamp(0, 255) as u8);
     }
     if json {
-        let mut out = std::io::stdout().lock();
-        let written = serde_json::to_writer(&mut out, &result).is_ok() && writeln!(out).is_ok();
-        if !written {
-            return ExitCode::from(EXIT_AIRLOCK);
+        match serde_json::to_vec(&result) {
+            Ok(mut json) => {
+                json.push(b'\n');
+                crate::out::write_bytes(&json);
+            }
+            Err(e) => {
+                errln!("airlock: {e}");
+                return ExitCode::from(EXIT_AIRLOCK);
+            }
         }
     } else if let Some(line) = describe(&result) {
-        eprintln!("{line}");
+        errln!("{line}");
     } else if function_mode && result.status == Status::Ok {
         // What the function returned, after what it printed: one line of JSON.
         let value = result.result.as_ref().unwrap_or(&serde_json::Value::Null);
-        println!("{value}");
+        outln!("{value}");
     }
     if !json && !result.outputs.is_empty() {
         let mut kinds: Vec<&str> = result.outputs.iter().map(|o| o.mime.as_str()).collect();
         kinds.dedup();
-        eprintln!(
+        errln!(
             "airlock: {} rich output(s) ({}) are in the result of --json",
             result.outputs.len(),
             kinds.join(", ")

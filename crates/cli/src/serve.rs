@@ -54,7 +54,7 @@ pub(crate) fn run_to_end<E: std::fmt::Display>(
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("airlock: cannot start the runtime: {e}");
+            errln!("airlock: cannot start the runtime: {e}");
             return ExitCode::from(EXIT_AIRLOCK);
         }
     };
@@ -65,7 +65,7 @@ pub(crate) fn run_to_end<E: std::fmt::Display>(
     match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("airlock: {e}");
+            errln!("airlock: {e}");
             ExitCode::from(EXIT_AIRLOCK)
         }
     }
@@ -76,12 +76,12 @@ pub fn main(args: ServeArgs) -> ExitCode {
     let config = match config::load(args.config.as_deref(), &env, args.listen, args.state_dir) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("airlock: {e}");
+            errln!("airlock: {e}");
             return ExitCode::from(EXIT_USAGE);
         }
     };
     if args.print_config {
-        print!("{}", config.to_toml());
+        out!("{}", config.to_toml());
         return ExitCode::SUCCESS;
     }
     airlock_server::init_logging(config.log_format);

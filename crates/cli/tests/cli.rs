@@ -321,6 +321,40 @@ fn doctor_reports_full_enforcement_on_this_host() {
 
 /// `airlock doctor --config` sizes the server for that configuration: every part of its
 /// worst-case memory, from the settings that bound it.
+/// `airlock … | head`: once the reader is gone, what is left to print is dropped and the
+/// command ends with the status it would have had, never a panic or a signal.
+#[test]
+fn a_closed_stdout_ends_quietly_with_the_usual_status() {
+    let _guard = serial();
+    let before = HostState::now();
+    let program = "print('x' * 200_000)\nimport sys\nsys.exit(3)\n";
+    let cases: &[(&[&str], &str, i32)] = &[
+        (&["run"], program, 3),
+        (&["run", "--json"], program, 3),
+        (
+            &["run", "--entrypoint", "f"],
+            "def f():\n    return 'y' * 200_000\n",
+            0,
+        ),
+        (
+            &["run", "--entrypoint", "f"],
+            "def f():\n    return 1 / 0\n",
+            1,
+        ),
+    ];
+    for (args, code, want) in cases {
+        let mut cmd = airlock();
+        cmd.args(*args);
+        let (status, stderr) = with_stdout_gone(cmd, Some(code));
+        assert_eq!(status.code(), Some(*want), "{args:?}: {stderr}");
+    }
+    HostState::now().assert_same_as(&before, &"runs with stdout gone");
+    let normal = invoke(&["doctor"], b"").exit;
+    let mut doctor = airlock();
+    doctor.arg("doctor");
+    assert_eq!(with_stdout_gone(doctor, None).0.code(), Some(normal));
+}
+
 #[test]
 fn doctor_states_the_worst_case_memory_of_a_configuration() {
     let _guard = serial();

@@ -92,6 +92,19 @@ fn the_cli_evaluates_one_expression_per_line_in_batch_mode() {
     assert_eq!((code, out.lines().count()), (0, 2));
 }
 
+/// `airlock eval … | head`: quiet, every expression still evaluated for the status.
+#[test]
+fn a_closed_stdout_ends_quietly_with_the_usual_status() {
+    let mut one = airlock();
+    one.args(["eval", "[1, 2] * 3"]);
+    assert_eq!(with_stdout_gone(one, None).0.code(), Some(0));
+    let lines = "'x' * 100\n".repeat(5_000);
+    let mut batch = airlock();
+    batch.args(["eval", "--json"]);
+    let (status, stderr) = with_stdout_gone(batch, Some(&format!("{lines}1/0\n")));
+    assert_eq!((status.code(), &*stderr), (Some(1), ""));
+}
+
 fn post_eval(server: &Server, key: Option<&str>, body: &[u8]) -> common::http::Response {
     let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
     if let Some(k) = key {

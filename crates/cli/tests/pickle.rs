@@ -114,6 +114,35 @@ fn scan_and_decode_give_verdicts_and_data_and_never_run_the_payload() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `airlock pickle scan … | head`: a reader gone is no error; every file is still scanned
+/// and the status is the one the verdicts give.
+#[test]
+fn a_closed_stdout_ends_quietly_with_the_usual_status() {
+    let dir = std::env::temp_dir().join(format!("airlock-pickle-epipe-{}", std::process::id()));
+    let marker = dir.join("payload-ran");
+    let [data, evil, broken, _] = files(&dir, &marker);
+    // Enough lines that they cannot all sit in a pipe's buffer, the worst verdict last.
+    let mut scan = airlock();
+    scan.args(["pickle", "scan", "--json"]);
+    for _ in 0..2_000 {
+        scan.arg(&data);
+    }
+    scan.arg(&evil);
+    let (status, stderr) = with_stdout_gone(scan, None);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr, "");
+
+    let mut scan = airlock();
+    scan.args(["pickle", "scan"]).arg(&data).arg(&broken);
+    assert_eq!(with_stdout_gone(scan, None).0.code(), Some(2));
+    let mut decode = airlock();
+    decode.args(["pickle", "decode"]).arg(&data);
+    let (status, stderr) = with_stdout_gone(decode, None);
+    assert_eq!((status.code(), &*stderr), (Some(0), ""));
+    assert!(!marker.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_service_scans_a_posted_file() {
     let _g = serial();

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
+use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
@@ -81,7 +82,15 @@ pub async fn run(
     let resolved = KeyStore::resolve(&config.keys, env_key.as_deref(), &state_dir)?;
     if let Some(key) = &resolved.generated {
         // Shown this once; only its hash is kept (state_dir/keys.json).
-        println!("airlock: generated an API key. It is shown only now; store it:\n{key}");
+        let shown = writeln!(
+            std::io::stdout(),
+            "airlock: generated an API key. It is shown only now; store it:\n{key}"
+        );
+        if let Err(e) = shown {
+            tracing::error!(error = %e, keys = %state_dir.join("keys.json").display(),
+                "the generated API key could not be shown on stdout: delete the keys file and \
+                 start again, or set AIRLOCK_API_KEY");
+        }
     }
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let listen = config.listen;
@@ -116,7 +125,8 @@ pub async fn run(
         addr: listen,
         source,
     })?;
-    eprintln!("airlock: listening on http://{addr}");
+    // With stderr gone the log still says it.
+    let _ = writeln!(std::io::stderr(), "airlock: listening on http://{addr}");
     tracing::info!(%addr, "listening");
     on_start(Started { addr });
 

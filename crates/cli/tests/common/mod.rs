@@ -307,3 +307,32 @@ impl HostState {
 
 /// A Python prelude for payloads that call the kernel directly.
 pub const LIBC: &str = "import ctypes, os, json\nlibc = ctypes.CDLL(None, use_errno=True)\n";
+
+/// What `cmd` does when its stdout is a pipe nobody reads (`… | head` once head is done): the
+/// read end is closed before it starts, so every write it makes meets EPIPE.
+pub fn with_stdout_gone(
+    mut cmd: Command,
+    stdin: Option<&str>,
+) -> (std::process::ExitStatus, String) {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child = cmd
+        .stdout(writer)
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Dropped at once: our own copy of the write end must not be what is left open.
+    drop(cmd);
+    let mut input = child.stdin.take().unwrap();
+    if let Some(text) = stdin {
+        let _ = input.write_all(text.as_bytes());
+    }
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.signal(), None, "killed by a signal: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (out.status, stderr)
+}
