@@ -154,15 +154,23 @@ fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
             let (Ok(size), Ok(offset)) = (i64::try_from(size), i64::try_from(offset)) else {
                 return Err("an end record's directory is out of range".into());
             };
+            // zipfile's arithmetic has no overflow; values that overflow ours are no place
+            // in the file.
             let shift = if zipfile {
-                eocd as i64 - size - offset + extra
+                (eocd as i64)
+                    .checked_sub(size)
+                    .and_then(|x| x.checked_sub(offset))
+                    .and_then(|x| x.checked_add(extra))
             } else {
-                0
+                Some(0)
             };
-            if !seen.insert((offset + shift, shift)) {
+            let Some((shift, at)) = shift.and_then(|s| Some((s, offset.checked_add(s)?))) else {
+                return Err("an end record's directory is out of range".into());
+            };
+            if !seen.insert((at, shift)) {
                 continue;
             }
-            read_directory(data, offset + shift, size, shift, &mut out, &mut left)?;
+            read_directory(data, at, size, shift, &mut out, &mut left)?;
         }
     }
     Ok(out)
@@ -228,7 +236,7 @@ fn read_directory(
         *left = left
             .checked_sub(len)
             .ok_or("more central directories than its size allows")?;
-        let key = i64::try_from(local).ok().map(|l| l + shift);
+        let key = i64::try_from(local).ok().and_then(|l| l.checked_add(shift));
         let Some(key) = key.and_then(|k| usize::try_from(k).ok()) else {
             return Err(format!(
                 "a central directory entry at offset {at} points before the file"
@@ -469,36 +477,49 @@ pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
     // torch.load tries the legacy tar format first, whatever the file's first bytes: a file
     // that is a tar archive is judged as one, and as what else it is too.
     if data.get(..512).is_some_and(tar_header) {
-        let tar = scan_tar(data, opts);
-        let other = scan_pickle_or_zip(data, opts);
+        let mut tar = scan_tar(data, opts);
+        let (other, carried) = scan_pickle_or_zip(data, opts);
         // A tar header read as a pickle mostly fails at its first opcode: harmless.
         let harmless = match &other {
             FileReport::Pickle(r) => r.verdict == Verdict::Safe || no_pickle(r),
             other => *other.verdict() == Verdict::Safe,
         };
-        return if harmless || *tar.verdict() != Verdict::Safe {
-            tar
-        } else {
-            other
-        };
+        if !harmless && *tar.verdict() == Verdict::Safe {
+            return other;
+        }
+        // The archive zipfile finds from the end was read too: its members are listed
+        // with the tar's, each scanned as zipfile and miniz read it.
+        if let (FileReport::Tar { members, .. }, true) = (&mut tar, harmless) {
+            match other {
+                FileReport::Zip { members: zip, .. } => members.extend(zip),
+                _ => members.extend(carried),
+            }
+        }
+        return tar;
     }
-    scan_pickle_or_zip(data, opts)
+    scan_pickle_or_zip(data, opts).0
 }
 
-fn scan_pickle_or_zip(data: &[u8], opts: &Options) -> FileReport {
+/// The file as a pickle or a ZIP archive, and the members of a safe archive a pickle
+/// carries (zipfile finds it from the end of the file).
+fn scan_pickle_or_zip(data: &[u8], opts: &Options) -> (FileReport, Vec<Member>) {
     if !data.starts_with(LOCAL) {
         let report = crate::scan(data, opts);
         // A pickle can carry a whole archive that zipfile finds from the end of the file:
         // such a file is both, and is judged as both.
+        let mut carried = Vec::new();
         if !end_records(data).is_empty() {
-            let zip = scan_zip(data, opts);
-            if *zip.verdict() != Verdict::Safe {
-                return zip;
+            match scan_zip(data, opts) {
+                FileReport::Zip {
+                    members,
+                    verdict: Verdict::Safe,
+                } => carried = members,
+                zip => return (zip, Vec::new()),
             }
         }
-        return FileReport::Pickle(report);
+        return (FileReport::Pickle(report), carried);
     }
-    scan_zip(data, opts)
+    (scan_zip(data, opts), Vec::new())
 }
 
 fn scan_zip(data: &[u8], opts: &Options) -> FileReport {

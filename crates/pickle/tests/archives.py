@@ -260,6 +260,15 @@ for name, (verdict, blob) in list(cases.items()):
         assert verdict == "malformed" or "pickle" in names, (name, names)
 
 
+# A tar whose member holds a whole ZIP archive, which zipfile finds from the end of the
+# file: both are read, and the ZIP's members are listed with the tar's.
+for verdict, inner_member in (("safe", GOOD), ("unsafe", BAD)):
+    inner = archive([("archive/data.pkl", inner_member), ("archive/version", b"3\n")])
+    data = b"\xff" + inner  # no pickle to the scan, as to CPython: its first opcode fails
+    blob = hdr(b"notes", len(data)) + pad(data) + END
+    assert zipfile.ZipFile(io.BytesIO(blob)).read("archive/data.pkl") == inner_member
+    cases["tar_carrying_zip_" + verdict] = (verdict, blob)
+
 # GNU sparse records change the size extractfile reads without moving the next header.
 r = pax([(b"GNU.sparse.realsize", PAYLOAD_SIZE)])
 cases["tar_sparse_realsize"] = ("malformed", hdr(b"pax", len(r), b"x") + pad(r) + hdr(b"storages", 0) + pad(PAYLOAD) + END)
@@ -319,6 +328,16 @@ cd2 = central_hdr(len(FULL), zlib.crc32(FULL), 0, comment=z64_locator(rec_at))
 z = body + z64_record(0, 0, rec_at) + cd2 + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, len(cd2), rec_at + 56, 0)
 assert zipfile.ZipFile(io.BytesIO(z)).read(NAME.decode()) == FULL
 cases["zip64_record_not_before_locator"] = ("malformed", z)
+
+# A ZIP64 end record whose directory size and offset are near 2**63: the scan's arithmetic
+# must not overflow where zipfile's cannot. Past i64 it is malformed; otherwise neither reader
+# finds a member (zipfile puts the directory before the file, or reads an empty one), and
+# what is left is data.
+for size, off, verdict in ((2**63 - 1, 2**63 - 1, "malformed"), (2**63 - 1, 0, "safe"), (0, 2**63 - 1, "safe")):
+    cd = central_hdr(len(FULL), zlib.crc32(FULL), 0)
+    z = body + cd
+    z += z64_record(1, size, off) + z64_locator(len(z)) + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    cases["zip64_directory_near_2_63_%x_%x" % (size, off)] = (verdict, z)
 
 # 200 headers sharing one megabyte of deflate data that inflates to nothing.
 stream = b"\x00\x00\x00\xff\xff" * ((1 << 20) // 5) + b"\x01\x00\x00\xff\xff"
