@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Fuzzes the native evaluator (crates/pyeval) and the pickle scanner (crates/pickle) with
 # cargo fuzz on the stable toolchain (libFuzzer coverage, no sanitizer: neither crate has
-# unsafe code). The evaluator's seeds come from its differential corpus, the scanner's from
-# pickles CPython writes. Usage: scripts/fuzz.sh [SECONDS] (default 60, split between the two).
+# unsafe code). Three targets: eval (seeds from the evaluator's differential corpus), pickle
+# (pickles CPython writes) and zip_readers (the archives the scanner's tests make, headers
+# mutated: each input is also read by miniz, built from its C source by
+# scripts/miniz-reader.sh, and by zipfile and tarfile, and whatever they would load from an
+# archive scanned `safe` must have been scanned as they read it).
+# Usage: scripts/fuzz.sh [SECONDS] (default 90, split between the three).
 # A crash leaves its input under fuzz/artifacts/<target>/ and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-seconds="${1:-60}"
+seconds="${1:-90}"
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
 if ! cargo fuzz --version >/dev/null 2>&1; then
@@ -31,9 +35,26 @@ for i, v in enumerate(values):
     for p in range(6):
         open(os.path.join(out, f"seed-{i}-{p}"), "wb").write(pickle.dumps(v, protocol=p))
 PY
-half=$(( (seconds + 1) / 2 ))
+mkdir -p fuzz/corpus/zip_readers
+/usr/bin/python3 - fuzz/corpus/zip_readers crates/pickle/tests <<'PY'
+import base64, json, os, subprocess, sys
+out, tests = sys.argv[1], sys.argv[2]
+for args in (["archives.py"], ["mutations.py", "11", "300"]):
+    lines = subprocess.run(["/usr/bin/python3", os.path.join(tests, args[0])] + args[1:],
+                           check=True, capture_output=True).stdout.decode().splitlines()
+    for line in lines:
+        case = json.loads(line)
+        data = base64.b64decode(case["zip"])
+        if len(data) <= 65536:
+            open(os.path.join(out, "seed-" + case["name"]), "wb").write(data)
+PY
+export AIRLOCK_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
+bash scripts/miniz-reader.sh "$AIRLOCK_MINIZ_READER"
+third=$(( (seconds + 2) / 3 ))
 cd fuzz
-echo "==> cargo fuzz run eval for ${half}s ($n seeds)"
-cargo fuzz run eval --sanitizer none -- -max_total_time="$half" -max_len=4096 -timeout=10
-echo "==> cargo fuzz run pickle for ${half}s"
-cargo fuzz run pickle --sanitizer none -- -max_total_time="$half" -max_len=65536 -timeout=10
+echo "==> cargo fuzz run eval for ${third}s ($n seeds)"
+cargo fuzz run eval --sanitizer none -- -max_total_time="$third" -max_len=4096 -timeout=10
+echo "==> cargo fuzz run pickle for ${third}s"
+cargo fuzz run pickle --sanitizer none -- -max_total_time="$third" -max_len=65536 -timeout=10
+echo "==> cargo fuzz run zip_readers for ${third}s"
+cargo fuzz run zip_readers --sanitizer none -- -max_total_time="$third" -max_len=65536 -timeout=10

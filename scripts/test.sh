@@ -24,5 +24,5 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
 # The native evaluator must never panic, hang or overflow its stack on any input.
-scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-60}"
+scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-90}"
 echo "==> all checks passed"

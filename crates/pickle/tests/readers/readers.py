@@ -25,7 +25,8 @@ def zip_view(data):
     except Exception:
         return
     for info in z.infolist():
-        if info.is_dir():
+        # is_dir() fails on an empty name; a name ending in "/" is what it checks.
+        if info.filename.endswith("/"):
             continue
         try:
             if info.file_size > MOST:
