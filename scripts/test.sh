@@ -23,6 +23,7 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "==> cargo test"
 cargo test --workspace --locked
-# The native evaluator must never panic, hang or overflow its stack on any input.
+# The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
+# input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh).
 scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-90}"
 echo "==> all checks passed"
