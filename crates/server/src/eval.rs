@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::Caller;
-use crate::routes::{parse_json, read_body, require, ReadBody};
+use crate::pipeline::{parse_json, read_body, require, ReadBody};
 use crate::SharedState;
 
 pub(crate) async fn eval(
@@ -18,7 +18,7 @@ pub(crate) async fn eval(
 ) -> Result<Json<EvalResponse>, Error> {
     require(&caller, Scope::Execute)?;
     if state.is_shutting_down() {
-        return Err(crate::routes::shutting_down());
+        return Err(crate::pipeline::shutting_down());
     }
     let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
     let st = state.clone();
@@ -57,7 +57,7 @@ async fn evaluate_with(
     state.metrics.evaluations_waiting.inc();
     let turn = state.eval_slots.acquire().await;
     state.metrics.evaluations_waiting.dec();
-    let _turn = turn.map_err(|_| crate::routes::shutting_down())?;
+    let _turn = turn.map_err(|_| crate::pipeline::shutting_down())?;
     let limits = state.config.eval.limits();
     let outcome = tokio::task::spawn_blocking(move || {
         Ok::<_, Error>(airlock_pyeval::evaluate(&parse()?, &limits))

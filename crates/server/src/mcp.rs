@@ -41,7 +41,7 @@ use crate::error::Error;
 use crate::guard::{Caller, RequestId};
 use crate::keys::KeyStore;
 use crate::keys::{random_id, Key};
-use crate::routes::{
+use crate::pipeline::{
     job_from, read_body, refuse_if_unavailable, rejection, require, reserve_answer, run_job, Form,
 };
 use crate::serve::{make_state_dir, start_engine, ServeError};

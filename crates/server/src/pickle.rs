@@ -7,7 +7,7 @@ use axum::{Extension, Json};
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::Caller;
-use crate::routes::{read_body_as, require, ReadBody};
+use crate::pipeline::{read_body_as, require, ReadBody};
 use crate::SharedState;
 
 pub(crate) async fn scan(
@@ -17,12 +17,12 @@ pub(crate) async fn scan(
 ) -> Result<Json<serde_json::Value>, Error> {
     require(&caller, Scope::Execute)?;
     if state.is_shutting_down() {
-        return Err(crate::routes::shutting_down());
+        return Err(crate::pipeline::shutting_down());
     }
     let ReadBody { bytes, share } = read_body_as(&state, &caller.0, req, false).await?;
     // A bounded number at once: a scan may hold much more memory than its body.
     let turn = state.pickle_slots.acquire().await;
-    let _turn = turn.map_err(|_| crate::routes::shutting_down())?;
+    let _turn = turn.map_err(|_| crate::pipeline::shutting_down())?;
     let opts = state.config.pickle.options();
     let report =
         tokio::task::spawn_blocking(move || airlock_pickle::scan_file(&bytes, &opts).to_json())

@@ -27,7 +27,7 @@ use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
 use crate::keys::{random_id, Key};
-use crate::routes::{
+use crate::pipeline::{
     audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
     refuse_if_unavailable, rejection, require, reserve_answer, resolve_limits, Context, Form,
 };

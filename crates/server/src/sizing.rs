@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::routes::{answer_bytes, Form};
+use crate::pipeline::{answer_bytes, Form};
 
 /// One part of the server's worst-case memory.
 #[derive(Clone, Debug, Serialize)]

@@ -1,0 +1,640 @@
+//! The request pipeline every handler goes through: scope checks, body reading within the
+//! memory budget, limits and jobs, admission, the answer's reservation, the audit log, the
+//! engine, and the record. It depends on no handler module.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use airlock_api::{
+    ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
+};
+use airlock_engine::{
+    check_entrypoint, check_relative_path, Cancel, Discard, EngineError, Entrypoint, Execution,
+    InputFile, Job, LimitError, Stdin,
+};
+use axum::extract::Request;
+use axum::http::{header, StatusCode};
+use base64::Engine as _;
+use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+use crate::admission::Rejection;
+use crate::answer::{over_budget, WINDOW};
+use crate::budget::Share;
+use crate::config::Scope;
+use crate::error::Error;
+use crate::guard::Caller;
+use crate::keys::{random_id, Key};
+use crate::metrics::event;
+use crate::SharedState;
+
+pub(crate) fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
+    if caller.0.allows(scope) {
+        Ok(())
+    } else {
+        Err(Error::forbidden(
+            format!("this key lacks the {scope:?} scope").to_lowercase(),
+        ))
+    }
+}
+
+/// A request body, and its share of the memory budget for bodies.
+pub(crate) struct ReadBody {
+    pub bytes: Vec<u8>,
+    pub share: Share,
+}
+
+/// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
+/// (counted as they arrive, chunked or not), within the body timeout, and within the memory
+/// budget for bodies (all requests', and the key's own share).
+pub(crate) async fn read_body(
+    state: &SharedState,
+    key: &Key,
+    req: Request,
+) -> Result<ReadBody, Error> {
+    read_body_as(state, key, req, true).await
+}
+
+/// As `read_body`; `json: false` takes any content type (file uploads).
+pub(crate) async fn read_body_as(
+    state: &SharedState,
+    key: &Key,
+    req: Request,
+    json: bool,
+) -> Result<ReadBody, Error> {
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if json && !mime.eq_ignore_ascii_case("application/json") {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        return Err(Error::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be Content-Type: application/json",
+        )
+        .close());
+    }
+    let limit = state.config.http.max_body_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        Error::too_large("body", format!("the body is larger than {limit} bytes")).close()
+    };
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large()); // before reading a byte of it
+    }
+    let timeout = Duration::from_millis(state.config.http.body_timeout_ms);
+    let read = async {
+        let mut body = req.into_body();
+        // Memory is reserved as bytes arrive, not on the sender's word.
+        let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(64 << 10) as usize);
+        let mut share = state.memory.share(Some(key));
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| Error::invalid("body", format!("reading the body: {e}")).close())?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let total = bytes.len() as u64 + data.len() as u64;
+            if total > limit {
+                return Err(too_large());
+            }
+            share
+                .cover(total)
+                .map_err(|over| over_budget(over, "request bodies and answers").close())?;
+            bytes.extend_from_slice(&data);
+        }
+        Ok((bytes, share))
+    };
+    // A body still arriving when shutdown begins will not be run: no need to wait for it.
+    let read = async {
+        tokio::select! {
+            read = read => read,
+            () = state.shutdown_begun() => Err(shutting_down().close()),
+        }
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Err(_) => Err(Error::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "timeout",
+            "the body did not arrive in time",
+        )
+        .close()),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((bytes, share))) => Ok(ReadBody { bytes, share }),
+    }
+}
+
+/// Parses a JSON body; errors name the field at fault.
+pub(crate) fn parse_json<T: DeserializeOwned>(
+    state: &SharedState,
+    bytes: &[u8],
+) -> Result<T, Error> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        let path = e.path().to_string();
+        let err = Error::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            e.inner().to_string(),
+        );
+        if path == "." {
+            err
+        } else {
+            err.field(path)
+        }
+    })
+}
+
+/// The ceilings for one key: its own where it has them, never above the engine's.
+fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
+    Limits {
+        timeout_ms: key
+            .timeout_ms
+            .map_or(global.timeout_ms, |k| k.min(global.timeout_ms)),
+        memory_mb: key
+            .memory_mb
+            .map_or(global.memory_mb, |k| k.min(global.memory_mb)),
+        cpu_ms: key.cpu_ms.map_or(global.cpu_ms, |k| k.min(global.cpu_ms)),
+        pids: key.pids.map_or(global.pids, |k| k.min(global.pids)),
+        disk_mb: key
+            .disk_mb
+            .map_or(global.disk_mb, |k| k.min(global.disk_mb)),
+        output_bytes: key
+            .output_bytes
+            .map_or(global.output_bytes, |k| k.min(global.output_bytes)),
+    }
+}
+
+/// The limits for one request: what it asks for, within the key's ceilings; what it leaves
+/// out takes the defaults, brought down to the key's ceilings.
+pub(crate) fn resolve_limits(
+    state: &SharedState,
+    key: &Key,
+    asked: &LimitsRequest,
+) -> Result<Limits, Error> {
+    let engine = state.engine.config();
+    let c = key_ceilings(&engine.ceilings, &key.config.ceilings);
+    let checks = [
+        ("timeout_ms", asked.timeout_ms, c.timeout_ms),
+        ("memory_mb", asked.memory_mb, c.memory_mb),
+        ("cpu_ms", asked.cpu_ms, c.cpu_ms),
+        ("pids", asked.pids.map(u64::from), u64::from(c.pids)),
+        ("disk_mb", asked.disk_mb, c.disk_mb),
+        ("output_bytes", asked.output_bytes, c.output_bytes),
+    ];
+    for (name, value, ceiling) in checks {
+        if let Some(v) = value.filter(|v| *v > ceiling) {
+            state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+            return Err(Error::new(
+                StatusCode::BAD_REQUEST,
+                "limit_above_ceiling",
+                format!("limits.{name} = {v} is above the ceiling of {ceiling} for this key"),
+            )
+            .field(format!("limits.{name}")));
+        }
+    }
+    let r = engine.resolve_limits(asked).map_err(|e| {
+        let name = match &e {
+            LimitError::Zero { name } | LimitError::AboveCeiling { name, .. } => *name,
+        };
+        Error::invalid(format!("limits.{name}"), e.to_string())
+    })?;
+    Ok(Limits {
+        timeout_ms: r.timeout_ms.min(c.timeout_ms),
+        memory_mb: r.memory_mb.min(c.memory_mb),
+        cpu_ms: r.cpu_ms.min(c.cpu_ms),
+        pids: r.pids.min(c.pids),
+        disk_mb: r.disk_mb.min(c.disk_mb),
+        output_bytes: r.output_bytes.min(c.output_bytes),
+    })
+}
+
+/// Turns a request into a job, naming the field at fault for anything wrong with it.
+pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, Error> {
+    let cfg = state.engine.config();
+    let reject = |e: Error| {
+        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+        e
+    };
+    if req.code.len() as u64 > cfg.max_code_bytes {
+        return Err(reject(Error::too_large(
+            "code",
+            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
+        )));
+    }
+    if req.stdin.len() as u64 > cfg.max_stdin_bytes {
+        return Err(reject(Error::too_large(
+            "stdin",
+            format!("stdin is over the limit of {} bytes", cfg.max_stdin_bytes),
+        )));
+    }
+    if req.env.len() > airlock_engine::MAX_ENV_VARS {
+        return Err(reject(Error::too_large(
+            "env",
+            format!("more than {} variables", airlock_engine::MAX_ENV_VARS),
+        )));
+    }
+    let env_bytes: usize = req.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    if env_bytes > airlock_engine::MAX_ENV_BYTES {
+        return Err(reject(Error::too_large(
+            "env",
+            format!("more than {} bytes", airlock_engine::MAX_ENV_BYTES),
+        )));
+    }
+    if req.files.len() > airlock_engine::MAX_FILES {
+        return Err(reject(Error::too_large(
+            "files",
+            format!("more than {} files", airlock_engine::MAX_FILES),
+        )));
+    }
+    for (name, value) in &req.env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(reject(Error::invalid(
+                format!("env.{name}"),
+                "names must not be empty or contain = or NUL; values must not contain NUL",
+            )));
+        }
+    }
+    let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
+    let limits = resolve_limits(state, key, &req.limits)?;
+    let mut seen = std::collections::HashSet::with_capacity(req.files.len());
+    let mut files = Vec::with_capacity(req.files.len());
+    let mut total = 0u64;
+    let cap = cfg.max_files_bytes.min(limits.disk_mb << 20);
+    for (i, f) in req.files.into_iter().enumerate() {
+        check_relative_path(&f.path)
+            .map_err(|e| reject(Error::invalid(format!("files[{i}].path"), e)))?;
+        if !seen.insert(f.path.clone()) {
+            return Err(reject(Error::invalid(
+                format!("files[{i}].path"),
+                format!("{:?} is given twice", f.path),
+            )));
+        }
+        let data = match f.encoding {
+            airlock_api::Encoding::Utf8 => f.content.into_bytes(),
+            airlock_api::Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(f.content.as_bytes())
+                .map_err(|e| {
+                    reject(Error::invalid(
+                        format!("files[{i}].content"),
+                        format!("not base64: {e}"),
+                    ))
+                })?,
+        };
+        total += data.len() as u64;
+        if total > cap {
+            return Err(reject(Error::too_large(
+                "files",
+                format!("files total over the limit of {cap} bytes"),
+            )));
+        }
+        files.push(InputFile { path: f.path, data });
+    }
+    Ok(Job {
+        code: req.code,
+        filename: "main.py".into(),
+        stdin: Stdin::Bytes(req.stdin.into_bytes()),
+        env: req.env.into_iter().collect(),
+        files,
+        entrypoint,
+        limits,
+        max_code_bytes: cfg.max_code_bytes,
+        stream: false,
+        echo_traceback: false,
+        cancel: None,
+    })
+}
+
+/// Function mode from a request's `entrypoint` and `inputs`, checked (no inputs without an
+/// entrypoint, a dotted name, bounded nesting).
+pub(crate) fn entrypoint_from(
+    name: Option<String>,
+    inputs: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Option<Entrypoint>, Error> {
+    let entrypoint = match (name, inputs) {
+        (Some(name), inputs) => Entrypoint {
+            name,
+            inputs: inputs.unwrap_or_default(),
+        },
+        (None, Some(_)) => {
+            return Err(Error::invalid(
+                "inputs",
+                "inputs are the keyword arguments of an entrypoint: name one",
+            ))
+        }
+        (None, None) => return Ok(None),
+    };
+    check_entrypoint(&entrypoint).map_err(|(field, m)| Error::invalid(field, m))?;
+    Ok(Some(entrypoint))
+}
+
+pub(crate) fn rejection(r: Rejection) -> Error {
+    match r {
+        Rejection::RateLimited(secs) => Error::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "this key's rate limit is reached",
+        )
+        .retry_after(secs),
+        Rejection::KeyBusy => Error::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            "this key already runs and queues as many executions as it may",
+        )
+        .retry_after(1),
+        Rejection::Overloaded => Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "every slot and the queue are full",
+        )
+        .retry_after(1),
+        Rejection::QueueTimeout => Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded",
+            "waited too long for a free slot",
+        )
+        .retry_after(1),
+        Rejection::ShuttingDown => shutting_down(),
+    }
+}
+
+pub(crate) fn shutting_down() -> Error {
+    Error::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "shutting_down",
+        "the server is shutting down",
+    )
+    .retry_after(5)
+}
+
+/// No new executions while shutting down, or while the audit log cannot be written.
+pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
+    if state.is_shutting_down() {
+        return Err(shutting_down());
+    }
+    if let Some(why) = state.audit_failure() {
+        return Err(audit_unavailable(&why));
+    }
+    Ok(())
+}
+
+/// What the audit record needs besides the result.
+pub(crate) struct Context {
+    pub id: String,
+    pub request_id: String,
+    pub key: String,
+    pub key_fingerprint: String,
+    pub started_at: String,
+    pub code_sha256: String,
+    pub code_bytes: u64,
+}
+
+impl Context {
+    /// A new execution of `code` by `key`, starting now (hashes the code: CPU work for a large
+    /// one, so called off the async workers).
+    pub fn for_code(key: &Key, request_id: String, code: &str) -> Context {
+        let sha = format!("{:x}", Sha256::digest(code.as_bytes()));
+        Context::new(key, request_id, sha, code.len() as u64)
+    }
+
+    /// A new execution of `code` by `key`, starting now.
+    pub fn new(key: &Key, request_id: String, code_sha256: String, code_bytes: u64) -> Context {
+        Context {
+            id: random_id("ex_"),
+            request_id,
+            key: key.name().to_owned(),
+            key_fingerprint: key.fingerprint(),
+            started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            code_sha256,
+            code_bytes,
+        }
+    }
+}
+
+/// Cancels the execution if the request is dropped before it is answered (the client went
+/// away): its sandbox is killed at once.
+pub(crate) struct CancelOnDrop(pub Option<Cancel>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(cancel) = self.0.take() {
+            cancel.cancel();
+        }
+    }
+}
+
+/// How an execution's answer is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// JSON whose output is escaped as it is written (`Answer`), or a stream of events.
+    Json,
+    /// An MCP tool result: the output decoded into text blocks, then rmcp's JSON of them,
+    /// both whole in memory while it is serialized (up to 3 and 6 bytes per byte written).
+    Mcp,
+}
+
+/// The most memory an execution's answer can hold under `limits`, sent as `form`.
+pub(crate) fn answer_bytes(
+    engine: &airlock_engine::EngineConfig,
+    limits: &Limits,
+    form: Form,
+) -> u64 {
+    let result = engine.result_bytes(limits);
+    match form {
+        Form::Json => result.saturating_add(WINDOW),
+        Form::Mcp => result.saturating_mul(7).saturating_add(WINDOW),
+    }
+}
+
+/// Reserves what an execution's answer can hold (429 or 503 when it does not fit the key's
+/// share or everyone's), before it queues: what a key has in flight and unread never holds
+/// more than its share.
+pub(crate) fn reserve_answer(
+    state: &SharedState,
+    key: &Key,
+    limits: &Limits,
+    form: Form,
+) -> Result<Share, Error> {
+    let bytes = answer_bytes(state.engine.config(), limits, form);
+    let share = state.config.http.max_buffered_bytes_per_key;
+    if bytes > share {
+        // It would never fit, however long the client waited (a session's cells at 64 MiB
+        // of output, over MCP): say what to change.
+        return Err(Error::new(
+            StatusCode::BAD_REQUEST,
+            "limit_above_ceiling",
+            format!(
+                "limits.output_bytes = {} makes an answer that may hold {bytes} bytes, more than \
+                 this key's share of {share} (http.max_buffered_bytes_per_key)",
+                limits.output_bytes
+            ),
+        )
+        .field("limits.output_bytes"));
+    }
+    state.memory.reserve(key, bytes).map_err(|over| {
+        state
+            .metrics
+            .security_events
+            .add(&[event::ANSWER_OVER_BUDGET]);
+        over_budget(over, "answers")
+    })
+}
+
+/// Runs a checked job to its end, not streamed: a running slot (`held` is let go once it is
+/// had), the audit log, the engine, the record, then `present` makes the answer from the
+/// response and the answer's reservation (off the async workers). Dropping the future (the
+/// client went away) kills the sandbox; the slot is still held until it is gone, and the
+/// record still written.
+pub(crate) async fn run_job<H, T: Send + 'static>(
+    state: &SharedState,
+    key: &Arc<Key>,
+    request_id: String,
+    mut job: Job,
+    held: H,
+    answer: Share,
+    present: impl FnOnce(ExecuteResponse, Share) -> T + Send + 'static,
+) -> Result<T, Error> {
+    let admitted = state.admission.admit(key).await.map_err(rejection)?;
+    // The job leaves the queue for its sandbox: its memory no longer waits here.
+    drop(held);
+    refuse_if_unavailable(state)?; // shutdown may have begun while this request waited
+    let cancel = Cancel::default();
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
+    let tracked = state.track(cancel.clone());
+    job.cancel = Some(cancel);
+    let (st, key) = (state.clone(), key.clone());
+    // Everything from here runs to its end even if the caller goes away: the sandbox is then
+    // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
+    // line and the metrics are still written.
+    let done = tokio::task::spawn_blocking(move || {
+        let ctx = Context::for_code(&key, request_id, &job.code);
+        // Nothing runs that the audit log has not heard of.
+        audit_start(&st, &ctx, &job.limits)?;
+        let ran = st.engine.execute(job, &mut Discard);
+        drop(admitted);
+        drop(tracked);
+        finish(&st, ctx, ran).map(|r| present(r, answer))
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
+    on_drop.0 = None; // answered: nothing to cancel
+    done
+}
+
+/// The audit log's `started` line; when it cannot be written, the execution is refused and
+/// so is every later one.
+pub(crate) fn audit_start(
+    state: &SharedState,
+    ctx: &Context,
+    limits: &Limits,
+) -> Result<(), Error> {
+    let started = crate::audit::Started {
+        event: "started",
+        id: &ctx.id,
+        request_id: &ctx.request_id,
+        key: &ctx.key,
+        key_fingerprint: &ctx.key_fingerprint,
+        started_at: &ctx.started_at,
+        code_sha256: &ctx.code_sha256,
+        code_bytes: ctx.code_bytes,
+        limits,
+    };
+    state.audit.append_started(&started).map_err(|e| {
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
+        audit_unavailable(&e.to_string())
+    })
+}
+
+fn audit_unavailable(why: &str) -> Error {
+    Error::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("executions are refused while the audit log cannot be written: {why}"),
+    )
+}
+
+/// Metrics, the audit record and the log line for one execution; the response.
+pub(crate) fn finish(
+    state: &SharedState,
+    ctx: Context,
+    ran: Result<Execution, EngineError>,
+) -> Result<ExecuteResponse, Error> {
+    let execution = match ran {
+        Ok(execution) => execution,
+        Err(EngineError::Cancelled) => return Err(shutting_down()),
+        Err(EngineError::Spawn(e)) => {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
+            return Err(Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            ));
+        }
+        Err(EngineError::Invalid(m)) => return Err(Error::invalid("body", m)),
+        Err(e) => {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "execution failed");
+            return Err(Error::internal("the execution failed inside airlock"));
+        }
+    };
+    let (result, pooled) = (execution.result, execution.pooled);
+    let m = &state.metrics;
+    m.executions.add(&[result.status.as_str()]);
+    m.execution_seconds
+        .observe(Duration::from_millis(result.usage.wall_ms));
+    if let Some(ready) = execution.sandbox_ready {
+        m.sandbox_start_seconds.observe(ready);
+    }
+    let kind = match result.status {
+        Status::PolicyViolation => Some(event::SECCOMP_KILL),
+        Status::MemoryLimit => Some(event::MEMORY_KILL),
+        Status::Timeout => Some(event::TIMEOUT),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        m.security_events.add(&[kind]);
+    }
+    if result.stdout_truncated || result.stderr_truncated {
+        m.security_events.add(&[event::OUTPUT_TRUNCATED]);
+    }
+    let record = ExecutionRecord {
+        id: ctx.id.clone(),
+        request_id: ctx.request_id.clone(),
+        key: ctx.key.clone(),
+        key_fingerprint: ctx.key_fingerprint,
+        started_at: ctx.started_at,
+        code_sha256: ctx.code_sha256,
+        code_bytes: ctx.code_bytes,
+        status: result.status,
+        exit_code: result.exit_code,
+        signal: result.signal,
+        limits: result.limits.clone(),
+        limits_hit: result.limits_hit.clone(),
+        usage: result.usage.clone(),
+    };
+    if let Err(e) = state.audit.append(&record) {
+        // The result is the client's, but nothing more runs without a record.
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
+    }
+    tracing::info!(
+        request_id = %ctx.request_id,
+        execution = %ctx.id,
+        key = %ctx.key,
+        status = %result.status,
+        wall_ms = result.usage.wall_ms,
+        pooled,
+        "execution"
+    );
+    Ok(ExecuteResponse { id: ctx.id, result })
+}
