@@ -167,7 +167,9 @@ fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
             let Some((shift, at)) = shift.and_then(|s| Some((s, offset.checked_add(s)?))) else {
                 return Err("an end record's directory is out of range".into());
             };
-            if !seen.insert((at, shift)) {
+            // The same start read for another size is another reading: a directory listed
+            // longer by one record holds members the shorter one hides.
+            if !seen.insert((at, shift, size)) {
                 continue;
             }
             read_directory(data, at, size, shift, &mut out, &mut left)?;

@@ -339,6 +339,33 @@ for size, off, verdict in ((2**63 - 1, 2**63 - 1, "malformed"), (2**63 - 1, 0, "
     z += z64_record(1, size, off) + z64_locator(len(z)) + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0xFFFFFFFF, 0)
     cases["zip64_directory_near_2_63_%x_%x" % (size, off)] = (verdict, z)
 
+# Two end records that give the directory the same start but not the same size: the longer
+# reading holds a member whose local header says 0 bytes, and miniz and zipfile read the
+# payload after it. Once with a ZIP64 record beside the 32-bit one, once with a stray 32-bit
+# record before the directory (the last one is the real one).
+def two_members():
+    def lh(name, size, crc):
+        return struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, size, size, len(name), 0) + name
+    def ch(name, size, crc, off):
+        return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, size, size, len(name), 0, 0, 0, 0, 0, off) + name
+    out = lh(b"a.pkl", len(GOOD), zlib.crc32(GOOD)) + GOOD
+    b_at = len(out)
+    out += lh(NAME, 0, 0) + CALL
+    return out, ch(b"a.pkl", len(GOOD), zlib.crc32(GOOD), 0), ch(NAME, len(CALL), zlib.crc32(CALL), b_at)
+def eocd32(n, size, off):
+    return struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, n, n, size, off, 0)
+body, e1, e2 = two_members()
+z = body + e1 + e2
+rec = len(z)
+z += z64_record(2, len(e1) + len(e2), len(body)) + z64_locator(rec) + eocd32(1, len(e1), len(body))
+assert zipfile.ZipFile(io.BytesIO(z)).read(NAME.decode()) == CALL
+cases["end_records_same_start_other_size_zip64"] = ("malformed", z)
+body, e1, e2 = two_members()
+z = body + eocd32(1, len(e1), len(body) + 22)
+z += e1 + e2 + eocd32(2, len(e1) + len(e2), len(body) + 22)
+assert zipfile.ZipFile(io.BytesIO(z)).read(NAME.decode()) == CALL
+cases["end_records_same_start_other_size"] = ("malformed", z)
+
 # 200 headers sharing one megabyte of deflate data that inflates to nothing.
 stream = b"\x00\x00\x00\xff\xff" * ((1 << 20) // 5) + b"\x01\x00\x00\xff\xff"
 hdrs = b"".join(struct.pack("<IHHHHHIIIHH", 0x04034b50, 20, 0, 8, 0, 0, 0, len(stream), 0, 0, 30 * 200 - 30 * i - 30) for i in range(200))
