@@ -756,10 +756,20 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                 let text = String::from_utf8_lossy(body)
                     .trim_end_matches('\0')
                     .to_string();
-                if kind == b'L' {
-                    long_name = Some(text);
+                let slot = if kind == b'L' {
+                    &mut long_name
                 } else {
-                    long_link = Some(text);
+                    &mut long_link
+                };
+                // tarfile takes the first of two (the outer header patches last), other
+                // readers the last.
+                if slot.replace(text).is_some() {
+                    return fail(
+                        members,
+                        at,
+                        "two GNU long names for one member: readers take different ones",
+                        work,
+                    );
                 }
                 at = next;
                 continue;
@@ -784,6 +794,18 @@ fn scan_tar(data: &[u8], opts: &Options) -> FileReport {
                     work,
                 );
             }
+        }
+        // tarfile lets a GNU long name override pax records, other readers the reverse: a
+        // link checked under one name would be followed under the other.
+        if (long_name.is_some() && pax("path").is_some())
+            || (long_link.is_some() && pax("linkpath").is_some())
+        {
+            return fail(
+                members,
+                at,
+                "a GNU long name and a pax path for one member: readers take different ones",
+                work,
+            );
         }
         let name = pax("path")
             .cloned()

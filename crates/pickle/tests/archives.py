@@ -269,6 +269,20 @@ for verdict, inner_member in (("safe", GOOD), ("unsafe", BAD)):
     assert zipfile.ZipFile(io.BytesIO(blob)).read("archive/data.pkl") == inner_member
     cases["tar_carrying_zip_" + verdict] = (verdict, blob)
 
+# GNU long links and pax link paths: tarfile takes the first of two long links, and a long
+# link over a pax linkpath (local or global); other readers the reverse. The link checked
+# would not be the link followed (here out of the archive).
+K = lambda target: hdr(b"././@LongLink", len(target) + 1, b"K") + pad(target + b"\0")
+inner = hdr(b"storages", 0, b"2") + hdr(b"pickle", len(GOOD)) + pad(GOOD) + END
+lp = pax([(b"linkpath", b"pickle")])
+cases["tar_two_long_links"] = ("malformed", K(b"/etc/passwd") + K(b"pickle") + inner)
+cases["tar_long_link_then_pax_linkpath"] = ("malformed", K(b"/etc/passwd") + hdr(b"pax", len(lp), b"x") + pad(lp) + inner)
+cases["tar_global_linkpath_then_long_link"] = ("malformed", hdr(b"glob", len(lp), b"g") + pad(lp) + K(b"/etc/passwd") + inner)
+cases["tar_two_long_names"] = ("malformed", hdr(b"././@LongLink", 2, b"L") + pad(b"a\0") + hdr(b"././@LongLink", 2, b"L") + pad(b"b\0") + hdr(b"x", len(GOOD)) + pad(GOOD) + END)
+for name in ("tar_two_long_links", "tar_long_link_then_pax_linkpath", "tar_global_linkpath_then_long_link"):
+    members = tarfile.open(fileobj=io.BytesIO(cases[name][1]), mode="r:").getmembers()
+    assert members[0].linkname == "/etc/passwd", (name, members[0].linkname)
+
 # GNU sparse records change the size extractfile reads without moving the next header.
 r = pax([(b"GNU.sparse.realsize", PAYLOAD_SIZE)])
 cases["tar_sparse_realsize"] = ("malformed", hdr(b"pax", len(r), b"x") + pad(r) + hdr(b"storages", 0) + pad(PAYLOAD) + END)
