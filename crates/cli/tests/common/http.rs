@@ -211,6 +211,23 @@ impl Server {
     }
 
     /// Every log line so far, from the start.
+    /// The log lines holding `what`, once there are at least `n` of them (up to 10 s): a
+    /// request's log line is written when its answer is done, which the client may see first.
+    pub fn wait_log_lines(&self, what: &str, n: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let found: Vec<String> = self
+                .log_lines()
+                .into_iter()
+                .filter(|l| l.contains(what))
+                .collect();
+            if found.len() >= n || std::time::Instant::now() > deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn log_lines(&self) -> Vec<String> {
         let mut seen = self.seen.borrow_mut();
         seen.extend(self.log.try_iter());
