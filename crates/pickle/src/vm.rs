@@ -85,7 +85,7 @@ struct Machine<'a> {
     opts: &'a Options,
     stack: Vec<V>,
     marks: Vec<usize>,
-    memo: HashMap<u64, V>,
+    memo: Memo,
     report: Report,
     /// The protocol the current pickle declared (0 until a PROTO opcode), which decides how
     /// CPython resolves globals.
@@ -118,6 +118,48 @@ struct Machine<'a> {
     /// NaNs made so far. Each NaN object gets its own payload: CPython compares keys by
     /// identity first, so one NaN reused through the memo is one key, two NaNs are two.
     nans: u64,
+}
+
+/// The memo: a vector for the indices written in order (MEMOIZE's, and most PUTs'), a map
+/// for the others, so that a pickle memoizing at every byte holds one value per entry
+/// rather than a hash table's.
+#[derive(Default)]
+struct Memo {
+    dense: Vec<Option<V>>,
+    sparse: HashMap<u64, V>,
+    /// Entries stored, as CPython counts them: MEMOIZE's next index.
+    len: usize,
+}
+
+impl Memo {
+    fn get(&self, idx: u64) -> Option<&V> {
+        match usize::try_from(idx) {
+            Ok(i) if i < self.dense.len() => self.dense[i].as_ref(),
+            _ => self.sparse.get(&idx),
+        }
+    }
+
+    fn insert(&mut self, idx: u64, v: V) {
+        let new = match usize::try_from(idx) {
+            Ok(i) if i < self.dense.len() => self.dense[i].replace(v).is_none(),
+            Ok(i) if i == self.dense.len() => {
+                // An index stored out of order before is now the vector's.
+                let old = self.sparse.remove(&idx);
+                self.dense.push(Some(v));
+                old.is_none()
+            }
+            _ => self.sparse.insert(idx, v).is_none(),
+        };
+        self.len += new as usize;
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = V> + '_ {
+        self.len = 0;
+        self.dense
+            .drain(..)
+            .flatten()
+            .chain(self.sparse.drain().map(|(_, v)| v))
+    }
 }
 
 fn bad<T>(at: usize, why: impl Into<String>) -> Result<T, Malformed> {
@@ -279,7 +321,7 @@ impl<'a> Machine<'a> {
     }
 
     fn memo_get(&mut self, idx: u64) -> Result<V, Malformed> {
-        match self.memo.get(&idx) {
+        match self.memo.get(idx) {
             Some(v) => Ok(v.clone()),
             None => bad(self.op_at, format!("memo {idx} was never stored")),
         }
@@ -577,7 +619,7 @@ impl<'a> Machine<'a> {
                     self.memo_put(i)?;
                 }
                 0x94 => {
-                    let i = self.memo.len() as u64;
+                    let i = self.memo.len as u64;
                     self.memo_put(i)?;
                 }
                 b'g' => {
@@ -1186,7 +1228,7 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
         opts,
         stack: Vec::new(),
         marks: Vec::new(),
-        memo: HashMap::new(),
+        memo: Memo::default(),
         report: Report::new(data.len()),
         proto: 0,
         frame_end: None,
@@ -1206,10 +1248,13 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
 /// Takes values apart without recursion: a pickle can nest containers 100 000 deep (drop glue
 /// would overflow the stack) or make one contain itself (reference counts would never free
 /// it). Mutable containers are emptied even when shared, which breaks every cycle.
-fn dismantle(values: Vec<V>) {
-    let mut work = values;
-    while let Some(mut v) = work.pop() {
-        take_children(&mut v, &mut work, true);
+fn dismantle(values: impl IntoIterator<Item = V>) {
+    let mut work = Vec::new();
+    for v in values {
+        work.push(v);
+        while let Some(mut v) = work.pop() {
+            take_children(&mut v, &mut work, true);
+        }
     }
 }
 
@@ -1233,8 +1278,8 @@ fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (R
     if first.is_ok() && m.c_valued && !m.c_reads {
         // Only pickle.py reads this pickle to its end: its INT values, from the start.
         dismantle(std::mem::take(&mut m.stack));
-        dismantle(m.memo.drain().map(|(_, v)| v).collect());
-        dismantle(first.into_iter().collect());
+        dismantle(m.memo.drain());
+        dismantle(first.ok());
         m = machine(data, opts);
         m.py_values = true;
         first = m.run();
@@ -1299,11 +1344,11 @@ fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (R
             None => Verdict::Safe,
         },
     };
-    let mut rest: Vec<V> = std::mem::take(&mut m.stack);
-    rest.append(&mut done);
-    rest.extend(m.memo.drain().map(|(_, v)| v));
-    rest.extend(first.ok());
-    dismantle(rest);
+    // Each part on its own: one vector of them all would copy every value once more.
+    dismantle(std::mem::take(&mut m.stack));
+    dismantle(done);
+    dismantle(m.memo.drain());
+    dismantle(first.ok());
     (report, taken)
 }
 
@@ -1329,6 +1374,32 @@ pub fn decode(data: &[u8], opts: &Options) -> Result<Json, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memo counts and finds entries as CPython's dict does, whichever part holds them.
+    #[test]
+    fn the_memo_is_one_dict_in_two_parts() {
+        let mut memo = Memo::default();
+        let int = |n: i64| V::Int(Rc::new(n.into()));
+        let at = |m: &Memo, i: u64| match m.get(i) {
+            Some(V::Int(n)) => Some(i64::try_from(&**n).unwrap()),
+            Some(_) => panic!("not an int"),
+            None => None,
+        };
+        memo.insert(2, int(20)); // out of order: the map
+        memo.insert(0, int(0));
+        memo.insert(0, int(1)); // replaced, not counted again
+        assert_eq!(
+            (memo.len, at(&memo, 0), at(&memo, 2)),
+            (2, Some(1), Some(20))
+        );
+        memo.insert(1, int(10));
+        memo.insert(2, int(21)); // the vector reaches 2: the map's entry is replaced
+        assert_eq!((memo.len, at(&memo, 2), at(&memo, 3)), (3, Some(21), None));
+        memo.insert(u64::MAX, int(7));
+        assert_eq!((memo.len, at(&memo, u64::MAX)), (4, Some(7)));
+        assert_eq!(memo.drain().count(), 4);
+        assert_eq!((memo.len, at(&memo, 0)), (0, None));
+    }
 
     /// A list that contains itself is freed once taken apart (reference counts alone would
     /// keep it forever).
