@@ -27,7 +27,6 @@ pub fn main(args: EvalArgs) -> ExitCode {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let mut failed = false;
     // Once stdout is gone the expressions are still evaluated, for the exit status.
-    let mut gone = false;
     let mut one = |expr: &str, out: &mut dyn Write| {
         let outcome = evaluate(expr, &limits);
         failed |= outcome.is_err();
@@ -39,9 +38,8 @@ pub fn main(args: EvalArgs) -> ExitCode {
                 Err(e) => out.flush().map(|()| errln!("{e}")),
             }
         };
-        if let (false, Err(e)) = (gone, written) {
-            gone = true;
-            crate::out::settle(e);
+        if let Err(e) = written {
+            crate::out::settle(e); // says a failure once, however often it comes
         }
     };
     match &args.expr {

@@ -491,11 +491,11 @@ pub fn scan_file(data: &[u8], opts: &Options) -> FileReport {
         }
         // The archive zipfile finds from the end was read too: its members are listed
         // with the tar's, each scanned as zipfile and miniz read it.
-        if let (FileReport::Tar { members, .. }, true) = (&mut tar, harmless) {
-            match other {
-                FileReport::Zip { members: zip, .. } => members.extend(zip),
-                _ => members.extend(carried),
-            }
+        if let (true, FileReport::Tar { members, .. }) = (harmless, &mut tar) {
+            members.extend(match other {
+                FileReport::Zip { members: zip, .. } => zip,
+                _ => carried,
+            });
         }
         return tar;
     }

@@ -161,7 +161,12 @@ pub(crate) fn long(l: &[u8], base0: bool) -> Result<BigInt, String> {
 /// Whether pickle.py reads an INT (`with_bool`) or LONG line: Python's `int(line, 0)`, which
 /// takes no NUL and no C-style octal (the C unpickler takes both).
 pub(crate) fn python_int(l: &[u8], with_bool: bool) -> bool {
-    !l.contains(&0) && (with_bool && (l == b"00" || l == b"01") || long(l, true).is_ok())
+    !l.contains(&0)
+        && if with_bool {
+            python_int_value(l).is_ok()
+        } else {
+            long(l, true).is_ok()
+        }
 }
 
 /// Whether pickle.py reads a PUT or GET index: `int(line)`, which takes no NUL.

@@ -388,16 +388,14 @@ impl<'a> Machine<'a> {
                 0x89 => self.stack.push(V::Bool(false)),
                 b'I' => {
                     let l = self.line()?;
-                    let py = text::python_int(l, true);
-                    self.readers(true, py)?;
+                    self.readers(true, text::python_int(l, true))?;
                     let c = text::int(l);
                     let value = if !self.c_reads || self.py_values {
                         text::python_int_value(l)
                     } else {
-                        if self.py_reads
-                            && matches!(c, Ok(text::Int::Bool(_)))
-                            && l != b"00"
-                            && l != b"01"
+                        let bool_to_c =
+                            |v: &Result<text::Int, String>| matches!(v, Ok(text::Int::Bool(_)));
+                        if self.py_reads && bool_to_c(&c) && !bool_to_c(&text::python_int_value(l))
                         {
                             self.c_valued = true;
                         }
