@@ -24,7 +24,8 @@ pub enum Status {
     MemoryLimit,
     /// Killed at the CPU-time limit.
     CpuLimit,
-    /// Killed by the seccomp filter for a forbidden system call.
+    /// Killed by the seccomp filter for a forbidden system call, or by the host for breaking
+    /// the protocol of its tool channel.
     PolicyViolation,
     /// Killed by another signal.
     Crashed,
@@ -118,6 +119,9 @@ pub struct Usage {
     pub cpu_ms: Option<u64>,
     /// Peak memory of the sandbox (cgroup), when cgroups were in force.
     pub memory_peak_bytes: Option<u64>,
+    /// Calls the code made to the operator's tools (code mode), answered or refused.
+    #[serde(default)]
+    pub tool_calls: u64,
 }
 
 /// What was in force for this execution.
@@ -407,6 +411,33 @@ pub struct FileEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FileList {
     pub files: Vec<FileEntry>,
+}
+
+/// `GET /v1/tools`: the operator's tools the calling key's code may call (code mode), as
+/// `tools.<server>.<function>(...)` inside the sandbox.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsResponse {
+    pub tools: Vec<ToolApi>,
+    /// The same as Python stubs (signatures and docstrings), for a model to read.
+    pub python: String,
+}
+
+/// One tool, as the code calls it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolApi {
+    /// `server.function`: called as `tools.server.function(...)`.
+    pub name: String,
+    /// The tool's own name on its server.
+    pub tool: String,
+    /// Its annotations say it only reads; a tool that may write is granted only by name.
+    pub read_only: bool,
+    /// `def function(*, a: int, b: str = "x")`: keyword arguments only.
+    pub signature: String,
+    pub description: String,
+    /// The tool's JSON Schema for its arguments, checked on the host before each call.
+    pub input_schema: serde_json::Value,
 }
 
 /// The answer to `POST /v1/execute`: the result, and the id of its audit record.

@@ -290,6 +290,7 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         stream: !args.json,
         echo_traceback: !args.json,
         cancel: Some(cancel.clone()),
+        tools: None,
     };
     engine.check(&job).map_err(|e| e.to_string())?;
     Ok(Prepared { engine, job })

@@ -13,6 +13,7 @@ mod marshal;
 mod pool;
 mod pump;
 mod session;
+mod tools;
 mod verdict;
 
 use std::os::fd::OwnedFd;
@@ -33,6 +34,7 @@ pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
 use session::Mode;
 pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRIES};
+pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
 
 /// The runner, passed to `python3 -c`.
 pub const RUNNER: &str = include_str!("runner.py");
@@ -95,6 +97,8 @@ pub struct Job {
     pub echo_traceback: bool,
     /// Lets another thread stop the execution (the result is then `internal_error`).
     pub cancel: Option<Cancel>,
+    /// Code mode: the operator's tools this job may call, through a channel of its own.
+    pub tools: Option<Arc<dyn ToolBridge>>,
 }
 
 /// Cancels a running execution from another thread, e.g. on SIGINT. Cancelling before the
@@ -214,11 +218,9 @@ impl Engine {
         &self,
         policy: &Policy,
         mode: Mode,
+        tools: Option<OwnedFd>,
     ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
-        let (control, theirs) = UnixStream::pair().map_err(|source| EngineError::Io {
-            what: "socketpair",
-            source,
-        })?;
+        let (control, theirs) = socket_pair()?;
         let mut command = Command::new(self.interpreter.path.clone())
             .args(["-I", "-S", "-B", "-c", RUNNER])
             .env("PATH", "/usr/bin:/bin")
@@ -231,6 +233,9 @@ impl Engine {
             .env("MPLCONFIGDIR", "/tmp/matplotlib")
             .env("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data")
             .pass_fd(OwnedFd::from(theirs));
+        if let Some(fd) = tools {
+            command = command.pass_fd(fd); // TOOLS_FD
+        }
         match mode {
             Mode::Cold => {}
             // Built ahead of need: in the background until taken.
@@ -409,6 +414,8 @@ impl Engine {
             ("repr_limit", int(REPR_LIMIT as u64)),
             ("max_depth", int(MAX_DEPTH as u64)),
         ];
+        let package = job.tools.as_ref().map(|t| t.package());
+        fields.push(("tools", marshal::tools_field(package.as_ref())));
         fields.extend(marshal::entrypoint_fields(job.entrypoint.as_ref()));
         marshal::encode(&Value::Dict(fields)).map_err(|e| EngineError::Io {
             what: "encoding the request",
@@ -428,8 +435,20 @@ impl Engine {
             return Err(EngineError::Cancelled);
         }
         let asked = std::time::Instant::now();
-        let warm = self.pool.as_ref().and_then(|p| p.take(&policy));
+        // A pooled sandbox has no tool channel: a job with tools starts its own.
+        let tools = match &job.tools {
+            Some(bridge) => Some((bridge.clone(), socket_pair()?)),
+            None => None,
+        };
+        let warm = match tools {
+            None => self.pool.as_ref().and_then(|p| p.take(&policy)),
+            Some(_) => None,
+        };
         let pooled = warm.is_some();
+        let (tools, tools_theirs) = match tools {
+            Some((bridge, (ours, theirs))) => (Some((bridge, ours)), Some(OwnedFd::from(theirs))),
+            None => (None, None),
+        };
         let (mut child, control, _in_use) = match warm {
             Some((w, in_use)) => {
                 let mut child = w.child;
@@ -437,7 +456,7 @@ impl Engine {
                 (child, w.control, Some(in_use))
             }
             None => {
-                let (child, control) = self.start_sandbox(&policy, Mode::Cold)?;
+                let (child, control) = self.start_sandbox(&policy, Mode::Cold, tools_theirs)?;
                 (child, control, None)
             }
         };
@@ -467,12 +486,40 @@ impl Engine {
             response_limit,
             sink,
         };
+        let killer = child.killer();
+        let breach = Mutex::new(None::<String>);
         let (waited, io) = std::thread::scope(|s| {
             let io = s.spawn(|| pump.run());
+            let served = tools.as_ref().map(|(bridge, channel)| {
+                let (breach, killer) = (&breach, &killer);
+                s.spawn(move || {
+                    let on_breach = |why: String| {
+                        breach
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_or_insert(why);
+                        killer.kill(KillReason::Protocol);
+                    };
+                    match channel.try_clone() {
+                        Ok(channel) => bridge.serve(channel, &on_breach),
+                        Err(e) => on_breach(format!("the tool channel failed: {e}")),
+                    }
+                })
+            });
             let waited = child.wait();
             let _ = nix::unistd::write(&stop_w, &[1]);
+            if let Some(served) = served {
+                // The sandbox is gone: the bridge reads the end of its channel and cancels
+                // what is still running upstream.
+                if let Some((_, channel)) = &tools {
+                    let _ = channel.shutdown(std::net::Shutdown::Both);
+                }
+                let _ = served.join();
+            }
             (waited, io.join())
         });
+        let tool_calls = tools.as_ref().map_or(0, |(bridge, _)| bridge.calls());
+        let breach = breach.into_inner().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &cancel {
             c.detach();
         }
@@ -517,7 +564,14 @@ impl Engine {
             }
         };
         let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
-        let v = verdict::verdict(&outcome, response, &job.limits, truncated);
+        let mut v = verdict::verdict(&outcome, response, &job.limits, truncated);
+        if let (Some(why), Some(KillReason::Protocol)) = (breach, outcome.killed) {
+            v.error = Some(airlock_api::ErrorInfo {
+                kind: "ToolChannelError".into(),
+                message: why,
+                traceback: None,
+            });
+        }
         let result = ExecutionResult {
             status: v.status,
             exit_code: v.exit_code,
@@ -538,6 +592,7 @@ impl Engine {
                     .or(outcome.usage.program_cpu)
                     .map(|d| d.as_millis() as u64),
                 memory_peak_bytes: outcome.usage.memory_peak_bytes,
+                tool_calls,
             },
             limits: job.limits,
             limits_hit: v.limits_hit,
@@ -572,6 +627,7 @@ impl Engine {
             stream: false,
             echo_traceback: false,
             cancel: None,
+            tools: None,
         };
         let r = self
             .execute(job, &mut Discard)
@@ -597,6 +653,13 @@ impl Engine {
         }
         Ok(r)
     }
+}
+
+fn socket_pair() -> Result<(UnixStream, UnixStream), EngineError> {
+    UnixStream::pair().map_err(|source| EngineError::Io {
+        what: "socketpair",
+        source,
+    })
 }
 
 /// `path` must stay inside the working directory: relative, normal components only.
@@ -742,6 +805,7 @@ mod tests {
             stream: false,
             echo_traceback: false,
             cancel: None,
+            tools: None,
         };
         let refused = |j: Job| match engine.check(&j) {
             Err(EngineError::Invalid(m)) => m,

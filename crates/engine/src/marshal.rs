@@ -19,6 +19,8 @@ pub(crate) enum Value<'a> {
     /// integers of any size serde_json holds, floats, strings, lists and dicts; nothing with
     /// behaviour.
     Object(&'a serde_json::Map<String, serde_json::Value>),
+    /// Any plain data, as `Object`'s values are.
+    Json(&'a serde_json::Value),
 }
 
 /// Function mode's two request fields (None for a plain execution), the same for a one-shot
@@ -31,6 +33,15 @@ pub(crate) fn entrypoint_fields(e: Option<&crate::Entrypoint>) -> [(&'static str
             e.map_or(Value::None, |e| Value::Object(&e.inputs)),
         ),
     ]
+}
+
+/// The request's `tools` field: the package the runner builds (an object of plain data), or
+/// None when the job has no tools.
+pub(crate) fn tools_field(package: Option<&serde_json::Value>) -> Value<'_> {
+    match package {
+        Some(serde_json::Value::Object(map)) => Value::Object(map),
+        _ => Value::None,
+    }
 }
 
 /// One object is at most this long (marshal's lengths are signed 32-bit).
@@ -88,6 +99,7 @@ fn write(value: &Value<'_>, out: &mut Vec<u8>) -> Result<(), String> {
         }
         Value::None => out.push(b'N'),
         Value::Object(map) => write_object(map, out)?,
+        Value::Json(v) => write_json(v, out)?,
     }
     Ok(())
 }

@@ -446,7 +446,7 @@ fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
 fn start_warm(engine: &Engine, policy: &Policy) -> Result<Warm, EngineError> {
-    let (child, mut control) = engine.start_sandbox(policy, crate::session::Mode::Warm)?;
+    let (child, mut control) = engine.start_sandbox(policy, crate::session::Mode::Warm, None)?;
     let io = |what: &'static str| move |source| EngineError::Io { what, source };
     control
         .set_read_timeout(Some(READY_TIMEOUT))

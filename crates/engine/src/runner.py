@@ -195,6 +195,8 @@ def setup(request):
     os.environ.update(request["env"])
     if request["files"]:
         more()["write_files"](request["files"])
+    if request["tools"] is not None:
+        more()["install_tools"](request["tools"])
     sys.path[:0] = [os.getcwd()]
     sys.path.extend(request["sys_path"])
     sys.argv = [request["filename"]]

@@ -280,6 +280,14 @@ def describe(exc, filename):
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
         tb = tb.tb_next  # the runner's own frames
+    # A tool's error points at the code's line, not at the tools package inside airlock.
+    last, inner = None, tb
+    while inner is not None:
+        if inner.tb_frame.f_code.co_filename.startswith("<tools."):
+            if last is not None:
+                last.tb_next = None
+            break
+        last, inner = inner, inner.tb_next
     try:
         text = "".join(traceback.format_exception(type(exc), exc, tb))
     except BaseException:
@@ -423,6 +431,8 @@ def session(request):
         if op is None:
             return
         if op["op"] == "exec":
+            if "tools" in op:
+                install_tools(op["tools"])
             run(namespace, op["filename"], op["code"], op["entrypoint"], op["inputs"],
                 lambda payload: write_frame(payload, limit), False)
             continue
@@ -433,3 +443,266 @@ def session(request):
             reply = {"error": {"type": type_name(exc), "message": message, "traceback": None}}
         if not write_frame(reply, limit):
             write_frame({"error": {"type": "ValueError", "message": "the answer is over the limit", "traceback": None}}, limit)
+
+
+# Code mode: `import tools` gives the operator's tools this execution may call, built from the
+# package the host sent (data: servers, functions, parameters, docs). A call is one JSON frame
+# on descriptor 4; the host checks it again (grant, schema, budgets), calls the tool server,
+# and answers with one marshal frame. A reader thread hands each answer to its caller, so calls
+# from several threads or asyncio tasks run at once.
+TOOLS_FD = 4
+TOOLS = {"package": None, "next_id": 0, "pending": {}, "reader": False}
+
+
+class ToolError(Exception):
+    """A tool call that did not give an answer: the tool's own error, or airlock's refusal
+    (not granted, arguments against the schema, a limit, the server unavailable, a timeout).
+    `kind` says which: "tool", "denied", "schema", "limit", "unavailable", "timeout"."""
+
+    def __init__(self, message, kind="tool"):
+        Exception.__init__(self, message)
+        self.kind = kind
+
+
+ToolError.__module__ = "tools"
+
+
+def install_tools(package):
+    """Makes `import tools` give this package (again, in a session whose grants changed)."""
+    for name in [m for m in sys.modules if m == "tools" or m.startswith("tools.")]:
+        del sys.modules[name]
+    TOOLS["package"] = package
+    if not any(isinstance(f, ToolsFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, ToolsFinder())
+
+
+class ToolsFinder:
+    def find_spec(self, name, path=None, target=None):
+        if name != "tools" or TOOLS["package"] is None:
+            return None
+        return type(sys.__spec__)(name, self, origin="airlock", is_package=True)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        build_tools(module, TOOLS["package"])
+
+
+UNSET = type("Unset", (), {"__repr__": lambda self: "<unset>", "__slots__": ()})()
+
+
+def build_tools(root, package):
+    root.__doc__ = package["doc"]
+    root.ToolError = ToolError
+    index = []
+    servers = []
+    for server in package["servers"]:
+        name = server["name"]
+        module = type(sys)("tools." + name, server["doc"])
+        module.__package__ = "tools"
+        functions = []
+        for spec in server["functions"]:
+            fn = make_tool_function(name, spec)
+            setattr(module, spec["function"], fn)
+            functions.append(spec["function"])
+            index.append(("%s.%s" % (name, spec["function"]), spec["summary"]))
+        module.__all__ = functions
+        module.__getattr__ = no_such_tool("tools." + name, functions)
+        module.__dir__ = (lambda names: lambda: list(names))(functions)
+        sys.modules[module.__name__] = module
+        setattr(root, name, module)
+        servers.append(name)
+
+    def search(query="", limit=20):
+        """Tools whose name or description holds every word of `query` (any case), as
+        [{"name": "server.function", "description": one line}], best matches first."""
+        words = str(query).lower().split()
+        found = []
+        for qualified, summary in index:
+            name, text = qualified.lower(), summary.lower()
+            if all(w in name or w in text for w in words):
+                found.append((-sum(w in name for w in words), qualified, summary))
+        found.sort()
+        return [{"name": q, "description": s} for _, q, s in found[: max(0, int(limit))]]
+
+    root.search = search
+    root.__all__ = servers + ["search", "ToolError"]
+    root.__getattr__ = no_such_tool("tools", servers)
+    root.__path__ = []
+
+
+def no_such_tool(module, names):
+    def __getattr__(name):
+        if name.startswith("__"):
+            raise AttributeError("module %r has no attribute %r" % (module, name))
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+        hint = "; did you mean %s?" % " or ".join(repr(c) for c in close) if close else ""
+        raise AttributeError("module %r has no tool %r%s (tools.search() finds the tools this "
+                             "execution may call)" % (module, name, hint))
+
+    return __getattr__
+
+
+def make_tool_function(server, spec):
+    """One tool as a function with keyword parameters (the names, types and defaults of its
+    input schema) and its description as docstring. The host made every name an identifier."""
+    named, pairs, defaults = [], [], []
+    for py, key, annotation, required, default in spec["params"]:
+        text = py + (": " + annotation if annotation else "")
+        if not required:
+            text += " = _airlock_defaults[%d]" % len(defaults)
+            defaults.append(UNSET if default is None else default[0])
+        named.append(text)
+        pairs.append("(%r, %s)" % (key, py))
+    more = spec["more"]
+    signature = ", ".join(named)
+    if named:
+        signature = "*, " + signature + (", **arguments" if more else "")
+    elif more:
+        signature = "**arguments"
+    pairs = "(%s,)" % ", ".join(pairs) if pairs else "()"
+    rest = "arguments" if more else "None"
+    source = ("def {f}({s}):\n    return _airlock_call(_airlock_target, {p}, {r})\n"
+              "async def aio({s}):\n    return await _airlock_acall(_airlock_target, {p}, {r})\n"
+              ).format(f=spec["function"], s=signature, p=pairs, r=rest)
+    namespace = {"_airlock_call": call_tool, "_airlock_acall": acall_tool, "_airlock_defaults": tuple(defaults),
+                 "_airlock_target": (server, spec["tool"])}
+    exec(compile(source, "<tools.%s>" % server, "exec"), namespace)
+    fn = namespace[spec["function"]]
+    fn.__doc__ = spec["doc"]
+    fn.aio = namespace["aio"]
+    fn.__module__ = fn.aio.__module__ = "tools." + server
+    fn.aio.__doc__ = "The same call, awaitable: await %s.aio(...)." % spec["function"]
+    fn.aio.__qualname__ = spec["function"] + ".aio"
+    return fn
+
+
+def tool_arguments(pairs, more):
+    arguments = {k: v for k, v in pairs if v is not UNSET}
+    if more:
+        for key, value in more.items():
+            if key in arguments:
+                raise TypeError("argument %r given twice" % key)
+            arguments[key] = value
+    return arguments
+
+
+def not_json(value):
+    raise TypeError("tool arguments must be JSON data (dict, list, str, int, float, bool, None), "
+                    "not %s" % type_name(value))
+
+
+def call_frame(target, pairs, more, reply):
+    """Sends one call; `reply` gets its answer (from the reader thread)."""
+    arguments = tool_arguments(pairs, more)
+    encoder = _json.make_encoder({}, not_json, _json.encode_basestring, None, ":", ",", False, False, False)
+    try:
+        text = "".join(encoder(arguments, 0))
+        data = text.encode("utf-8")
+    except (ValueError, UnicodeEncodeError) as exc:
+        raise TypeError("tool arguments must be JSON data: %s" % exc) from None
+    package = TOOLS["package"]
+    limit = package["max_argument_bytes"]
+    if len(data) > limit:
+        raise ToolError("the arguments are %d bytes, over the limit of %d bytes" % (len(data), limit), "limit")
+    import _thread
+
+    with TOOLS_LOCK:
+        TOOLS["next_id"] += 1
+        call_id = TOOLS["next_id"]
+        TOOLS["pending"][call_id] = reply
+        if not TOOLS["reader"]:
+            TOOLS["reader"] = True
+            _thread.start_new_thread(read_answers, ())
+        head = '{"id":%d,"server":%s,"tool":%s,"arguments":' % (
+            call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]))
+        frame = head.encode("utf-8") + data + b"}"
+        view = memoryview(len(frame).to_bytes(4, "little") + frame)
+        try:
+            while view:
+                view = view[os.write(TOOLS_FD, view):]
+        except OSError as exc:
+            TOOLS["pending"].pop(call_id, None)
+            raise ToolError("the tool channel is closed (%s)" % exc.strerror, "unavailable") from None
+
+
+import _thread
+
+TOOLS_LOCK = _thread.allocate_lock()
+
+
+def read_exact_from(fd, n):
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, left)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_answers():
+    """The reader thread: hands each answer to the call waiting for it."""
+    try:
+        while True:
+            head = read_exact_from(TOOLS_FD, 4)
+            body = head and read_exact_from(TOOLS_FD, int.from_bytes(head, "little"))
+            if body is None:
+                break
+            answer = marshal.loads(body)
+            with TOOLS_LOCK:
+                reply = TOOLS["pending"].pop(answer["id"], None)
+            if reply is not None:
+                reply(answer)
+    except BaseException:
+        pass
+    with TOOLS_LOCK:
+        waiting = list(TOOLS["pending"].values())
+        TOOLS["pending"].clear()
+        TOOLS["reader"] = False
+    for reply in waiting:
+        reply({"error": "the tool channel closed", "kind": "unavailable"})
+
+
+def tool_result(answer):
+    if "error" in answer:
+        raise ToolError(answer["error"], answer["kind"])
+    return answer["value"]
+
+
+def call_tool(target, pairs, more):
+    done = _thread.allocate_lock()
+    done.acquire()
+    box = []
+
+    def reply(answer):
+        box.append(answer)
+        done.release()
+
+    call_frame(target, pairs, more, reply)
+    done.acquire()
+    return tool_result(box[0])
+
+
+async def acall_tool(target, pairs, more):
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(answer):
+        if not future.done():
+            future.set_result(answer)
+
+    def reply(answer):
+        try:
+            loop.call_soon_threadsafe(settle, answer)
+        except RuntimeError:
+            pass  # the loop is closed: nobody waits for this answer
+
+    call_frame(target, pairs, more, reply)
+    return tool_result(await future)

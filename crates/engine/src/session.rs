@@ -73,6 +73,11 @@ pub struct Session {
     /// and output limit.
     cell_limits: Limits,
     response_limit: u64,
+    /// Code mode: the bridge serving the session's tool channel, asked for its package at
+    /// each cell (the caller may change what it grants between cells).
+    tools: Option<Arc<dyn crate::ToolBridge>>,
+    /// Why the tool channel was cut, when the code broke its protocol.
+    breach: Arc<Mutex<Option<String>>>,
 }
 
 /// One cell.
@@ -116,16 +121,43 @@ impl Session {
             .map_err(|e| io_error("pipe2", e.into()))?;
         let (tx, rx) = std::sync::mpsc::channel();
         let (engine2, end2) = (engine.clone(), end.clone());
+        let tools = match &setup.tools {
+            Some(bridge) => Some((bridge.clone(), crate::socket_pair()?)),
+            None => None,
+        };
+        let breach = Arc::new(Mutex::new(None::<String>));
+        let breach2 = breach.clone();
         std::thread::Builder::new()
             .name("airlock-session".into())
             .spawn(move || {
-                let (mut child, control) = match engine2.start_sandbox(&policy, Mode::Session) {
-                    Ok(started) => started,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
+                let (tools, theirs) = match tools {
+                    Some((bridge, (ours, theirs))) => (Some((bridge, ours)), Some(theirs.into())),
+                    None => (None, None),
                 };
+                let (mut child, control) =
+                    match engine2.start_sandbox(&policy, Mode::Session, theirs) {
+                        Ok(started) => started,
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    };
+                let served = tools.as_ref().and_then(|(bridge, channel)| {
+                    let (bridge, channel) = (bridge.clone(), channel.try_clone().ok()?);
+                    let (killer, breach) = (child.killer(), breach2);
+                    std::thread::Builder::new()
+                        .name("airlock-session-tools".into())
+                        .spawn(move || {
+                            bridge.serve(channel, &|why| {
+                                breach
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .get_or_insert(why);
+                                killer.kill(KillReason::Protocol);
+                            })
+                        })
+                        .ok()
+                });
                 drop(child.take_stdin()); // cells have no standard input
                 let parts = (
                     control,
@@ -137,6 +169,12 @@ impl Session {
                 );
                 let _ = tx.send(Ok(parts));
                 let outcome = child.wait().map_err(|e| e.to_string());
+                if let Some((_, channel)) = &tools {
+                    let _ = channel.shutdown(std::net::Shutdown::Both);
+                }
+                if let Some(served) = served {
+                    let _ = served.join();
+                }
                 end2.set(outcome);
                 let _ = nix::unistd::write(&wake_w, &[1]);
             })
@@ -204,6 +242,8 @@ impl Session {
             },
             limits: setup.limits,
             response_limit,
+            tools: setup.tools,
+            breach,
         })
     }
 
@@ -248,9 +288,14 @@ impl Session {
             ("filename", Value::Str(&filename)),
         ];
         fields.extend(marshal::entrypoint_fields(cell.entrypoint.as_ref()));
+        let package = self.tools.as_ref().map(|t| t.package());
+        if self.tools.is_some() {
+            fields.push(("tools", marshal::tools_field(package.as_ref())));
+        }
         let mut request = marshal::encode(&Value::Dict(fields))
             .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
         frame(&mut request);
+        let calls_before = self.tools.as_ref().map_or(0, |t| t.calls());
 
         let started = Instant::now();
         // Counters of the whole session so far: this cell's are what they grow by.
@@ -339,6 +384,14 @@ impl Session {
                 .pids_limit_hits
                 .saturating_sub(before.pids_limit_hits);
             let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
+            let breach = self.breach.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let (Some(why), Some(KillReason::Protocol)) = (breach, outcome.killed) {
+                v.error = Some(airlock_api::ErrorInfo {
+                    kind: "ToolChannelError".into(),
+                    message: why,
+                    traceback: None,
+                });
+            }
             if broken {
                 // The code's own doing, not airlock's failure.
                 v.status = Status::Error;
@@ -377,6 +430,10 @@ impl Session {
                     _ => None,
                 },
                 memory_peak_bytes: stats.and_then(|s| s.memory_peak_bytes),
+                tool_calls: self
+                    .tools
+                    .as_ref()
+                    .map_or(0, |t| t.calls().saturating_sub(calls_before)),
             },
             limits,
             limits_hit: v.limits_hit,

@@ -185,6 +185,7 @@ pub(crate) fn verdict(
         (Some(KillReason::WallTime), _) => Status::Timeout,
         (Some(KillReason::CpuTime), _) => Status::CpuLimit,
         (Some(KillReason::Cancelled), _) => Status::InternalError,
+        (Some(KillReason::Protocol), _) => Status::PolicyViolation,
         (None, Some(Exit::Signal(libc::SIGSYS))) => Status::PolicyViolation,
         // The kernel sends SIGXCPU at RLIMIT_CPU, which is at least the limit: a SIGXCPU with
         // less CPU used was sent by the program itself.

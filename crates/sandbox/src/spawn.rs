@@ -112,6 +112,9 @@ pub enum KillReason {
     WallTime,
     CpuTime,
     Cancelled,
+    /// The program broke the protocol of a channel the host serves (a malformed or
+    /// oversized frame).
+    Protocol,
 }
 
 /// How the program ended, as the kernel reported it to the sandbox's init.

@@ -86,6 +86,12 @@ impl AuditLog {
         write_line(&mut inner.file, started)
     }
 
+    /// Appends another event's line (a tool call, `{"event": "tool_call", ...}`).
+    pub fn append_event(&self, event: &impl serde::Serialize) -> std::io::Result<()> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        write_line(&mut inner.file, event)
+    }
+
     pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
         self.inner
             .lock()

@@ -50,6 +50,9 @@ pub struct Config {
     pub pickle: PickleConfig,
     /// `/mcp`: the MCP tools over streamable HTTP.
     pub mcp: McpConfig,
+    /// Code mode: the operator's MCP servers that sandboxed code may call (see each key's
+    /// `tools` grants).
+    pub tools: airlock_tools::ToolsConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -71,6 +74,7 @@ impl Default for Config {
             eval: EvalConfig::default(),
             pickle: PickleConfig::default(),
             mcp: McpConfig::default(),
+            tools: airlock_tools::ToolsConfig::default(),
             keys: Vec::new(),
         }
     }
@@ -84,11 +88,17 @@ impl Default for Config {
 pub struct McpConfig {
     /// Serve `/mcp`; when false it is 404 like any unknown route.
     pub enabled: bool,
+    /// The tools the code of `airlock mcp` (stdio, one local user) may call: `server.tool`
+    /// patterns as in a key's `tools`. Default: every read-only tool.
+    pub stdio_tools: Vec<String>,
 }
 
 impl Default for McpConfig {
     fn default() -> Self {
-        McpConfig { enabled: true }
+        McpConfig {
+            enabled: true,
+            stdio_tools: vec!["*.*".into()],
+        }
     }
 }
 
@@ -326,6 +336,10 @@ pub struct KeyConfig {
     /// Ceilings for this key, below the engine's own; what is left out falls to those.
     #[serde(default)]
     pub ceilings: LimitsRequest,
+    /// Tools its code may call: `server.tool` patterns (`*` matches any characters). A tool
+    /// not annotated read-only is granted only by its exact name. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
 }
 
 fn all_scopes() -> Vec<Scope> {
@@ -343,6 +357,7 @@ impl KeyConfig {
             max_queue: None,
             rate_per_minute: 0,
             ceilings: LimitsRequest::default(),
+            tools: Vec::new(),
         }
     }
 }
@@ -475,6 +490,14 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if let Err(m) = self.tools.validate() {
+            return bad(m);
+        }
+        for key in &self.keys {
+            if let Err(m) = airlock_tools::Grants::parse(&key.tools) {
+                return bad(format!("keys `{}`: {m}", key.name));
+            }
+        }
         if let Err(m) = self.pool.validate() {
             return bad(m);
         }

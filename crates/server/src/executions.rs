@@ -95,6 +95,9 @@ pub(crate) async fn stream_execution<G: Send + 'static>(
     let st = state.clone();
     let (ctx, job) = tokio::task::spawn_blocking(move || {
         let ctx = Context::for_code(&key, request_id, &job.code);
+        if let Some(tools) = &job.tools {
+            tools.bind(&ctx.id);
+        }
         audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
     })
     .await

@@ -19,6 +19,8 @@ const KEYS_FILE: &str = "keys.json";
 pub struct Key {
     pub config: KeyConfig,
     hash: [u8; 32],
+    /// The tools its code may call (`config.tools`, parsed).
+    pub grants: airlock_tools::Grants,
 }
 
 impl Key {
@@ -125,7 +127,13 @@ impl KeyStore {
             .map(|config| {
                 let hash = parse_hash(&config.hash)
                     .ok_or_else(|| KeyError::Invalid(format!("key {}: bad hash", config.name)))?;
-                Ok(Arc::new(Key { config, hash }))
+                let grants = airlock_tools::Grants::parse(&config.tools)
+                    .map_err(|e| KeyError::Invalid(format!("key {}: {e}", config.name)))?;
+                Ok(Arc::new(Key {
+                    config,
+                    hash,
+                    grants,
+                }))
             })
             .collect::<Result<Vec<Arc<Key>>, KeyError>>()?;
         // Two entries for one key: the first match would win, and with it its limits.

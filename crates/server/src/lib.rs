@@ -32,6 +32,7 @@ mod sessions;
 pub mod sizing;
 mod status;
 mod stream;
+mod tools;
 mod wire;
 
 use std::collections::HashMap;
@@ -78,6 +79,8 @@ pub struct AppState {
     pub eval_slots: tokio::sync::Semaphore,
     /// Turns to scan a pickle (`pickle.max_running`).
     pub pickle_slots: tokio::sync::Semaphore,
+    /// Code mode's tool servers, when any is configured.
+    pub tools: Option<Arc<airlock_tools::Registry>>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -90,7 +93,13 @@ pub(crate) fn eval_slots(config: &Config) -> usize {
 }
 
 impl AppState {
-    pub fn new(config: Config, engine: Engine, keys: KeyStore, audit: AuditLog) -> Self {
+    pub fn new(
+        config: Config,
+        engine: Engine,
+        keys: KeyStore,
+        audit: AuditLog,
+        tools: Option<Arc<airlock_tools::Registry>>,
+    ) -> Self {
         let metrics = Arc::new(Metrics::default());
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
@@ -116,6 +125,7 @@ impl AppState {
             sessions: sessions::Sessions::default(),
             eval_slots: tokio::sync::Semaphore::new(eval_turns),
             pickle_slots: tokio::sync::Semaphore::new(pickle_turns),
+            tools,
             audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),

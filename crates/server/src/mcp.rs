@@ -101,6 +101,11 @@ struct SessionId {
     session_id: String,
 }
 
+/// `list_tool_apis` takes no arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListToolApis {}
+
 /// `read_session_file`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -154,7 +159,9 @@ impl Tools {
         Ok((key, request_id))
     }
 
-    fn tools(&self) -> Vec<Tool> {
+    /// The tools, with `run_python` saying which of the operator's tools the caller's code
+    /// may call (none when the caller is not known).
+    fn tools(&self, caller: Option<&Key>) -> Vec<Tool> {
         let engine = self.state.engine.config();
         let d = &engine.defaults;
         let c = &engine.ceilings;
@@ -184,14 +191,41 @@ impl Tools {
             secs(self.state.config.sessions.idle_timeout_ms),
             secs(self.state.config.sessions.max_lifetime_ms)
         );
-        vec![
+        let code_mode = match (caller, &self.state.tools) {
+            (Some(key), Some(registry)) => {
+                let mut modules: Vec<String> = Vec::new();
+                for api in registry.apis(&key.grants) {
+                    let (server, function) = api.name.split_once('.').unwrap_or(("", ""));
+                    match modules.last_mut() {
+                        Some(m) if m.starts_with(&format!("tools.{server} ")) => {
+                            m.insert_str(m.len() - 1, &format!(", {function}"));
+                        }
+                        _ => modules.push(format!("tools.{server} ({function})")),
+                    }
+                }
+                if modules.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " The code can call the operator's tools through `import tools` \
+                         (the credentials stay outside the sandbox): {}. Call list_tool_apis \
+                         for their Python signatures before writing code; \
+                         tools.search(\"words\") finds tools from the code; a failed call \
+                         raises tools.ToolError.",
+                        modules.join("; ")
+                    )
+                }
+            }
+            _ => String::new(),
+        };
+        let mut tools = vec![
             tool::<RunPython>(
                 "run_python",
                 "Run Python 3 code",
                 format!(
                     "Run Python 3 code and get back its output. {sandbox} Each call starts from \
                      nothing: nothing is kept between calls (use a session for that). \
-                     {verdicts} {limits}"
+                     {verdicts} {limits}{code_mode}"
                 ),
                 false,
             ),
@@ -253,7 +287,20 @@ impl Tools {
                 "Close a session: its sandbox, variables and files are destroyed.".to_owned(),
                 false,
             ),
-        ]
+        ];
+        if self.state.tools.is_some() {
+            tools.push(tool::<ListToolApis>(
+                "list_tool_apis",
+                "List the tools code can call",
+                "The Python API of the operator's tools that code run here may call \
+                 (`import tools`, then tools.<server>.<function>(...)): each function's \
+                 signature and docstring, as Python stubs. Read it before writing code that \
+                 calls them."
+                    .to_owned(),
+                true,
+            ));
+        }
+        tools
     }
 
     async fn call(
@@ -276,6 +323,10 @@ impl Tools {
             "list_session_files" => Call::ListFiles(arguments(args)?),
             "read_session_file" => Call::ReadFile(arguments(args)?),
             "close_session" => Call::Close(arguments(args)?),
+            "list_tool_apis" if self.state.tools.is_some() => {
+                let ListToolApis {} = arguments(args)?;
+                Call::ListToolApis
+            }
             other => {
                 return Err(ErrorData::invalid_params(
                     format!("unknown tool: {other}"),
@@ -310,6 +361,15 @@ impl Tools {
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
             Call::Close(a) => self.close_session(&key, a).await,
+            Call::ListToolApis => {
+                let listing = crate::tools::listing(&self.state, &key);
+                let text = if listing.tools.is_empty() {
+                    "No tools are granted to this caller: `import tools` fails.".to_owned()
+                } else {
+                    listing.python
+                };
+                Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+            }
         })
     }
 
@@ -484,6 +544,7 @@ enum Call {
     ListFiles(SessionId),
     ReadFile(ReadSessionFile),
     Close(SessionId),
+    ListToolApis,
 }
 
 /// The memory-budget share of a POST's body, handed by the route to the call it carries:
@@ -678,13 +739,16 @@ impl ServerHandler for Tools {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools()))
+        let caller = self.caller(&context).ok().map(|(key, _)| key);
+        Ok(ListToolsResult::with_all_items(
+            self.tools(caller.as_deref()),
+        ))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools().into_iter().find(|t| t.name == name)
+        self.tools(None).into_iter().find(|t| t.name == name)
     }
 
     async fn call_tool(
@@ -779,9 +843,15 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
         max_queue: None,
         rate_per_minute: 0,
         ceilings: LimitsRequest::default(),
+        tools: if config.tools.servers.is_empty() {
+            Vec::new()
+        } else {
+            config.mcp.stdio_tools.clone()
+        },
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
-    let state: SharedState = Arc::new(crate::AppState::new(config, engine, keys, audit));
+    let tools = crate::tools::start(&config, &keys).await?;
+    let state: SharedState = Arc::new(crate::AppState::new(config, engine, keys, audit, tools));
     let key = state.keys.keys()[0].clone();
     tokio::spawn(crate::sessions::reaper(state.clone()));
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;

@@ -148,6 +148,8 @@ pub struct Metrics {
     pub evaluations: Counters,
     pub evaluations_waiting: Gauge,
     pub pickle_scans: Counters,
+    pub tool_calls: Counters,
+    pub tool_call_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -164,6 +166,8 @@ impl Default for Metrics {
             evaluations: Counters::default(),
             evaluations_waiting: Gauge::default(),
             pickle_scans: Counters::default(),
+            tool_calls: Counters::default(),
+            tool_call_seconds: Histogram::new(DURATION_BOUNDS),
         }
     }
 }
@@ -239,8 +243,50 @@ impl Metrics {
             "Files scanned by POST /v1/pickle/scan, by verdict.",
             &["verdict"],
         );
+        self.tool_calls.render(
+            &mut out,
+            "airlock_tool_calls_total",
+            "Calls from sandboxed code to the operator's tools, by server, tool and outcome (ok, error, denied, limit, cancelled).",
+            &["server", "tool", "outcome"],
+        );
+        self.tool_call_seconds.render(
+            &mut out,
+            "airlock_tool_call_duration_seconds",
+            "Time from a tool call's frame to its answer.",
+        );
         out
     }
+}
+
+/// The tool servers' states, in Prometheus text.
+pub fn render_tools(statuses: &[airlock_tools::SourceStatus]) -> String {
+    let mut out = String::from(
+        "# HELP airlock_tool_server_up Whether a tool server is started and listed its tools.
+         # TYPE airlock_tool_server_up gauge
+",
+    );
+    for s in statuses {
+        let up = u8::from(s.state == airlock_tools::SourceState::Ready);
+        let _ = writeln!(
+            out,
+            "airlock_tool_server_up{{server=\"{}\"}} {up}",
+            escape(&s.name)
+        );
+    }
+    out.push_str(
+        "# HELP airlock_tool_server_restarts_total Times a tool server was started again.
+         # TYPE airlock_tool_server_restarts_total counter
+",
+    );
+    for s in statuses {
+        let _ = writeln!(
+            out,
+            "airlock_tool_server_restarts_total{{server=\"{}\"}} {}",
+            escape(&s.name),
+            s.restarts
+        );
+    }
+    out
 }
 
 /// The warm pool's state (zeros when there is none) and background clean-up failures, in

@@ -4,6 +4,7 @@
 use airlock_api::{
     CellRequest, CellResponse, ErrorBody, EvalRequest, EvalResponse, ExecuteRequest,
     ExecuteResponse, ExecutionRecord, FileList, SessionInfo, SessionList, SessionRequest,
+    ToolsResponse,
 };
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
@@ -13,6 +14,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/execute"),
     ("POST", "/v1/eval"),
     ("POST", "/v1/pickle/scan"),
+    ("GET", "/v1/tools"),
     ("GET", "/v1/executions/{id}"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),
@@ -83,6 +85,7 @@ pub fn openapi() -> Value {
     let files = generator.subschema_for::<FileList>();
     let eval_request = generator.subschema_for::<EvalRequest>();
     let eval_response = generator.subschema_for::<EvalResponse>();
+    let tools = generator.subschema_for::<ToolsResponse>();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.definitions().clone();
     let json_body = |schema: &schemars::Schema| json!({"application/json": {"schema": schema}});
@@ -102,6 +105,12 @@ pub fn openapi() -> Value {
                 "responses": with(errors(&[401, 403, 408, 413, 421, 429, 503]), "200",
                     json!({"description": "`kind` (`pickle` or `zip`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
                            "content": {"application/json": {"schema": {"type": "object"}}}})),
+            }},
+            "/v1/tools": {"get": {
+                "summary": "The operator's tools this key's code may call (code mode), with their Python signatures",
+                "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
+                    json!({"description": "One entry per tool granted to the key whose server is up: `tools.<server>.<function>(...)` inside the sandbox, its signature, description and input schema; `python` has them all as stubs.",
+                           "content": json_body(&tools)})),
             }},
             "/v1/eval": {"post": {
                 "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",

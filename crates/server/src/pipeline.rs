@@ -312,6 +312,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         stream: false,
         echo_traceback: false,
         cancel: None,
+        tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
     })
 }
 
@@ -518,6 +519,9 @@ pub(crate) async fn run_job<H, T: Send + 'static>(
     // line and the metrics are still written.
     let done = tokio::task::spawn_blocking(move || {
         let ctx = Context::for_code(&key, request_id, &job.code);
+        if let Some(tools) = &job.tools {
+            tools.bind(&ctx.id);
+        }
         // Nothing runs that the audit log has not heard of.
         audit_start(&st, &ctx, &job.limits)?;
         let ran = st.engine.execute(job, &mut Discard);

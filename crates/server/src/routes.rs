@@ -20,6 +20,7 @@ pub fn app(state: SharedState) -> Router {
         .route("/v1/execute", post(crate::executions::execute))
         .route("/v1/eval", post(crate::eval::eval))
         .route("/v1/pickle/scan", post(crate::pickle::scan))
+        .route("/v1/tools", get(crate::tools::list))
         .route("/v1/executions/{id}", get(crate::executions::execution))
         .route(
             "/v1/sessions",

@@ -64,6 +64,8 @@ pub enum ServeError {
     Pool(String),
     #[error("MCP: {0}")]
     Mcp(String),
+    #[error("tools: {0}")]
+    Tools(String),
 }
 
 /// What `run` reports once it listens (for callers that bind port 0).
@@ -93,8 +95,9 @@ pub async fn run(
         }
     }
     let (engine, audit) = start_engine(&config, &state_dir)?;
+    let tools = crate::tools::start(&config, &resolved.store).await?;
     let listen = config.listen;
-    let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit));
+    let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit, tools));
     let worst: u64 = crate::sizing::worst_case(&state.config)
         .iter()
         .map(|p| p.bytes)
@@ -184,6 +187,9 @@ pub(crate) async fn stop_everything(state: &SharedState) {
 }
 
 async fn close_sessions_and_pool(state: &SharedState) {
+    if let Some(tools) = &state.tools {
+        tools.shutdown();
+    }
     // Sessions: their sandboxes are destroyed, waited for.
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || st.sessions.close_all()).await;
@@ -644,9 +650,10 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// Logs to stderr, as text or JSON lines.
+/// The default filter keeps rmcp's own per-connection lines (a tool server's handshake) out.
 pub fn init_logging(format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env(crate::config::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -58,6 +58,8 @@ pub struct Entry {
     /// Removed from the open sessions (deleted or reaped): no request may start on it.
     closed: AtomicBool,
     session: Session,
+    /// Code mode: the session's tool set, given the key's grants again at each cell.
+    tools: Option<Arc<airlock_tools::ToolSet>>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -331,6 +333,10 @@ pub(crate) async fn open(
             inputs: None,
         },
     )?;
+    let tools = crate::tools::for_key(state, key);
+    job.tools = tools
+        .clone()
+        .map(|t| t as Arc<dyn airlock_engine::ToolBridge>);
     // The sandbox itself lives as long as the session may.
     job.limits.timeout_ms = lifetime;
     job.filename = "session.py".into();
@@ -363,6 +369,7 @@ pub(crate) async fn open(
         busy: AtomicBool::new(false),
         closed: AtomicBool::new(false),
         session,
+        tools,
     });
     let info = entry.info();
     {
@@ -544,6 +551,9 @@ async fn start_cell<H>(
     drop(held);
     let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
     let ctx = Context::new(key, request_id, sha, asked.code.len() as u64);
+    if let Some(tools) = &entry.tools {
+        tools.begin(&key.grants, &ctx.id);
+    }
     let cell = Cell {
         code: asked.code,
         entrypoint,

@@ -75,6 +75,26 @@ pub(crate) async fn readyz(
     if let (true, Some(pool)) = (may_see, state.engine.pool()) {
         body["pool"] = serde_json::json!(pool.status());
     }
+    // A tool server that is down fails the calls to it, not the executions: it is shown,
+    // and said in `degraded`, without making the server unready (to the same keys: its
+    // errors name the operator's programs and addresses).
+    if let (true, Some(tools)) = (may_see, &state.tools) {
+        let statuses = tools.statuses();
+        let degraded: Vec<String> = statuses
+            .iter()
+            .filter(|s| s.state != airlock_tools::SourceState::Ready)
+            .map(|s| {
+                format!(
+                    "tool server `{}` is {}: {}",
+                    s.name,
+                    serde_json::json!(s.state).as_str().unwrap_or(""),
+                    s.error.as_deref().unwrap_or("starting")
+                )
+            })
+            .collect();
+        body["degraded"] = serde_json::json!(degraded);
+        body["tools"] = serde_json::json!(statuses);
+    }
     (status, Json(body)).into_response()
 }
 
@@ -89,6 +109,9 @@ pub(crate) async fn metrics(
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));
     text.push_str(&state.sessions.render_metrics());
+    if let Some(tools) = &state.tools {
+        text.push_str(&crate::metrics::render_tools(&tools.statuses()));
+    }
     text.push_str(&format!(
         "# HELP airlock_memory_held_bytes Memory held by request bodies and answers (and reserved for running executions' answers).\n\
          # TYPE airlock_memory_held_bytes gauge\nairlock_memory_held_bytes {}\n\

@@ -1,0 +1,768 @@
+//! Code mode through the real server: sandboxed code calls tools of an upstream MCP server
+//! written with the official Python SDK (`tool_server.py`, started by airlock over stdio, or
+//! over streamable HTTP on loopback), through the host's broker. What round-trips, what is
+//! granted, every bound, upstream faults, cancellation, audit and metrics, sessions, MCP to
+//! airlock to MCP, and that the tool server's secrets never reach the sandbox.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::http::{request, Response, Server};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const AGENT: &str = "agent-key-0123456789abcdef";
+const WRITER: &str = "writer-key-0123456789abcdef";
+const NOBODY: &str = "nobody-key-0123456789abcdef";
+/// The tests look for its middle part, which nothing else contains.
+const CANARY: &str = "canary-4f1c9b7e-secret";
+
+fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("AIRLOCK_MCP_PYTHON") {
+        return p.into();
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-client/bin/python");
+    assert!(
+        p.exists(),
+        "the MCP SDK is not installed at {}: run `bash -c '. scripts/lib.sh && \
+         ensure_mcp_client'` (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+fn script() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
+}
+
+fn hash(key: &str) -> String {
+    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
+}
+
+/// A directory for one test's tool server log.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-tools-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The config of a server whose `crm` tools come from tool_server.py over stdio, with
+/// `settings` in `[tools]`: the agent key gets every read-only tool, the writer also
+/// `write_note`, the third key nothing.
+fn stdio_config(settings: &str) -> String {
+    format!(
+        r#"
+[tools]
+{settings}
+[tools.servers.crm]
+command = "{python}"
+args = ["{script}", "stdio"]
+env = {{ TOOL_CANARY = {{ env = "TEST_TOOL_CANARY" }}, TOOL_LOG = {{ env = "TEST_TOOL_LOG" }} }}
+
+[[keys]]
+name = "agent"
+hash = "{agent}"
+tools = ["crm.*"]
+
+[[keys]]
+name = "writer"
+hash = "{writer}"
+tools = ["crm.add", "crm.write_note"]
+
+[[keys]]
+name = "nobody"
+hash = "{nobody}"
+"#,
+        python = python().display(),
+        script = script(),
+        agent = hash(AGENT),
+        writer = hash(WRITER),
+        nobody = hash(NOBODY),
+    )
+}
+
+fn start(log: &Path, settings: &str) -> Server {
+    let log_file = log.join("tool.log");
+    Server::start(
+        &stdio_config(settings),
+        &[
+            ("TEST_TOOL_CANARY", CANARY),
+            ("TEST_TOOL_LOG", log_file.to_str().unwrap()),
+        ],
+    )
+}
+
+fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
+    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
+    if body.is_some() {
+        headers.push(("Content-Type".into(), "application/json".into()));
+    }
+    let body = body.map(|b| b.to_string().into_bytes());
+    request(server.addr, method, path, &headers, body.as_deref())
+}
+
+/// Runs `code` as `key`; the whole result.
+fn run(server: &Server, key: &str, code: &str) -> Value {
+    let r = call(
+        server,
+        key,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": code})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// Runs `code` as `key`; its result value, which must be `ok`.
+fn value(server: &Server, key: &str, code: &str) -> Value {
+    let r = run(server, key, code);
+    assert_eq!(r["status"], "ok", "{r:#}");
+    r["result"].clone()
+}
+
+/// The tool server's log lines.
+fn tool_log(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("tool.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The audit log's tool-call lines.
+fn tool_calls(server: &Server) -> Vec<Value> {
+    std::fs::read_to_string(server.state_dir().join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] == "tool_call")
+        .collect()
+}
+
+/// Python that sends one hand-made frame on the tool channel and gives back the answer.
+const RAW_FRAME: &str = r#"
+import os, marshal, json
+def raw(payload):
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    os.write(4, len(data).to_bytes(4, "little") + data)
+    head = os.read(4, 4)
+    n = int.from_bytes(head, "little")
+    body = b""
+    while len(body) < n:
+        body += os.read(4, n - len(body))
+    return marshal.loads(body)
+"#;
+
+#[test]
+fn values_round_trip_and_the_servers_secrets_stay_out() {
+    let _serial = common::serial();
+    let dir = scratch("values");
+    let server = start(&dir, "");
+    let r = value(
+        &server,
+        AGENT,
+        r#"
+import tools, os, json
+out = {}
+out["add"] = tools.crm.add(a=2, b=40)
+out["add_default"] = tools.crm.add(a=2)
+out["echo"] = tools.crm.echo(value={"list": [1, 2.5, None, True, "é"], "big": 2**70})
+out["text"] = tools.crm.greet(name="Ada")
+image = tools.crm.pixel()
+out["image"] = [type(image).__name__, image[:8] == b"\x89PNG\r\n\x1a\n"]
+out["search"] = tools.search("customer")
+out["dir"] = sorted(n for n in dir(tools.crm) if not n.startswith("_"))
+out["doc"] = tools.crm.add.__doc__
+import inspect
+out["signature"] = str(inspect.signature(tools.crm.add))
+try:
+    tools.crm.fail(message="no such account")
+except tools.ToolError as e:
+    out["fail"] = [str(e), e.kind]
+try:
+    tools.crm.add(a="not a number")
+except tools.ToolError as e:
+    out["schema"] = [str(e), e.kind]
+try:
+    tools.crm.add(a=1, c=2)
+except TypeError as e:
+    out["unknown_arg"] = str(e)
+try:
+    tools.crm.echo(value=object())
+except TypeError as e:
+    out["not_json"] = str(e)
+try:
+    tools.crm.find_custmer
+except AttributeError as e:
+    out["typo"] = str(e)
+out["holds_canary"] = tools.crm.holds_canary()
+# Every place a secret could leak into the sandbox: the environment, /proc, the package.
+seen = [json.dumps(dict(os.environ))]
+for pid in os.listdir("/proc"):
+    for name in ("environ", "cmdline"):
+        try:
+            seen.append(open("/proc/%s/%s" % (pid, name), "rb").read().decode("latin-1"))
+        except OSError:
+            pass
+for module in [tools, tools.crm]:
+    for name in dir(module):
+        obj = getattr(module, name)
+        seen.append(repr(obj) + str(getattr(obj, "__doc__", "")))
+        seen.append(repr(getattr(obj, "__globals__", {}).get("_airlock_target")))
+out["leaks"] = [s for s in seen if "4f1c9b7e" in s]
+out
+"#,
+    );
+    assert_eq!(r["add"], 42);
+    assert_eq!(r["add_default"], 3);
+    assert_eq!(
+        r["echo"],
+        json!({"value": {"list": [1, 2.5, null, true, "é"], "big": 2u128.pow(70).to_string().parse::<Value>().unwrap()}})
+    );
+    assert_eq!(r["text"], "hello Ada");
+    assert_eq!(r["image"], json!(["bytes", true]));
+    assert_eq!(
+        r["search"],
+        json!([
+            {"name": "crm.find_customer", "description": "Finds a customer by id."},
+            {"name": "crm.list_orders", "description": "Lists a customer's orders."}
+        ]),
+        "a match in the name ranks first"
+    );
+    let dir_names: Vec<&str> = r["dir"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        dir_names.contains(&"add") && dir_names.contains(&"find_customer"),
+        "{dir_names:?}"
+    );
+    assert!(
+        !dir_names.contains(&"write_note"),
+        "a write tool needs its exact name: {dir_names:?}"
+    );
+    assert!(
+        r["doc"].as_str().unwrap().starts_with("Adds two integers."),
+        "{}",
+        r["doc"]
+    );
+    assert_eq!(r["signature"], "(*, a: int, b: int = 1)");
+    // The tool's own message, as its server sent it.
+    assert_eq!(r["fail"][1], "tool");
+    assert!(
+        r["fail"][0].as_str().unwrap().ends_with("no such account"),
+        "{}",
+        r["fail"]
+    );
+    assert_eq!(r["schema"][1], "schema");
+    assert!(
+        r["schema"][0]
+            .as_str()
+            .unwrap()
+            .contains("not of type \"integer\""),
+        "{}",
+        r["schema"]
+    );
+    assert!(
+        r["unknown_arg"].as_str().unwrap().contains("'c'"),
+        "{}",
+        r["unknown_arg"]
+    );
+    assert!(
+        r["not_json"].as_str().unwrap().contains("JSON"),
+        "{}",
+        r["not_json"]
+    );
+    assert!(
+        r["typo"].as_str().unwrap().contains("'find_customer'"),
+        "close matches are named: {}",
+        r["typo"]
+    );
+    assert_eq!(
+        r["holds_canary"], true,
+        "the secret reached the tool server"
+    );
+    assert_eq!(
+        r["leaks"],
+        json!([]),
+        "nothing of the tool server's environment is in the sandbox"
+    );
+
+    // The calls were audited (hash and sizes, never the arguments), counted and measured.
+    let calls = tool_calls(&server);
+    let add = calls
+        .iter()
+        .find(|c| c["tool"] == "add")
+        .expect("an audited call");
+    assert_eq!(add["key"], "agent");
+    assert_eq!(add["server"], "crm");
+    assert_eq!(add["outcome"], "ok");
+    assert!(
+        add["execution_id"].as_str().unwrap().starts_with("ex_"),
+        "{add}"
+    );
+    assert_eq!(add["arguments_sha256"].as_str().unwrap().len(), 64);
+    assert!(
+        add.get("arguments").is_none(),
+        "arguments are not audited by default"
+    );
+    let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
+    assert!(!audit.contains("no such account") && !audit.contains(CANARY));
+    assert!(calls
+        .iter()
+        .any(|c| c["tool"] == "add" && c["outcome"] == "error" && c["reason"] == "schema"));
+    let metrics = server.call("GET", "/metrics", None).text();
+    assert!(
+        metrics.contains("airlock_tool_calls_total{server=\"crm\",tool=\"add\",outcome=\"ok\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("airlock_tool_server_up{server=\"crm\"} 1"),
+        "{metrics}"
+    );
+
+    // The execution's usage counts its calls.
+    let r = run(
+        &server,
+        AGENT,
+        "import tools\n[tools.crm.add(a=i) for i in range(3)]",
+    );
+    assert_eq!(r["usage"]["tool_calls"], 3);
+    assert_eq!(r["result"], json!([1, 2, 3]));
+    let r = run(&server, AGENT, "1");
+    assert_eq!(r["usage"]["tool_calls"], 0);
+}
+
+#[test]
+fn only_what_is_granted_exists_and_hand_made_frames_are_refused_on_the_host() {
+    let _serial = common::serial();
+    let dir = scratch("grants");
+    let server = start(&dir, "");
+    // A key with no grant has no package and no channel.
+    let r = value(
+        &server,
+        NOBODY,
+        "import os\ntry:\n    import tools\n    out = 'imported'\nexcept ModuleNotFoundError as e:\n    out = str(e)\ntry:\n    os.fstat(4)\n    fd = 'open'\nexcept OSError:\n    fd = 'closed'\n[out, fd]",
+    );
+    assert_eq!(r, json!(["No module named 'tools'", "closed"]));
+
+    // A write tool: absent for a glob grant, present for an exact one.
+    let r = value(
+        &server,
+        AGENT,
+        &format!(
+            "{RAW_FRAME}\nimport tools\nout = {{'has': hasattr(tools.crm, 'write_note')}}\n\
+             out['raw_write'] = raw({{'id': 1, 'server': 'crm', 'tool': 'write_note', 'arguments': {{'text': 'x'}}}})\n\
+             out['raw_case'] = raw({{'id': 2, 'server': 'crm', 'tool': 'ADD', 'arguments': {{'a': 1}}}})\n\
+             out['raw_lookalike'] = raw({{'id': 3, 'server': 'crm', 'tool': '\\u0430dd', 'arguments': {{'a': 1}}}})\n\
+             out['raw_server'] = raw({{'id': 4, 'server': 'CRM', 'tool': 'add', 'arguments': {{'a': 1}}}})\n\
+             out['raw_ok'] = raw({{'id': 5, 'server': 'crm', 'tool': 'add', 'arguments': {{'a': 1}}}})\n\
+             out"
+        ),
+    );
+    assert_eq!(r["has"], false);
+    for name in ["raw_write", "raw_case", "raw_lookalike", "raw_server"] {
+        assert_eq!(r[name]["kind"], "denied", "{name}: {}", r[name]);
+    }
+    assert_eq!(r["raw_ok"]["value"], 2);
+    let r = value(
+        &server,
+        WRITER,
+        "import tools\n[tools.crm.write_note(text='hello'), sorted(n for n in dir(tools.crm) if not n.startswith('_'))]",
+    );
+    assert_eq!(r, json!(["written", ["add", "write_note"]]));
+    assert!(tool_log(&dir)
+        .iter()
+        .any(|e| e["tool"] == "write_note" && e["text"] == "hello"));
+    assert!(
+        !tool_log(&dir).iter().any(|e| e["text"] == "x"),
+        "the refused frame never reached the server"
+    );
+    let denied = tool_calls(&server)
+        .into_iter()
+        .filter(|c| c["outcome"] == "denied")
+        .count();
+    assert_eq!(denied, 4);
+
+    // GET /v1/tools lists each key's own.
+    let listed = call(&server, WRITER, "GET", "/v1/tools", None).json();
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["crm.add", "crm.write_note"]);
+    assert!(listed["python"]
+        .as_str()
+        .unwrap()
+        .contains("def write_note(*, text: str)"));
+    assert_eq!(
+        call(&server, NOBODY, "GET", "/v1/tools", None).json()["tools"],
+        json!([])
+    );
+    let spec = server.call("GET", "/openapi.json", None).json();
+    assert!(spec["paths"]["/v1/tools"]["get"].is_object());
+}
+
+#[test]
+fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
+    let _serial = common::serial();
+    let dir = scratch("bounds");
+    let server = start(
+        &dir,
+        "max_calls = 6\nmax_concurrent = 2\nmax_argument_bytes = 2000\nmax_result_bytes = 4000\ncall_timeout_ms = 1500",
+    );
+    // Concurrency: four threads, two upstream at once; all answered.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools, threading\nres = []\nts = [threading.Thread(target=lambda i=i: res.append(tools.crm.slow(seconds=0.4, tag=str(i)))) for i in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n[sorted(res), tools.crm.most_at_once()]",
+    );
+    assert_eq!(r, json!([["slept 0", "slept 1", "slept 2", "slept 3"], 2]));
+    // asyncio tasks too.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools, asyncio, time\nasync def main():\n    t = time.monotonic()\n    got = await asyncio.gather(*(tools.crm.slow.aio(seconds=0.5, tag=str(i)) for i in range(2)))\n    return [got, time.monotonic() - t < 0.9]\nasyncio.run(main())",
+    );
+    assert_eq!(
+        r,
+        json!([["slept 0", "slept 1"], true]),
+        "two calls ran at once"
+    );
+
+    // Calls: the seventh is refused, quickly, and the execution goes on.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\nout = []\nfor i in range(9):\n    try:\n        out.append(tools.crm.add(a=i))\n    except tools.ToolError as e:\n        out.append(e.kind)\nout",
+    );
+    assert_eq!(r, json!([1, 2, 3, 4, 5, 6, "limit", "limit", "limit"]));
+
+    // Bytes: arguments (checked in the sandbox, and again on the host for a hand-made
+    // frame) and results; never cut, always an error.
+    let r = value(
+        &server,
+        AGENT,
+        &format!(
+            "{RAW_FRAME}\nimport tools\nout = {{}}\ntry:\n    tools.crm.greet(name='x' * 3000)\nexcept tools.ToolError as e:\n    out['args'] = [e.kind, str(e)]\n\
+             out['raw_args'] = raw({{'id': 1, 'server': 'crm', 'tool': 'greet', 'arguments': {{'name': 'x' * 3000}}}})\n\
+             try:\n    tools.crm.big(n=10000)\nexcept tools.ToolError as e:\n    out['result'] = [e.kind, str(e)]\n\
+             out['small'] = len(tools.crm.big(n=100))\nout"
+        ),
+    );
+    assert_eq!(r["args"][0], "limit");
+    assert!(
+        r["args"][1]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 2000"),
+        "{}",
+        r["args"]
+    );
+    assert_eq!(r["raw_args"]["kind"], "limit");
+    assert_eq!(r["result"][0], "limit");
+    assert!(
+        r["result"][1]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 4000"),
+        "{}",
+        r["result"]
+    );
+    assert_eq!(r["small"], 100);
+
+    // Time: a call past its timeout is a ToolError; the execution goes on.
+    let started = Instant::now();
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\ntry:\n    tools.crm.slow(seconds=30, tag='late')\nexcept tools.ToolError as e:\n    out = [e.kind, str(e)]\nout + [tools.crm.add(a=1)]",
+    );
+    assert_eq!(r[0], "timeout");
+    assert_eq!(r[2], 2);
+    assert!(started.elapsed() < Duration::from_secs(15));
+
+    // A frame over the cap, and one that is not a call: the execution ends, clearly.
+    for (payload, why) in [
+        (
+            "os.write(4, (10**8).to_bytes(4, 'little'))",
+            "over the limit",
+        ),
+        (
+            "os.write(4, (5).to_bytes(4, 'little') + b'hello')",
+            "malformed",
+        ),
+    ] {
+        let r = run(
+            &server,
+            AGENT,
+            &format!("import os, time\n{payload}\ntime.sleep(20)\nprint('survived')"),
+        );
+        assert_eq!(r["status"], "policy_violation", "{r:#}");
+        assert_eq!(r["error"]["type"], "ToolChannelError");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains(why),
+            "{}",
+            r["error"]
+        );
+        assert!(r["usage"]["wall_ms"].as_u64().unwrap() < 10_000);
+    }
+    // The server still answers.
+    assert_eq!(
+        value(&server, AGENT, "import tools\ntools.crm.add(a=41)"),
+        42
+    );
+}
+
+#[test]
+fn a_keys_rate_spans_its_executions() {
+    let _serial = common::serial();
+    let dir = scratch("rate");
+    let server = start(&dir, "rate_per_minute = 5");
+    let first = value(
+        &server,
+        AGENT,
+        "import tools\nout = []\nfor i in range(4):\n    out.append(tools.crm.add(a=i))\nout",
+    );
+    assert_eq!(first, json!([1, 2, 3, 4]));
+    let second = value(
+        &server,
+        AGENT,
+        "import tools\nout = []\nfor i in range(3):\n    try:\n        out.append(tools.crm.add(a=i))\n    except tools.ToolError as e:\n        out.append([e.kind, 'minute' in str(e)])\nout",
+    );
+    assert_eq!(second, json!([1, ["limit", true], ["limit", true]]));
+    // Another key has its own.
+    assert_eq!(
+        value(&server, WRITER, "import tools\ntools.crm.add(a=1)"),
+        2
+    );
+}
+
+#[test]
+fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
+    let _serial = common::serial();
+    let dir = scratch("faults");
+    let server = start(&dir, "call_timeout_ms = 2000");
+    // Dies mid-call.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\ntry:\n    tools.crm.die()\nexcept tools.ToolError as e:\n    out = e.kind\nout",
+    );
+    assert!(r == "unavailable" || r == "timeout", "{r}");
+    // It comes back (restarted with a backoff), and /readyz and the metrics said so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ready = server.call("GET", "/readyz", None).json();
+        let crm = &ready["tools"][0];
+        if crm["state"] == "ready" && crm["restarts"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never restarted: {ready}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(server
+        .call("GET", "/metrics", None)
+        .text()
+        .contains("airlock_tool_server_restarts_total{server=\"crm\"} 1"));
+    assert!(!server.wait_log_lines("starting it again", 1).is_empty());
+    assert_eq!(value(&server, AGENT, "import tools\ntools.crm.add(a=1)"), 2);
+
+    // Answers garbage where JSON-RPC belongs, then nothing: a timeout, and the execution goes on.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\ntry:\n    tools.crm.garbage()\nexcept tools.ToolError as e:\n    out = e.kind\nout",
+    );
+    assert!(r == "timeout" || r == "unavailable", "{r}");
+}
+
+#[test]
+fn a_sandbox_killed_mid_call_cancels_it_upstream() {
+    let _serial = common::serial();
+    let dir = scratch("cancel");
+    let server = start(&dir, "");
+    let r = call(
+        &server,
+        AGENT,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "import tools\ntools.crm.slow(seconds=60, tag='orphan')", "limits": {"timeout_ms": 2000}})),
+    )
+    .json();
+    assert_eq!(r["status"], "timeout");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tool_log(&dir)
+        .iter()
+        .any(|e| e["tag"] == "orphan" && e["state"] == "cancelled")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the upstream call was never cancelled: {:?}",
+            tool_log(&dir)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !tool_calls(&server)
+        .iter()
+        .any(|c| c["outcome"] == "cancelled")
+    {
+        assert!(Instant::now() < deadline, "no cancelled call audited");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_sessions_cells_call_tools() {
+    let _serial = common::serial();
+    let dir = scratch("session");
+    let server = start(&dir, "max_calls = 2");
+    let created = call(&server, AGENT, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(created.status, 201, "{}", created.text());
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let cell = |code: &str| {
+        let r = call(
+            &server,
+            AGENT,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(&json!({"code": code})),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let one = cell("import tools\nfirst = tools.crm.add(a=1)\nfirst");
+    assert_eq!(one["result"], 2);
+    assert_eq!(one["usage"]["tool_calls"], 1);
+    // Each cell has its own call budget, and earlier cells' names still work.
+    let two = cell("[tools.crm.add(a=first), tools.crm.add(a=10)]");
+    assert_eq!(two["result"], json!([3, 11]));
+    assert_eq!(two["usage"]["tool_calls"], 2);
+    let three = cell("import tools\ntry:\n    [tools.crm.add(a=1) for _ in range(3)]\nexcept tools.ToolError as e:\n    out = e.kind\nout");
+    assert_eq!(three["result"], "limit");
+    let ids: Vec<String> = tool_calls(&server)
+        .iter()
+        .map(|c| c["execution_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(ids.iter().all(|i| i.starts_with("ex_")), "{ids:?}");
+    assert!(
+        ids.iter().collect::<std::collections::BTreeSet<_>>().len() >= 3,
+        "each cell is its own execution: {ids:?}"
+    );
+}
+
+#[test]
+fn streamable_http_tools_get_their_header_from_the_host() {
+    let _serial = common::serial();
+    let dir = scratch("http");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut upstream = std::process::Command::new(python())
+        .args([script(), "http", &port.to_string()])
+        .env("TOOL_HEADER_SECRET", CANARY)
+        .env("TOOL_LOG", dir.join("tool.log"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP tool server did not start"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let config = |var: &str| {
+        format!(
+            "[tools.servers.web]\nurl = \"http://127.0.0.1:{port}/mcp\"\nheaders = {{ X-Api-Key = {{ env = \"{var}\" }} }}\n\
+             [[keys]]\nname = \"agent\"\nhash = \"{}\"\ntools = [\"web.*\"]\n",
+            hash(AGENT)
+        )
+    };
+    let server = Server::start(&config("TEST_HEADER"), &[("TEST_HEADER", CANARY)]);
+    let r = value(
+        &server,
+        AGENT,
+        "import tools, os\n[tools.web.add(a=1, b=2), tools.web.list_orders(customer_id=1), any('4f1c9b7e' in v for v in os.environ.values())]",
+    );
+    assert_eq!(r, json!([3, {"orders": [120.0, 80.5]}, false]));
+    drop(server);
+
+    // A wrong header: the tool server refuses, and airlock says so at start.
+    let out = common::airlock()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg({
+            let p = dir.join("bad.toml");
+            std::fs::write(&p, config("TEST_HEADER")).unwrap();
+            p
+        })
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env("TEST_HEADER", "wrong")
+        .env("AIRLOCK_POOL__SIZE", "0")
+        .env("AIRLOCK_TOOLS__START_TIMEOUT_MS", "5000")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("tool server `web` failed to start"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("wrong"),
+        "the header's value is never printed: {stderr}"
+    );
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+}
+
+#[test]
+fn bad_tool_configs_are_refused_at_start() {
+    let _serial = common::serial();
+    let dir = scratch("config");
+    let serve = |config: &str| {
+        let p = dir.join("airlock.toml");
+        std::fs::write(&p, config).unwrap();
+        let out = common::airlock()
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&p)
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .env("AIRLOCK_POOL__SIZE", "0")
+            .env("TEST_TOOL_CANARY", CANARY)
+            .env("TEST_TOOL_LOG", dir.join("tool.log"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "started with {config}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let base = stdio_config("");
+    let e = serve(&base.replace(
+        "tools = [\"crm.add\", \"crm.write_note\"]",
+        "tools = [\"crm.no_such_tool\"]",
+    ));
+    assert!(e.contains("server `crm` has no tool `no_such_tool`"), "{e}");
+    let e = serve(&base.replace("tools = [\"crm.*\"]", "tools = [\"erp.*\"]"));
+    assert!(e.contains("names no configured server `erp`"), "{e}");
+    let e = serve(&base.replace(&python().display().to_string(), "/nonexistent/python"));
+    assert!(
+        e.contains("tool server `crm` failed to start") && e.contains("/nonexistent/python"),
+        "{e}"
+    );
+    let e = serve(&base.replace("{ env = \"TEST_TOOL_CANARY\" }", "\"in clear\""));
+    assert!(e.contains("TOOL_CANARY"), "{e}");
+    let e = serve(&base.replace("[tools.servers.crm]", "[tools.servers.search]"));
+    assert!(e.contains("module name"), "{e}");
+}

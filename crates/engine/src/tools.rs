@@ -1,0 +1,67 @@
+//! Code mode: the sandbox's side of the operator's tools is a second channel (descriptor 4),
+//! served on the host by a [`ToolBridge`] (the `airlock-tools` crate). The engine only passes
+//! the channel in, runs the bridge beside the sandbox, closes the channel when the sandbox is
+//! gone, and turns a protocol breach into the execution's verdict.
+
+use std::os::unix::net::UnixStream;
+
+/// Where the runner finds the tool channel.
+pub const TOOLS_FD: i32 = 4;
+
+/// The host's side of one execution's tool channel.
+pub trait ToolBridge: Send + Sync + std::fmt::Debug {
+    /// The `tools` package the runner builds (plain data: servers, functions, parameters,
+    /// docs), for the calls this bridge will answer and nothing else.
+    fn package(&self) -> serde_json::Value;
+
+    /// Serves `channel` until it closes (the engine shuts it down once the sandbox is gone);
+    /// then cancels what is still running upstream. A frame that breaks the protocol calls
+    /// `breach` with the reason, which ends the execution.
+    fn serve(&self, channel: UnixStream, breach: &(dyn Fn(String) + Sync));
+
+    /// Calls received so far.
+    fn calls(&self) -> u64;
+
+    /// Names the execution the calls that follow belong to (for the audit log).
+    fn bind(&self, execution_id: &str);
+}
+
+/// What a tool call gives the code: plain data, bytes (an image), or a list of them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolValue {
+    Json(serde_json::Value),
+    Bytes(Vec<u8>),
+    List(Vec<ToolValue>),
+}
+
+impl ToolValue {
+    fn marshal(&self) -> crate::marshal::Value<'_> {
+        use crate::marshal::Value;
+        match self {
+            ToolValue::Json(v) => Value::Json(v),
+            ToolValue::Bytes(b) => Value::Bytes(b),
+            ToolValue::List(items) => Value::List(items.iter().map(ToolValue::marshal).collect()),
+        }
+    }
+}
+
+/// One answer on the tool channel, framed as the runner reads it (a 4-byte little-endian
+/// length, then marshal): `{"id", "value"}`, or `{"id", "error", "kind"}` for a call that
+/// raises `tools.ToolError`.
+pub fn tool_answer(id: u64, answer: Result<&ToolValue, (&str, &str)>) -> Result<Vec<u8>, String> {
+    use crate::marshal::Value;
+    let id = serde_json::Value::from(id);
+    let mut fields = vec![("id", Value::Json(&id))];
+    match answer {
+        Ok(value) => fields.push(("value", value.marshal())),
+        Err((kind, message)) => {
+            fields.push(("error", Value::Str(message)));
+            fields.push(("kind", Value::Str(kind)));
+        }
+    }
+    let body = crate::marshal::encode(&Value::Dict(fields))?;
+    let len = u32::try_from(body.len()).map_err(|_| "an answer over 4 GiB".to_owned())?;
+    let mut framed = len.to_le_bytes().to_vec();
+    framed.extend_from_slice(&body);
+    Ok(framed)
+}

@@ -1,0 +1,133 @@
+//! Code mode in the server: the tool servers started with it, a tool set for each execution
+//! of a key with grants, call records into the audit log and metrics, and `GET /v1/tools`.
+
+use std::sync::{Arc, Weak};
+
+use airlock_tools::{CallRecord, Observer, Registry, ToolSet};
+use axum::extract::State;
+use axum::{Extension, Json};
+
+use crate::config::Config;
+use crate::error::Error;
+use crate::guard::Caller;
+use crate::keys::{Key, KeyStore};
+use crate::pipeline::require;
+use crate::serve::ServeError;
+use crate::{AppState, SharedState};
+
+/// Starts every configured tool server and checks every key's grants against what they
+/// list; any failure stops the start with its reason. None when no server is configured.
+pub(crate) async fn start(
+    config: &Config,
+    keys: &KeyStore,
+) -> Result<Option<Arc<Registry>>, ServeError> {
+    if config.tools.servers.is_empty() {
+        if let Some(key) = keys.keys().iter().find(|k| !k.grants.is_empty()) {
+            return Err(ServeError::Tools(format!(
+                "key `{}` is granted tools, but no tool server is configured ([tools.servers])",
+                key.name()
+            )));
+        }
+        return Ok(None);
+    }
+    let registry = Registry::start(config.tools.clone(), tokio::runtime::Handle::current());
+    if let Err(e) = registry.started().await {
+        registry.shutdown();
+        return Err(ServeError::Tools(e));
+    }
+    for key in keys.keys() {
+        match registry.check_grants(&key.grants) {
+            Ok(warnings) => {
+                for w in warnings {
+                    tracing::warn!(key = %key.name(), "{w}");
+                }
+            }
+            Err(e) => {
+                registry.shutdown();
+                return Err(ServeError::Tools(format!("key `{}`: {e}", key.name())));
+            }
+        }
+    }
+    for s in registry.statuses() {
+        tracing::info!(server = %s.name, transport = s.transport, tools = s.tools, "tool server started");
+    }
+    Ok(Some(registry))
+}
+
+/// The tool set of one execution (or session) of `key`: None when the key may call nothing,
+/// so its sandbox has no tool channel at all.
+pub(crate) fn for_key(state: &SharedState, key: &Key) -> Option<Arc<ToolSet>> {
+    let registry = state.tools.as_ref()?;
+    if key.grants.is_empty() {
+        return None;
+    }
+    let observer: Arc<dyn Observer> = Arc::new(Audit(Arc::downgrade(state)));
+    Some(registry.tool_set(key.name(), &key.grants, "", observer))
+}
+
+/// Records calls in the audit log and metrics.
+#[derive(Debug)]
+struct Audit(Weak<AppState>);
+
+impl Observer for Audit {
+    fn call(&self, record: &CallRecord) {
+        let Some(state) = self.0.upgrade() else {
+            return;
+        };
+        let outcome = record.outcome.as_str();
+        state
+            .metrics
+            .tool_calls
+            .add(&[&record.server, &record.tool, outcome]);
+        state
+            .metrics
+            .tool_call_seconds
+            .observe(std::time::Duration::from_millis(record.duration_ms));
+        if let Err(e) = state.audit.append_event(record) {
+            tracing::error!(error = %e, "cannot append a tool call to the audit log");
+            state.set_audit_failure(e.to_string());
+        }
+        tracing::info!(
+            execution = %record.execution_id,
+            key = %record.key,
+            server = %record.server,
+            tool = %record.tool,
+            outcome,
+            reason = record.reason.unwrap_or(""),
+            duration_ms = record.duration_ms,
+            "tool call"
+        );
+    }
+}
+
+/// `GET /v1/tools`: the tools the calling key's code may call, with their Python signatures.
+pub(crate) async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<airlock_api::ToolsResponse>, Error> {
+    require(&caller, crate::config::Scope::Execute)?;
+    Ok(Json(listing(&state, &caller.0)))
+}
+
+/// What a key may call, as `GET /v1/tools` and MCP's `list_tool_apis` give it.
+pub(crate) fn listing(state: &SharedState, key: &Key) -> airlock_api::ToolsResponse {
+    let apis = match &state.tools {
+        Some(registry) => registry.apis(&key.grants),
+        None => Vec::new(),
+    };
+    let python = airlock_tools::python_stubs(&apis);
+    airlock_api::ToolsResponse {
+        tools: apis
+            .into_iter()
+            .map(|a| airlock_api::ToolApi {
+                name: a.name,
+                tool: a.tool,
+                read_only: a.read_only,
+                signature: a.signature,
+                description: a.description,
+                input_schema: a.input_schema,
+            })
+            .collect(),
+        python,
+    }
+}

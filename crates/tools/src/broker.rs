@@ -1,0 +1,839 @@
+//! The host's side of code mode. The [`Registry`] holds the supervised tool servers; a
+//! [`ToolSet`] serves one execution's (or one session's) tool channel: every call frame is
+//! checked again here (granted by exact name, counted, rated, sized, validated against the
+//! tool's input schema), sent upstream with a time limit, audited, and answered. When the
+//! sandbox goes, what is still running upstream is cancelled (MCP `notifications/cancelled`)
+//! and its answer dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use airlock_engine::{tool_answer, ToolBridge, ToolValue};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::runtime::Handle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ToolsConfig;
+use crate::grants::Grants;
+use crate::package::{self, Granted, ToolApi};
+use crate::source::{Source, SourceStatus};
+
+/// Room in a call frame beyond its arguments (id, names, JSON punctuation).
+const FRAME_OVERHEAD: u64 = 64 * 1024;
+/// Room in an answer frame beyond the result (id, marshal's headers).
+const ANSWER_OVERHEAD: usize = 1024;
+
+/// How one call ended, as the audit log and metrics name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    /// The tool's own error, arguments against its schema, a timeout or a server that is down.
+    Error,
+    /// Not granted to the key.
+    Denied,
+    /// A bound: calls, rate, argument or result bytes.
+    Limit,
+    /// The sandbox ended while the call ran.
+    Cancelled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Denied => "denied",
+            Outcome::Limit => "limit",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One call, as it is audited: never its arguments or result unless the operator asks.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CallRecord {
+    pub event: &'static str,
+    pub execution_id: String,
+    pub key: String,
+    pub server: String,
+    pub tool: String,
+    pub arguments_sha256: String,
+    /// The arguments' JSON, as the sandbox sent it.
+    pub bytes_in: u64,
+    /// The answer sent back to the sandbox.
+    pub bytes_out: u64,
+    pub duration_ms: u64,
+    pub outcome: Outcome,
+    /// What refused or failed it: `not_granted`, `calls`, `rate`, `argument_bytes`,
+    /// `result_bytes`, `schema`, `timeout`, `unavailable`, `tool`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+}
+
+/// Where call records go: the server's audit log and metrics.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    fn call(&self, record: &CallRecord);
+}
+
+/// Drops every record (the CLI without an audit log).
+#[derive(Debug)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn call(&self, _: &CallRecord) {}
+}
+
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// The configured tool servers, supervised.
+#[derive(Debug)]
+pub struct Registry {
+    config: ToolsConfig,
+    sources: BTreeMap<String, Arc<Source>>,
+    runtime: Handle,
+    shutdown: CancellationToken,
+    rates: Mutex<HashMap<String, Bucket>>,
+}
+
+impl Registry {
+    /// Starts every server (in the background, on `runtime`); see [`Registry::started`].
+    pub fn start(config: ToolsConfig, runtime: Handle) -> Arc<Registry> {
+        let shutdown = CancellationToken::new();
+        let start_timeout = Duration::from_millis(config.start_timeout_ms);
+        // A result over the limit is refused anyway; the transport need not take more.
+        let max_message = usize::try_from(config.max_result_bytes.saturating_mul(2))
+            .unwrap_or(usize::MAX)
+            .max(1 << 20);
+        let sources: BTreeMap<String, Arc<Source>> = config
+            .servers
+            .iter()
+            .map(|(name, c)| (name.clone(), Arc::new(Source::new(name.clone(), c.clone()))))
+            .collect();
+        for source in sources.values() {
+            runtime.spawn(
+                source
+                    .clone()
+                    .supervise(start_timeout, max_message, shutdown.clone()),
+            );
+        }
+        Arc::new(Registry {
+            config,
+            sources,
+            runtime,
+            shutdown,
+            rates: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &ToolsConfig {
+        &self.config
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sources.is_empty()
+    }
+
+    /// Waits until every server has been tried once; the error names each that failed.
+    pub async fn started(&self) -> Result<(), String> {
+        let mut failed = Vec::new();
+        for (name, source) in &self.sources {
+            if let Err(e) = source.first_attempt().await {
+                failed.push(format!("tool server `{name}` failed to start: {e}"));
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
+        }
+    }
+
+    pub fn statuses(&self) -> Vec<SourceStatus> {
+        self.sources.values().map(|s| s.status()).collect()
+    }
+
+    /// Stops supervising; stdio servers are stopped as their clients are dropped.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Checks a key's grants against the servers' tools: errors for unknown servers and
+    /// tools, warnings for patterns that match nothing.
+    pub fn check_grants(&self, grants: &Grants) -> Result<Vec<String>, String> {
+        let catalog = self
+            .sources
+            .iter()
+            .map(|(name, s)| (name.clone(), s.last_tools().to_vec()))
+            .collect();
+        grants.check(&catalog)
+    }
+
+    /// The tools `grants` reach among those the servers list now, in order.
+    pub fn granted(&self, grants: &Grants) -> Vec<Granted> {
+        let mut out = Vec::new();
+        if grants.is_empty() {
+            return out;
+        }
+        for (server, source) in &self.sources {
+            let tools = source.tools();
+            let names = package::function_names(&tools);
+            for (tool, function) in tools.iter().zip(names) {
+                if grants.allows(server, &tool.name, tool.read_only) {
+                    out.push(Granted {
+                        server: server.clone(),
+                        tool: tool.clone(),
+                        function,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The Python API of what `grants` reach.
+    pub fn apis(&self, grants: &Grants) -> Vec<ToolApi> {
+        self.granted(grants).iter().map(package::api).collect()
+    }
+
+    /// A tool set for one execution (or session) of `key`.
+    pub fn tool_set(
+        self: &Arc<Self>,
+        key: &str,
+        grants: &Grants,
+        execution_id: &str,
+        observer: Arc<dyn Observer>,
+    ) -> Arc<ToolSet> {
+        let granted = self.granted(grants);
+        Arc::new(ToolSet {
+            inner: Arc::new(Inner {
+                registry: self.clone(),
+                key: key.to_owned(),
+                current: Mutex::new(Current {
+                    execution_id: execution_id.to_owned(),
+                    granted: Arc::new(granted),
+                    calls: Arc::new(AtomicU64::new(0)),
+                }),
+                calls: AtomicU64::new(0),
+                running: Arc::new(Semaphore::new(self.config.max_concurrent)),
+                observer,
+            }),
+        })
+    }
+
+    /// Takes one call from `key`'s rate; false when it is spent.
+    fn take_token(&self, key: &str) -> bool {
+        let per_minute = self.config.rate_per_minute;
+        if per_minute == 0 {
+            return true;
+        }
+        let mut rates = self.rates.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let bucket = rates.entry(key.to_owned()).or_insert(Bucket {
+            tokens: f64::from(per_minute),
+            at: now,
+        });
+        let refill = now.duration_since(bucket.at).as_secs_f64() * f64::from(per_minute) / 60.0;
+        bucket.tokens = (bucket.tokens + refill).min(f64::from(per_minute));
+        bucket.at = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// What a session's next cell runs with.
+#[derive(Debug)]
+struct Current {
+    execution_id: String,
+    granted: Arc<Vec<Granted>>,
+    /// Calls counted against `max_calls` (of this execution, or this cell).
+    calls: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    registry: Arc<Registry>,
+    key: String,
+    current: Mutex<Current>,
+    /// Every call received.
+    calls: AtomicU64,
+    running: Arc<Semaphore>,
+    observer: Arc<dyn Observer>,
+}
+
+/// The tools one execution (or one session) may call, and the server of its channel.
+#[derive(Debug)]
+pub struct ToolSet {
+    inner: Arc<Inner>,
+}
+
+impl ToolSet {
+    /// A session's next cell: the key's grants as they are now, its own id, a fresh call
+    /// budget.
+    pub fn begin(&self, grants: &Grants, execution_id: &str) {
+        let granted = self.inner.registry.granted(grants);
+        let mut current = self.inner.current();
+        *current = Current {
+            execution_id: execution_id.to_owned(),
+            granted: Arc::new(granted),
+            calls: Arc::new(AtomicU64::new(0)),
+        };
+    }
+
+    /// Whether any tool is granted.
+    pub fn is_empty(&self) -> bool {
+        self.inner.current().granted.is_empty()
+    }
+}
+
+impl Inner {
+    fn current(&self) -> std::sync::MutexGuard<'_, Current> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A call as the sandbox sends it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallFrame {
+    id: u64,
+    server: String,
+    tool: String,
+    arguments: Box<serde_json::value::RawValue>,
+}
+
+/// A call's answer, and what to audit of it.
+struct Answer {
+    value: Result<ToolValue, (&'static str, String)>,
+    outcome: Outcome,
+    reason: Option<&'static str>,
+}
+
+impl Answer {
+    fn refuse(outcome: Outcome, reason: &'static str, kind: &'static str, message: String) -> Self {
+        Answer {
+            value: Err((kind, message)),
+            outcome,
+            reason: Some(reason),
+        }
+    }
+}
+
+impl ToolBridge for ToolSet {
+    fn package(&self) -> serde_json::Value {
+        let granted = self.inner.current().granted.clone();
+        package::package(&granted, self.inner.registry.config.max_argument_bytes)
+    }
+
+    fn calls(&self) -> u64 {
+        self.inner.calls.load(Ordering::Relaxed)
+    }
+
+    fn bind(&self, execution_id: &str) {
+        self.inner.current().execution_id = execution_id.to_owned();
+    }
+
+    fn serve(&self, channel: UnixStream, breach: &(dyn Fn(String) + Sync)) {
+        let inner = &self.inner;
+        let runtime = inner.registry.runtime.clone();
+        let cap = inner.registry.config.max_argument_bytes + FRAME_OVERHEAD;
+        let stop = CancellationToken::new();
+        let (tx, rx) = std::sync::mpsc::channel::<(Vec<u8>, Option<OwnedSemaphorePermit>)>();
+        let Ok(mut writer) = channel.try_clone() else {
+            breach("the tool channel could not be served".into());
+            return;
+        };
+        std::thread::scope(|s| {
+            // Answers are written by a thread of their own: a sandbox that stops reading
+            // blocks only it, never the runtime; the permit of a call is given back once
+            // its answer is written, so unread answers are bounded by `max_concurrent`.
+            s.spawn(move || {
+                for (frame, permit) in rx {
+                    if writer.write_all(&frame).is_err() {
+                        break;
+                    }
+                    drop(permit);
+                }
+            });
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut reader = std::io::BufReader::new(&channel);
+            loop {
+                let frame = match read_frame(&mut reader, cap) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => break,
+                    Err(Some(why)) => {
+                        breach(why);
+                        break;
+                    }
+                    Err(None) => break,
+                };
+                let call: CallFrame = match serde_json::from_slice(&frame) {
+                    Ok(call) => call,
+                    Err(e) => {
+                        breach(format!("the code sent a malformed tool call frame: {e}"));
+                        break;
+                    }
+                };
+                inner.calls.fetch_add(1, Ordering::Relaxed);
+                let (inner, tx, stop) = (inner.clone(), tx.clone(), stop.clone());
+                tasks.spawn_on(
+                    async move {
+                        let started = Instant::now();
+                        let (answer, permit, args) = inner.answer(&call, &stop).await;
+                        inner.reply(call, answer, permit, args, started, &tx);
+                    },
+                    &runtime,
+                );
+            }
+            // The channel is closed (the sandbox is gone) or broken: cancel what runs.
+            stop.cancel();
+            runtime.block_on(async { while tasks.join_next().await.is_some() {} });
+            drop(tx);
+        });
+    }
+}
+
+/// One frame: a 4-byte little-endian length, then that many bytes. `Ok(None)` at the end of
+/// the channel; `Err(Some(why))` for a frame that breaks the protocol.
+fn read_frame(reader: &mut impl Read, cap: u64) -> Result<Option<Vec<u8>>, Option<String>> {
+    let mut head = [0u8; 4];
+    match reader.read_exact(&mut head) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(_) => return Err(None),
+    }
+    let len = u64::from(u32::from_le_bytes(head));
+    if len > cap {
+        return Err(Some(format!(
+            "the code sent a tool call frame of {len} bytes, over the limit of {cap} bytes"
+        )));
+    }
+    let mut body = vec![0u8; len as usize];
+    reader
+        .read_exact(&mut body)
+        .map_err(|_| Some("the tool channel closed in the middle of a call frame".to_owned()))?;
+    Ok(Some(body))
+}
+
+impl Inner {
+    /// Checks and runs one call; the permit it held upstream, and its arguments (for the
+    /// audit log, when asked).
+    async fn answer(
+        &self,
+        call: &CallFrame,
+        stop: &CancellationToken,
+    ) -> (
+        Answer,
+        Option<OwnedSemaphorePermit>,
+        Option<serde_json::Value>,
+    ) {
+        let config = &self.registry.config;
+        let (granted, budget) = {
+            let current = self.current();
+            let found = current
+                .granted
+                .iter()
+                .find(|g| g.server == call.server && g.tool.name == call.tool)
+                .cloned();
+            (found, current.calls.clone())
+        };
+        let Some(granted) = granted else {
+            let message = format!(
+                "no tool `{}.{}` is granted to this execution",
+                call.server, call.tool
+            );
+            return (
+                Answer::refuse(Outcome::Denied, "not_granted", "denied", message),
+                None,
+                None,
+            );
+        };
+        if budget.fetch_add(1, Ordering::Relaxed) >= config.max_calls {
+            let message = format!("the execution's {} tool calls are spent", config.max_calls);
+            return (
+                Answer::refuse(Outcome::Limit, "calls", "limit", message),
+                None,
+                None,
+            );
+        }
+        let raw = call.arguments.get();
+        if raw.len() as u64 > config.max_argument_bytes {
+            let message = format!(
+                "the arguments are {} bytes, over the limit of {} bytes",
+                raw.len(),
+                config.max_argument_bytes
+            );
+            return (
+                Answer::refuse(Outcome::Limit, "argument_bytes", "limit", message),
+                None,
+                None,
+            );
+        }
+        if !self.registry.take_token(&self.key) {
+            let message = format!(
+                "this key's {} tool calls a minute are spent; try again later",
+                config.rate_per_minute
+            );
+            return (
+                Answer::refuse(Outcome::Limit, "rate", "limit", message),
+                None,
+                None,
+            );
+        }
+        let arguments: serde_json::Value = match serde_json::from_str(raw) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            _ => {
+                let message = "the arguments must be a JSON object".to_owned();
+                return (
+                    Answer::refuse(Outcome::Error, "schema", "schema", message),
+                    None,
+                    None,
+                );
+            }
+        };
+        let audit_args = config.audit_arguments.then(|| arguments.clone());
+        let problems: Vec<String> = granted
+            .tool
+            .validator
+            .iter_errors(&arguments)
+            .take(3)
+            .map(|e| {
+                let at = e.instance_path().to_string();
+                if at.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("at {at}: {e}")
+                }
+            })
+            .collect();
+        if !problems.is_empty() {
+            let message = format!(
+                "the arguments do not match the input schema of `{}.{}`: {}",
+                call.server,
+                granted.function,
+                problems.join("; ")
+            );
+            return (
+                Answer::refuse(Outcome::Error, "schema", "schema", message),
+                None,
+                audit_args,
+            );
+        }
+        // Waiting for a slot counts against the execution's wall clock, as the call does.
+        let permit = tokio::select! {
+            p = self.running.clone().acquire_owned() => p.ok(),
+            _ = stop.cancelled() => None,
+        };
+        let Some(permit) = permit else {
+            let message = "the execution ended".to_owned();
+            return (
+                Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message),
+                None,
+                audit_args,
+            );
+        };
+        let Some(source) = self.registry.sources.get(&call.server) else {
+            let message = format!("no tool server `{}`", call.server);
+            return (
+                Answer::refuse(Outcome::Denied, "not_granted", "denied", message),
+                Some(permit),
+                audit_args,
+            );
+        };
+        let Some(peer) = source.peer() else {
+            let message = format!(
+                "the tool server `{}` is unavailable (it is being started again)",
+                call.server
+            );
+            return (
+                Answer::refuse(Outcome::Error, "unavailable", "unavailable", message),
+                Some(permit),
+                audit_args,
+            );
+        };
+        let timeout = Duration::from_millis(
+            source
+                .config
+                .call_timeout_ms
+                .unwrap_or(config.call_timeout_ms),
+        );
+        let mut params = rmcp::model::CallToolRequestParams::new(granted.tool.name.clone());
+        if let serde_json::Value::Object(map) = arguments {
+            params = params.with_arguments(map);
+        }
+        // Dropping the call's future (timeout, or the sandbox gone) makes rmcp send
+        // notifications/cancelled upstream.
+        let answered = tokio::select! {
+            r = peer.call_tool(params) => r,
+            _ = tokio::time::sleep(timeout) => {
+                let message = format!(
+                    "`{}.{}` did not answer within {} ms",
+                    call.server, granted.function, timeout.as_millis()
+                );
+                return (Answer::refuse(Outcome::Error, "timeout", "timeout", message), Some(permit), audit_args);
+            }
+            _ = stop.cancelled() => {
+                let message = "the execution ended".to_owned();
+                return (Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message), Some(permit), audit_args);
+            }
+        };
+        let answer = match answered {
+            Ok(result) => match serde_json::to_value(&result) {
+                Ok(v) => from_result(v, granted.tool.wraps_result),
+                Err(e) => Answer::refuse(
+                    Outcome::Error,
+                    "tool",
+                    "tool",
+                    format!("an unreadable result: {e}"),
+                ),
+            },
+            Err(e) => Answer::refuse(
+                Outcome::Error,
+                "unavailable",
+                "unavailable",
+                format!("the tool server `{}` failed the call: {e}", call.server),
+            ),
+        };
+        (answer, Some(permit), audit_args)
+    }
+
+    /// Sends the answer (a result over the limit becomes a `ToolError`) and audits the call.
+    fn reply(
+        &self,
+        call: CallFrame,
+        mut answer: Answer,
+        permit: Option<OwnedSemaphorePermit>,
+        arguments: Option<serde_json::Value>,
+        started: Instant,
+        tx: &std::sync::mpsc::Sender<(Vec<u8>, Option<OwnedSemaphorePermit>)>,
+    ) {
+        let limit = self.registry.config.max_result_bytes;
+        let encode =
+            |a: &Answer| tool_answer(call.id, a.value.as_ref().map_err(|(k, m)| (*k, m.as_str())));
+        let mut frame = encode(&answer);
+        let too_big = match &frame {
+            Ok(f) => f.len() > limit as usize + ANSWER_OVERHEAD,
+            Err(_) => true,
+        };
+        let result = if self.registry.config.audit_arguments {
+            answer.value.as_ref().ok().map(audit_value)
+        } else {
+            None
+        };
+        if too_big {
+            let size = frame.as_ref().map_or(0, Vec::len);
+            answer = Answer::refuse(
+                Outcome::Limit,
+                "result_bytes",
+                "limit",
+                format!(
+                    "the result of `{}.{}` is {size} bytes, over the limit of {limit} bytes",
+                    call.server, call.tool
+                ),
+            );
+            frame = encode(&answer);
+        }
+        let frame = frame.unwrap_or_default();
+        let execution_id = self.current().execution_id.clone();
+        self.observer.call(&CallRecord {
+            event: "tool_call",
+            execution_id,
+            key: self.key.clone(),
+            server: call.server,
+            tool: call.tool,
+            arguments_sha256: hex(&Sha256::digest(call.arguments.get().as_bytes())),
+            bytes_in: call.arguments.get().len() as u64,
+            bytes_out: frame.len() as u64,
+            duration_ms: started.elapsed().as_millis() as u64,
+            outcome: answer.outcome,
+            reason: answer.reason,
+            arguments,
+            result: result.filter(|_| !too_big),
+        });
+        if answer.outcome != Outcome::Cancelled {
+            let _ = tx.send((frame, permit));
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A result as the audit log shows it (bytes as their length).
+fn audit_value(v: &ToolValue) -> serde_json::Value {
+    match v {
+        ToolValue::Json(j) => j.clone(),
+        ToolValue::Bytes(b) => serde_json::json!({"bytes": b.len()}),
+        ToolValue::List(items) => items.iter().map(audit_value).collect(),
+    }
+}
+
+/// A `CallToolResult` (as JSON) as what the code gets: its structured content if any, else
+/// its content (text parsed as JSON where it is JSON, images and audio as bytes), one item
+/// as itself and several as a list. An error result raises `ToolError` with its text.
+fn from_result(result: serde_json::Value, wrapped: bool) -> Answer {
+    use base64::Engine as _;
+    use serde_json::Value;
+    let blocks = result
+        .get("content")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if result.get("isError") == Some(&Value::Bool(true)) {
+        let text: Vec<&str> = blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .collect();
+        let message = if text.is_empty() {
+            "the tool failed".to_owned()
+        } else {
+            text.join("\n")
+        };
+        return Answer::refuse(Outcome::Error, "tool", "tool", message);
+    }
+    if let Some(structured) = result.get("structuredContent") {
+        let inner = structured.as_object().filter(|o| wrapped && o.len() == 1);
+        let value = inner.and_then(|o| o.get("result")).unwrap_or(structured);
+        return Answer {
+            value: Ok(ToolValue::Json(value.clone())),
+            outcome: Outcome::Ok,
+            reason: None,
+        };
+    }
+    let decode = |data: &Value| {
+        data.as_str()
+            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+    };
+    let mut items = Vec::with_capacity(blocks.len());
+    for block in blocks {
+        let item = match block.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                let text = block.get("text").and_then(Value::as_str).unwrap_or("");
+                ToolValue::Json(serde_json::from_str(text).unwrap_or_else(|_| Value::from(text)))
+            }
+            Some("image") | Some("audio") => match decode(&block["data"]) {
+                Some(bytes) => ToolValue::Bytes(bytes),
+                None => {
+                    return Answer::refuse(
+                        Outcome::Error,
+                        "tool",
+                        "tool",
+                        "the tool sent an image that is not base64".into(),
+                    )
+                }
+            },
+            Some("resource") => {
+                let r = &block["resource"];
+                match (r.get("text"), r.get("blob")) {
+                    (Some(Value::String(t)), _) => ToolValue::Json(Value::from(t.as_str())),
+                    (_, Some(blob)) => match decode(blob) {
+                        Some(bytes) => ToolValue::Bytes(bytes),
+                        None => ToolValue::Json(r.clone()),
+                    },
+                    _ => ToolValue::Json(r.clone()),
+                }
+            }
+            _ => ToolValue::Json(block),
+        };
+        items.push(item);
+    }
+    let value = match items.len() {
+        0 => ToolValue::Json(Value::Null),
+        1 => items.pop().unwrap_or(ToolValue::Json(Value::Null)),
+        _ => ToolValue::List(items),
+    };
+    Answer {
+        value: Ok(value),
+        outcome: Outcome::Ok,
+        reason: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn value(result: serde_json::Value) -> Result<ToolValue, String> {
+        from_result(result, false).value.map_err(|(_, m)| m)
+    }
+
+    #[test]
+    fn results_become_data() {
+        assert_eq!(
+            value(json!({"content": [{"type": "text", "text": "{\"a\": [1, 2]}"}]})),
+            Ok(ToolValue::Json(json!({"a": [1, 2]})))
+        );
+        assert_eq!(
+            value(json!({"content": [{"type": "text", "text": "plain words"}]})),
+            Ok(ToolValue::Json(json!("plain words")))
+        );
+        assert_eq!(
+            value(
+                json!({"content": [{"type": "text", "text": "x"}], "structuredContent": {"n": 1}})
+            ),
+            Ok(ToolValue::Json(json!({"n": 1})))
+        );
+        assert_eq!(
+            value(
+                json!({"content": [{"type": "image", "data": "iVBORw==", "mimeType": "image/png"}, {"type": "text", "text": "7"}]})
+            ),
+            Ok(ToolValue::List(vec![
+                ToolValue::Bytes(b"\x89PNG".to_vec()),
+                ToolValue::Json(json!(7))
+            ]))
+        );
+        assert_eq!(
+            value(json!({"content": []})),
+            Ok(ToolValue::Json(json!(null)))
+        );
+        let wrapped = json!({"content": [], "structuredContent": {"result": 42}});
+        assert_eq!(
+            from_result(wrapped.clone(), true).value.ok(),
+            Some(ToolValue::Json(json!(42)))
+        );
+        assert_eq!(value(wrapped), Ok(ToolValue::Json(json!({"result": 42}))));
+        assert_eq!(
+            value(
+                json!({"content": [{"type": "text", "text": "no such customer"}], "isError": true})
+            ),
+            Err("no such customer".into())
+        );
+    }
+
+    #[test]
+    fn frames_are_bounded() {
+        let mut ok = &b"\x02\x00\x00\x00{}"[..];
+        assert_eq!(read_frame(&mut ok, 10), Ok(Some(b"{}".to_vec())));
+        assert_eq!(read_frame(&mut ok, 10), Ok(None));
+        let mut big = &b"\xff\xff\xff\x7f"[..];
+        assert!(read_frame(&mut big, 10)
+            .unwrap_err()
+            .unwrap()
+            .contains("over the limit"));
+        let mut cut = &b"\x05\x00\x00\x00{}"[..];
+        assert!(read_frame(&mut cut, 10)
+            .unwrap_err()
+            .unwrap()
+            .contains("middle"));
+    }
+}

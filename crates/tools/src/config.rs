@@ -1,0 +1,259 @@
+//! The `[tools]` section: the operator's MCP servers and the bounds on calls to them.
+//!
+//! A server's secrets (its environment, its HTTP headers) are never written here in clear:
+//! each value names a host environment variable or a file, read when the server is started.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Code mode's settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    /// The tool servers, by name (the module name inside the sandbox: `tools.<name>`).
+    pub servers: BTreeMap<String, SourceConfig>,
+    /// Calls one execution (or one session cell) may make.
+    pub max_calls: u64,
+    /// Calls of one execution running upstream at once; more wait their turn.
+    pub max_concurrent: usize,
+    /// Largest arguments of one call, as JSON.
+    pub max_argument_bytes: u64,
+    /// Largest result of one call; a larger one is a `ToolError`, never cut.
+    pub max_result_bytes: u64,
+    /// Time for one call, unless its server sets its own.
+    pub call_timeout_ms: u64,
+    /// Calls per minute per key, across all its executions; 0: no limit.
+    pub rate_per_minute: u32,
+    /// Time a server has to start and list its tools.
+    pub start_timeout_ms: u64,
+    /// Also write each call's arguments and result in the audit log (off: only their hash
+    /// and sizes).
+    pub audit_arguments: bool,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            servers: BTreeMap::new(),
+            max_calls: 100,
+            max_concurrent: 4,
+            max_argument_bytes: 64 * 1024,
+            max_result_bytes: 1024 * 1024,
+            call_timeout_ms: 30_000,
+            rate_per_minute: 600,
+            start_timeout_ms: 15_000,
+            audit_arguments: false,
+        }
+    }
+}
+
+/// One MCP server: a command airlock starts (stdio), or a URL (streamable HTTP).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SourceConfig {
+    /// stdio: the program, started with `args` and only the environment in `env`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// stdio: the server's whole environment (nothing of airlock's own is passed).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, Secret>,
+    /// stdio: the directory it starts in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// Streamable HTTP: the endpoint (`http://127.0.0.1:9000/mcp`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Streamable HTTP: headers sent with every request.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Secret>,
+    /// Time for one call to this server; default `call_timeout_ms`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_timeout_ms: Option<u64>,
+}
+
+/// Where a value comes from: a host environment variable, or a file (its contents, without
+/// a final newline). Exactly one of the two.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Secret {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+}
+
+impl Secret {
+    /// The value, read now. Errors name the source, never the value.
+    pub fn read(&self) -> Result<String, String> {
+        match (&self.env, &self.file) {
+            (Some(var), None) => std::env::var(var).map_err(|e| match e {
+                std::env::VarError::NotPresent => {
+                    format!("the environment variable {var} is not set")
+                }
+                std::env::VarError::NotUnicode(_) => {
+                    format!("the environment variable {var} is not UTF-8")
+                }
+            }),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+                Ok(text.strip_suffix('\n').unwrap_or(&text).to_owned())
+            }
+            _ => Err("a value must name exactly one of `env` or `file`".into()),
+        }
+    }
+}
+
+/// Python's keywords: never a module, function or parameter name.
+pub(crate) const PYTHON_KEYWORDS: [&str; 35] = [
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield",
+];
+
+/// An ASCII identifier that is not a keyword.
+pub(crate) fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        && !PYTHON_KEYWORDS.contains(&name)
+}
+
+impl ToolsConfig {
+    /// Checks what can be checked before anything starts.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("max_calls", self.max_calls),
+            ("max_concurrent", self.max_concurrent as u64),
+            ("max_argument_bytes", self.max_argument_bytes),
+            ("max_result_bytes", self.max_result_bytes),
+            ("call_timeout_ms", self.call_timeout_ms),
+            ("start_timeout_ms", self.start_timeout_ms),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(format!("tools.{name} must be at least 1"));
+        }
+        // One frame must fit the runner's 32-bit length and our memory.
+        if self.max_argument_bytes > 64 << 20 || self.max_result_bytes > 256 << 20 {
+            return Err(
+                "tools.max_argument_bytes is at most 64 MiB and tools.max_result_bytes 256 MiB"
+                    .into(),
+            );
+        }
+        for (name, source) in &self.servers {
+            let at = format!("tools.servers.{name}");
+            if !is_identifier(name) || name.starts_with('_') || RESERVED.contains(&name.as_str()) {
+                return Err(format!(
+                    "{at}: a server's name is its module name inside the sandbox: a Python \
+                     identifier, not a keyword, not starting with `_`, not one of {RESERVED:?}"
+                ));
+            }
+            match (&source.command, &source.url) {
+                (Some(_), None) => {
+                    if !source.headers.is_empty() {
+                        return Err(format!("{at}: `headers` are for `url` servers"));
+                    }
+                }
+                (None, Some(url)) => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(format!("{at}: `url` must be http:// or https://"));
+                    }
+                    if !source.env.is_empty() || !source.args.is_empty() || source.cwd.is_some() {
+                        return Err(format!(
+                            "{at}: `env`, `args` and `cwd` are for `command` servers"
+                        ));
+                    }
+                }
+                _ => return Err(format!("{at}: needs exactly one of `command` or `url`")),
+            }
+            for (var, secret) in source.env.iter().chain(&source.headers) {
+                if secret.env.is_some() == secret.file.is_some() {
+                    return Err(format!(
+                        "{at}: {var} must name exactly one of `env` (a host environment \
+                         variable) or `file`; values are never written here in clear"
+                    ));
+                }
+            }
+            if source.call_timeout_ms == Some(0) {
+                return Err(format!("{at}.call_timeout_ms must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Names the `tools` package itself uses.
+pub(crate) const RESERVED: [&str; 2] = ["search", "ToolError"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stdio() -> SourceConfig {
+        SourceConfig {
+            command: Some("/usr/bin/true".into()),
+            ..SourceConfig::default()
+        }
+    }
+
+    #[test]
+    fn bad_configs_are_named() {
+        let with = |name: &str, s: SourceConfig| ToolsConfig {
+            servers: [(name.to_owned(), s)].into(),
+            ..ToolsConfig::default()
+        };
+        assert!(with("crm", stdio()).validate().is_ok());
+        for name in ["class", "search", "_x", "a-b", "1a", ""] {
+            assert!(with(name, stdio()).validate().is_err(), "{name}");
+        }
+        let both = SourceConfig {
+            url: Some("http://x".into()),
+            ..stdio()
+        };
+        assert!(with("crm", both)
+            .validate()
+            .unwrap_err()
+            .contains("exactly one"));
+        let clear = SourceConfig {
+            env: [("TOKEN".into(), Secret::default())].into(),
+            ..stdio()
+        };
+        assert!(with("crm", clear)
+            .validate()
+            .unwrap_err()
+            .contains("in clear"));
+        let zero = ToolsConfig {
+            max_calls: 0,
+            ..ToolsConfig::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("max_calls"));
+    }
+
+    #[test]
+    fn secrets_name_their_source_never_their_value() {
+        let missing = Secret {
+            env: Some("AIRLOCK_TEST_SURELY_UNSET".into()),
+            file: None,
+        };
+        assert!(missing
+            .read()
+            .unwrap_err()
+            .contains("AIRLOCK_TEST_SURELY_UNSET"));
+        let dir = std::env::temp_dir().join(format!("airlock-secret-{}", std::process::id()));
+        std::fs::write(&dir, "s3cret\n").unwrap();
+        let file = Secret {
+            env: None,
+            file: Some(dir.clone()),
+        };
+        assert_eq!(file.read().unwrap(), "s3cret");
+        std::fs::remove_file(&dir).unwrap();
+        assert!(!file.read().unwrap_err().contains("s3cret"));
+    }
+}
