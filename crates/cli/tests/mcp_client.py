@@ -7,7 +7,7 @@ checked here, so a wrong answer is reported as it came, not hidden.
     mcp_client.py stdio AIRLOCK_BINARY STATE_DIR SCENARIO
     mcp_client.py http URL KEY SCENARIO
 
-Scenarios: `tools` (initialize, list the tools, run_python, charts, timeouts, eval_expression,
+Scenarios: `code_mode` (list_tool_apis, and run_python calling an upstream tool), `tools` (initialize, list the tools, run_python, charts, timeouts, eval_expression,
 protocol errors), `session` (a session's round trip), `abandon` (a session left open),
 `connect` (initialize only).
 """
@@ -105,6 +105,20 @@ async def tools(session):
     return seen
 
 
+async def code_mode(session):
+    """MCP to airlock to MCP: run_python's code calls an upstream tool."""
+    seen = {}
+    listed = await session.list_tools()
+    seen["tools"] = {t.name: t.description for t in listed.tools}
+    seen["apis"] = await call(session, "list_tool_apis", {})
+    seen["run"] = await call(
+        session,
+        "run_python",
+        {"code": "import tools\nc = tools.crm.find_customer(customer_id=2)\nprint(c['name'], sum(tools.crm.list_orders(customer_id=2)['orders']))"},
+    )
+    return seen
+
+
 async def session_round_trip(session):
     seen = {}
     seen["create"] = await call(session, "create_session", {})
@@ -162,6 +176,8 @@ async def main(argv):
                 out["protocol_version"] = init.protocol_version
                 if scenario == "tools":
                     out.update(await tools(session))
+                elif scenario == "code_mode":
+                    out.update(await code_mode(session))
                 elif scenario == "session":
                     out.update(await session_round_trip(session))
                 elif scenario == "abandon":

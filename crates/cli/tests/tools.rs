@@ -766,3 +766,89 @@ fn bad_tool_configs_are_refused_at_start() {
     let e = serve(&base.replace("[tools.servers.crm]", "[tools.servers.search]"));
     assert!(e.contains("module name"), "{e}");
 }
+
+#[test]
+fn mcp_to_airlock_to_mcp() {
+    let _serial = common::serial();
+    let dir = scratch("mcp");
+    let server = start(&dir, "");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
+    let run = |key: &str| {
+        let url = format!("http://{}/mcp", server.addr);
+        let out = std::process::Command::new(python())
+            .args([script, "http", &url, key, "code_mode"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str::<Value>(stdout.trim())
+            .unwrap_or_else(|e| panic!("{e}: {stdout} {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let seen = run(AGENT);
+    assert!(seen.get("failed").is_none(), "{seen:#}");
+    let description = seen["tools"]["run_python"].as_str().unwrap();
+    assert!(
+        description.contains("tools.crm (") && description.contains("find_customer"),
+        "{description}"
+    );
+    assert!(
+        !description.contains("write_note"),
+        "only what the caller may call: {description}"
+    );
+    let apis = seen["apis"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        apis.contains("def find_customer(*, customer_id: int)"),
+        "{apis}"
+    );
+    assert_eq!(seen["run"]["is_error"], false, "{}", seen["run"]);
+    let text: Vec<&str> = seen["run"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    assert!(text.join("\n").contains("Grace 42.0"), "{text:?}");
+    // A caller without grants is told there is nothing, and its run_python says nothing of tools.
+    let none = run(NOBODY);
+    assert!(!none["tools"]["run_python"]
+        .as_str()
+        .unwrap()
+        .contains("import tools"));
+    assert!(none["apis"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("No tools"));
+}
+
+#[test]
+fn the_code_mode_example_joins_two_tools() {
+    let _serial = common::serial();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let example = root.join("examples/code_mode");
+    let config = std::fs::read_to_string(example.join("airlock.toml"))
+        .unwrap()
+        .replace(
+            "target/mcp-client/bin/python",
+            &python().display().to_string(),
+        )
+        .replace("examples/code_mode/", &format!("{}/", example.display()));
+    let server = Server::start(
+        &config,
+        &[
+            ("CRM_TOKEN", "crm-token"),
+            ("BILLING_API_KEY", "billing-key"),
+        ],
+    );
+    let code = std::fs::read_to_string(example.join("summary.py")).unwrap();
+    let r = run(&server, "demo-key-0123456789abcdef", &code);
+    assert_eq!(r["status"], "ok", "{r:#}");
+    assert_eq!(r["usage"]["tool_calls"], 3);
+    assert_eq!(r["result"]["revenue"], 508.0);
+    assert_eq!(r["result"]["top"], "Katherine Johnson");
+    // The write tool needs its exact name, which the demo key lacks.
+    let r = value(
+        &server,
+        "demo-key-0123456789abcdef",
+        "import tools\nhasattr(tools.crm, 'add_note')",
+    );
+    assert_eq!(r, false);
+}
