@@ -183,6 +183,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
     let env = crate::serve::settings_env();
     let memory = match airlock_server::config::load(args.config.as_deref(), &env, None, None) {
         Ok(config) => {
+            checks.extend(tool_servers(&config));
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {
                 config: args.config.clone().or_else(|| {
@@ -318,6 +319,61 @@ fn pss_kib(pid: i32) -> u64 {
         .find_map(|l| l.strip_prefix("Pss:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Starts each configured tool server (code mode) as `airlock serve` would, lists its tools,
+/// and checks every key's grants against them; one check per server.
+fn tool_servers(config: &airlock_server::config::Config) -> Vec<Check> {
+    if config.tools.servers.is_empty() {
+        return Vec::new();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return vec![check("tool servers", Err(e.to_string()), "")],
+    };
+    let registry = airlock_tools::Registry::start(config.tools.clone(), runtime.handle().clone());
+    let _ = runtime.block_on(registry.started());
+    let mut checks: Vec<Check> = registry
+        .statuses()
+        .into_iter()
+        .map(|s| {
+            let detail = match s.state {
+                airlock_tools::SourceState::Ready => {
+                    Ok(format!("{}: {}, {} tools", s.name, s.transport, s.tools))
+                }
+                _ => Err(format!("{}: {}", s.name, s.error.unwrap_or_default())),
+            };
+            check(
+                "tool server",
+                detail,
+                "see the error (a stdio server's stderr is in airlock's log); `airlock serve` \
+                 does not start while a tool server cannot",
+            )
+        })
+        .collect();
+    // Grants are checked against the tools listed, once every server could list them.
+    let listed = registry
+        .statuses()
+        .iter()
+        .all(|s| s.state == airlock_tools::SourceState::Ready);
+    for key in config.keys.iter().filter(|_| listed) {
+        let checked =
+            airlock_tools::Grants::parse(&key.tools).and_then(|g| registry.check_grants(&g));
+        if let Err(e) = checked {
+            checks.push(check(
+                "tool grants",
+                Err(format!("key `{}`: {e}", key.name)),
+                "grant only servers and tools that exist (`server.tool`, `*` for any characters)",
+            ));
+        }
+    }
+    registry.shutdown();
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    checks
 }
 
 fn print_report(r: &Report) {

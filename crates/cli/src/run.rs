@@ -94,6 +94,14 @@ pub struct RunArgs {
     /// Switch off one protection by name (seccomp, landlock, cgroups); results say so.
     #[arg(long = "downgrade", value_name = "MECHANISM")]
     pub downgrade: Vec<Mechanism>,
+    /// Code mode: a config file (`airlock serve`'s) whose `[tools]` servers the code may
+    /// call, started for this run (`import tools` inside).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// With --config: a tool the code may call, as `server.tool` (`*` matches any characters
+    /// and reaches only read-only tools); repeatable. Default: every read-only tool.
+    #[arg(long = "tool", value_name = "SERVER.TOOL", requires = "config")]
+    pub tools: Vec<String>,
 }
 
 /// A one-line error before anything ran.
@@ -149,6 +157,61 @@ fn read_inputs(
 struct Prepared {
     engine: Engine,
     job: Job,
+    /// The tool servers of --config, and the runtime their clients run on.
+    tools: Option<(tokio::runtime::Runtime, Arc<airlock_tools::Registry>)>,
+}
+
+/// Starts the `[tools]` servers of a config file and makes the run's tool set.
+fn start_tools(
+    path: &Path,
+    patterns: &[String],
+) -> Result<
+    (
+        tokio::runtime::Runtime,
+        Arc<airlock_tools::Registry>,
+        Arc<airlock_tools::ToolSet>,
+    ),
+    String,
+> {
+    let env = crate::serve::settings_env();
+    let config = airlock_server::config::load(Some(path), &env, None, None)
+        .map_err(|e| format!("--config {}: {e}", path.display()))?;
+    if config.tools.servers.is_empty() {
+        return Err(format!(
+            "--config {}: no tool server is configured ([tools.servers])",
+            path.display()
+        ));
+    }
+    let patterns = if patterns.is_empty() {
+        vec!["*.*".to_owned()]
+    } else {
+        patterns.to_vec()
+    };
+    let grants = airlock_tools::Grants::parse(&patterns).map_err(|e| format!("--tool: {e}"))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the tool clients: {e}"))?;
+    let registry = airlock_tools::Registry::start(config.tools, runtime.handle().clone());
+    let checked = runtime.block_on(registry.started()).and_then(|()| {
+        registry
+            .check_grants(&grants)
+            .map_err(|e| format!("--tool: {e}"))
+    });
+    match checked {
+        Ok(warnings) => {
+            for w in warnings {
+                errln!("airlock: {w}");
+            }
+        }
+        Err(e) => {
+            registry.shutdown();
+            return Err(e);
+        }
+    }
+    let set = registry.tool_set("local", &grants, "run", Arc::new(airlock_tools::NoObserver));
+    Ok((runtime, registry, set))
 }
 
 fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
@@ -278,6 +341,16 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
     };
 
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let (tools, bridge) = match &args.config {
+        Some(path) => {
+            let (runtime, registry, set) = start_tools(path, &args.tools)?;
+            (
+                Some((runtime, registry)),
+                Some(set as Arc<dyn airlock_engine::ToolBridge>),
+            )
+        }
+        None => (None, None),
+    };
     let job = Job {
         code,
         filename,
@@ -290,10 +363,25 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         stream: !args.json,
         echo_traceback: !args.json,
         cancel: Some(cancel.clone()),
-        tools: None,
+        tools: bridge,
     };
     engine.check(&job).map_err(|e| e.to_string())?;
-    Ok(Prepared { engine, job })
+    Ok(Prepared { engine, job, tools })
+}
+
+/// Stops the tool servers of --config when dropped.
+struct ToolServers {
+    runtime: Option<tokio::runtime::Runtime>,
+    registry: Arc<airlock_tools::Registry>,
+}
+
+impl Drop for ToolServers {
+    fn drop(&mut self) {
+        self.registry.shutdown();
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(2));
+        }
+    }
 }
 
 /// Copies the program's output to ours as it arrives.
@@ -381,10 +469,15 @@ pub fn main(args: RunArgs) -> ExitCode {
         errln!("airlock: cannot handle signals: {e}");
         return ExitCode::from(EXIT_AIRLOCK);
     }
-    let Prepared { engine, job } = match prepare(args, &cancel) {
+    let Prepared { engine, job, tools } = match prepare(args, &cancel) {
         Ok(p) => p,
         Err(e) => return usage_error(e),
     };
+    // The tool servers stop with the run (their clients' runtime goes when this does).
+    let _tools = tools.map(|(runtime, registry)| ToolServers {
+        runtime: Some(runtime),
+        registry,
+    });
     if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
         airlock_sandbox::remove_leftovers(layout);
     }

@@ -852,3 +852,76 @@ fn the_code_mode_example_joins_two_tools() {
     );
     assert_eq!(r, false);
 }
+
+#[test]
+fn airlock_run_with_a_config_calls_tools() {
+    let _serial = common::serial();
+    let dir = scratch("run");
+    let config = dir.join("tools.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tools.servers.crm]\ncommand = \"{}\"\nargs = [\"{}\", \"stdio\"]\n",
+            python().display(),
+            script()
+        ),
+    )
+    .unwrap();
+    let run = |extra: &[&str], code: &str| {
+        let mut args = vec!["run", "--config", config.to_str().unwrap()];
+        args.extend(extra);
+        common::invoke(&args, code.as_bytes())
+    };
+    // Every read-only tool by default; a write tool only when named.
+    let r = run(
+        &["--json"],
+        "import tools\n[tools.crm.add(a=1, b=2), hasattr(tools.crm, 'write_note')]",
+    );
+    assert_eq!(r.result(), &json!([3, false]), "{r:?}");
+    assert_eq!(r.json["usage"]["tool_calls"], 1);
+    let r = run(
+        &["--json", "--tool", "crm.write_note"],
+        "import tools\ntools.crm.write_note(text='x')",
+    );
+    assert_eq!(r.result(), "written", "{r:?}");
+    let r = run(&["--tool", "crm.nope"], "1");
+    assert_eq!(r.exit, 2);
+    assert!(
+        r.stderr.contains("server `crm` has no tool `nope`"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
+    let _serial = common::serial();
+    let dir = scratch("doctor");
+    let config = dir.join("airlock.toml");
+    std::fs::write(&config, stdio_config("")).unwrap();
+    let doctor = |env: &[(&str, &str)]| {
+        let mut cmd = common::airlock();
+        cmd.args(["doctor", "--config"]).arg(&config);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let log = dir.join("tool.log");
+    let (code, out) = doctor(&[
+        ("TEST_TOOL_CANARY", CANARY),
+        ("TEST_TOOL_LOG", log.to_str().unwrap()),
+    ]);
+    assert!(
+        out.contains("tool server      crm: stdio, 14 tools"),
+        "{out}"
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = doctor(&[("TEST_TOOL_LOG", log.to_str().unwrap())]);
+    assert!(out.contains("[MISSING] tool server      crm: TOOL_CANARY: the environment variable TEST_TOOL_CANARY is not set"), "{out}");
+    assert_eq!(code, Some(1));
+}
