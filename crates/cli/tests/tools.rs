@@ -96,12 +96,22 @@ fn start(log: &Path, settings: &str) -> Server {
 }
 
 fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
+    call_at(server.addr, key, method, path, body)
+}
+
+fn call_at(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Response {
     let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
     if body.is_some() {
         headers.push(("Content-Type".into(), "application/json".into()));
     }
     let body = body.map(|b| b.to_string().into_bytes());
-    request(server.addr, method, path, &headers, body.as_deref())
+    request(addr, method, path, &headers, body.as_deref())
 }
 
 /// Runs `code` as `key`; the whole result.
@@ -446,6 +456,37 @@ fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
     );
     assert_eq!(r, json!([1, 2, 3, 4, 5, 6, "limit", "limit", "limit"]));
 
+    // A flood: refused once the budget is spent, audited once, and another key's execution
+    // runs meanwhile.
+    let before = tool_calls(&server).len();
+    let addr = server.addr;
+    let flood = std::thread::scope(|s| {
+        let flood = s.spawn(move || {
+            call_at(
+                addr,
+                AGENT,
+                "POST",
+                "/v1/execute",
+                Some(&json!({"code":
+                "import tools, threading\nkinds = {}\ndef go():\n    for i in range(300):\n        try:\n            tools.crm.add(a=i)\n            k = 'ok'\n        except tools.ToolError as e:\n            k = e.kind\n        kinds[k] = kinds.get(k, 0) + 1\nts = [threading.Thread(target=go) for _ in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nkinds"})),
+            )
+            .json()["result"]
+                .clone()
+        });
+        assert_eq!(
+            value(&server, WRITER, "import tools\ntools.crm.add(a=1)"),
+            2
+        );
+        flood.join().unwrap()
+    });
+    assert_eq!(flood, json!({"ok": 6, "limit": 1194}));
+    let audited = tool_calls(&server).len() - before;
+    assert_eq!(
+        audited,
+        6 + 1 + 1,
+        "the six calls, the first refusal, the other key's call"
+    );
+
     // Bytes: arguments (checked in the sandbox, and again on the host for a hand-made
     // frame) and results; never cut, always an error.
     let r = value(
@@ -478,6 +519,17 @@ fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
         r["result"]
     );
     assert_eq!(r["small"], 100);
+
+    // A result of a hundred megabytes: refused (the transport drops a message past 16 MiB, so
+    // the call times out), and the server never held it.
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\ntry:\n    tools.crm.big(n=100_000_000)\nexcept tools.ToolError as e:\n    out = e.kind\nout",
+    );
+    assert!(r == "timeout" || r == "limit", "{r}");
+    let rss = server.rss();
+    assert!(rss < 150 << 20, "the server holds {} MiB", rss >> 20);
 
     // Time: a call past its timeout is a ToolError; the execution goes on.
     let started = Instant::now();

@@ -28,6 +28,9 @@ use crate::source::{Source, SourceStatus};
 const FRAME_OVERHEAD: u64 = 64 * 1024;
 /// Room in an answer frame beyond the result (id, marshal's headers).
 const ANSWER_OVERHEAD: usize = 1024;
+/// How long each call past the budget (after the first) waits for its refusal: a program
+/// that keeps calling costs the host next to nothing, and is not audited call by call.
+const FLOOD_PAUSE: Duration = Duration::from_millis(1);
 
 /// How one call ended, as the audit log and metrics name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -356,18 +359,28 @@ impl ToolBridge for ToolSet {
         let runtime = inner.registry.runtime.clone();
         let cap = inner.registry.config.max_argument_bytes + FRAME_OVERHEAD;
         let stop = CancellationToken::new();
-        let (tx, rx) = std::sync::mpsc::channel::<(Vec<u8>, Option<OwnedSemaphorePermit>)>();
-        let Ok(mut writer) = channel.try_clone() else {
+        let Ok(writer) = channel.try_clone() else {
             breach("the tool channel could not be served".into());
             return;
         };
+        // Answers are whole frames, written under this lock by the reader (refusals) and by
+        // the writer thread (answers from upstream).
+        let writer = Mutex::new(writer);
+        let write = |frame: &[u8]| {
+            writer
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .write_all(frame)
+                .is_ok()
+        };
+        // Answers from upstream go through a thread of their own, so a sandbox that stops
+        // reading blocks it, never the runtime. A call holds its permit until its answer is
+        // written: at most `max_concurrent` wait here.
+        let (tx, rx) = std::sync::mpsc::channel::<(Vec<u8>, OwnedSemaphorePermit)>();
         std::thread::scope(|s| {
-            // Answers are written by a thread of their own: a sandbox that stops reading
-            // blocks only it, never the runtime; the permit of a call is given back once
-            // its answer is written, so unread answers are bounded by `max_concurrent`.
-            s.spawn(move || {
+            s.spawn(|| {
                 for (frame, permit) in rx {
-                    if writer.write_all(&frame).is_err() {
+                    if !write(&frame) {
                         break;
                     }
                     drop(permit);
@@ -393,15 +406,41 @@ impl ToolBridge for ToolSet {
                     }
                 };
                 inner.calls.fetch_add(1, Ordering::Relaxed);
-                let (inner, tx, stop) = (inner.clone(), tx.clone(), stop.clone());
-                tasks.spawn_on(
-                    async move {
-                        let started = Instant::now();
-                        let (answer, permit, args) = inner.answer(&call, &stop).await;
-                        inner.reply(call, answer, permit, args, started, &tx);
-                    },
-                    &runtime,
-                );
+                let started = Instant::now();
+                match inner.check(&call) {
+                    Err(refused) => {
+                        let refused = *refused;
+                        // Refused here, at once, by this thread: a sandbox that floods the
+                        // channel or stops reading holds this thread back, and only it.
+                        if refused.flood {
+                            std::thread::sleep(FLOOD_PAUSE);
+                        }
+                        let frame = inner.finish(
+                            &call,
+                            refused.answer,
+                            refused.arguments,
+                            started,
+                            !refused.flood,
+                        );
+                        if !write(&frame) {
+                            break;
+                        }
+                    }
+                    Ok(checked) => {
+                        let (inner, tx, stop) = (inner.clone(), tx.clone(), stop.clone());
+                        tasks.spawn_on(
+                            async move {
+                                let (answer, permit) = inner.run(&call, &checked, &stop).await;
+                                let frame =
+                                    inner.finish(&call, answer, checked.audit_args, started, true);
+                                if let Some(permit) = permit {
+                                    let _ = tx.send((frame, permit));
+                                }
+                            },
+                            &runtime,
+                        );
+                    }
+                }
             }
             // The channel is closed (the sandbox is gone) or broken: cancel what runs.
             stop.cancel();
@@ -433,19 +472,35 @@ fn read_frame(reader: &mut impl Read, cap: u64) -> Result<Option<Vec<u8>>, Optio
     Ok(Some(body))
 }
 
+/// A call that passed the host's checks, to be sent upstream.
+struct Checked {
+    granted: Granted,
+    arguments: serde_json::Map<String, serde_json::Value>,
+    /// The arguments, for the audit log, when the operator asked for them.
+    audit_args: Option<serde_json::Value>,
+}
+
+/// A call refused by the host's checks.
+struct Refused {
+    answer: Answer,
+    arguments: Option<serde_json::Value>,
+    /// A call past the budget after the first such: answered slowly and not audited.
+    flood: bool,
+}
+
 impl Inner {
-    /// Checks and runs one call; the permit it held upstream, and its arguments (for the
-    /// audit log, when asked).
-    async fn answer(
-        &self,
-        call: &CallFrame,
-        stop: &CancellationToken,
-    ) -> (
-        Answer,
-        Option<OwnedSemaphorePermit>,
-        Option<serde_json::Value>,
-    ) {
+    /// What the host checks before anything goes upstream, in order: the budget (every frame
+    /// counts, refused or not), the grant by exact name, the arguments' size, the key's rate,
+    /// the tool's input schema.
+    fn check(&self, call: &CallFrame) -> Result<Checked, Box<Refused>> {
         let config = &self.registry.config;
+        let refuse = |outcome, reason, kind, message: String, arguments| {
+            Box::new(Refused {
+                answer: Answer::refuse(outcome, reason, kind, message),
+                arguments,
+                flood: false,
+            })
+        };
         let (granted, budget) = {
             let current = self.current();
             let found = current
@@ -455,25 +510,26 @@ impl Inner {
                 .cloned();
             (found, current.calls.clone())
         };
+        let made = budget.fetch_add(1, Ordering::Relaxed);
+        if made >= config.max_calls {
+            let message = format!("the execution's {} tool calls are spent", config.max_calls);
+            let mut refused = refuse(Outcome::Limit, "calls", "limit", message, None);
+            refused.flood = made > config.max_calls;
+            return Err(refused);
+        }
         let Some(granted) = granted else {
             let message = format!(
                 "no tool `{}.{}` is granted to this execution",
                 call.server, call.tool
             );
-            return (
-                Answer::refuse(Outcome::Denied, "not_granted", "denied", message),
+            return Err(refuse(
+                Outcome::Denied,
+                "not_granted",
+                "denied",
+                message,
                 None,
-                None,
-            );
+            ));
         };
-        if budget.fetch_add(1, Ordering::Relaxed) >= config.max_calls {
-            let message = format!("the execution's {} tool calls are spent", config.max_calls);
-            return (
-                Answer::refuse(Outcome::Limit, "calls", "limit", message),
-                None,
-                None,
-            );
-        }
         let raw = call.arguments.get();
         if raw.len() as u64 > config.max_argument_bytes {
             let message = format!(
@@ -481,39 +537,36 @@ impl Inner {
                 raw.len(),
                 config.max_argument_bytes
             );
-            return (
-                Answer::refuse(Outcome::Limit, "argument_bytes", "limit", message),
+            return Err(refuse(
+                Outcome::Limit,
+                "argument_bytes",
+                "limit",
+                message,
                 None,
-                None,
-            );
+            ));
         }
         if !self.registry.take_token(&self.key) {
             let message = format!(
                 "this key's {} tool calls a minute are spent; try again later",
                 config.rate_per_minute
             );
-            return (
-                Answer::refuse(Outcome::Limit, "rate", "limit", message),
-                None,
-                None,
-            );
+            return Err(refuse(Outcome::Limit, "rate", "limit", message, None));
         }
-        let arguments: serde_json::Value = match serde_json::from_str(raw) {
-            Ok(v @ serde_json::Value::Object(_)) => v,
+        let arguments = match serde_json::from_str(raw) {
+            Ok(serde_json::Value::Object(map)) => map,
             _ => {
                 let message = "the arguments must be a JSON object".to_owned();
-                return (
-                    Answer::refuse(Outcome::Error, "schema", "schema", message),
-                    None,
-                    None,
-                );
+                return Err(refuse(Outcome::Error, "schema", "schema", message, None));
             }
         };
-        let audit_args = config.audit_arguments.then(|| arguments.clone());
+        let audit_args = config
+            .audit_arguments
+            .then(|| serde_json::Value::Object(arguments.clone()));
+        let instance = serde_json::Value::Object(arguments);
         let problems: Vec<String> = granted
             .tool
             .validator
-            .iter_errors(&arguments)
+            .iter_errors(&instance)
             .take(3)
             .map(|e| {
                 let at = e.instance_path().to_string();
@@ -531,73 +584,77 @@ impl Inner {
                 granted.function,
                 problems.join("; ")
             );
-            return (
-                Answer::refuse(Outcome::Error, "schema", "schema", message),
-                None,
+            return Err(refuse(
+                Outcome::Error,
+                "schema",
+                "schema",
+                message,
                 audit_args,
-            );
+            ));
         }
+        let serde_json::Value::Object(arguments) = instance else {
+            unreachable!("built as an object above")
+        };
+        Ok(Checked {
+            granted,
+            arguments,
+            audit_args,
+        })
+    }
+
+    /// Sends a checked call upstream; its answer, and the permit it ran under (None when the
+    /// execution ended first: nobody waits for an answer then).
+    async fn run(
+        &self,
+        call: &CallFrame,
+        checked: &Checked,
+        stop: &CancellationToken,
+    ) -> (Answer, Option<OwnedSemaphorePermit>) {
+        let config = &self.registry.config;
+        let cancelled = || {
+            let message = "the execution ended".to_owned();
+            Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message)
+        };
         // Waiting for a slot counts against the execution's wall clock, as the call does.
         let permit = tokio::select! {
             p = self.running.clone().acquire_owned() => p.ok(),
             _ = stop.cancelled() => None,
         };
         let Some(permit) = permit else {
-            let message = "the execution ended".to_owned();
-            return (
-                Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message),
-                None,
-                audit_args,
-            );
+            return (cancelled(), None);
         };
-        let Some(source) = self.registry.sources.get(&call.server) else {
-            let message = format!("no tool server `{}`", call.server);
-            return (
-                Answer::refuse(Outcome::Denied, "not_granted", "denied", message),
-                Some(permit),
-                audit_args,
-            );
-        };
-        let Some(peer) = source.peer() else {
+        let source = self.registry.sources.get(&call.server);
+        let Some(peer) = source.and_then(|s| s.peer()) else {
             let message = format!(
                 "the tool server `{}` is unavailable (it is being started again)",
                 call.server
             );
-            return (
-                Answer::refuse(Outcome::Error, "unavailable", "unavailable", message),
-                Some(permit),
-                audit_args,
-            );
+            let answer = Answer::refuse(Outcome::Error, "unavailable", "unavailable", message);
+            return (answer, Some(permit));
         };
         let timeout = Duration::from_millis(
             source
-                .config
-                .call_timeout_ms
+                .and_then(|s| s.config.call_timeout_ms)
                 .unwrap_or(config.call_timeout_ms),
         );
-        let mut params = rmcp::model::CallToolRequestParams::new(granted.tool.name.clone());
-        if let serde_json::Value::Object(map) = arguments {
-            params = params.with_arguments(map);
-        }
-        // Dropping the call's future (timeout, or the sandbox gone) makes rmcp send
+        let params = rmcp::model::CallToolRequestParams::new(checked.granted.tool.name.clone())
+            .with_arguments(checked.arguments.clone());
+        // Dropping the call's future (a timeout, or the sandbox gone) makes rmcp send
         // notifications/cancelled upstream.
         let answered = tokio::select! {
             r = peer.call_tool(params) => r,
             _ = tokio::time::sleep(timeout) => {
                 let message = format!(
                     "`{}.{}` did not answer within {} ms",
-                    call.server, granted.function, timeout.as_millis()
+                    call.server, checked.granted.function, timeout.as_millis()
                 );
-                return (Answer::refuse(Outcome::Error, "timeout", "timeout", message), Some(permit), audit_args);
+                return (Answer::refuse(Outcome::Error, "timeout", "timeout", message), Some(permit));
             }
-            _ = stop.cancelled() => {
-                let message = "the execution ended".to_owned();
-                return (Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message), Some(permit), audit_args);
-            }
+            _ = stop.cancelled() => return (cancelled(), None),
         };
         let answer = match answered {
             Ok(result) => match serde_json::to_value(&result) {
-                Ok(v) => from_result(v, granted.tool.wraps_result),
+                Ok(v) => from_result(v, checked.granted.tool.wraps_result),
                 Err(e) => Answer::refuse(
                     Outcome::Error,
                     "tool",
@@ -612,19 +669,18 @@ impl Inner {
                 format!("the tool server `{}` failed the call: {e}", call.server),
             ),
         };
-        (answer, Some(permit), audit_args)
+        (answer, Some(permit))
     }
 
-    /// Sends the answer (a result over the limit becomes a `ToolError`) and audits the call.
-    fn reply(
+    /// The answer's frame (a result over the limit becomes a `ToolError`); audits the call.
+    fn finish(
         &self,
-        call: CallFrame,
+        call: &CallFrame,
         mut answer: Answer,
-        permit: Option<OwnedSemaphorePermit>,
         arguments: Option<serde_json::Value>,
         started: Instant,
-        tx: &std::sync::mpsc::Sender<(Vec<u8>, Option<OwnedSemaphorePermit>)>,
-    ) {
+        audit: bool,
+    ) -> Vec<u8> {
         let limit = self.registry.config.max_result_bytes;
         let encode =
             |a: &Answer| tool_answer(call.id, a.value.as_ref().map_err(|(k, m)| (*k, m.as_str())));
@@ -633,10 +689,9 @@ impl Inner {
             Ok(f) => f.len() > limit as usize + ANSWER_OVERHEAD,
             Err(_) => true,
         };
-        let result = if self.registry.config.audit_arguments {
-            answer.value.as_ref().ok().map(audit_value)
-        } else {
-            None
+        let result = match (&answer.value, too_big) {
+            (Ok(v), false) if self.registry.config.audit_arguments => Some(audit_value(v)),
+            _ => None,
         };
         if too_big {
             let size = frame.as_ref().map_or(0, Vec::len);
@@ -652,25 +707,25 @@ impl Inner {
             frame = encode(&answer);
         }
         let frame = frame.unwrap_or_default();
-        let execution_id = self.current().execution_id.clone();
-        self.observer.call(&CallRecord {
-            event: "tool_call",
-            execution_id,
-            key: self.key.clone(),
-            server: call.server,
-            tool: call.tool,
-            arguments_sha256: hex(&Sha256::digest(call.arguments.get().as_bytes())),
-            bytes_in: call.arguments.get().len() as u64,
-            bytes_out: frame.len() as u64,
-            duration_ms: started.elapsed().as_millis() as u64,
-            outcome: answer.outcome,
-            reason: answer.reason,
-            arguments,
-            result: result.filter(|_| !too_big),
-        });
-        if answer.outcome != Outcome::Cancelled {
-            let _ = tx.send((frame, permit));
+        if audit {
+            let execution_id = self.current().execution_id.clone();
+            self.observer.call(&CallRecord {
+                event: "tool_call",
+                execution_id,
+                key: self.key.clone(),
+                server: call.server.clone(),
+                tool: call.tool.clone(),
+                arguments_sha256: hex(&Sha256::digest(call.arguments.get().as_bytes())),
+                bytes_in: call.arguments.get().len() as u64,
+                bytes_out: frame.len() as u64,
+                duration_ms: started.elapsed().as_millis() as u64,
+                outcome: answer.outcome,
+                reason: answer.reason,
+                arguments,
+                result,
+            });
         }
+        frame
     }
 }
 
