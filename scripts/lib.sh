@@ -47,3 +47,22 @@ ensure_mcp_client() {
     /usr/bin/python3 -m venv --clear "$MCP_CLIENT_VENV"
     "$py" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_CLIENT_VERSION"
 }
+
+# The MCP reference server (@modelcontextprotocol/server-everything) from the npm registry, a
+# tool source for crates/cli/tests/tools.rs besides the Python SDK's.
+MCP_EVERYTHING_DIR=target/mcp-everything
+MCP_EVERYTHING_VERSION=2026.8.31
+
+# ensure_mcp_everything: node and npm (Debian's, when missing), and the server in
+# $MCP_EVERYTHING_DIR.
+ensure_mcp_everything() {
+    local main="$MCP_EVERYTHING_DIR/node_modules/@modelcontextprotocol/server-everything/package.json"
+    if [ -f "$main" ] && grep -q "\"version\": \"$MCP_EVERYTHING_VERSION\"" "$main"; then
+        return 0
+    fi
+    command -v node >/dev/null && command -v npm >/dev/null || ensure_debian_packages nodejs npm
+    echo "==> installing @modelcontextprotocol/server-everything $MCP_EVERYTHING_VERSION into $MCP_EVERYTHING_DIR"
+    mkdir -p "$MCP_EVERYTHING_DIR"
+    npm install --silent --no-audit --no-fund --prefix "$MCP_EVERYTHING_DIR" \
+        "@modelcontextprotocol/server-everything@$MCP_EVERYTHING_VERSION"
+}

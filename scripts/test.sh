@@ -14,8 +14,10 @@ fi
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time
 ensure_rust_components rustfmt clippy
-# The official Python MCP SDK, the client of crates/cli/tests/mcp.rs.
+# The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
+# tools.rs; the MCP reference server, another tool source of tools.rs.
 ensure_mcp_client
+ensure_mcp_everything
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

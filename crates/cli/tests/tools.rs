@@ -977,3 +977,42 @@ fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
     assert!(out.contains("[MISSING] tool server      crm: TOOL_CANARY: the environment variable TEST_TOOL_CANARY is not set"), "{out}");
     assert_eq!(code, Some(1));
 }
+
+#[test]
+fn the_mcp_reference_server_is_a_tool_source() {
+    let _serial = common::serial();
+    let everything = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/mcp-everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        everything.exists(),
+        "the MCP reference server is not installed at {}: run `bash -c '. scripts/lib.sh && \
+         ensure_mcp_everything'` (scripts/test.sh does)",
+        everything.display()
+    );
+    let node = ["/usr/bin/node", "/usr/local/bin/node"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("node is installed with the reference server");
+    // Its get_env tool returns its whole environment: a tool that is not granted here.
+    let config = format!(
+        "[tools.servers.everything]\ncommand = \"{node}\"\nargs = [\"{}\", \"stdio\"]\n\
+         env = {{ CANARY = {{ env = \"TEST_TOOL_CANARY\" }} }}\n\
+         [[keys]]\nname = \"agent\"\nhash = \"{}\"\n\
+         tools = [\"everything.echo\", \"everything.get-sum\", \"everything.get-tiny-image\", \"everything.get-structured-content\"]\n",
+        everything.display(),
+        hash(AGENT)
+    );
+    let server = Server::start(&config, &[("TEST_TOOL_CANARY", CANARY)]);
+    let r = value(
+        &server,
+        AGENT,
+        "import tools, os\nimage = tools.everything.get_tiny_image()\n[\n tools.everything.echo(message='héllo'),\n tools.everything.get_sum(a=2, b=3.5),\n [type(x).__name__ for x in image],\n any(isinstance(x, bytes) and x[:8] == b'\\x89PNG\\r\\n\\x1a\\n' for x in image),\n tools.everything.get_structured_content(location='New York'),\n hasattr(tools.everything, 'get_env'),\n any('4f1c9b7e' in v for v in os.environ.values()),\n]",
+    );
+    assert_eq!(r[0], "Echo: héllo");
+    assert_eq!(r[1], "The sum of 2 and 3.5 is 5.5.");
+    assert_eq!(r[2], json!(["str", "bytes", "str"]));
+    assert_eq!(r[3], true);
+    assert!(r[4]["temperature"].is_number(), "{}", r[4]);
+    assert_eq!(r[5], false);
+    assert_eq!(r[6], false);
+}
