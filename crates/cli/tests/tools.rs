@@ -674,6 +674,49 @@ fn a_sandbox_killed_mid_call_cancels_it_upstream() {
 }
 
 #[test]
+fn nothing_starts_upstream_once_the_sandbox_is_gone() {
+    let _serial = common::serial();
+    let dir = scratch("gone");
+    let server = start(&dir, "max_concurrent = 1");
+    // One slow call holds the only slot; three more wait for it; the sandbox exits at once.
+    let r = run(
+        &server,
+        AGENT,
+        &format!(
+            "{RAW_FRAME}\nimport json\ndef send(i, tool, args):\n    data = json.dumps({{'id': i, 'server': 'crm', 'tool': tool, 'arguments': args}}).encode()\n    os.write(4, len(data).to_bytes(4, 'little') + data)\n\
+             send(1, 'slow', {{'seconds': 2, 'tag': 'held'}})\nimport time\ntime.sleep(0.5)\n\
+             for i in range(3):\n    send(2 + i, 'add', {{'a': 1000 + i}})\nos._exit(0)"
+        ),
+    );
+    assert_eq!(r["status"], "ok", "{r:#}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let calls = loop {
+        let calls = tool_calls(&server);
+        if calls.len() >= 4 {
+            break calls;
+        }
+        assert!(Instant::now() < deadline, "not all audited: {calls:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !tool_log(&dir).iter().any(|e| e["tool"] == "add"),
+        "a call of a dead sandbox reached the server: {:?}",
+        tool_log(&dir)
+    );
+    let reasons: Vec<&str> = calls
+        .iter()
+        .map(|c| c["reason"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "not_sent").count(),
+        3,
+        "{calls:?}"
+    );
+    assert!(reasons.contains(&"cancelled_upstream"), "{calls:?}");
+}
+
+#[test]
 fn a_sessions_cells_call_tools() {
     let _serial = common::serial();
     let dir = scratch("session");
@@ -749,7 +792,49 @@ fn streamable_http_tools_get_their_header_from_the_host() {
         "import tools, os\n[tools.web.add(a=1, b=2), tools.web.list_orders(customer_id=1), any('4f1c9b7e' in v for v in os.environ.values())]",
     );
     assert_eq!(r, json!([3, {"orders": [120.0, 80.5]}, false]));
+
+    // The server goes away: calls fail at once with a message that names no address, and
+    // pings tell /readyz.
+    let _ = upstream.kill();
+    let _ = upstream.wait();
+    let r = value(
+        &server,
+        AGENT,
+        "import tools\ntry:\n    tools.web.add(a=1)\nexcept tools.ToolError as e:\n    out = [e.kind, str(e)]\nout",
+    );
+    assert_eq!(r[0], "unavailable");
+    assert!(!r[1].as_str().unwrap().contains("127.0.0.1"), "{r}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = server.call("GET", "/readyz", None).json();
+        if ready["tools"][0]["state"] != "ready" {
+            assert!(
+                ready["degraded"][0].as_str().unwrap().contains("`web`"),
+                "{ready}"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the dead server still looks ready: {ready}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
     drop(server);
+    let mut upstream = std::process::Command::new(python())
+        .args([script(), "http", &port.to_string()])
+        .env("TOOL_HEADER_SECRET", CANARY)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP tool server did not start again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     // A wrong header: the tool server refuses, and airlock says so at start.
     let out = common::airlock()
@@ -1015,4 +1100,50 @@ fn the_mcp_reference_server_is_a_tool_source() {
     assert!(r[4]["temperature"].is_number(), "{}", r[4]);
     assert_eq!(r[5], false);
     assert_eq!(r[6], false);
+}
+
+#[test]
+fn function_mode_and_streams_call_tools_too() {
+    let _serial = common::serial();
+    let dir = scratch("modes");
+    let server = start(&dir, "");
+    // Function mode: the entrypoint calls the tools.
+    let r = call(
+        &server,
+        AGENT,
+        "POST",
+        "/v1/execute",
+        Some(&json!({
+            "code": "import tools\ndef main(customer_id):\n    c = tools.crm.find_customer(customer_id=customer_id)\n    return {'name': c['name'], 'spent': sum(tools.crm.list_orders(customer_id=customer_id)['orders'])}",
+            "entrypoint": "main",
+            "inputs": {"customer_id": 1}
+        })),
+    )
+    .json();
+    assert_eq!(r["status"], "ok", "{r:#}");
+    assert_eq!(r["result"], json!({"name": "Ada", "spent": 200.5}));
+    assert_eq!(r["usage"]["tool_calls"], 2);
+    // A stream: the output as it comes, the result last with its tool calls.
+    let body = json!({"code": "import tools\nprint(tools.crm.greet(name='stream'), flush=True)\ntools.crm.add(a=1)"}).to_string();
+    let r = request(
+        server.addr,
+        "POST",
+        "/v1/execute",
+        &[
+            ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            ("Accept".to_owned(), "text/event-stream".to_owned()),
+        ],
+        Some(body.as_bytes()),
+    );
+    let text = r.text();
+    assert!(text.contains("hello stream"), "{text}");
+    let result = text
+        .split("event: result\ndata: ")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("no result event: {text}"));
+    let result: Value = serde_json::from_str(result).unwrap();
+    assert_eq!(result["result"], 2, "{result}");
+    assert_eq!(result["usage"]["tool_calls"], 2);
 }

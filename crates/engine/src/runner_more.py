@@ -503,7 +503,11 @@ def build_tools(root, package):
         module.__package__ = "tools"
         functions = []
         for spec in server["functions"]:
-            fn = make_tool_function(name, spec)
+            try:
+                fn = make_tool_function(name, spec)
+            except Exception as exc:  # one odd tool loses only itself
+                sys.stderr.write("[airlock: tools.%s.%s is unavailable: %s]\n" % (name, spec["function"], exc))
+                continue
             setattr(module, spec["function"], fn)
             functions.append(spec["function"])
             index.append(("%s.%s" % (name, spec["function"]), spec["summary"]))
@@ -565,18 +569,21 @@ def make_tool_function(server, spec):
         signature = "**arguments"
     pairs = "(%s,)" % ", ".join(pairs) if pairs else "()"
     rest = "arguments" if more else "None"
-    source = ("def {f}({s}):\n    return _airlock_call(_airlock_target, {p}, {r})\n"
-              "async def aio({s}):\n    return await _airlock_acall(_airlock_target, {p}, {r})\n"
-              ).format(f=spec["function"], s=signature, p=pairs, r=rest)
+    # Fixed names inside, the tool's outside: no tool name can shadow what the code uses.
+    source = ("def _airlock_fn({s}):\n    return _airlock_call(_airlock_target, {p}, {r})\n"
+              "async def _airlock_afn({s}):\n    return await _airlock_acall(_airlock_target, {p}, {r})\n"
+              ).format(s=signature, p=pairs, r=rest)
     namespace = {"_airlock_call": call_tool, "_airlock_acall": acall_tool, "_airlock_defaults": tuple(defaults),
                  "_airlock_target": (server, spec["tool"])}
     exec(compile(source, "<tools.%s>" % server, "exec"), namespace)
-    fn = namespace[spec["function"]]
+    fn, afn = namespace["_airlock_fn"], namespace["_airlock_afn"]
+    name = spec["function"]
+    fn.__name__ = fn.__qualname__ = afn.__name__ = name
+    afn.__qualname__ = name + ".aio"
     fn.__doc__ = spec["doc"]
-    fn.aio = namespace["aio"]
-    fn.__module__ = fn.aio.__module__ = "tools." + server
-    fn.aio.__doc__ = "The same call, awaitable: await %s.aio(...)." % spec["function"]
-    fn.aio.__qualname__ = spec["function"] + ".aio"
+    afn.__doc__ = "The same call, awaitable: await %s.aio(...)." % name
+    fn.__module__ = afn.__module__ = "tools." + server
+    fn.aio = afn
     return fn
 
 

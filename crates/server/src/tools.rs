@@ -75,10 +75,13 @@ impl Observer for Audit {
             return;
         };
         let outcome = record.outcome.as_str();
-        state
-            .metrics
-            .tool_calls
-            .add(&[&record.server, &record.tool, outcome]);
+        // Labels only from tools the servers list: names the sandbox made up are one series.
+        let (server, tool) = if record.known {
+            (record.server.as_str(), record.tool.as_str())
+        } else {
+            ("-", "-")
+        };
+        state.metrics.tool_calls.add(&[server, tool, outcome]);
         state
             .metrics
             .tool_call_seconds
@@ -90,8 +93,8 @@ impl Observer for Audit {
         tracing::info!(
             execution = %record.execution_id,
             key = %record.key,
-            server = %record.server,
-            tool = %record.tool,
+            server = ?record.server,
+            tool = ?record.tool,
             outcome,
             reason = record.reason.unwrap_or(""),
             duration_ms = record.duration_ms,

@@ -31,6 +31,8 @@ const ANSWER_OVERHEAD: usize = 1024;
 /// How long each call past the budget (after the first) waits for its refusal: a program
 /// that keeps calling costs the host next to nothing, and is not audited call by call.
 const FLOOD_PAUSE: Duration = Duration::from_millis(1);
+/// The most of a name the sandbox sent that an audit line keeps.
+const MAX_NAME_CHARS: usize = 128;
 
 /// How one call ended, as the audit log and metrics name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -65,8 +67,11 @@ pub struct CallRecord {
     pub event: &'static str,
     pub execution_id: String,
     pub key: String,
+    /// The names as the sandbox sent them, cut to 128 characters.
     pub server: String,
     pub tool: String,
+    /// Whether the names are those of a tool its server lists (metrics label only those).
+    pub known: bool,
     pub arguments_sha256: String,
     /// The arguments' JSON, as the sandbox sent it.
     pub bytes_in: u64,
@@ -125,7 +130,10 @@ impl Registry {
         let sources: BTreeMap<String, Arc<Source>> = config
             .servers
             .iter()
-            .map(|(name, c)| (name.clone(), Arc::new(Source::new(name.clone(), c.clone()))))
+            .map(|(name, c)| {
+                let source = Source::new(name.clone(), c.clone(), config.max_concurrent_per_server);
+                (name.clone(), Arc::new(source))
+            })
             .collect();
         for source in sources.values() {
             runtime.spawn(
@@ -359,10 +367,11 @@ impl ToolBridge for ToolSet {
         let runtime = inner.registry.runtime.clone();
         let cap = inner.registry.config.max_argument_bytes + FRAME_OVERHEAD;
         let stop = CancellationToken::new();
-        let Ok(writer) = channel.try_clone() else {
+        let (Ok(writer), Ok(probe)) = (channel.try_clone(), channel.try_clone()) else {
             breach("the tool channel could not be served".into());
             return;
         };
+        let probe = Arc::new(probe);
         // Answers are whole frames, written under this lock by the reader (refusals) and by
         // the writer thread (answers from upstream).
         let writer = Mutex::new(writer);
@@ -373,22 +382,32 @@ impl ToolBridge for ToolSet {
                 .write_all(frame)
                 .is_ok()
         };
-        // Answers from upstream go through a thread of their own, so a sandbox that stops
-        // reading blocks it, never the runtime. A call holds its permit until its answer is
-        // written: at most `max_concurrent` wait here.
-        let (tx, rx) = std::sync::mpsc::channel::<(Vec<u8>, OwnedSemaphorePermit)>();
+        // Answers from upstream are made, audited and written by a thread of their own, off
+        // the runtime: a sandbox that stops reading blocks it, never a worker. A call holds
+        // its permit until its answer is written, so at most `max_concurrent` wait here.
+        let (tx, rx) = std::sync::mpsc::channel::<Done>();
         std::thread::scope(|s| {
             s.spawn(|| {
-                for (frame, permit) in rx {
-                    if !write(&frame) {
-                        break;
+                let mut open = true;
+                for done in rx {
+                    let frame = inner.finish(
+                        &done.call,
+                        done.answer,
+                        done.arguments,
+                        done.started,
+                        &done.execution_id,
+                        true,
+                    );
+                    if let Some(permit) = done.permit {
+                        open = open && write(&frame);
+                        drop(permit);
                     }
-                    drop(permit);
                 }
             });
             let mut tasks = tokio::task::JoinSet::new();
             let mut reader = std::io::BufReader::new(&channel);
             loop {
+                while tasks.try_join_next().is_some() {}
                 let frame = match read_frame(&mut reader, cap) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => break,
@@ -407,11 +426,12 @@ impl ToolBridge for ToolSet {
                 };
                 inner.calls.fetch_add(1, Ordering::Relaxed);
                 let started = Instant::now();
+                let execution_id = inner.current().execution_id.clone();
                 match inner.check(&call) {
                     Err(refused) => {
-                        let refused = *refused;
                         // Refused here, at once, by this thread: a sandbox that floods the
-                        // channel or stops reading holds this thread back, and only it.
+                        // channel or stops reading holds back this thread, and only it.
+                        let refused = *refused;
                         if refused.flood {
                             std::thread::sleep(FLOOD_PAUSE);
                         }
@@ -420,6 +440,7 @@ impl ToolBridge for ToolSet {
                             refused.answer,
                             refused.arguments,
                             started,
+                            &execution_id,
                             !refused.flood,
                         );
                         if !write(&frame) {
@@ -427,15 +448,20 @@ impl ToolBridge for ToolSet {
                         }
                     }
                     Ok(checked) => {
-                        let (inner, tx, stop) = (inner.clone(), tx.clone(), stop.clone());
+                        let (inner, tx, stop, probe) =
+                            (inner.clone(), tx.clone(), stop.clone(), probe.clone());
                         tasks.spawn_on(
                             async move {
-                                let (answer, permit) = inner.run(&call, &checked, &stop).await;
-                                let frame =
-                                    inner.finish(&call, answer, checked.audit_args, started, true);
-                                if let Some(permit) = permit {
-                                    let _ = tx.send((frame, permit));
-                                }
+                                let (answer, permit) =
+                                    inner.run(&call, &checked, &stop, &probe).await;
+                                let _ = tx.send(Done {
+                                    call,
+                                    answer,
+                                    arguments: checked.audit_args,
+                                    started,
+                                    execution_id,
+                                    permit,
+                                });
                             },
                             &runtime,
                         );
@@ -447,6 +473,32 @@ impl ToolBridge for ToolSet {
             runtime.block_on(async { while tasks.join_next().await.is_some() {} });
             drop(tx);
         });
+    }
+}
+
+/// A call that ran (or was cancelled), for the writer thread.
+struct Done {
+    call: CallFrame,
+    answer: Answer,
+    arguments: Option<serde_json::Value>,
+    started: Instant,
+    execution_id: String,
+    /// None when nobody waits for the answer (the execution ended): audited, not written.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Whether the sandbox's end of the channel is gone (it died, or closed it): a call read
+/// from what it wrote before must not start upstream.
+fn sandbox_gone(channel: &UnixStream) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    // A unix socket whose peer closed (or died) reports POLLHUP, whatever is still unread.
+    let mut fds = [PollFd::new(channel.as_fd(), PollFlags::empty())];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) if n > 0 => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+        _ => false,
     }
 }
 
@@ -609,11 +661,17 @@ impl Inner {
         call: &CallFrame,
         checked: &Checked,
         stop: &CancellationToken,
+        channel: &UnixStream,
     ) -> (Answer, Option<OwnedSemaphorePermit>) {
         let config = &self.registry.config;
-        let cancelled = || {
+        let cancelled = |sent: bool| {
             let message = "the execution ended".to_owned();
-            Answer::refuse(Outcome::Cancelled, "cancelled", "cancelled", message)
+            let reason = if sent {
+                "cancelled_upstream"
+            } else {
+                "not_sent"
+            };
+            Answer::refuse(Outcome::Cancelled, reason, "cancelled", message)
         };
         // Waiting for a slot counts against the execution's wall clock, as the call does.
         let permit = tokio::select! {
@@ -621,9 +679,20 @@ impl Inner {
             _ = stop.cancelled() => None,
         };
         let Some(permit) = permit else {
-            return (cancelled(), None);
+            return (cancelled(false), None);
         };
         let source = self.registry.sources.get(&call.server);
+        // The server's own slots, shared by every execution: one key cannot flood it.
+        let slot = match source {
+            Some(s) => tokio::select! {
+                p = s.slots.clone().acquire_owned() => p.ok(),
+                _ = stop.cancelled() => None,
+            },
+            None => None,
+        };
+        if slot.is_none() || stop.is_cancelled() || sandbox_gone(channel) {
+            return (cancelled(false), None);
+        }
         let Some(peer) = source.and_then(|s| s.peer()) else {
             let message = format!(
                 "the tool server `{}` is unavailable (it is being started again)",
@@ -650,8 +719,9 @@ impl Inner {
                 );
                 return (Answer::refuse(Outcome::Error, "timeout", "timeout", message), Some(permit));
             }
-            _ = stop.cancelled() => return (cancelled(), None),
+            _ = stop.cancelled() => return (cancelled(true), None),
         };
+        drop(slot);
         let answer = match answered {
             Ok(result) => match serde_json::to_value(&result) {
                 Ok(v) => from_result(v, checked.granted.tool.wraps_result),
@@ -662,12 +732,16 @@ impl Inner {
                     format!("an unreadable result: {e}"),
                 ),
             },
-            Err(e) => Answer::refuse(
-                Outcome::Error,
-                "unavailable",
-                "unavailable",
-                format!("the tool server `{}` failed the call: {e}", call.server),
-            ),
+            Err(e) => {
+                // The detail may name the server's address: the log has it, not the sandbox.
+                tracing::warn!(server = %call.server, tool = %checked.granted.tool.name, "a tool call failed: {e}");
+                Answer::refuse(
+                    Outcome::Error,
+                    "unavailable",
+                    "unavailable",
+                    format!("the tool server `{}` failed the call", call.server),
+                )
+            }
         };
         (answer, Some(permit))
     }
@@ -679,6 +753,7 @@ impl Inner {
         mut answer: Answer,
         arguments: Option<serde_json::Value>,
         started: Instant,
+        execution_id: &str,
         audit: bool,
     ) -> Vec<u8> {
         let limit = self.registry.config.max_result_bytes;
@@ -708,13 +783,19 @@ impl Inner {
         }
         let frame = frame.unwrap_or_default();
         if audit {
-            let execution_id = self.current().execution_id.clone();
+            let bounded = |name: &str| name.chars().take(MAX_NAME_CHARS).collect::<String>();
+            let known = self
+                .registry
+                .sources
+                .get(&call.server)
+                .is_some_and(|s| s.tools().iter().any(|t| t.name == call.tool));
             self.observer.call(&CallRecord {
                 event: "tool_call",
-                execution_id,
+                execution_id: execution_id.to_owned(),
                 key: self.key.clone(),
-                server: call.server.clone(),
-                tool: call.tool.clone(),
+                server: bounded(&call.server),
+                tool: bounded(&call.tool),
+                known,
                 arguments_sha256: hex(&Sha256::digest(call.arguments.get().as_bytes())),
                 bytes_in: call.arguments.get().len() as u64,
                 bytes_out: frame.len() as u64,

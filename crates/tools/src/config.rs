@@ -18,6 +18,8 @@ pub struct ToolsConfig {
     pub max_calls: u64,
     /// Calls of one execution running upstream at once; more wait their turn.
     pub max_concurrent: usize,
+    /// Calls running on one server at once, all executions and keys together.
+    pub max_concurrent_per_server: usize,
     /// Largest arguments of one call, as JSON.
     pub max_argument_bytes: u64,
     /// Largest result of one call; a larger one is a `ToolError`, never cut.
@@ -39,6 +41,7 @@ impl Default for ToolsConfig {
             servers: BTreeMap::new(),
             max_calls: 100,
             max_concurrent: 4,
+            max_concurrent_per_server: 16,
             max_argument_bytes: 64 * 1024,
             max_result_bytes: 1024 * 1024,
             call_timeout_ms: 30_000,
@@ -132,6 +135,10 @@ impl ToolsConfig {
         let positive = [
             ("max_calls", self.max_calls),
             ("max_concurrent", self.max_concurrent as u64),
+            (
+                "max_concurrent_per_server",
+                self.max_concurrent_per_server as u64,
+            ),
             ("max_argument_bytes", self.max_argument_bytes),
             ("max_result_bytes", self.max_result_bytes),
             ("call_timeout_ms", self.call_timeout_ms),
@@ -140,11 +147,11 @@ impl ToolsConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("tools.{name} must be at least 1"));
         }
-        // One frame must fit the runner's 32-bit length and our memory.
-        if self.max_argument_bytes > 64 << 20 || self.max_result_bytes > 256 << 20 {
+        // An MCP message over stdio is one line of at most 16 MiB (rmcp drops longer ones),
+        // and JSON may double a result's bytes.
+        if self.max_argument_bytes > 8 << 20 || self.max_result_bytes > 8 << 20 {
             return Err(
-                "tools.max_argument_bytes is at most 64 MiB and tools.max_result_bytes 256 MiB"
-                    .into(),
+                "tools.max_argument_bytes and tools.max_result_bytes are at most 8 MiB".into(),
             );
         }
         for (name, source) in &self.servers {
@@ -162,8 +169,19 @@ impl ToolsConfig {
                     }
                 }
                 (None, Some(url)) => {
-                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    let Some(rest) = url
+                        .strip_prefix("http://")
+                        .or_else(|| url.strip_prefix("https://"))
+                    else {
                         return Err(format!("{at}: `url` must be http:// or https://"));
+                    };
+                    // Credentials go in `headers`, read from the host, never in the URL.
+                    let authority = rest.split('/').next().unwrap_or("");
+                    if authority.contains('@') || url.contains('?') || url.contains('#') {
+                        return Err(format!(
+                            "{at}: `url` may not hold a user, password, query or fragment; \
+                             put credentials in `headers` (from a host variable or file)"
+                        ));
                     }
                     if !source.env.is_empty() || !source.args.is_empty() || source.cwd.is_some() {
                         return Err(format!(

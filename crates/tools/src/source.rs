@@ -80,10 +80,12 @@ pub(crate) struct Source {
     pub config: SourceConfig,
     inner: Mutex<Inner>,
     changed: tokio::sync::Notify,
+    /// Calls running on this server at once, all executions together.
+    pub slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Source {
-    pub fn new(name: String, config: SourceConfig) -> Self {
+    pub fn new(name: String, config: SourceConfig, slots: usize) -> Self {
         Source {
             name,
             config,
@@ -96,6 +98,7 @@ impl Source {
                 attempts: 0,
             }),
             changed: tokio::sync::Notify::new(),
+            slots: Arc::new(tokio::sync::Semaphore::new(slots)),
         }
     }
 
@@ -204,8 +207,10 @@ impl Source {
                         i.error = None;
                     });
                     tracing::info!(server = %self.name, tools = count, "tool server ready");
+                    let http = self.config.url.is_some();
                     let why = tokio::select! {
                         quit = service.waiting() => format!("{quit:?}"),
+                        why = health(peer_of(&self), http) => why,
                         _ = shutdown.cancelled() => return,
                     };
                     let error = format!("the server stopped ({why})");
@@ -333,14 +338,19 @@ impl Source {
         config.custom_headers = headers;
         config.max_json_response_size = max_message_bytes;
         config.max_sse_event_size = max_message_bytes;
+        // No redirects: a header is for the configured server only.
         let client = reqwest::Client::builder()
             .no_proxy()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
         let transport = StreamableHttpClientTransport::with_client(client, config);
-        ().serve(transport)
-            .await
-            .map_err(|e| format!("the MCP handshake with {url} failed: {e}"))
+        ().serve(transport).await.map_err(|e| {
+            format!(
+                "the MCP handshake with {url} failed: {}",
+                redact(&e.to_string())
+            )
+        })
     }
 }
 
@@ -353,4 +363,54 @@ fn wraps_result(schema: &serde_json::Map<String, serde_json::Value>) -> bool {
     one(props, &|p| p.as_object().map(|o| o.len()))
         && props.and_then(|p| p.get("result")).is_some()
         && schema.get("required") == Some(&serde_json::json!(["result"]))
+}
+
+/// How often a streamable HTTP server is pinged: it has no connection whose end says it
+/// stopped, so a ping that fails twice in a row does.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
+fn peer_of(source: &Source) -> Option<Peer<RoleClient>> {
+    source.inner().peer.clone()
+}
+
+/// Returns when the server stops answering pings (never for a stdio server, whose process
+/// ending ends its service).
+async fn health(peer: Option<Peer<RoleClient>>, http: bool) -> String {
+    let Some(peer) = peer.filter(|_| http) else {
+        return std::future::pending().await;
+    };
+    let mut failed = 0;
+    loop {
+        tokio::time::sleep(PING_EVERY).await;
+        let ping = rmcp::model::ClientRequest::PingRequest(Default::default());
+        match tokio::time::timeout(PING_EVERY, peer.send_request(ping)).await {
+            Ok(Ok(_)) => failed = 0,
+            _ => failed += 1,
+        }
+        if failed >= 2 {
+            return "it stopped answering pings".into();
+        }
+    }
+}
+
+/// An error's text without anything after a `?` in a URL it quotes (a query may carry a
+/// token; the configured URL has none, but a redirect's target might).
+fn redact(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_query = false;
+    for c in text.chars() {
+        match c {
+            '?' if !in_query => {
+                in_query = true;
+                out.push_str("?...");
+            }
+            c if in_query && (c.is_whitespace() || c == ')' || c == '"') => {
+                in_query = false;
+                out.push(c);
+            }
+            _ if in_query => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
