@@ -136,6 +136,18 @@ def fail(message: str) -> str:
     raise ToolError(message)
 
 
+@server.tool(name="aio", annotations=READ)
+def named_aio(x: int = 1) -> int:
+    """A tool whose name is the awaitable form's attribute."""
+    return x
+
+
+@server.tool(name="_airlock_defaults", annotations=READ)
+def named_like_internals(y: int = 2) -> int:
+    """A tool named like the package's own internals."""
+    return y
+
+
 def main():
     if sys.argv[1:2] == ["http"]:
         import uvicorn

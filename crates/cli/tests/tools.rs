@@ -179,6 +179,8 @@ fn values_round_trip_and_the_servers_secrets_stay_out() {
 import tools, os, json
 out = {}
 out["add"] = tools.crm.add(a=2, b=40)
+# Tools named like the package's internals change nothing else.
+out["odd_names"] = [tools.crm.aio(x=5), tools.crm._airlock_defaults(y=3), tools.crm.add(a=1)]
 out["add_default"] = tools.crm.add(a=2)
 out["echo"] = tools.crm.echo(value={"list": [1, 2.5, None, True, "é"], "big": 2**70})
 out["text"] = tools.crm.greet(name="Ada")
@@ -228,6 +230,7 @@ out
 "#,
     );
     assert_eq!(r["add"], 42);
+    assert_eq!(r["odd_names"], json!([5, 3, 2]));
     assert_eq!(r["add_default"], 3);
     assert_eq!(
         r["echo"],
@@ -329,7 +332,7 @@ out
         .any(|c| c["tool"] == "add" && c["outcome"] == "error" && c["reason"] == "schema"));
     let metrics = server.call("GET", "/metrics", None).text();
     assert!(
-        metrics.contains("airlock_tool_calls_total{server=\"crm\",tool=\"add\",outcome=\"ok\"} 2"),
+        metrics.contains("airlock_tool_calls_total{server=\"crm\",tool=\"add\",outcome=\"ok\"} 3"),
         "{metrics}"
     );
     assert!(
@@ -1054,7 +1057,7 @@ fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
         ("TEST_TOOL_LOG", log.to_str().unwrap()),
     ]);
     assert!(
-        out.contains("tool server      crm: stdio, 14 tools"),
+        out.contains("tool server      crm: stdio, 16 tools"),
         "{out}"
     );
     assert_eq!(code, Some(0), "{out}");
