@@ -175,7 +175,7 @@ fn values_round_trip_and_the_servers_secrets_stay_out() {
     let r = value(
         &server,
         AGENT,
-        r#"
+        &r#"
 import tools, os, json
 out = {}
 out["add"] = tools.crm.add(a=2, b=40)
@@ -226,8 +226,24 @@ for module in [tools, tools.crm]:
         seen.append(repr(obj) + str(getattr(obj, "__doc__", "")))
         seen.append(repr(getattr(obj, "__globals__", {}).get("_airlock_target")))
 out["leaks"] = [s for s in seen if "4f1c9b7e" in s]
+# The tool server's own files (its log, its program) are not in the sandbox's world.
+out["files"] = []
+for path in [TOOL_FILES]:
+    try:
+        open(path, "rb")
+        out["files"].append(path)
+    except OSError:
+        pass
 out
-"#,
+"#
+        .replace(
+            "TOOL_FILES",
+            &format!(
+                "{:?}, {:?}",
+                dir.join("tool.log").display().to_string(),
+                script()
+            ),
+        ),
     );
     assert_eq!(r["add"], 42);
     assert_eq!(r["odd_names"], json!([5, 3, 2]));
