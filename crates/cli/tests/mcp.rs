@@ -7,7 +7,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -19,25 +18,10 @@ use sha2::{Digest, Sha256};
 const OTHER_KEY: &str = "other-key-0123456789abcdef";
 const READER_KEY: &str = "reader-key-0123456789abcdef";
 
-/// The venv's Python (AIRLOCK_MCP_PYTHON overrides it).
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("AIRLOCK_MCP_PYTHON") {
-        return p.into();
-    }
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-client/bin/python");
-    assert!(
-        p.exists(),
-        "the MCP client is not installed at {}: run `bash -c '. scripts/lib.sh && \
-         ensure_mcp_client'` from the repository (scripts/test.sh does)",
-        p.display()
-    );
-    p
-}
-
 /// Runs the client script with `args`; what it printed, as JSON.
 fn client(args: &[&str]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
-    let out = Command::new(python())
+    let out = Command::new(mcp_python())
         .arg(script)
         .args(args)
         .output()

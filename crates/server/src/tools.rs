@@ -120,17 +120,7 @@ pub(crate) fn listing(state: &SharedState, key: &Key) -> airlock_api::ToolsRespo
     };
     let python = airlock_tools::python_stubs(&apis);
     airlock_api::ToolsResponse {
-        tools: apis
-            .into_iter()
-            .map(|a| airlock_api::ToolApi {
-                name: a.name,
-                tool: a.tool,
-                read_only: a.read_only,
-                signature: a.signature,
-                description: a.description,
-                input_schema: a.input_schema,
-            })
-            .collect(),
+        tools: apis,
         python,
     }
 }

@@ -236,19 +236,8 @@ pub(crate) fn package(granted: &[Granted], max_argument_bytes: u64) -> Value {
     })
 }
 
-/// One tool's API, for a model to read before it writes code.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct ToolApi {
-    /// `server.function`, as the code calls it: `tools.server.function(...)`.
-    pub name: String,
-    /// The tool's own name on its server.
-    pub tool: String,
-    pub read_only: bool,
-    /// `def function(*, a: int, b: str = "x")`.
-    pub signature: String,
-    pub description: String,
-    pub input_schema: Value,
-}
+/// One tool's API, for a model to read before it writes code (`GET /v1/tools`).
+pub use airlock_api::ToolApi;
 
 pub(crate) fn api(g: &Granted) -> ToolApi {
     let (params, more) = params(&g.tool.input_schema);

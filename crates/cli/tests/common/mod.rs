@@ -336,3 +336,20 @@ pub fn with_stdout_gone(
     assert!(!stderr.contains("panicked"), "{stderr}");
     (out.status, stderr)
 }
+
+/// The Python of the venv with the official MCP SDK (AIRLOCK_MCP_PYTHON overrides it): the
+/// client of mcp.rs and the tool servers of tools.rs.
+#[allow(dead_code)] // not every test binary speaks MCP
+pub fn mcp_python() -> PathBuf {
+    if let Some(p) = std::env::var_os("AIRLOCK_MCP_PYTHON") {
+        return p.into();
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-client/bin/python");
+    assert!(
+        p.exists(),
+        "the MCP SDK is not installed at {}: run `bash -c '. scripts/lib.sh && \
+         ensure_mcp_client'` from the repository (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
