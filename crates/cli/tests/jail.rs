@@ -354,7 +354,8 @@ except OSError as e:
     tty = e.errno
 keys = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp"]
 print(json.dumps({**{k: status[k].strip() for k in keys}, "fds": fds, "tty_nr": int(stat[4]),
-                  "sid_is_pid": os.getsid(0) == os.getpid(), "dev_tty": tty}))
+                  "sid_is_pid": os.getsid(0) == os.getpid(), "dev_tty": tty,
+                  "oom_score_adj": open("/proc/self/oom_score_adj").read().strip()}))
 "#;
     let script = std::env::temp_dir().join(format!("airlock-tty-{}.py", std::process::id()));
     std::fs::write(&script, code).unwrap();
@@ -383,6 +384,8 @@ print(json.dumps({**{k: status[k].strip() for k in keys}, "fds": fds, "tty_nr": 
     }
     assert_eq!(seen["NoNewPrivs"], "1");
     assert_eq!(seen["Seccomp"], "2", "seccomp filter mode");
+    // The OOM killer's first choice, before the sandbox's own processes that report.
+    assert_eq!(seen["oom_score_adj"], "1000");
     // 0, 1, 2, the protocol's channel 3, and the descriptor listing /proc/self/fd itself.
     assert_eq!(seen["fds"], json!([0, 1, 2, 3, 4]), "{seen}");
     assert_eq!(seen["tty_nr"], 0, "the program has a controlling terminal");

@@ -637,6 +637,25 @@ fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
     // Answers garbage where JSON-RPC belongs, then nothing: a timeout, and the execution goes on.
     let r = attempt(&server, AGENT, "tools.crm.garbage()");
     assert!(r[0] == "timeout" || r[0] == "unavailable", "{r}");
+
+    // That server now ignores the end of its input (a call sleeps in a thread): stopping
+    // airlock still stops it.
+    assert!(server.stop().success());
+    let marker = dir.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("environ"))
+                .is_ok_and(|env| String::from_utf8_lossy(&env).contains(&marker))
+        })
+        .map(|e| e.path().display().to_string())
+        .collect();
+    assert_eq!(
+        left,
+        Vec::<String>::new(),
+        "tool server processes outlived airlock"
+    );
 }
 
 #[test]

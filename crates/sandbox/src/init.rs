@@ -563,6 +563,17 @@ fn confine_and_exec(
 
     // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
     unistd::setsid().map_err(sys_err("setsid"))?;
+    // At the memory limit the OOM killer takes the program (and what it starts) first,
+    // however large the sandbox's own processes are: they must live to report the verdict
+    // and reap. Raising one's own score needs no privilege, but a process that changed its
+    // uid is not dumpable and its /proc files are not its own: dumpable only for the write.
+    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    let raised = std::fs::write("/proc/self/oom_score_adj", "1000");
+    prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    raised.map_err(|source| InitError::Sys {
+        call: "write /proc/self/oom_score_adj",
+        source,
+    })?;
     apply_rlimits(policy)?;
     prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
     sys::drop_all_capabilities().map_err(|source| InitError::Sys {

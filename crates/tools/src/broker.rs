@@ -178,8 +178,12 @@ impl Registry {
         self.sources.values().map(|s| s.status()).collect()
     }
 
-    /// Stops supervising; stdio servers are stopped as their clients are dropped.
+    /// Stops supervising and kills every stdio server (its process group).
     pub fn shutdown(&self) {
+        // Killed while their clients still hold them (unreaped: the group ids are theirs).
+        for source in self.sources.values() {
+            source.kill();
+        }
         self.shutdown.cancel();
     }
 

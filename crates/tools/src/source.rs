@@ -82,6 +82,9 @@ pub(crate) struct Source {
     changed: tokio::sync::Notify,
     /// Calls running on this server at once, all executions together.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// The process group of the stdio server running now, to kill at shutdown (a server
+    /// that ignores the end of its input would outlive airlock otherwise).
+    group: Mutex<Option<i32>>,
 }
 
 impl Source {
@@ -99,6 +102,7 @@ impl Source {
             }),
             changed: tokio::sync::Notify::new(),
             slots: Arc::new(tokio::sync::Semaphore::new(slots)),
+            group: Mutex::new(None),
         }
     }
 
@@ -164,6 +168,17 @@ impl Source {
         }
     }
 
+    /// Kills the stdio server's whole process group, if one runs.
+    pub fn kill(&self) {
+        let group = self.group.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(pgid) = group {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
     fn set(&self, f: impl FnOnce(&mut Inner)) {
         f(&mut self.inner());
         self.changed.notify_waiters();
@@ -213,6 +228,8 @@ impl Source {
                         why = health(peer_of(&self), http) => why,
                         _ = shutdown.cancelled() => return,
                     };
+                    // Reaped by now, or about to be: its group id may be reused.
+                    *self.group.lock().unwrap_or_else(|e| e.into_inner()) = None;
                     let error = format!("the server stopped ({why})");
                     tracing::warn!(server = %self.name, "{error}; starting it again");
                     self.set(|i| {
@@ -298,10 +315,15 @@ impl Source {
         if let Some(dir) = &self.config.cwd {
             cmd.current_dir(dir);
         }
+        // A group of its own: it and whatever it starts are killed together.
+        cmd.process_group(0);
         let (transport, stderr) = TokioChildProcess::builder(cmd)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", command.display()))?;
+        // Not reaped while the transport holds it: the pid is the group's until then.
+        *self.group.lock().unwrap_or_else(|e| e.into_inner()) =
+            transport.id().and_then(|id| i32::try_from(id).ok());
         if let Some(stderr) = stderr {
             let name = self.name.clone();
             tokio::spawn(async move {
