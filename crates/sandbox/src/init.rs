@@ -9,8 +9,8 @@
 //!    it, forks the program and reaps every process until the program ends, then reports the
 //!    program's wait status and exits; the kernel then kills whatever is left in the namespace.
 //!    It dies with `outer` (`PR_SET_PDEATHSIG`), which is how the host kills a sandbox.
-//! 3. **program** — a new session, rlimits, only its own descriptors, `no_new_privs`, no
-//!    capabilities at all, Landlock, seccomp last, then `execve`.
+//! 3. **program** — a new session, the OOM killer's first choice, rlimits, only its own
+//!    descriptors, `no_new_privs`, no capabilities at all, Landlock, seccomp last, then `execve`.
 
 use std::convert::Infallible;
 use std::ffi::{CString, OsStr};
