@@ -624,21 +624,26 @@ def call_frame(target, pairs, more, reply):
         if not TOOLS["reader"]:
             TOOLS["reader"] = True
             _thread.start_new_thread(read_answers, ())
-        head = '{"id":%d,"server":%s,"tool":%s,"arguments":' % (
-            call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]))
-        frame = head.encode("utf-8") + data + b"}"
-        view = memoryview(len(frame).to_bytes(4, "little") + frame)
+    head = '{"id":%d,"server":%s,"tool":%s,"arguments":' % (
+        call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]))
+    frame = head.encode("utf-8") + data + b"}"
+    view = memoryview(len(frame).to_bytes(4, "little") + frame)
+    # Frames are written whole under a lock of their own: the reader thread never waits for
+    # a write (the host may be waiting for it to take answers before it reads more calls).
+    with WRITE_LOCK:
         try:
             while view:
                 view = view[os.write(TOOLS_FD, view):]
         except OSError as exc:
-            TOOLS["pending"].pop(call_id, None)
+            with TOOLS_LOCK:
+                TOOLS["pending"].pop(call_id, None)
             raise ToolError("the tool channel is closed (%s)" % exc.strerror, "unavailable") from None
 
 
 import _thread
 
 TOOLS_LOCK = _thread.allocate_lock()
+WRITE_LOCK = _thread.allocate_lock()
 
 
 def read_exact_from(fd, n):
