@@ -94,10 +94,7 @@ pub(crate) async fn stream_execution<G: Send + 'static>(
     job.stream = true; // line-buffered: print() reaches the client as it happens
     let st = state.clone();
     let (ctx, job) = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_code(&key, request_id, &job.code);
-        if let Some(tools) = &job.tools {
-            tools.bind(&ctx.id);
-        }
+        let ctx = Context::for_job(&key, request_id, &job);
         audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
     })
     .await

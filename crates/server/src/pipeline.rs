@@ -401,11 +401,15 @@ pub(crate) struct Context {
 }
 
 impl Context {
-    /// A new execution of `code` by `key`, starting now (hashes the code: CPU work for a large
-    /// one, so called off the async workers).
-    pub fn for_code(key: &Key, request_id: String, code: &str) -> Context {
-        let sha = format!("{:x}", Sha256::digest(code.as_bytes()));
-        Context::new(key, request_id, sha, code.len() as u64)
+    /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
+    /// one, so called off the async workers); its tool calls are audited under its id.
+    pub fn for_job(key: &Key, request_id: String, job: &Job) -> Context {
+        let sha = format!("{:x}", Sha256::digest(job.code.as_bytes()));
+        let ctx = Context::new(key, request_id, sha, job.code.len() as u64);
+        if let Some(tools) = &job.tools {
+            tools.bind(&ctx.id);
+        }
+        ctx
     }
 
     /// A new execution of `code` by `key`, starting now.
@@ -518,10 +522,7 @@ pub(crate) async fn run_job<H, T: Send + 'static>(
     // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
     // line and the metrics are still written.
     let done = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_code(&key, request_id, &job.code);
-        if let Some(tools) = &job.tools {
-            tools.bind(&ctx.id);
-        }
+        let ctx = Context::for_job(&key, request_id, &job);
         // Nothing runs that the audit log has not heard of.
         audit_start(&st, &ctx, &job.limits)?;
         let ran = st.engine.execute(job, &mut Discard);
