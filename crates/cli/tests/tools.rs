@@ -355,6 +355,26 @@ out
         "{metrics}"
     );
 
+    // An uncaught ToolError's traceback ends at the code's own line.
+    let r = run(
+        &server,
+        AGENT,
+        "import tools\n\ndef lookup():\n    return tools.crm.fail(message='gone')\n\nlookup()\n",
+    );
+    assert_eq!(r["status"], "error");
+    assert_eq!(r["error"]["type"], "tools.ToolError");
+    let tb = r["error"]["traceback"].as_str().unwrap();
+    assert!(!tb.contains("<tools.") && !tb.contains("<string>"), "{tb}");
+    assert!(
+        tb.contains("line 4, in lookup\n    return tools.crm.fail(message='gone')\n"),
+        "{tb}"
+    );
+    assert!(
+        tb.trim_end()
+            .ends_with("tools.ToolError: Error executing tool fail: gone"),
+        "{tb}"
+    );
+
     // The execution's usage counts its calls.
     let r = run(
         &server,
