@@ -151,14 +151,6 @@ impl Registry {
         })
     }
 
-    pub fn config(&self) -> &ToolsConfig {
-        &self.config
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sources.is_empty()
-    }
-
     /// Waits until every server has been tried once; the error names each that failed.
     pub async fn started(&self) -> Result<(), String> {
         let mut failed = Vec::new();
@@ -311,11 +303,6 @@ impl ToolSet {
             granted: Arc::new(granted),
             calls: Arc::new(AtomicU64::new(0)),
         };
-    }
-
-    /// Whether any tool is granted.
-    pub fn is_empty(&self) -> bool {
-        self.inner.current().granted.is_empty()
     }
 }
 

@@ -214,6 +214,7 @@ impl Source {
                 Ok((service, tools)) => {
                     let count = tools.len();
                     let peer = service.peer().clone();
+                    let pinged = self.config.url.is_some().then(|| peer.clone());
                     self.set(|i| {
                         i.attempts += 1;
                         i.state = SourceState::Ready;
@@ -222,10 +223,9 @@ impl Source {
                         i.error = None;
                     });
                     tracing::info!(server = %self.name, tools = count, "tool server ready");
-                    let http = self.config.url.is_some();
                     let why = tokio::select! {
                         quit = service.waiting() => format!("{quit:?}"),
-                        why = health(peer_of(&self), http) => why,
+                        why = health(pinged) => why,
                         _ = shutdown.cancelled() => return,
                     };
                     // Reaped by now, or about to be: its group id may be reused.
@@ -391,14 +391,10 @@ fn wraps_result(schema: &serde_json::Map<String, serde_json::Value>) -> bool {
 /// stopped, so a ping that fails twice in a row does.
 const PING_EVERY: Duration = Duration::from_secs(5);
 
-fn peer_of(source: &Source) -> Option<Peer<RoleClient>> {
-    source.inner().peer.clone()
-}
-
-/// Returns when the server stops answering pings (never for a stdio server, whose process
-/// ending ends its service).
-async fn health(peer: Option<Peer<RoleClient>>, http: bool) -> String {
-    let Some(peer) = peer.filter(|_| http) else {
+/// Returns when the server stops answering pings; never without a peer to ping (a stdio
+/// server, whose process ending ends its service).
+async fn health(peer: Option<Peer<RoleClient>>) -> String {
+    let Some(peer) = peer else {
         return std::future::pending().await;
     };
     let mut failed = 0;
