@@ -487,24 +487,12 @@ impl Engine {
             sink,
         };
         let killer = child.killer();
-        let breach = Mutex::new(None::<String>);
+        let breach = tools::Breach::default();
         let (waited, io) = std::thread::scope(|s| {
             let io = s.spawn(|| pump.run());
             let served = tools.as_ref().map(|(bridge, channel)| {
                 let (breach, killer) = (&breach, &killer);
-                s.spawn(move || {
-                    let on_breach = |why: String| {
-                        breach
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(why);
-                        killer.kill(KillReason::Protocol);
-                    };
-                    match channel.try_clone() {
-                        Ok(channel) => bridge.serve(channel, &on_breach),
-                        Err(e) => on_breach(format!("the tool channel failed: {e}")),
-                    }
-                })
+                s.spawn(move || breach.serve(bridge.as_ref(), channel.try_clone(), killer))
             });
             let waited = child.wait();
             let _ = nix::unistd::write(&stop_w, &[1]);
@@ -519,7 +507,6 @@ impl Engine {
             (waited, io.join())
         });
         let tool_calls = tools.as_ref().map_or(0, |(bridge, _)| bridge.calls());
-        let breach = breach.into_inner().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &cancel {
             c.detach();
         }
@@ -565,13 +552,7 @@ impl Engine {
         };
         let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
         let mut v = verdict::verdict(&outcome, response, &job.limits, truncated);
-        if let (Some(why), Some(KillReason::Protocol)) = (breach, outcome.killed) {
-            v.error = Some(airlock_api::ErrorInfo {
-                kind: "ToolChannelError".into(),
-                message: why,
-                traceback: None,
-            });
-        }
+        breach.explain(outcome.killed, &mut v);
         let result = ExecutionResult {
             status: v.status,
             exit_code: v.exit_code,

@@ -77,7 +77,7 @@ pub struct Session {
     /// each cell (the caller may change what it grants between cells).
     tools: Option<Arc<dyn crate::ToolBridge>>,
     /// Why the tool channel was cut, when the code broke its protocol.
-    breach: Arc<Mutex<Option<String>>>,
+    breach: Arc<crate::tools::Breach>,
 }
 
 /// One cell.
@@ -125,7 +125,7 @@ impl Session {
             Some(bridge) => Some((bridge.clone(), crate::socket_pair()?)),
             None => None,
         };
-        let breach = Arc::new(Mutex::new(None::<String>));
+        let breach = Arc::new(crate::tools::Breach::default());
         let breach2 = breach.clone();
         std::thread::Builder::new()
             .name("airlock-session".into())
@@ -143,19 +143,11 @@ impl Session {
                         }
                     };
                 let served = tools.as_ref().and_then(|(bridge, channel)| {
-                    let (bridge, channel) = (bridge.clone(), channel.try_clone().ok()?);
+                    let (bridge, channel) = (bridge.clone(), channel.try_clone());
                     let (killer, breach) = (child.killer(), breach2);
                     std::thread::Builder::new()
                         .name("airlock-session-tools".into())
-                        .spawn(move || {
-                            bridge.serve(channel, &|why| {
-                                breach
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .get_or_insert(why);
-                                killer.kill(KillReason::Protocol);
-                            })
-                        })
+                        .spawn(move || breach.serve(bridge.as_ref(), channel, &killer))
                         .ok()
                 });
                 drop(child.take_stdin()); // cells have no standard input
@@ -384,14 +376,7 @@ impl Session {
                 .pids_limit_hits
                 .saturating_sub(before.pids_limit_hits);
             let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
-            let breach = self.breach.lock().unwrap_or_else(|e| e.into_inner()).take();
-            if let (Some(why), Some(KillReason::Protocol)) = (breach, outcome.killed) {
-                v.error = Some(airlock_api::ErrorInfo {
-                    kind: "ToolChannelError".into(),
-                    message: why,
-                    traceback: None,
-                });
-            }
+            self.breach.explain(outcome.killed, &mut v);
             if broken {
                 // The code's own doing, not airlock's failure.
                 v.status = Status::Error;

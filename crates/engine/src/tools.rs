@@ -65,3 +65,46 @@ pub fn tool_answer(id: u64, answer: Result<&ToolValue, (&str, &str)>) -> Result<
     framed.extend_from_slice(&body);
     Ok(framed)
 }
+
+/// Why a sandbox's tool channel was cut, once the code broke its protocol.
+#[derive(Debug, Default)]
+pub(crate) struct Breach(std::sync::Mutex<Option<String>>);
+
+impl Breach {
+    /// Serves the host's end of the channel with `bridge` until it closes; a breach is kept
+    /// (the first one) and kills the sandbox.
+    pub(crate) fn serve(
+        &self,
+        bridge: &dyn ToolBridge,
+        channel: std::io::Result<UnixStream>,
+        killer: &airlock_sandbox::Killer,
+    ) {
+        let on_breach = |why: String| {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(why);
+            killer.kill(airlock_sandbox::KillReason::Protocol);
+        };
+        match channel {
+            Ok(channel) => bridge.serve(channel, &on_breach),
+            Err(e) => on_breach(format!("the tool channel failed: {e}")),
+        }
+    }
+
+    /// A sandbox the host killed for a breach ends with the breach as its error.
+    pub(crate) fn explain(
+        &self,
+        killed: Option<airlock_sandbox::KillReason>,
+        verdict: &mut crate::verdict::Verdict,
+    ) {
+        let why = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let (Some(why), Some(airlock_sandbox::KillReason::Protocol)) = (why, killed) {
+            verdict.error = Some(airlock_api::ErrorInfo {
+                kind: "ToolChannelError".into(),
+                message: why,
+                traceback: None,
+            });
+        }
+    }
+}
