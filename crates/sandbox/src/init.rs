@@ -21,8 +21,8 @@ use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    Access, AccessFs, AccessNet, PathBeneath, PathFd, Ruleset, RulesetAttr, RulesetCreatedAttr,
-    RulesetStatus, Scope, ABI,
+    Access, AccessFs, AccessNet, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
@@ -191,6 +191,16 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWCGROUP;
     unshare(namespaces).map_err(sys_err("unshare(namespaces)"))?;
+    if let Some(port) = req.policy.egress_port {
+        // Before the fork, so that neither init nor the program ever holds it.
+        let listener = egress_listener(port)?;
+        proto::send_msg_with_fd(status, &Report::Listener, Some(&listener)).map_err(|source| {
+            InitError::Sys {
+                call: "sending the egress listener",
+                source,
+            }
+        })?;
+    }
 
     // `init` watches the read end: if we die before its PR_SET_PDEATHSIG is armed, it sees EOF.
     let (alive_r, alive_w) =
@@ -224,6 +234,23 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
             sys::exit_immediately(0)
         }
     }
+}
+
+/// The egress proxy's listening socket, on the new network namespace's loopback. We are root
+/// in the user namespace that owns it, so we may bring `lo` up and bind any port.
+fn egress_listener(port: u16) -> Result<OwnedFd, InitError> {
+    sys::loopback_up().map_err(|source| InitError::Sys {
+        call: "bringing up loopback",
+        source,
+    })?;
+    let listener =
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).map_err(|source| {
+            InitError::Sys {
+                call: "binding the egress listener",
+                source,
+            }
+        })?;
+    Ok(OwnedFd::from(listener))
 }
 
 /// As root on the host, become a uid and gid that own nothing; otherwise keep our own.
@@ -663,7 +690,7 @@ fn apply_rlimits(policy: &Policy) -> Result<(), InitError> {
 
 /// Landlock as a second wall inside the mount namespace: reading everywhere the root shows,
 /// executing only from the read-only host paths, writing only to scratch and a few devices,
-/// no TCP bind or connect, no abstract unix sockets or signals outside the sandbox.
+/// no TCP bind, no TCP connect but to the egress port when there is one, no abstract unix sockets or signals outside the sandbox.
 fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
     let abi = LANDLOCK_ABI;
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
@@ -699,6 +726,10 @@ fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
         .handle_access(AccessNet::from_all(abi))?
         .scope(Scope::from_all(abi))?
         .create()?;
+    if let Some(port) = policy.egress_port {
+        // The proxy's port on loopback is the only TCP destination there is.
+        ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
+    }
     for (path, mut access) in rules {
         let meta = fs::metadata(&path).map_err(path_err("stat", &path))?;
         if !meta.is_dir() {

@@ -30,6 +30,11 @@ pub struct Policy {
     pub cgroups: Enforcement,
     /// Kill the sandbox when the thread that spawned it dies.
     pub die_with_parent: bool,
+    /// Egress through the host: a TCP listener on the sandbox's own loopback (127.0.0.1) at
+    /// this port, created inside its network namespace and handed to the host, which serves
+    /// it (the egress proxy). Landlock then allows TCP connects to this port only. `None`:
+    /// loopback stays down and no TCP connect is allowed at all.
+    pub egress_port: Option<u16>,
 }
 
 impl Default for Policy {
@@ -46,6 +51,7 @@ impl Default for Policy {
             landlock: Enforcement::Required,
             cgroups: Enforcement::Required,
             die_with_parent: true,
+            egress_port: None,
         }
     }
 }
@@ -160,6 +166,8 @@ pub enum PolicyError {
     NoScratch,
     #[error("workdir {0:?} is not one of the scratch mount points")]
     Workdir(PathBuf),
+    #[error("the egress port must not be 0")]
+    EgressPort,
 }
 
 impl Policy {
@@ -203,6 +211,9 @@ impl Policy {
         check_path("workdir", &self.workdir)?;
         if self.uid == 0 || self.gid == 0 {
             return Err(PolicyError::RootInside);
+        }
+        if self.egress_port == Some(0) {
+            return Err(PolicyError::EgressPort);
         }
         let valid_host = !self.hostname.is_empty()
             && self.hostname.len() <= 64

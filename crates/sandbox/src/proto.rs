@@ -39,6 +39,9 @@ pub(crate) struct InitRequest {
 pub(crate) enum Report {
     /// The sandbox's PID 1 exists; a pidfd for it travels with this message (SCM_RIGHTS).
     Started,
+    /// The egress listener on the sandbox's loopback travels with this message; sent before
+    /// `Started`, and only when the policy asks for one.
+    Listener,
     /// The program's process is confined and about to exec.
     Ready { landlock: LandlockReport },
     /// The program ended, as the kernel reported it to the sandbox's init (`wait4`): how,

@@ -27,6 +27,8 @@ pub const NAMESPACES: [&str; 7] = ["user", "pid", "net", "mount", "ipc", "uts", 
 const CPU_TICK: Duration = Duration::from_millis(50);
 /// How long a killed sandbox may take to disappear before the cgroup is swept by hand.
 const KILL_GRACE: Duration = Duration::from_secs(5);
+/// How long the outer init may take to hand over the egress listener.
+const LISTENER_WAIT_MS: u16 = 10_000;
 
 /// What to run inside the sandbox.
 #[derive(Debug)]
@@ -94,6 +96,8 @@ pub enum SpawnError {
     },
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error("sandbox setup failed in {stage}: {error}")]
+    Setup { stage: String, error: String },
     #[error("{what}: {source}")]
     Io {
         what: &'static str,
@@ -266,6 +270,8 @@ pub struct Child {
     /// The isolation as the init reported it when the program started, for long-lived
     /// sandboxes whose owner cannot wait for the outcome (see [`Child::started_isolation`]).
     program_started: Arc<Later<Isolation>>,
+    /// The listener on the sandbox's loopback, until the host takes it to serve it.
+    egress: Option<std::net::TcpListener>,
 }
 
 /// A value one thread sets and others wait for.
@@ -460,6 +466,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         limits: policy.limits.clone(),
         isolation,
         program_started: Arc::default(),
+        egress: None,
     };
 
     // The init waits for this request, so it is inside the cgroup before it does anything:
@@ -482,10 +489,44 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
     };
     proto::send_msg(&child.status, &request)
         .map_err(io_err("sending the policy to the sandbox"))?;
+    let mut child = child;
+    if policy.egress_port.is_some() {
+        child.egress = Some(child.receive_listener()?);
+    }
     Ok(child)
 }
 
 impl Child {
+    /// The outer init sends the egress listener first thing after creating the namespaces;
+    /// anything else (a setup failure, an early end) means the sandbox cannot start.
+    fn receive_listener(&mut self) -> Result<std::net::TcpListener, SpawnError> {
+        let failed = |error: String| SpawnError::Setup {
+            stage: "egress listener".into(),
+            error,
+        };
+        let mut fds = [PollFd::new(self.status.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(LISTENER_WAIT_MS)) {
+            Ok(0) => return Err(failed("the sandbox's init did not answer in time".into())),
+            Ok(_) => {}
+            Err(e) => return Err(failed(format!("poll: {e}"))),
+        }
+        match proto::recv_msg_with_fd::<Report>(&self.status) {
+            Ok(Some((Report::Listener, Some(fd)))) => Ok(std::net::TcpListener::from(fd)),
+            Ok(Some((Report::Failed { stage, error }, _))) => {
+                Err(SpawnError::Setup { stage, error })
+            }
+            Ok(Some((other, _))) => Err(failed(format!("unexpected {other:?}"))),
+            Ok(None) => Err(failed("the sandbox's init ended".into())),
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+
+    /// The egress listener (see `Policy::egress_port`): a socket in the sandbox's network
+    /// namespace, for the host to accept the program's connections on. Once only.
+    pub fn take_egress_listener(&mut self) -> Option<std::net::TcpListener> {
+        self.egress.take()
+    }
+
     /// Gives a sandbox started in the [background](Command::background) the default CPU
     /// weight, the same as a sandbox started for its work.
     pub fn foreground(&self) -> Result<(), CgroupError> {
@@ -628,6 +669,10 @@ impl Child {
                     failure.get_or_insert(WaitError::Protocol(
                         "no pidfd for the sandbox's init".into(),
                     ));
+                }
+                // Only ever sent first, and taken by `spawn`.
+                Ok(Some((Report::Listener, _))) => {
+                    failure.get_or_insert(WaitError::Protocol("a second egress listener".into()));
                 }
                 Ok(Some((Report::Ready { landlock }, _))) => {
                     self.isolation.landlock = landlock;

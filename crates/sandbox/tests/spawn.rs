@@ -124,6 +124,63 @@ fn every_process_of_a_sandbox_is_in_its_cgroup_once() {
     assert_eq!(child.wait().unwrap().killed, Some(KillReason::Cancelled));
 }
 
+/// The egress listener lives in the sandbox's namespace and is served by the host: the program
+/// reaches it on its loopback, and no other TCP port at all (Landlock).
+fn the_egress_listener_is_the_only_tcp_destination() {
+    use std::io::Write;
+    let mut p = usr_policy();
+    p.egress_port = Some(3128);
+    let script = [
+        "import socket",
+        "s = socket.create_connection(('127.0.0.1', 3128)); print(s.recv(16).decode())",
+        "for port in (3129, 80):",
+        "    try: socket.create_connection(('127.0.0.1', port), timeout=2)",
+        "    except OSError as e: print(port, e.errno)",
+    ]
+    .join("\n");
+    let mut child = spawn(
+        Command::new("/usr/bin/python3").args(["-I", "-c", &script]),
+        &p,
+    )
+    .unwrap();
+    let listener = child.take_egress_listener().expect("a listener");
+    assert!(child.take_egress_listener().is_none());
+    let mut out = child.take_stdout().unwrap();
+    let mut err = child.take_stderr().unwrap();
+    // Never blocks past the sandbox's end: accept fails once the test drops its listener.
+    std::thread::spawn(move || {
+        listener.set_nonblocking(true).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok((mut conn, _)) = listener.accept() {
+                conn.write_all(b"from the host").unwrap();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    });
+    let o = child.wait().unwrap();
+    let mut errors = String::new();
+    err.read_to_string(&mut errors).unwrap();
+    let mut got = String::new();
+    out.read_to_string(&mut got).unwrap();
+    assert_eq!(o.exit, Some(Exit::Code(0)), "{got} {errors}");
+    // EACCES from Landlock, before any packet: not ECONNREFUSED from an empty port.
+    assert_eq!(got, "from the host\n3129 13\n80 13\n");
+    // Without egress, not even the port: loopback is down and Landlock refuses every connect.
+    let mut child = spawn(
+        Command::new("/usr/bin/python3").args(["-I", "-c", "import socket\ntry: socket.create_connection(('127.0.0.1', 3128))\nexcept OSError as e: print(e.errno)"]),
+        &usr_policy(),
+    )
+    .unwrap();
+    assert!(child.take_egress_listener().is_none());
+    let mut out = child.take_stdout().unwrap();
+    child.wait().unwrap();
+    let mut got = String::new();
+    out.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "13\n");
+}
+
 fn invalid_policies_are_refused_before_anything_starts() {
     let mut p = usr_policy();
     p.uid = 0;
@@ -151,6 +208,10 @@ fn main() {
         (
             "descriptors_pass_through_at_3",
             descriptors_pass_through_at_3,
+        ),
+        (
+            "the_egress_listener_is_the_only_tcp_destination",
+            the_egress_listener_is_the_only_tcp_destination,
         ),
         (
             "outcomes_report_usage_and_isolation",

@@ -316,3 +316,34 @@ pub fn pidfd_send_signal(pidfd: &OwnedFd, signal: i32) -> io::Result<()> {
         Ok(())
     }
 }
+
+/// Brings the network namespace's loopback interface up (`SIOCSIFFLAGS` on `lo`), which also
+/// gives it 127.0.0.1 and ::1. Needs `CAP_NET_ADMIN` over the namespace.
+pub fn loopback_up() -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: socket(2) takes plain integers.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: a valid socket and a pointer to an ifreq that lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFFLAGS filled in the flags member of the union.
+    unsafe {
+        req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: as above; the kernel reads the name and the flags.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
