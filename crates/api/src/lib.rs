@@ -122,6 +122,9 @@ pub struct Usage {
     /// Calls the code made to the operator's tools (code mode), answered or refused.
     #[serde(default)]
     pub tool_calls: u64,
+    /// Connections and bytes through the egress proxy, when an egress policy applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<airlock_egress::Usage>,
 }
 
 /// What was in force for this execution.
@@ -132,8 +135,13 @@ pub struct Isolation {
     pub namespaces: Vec<String>,
     /// The unprivileged uid the program ran as, inside the user namespace.
     pub uid: u32,
-    /// `none`: an empty network namespace.
+    /// `none`: a network namespace of its own with nothing in it. `egress_proxy`: the same,
+    /// with loopback up and airlock's proxy listening on it as the only way out, under the
+    /// `egress` policy.
     pub network: String,
+    /// The egress policy that applied, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<airlock_egress::EgressPolicy>,
     /// `read_only`: only allow-listed host paths, read-only; writable tmpfs of `disk_mb`.
     pub filesystem: String,
     /// `enforced` or `disabled`.
@@ -267,6 +275,10 @@ pub struct ExecuteRequest {
     pub files: Vec<InputFile>,
     #[serde(default)]
     pub limits: LimitsRequest,
+    /// Hosts the code may reach through airlock's proxy; never wider than the key's policy,
+    /// which applies when this is absent.
+    #[serde(default)]
+    pub egress: Option<airlock_egress::EgressPolicy>,
     /// Function mode: the name of a function the code defines (`name`, or `Class.method`),
     /// called once the code has run, with `inputs` as keyword arguments; its return value
     /// becomes `result`. An `async def` is run to completion.
@@ -346,6 +358,10 @@ pub struct SessionRequest {
     /// Files placed in the working directory at the start.
     #[serde(default)]
     pub files: Vec<InputFile>,
+    /// Hosts the session's code may reach through airlock's proxy (`pip install` from the
+    /// package index, say); never wider than the key's policy, which applies when absent.
+    #[serde(default)]
+    pub egress: Option<airlock_egress::EgressPolicy>,
 }
 
 /// A session, as its owner sees it.

@@ -102,6 +102,60 @@ pub struct RunArgs {
     /// and reaches only read-only tools); repeatable. Default: every read-only tool.
     #[arg(long = "tool", value_name = "SERVER.TOOL", requires = "config")]
     pub tools: Vec<String>,
+    /// Let the code connect to this host and port through airlock's egress proxy
+    /// (`HTTPS_PROXY` inside): `pypi.org:443`, `*.pythonhosted.org:443`, or an address range
+    /// opened explicitly, `127.0.0.0/8:8080`; repeatable. Default: no network at all.
+    #[arg(long = "allow", value_name = "HOST:PORT")]
+    pub allow: Vec<String>,
+}
+
+/// `--allow` values as an egress policy, checked.
+fn egress_policy(allow: &[String]) -> Result<airlock_egress::EgressPolicy, String> {
+    let mut policy = airlock_egress::EgressPolicy::default();
+    for spec in allow {
+        let bad = || format!("--allow {spec:?}: expected HOST:PORT or CIDR:PORT");
+        let (host, port) = spec.rsplit_once(':').ok_or_else(bad)?;
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if host.contains('/') {
+            policy.ranges.push(airlock_egress::RangeRule {
+                cidr: host.to_owned(),
+                ports: vec![port],
+            });
+        } else {
+            policy.hosts.push(airlock_egress::HostRule {
+                host: host.to_ascii_lowercase(),
+                ports: vec![port],
+            });
+        }
+    }
+    policy.validate().map_err(|m| format!("--allow: {m}"))?;
+    Ok(policy)
+}
+
+/// Says on stderr which connections the proxy refused or could not make.
+#[derive(Debug)]
+struct EgressNotes;
+
+impl airlock_egress::Observer for EgressNotes {
+    fn connection(&self, r: &airlock_egress::ConnectionRecord) {
+        if r.outcome != "allowed" || r.reason.is_some() {
+            errln!(
+                "airlock: egress {} {}:{} ({}{})",
+                r.outcome,
+                r.host,
+                r.port,
+                r.reason.unwrap_or(""),
+                r.detail
+                    .as_deref()
+                    .map(|d| format!(": {d}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
 }
 
 /// A one-line error before anything ran.
@@ -340,6 +394,17 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         }
     };
 
+    let policy = egress_policy(&args.allow)?;
+    let egress = (!policy.allows_nothing()).then(|| {
+        let notes: Option<Arc<dyn airlock_egress::Observer>> =
+            (!args.json).then(|| Arc::new(EgressNotes) as Arc<dyn airlock_egress::Observer>);
+        Arc::new(airlock_egress::Leash::new(
+            policy,
+            Arc::new(airlock_egress::Settings::default()),
+            "cli",
+            notes,
+        ))
+    });
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
     let (tools, bridge) = match &args.config {
         Some(path) => {
@@ -364,6 +429,7 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         echo_traceback: !args.json,
         cancel: Some(cancel.clone()),
         tools: bridge,
+        egress,
     };
     engine.check(&job).map_err(|e| e.to_string())?;
     Ok(Prepared { engine, job, tools })

@@ -14,13 +14,17 @@
 //! The default policy allows nothing.
 #![forbid(unsafe_code)]
 
+pub mod proxy;
+pub use proxy::{ConnectionRecord, Leash, Observer, Serving, Settings, Usage};
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Where a sandbox may connect through airlock's proxy. `Default` allows nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressPolicy {
     /// Host names, exactly (`pypi.org`) or every name below one (`*.pythonhosted.org`).
@@ -30,14 +34,14 @@ pub struct EgressPolicy {
     pub ranges: Vec<RangeRule>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HostRule {
     pub host: String,
     pub ports: Vec<u16>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RangeRule {
     pub cidr: String,

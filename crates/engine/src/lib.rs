@@ -45,6 +45,10 @@ pub const WORKDIR: &str = "/work";
 /// Writable directories, all on one tmpfs of `disk_mb`.
 pub const SCRATCH_MOUNTS: [&str; 3] = ["/tmp", WORKDIR, "/dev/shm"];
 const SANDBOX_UID: u32 = 1000;
+/// Where the egress proxy listens on a sandbox's loopback (`HTTP_PROXY` points there).
+pub const EGRESS_PORT: u16 = 3128;
+/// The host's CA certificates (Debian's bundle), mounted for sandboxes with egress.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const HOSTNAME: &str = "airlock";
 const REPR_LIMIT: usize = 4096;
 const MAX_DEPTH: usize = 64;
@@ -99,6 +103,8 @@ pub struct Job {
     pub cancel: Option<Cancel>,
     /// Code mode: the operator's tools this job may call, through a channel of its own.
     pub tools: Option<Arc<dyn ToolBridge>>,
+    /// Egress through airlock's proxy under this leash's policy; `None`: no network at all.
+    pub egress: Option<Arc<airlock_egress::Leash>>,
 }
 
 /// Cancels a running execution from another thread, e.g. on SIGINT. Cancelling before the
@@ -236,6 +242,18 @@ impl Engine {
         if let Some(fd) = tools {
             command = command.pass_fd(fd); // TOOLS_FD
         }
+        if let Some(port) = policy.egress_port {
+            // What pip, requests, httpx, urllib and curl all read.
+            let proxy = format!("http://127.0.0.1:{port}");
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                command = command.env(name, proxy.clone());
+            }
+            if policy.root.iter().any(|e| e.path() == Path::new(CA_BUNDLE)) {
+                for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT"] {
+                    command = command.env(name, CA_BUNDLE);
+                }
+            }
+        }
         match mode {
             Mode::Cold => {}
             // Built ahead of need: in the background until taken.
@@ -362,6 +380,7 @@ impl Engine {
             landlock: enforce(Mechanism::Landlock),
             cgroups: enforce(Mechanism::Cgroups),
             die_with_parent: true,
+            egress_port: None,
         }
     }
 
@@ -427,7 +446,10 @@ impl Engine {
     /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
     pub fn execute(&self, job: Job, sink: &mut dyn OutputSink) -> Result<Execution, EngineError> {
         self.check(&job)?;
-        let policy = self.policy(&job.limits);
+        let mut policy = self.policy(&job.limits);
+        if job.egress.is_some() {
+            with_egress_port(&mut policy);
+        }
         let request = self.runner_request(&job)?;
 
         let cancel = job.cancel.clone();
@@ -435,14 +457,15 @@ impl Engine {
             return Err(EngineError::Cancelled);
         }
         let asked = std::time::Instant::now();
-        // A pooled sandbox has no tool channel: a job with tools starts its own.
+        // A pooled sandbox has no tool channel and no egress listener: a job with tools or
+        // egress starts its own.
         let tools = match &job.tools {
             Some(bridge) => Some((bridge.clone(), socket_pair()?)),
             None => None,
         };
-        let warm = match tools {
-            None => self.pool.as_ref().and_then(|p| p.take(&policy)),
-            Some(_) => None,
+        let warm = match (&tools, &job.egress) {
+            (None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
+            _ => None,
         };
         let pooled = warm.is_some();
         let (tools, tools_theirs) = match tools {
@@ -464,6 +487,15 @@ impl Engine {
         if self.defer_cleanup {
             child.defer_cleanup();
         }
+        let serving = match (&job.egress, child.take_egress_listener()) {
+            (Some(leash), Some(listener)) => {
+                Some(leash.serve(listener).map_err(|source| EngineError::Io {
+                    what: "serving the egress listener",
+                    source,
+                })?)
+            }
+            _ => None,
+        };
         if let Some(c) = &cancel {
             c.attach(child.killer());
         }
@@ -507,6 +539,7 @@ impl Engine {
             (waited, io.join())
         });
         let tool_calls = tools.as_ref().map_or(0, |(bridge, _)| bridge.calls());
+        let egress = serving.map(airlock_egress::Serving::finish);
         if let Some(c) = &cancel {
             c.detach();
         }
@@ -521,7 +554,8 @@ impl Engine {
         let outcome = match waited {
             Ok(outcome) => outcome,
             Err(e) => {
-                let isolation = planned_isolation(&policy);
+                let mut isolation = planned_isolation(&policy);
+                with_egress(&mut isolation, job.egress.as_deref());
                 let result = ExecutionResult {
                     status: Status::InternalError,
                     exit_code: None,
@@ -574,10 +608,15 @@ impl Engine {
                     .map(|d| d.as_millis() as u64),
                 memory_peak_bytes: outcome.usage.memory_peak_bytes,
                 tool_calls,
+                egress,
             },
             limits: job.limits,
             limits_hit: v.limits_hit,
-            isolation: isolation(&outcome.isolation),
+            isolation: {
+                let mut iso = isolation(&outcome.isolation);
+                with_egress(&mut iso, job.egress.as_deref());
+                iso
+            },
         };
         Ok(Execution {
             result,
@@ -609,6 +648,7 @@ impl Engine {
             echo_traceback: false,
             cancel: None,
             tools: None,
+            egress: None,
         };
         let r = self
             .execute(job, &mut Discard)
@@ -696,12 +736,33 @@ pub fn check_relative_path(path: &str) -> Result<(), String> {
     }
 }
 
+/// A sandbox with egress gets the proxy's port and the host's CA certificates (public data:
+/// TLS through the proxy is end to end, so the code verifies servers itself).
+pub(crate) fn with_egress_port(policy: &mut Policy) {
+    policy.egress_port = Some(EGRESS_PORT);
+    if Path::new(CA_BUNDLE).is_file() {
+        policy.root.push(airlock_sandbox::RootEntry::ReadOnly {
+            source: PathBuf::from(CA_BUNDLE),
+            target: PathBuf::from(CA_BUNDLE),
+        });
+    }
+}
+
+/// Reports the egress policy a sandbox ran under, when it had one.
+fn with_egress(iso: &mut airlock_api::Isolation, leash: Option<&airlock_egress::Leash>) {
+    if let Some(leash) = leash {
+        iso.network = "egress_proxy".into();
+        iso.egress = Some(leash.policy().clone());
+    }
+}
+
 fn isolation(iso: &airlock_sandbox::Isolation) -> airlock_api::Isolation {
     use airlock_sandbox::{CgroupVersion, LandlockState};
     airlock_api::Isolation {
         namespaces: iso.namespaces.clone(),
         uid: iso.uid,
         network: "none".into(),
+        egress: None,
         filesystem: "read_only".into(),
         seccomp: if iso.seccomp { "enforced" } else { "disabled" }.into(),
         landlock: match iso.landlock.state {
@@ -787,6 +848,7 @@ mod tests {
             echo_traceback: false,
             cancel: None,
             tools: None,
+            egress: None,
         };
         let refused = |j: Job| match engine.check(&j) {
             Err(EngineError::Invalid(m)) => m,

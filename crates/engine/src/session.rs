@@ -78,6 +78,8 @@ pub struct Session {
     tools: Option<Arc<dyn crate::ToolBridge>>,
     /// Why the tool channel was cut, when the code broke its protocol.
     breach: Arc<crate::tools::Breach>,
+    /// The session's egress, whose counters the caller restarts at each cell (`Leash::begin`).
+    egress: Option<Arc<airlock_egress::Leash>>,
 }
 
 /// One cell.
@@ -113,7 +115,11 @@ impl Session {
     /// `per_cell`'s `timeout_ms` and `output_bytes` by default.
     pub fn start(engine: &Engine, setup: Job, per_cell: &Limits) -> Result<Session, EngineError> {
         engine.check(&setup)?;
-        let policy = engine.policy(&setup.limits);
+        let mut policy = engine.policy(&setup.limits);
+        if setup.egress.is_some() {
+            crate::with_egress_port(&mut policy);
+        }
+        let egress = setup.egress.clone();
         let mut request = engine.runner_request(&setup)?;
         frame(&mut request);
         let end = Arc::new(End::default());
@@ -142,6 +148,16 @@ impl Session {
                             return;
                         }
                     };
+                let serving = match (&egress, child.take_egress_listener()) {
+                    (Some(leash), Some(listener)) => match leash.serve(listener) {
+                        Ok(serving) => Some(serving),
+                        Err(e) => {
+                            let _ = tx.send(Err(io_error("serving the egress listener", e)));
+                            return;
+                        }
+                    },
+                    _ => None,
+                };
                 let served = tools.as_ref().and_then(|(bridge, channel)| {
                     let (bridge, channel) = (bridge.clone(), channel.try_clone());
                     let (killer, breach) = (child.killer(), breach2);
@@ -161,6 +177,7 @@ impl Session {
                 );
                 let _ = tx.send(Ok(parts));
                 let outcome = child.wait().map_err(|e| e.to_string());
+                drop(serving);
                 if let Some((_, channel)) = &tools {
                     let _ = channel.shutdown(std::net::Shutdown::Both);
                 }
@@ -217,10 +234,11 @@ impl Session {
                 return Err(failed(how));
             }
         }
-        let isolation = started
+        let mut isolation = started
             .wait(READY_TIMEOUT)
             .map(|i| crate::isolation(&i))
             .ok_or_else(|| failed("the sandbox did not report its isolation".into()))?;
+        crate::with_egress(&mut isolation, setup.egress.as_deref());
         Ok(Session {
             io: Mutex::new(io),
             killer,
@@ -236,6 +254,7 @@ impl Session {
             response_limit,
             tools: setup.tools,
             breach,
+            egress: setup.egress,
         })
     }
 
@@ -419,6 +438,7 @@ impl Session {
                     .tools
                     .as_ref()
                     .map_or(0, |t| t.calls().saturating_sub(calls_before)),
+                egress: self.egress.as_ref().map(|l| l.usage()),
             },
             limits,
             limits_hit: v.limits_hit,

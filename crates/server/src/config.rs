@@ -53,6 +53,9 @@ pub struct Config {
     /// Code mode: the operator's MCP servers that sandboxed code may call (see each key's
     /// `tools` grants).
     pub tools: airlock_tools::ToolsConfig,
+    /// The egress proxy's budgets per execution and fixed name answers (each key's `egress`
+    /// says where its code may connect; default nowhere).
+    pub egress: airlock_egress::Settings,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -75,6 +78,7 @@ impl Default for Config {
             pickle: PickleConfig::default(),
             mcp: McpConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
+            egress: airlock_egress::Settings::default(),
             keys: Vec::new(),
         }
     }
@@ -340,6 +344,13 @@ pub struct KeyConfig {
     /// not annotated read-only is granted only by its exact name. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<String>,
+    /// Where its code may connect through airlock's proxy (host names with ports, and any
+    /// address range opened explicitly). Default: nowhere.
+    #[serde(
+        default,
+        skip_serializing_if = "airlock_egress::EgressPolicy::allows_nothing"
+    )]
+    pub egress: airlock_egress::EgressPolicy,
 }
 
 fn all_scopes() -> Vec<Scope> {
@@ -358,6 +369,7 @@ impl KeyConfig {
             rate_per_minute: 0,
             ceilings: LimitsRequest::default(),
             tools: Vec::new(),
+            egress: airlock_egress::EgressPolicy::default(),
         }
     }
 }
@@ -493,8 +505,14 @@ impl Config {
         if let Err(m) = self.tools.validate() {
             return bad(m);
         }
+        if let Err(m) = self.egress.validate() {
+            return bad(m);
+        }
         for key in &self.keys {
             if let Err(m) = airlock_tools::Grants::parse(&key.tools) {
+                return bad(format!("keys `{}`: {m}", key.name));
+            }
+            if let Err(m) = key.egress.validate() {
                 return bad(format!("keys `{}`: {m}", key.name));
             }
         }

@@ -16,6 +16,7 @@ mod answer;
 pub mod audit;
 mod budget;
 pub mod config;
+mod egress;
 mod error;
 mod eval;
 mod executions;
@@ -81,6 +82,8 @@ pub struct AppState {
     pub pickle_slots: tokio::sync::Semaphore,
     /// Code mode's tool servers, when any is configured.
     pub tools: Option<Arc<airlock_tools::Registry>>,
+    /// The egress proxy's budgets and fixed name answers (`[egress]`).
+    pub egress: Arc<airlock_egress::Settings>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -111,6 +114,7 @@ impl AppState {
             keys.keys(),
         );
         AppState {
+            egress: Arc::new(config.egress.clone()),
             config,
             engine,
             keys,

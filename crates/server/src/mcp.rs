@@ -405,6 +405,7 @@ impl Tools {
             },
             entrypoint: None,
             inputs: None,
+            egress: None,
         };
         let job = job_from(state, key, request)?;
         let answer = reserve_answer(state, key, &job.limits, Form::Mcp)?;
@@ -848,6 +849,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
         } else {
             config.mcp.stdio_tools.clone()
         },
+        egress: Default::default(),
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::tools::start(&config, &keys).await?;

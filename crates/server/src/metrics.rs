@@ -29,13 +29,17 @@ pub struct Counters(Mutex<BTreeMap<Vec<String>, u64>>);
 
 impl Counters {
     pub fn add(&self, labels: &[&str]) {
+        self.add_n(labels, 1);
+    }
+
+    pub fn add_n(&self, labels: &[&str], n: u64) {
         let key = labels.iter().map(|s| (*s).to_owned()).collect();
         *self
             .0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(key)
-            .or_default() += 1;
+            .or_default() += n;
     }
 
     pub fn get(&self, labels: &[&str]) -> u64 {
@@ -150,6 +154,8 @@ pub struct Metrics {
     pub pickle_scans: Counters,
     pub tool_calls: Counters,
     pub tool_call_seconds: Histogram,
+    pub egress_connections: Counters,
+    pub egress_bytes: Counters,
 }
 
 impl Default for Metrics {
@@ -168,6 +174,8 @@ impl Default for Metrics {
             pickle_scans: Counters::default(),
             tool_calls: Counters::default(),
             tool_call_seconds: Histogram::new(DURATION_BOUNDS),
+            egress_connections: Counters::default(),
+            egress_bytes: Counters::default(),
         }
     }
 }
@@ -253,6 +261,18 @@ impl Metrics {
             &mut out,
             "airlock_tool_call_duration_seconds",
             "Time from a tool call's frame to its answer.",
+        );
+        self.egress_connections.render(
+            &mut out,
+            "airlock_egress_connections_total",
+            "Connections through the egress proxy, by outcome (allowed, denied, failed) and reason.",
+            &["outcome", "reason"],
+        );
+        self.egress_bytes.render(
+            &mut out,
+            "airlock_egress_bytes_total",
+            "Bytes relayed by the egress proxy, by direction (out: from the sandbox).",
+            &["direction"],
         );
         out
     }

@@ -267,6 +267,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
     }
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
+    let egress = crate::egress::for_request(state, key, req.egress).map_err(reject)?;
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
@@ -313,6 +314,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         echo_traceback: false,
         cancel: None,
         tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
+        egress,
     })
 }
 
@@ -408,6 +410,9 @@ impl Context {
         let ctx = Context::new(key, request_id, sha, job.code.len() as u64);
         if let Some(tools) = &job.tools {
             tools.bind(&ctx.id);
+        }
+        if let Some(egress) = &job.egress {
+            egress.begin(&ctx.id);
         }
         ctx
     }

@@ -60,6 +60,8 @@ pub struct Entry {
     session: Session,
     /// Code mode: the session's tool set, given the key's grants again at each cell.
     tools: Option<Arc<airlock_tools::ToolSet>>,
+    /// The session's egress leash, whose budgets start afresh at each cell.
+    egress: Option<Arc<airlock_egress::Leash>>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -331,8 +333,10 @@ pub(crate) async fn open(
             limits: asked.limits,
             entrypoint: None,
             inputs: None,
+            egress: asked.egress,
         },
     )?;
+    let egress = job.egress.clone();
     let tools = crate::tools::for_key(state, key);
     job.tools = tools
         .clone()
@@ -370,6 +374,7 @@ pub(crate) async fn open(
         closed: AtomicBool::new(false),
         session,
         tools,
+        egress,
     });
     let info = entry.info();
     {
@@ -553,6 +558,9 @@ async fn start_cell<H>(
     let ctx = Context::new(key, request_id, sha, asked.code.len() as u64);
     if let Some(tools) = &entry.tools {
         tools.begin(&key.grants, &ctx.id);
+    }
+    if let Some(egress) = &entry.egress {
+        egress.begin(&ctx.id);
     }
     let cell = Cell {
         code: asked.code,

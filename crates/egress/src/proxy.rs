@@ -1,0 +1,825 @@
+//! The proxy that serves one sandbox's egress listener (a socket inside the sandbox's network
+//! namespace, held by the host): HTTP `CONNECT` tunnels for TLS, never intercepted, and plain
+//! HTTP requests forwarded by their absolute URI or `Host`. Every connection is checked twice
+//! (the name asked for, then each address the proxy itself resolved), connected to the checked
+//! address only (so a name cannot re-resolve between check and connect), bounded by the
+//! execution's budgets and reported to an [`Observer`] once it ends.
+//!
+//! Blocking threads, one per connection and direction: an execution has a few connections,
+//! never thousands (`Settings::max_connections`).
+
+use std::collections::BTreeMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Denied, EgressPolicy, Target};
+
+/// Largest request head the proxy reads (request line and headers).
+const MAX_HEAD: usize = 16 * 1024;
+const MAX_HEADERS: usize = 64;
+const BUFFER: usize = 32 * 1024;
+
+/// The operator's budgets and resolution overrides, the same for every execution.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Settings {
+    /// Connections one execution may open (denied ones count too).
+    pub max_connections: u32,
+    /// Bytes one execution may send, over all its connections.
+    pub max_bytes_out: u64,
+    /// Bytes one execution may receive, over all its connections.
+    pub max_bytes_in: u64,
+    pub connect_timeout_ms: u64,
+    /// A connection with no byte either way for this long is closed.
+    pub idle_timeout_ms: u64,
+    /// Fixed answers for names (like curl's `--resolve`): the proxy uses these addresses
+    /// instead of asking the host's resolver. The address checks apply to them all the same.
+    pub resolve: BTreeMap<String, Vec<IpAddr>>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_connections: 64,
+            max_bytes_out: 16 << 20,
+            max_bytes_in: 512 << 20,
+            connect_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            resolve: BTreeMap::new(),
+        }
+    }
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, zero) in [
+            ("max_connections", self.max_connections == 0),
+            ("max_bytes_out", self.max_bytes_out == 0),
+            ("max_bytes_in", self.max_bytes_in == 0),
+            ("connect_timeout_ms", self.connect_timeout_ms == 0),
+            ("idle_timeout_ms", self.idle_timeout_ms == 0),
+        ] {
+            if zero {
+                return Err(format!("egress.{name} must be greater than zero"));
+            }
+        }
+        for name in self.resolve.keys() {
+            if crate::normalize(name).as_deref() != Some(name.as_str()) {
+                return Err(format!(
+                    "egress.resolve: {name:?} is not a lower-case host name"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One connection, as the audit log and metrics see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ConnectionRecord {
+    pub event: &'static str,
+    pub execution_id: String,
+    pub key: String,
+    /// `CONNECT`, or the plain request's method.
+    pub method: String,
+    pub host: String,
+    pub port: u16,
+    /// The address connected to (or refused), once the name was resolved.
+    pub address: Option<String>,
+    /// `allowed`, `denied` (the policy or a budget said no) or `failed` (allowed, but the
+    /// target could not be reached, or the request was not one the proxy speaks).
+    pub outcome: &'static str,
+    pub reason: Option<&'static str>,
+    /// What went wrong, in words, for a connection that was not allowed or was cut.
+    pub detail: Option<String>,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub duration_ms: u64,
+}
+
+/// Told about every connection once it ends.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    fn connection(&self, record: &ConnectionRecord);
+}
+
+/// One execution's use of the network, as the result reports it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    /// Connections made to an allowed target.
+    pub connections: u64,
+    /// Connections the policy or a budget refused.
+    pub denied: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    opened: AtomicU64,
+    connections: AtomicU64,
+    denied: AtomicU64,
+    bytes_out: AtomicU64,
+    bytes_in: AtomicU64,
+}
+
+/// The egress of one execution (or one session, whose cells each begin anew): its policy,
+/// the operator's settings, and what it used so far.
+#[derive(Debug)]
+pub struct Leash {
+    policy: EgressPolicy,
+    settings: Arc<Settings>,
+    key: String,
+    execution: Mutex<String>,
+    counters: Counters,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+impl Leash {
+    pub fn new(
+        policy: EgressPolicy,
+        settings: Arc<Settings>,
+        key: impl Into<String>,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> Self {
+        Leash {
+            policy,
+            settings,
+            key: key.into(),
+            execution: Mutex::new(String::new()),
+            counters: Counters::default(),
+            observer,
+        }
+    }
+
+    pub fn policy(&self) -> &EgressPolicy {
+        &self.policy
+    }
+
+    /// Names the execution the connections that follow belong to, and starts its budgets
+    /// afresh (a session's cells are each an execution).
+    pub fn begin(&self, execution_id: &str) {
+        *self.execution.lock().unwrap_or_else(|e| e.into_inner()) = execution_id.to_owned();
+        for c in [
+            &self.counters.opened,
+            &self.counters.connections,
+            &self.counters.denied,
+            &self.counters.bytes_out,
+            &self.counters.bytes_in,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn usage(&self) -> Usage {
+        let c = &self.counters;
+        Usage {
+            connections: c.connections.load(Ordering::Relaxed),
+            denied: c.denied.load(Ordering::Relaxed),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Serves `listener` on a thread of its own until [`Serving::finish`].
+    pub fn serve(self: &Arc<Self>, listener: TcpListener) -> io::Result<Serving> {
+        let shared = Arc::new(Shared {
+            leash: self.clone(),
+            open: Mutex::new(Open::default()),
+            closed: AtomicBool::new(false),
+        });
+        let ours = listener.try_clone()?;
+        let accepting = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("egress-accept".into())
+            .spawn(move || accept_loop(&accepting, &listener))?;
+        Ok(Serving {
+            shared,
+            listener: ours,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// A listener being served. Dropping it finishes it.
+#[derive(Debug)]
+pub struct Serving {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Serving {
+    /// Stops accepting, cuts every open connection and returns what was used.
+    pub fn finish(mut self) -> Usage {
+        self.stop();
+        self.shared.leash.usage()
+    }
+
+    fn stop(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        // A listening socket shut down for reading makes a blocked accept() return at once.
+        let _ = nix::sys::socket::shutdown(
+            std::os::fd::AsRawFd::as_raw_fd(&self.listener.as_fd()),
+            nix::sys::socket::Shutdown::Read,
+        );
+        let open = std::mem::take(&mut *self.shared.open());
+        for stream in open.streams.values() {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.stop();
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    next: u64,
+    streams: BTreeMap<u64, TcpStream>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    leash: Arc<Leash>,
+    /// Every socket of a live connection, to cut them all when the sandbox is gone.
+    open: Mutex<Open>,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn open(&self) -> std::sync::MutexGuard<'_, Open> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps a clone of `stream` to cut at the end; `None` once finished (cut it now).
+    fn register(&self, stream: &TcpStream) -> Option<u64> {
+        let mut open = self.open();
+        if self.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let clone = stream.try_clone().ok()?;
+        open.next += 1;
+        let id = open.next;
+        open.streams.insert(id, clone);
+        Some(id)
+    }
+
+    fn unregister(&self, id: u64) {
+        self.open().streams.remove(&id);
+    }
+}
+
+fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
+    loop {
+        let client = match listener.accept() {
+            Ok((client, _)) => client,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        if shared.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("egress-conn".into())
+            .spawn(move || Connection::new(&shared).run(client));
+        if spawned.is_err() {
+            // Out of threads: the connection is dropped, the code sees a reset.
+            continue;
+        }
+    }
+}
+
+/// What one connection asked for.
+#[derive(Debug)]
+struct Request {
+    method: String,
+    host: String,
+    port: u16,
+    connect: bool,
+    /// For plain HTTP: the head to send upstream (origin-form, `Connection: close`).
+    head: Vec<u8>,
+    /// Bytes read past the head (a body's start, or a client's first TLS bytes).
+    rest: Vec<u8>,
+}
+
+/// Why the proxy answers with an error instead of a tunnel.
+struct Refusal {
+    status: &'static str,
+    outcome: &'static str,
+    reason: &'static str,
+    detail: String,
+}
+
+impl Refusal {
+    fn denied(d: &Denied) -> Self {
+        Refusal {
+            status: "403 Forbidden",
+            outcome: "denied",
+            reason: d.reason(),
+            detail: d.to_string(),
+        }
+    }
+
+    fn failed(status: &'static str, reason: &'static str, detail: String) -> Self {
+        Refusal {
+            status,
+            outcome: "failed",
+            reason,
+            detail,
+        }
+    }
+}
+
+struct Connection<'a> {
+    shared: &'a Shared,
+    started: Instant,
+    record: ConnectionRecord,
+    ids: Vec<u64>,
+}
+
+impl<'a> Connection<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        let leash = &shared.leash;
+        let execution_id = leash
+            .execution
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Connection {
+            shared,
+            started: Instant::now(),
+            record: ConnectionRecord {
+                event: "egress",
+                execution_id,
+                key: leash.key.clone(),
+                method: String::new(),
+                host: String::new(),
+                port: 0,
+                address: None,
+                outcome: "failed",
+                reason: None,
+                detail: None,
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_ms: 0,
+            },
+            ids: Vec::new(),
+        }
+    }
+
+    fn settings(&self) -> &Settings {
+        &self.shared.leash.settings
+    }
+
+    fn run(mut self, mut client: TcpStream) {
+        if let Some(id) = self.shared.register(&client) {
+            self.ids.push(id);
+            if let Err(refusal) = self.serve(&mut client) {
+                let counters = &self.shared.leash.counters;
+                if refusal.outcome == "denied" {
+                    counters.denied.fetch_add(1, Ordering::Relaxed);
+                }
+                let body = format!(
+                    "airlock egress {}: {} ({})\n",
+                    refusal.outcome, refusal.detail, refusal.reason
+                );
+                let answer = format!(
+                    "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+                     X-Airlock-Egress: {}; reason={}\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    refusal.status,
+                    refusal.outcome,
+                    refusal.reason,
+                    body.len()
+                );
+                let _ = client.write_all(answer.as_bytes());
+                self.record.outcome = refusal.outcome;
+                self.record.reason = Some(refusal.reason);
+                self.record.detail = Some(refusal.detail);
+            }
+        } else {
+            self.record.outcome = "failed";
+            self.record.reason = Some("sandbox_gone");
+        }
+        let _ = client.shutdown(Shutdown::Both);
+        for id in &self.ids {
+            self.shared.unregister(*id);
+        }
+        self.record.duration_ms = self.started.elapsed().as_millis() as u64;
+        if let Some(observer) = &self.shared.leash.observer {
+            observer.connection(&self.record);
+        }
+    }
+
+    fn serve(&mut self, client: &mut TcpStream) -> Result<(), Refusal> {
+        let idle = Duration::from_millis(self.settings().idle_timeout_ms);
+        let _ = client.set_read_timeout(Some(idle));
+        let request = read_request(client)?;
+        self.record.method = request.method.clone();
+        self.record.host = request.host.clone();
+        self.record.port = request.port;
+
+        let leash = &self.shared.leash;
+        let opened = leash.counters.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        if opened > u64::from(self.settings().max_connections) {
+            return Err(Refusal {
+                status: "429 Too Many Requests",
+                outcome: "denied",
+                reason: "connection_budget",
+                detail: format!(
+                    "this execution opened its {} connections",
+                    self.settings().max_connections
+                ),
+            });
+        }
+        let target = leash
+            .policy
+            .check_target(&request.host, request.port)
+            .map_err(|d| Refusal::denied(&d))?;
+        let upstream = self.connect(&target, request.port)?;
+        leash.counters.connections.fetch_add(1, Ordering::Relaxed);
+        self.record.outcome = "allowed";
+        let Some(id) = self.shared.register(&upstream) else {
+            self.record.reason = Some("sandbox_gone");
+            return Ok(());
+        };
+        self.ids.push(id);
+        let mut first = Vec::new();
+        if request.connect {
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .map_err(|e| Refusal::failed("500", "client_gone", e.to_string()))?;
+        } else {
+            first = request.head;
+        }
+        first.extend_from_slice(&request.rest);
+        self.relay(client, upstream, first);
+        Ok(())
+    }
+
+    /// Resolves (the proxy's own resolver, or the operator's fixed answers), checks each
+    /// address and connects to the first allowed one that answers.
+    fn connect(&mut self, target: &Target, port: u16) -> Result<TcpStream, Refusal> {
+        let addrs: Vec<IpAddr> = match target {
+            Target::Address(addr) => vec![*addr],
+            Target::Name(name) => match self.settings().resolve.get(name) {
+                Some(fixed) => fixed.clone(),
+                None => (name.as_str(), port)
+                    .to_socket_addrs()
+                    .map_err(|e| {
+                        Refusal::failed("502 Bad Gateway", "resolve_failed", format!("{name}: {e}"))
+                    })?
+                    .map(|a| a.ip())
+                    .collect(),
+            },
+        };
+        let timeout = Duration::from_millis(self.settings().connect_timeout_ms);
+        let mut refused = None;
+        let mut failed = None;
+        for addr in addrs {
+            let addr = crate::unmap(addr);
+            if let Err(d) = self.shared.leash.policy.check_address(addr, port) {
+                self.record.address.get_or_insert_with(|| addr.to_string());
+                refused.get_or_insert(d);
+                continue;
+            }
+            self.record.address = Some(addr.to_string());
+            match TcpStream::connect_timeout(&SocketAddr::new(addr, port), timeout) {
+                Ok(stream) => return Ok(stream),
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(match (failed, refused) {
+            (Some(e), _) => {
+                let reason = if e.kind() == io::ErrorKind::TimedOut {
+                    "connect_timeout"
+                } else {
+                    "connect_failed"
+                };
+                Refusal::failed("502 Bad Gateway", reason, e.to_string())
+            }
+            (None, Some(d)) => Refusal::denied(&d),
+            (None, None) => Refusal::failed(
+                "502 Bad Gateway",
+                "resolve_failed",
+                "the name has no address".into(),
+            ),
+        })
+    }
+
+    /// Copies both ways until both ends close, a budget is spent, the connection idles past
+    /// its timeout, or the sandbox is gone.
+    fn relay(&mut self, client: &mut TcpStream, upstream: TcpStream, first: Vec<u8>) {
+        let settings = self.settings().clone();
+        let idle = Duration::from_millis(settings.idle_timeout_ms);
+        let activity = Arc::new(Activity::new());
+        let cut: Arc<Mutex<Option<&'static str>>> = Arc::default();
+        let leash = &self.shared.leash;
+        let (Ok(client_r), Ok(upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
+            return;
+        };
+        let _ = client_r.set_read_timeout(Some(idle));
+        let _ = upstream.set_read_timeout(Some(idle));
+        let (out, inn) = std::thread::scope(|s| {
+            let outbound = s.spawn(|| {
+                let pipe = Pipe {
+                    counter: &leash.counters.bytes_out,
+                    budget: settings.max_bytes_out,
+                    budget_reason: "bytes_out_budget",
+                    activity: &activity,
+                    idle,
+                    cut: &cut,
+                };
+                pipe.run(client_r, upstream_w, &first)
+            });
+            let inbound = Pipe {
+                counter: &leash.counters.bytes_in,
+                budget: settings.max_bytes_in,
+                budget_reason: "bytes_in_budget",
+                activity: &activity,
+                idle,
+                cut: &cut,
+            };
+            let inn = match (upstream.try_clone(), client.try_clone()) {
+                (Ok(from), Ok(to)) => inbound.run(from, to, &[]),
+                _ => 0,
+            };
+            (outbound.join().unwrap_or(0), inn)
+        });
+        self.record.bytes_out = out;
+        self.record.bytes_in = inn;
+        let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reason) = cut {
+            self.record.reason = Some(reason);
+            if reason.ends_with("_budget") {
+                self.record.outcome = "denied";
+                leash.counters.denied.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Milliseconds since the connection started, at the last byte either way.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn idle_for(&self) -> Duration {
+        let now = self.start.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// One direction of a relay.
+struct Pipe<'a> {
+    counter: &'a AtomicU64,
+    budget: u64,
+    budget_reason: &'static str,
+    activity: &'a Activity,
+    idle: Duration,
+    cut: &'a Mutex<Option<&'static str>>,
+}
+
+impl Pipe<'_> {
+    /// Returns the bytes copied. Ends the whole connection (both sockets, both ways) when a
+    /// budget is spent or both directions idle too long; otherwise passes the end of its
+    /// direction on (a half-close) and lets the other direction finish.
+    fn run(&self, mut from: TcpStream, mut to: TcpStream, first: &[u8]) -> u64 {
+        let cut_all = |from: &TcpStream, to: &TcpStream, reason: &'static str| {
+            self.cut
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert(reason);
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        };
+        let mut copied = 0u64;
+        let mut buf = vec![0u8; BUFFER];
+        let mut pending: &[u8] = first;
+        loop {
+            if !pending.is_empty() {
+                let n = pending.len() as u64;
+                if self.counter.fetch_add(n, Ordering::Relaxed) + n > self.budget {
+                    cut_all(&from, &to, self.budget_reason);
+                    return copied;
+                }
+                if to.write_all(pending).is_err() {
+                    let _ = from.shutdown(Shutdown::Read);
+                    return copied;
+                }
+                copied += n;
+                self.activity.touch();
+            }
+            match from.read(&mut buf) {
+                Ok(0) => {
+                    let _ = to.shutdown(Shutdown::Write);
+                    return copied;
+                }
+                Ok(n) => {
+                    self.activity.touch();
+                    pending = &buf[..n];
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => pending = &[],
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if self.activity.idle_for() >= self.idle {
+                        cut_all(&from, &to, "idle_timeout");
+                        return copied;
+                    }
+                    pending = &[];
+                }
+                Err(_) => {
+                    let _ = to.shutdown(Shutdown::Write);
+                    return copied;
+                }
+            }
+        }
+    }
+}
+
+/// Reads and parses one request head.
+fn read_request(client: &mut TcpStream) -> Result<Request, Refusal> {
+    let bad = |detail: String| Refusal::failed("400 Bad Request", "bad_request", detail);
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = match client.read(&mut chunk) {
+            Ok(0) => return Err(bad("the connection closed before a request".into())),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(bad(format!("reading the request: {e}"))),
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(len)) => return build_request(&req, &buf[len..]),
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => {
+                return Err(Refusal::failed(
+                    "431 Request Header Fields Too Large",
+                    "bad_request",
+                    format!("a request head over {MAX_HEAD} bytes"),
+                ))
+            }
+            Err(e) => return Err(bad(format!("not an HTTP request: {e}"))),
+        }
+    }
+}
+
+fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request, Refusal> {
+    let bad = |detail: String| Refusal::failed("400 Bad Request", "bad_request", detail);
+    let method = req.method.unwrap_or_default().to_owned();
+    let target = req.path.unwrap_or_default();
+    let header = |name: &str| {
+        req.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| std::str::from_utf8(h.value).ok())
+    };
+    if method == "CONNECT" {
+        let (host, port) = split_authority(target, None)
+            .ok_or_else(|| bad(format!("CONNECT needs host:port, not {target:?}")))?;
+        return Ok(Request {
+            method,
+            host,
+            port,
+            connect: true,
+            head: Vec::new(),
+            rest: rest.to_vec(),
+        });
+    }
+    let (authority, path) = if let Some(after) = target.strip_prefix("http://") {
+        let end = after.find(['/', '?']).unwrap_or(after.len());
+        let path = &after[end..];
+        let path = if path.starts_with('?') {
+            format!("/{path}")
+        } else if path.is_empty() {
+            "/".to_owned()
+        } else {
+            path.to_owned()
+        };
+        (after[..end].to_owned(), path)
+    } else if target.starts_with('/') {
+        let host = header("host").ok_or_else(|| bad("a request without a Host".into()))?;
+        (host.to_owned(), target.to_owned())
+    } else {
+        return Err(Refusal::failed(
+            "400 Bad Request",
+            "bad_request",
+            format!("{target:?}: only http:// requests and CONNECT tunnels (use https:// through CONNECT)"),
+        ));
+    };
+    let (host, port) = split_authority(&authority, Some(80))
+        .ok_or_else(|| bad(format!("{authority:?} is not host[:port]")))?;
+    // Upstream sees the origin form, the authority that was checked, and no proxy headers.
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        let hop = matches!(
+            name.as_str(),
+            "host" | "connection" | "proxy-connection" | "proxy-authorization" | "keep-alive"
+        );
+        if !hop {
+            head.extend_from_slice(h.name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(h.value);
+            head.extend_from_slice(b"\r\n");
+        }
+    }
+    head.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(Request {
+        method,
+        host,
+        port,
+        connect: false,
+        head,
+        rest: rest.to_vec(),
+    })
+}
+
+/// `host:port`, `[v6]:port`, or without the port when `default` is given. No user info.
+fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16)> {
+    if authority.is_empty() || authority.contains(['@', '/', ' ']) {
+        return None;
+    }
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (v6, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if after.is_empty() => None,
+            None => return None,
+        };
+        (format!("[{v6}]"), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (authority.to_owned(), None),
+        }
+    };
+    let port = match port {
+        Some(p) => p.parse::<u16>().ok().filter(|&p| p != 0)?,
+        None => default?,
+    };
+    Some((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_split_strictly() {
+        let s = |a: &str, d| split_authority(a, d);
+        assert_eq!(s("pypi.org:443", None), Some(("pypi.org".into(), 443)));
+        assert_eq!(s("[::1]:8080", None), Some(("[::1]".into(), 8080)));
+        assert_eq!(s("example.com", Some(80)), Some(("example.com".into(), 80)));
+        for bad in [
+            "pypi.org",
+            "user@pypi.org:443",
+            "pypi.org:0",
+            "pypi.org:x",
+            "",
+            "[::1]x",
+        ] {
+            assert_eq!(s(bad, None), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! Egress on a leash: the policy an execution runs under (the request's, never wider than
+//! its key's, or the key's own), and the audit lines and metrics of its connections.
+
+use std::sync::{Arc, Weak};
+
+use airlock_egress::{ConnectionRecord, EgressPolicy, Leash, Observer};
+
+use crate::error::Error;
+use crate::keys::Key;
+use crate::AppState;
+
+/// The leash for one execution or session of `key`; `None` when it may reach nothing.
+pub(crate) fn for_request(
+    state: &Arc<AppState>,
+    key: &Key,
+    asked: Option<EgressPolicy>,
+) -> Result<Option<Arc<Leash>>, Error> {
+    let allowed = &key.config.egress;
+    let policy = match asked {
+        None => allowed.clone(),
+        Some(asked) => {
+            asked.validate().map_err(|m| Error::invalid("egress", m))?;
+            allowed.covers(&asked).map_err(|m| {
+                Error::forbidden(format!("{m} (key `{}`)", key.name())).field("egress")
+            })?;
+            asked
+        }
+    };
+    if policy.allows_nothing() {
+        return Ok(None);
+    }
+    let observer: Arc<dyn Observer> = Arc::new(Audit(Arc::downgrade(state)));
+    Ok(Some(Arc::new(Leash::new(
+        policy,
+        state.egress.clone(),
+        key.name(),
+        Some(observer),
+    ))))
+}
+
+/// Records connections in the audit log and metrics.
+#[derive(Debug)]
+struct Audit(Weak<AppState>);
+
+impl Observer for Audit {
+    fn connection(&self, record: &ConnectionRecord) {
+        let Some(state) = self.0.upgrade() else {
+            return;
+        };
+        let reason = record.reason.unwrap_or("");
+        state
+            .metrics
+            .egress_connections
+            .add(&[record.outcome, reason]);
+        state.metrics.egress_bytes.add_n(&["out"], record.bytes_out);
+        state.metrics.egress_bytes.add_n(&["in"], record.bytes_in);
+        if let Err(e) = state.audit.append_event(record) {
+            tracing::error!(error = %e, "cannot append an egress connection to the audit log");
+            state.set_audit_failure(e.to_string());
+        }
+        tracing::info!(
+            execution = %record.execution_id,
+            key = %record.key,
+            host = %record.host,
+            port = record.port,
+            address = record.address.as_deref().unwrap_or(""),
+            outcome = record.outcome,
+            reason,
+            bytes_out = record.bytes_out,
+            bytes_in = record.bytes_in,
+            "egress connection"
+        );
+    }
+}
