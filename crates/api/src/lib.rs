@@ -279,6 +279,9 @@ pub struct ExecuteRequest {
     /// which applies when this is absent.
     #[serde(default)]
     pub egress: Option<airlock_egress::EgressPolicy>,
+    /// A named environment (`airlock env create`): its packages are importable.
+    #[serde(default)]
+    pub environment: Option<String>,
     /// Function mode: the name of a function the code defines (`name`, or `Class.method`),
     /// called once the code has run, with `inputs` as keyword arguments; its return value
     /// becomes `result`. An `async def` is run to completion.
@@ -362,6 +365,9 @@ pub struct SessionRequest {
     /// package index, say); never wider than the key's policy, which applies when absent.
     #[serde(default)]
     pub egress: Option<airlock_egress::EgressPolicy>,
+    /// A named environment for the session's sandbox.
+    #[serde(default)]
+    pub environment: Option<String>,
 }
 
 /// A session, as its owner sees it.

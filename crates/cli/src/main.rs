@@ -6,6 +6,7 @@
 mod out;
 
 mod doctor;
+mod env;
 mod eval;
 mod mcp;
 mod pickle;
@@ -36,6 +37,8 @@ enum Commands {
     Eval(eval::EvalArgs),
     Pickle(pickle::PickleArgs),
     Mcp(mcp::McpArgs),
+    /// Named Python environments: build, list, show, delete.
+    Env(env::EnvArgs),
 }
 
 /// Exit code for bad input: nothing ran.
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Commands::Eval(args) => eval::main(args),
         Commands::Pickle(args) => pickle::main(args),
         Commands::Mcp(args) => mcp::main(args),
+        Commands::Env(args) => env::main(args),
     };
     out::flush();
     if out::failed() {

@@ -107,6 +107,25 @@ pub struct RunArgs {
     /// opened explicitly, `127.0.0.0/8:8080`; repeatable. Default: no network at all.
     #[arg(long = "allow", value_name = "HOST:PORT")]
     pub allow: Vec<String>,
+    /// A named environment (`airlock env create`) whose packages the code may import; from
+    /// the state directory of --config's server, or the default one.
+    #[arg(long, value_name = "NAME")]
+    pub environment: Option<String>,
+}
+
+/// The named environment, from the state directory `airlock serve` would use.
+fn environment(
+    name: &str,
+    config: Option<&Path>,
+) -> Result<airlock_engine::environments::EnvMount, String> {
+    let env = crate::serve::settings_env();
+    let config = airlock_server::config::load(config, &env, None, None)
+        .map_err(|e| format!("--config: {e}"))?;
+    let store = airlock_engine::environments::Environments::open(&config.state_dir())
+        .map_err(|e| e.to_string())?;
+    store
+        .resolve(name)
+        .map_err(|e| format!("--environment: {e}"))
 }
 
 /// `--allow` values as an egress policy, checked.
@@ -215,22 +234,23 @@ struct Prepared {
     tools: Option<(tokio::runtime::Runtime, Arc<airlock_tools::Registry>)>,
 }
 
-/// Starts the `[tools]` servers of a config file and makes the run's tool set.
-fn start_tools(
-    path: &Path,
-    patterns: &[String],
-) -> Result<
-    (
-        tokio::runtime::Runtime,
-        Arc<airlock_tools::Registry>,
-        Arc<airlock_tools::ToolSet>,
-    ),
-    String,
-> {
+/// The runtime and registry of started tool servers, and the run's tool set.
+type StartedTools = (
+    tokio::runtime::Runtime,
+    Arc<airlock_tools::Registry>,
+    Arc<airlock_tools::ToolSet>,
+);
+
+/// Starts the `[tools]` servers of a config file and makes the run's tool set; `None` when
+/// the file configures none and no `--tool` asked for one.
+fn start_tools(path: &Path, patterns: &[String]) -> Result<Option<StartedTools>, String> {
     let env = crate::serve::settings_env();
     let config = airlock_server::config::load(Some(path), &env, None, None)
         .map_err(|e| format!("--config {}: {e}", path.display()))?;
     if config.tools.servers.is_empty() {
+        if patterns.is_empty() {
+            return Ok(None);
+        }
         return Err(format!(
             "--config {}: no tool server is configured ([tools.servers])",
             path.display()
@@ -265,7 +285,7 @@ fn start_tools(
         }
     }
     let set = registry.tool_set("local", &grants, "run", Arc::new(airlock_tools::NoObserver));
-    Ok((runtime, registry, set))
+    Ok(Some((runtime, registry, set)))
 }
 
 fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
@@ -407,13 +427,13 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
     });
     let engine = Engine::new(config).map_err(|e| e.to_string())?;
     let (tools, bridge) = match &args.config {
-        Some(path) => {
-            let (runtime, registry, set) = start_tools(path, &args.tools)?;
-            (
+        Some(path) => match start_tools(path, &args.tools)? {
+            Some((runtime, registry, set)) => (
                 Some((runtime, registry)),
                 Some(set as Arc<dyn airlock_engine::ToolBridge>),
-            )
-        }
+            ),
+            None => (None, None),
+        },
         None => (None, None),
     };
     let job = Job {
@@ -430,6 +450,10 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         cancel: Some(cancel.clone()),
         tools: bridge,
         egress,
+        environment: match &args.environment {
+            Some(name) => Some(environment(name, args.config.as_deref())?),
+            None => None,
+        },
     };
     engine.check(&job).map_err(|e| e.to_string())?;
     Ok(Prepared { engine, job, tools })

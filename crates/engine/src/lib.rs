@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+pub mod environments;
 mod interpreter;
 mod marshal;
 mod pool;
@@ -47,6 +48,8 @@ pub const SCRATCH_MOUNTS: [&str; 3] = ["/tmp", WORKDIR, "/dev/shm"];
 const SANDBOX_UID: u32 = 1000;
 /// Where the egress proxy listens on a sandbox's loopback (`HTTP_PROXY` points there).
 pub const EGRESS_PORT: u16 = 3128;
+/// Where `pip install` inside a sandbox puts packages (on the scratch file system).
+const PIP_TARGET: &str = "/tmp/packages";
 /// The host's CA certificates (Debian's bundle), mounted for sandboxes with egress.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 const HOSTNAME: &str = "airlock";
@@ -105,6 +108,9 @@ pub struct Job {
     pub tools: Option<Arc<dyn ToolBridge>>,
     /// Egress through airlock's proxy under this leash's policy; `None`: no network at all.
     pub egress: Option<Arc<airlock_egress::Leash>>,
+    /// A named environment mounted at `/env` (read-only; writable only for its own build),
+    /// its site-packages ahead of the interpreter's.
+    pub environment: Option<environments::EnvMount>,
 }
 
 /// Cancels a running execution from another thread, e.g. on SIGINT. Cancelling before the
@@ -238,9 +244,26 @@ impl Engine {
             .env("MPLBACKEND", "Agg")
             .env("MPLCONFIGDIR", "/tmp/matplotlib")
             .env("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data")
+            // `pip install` goes to the sandbox's own scratch (on sys.path; pip's check for a
+            // system-managed interpreter does not apply to a target directory).
+            .env("PIP_TARGET", PIP_TARGET)
+            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+            .env("PIP_NO_CACHE_DIR", "1")
             .pass_fd(OwnedFd::from(theirs));
         if let Some(fd) = tools {
             command = command.pass_fd(fd); // TOOLS_FD
+        }
+        if policy
+            .root
+            .iter()
+            .any(|e| e.path() == Path::new(environments::ENV_MOUNT))
+        {
+            command = command
+                .env(
+                    "PATH",
+                    format!("{}/bin:/usr/bin:/bin", environments::ENV_MOUNT),
+                )
+                .env("VIRTUAL_ENV", environments::ENV_MOUNT);
         }
         if let Some(port) = policy.egress_port {
             // What pip, requests, httpx, urllib and curl all read.
@@ -384,12 +407,44 @@ impl Engine {
         }
     }
 
+    /// The policy for `job`: its limits, and the egress listener and environment it asks for.
+    fn job_policy(&self, job: &Job) -> Policy {
+        let mut policy = self.policy(&job.limits);
+        if job.egress.is_some() {
+            with_egress_port(&mut policy);
+        }
+        if let Some(env) = &job.environment {
+            let (source, target) = (env.source.clone(), PathBuf::from(environments::ENV_MOUNT));
+            policy.root.push(if env.writable {
+                airlock_sandbox::RootEntry::Writable { source, target }
+            } else {
+                airlock_sandbox::RootEntry::ReadOnly { source, target }
+            });
+        }
+        policy
+    }
+
+    /// `sys.path` after the standard library: the environment's site-packages first, then
+    /// the interpreter's own packages, then where `pip install` puts packages in a sandbox.
+    fn sys_path(&self, job: &Job) -> Vec<String> {
+        let mut path = Vec::new();
+        if job.environment.is_some() {
+            path.push(environments::EnvMount::site_packages(
+                &self.interpreter.version,
+            ));
+        }
+        path.extend(self.interpreter.extra_sys_path.iter().cloned());
+        path.push(PIP_TARGET.to_owned());
+        path
+    }
+
     /// The runner's request for `job` (see `marshal`).
     fn runner_request(&self, job: &Job) -> Result<Vec<u8>, EngineError> {
         use marshal::Value;
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
         let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
+        let sys_path = self.sys_path(job);
         let mut fields = vec![
             ("code", Value::Str(&job.code)),
             ("filename", Value::Str(&job.filename)),
@@ -420,13 +475,7 @@ impl Engine {
             ("echo_traceback", Value::Bool(job.echo_traceback)),
             (
                 "sys_path",
-                Value::List(
-                    self.interpreter
-                        .extra_sys_path
-                        .iter()
-                        .map(|p| Value::Str(p))
-                        .collect(),
-                ),
+                Value::List(sys_path.iter().map(|p| Value::Str(p)).collect()),
             ),
             ("more", Value::Str(RUNNER_MORE)),
             ("result_limit", int(self.config.max_result_bytes)),
@@ -446,10 +495,7 @@ impl Engine {
     /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
     pub fn execute(&self, job: Job, sink: &mut dyn OutputSink) -> Result<Execution, EngineError> {
         self.check(&job)?;
-        let mut policy = self.policy(&job.limits);
-        if job.egress.is_some() {
-            with_egress_port(&mut policy);
-        }
+        let policy = self.job_policy(&job);
         let request = self.runner_request(&job)?;
 
         let cancel = job.cancel.clone();
@@ -463,8 +509,8 @@ impl Engine {
             Some(bridge) => Some((bridge.clone(), socket_pair()?)),
             None => None,
         };
-        let warm = match (&tools, &job.egress) {
-            (None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
+        let warm = match (&tools, &job.egress, &job.environment) {
+            (None, None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
             _ => None,
         };
         let pooled = warm.is_some();
@@ -649,6 +695,7 @@ impl Engine {
             cancel: None,
             tools: None,
             egress: None,
+            environment: None,
         };
         let r = self
             .execute(job, &mut Discard)
@@ -849,6 +896,7 @@ mod tests {
             cancel: None,
             tools: None,
             egress: None,
+            environment: None,
         };
         let refused = |j: Job| match engine.check(&j) {
             Err(EngineError::Invalid(m)) => m,

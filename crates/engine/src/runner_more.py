@@ -433,6 +433,10 @@ def session(request):
         if op["op"] == "exec":
             if "tools" in op:
                 install_tools(op["tools"])
+            # Packages an earlier cell installed (pip's target is on sys.path from the start,
+            # and a directory that did not exist then is remembered as empty until this).
+            import importlib
+            importlib.invalidate_caches()
             run(namespace, op["filename"], op["code"], op["entrypoint"], op["inputs"],
                 lambda payload: write_frame(payload, limit), False)
             continue

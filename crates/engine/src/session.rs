@@ -115,10 +115,7 @@ impl Session {
     /// `per_cell`'s `timeout_ms` and `output_bytes` by default.
     pub fn start(engine: &Engine, setup: Job, per_cell: &Limits) -> Result<Session, EngineError> {
         engine.check(&setup)?;
-        let mut policy = engine.policy(&setup.limits);
-        if setup.egress.is_some() {
-            crate::with_egress_port(&mut policy);
-        }
+        let policy = engine.job_policy(&setup);
         let egress = setup.egress.clone();
         let mut request = engine.runner_request(&setup)?;
         frame(&mut request);

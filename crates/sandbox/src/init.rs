@@ -166,6 +166,10 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
         call: "close_range",
         source,
     })?;
+    // Bind-mount sources are opened with the caller's rights, before those are dropped: the
+    // mounts then use these descriptors, not paths an unprivileged uid must be able to reach
+    // (and not paths that could be swapped meanwhile).
+    let sources = open_sources(&req.policy)?;
     let (host_uid, host_gid) = drop_host_root()?;
     // After the last change of credentials: the kernel clears the parent-death signal
     // whenever the effective uid or gid changes.
@@ -208,7 +212,7 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
     match sys::fork().map_err(sys_err("fork"))? {
         ForkResult::Child => {
             drop(alive_w);
-            match init(&req, status, alive_r, filters.as_ref()) {
+            match init(&req, status, alive_r, filters.as_ref(), sources) {
                 Ok(never) => match never {},
                 Err(e) => fail(status, "init", &e),
             }
@@ -295,6 +299,7 @@ fn init(
     status: &OwnedFd,
     alive: OwnedFd,
     filters: Option<&Filters>,
+    sources: Vec<Option<OwnedFd>>,
 ) -> Result<Infallible, InitError> {
     prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
     let mut fds = [PollFd::new(alive.as_fd(), PollFlags::POLLIN)];
@@ -316,7 +321,8 @@ fn init(
         fs::write(oom, "0").map_err(path_err("write", oom))?;
     }
 
-    build_root(&req.policy)?;
+    build_root(&req.policy, &sources)?;
+    drop(sources);
     unistd::sethostname(&req.policy.hostname).map_err(sys_err("sethostname"))?;
     unistd::chdir(&req.policy.workdir).map_err(path_errno("chdir", &req.policy.workdir))?;
     // Keeps the program (same uid) out of /proc/1: no ptrace-style access to our memory,
@@ -373,7 +379,24 @@ fn reap_until(main: i32) -> Report {
 }
 
 /// Assembles the new root on a small tmpfs, pivots into it and makes it read-only.
-fn build_root(policy: &Policy) -> Result<(), InitError> {
+/// A detached copy of the source of each bind mount of the root (`open_tree`), in policy
+/// order: made with the caller's rights, attached inside the sandbox's mount namespace.
+fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
+    policy
+        .root
+        .iter()
+        .map(|entry| match entry {
+            RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } => {
+                sys::open_tree_clone(source)
+                    .map(Some)
+                    .map_err(path_err("open_tree", source))
+            }
+            RootEntry::Symlink { .. } | RootEntry::File { .. } => Ok(None),
+        })
+        .collect()
+}
+
+fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
     let none = None::<&str>;
     let root = Path::new(NEW_ROOT);
     // Nothing we mount may propagate back to the host.
@@ -381,22 +404,25 @@ fn build_root(policy: &Policy) -> Result<(), InitError> {
         .map_err(sys_err("mount(/, MS_REC|MS_PRIVATE)"))?;
     mount_tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
 
-    for entry in &policy.root {
+    for (entry, fd) in policy.root.iter().zip(sources) {
         let target = inside(root, entry.path());
         match entry {
-            RootEntry::ReadOnly { source, .. } => {
-                let meta = fs::metadata(source).map_err(path_err("stat", source))?;
+            RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } => {
+                let Some(fd) = fd else {
+                    return Err(InitError::Path {
+                        call: "bind mount",
+                        path: source.clone(),
+                        source: io::ErrorKind::NotFound.into(),
+                    });
+                };
+                let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                let meta = fs::metadata(&via).map_err(path_err("stat", source))?;
                 make_mount_point(&target, meta.is_dir())?;
-                mount(
-                    Some(source.as_path()),
-                    &target,
-                    none,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    none,
-                )
-                .map_err(path_errno("bind mount", source))?;
-                let attrs =
-                    libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+                sys::move_mount_to(fd, &target).map_err(path_err("bind mount", source))?;
+                let mut attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+                if matches!(entry, RootEntry::ReadOnly { .. }) {
+                    attrs |= libc::MOUNT_ATTR_RDONLY;
+                }
                 sys::mount_setattr(&target, true, attrs)
                     .map_err(path_err("mount_setattr", &target))?;
             }
@@ -705,8 +731,12 @@ fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
 
     let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> = vec![(PathBuf::from("/"), read)];
     for entry in &policy.root {
-        if let RootEntry::ReadOnly { target, .. } = entry {
-            rules.push((target.clone(), read_exec));
+        match entry {
+            RootEntry::ReadOnly { target, .. } => rules.push((target.clone(), read_exec)),
+            RootEntry::Writable { target, .. } => {
+                rules.push((target.clone(), AccessFs::from_all(abi)));
+            }
+            RootEntry::Symlink { .. } | RootEntry::File { .. } => {}
         }
     }
     for mount_point in &policy.scratch.mounts {

@@ -62,6 +62,10 @@ impl Default for Policy {
 pub enum RootEntry {
     /// A host file or directory, bind-mounted read-only, nosuid and nodev (recursively).
     ReadOnly { source: PathBuf, target: PathBuf },
+    /// A host directory, bind-mounted writable, nosuid and nodev (recursively), for a sandbox
+    /// whose product outlives it (an environment's build). What the program leaves there is
+    /// as untrusted as the program: the caller must check it before using it.
+    Writable { source: PathBuf, target: PathBuf },
     /// A symbolic link at `path` pointing to `target`.
     Symlink { target: PathBuf, path: PathBuf },
     /// A small file with fixed contents, written before the root is made read-only.
@@ -72,7 +76,7 @@ impl RootEntry {
     /// Where the entry appears inside the sandbox.
     pub fn path(&self) -> &Path {
         match self {
-            RootEntry::ReadOnly { target, .. } => target,
+            RootEntry::ReadOnly { target, .. } | RootEntry::Writable { target, .. } => target,
             RootEntry::Symlink { path, .. } | RootEntry::File { path, .. } => path,
         }
     }
@@ -184,8 +188,8 @@ impl Policy {
                     });
                 }
             }
-            if let RootEntry::ReadOnly { source, .. } = entry {
-                check_path("read-only source", source)?;
+            if let RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } = entry {
+                check_path("bind mount source", source)?;
             }
         }
         if self.scratch.mounts.is_empty() {

@@ -56,7 +56,19 @@ pub struct Config {
     /// The egress proxy's budgets per execution and fixed name answers (each key's `egress`
     /// says where its code may connect; default nowhere).
     pub egress: airlock_egress::Settings,
+    /// Named environments: how they are built, and those the server builds at start.
+    pub environments: EnvironmentsConfig,
     pub keys: Vec<KeyConfig>,
+}
+
+/// `[environments]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnvironmentsConfig {
+    /// The index, the build's egress and its limits.
+    pub build: airlock_engine::environments::BuildSettings,
+    /// Environments built at start when missing or different: name to requirements.
+    pub define: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Default for Config {
@@ -79,6 +91,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
+            environments: EnvironmentsConfig::default(),
             keys: Vec::new(),
         }
     }
@@ -312,9 +325,12 @@ pub enum Scope {
     Read,
     /// `GET /metrics` (when it requires a key).
     Metrics,
+    /// Building and deleting environments. Never given by default: list it explicitly.
+    Admin,
 }
 
 impl Scope {
+    /// What a key gets when its `scopes` are not given (everything but `admin`).
     pub const ALL: [Scope; 3] = [Scope::Execute, Scope::Read, Scope::Metrics];
 }
 
@@ -507,6 +523,16 @@ impl Config {
         }
         if let Err(m) = self.egress.validate() {
             return bad(m);
+        }
+        if let Err(m) = self.environments.build.validate() {
+            return bad(m);
+        }
+        for (name, reqs) in &self.environments.define {
+            let checked = airlock_engine::environments::check_name(name)
+                .and_then(|()| airlock_engine::environments::parse_requirements(&reqs.join("\n")));
+            if let Err(e) = checked {
+                return bad(format!("environments.define.{name}: {e}"));
+            }
         }
         for key in &self.keys {
             if let Err(m) = airlock_tools::Grants::parse(&key.tools) {

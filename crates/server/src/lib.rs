@@ -17,6 +17,7 @@ pub mod audit;
 mod budget;
 pub mod config;
 mod egress;
+mod environments;
 mod error;
 mod eval;
 mod executions;
@@ -84,6 +85,8 @@ pub struct AppState {
     pub tools: Option<Arc<airlock_tools::Registry>>,
     /// The egress proxy's budgets and fixed name answers (`[egress]`).
     pub egress: Arc<airlock_egress::Settings>,
+    /// Named environments, stored under the state directory.
+    pub environments: Arc<airlock_engine::environments::Environments>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -102,6 +105,7 @@ impl AppState {
         keys: KeyStore,
         audit: AuditLog,
         tools: Option<Arc<airlock_tools::Registry>>,
+        environments: Arc<airlock_engine::environments::Environments>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
         let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
@@ -115,6 +119,7 @@ impl AppState {
         );
         AppState {
             egress: Arc::new(config.egress.clone()),
+            environments,
             config,
             engine,
             keys,

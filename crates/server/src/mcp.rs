@@ -65,6 +65,8 @@ struct RunPython {
     /// Wall-clock limit for this run, in seconds (default and maximum: see the description).
     #[schemars(range(min = 1))]
     timeout_seconds: Option<u64>,
+    /// A named environment whose packages the code may import (the operator lists them).
+    environment: Option<String>,
 }
 
 /// `eval_expression`'s arguments.
@@ -75,10 +77,13 @@ struct EvalExpression {
     expression: String,
 }
 
-/// `create_session`'s arguments (none).
+/// `create_session`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CreateSession {}
+struct CreateSession {
+    /// A named environment for the session (the operator lists them).
+    environment: Option<String>,
+}
 
 /// `run_in_session`'s arguments.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -316,8 +321,8 @@ impl Tools {
             "run_python" => Call::RunPython(arguments(args)?),
             "eval_expression" => Call::Eval(arguments(args)?),
             "create_session" => {
-                let CreateSession {} = arguments(args)?;
-                Call::CreateSession
+                let CreateSession { environment } = arguments(args)?;
+                Call::CreateSession(environment)
             }
             "run_in_session" => Call::RunInSession(arguments(args)?),
             "list_session_files" => Call::ListFiles(arguments(args)?),
@@ -356,7 +361,7 @@ impl Tools {
         Ok(match call {
             Call::RunPython(a) => self.run_python(&key, request_id, held, &slot, a).await,
             Call::Eval(a) => self.eval_expression(held, a).await,
-            Call::CreateSession => self.create_session(&key).await,
+            Call::CreateSession(environment) => self.create_session(&key, environment).await,
             Call::RunInSession(a) => self.run_in_session(&key, request_id, held, &slot, a).await,
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
@@ -406,6 +411,7 @@ impl Tools {
             entrypoint: None,
             inputs: None,
             egress: None,
+            environment: a.environment,
         };
         let job = job_from(state, key, request)?;
         let answer = reserve_answer(state, key, &job.limits, Form::Mcp)?;
@@ -430,11 +436,19 @@ impl Tools {
         Ok(eval_result(r))
     }
 
-    async fn create_session(&self, key: &Arc<Key>) -> Result<CallToolResult, Error> {
+    async fn create_session(
+        &self,
+        key: &Arc<Key>,
+        environment: Option<String>,
+    ) -> Result<CallToolResult, Error> {
         let state = &self.state;
         refuse_if_unavailable(state)?;
         let _entered = self.enter(key)?;
-        let info = crate::sessions::open(state, key, SessionRequest::default()).await?;
+        let asked = SessionRequest {
+            environment,
+            ..SessionRequest::default()
+        };
+        let info = crate::sessions::open(state, key, asked).await?;
         let l = &info.limits;
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
@@ -540,7 +554,7 @@ const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 enum Call {
     RunPython(RunPython),
     Eval(EvalExpression),
-    CreateSession,
+    CreateSession(Option<String>),
     RunInSession(RunInSession),
     ListFiles(SessionId),
     ReadFile(ReadSessionFile),
@@ -853,7 +867,15 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::tools::start(&config, &keys).await?;
-    let state: SharedState = Arc::new(crate::AppState::new(config, engine, keys, audit, tools));
+    let environments = crate::serve::open_environments(&state_dir)?;
+    let state: SharedState = Arc::new(crate::AppState::new(
+        config,
+        engine,
+        keys,
+        audit,
+        tools,
+        environments,
+    ));
     let key = state.keys.keys()[0].clone();
     tokio::spawn(crate::sessions::reaper(state.clone()));
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;

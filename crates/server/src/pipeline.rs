@@ -268,6 +268,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
     let egress = crate::egress::for_request(state, key, req.egress).map_err(reject)?;
+    let environment = crate::environments::for_request(state, req.environment.as_deref())?;
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
     let mut total = 0u64;
@@ -315,6 +316,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         cancel: None,
         tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
         egress,
+        environment,
     })
 }
 

@@ -23,6 +23,14 @@ pub fn app(state: SharedState) -> Router {
         .route("/v1/tools", get(crate::tools::list))
         .route("/v1/executions/{id}", get(crate::executions::execution))
         .route(
+            "/v1/environments",
+            get(crate::environments::list).post(crate::environments::create),
+        )
+        .route(
+            "/v1/environments/{name}",
+            get(crate::environments::get).delete(crate::environments::delete),
+        )
+        .route(
             "/v1/sessions",
             get(crate::sessions::list).post(crate::sessions::create),
         )

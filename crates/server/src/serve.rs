@@ -66,6 +66,8 @@ pub enum ServeError {
     Mcp(String),
     #[error("tools: {0}")]
     Tools(String),
+    #[error("environments: {0}")]
+    Environments(#[from] airlock_engine::environments::EnvError),
 }
 
 /// What `run` reports once it listens (for callers that bind port 0).
@@ -96,8 +98,16 @@ pub async fn run(
     }
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::tools::start(&config, &resolved.store).await?;
+    let environments = open_environments(&state_dir)?;
     let listen = config.listen;
-    let state: SharedState = Arc::new(AppState::new(config, engine, resolved.store, audit, tools));
+    let state: SharedState = Arc::new(AppState::new(
+        config,
+        engine,
+        resolved.store,
+        audit,
+        tools,
+        environments,
+    ));
     let worst: u64 = crate::sizing::worst_case(&state.config)
         .iter()
         .map(|p| p.bytes)
@@ -132,6 +142,7 @@ pub async fn run(
     let _ = writeln!(std::io::stderr(), "airlock: listening on http://{addr}");
     tracing::info!(%addr, "listening");
     on_start(Started { addr });
+    tokio::spawn(crate::environments::build_defined(state.clone()));
 
     serve(listener, state).await
 }
@@ -148,6 +159,15 @@ pub(crate) fn make_state_dir(config: &Config) -> Result<PathBuf, ServeError> {
             source,
         })?;
     Ok(state_dir)
+}
+
+/// The environment store of the state directory, with what interrupted builds left removed.
+pub(crate) fn open_environments(
+    state_dir: &std::path::Path,
+) -> Result<Arc<airlock_engine::environments::Environments>, ServeError> {
+    let store = airlock_engine::environments::Environments::open(state_dir)?;
+    store.sweep();
+    Ok(Arc::new(store))
 }
 
 /// The engine (with the cgroups an earlier airlock left removed, then its warm pool started)

@@ -334,6 +334,7 @@ pub(crate) async fn open(
             entrypoint: None,
             inputs: None,
             egress: asked.egress,
+            environment: asked.environment,
         },
     )?;
     let egress = job.egress.clone();

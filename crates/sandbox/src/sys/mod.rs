@@ -347,3 +347,47 @@ pub fn loopback_up() -> io::Result<()> {
     }
     Ok(())
 }
+
+const OPEN_TREE_CLONE: u32 = 1;
+const OPEN_TREE_CLOEXEC: u32 = libc::O_CLOEXEC as u32;
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+
+/// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy of the mount
+/// tree at `path`, opened with the caller's rights, to attach later in another namespace.
+pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
+    // SAFETY: a NUL-terminated path that lives across the call, and plain integers.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attaches a detached
+/// tree from `open_tree_clone` at `target`.
+pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let c = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let empty = c"";
+    // SAFETY: a valid descriptor, NUL-terminated paths that live across the call, flags.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,855 @@
+//! Named Python environments: a requirement list built into a venv by pip **inside an
+//! airlock sandbox** (building a package runs its code), whose only egress is the package
+//! index, then stored content-addressed under the state directory and mounted read-only at
+//! `/env` into the executions that name it.
+//!
+//! Layout of `<state>/environments/`:
+//! - `store/<hash>/`: finished environments, owned by root and read-only, each with the
+//!   `airlock-environment.json` manifest (written last) holding the digest of its tree;
+//! - `names/<name>.json`: which hash a name points at (replaced atomically), and
+//!   `names/<name>.lock`, held while a build of that name runs;
+//! - `builds/<random>/`: builds in progress (never used; removed when they fail);
+//! - `logs/<hash>.log`: the last build's output.
+//!
+//! A build is moved into `store/` only once it succeeded and its tree checked out (regular
+//! files, directories and links only), so a half-built environment never has a hash. The tree's
+//! digest is checked again the first time a process uses a hash, so a tampered one is refused.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Where an environment appears inside a sandbox.
+pub const ENV_MOUNT: &str = "/env";
+const MANIFEST: &str = "airlock-environment.json";
+/// Longest requirement list accepted, in lines and bytes.
+pub const MAX_REQUIREMENTS: usize = 256;
+pub const MAX_REQUIREMENTS_BYTES: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    #[error("no environment named {0:?}")]
+    Unknown(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("environment {0:?} is being built by another request")]
+    Busy(String),
+    #[error("environment {name:?} cannot be used: {why}")]
+    Corrupt { name: String, why: String },
+    #[error("building environment {name:?} failed: {why} (log: {log})")]
+    BuildFailed {
+        name: String,
+        why: String,
+        log: PathBuf,
+    },
+    #[error("{what} {path:?}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> EnvError + 'a {
+    move |source| EnvError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What a name points at, and what was built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvironmentInfo {
+    pub name: String,
+    /// SHA-256 of the interpreter and the sorted requirements.
+    pub hash: String,
+    pub requirements: Vec<String>,
+    /// The interpreter it was built for (`major.minor` and its path).
+    pub python: String,
+    pub created_at: String,
+    /// Bytes of the stored tree.
+    pub size_bytes: u64,
+    /// Packages installed, as `name==version`, from the build.
+    pub packages: Vec<String>,
+}
+
+/// The manifest stored with a built tree.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Manifest {
+    hash: String,
+    requirements: Vec<String>,
+    python: String,
+    created_at: String,
+    size_bytes: u64,
+    packages: Vec<String>,
+    /// Digest of every entry of the tree but this manifest (see `tree_digest`).
+    tree: String,
+}
+
+/// An environment ready to mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvMount {
+    pub name: String,
+    pub hash: String,
+    /// The host directory mounted at `/env`.
+    pub source: PathBuf,
+    /// Writable: a build in progress; read-only for everything else.
+    pub writable: bool,
+}
+
+impl EnvMount {
+    /// The site-packages directory inside the sandbox, for `python` (`major.minor`).
+    pub fn site_packages(python: &str) -> String {
+        format!("{ENV_MOUNT}/lib/python{python}/site-packages")
+    }
+}
+
+/// The store of one state directory.
+#[derive(Debug)]
+pub struct Environments {
+    root: PathBuf,
+    /// Hashes whose tree this process checked.
+    verified: Mutex<HashSet<String>>,
+}
+
+/// Names: letters, digits, `-`, `_` and `.`, starting with a letter or digit.
+pub fn check_name(name: &str) -> Result<(), EnvError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(EnvError::Invalid(format!(
+            "environment name {name:?}: 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"
+        )))
+    }
+}
+
+/// A requirements file's lines, checked: requirement specifiers only (no options such as
+/// `--index-url` or `-e`, no URLs or paths: the index is the operator's to choose), sorted and
+/// without duplicates.
+pub fn parse_requirements(text: &str) -> Result<Vec<String>, EnvError> {
+    if text.len() > MAX_REQUIREMENTS_BYTES {
+        return Err(EnvError::Invalid(format!(
+            "requirements over {MAX_REQUIREMENTS_BYTES} bytes"
+        )));
+    }
+    let mut out = Vec::new();
+    for raw in text.lines() {
+        let line = raw.split(" #").next().unwrap_or("").trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let ok = line.as_bytes()[0].is_ascii_alphanumeric()
+            && line.bytes().all(|b| {
+                b.is_ascii_alphanumeric()
+                    || matches!(
+                        b,
+                        b'-' | b'_'
+                            | b'.'
+                            | b'['
+                            | b']'
+                            | b','
+                            | b'='
+                            | b'<'
+                            | b'>'
+                            | b'!'
+                            | b'~'
+                            | b' '
+                            | b';'
+                            | b'"'
+                            | b'\''
+                            | b'('
+                            | b')'
+                            | b'*'
+                    )
+            })
+            && !line.contains("://");
+        if !ok {
+            return Err(EnvError::Invalid(format!(
+                "requirement {line:?}: only `name[extras] <specifiers> ; markers` lines (no options, URLs or paths)"
+            )));
+        }
+        out.push(line.to_owned());
+    }
+    if out.is_empty() {
+        return Err(EnvError::Invalid("no requirements".into()));
+    }
+    if out.len() > MAX_REQUIREMENTS {
+        return Err(EnvError::Invalid(format!(
+            "more than {MAX_REQUIREMENTS} requirements"
+        )));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The content address of a build: the interpreter and the sorted requirements.
+pub fn environment_hash(python: &str, requirements: &[String]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"airlock-environment-v1\0");
+    h.update(python.as_bytes());
+    for r in requirements {
+        h.update(b"\0");
+        h.update(r.as_bytes());
+    }
+    format!("{:x}", h.finalize())
+}
+
+impl Environments {
+    /// The store below `state_dir`, created (mode 0700) if missing.
+    pub fn open(state_dir: &Path) -> Result<Self, EnvError> {
+        let root = state_dir.join("environments");
+        for sub in ["", "store", "names", "builds", "logs"] {
+            let dir = root.join(sub);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+                .map_err(io_err("creating", &dir))?;
+        }
+        Ok(Environments {
+            root,
+            verified: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn name_file(&self, name: &str) -> PathBuf {
+        self.root.join("names").join(format!("{name}.json"))
+    }
+
+    fn stored(&self, hash: &str) -> PathBuf {
+        self.root.join("store").join(hash)
+    }
+
+    pub fn log_path(&self, hash: &str) -> PathBuf {
+        self.root.join("logs").join(format!("{hash}.log"))
+    }
+
+    /// Every named environment, by name.
+    pub fn list(&self) -> Result<Vec<EnvironmentInfo>, EnvError> {
+        let dir = self.root.join("names");
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&dir).map_err(io_err("listing", &dir))? {
+            let entry = entry.map_err(io_err("listing", &dir))?;
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if let Some(name) = file.strip_suffix(".json") {
+                if let Some(info) = self.get(name)? {
+                    out.push(info);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// What `name` points at, if anything.
+    pub fn get(&self, name: &str) -> Result<Option<EnvironmentInfo>, EnvError> {
+        check_name(name)?;
+        let path = self.name_file(name);
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("reading", &path)(e)),
+        };
+        let info: EnvironmentInfo = serde_json::from_str(&text).map_err(|e| EnvError::Corrupt {
+            name: name.to_owned(),
+            why: format!("{}: {e}", path.display()),
+        })?;
+        Ok(Some(info))
+    }
+
+    /// The environment `name`, checked, ready to mount read-only.
+    pub fn resolve(&self, name: &str) -> Result<EnvMount, EnvError> {
+        let info = self
+            .get(name)?
+            .ok_or_else(|| EnvError::Unknown(name.to_owned()))?;
+        let source = self.stored(&info.hash);
+        let corrupt = |why: String| EnvError::Corrupt {
+            name: name.to_owned(),
+            why,
+        };
+        let seen = self
+            .verified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&info.hash);
+        if !seen {
+            let manifest = read_manifest(&source).map_err(corrupt)?;
+            if manifest.hash != info.hash {
+                return Err(corrupt("its manifest names another build".into()));
+            }
+            let (digest, _) = tree_digest(&source).map_err(|e| corrupt(e.to_string()))?;
+            if digest != manifest.tree {
+                return Err(corrupt(
+                    "its files changed since it was built (digest mismatch)".into(),
+                ));
+            }
+            self.verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(info.hash.clone());
+        }
+        Ok(EnvMount {
+            name: name.to_owned(),
+            hash: info.hash,
+            source,
+            writable: false,
+        })
+    }
+
+    /// Removes the name (the stored tree goes too when no other name points at it).
+    pub fn delete(&self, name: &str) -> Result<bool, EnvError> {
+        let Some(info) = self.get(name)? else {
+            return Ok(false);
+        };
+        let _lock = self.lock(name)?;
+        let path = self.name_file(name);
+        fs::remove_file(&path).map_err(io_err("removing", &path))?;
+        let still_used = self.list()?.iter().any(|i| i.hash == info.hash);
+        if !still_used {
+            let stored = self.stored(&info.hash);
+            let _ = remove_tree(&stored);
+            self.verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&info.hash);
+        }
+        Ok(true)
+    }
+
+    /// Holds `names/<name>.lock` for the duration of a build or a removal.
+    fn lock(&self, name: &str) -> Result<NameLock, EnvError> {
+        let path = self.root.join("names").join(format!("{name}.lock"));
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(NameLock(lock)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(EnvError::Busy(name.to_owned())),
+            Err((_, e)) => Err(io_err("locking", &path)(e.into())),
+        }
+    }
+
+    /// Builds `requirements` for `name` with `build` (which runs pip in a sandbox with the
+    /// build directory mounted writable at `/env`) and points the name at the result. An
+    /// identical build already stored is reused without running anything.
+    pub fn create(
+        &self,
+        name: &str,
+        requirements: &[String],
+        python: &str,
+        build: &dyn Fn(&EnvMount, &Path) -> Result<(), String>,
+    ) -> Result<(EnvironmentInfo, bool), EnvError> {
+        check_name(name)?;
+        let _lock = self.lock(name)?;
+        let hash = environment_hash(python, requirements);
+        let stored = self.stored(&hash);
+        let log = self.log_path(&hash);
+        let built = if read_manifest(&stored).is_ok_and(|m| m.hash == hash) {
+            false
+        } else {
+            let dir = self.root.join("builds").join(random_name());
+            fs::DirBuilder::new()
+                .mode(0o777)
+                .create(&dir)
+                .map_err(io_err("creating", &dir))?;
+            // The sandbox's uid owns nothing on the host: it may write here only because the
+            // directory is open to all, inside `builds/`, which only root may enter.
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
+                .map_err(io_err("chmod", &dir))?;
+            let mount = EnvMount {
+                name: name.to_owned(),
+                hash: hash.clone(),
+                source: dir.clone(),
+                writable: true,
+            };
+            let result = build(&mount, &log)
+                .and_then(|()| seal(&dir, &hash, requirements, python).map_err(|e| e.to_string()));
+            if let Err(why) = result {
+                let _ = remove_tree(&dir);
+                return Err(EnvError::BuildFailed {
+                    name: name.to_owned(),
+                    why,
+                    log,
+                });
+            }
+            match fs::rename(&dir, &stored) {
+                Ok(()) => {}
+                // Stored meanwhile under another name: the same content.
+                Err(_) if read_manifest(&stored).is_ok_and(|m| m.hash == hash) => {
+                    let _ = remove_tree(&dir);
+                }
+                Err(e) => {
+                    let _ = remove_tree(&dir);
+                    return Err(io_err("storing", &stored)(e));
+                }
+            }
+            true
+        };
+        let manifest = read_manifest(&stored).map_err(|why| EnvError::Corrupt {
+            name: name.to_owned(),
+            why,
+        })?;
+        let info = EnvironmentInfo {
+            name: name.to_owned(),
+            hash,
+            requirements: manifest.requirements,
+            python: manifest.python,
+            created_at: manifest.created_at,
+            size_bytes: manifest.size_bytes,
+            packages: manifest.packages,
+        };
+        let path = self.name_file(name);
+        let tmp = path.with_extension(format!("json.{}", random_name()));
+        let write = || -> io::Result<()> {
+            let mut f = fs::File::create(&tmp)?;
+            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            io_err("writing", &path)(e)
+        })?;
+        Ok((info, built))
+    }
+
+    /// Removes what failed or interrupted builds left (at start, before anything builds).
+    pub fn sweep(&self) {
+        let dir = self.root.join("builds");
+        if let Ok(entries) = fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                let _ = remove_tree(&entry.path());
+            }
+        }
+    }
+}
+
+struct NameLock(#[allow(dead_code)] nix::fcntl::Flock<fs::File>);
+
+fn random_name() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn getrandom(buf: &mut [u8]) {
+    use std::io::Read;
+    if let Ok(mut f) = fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(buf);
+    }
+}
+
+fn read_manifest(dir: &Path) -> Result<Manifest, String> {
+    let path = dir.join(MANIFEST);
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Takes a finished build over from the sandbox: checks every entry is a directory, a regular
+/// file or a link (no FIFO, socket or device), gives it all to root, read-only, and writes
+/// the manifest with the tree's digest.
+fn seal(dir: &Path, hash: &str, requirements: &[String], python: &str) -> io::Result<()> {
+    own_read_only(dir)?;
+    let (tree, size_bytes) = tree_digest(dir)?;
+    let packages = installed_packages(dir, python);
+    let manifest = Manifest {
+        hash: hash.to_owned(),
+        requirements: requirements.to_vec(),
+        python: python.to_owned(),
+        created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        size_bytes,
+        packages,
+        tree,
+    };
+    let path = dir.join(MANIFEST);
+    fs::write(
+        &path,
+        serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?,
+    )?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o555))?;
+    Ok(())
+}
+
+/// `name==version` of every `*.dist-info` in the site-packages directory.
+fn installed_packages(dir: &Path, python: &str) -> Vec<String> {
+    let site = dir.join(format!("lib/python{python}/site-packages"));
+    let mut out: Vec<String> = fs::read_dir(site)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stem = name.strip_suffix(".dist-info")?;
+            let (pkg, version) = stem.split_once('-')?;
+            Some(format!("{pkg}=={version}"))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// lchown to root and no write bits, for every entry (never following a link).
+fn own_read_only(dir: &Path) -> io::Result<()> {
+    for (path, meta) in walk(dir)? {
+        std::os::unix::fs::lchown(&path, Some(0), Some(0))?;
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            continue;
+        }
+        if !(ft.is_dir() || ft.is_file()) {
+            return Err(io::Error::other(format!(
+                "{} is neither a file, a directory nor a link",
+                path.display()
+            )));
+        }
+        let mode = meta.mode() & 0o555;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+/// SHA-256 over every entry below `dir` (the manifest excepted), in path order: its relative
+/// path, type, permission bits, and contents or link target; and the total size.
+fn tree_digest(dir: &Path) -> io::Result<(String, u64)> {
+    let mut h = Sha256::new();
+    let mut size = 0u64;
+    let mut entries = walk(dir)?;
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (path, meta) in entries {
+        let rel = path.strip_prefix(dir).unwrap_or(&path);
+        if rel == Path::new(MANIFEST) {
+            continue;
+        }
+        h.update(rel.as_os_str().as_encoded_bytes());
+        h.update(b"\0");
+        h.update((meta.mode() & 0o7777).to_le_bytes());
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            h.update(b"l");
+            h.update(fs::read_link(&path)?.as_os_str().as_encoded_bytes());
+        } else if ft.is_dir() {
+            h.update(b"d");
+        } else if ft.is_file() {
+            h.update(b"f");
+            let mut f = fs::File::open(&path)?;
+            let mut fh = Sha256::new();
+            size += io::copy(&mut f, &mut fh)?;
+            h.update(fh.finalize());
+        } else {
+            return Err(io::Error::other(format!(
+                "{} is neither a file, a directory nor a link",
+                path.display()
+            )));
+        }
+        h.update(b"\n");
+    }
+    Ok((format!("{:x}", h.finalize()), size))
+}
+
+/// Every entry below `dir` (itself included), without following links.
+fn walk(dir: &Path) -> io::Result<Vec<(PathBuf, fs::Metadata)>> {
+    let mut out = vec![(dir.to_owned(), fs::symlink_metadata(dir)?)];
+    let mut i = 0;
+    while i < out.len() {
+        if out[i].1.is_dir() {
+            let path = out[i].0.clone();
+            for entry in fs::read_dir(&path)? {
+                let entry = entry?;
+                let p = entry.path();
+                let m = fs::symlink_metadata(&p)?;
+                out.push((p, m));
+            }
+        }
+        i += 1;
+    }
+    Ok(out)
+}
+
+/// Removes a tree whose directories may be read-only.
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    if let Ok(entries) = walk(dir) {
+        for (path, meta) in entries {
+            if meta.is_dir() {
+                let _ = fs::set_permissions(&path, fs::Permissions::from_mode(0o700));
+            }
+        }
+    }
+    fs::remove_dir_all(dir)
+}
+
+/// Shared between threads of a server.
+pub type SharedEnvironments = Arc<Environments>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirements_are_specifiers_only_sorted() {
+        assert_eq!(
+            parse_requirements(
+                "tabulate==0.9.0\n# comment\n\nattrs>=22 ; python_version>'3'\ntabulate==0.9.0\n"
+            )
+            .unwrap(),
+            vec![
+                "attrs>=22 ; python_version>'3'".to_owned(),
+                "tabulate==0.9.0".to_owned()
+            ]
+        );
+        for bad in [
+            "--index-url http://evil/simple",
+            "-e .",
+            "pkg @ https://evil/pkg.whl",
+            "./local.whl",
+            "/etc/passwd",
+            "",
+            "# only a comment",
+        ] {
+            assert!(parse_requirements(bad).is_err(), "{bad}");
+        }
+        for bad in ["", "-x", "a/b", "../x", "a b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad}");
+        }
+        assert!(check_name("datasci-2.0_x").is_ok());
+    }
+
+    #[test]
+    fn the_hash_is_the_interpreter_and_the_sorted_requirements() {
+        let a = environment_hash("3.11", &["a".into(), "b".into()]);
+        assert_eq!(a, environment_hash("3.11", &["a".into(), "b".into()]));
+        assert_ne!(a, environment_hash("3.12", &["a".into(), "b".into()]));
+        assert_ne!(a, environment_hash("3.11", &["ab".into()]));
+    }
+
+    #[test]
+    fn a_tampered_tree_changes_its_digest() {
+        let dir = std::env::temp_dir().join(format!("airlock-envtest-{}", random_name()));
+        fs::create_dir_all(dir.join("lib")).unwrap();
+        fs::write(dir.join("lib/x.py"), "x = 1").unwrap();
+        let (d1, size) = tree_digest(&dir).unwrap();
+        assert_eq!(size, 5);
+        fs::write(dir.join("lib/x.py"), "x = 2").unwrap();
+        assert_ne!(d1, tree_digest(&dir).unwrap().0);
+        fs::write(dir.join("lib/x.py"), "x = 1").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", dir.join("lib/y")).unwrap();
+        assert_ne!(d1, tree_digest(&dir).unwrap().0);
+        remove_tree(&dir).unwrap();
+    }
+}
+
+/// How environments are built: where pip looks, what the build may reach, its limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BuildSettings {
+    /// The package index pip uses (`--index-url`).
+    pub index_url: String,
+    /// The only places the build's sandbox may connect to: the index and where it keeps
+    /// its files.
+    pub egress: airlock_egress::EgressPolicy,
+    /// Wall-clock limit of one build, in milliseconds.
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    /// Scratch space for pip's downloads and builds (the environment itself is on disk).
+    pub disk_mb: u64,
+    pub pids: u32,
+}
+
+impl Default for BuildSettings {
+    fn default() -> Self {
+        let host = |h: &str| airlock_egress::HostRule {
+            host: h.to_owned(),
+            ports: vec![443],
+        };
+        BuildSettings {
+            index_url: "https://pypi.org/simple".into(),
+            egress: airlock_egress::EgressPolicy {
+                hosts: vec![host("pypi.org"), host("files.pythonhosted.org")],
+                ranges: Vec::new(),
+            },
+            timeout_ms: 600_000,
+            memory_mb: 2048,
+            disk_mb: 2048,
+            pids: 256,
+        }
+    }
+}
+
+impl BuildSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        let url = &self.index_url;
+        let ok = (url.starts_with("https://") || url.starts_with("http://"))
+            && !url.contains(['@', ' ', '\n'])
+            && url.len() < 2048;
+        if !ok {
+            return Err(format!(
+                "environments.index_url {url:?}: an http(s) URL without user info"
+            ));
+        }
+        self.egress
+            .validate()
+            .map_err(|m| format!("environments.egress: {m}"))?;
+        if self.egress.allows_nothing() {
+            return Err("environments.egress: list the index's hosts".into());
+        }
+        for (name, zero) in [
+            ("timeout_ms", self.timeout_ms == 0),
+            ("memory_mb", self.memory_mb == 0),
+            ("disk_mb", self.disk_mb == 0),
+            ("pids", self.pids == 0),
+        ] {
+            if zero {
+                return Err(format!("environments.{name} must be greater than zero"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The build, as the code its sandbox runs: a venv on the sandbox's interpreter at `/env`,
+/// then pip (the interpreter's own) installing the requirements into its site-packages from
+/// the configured index only. Source packages build with the interpreter's setuptools, inside
+/// this same sandbox (no build isolation: nothing more is fetched to build them).
+const BUILD_CODE: &str = r#"
+import json, subprocess, sys
+settings = json.load(open("/work/build.json"))
+def step(argv):
+    print("$ " + " ".join(argv), flush=True)
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit("%s exited with %d" % (argv[2], done.returncode))
+step([sys.executable, "-m", "venv", "--without-pip", "/env"])
+step([sys.executable, "-m", "pip", "install", "--no-input", "--progress-bar", "off",
+      "--no-cache-dir", "--disable-pip-version-check", "--no-build-isolation",
+      "--index-url", settings["index_url"], "--target", settings["site_packages"],
+      "-r", "/work/requirements.txt"])
+print("built", flush=True)
+"#;
+
+/// Writes a build's output to its log and hands each line to `progress`.
+struct BuildLog<'a> {
+    file: fs::File,
+    line: Vec<u8>,
+    progress: &'a mut (dyn FnMut(&str) + Send),
+}
+
+impl crate::OutputSink for BuildLog<'_> {
+    fn output(&mut self, _: crate::Stream, chunk: &[u8]) {
+        let _ = self.file.write_all(chunk);
+        for &b in chunk {
+            if b == b'\n' {
+                let line = String::from_utf8_lossy(&self.line).into_owned();
+                (self.progress)(&line);
+                self.line.clear();
+            } else if self.line.len() < 4096 {
+                self.line.push(b);
+            }
+        }
+    }
+
+    fn truncated(&mut self, _: crate::Stream, limit: u64) {
+        let _ = writeln!(self.file, "[output past {limit} bytes not kept]");
+    }
+}
+
+impl crate::Engine {
+    /// Runs one environment build in a sandbox: `mount` writable at `/env`, egress only under
+    /// `settings.egress`, the output streamed to `log` and `progress`.
+    pub fn build_environment(
+        &self,
+        mount: &EnvMount,
+        requirements: &[String],
+        settings: &BuildSettings,
+        log: &Path,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<(), String> {
+        let file = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let mut sink = BuildLog {
+            file,
+            line: Vec::new(),
+            progress,
+        };
+        let limits = self
+            .config()
+            .resolve_limits(&airlock_api::LimitsRequest::default())
+            .map_err(|e| e.to_string())?;
+        let limits = airlock_api::Limits {
+            timeout_ms: settings.timeout_ms,
+            cpu_ms: settings.timeout_ms,
+            memory_mb: settings.memory_mb,
+            disk_mb: settings.disk_mb,
+            pids: settings.pids,
+            output_bytes: limits.output_bytes.max(8 << 20),
+        };
+        let build = serde_json::json!({
+            "index_url": settings.index_url,
+            "site_packages": EnvMount::site_packages(&self.interpreter().version),
+        });
+        let egress = airlock_egress::Leash::new(
+            settings.egress.clone(),
+            Arc::new(airlock_egress::Settings::default()),
+            "environment-build",
+            None,
+        );
+        egress.begin(&format!("build:{}", mount.hash));
+        let job = crate::Job {
+            code: BUILD_CODE.into(),
+            filename: "build.py".into(),
+            stdin: crate::Stdin::Empty,
+            env: Vec::new(),
+            files: vec![
+                crate::InputFile {
+                    path: "requirements.txt".into(),
+                    data: (requirements.join("\n") + "\n").into_bytes(),
+                },
+                crate::InputFile {
+                    path: "build.json".into(),
+                    data: build.to_string().into_bytes(),
+                },
+            ],
+            entrypoint: None,
+            limits,
+            max_code_bytes: BUILD_CODE.len() as u64,
+            stream: true,
+            echo_traceback: true,
+            cancel: None,
+            tools: None,
+            egress: Some(Arc::new(egress)),
+            environment: Some(mount.clone()),
+        };
+        let done = self.execute(job, &mut sink).map_err(|e| e.to_string())?;
+        let r = done.result;
+        let _ = writeln!(
+            sink.file,
+            "[airlock: the build ended with status {}]",
+            r.status
+        );
+        if r.status != airlock_api::Status::Ok {
+            let why = r
+                .error
+                .map(|e| format!("{}: {}", e.kind, e.message))
+                .unwrap_or_else(|| r.status.to_string());
+            return Err(why);
+        }
+        Ok(())
+    }
+}

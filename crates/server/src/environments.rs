@@ -1,0 +1,187 @@
+//! Named environments over HTTP: listing them (any key that may execute), building and
+//! deleting them (keys with the `admin` scope), and resolving the one a request names.
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::{Deserialize, Serialize};
+
+use airlock_engine::environments::{EnvError, EnvMount, EnvironmentInfo};
+
+use crate::config::Scope;
+use crate::error::Error;
+use crate::guard::Caller;
+use crate::pipeline::{parse_json, read_body, require};
+use crate::SharedState;
+
+/// `POST /v1/environments`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvironment {
+    pub name: String,
+    /// Requirement specifiers, one per item (as lines of a requirements file).
+    pub requirements: Vec<String>,
+}
+
+/// What `POST /v1/environments` answers.
+#[derive(Debug, Serialize)]
+pub struct Created {
+    #[serde(flatten)]
+    pub info: EnvironmentInfo,
+    /// False when an identical build was stored already and reused.
+    pub built: bool,
+    /// The build's last lines of output.
+    pub log_tail: Vec<String>,
+}
+
+pub(crate) fn env_error(e: EnvError) -> Error {
+    match e {
+        EnvError::Unknown(_) | EnvError::Invalid(_) => Error::invalid("environment", e.to_string()),
+        EnvError::Busy(_) => Error::new(StatusCode::CONFLICT, "conflict", e.to_string()),
+        EnvError::BuildFailed { .. } => Error::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "build_failed",
+            e.to_string(),
+        ),
+        EnvError::Corrupt { .. } | EnvError::Io { .. } => {
+            tracing::error!(error = %e, "environment store");
+            Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        }
+    }
+}
+
+/// The environment a request names, checked and ready to mount.
+pub(crate) fn for_request(
+    state: &SharedState,
+    name: Option<&str>,
+) -> Result<Option<EnvMount>, Error> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    state
+        .environments
+        .resolve(name)
+        .map(Some)
+        .map_err(env_error)
+}
+
+/// Builds `requirements` as `name` on a blocking thread, logging each line of the build.
+pub(crate) async fn build(
+    state: &SharedState,
+    name: String,
+    requirements: Vec<String>,
+) -> Result<Created, Error> {
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let envs = &st.environments;
+        let settings = &st.config.environments.build;
+        let python = st.engine.interpreter().version.clone();
+        let reqs = airlock_engine::environments::parse_requirements(&requirements.join("\n"))
+            .map_err(env_error)?;
+        let started = std::time::Instant::now();
+        let label = name.clone();
+        let (info, built) = envs
+            .create(&name, &reqs, &python, &|mount, log| {
+                st.engine.build_environment(mount, &reqs, settings, log, &mut |line| {
+                    tracing::info!(environment = %label, elapsed_ms = started.elapsed().as_millis() as u64, "build: {line}");
+                })
+            })
+            .map_err(env_error)?;
+        let log = std::fs::read_to_string(envs.log_path(&info.hash)).unwrap_or_default();
+        let lines: Vec<String> = log.lines().map(str::to_owned).collect();
+        let log_tail = lines[lines.len().saturating_sub(20)..].to_vec();
+        tracing::info!(environment = %info.name, hash = %info.hash, built, "environment ready");
+        Ok(Created {
+            info,
+            built,
+            log_tail,
+        })
+    })
+    .await
+    .map_err(|e| Error::internal(format!("building an environment: {e}")))?
+}
+
+/// `GET /v1/environments`.
+pub async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<EnvironmentInfo>>, Error> {
+    require(&caller, Scope::Execute)?;
+    let st = state.clone();
+    let list = tokio::task::spawn_blocking(move || st.environments.list())
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(env_error)?;
+    Ok(Json(list))
+}
+
+/// `GET /v1/environments/{name}`.
+pub async fn get(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<Json<EnvironmentInfo>, Error> {
+    require(&caller, Scope::Execute)?;
+    match state.environments.get(&name).map_err(env_error)? {
+        Some(info) => Ok(Json(info)),
+        None => Err(Error::not_found()),
+    }
+}
+
+/// `POST /v1/environments`: builds (or reuses) and names an environment; answers when done.
+pub async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Admin)?;
+    let body = read_body(&state, &caller.0, req).await?;
+    let asked: CreateEnvironment = parse_json(&state, &body.bytes)?;
+    drop(body);
+    let created = build(&state, asked.name, asked.requirements).await?;
+    Ok((StatusCode::CREATED, Json(created)).into_response())
+}
+
+/// `DELETE /v1/environments/{name}`.
+pub async fn delete(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    require(&caller, Scope::Admin)?;
+    let st = state.clone();
+    let removed = tokio::task::spawn_blocking(move || st.environments.delete(&name))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(env_error)?;
+    if removed {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(Error::not_found())
+    }
+}
+
+/// Builds the environments the config defines that are missing or differ, one after the
+/// other, in the background (a request naming one before it is ready gets a 400).
+pub(crate) async fn build_defined(state: SharedState) {
+    let defined = state.config.environments.define.clone();
+    for (name, requirements) in defined {
+        let current = state.environments.get(&name).ok().flatten();
+        let python = state.engine.interpreter().version.clone();
+        let wanted = airlock_engine::environments::parse_requirements(&requirements.join("\n"))
+            .map(|r| airlock_engine::environments::environment_hash(&python, &r));
+        if let (Some(info), Ok(hash)) = (&current, &wanted) {
+            if &info.hash == hash {
+                continue;
+            }
+        }
+        if let Err(e) = build(&state, name.clone(), requirements).await {
+            tracing::error!(environment = %name, error = %e.message, "cannot build a configured environment");
+        }
+    }
+}
