@@ -126,7 +126,7 @@ pub fn main(args: EnvArgs) -> ExitCode {
                 settings.index_url
             );
             let built = store.create(&name, &reqs, &python, &|mount, log| {
-                engine.build_environment(mount, &reqs, settings, log, &mut |line| {
+                engine.build_environment(mount, &reqs, settings, None, log, &mut |line| {
                     errln!("  [{:>5.1}s] {line}", started.elapsed().as_secs_f64());
                 })
             });

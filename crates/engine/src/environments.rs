@@ -773,12 +773,14 @@ impl crate::OutputSink for BuildLog<'_> {
 
 impl crate::Engine {
     /// Runs one environment build in a sandbox: `mount` writable at `/env`, egress only under
-    /// `settings.egress`, the output streamed to `log` and `progress`.
+    /// `settings.egress` (each connection told to `observer`), the output streamed to `log`
+    /// and `progress`.
     pub fn build_environment(
         &self,
         mount: &EnvMount,
         requirements: &[String],
         settings: &BuildSettings,
+        observer: Option<Arc<dyn airlock_egress::Observer>>,
         log: &Path,
         progress: &mut (dyn FnMut(&str) + Send),
     ) -> Result<(), String> {
@@ -808,7 +810,7 @@ impl crate::Engine {
             settings.egress.clone(),
             Arc::new(airlock_egress::Settings::default()),
             "environment-build",
-            None,
+            observer,
         );
         egress.begin(&format!("build:{}", mount.hash));
         let job = crate::Job {

@@ -29,13 +29,17 @@ pub(crate) fn for_request(
     if policy.allows_nothing() {
         return Ok(None);
     }
-    let observer: Arc<dyn Observer> = Arc::new(Audit(Arc::downgrade(state)));
     Ok(Some(Arc::new(Leash::new(
         policy,
         state.egress.clone(),
         key.name(),
-        Some(observer),
+        Some(observer(state)),
     ))))
+}
+
+/// What writes a connection's audit line and counts it.
+pub(crate) fn observer(state: &Arc<AppState>) -> Arc<dyn Observer> {
+    Arc::new(Audit(Arc::downgrade(state)))
 }
 
 /// Records connections in the audit log and metrics.

@@ -87,7 +87,8 @@ pub(crate) async fn build(
         let label = name.clone();
         let (info, built) = envs
             .create(&name, &reqs, &python, &|mount, log| {
-                st.engine.build_environment(mount, &reqs, settings, log, &mut |line| {
+                let audit = crate::egress::observer(&st);
+                st.engine.build_environment(mount, &reqs, settings, Some(audit), log, &mut |line| {
                     tracing::info!(environment = %label, elapsed_ms = started.elapsed().as_millis() as u64, "build: {line}");
                 })
             })

@@ -1,0 +1,474 @@
+//! Named environments through the real server and CLI, built by real pip from a local package
+//! index on loopback (`make_index.py`, served by `python3 -m http.server`), and once from the
+//! real package index: built inside a sandbox whose only egress is the index, stored sealed,
+//! mounted read-only, refused when unknown or tampered with; a hostile package's build code
+//! gains nothing; `pip install` in a session lands in the session's own scratch.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::http::{request, Response, Server};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+const ADMIN: &str = "admin-key-0123456789abcdef";
+const USER: &str = "user-key-0123456789abcdef";
+
+fn hash(key: &str) -> String {
+    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-envs-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `python3 -m http.server` over a directory, on a free loopback port.
+struct Served {
+    child: Child,
+    port: u16,
+}
+
+impl Served {
+    fn start(dir: &Path) -> Served {
+        let mut child = Command::new("/usr/bin/python3")
+            .args([
+                "-u",
+                "-m",
+                "http.server",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--directory",
+            ])
+            .arg(dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        // "Serving HTTP on 127.0.0.1 port 41234 (http://127.0.0.1:41234/) ..."
+        let port = line
+            .split_whitespace()
+            .skip_while(|w| *w != "port")
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        Served { child, port }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The local index (`make_index.py`), served; `other` is a port the hostile build tries.
+fn local_index(dir: &Path, state_dir: &Path, other: u16, sleep_s: f64) -> Served {
+    let made = Command::new("/usr/bin/python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/make_index.py"))
+        .arg(dir)
+        .arg(state_dir)
+        .arg(other.to_string())
+        .arg(sleep_s.to_string())
+        .status()
+        .unwrap();
+    assert!(made.success());
+    Served::start(dir)
+}
+
+/// Builds from the index on `port`; the user key may also reach it (pip in a session).
+fn config(port: u16) -> String {
+    format!(
+        r#"
+[environments.build]
+index_url = "http://127.0.0.1:{port}/simple/"
+egress = {{ ranges = [{{ cidr = "127.0.0.1/32", ports = [{port}] }}] }}
+timeout_ms = 120000
+
+[[keys]]
+name = "admin"
+hash = "{admin}"
+scopes = ["execute", "read", "admin"]
+
+[[keys]]
+name = "user"
+hash = "{user}"
+egress = {{ ranges = [{{ cidr = "127.0.0.1/32", ports = [{port}] }}] }}
+"#,
+        admin = hash(ADMIN),
+        user = hash(USER),
+    )
+}
+
+fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
+    call_at(server.addr, key, method, path, body)
+}
+
+fn call_at(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Response {
+    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
+    if body.is_some() {
+        headers.push(("Content-Type".into(), "application/json".into()));
+    }
+    let body = body.map(|b| b.to_string().into_bytes());
+    request(addr, method, path, &headers, body.as_deref())
+}
+
+fn create(server: &Server, key: &str, name: &str, requirements: &[&str]) -> Response {
+    create_at(server.addr, key, name, requirements)
+}
+
+fn create_at(addr: std::net::SocketAddr, key: &str, name: &str, requirements: &[&str]) -> Response {
+    call_at(
+        addr,
+        key,
+        "POST",
+        "/v1/environments",
+        Some(&json!({"name": name, "requirements": requirements})),
+    )
+}
+
+fn execute(server: &Server, body: Value) -> Value {
+    let r = call(server, USER, "POST", "/v1/execute", Some(&body));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
+    let _serial = common::serial();
+    let dir = scratch("build");
+    let index = local_index(&dir.join("index"), &dir, 9, 0.0);
+    let server = Server::start(&config(index.port), &[]);
+
+    // Building needs the admin scope.
+    let r = create(&server, USER, "tiny", &["tinyenv-pkg==1.0"]);
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = create(&server, ADMIN, "tiny", &["tinyenv-pkg==1.0"]);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let built = r.json();
+    assert_eq!(built["built"], true);
+    assert_eq!(built["packages"], json!(["tinyenv_pkg==1.0"]));
+    assert!(
+        built["log_tail"]
+            .to_string()
+            .contains("Successfully installed tinyenv-pkg-1.0"),
+        "{built:#}"
+    );
+    // The same requirements under another name reuse the stored build.
+    let again = create(&server, ADMIN, "tiny2", &["tinyenv-pkg==1.0"]).json();
+    assert_eq!(
+        (&again["built"], &again["hash"]),
+        (&json!(false), &built["hash"])
+    );
+    let listed = call(&server, USER, "GET", "/v1/environments", None).json();
+    let names: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["tiny", "tiny2"]);
+
+    // Named by a request: importable, first on the path, and read-only.
+    let code = "import errno, sys, tinyenv_pkg\ntry:\n    open('/env/planted.py', 'w'); w = 'wrote'\nexcept OSError as e:\n    w = errno.errorcode[e.errno]\n[tinyenv_pkg.VALUE, tinyenv_pkg.__file__, w, sys.prefix]";
+    let r = execute(&server, json!({"code": code, "environment": "tiny"}));
+    assert_eq!(r["status"], "ok", "{r:#}");
+    assert_eq!(r["result"][0], 42);
+    assert_eq!(
+        r["result"][1],
+        "/env/lib/python3.11/site-packages/tinyenv_pkg/__init__.py"
+    );
+    assert_eq!(r["result"][2], "EROFS");
+    // Without it, the package does not exist.
+    let r = execute(&server, json!({"code": "import tinyenv_pkg"}));
+    assert_eq!(r["error"]["type"], "ModuleNotFoundError", "{r:#}");
+    // A session names one too.
+    let s = call(
+        &server,
+        USER,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"environment": "tiny"})),
+    );
+    assert_eq!(s.status, 201, "{}", s.text());
+    let id = s.json()["id"].as_str().unwrap().to_owned();
+    let cell = call(
+        &server,
+        USER,
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({"code": "import tinyenv_pkg\ntinyenv_pkg.VALUE"})),
+    )
+    .json();
+    assert_eq!(cell["result"], 42, "{cell:#}");
+
+    // Unknown: a 400 naming it.
+    let r = call(
+        &server,
+        USER,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "1", "environment": "nonesuch"})),
+    );
+    assert_eq!(r.status, 400);
+    assert!(r.text().contains("nonesuch"), "{}", r.text());
+
+    // Deleted: gone for new requests; the stored tree stays while another name uses it.
+    let store = server.state_dir().join("environments/store");
+    assert_eq!(
+        call(&server, USER, "DELETE", "/v1/environments/tiny", None).status,
+        403
+    );
+    assert_eq!(
+        call(&server, ADMIN, "DELETE", "/v1/environments/tiny", None).status,
+        204
+    );
+    assert_eq!(
+        call(&server, USER, "GET", "/v1/environments/tiny", None).status,
+        404
+    );
+    assert_eq!(entries(&store).len(), 1);
+    assert_eq!(
+        call(&server, ADMIN, "DELETE", "/v1/environments/tiny2", None).status,
+        204
+    );
+    assert!(entries(&store).is_empty());
+    let r = call(
+        &server,
+        USER,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "1", "environment": "tiny"})),
+    );
+    assert_eq!(r.status, 400);
+}
+
+#[test]
+fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_used() {
+    let _serial = common::serial();
+    let dir = scratch("hostile");
+    let other = Served::start(&dir);
+    let index = local_index(&dir.join("index"), &dir, other.port, 3.0);
+    let server = Server::start(&config(index.port), &[]);
+
+    // Two builds of one name at once: one builds, the other is told so; nothing mixes.
+    let addr = server.addr;
+    let (a, b) = std::thread::scope(|s| {
+        let first = s.spawn(|| create_at(addr, ADMIN, "evil", &["evilpkg==1.0"]));
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        let second = s.spawn(|| create_at(addr, ADMIN, "evil", &["evilpkg==1.0", "tinyenv-pkg"]));
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    assert_eq!(a.status, 201, "{}", a.text());
+    assert_eq!(b.status, 409, "{}", b.text());
+    let info = call(&server, USER, "GET", "/v1/environments/evil", None).json();
+    assert_eq!(info["requirements"], json!(["evilpkg==1.0"]));
+
+    // What the package's setup.py saw while pip built it: none of the host, the sandbox's
+    // uid, no way around the proxy, and the proxy refusing everything but the index.
+    let r = execute(
+        &server,
+        json!({"code": "import evilpkg.report\nevilpkg.report.REPORT", "environment": "evil"}),
+    );
+    let report = &r["result"];
+    assert_eq!(report["uid"], 1000, "{r:#}");
+    assert_eq!(report["/etc/shadow"], "ENOENT");
+    assert_eq!(report["/root"], "ENOENT");
+    assert_eq!(report[dir.to_str().unwrap()], "ENOENT");
+    assert_eq!(report["/proc/1/environ"], "EACCES");
+    assert_eq!(report["direct"], "EACCES");
+    assert!(
+        report["proxy"].as_str().unwrap().contains("403"),
+        "{report}"
+    );
+    // ... and its connections are in the audit log under the build.
+    let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
+    let builds: Vec<Value> = audit
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == "egress" && v["key"] == "environment-build")
+        .collect();
+    assert!(
+        builds.iter().any(|l| l["outcome"] == "allowed"),
+        "{builds:#?}"
+    );
+    assert!(
+        builds
+            .iter()
+            .any(|l| l["outcome"] == "denied" && l["host"] == "localhost"),
+        "{builds:#?}"
+    );
+
+    // A build that fails leaves no name, no stored tree, no build directory.
+    let envs = server.state_dir().join("environments");
+    let stored_before = entries(&envs.join("store")).len();
+    let r = create(&server, ADMIN, "broken", &["no-such-package==9"]);
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(r.text().contains("log"), "{}", r.text());
+    assert_eq!(
+        call(&server, USER, "GET", "/v1/environments/broken", None).status,
+        404
+    );
+    assert_eq!(entries(&envs.join("store")).len(), stored_before);
+    assert!(entries(&envs.join("builds")).is_empty());
+
+    // Requirements that are not requirements are refused before anything runs.
+    for bad in [
+        "--index-url http://evil.example/simple",
+        "pkg @ https://evil.example/x.whl",
+        "../x",
+    ] {
+        let r = create(&server, ADMIN, "bad", &[bad]);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+    }
+
+    // A stored tree changed behind airlock's back is refused by a server that has not used
+    // it yet.
+    let hash = info["hash"].as_str().unwrap();
+    let report = envs.join(format!(
+        "store/{hash}/lib/python3.11/site-packages/evilpkg/report.py"
+    ));
+    let stopped = server.stop_keeping_state();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&report, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(&report, "REPORT = 'planted'\n").unwrap();
+    let server = Server::start_in(stopped, &config(index.port), &[], None);
+    let r = call(
+        &server,
+        USER,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "import evilpkg.report", "environment": "evil"})),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.text().contains("changed since it was built"),
+        "{}",
+        r.text()
+    );
+}
+
+#[test]
+fn pip_install_in_a_session_is_importable_in_the_next_cell() {
+    let _serial = common::serial();
+    let dir = scratch("session");
+    let index = local_index(&dir.join("index"), &dir, 9, 0.0);
+    let server = Server::start(&config(index.port), &[]);
+    let s = call(&server, USER, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(s.status, 201, "{}", s.text());
+    let id = s.json()["id"].as_str().unwrap().to_owned();
+    let cell = |code: &str| {
+        call(
+            &server,
+            USER,
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(&json!({ "code": code })),
+        )
+        .json()
+    };
+    let install = cell(&format!(
+        "import subprocess, sys\np = subprocess.run([sys.executable, '-m', 'pip', 'install', '--index-url', 'http://127.0.0.1:{}/simple/', 'sessionpkg'], capture_output=True, text=True)\n[p.returncode, p.stdout[-300:], p.stderr[-600:]]",
+        index.port
+    ));
+    assert_eq!(install["result"][0], 0, "{install:#}");
+    let used = cell("import os, sessionpkg\n[sessionpkg.VALUE, sessionpkg.__file__, os.statvfs('/tmp').f_bfree < os.statvfs('/tmp').f_blocks]");
+    assert_eq!(
+        used["result"],
+        json!([
+            "installed in a session",
+            "/tmp/packages/sessionpkg/__init__.py",
+            true
+        ]),
+        "{used:#}"
+    );
+    assert!(used["usage"]["egress"]["connections"] == 0);
+}
+
+#[test]
+fn the_cli_builds_an_environment_from_the_real_package_index() {
+    let _serial = common::serial();
+    let dir = scratch("pypi");
+    let reqs = dir.join("requirements.txt");
+    std::fs::write(&reqs, "tabulate\n").unwrap();
+    let state = dir.join("state");
+    let out = common::airlock()
+        .args(["env", "create", "tab", "-r"])
+        .arg(&reqs)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("egress only to https://pypi.org/simple"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("Successfully installed tabulate"),
+        "{stderr}"
+    );
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        info["packages"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("tabulate=="),
+        "{info}"
+    );
+
+    let config = dir.join("airlock.toml");
+    std::fs::write(
+        &config,
+        format!("state_dir = {:?}\n", state.to_str().unwrap()),
+    )
+    .unwrap();
+    let run = common::invoke(
+        &[
+            "run",
+            "--json",
+            "--environment",
+            "tab",
+            "--config",
+            config.to_str().unwrap(),
+            "-",
+        ],
+        b"import tabulate\ntabulate.tabulate([[1, 2]])",
+    );
+    assert_eq!(run.status(), "ok", "{:?}", run.json);
+    assert_eq!(run.result(), &json!("-  -\n1  2\n-  -"));
+    let list = common::airlock()
+        .args(["env", "list", "--state-dir"])
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&list.stdout).starts_with("tab\t"));
+}
