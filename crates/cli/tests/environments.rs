@@ -99,7 +99,7 @@ timeout_ms = 120000
 [[keys]]
 name = "admin"
 hash = "{admin}"
-scopes = ["execute", "read", "admin"]
+scopes = ["execute", "read", "metrics", "admin"]
 
 [[keys]]
 name = "user"
@@ -144,8 +144,9 @@ fn create_at(addr: std::net::SocketAddr, key: &str, name: &str, requirements: &[
     )
 }
 
+/// Runs as the admin key, which has no egress (an execution with egress starts cold).
 fn execute(server: &Server, body: Value) -> Value {
-    let r = call(server, USER, "POST", "/v1/execute", Some(&body));
+    let r = call(server, ADMIN, "POST", "/v1/execute", Some(&body));
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
 }
@@ -165,7 +166,8 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
     let _serial = common::serial();
     let dir = scratch("build");
     let index = local_index(&dir.join("index"), &dir, 9, 0.0);
-    let server = Server::start(&config(index.port), &[]);
+    // With the warm pool on: an environment in demand gets a pool of its own.
+    let server = Server::start(&format!("[pool]\nsize = 1\n{}", config(index.port)), &[]);
 
     // Building needs the admin scope.
     let r = create(&server, USER, "tiny", &["tinyenv-pkg==1.0"]);
@@ -206,6 +208,28 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
         "/env/lib/python3.11/site-packages/tinyenv_pkg/__init__.py"
     );
     assert_eq!(r["result"][2], "EROFS");
+    // That first execution started the environment's pool; the next one takes from it.
+    let hash = built["hash"].as_str().unwrap();
+    let metric = |name: &str| -> f64 {
+        let text = call(&server, ADMIN, "GET", "/metrics", None).text();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .map_or(0.0, |v| v.trim().parse().unwrap())
+    };
+    let idle = format!("airlock_environment_pool_idle_sandboxes{{hash=\"{hash}\"}}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while metric(&idle) < 1.0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let pooled = execute(&server, json!({"code": code, "environment": "tiny"}));
+    assert_eq!(pooled["result"], r["result"], "{pooled:#}");
+    let takes = format!("airlock_environment_pool_takes_total{{hash=\"{hash}\"}}");
+    assert_eq!(
+        metric(&takes),
+        1.0,
+        "{}",
+        call(&server, ADMIN, "GET", "/metrics", None).text()
+    );
     // Without it, the package does not exist.
     let r = execute(&server, json!({"code": "import tinyenv_pkg"}));
     assert_eq!(r["error"]["type"], "ModuleNotFoundError", "{r:#}");

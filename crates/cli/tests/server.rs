@@ -152,7 +152,10 @@ fn every_route_but_healthz_needs_a_valid_key() {
         if *path == "/healthz" {
             continue;
         }
-        let path = path.replace("{id}", "ex_0").replace("{path}", "x");
+        let path = path
+            .replace("{id}", "ex_0")
+            .replace("{path}", "x")
+            .replace("{name}", "x");
         for headers in [
             vec![],
             vec![h("Authorization", &format!("Bearer {wrong}"))],

@@ -190,8 +190,22 @@ pub struct Engine {
     config: EngineConfig,
     interpreter: Interpreter,
     pool: Option<Arc<Pool>>,
+    /// Pools per environment, started when one is first asked for (see `env_pool`).
+    env_pools: Option<Arc<EnvPools>>,
     defer_cleanup: bool,
 }
+
+/// Warm pools for environments in demand: one per stored environment, started by the first
+/// execution that names it (which itself starts cold), closed once unused for
+/// `ENV_POOL_IDLE`.
+#[derive(Debug)]
+struct EnvPools {
+    config: PoolConfig,
+    pools: Mutex<std::collections::BTreeMap<String, (Arc<Pool>, std::time::Instant)>>,
+}
+
+/// How long an environment's pool outlives its last execution.
+const ENV_POOL_IDLE: Duration = Duration::from_secs(600);
 
 impl Engine {
     pub fn new(config: EngineConfig) -> Result<Self, EngineError> {
@@ -200,6 +214,7 @@ impl Engine {
             config,
             interpreter,
             pool: None,
+            env_pools: None,
             defer_cleanup: false,
         })
     }
@@ -214,9 +229,94 @@ impl Engine {
     /// Starts a warm pool (see `pool`) that this engine, and its clones made from now on,
     /// take sandboxes from.
     pub fn start_pool(&mut self, config: PoolConfig) -> Result<Arc<Pool>, String> {
-        let pool = Arc::new(Pool::start(self, config)?);
+        let pool = Arc::new(Pool::start(self, config.clone())?);
         self.pool = Some(pool.clone());
+        if config.size > 0 {
+            // An environment keeps one sandbox ready once asked for, more while in demand.
+            let config = PoolConfig {
+                size: 1,
+                max_size: config.max_size.clamp(1, 4),
+                workers: 1,
+                ..config
+            };
+            self.env_pools = Some(Arc::new(EnvPools {
+                config,
+                pools: Mutex::new(std::collections::BTreeMap::new()),
+            }));
+        }
         Ok(pool)
+    }
+
+    /// The pool of `env`'s sandboxes, started now if it was not running; pools unused for
+    /// `ENV_POOL_IDLE` are closed on the way.
+    fn env_pool(&self, env: &environments::EnvMount) -> Option<Arc<Pool>> {
+        let pools = self.env_pools.as_ref()?;
+        let now = std::time::Instant::now();
+        let (pool, stale) = {
+            let mut map = pools.pools.lock().unwrap_or_else(|e| e.into_inner());
+            let stale: Vec<Arc<Pool>> = {
+                let old: Vec<String> = map
+                    .iter()
+                    .filter(|(hash, (_, used))| {
+                        **hash != env.hash && now.duration_since(*used) > ENV_POOL_IDLE
+                    })
+                    .map(|(hash, _)| hash.clone())
+                    .collect();
+                old.iter()
+                    .filter_map(|h| map.remove(h))
+                    .map(|(p, _)| p)
+                    .collect()
+            };
+            let pool = match map.get_mut(&env.hash) {
+                Some((pool, used)) => {
+                    *used = now;
+                    Some(pool.clone())
+                }
+                None => {
+                    // Built for the default limits, like the main pool's.
+                    let mut policy = self.policy(&self.config.defaults);
+                    with_environment(&mut policy, env);
+                    if let Ok(pool) = Pool::start_for(self, pools.config.clone(), policy) {
+                        map.insert(env.hash.clone(), (Arc::new(pool), now));
+                    }
+                    // This execution goes cold; the next finds a sandbox ready.
+                    None
+                }
+            };
+            (pool, stale)
+        };
+        for pool in stale {
+            pool.close();
+        }
+        pool
+    }
+
+    /// The pools of environments, with how many sandboxes each holds ready.
+    pub fn environment_pools(&self) -> Vec<(String, PoolStatus)> {
+        let Some(pools) = &self.env_pools else {
+            return Vec::new();
+        };
+        let map = pools.pools.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .map(|(hash, (pool, _))| (hash.clone(), pool.status()))
+            .collect()
+    }
+
+    /// Closes every pool: the default one and the environments'.
+    pub fn close_pools(&self) {
+        if let Some(pools) = &self.env_pools {
+            let all: Vec<Arc<Pool>> =
+                std::mem::take(&mut *pools.pools.lock().unwrap_or_else(|e| e.into_inner()))
+                    .into_values()
+                    .map(|(p, _)| p)
+                    .collect();
+            for pool in all {
+                pool.close();
+            }
+        }
+        if let Some(pool) = &self.pool {
+            pool.close();
+        }
     }
 
     pub fn pool(&self) -> Option<&Arc<Pool>> {
@@ -414,12 +514,7 @@ impl Engine {
             with_egress_port(&mut policy);
         }
         if let Some(env) = &job.environment {
-            let (source, target) = (env.source.clone(), PathBuf::from(environments::ENV_MOUNT));
-            policy.root.push(if env.writable {
-                airlock_sandbox::RootEntry::Writable { source, target }
-            } else {
-                airlock_sandbox::RootEntry::ReadOnly { source, target }
-            });
+            with_environment(&mut policy, env);
         }
         policy
     }
@@ -511,6 +606,9 @@ impl Engine {
         };
         let warm = match (&tools, &job.egress, &job.environment) {
             (None, None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
+            (None, None, Some(env)) if !env.writable => {
+                self.env_pool(env).and_then(|p| p.take(&policy))
+            }
             _ => None,
         };
         let pooled = warm.is_some();
@@ -793,6 +891,16 @@ pub(crate) fn with_egress_port(policy: &mut Policy) {
             target: PathBuf::from(CA_BUNDLE),
         });
     }
+}
+
+/// Mounts `env` at `/env`: read-only, or writable for its own build.
+fn with_environment(policy: &mut Policy, env: &environments::EnvMount) {
+    let (source, target) = (env.source.clone(), PathBuf::from(environments::ENV_MOUNT));
+    policy.root.push(if env.writable {
+        airlock_sandbox::RootEntry::Writable { source, target }
+    } else {
+        airlock_sandbox::RootEntry::ReadOnly { source, target }
+    });
 }
 
 /// Reports the egress policy a sandbox ran under, when it had one.

@@ -179,12 +179,22 @@ impl Drop for InUse {
 impl Pool {
     /// Starts filling a pool for `engine` (whose own pool, if any, is not used).
     pub fn start(engine: &Engine, config: PoolConfig) -> Result<Pool, String> {
+        let policy = engine.policy(&engine.config.defaults);
+        Self::start_for(engine, config, policy)
+    }
+
+    /// Starts filling a pool of sandboxes built from `policy` (an environment's).
+    pub(crate) fn start_for(
+        engine: &Engine,
+        config: PoolConfig,
+        policy: Policy,
+    ) -> Result<Pool, String> {
         config.validate()?;
         let engine = Engine {
             pool: None,
+            env_pools: None,
             ..engine.clone()
         };
-        let policy = engine.policy(&engine.config.defaults);
         let shared = Arc::new(Shared {
             engine,
             policy,

@@ -309,6 +309,30 @@ pub fn render_tools(statuses: &[airlock_tools::SourceStatus]) -> String {
     out
 }
 
+/// The pools of environments in demand, by the environment's hash.
+pub fn render_environment_pools(pools: &[(String, airlock_engine::PoolStatus)]) -> String {
+    let mut out = String::new();
+    out.push_str("# HELP airlock_environment_pool_idle_sandboxes Sandboxes of an environment ready and waiting.\n");
+    out.push_str("# TYPE airlock_environment_pool_idle_sandboxes gauge\n");
+    for (hash, status) in pools {
+        let _ = writeln!(
+            out,
+            "airlock_environment_pool_idle_sandboxes{{hash=\"{hash}\"}} {}",
+            status.idle
+        );
+    }
+    out.push_str("# HELP airlock_environment_pool_takes_total Executions naming an environment that got a pooled sandbox.\n");
+    out.push_str("# TYPE airlock_environment_pool_takes_total counter\n");
+    for (hash, status) in pools {
+        let _ = writeln!(
+            out,
+            "airlock_environment_pool_takes_total{{hash=\"{hash}\"}} {}",
+            status.takes
+        );
+    }
+    out
+}
+
 /// The warm pool's state (zeros when there is none) and background clean-up failures, in
 /// Prometheus text.
 pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {

@@ -16,6 +16,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/pickle/scan"),
     ("GET", "/v1/tools"),
     ("GET", "/v1/executions/{id}"),
+    ("GET", "/v1/environments"),
+    ("POST", "/v1/environments"),
+    ("GET", "/v1/environments/{name}"),
+    ("DELETE", "/v1/environments/{name}"),
     ("POST", "/v1/sessions"),
     ("GET", "/v1/sessions"),
     ("GET", "/v1/sessions/{id}"),
@@ -63,6 +67,23 @@ fn with(mut responses: Value, code: &str, body: Value) -> Value {
 
 fn id_param() -> Value {
     json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string"}})
+}
+
+fn name_param() -> Value {
+    json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}})
+}
+
+/// An environment as `/v1/environments` gives it.
+fn environment_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "hash": {"type": "string", "description": "SHA-256 of the interpreter and the sorted requirements: where it is stored."},
+        "requirements": {"type": "array", "items": {"type": "string"}},
+        "python": {"type": "string"},
+        "created_at": {"type": "string"},
+        "size_bytes": {"type": "integer"},
+        "packages": {"type": "array", "items": {"type": "string"}, "description": "`name==version` of what was installed."},
+    }})
 }
 
 fn path_param() -> Value {
@@ -132,6 +153,40 @@ pub fn openapi() -> Value {
                 "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
                     json!({"description": "The record.", "content": json_body(&record)})),
             }},
+            "/v1/environments": {
+                "get": {
+                    "summary": "The named environments requests may use (`environment`)",
+                    "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
+                        json!({"description": "Every environment.", "content": {"application/json": {"schema": {"type": "array", "items": environment_schema()}}}})),
+                },
+                "post": {
+                    "summary": "Build an environment (pip, inside a sandbox whose only egress is the package index) and name it; answers when the build is done; scope `admin`",
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                        "type": "object", "additionalProperties": false, "required": ["name", "requirements"],
+                        "properties": {
+                            "name": {"type": "string", "description": "1-64 letters, digits, `-`, `_`, `.`."},
+                            "requirements": {"type": "array", "items": {"type": "string"}, "description": "Requirement specifiers (no options, URLs or paths)."},
+                        }}}}},
+                    "responses": with(with(with(errors(&[400, 401, 403, 413, 415, 421, 429, 503]), "409",
+                        json!({"description": "A build of this name is running."})), "422",
+                        json!({"description": "The build failed (`build_failed`); the message names its log."})), "201",
+                        json!({"description": "The environment, `built` (false: an identical build was reused) and the log's last lines (`log_tail`).",
+                               "content": {"application/json": {"schema": environment_schema()}}})),
+                },
+            },
+            "/v1/environments/{name}": {
+                "get": {
+                    "summary": "One environment",
+                    "parameters": [name_param()],
+                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                        json!({"description": "The environment.", "content": {"application/json": {"schema": environment_schema()}}})),
+                },
+                "delete": {
+                    "summary": "Remove an environment (its stored tree goes when no other name uses it); scope `admin`",
+                    "parameters": [name_param()],
+                    "responses": with(errors(&[401, 403, 404, 409, 421, 503]), "204", json!({"description": "Removed."})),
+                },
+            },
             "/v1/sessions": {
                 "post": {
                     "summary": "Start a session: one sandbox and interpreter for many cells, this key's alone",

@@ -214,9 +214,8 @@ async fn close_sessions_and_pool(state: &SharedState) {
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || st.sessions.close_all()).await;
     // Idle pooled sandboxes go last: nothing can take them any more.
-    if let Some(pool) = state.engine.pool().cloned() {
-        let _ = tokio::task::spawn_blocking(move || pool.close()).await;
-    }
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || st.engine.close_pools()).await;
     let _ = tokio::task::spawn_blocking(airlock_sandbox::settle).await;
 }
 

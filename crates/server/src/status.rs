@@ -108,6 +108,9 @@ pub(crate) async fn metrics(
     let pool = state.engine.pool().map(|p| p.status()).unwrap_or_default();
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));
+    text.push_str(&crate::metrics::render_environment_pools(
+        &state.engine.environment_pools(),
+    ));
     text.push_str(&state.sessions.render_metrics());
     if let Some(tools) = &state.tools {
         text.push_str(&crate::metrics::render_tools(&tools.statuses()));
