@@ -230,6 +230,37 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
         "{}",
         call(&server, ADMIN, "GET", "/metrics", None).text()
     );
+    // The MCP tools take it as an argument, and list the environments there are.
+    let mcp = |body: Value| {
+        let headers = vec![
+            ("Authorization".to_owned(), format!("Bearer {ADMIN}")),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            (
+                "Accept".to_owned(),
+                "application/json, text/event-stream".to_owned(),
+            ),
+        ];
+        let body = serde_json::to_vec(&body).unwrap();
+        request(server.addr, "POST", "/mcp", &headers, Some(&body)).json()
+    };
+    let listed = mcp(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}));
+    assert!(
+        listed.to_string().contains(
+            "Named environments with more packages (the environment argument): tiny, tiny2."
+        ),
+        "{listed:#}"
+    );
+    let called = mcp(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "run_python",
+        "arguments": {"code": "import tinyenv_pkg\ntinyenv_pkg.VALUE", "environment": "tiny"}}}),
+    );
+    assert!(
+        called["result"]["content"]
+            .to_string()
+            .contains("result:\n42"),
+        "{called:#}"
+    );
     // Without it, the package does not exist.
     let r = execute(&server, json!({"code": "import tinyenv_pkg"}));
     assert_eq!(r["error"]["type"], "ModuleNotFoundError", "{r:#}");

@@ -261,9 +261,12 @@ pub fn special(addr: IpAddr) -> Option<&'static str> {
 }
 
 fn special_v4(a: Ipv4Addr) -> Option<&'static str> {
-    let [b0, b1, ..] = a.octets();
+    let [b0, b1, b2, _] = a.octets();
     Some(match () {
         _ if a == Ipv4Addr::new(169, 254, 169, 254) => "metadata",
+        // IETF protocol assignments (some clouds answer metadata there) and benchmarking.
+        _ if b0 == 192 && b1 == 0 && b2 == 0 => "reserved",
+        _ if b0 == 198 && (b1 == 18 || b1 == 19) => "reserved",
         _ if a.is_unspecified() || b0 == 0 => "unspecified",
         _ if a.is_loopback() => "loopback",
         _ if a.is_private() => "private",
@@ -294,6 +297,8 @@ fn special_v6(a: Ipv6Addr) -> Option<&'static str> {
         _ if s0 & 0xfe00 == 0xfc00 => "unique local",
         _ if s0 & 0xffc0 == 0xfe80 => "link-local",
         _ if s0 & 0xffc0 == 0xfec0 => "site-local",
+        // Teredo tunnels to an IPv4 address it hides.
+        _ if s0 == 0x2001 && a.segments()[1] == 0 => "Teredo",
         _ if a.is_multicast() => "multicast",
         _ => return None,
     })
@@ -399,6 +404,9 @@ mod tests {
             "ff02::1",
             "64:ff9b::a00:1",
             "2002:a00:1::1",
+            "192.0.0.192",
+            "198.18.0.1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
         ] {
             let addr: IpAddr = addr.parse().unwrap();
             let port = if addr == "127.0.0.1".parse::<IpAddr>().unwrap() {

@@ -23,6 +23,10 @@ use crate::{Denied, EgressPolicy, Target};
 
 /// Largest request head the proxy reads (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
+/// The whole head must arrive within this, however slowly it trickles.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest host name or detail an audit line carries.
+const MAX_AUDITED: usize = 256;
 const MAX_HEADERS: usize = 64;
 const BUFFER: usize = 32 * 1024;
 
@@ -126,6 +130,10 @@ pub struct Usage {
 #[derive(Debug, Default)]
 struct Counters {
     opened: AtomicU64,
+    /// Connections open now (each holds threads on the host), across cells of a session.
+    live: AtomicU64,
+    /// A refusal for the connection budget was audited already (the rest are only counted).
+    budget_audited: AtomicBool,
     connections: AtomicU64,
     denied: AtomicU64,
     bytes_out: AtomicU64,
@@ -178,6 +186,7 @@ impl Leash {
         ] {
             c.store(0, Ordering::Relaxed);
         }
+        self.counters.budget_audited.store(false, Ordering::Relaxed);
     }
 
     pub fn usage(&self) -> Usage {
@@ -297,14 +306,63 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         if shared.closed.load(Ordering::SeqCst) {
             return;
         }
-        let shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("egress-conn".into())
-            .spawn(move || Connection::new(&shared).run(client));
-        if spawned.is_err() {
-            // Out of threads: the connection is dropped, the code sees a reset.
+        // The budget is counted here, before a thread exists: a sandbox can never hold more
+        // than `max_connections` connections (and their threads) open, however it opens them.
+        let leash = &shared.leash;
+        let c = &leash.counters;
+        let max = u64::from(leash.settings.max_connections);
+        let opened = c.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        if opened > max || c.live.load(Ordering::Relaxed) >= max {
+            refuse_over_budget(shared, client, max);
             continue;
         }
+        c.live.fetch_add(1, Ordering::Relaxed);
+        let conn = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("egress-conn".into())
+            .spawn(move || {
+                Connection::new(&conn).run(client);
+                conn.leash.counters.live.fetch_sub(1, Ordering::Relaxed);
+            });
+        if spawned.is_err() {
+            // Out of threads: the connection is dropped, the code sees a reset.
+            c.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Answers a connection past the budget at once, from the accept loop; only the first such
+/// refusal of an execution is told to the observer (the rest are counted).
+fn refuse_over_budget(shared: &Shared, mut client: TcpStream, max: u64) {
+    let leash = &shared.leash;
+    leash.counters.denied.fetch_add(1, Ordering::Relaxed);
+    let detail = format!("this execution may have {max} connections");
+    let body = format!("airlock egress denied: {detail} (connection_budget)\n");
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         X-Airlock-Egress: denied; reason=connection_budget\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // Read what the request sent so far (closing with unread data would reset the connection
+    // before the answer is read), answer, and give the client a moment to read it. This holds
+    // only this sandbox's accept loop, briefly.
+    let mut sink = [0u8; 4096];
+    let _ = client.set_read_timeout(Some(Duration::from_millis(50)));
+    let _ = client.set_write_timeout(Some(Duration::from_millis(50)));
+    let _ = client.read(&mut sink);
+    let _ = client.write_all(answer.as_bytes());
+    let _ = client.shutdown(Shutdown::Write);
+    let _ = client.read(&mut sink);
+    if leash.counters.budget_audited.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let mut conn = Connection::new(shared);
+    conn.record.outcome = "denied";
+    conn.record.reason = Some("connection_budget");
+    conn.record.detail = Some(detail);
+    if let Some(observer) = &leash.observer {
+        observer.connection(&conn.record);
     }
 }
 
@@ -425,32 +483,22 @@ impl<'a> Connection<'a> {
             self.shared.unregister(*id);
         }
         self.record.duration_ms = self.started.elapsed().as_millis() as u64;
+        cut_to(&mut self.record.host, MAX_AUDITED);
+        if let Some(detail) = &mut self.record.detail {
+            cut_to(detail, MAX_AUDITED);
+        }
         if let Some(observer) = &self.shared.leash.observer {
             observer.connection(&self.record);
         }
     }
 
     fn serve(&mut self, client: &mut TcpStream) -> Result<(), Refusal> {
-        let idle = Duration::from_millis(self.settings().idle_timeout_ms);
-        let _ = client.set_read_timeout(Some(idle));
         let request = read_request(client)?;
         self.record.method = request.method.clone();
         self.record.host = request.host.clone();
         self.record.port = request.port;
 
         let leash = &self.shared.leash;
-        let opened = leash.counters.opened.fetch_add(1, Ordering::Relaxed) + 1;
-        if opened > u64::from(self.settings().max_connections) {
-            return Err(Refusal {
-                status: "429 Too Many Requests",
-                outcome: "denied",
-                reason: "connection_budget",
-                detail: format!(
-                    "this execution opened its {} connections",
-                    self.settings().max_connections
-                ),
-            });
-        }
         let target = leash
             .policy
             .check_target(&request.host, request.port)
@@ -483,7 +531,10 @@ impl<'a> Connection<'a> {
             Target::Address(addr) => vec![*addr],
             Target::Name(name) => match self.settings().resolve.get(name) {
                 Some(fixed) => fixed.clone(),
-                None => (name.as_str(), port)
+                // A name with a dot is resolved as it is, with a final dot, never under one of
+                // the resolver's search domains; a single label (`localhost`, a name the
+                // operator listed from its hosts file) as given.
+                None => (absolute(name).as_str(), port)
                     .to_socket_addrs()
                     .map_err(|e| {
                         Refusal::failed("502 Bad Gateway", "resolve_failed", format!("{name}: {e}"))
@@ -679,7 +730,17 @@ fn read_request(client: &mut TcpStream) -> Result<Request, Refusal> {
     let bad = |detail: String| Refusal::failed("400 Bad Request", "bad_request", detail);
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
+    let deadline = Instant::now() + HEAD_TIMEOUT;
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Refusal::failed(
+                "408 Request Timeout",
+                "bad_request",
+                format!("no whole request head within {HEAD_TIMEOUT:?}"),
+            ));
+        }
+        let _ = client.set_read_timeout(Some(left));
         let n = match client.read(&mut chunk) {
             Ok(0) => return Err(bad("the connection closed before a request".into())),
             Ok(n) => n,
@@ -773,6 +834,26 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
         head,
         rest: rest.to_vec(),
     })
+}
+
+fn absolute(name: &str) -> String {
+    if name.contains('.') {
+        format!("{name}.")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// Shortens `text` to at most `max` bytes, on a character boundary.
+fn cut_to(text: &mut String, max: usize) {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
 }
 
 /// `host:port`, `[v6]:port`, or without the port when `default` is given. No user info.

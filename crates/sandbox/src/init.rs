@@ -380,18 +380,21 @@ fn reap_until(main: i32) -> Report {
 
 /// Assembles the new root on a small tmpfs, pivots into it and makes it read-only.
 /// A detached copy of the source of each bind mount of the root (`open_tree`), in policy
-/// order: made with the caller's rights, attached inside the sandbox's mount namespace.
+/// order: made with the caller's rights, attached inside the sandbox's mount namespace. Only
+/// root may clone mounts of the host's namespace; an unprivileged caller gets `None` and binds
+/// by path from inside, so its sources must be reachable by its own uid.
 fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
+    let root = unistd::geteuid().is_root();
     policy
         .root
         .iter()
         .map(|entry| match entry {
-            RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } => {
+            RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } if root => {
                 sys::open_tree_clone(source)
                     .map(Some)
                     .map_err(path_err("open_tree", source))
             }
-            RootEntry::Symlink { .. } | RootEntry::File { .. } => Ok(None),
+            _ => Ok(None),
         })
         .collect()
 }
@@ -408,17 +411,23 @@ fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitEr
         let target = inside(root, entry.path());
         match entry {
             RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } => {
-                let Some(fd) = fd else {
-                    return Err(InitError::Path {
-                        call: "bind mount",
-                        path: source.clone(),
-                        source: io::ErrorKind::NotFound.into(),
-                    });
-                };
-                let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
-                let meta = fs::metadata(&via).map_err(path_err("stat", source))?;
-                make_mount_point(&target, meta.is_dir())?;
-                sys::move_mount_to(fd, &target).map_err(path_err("bind mount", source))?;
+                if let Some(fd) = fd {
+                    let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                    let meta = fs::metadata(&via).map_err(path_err("stat", source))?;
+                    make_mount_point(&target, meta.is_dir())?;
+                    sys::move_mount_to(fd, &target).map_err(path_err("bind mount", source))?;
+                } else {
+                    let meta = fs::metadata(source).map_err(path_err("stat", source))?;
+                    make_mount_point(&target, meta.is_dir())?;
+                    mount(
+                        Some(source.as_path()),
+                        &target,
+                        none,
+                        MsFlags::MS_BIND | MsFlags::MS_REC,
+                        none,
+                    )
+                    .map_err(path_errno("bind mount", source))?;
+                }
                 let mut attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
                 if matches!(entry, RootEntry::ReadOnly { .. }) {
                     attrs |= libc::MOUNT_ATTR_RDONLY;

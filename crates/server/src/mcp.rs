@@ -182,8 +182,50 @@ impl Tools {
             d.disk_mb,
             d.output_bytes
         );
-        let sandbox = "It runs in a fresh Linux sandbox: no network, none of the host's files, \
-                       an unprivileged user, a private writable working directory.";
+        let egress = caller
+            .map(|k| &k.config.egress)
+            .filter(|e| !e.allows_nothing());
+        let network = match egress {
+            None => "no network".to_owned(),
+            Some(policy) => {
+                let mut allowed: Vec<String> = policy
+                    .hosts
+                    .iter()
+                    .map(|h| format!("{}:{:?}", h.host, h.ports))
+                    .collect();
+                allowed.extend(
+                    policy
+                        .ranges
+                        .iter()
+                        .map(|r| format!("{}:{:?}", r.cidr, r.ports)),
+                );
+                format!(
+                    "no network but HTTP and HTTPS through a proxy (HTTPS_PROXY is set; pip and \
+                     requests use it) to {} only, with no DNS inside",
+                    allowed.join(", ")
+                )
+            }
+        };
+        let environments: Vec<String> = self
+            .state
+            .environments
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        let environments = if environments.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " Named environments with more packages (the environment argument): {}.",
+                environments.join(", ")
+            )
+        };
+        let sandbox = format!(
+            "It runs in a fresh Linux sandbox: {network}, none of the host's files, an \
+             unprivileged user, a private writable working directory.{environments}"
+        );
         let verdicts = "The answer says the status (ok, error, timeout, memory_limit, \
                         cpu_limit, policy_violation, crashed), stdout, stderr, the value of a \
                         final bare expression (result) and any exception with its traceback; \
