@@ -125,11 +125,26 @@ pub fn main(args: EnvArgs) -> ExitCode {
                 reqs.len(),
                 settings.index_url
             );
-            let built = store.create(&name, &reqs, &python, &|mount, log| {
-                engine.build_environment(mount, &reqs, settings, None, log, &mut |line| {
-                    errln!("  [{:>5.1}s] {line}", started.elapsed().as_secs_f64());
-                })
-            });
+            let egress = std::sync::Arc::new(config.egress.clone());
+            let built = store.create(
+                &name,
+                &reqs,
+                &python,
+                settings.disk_mb << 20,
+                &|mount, log| {
+                    engine.build_environment(
+                        mount,
+                        &reqs,
+                        settings,
+                        egress.clone(),
+                        None,
+                        log,
+                        &mut |line| {
+                            errln!("  [{:>5.1}s] {line}", started.elapsed().as_secs_f64());
+                        },
+                    )
+                },
+            );
             match built {
                 Ok((info, fresh)) => {
                     errln!(

@@ -81,6 +81,7 @@ fn local_index(dir: &Path, state_dir: &Path, other: u16, sleep_s: f64) -> Served
         .arg(state_dir)
         .arg(other.to_string())
         .arg(sleep_s.to_string())
+        .arg(state_dir.join("victim"))
         .status()
         .unwrap();
     assert!(made.success());
@@ -258,7 +259,7 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
     assert!(
         called["result"]["content"]
             .to_string()
-            .contains("result:\n42"),
+            .contains("result: 42"),
         "{called:#}"
     );
     // Without it, the package does not exist.
@@ -392,6 +393,21 @@ fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_use
         404
     );
     assert_eq!(entries(&envs.join("store")).len(), stored_before);
+    assert!(entries(&envs.join("builds")).is_empty());
+
+    // A build that plants a link where airlock writes its manifest (root would write through
+    // it) and a sparse file fails, and the link's target is untouched.
+    let victim = dir.join("victim");
+    std::fs::write(&victim, "untouched").unwrap();
+    let r = create(&server, ADMIN, "plant", &["plantpkg==1.0"]);
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("left an entry named airlock-environment.json"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
     assert!(entries(&envs.join("builds")).is_empty());
 
     // Requirements that are not requirements are refused before anything runs.

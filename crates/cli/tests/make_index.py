@@ -6,7 +6,11 @@ as a PEP 503 simple index: DIR/simple/<project>/<file>), from nothing but the st
   host files, to connect around the proxy and through it to a host that is not the index, then
   records what happened in the module it installs (evilpkg.report), after sleeping SLEEP seconds.
 
-Usage: make_index.py DIR STATE_DIR OTHER_PORT SLEEP
+- plantpkg 1.0: a source distribution whose setup.py plants, in the environment it is built
+  into, a link named like airlock's manifest pointing at VICTIM (a host file root would then
+  write), and a sparse file.
+
+Usage: make_index.py DIR STATE_DIR OTHER_PORT SLEEP VICTIM
 """
 
 import base64
@@ -69,17 +73,26 @@ setup(name="evilpkg", version="1.0", packages=["evilpkg"])
 '''
 
 
-def sdist(root, state_dir, other_port, sleep):
-    setup = (SETUP.replace("STATE_DIR", repr(state_dir))
-             .replace("OTHER_PORT", str(other_port)).replace("SLEEP", str(sleep)))
+PLANT = r'''
+import os
+if not os.path.lexists("/env/airlock-environment.json"):  # setup.py runs more than once
+    os.symlink(VICTIM, "/env/airlock-environment.json")
+with open("/env/sparse", "wb") as f:
+    f.truncate(1 << 30)
+from setuptools import setup
+setup(name="plantpkg", version="1.0", packages=["plantpkg"])
+'''
+
+
+def sdist(root, name, setup):
     files = {
-        "evilpkg-1.0/setup.py": setup,
-        "evilpkg-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n",
-        "evilpkg-1.0/evilpkg/__init__.py": "",
+        f"{name}-1.0/setup.py": setup,
+        f"{name}-1.0/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{name}-1.0/{name}/__init__.py": "",
     }
-    project = os.path.join(root, "simple", "evilpkg")
+    project = os.path.join(root, "simple", name)
     os.makedirs(project, exist_ok=True)
-    with tarfile.open(os.path.join(project, "evilpkg-1.0.tar.gz"), "w:gz") as t:
+    with tarfile.open(os.path.join(project, f"{name}-1.0.tar.gz"), "w:gz") as t:
         for path, text in files.items():
             data = text.encode()
             info = tarfile.TarInfo(path)
@@ -88,10 +101,12 @@ def sdist(root, state_dir, other_port, sleep):
 
 
 def main():
-    root, state_dir, other_port, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    root, state_dir, other_port, sleep, victim = sys.argv[1:6]
     wheel(root, "tinyenv-pkg", "1.0", "tinyenv_pkg", "VALUE = 42\n")
     wheel(root, "sessionpkg", "2.0", "sessionpkg", "VALUE = 'installed in a session'\n")
-    sdist(root, state_dir, other_port, sleep)
+    sdist(root, "evilpkg", SETUP.replace("STATE_DIR", repr(state_dir))
+          .replace("OTHER_PORT", str(int(other_port))).replace("SLEEP", str(float(sleep))))
+    sdist(root, "plantpkg", PLANT.replace("VICTIM", repr(victim)))
 
 
 if __name__ == "__main__":

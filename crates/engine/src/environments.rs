@@ -119,6 +119,8 @@ pub struct Environments {
     root: PathBuf,
     /// Hashes whose tree this process checked.
     verified: Mutex<HashSet<String>>,
+    /// One tree check at a time (a second asker then finds it done).
+    verifying: Mutex<()>,
 }
 
 /// Names: letters, digits, `-`, `_` and `.`, starting with a letter or digit.
@@ -225,6 +227,7 @@ impl Environments {
         Ok(Environments {
             root,
             verified: Mutex::new(HashSet::new()),
+            verifying: Mutex::new(()),
         })
     }
 
@@ -283,12 +286,15 @@ impl Environments {
             name: name.to_owned(),
             why,
         };
-        let seen = self
-            .verified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(&info.hash);
-        if !seen {
+        let seen = |hash: &str| {
+            self.verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(hash)
+        };
+        let _one_at_a_time =
+            (!seen(&info.hash)).then(|| self.verifying.lock().unwrap_or_else(|e| e.into_inner()));
+        if !seen(&info.hash) {
             let manifest = read_manifest(&source).map_err(corrupt)?;
             if manifest.hash != info.hash {
                 return Err(corrupt("its manifest names another build".into()));
@@ -318,6 +324,7 @@ impl Environments {
             return Ok(false);
         };
         let _lock = self.lock(name)?;
+        let _store = self.store_lock()?;
         let path = self.name_file(name);
         fs::remove_file(&path).map_err(io_err("removing", &path))?;
         let still_used = self.list()?.iter().any(|i| i.hash == info.hash);
@@ -330,6 +337,21 @@ impl Environments {
                 .remove(&info.hash);
         }
         Ok(true)
+    }
+
+    /// Holds `store.lock` while names and stored trees change together (a name written for a
+    /// tree, a tree removed once no name uses it), so those never interleave.
+    fn store_lock(&self) -> Result<NameLock, EnvError> {
+        let path = self.root.join("store.lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+            .map(NameLock)
+            .map_err(|(_, e)| io_err("locking", &path)(e.into()))
     }
 
     /// Holds `names/<name>.lock` for the duration of a build or a removal.
@@ -356,6 +378,7 @@ impl Environments {
         name: &str,
         requirements: &[String],
         python: &str,
+        max_bytes: u64,
         build: &dyn Fn(&EnvMount, &Path) -> Result<(), String>,
     ) -> Result<(EnvironmentInfo, bool), EnvError> {
         check_name(name)?;
@@ -363,9 +386,9 @@ impl Environments {
         let hash = environment_hash(python, requirements);
         let stored = self.stored(&hash);
         let log = self.log_path(&hash);
-        let built = if read_manifest(&stored).is_ok_and(|m| m.hash == hash) {
-            false
-        } else {
+        let stored_ok = || read_manifest(&stored).is_ok_and(|m| m.hash == hash);
+        let mut built = None;
+        if !stored_ok() {
             let dir = self.root.join("builds").join(random_name());
             fs::DirBuilder::new()
                 .mode(0o777)
@@ -381,8 +404,9 @@ impl Environments {
                 source: dir.clone(),
                 writable: true,
             };
-            let result = build(&mount, &log)
-                .and_then(|()| seal(&dir, &hash, requirements, python).map_err(|e| e.to_string()));
+            let result = build(&mount, &log).and_then(|()| {
+                seal(&dir, &hash, requirements, python, max_bytes).map_err(|e| e.to_string())
+            });
             if let Err(why) = result {
                 let _ = remove_tree(&dir);
                 return Err(EnvError::BuildFailed {
@@ -391,18 +415,24 @@ impl Environments {
                     log,
                 });
             }
-            match fs::rename(&dir, &stored) {
-                Ok(()) => {}
-                // Stored meanwhile under another name: the same content.
-                Err(_) if read_manifest(&stored).is_ok_and(|m| m.hash == hash) => {
-                    let _ = remove_tree(&dir);
-                }
-                Err(e) => {
-                    let _ = remove_tree(&dir);
-                    return Err(io_err("storing", &stored)(e));
-                }
+            built = Some(dir);
+        }
+        // From here to the name's file, no removal of a tree can interleave.
+        let _store = self.store_lock()?;
+        let fresh = match built {
+            // Stored meanwhile by a build of the same list under another name: the same.
+            Some(dir) if stored_ok() => {
+                let _ = remove_tree(&dir);
+                false
             }
-            true
+            Some(dir) => {
+                fs::rename(&dir, &stored).map_err(|e| {
+                    let _ = remove_tree(&dir);
+                    io_err("storing", &stored)(e)
+                })?;
+                true
+            }
+            None => false,
         };
         let manifest = read_manifest(&stored).map_err(|why| EnvError::Corrupt {
             name: name.to_owned(),
@@ -429,7 +459,14 @@ impl Environments {
             let _ = fs::remove_file(&tmp);
             io_err("writing", &path)(e)
         })?;
-        Ok((info, built))
+        if fresh {
+            // Sealed just now by this process: its digest is the one it computed.
+            self.verified
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(info.hash.clone());
+        }
+        Ok((info, fresh))
     }
 
     /// Removes what failed or interrupted builds left (at start, before anything builds).
@@ -459,18 +496,78 @@ fn getrandom(buf: &mut [u8]) {
 }
 
 fn read_manifest(dir: &Path) -> Result<Manifest, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(MANIFEST);
-    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let fail = |e: io::Error| format!("{}: {e}", path.display());
+    // Never through a link a build may have left in its place.
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(fail)?;
+    if !file.metadata().map_err(fail)?.is_file() {
+        return Err(format!("{} is not a regular file", path.display()));
+    }
+    let mut text = String::new();
+    (&mut file)
+        .take(1 << 20)
+        .read_to_string(&mut text)
+        .map_err(fail)?;
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Takes a finished build over from the sandbox: checks every entry is a directory, a regular
-/// file or a link (no FIFO, socket or device), gives it all to root, read-only, and writes
-/// the manifest with the tree's digest.
-fn seal(dir: &Path, hash: &str, requirements: &[String], python: &str) -> io::Result<()> {
-    own_read_only(dir)?;
+/// The most entries and bytes a build may leave; past them it fails (checked after the build,
+/// so its disk use is bounded by these and `RLIMIT_FSIZE` per file).
+const MAX_TREE_ENTRIES: usize = 200_000;
+
+/// Takes a finished build over from the sandbox (whose processes are all gone): checks every
+/// entry is a directory, a regular file (not sparse) or a link, and that the build left no
+/// manifest of its own; gives it all to root, read-only; writes the manifest with the tree's
+/// digest, never through a link.
+fn seal(
+    dir: &Path,
+    hash: &str,
+    requirements: &[String],
+    python: &str,
+    max_bytes: u64,
+) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let entries = walk(dir)?;
+    let manifest_path = dir.join(MANIFEST);
+    if fs::symlink_metadata(&manifest_path).is_ok() {
+        return Err(io::Error::other(format!(
+            "the build left an entry named {MANIFEST}"
+        )));
+    }
+    let mut total = 0u64;
+    for (path, meta) in &entries {
+        let ft = meta.file_type();
+        if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
+            return Err(io::Error::other(format!(
+                "{} is neither a file, a directory nor a link",
+                path.display()
+            )));
+        }
+        if ft.is_file() {
+            // A sparse file costs little disk and much reading: refused.
+            if meta.blocks().saturating_mul(512) + 4096 < meta.len() {
+                return Err(io::Error::other(format!(
+                    "{} is a sparse file",
+                    path.display()
+                )));
+            }
+            total += meta.len();
+        }
+    }
+    if total > max_bytes {
+        return Err(io::Error::other(format!(
+            "the build left {total} bytes, over the limit of {max_bytes}"
+        )));
+    }
+    own_read_only(&entries)?;
     let (tree, size_bytes) = tree_digest(dir)?;
-    let packages = installed_packages(dir, python);
+    let packages = installed_packages(dir, python, &entries);
     let manifest = Manifest {
         hash: hash.to_owned(),
         requirements: requirements.to_vec(),
@@ -480,50 +577,55 @@ fn seal(dir: &Path, hash: &str, requirements: &[String], python: &str) -> io::Re
         packages,
         tree,
     };
-    let path = dir.join(MANIFEST);
-    fs::write(
-        &path,
-        serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?,
-    )?;
-    fs::set_permissions(&path, fs::Permissions::from_mode(0o444))?;
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o444)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&manifest_path)?;
+    file.write_all(&serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?)?;
+    file.sync_all()?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o555))?;
     Ok(())
 }
 
-/// `name==version` of every `*.dist-info` in the site-packages directory.
-fn installed_packages(dir: &Path, python: &str) -> Vec<String> {
+/// `name==version` of every `*.dist-info` directory right in the site-packages directory,
+/// from the entries walked (links were never followed), names of plain characters only.
+fn installed_packages(
+    dir: &Path,
+    python: &str,
+    entries: &[(PathBuf, fs::Metadata)],
+) -> Vec<String> {
     let site = dir.join(format!("lib/python{python}/site-packages"));
-    let mut out: Vec<String> = fs::read_dir(site)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let stem = name.strip_suffix(".dist-info")?;
-            let (pkg, version) = stem.split_once('-')?;
-            Some(format!("{pkg}=={version}"))
+    let plain = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 128
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+' | b'!'))
+    };
+    let mut out: Vec<String> = entries
+        .iter()
+        .filter(|(path, meta)| meta.is_dir() && path.parent() == Some(site.as_path()))
+        .filter_map(|(path, _)| {
+            let name = path.file_name()?.to_str()?;
+            let (pkg, version) = name.strip_suffix(".dist-info")?.split_once('-')?;
+            (plain(pkg) && plain(version)).then(|| format!("{pkg}=={version}"))
         })
         .collect();
     out.sort();
     out
 }
 
-/// lchown to root and no write bits, for every entry (never following a link).
-fn own_read_only(dir: &Path) -> io::Result<()> {
-    for (path, meta) in walk(dir)? {
-        std::os::unix::fs::lchown(&path, Some(0), Some(0))?;
-        let ft = meta.file_type();
-        if ft.is_symlink() {
+/// lchown to root and no write bits, for every entry (never following a link; the walk never
+/// entered one, and nothing of the build runs any more to swap one in).
+fn own_read_only(entries: &[(PathBuf, fs::Metadata)]) -> io::Result<()> {
+    for (path, meta) in entries {
+        std::os::unix::fs::lchown(path, Some(0), Some(0))?;
+        if meta.file_type().is_symlink() {
             continue;
         }
-        if !(ft.is_dir() || ft.is_file()) {
-            return Err(io::Error::other(format!(
-                "{} is neither a file, a directory nor a link",
-                path.display()
-            )));
-        }
         let mode = meta.mode() & 0o555;
-        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
@@ -566,7 +668,8 @@ fn tree_digest(dir: &Path) -> io::Result<(String, u64)> {
     Ok((format!("{:x}", h.finalize()), size))
 }
 
-/// Every entry below `dir` (itself included), without following links.
+/// Every entry below `dir` (itself included), without following links; at most
+/// `MAX_TREE_ENTRIES` of them.
 fn walk(dir: &Path) -> io::Result<Vec<(PathBuf, fs::Metadata)>> {
     let mut out = vec![(dir.to_owned(), fs::symlink_metadata(dir)?)];
     let mut i = 0;
@@ -578,6 +681,11 @@ fn walk(dir: &Path) -> io::Result<Vec<(PathBuf, fs::Metadata)>> {
                 let p = entry.path();
                 let m = fs::symlink_metadata(&p)?;
                 out.push((p, m));
+                if out.len() > MAX_TREE_ENTRIES {
+                    return Err(io::Error::other(format!(
+                        "more than {MAX_TREE_ENTRIES} entries"
+                    )));
+                }
             }
         }
         i += 1;
@@ -749,6 +857,8 @@ print("built", flush=True)
 struct BuildLog<'a> {
     file: fs::File,
     line: Vec<u8>,
+    /// The last line that was not empty, to say why a build failed.
+    last: String,
     progress: &'a mut (dyn FnMut(&str) + Send),
 }
 
@@ -759,6 +869,9 @@ impl crate::OutputSink for BuildLog<'_> {
             if b == b'\n' {
                 let line = String::from_utf8_lossy(&self.line).into_owned();
                 (self.progress)(&line);
+                if !line.trim().is_empty() {
+                    self.last = line;
+                }
                 self.line.clear();
             } else if self.line.len() < 4096 {
                 self.line.push(b);
@@ -773,13 +886,14 @@ impl crate::OutputSink for BuildLog<'_> {
 
 impl crate::Engine {
     /// Runs one environment build in a sandbox: `mount` writable at `/env`, egress only under
-    /// `settings.egress` (each connection told to `observer`), the output streamed to `log`
-    /// and `progress`.
+    /// `settings.egress` with the operator's budgets and name answers (each connection told
+    /// to `observer`), the output streamed to `log` and `progress`.
     pub fn build_environment(
         &self,
         mount: &EnvMount,
         requirements: &[String],
         settings: &BuildSettings,
+        egress_settings: Arc<airlock_egress::Settings>,
         observer: Option<Arc<dyn airlock_egress::Observer>>,
         log: &Path,
         progress: &mut (dyn FnMut(&str) + Send),
@@ -788,6 +902,7 @@ impl crate::Engine {
         let mut sink = BuildLog {
             file,
             line: Vec::new(),
+            last: String::new(),
             progress,
         };
         let limits = self
@@ -808,7 +923,7 @@ impl crate::Engine {
         });
         let egress = airlock_egress::Leash::new(
             settings.egress.clone(),
-            Arc::new(airlock_egress::Settings::default()),
+            egress_settings,
             "environment-build",
             observer,
         );
@@ -846,10 +961,10 @@ impl crate::Engine {
             r.status
         );
         if r.status != airlock_api::Status::Ok {
-            let why = r
-                .error
-                .map(|e| format!("{}: {}", e.kind, e.message))
-                .unwrap_or_else(|| r.status.to_string());
+            let why = match r.error {
+                Some(e) if e.kind != "SystemExit" => format!("{}: {}", e.kind, e.message),
+                _ => format!("{} ({})", r.status, sink.last.trim()),
+            };
             return Err(why);
         }
         Ok(())

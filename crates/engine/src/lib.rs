@@ -291,6 +291,21 @@ impl Engine {
         pool
     }
 
+    /// Closes the pool of the environment stored as `hash`, if it has one.
+    pub fn close_environment_pool(&self, hash: &str) {
+        let Some(pools) = &self.env_pools else {
+            return;
+        };
+        let pool = pools
+            .pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(hash);
+        if let Some((pool, _)) = pool {
+            pool.close();
+        }
+    }
+
     /// The pools of environments, with how many sandboxes each holds ready.
     pub fn environment_pools(&self) -> Vec<(String, PoolStatus)> {
         let Some(pools) = &self.env_pools else {

@@ -86,9 +86,9 @@ pub(crate) async fn build(
         let started = std::time::Instant::now();
         let label = name.clone();
         let (info, built) = envs
-            .create(&name, &reqs, &python, &|mount, log| {
+            .create(&name, &reqs, &python, settings.disk_mb << 20, &|mount, log| {
                 let audit = crate::egress::observer(&st);
-                st.engine.build_environment(mount, &reqs, settings, Some(audit), log, &mut |line| {
+                st.engine.build_environment(mount, &reqs, settings, st.egress.clone(), Some(audit), log, &mut |line| {
                     tracing::info!(environment = %label, elapsed_ms = started.elapsed().as_millis() as u64, "build: {line}");
                 })
             })
@@ -156,10 +156,18 @@ pub async fn delete(
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Admin)?;
     let st = state.clone();
-    let removed = tokio::task::spawn_blocking(move || st.environments.delete(&name))
-        .await
-        .map_err(|e| Error::internal(e.to_string()))?
-        .map_err(env_error)?;
+    let removed = tokio::task::spawn_blocking(move || {
+        let hash = st.environments.get(&name).ok().flatten().map(|i| i.hash);
+        let removed = st.environments.delete(&name);
+        // Its pooled sandboxes hold the tree: they go too (a pool starts again on demand).
+        if let (Ok(true), Some(hash)) = (&removed, hash) {
+            st.engine.close_environment_pool(&hash);
+        }
+        removed
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))?
+    .map_err(env_error)?;
     if removed {
         Ok(StatusCode::NO_CONTENT)
     } else {
