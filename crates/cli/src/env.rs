@@ -132,17 +132,13 @@ pub fn main(args: EnvArgs) -> ExitCode {
                 &python,
                 settings.disk_mb << 20,
                 &|mount, log| {
-                    engine.build_environment(
-                        mount,
-                        &reqs,
-                        settings,
-                        egress.clone(),
-                        None,
-                        log,
-                        &mut |line| {
-                            errln!("  [{:>5.1}s] {line}", started.elapsed().as_secs_f64());
-                        },
-                    )
+                    let egress = airlock_engine::environments::BuildEgress {
+                        settings: egress.clone(),
+                        observer: None,
+                    };
+                    engine.build_environment(mount, &reqs, settings, egress, log, &mut |line| {
+                        errln!("  [{:>5.1}s] {line}", started.elapsed().as_secs_f64());
+                    })
                 },
             );
             match built {

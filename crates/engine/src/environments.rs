@@ -853,6 +853,13 @@ step([sys.executable, "-m", "pip", "install", "--no-input", "--progress-bar", "o
 print("built", flush=True)
 "#;
 
+/// The operator's proxy settings for a build, and who hears of its connections.
+#[derive(Debug)]
+pub struct BuildEgress {
+    pub settings: Arc<airlock_egress::Settings>,
+    pub observer: Option<Arc<dyn airlock_egress::Observer>>,
+}
+
 /// Writes a build's output to its log and hands each line to `progress`.
 struct BuildLog<'a> {
     file: fs::File,
@@ -893,8 +900,7 @@ impl crate::Engine {
         mount: &EnvMount,
         requirements: &[String],
         settings: &BuildSettings,
-        egress_settings: Arc<airlock_egress::Settings>,
-        observer: Option<Arc<dyn airlock_egress::Observer>>,
+        egress: BuildEgress,
         log: &Path,
         progress: &mut (dyn FnMut(&str) + Send),
     ) -> Result<(), String> {
@@ -923,9 +929,9 @@ impl crate::Engine {
         });
         let egress = airlock_egress::Leash::new(
             settings.egress.clone(),
-            egress_settings,
+            egress.settings,
             "environment-build",
-            observer,
+            egress.observer,
         );
         egress.begin(&format!("build:{}", mount.hash));
         let job = crate::Job {

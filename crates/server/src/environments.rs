@@ -88,7 +88,11 @@ pub(crate) async fn build(
         let (info, built) = envs
             .create(&name, &reqs, &python, settings.disk_mb << 20, &|mount, log| {
                 let audit = crate::egress::observer(&st);
-                st.engine.build_environment(mount, &reqs, settings, st.egress.clone(), Some(audit), log, &mut |line| {
+                let egress = airlock_engine::environments::BuildEgress {
+                    settings: st.egress.clone(),
+                    observer: Some(audit),
+                };
+                st.engine.build_environment(mount, &reqs, settings, egress, log, &mut |line| {
                     tracing::info!(environment = %label, elapsed_ms = started.elapsed().as_millis() as u64, "build: {line}");
                 })
             })
