@@ -451,7 +451,26 @@ fn pip_install_in_a_session_is_importable_in_the_next_cell() {
     let _serial = common::serial();
     let dir = scratch("session");
     let index = local_index(&dir.join("index"), &dir, 9, 0.0);
-    let server = Server::start(&config(index.port), &[]);
+    // The config also defines an environment, which the server builds at start.
+    let config = format!(
+        "{}\n[environments.define]\ndefined = [\"tinyenv-pkg==1.0\"]\n",
+        config(index.port)
+    );
+    let server = Server::start(&config, &[]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let r = call(&server, USER, "GET", "/v1/environments/defined", None);
+        if r.status == 200 {
+            assert_eq!(r.json()["packages"], json!(["tinyenv_pkg==1.0"]));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never built: {}",
+            r.text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let s = call(&server, USER, "POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(s.status, 201, "{}", s.text());
     let id = s.json()["id"].as_str().unwrap().to_owned();

@@ -198,6 +198,9 @@ print(json.dumps({"paths": out, "env": dict(os.environ), "environs": environs}))
             "MPLBACKEND",
             "MPLCONFIGDIR",
             "PATH",
+            "PIP_DISABLE_PIP_VERSION_CHECK",
+            "PIP_NO_CACHE_DIR",
+            "PIP_TARGET",
             "ROOT_CANARY",
             "TMPDIR",
             "TMP_CANARY"
