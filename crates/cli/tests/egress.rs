@@ -8,7 +8,7 @@ mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
-use common::http::{request, Response, Server};
+use common::http::{Response, Server};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -130,12 +130,7 @@ hash = "{none}"
 }
 
 fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
-    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
-    if body.is_some() {
-        headers.push(("Content-Type".into(), "application/json".into()));
-    }
-    let body = body.map(|b| b.to_string().into_bytes());
-    request(server.addr, method, path, &headers, body.as_deref())
+    common::http::call_as(server.addr, key, method, path, body)
 }
 
 /// Runs a request body as `key`; the whole result, which must be `ok`.

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::http::{request, Response, Server};
+use common::http::{call_as, request, Response, Server};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -113,22 +113,7 @@ egress = {{ ranges = [{{ cidr = "127.0.0.1/32", ports = [{port}] }}] }}
 }
 
 fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
-    call_at(server.addr, key, method, path, body)
-}
-
-fn call_at(
-    addr: std::net::SocketAddr,
-    key: &str,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Response {
-    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
-    if body.is_some() {
-        headers.push(("Content-Type".into(), "application/json".into()));
-    }
-    let body = body.map(|b| b.to_string().into_bytes());
-    request(addr, method, path, &headers, body.as_deref())
+    call_as(server.addr, key, method, path, body)
 }
 
 fn create(server: &Server, key: &str, name: &str, requirements: &[&str]) -> Response {
@@ -136,7 +121,7 @@ fn create(server: &Server, key: &str, name: &str, requirements: &[&str]) -> Resp
 }
 
 fn create_at(addr: std::net::SocketAddr, key: &str, name: &str, requirements: &[&str]) -> Response {
-    call_at(
+    call_as(
         addr,
         key,
         "POST",

@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::http::{request, Response, Server};
+use common::http::{call_as, request, Response, Server};
 use common::mcp_python;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -83,22 +83,7 @@ fn start(log: &Path, settings: &str) -> Server {
 }
 
 fn call(server: &Server, key: &str, method: &str, path: &str, body: Option<&Value>) -> Response {
-    call_at(server.addr, key, method, path, body)
-}
-
-fn call_at(
-    addr: std::net::SocketAddr,
-    key: &str,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Response {
-    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
-    if body.is_some() {
-        headers.push(("Content-Type".into(), "application/json".into()));
-    }
-    let body = body.map(|b| b.to_string().into_bytes());
-    request(addr, method, path, &headers, body.as_deref())
+    call_as(server.addr, key, method, path, body)
 }
 
 /// Runs `code` as `key`; the whole result.
@@ -500,7 +485,7 @@ fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
     let addr = server.addr;
     let flood = std::thread::scope(|s| {
         let flood = s.spawn(move || {
-            call_at(
+            call_as(
                 addr,
                 AGENT,
                 "POST",

@@ -343,30 +343,17 @@ impl Environments {
     /// tree, a tree removed once no name uses it), so those never interleave.
     fn store_lock(&self) -> Result<NameLock, EnvError> {
         let path = self.root.join("store.lock");
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("opening", &path))?;
-        nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .map(NameLock)
-            .map_err(|(_, e)| io_err("locking", &path)(e.into()))
+        lock_file(&path, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|e| io_err("locking", &path)(e.into()))
     }
 
     /// Holds `names/<name>.lock` for the duration of a build or a removal.
     fn lock(&self, name: &str) -> Result<NameLock, EnvError> {
         let path = self.root.join("names").join(format!("{name}.lock"));
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("opening", &path))?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => Ok(NameLock(lock)),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(EnvError::Busy(name.to_owned())),
-            Err((_, e)) => Err(io_err("locking", &path)(e.into())),
+        match lock_file(&path, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(lock),
+            Err(nix::errno::Errno::EWOULDBLOCK) => Err(EnvError::Busy(name.to_owned())),
+            Err(e) => Err(io_err("locking", &path)(e.into())),
         }
     }
 
@@ -481,6 +468,19 @@ impl Environments {
 }
 
 struct NameLock(#[allow(dead_code)] nix::fcntl::Flock<fs::File>);
+
+/// `flock` on a lock file, made if missing.
+fn lock_file(path: &Path, how: nix::fcntl::FlockArg) -> Result<NameLock, nix::errno::Errno> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))?;
+    nix::fcntl::Flock::lock(file, how)
+        .map(NameLock)
+        .map_err(|(_, e)| e)
+}
 
 fn random_name() -> String {
     let mut bytes = [0u8; 8];

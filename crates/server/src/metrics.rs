@@ -312,23 +312,26 @@ pub fn render_tools(statuses: &[airlock_tools::SourceStatus]) -> String {
 /// The pools of environments in demand, by the environment's hash.
 pub fn render_environment_pools(pools: &[(String, airlock_engine::PoolStatus)]) -> String {
     let mut out = String::new();
-    out.push_str("# HELP airlock_environment_pool_idle_sandboxes Sandboxes of an environment ready and waiting.\n");
-    out.push_str("# TYPE airlock_environment_pool_idle_sandboxes gauge\n");
-    for (hash, status) in pools {
-        let _ = writeln!(
-            out,
-            "airlock_environment_pool_idle_sandboxes{{hash=\"{hash}\"}} {}",
-            status.idle
-        );
-    }
-    out.push_str("# HELP airlock_environment_pool_takes_total Executions naming an environment that got a pooled sandbox.\n");
-    out.push_str("# TYPE airlock_environment_pool_takes_total counter\n");
-    for (hash, status) in pools {
-        let _ = writeln!(
-            out,
-            "airlock_environment_pool_takes_total{{hash=\"{hash}\"}} {}",
-            status.takes
-        );
+    type Read = fn(&airlock_engine::PoolStatus) -> u64;
+    let series: [(&str, &str, &str, Read); 2] = [
+        (
+            "airlock_environment_pool_idle_sandboxes",
+            "gauge",
+            "Sandboxes of an environment ready and waiting.",
+            |s| s.idle as u64,
+        ),
+        (
+            "airlock_environment_pool_takes_total",
+            "counter",
+            "Executions naming an environment that got a pooled sandbox.",
+            |s| s.takes,
+        ),
+    ];
+    for (name, kind, help, value) in series {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (hash, status) in pools {
+            let _ = writeln!(out, "{name}{{hash=\"{hash}\"}} {}", value(status));
+        }
     }
     out
 }

@@ -408,3 +408,19 @@ pub fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
         }
     }
 }
+
+/// A request as `key` (a bearer token), with a JSON body when there is one.
+pub fn call_as(
+    addr: std::net::SocketAddr,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Response {
+    let mut headers = vec![("Authorization".to_owned(), format!("Bearer {key}"))];
+    if body.is_some() {
+        headers.push(("Content-Type".into(), "application/json".into()));
+    }
+    let body = body.map(|b| b.to_string().into_bytes());
+    request(addr, method, path, &headers, body.as_deref())
+}
