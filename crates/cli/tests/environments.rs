@@ -492,58 +492,80 @@ fn the_cli_builds_an_environment_from_the_real_package_index() {
     let _serial = common::serial();
     let dir = scratch("pypi");
     let reqs = dir.join("requirements.txt");
-    std::fs::write(&reqs, "tabulate\n").unwrap();
+    std::fs::write(&reqs, "tabulate\nrequests\nhttpx\n").unwrap();
     let state = dir.join("state");
-    let out = common::airlock()
-        .args(["env", "create", "tab", "-r"])
-        .arg(&reqs)
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .unwrap();
+    let env = |args: &[&str]| {
+        common::airlock()
+            .arg("env")
+            .args(args)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    let out = env(&["create", "web", "-r", reqs.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("egress only to https://pypi.org/simple"),
         "{stderr}"
     );
-    assert!(
-        stderr.contains("Successfully installed tabulate"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("Successfully installed"), "{stderr}");
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert!(
-        info["packages"][0]
-            .as_str()
-            .unwrap()
-            .starts_with("tabulate=="),
-        "{info}"
-    );
+    let packages = info["packages"].to_string();
+    for name in ["tabulate==", "requests==", "httpx=="] {
+        assert!(packages.contains(name), "{name} missing from {info}");
+    }
 
+    // requests and httpx from it go through the proxy as they are, to a server on loopback.
+    let site = Served::start(&dir);
+    std::fs::write(dir.join("hello.txt"), "hello through the proxy").unwrap();
     let config = dir.join("airlock.toml");
     std::fs::write(
         &config,
         format!("state_dir = {:?}\n", state.to_str().unwrap()),
     )
     .unwrap();
+    let (host, range) = (
+        format!("localhost:{}", site.port),
+        format!("127.0.0.0/8:{}", site.port),
+    );
+    let code = format!(
+        "import httpx, requests, tabulate\nurl = 'http://localhost:{}/hello.txt'\n[requests.get(url, timeout=10).text, httpx.get(url, timeout=10).text, tabulate.tabulate([[1, 2]])]",
+        site.port
+    );
     let run = common::invoke(
         &[
             "run",
             "--json",
             "--environment",
-            "tab",
+            "web",
             "--config",
             config.to_str().unwrap(),
+            "--allow",
+            &host,
+            "--allow",
+            &range,
             "-",
         ],
-        b"import tabulate\ntabulate.tabulate([[1, 2]])",
+        code.as_bytes(),
     );
     assert_eq!(run.status(), "ok", "{:?}", run.json);
-    assert_eq!(run.result(), &json!("-  -\n1  2\n-  -"));
-    let list = common::airlock()
-        .args(["env", "list", "--state-dir"])
-        .arg(&state)
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&list.stdout).starts_with("tab\t"));
+    assert_eq!(
+        run.result(),
+        &json!([
+            "hello through the proxy",
+            "hello through the proxy",
+            "-  -\n1  2\n-  -"
+        ])
+    );
+    assert_eq!(run.json["usage"]["egress"]["connections"], 2);
+
+    let list = env(&["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).starts_with("web\t"));
+    let show: Value = serde_json::from_slice(&env(&["show", "web"]).stdout).unwrap();
+    assert_eq!(show["hash"], info["hash"]);
+    assert!(env(&["delete", "web"]).status.success());
+    assert_eq!(env(&["show", "web"]).status.code(), Some(2));
+    assert!(entries(&state.join("environments/store")).is_empty());
 }

@@ -166,6 +166,10 @@ pub(crate) fn result_error(message: String) -> ErrorInfo {
     }
 }
 
+/// How far under the CPU limit the program's reported time may be for a SIGXCPU to be the
+/// kernel's (see `cpu_reached`).
+const CPU_SLACK: std::time::Duration = std::time::Duration::from_millis(20);
+
 pub(crate) fn verdict(
     outcome: &Outcome,
     response: Result<Option<Reply>, String>,
@@ -176,6 +180,9 @@ pub(crate) fn verdict(
     // Kernel counts only: the cgroup's total, or the program's own from wait4.
     let used = outcome.usage.cpu.max(outcome.usage.program_cpu);
     let cpu_exhausted = used.is_some_and(|used| used >= cpu_limit);
+    // wait4's user and system times are the scheduler's runtime split by tick samples, and
+    // can read a few milliseconds under the runtime RLIMIT_CPU is checked against.
+    let cpu_reached = used.is_some_and(|used| used + CPU_SLACK >= cpu_limit);
     let (exit_code, signal) = match outcome.exit {
         Some(Exit::Code(c)) => (Some(c), None),
         Some(Exit::Signal(s)) => (None, Some(s)),
@@ -188,8 +195,8 @@ pub(crate) fn verdict(
         (Some(KillReason::Protocol), _) => Status::PolicyViolation,
         (None, Some(Exit::Signal(libc::SIGSYS))) => Status::PolicyViolation,
         // The kernel sends SIGXCPU at RLIMIT_CPU, which is at least the limit: a SIGXCPU with
-        // less CPU used was sent by the program itself.
-        (None, Some(Exit::Signal(libc::SIGXCPU))) if cpu_exhausted => Status::CpuLimit,
+        // clearly less CPU used was sent by the program itself.
+        (None, Some(Exit::Signal(libc::SIGXCPU))) if cpu_reached => Status::CpuLimit,
         (None, Some(Exit::Signal(libc::SIGKILL))) if outcome.oom_kills > 0 => Status::MemoryLimit,
         // RLIMIT_CPU's hard limit, for a program that handled SIGXCPU.
         (None, Some(Exit::Signal(libc::SIGKILL))) if cpu_exhausted => Status::CpuLimit,
@@ -374,6 +381,12 @@ mod tests {
             (Status::CpuLimit, vec![LimitKind::CpuTime])
         );
         o.usage.cpu = None; // without cgroups, the program's own count decides
+        assert_eq!(
+            verdict(&o, Ok(None), &limits(), false).status,
+            Status::CpuLimit
+        );
+        // wait4 may read a little under the runtime the kernel checked (998 ms seen here).
+        o.usage.program_cpu = Some(Duration::from_millis(998));
         assert_eq!(
             verdict(&o, Ok(None), &limits(), false).status,
             Status::CpuLimit
