@@ -402,6 +402,8 @@ pub(crate) struct Context {
     pub started_at: String,
     pub code_sha256: String,
     pub code_bytes: u64,
+    /// The limits its `started` line gives, for a final record when it never ran.
+    pub limits: Limits,
 }
 
 impl Context {
@@ -409,7 +411,7 @@ impl Context {
     /// one, so called off the async workers); its tool calls are audited under its id.
     pub fn for_job(key: &Key, request_id: String, job: &Job) -> Context {
         let sha = format!("{:x}", Sha256::digest(job.code.as_bytes()));
-        let ctx = Context::new(key, request_id, sha, job.code.len() as u64);
+        let ctx = Context::new(key, request_id, sha, job.code.len() as u64, &job.limits);
         if let Some(tools) = &job.tools {
             tools.bind(&ctx.id);
         }
@@ -420,7 +422,13 @@ impl Context {
     }
 
     /// A new execution of `code` by `key`, starting now.
-    pub fn new(key: &Key, request_id: String, code_sha256: String, code_bytes: u64) -> Context {
+    pub fn new(
+        key: &Key,
+        request_id: String,
+        code_sha256: String,
+        code_bytes: u64,
+        limits: &Limits,
+    ) -> Context {
         Context {
             id: random_id("ex_"),
             request_id,
@@ -429,6 +437,7 @@ impl Context {
             started_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             code_sha256,
             code_bytes,
+            limits: limits.clone(),
         }
     }
 }
@@ -577,6 +586,72 @@ fn audit_unavailable(why: &str) -> Error {
 }
 
 /// Metrics, the audit record and the log line for one execution; the response.
+/// Why an execution the audit log has a `started` line for did not run, as the client hears it.
+fn engine_error(ctx: &Context, e: EngineError) -> Error {
+    match e {
+        EngineError::Cancelled => shutting_down(),
+        EngineError::Spawn(e) => {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
+            Error::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                e.to_string(),
+            )
+        }
+        EngineError::Invalid(m) => Error::invalid("body", m),
+        e => {
+            tracing::error!(request_id = %ctx.request_id, error = %e, "execution failed");
+            Error::internal("the execution failed inside airlock")
+        }
+    }
+}
+
+/// The final record of an execution that never ran (refused by the engine, cancelled before
+/// its sandbox started, or a sandbox that could not start): `internal_error`, nothing used.
+fn record_unrun(state: &SharedState, ctx: &Context) {
+    append_record(
+        state,
+        ctx,
+        Status::InternalError,
+        (None, None),
+        &ctx.limits,
+        &[],
+        &airlock_api::Usage::default(),
+    );
+}
+
+/// Appends an execution's final record; a failed write stops every later execution.
+fn append_record(
+    state: &SharedState,
+    ctx: &Context,
+    status: Status,
+    (exit_code, signal): (Option<i32>, Option<i32>),
+    limits: &Limits,
+    limits_hit: &[airlock_api::LimitKind],
+    usage: &airlock_api::Usage,
+) {
+    let record = ExecutionRecord {
+        id: ctx.id.clone(),
+        request_id: ctx.request_id.clone(),
+        key: ctx.key.clone(),
+        key_fingerprint: ctx.key_fingerprint.clone(),
+        started_at: ctx.started_at.clone(),
+        code_sha256: ctx.code_sha256.clone(),
+        code_bytes: ctx.code_bytes,
+        status,
+        exit_code,
+        signal,
+        limits: limits.clone(),
+        limits_hit: limits_hit.to_vec(),
+        usage: usage.clone(),
+    };
+    if let Err(e) = state.audit.append(&record) {
+        // The result is the client's, but nothing more runs without a record.
+        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
+    }
+}
+
 pub(crate) fn finish(
     state: &SharedState,
     ctx: Context,
@@ -584,19 +659,10 @@ pub(crate) fn finish(
 ) -> Result<ExecuteResponse, Error> {
     let execution = match ran {
         Ok(execution) => execution,
-        Err(EngineError::Cancelled) => return Err(shutting_down()),
-        Err(EngineError::Spawn(e)) => {
-            tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
-            return Err(Error::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            ));
-        }
-        Err(EngineError::Invalid(m)) => return Err(Error::invalid("body", m)),
         Err(e) => {
-            tracing::error!(request_id = %ctx.request_id, error = %e, "execution failed");
-            return Err(Error::internal("the execution failed inside airlock"));
+            // Its `started` line is written: it gets a final record all the same.
+            record_unrun(state, &ctx);
+            return Err(engine_error(&ctx, e));
         }
     };
     let (result, pooled) = (execution.result, execution.pooled);
@@ -619,26 +685,15 @@ pub(crate) fn finish(
     if result.stdout_truncated || result.stderr_truncated {
         m.security_events.add(&[event::OUTPUT_TRUNCATED]);
     }
-    let record = ExecutionRecord {
-        id: ctx.id.clone(),
-        request_id: ctx.request_id.clone(),
-        key: ctx.key.clone(),
-        key_fingerprint: ctx.key_fingerprint,
-        started_at: ctx.started_at,
-        code_sha256: ctx.code_sha256,
-        code_bytes: ctx.code_bytes,
-        status: result.status,
-        exit_code: result.exit_code,
-        signal: result.signal,
-        limits: result.limits.clone(),
-        limits_hit: result.limits_hit.clone(),
-        usage: result.usage.clone(),
-    };
-    if let Err(e) = state.audit.append(&record) {
-        // The result is the client's, but nothing more runs without a record.
-        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
-        state.set_audit_failure(e.to_string());
-    }
+    append_record(
+        state,
+        &ctx,
+        result.status,
+        (result.exit_code, result.signal),
+        &result.limits,
+        &result.limits_hit,
+        &result.usage,
+    );
     tracing::info!(
         request_id = %ctx.request_id,
         execution = %ctx.id,

@@ -556,7 +556,7 @@ async fn start_cell<H>(
     let admitted = state.admission.admit(key).await.map_err(rejection)?;
     drop(held);
     let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
-    let ctx = Context::new(key, request_id, sha, asked.code.len() as u64);
+    let ctx = Context::new(key, request_id, sha, asked.code.len() as u64, &limits);
     if let Some(tools) = &entry.tools {
         tools.begin(&key.grants, &ctx.id);
     }
