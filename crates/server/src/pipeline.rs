@@ -609,6 +609,13 @@ fn engine_error(ctx: &Context, e: EngineError) -> Error {
 /// The final record of an execution that never ran (refused by the engine, cancelled before
 /// its sandbox started, or a sandbox that could not start): `internal_error`, nothing used.
 fn record_unrun(state: &SharedState, ctx: &Context) {
+    tracing::warn!(
+        request_id = %ctx.request_id,
+        execution = %ctx.id,
+        key = %ctx.key,
+        status = %Status::InternalError,
+        "execution ended before its sandbox ran"
+    );
     append_record(
         state,
         ctx,
