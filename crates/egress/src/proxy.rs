@@ -515,7 +515,9 @@ impl<'a> Connection<'a> {
         if request.connect {
             client
                 .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .map_err(|e| Refusal::failed("500", "client_gone", e.to_string()))?;
+                .map_err(|e| {
+                    Refusal::failed("500 Internal Server Error", "client_gone", e.to_string())
+                })?;
         } else {
             first = request.head;
         }
