@@ -29,6 +29,8 @@ struct Targets {
     child: Child,
     http: u16,
     https: u16,
+    /// A listener whose full queue makes the kernel drop connection attempts.
+    stalled: u16,
     cert_pem: String,
 }
 
@@ -68,11 +70,12 @@ impl Targets {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut port = || -> u16 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
-        let (http, https) = (port(), port());
+        let (http, https, stalled) = (port(), port(), port());
         Targets {
             child,
             http,
             https,
+            stalled,
             cert_pem: std::fs::read_to_string(&cert).unwrap(),
         }
     }
@@ -88,7 +91,7 @@ impl Drop for Targets {
 /// Host rules for localhost and the names `[egress.resolve]` answers (to the metadata
 /// address, a private one, an IPv4-mapped loopback one) on both ports.
 fn host_rules(t: &Targets) -> String {
-    let ports = format!("[{}, {}]", t.http, t.https);
+    let ports = format!("[{}, {}, {}]", t.http, t.https, t.stalled);
     ["localhost", "metadata.test", "inside.test", "mapped.test"]
         .iter()
         .map(|h| format!("{{ host = \"{h}\", ports = {ports} }}"))
@@ -110,7 +113,7 @@ fn config(t: &Targets, budgets: &str) -> String {
 [[keys]]
 name = "open"
 hash = "{open}"
-egress = {{ hosts = [{hosts}], ranges = [{{ cidr = "127.0.0.0/8", ports = [{http}, {https}] }}] }}
+egress = {{ hosts = [{hosts}], ranges = [{{ cidr = "127.0.0.0/8", ports = [{http}, {https}, {stalled}] }}] }}
 
 [[keys]]
 name = "closed"
@@ -126,6 +129,7 @@ hash = "{none}"
         none = hash(NONE),
         http = t.http,
         https = t.https,
+        stalled = t.stalled,
     )
 }
 
@@ -207,7 +211,7 @@ fn loopback_servers_are_reached_through_the_proxy_only_where_the_range_is_listed
     assert_eq!(r["isolation"]["network"], "egress_proxy");
     assert_eq!(
         r["isolation"]["egress"]["ranges"],
-        json!([{"cidr": "127.0.0.0/8", "ports": [t.http, t.https]}])
+        json!([{"cidr": "127.0.0.0/8", "ports": [t.http, t.https, t.stalled]}])
     );
     let usage = &r["usage"]["egress"];
     assert_eq!(
@@ -433,7 +437,7 @@ out
 fn budgets_cut_connections_and_say_why() {
     let _serial = common::serial();
     let t = Targets::start();
-    let budgets = "max_connections = 4\nmax_bytes_in = 1048576\nmax_bytes_out = 262144\nidle_timeout_ms = 1500";
+    let budgets = "max_connections = 4\nmax_bytes_in = 1048576\nmax_bytes_out = 262144\nidle_timeout_ms = 1500\nconnect_timeout_ms = 1000";
     let server = Server::start(&config(&t, budgets), &[]);
     let h = t.http;
     // Connections: the fifth is refused, with its own status.
@@ -511,6 +515,20 @@ def push(n):
         reasons.contains(&"bytes_in_budget") && reasons.contains(&"bytes_out_budget"),
         "{reasons:?}"
     );
+
+    // A target that never completes the connection: 502 once the connect timeout passes.
+    let code = format!(
+        "{RAW}\nimport time\nt = time.monotonic()\n[raw('CONNECT localhost:{} HTTP/1.1\\r\\n\\r\\n'), round(time.monotonic() - t, 1)]",
+        t.stalled
+    );
+    let r = run(&server, OPEN, json!({ "code": code }));
+    assert_eq!(
+        r["result"][0],
+        json!(["HTTP/1.1 502 Bad Gateway", "failed; reason=connect_timeout"]),
+        "{r:#}"
+    );
+    let waited = r["result"][1].as_f64().unwrap();
+    assert!((0.9..5.0).contains(&waited), "{r:#}");
 
     // A tunnel nobody uses is closed after the idle timeout.
     let code = r#"

@@ -1,5 +1,7 @@
 """Targets for the egress tests, on loopback: one HTTP and one HTTPS server (the certificate
-and key given as arguments), printing their ports on the first two lines of stdout.
+and key given as arguments), printing their ports on the first two lines of stdout, and on
+the third the port of a listener whose accept queue is full, so that the kernel drops any
+further connection attempt (a target whose connect never completes).
 
 GET /hello      -> "hello from http" or "hello from https"
 GET /headers    -> the request's headers as JSON (what the proxy forwarded)
@@ -9,6 +11,7 @@ POST /sink      -> reads the body, answers how many bytes it read
 
 import http.server
 import json
+import socket
 import ssl
 import sys
 import threading
@@ -79,7 +82,15 @@ def main():
     context.load_cert_chain(cert, key)
     print(serve("http"), flush=True)
     print(serve("https", context), flush=True)
+    stalled = socket.socket()
+    stalled.bind(("127.0.0.1", 0))
+    stalled.listen(0)
+    port = stalled.getsockname()[1]
+    # Never accepted: one connection fills a queue of 0, and later SYNs are dropped.
+    fillers = [socket.create_connection(("127.0.0.1", port), timeout=5)]
+    print(port, flush=True)
     sys.stdin.read()  # until the test closes our stdin
+    del fillers
 
 
 if __name__ == "__main__":
