@@ -705,9 +705,6 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
     fs::remove_dir_all(dir)
 }
 
-/// Shared between threads of a server.
-pub type SharedEnvironments = Arc<Environments>;
-
 #[cfg(test)]
 mod tests {
     use super::*;
