@@ -9,8 +9,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
 use common::http::{Response, Server};
+use common::key_hash as hash;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 /// Reaches localhost on the targets' ports, with 127.0.0.0/8 opened explicitly.
 const OPEN: &str = "open-key-0123456789abcdef";
@@ -18,10 +18,6 @@ const OPEN: &str = "open-key-0123456789abcdef";
 const CLOSED: &str = "closed-key-0123456789abcdef";
 /// No egress at all.
 const NONE: &str = "none-key-0123456789abcdef";
-
-fn hash(key: &str) -> String {
-    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
-}
 
 /// The HTTP and HTTPS servers of `egress_server.py`, with a fresh self-signed certificate
 /// for `localhost`.

@@ -11,15 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use common::http::{call_as, request, Response, Server};
+use common::key_hash as hash;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const ADMIN: &str = "admin-key-0123456789abcdef";
 const USER: &str = "user-key-0123456789abcdef";
-
-fn hash(key: &str) -> String {
-    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
-}
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("airlock-envs-{}-{name}", std::process::id()));

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::http::{call_as, request, Response, Server};
+use common::key_hash as hash;
 use common::mcp_python;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const AGENT: &str = "agent-key-0123456789abcdef";
 const WRITER: &str = "writer-key-0123456789abcdef";
@@ -22,10 +22,6 @@ const CANARY: &str = "canary-4f1c9b7e-secret";
 
 fn script() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
-}
-
-fn hash(key: &str) -> String {
-    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
 }
 
 /// A directory for one test's tool server log.

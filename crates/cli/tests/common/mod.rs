@@ -21,6 +21,12 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A key as `[[keys]]` stores it: `sha256:` and its hex SHA-256.
+pub fn key_hash(key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
+}
+
 pub fn airlock() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
     cmd.env("HOST_SECRET_CANARY", "host-secret-value");
