@@ -16,6 +16,7 @@ mod pump;
 mod session;
 mod tools;
 mod verdict;
+mod zygotes;
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -36,6 +37,7 @@ pub use pump::{Discard, OutputSink, Stdin, Stream};
 use session::Mode;
 pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRIES};
 pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
+pub use zygotes::{ZygoteConfig, ZygoteStatus};
 
 /// The runner, passed to `python3 -c`.
 pub const RUNNER: &str = include_str!("runner.py");
@@ -192,6 +194,8 @@ pub struct Engine {
     pool: Option<Arc<Pool>>,
     /// Pools per environment, started when one is first asked for (see `env_pool`).
     env_pools: Option<Arc<EnvPools>>,
+    /// Fresh sandboxes as forks of a zygote, where one serves them (see `zygotes`).
+    zygotes: Option<Arc<zygotes::Zygotes>>,
     defer_cleanup: bool,
 }
 
@@ -215,8 +219,20 @@ impl Engine {
             interpreter,
             pool: None,
             env_pools: None,
+            zygotes: None,
             defer_cleanup: false,
         })
+    }
+
+    /// Makes fresh sandboxes forks of zygotes from now on, where a zygote serves them (this
+    /// engine and its clones made from now on). Start before the pool, so that it uses them.
+    pub fn start_zygotes(&mut self, config: ZygoteConfig) {
+        self.zygotes = Some(zygotes::Zygotes::new(config));
+    }
+
+    /// What the zygotes do; `None` when they were never started.
+    pub fn zygote_status(&self) -> Option<ZygoteStatus> {
+        self.zygotes.as_ref().map(|z| z.status())
     }
 
     /// Answers as soon as a sandbox's processes are gone, leaving the removal of its empty
@@ -332,6 +348,9 @@ impl Engine {
         if let Some(pool) = &self.pool {
             pool.close();
         }
+        if let Some(zygotes) = &self.zygotes {
+            zygotes.close();
+        }
     }
 
     pub fn pool(&self) -> Option<&Arc<Pool>> {
@@ -365,6 +384,7 @@ impl Engine {
             .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
             .env("PIP_NO_CACHE_DIR", "1")
             .pass_fd(OwnedFd::from(theirs));
+        let tools_passed = tools.is_some();
         if let Some(fd) = tools {
             command = command.pass_fd(fd); // TOOLS_FD
         }
@@ -398,7 +418,62 @@ impl Engine {
             Mode::Warm => command = command.arg("warm").background(),
             Mode::Session => command = command.arg("session"),
         }
-        Ok((spawn(command, policy)?, control))
+        let Some(zygotes) = &self.zygotes else {
+            return Ok((spawn(command, policy)?, control));
+        };
+        let sys_path = || self.policy_sys_path(policy);
+        if mode == Mode::Cold {
+            if tools_passed {
+                zygotes.count_cold("tools");
+                return Ok((spawn(command, policy)?, control));
+            }
+            // Says it is ready first, so that a child that never started (its zygote died
+            // meanwhile) is noticed before the request is sent, and the job starts cold.
+            let command = command.arg("warm");
+            return match zygotes.spawn(command, policy, sys_path) {
+                Ok(child) => {
+                    let child = child?;
+                    if let Some(child) = ready_or_gone(child, &control) {
+                        return Ok((child, control));
+                    }
+                    zygotes.count_cold("child_lost");
+                    self.start_cold(policy)
+                }
+                Err(_) => self.start_cold(policy),
+            };
+        }
+        match zygotes.spawn(command, policy, sys_path) {
+            Ok(child) => Ok((child?, control)),
+            Err(command) => Ok((spawn(command, policy)?, control)),
+        }
+    }
+
+    /// As `start_sandbox` in `Mode::Cold`, with no zygote.
+    fn start_cold(
+        &self,
+        policy: &Policy,
+    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
+        let engine = Engine {
+            zygotes: None,
+            ..self.clone()
+        };
+        engine.start_sandbox(policy, Mode::Cold, None)
+    }
+
+    /// `sys.path` for a sandbox with `policy`'s root, as `sys_path` gives it for a job.
+    fn policy_sys_path(&self, policy: &Policy) -> Vec<String> {
+        let mut path = Vec::new();
+        if policy
+            .root
+            .iter()
+            .any(|e| e.path() == Path::new(environments::ENV_MOUNT))
+        {
+            path.push(environments::EnvMount::site_packages(
+                &self.interpreter.version,
+            ));
+        }
+        path.extend(self.interpreter.extra_sys_path.iter().cloned());
+        path
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -992,6 +1067,31 @@ fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
         downgraded,
     })
 }
+
+/// Waits for a warm runner's ready byte; `None` (the sandbox killed and gone) if it never
+/// comes.
+fn ready_or_gone(
+    child: airlock_sandbox::Child,
+    control: &UnixStream,
+) -> Option<airlock_sandbox::Child> {
+    use std::io::Read;
+    let mut byte = [0u8; 1];
+    let ready = control.set_read_timeout(Some(READY_TIMEOUT)).is_ok()
+        && matches!((&*control).read(&mut byte), Ok(1))
+        && byte[0] == b'R'
+        && control.set_read_timeout(None).is_ok();
+    if ready {
+        return Some(child);
+    }
+    child.killer().kill(KillReason::Cancelled);
+    if let Err(e) = child.wait() {
+        tracing::debug!(error = %e, "a zygote's child never started");
+    }
+    None
+}
+
+/// How long a sandbox's runner may take to say it is ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -435,6 +435,11 @@ impl SandboxCgroup {
             .then(|| self.dirs.iter().map(|d| d.join("tasks")).collect())
     }
 
+    /// The `cgroup.procs` file of each directory, where a process writes `0` to join.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
     /// Sets the sandbox's CPU weight against everything else on the host: the lowest there is
     /// (`background`), or the kernel's default, which every other sandbox keeps. The quota
     /// (`cpu_millicores`) is unchanged either way.

@@ -37,6 +37,7 @@ use crate::policy::{Policy, RootEntry};
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
 use crate::seccomp::{Filters, SeccompError};
 use crate::sys::{self, ForkResult, Waited};
+use crate::zygote;
 
 /// The argument that turns our own binary into a sandbox's init (see `run_if_init`).
 pub const INIT_ARG: &str = "__airlock-sandbox-init";
@@ -98,14 +99,17 @@ pub(crate) enum InitError {
     Exec { program: PathBuf, source: io::Error },
 }
 
-fn sys_err(call: &'static str) -> impl FnOnce(Errno) -> InitError {
+pub(crate) fn sys_err(call: &'static str) -> impl FnOnce(Errno) -> InitError {
     move |e| InitError::Sys {
         call,
         source: e.into(),
     }
 }
 
-fn path_err<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> InitError + 'a {
+pub(crate) fn path_err<'a>(
+    call: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> InitError + 'a {
     move |source| InitError::Path {
         call,
         path: path.to_owned(),
@@ -113,7 +117,10 @@ fn path_err<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-fn path_errno<'a>(call: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> InitError + 'a {
+pub(crate) fn path_errno<'a>(
+    call: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(Errno) -> InitError + 'a {
     move |e| InitError::Path {
         call,
         path: path.to_owned(),
@@ -129,7 +136,7 @@ pub fn run_if_init() {
     }
 }
 
-fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
+pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
     let report = Report::Failed {
         stage: stage.to_owned(),
         error: err.to_string(),
@@ -170,7 +177,17 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
     // mounts then use these descriptors, not paths an unprivileged uid must be able to reach
     // (and not paths that could be swapped meanwhile).
     let sources = open_sources(&req.policy)?;
-    let (host_uid, host_gid) = drop_host_root()?;
+    // A zygote's template maps a block of host ids (one per child), which only a process
+    // that stays root on the host can write: a helper forked before we drop root.
+    let id_writer = if req.zygote {
+        Some(zygote::IdWriter::fork()?)
+    } else {
+        None
+    };
+    let (host_uid, host_gid) = match &id_writer {
+        Some(_) => zygote::drop_host_root_to_block()?,
+        None => drop_host_root()?,
+    };
     // After the last change of credentials: the kernel clears the parent-death signal
     // whenever the effective uid or gid changes.
     if req.policy.die_with_parent {
@@ -187,7 +204,10 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
         .transpose()?;
 
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
-    write_id_maps(&req.policy, host_uid, host_gid)?;
+    match id_writer {
+        Some(writer) => writer.write_maps(host_uid, host_gid)?,
+        None => write_id_maps(&req.policy, host_uid, host_gid)?,
+    }
     let namespaces = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
@@ -328,6 +348,9 @@ fn init(
     // Keeps the program (same uid) out of /proc/1: no ptrace-style access to our memory,
     // descriptors or status socket.
     prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    if req.zygote {
+        return zygote::inside::template_init(req, status);
+    }
 
     match sys::fork().map_err(sys_err("fork"))? {
         ForkResult::Child => program(req, status, filters),
@@ -348,7 +371,7 @@ fn init(
 }
 
 /// Reaps every process that ends (orphans are re-parented to us) until `main` does.
-fn reap_until(main: i32) -> Report {
+pub(crate) fn reap_until(main: i32) -> Report {
     loop {
         let (pid, how, cpu) = match sys::wait_child(-1) {
             Ok(waited) => waited,
@@ -399,7 +422,7 @@ fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
         .collect()
 }
 
-fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
+pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
     let none = None::<&str>;
     let root = Path::new(NEW_ROOT);
     // Nothing we mount may propagate back to the host.
@@ -623,34 +646,7 @@ fn confine_and_exec(
     close(3 + n, status_fd - 1)?;
     close(status_fd + 1, RawFd::MAX)?;
 
-    // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
-    unistd::setsid().map_err(sys_err("setsid"))?;
-    // At the memory limit the OOM killer takes the program (and what it starts) first,
-    // however large the sandbox's own processes are: they must live to report the verdict
-    // and reap. Raising one's own score needs no privilege, but a process that changed its
-    // uid is not dumpable and its /proc files are not its own: dumpable only for the write.
-    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
-    let raised = std::fs::write("/proc/self/oom_score_adj", "1000");
-    prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
-    raised.map_err(|source| InitError::Sys {
-        call: "write /proc/self/oom_score_adj",
-        source,
-    })?;
-    apply_rlimits(policy)?;
-    prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
-    sys::drop_all_capabilities().map_err(|source| InitError::Sys {
-        call: "drop capabilities",
-        source,
-    })?;
-
-    let landlock = if policy.landlock.is_required() {
-        apply_landlock(policy)?
-    } else {
-        LandlockReport {
-            state: LandlockState::Disabled,
-            abi: sys::landlock_abi().ok(),
-        }
-    };
+    let landlock = confine(policy)?;
     proto::send_msg(status, &Report::Ready { landlock }).map_err(|source| InitError::Sys {
         call: "send",
         source,
@@ -683,6 +679,41 @@ fn confine_and_exec(
         program: req.program.clone(),
         source: err.into(),
     })
+}
+
+/// Confines the calling process, the program's, for what it runs next: a new session, the
+/// OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock. Seccomp
+/// comes after, last. The same steps for a cold sandbox's program and a zygote's child.
+pub(crate) fn confine(policy: &Policy) -> Result<LandlockReport, InitError> {
+    // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
+    unistd::setsid().map_err(sys_err("setsid"))?;
+    // At the memory limit the OOM killer takes the program (and what it starts) first,
+    // however large the sandbox's own processes are: they must live to report the verdict
+    // and reap. Raising one's own score needs no privilege, but a process that changed its
+    // uid is not dumpable and its /proc files are not its own: dumpable only for the write.
+    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    let raised = std::fs::write("/proc/self/oom_score_adj", "1000");
+    prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    raised.map_err(|source| InitError::Sys {
+        call: "write /proc/self/oom_score_adj",
+        source,
+    })?;
+    apply_rlimits(policy)?;
+    prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    sys::drop_all_capabilities().map_err(|source| InitError::Sys {
+        call: "drop capabilities",
+        source,
+    })?;
+
+    let landlock = if policy.landlock.is_required() {
+        apply_landlock(policy)?
+    } else {
+        LandlockReport {
+            state: LandlockState::Disabled,
+            abi: sys::landlock_abi().ok(),
+        }
+    };
+    Ok(landlock)
 }
 
 fn apply_rlimits(policy: &Policy) -> Result<(), InitError> {

@@ -46,6 +46,7 @@ mod proto;
 pub mod seccomp;
 mod spawn;
 mod sys;
+mod zygote;
 
 pub use cgroup::{
     cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
@@ -58,3 +59,4 @@ pub use spawn::{
     spawn, Child, Command, Exit, Isolation, KillReason, Killer, Later, Outcome, Probe, SpawnError,
     Usage, WaitError, NAMESPACES,
 };
+pub use zygote::{library_beside, Zygote, ZygoteSpec, LIBRARY_NAME};

@@ -15,6 +15,8 @@ use crate::policy::Policy;
 
 /// Largest message either side sends or accepts.
 pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
+/// Most descriptors one message carries.
+pub(crate) const MAX_FDS: usize = 32;
 
 /// Host to init, once: what to build and what to run.
 #[derive(Debug, Serialize, Deserialize)]
@@ -31,6 +33,11 @@ pub(crate) struct InitRequest {
     /// into the sandbox's cgroup (see `SandboxCgroup::self_join_files`); empty when the host
     /// moved it already.
     pub join_cgroup: Vec<PathBuf>,
+    /// Build a zygote's template jail instead (see `crate::zygote`): the init keeps its
+    /// privileges in the sandbox's user namespace (which maps a block of host ids) to build
+    /// one jail per child, and the program is the zygote, unconfined within the template.
+    #[serde(default)]
+    pub zygote: bool,
 }
 
 /// Init to host.
@@ -83,6 +90,16 @@ pub(crate) fn send_msg_with_fd<T: Serialize>(
     msg: &T,
     pass: Option<&OwnedFd>,
 ) -> io::Result<()> {
+    let raw: Vec<RawFd> = pass.iter().map(|f| f.as_raw_fd()).collect();
+    send_msg_with_fds(fd, msg, &raw)
+}
+
+/// Sends one message with any number of descriptors (the kernel takes up to 253).
+pub(crate) fn send_msg_with_fds<T: Serialize>(
+    fd: impl AsFd,
+    msg: &T,
+    raw: &[RawFd],
+) -> io::Result<()> {
     let bytes = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if bytes.len() > MAX_MESSAGE {
         return Err(io::Error::other(format!(
@@ -91,11 +108,10 @@ pub(crate) fn send_msg_with_fd<T: Serialize>(
         )));
     }
     let iov = [IoSlice::new(&bytes)];
-    let raw: Vec<RawFd> = pass.iter().map(|f| f.as_raw_fd()).collect();
     let cmsgs: Vec<ControlMessage<'_>> = if raw.is_empty() {
         Vec::new()
     } else {
-        vec![ControlMessage::ScmRights(&raw)]
+        vec![ControlMessage::ScmRights(raw)]
     };
     loop {
         match sendmsg::<()>(
@@ -116,8 +132,15 @@ pub(crate) fn send_msg_with_fd<T: Serialize>(
 pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
     fd: impl AsFd,
 ) -> io::Result<Option<(T, Option<OwnedFd>)>> {
+    Ok(recv_msg_with_fds(fd)?.map(|(m, fds)| (m, fds.into_iter().next())))
+}
+
+/// Receives one message and every descriptor passed with it; `None` at end of stream.
+pub(crate) fn recv_msg_with_fds<T: DeserializeOwned>(
+    fd: impl AsFd,
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut buf = vec![0u8; MAX_MESSAGE + 1];
-    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (n, passed) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let flags = MsgFlags::MSG_CMSG_CLOEXEC;
@@ -142,7 +165,7 @@ pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
         return Ok(None);
     }
     let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
-    Ok(Some((msg, passed.into_iter().next())))
+    Ok(Some((msg, passed)))
 }
 
 /// Receives one message; `None` when the peer has closed its end.

@@ -12,6 +12,10 @@
 //! - `protect_init`: calls that would reach the sandbox's init by pid (EPERM).
 //! - `socket_families`, `socket_types`, `socket_protocols`: only local sockets and TCP/UDP,
 //!   never raw, each refusal with its own errno.
+//! - `no_setns`: joining namespaces kills the process. Alone and last because a zygote's
+//!   child joins its jail's namespaces: the zygote installs every other filter once, its
+//!   children inherit them and add only this one ([`Filters::install_inherited`],
+//!   [`Filters::install_last`]). A cold sandbox installs all of them, in the same order.
 //!
 //! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
 //! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
@@ -30,7 +34,7 @@ pub const PROFILE_JSON: &str = "";
 /// (success without running) comes after `allow`, whose ENOSYS it must beat for the calls
 /// `allow` leaves out. A wrong socket family (EAFNOSUPPORT) outranks a raw type (EPERM),
 /// which outranks a protocol (EPROTONOSUPPORT).
-const FILTERS: [&str; 8] = [
+const FILTERS: [&str; 9] = [
     "kill",
     "refused_flags",
     "protect_init",
@@ -39,6 +43,7 @@ const FILTERS: [&str; 8] = [
     "socket_families",
     "allow",
     "noop",
+    "no_setns",
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +88,22 @@ impl Filters {
 
     /// Installs every filter on the calling thread. `no_new_privs` must already be set.
     pub fn install(&self) -> Result<(), SeccompError> {
-        for (name, prog) in &self.0 {
+        self.install_inherited()?;
+        self.install_last()
+    }
+
+    /// Every filter but the last (`no_setns`): what a zygote installs for its children.
+    pub fn install_inherited(&self) -> Result<(), SeccompError> {
+        Self::apply(&self.0[..self.0.len() - 1])
+    }
+
+    /// The last filter (`no_setns`), once a zygote's child has joined its jail.
+    pub fn install_last(&self) -> Result<(), SeccompError> {
+        Self::apply(&self.0[self.0.len() - 1..])
+    }
+
+    fn apply(filters: &[(&'static str, BpfProgram)]) -> Result<(), SeccompError> {
+        for (name, prog) in filters {
             seccompiler::apply_filter(prog)
                 .map_err(|source| SeccompError::Install { name, source })?;
         }
@@ -223,7 +243,6 @@ mod tests {
             "umount2",
             "pivot_root",
             "unshare",
-            "setns",
             "open_by_handle_at",
             "move_mount",
             "fsopen",
@@ -236,6 +255,13 @@ mod tests {
             !allowed.contains(&"clone3".to_owned()),
             "clone3 flags cannot be inspected"
         );
+        // setns is allowed by `allow` only so that a zygote and its children can run under
+        // every other filter: `no_setns`, installed last everywhere, kills it, and nothing else.
+        assert_eq!(names("no_setns"), ["setns"]);
+        assert_eq!(profile()["no_setns"]["filter_action"], "kill_process");
+        assert_eq!(FILTERS.last(), Some(&"no_setns"));
+        let filters = Filters::compile().unwrap();
+        assert_eq!(filters.0.last().map(|f| f.0), Some("no_setns"));
     }
 
     #[test]

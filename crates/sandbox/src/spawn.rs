@@ -33,11 +33,13 @@ const LISTENER_WAIT_MS: u16 = 10_000;
 /// What to run inside the sandbox.
 #[derive(Debug)]
 pub struct Command {
-    program: PathBuf,
-    args: Vec<String>,
-    env: std::collections::BTreeMap<String, String>,
-    fds: Vec<OwnedFd>,
-    background: bool,
+    pub(crate) program: PathBuf,
+    pub(crate) args: Vec<String>,
+    pub(crate) env: std::collections::BTreeMap<String, String>,
+    pub(crate) fds: Vec<OwnedFd>,
+    pub(crate) background: bool,
+    /// Start a zygote's template (see `crate::zygote`).
+    pub(crate) zygote: bool,
 }
 
 impl Command {
@@ -51,6 +53,7 @@ impl Command {
             env: std::collections::BTreeMap::new(),
             fds: Vec::new(),
             background: false,
+            zygote: false,
         }
     }
 
@@ -74,6 +77,22 @@ impl Command {
     pub fn pass_fd(mut self, fd: OwnedFd) -> Self {
         self.fds.push(fd);
         self
+    }
+
+    /// A copy with the same descriptors duplicated, to try another way if one fails.
+    pub fn try_clone(&self) -> std::io::Result<Command> {
+        Ok(Command {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            env: self.env.clone(),
+            fds: self
+                .fds
+                .iter()
+                .map(OwnedFd::try_clone)
+                .collect::<Result<_, _>>()?,
+            background: self.background,
+            zygote: self.zygote,
+        })
     }
 
     /// Starts the sandbox with the lowest CPU weight, so that building it ahead of need
@@ -244,7 +263,7 @@ impl Killer {
     /// Last resort for a sandbox that did not die: SIGKILL the outer init itself.
     fn kill_outer(&self) {
         let state = self.state();
-        if !state.reaped {
+        if !state.reaped && self.0.outer_pid > 0 {
             let _ = kill(Pid::from_raw(self.0.outer_pid), Signal::SIGKILL);
         }
     }
@@ -257,7 +276,13 @@ impl Killer {
 /// A running sandbox.
 #[derive(Debug)]
 pub struct Child {
+    /// The outer init; `None` for a zygote's child, whose processes are the zygote's.
     process: Option<std::process::Child>,
+    /// Until `finish` has run: nothing of the sandbox is left after it.
+    running: bool,
+    stdin: Option<ChildStdin>,
+    stdout: Option<ChildStdout>,
+    stderr: Option<ChildStderr>,
     status: OwnedFd,
     wake: OwnedFd,
     killer: Killer,
@@ -272,6 +297,8 @@ pub struct Child {
     program_started: Arc<Later<Isolation>>,
     /// The listener on the sandbox's loopback, until the host takes it to serve it.
     egress: Option<std::net::TcpListener>,
+    /// Held while the sandbox lives: a zygote counts its children by these.
+    lease: Option<Arc<()>>,
 }
 
 /// A value one thread sets and others wait for.
@@ -409,66 +436,19 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         // Terminal signals go to the host, which decides; the sandbox dies with it anyway.
         .process_group(0);
     sys::place_fds_in_child(&mut std_cmd, moves);
-    let process = std_cmd
+    let mut process = std_cmd
         .spawn()
         .map_err(io_err("starting the sandbox init"))?;
+    let stdio = (
+        process.stdin.take(),
+        process.stdout.take(),
+        process.stderr.take(),
+    );
     drop(lifted);
     drop(init_end);
     drop(command.fds);
 
-    let (wake_r, wake_w) = nix::unistd::pipe2(
-        nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK,
-    )
-    .map_err(|e| SpawnError::Io {
-        what: "pipe2",
-        source: e.into(),
-    })?;
-    let killer = Killer(Arc::new(KillShared {
-        outer_pid: process.id() as i32,
-        state: Mutex::new(KillState {
-            reaped: false,
-            reason: None,
-            init: None,
-        }),
-        wake: wake_w,
-    }));
-    let downgraded = [
-        ("seccomp", policy.seccomp),
-        ("landlock", policy.landlock),
-        ("cgroups", policy.cgroups),
-    ]
-    .into_iter()
-    .filter(|(_, e)| !e.is_required())
-    .map(|(name, _)| name.to_owned())
-    .collect();
-    let isolation = Isolation {
-        namespaces: NAMESPACES.iter().map(|s| (*s).to_owned()).collect(),
-        uid: policy.uid,
-        gid: policy.gid,
-        seccomp: policy.seccomp.is_required(),
-        landlock: LandlockReport {
-            state: LandlockState::NotEnforced,
-            abi: None,
-        },
-        cgroup: cgroup.as_ref().map(SandboxCgroup::version),
-        no_new_privs: true,
-        capabilities_dropped: true,
-        downgraded,
-    };
-    let child = Child {
-        process: Some(process),
-        status: host_end,
-        wake: wake_r,
-        killer,
-        cgroup,
-        started: Instant::now(),
-        defer_cleanup: false,
-        limits: policy.limits.clone(),
-        isolation,
-        program_started: Arc::default(),
-        egress: None,
-    };
-
+    let mut child = Child::assemble(Some(process), host_end, cgroup, policy, stdio)?;
     // The init waits for this request, so it is inside the cgroup before it does anything:
     // moved there by the host, or (v1) moving itself first thing.
     let mut join_cgroup = Vec::new();
@@ -486,10 +466,10 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         extra_fds: n as u32,
         parent_pid: std::process::id() as i32,
         join_cgroup,
+        zygote: command.zygote,
     };
     proto::send_msg(&child.status, &request)
         .map_err(io_err("sending the policy to the sandbox"))?;
-    let mut child = child;
     if policy.egress_port.is_some() {
         child.egress = Some(child.receive_listener()?);
     }
@@ -497,6 +477,77 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
 }
 
 impl Child {
+    /// The host's handle on a sandbox being started: `process` is its outer init (none for a
+    /// zygote's child), `status` the host's end of its status socket.
+    pub(crate) fn assemble(
+        process: Option<std::process::Child>,
+        status: OwnedFd,
+        cgroup: Option<SandboxCgroup>,
+        policy: &Policy,
+        stdio: (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>),
+    ) -> Result<Child, SpawnError> {
+        let (wake_r, wake_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+                .map_err(|e| SpawnError::Io {
+                    what: "pipe2",
+                    source: e.into(),
+                })?;
+        let killer = Killer(Arc::new(KillShared {
+            outer_pid: process.as_ref().map_or(0, |p| p.id() as i32),
+            state: Mutex::new(KillState {
+                reaped: false,
+                reason: None,
+                init: None,
+            }),
+            wake: wake_w,
+        }));
+        let downgraded = [
+            ("seccomp", policy.seccomp),
+            ("landlock", policy.landlock),
+            ("cgroups", policy.cgroups),
+        ]
+        .into_iter()
+        .filter(|(_, e)| !e.is_required())
+        .map(|(name, _)| name.to_owned())
+        .collect();
+        let isolation = Isolation {
+            namespaces: NAMESPACES.iter().map(|s| (*s).to_owned()).collect(),
+            uid: policy.uid,
+            gid: policy.gid,
+            seccomp: policy.seccomp.is_required(),
+            landlock: LandlockReport {
+                state: LandlockState::NotEnforced,
+                abi: None,
+            },
+            cgroup: cgroup.as_ref().map(SandboxCgroup::version),
+            no_new_privs: true,
+            capabilities_dropped: true,
+            downgraded,
+        };
+        Ok(Child {
+            process,
+            running: true,
+            stdin: stdio.0,
+            stdout: stdio.1,
+            stderr: stdio.2,
+            status,
+            wake: wake_r,
+            killer,
+            cgroup,
+            started: Instant::now(),
+            defer_cleanup: false,
+            limits: policy.limits.clone(),
+            isolation,
+            program_started: Arc::default(),
+            egress: None,
+            lease: None,
+        })
+    }
+
+    pub(crate) fn set_lease(&mut self, lease: Arc<()>) {
+        self.lease = Some(lease);
+    }
+
     /// The outer init sends the egress listener first thing after creating the namespaces;
     /// anything else (a setup failure, an early end) means the sandbox cannot start.
     fn receive_listener(&mut self) -> Result<std::net::TcpListener, SpawnError> {
@@ -580,15 +631,15 @@ impl Child {
     }
 
     pub fn take_stdin(&mut self) -> Option<ChildStdin> {
-        self.process.as_mut()?.stdin.take()
+        self.stdin.take()
     }
 
     pub fn take_stdout(&mut self) -> Option<ChildStdout> {
-        self.process.as_mut()?.stdout.take()
+        self.stdout.take()
     }
 
     pub fn take_stderr(&mut self) -> Option<ChildStderr> {
-        self.process.as_mut()?.stderr.take()
+        self.stderr.take()
     }
 
     /// Supervises the sandbox until it is gone: enforces the wall clock (and the sandbox-wide
@@ -701,6 +752,8 @@ impl Child {
         }
         let wall = self.started.elapsed();
         self.reap();
+        self.running = false;
+        self.lease = None;
         let cgroup = self.cgroup.take();
         let stats = cgroup
             .as_ref()
@@ -752,7 +805,7 @@ impl Child {
 impl Drop for Child {
     /// A sandbox abandoned without `wait` is killed and cleaned up all the same.
     fn drop(&mut self) {
-        if self.process.is_some() {
+        if self.running {
             self.killer.kill(KillReason::Cancelled);
             let _ = self.finish();
         }

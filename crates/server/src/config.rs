@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use airlock_api::LimitsRequest;
-use airlock_engine::{EngineConfig, PoolConfig};
+use airlock_engine::{EngineConfig, PoolConfig, ZygoteConfig};
 use serde::{Deserialize, Serialize};
 
 /// Environment variables with a meaning of their own rather than a setting's path.
@@ -43,6 +43,8 @@ pub struct Config {
     pub engine: EngineConfig,
     /// The warm pool of sandboxes started ahead of their work.
     pub pool: PoolConfig,
+    /// Fresh sandboxes as forks of a pre-imported interpreter (see README "Zygotes").
+    pub zygote: ZygoteConfig,
     pub sessions: SessionsConfig,
     /// `POST /v1/eval`: the native evaluator's budgets.
     pub eval: EvalConfig,
@@ -85,6 +87,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             engine: EngineConfig::default(),
             pool: PoolConfig::default(),
+            zygote: ZygoteConfig::default(),
             sessions: SessionsConfig::default(),
             eval: EvalConfig::default(),
             pickle: PickleConfig::default(),

@@ -398,6 +398,74 @@ pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
     out
 }
 
+/// The zygotes' state (zeros when there are none), in Prometheus text.
+pub fn render_zygotes(status: &airlock_engine::ZygoteStatus) -> String {
+    let mut out = String::new();
+    for (name, kind, help, value) in [
+        (
+            "airlock_zygotes_ready",
+            "gauge",
+            "Zygotes ready to make sandboxes.",
+            status.ready as u64,
+        ),
+        (
+            "airlock_zygote_children",
+            "gauge",
+            "Sandboxes alive now that are zygote children.",
+            status.children as u64,
+        ),
+        (
+            "airlock_zygote_children_total",
+            "counter",
+            "Sandboxes made as zygote children.",
+            status.spawned,
+        ),
+        (
+            "airlock_zygote_starts_total",
+            "counter",
+            "Zygotes started (first, replacing a dead one, or recycling).",
+            status.starts,
+        ),
+        (
+            "airlock_zygote_failures_total",
+            "counter",
+            "Zygotes that failed to start.",
+            status.failures,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+    let name = "airlock_cold_starts_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Sandboxes started cold (their own interpreter) instead of from a zygote, by reason.\n# TYPE {name} counter"
+    );
+    for reason in COLD_REASONS {
+        let n = status.cold.get(reason).copied().unwrap_or(0);
+        let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+    }
+    out
+}
+
+/// Every reason a sandbox starts cold (see `airlock_engine::zygotes`), exported from the start.
+const COLD_REASONS: [&str; 12] = [
+    "disabled",
+    "unavailable",
+    "egress",
+    "tools",
+    "other_program",
+    "zygote_starting",
+    "zygote_restarting",
+    "zygote_failed",
+    "too_many_zygotes",
+    "zygote_refused",
+    "descriptors",
+    "child_lost",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -188,6 +188,8 @@ pub(crate) fn start_engine(
             );
         }
     }
+    // Before the pool, whose sandboxes then come from zygotes once one is ready.
+    engine.start_zygotes(config.zygote.clone());
     // After the leftovers are gone: the pool's sandboxes are this run's.
     engine
         .start_pool(config.pool.clone())

@@ -11,6 +11,8 @@ use std::path::Path;
 
 pub use nix::unistd::ForkResult;
 
+mod abi;
+
 /// `fork(2)`.
 ///
 /// Only called from the sandbox's init processes, which are single-threaded: they are exec'd
@@ -259,12 +261,24 @@ pub enum Waited {
 /// continues are not reported because `WUNTRACED` is not asked for. Also returns the CPU time
 /// (user + system) the kernel counted for the child and the children it reaped.
 pub fn wait_child(pid: i32) -> io::Result<(i32, Waited, std::time::Duration)> {
+    wait4(pid, 0)?.ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))
+}
+
+/// As [`wait_child`] for one child, without blocking: `None` while it runs.
+pub fn wait_child_nohang(pid: i32) -> io::Result<Option<(Waited, std::time::Duration)>> {
+    Ok(wait4(pid, libc::WNOHANG)?.map(|(_, how, cpu)| (how, cpu)))
+}
+
+fn wait4(pid: i32, flags: libc::c_int) -> io::Result<Option<(i32, Waited, std::time::Duration)>> {
     loop {
         let mut status: libc::c_int = 0;
         // SAFETY: rusage is plain old data; zeroes are a valid value.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: status and usage are valid, writable and live for the duration of the call.
-        let got = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        let got = unsafe { libc::wait4(pid, &mut status, flags, &mut usage) };
+        if got == 0 {
+            return Ok(None);
+        }
         if got < 0 {
             let err = io::Error::last_os_error();
             if err.raw_os_error() == Some(libc::EINTR) {
@@ -278,10 +292,10 @@ pub fn wait_child(pid: i32) -> io::Result<(i32, Waited, std::time::Duration)> {
         };
         let cpu = tv(usage.ru_utime) + tv(usage.ru_stime);
         if libc::WIFEXITED(status) {
-            return Ok((got, Waited::Exited(libc::WEXITSTATUS(status)), cpu));
+            return Ok(Some((got, Waited::Exited(libc::WEXITSTATUS(status)), cpu)));
         }
         if libc::WIFSIGNALED(status) {
-            return Ok((got, Waited::Signaled(libc::WTERMSIG(status)), cpu));
+            return Ok(Some((got, Waited::Signaled(libc::WTERMSIG(status)), cpu)));
         }
     }
 }
@@ -389,5 +403,58 @@ pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> io::Result<()> {
         Err(io::Error::last_os_error())
     } else {
         Ok(())
+    }
+}
+
+/// `clone3` without a new stack (so it returns twice, like `fork`) into the new namespaces
+/// in `namespaces` (`CLONE_NEW*`), with a pidfd for the child: `Some((pid, pidfd))` in the
+/// parent, `None` in the child.
+///
+/// Only called from a zygote's template init, which is single-threaded like every init.
+pub fn fork_into_namespaces(namespaces: u64) -> io::Result<Option<(i32, OwnedFd)>> {
+    #[repr(C)]
+    struct CloneArgs {
+        flags: u64,
+        pidfd: u64,
+        child_tid: u64,
+        parent_tid: u64,
+        exit_signal: u64,
+        stack: u64,
+        stack_size: u64,
+        tls: u64,
+        set_tid: u64,
+        set_tid_size: u64,
+        cgroup: u64,
+    }
+    let mut pidfd: libc::c_int = -1;
+    let args = CloneArgs {
+        flags: namespaces | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: 0,
+        stack_size: 0,
+        tls: 0,
+        set_tid: 0,
+        set_tid_size: 0,
+        cgroup: 0,
+    };
+    // SAFETY: args is a valid clone_args of the size given, and pidfd outlives the call. With
+    // no stack the child continues on a copy of ours, as after fork; the caller is
+    // single-threaded, so no lock can be held by a thread the child does not have.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match pid {
+        p if p < 0 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        // SAFETY: the kernel stored a new descriptor for the child in pidfd; nothing else
+        // owns it.
+        p => Ok(Some((p as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))),
     }
 }

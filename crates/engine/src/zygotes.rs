@@ -1,0 +1,391 @@
+//! Zygotes for the engine's sandboxes (see `airlock_sandbox::Zygote`): one per sandbox root
+//! (the interpreter's own, and each environment's), started in the background the first time
+//! a sandbox with that root is asked for, replaced when it dies and retired after
+//! `recycle_after` children or `recycle_seconds`. A sandbox a zygote cannot serve (egress, a
+//! writable environment being built, a zygote not ready yet, a host that is not root) starts
+//! cold, and is counted by reason.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::{Child, Command, Policy, SpawnError, Zygote, ZygoteSpec};
+use serde::{Deserialize, Serialize};
+
+/// The `[zygote]` settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ZygoteConfig {
+    /// Fresh sandboxes are forks of a zygote where it can serve them; off: every sandbox
+    /// starts its own interpreter.
+    pub enabled: bool,
+    /// Modules the zygote imports once (each where installed; a failed import is logged).
+    pub preload: Vec<String>,
+    /// A zygote is replaced after this many children...
+    pub recycle_after: u64,
+    /// ...or this many seconds, which bounds what its children share (address-space layout,
+    /// hash seed).
+    pub recycle_seconds: u64,
+    /// airlock's library (`libairlock_sandbox.so`); by default the one beside the binary.
+    pub library: Option<PathBuf>,
+}
+
+impl Default for ZygoteConfig {
+    fn default() -> Self {
+        ZygoteConfig {
+            enabled: true,
+            preload: ["numpy", "pandas", "matplotlib.pyplot"]
+                .map(String::from)
+                .to_vec(),
+            recycle_after: 10_000,
+            recycle_seconds: 3600,
+            library: None,
+        }
+    }
+}
+
+/// Zygotes kept for roots not used for this long are retired.
+const IDLE: Duration = Duration::from_secs(600);
+/// A zygote that failed to start is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(30);
+/// At most this many zygotes at once (the default root's and environments').
+const MAX_ZYGOTES: usize = 8;
+
+enum Slot {
+    Starting,
+    Ready {
+        zygote: Arc<Zygote>,
+        used: Instant,
+        /// A replacement is being started; this one serves until it is ready.
+        replacing: bool,
+    },
+    Failed(Instant),
+}
+
+/// What the counters say, for metrics, `/readyz` and `airlock doctor`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ZygoteStatus {
+    pub enabled: bool,
+    /// Why zygotes cannot be used at all on this host, when they cannot.
+    pub unavailable: Option<String>,
+    pub ready: usize,
+    pub starting: usize,
+    /// Children alive now, across zygotes.
+    pub children: usize,
+    /// Sandboxes made as zygote children.
+    pub spawned: u64,
+    /// Sandboxes started cold instead, by reason.
+    pub cold: BTreeMap<String, u64>,
+    pub starts: u64,
+    pub failures: u64,
+    pub last_error: Option<String>,
+}
+
+struct Start {
+    key: String,
+    spec: ZygoteSpec,
+    policy: Policy,
+}
+
+/// The engine's zygotes.
+pub(crate) struct Zygotes {
+    config: ZygoteConfig,
+    library: Result<PathBuf, String>,
+    slots: Mutex<BTreeMap<String, Slot>>,
+    /// Zygotes are started on one long-lived thread: a sandbox dies with the thread that
+    /// started it.
+    starter: Mutex<Sender<Start>>,
+    spawned: AtomicU64,
+    cold: Mutex<BTreeMap<String, u64>>,
+    starts: AtomicU64,
+    failures: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Zygotes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Zygotes")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl Zygotes {
+    pub(crate) fn new(config: ZygoteConfig) -> Arc<Zygotes> {
+        let library = match &config.library {
+            Some(path) => Ok(path.clone()),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|exe| airlock_sandbox::library_beside(&exe))
+                .ok_or_else(|| {
+                    format!(
+                        "{} is not beside the airlock binary (build the workspace, or set \
+                         [zygote] library)",
+                        airlock_sandbox::LIBRARY_NAME
+                    )
+                }),
+        };
+        let library = library.and_then(|path| {
+            if nix::unistd::geteuid().is_root() {
+                Ok(path)
+            } else {
+                Err("zygotes need airlock to run as root (each maps a block of host uids)".into())
+            }
+        });
+        let (tx, rx) = channel::<Start>();
+        let zygotes = Arc::new(Zygotes {
+            config,
+            library,
+            slots: Mutex::new(BTreeMap::new()),
+            starter: Mutex::new(tx),
+            spawned: AtomicU64::new(0),
+            cold: Mutex::new(BTreeMap::new()),
+            starts: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&zygotes);
+        std::thread::Builder::new()
+            .name("airlock-zygotes".into())
+            .spawn(move || {
+                for start in rx {
+                    let Some(zygotes) = weak.upgrade() else { break };
+                    zygotes.start(start);
+                }
+            })
+            .expect("starting the zygote thread");
+        zygotes
+    }
+
+    fn start(&self, start: Start) {
+        self.starts.fetch_add(1, Ordering::Relaxed);
+        let started = Zygote::start(&start.spec, &start.policy);
+        let mut slots = self.slots();
+        match started {
+            Ok(zygote) => {
+                let old = slots.insert(
+                    start.key,
+                    Slot::Ready {
+                        zygote: Arc::new(zygote),
+                        used: Instant::now(),
+                        replacing: false,
+                    },
+                );
+                if let Some(Slot::Ready { zygote, .. }) = old {
+                    retire(zygote);
+                }
+            }
+            Err(e) => {
+                self.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %e, "a zygote failed to start; sandboxes start cold");
+                *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                if let Some(Slot::Ready { replacing, .. }) = slots.get_mut(&start.key) {
+                    // The old one keeps serving; the next recycle check tries again.
+                    *replacing = false;
+                } else {
+                    slots.insert(start.key, Slot::Failed(Instant::now()));
+                }
+            }
+        }
+    }
+
+    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn count_cold(&self, reason: &str) {
+        *self
+            .cold
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason.to_owned())
+            .or_default() += 1;
+    }
+
+    fn ask_start(&self, key: String, command: &Command, policy: &Policy, sys_path: Vec<String>) {
+        let Ok(library) = &self.library else { return };
+        let Some(spec) = ZygoteSpec::for_command(
+            command,
+            self.config.preload.clone(),
+            sys_path,
+            library.clone(),
+        ) else {
+            return;
+        };
+        let start = Start {
+            key,
+            spec,
+            policy: policy.clone(),
+        };
+        let _ = self
+            .starter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(start);
+    }
+
+    /// The zygote for `policy`'s root if one is ready (starting one in the background if
+    /// not), or why the sandbox starts cold.
+    fn zygote_for(
+        &self,
+        command: &Command,
+        policy: &Policy,
+        sys_path: impl FnOnce() -> Vec<String>,
+    ) -> Result<Arc<Zygote>, &'static str> {
+        if !self.config.enabled {
+            return Err("disabled");
+        }
+        if self.library.is_err() {
+            return Err("unavailable");
+        }
+        if policy.egress_port.is_some() {
+            return Err("egress");
+        }
+        let key = serde_json::to_string(&policy.root).unwrap_or_default();
+        let now = Instant::now();
+        let mut slots = self.slots();
+        // Zygotes of roots no longer used go, as environments' pools do.
+        let idle: Vec<String> = slots
+            .iter()
+            .filter(|(k, s)| {
+                **k != key
+                    && matches!(s, Slot::Ready { used, .. } if now.duration_since(*used) > IDLE)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in idle {
+            if let Some(Slot::Ready { zygote, .. }) = slots.remove(&k) {
+                retire(zygote);
+            }
+        }
+        match slots.get_mut(&key) {
+            Some(Slot::Ready {
+                zygote,
+                used,
+                replacing,
+            }) => {
+                if !zygote.is_alive() {
+                    let tail = zygote.log_tail();
+                    tracing::warn!(log = %tail.trim(), "a zygote died; starting another");
+                    slots.insert(key.clone(), Slot::Starting);
+                    drop(slots);
+                    self.ask_start(key, command, policy, sys_path());
+                    return Err("zygote_restarting");
+                }
+                if !zygote.serves(command, policy) {
+                    return Err("other_program");
+                }
+                *used = now;
+                let zygote = Arc::clone(zygote);
+                let due = zygote.spawned() >= self.config.recycle_after
+                    || zygote.age() >= Duration::from_secs(self.config.recycle_seconds);
+                if due && !*replacing {
+                    *replacing = true;
+                    drop(slots);
+                    self.ask_start(key, command, policy, sys_path());
+                }
+                Ok(zygote)
+            }
+            Some(Slot::Starting) => Err("zygote_starting"),
+            Some(Slot::Failed(at)) if now.duration_since(*at) < RETRY_AFTER => Err("zygote_failed"),
+            _ => {
+                if slots.len() >= MAX_ZYGOTES {
+                    return Err("too_many_zygotes");
+                }
+                slots.insert(key.clone(), Slot::Starting);
+                drop(slots);
+                self.ask_start(key, command, policy, sys_path());
+                Err("zygote_starting")
+            }
+        }
+    }
+
+    /// A sandbox for `command` as a zygote's child; `Err(command)` (given back) when it must
+    /// start cold.
+    pub(crate) fn spawn(
+        &self,
+        command: Command,
+        policy: &Policy,
+        sys_path: impl FnOnce() -> Vec<String>,
+    ) -> Result<Result<Child, SpawnError>, Command> {
+        let zygote = match self.zygote_for(&command, policy, sys_path) {
+            Ok(zygote) => zygote,
+            Err(reason) => {
+                self.count_cold(reason);
+                return Err(command);
+            }
+        };
+        let Ok(fallback) = command.try_clone() else {
+            self.count_cold("descriptors");
+            return Err(command);
+        };
+        match zygote.spawn(command, policy) {
+            Ok(child) => {
+                self.spawned.fetch_add(1, Ordering::Relaxed);
+                Ok(Ok(child))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "a zygote could not make a child; starting cold");
+                self.count_cold("zygote_refused");
+                Err(fallback)
+            }
+        }
+    }
+
+    pub(crate) fn status(&self) -> ZygoteStatus {
+        let slots = self.slots();
+        let mut status = ZygoteStatus {
+            enabled: self.config.enabled,
+            unavailable: self.library.as_ref().err().cloned(),
+            spawned: self.spawned.load(Ordering::Relaxed),
+            cold: self.cold.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            starts: self.starts.load(Ordering::Relaxed),
+            failures: self.failures.load(Ordering::Relaxed),
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            ..ZygoteStatus::default()
+        };
+        for slot in slots.values() {
+            match slot {
+                Slot::Starting => status.starting += 1,
+                Slot::Ready { zygote, .. } => {
+                    status.ready += 1;
+                    status.children += zygote.children();
+                }
+                Slot::Failed(_) => {}
+            }
+        }
+        status
+    }
+
+    /// Retires every zygote (at shutdown; their children are killed with them).
+    pub(crate) fn close(&self) {
+        let all = std::mem::take(&mut *self.slots());
+        drop(all);
+    }
+}
+
+/// Retires a zygote once nothing else holds it: its children finish first.
+fn retire(zygote: Arc<Zygote>) {
+    std::thread::spawn(move || {
+        let mut zygote = zygote;
+        loop {
+            match Arc::try_unwrap(zygote) {
+                Ok(z) => {
+                    z.retire();
+                    return;
+                }
+                Err(z) => {
+                    zygote = z;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,45 @@
+//! The C ABI a zygote's Python calls through `ctypes.PyDLL` (which keeps the GIL held, so no
+//! other Python thread runs meanwhile). The jail code itself is `crate::zygote::inside`.
+
+use std::os::raw::c_int;
+
+use crate::zygote::inside;
+
+/// Takes the zygote's descriptors, compiles the seccomp profile and installs what its
+/// children inherit. 0 on success.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_start() -> c_int {
+    inside::start()
+}
+
+/// Says the zygote is ready (its modules are loaded). 0 on success.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_ready() -> c_int {
+    inside::ready()
+}
+
+/// Waits for the next child: 1 means fork now; 0, the host is gone; -1, a fatal error.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_next() -> c_int {
+    inside::next()
+}
+
+/// In the zygote after `os.fork()`: the child's pid, or `-errno` when the fork failed.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_forked(pid: c_int) {
+    inside::forked(pid)
+}
+
+/// In the child after `os.fork()`: enters the jail and confines the process; writes the
+/// program's arguments and environment into `out` and returns their length. Never returns
+/// on failure.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_child(out: *mut u8, len: usize) -> usize {
+    if out.is_null() {
+        crate::sys::exit_immediately(127)
+    }
+    // SAFETY: the caller (the zygote's Python) passes a writable buffer of `len` bytes that
+    // it owns and does not touch during the call.
+    let buf = unsafe { std::slice::from_raw_parts_mut(out, len) };
+    inside::child(buf)
+}

@@ -1,0 +1,849 @@
+//! A zygote from the inside, in the order one child comes to be:
+//!
+//! 1. **template init** (`template_init`): PID 1 of the template jail, built like any
+//!    sandbox's init but keeping its privileges inside the template's user namespace, which
+//!    maps a block of host ids. It starts the zygote, then builds one jail per child on the
+//!    zygote's request (`serve_jails`): a fork of itself, small, cloned into new user, mount,
+//!    PID, network, IPC, UTS and cgroup namespaces, whose uid is a host id of the block that no
+//!    sibling has.
+//! 2. **jail init** (`jail_init`): PID 1 of the child's PID namespace. It joins the child's
+//!    cgroup, builds the child's root with the same `build_root` as a cold sandbox, drops
+//!    every capability, and reaps orphans until it is killed.
+//! 3. **zygote** (`next`, `forked`): the interpreter with its modules loaded, which never runs
+//!    user code. Per child it asks the template init for a jail, enters the jail's PID
+//!    namespace for its next child only, and forks (from Python, so that the interpreter's own
+//!    fork hooks run). It reaps the child and reports how it ended.
+//! 4. **child** (`child`): joins the jail's cgroup and namespaces, takes the jail's uid, keeps
+//!    only its own descriptors, and confines itself with the same `confine` as a cold
+//!    program, seccomp last; then the Python it is returns to run the program.
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::{setns, CloneFlags};
+use nix::sys::prctl;
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::{self, Gid, Uid};
+use serde::{Deserialize, Serialize};
+
+use crate::init::{self, build_root, confine, fail, sys_err, InitError, FIRST_EXTRA_FD};
+use crate::policy::Policy;
+use crate::proto::{self, InitRequest, Report};
+use crate::seccomp::Filters;
+use crate::sys::{self, ForkResult, Waited};
+
+/// Where the zygote finds the host's control socket and its template init's.
+pub(crate) const HOST_FD: RawFd = 3;
+pub(crate) const JAILS_FD: RawFd = 4;
+
+/// The namespaces of a child's jail, in the order the child enters them (user first: it gives
+/// the rights over the others).
+const JAIL_NAMESPACES: [(&str, CloneFlags); 6] = [
+    ("user", CloneFlags::CLONE_NEWUSER),
+    ("mnt", CloneFlags::CLONE_NEWNS),
+    ("net", CloneFlags::CLONE_NEWNET),
+    ("ipc", CloneFlags::CLONE_NEWIPC),
+    ("uts", CloneFlags::CLONE_NEWUTS),
+    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+];
+
+/// Host to zygote, one per child. Descriptors: the status socket, stdin, stdout, stderr,
+/// `join_cgroup` cgroup files opened for writing, then the program's own.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ChildRequest {
+    pub policy: Policy,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub join_cgroup: u32,
+    pub extra_fds: u32,
+}
+
+/// Zygote to host, once: its modules are loaded and it takes requests.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ZygoteReady {}
+
+/// Zygote to template init: build a jail. Descriptors: the cgroup files to join.
+#[derive(Debug, Serialize, Deserialize)]
+struct JailRequest {
+    policy: Policy,
+}
+
+/// Template init to zygote. Descriptors when built: a pidfd for the jail's init, then its
+/// namespaces as in `JAIL_NAMESPACES`, then its PID namespace.
+#[derive(Debug, Serialize, Deserialize)]
+enum JailReply {
+    Built,
+    Failed { error: String },
+}
+
+// ---- 1. the template's init -------------------------------------------------------------
+
+/// Called by the template's init once its root is built: starts the zygote (the program,
+/// unconfined but for `no_new_privs` and its own session) and serves it jails until it ends.
+pub(crate) fn template_init(req: &InitRequest, status: &OwnedFd) -> Result<Infallible, InitError> {
+    // Each jail's init is a fork of ours, and we write its id maps: /proc/<jail> must be
+    // ours, so dumpable. (The zygote is root here anyway; it is not the program.)
+    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(sys_err("socketpair"))?;
+    match sys::fork().map_err(sys_err("fork"))? {
+        ForkResult::Child => {
+            drop(ours);
+            match start_zygote(req, status, theirs) {
+                Ok(never) => match never {},
+                Err(e) => fail(status, "zygote", &e),
+            }
+        }
+        ForkResult::Parent { child } => {
+            drop(theirs);
+            let n = req.extra_fds as RawFd;
+            let _ = sys::close_range(0, 2);
+            let _ = sys::close_range(FIRST_EXTRA_FD, FIRST_EXTRA_FD + n - 1);
+            serve_jails(child.as_raw(), ours, status)
+        }
+    }
+}
+
+/// The zygote's process: descriptors in place (the host's at 3.., the template init's after
+/// them), a session of its own, `no_new_privs`, then the interpreter. It keeps its
+/// capabilities inside the template: it enters each child's namespaces before the child does.
+fn start_zygote(
+    req: &InitRequest,
+    status: &OwnedFd,
+    jails: OwnedFd,
+) -> Result<Infallible, InitError> {
+    let n = req.extra_fds as RawFd;
+    let dup = |call, r: io::Result<RawFd>| r.map_err(|source| InitError::Sys { call, source });
+    let status_fd = dup(
+        "fcntl(F_DUPFD_CLOEXEC)",
+        sys::dup_cloexec_at_least(status.as_raw_fd(), FIRST_EXTRA_FD + n + 1),
+    )?;
+    let jails_fd = dup(
+        "fcntl(F_DUPFD_CLOEXEC)",
+        sys::dup_cloexec_at_least(jails.as_raw_fd(), status_fd + 1),
+    )?;
+    for i in 0..n {
+        sys::move_fd(FIRST_EXTRA_FD + i, 3 + i).map_err(|source| InitError::Sys {
+            call: "dup2",
+            source,
+        })?;
+    }
+    sys::move_fd(jails_fd, 3 + n).map_err(|source| InitError::Sys {
+        call: "dup2",
+        source,
+    })?;
+    let close = |first, last| {
+        sys::close_range(first, last).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })
+    };
+    close(4 + n, status_fd - 1)?;
+    close(status_fd + 1, RawFd::MAX)?;
+    let status = sys::take_inherited_fd(status_fd).map_err(|source| InitError::Sys {
+        call: "status socket",
+        source,
+    })?;
+    unistd::setsid().map_err(sys_err("setsid"))?;
+    prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    let landlock = crate::proto::LandlockReport {
+        state: crate::proto::LandlockState::Disabled,
+        abi: None,
+    };
+    proto::send_msg(&status, &Report::Ready { landlock }).map_err(|source| InitError::Sys {
+        call: "send",
+        source,
+    })?;
+    let to_c = |s: &str| {
+        CString::new(s).map_err(|e| InitError::Sys {
+            call: "execve",
+            source: io::Error::other(e),
+        })
+    };
+    let program = to_c(&req.program.to_string_lossy())?;
+    let args = req
+        .args
+        .iter()
+        .map(|a| to_c(a))
+        .collect::<Result<Vec<_>, _>>()?;
+    let env = req
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let err = unistd::execve(&program, &args, &env).unwrap_err();
+    Err(InitError::Exec {
+        program: req.program.clone(),
+        source: err.into(),
+    })
+}
+
+struct Jail {
+    pid: i32,
+    pidfd: OwnedFd,
+    slot: u32,
+}
+
+/// Builds jails for the zygote until it ends, reaping each jail's init when it dies; then
+/// reports how the zygote ended and exits, which takes the whole template with it.
+fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
+    let Ok(zygote_fd) = sys::pidfd_open(zygote) else {
+        let _ = sys::wait_child(zygote);
+        sys::exit_immediately(1)
+    };
+    // Slot 0 is the template's own root; children take 1.. (their host ids are the block's).
+    let mut free: Vec<u32> = (1..super::ZYGOTE_IDS).rev().collect();
+    let mut jails: Vec<Jail> = Vec::new();
+    let mut requests_open = true;
+    loop {
+        let mut fds = vec![
+            PollFd::new(zygote_fd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(
+                requests.as_fd(),
+                if requests_open {
+                    PollFlags::POLLIN
+                } else {
+                    PollFlags::empty()
+                },
+            ),
+        ];
+        fds.extend(
+            jails
+                .iter()
+                .map(|j| PollFd::new(j.pidfd.as_fd(), PollFlags::POLLIN)),
+        );
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => sys::exit_immediately(1),
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        if ready[0] {
+            let report = init::reap_until(zygote);
+            let _ = proto::send_msg(status, &report);
+            sys::exit_immediately(0)
+        }
+        // Jails whose init died: reap, and their slot is free again.
+        let mut i = 0;
+        jails.retain(|j| {
+            let done = ready[2 + i] && matches!(sys::wait_child_nohang(j.pid), Ok(Some(_)));
+            i += 1;
+            if done {
+                free.push(j.slot);
+            }
+            !done
+        });
+        if !ready[1] {
+            continue;
+        }
+        let (req, join) = match proto::recv_msg_with_fds::<JailRequest>(&requests) {
+            Ok(Some(got)) => got,
+            Ok(None) | Err(_) => {
+                requests_open = false;
+                continue;
+            }
+        };
+        let Some(slot) = free.pop() else {
+            let error = "every uid of the zygote's block is in use".to_owned();
+            let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+            continue;
+        };
+        match build_jail(&req.policy, join, slot) {
+            Ok((jail, passed)) => {
+                let raw: Vec<RawFd> = passed.iter().map(|f| f.as_raw_fd()).collect();
+                let _ = proto::send_msg_with_fds(&requests, &JailReply::Built, &raw);
+                jails.push(jail);
+            }
+            Err(e) => {
+                free.push(slot);
+                let error = e.to_string();
+                let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+            }
+        }
+    }
+}
+
+/// One child's jail: its init cloned into new namespaces, its uid mapped, its root built.
+/// Returns the jail and what the zygote needs to enter it.
+fn build_jail(
+    policy: &Policy,
+    join: Vec<OwnedFd>,
+    slot: u32,
+) -> Result<(Jail, Vec<OwnedFd>), InitError> {
+    let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    let (done_r, done_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    let namespaces = JAIL_NAMESPACES
+        .iter()
+        .fold(CloneFlags::CLONE_NEWPID, |all, (_, flag)| all | *flag);
+    let forked =
+        sys::fork_into_namespaces(namespaces.bits() as u64).map_err(|source| InitError::Sys {
+            call: "clone3",
+            source,
+        })?;
+    let Some((pid, pidfd)) = forked else {
+        drop((go_w, done_r));
+        jail_init(policy, join, go_r, done_w)
+    };
+    drop((go_r, done_w, join));
+    let jail = Jail { pid, pidfd, slot };
+    let built = (|| {
+        let proc = Path::new("/proc").join(pid.to_string());
+        // Its namespaces, opened while the jail's init is still as we are (it makes itself
+        // undumpable once its root is built, which hides them).
+        let mut passed = vec![jail.pidfd.try_clone().map_err(|source| InitError::Sys {
+            call: "dup",
+            source,
+        })?];
+        for name in JAIL_NAMESPACES.iter().map(|(n, _)| *n).chain(["pid"]) {
+            let path = proc.join("ns").join(name);
+            passed.push(
+                fs::File::open(&path)
+                    .map_err(init::path_err("open", &path))?
+                    .into(),
+            );
+        }
+        // The policy's uid and gid, and nothing else, map onto the slot's ids of the block.
+        let write = |name: &str, contents: String| {
+            let path = proc.join(name);
+            fs::write(&path, contents).map_err(init::path_err("write", &path))
+        };
+        write("uid_map", format!("{} {slot} 1\n", policy.uid))?;
+        write("setgroups", "deny".to_owned())?;
+        write("gid_map", format!("{} {slot} 1\n", policy.gid))?;
+        unistd::write(&go_w, b"g").map_err(sys_err("write"))?;
+        drop(go_w);
+        let mut answer = vec![0u8; 4096];
+        let n = read_all(&done_r, &mut answer).map_err(|source| InitError::Sys {
+            call: "read",
+            source,
+        })?;
+        match &answer[..n] {
+            b"R" => {}
+            [] => {
+                return Err(InitError::Sys {
+                    call: "jail init",
+                    source: io::Error::other("ended before its root was built"),
+                })
+            }
+            text => {
+                return Err(InitError::Sys {
+                    call: "jail init",
+                    source: io::Error::other(String::from_utf8_lossy(text).into_owned()),
+                })
+            }
+        }
+        Ok(passed)
+    })();
+    match built {
+        Ok(passed) => Ok((jail, passed)),
+        Err(e) => {
+            let _ = sys::pidfd_send_signal(&jail.pidfd, libc::SIGKILL);
+            let _ = sys::wait_child(jail.pid);
+            Err(e)
+        }
+    }
+}
+
+fn read_all(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match unistd::read(fd, &mut buf[n..]) {
+            Ok(0) => break,
+            Ok(got) => n += got,
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(n)
+}
+
+// ---- 2. a jail's init -------------------------------------------------------------------
+
+/// PID 1 of one child's jail. Says `R` on `done` once the root is built (or why not), then
+/// only reaps: the child, a fork of the zygote, is not its child, but every orphan in the
+/// namespace is. It dies with the template's init, or when the zygote kills it after the
+/// child ended, which takes whatever the child left behind.
+fn jail_init(policy: &Policy, join: Vec<OwnedFd>, go: OwnedFd, done: OwnedFd) -> ! {
+    let built = (|| {
+        prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
+        join_cgroup(&join)?;
+        drop(join);
+        let mut byte = [0u8; 1];
+        if unistd::read(&go, &mut byte).map_err(sys_err("read"))? == 0 {
+            return Err(InitError::ParentGone);
+        }
+        drop(go);
+        // Our ids are the template's root's, which this namespace does not map: become the
+        // policy's (the block's slot on the host). Capabilities in this namespace stay, as
+        // the change is not one from its root.
+        let gid = Gid::from_raw(policy.gid);
+        unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
+        let uid = Uid::from_raw(policy.uid);
+        unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
+        let sources: Vec<Option<OwnedFd>> = policy.root.iter().map(|_| None).collect();
+        build_root(policy, &sources)?;
+        unistd::sethostname(&policy.hostname).map_err(sys_err("sethostname"))?;
+        // The child has our uid: keep it out of /proc/1, as a cold sandbox's init does.
+        prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+        sys::drop_all_capabilities().map_err(|source| InitError::Sys {
+            call: "drop capabilities",
+            source,
+        })
+    })();
+    let answer = match &built {
+        Ok(()) => "R".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    let _ = unistd::write(&done, answer.as_bytes());
+    drop(done);
+    let _ = sys::close_range(0, RawFd::MAX);
+    if built.is_err() {
+        sys::exit_immediately(1)
+    }
+    reap_forever()
+}
+
+fn reap_forever() -> ! {
+    let mut chld = SigSet::empty();
+    chld.add(Signal::SIGCHLD);
+    if chld.thread_block().is_err() {
+        sys::exit_immediately(1)
+    }
+    loop {
+        while matches!(
+            nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)),
+            Ok(status) if status.pid().is_some()
+        ) {}
+        let _ = chld.wait();
+    }
+}
+
+fn join_cgroup(files: &[OwnedFd]) -> Result<(), InitError> {
+    for file in files {
+        unistd::write(file, b"0").map_err(sys_err("joining the sandbox cgroup"))?;
+    }
+    Ok(())
+}
+
+// ---- 3. the zygote ----------------------------------------------------------------------
+
+struct Zygote {
+    /// `None` once the host has closed it: the zygote then only reaps its last children.
+    host: Option<OwnedFd>,
+    jails: OwnedFd,
+    /// Our own PID namespace, to return to after each fork.
+    own_pid_ns: OwnedFd,
+    filters: Filters,
+    pending: Option<Pending>,
+    live: Vec<Live>,
+}
+
+/// A child being made: its request and descriptors, and its jail.
+struct Pending {
+    request: ChildRequest,
+    fds: Vec<OwnedFd>,
+    /// The jail init's pidfd, then its namespaces (`JAIL_NAMESPACES`, then PID).
+    jail: Vec<OwnedFd>,
+}
+
+/// A child that runs.
+struct Live {
+    pid: i32,
+    pidfd: OwnedFd,
+    status: OwnedFd,
+    jail_init: OwnedFd,
+}
+
+static ZYGOTE: Mutex<Option<Zygote>> = Mutex::new(None);
+
+fn zygote_state() -> std::sync::MutexGuard<'static, Option<Zygote>> {
+    ZYGOTE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn complain(what: &str, err: impl std::fmt::Display) {
+    eprintln!("airlock zygote: {what}: {err}");
+}
+
+/// Takes the descriptors the template's init placed, and compiles the seccomp profile once
+/// for every child. 0 on success.
+pub(crate) fn start() -> i32 {
+    let started = (|| -> Result<Zygote, String> {
+        let host = sys::take_inherited_fd(HOST_FD).map_err(|e| e.to_string())?;
+        let jails = sys::take_inherited_fd(JAILS_FD).map_err(|e| e.to_string())?;
+        for fd in [&host, &jails] {
+            sys::set_cloexec(fd.as_raw_fd(), true).map_err(|e| e.to_string())?;
+        }
+        let own_pid_ns = fs::File::open("/proc/self/ns/pid")
+            .map_err(|e| format!("/proc/self/ns/pid: {e}"))?
+            .into();
+        // Installed once here, so that children inherit them (and the preloads run under
+        // them); each child adds the last one after joining its jail.
+        let filters = Filters::compile().map_err(|e| e.to_string())?;
+        filters.install_inherited().map_err(|e| e.to_string())?;
+        Ok(Zygote {
+            host: Some(host),
+            jails,
+            own_pid_ns,
+            filters,
+            pending: None,
+            live: Vec::new(),
+        })
+    })();
+    match started {
+        Ok(z) => {
+            *zygote_state() = Some(z);
+            0
+        }
+        Err(e) => {
+            complain("starting", e);
+            -1
+        }
+    }
+}
+
+/// The zygote's modules are loaded: it tells the host it takes requests. 0 on success.
+pub(crate) fn ready() -> i32 {
+    let guard = zygote_state();
+    let Some(host) = guard.as_ref().and_then(|z| z.host.as_ref()) else {
+        return -1;
+    };
+    match proto::send_msg(host, &ZygoteReady {}) {
+        Ok(()) => 0,
+        Err(e) => {
+            complain("saying it is ready", e);
+            -1
+        }
+    }
+}
+
+/// Waits for the next child to make, reaping children that end meanwhile. 1: fork now (the
+/// next child is born in its jail's PID namespace); 0: the host closed the control socket and
+/// the last child has ended; -1: the template's init is gone.
+pub(crate) fn next() -> i32 {
+    let mut guard = zygote_state();
+    let Some(z) = guard.as_mut() else { return -1 };
+    loop {
+        let Some(host) = z.host.as_ref() else {
+            if z.live.is_empty() {
+                return 0;
+            }
+            let mut fds: Vec<PollFd> = z
+                .live
+                .iter()
+                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN))
+                .collect();
+            let _ = poll(&mut fds, PollTimeout::NONE);
+            drop(fds);
+            reap_ended(z);
+            continue;
+        };
+        let mut fds = vec![PollFd::new(host.as_fd(), PollFlags::POLLIN)];
+        fds.extend(
+            z.live
+                .iter()
+                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
+        );
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                complain("poll", e);
+                return -1;
+            }
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        if ready[1..].iter().any(|r| *r) {
+            reap_ended(z);
+        }
+        if !ready[0] {
+            continue;
+        }
+        let Some(host) = z.host.as_ref() else {
+            continue;
+        };
+        let (request, fds) = match proto::recv_msg_with_fds::<ChildRequest>(host) {
+            Ok(Some(got)) => got,
+            Ok(None) => {
+                z.host = None;
+                continue;
+            }
+            Err(e) => {
+                complain("reading a request", e);
+                z.host = None;
+                continue;
+            }
+        };
+        let expected = 4 + request.join_cgroup as usize + request.extra_fds as usize;
+        if fds.len() != expected {
+            if let Some(status) = fds.first() {
+                report_failed(status, "zygote", "the request's descriptors are missing");
+            }
+            continue;
+        }
+        let join: Vec<RawFd> = fds[4..4 + request.join_cgroup as usize]
+            .iter()
+            .map(|f| f.as_raw_fd())
+            .collect();
+        let jail_request = JailRequest {
+            policy: request.policy.clone(),
+        };
+        if let Err(e) = proto::send_msg_with_fds(&z.jails, &jail_request, &join) {
+            complain("asking for a jail", e);
+            return -1;
+        }
+        let (reply, jail) = match proto::recv_msg_with_fds::<JailReply>(&z.jails) {
+            Ok(Some(got)) => got,
+            Ok(None) | Err(_) => {
+                complain("asking for a jail", "the template's init is gone");
+                return -1;
+            }
+        };
+        let status = &fds[0];
+        if let JailReply::Failed { error } = reply {
+            report_failed(status, "jail", &error);
+            continue;
+        }
+        if jail.len() != 2 + JAIL_NAMESPACES.len() {
+            report_failed(status, "jail", "the jail's descriptors are missing");
+            continue;
+        }
+        let started = proto::send_msg_with_fd(status, &Report::Started, Some(&jail[0]));
+        let entered = setns(&jail[jail.len() - 1], CloneFlags::CLONE_NEWPID);
+        if started.is_err() || entered.is_err() {
+            let _ = sys::pidfd_send_signal(&jail[0], libc::SIGKILL);
+            if let Err(e) = entered {
+                report_failed(status, "zygote", &format!("setns(pid): {e}"));
+            }
+            continue;
+        }
+        z.pending = Some(Pending { request, fds, jail });
+        return 1;
+    }
+}
+
+/// Reaps the children that ended: each one's exit goes to the host, and its jail's init is
+/// killed, which ends whatever the child left in the namespace.
+fn reap_ended(z: &mut Zygote) {
+    let mut still = Vec::with_capacity(z.live.len());
+    for live in z.live.drain(..) {
+        match sys::wait_child_nohang(live.pid) {
+            Ok(None) => still.push(live),
+            Ok(Some((how, cpu))) => {
+                let cpu_us = cpu.as_micros() as u64;
+                let report = match how {
+                    Waited::Exited(code) => Report::Exited {
+                        code: Some(code),
+                        signal: None,
+                        cpu_us,
+                    },
+                    Waited::Signaled(sig) => Report::Exited {
+                        code: None,
+                        signal: Some(sig),
+                        cpu_us,
+                    },
+                };
+                let _ = sys::pidfd_send_signal(&live.jail_init, libc::SIGKILL);
+                let _ = proto::send_msg(&live.status, &report);
+            }
+            Err(_) => {
+                let _ = sys::pidfd_send_signal(&live.jail_init, libc::SIGKILL);
+            }
+        }
+    }
+    z.live = still;
+}
+
+fn report_failed(status: &OwnedFd, stage: &str, error: &str) {
+    let report = Report::Failed {
+        stage: stage.to_owned(),
+        error: error.to_owned(),
+    };
+    let _ = proto::send_msg(status, &report);
+}
+
+/// In the zygote after its fork: back to its own PID namespace, and the child is watched.
+/// `pid` < 0 is the fork's failure, `-errno`.
+pub(crate) fn forked(pid: i32) {
+    let mut guard = zygote_state();
+    let Some(z) = guard.as_mut() else { return };
+    if let Err(e) = setns(&z.own_pid_ns, CloneFlags::CLONE_NEWPID) {
+        // Every later child would be born in this jail: nothing more can be made safely.
+        complain("returning to our PID namespace", e);
+        sys::exit_immediately(1)
+    }
+    let Some(pending) = z.pending.take() else {
+        return;
+    };
+    let mut jail = pending.jail.into_iter();
+    let jail_init = jail.next().expect("checked in next");
+    let status = pending.fds.into_iter().next().expect("checked in next");
+    if pid < 0 {
+        let error = io::Error::from_raw_os_error(-pid);
+        report_failed(&status, "zygote", &format!("fork: {error}"));
+        let _ = sys::pidfd_send_signal(&jail_init, libc::SIGKILL);
+        return;
+    }
+    match sys::pidfd_open(pid) {
+        Ok(pidfd) => z.live.push(Live {
+            pid,
+            pidfd,
+            status,
+            jail_init,
+        }),
+        Err(e) => {
+            complain("pidfd_open", e);
+            let _ = sys::pidfd_send_signal(&jail_init, libc::SIGKILL);
+            let _ = sys::wait_child(pid);
+        }
+    }
+}
+
+// ---- 4. the child -----------------------------------------------------------------------
+
+/// In the child, right after the fork: enters its jail and confines itself. On success
+/// writes the program's arguments and environment into `out` (NUL-separated: the number of
+/// arguments, the arguments, then `KEY=VALUE` entries) and returns their length; on failure
+/// reports why to the host and exits.
+pub(crate) fn child(out: &mut [u8]) -> usize {
+    let Some(mut z) = zygote_state().take() else {
+        sys::exit_immediately(127)
+    };
+    let Some(pending) = z.pending.take() else {
+        sys::exit_immediately(127)
+    };
+    let Pending { request, fds, jail } = pending;
+    // Above every destination (stdio, then the program's descriptors), so that no move
+    // below can replace it.
+    let floor = 4 + request.extra_fds as RawFd;
+    let Ok(status) =
+        sys::dup_cloexec_at_least(fds[0].as_raw_fd(), floor).and_then(sys::take_inherited_fd)
+    else {
+        sys::exit_immediately(127)
+    };
+    let entered = enter(&request, &fds, &jail, &z.filters, &status);
+    // Everything the zygote held is closed by now, with every other descriptor: nothing
+    // may close those numbers again later, when they may name the program's own files.
+    std::mem::forget((z, fds, jail));
+    if let Err(e) = entered {
+        report_failed(&status, "program", &e.to_string());
+        sys::exit_immediately(127)
+    }
+    let encoded = encode_program(&request);
+    if encoded.len() > out.len() {
+        report_failed(&status, "program", "arguments and environment too large");
+        sys::exit_immediately(127)
+    }
+    out[..encoded.len()].copy_from_slice(&encoded);
+    encoded.len()
+}
+
+fn encode_program(request: &ChildRequest) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(request.args.len().to_string().as_bytes());
+    for arg in &request.args {
+        out.push(0);
+        out.extend_from_slice(arg.as_bytes());
+    }
+    for (key, value) in &request.env {
+        out.push(0);
+        out.extend_from_slice(format!("{key}={value}").as_bytes());
+    }
+    out
+}
+
+/// Joins the jail and confines the process, reporting `Ready` on `status`, which then is the
+/// only descriptor left besides stdio and the program's own (close-on-exec, and dropped
+/// before the program's code runs).
+fn enter(
+    request: &ChildRequest,
+    fds: &[OwnedFd],
+    jail: &[OwnedFd],
+    filters: &Filters,
+    status: &OwnedFd,
+) -> Result<(), InitError> {
+    let policy = &request.policy;
+    let joins = &fds[4..4 + request.join_cgroup as usize];
+    join_cgroup(joins)?;
+    for ((name, flag), fd) in JAIL_NAMESPACES.iter().zip(&jail[1..]) {
+        setns(fd, *flag).map_err(|e| InitError::Sys {
+            call: name_of_setns(name),
+            source: e.into(),
+        })?;
+    }
+    let gid = Gid::from_raw(policy.gid);
+    unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
+    let uid = Uid::from_raw(policy.uid);
+    unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
+
+    // Descriptors: stdio at 0..2, the program's own at 3.., the status socket above them,
+    // nothing else. Each is lifted above every destination first.
+    let extras = &fds[4 + request.join_cgroup as usize..];
+    let n = extras.len() as RawFd;
+    let floor = 3 + n;
+    let mut moves = Vec::new();
+    for (to, fd) in fds[1..4].iter().chain(extras).enumerate() {
+        let lifted =
+            sys::dup_cloexec_at_least(fd.as_raw_fd(), floor).map_err(|source| InitError::Sys {
+                call: "fcntl(F_DUPFD_CLOEXEC)",
+                source,
+            })?;
+        moves.push((lifted, to as RawFd));
+    }
+    for (from, to) in &moves {
+        sys::move_fd(*from, *to).map_err(|source| InitError::Sys {
+            call: "dup2",
+            source,
+        })?;
+    }
+    let status_fd = status.as_raw_fd();
+    let close = |first, last| {
+        sys::close_range(first, last).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })
+    };
+    close(floor, status_fd - 1)?;
+    close(status_fd + 1, RawFd::MAX)?;
+    unistd::chdir(&policy.workdir).map_err(init::path_errno("chdir", &policy.workdir))?;
+
+    let landlock = confine(policy)?;
+    proto::send_msg(status, &Report::Ready { landlock }).map_err(|source| InitError::Sys {
+        call: "send",
+        source,
+    })?;
+    // Last, so that nothing above runs under the filter.
+    if policy.seccomp.is_required() {
+        filters.install_last()?;
+    }
+    Ok(())
+}
+
+fn name_of_setns(name: &str) -> &'static str {
+    match name {
+        "user" => "setns(user)",
+        "mnt" => "setns(mnt)",
+        "net" => "setns(net)",
+        "ipc" => "setns(ipc)",
+        "uts" => "setns(uts)",
+        _ => "setns(cgroup)",
+    }
+}

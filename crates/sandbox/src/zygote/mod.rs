@@ -1,0 +1,490 @@
+//! Zygotes: one interpreter started once, with its modules loaded, whose forks become fresh
+//! sandboxes. Each child gets its own jail, built by the same code as a cold sandbox: new user,
+//! PID, mount, network, IPC, UTS and cgroup namespaces, a uid of its own, a fresh root with
+//! its own scratch tmpfs, its own cgroup, rlimits, `no_new_privs`, no capabilities, Landlock
+//! and seccomp. See `inside` for the processes and their order.
+//!
+//! What children share by construction, being forks of one process: the address-space layout
+//! (ASLR is per zygote, not per child), the stack canary and the hash seed. Callers bound that
+//! by retiring a zygote after a number of children or an age (see [`Zygote::retire`]).
+
+pub(crate) mod inside;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStderr, ChildStdin, ChildStdout};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+use nix::unistd::{self, Gid, Uid};
+
+use crate::cgroup::SandboxCgroup;
+use crate::host::host_support;
+use crate::init::{sys_err, InitError};
+use crate::policy::{Policy, RootEntry};
+use crate::proto;
+use crate::spawn::{spawn, Child, Command, SpawnError};
+use crate::sys;
+
+/// Host ids of zygotes: block `pid` (the template's outer init) of `ZYGOTE_IDS` ids each,
+/// above the ids of cold sandboxes (`HOST_ID_BASE + pid`) and below 2^32 for any pid the
+/// kernel can give (at most 2^22).
+pub(crate) const ZYGOTE_ID_BASE: u32 = 0x8000_0000;
+pub(crate) const ZYGOTE_IDS: u32 = 256;
+/// The zygote's Python.
+const ZYGOTE_PY: &str = include_str!("zygote.py");
+/// Where the zygote finds airlock's library inside its template (children never see it).
+const LIBRARY_TARGET: &str = "/.zygote/libairlock_sandbox.so";
+/// The library's file name, as cargo builds it next to the binaries.
+pub const LIBRARY_NAME: &str = "libairlock_sandbox.so";
+/// How long a zygote may take to load its modules.
+const START_WAIT_MS: u16 = 60_000;
+/// How much of the zygote's own output is kept, for the reason it failed.
+const LOG_BYTES: usize = 8 << 10;
+
+/// What a zygote runs: `python <flags> -c <code>`, with `preload` imported first.
+#[derive(Clone, Debug)]
+pub struct ZygoteSpec {
+    pub python: PathBuf,
+    /// Interpreter options before `-c`, the same for the zygote and its children.
+    pub flags: Vec<String>,
+    pub code: String,
+    /// Modules imported once in the zygote (a failed import is logged, not fatal).
+    pub preload: Vec<String>,
+    /// The zygote's environment (each child gets the one it is spawned with).
+    pub env: BTreeMap<String, String>,
+    /// airlock's library on the host ([`LIBRARY_NAME`], built from this crate).
+    pub library: PathBuf,
+    /// Directories on `sys.path` while the preloads are imported (and only then: the program
+    /// sets its own).
+    pub sys_path: Vec<String>,
+}
+
+impl ZygoteSpec {
+    /// The zygote for children that run `command` (`python <flags> -c <code> ...`); `None`
+    /// for any other command.
+    pub fn for_command(
+        command: &Command,
+        preload: Vec<String>,
+        sys_path: Vec<String>,
+        library: PathBuf,
+    ) -> Option<ZygoteSpec> {
+        let c = command.args.iter().position(|a| a == "-c")?;
+        let code = command.args.get(c + 1)?.clone();
+        Some(ZygoteSpec {
+            python: command.program.clone(),
+            flags: command.args[1..c].to_vec(),
+            code,
+            preload,
+            env: command.env.clone(),
+            library,
+            sys_path,
+        })
+    }
+}
+
+/// A running zygote. Its children are ordinary [`Child`]ren. Dropping it kills it with
+/// every child it has; [`Zygote::retire`] lets the children finish first.
+#[derive(Debug)]
+pub struct Zygote {
+    control: Mutex<Option<OwnedFd>>,
+    template: Mutex<Option<Child>>,
+    /// The policy root its template holds, which every child's must equal.
+    root: Vec<RootEntry>,
+    argv: Vec<String>,
+    spawned: AtomicU64,
+    started: Instant,
+    log: Arc<Mutex<Vec<u8>>>,
+    /// One clone per live child (see [`Zygote::children`]).
+    leases: Arc<()>,
+}
+
+impl Zygote {
+    /// Starts a zygote whose children will have `policy`'s root. Needs root on the host: the
+    /// template maps a block of host ids, one per child.
+    pub fn start(spec: &ZygoteSpec, policy: &Policy) -> Result<Zygote, SpawnError> {
+        if !unistd::geteuid().is_root() {
+            return Err(SpawnError::Missing {
+                mechanism: "zygote",
+                reason: "only a host process running as root can map a block of uids".into(),
+            });
+        }
+        if policy.egress_port.is_some() {
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: "a zygote serves sandboxes without egress only".into(),
+            });
+        }
+        std::fs::metadata(&spec.library).map_err(|source| SpawnError::Io {
+            what: "the zygote library",
+            source,
+        })?;
+        let mut template = policy.clone();
+        template.root.push(RootEntry::ReadOnly {
+            source: spec.library.clone(),
+            target: LIBRARY_TARGET.into(),
+        });
+        // The zygote lives until retired; what it may use is its own, apart from children's.
+        template.limits.wall_time = Duration::from_secs(400 * 24 * 3600);
+        template.limits.cpu_time = template.limits.wall_time;
+        template.limits.memory_bytes = template.limits.memory_bytes.max(2 << 30);
+        template.limits.pids = template.limits.pids.max(256);
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(|e| SpawnError::Io {
+            what: "socketpair",
+            source: e.into(),
+        })?;
+        let mut argv = vec![spec.python.to_string_lossy().into_owned()];
+        argv.extend(spec.flags.iter().cloned());
+        argv.extend(["-c".to_owned(), spec.code.clone()]);
+        let mut command = Command::new(spec.python.clone())
+            .args(spec.flags.iter().cloned())
+            .args([
+                "-c".to_owned(),
+                ZYGOTE_PY.to_owned(),
+                LIBRARY_TARGET.to_owned(),
+                spec.preload.join(","),
+                spec.code.clone(),
+                spec.sys_path.join("\n"),
+            ])
+            .pass_fd(theirs);
+        for (key, value) in &spec.env {
+            command = command.env(key.clone(), value.clone());
+        }
+        command.zygote = true;
+        let mut child = spawn(command, &template)?;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        drop(child.take_stdin());
+        if let Some(out) = child.take_stdout() {
+            keep_tail(out, Arc::clone(&log));
+        }
+        if let Some(err) = child.take_stderr() {
+            keep_tail(err, Arc::clone(&log));
+        }
+        // Ready once its modules are loaded; or it failed, and the template says why.
+        let mut fds = [PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
+        let waited = poll(&mut fds, PollTimeout::from(START_WAIT_MS));
+        let ready = matches!(waited, Ok(n) if n > 0)
+            && matches!(proto::recv_msg::<inside::ZygoteReady>(&ours), Ok(Some(_)));
+        if !ready {
+            child.killer().kill(crate::KillReason::Cancelled);
+            let why = match child.wait() {
+                Err(crate::WaitError::Setup { stage, error }) => format!("{stage}: {error}"),
+                _ if waited == Ok(0) => "not ready in time".to_owned(),
+                _ => "ended before it was ready".to_owned(),
+            };
+            std::thread::sleep(Duration::from_millis(50));
+            let tail = String::from_utf8_lossy(&log.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_owned();
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: format!(
+                    "{why}{}{}",
+                    if tail.is_empty() { "" } else { ": " },
+                    tail.trim()
+                ),
+            });
+        }
+        Ok(Zygote {
+            control: Mutex::new(Some(ours)),
+            template: Mutex::new(Some(child)),
+            root: policy.root.clone(),
+            argv,
+            spawned: AtomicU64::new(0),
+            started: Instant::now(),
+            log,
+            leases: Arc::new(()),
+        })
+    }
+
+    /// Whether a sandbox with `policy` running `command` can be a child of this zygote: the
+    /// same root, the same interpreter and program, no egress listener.
+    pub fn serves(&self, command: &Command, policy: &Policy) -> bool {
+        policy.root == self.root
+            && policy.egress_port.is_none()
+            && command.program.to_string_lossy() == self.argv[0]
+            && command.args.len() >= self.argv.len()
+            && command.args[1..self.argv.len()] == self.argv[1..]
+    }
+
+    /// Whether the zygote still takes requests.
+    pub fn is_alive(&self) -> bool {
+        let guard = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(control) = guard.as_ref() else {
+            return false;
+        };
+        let mut fds = [PollFd::new(control.as_fd(), PollFlags::empty())];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => true,
+            Ok(_) => !fds[0]
+                .revents()
+                .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+            Err(_) => false,
+        }
+    }
+
+    /// Host pids of the zygote's own processes (its template's init, the zygote, the
+    /// jails' inits until they join their children's cgroups).
+    pub fn processes(&self) -> Vec<i32> {
+        self.template
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Child::processes)
+            .unwrap_or_default()
+    }
+
+    /// Children alive now.
+    pub fn children(&self) -> usize {
+        Arc::strong_count(&self.leases) - 1
+    }
+
+    /// Children made so far.
+    pub fn spawned(&self) -> u64 {
+        self.spawned.load(Ordering::Relaxed)
+    }
+
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The end of what the zygote wrote (its errors, a failed preload).
+    pub fn log_tail(&self) -> String {
+        String::from_utf8_lossy(&self.log.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+
+    /// Starts `command` as a child of the zygote, in a jail built from `policy` (which
+    /// [`Zygote::serves`] must accept). The child is supervised like any sandbox.
+    pub fn spawn(&self, command: Command, policy: &Policy) -> Result<Child, SpawnError> {
+        policy.validate()?;
+        if !self.serves(&command, policy) {
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: "this zygote does not serve that policy or program".into(),
+            });
+        }
+        // One host id of the block per child, the template's root's excepted.
+        if self.children() + 1 >= ZYGOTE_IDS as usize {
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: "every uid of the zygote's block is in use".into(),
+            });
+        }
+        let host = host_support();
+        let cgroup = if policy.cgroups.is_required() {
+            let layout = host.cgroup.as_ref().map_err(|r| SpawnError::Missing {
+                mechanism: "cgroups",
+                reason: r.clone(),
+            })?;
+            // The jail's init is in it too.
+            let cg = SandboxCgroup::create(layout, &policy.limits, 1)?;
+            if command.background {
+                cg.set_cpu_weight(true)?;
+            }
+            Some(cg)
+        } else {
+            None
+        };
+        let io = |what: &'static str| {
+            move |e: nix::errno::Errno| SpawnError::Io {
+                what,
+                source: e.into(),
+            }
+        };
+        let joins: Vec<OwnedFd> = match &cgroup {
+            Some(cg) => cg
+                .procs_files()
+                .iter()
+                .map(|path| {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map(OwnedFd::from)
+                        .map_err(|source| SpawnError::Io {
+                            what: "opening the sandbox's cgroup",
+                            source,
+                        })
+                })
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        let (status, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(io("socketpair"))?;
+        let pipe = || unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io("pipe2"));
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let mut child_policy = policy.clone();
+        // The child's root is built from the template's, where each entry is already mounted.
+        for entry in &mut child_policy.root {
+            if let RootEntry::ReadOnly { source, target } | RootEntry::Writable { source, target } =
+                entry
+            {
+                source.clone_from(target);
+            }
+        }
+        let request = inside::ChildRequest {
+            policy: child_policy,
+            args: command.args,
+            env: command.env.into_iter().collect(),
+            join_cgroup: joins.len() as u32,
+            extra_fds: command.fds.len() as u32,
+        };
+        let mut raw: Vec<RawFd> = vec![
+            theirs.as_raw_fd(),
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+        ];
+        raw.extend(joins.iter().map(|f| f.as_raw_fd()));
+        raw.extend(command.fds.iter().map(|f| f.as_raw_fd()));
+        {
+            let guard = self.control.lock().unwrap_or_else(|e| e.into_inner());
+            let control = guard.as_ref().ok_or_else(|| SpawnError::Setup {
+                stage: "zygote".into(),
+                error: "the zygote is retired".into(),
+            })?;
+            proto::send_msg_with_fds(control, &request, &raw).map_err(|source| SpawnError::Io {
+                what: "asking the zygote for a child",
+                source,
+            })?;
+        }
+        self.spawned.fetch_add(1, Ordering::Relaxed);
+        let stdio = (
+            Some(ChildStdin::from(stdin_w)),
+            Some(ChildStdout::from(stdout_r)),
+            Some(ChildStderr::from(stderr_r)),
+        );
+        let mut child = Child::assemble(None, status, cgroup, policy, stdio)?;
+        child.set_lease(Arc::clone(&self.leases));
+        Ok(child)
+    }
+
+    /// Takes no more children, and lets the zygote end once those it has are gone (in the
+    /// background).
+    pub fn retire(self) {
+        drop(
+            self.control
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let template = self
+            .template
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(template) = template {
+            std::thread::spawn(move || {
+                let _ = template.wait();
+            });
+        }
+    }
+}
+
+/// Keeps the last `LOG_BYTES` of a stream in `log`, from a thread, until it ends.
+fn keep_tail(mut stream: impl Read + Send + 'static, log: Arc<Mutex<Vec<u8>>>) {
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+            log.extend_from_slice(&buf[..n]);
+            let over = log.len().saturating_sub(LOG_BYTES);
+            log.drain(..over);
+        }
+    });
+}
+
+/// Forked by a template's outer init while it is still root on the host, to write the id
+/// maps of the template's user namespace once the outer init has made it.
+pub(crate) struct IdWriter {
+    go: OwnedFd,
+    pid: i32,
+}
+
+impl IdWriter {
+    pub(crate) fn fork() -> Result<IdWriter, InitError> {
+        let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+        let parent = unistd::getpid().as_raw();
+        match sys::fork().map_err(sys_err("fork"))? {
+            sys::ForkResult::Child => {
+                drop(go_w);
+                let mut byte = [0u8; 1];
+                let ok = matches!(unistd::read(&go_r, &mut byte), Ok(1))
+                    && write_block_maps(parent).is_ok();
+                sys::exit_immediately(if ok { 0 } else { 1 })
+            }
+            sys::ForkResult::Parent { child } => {
+                drop(go_r);
+                Ok(IdWriter {
+                    go: go_w,
+                    pid: child.as_raw(),
+                })
+            }
+        }
+    }
+
+    /// Has the maps written and waits for them.
+    pub(crate) fn write_maps(self, _uid: u32, _gid: u32) -> Result<(), InitError> {
+        unistd::write(&self.go, b"g").map_err(sys_err("write"))?;
+        match sys::wait_child(self.pid) {
+            Ok((_, sys::Waited::Exited(0), _)) => Ok(()),
+            _ => Err(InitError::Sys {
+                call: "writing the zygote's id maps",
+                source: std::io::Error::other("the helper failed"),
+            }),
+        }
+    }
+}
+
+fn block_base(pid: i32) -> u32 {
+    ZYGOTE_ID_BASE + (pid as u32) * ZYGOTE_IDS
+}
+
+/// The template's ids: 0..ZYGOTE_IDS inside, its block outside; `setgroups` denied.
+fn write_block_maps(pid: i32) -> std::io::Result<()> {
+    let base = block_base(pid);
+    let proc = Path::new("/proc").join(pid.to_string());
+    std::fs::write(proc.join("uid_map"), format!("0 {base} {ZYGOTE_IDS}\n"))?;
+    std::fs::write(proc.join("setgroups"), "deny")?;
+    std::fs::write(proc.join("gid_map"), format!("0 {base} {ZYGOTE_IDS}\n"))
+}
+
+/// As root on the host, become the first id of this template's block (its root inside).
+pub(crate) fn drop_host_root_to_block() -> Result<(u32, u32), InitError> {
+    let id = block_base(unistd::getpid().as_raw());
+    unistd::setgroups(&[]).map_err(sys_err("setgroups"))?;
+    let gid = Gid::from_raw(id);
+    unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
+    let uid = Uid::from_raw(id);
+    unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
+    nix::sys::prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    Ok((id, id))
+}
+
+/// Where cargo puts the library for a binary at `exe`: beside it (or one directory up, for
+/// test binaries in `deps/`).
+pub fn library_beside(exe: &Path) -> Option<PathBuf> {
+    let dir = exe.parent()?;
+    [dir.join(LIBRARY_NAME), dir.parent()?.join(LIBRARY_NAME)]
+        .into_iter()
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,127 @@
+# airlock's zygote: started once, inside a template jail, as
+#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads>
+# It imports the preloads, compiles the program, freezes what is loaded, and waits. For each
+# child it asks airlock's library (the sandbox crate, loaded with ctypes) for a jail, forks
+# with os.fork (so the interpreter's own fork hooks run: random reseeds, threads reset), and
+# the child enters its jail and confines itself in that library before it runs the program
+# as `python -c <program code> <args>` would. The zygote never runs the program itself.
+import gc
+import os
+import sys
+
+
+def serve():
+    before = set(sys.modules)
+    import ctypes
+
+    helpers = set(sys.modules) - before
+    lib = ctypes.PyDLL(sys.argv[1])
+    lib.airlock_zygote_child.restype = ctypes.c_size_t
+    lib.airlock_zygote_child.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    buf = ctypes.create_string_buffer(1 << 18)
+    # The seccomp filters the children inherit, before anything else runs here.
+    if lib.airlock_zygote_start() != 0:
+        os._exit(1)
+    code = compile(sys.argv[3], "<string>", "exec")
+    preload = list(filter(None, sys.argv[2].split(",")))
+    path = list(sys.path)
+    sys.path.extend(filter(None, sys.argv[4].split("\n")))
+    for name in preload:
+        try:
+            __import__(name)
+        except Exception as e:
+            print("airlock zygote: preloading %s: %r" % (name, e), file=sys.stderr, flush=True)
+    sys.path[:] = path
+    if preload:
+        # Preloads may hold on to ctypes (numpy does): a second copy would not mix with theirs.
+        helpers = set()
+    if lib.airlock_zygote_ready() != 0:
+        os._exit(1)
+    gc.collect()
+    gc.freeze()
+    while True:
+        got = lib.airlock_zygote_next()
+        if got <= 0:
+            os._exit(0 if got == 0 else 1)
+        try:
+            pid = os.fork()
+        except OSError as e:
+            lib.airlock_zygote_forked(-(e.errno or 1))
+            continue
+        if pid:
+            lib.airlock_zygote_forked(pid)
+            continue
+        size = lib.airlock_zygote_child(buf, len(buf))
+        return code, buf.raw[:size], helpers
+
+
+CODE, SPEC, HELPERS = serve()
+del serve
+for _name in HELPERS:
+    sys.modules.pop(_name, None)
+_fields = SPEC.split(b"\0")
+_argc = int(_fields[0])
+_args = [f.decode("utf-8", "surrogateescape") for f in _fields[1:1 + _argc]]
+os.environ.clear()
+for _entry in _fields[1 + _argc:]:
+    _key, _, _value = _entry.partition(b"=")
+    os.environ[_key.decode("utf-8", "surrogateescape")] = _value.decode("utf-8", "surrogateescape")
+# What a fresh interpreter adds to its environment (PEP 538's locale coercion).
+if "LC_ALL" not in os.environ and (os.environ.get("LC_CTYPE") or os.environ.get("LANG") or "C") in ("C", "POSIX"):
+    os.environ["LC_CTYPE"] = "C.UTF-8"
+# As `python <flags> -c <code> <args>` would have them.
+sys.orig_argv = _args
+sys.argv = ["-c"] + _args[_args.index("-c") + 2:]
+_main = type(sys)("__main__")
+_main.__builtins__ = __builtins__
+sys.modules["__main__"] = _main
+for _n in ["_fields", "_argc", "_args", "_entry", "_key", "_value", "_name", "SPEC", "HELPERS"]:
+    globals().pop(_n, None)
+del _n
+
+
+def _exit_status(code):
+    # As the interpreter turns SystemExit into a status.
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def _finish(status):
+    # What ending the interpreter does that a program can see: its threads are waited for,
+    # atexit runs, the standard streams are flushed. Tearing down every module, which is all
+    # the rest does, would cost more than the program itself once large modules are loaded.
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+    try:
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            status = status or 120
+    os._exit(status)
+
+
+try:
+    exec(CODE, _main.__dict__)
+except SystemExit as e:
+    _finish(_exit_status(e.code))
+except BaseException:
+    sys.excepthook(*sys.exc_info())
+    _finish(1)
+_finish(0)

@@ -1,0 +1,435 @@
+//! Zygotes on their own: children are sandboxes like cold ones, and nothing of one reaches
+//! another. This binary is also the sandboxes' init, so it has its own `main`.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use airlock_sandbox::{
+    library_beside, run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, RootEntry,
+    Zygote, ZygoteSpec,
+};
+
+const PYTHON: &str = "/usr/bin/python3";
+const FLAGS: [&str; 3] = ["-I", "-S", "-B"];
+
+fn policy() -> Policy {
+    let mut policy = Policy::default();
+    for dir in ["/usr", "/etc/alternatives"] {
+        policy.root.push(RootEntry::ReadOnly {
+            source: dir.into(),
+            target: dir.into(),
+        });
+    }
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        policy.root.push(RootEntry::Symlink {
+            target: target.into(),
+            path: link.into(),
+        });
+    }
+    policy.limits.memory_bytes = 256 << 20;
+    policy
+}
+
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    library_beside(&exe).expect("libairlock_sandbox.so beside the test binary (cargo build)")
+}
+
+/// The program every child runs: its code comes as `-c`, the request as an argument.
+const PROGRAM: &str = "import sys\nexec(sys.argv[1])\n";
+
+fn spec(preload: &[&str]) -> ZygoteSpec {
+    ZygoteSpec {
+        python: PYTHON.into(),
+        flags: FLAGS.iter().map(|s| s.to_string()).collect(),
+        code: PROGRAM.into(),
+        preload: preload.iter().map(|s| s.to_string()).collect(),
+        env: [("PATH".to_string(), "/usr/bin".to_string())].into(),
+        library: library(),
+        sys_path: vec!["/usr/lib/python3/dist-packages".into()],
+    }
+}
+
+fn command(script: &str) -> Command {
+    Command::new(PYTHON)
+        .args(FLAGS)
+        .args(["-c", PROGRAM, script])
+        .env("PATH", "/usr/bin:/bin")
+}
+
+fn run(zygote: &Zygote, script: &str) -> (Outcome, String, String) {
+    let mut child = zygote.spawn(command(script), &policy()).expect("spawn");
+    let mut out = child.take_stdout().unwrap();
+    let mut err = child.take_stderr().unwrap();
+    drop(child.take_stdin());
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        err.read_to_string(&mut s).unwrap();
+        s
+    });
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    let outcome = child.wait().expect("wait");
+    (outcome, stdout, reader.join().unwrap())
+}
+
+fn cold(script: &str) -> (Outcome, String) {
+    let mut child = spawn(command(script), &policy()).expect("spawn");
+    let mut out = child.take_stdout().unwrap();
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    (child.wait().unwrap(), stdout)
+}
+
+fn a_child_runs_and_reports() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let (o, out, err) = run(&zygote, "print(6 * 7)");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        out,
+        "42\n",
+        "{o:?} stderr: {err}\nzygote: {}",
+        zygote.log_tail()
+    );
+    assert_eq!(o.exit, Some(Exit::Code(0)));
+    let (o, _, _) = run(&zygote, "import sys; sys.exit(3)");
+    assert_eq!(o.exit, Some(Exit::Code(3)));
+    let (o, _, _) = run(
+        &zygote,
+        "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)",
+    );
+    assert_eq!(o.exit, Some(Exit::Signal(11)));
+}
+
+const PROBE: &str = r#"
+import json, os, resource, socket, sys
+def status(field):
+    for line in open('/proc/self/status'):
+        if line.startswith(field + ':'):
+            return line.split(':', 1)[1].strip()
+mounts = []
+for line in open('/proc/self/mountinfo'):
+    left, right = line.split(' - ')
+    f = left.split()
+    options = ','.join(o for o in right.split()[2].split(',') if not o.startswith(('uid=', 'gid=')))
+    mounts.append([f[4], f[5], right.split()[0], options])
+print(json.dumps({
+    'ids': [os.getuid(), os.getgid(), os.getgroups()],
+    'hostname': socket.gethostname(),
+    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
+    'root': sorted(os.listdir('/')),
+    'cwd': os.getcwd(),
+    'caps': [status(f) for f in ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']],
+    'no_new_privs': status('NoNewPrivs'),
+    'seccomp': [status('Seccomp'), status('Seccomp_filters')],
+    'mounts': sorted(mounts),
+    'rlimits': {n: resource.getrlimit(getattr(resource, n)) for n in ['RLIMIT_CPU', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_CORE']},
+    'env': sorted(os.environ.items()),
+    'argv': sys.argv,
+    'fds': sorted(os.listdir('/proc/self/fd')),
+}, sort_keys=True))
+"#;
+
+fn a_child_is_the_same_sandbox_as_a_cold_one() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let (o, out, err) = run(&zygote, PROBE);
+    assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
+    let (co, cold_out) = cold(PROBE);
+    assert_eq!(co.exit, Some(Exit::Code(0)));
+    let child: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let cold: serde_json::Value = serde_json::from_str(&cold_out).unwrap();
+    for (field, value) in cold.as_object().unwrap() {
+        assert_eq!(
+            &child[field], value,
+            "{field} differs between a zygote child and a cold sandbox"
+        );
+    }
+    assert_eq!(o.isolation, co.isolation);
+}
+
+/// Each run looks for what an earlier child left, then leaves all it can: files in every
+/// writable place, an attribute on a preloaded module, an environment variable, a process
+/// that outlives the program, a SysV shared memory segment; and says its random draw.
+const LEAVE_TRACES: &str = r#"
+import ctypes, json, os, random, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+made = libc.shmget(0x5EED, 4096, 0o1000 | 0o2000 | 0o600)
+found = {
+    'files': sorted(os.listdir('/tmp') + os.listdir('/work') + os.listdir('/dev/shm')),
+    'module': getattr(json, 'planted', None),
+    'imported': 'csv' in sys.modules,
+    'env': os.environ.get('PLANTED'),
+    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
+    'shm': 'made' if made >= 0 else os.strerror(ctypes.get_errno()),
+    'random': random.random(),
+}
+for d in ['/tmp', '/work', '/dev/shm']:
+    open(d + '/planted', 'w').write('x')
+json.planted = True
+import csv
+os.environ['PLANTED'] = '1'
+subprocess.Popen(['/usr/bin/sleep', '60'], start_new_session=True)
+time.sleep(0.1)
+print(json.dumps(found))
+"#;
+
+fn policy_with_work() -> Policy {
+    let mut p = policy();
+    p.scratch.mounts = vec!["/tmp".into(), "/work".into(), "/dev/shm".into()];
+    p.workdir = "/work".into();
+    p
+}
+
+fn nothing_of_one_child_reaches_the_next() {
+    let zygote = Zygote::start(&spec(&["json"]), &policy_with_work()).expect("zygote");
+    let mut draws = Vec::new();
+    for i in 0..4 {
+        let mut child = zygote
+            .spawn(command(LEAVE_TRACES), &policy_with_work())
+            .expect("spawn");
+        let mut out = String::new();
+        child
+            .take_stdout()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        let o = child.wait().unwrap();
+        assert_eq!(
+            o.exit,
+            Some(Exit::Code(0)),
+            "run {i}: {out} {}",
+            zygote.log_tail()
+        );
+        let mut found: serde_json::Value = serde_json::from_str(&out).unwrap();
+        draws.push(found["random"].take());
+        assert_eq!(
+            found,
+            serde_json::json!({"files": [], "module": null, "imported": false, "env": null,
+                               "pids": ["1", "2"], "shm": "made", "random": null}),
+            "run {i} saw what an earlier child left"
+        );
+    }
+    draws.sort_by(|a, b| a.as_f64().partial_cmp(&b.as_f64()).unwrap());
+    draws.dedup();
+    assert_eq!(
+        draws.len(),
+        4,
+        "children drew the same random numbers: {draws:?}"
+    );
+}
+
+fn host_uid(pid: i32) -> u32 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn children_cannot_reach_each_other_or_the_zygote() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    // The first waits; the second looks for it (and for anything else) from inside.
+    let mut first = zygote
+        .spawn(
+            command("import time; print('up', flush=True); time.sleep(30)"),
+            &policy(),
+        )
+        .expect("spawn");
+    let mut out = first.take_stdout().unwrap();
+    let mut up = [0u8; 3];
+    out.read_exact(&mut up).unwrap();
+    let probe = r#"
+import json, os
+seen = sorted(p for p in os.listdir('/proc') if p.isdigit())
+tries = {}
+for pid in range(1, 400):
+    if str(pid) in seen:
+        continue
+    try:
+        os.kill(pid, 0)
+        tries[pid] = 'reached'
+    except ProcessLookupError:
+        pass
+    except OSError as e:
+        tries[pid] = e.errno
+print(json.dumps({'seen': seen, 'reached': tries, 'uid': os.getuid()}))
+"#;
+    let (o, report, err) = run(&zygote, probe);
+    assert_eq!(o.exit, Some(Exit::Code(0)), "{err}");
+    let report: serde_json::Value = serde_json::from_str(&report).unwrap();
+    assert_eq!(report["seen"], serde_json::json!(["1", "2"]));
+    assert_eq!(
+        report["reached"],
+        serde_json::json!({}),
+        "a child reached another process"
+    );
+    assert_eq!(report["uid"], 1000);
+
+    // On the host: each child has a uid of its own, neither the zygote's nor a sibling's.
+    let firsts = first.processes();
+    let second = zygote
+        .spawn(command("import time; time.sleep(30)"), &policy())
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let seconds = second.processes();
+    assert!(!firsts.is_empty() && !seconds.is_empty());
+    let a = host_uid(firsts[0]);
+    let b = host_uid(seconds[0]);
+    let z: Vec<u32> = zygote.processes().into_iter().map(host_uid).collect();
+    assert_ne!(a, b, "two children share a host uid");
+    assert!(
+        !z.contains(&a) && !z.contains(&b),
+        "a child has the zygote's uid: {z:?}"
+    );
+    assert!(firsts.iter().all(|p| host_uid(*p) == a));
+
+    // Killing a child leaves the zygote and the other child alone.
+    first.killer().kill(KillReason::Cancelled);
+    let o = first.wait().unwrap();
+    assert_eq!(o.killed, Some(KillReason::Cancelled));
+    assert!(zygote.is_alive());
+    let (o, out, _) = run(&zygote, "print('still here')");
+    assert_eq!(
+        (o.exit, out.as_str()),
+        (Some(Exit::Code(0)), "still here\n")
+    );
+    second.killer().kill(KillReason::Cancelled);
+    second.wait().unwrap();
+}
+
+fn limits_hold_in_a_child() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let mut p = policy();
+    p.limits.wall_time = Duration::from_millis(500);
+    let child = zygote
+        .spawn(command("import time; time.sleep(30)"), &p)
+        .unwrap();
+    let o = child.wait().unwrap();
+    assert_eq!(o.killed, Some(KillReason::WallTime));
+    // Memory: the child's own pages count, and the OOM killer takes it.
+    let mut p = policy();
+    p.limits.memory_bytes = 64 << 20;
+    let child = zygote
+        .spawn(command("b = bytearray(512 << 20)\nprint(len(b))"), &p)
+        .unwrap();
+    let o = child.wait().unwrap();
+    assert!(o.oom_kills > 0, "{o:?}");
+    assert_eq!(o.exit, Some(Exit::Signal(9)), "{o:?}");
+    // Every process it starts is in its cgroup, and none outlives it.
+    let script = "import subprocess, time\n\
+                  subprocess.Popen(['/usr/bin/sleep', '60'])\n\
+                  print('ok', flush=True)\n\
+                  time.sleep(0.5)";
+    let mut child = zygote.spawn(command(script), &policy()).unwrap();
+    let mut out = child.take_stdout().unwrap();
+    let mut ok = [0u8; 2];
+    out.read_exact(&mut ok).unwrap();
+    let procs = child.processes();
+    assert!(
+        procs.len() >= 3,
+        "jail init, the program and sleep: {procs:?}"
+    );
+    let o = child.wait().unwrap();
+    assert_eq!(o.exit, Some(Exit::Code(0)));
+    for pid in procs {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "process {pid} outlived its sandbox: {stat}"
+        );
+    }
+    assert!(zygote.is_alive());
+}
+
+fn a_zygote_that_dies_is_noticed() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    assert!(zygote.is_alive());
+    let mut killed = 0;
+    for pid in zygote.processes() {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == "python3" {
+            kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+            killed += 1;
+        }
+    }
+    assert_eq!(killed, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while zygote.is_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "the zygote's death went unnoticed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(zygote.spawn(command("print(1)"), &policy()).is_err());
+}
+
+fn main() {
+    run_if_init();
+    if std::env::var_os("ZYGOTE_TIMING").is_some() {
+        timing();
+        return;
+    }
+    let tests: &[(&str, fn())] = &[
+        ("a_child_runs_and_reports", a_child_runs_and_reports),
+        (
+            "a_child_is_the_same_sandbox_as_a_cold_one",
+            a_child_is_the_same_sandbox_as_a_cold_one,
+        ),
+        (
+            "nothing_of_one_child_reaches_the_next",
+            nothing_of_one_child_reaches_the_next,
+        ),
+        (
+            "children_cannot_reach_each_other_or_the_zygote",
+            children_cannot_reach_each_other_or_the_zygote,
+        ),
+        ("limits_hold_in_a_child", limits_hold_in_a_child),
+        (
+            "a_zygote_that_dies_is_noticed",
+            a_zygote_that_dies_is_noticed,
+        ),
+    ];
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let mut ran = 0;
+    for (name, test) in tests {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        print!("test {name} ... ");
+        test();
+        println!("ok");
+        ran += 1;
+    }
+    println!("\ntest result: ok. {ran} passed");
+}
+
+/// `ZYGOTE_TIMING=1`: a quick look at sequential children against cold sandboxes (the
+/// figures that count come from `airlock-bench`).
+fn timing() {
+    for preload in [&[][..], &["numpy", "pandas", "matplotlib.pyplot"][..]] {
+        let zygote = Zygote::start(&spec(preload), &policy()).expect("zygote");
+        let n = 50;
+        let t = Instant::now();
+        for _ in 0..n {
+            let (o, out, _) = run(&zygote, "print(1)");
+            assert_eq!(out, "1\n", "{o:?}");
+        }
+        println!("zygote {preload:?}: {:?} per child", t.elapsed() / n);
+    }
+    let n = 50;
+    let t = Instant::now();
+    for _ in 0..n {
+        cold("print(1)");
+    }
+    println!("cold: {:?} per sandbox", t.elapsed() / n);
+}
