@@ -111,6 +111,20 @@ pub struct RunArgs {
     /// the state directory of --config's server, or the default one.
     #[arg(long, value_name = "NAME")]
     pub environment: Option<String>,
+    /// Run the code as the child of a zygote, a pre-imported interpreter forked into a fresh
+    /// jail (what `airlock serve` does for most sandboxes), started for this one run: slower
+    /// here, to see what a served execution sees. Needs root.
+    #[arg(long)]
+    pub zygote: bool,
+    /// Modules the zygote imports first, comma-separated (code that names one of them runs
+    /// in a child of a zygote that has them loaded). Default: the server's.
+    #[arg(
+        long,
+        value_name = "MODULES",
+        requires = "zygote",
+        value_delimiter = ','
+    )]
+    pub preload: Option<Vec<String>>,
 }
 
 /// The named environment, from the state directory `airlock serve` would use.
@@ -425,7 +439,14 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
             notes,
         ))
     });
-    let engine = Engine::new(config).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(config).map_err(|e| e.to_string())?;
+    if args.zygote {
+        let mut zygote = airlock_engine::ZygoteConfig::default();
+        if let Some(preload) = &args.preload {
+            zygote.preload = preload.iter().filter(|m| !m.is_empty()).cloned().collect();
+        }
+        engine.start_zygotes(zygote);
+    }
     let (tools, bridge) = match &args.config {
         Some(path) => match start_tools(path, &args.tools)? {
             Some((runtime, registry, set)) => (
@@ -456,6 +477,11 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         },
     };
     engine.check(&job).map_err(|e| e.to_string())?;
+    if args.zygote {
+        engine
+            .wait_for_zygote(&job, std::time::Duration::from_secs(120))
+            .map_err(|e| format!("--zygote: {e}"))?;
+    }
     Ok(Prepared { engine, job, tools })
 }
 
@@ -552,6 +578,7 @@ fn describe(result: &ExecutionResult) -> Option<String> {
 
 pub fn main(args: RunArgs) -> ExitCode {
     let json = args.json;
+    let zygote = args.zygote;
     let function_mode = args.entrypoint.is_some();
     let cancel = Cancel::default();
     let signal = Arc::new(AtomicI32::new(0));
@@ -577,6 +604,10 @@ pub fn main(args: RunArgs) -> ExitCode {
         engine.execute(job, &mut Passthrough)
     };
     let result = match result {
+        Ok(r) if zygote && !r.forked => {
+            errln!("airlock: --zygote: the sandbox started cold: the zygote could not make it");
+            return ExitCode::from(EXIT_AIRLOCK);
+        }
         Ok(r) => r.result,
         Err(e) => {
             errln!("airlock: {e}");

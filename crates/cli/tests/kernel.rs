@@ -270,10 +270,18 @@ print(json.dumps({"connect": connect(), "bind": bind(), "signal": signal_init()}
 
 #[test]
 fn seccomp_downgrade_is_explicit_and_reported() {
-    let r = run(
-        &format!("{LIBC}print(libc.syscall(272, 0))"),
-        &["--downgrade", "seccomp"],
-    );
+    let code = format!("{LIBC}print(libc.syscall(272, 0))");
+    if via_zygote() {
+        // A zygote's filters are its children's: it never makes a sandbox without them.
+        let r = invoke(
+            &["run", "--zygote", "--downgrade", "seccomp", "-"],
+            code.as_bytes(),
+        );
+        assert_ne!(r.exit, 0, "{r:#?}");
+        assert!(r.stderr.contains("seccomp_downgraded"), "{r:#?}");
+        return;
+    }
+    let r = run(&code, &["--downgrade", "seccomp"]);
     assert_eq!(r.json["isolation"]["seccomp"], "disabled", "{r:#?}");
     assert_eq!(r.json["isolation"]["downgraded"], json!(["seccomp"]));
     // unshare(0) is harmless and, without the filter, simply succeeds.

@@ -10,60 +10,6 @@ use common::http::{request, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
 
-/// What a program can see of its sandbox, with nothing that differs between two sandboxes
-/// built alike (pids are namespaced, so they are the same too).
-const PROBE: &str = r#"
-import json, os, resource, socket, sys
-def status(field):
-    for line in open('/proc/self/status'):
-        if line.startswith(field + ':'):
-            return line.split(':', 1)[1].strip()
-def attempt(f):
-    try:
-        f()
-        return 'allowed'
-    except OSError as e:
-        return e.errno
-mounts = []
-for line in open('/proc/self/mountinfo'):
-    left, right = line.split(' - ')
-    f = left.split()
-    # Without the owner's ids, which are each sandbox's own host ids.
-    options = ','.join(o for o in right.split()[2].split(',') if not o.startswith(('uid=', 'gid=')))
-    mounts.append([f[4], f[5], right.split()[0], options])
-limits = {name: resource.getrlimit(getattr(resource, name)) for name in
-          ['RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC', 'RLIMIT_CORE']}
-def connect():
-    s = socket.socket()
-    s.settimeout(1)
-    s.connect(('127.0.0.1', 1))
-print(json.dumps({
-    'ids': [os.getuid(), os.getgid(), os.getgroups()],
-    'hostname': socket.gethostname(),
-    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
-    'root': sorted(os.listdir('/')),
-    'cwd': os.getcwd(),
-    'interfaces': attempt(socket.if_nameindex),
-    'caps': [status(f) for f in ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']],
-    'no_new_privs': status('NoNewPrivs'),
-    'seccomp': [status('Seccomp'), status('Seccomp_filters')],
-    'mounts': mounts,
-    'rlimits': limits,
-    'env': sorted(os.environ.items()),
-    'modules': sorted(sys.modules),
-    'write_usr': attempt(lambda: open('/usr/airlock-probe', 'w')),
-    'network': attempt(connect),
-    'cgroup': open('/proc/self/cgroup').read(),
-}, sort_keys=True))
-"#;
-
-fn metric(server: &Server, name: &str) -> f64 {
-    let text = server.call("GET", "/metrics", None).text();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from\n{text}"))
-}
-
 fn pool_status(server: &Server) -> Value {
     server.call("GET", "/readyz", None).json()["pool"].clone()
 }
@@ -87,16 +33,16 @@ fn wait_idle(server: &Server, n: u64) {
 #[test]
 fn a_pooled_sandbox_is_the_same_sandbox_as_a_cold_one() {
     let _g = serial();
-    let cold = run_unlocked(PROBE, &[]);
+    let cold = run_unlocked(SANDBOX_PROBE, &[]);
     assert_eq!(cold.status(), "ok", "{cold:#?}");
 
     let server = Server::start("[pool]\nsize = 1\n", &[]);
     wait_idle(&server, 1);
-    let takes = metric(&server, "airlock_pool_takes_total");
-    let r = server.execute(json!({"code": PROBE}));
+    let takes = server.metric("airlock_pool_takes_total");
+    let r = server.execute(json!({"code": SANDBOX_PROBE}));
     assert_eq!(r.status, 200, "{}", r.text());
     let pooled = r.json();
-    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
     assert_eq!(pooled["status"], "ok", "{pooled}");
 
     let seen = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
@@ -168,9 +114,11 @@ found
     // Used sandboxes are gone while the server runs (their cgroups are removed in the
     // background): what is left is the one idle sandbox.
     wait_idle(&server, 1);
+    // Zygotes' own cgroups (`airlock-<pid>-zygote-<n>`) live as long as the server.
     let names = |dirs: &[std::path::PathBuf]| {
         dirs.iter()
-            .map(|d| d.file_name().unwrap().to_owned())
+            .map(|d| d.file_name().unwrap().to_string_lossy().into_owned())
+            .filter(|n| !n.contains("-zygote-"))
             .collect::<std::collections::BTreeSet<_>>()
             .len()
     };
@@ -230,17 +178,17 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         &[],
     );
     wait_idle(&server, 2);
-    assert!(metric(&server, "airlock_pool_idle_sandboxes") >= 2.0);
+    assert!(server.metric("airlock_pool_idle_sandboxes") >= 2.0);
     let pool = pool_status(&server);
     assert_eq!((&pool["size"], &pool["max_size"]), (&json!(2), &json!(4)));
-    let takes = metric(&server, "airlock_pool_takes_total");
-    let refills = metric(&server, "airlock_pool_refills_total");
+    let takes = server.metric("airlock_pool_takes_total");
+    let refills = server.metric("airlock_pool_refills_total");
 
     let r = server.execute(json!({"code": "1"})).json();
     assert_eq!(r["status"], "ok");
-    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
     // Other limits than the pool's: a cold sandbox, counted as a miss.
-    let misses = metric(&server, "airlock_pool_misses_total{reason=\"limits\"}");
+    let misses = server.metric("airlock_pool_misses_total{reason=\"limits\"}");
     let r = server
         .execute(json!({"code": "1", "limits": {"memory_mb": 128}}))
         .json();
@@ -249,10 +197,10 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         (&json!("ok"), &json!(128))
     );
     assert_eq!(
-        metric(&server, "airlock_pool_misses_total{reason=\"limits\"}"),
+        server.metric("airlock_pool_misses_total{reason=\"limits\"}"),
         misses + 1.0
     );
-    assert_eq!(metric(&server, "airlock_pool_takes_total"), takes + 1.0);
+    assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
     // The log says which executions ran in a pooled sandbox.
     let log = server.log_lines();
     let executions: Vec<&String> = log.iter().filter(|l| l.contains(" execution ")).collect();
@@ -265,9 +213,9 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         "{log:#?}"
     );
     wait_idle(&server, 2);
-    assert!(metric(&server, "airlock_pool_refills_total") > refills);
-    assert_eq!(metric(&server, "airlock_pool_in_use_sandboxes"), 0.0);
-    assert_eq!(metric(&server, "airlock_pool_failures_total"), 0.0);
+    assert!(server.metric("airlock_pool_refills_total") > refills);
+    assert_eq!(server.metric("airlock_pool_in_use_sandboxes"), 0.0);
+    assert_eq!(server.metric("airlock_pool_failures_total"), 0.0);
     // Demand: executions that find the pool empty raise what it keeps ready, up to max_size.
     let target = pool_status(&server)["target"].as_u64().unwrap();
     let addr = server.addr;
@@ -305,7 +253,7 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         assert!(Instant::now() < deadline, "the pool never shrank: {pool}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(metric(&server, "airlock_pool_idle_sandboxes"), 2.0);
+    assert_eq!(server.metric("airlock_pool_idle_sandboxes"), 2.0);
     // Idle sandboxes are real sandboxes on the host, until the server stops.
     assert!(sandbox_cgroups().len() >= before.sandbox_cgroups().len() + 2);
     assert!(server.stop().success());
@@ -328,6 +276,9 @@ fn sandbox_cpu_weights(pid: u32) -> Vec<(String, String)> {
                 continue;
             }
             let name = e.file_name().to_string_lossy().into_owned();
+            if name.contains("-zygote-") {
+                continue;
+            }
             if !name.starts_with(&prefix) {
                 if depth < 6 {
                     dirs.push((path, depth + 1));
@@ -457,7 +408,7 @@ fn a_pool_that_cannot_start_sandboxes_says_why_and_backs_off() {
             .is_some_and(|e| e.contains("starting a sandbox")),
         "{pool}"
     );
-    assert!(metric(&server, "airlock_pool_failures_total") >= 2.0);
+    assert!(server.metric("airlock_pool_failures_total") >= 2.0);
     // Executions still get an answer (a cold sandbox, and its own verdict).
     let r = server.execute(json!({"code": "1"}));
     assert_eq!(r.status, 200, "{}", r.text());

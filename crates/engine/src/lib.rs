@@ -184,6 +184,8 @@ pub struct Execution {
     pub sandbox_ready: Option<Duration>,
     /// Whether the sandbox came from the warm pool.
     pub pooled: bool,
+    /// Whether the sandbox was a zygote's child (see `zygotes`); a cold one otherwise.
+    pub forked: bool,
 }
 
 /// Runs jobs. Cheap to share between threads.
@@ -366,7 +368,65 @@ impl Engine {
         mode: Mode,
         tools: Option<OwnedFd>,
     ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
+        self.start_sandbox_for(policy, mode, tools, mode == Mode::Session)
+    }
+
+    /// As `start_sandbox`; `preload` asks for a child of the zygote that preloads modules
+    /// (see `zygotes`).
+    fn start_sandbox_for(
+        &self,
+        policy: &Policy,
+        mode: Mode,
+        tools: Option<OwnedFd>,
+        preload: bool,
+    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
         let (control, theirs) = socket_pair()?;
+        let tools_passed = tools.is_some();
+        let mut command = self.runner_command(policy, theirs, tools);
+        match mode {
+            Mode::Cold => {}
+            // Built ahead of need: in the background until taken.
+            Mode::Warm => command = command.arg("warm").background(),
+            Mode::Session => command = command.arg("session"),
+        }
+        let Some(zygotes) = &self.zygotes else {
+            return Ok((spawn(command, policy)?, control));
+        };
+        let sys_path = || self.policy_sys_path(policy);
+        if mode == Mode::Cold {
+            if tools_passed {
+                zygotes.count_cold("tools");
+                return Ok((spawn(command, policy)?, control));
+            }
+            // Says it is ready first, so that a child that never started (its zygote died
+            // meanwhile) is noticed before the request is sent, and the job starts cold.
+            let command = command.arg("warm");
+            return match zygotes.spawn(command, policy, preload, sys_path) {
+                Ok(child) => {
+                    let child = child?;
+                    if let Some(child) = ready_or_gone(child, &control) {
+                        return Ok((child, control));
+                    }
+                    zygotes.count_cold("child_lost");
+                    self.start_cold(policy)
+                }
+                Err(_) => self.start_cold(policy),
+            };
+        }
+        match zygotes.spawn(command, policy, preload, sys_path) {
+            Ok(child) => Ok((child?, control)),
+            Err(command) => Ok((spawn(command, policy)?, control)),
+        }
+    }
+
+    /// The runner's command for a sandbox with `policy`, its channel at descriptor 3 (and the
+    /// tool channel at 4, when given).
+    fn runner_command(
+        &self,
+        policy: &Policy,
+        theirs: UnixStream,
+        tools: Option<OwnedFd>,
+    ) -> Command {
         let mut command = Command::new(self.interpreter.path.clone())
             .args(["-I", "-S", "-B", "-c", RUNNER])
             .env("PATH", "/usr/bin:/bin")
@@ -384,7 +444,6 @@ impl Engine {
             .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
             .env("PIP_NO_CACHE_DIR", "1")
             .pass_fd(OwnedFd::from(theirs));
-        let tools_passed = tools.is_some();
         if let Some(fd) = tools {
             command = command.pass_fd(fd); // TOOLS_FD
         }
@@ -412,40 +471,25 @@ impl Engine {
                 }
             }
         }
-        match mode {
-            Mode::Cold => {}
-            // Built ahead of need: in the background until taken.
-            Mode::Warm => command = command.arg("warm").background(),
-            Mode::Session => command = command.arg("session"),
-        }
-        let Some(zygotes) = &self.zygotes else {
-            return Ok((spawn(command, policy)?, control));
-        };
-        let sys_path = || self.policy_sys_path(policy);
-        if mode == Mode::Cold {
-            if tools_passed {
-                zygotes.count_cold("tools");
-                return Ok((spawn(command, policy)?, control));
-            }
-            // Says it is ready first, so that a child that never started (its zygote died
-            // meanwhile) is noticed before the request is sent, and the job starts cold.
-            let command = command.arg("warm");
-            return match zygotes.spawn(command, policy, sys_path) {
-                Ok(child) => {
-                    let child = child?;
-                    if let Some(child) = ready_or_gone(child, &control) {
-                        return Ok((child, control));
-                    }
-                    zygotes.count_cold("child_lost");
-                    self.start_cold(policy)
-                }
-                Err(_) => self.start_cold(policy),
-            };
-        }
-        match zygotes.spawn(command, policy, sys_path) {
-            Ok(child) => Ok((child?, control)),
-            Err(command) => Ok((spawn(command, policy)?, control)),
-        }
+        command
+    }
+
+    /// Waits until the zygote that would make `job`'s sandbox is ready (starting it if need
+    /// be), for a caller that wants its one execution to be a zygote's child (`airlock run
+    /// --zygote`). Errors say why it cannot be.
+    pub fn wait_for_zygote(&self, job: &Job, within: Duration) -> Result<(), String> {
+        let zygotes = self.zygotes.as_ref().ok_or("zygotes are not started")?;
+        let policy = self.job_policy(job);
+        let (_control, theirs) = socket_pair().map_err(|e| e.to_string())?;
+        let command = self.runner_command(&policy, theirs, None).arg("warm");
+        let preload = zygotes.wants_preloads(&job.code);
+        zygotes.wait_ready(
+            &command,
+            &policy,
+            preload,
+            || self.policy_sys_path(&policy),
+            within,
+        )
     }
 
     /// As `start_sandbox` in `Mode::Cold`, with no zygote.
@@ -694,7 +738,14 @@ impl Engine {
             Some(bridge) => Some((bridge.clone(), socket_pair()?)),
             None => None,
         };
+        // Pooled sandboxes are lean zygotes' children (or cold): code that names a preloaded
+        // package starts a child of the zygote that has it loaded instead.
+        let preload = self
+            .zygotes
+            .as_ref()
+            .is_some_and(|z| z.wants_preloads(&job.code));
         let warm = match (&tools, &job.egress, &job.environment) {
+            _ if preload => None,
             (None, None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
             (None, None, Some(env)) if !env.writable => {
                 self.env_pool(env).and_then(|p| p.take(&policy))
@@ -713,11 +764,13 @@ impl Engine {
                 (child, w.control, Some(in_use))
             }
             None => {
-                let (child, control) = self.start_sandbox(&policy, Mode::Cold, tools_theirs)?;
+                let (child, control) =
+                    self.start_sandbox_for(&policy, Mode::Cold, tools_theirs, preload)?;
                 (child, control, None)
             }
         };
         let taken = pooled.then(|| asked.elapsed());
+        let forked = child.is_zygote_child();
         if self.defer_cleanup {
             child.defer_cleanup();
         }
@@ -815,6 +868,7 @@ impl Engine {
                     result,
                     sandbox_ready: None,
                     pooled,
+                    forked,
                 });
             }
         };
@@ -856,6 +910,7 @@ impl Engine {
             result,
             sandbox_ready: taken.or(outcome.ready_after),
             pooled,
+            forked,
         })
     }
 }

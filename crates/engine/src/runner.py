@@ -322,11 +322,20 @@ def read_frame():
 # at exit, which otherwise costs more than the rest of the interpreter's shutdown.
 import gc
 
+
+def __zygote_start__():
+    # A zygote runs this file once with `--zygote` (everything above is then defined once
+    # for all its children) and each child calls this; a cold sandbox calls it right away.
+    global REQUEST
+    if sys.argv[1:] == ["warm"]:
+        os.write(CHANNEL, b"R")
+    if sys.argv[1:] == ["session"]:
+        REQUEST = read_frame()
+        more()["session"](REQUEST)
+    else:
+        main()
+
+
 gc.freeze()
-if sys.argv[1:] == ["warm"]:
-    os.write(CHANNEL, b"R")
-if sys.argv[1:] == ["session"]:
-    REQUEST = read_frame()
-    more()["session"](REQUEST)
-else:
-    main()
+if sys.argv[1:] != ["--zygote"]:
+    __zygote_start__()

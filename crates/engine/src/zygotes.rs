@@ -205,16 +205,38 @@ impl Zygotes {
             .or_default() += 1;
     }
 
-    fn ask_start(&self, key: String, command: &Command, policy: &Policy, sys_path: Vec<String>) {
+    /// Whether `code` names one of the preloaded modules' packages: it then runs in a child
+    /// of the zygote that preloads them, and anything else in one of the lean zygote (a
+    /// smaller process forks and ends faster). Either way the sandbox is the same; a guess
+    /// wrong either way only costs time.
+    pub(crate) fn wants_preloads(&self, code: &str) -> bool {
+        self.config.enabled
+            && self.config.preload.iter().any(|module| {
+                let package = module.split('.').next().unwrap_or(module);
+                names(code, package)
+            })
+    }
+
+    fn ask_start(
+        &self,
+        key: String,
+        command: &Command,
+        policy: &Policy,
+        preload: bool,
+        sys_path: Vec<String>,
+    ) {
         let Ok(library) = &self.library else { return };
-        let Some(spec) = ZygoteSpec::for_command(
-            command,
-            self.config.preload.clone(),
-            sys_path,
-            library.clone(),
-        ) else {
+        let modules = if preload {
+            self.config.preload.clone()
+        } else {
+            Vec::new()
+        };
+        let Some(mut spec) = ZygoteSpec::for_command(command, modules, sys_path, library.clone())
+        else {
             return;
         };
+        // The runner defines everything once in the zygote (see its `__zygote_start__`).
+        spec.prepare = true;
         let start = Start {
             key,
             spec,
@@ -233,6 +255,7 @@ impl Zygotes {
         &self,
         command: &Command,
         policy: &Policy,
+        preload: bool,
         sys_path: impl FnOnce() -> Vec<String>,
     ) -> Result<Arc<Zygote>, &'static str> {
         if !self.config.enabled {
@@ -244,7 +267,15 @@ impl Zygotes {
         if policy.egress_port.is_some() {
             return Err("egress");
         }
-        let key = serde_json::to_string(&policy.root).unwrap_or_default();
+        if !policy.seccomp.is_required() {
+            return Err("seccomp_downgraded");
+        }
+        let preload = preload && !self.config.preload.is_empty();
+        let key = format!(
+            "{}{}",
+            if preload { "preloaded " } else { "lean " },
+            serde_json::to_string(&policy.root).unwrap_or_default()
+        );
         let now = Instant::now();
         let mut slots = self.slots();
         // Zygotes of roots no longer used go, as environments' pools do.
@@ -272,7 +303,7 @@ impl Zygotes {
                     tracing::warn!(log = %tail.trim(), "a zygote died; starting another");
                     slots.insert(key.clone(), Slot::Starting);
                     drop(slots);
-                    self.ask_start(key, command, policy, sys_path());
+                    self.ask_start(key, command, policy, preload, sys_path());
                     return Err("zygote_restarting");
                 }
                 if !zygote.serves(command, policy) {
@@ -285,7 +316,7 @@ impl Zygotes {
                 if due && !*replacing {
                     *replacing = true;
                     drop(slots);
-                    self.ask_start(key, command, policy, sys_path());
+                    self.ask_start(key, command, policy, preload, sys_path());
                 }
                 Ok(zygote)
             }
@@ -297,8 +328,36 @@ impl Zygotes {
                 }
                 slots.insert(key.clone(), Slot::Starting);
                 drop(slots);
-                self.ask_start(key, command, policy, sys_path());
+                self.ask_start(key, command, policy, preload, sys_path());
                 Err("zygote_starting")
+            }
+        }
+    }
+
+    /// Waits until the zygote for `command` and `policy` is ready; why not when it cannot be.
+    pub(crate) fn wait_ready(
+        &self,
+        command: &Command,
+        policy: &Policy,
+        preload: bool,
+        sys_path: impl Fn() -> Vec<String>,
+        within: Duration,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.zygote_for(command, policy, preload, &sys_path) {
+                Ok(_) => return Ok(()),
+                Err("zygote_starting" | "zygote_restarting") if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err("unavailable") => {
+                    return Err(self.library.clone().err().unwrap_or_default());
+                }
+                Err("zygote_failed") => {
+                    let error = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+                    return Err(error.clone().unwrap_or_else(|| "it failed to start".into()));
+                }
+                Err(reason) => return Err(format!("a zygote cannot make this sandbox ({reason})")),
             }
         }
     }
@@ -309,9 +368,10 @@ impl Zygotes {
         &self,
         command: Command,
         policy: &Policy,
+        preload: bool,
         sys_path: impl FnOnce() -> Vec<String>,
     ) -> Result<Result<Child, SpawnError>, Command> {
-        let zygote = match self.zygote_for(&command, policy, sys_path) {
+        let zygote = match self.zygote_for(&command, policy, preload, sys_path) {
             Ok(zygote) => zygote,
             Err(reason) => {
                 self.count_cold(reason);
@@ -371,6 +431,16 @@ impl Zygotes {
     }
 }
 
+/// Whether `word` occurs in `text` as a whole identifier.
+fn names(text: &str, word: &str) -> bool {
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        let after = text[i + word.len()..].chars().next();
+        !before.is_some_and(ident) && !after.is_some_and(ident)
+    })
+}
+
 /// Retires a zygote once nothing else holds it: its children finish first.
 fn retire(zygote: Arc<Zygote>) {
     std::thread::spawn(move || {
@@ -388,4 +458,24 @@ fn retire(zygote: Arc<Zygote>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_that_names_a_preloaded_package_goes_to_the_preloading_zygote() {
+        let z = Zygotes::new(ZygoteConfig::default());
+        assert!(z.wants_preloads("import pandas as pd"));
+        assert!(z.wants_preloads("from matplotlib import pyplot"));
+        assert!(z.wants_preloads("x = numpy.zeros(3)"));
+        assert!(!z.wants_preloads("print(1)"));
+        assert!(!z.wants_preloads("import numpyro, pandas_ta_lite"));
+        let off = Zygotes::new(ZygoteConfig {
+            preload: Vec::new(),
+            ..ZygoteConfig::default()
+        });
+        assert!(!off.wants_preloads("import pandas"));
+    }
 }

@@ -343,9 +343,19 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 impl SandboxCgroup {
     /// Creates the cgroup and writes every limit before any process enters it.
     pub fn create(layout: &Layout, limits: &Limits, extra_pids: u32) -> Result<Self, CgroupError> {
+        Self::create_tagged(layout, limits, extra_pids, "")
+    }
+
+    /// As `create`, named `airlock-<pid>-<tag><n>` (a zygote's template: `zygote-`).
+    pub(crate) fn create_tagged(
+        layout: &Layout,
+        limits: &Limits,
+        extra_pids: u32,
+        tag: &str,
+    ) -> Result<Self, CgroupError> {
         loop {
             let name = format!(
-                "{SANDBOX_PREFIX}{}-{}",
+                "{SANDBOX_PREFIX}{}-{tag}{}",
                 std::process::id(),
                 SEQUENCE.fetch_add(1, Ordering::Relaxed)
             );

@@ -380,7 +380,8 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
     }
     let cgroup = if policy.cgroups.is_required() {
         let layout = host.cgroup.as_ref().map_err(|r| missing("cgroups", r))?;
-        let cg = SandboxCgroup::create(layout, &policy.limits, INIT_PROCESSES)?;
+        let tag = if command.zygote { "zygote-" } else { "" };
+        let cg = SandboxCgroup::create_tagged(layout, &policy.limits, INIT_PROCESSES, tag)?;
         if command.background {
             cg.set_cpu_weight(true)?;
         }
@@ -588,6 +589,11 @@ impl Child {
     }
 
     /// The host pid of the sandbox's outer init.
+    /// Whether this sandbox is a zygote's child (see [`crate::Zygote`]).
+    pub fn is_zygote_child(&self) -> bool {
+        self.process.is_none()
+    }
+
     pub fn id(&self) -> u32 {
         self.killer.0.outer_pid as u32
     }

@@ -55,6 +55,7 @@ fn spec(preload: &[&str]) -> ZygoteSpec {
         env: [("PATH".to_string(), "/usr/bin".to_string())].into(),
         library: library(),
         sys_path: vec!["/usr/lib/python3/dist-packages".into()],
+        prepare: false,
     }
 }
 
@@ -135,6 +136,7 @@ print(json.dumps({
     'env': sorted(os.environ.items()),
     'argv': sys.argv,
     'fds': sorted(os.listdir('/proc/self/fd')),
+    'cgroup': open('/proc/self/cgroup').read(),
 }, sort_keys=True))
 "#;
 
@@ -337,12 +339,20 @@ fn limits_hold_in_a_child() {
     );
     let o = child.wait().unwrap();
     assert_eq!(o.exit, Some(Exit::Code(0)));
+    // Killed with the sandbox: gone (or dead and not yet reaped) within moments.
+    let deadline = Instant::now() + Duration::from_secs(5);
     for pid in procs {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        assert!(
-            stat.is_empty() || stat.contains(") Z "),
-            "process {pid} outlived its sandbox: {stat}"
-        );
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.is_empty() || stat.contains(") Z ") || stat.contains(") X ") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {pid} outlived its sandbox: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     assert!(zygote.is_alive());
 }

@@ -451,10 +451,11 @@ pub fn render_zygotes(status: &airlock_engine::ZygoteStatus) -> String {
 }
 
 /// Every reason a sandbox starts cold (see `airlock_engine::zygotes`), exported from the start.
-const COLD_REASONS: [&str; 12] = [
+const COLD_REASONS: [&str; 13] = [
     "disabled",
     "unavailable",
     "egress",
+    "seccomp_downgraded",
     "tools",
     "other_program",
     "zygote_starting",

@@ -672,7 +672,7 @@ pub(crate) fn finish(
             return Err(engine_error(&ctx, e));
         }
     };
-    let (result, pooled) = (execution.result, execution.pooled);
+    let (result, pooled, forked) = (execution.result, execution.pooled, execution.forked);
     let m = &state.metrics;
     m.executions.add(&[result.status.as_str()]);
     m.execution_seconds
@@ -708,6 +708,7 @@ pub(crate) fn finish(
         status = %result.status,
         wall_ms = result.usage.wall_ms,
         pooled,
+        forked,
         "execution"
     );
     Ok(ExecuteResponse { id: ctx.id, result })

@@ -634,6 +634,7 @@ fn run_cell(
         result,
         sandbox_ready: None,
         pooled: false,
+        forked: false,
     };
     finish(state, ctx, Ok(execution)).map(|r| CellResponse {
         id: r.id,

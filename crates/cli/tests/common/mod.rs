@@ -160,10 +160,21 @@ pub fn run(code: &str, args: &[&str]) -> Run {
     run_unlocked(code, args)
 }
 
+/// Set (by `scripts/test.sh`, for the jail, kernel and limits tests): every `run` goes
+/// through `airlock run --zygote`, so that the same attacks meet a zygote's child.
+pub const VIA_ZYGOTE: &str = "AIRLOCK_TEST_VIA_ZYGOTE";
+
+pub fn via_zygote() -> bool {
+    std::env::var_os(VIA_ZYGOTE).is_some()
+}
+
 /// As [`run`], for callers that already hold [`SERIAL`].
 pub fn run_unlocked(code: &str, args: &[&str]) -> Run {
     let before = HostState::now();
     let mut all = vec!["run", "--json"];
+    if via_zygote() {
+        all.push("--zygote");
+    }
     all.extend_from_slice(args);
     let run = invoke(&all, code.as_bytes());
     HostState::now().assert_same_as(&before, &run);
@@ -359,3 +370,53 @@ pub fn mcp_python() -> PathBuf {
     );
     p
 }
+
+/// What a program can see of its sandbox, with nothing that differs between two sandboxes
+/// built alike (pids are namespaced, so they are the same too): how a pooled sandbox or a
+/// zygote's child is compared with a cold one, field by field.
+pub const SANDBOX_PROBE: &str = r#"
+import json, os, resource, socket, sys
+def status(field):
+    for line in open('/proc/self/status'):
+        if line.startswith(field + ':'):
+            return line.split(':', 1)[1].strip()
+def attempt(f):
+    try:
+        f()
+        return 'allowed'
+    except OSError as e:
+        return e.errno
+mounts = []
+for line in open('/proc/self/mountinfo'):
+    left, right = line.split(' - ')
+    f = left.split()
+    # Without the owner's ids, which are each sandbox's own host ids.
+    options = ','.join(o for o in right.split()[2].split(',') if not o.startswith(('uid=', 'gid=')))
+    mounts.append([f[4], f[5], right.split()[0], options])
+# In mount order, which says how the root was assembled, not what it holds.
+mounts.sort()
+limits = {name: resource.getrlimit(getattr(resource, name)) for name in
+          ['RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC', 'RLIMIT_CORE']}
+def connect():
+    s = socket.socket()
+    s.settimeout(1)
+    s.connect(('127.0.0.1', 1))
+print(json.dumps({
+    'ids': [os.getuid(), os.getgid(), os.getgroups()],
+    'hostname': socket.gethostname(),
+    'pids': sorted(p for p in os.listdir('/proc') if p.isdigit()),
+    'root': sorted(os.listdir('/')),
+    'cwd': os.getcwd(),
+    'interfaces': attempt(socket.if_nameindex),
+    'caps': [status(f) for f in ['CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb']],
+    'no_new_privs': status('NoNewPrivs'),
+    'seccomp': [status('Seccomp'), status('Seccomp_filters')],
+    'mounts': mounts,
+    'rlimits': limits,
+    'env': sorted(os.environ.items()),
+    'modules': sorted(sys.modules),
+    'write_usr': attempt(lambda: open('/usr/airlock-probe', 'w')),
+    'network': attempt(connect),
+    'cgroup': open('/proc/self/cgroup').read(),
+}, sort_keys=True))
+"#;

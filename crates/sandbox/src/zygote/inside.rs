@@ -45,7 +45,8 @@ pub(crate) const HOST_FD: RawFd = 3;
 pub(crate) const JAILS_FD: RawFd = 4;
 
 /// The namespaces of a child's jail, in the order the child enters them (user first: it gives
-/// the rights over the others).
+/// the rights over the others). The jail's init makes the cgroup namespace itself, once in the
+/// child's cgroup, so that the namespace's root is that cgroup; the others come with it.
 const JAIL_NAMESPACES: [(&str, CloneFlags); 6] = [
     ("user", CloneFlags::CLONE_NEWUSER),
     ("mnt", CloneFlags::CLONE_NEWNS),
@@ -287,9 +288,17 @@ fn build_jail(
     slot: u32,
 ) -> Result<(Jail, Vec<OwnedFd>), InitError> {
     let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
-    let (done_r, done_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
+    let (done_r, done_w) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(sys_err("socketpair"))?;
+    // The cgroup namespace the jail's init makes itself, once in the child's cgroup.
     let namespaces = JAIL_NAMESPACES
         .iter()
+        .filter(|(_, flag)| *flag != CloneFlags::CLONE_NEWCGROUP)
         .fold(CloneFlags::CLONE_NEWPID, |all, (_, flag)| all | *flag);
     let forked =
         sys::fork_into_namespaces(namespaces.bits() as u64).map_err(|source| InitError::Sys {
@@ -310,7 +319,15 @@ fn build_jail(
             call: "dup",
             source,
         })?];
-        for name in JAIL_NAMESPACES.iter().map(|(n, _)| *n).chain(["pid"]) {
+        let pid_path = proc.join("ns/pid");
+        let pid_ns: OwnedFd = fs::File::open(&pid_path)
+            .map_err(init::path_err("open", &pid_path))?
+            .into();
+        for name in JAIL_NAMESPACES
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| *n != "cgroup")
+        {
             let path = proc.join("ns").join(name);
             passed.push(
                 fs::File::open(&path)
@@ -328,26 +345,18 @@ fn build_jail(
         write("gid_map", format!("{} {slot} 1\n", policy.gid))?;
         unistd::write(&go_w, b"g").map_err(sys_err("write"))?;
         drop(go_w);
-        let mut answer = vec![0u8; 4096];
-        let n = read_all(&done_r, &mut answer).map_err(|source| InitError::Sys {
-            call: "read",
-            source,
-        })?;
-        match &answer[..n] {
-            b"R" => {}
-            [] => {
-                return Err(InitError::Sys {
-                    call: "jail init",
-                    source: io::Error::other("ended before its root was built"),
-                })
-            }
-            text => {
-                return Err(InitError::Sys {
-                    call: "jail init",
-                    source: io::Error::other(String::from_utf8_lossy(text).into_owned()),
-                })
-            }
+        let jail_init = |error: String| InitError::Sys {
+            call: "jail init",
+            source: io::Error::other(error),
+        };
+        match proto::recv_msg_with_fds::<JailBuilt>(&done_r) {
+            Ok(Some((JailBuilt::Ready, mut fds))) if fds.len() == 1 => passed.append(&mut fds),
+            Ok(Some((JailBuilt::Failed { error }, _))) => return Err(jail_init(error)),
+            Ok(Some(_)) => return Err(jail_init("no cgroup namespace".into())),
+            Ok(None) => return Err(jail_init("ended before its root was built".into())),
+            Err(e) => return Err(jail_init(e.to_string())),
         }
+        passed.push(pid_ns);
         Ok(passed)
     })();
     match built {
@@ -360,17 +369,11 @@ fn build_jail(
     }
 }
 
-fn read_all(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match unistd::read(fd, &mut buf[n..]) {
-            Ok(0) => break,
-            Ok(got) => n += got,
-            Err(Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(n)
+/// A jail's init to the template's: its root is built (with its cgroup namespace), or why not.
+#[derive(Debug, Serialize, Deserialize)]
+enum JailBuilt {
+    Ready,
+    Failed { error: String },
 }
 
 // ---- 2. a jail's init -------------------------------------------------------------------
@@ -384,6 +387,10 @@ fn jail_init(policy: &Policy, join: Vec<OwnedFd>, go: OwnedFd, done: OwnedFd) ->
         prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
         join_cgroup(&join)?;
         drop(join);
+        // Rooted at the child's cgroup, now that we are in it (as a cold sandbox's, made
+        // after its outer init joined).
+        nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
+            .map_err(sys_err("unshare(CLONE_NEWCGROUP)"))?;
         let mut byte = [0u8; 1];
         if unistd::read(&go, &mut byte).map_err(sys_err("read"))? == 0 {
             return Err(InitError::ParentGone);
@@ -399,21 +406,32 @@ fn jail_init(policy: &Policy, join: Vec<OwnedFd>, go: OwnedFd, done: OwnedFd) ->
         let sources: Vec<Option<OwnedFd>> = policy.root.iter().map(|_| None).collect();
         build_root(policy, &sources)?;
         unistd::sethostname(&policy.hostname).map_err(sys_err("sethostname"))?;
+        let cgroup_ns: OwnedFd = fs::File::open("/proc/self/ns/cgroup")
+            .map_err(init::path_err("open", Path::new("/proc/self/ns/cgroup")))?
+            .into();
         // The child has our uid: keep it out of /proc/1, as a cold sandbox's init does.
         prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
         sys::drop_all_capabilities().map_err(|source| InitError::Sys {
             call: "drop capabilities",
             source,
-        })
+        })?;
+        Ok(cgroup_ns)
     })();
-    let answer = match &built {
-        Ok(()) => "R".to_owned(),
-        Err(e) => e.to_string(),
+    let _ = match &built {
+        Ok(cgroup_ns) => {
+            proto::send_msg_with_fds(&done, &JailBuilt::Ready, &[cgroup_ns.as_raw_fd()])
+        }
+        Err(e) => proto::send_msg(
+            &done,
+            &JailBuilt::Failed {
+                error: e.to_string(),
+            },
+        ),
     };
-    let _ = unistd::write(&done, answer.as_bytes());
-    drop(done);
+    let failed = built.is_err();
+    drop((built, done));
     let _ = sys::close_range(0, RawFd::MAX);
-    if built.is_err() {
+    if failed {
         sys::exit_immediately(1)
     }
     reap_forever()

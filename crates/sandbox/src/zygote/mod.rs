@@ -63,6 +63,10 @@ pub struct ZygoteSpec {
     /// Directories on `sys.path` while the preloads are imported (and only then: the program
     /// sets its own).
     pub sys_path: Vec<String>,
+    /// The program, run with the one argument `--zygote`, only defines things, among them a
+    /// function `__zygote_start__` that does the rest: the zygote runs it so once, and each
+    /// child only calls that function.
+    pub prepare: bool,
 }
 
 impl ZygoteSpec {
@@ -84,6 +88,7 @@ impl ZygoteSpec {
             env: command.env.clone(),
             library,
             sys_path,
+            prepare: false,
         })
     }
 }
@@ -114,10 +119,11 @@ impl Zygote {
                 reason: "only a host process running as root can map a block of uids".into(),
             });
         }
-        if policy.egress_port.is_some() {
+        if policy.egress_port.is_some() || !policy.seccomp.is_required() {
+            // Its seccomp filters are the children's (installed once, inherited).
             return Err(SpawnError::Setup {
                 stage: "zygote".into(),
-                error: "a zygote serves sandboxes without egress only".into(),
+                error: "a zygote serves sandboxes with seccomp and without egress only".into(),
             });
         }
         std::fs::metadata(&spec.library).map_err(|source| SpawnError::Io {
@@ -156,6 +162,7 @@ impl Zygote {
                 spec.preload.join(","),
                 spec.code.clone(),
                 spec.sys_path.join("\n"),
+                if spec.prepare { "1" } else { "0" }.to_owned(),
             ])
             .pass_fd(theirs);
         for (key, value) in &spec.env {
@@ -208,10 +215,12 @@ impl Zygote {
     }
 
     /// Whether a sandbox with `policy` running `command` can be a child of this zygote: the
-    /// same root, the same interpreter and program, no egress listener.
+    /// same root, the same interpreter and program, seccomp (the zygote's filters are its
+    /// children's), no egress listener.
     pub fn serves(&self, command: &Command, policy: &Policy) -> bool {
         policy.root == self.root
             && policy.egress_port.is_none()
+            && policy.seccomp.is_required()
             && command.program.to_string_lossy() == self.argv[0]
             && command.args.len() >= self.argv.len()
             && command.args[1..self.argv.len()] == self.argv[1..]

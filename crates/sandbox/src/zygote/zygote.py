@@ -1,5 +1,8 @@
 # airlock's zygote: started once, inside a template jail, as
-#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads>
+#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare>
+# With <prepare> 1, the program, run here with the one argument `--zygote`, only defines
+# things and a function `__zygote_start__`, which each child calls (airlock's runner is such
+# a program); with 0, each child runs the whole program.
 # It imports the preloads, compiles the program, freezes what is loaded, and waits. For each
 # child it asks airlock's library (the sandbox crate, loaded with ctypes) for a jail, forks
 # with os.fork (so the interpreter's own fork hooks run: random reseeds, threads reset), and
@@ -35,6 +38,21 @@ def serve():
     if preload:
         # Preloads may hold on to ctypes (numpy does): a second copy would not mix with theirs.
         helpers = set()
+    main = None
+    if sys.argv[5] == "1":
+        main = type(sys)("__main__")
+        main.__builtins__ = __builtins__
+        own, argv = sys.modules["__main__"], sys.argv
+        sys.modules["__main__"], sys.argv = main, ["-c", "--zygote"]
+        try:
+            exec(code, main.__dict__)
+        except BaseException as e:
+            print("airlock zygote: the program cannot be prepared: %r" % e, file=sys.stderr, flush=True)
+            os._exit(1)
+        sys.modules["__main__"], sys.argv = own, argv
+        if not callable(main.__dict__.get("__zygote_start__")):
+            print("airlock zygote: the program defines no __zygote_start__", file=sys.stderr, flush=True)
+            os._exit(1)
     if lib.airlock_zygote_ready() != 0:
         os._exit(1)
     gc.collect()
@@ -52,10 +70,10 @@ def serve():
             lib.airlock_zygote_forked(pid)
             continue
         size = lib.airlock_zygote_child(buf, len(buf))
-        return code, buf.raw[:size], helpers
+        return code, main, buf.raw[:size], helpers
 
 
-CODE, SPEC, HELPERS = serve()
+CODE, PREPARED, SPEC, HELPERS = serve()
 del serve
 for _name in HELPERS:
     sys.modules.pop(_name, None)
@@ -72,10 +90,14 @@ if "LC_ALL" not in os.environ and (os.environ.get("LC_CTYPE") or os.environ.get(
 # As `python <flags> -c <code> <args>` would have them.
 sys.orig_argv = _args
 sys.argv = ["-c"] + _args[_args.index("-c") + 2:]
-_main = type(sys)("__main__")
-_main.__builtins__ = __builtins__
+_prepared = PREPARED is not None
+if PREPARED is None:
+    _main = type(sys)("__main__")
+    _main.__builtins__ = __builtins__
+else:
+    _main = PREPARED
 sys.modules["__main__"] = _main
-for _n in ["_fields", "_argc", "_args", "_entry", "_key", "_value", "_name", "SPEC", "HELPERS"]:
+for _n in ["_fields", "_argc", "_args", "_entry", "_key", "_value", "_name", "SPEC", "HELPERS", "PREPARED"]:
     globals().pop(_n, None)
 del _n
 
@@ -118,7 +140,10 @@ def _finish(status):
 
 
 try:
-    exec(CODE, _main.__dict__)
+    if _prepared:
+        _main.__zygote_start__()
+    else:
+        exec(CODE, _main.__dict__)
 except SystemExit as e:
     _finish(_exit_status(e.code))
 except BaseException:

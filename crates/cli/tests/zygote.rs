@@ -1,0 +1,184 @@
+//! Zygotes through the real `airlock serve`: a zygote's child is the same sandbox as a cold
+//! one, code that names a preloaded package finds it loaded, a zygote that dies is replaced
+//! while executions keep running, zygotes are recycled, and the switch turns them off.
+//! (The jail, kernel and limits tests run once more through `airlock run --zygote`, see
+//! `scripts/test.sh`; the sandbox crate's own `tests/zygote.rs` checks what children leave.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http::Server;
+use common::*;
+use serde_json::{json, Value};
+
+/// No warm pool: every execution asks for a sandbox, so the zygote makes each one.
+const NO_POOL: &str = "[pool]\nsize = 0\n";
+
+fn zygote_status(server: &Server) -> Value {
+    server.call("GET", "/readyz", None).json()["zygote"].clone()
+}
+
+/// Runs `code` until the zygote that serves it is ready (the first executions start cold
+/// while it starts), then returns the first result that came from it.
+fn from_a_zygote(server: &Server, code: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // Until no zygote is starting, an execution may start cold and another one's child
+        // be counted meanwhile.
+        while zygote_status(server)["starting"] != 0 {
+            assert!(Instant::now() < deadline, "{}", zygote_status(server));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let before = server.metric("airlock_zygote_children_total");
+        let r = server.execute(json!({"code": code}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        if server.metric("airlock_zygote_children_total") > before {
+            return r.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no zygote became ready: {}",
+            zygote_status(server)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn cold_reason(server: &Server, reason: &str) -> f64 {
+    server.metric(&format!("airlock_cold_starts_total{{reason=\"{reason}\"}}"))
+}
+
+#[test]
+fn a_zygote_s_child_is_the_same_sandbox_as_a_cold_one() {
+    let _g = serial();
+    let cold = run_unlocked(SANDBOX_PROBE, &[]);
+    assert_eq!(cold.status(), "ok", "{cold:#?}");
+    let server = Server::start(NO_POOL, &[]);
+    let child = from_a_zygote(&server, SANDBOX_PROBE);
+    assert_eq!(child["status"], "ok", "{child}");
+    let seen = |v: &Value| -> Value { serde_json::from_str(v.as_str().unwrap()).unwrap() };
+    let (cold_seen, child_seen) = (seen(&cold.json["stdout"]), seen(&child["stdout"]));
+    for (field, value) in cold_seen.as_object().unwrap() {
+        assert_eq!(
+            &child_seen[field], value,
+            "{field} differs between a zygote's child and a cold sandbox"
+        );
+    }
+    assert_eq!(cold_seen, child_seen);
+    assert_eq!(child["isolation"], cold.json["isolation"]);
+    // A lean zygote's child: the runner's modules and nothing preloaded.
+    assert!(!child_seen["modules"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("pandas")));
+    drop(server);
+}
+
+#[test]
+fn code_that_names_a_preloaded_package_finds_it_loaded() {
+    let _g = serial();
+    let server = Server::start(NO_POOL, &[]);
+    let chart = r#"
+import sys, time
+loaded = 'pandas' in sys.modules and 'matplotlib.pyplot' in sys.modules
+t = time.perf_counter()
+import pandas as pd
+import matplotlib.pyplot as plt
+df = pd.DataFrame({'x': range(10), 'y': [v * v for v in range(10)]})
+df.plot(x='x', y='y')
+plt.savefig('/work/chart.png')
+(loaded, round(time.perf_counter() - t, 3))
+"#;
+    let r = from_a_zygote(&server, chart);
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(r["result"][0], true, "{r}");
+    // Loaded before the code ran: the chart costs only itself.
+    assert!(r["result"][1].as_f64().unwrap() < 5.0, "{r}");
+    assert_eq!(r["outputs"][0]["type"], "image/png", "{r}");
+    // Code that names none of them runs in a lean zygote's child.
+    let lean = from_a_zygote(&server, "import sys\nsorted(sys.modules)");
+    assert_eq!(lean["status"], "ok", "{lean}");
+    assert!(!lean["result"].as_array().unwrap().contains(&json!("numpy")));
+    assert!(zygote_status(&server)["ready"].as_u64() >= Some(2));
+}
+
+/// Host pids of the server's zygote processes (the Python of each zygote).
+fn zygote_pythons() -> Vec<i32> {
+    let mut pids = Vec::new();
+    for dir in sandbox_cgroups() {
+        if !dir.to_string_lossy().contains("-zygote-") {
+            continue;
+        }
+        let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if comm.trim() == "python3" && !pids.contains(&pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+#[test]
+fn a_zygote_that_dies_is_replaced_and_executions_keep_running() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start(NO_POOL, &[]);
+    from_a_zygote(&server, "print(1)");
+    let starts = server.metric("airlock_zygote_starts_total");
+    let pythons = zygote_pythons();
+    assert_eq!(pythons.len(), 1, "{pythons:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pythons[0]),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    // Every execution from now on runs: cold until another zygote is ready, then its.
+    for i in 0..5 {
+        let r = server.execute(json!({"code": "6 * 7"}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["result"], 42, "execution {i}: {}", r.text());
+    }
+    from_a_zygote(&server, "print(1)");
+    assert!(server.metric("airlock_zygote_starts_total") > starts);
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the zygotes' server stopped");
+}
+
+#[test]
+fn zygotes_are_recycled_and_can_be_turned_off() {
+    let _g = serial();
+    let server = Server::start(&format!("{NO_POOL}[zygote]\nrecycle_after = 2\n"), &[]);
+    from_a_zygote(&server, "print(1)");
+    for _ in 0..8 {
+        let r = server.execute(json!({"code": "print(1)"}));
+        assert_eq!(r.json()["status"], "ok");
+    }
+    // Every second child asks for a replacement; the old one ends once its children have.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("airlock_zygote_starts_total") < 3.0 {
+        assert!(Instant::now() < deadline, "{}", zygote_status(&server));
+        server.execute(json!({"code": "print(1)"}));
+    }
+    // The retired ones end once their children have.
+    while zygote_pythons().len() != 1 {
+        assert!(
+            Instant::now() < deadline + Duration::from_secs(10),
+            "retired zygotes linger: {:?}",
+            zygote_pythons()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(server);
+
+    let server = Server::start(&format!("{NO_POOL}[zygote]\nenabled = false\n"), &[]);
+    for _ in 0..3 {
+        let r = server.execute(json!({"code": "print(1)"}));
+        assert_eq!(r.json()["status"], "ok");
+    }
+    assert!(cold_reason(&server, "disabled") >= 3.0);
+    assert_eq!(server.metric("airlock_zygote_children_total"), 0.0);
+    assert!(zygote_pythons().is_empty());
+}
