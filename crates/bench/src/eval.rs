@@ -95,12 +95,53 @@ pub struct EvalReport {
     pub native: Series,
     pub http: Series,
     pub seed: Series,
+    /// `airlock eval --json` over a batch on stdin: time per expression, one sample a batch.
+    pub batch: Series,
+}
+
+/// Expressions per `airlock eval --json` batch.
+const BATCH: usize = 100_000;
+
+/// One `airlock eval --json` over `BATCH` expressions of the corpus on stdin, per expression
+/// (the process's own start included, spread over the batch).
+fn batch_once(airlock: &std::path::Path) -> Result<Duration, String> {
+    let input: String = CORPUS
+        .iter()
+        .cycle()
+        .take(BATCH)
+        .flat_map(|e| [*e, "\n"])
+        .collect();
+    let t = Instant::now();
+    let mut child = Command::new(airlock)
+        .args(["eval", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", airlock.display()))?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let elapsed = t.elapsed();
+    let _ = writer.join();
+    let lines = out.stdout.iter().filter(|b| **b == b'\n').count();
+    if lines != BATCH {
+        return Err(format!(
+            "airlock eval --json answered {lines} of {BATCH} lines"
+        ));
+    }
+    Ok(elapsed / BATCH as u32)
 }
 
 /// Interleaves, round by round and expression by expression: the native call, `POST /v1/eval`
 /// on a kept-alive connection, and the seed's subprocess.
-pub fn measure(rounds: usize, client: &mut Client) -> Result<EvalReport, String> {
+pub fn measure(
+    rounds: usize,
+    client: &mut Client,
+    airlock: &std::path::Path,
+) -> Result<EvalReport, String> {
     let limits = airlock_pyeval::Limits::default();
+    let mut batch = Series::new("`airlock eval --json`, a batch on stdin, per expression");
     let mut native = Series::new("native `evaluate()`, in process");
     let mut http = Series::new("`POST /v1/eval`, kept-alive connection");
     let mut seed = Series::new("seed 001: fresh `python3` + AST check per expression");
@@ -116,8 +157,14 @@ pub fn measure(rounds: usize, client: &mut Client) -> Result<EvalReport, String>
             http.samples.push(t.elapsed());
             seed.samples.push(seed_once(expr)?);
         }
+        batch.samples.push(batch_once(airlock)?);
     }
-    Ok(EvalReport { native, http, seed })
+    Ok(EvalReport {
+        native,
+        http,
+        seed,
+        batch,
+    })
 }
 
 fn post_eval(client: &mut Client, expr: &str) -> Result<(), String> {
@@ -148,7 +195,7 @@ pub fn print(report: &EvalReport) {
     );
     println!("| series | p50 µs | p99 µs | seed 001 p50 ÷ p50 |");
     println!("|---|---:|---:|---:|");
-    for s in [&report.native, &report.http, &report.seed] {
+    for s in [&report.native, &report.batch, &report.http, &report.seed] {
         println!(
             "| {} | {} | {} | {:.0}× |",
             s.name,

@@ -37,9 +37,14 @@ impl Default for ZygoteConfig {
     fn default() -> Self {
         ZygoteConfig {
             enabled: true,
-            preload: ["numpy", "pandas", "matplotlib.pyplot"]
-                .map(String::from)
-                .to_vec(),
+            preload: [
+                "numpy",
+                "pandas",
+                "matplotlib.pyplot",
+                "pandas.plotting._matplotlib",
+            ]
+            .map(String::from)
+            .to_vec(),
             recycle_after: 10_000,
             recycle_seconds: 3600,
             library: None,
@@ -237,6 +242,11 @@ impl Zygotes {
         };
         // The runner defines everything once in the zygote (see its `__zygote_start__`).
         spec.prepare = true;
+        // One BLAS thread: a pool of them would be stopped and started again around every
+        // fork (OpenBLAS's fork handlers), and a sandbox has one core's worth of CPU anyway.
+        for name in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
+            spec.env.insert(name.into(), "1".into());
+        }
         let start = Start {
             key,
             spec,

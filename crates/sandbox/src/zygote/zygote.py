@@ -34,6 +34,21 @@ def serve():
             __import__(name)
         except Exception as e:
             print("airlock zygote: preloading %s: %r" % (name, e), file=sys.stderr, flush=True)
+    if "matplotlib.pyplot" in sys.modules:
+        # Fonts loaded, the text and Agg renderer caches filled: what every first chart of a
+        # process pays, paid once here.
+        try:
+            import io
+
+            plt = sys.modules["matplotlib.pyplot"]
+            fig, ax = plt.subplots()
+            ax.plot([0, 1], [0, 1], label="x")
+            ax.set_title("x")
+            ax.legend()
+            fig.savefig(io.BytesIO(), format="png")
+            plt.close("all")
+        except Exception as e:
+            print("airlock zygote: warming matplotlib: %r" % e, file=sys.stderr, flush=True)
     sys.path[:] = path
     if preload:
         # Preloads may hold on to ctypes (numpy does): a second copy would not mix with theirs.
