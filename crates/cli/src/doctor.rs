@@ -164,6 +164,13 @@ pub fn main(args: DoctorArgs) -> ExitCode {
             "see the error; `airlock serve` falls back to cold sandboxes while the pool fails \
              (pool.size = 0 turns it off)",
         ));
+        checks.push(check(
+            "zygote",
+            trial_zygote(engine),
+            "see the error; `airlock serve` starts every sandbox cold without zygotes \
+             (zygote.enabled = false turns them off); they need airlock to run as root and \
+             libairlock_sandbox.so beside the binary (cargo build --workspace) or zygote.library",
+        ));
     }
     if enforced.is_empty() {
         enforced.push("nothing: airlock run refuses to start on this host".into());
@@ -304,6 +311,34 @@ fn trial_pool(engine: &Engine) -> Result<String, String> {
         r.usage.wall_ms,
         defaults.size,
         defaults.max_size
+    ))
+}
+
+/// Starts a lean zygote as `airlock serve` would and runs the trial as its child.
+fn trial_zygote(engine: &Engine) -> Result<String, String> {
+    let mut engine = engine.clone();
+    let config = airlock_engine::ZygoteConfig::default();
+    engine.start_zygotes(airlock_engine::ZygoteConfig {
+        preload: Vec::new(),
+        ..config.clone()
+    });
+    let started = std::time::Instant::now();
+    let job = engine.self_test_job()?;
+    engine.wait_for_zygote(&job, std::time::Duration::from_secs(60))?;
+    let ready = started.elapsed();
+    let execution = engine.self_test_execution()?;
+    engine.close_pools();
+    if !execution.forked {
+        return Err("the trial run did not get a zygote's child".into());
+    }
+    Ok(format!(
+        "a zygote was ready in {} ms and a run as its child took {} ms; `airlock serve` forks \
+         fresh sandboxes from zygotes (one lean, one preloading {}), and starts cold those it \
+         does not serve: with egress, with tools, with seccomp downgraded, or while a zygote \
+         starts (airlock_cold_starts_total says which)",
+        ready.as_millis(),
+        execution.result.usage.wall_ms,
+        config.preload.join(", ")
     ))
 }
 

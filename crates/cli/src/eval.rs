@@ -4,7 +4,7 @@
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
-use airlock_pyeval::{evaluate, outcome_json, Limits};
+use airlock_pyeval::{evaluate, write_outcome_json, Limits};
 
 /// Evaluate a Python literal expression natively (no interpreter, no sandbox).
 ///
@@ -31,7 +31,7 @@ pub fn main(args: EvalArgs) -> ExitCode {
         let outcome = evaluate(expr, &limits);
         failed |= outcome.is_err();
         let written = if args.json {
-            writeln!(out, "{}", outcome_json(&outcome))
+            write_outcome_json(out, &outcome).and_then(|()| out.write_all(b"\n"))
         } else {
             match outcome {
                 Ok(v) => writeln!(out, "{}", v.str),
@@ -45,9 +45,17 @@ pub fn main(args: EvalArgs) -> ExitCode {
     match &args.expr {
         Some(expr) => one(expr, &mut out),
         None => {
-            for line in std::io::stdin().lock().lines() {
-                match line {
-                    Ok(line) => one(&line, &mut out),
+            // One buffer for every line.
+            let mut stdin = std::io::stdin().lock();
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match stdin.read_line(&mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        let expr = line.strip_suffix('\n').unwrap_or(&line);
+                        one(expr.strip_suffix('\r').unwrap_or(expr), &mut out);
+                    }
                     Err(e) => {
                         errln!("airlock eval: {e}");
                         return ExitCode::from(crate::EXIT_AIRLOCK);

@@ -920,11 +920,16 @@ impl Engine {
     /// unprivileged uid, its own hostname, and only its init and itself in `/proc`. Whether
     /// every mechanism was in force is in the result's `isolation`, for the caller to judge.
     pub fn self_test(&self) -> Result<ExecutionResult, String> {
+        Ok(self.self_test_execution()?.result)
+    }
+
+    /// The trial job of `self_test`.
+    pub fn self_test_job(&self) -> Result<Job, String> {
         let limits = self
             .config
             .resolve_limits(&airlock_api::LimitsRequest::default())
             .map_err(|e| e.to_string())?;
-        let job = Job {
+        Ok(Job {
             code: "import os, socket\n[os.getuid(), socket.gethostname(), sorted(p for p in os.listdir('/proc') if p.isdigit())]".into(),
             filename: "self_test.py".into(),
             stdin: Stdin::Empty,
@@ -939,14 +944,18 @@ impl Engine {
             tools: None,
             egress: None,
             environment: None,
-        };
-        let r = self
-            .execute(job, &mut Discard)
-            .map_err(|e| e.to_string())?
-            .result;
+        })
+    }
+
+    /// As `self_test`, with how the sandbox came to be (pooled, a zygote's child).
+    pub fn self_test_execution(&self) -> Result<Execution, String> {
+        let job = self.self_test_job()?;
+        let execution = self.execute(job, &mut Discard).map_err(|e| e.to_string())?;
+        let r = &execution.result;
         if r.status != Status::Ok {
             let why = r
                 .error
+                .as_ref()
                 .map(|e| format!("{}: {}", e.kind, e.message))
                 .unwrap_or_default();
             return Err(format!(
@@ -962,7 +971,7 @@ impl Engine {
                 r.result
             ));
         }
-        Ok(r)
+        Ok(execution)
     }
 }
 

@@ -224,6 +224,42 @@ impl Error {
     }
 }
 
+/// Writes [`outcome_json`]'s object, byte for byte, without building it first: a batch of
+/// expressions then allocates nothing per line but the evaluation's own values.
+pub fn write_outcome_json(
+    out: &mut (impl std::io::Write + ?Sized),
+    outcome: &Result<Evaluated, Error>,
+) -> std::io::Result<()> {
+    fn string(out: &mut (impl std::io::Write + ?Sized), s: &str) -> std::io::Result<()> {
+        serde_json::to_writer(out, s).map_err(std::io::Error::from)
+    }
+    match outcome {
+        Ok(v) => {
+            out.write_all(b"{\"ok\":true,\"type\":")?;
+            string(out, v.type_name)?;
+            out.write_all(b",\"repr\":")?;
+            string(out, &v.repr)?;
+            out.write_all(b",\"str\":")?;
+            string(out, &v.str)?;
+            if let Some(value) = &v.value {
+                out.write_all(b",\"value\":")?;
+                serde_json::to_writer(&mut *out, value).map_err(std::io::Error::from)?;
+            }
+            out.write_all(b"}")
+        }
+        Err(e) => {
+            out.write_all(b"{\"ok\":false,\"error\":{\"type\":")?;
+            string(out, e.kind.as_str())?;
+            out.write_all(b",\"message\":")?;
+            string(out, &e.message)?;
+            if e.limit {
+                out.write_all(b",\"limit\":true")?;
+            }
+            out.write_all(b"}}")
+        }
+    }
+}
+
 /// The JSON object for either outcome.
 pub fn outcome_json(outcome: &Result<Evaluated, Error>) -> serde_json::Value {
     match outcome {

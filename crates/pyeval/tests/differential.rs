@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use airlock_pyeval::{evaluate, outcome_json, Limits};
+use airlock_pyeval::{evaluate, outcome_json, write_outcome_json, Limits};
 use serde_json::Value as Json;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -100,6 +100,35 @@ fn report(mismatches: &[String], compared: usize) {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+#[test]
+fn the_streamed_json_is_the_json_object_byte_for_byte() {
+    // What `airlock eval --json` writes without building the object, for every outcome kind
+    // of the corpus (values, no value, errors, limit errors, escapes).
+    let corpus = include_str!("corpus.txt");
+    let tight = Limits {
+        max_result_bytes: 64,
+        ..limits()
+    };
+    let mut checked = 0;
+    for expr in corpus
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("##"))
+    {
+        for limits in [limits(), tight.clone()] {
+            let outcome = evaluate(expr, &limits);
+            let mut streamed = Vec::new();
+            write_outcome_json(&mut streamed, &outcome).unwrap();
+            assert_eq!(
+                String::from_utf8(streamed).unwrap(),
+                outcome_json(&outcome).to_string(),
+                "{expr}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 100);
 }
 
 #[test]
