@@ -28,8 +28,9 @@ echo "==> cargo test"
 # Built first: servers under test find the zygote's library (libairlock_sandbox.so) beside them.
 cargo build --workspace --locked
 cargo test --workspace --locked
-echo "==> the jail, kernel and limits tests again, every sandbox a zygote's child"
-AIRLOCK_TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --test limits
+echo "==> the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
+TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --test limits \
+    --test results --test outputs --test function
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh).
 scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-90}"

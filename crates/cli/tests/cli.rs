@@ -284,9 +284,12 @@ fn doctor_reports_full_enforcement_on_this_host() {
             "cgroups",
             "python",
             "sandbox",
-            "warm pool"
+            "warm pool",
+            "zygote"
         ]
     );
+    let zygote = report["checks"][7]["detail"].as_str().unwrap();
+    assert!(zygote.contains("a run as its child took"), "{zygote}");
     let pool = report["checks"][6]["detail"].as_str().unwrap();
     assert!(
         pool.starts_with("a pooled sandbox was ready in") && pool.contains("MiB (PSS) idle"),

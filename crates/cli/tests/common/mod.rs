@@ -162,7 +162,7 @@ pub fn run(code: &str, args: &[&str]) -> Run {
 
 /// Set (by `scripts/test.sh`, for the jail, kernel and limits tests): every `run` goes
 /// through `airlock run --zygote`, so that the same attacks meet a zygote's child.
-pub const VIA_ZYGOTE: &str = "AIRLOCK_TEST_VIA_ZYGOTE";
+pub const VIA_ZYGOTE: &str = "TEST_VIA_ZYGOTE";
 
 pub fn via_zygote() -> bool {
     std::env::var_os(VIA_ZYGOTE).is_some()

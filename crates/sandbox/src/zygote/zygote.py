@@ -130,10 +130,39 @@ def _exit_status(code):
     return 1
 
 
+def _flush_std():
+    # As the interpreter's exit flushes them: a closed stream is skipped, a failed flush makes
+    # the status 120.
+    failed = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            failed = True
+    return failed
+
+
+def _clear(module):
+    # As the interpreter clears a module's globals at exit: names with one leading underscore
+    # first, then the rest, never __builtins__ (finalizers still find print and friends).
+    names = module.__dict__
+    for first in (True, False):
+        for name in list(names):
+            if name == "__builtins__" or (name.startswith("_") and not name.startswith("__")) != first:
+                continue
+            try:
+                names[name] = None
+            except Exception:
+                pass
+
+
 def _finish(status):
     # What ending the interpreter does that a program can see: its threads are waited for,
-    # atexit runs, the standard streams are flushed. Tearing down every module, which is all
-    # the rest does, would cost more than the program itself once large modules are loaded.
+    # atexit runs, the standard streams are flushed, and the modules of the program (its
+    # __main__, and what it imported itself) are torn down, so that their objects' finalizers
+    # run and the files it left open are flushed. The zygote's own modules are not: tearing
+    # them down is what costs, and nothing of the program's is in them unless it put it there.
     threading = sys.modules.get("threading")
     if threading is not None:
         try:
@@ -146,14 +175,21 @@ def _finish(status):
         atexit._run_exitfuncs()
     except BaseException:
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            status = status or 120
-    os._exit(status)
+    failed = _flush_std()
+    try:
+        programs = [m for n, m in list(sys.modules.items()) if n not in _BASE or n == "__main__"]
+        for module in reversed(programs):
+            _clear(module)
+        import gc
+
+        gc.collect()
+    except BaseException:
+        pass
+    failed = _flush_std() or failed
+    os._exit(120 if failed else status)
 
 
+_BASE = set(sys.modules) - {"__main__"}
 try:
     if _prepared:
         _main.__zygote_start__()
