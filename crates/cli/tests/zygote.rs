@@ -13,7 +13,7 @@ use common::*;
 use serde_json::{json, Value};
 
 /// No warm pool: every execution asks for a sandbox, so the zygote makes each one.
-const NO_POOL: &str = "[pool]\nsize = 0\n";
+const NO_POOL: &str = "[pool]\nsize = 0\n[zygote]\nenabled = true\n";
 
 fn zygote_status(server: &Server) -> Value {
     server.call("GET", "/readyz", None).json()["zygote"].clone()
@@ -150,7 +150,7 @@ fn a_zygote_that_dies_is_replaced_and_executions_keep_running() {
 #[test]
 fn zygotes_are_recycled_and_can_be_turned_off() {
     let _g = serial();
-    let server = Server::start(&format!("{NO_POOL}[zygote]\nrecycle_after = 2\n"), &[]);
+    let server = Server::start("[pool]\nsize = 0\n[zygote]\nrecycle_after = 2\n", &[]);
     from_a_zygote(&server, "print(1)");
     for _ in 0..8 {
         let r = server.execute(json!({"code": "print(1)"}));
@@ -173,7 +173,7 @@ fn zygotes_are_recycled_and_can_be_turned_off() {
     }
     drop(server);
 
-    let server = Server::start(&format!("{NO_POOL}[zygote]\nenabled = false\n"), &[]);
+    let server = Server::start("[pool]\nsize = 0\n[zygote]\nenabled = false\n", &[]);
     for _ in 0..3 {
         let r = server.execute(json!({"code": "print(1)"}));
         assert_eq!(r.json()["status"], "ok");
@@ -181,4 +181,42 @@ fn zygotes_are_recycled_and_can_be_turned_off() {
     assert!(cold_reason(&server, "disabled") >= 3.0);
     assert_eq!(server.metric("airlock_zygote_children_total"), 0.0);
     assert!(zygote_pythons().is_empty());
+}
+
+#[test]
+fn a_session_is_a_child_of_the_preloading_zygote() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start(NO_POOL, &[]);
+    // The first session starts the zygote and is cold; once it is ready, sessions are its
+    // children, with the preloads there before any cell imports them.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let id = loop {
+        let before = server.metric("airlock_zygote_children_total");
+        let r = server.call("POST", "/v1/sessions", Some(&json!({})));
+        assert_eq!(r.status, 201, "{}", r.text());
+        let id = r.json()["id"].as_str().unwrap().to_owned();
+        if server.metric("airlock_zygote_children_total") > before {
+            break id;
+        }
+        server.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert!(Instant::now() < deadline, "{}", zygote_status(&server));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let cell = |code: &str| {
+        let r = server.call(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(&json!({"code": code})),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    assert_eq!(cell("import sys\n'pandas' in sys.modules")["result"], true);
+    cell("x = 41");
+    assert_eq!(cell("x + 1")["result"], 42);
+    let r = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"after the zygotes' sessions");
 }

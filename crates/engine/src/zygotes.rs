@@ -108,6 +108,12 @@ pub(crate) struct Zygotes {
     starts: AtomicU64,
     failures: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// Set by `close`: no zygote is started or kept from then on.
+    closed: std::sync::atomic::AtomicBool,
+    /// Starts under way on the starter thread, which `close` waits for.
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Zygotes retired whose children may still run, which `close` ends too.
+    retiring: Mutex<Vec<Arc<Zygote>>>,
 }
 
 impl std::fmt::Debug for Zygotes {
@@ -151,6 +157,9 @@ impl Zygotes {
             starts: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             last_error: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            retiring: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&zygotes);
         std::thread::Builder::new()
@@ -166,9 +175,21 @@ impl Zygotes {
     }
 
     fn start(&self, start: Start) {
+        if self.closed.load(Ordering::SeqCst) {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
         self.starts.fetch_add(1, Ordering::Relaxed);
         let started = Zygote::start(&start.spec, &start.policy);
         let mut slots = self.slots();
+        if self.closed.load(Ordering::SeqCst) {
+            // Closed meanwhile: it goes now (dropping it kills it and waits), not at exit.
+            drop(slots);
+            drop(started);
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
         match started {
             Ok(zygote) => {
                 let old = slots.insert(
@@ -180,7 +201,7 @@ impl Zygotes {
                     },
                 );
                 if let Some(Slot::Ready { zygote, .. }) = old {
-                    retire(zygote);
+                    self.retire(zygote);
                 }
             }
             Err(e) => {
@@ -252,11 +273,15 @@ impl Zygotes {
             spec,
             policy: policy.clone(),
         };
-        let _ = self
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let sent = self
             .starter
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .send(start);
+        if sent.is_err() {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// The zygote for `policy`'s root if one is ready (starting one in the background if
@@ -270,6 +295,9 @@ impl Zygotes {
     ) -> Result<Arc<Zygote>, &'static str> {
         if !self.config.enabled {
             return Err("disabled");
+        }
+        if self.closed.load(Ordering::SeqCst) {
+            return Err("closed");
         }
         if self.library.is_err() {
             return Err("unavailable");
@@ -299,7 +327,7 @@ impl Zygotes {
             .collect();
         for k in idle {
             if let Some(Slot::Ready { zygote, .. }) = slots.remove(&k) {
-                retire(zygote);
+                self.retire(zygote);
             }
         }
         match slots.get_mut(&key) {
@@ -434,10 +462,40 @@ impl Zygotes {
         status
     }
 
-    /// Retires every zygote (at shutdown; their children are killed with them).
+    /// Ends every zygote now, with their children (at shutdown), including one still being
+    /// started, and starts no more: nothing of them is left when this returns.
     pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
         let all = std::mem::take(&mut *self.slots());
-        drop(all);
+        for slot in all.into_values() {
+            if let Slot::Ready { zygote, .. } = slot {
+                zygote.shutdown();
+            }
+        }
+        let retiring =
+            std::mem::take(&mut *self.retiring.lock().unwrap_or_else(|e| e.into_inner()));
+        for zygote in retiring {
+            zygote.shutdown();
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Retires a zygote once nothing else holds it: its children finish first.
+    fn retire(&self, zygote: Arc<Zygote>) {
+        let mut retiring = self.retiring.lock().unwrap_or_else(|e| e.into_inner());
+        // Those whose retirement ended are held by this list alone.
+        retiring.retain(|z| Arc::strong_count(z) > 1);
+        retiring.push(Arc::clone(&zygote));
+        std::thread::spawn(move || {
+            // Until the spawns that hold it are done; then it takes no more children.
+            while Arc::strong_count(&zygote) > 2 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            zygote.retire();
+        });
     }
 }
 
@@ -449,25 +507,6 @@ fn names(text: &str, word: &str) -> bool {
         let after = text[i + word.len()..].chars().next();
         !before.is_some_and(ident) && !after.is_some_and(ident)
     })
-}
-
-/// Retires a zygote once nothing else holds it: its children finish first.
-fn retire(zygote: Arc<Zygote>) {
-    std::thread::spawn(move || {
-        let mut zygote = zygote;
-        loop {
-            match Arc::try_unwrap(zygote) {
-                Ok(z) => {
-                    z.retire();
-                    return;
-                }
-                Err(z) => {
-                    zygote = z;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-    });
 }
 
 #[cfg(test)]

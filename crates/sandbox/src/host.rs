@@ -96,5 +96,5 @@ fn probe_seccomp() -> Result<(), String> {
             return Err(format!("the kernel's seccomp lacks the `{needed}` action"));
         }
     }
-    Filters::compile().map(drop).map_err(|e| e.to_string())
+    Filters::shared().map(drop).map_err(|e| e.to_string())
 }

@@ -159,6 +159,15 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
     let req: InitRequest = proto::recv_msg(status)
         .map_err(InitError::Request)?
         .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
+    // The host compiled the filters; they follow the request.
+    let filters = if req.policy.seccomp.is_required() {
+        let bytes = proto::recv_raw(status, proto::MAX_FILTERS)
+            .map_err(InitError::Request)?
+            .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
+        Some(Filters::decode(&bytes)?)
+    } else {
+        None
+    };
     // Into the sandbox's cgroup before anything else; still single-threaded and root here.
     for tasks in &req.join_cgroup {
         std::fs::write(tasks, "0").map_err(|source| InitError::Path {
@@ -196,12 +205,6 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
             return Err(InitError::ParentGone);
         }
     }
-    let filters = req
-        .policy
-        .seccomp
-        .is_required()
-        .then(Filters::compile)
-        .transpose()?;
 
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
     match id_writer {
@@ -652,23 +655,7 @@ fn confine_and_exec(
         source,
     })?;
 
-    let to_c = |s: &str| {
-        CString::new(s).map_err(|e| InitError::Exec {
-            program: req.program.clone(),
-            source: io::Error::other(e),
-        })
-    };
-    let program = to_c(&req.program.to_string_lossy())?;
-    let args = req
-        .args
-        .iter()
-        .map(|a| to_c(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = req
-        .env
-        .iter()
-        .map(|(k, v)| to_c(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (program, args, env) = exec_strings(req)?;
 
     // Last, so that nothing above runs under the filter; execve itself is allowed.
     if let Some(filters) = filters {
@@ -684,6 +671,26 @@ fn confine_and_exec(
 /// Confines the calling process, the program's, for what it runs next: a new session, the
 /// OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock. Seccomp
 /// comes after, last. The same steps for a cold sandbox's program and a zygote's child.
+/// The program, its arguments and its environment as `execve` takes them.
+pub(crate) fn exec_strings(
+    req: &InitRequest,
+) -> Result<(CString, Vec<CString>, Vec<CString>), InitError> {
+    let to_c = |s: &str| {
+        CString::new(s).map_err(|e| InitError::Exec {
+            program: req.program.clone(),
+            source: io::Error::other(e),
+        })
+    };
+    let program = to_c(&req.program.to_string_lossy())?;
+    let args = req.args.iter().map(|a| to_c(a)).collect::<Result<_, _>>()?;
+    let env = req
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect::<Result<_, _>>()?;
+    Ok((program, args, env))
+}
+
 pub(crate) fn confine(policy: &Policy) -> Result<LandlockReport, InitError> {
     // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
     unistd::setsid().map_err(sys_err("setsid"))?;

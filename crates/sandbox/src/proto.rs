@@ -80,6 +80,49 @@ pub enum LandlockState {
     Disabled,
 }
 
+/// A connected pair of `SOCK_SEQPACKET` sockets, close-on-exec: one message per datagram.
+pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(io::Error::from)
+}
+
+/// Sends one datagram of raw bytes (the compiled seccomp filters, after the `InitRequest`).
+pub(crate) fn send_raw(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
+    loop {
+        match nix::sys::socket::send(fd.as_fd().as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Receives one datagram of raw bytes, at most `max`; `None` at end of stream.
+pub(crate) fn recv_raw(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut buf = vec![0u8; max + 1];
+    loop {
+        match nix::sys::socket::recv(fd.as_fd().as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Ok(0) => return Ok(None),
+            Ok(n) if n > max => return Err(io::Error::other("datagram too large")),
+            Ok(n) => {
+                buf.truncate(n);
+                return Ok(Some(buf));
+            }
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Largest compiled filter set accepted (it is about 20 KiB).
+pub(crate) const MAX_FILTERS: usize = 1 << 20;
+
 pub(crate) fn send_msg<T: Serialize>(fd: impl AsFd, msg: &T) -> io::Result<()> {
     send_msg_with_fd(fd, msg, None)
 }

@@ -65,7 +65,72 @@ pub enum SeccompError {
 #[derive(Debug)]
 pub struct Filters(Vec<(&'static str, BpfProgram)>);
 
+/// The filters compiled once for this process (see [`Filters::shared`]).
+static SHARED: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
+
 impl Filters {
+    /// The embedded profile, compiled the first time this process asks: a host compiles it
+    /// once and hands the programs to each sandbox's init (`encode`), which installs them.
+    pub fn shared() -> Result<&'static Filters, SeccompError> {
+        SHARED
+            .get_or_init(|| Filters::compile().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| SeccompError::Profile(e.clone()))
+    }
+
+    /// The programs, in order, as bytes: per program its length, then each instruction
+    /// (code, jt, jf, k; little-endian).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.0.len() as u32).to_le_bytes());
+        for (_, prog) in &self.0 {
+            out.extend_from_slice(&(prog.len() as u32).to_le_bytes());
+            for i in prog {
+                out.extend_from_slice(&i.code.to_le_bytes());
+                out.extend_from_slice(&[i.jt, i.jf]);
+                out.extend_from_slice(&i.k.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// What `encode` wrote, for the filters this crate installs (their names are its own).
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Filters, SeccompError> {
+        let bad = || SeccompError::Profile("the compiled filters are malformed".into());
+        let mut at = 0;
+        let u32_at = |at: &mut usize| -> Result<u32, SeccompError> {
+            let b = bytes.get(*at..*at + 4).ok_or_else(bad)?;
+            *at += 4;
+            Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let names: Vec<&'static str> = std::iter::once("arch_and_x32").chain(FILTERS).collect();
+        if u32_at(&mut at)? as usize != names.len() {
+            return Err(bad());
+        }
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let n = u32_at(&mut at)? as usize;
+            let body = bytes
+                .get(at..at + n.checked_mul(8).ok_or_else(bad)?)
+                .ok_or_else(bad)?;
+            at += n * 8;
+            let prog = body
+                .chunks_exact(8)
+                .map(|c| sock_filter {
+                    code: u16::from_le_bytes([c[0], c[1]]),
+                    jt: c[2],
+                    jf: c[3],
+                    k: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
+                })
+                .collect();
+            out.push((name, prog));
+        }
+        if at != bytes.len() {
+            return Err(bad());
+        }
+        Ok(Filters(out))
+    }
+
     /// Compiles the embedded profile. Unknown syscall names are an error, never skipped.
     pub fn compile() -> Result<Self, SeccompError> {
         let arch = target_arch()?;
@@ -219,6 +284,21 @@ mod tests {
         assert_eq!(p["allow"]["filter_action"], "allow");
         assert_eq!(p["kill"]["filter_action"], "kill_process");
         assert_eq!(p["kill"]["mismatch_action"], "allow");
+    }
+
+    #[test]
+    fn compiled_filters_cross_to_the_init_unchanged() {
+        let filters = Filters::compile().unwrap();
+        let back = Filters::decode(&filters.encode()).unwrap();
+        assert_eq!(back.0.len(), filters.0.len());
+        for ((a, pa), (b, pb)) in filters.0.iter().zip(&back.0) {
+            assert_eq!(a, b);
+            assert_eq!(pa, pb);
+        }
+        let bytes = filters.encode();
+        assert!(Filters::decode(&bytes[..bytes.len() - 1]).is_err());
+        assert!(Filters::decode(&[bytes.as_slice(), &[0]].concat()).is_err());
+        assert!(Filters::decode(&[]).is_err());
     }
 
     #[test]

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 
@@ -390,16 +389,7 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         None
     };
 
-    let (host_end, init_end) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| SpawnError::Io {
-        what: "socketpair",
-        source: e.into(),
-    })?;
+    let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
     // Lift every descriptor above its destination first so no dup2 clobbers another source.
     let n = command.fds.len() as RawFd;
     let floor = FIRST_EXTRA_FD + n;
@@ -471,6 +461,15 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
     };
     proto::send_msg(&child.status, &request)
         .map_err(io_err("sending the policy to the sandbox"))?;
+    if policy.seccomp.is_required() {
+        // Compiled once in this process; the init only installs them.
+        let filters = crate::seccomp::Filters::shared().map_err(|e| SpawnError::Setup {
+            stage: "seccomp".into(),
+            error: e.to_string(),
+        })?;
+        proto::send_raw(&child.status, &filters.encode())
+            .map_err(io_err("sending the seccomp filters to the sandbox"))?;
+    }
     if policy.egress_port.is_some() {
         child.egress = Some(child.receive_listener()?);
     }

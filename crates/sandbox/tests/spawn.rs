@@ -1,6 +1,8 @@
 //! The library on its own: spawn programs under a policy and read the outcome. This binary is
 //! also the sandboxes' init, so it has its own `main` (no libtest harness).
 
+mod support;
+
 use std::io::Read;
 use std::time::{Duration, Instant};
 
@@ -226,19 +228,5 @@ fn main() {
             invalid_policies_are_refused_before_anything_starts,
         ),
     ];
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let mut ran = 0;
-    for (name, test) in tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        print!("test {name} ... ");
-        test();
-        println!("ok");
-        ran += 1;
-    }
-    println!("\ntest result: ok. {ran} passed");
+    support::run_tests(tests);
 }

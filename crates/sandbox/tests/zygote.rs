@@ -1,6 +1,8 @@
 //! Zygotes on their own: children are sandboxes like cold ones, and nothing of one reaches
 //! another. This binary is also the sandboxes' init, so it has its own `main`.
 
+mod support;
+
 use std::io::Read;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -406,21 +408,7 @@ fn main() {
             a_zygote_that_dies_is_noticed,
         ),
     ];
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let mut ran = 0;
-    for (name, test) in tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        print!("test {name} ... ");
-        test();
-        println!("ok");
-        ran += 1;
-    }
-    println!("\ntest result: ok. {ran} passed");
+    support::run_tests(tests);
 }
 
 /// `ZYGOTE_TIMING=1`: a quick look at sequential children against cold sandboxes (the

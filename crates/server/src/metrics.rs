@@ -451,7 +451,7 @@ pub fn render_zygotes(status: &airlock_engine::ZygoteStatus) -> String {
 }
 
 /// Every reason a sandbox starts cold (see `airlock_engine::zygotes`), exported from the start.
-const COLD_REASONS: [&str; 13] = [
+const COLD_REASONS: [&str; 14] = [
     "disabled",
     "unavailable",
     "egress",
@@ -465,6 +465,7 @@ const COLD_REASONS: [&str; 13] = [
     "zygote_refused",
     "descriptors",
     "child_lost",
+    "closed",
 ];
 
 #[cfg(test)]

@@ -98,6 +98,11 @@ impl Server {
         if !config.contains("[pool]") {
             cmd.env("AIRLOCK_POOL__SIZE", "0");
         }
+        // Likewise zygotes, whose processes live as long as the server (zygote.rs and the
+        // pool's tests turn them on).
+        if !config.contains("[zygote]") {
+            cmd.env("AIRLOCK_ZYGOTE__ENABLED", "false");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -18,7 +18,6 @@
 //!    program, seccomp last; then the Python it is returns to run the program.
 
 use std::convert::Infallible;
-use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -30,7 +29,6 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{setns, CloneFlags};
 use nix::sys::prctl;
 use nix::sys::signal::{SigSet, Signal};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{self, Gid, Uid};
 use serde::{Deserialize, Serialize};
 
@@ -93,13 +91,10 @@ pub(crate) fn template_init(req: &InitRequest, status: &OwnedFd) -> Result<Infal
     // Each jail's init is a fork of ours, and we write its id maps: /proc/<jail> must be
     // ours, so dumpable. (The zygote is root here anyway; it is not the program.)
     prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
-    let (ours, theirs) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(sys_err("socketpair"))?;
+    let (ours, theirs) = proto::seqpacket_pair().map_err(|source| InitError::Sys {
+        call: "socketpair",
+        source,
+    })?;
     match sys::fork().map_err(sys_err("fork"))? {
         ForkResult::Child => {
             drop(ours);
@@ -168,23 +163,7 @@ fn start_zygote(
         call: "send",
         source,
     })?;
-    let to_c = |s: &str| {
-        CString::new(s).map_err(|e| InitError::Sys {
-            call: "execve",
-            source: io::Error::other(e),
-        })
-    };
-    let program = to_c(&req.program.to_string_lossy())?;
-    let args = req
-        .args
-        .iter()
-        .map(|a| to_c(a))
-        .collect::<Result<Vec<_>, _>>()?;
-    let env = req
-        .env
-        .iter()
-        .map(|(k, v)| to_c(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (program, args, env) = init::exec_strings(req)?;
     let err = unistd::execve(&program, &args, &env).unwrap_err();
     Err(InitError::Exec {
         program: req.program.clone(),
@@ -288,13 +267,10 @@ fn build_jail(
     slot: u32,
 ) -> Result<(Jail, Vec<OwnedFd>), InitError> {
     let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
-    let (done_r, done_w) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(sys_err("socketpair"))?;
+    let (done_r, done_w) = proto::seqpacket_pair().map_err(|source| InitError::Sys {
+        call: "socketpair",
+        source,
+    })?;
     // The cgroup namespace the jail's init makes itself, once in the child's cgroup.
     let namespaces = JAIL_NAMESPACES
         .iter()

@@ -20,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use nix::unistd::{self, Gid, Uid};
 
 use crate::cgroup::SandboxCgroup;
@@ -107,6 +106,10 @@ pub struct Zygote {
     log: Arc<Mutex<Vec<u8>>>,
     /// One clone per live child (see [`Zygote::children`]).
     leases: Arc<()>,
+    /// Kills the template (and with it every child), wherever its `Child` is being waited for.
+    killer: crate::Killer,
+    /// Set once the template has been waited for: nothing of the zygote is left.
+    ended: Arc<crate::Later<bool>>,
 }
 
 impl Zygote {
@@ -140,15 +143,9 @@ impl Zygote {
         template.limits.cpu_time = template.limits.wall_time;
         template.limits.memory_bytes = template.limits.memory_bytes.max(2 << 30);
         template.limits.pids = template.limits.pids.max(256);
-        let (ours, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(|e| SpawnError::Io {
+        let (ours, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {
             what: "socketpair",
-            source: e.into(),
+            source,
         })?;
         let mut argv = vec![spec.python.to_string_lossy().into_owned()];
         argv.extend(spec.flags.iter().cloned());
@@ -204,6 +201,8 @@ impl Zygote {
         }
         Ok(Zygote {
             control: Mutex::new(Some(ours)),
+            killer: child.killer(),
+            ended: Arc::default(),
             template: Mutex::new(Some(child)),
             root: policy.root.clone(),
             argv,
@@ -327,13 +326,10 @@ impl Zygote {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
-        let (status, theirs) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .map_err(io("socketpair"))?;
+        let (status, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {
+            what: "socketpair",
+            source,
+        })?;
         let pipe = || unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(io("pipe2"));
         let (stdin_r, stdin_w) = pipe()?;
         let (stdout_r, stdout_w) = pipe()?;
@@ -384,9 +380,35 @@ impl Zygote {
         Ok(child)
     }
 
-    /// Takes no more children, and lets the zygote end once those it has are gone (in the
-    /// background).
-    pub fn retire(self) {
+    /// Kills the zygote and every child it has, and waits until they are gone.
+    pub fn shutdown(&self) {
+        drop(
+            self.control
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
+        let template = self
+            .template
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        self.killer.kill(crate::KillReason::Cancelled);
+        match template {
+            Some(template) => {
+                let _ = template.wait();
+                self.ended.set(true);
+            }
+            // Retiring: its waiter says when it is gone.
+            None => {
+                self.ended.wait(Duration::from_secs(10));
+            }
+        }
+    }
+
+    /// Takes no more children (whoever else holds the zygote), and waits until it has ended,
+    /// its children having finished first.
+    pub fn retire(&self) {
         drop(
             self.control
                 .lock()
@@ -399,9 +421,8 @@ impl Zygote {
             .unwrap_or_else(|e| e.into_inner())
             .take();
         if let Some(template) = template {
-            std::thread::spawn(move || {
-                let _ = template.wait();
-            });
+            let _ = template.wait();
+            self.ended.set(true);
         }
     }
 }
