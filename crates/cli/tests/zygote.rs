@@ -220,3 +220,52 @@ fn a_session_is_a_child_of_the_preloading_zygote() {
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"after the zygotes' sessions");
 }
+
+#[test]
+fn no_child_finds_another_s_environment_or_code_in_its_memory() {
+    let _g = serial();
+    let server = Server::start(NO_POOL, &[]);
+    from_a_zygote(&server, "print(1)");
+    // The secret travels as one execution's environment and code; the next child scans all
+    // the memory it has (a copy of the zygote's) for it, knowing only its digest.
+    let secret = format!(
+        "zyg-secret-{:016x}",
+        std::process::id() as u64 * 0x9E37_79B9
+    );
+    let r = server.execute(json!({
+        "code": format!("import os\nlen(os.environ['PROBE']) + len('{secret}')"),
+        "env": {"PROBE": secret},
+    }));
+    assert_eq!(r.json()["status"], "ok", "{}", r.text());
+    let digest = {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(secret.as_bytes()))
+    };
+    let scan = format!(
+        r#"
+import ctypes, hashlib, re
+prefix = b"zyg-" + b"secret-"
+found, scanned = False, 0
+# Our own memory, read in place (a sandbox is not dumpable: /proc/self/mem is closed to it).
+for line in open("/proc/self/maps").read().splitlines():
+    fields = line.split()
+    if "r" not in fields[1] or (len(fields) > 5 and fields[5] in ("[vvar]", "[vsyscall]", "[vvar_vclock]")):
+        continue
+    start, end = (int(x, 16) for x in fields[0].split("-"))
+    chunk = ctypes.string_at(start, end - start)
+    scanned += len(chunk)
+    for m in re.finditer(re.escape(prefix) + rb"[0-9a-f]{{16}}", chunk):
+        if hashlib.sha256(m.group(0)).hexdigest() == "{digest}":
+            found = True
+[found, scanned > 1 << 20]
+"#
+    );
+    // The scan finds the secret where it is: in the execution that was given it.
+    let r = server.execute(json!({"code": scan, "env": {"PROBE": secret}}));
+    assert_eq!(r.json()["result"], json!([true, true]), "{}", r.text());
+    for _ in 0..3 {
+        let r = server.execute(json!({"code": scan}));
+        assert_eq!(r.json()["status"], "ok", "{}", r.text());
+        assert_eq!(r.json()["result"], json!([false, true]), "{}", r.text());
+    }
+}

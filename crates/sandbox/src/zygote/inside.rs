@@ -617,6 +617,10 @@ pub(crate) fn next() -> i32 {
             continue;
         }
         if jail.len() != 2 + JAIL_NAMESPACES.len() {
+            // Whatever came is the jail's init first: it must not outlive the refusal.
+            if let Some(init) = jail.first() {
+                let _ = sys::pidfd_send_signal(init, libc::SIGKILL);
+            }
             report_failed(status, "jail", "the jail's descriptors are missing");
             continue;
         }
