@@ -36,7 +36,7 @@ use nix::unistd::{self, Gid, Uid};
 use crate::policy::{Policy, RootEntry};
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
 use crate::seccomp::{Filters, SeccompError};
-use crate::sys::{self, ForkResult, Waited};
+use crate::sys::{self, ForkResult};
 use crate::zygote;
 
 /// The argument that turns our own binary into a sandbox's init (see `run_if_init`).
@@ -388,19 +388,7 @@ pub(crate) fn reap_until(main: i32) -> Report {
         if pid != main {
             continue;
         }
-        let cpu_us = cpu.as_micros() as u64;
-        return match how {
-            Waited::Exited(code) => Report::Exited {
-                code: Some(code),
-                signal: None,
-                cpu_us,
-            },
-            Waited::Signaled(sig) => Report::Exited {
-                code: None,
-                signal: Some(sig),
-                cpu_us,
-            },
-        };
+        return Report::exited(how, cpu);
     }
 }
 

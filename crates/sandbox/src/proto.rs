@@ -62,6 +62,25 @@ pub(crate) enum Report {
     Failed { stage: String, error: String },
 }
 
+impl Report {
+    /// How the program ended, as `wait4` said.
+    pub(crate) fn exited(how: crate::sys::Waited, cpu: std::time::Duration) -> Report {
+        let cpu_us = cpu.as_micros() as u64;
+        match how {
+            crate::sys::Waited::Exited(code) => Report::Exited {
+                code: Some(code),
+                signal: None,
+                cpu_us,
+            },
+            crate::sys::Waited::Signaled(sig) => Report::Exited {
+                code: None,
+                signal: Some(sig),
+                cpu_us,
+            },
+        }
+    }
+}
+
 /// What Landlock enforced, as `landlock_restrict_self` reported it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LandlockReport {

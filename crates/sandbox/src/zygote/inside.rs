@@ -36,7 +36,7 @@ use crate::init::{self, build_root, confine, fail, sys_err, InitError, FIRST_EXT
 use crate::policy::Policy;
 use crate::proto::{self, InitRequest, Report};
 use crate::seccomp::Filters;
-use crate::sys::{self, ForkResult, Waited};
+use crate::sys::{self, ForkResult};
 
 /// Where the zygote finds the host's control socket and its template init's.
 pub(crate) const HOST_FD: RawFd = 3;
@@ -646,19 +646,7 @@ fn reap_ended(z: &mut Zygote) {
         match sys::wait_child_nohang(live.pid) {
             Ok(None) => still.push(live),
             Ok(Some((how, cpu))) => {
-                let cpu_us = cpu.as_micros() as u64;
-                let report = match how {
-                    Waited::Exited(code) => Report::Exited {
-                        code: Some(code),
-                        signal: None,
-                        cpu_us,
-                    },
-                    Waited::Signaled(sig) => Report::Exited {
-                        code: None,
-                        signal: Some(sig),
-                        cpu_us,
-                    },
-                };
+                let report = Report::exited(how, cpu);
                 let _ = sys::pidfd_send_signal(&live.jail_init, libc::SIGKILL);
                 let _ = proto::send_msg(&live.status, &report);
             }

@@ -380,19 +380,24 @@ impl Zygote {
         Ok(child)
     }
 
-    /// Kills the zygote and every child it has, and waits until they are gone.
-    pub fn shutdown(&self) {
+    /// Closes the control socket (the zygote takes no more children and ends once those it
+    /// has are gone) and hands over the template to wait for, unless someone has it already.
+    fn stop_taking_children(&self) -> Option<Child> {
         drop(
             self.control
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .take(),
         );
-        let template = self
-            .template
+        self.template
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .take();
+            .take()
+    }
+
+    /// Kills the zygote and every child it has, and waits until they are gone.
+    pub fn shutdown(&self) {
+        let template = self.stop_taking_children();
         self.killer.kill(crate::KillReason::Cancelled);
         match template {
             Some(template) => {
@@ -409,18 +414,7 @@ impl Zygote {
     /// Takes no more children (whoever else holds the zygote), and waits until it has ended,
     /// its children having finished first.
     pub fn retire(&self) {
-        drop(
-            self.control
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
-        let template = self
-            .template
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(template) = template {
+        if let Some(template) = self.stop_taking_children() {
             let _ = template.wait();
             self.ended.set(true);
         }
