@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}"
 echo "==> building airlock (release)"
-cargo build --release --locked -p airlock
+# airlock-sandbox too: its cdylib is what zygotes load (libairlock_sandbox.so, beside the binary).
+cargo build --release --locked -p airlock -p airlock-sandbox
 bin=target/release/airlock
 if [ $# -gt 0 ]; then
     exec "$bin" "$@"
