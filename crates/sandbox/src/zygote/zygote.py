@@ -72,6 +72,10 @@ def serve():
         os._exit(1)
     gc.collect()
     gc.freeze()
+    # How many modules the zygote has: a child's own come after them (sys.modules keeps the
+    # order of insertion), and telling them apart must not touch the zygote's (every object a
+    # child touches costs it a copy of its page).
+    loaded = len(sys.modules)
     while True:
         got = lib.airlock_zygote_next()
         if got <= 0:
@@ -85,13 +89,14 @@ def serve():
             lib.airlock_zygote_forked(pid)
             continue
         size = lib.airlock_zygote_child(buf, len(buf))
-        return code, main, buf.raw[:size], helpers
+        return code, main, buf.raw[:size], helpers, loaded
 
 
-CODE, PREPARED, SPEC, HELPERS = serve()
+CODE, PREPARED, SPEC, HELPERS, _LOADED = serve()
 del serve
 for _name in HELPERS:
     sys.modules.pop(_name, None)
+_LOADED -= len(HELPERS)
 _fields = SPEC.split(b"\0")
 _argc = int(_fields[0])
 _args = [f.decode("utf-8", "surrogateescape") for f in _fields[1:1 + _argc]]
@@ -177,7 +182,12 @@ def _finish(status):
         pass
     failed = _flush_std()
     try:
-        programs = [m for n, m in list(sys.modules.items()) if n not in _BASE or n == "__main__"]
+        programs = []
+        if len(sys.modules) > _LOADED:
+            programs = [m for _, m in list(sys.modules.items())[_LOADED:]]
+        main = sys.modules.get("__main__")
+        if main is not None:
+            programs.insert(0, main)
         for module in reversed(programs):
             _clear(module)
         import gc
@@ -189,7 +199,6 @@ def _finish(status):
     os._exit(120 if failed else status)
 
 
-_BASE = set(sys.modules) - {"__main__"}
 try:
     if _prepared:
         _main.__zygote_start__()
