@@ -627,15 +627,7 @@ fn confine_and_exec(
             source,
         })?;
     }
-    let status_fd = status.as_raw_fd();
-    let close = |first, last| {
-        sys::close_range(first, last).map_err(|source| InitError::Sys {
-            call: "close_range",
-            source,
-        })
-    };
-    close(3 + n, status_fd - 1)?;
-    close(status_fd + 1, RawFd::MAX)?;
+    close_from_except(3 + n, status.as_raw_fd())?;
 
     let landlock = confine(policy)?;
     proto::send_msg(status, &Report::Ready { landlock }).map_err(|source| InitError::Sys {
@@ -659,6 +651,19 @@ fn confine_and_exec(
 /// Confines the calling process, the program's, for what it runs next: a new session, the
 /// OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock. Seccomp
 /// comes after, last. The same steps for a cold sandbox's program and a zygote's child.
+/// Closes every descriptor from `first` on but `keep` (the status socket, above the
+/// program's own).
+pub(crate) fn close_from_except(first: RawFd, keep: RawFd) -> Result<(), InitError> {
+    let close = |first, last| {
+        sys::close_range(first, last).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })
+    };
+    close(first, keep - 1)?;
+    close(keep + 1, RawFd::MAX)
+}
+
 /// The program, its arguments and its environment as `execve` takes them.
 pub(crate) fn exec_strings(
     req: &InitRequest,

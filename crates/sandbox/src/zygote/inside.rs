@@ -141,14 +141,7 @@ fn start_zygote(
         call: "dup2",
         source,
     })?;
-    let close = |first, last| {
-        sys::close_range(first, last).map_err(|source| InitError::Sys {
-            call: "close_range",
-            source,
-        })
-    };
-    close(4 + n, status_fd - 1)?;
-    close(status_fd + 1, RawFd::MAX)?;
+    init::close_from_except(4 + n, status_fd)?;
     let status = sys::take_inherited_fd(status_fd).map_err(|source| InitError::Sys {
         call: "status socket",
         source,
@@ -800,15 +793,7 @@ fn enter(
             source,
         })?;
     }
-    let status_fd = status.as_raw_fd();
-    let close = |first, last| {
-        sys::close_range(first, last).map_err(|source| InitError::Sys {
-            call: "close_range",
-            source,
-        })
-    };
-    close(floor, status_fd - 1)?;
-    close(status_fd + 1, RawFd::MAX)?;
+    init::close_from_except(floor, status.as_raw_fd())?;
     unistd::chdir(&policy.workdir).map_err(init::path_errno("chdir", &policy.workdir))?;
 
     let landlock = confine(policy)?;
