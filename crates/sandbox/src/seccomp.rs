@@ -19,6 +19,10 @@
 //!
 //! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
 //! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
+//!
+//! All but `no_setns` are installed as one program ([`merge`]), `no_setns` after it, in a cold
+//! sandbox as in a zygote's child (the same two filters in both): the kernel prepares and runs
+//! two filters instead of ten, and answers every call exactly as it would with the ten.
 
 use seccompiler::{sock_filter, BpfProgram, TargetArch};
 
@@ -61,9 +65,13 @@ pub enum SeccompError {
     },
 }
 
-/// The compiled filters, in installation order.
+/// The compiled filters, in installation order, and the merged programs that are installed.
 #[derive(Debug)]
-pub struct Filters(Vec<(&'static str, BpfProgram)>);
+pub struct Filters {
+    parts: Vec<(&'static str, BpfProgram)>,
+    /// Every filter but the last, as one program.
+    inherited: BpfProgram,
+}
 
 /// The filters compiled once for this process (see [`Filters::shared`]).
 static SHARED: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
@@ -82,8 +90,8 @@ impl Filters {
     /// (code, jt, jf, k; little-endian).
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        out.extend_from_slice(&(self.0.len() as u32).to_le_bytes());
-        for (_, prog) in &self.0 {
+        out.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
+        for (_, prog) in &self.parts {
             out.extend_from_slice(&(prog.len() as u32).to_le_bytes());
             for i in prog {
                 out.extend_from_slice(&i.code.to_le_bytes());
@@ -128,7 +136,15 @@ impl Filters {
         if at != bytes.len() {
             return Err(bad());
         }
-        Ok(Filters(out))
+        Filters::new(out)
+    }
+
+    fn new(parts: Vec<(&'static str, BpfProgram)>) -> Result<Self, SeccompError> {
+        let (_, inherited) = parts
+            .split_last()
+            .ok_or_else(|| SeccompError::Profile("no filters".into()))?;
+        let inherited = merge(inherited)?;
+        Ok(Filters { parts, inherited })
     }
 
     /// Compiles the embedded profile. Unknown syscall names are an error, never skipped.
@@ -148,40 +164,142 @@ impl Filters {
                 "unexpected filter {extra:?}"
             )));
         }
-        Ok(Filters(out))
+        Filters::new(out)
     }
 
-    /// Installs every filter on the calling thread. `no_new_privs` must already be set.
+    /// Installs every filter on the calling thread: all but the last as one program, then the
+    /// last, as a zygote and its child do between them.
     pub fn install(&self) -> Result<(), SeccompError> {
         self.install_inherited()?;
         self.install_last()
     }
 
-    /// Every filter but the last (`no_setns`): what a zygote installs for its children.
+    /// Every filter but the last (`no_setns`), as one program: what a zygote installs for its
+    /// children.
     pub fn install_inherited(&self) -> Result<(), SeccompError> {
-        Self::apply(&self.0[..self.0.len() - 1])
+        Self::apply("all but no_setns", &self.inherited)
     }
 
     /// The last filter (`no_setns`), once a zygote's child has joined its jail.
     pub fn install_last(&self) -> Result<(), SeccompError> {
-        Self::apply(&self.0[self.0.len() - 1..])
+        let (name, prog) = self.parts.last().expect("Filters::new refuses none");
+        Self::apply(name, prog)
     }
 
-    fn apply(filters: &[(&'static str, BpfProgram)]) -> Result<(), SeccompError> {
-        for (name, prog) in filters {
-            seccompiler::apply_filter(prog)
-                .map_err(|source| SeccompError::Install { name, source })?;
-        }
-        Ok(())
+    fn apply(name: &'static str, prog: &BpfProgram) -> Result<(), SeccompError> {
+        seccompiler::apply_filter(prog).map_err(|source| SeccompError::Install { name, source })
     }
 
+    /// How many filters the profile has (the x32 guard included).
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.parts.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.parts.is_empty()
     }
+}
+
+const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+const JA: u16 = 0x05; // BPF_JMP | BPF_JA
+const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+const JGT_K: u16 = 0x25; // BPF_JMP | BPF_JGT | BPF_K
+const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+/// BPF_MAXINSNS: the longest program the kernel takes.
+const MAX_INSNS: usize = 4096;
+/// SECCOMP_RET_ACTION_FULL: the action of a return value, without its data.
+const ACTION: u32 = 0xffff_0000;
+const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+/// How every filter starts (seccompiler's prologue, and the x32 guard's): load the
+/// architecture, and unless it is this one, kill.
+const ARCH_CHECK: [(u16, u8, u8, u32); 3] = [
+    (LD_W_ABS, 0, 0, 4), // seccomp_data.arch
+    (JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+    (RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
+];
+
+/// The kernel's order of actions: the lower, the more severe (`ACTION_ONLY` in seccomp.c,
+/// a signed comparison, so that `KILL_PROCESS` comes first).
+fn severity(ret: u32) -> i32 {
+    (ret & ACTION) as i32
+}
+
+/// One program that answers every call as the kernel answers it with `filters` installed in
+/// this order: it runs every filter and keeps the most severe answer, and among answers of the
+/// same action the one of the most recently installed filter.
+///
+/// Each filter here starts by killing on a foreign architecture (all alike, so on one every
+/// filter answers the same) and then answers "allow" or one action of its own (its errno or
+/// kill), from constants. So the filters are laid end to end, sorted by that action (most
+/// severe first) and, within an action, most recent first; each "allow" jumps to the next
+/// filter instead of returning, and the first answer that is not "allow" is the kernel's.
+/// Only the instructions seccompiler emits are accepted, all of which the kernel's per-syscall
+/// cache understands, so calls every filter allows outright still skip the program.
+fn merge(filters: &[(&'static str, BpfProgram)]) -> Result<BpfProgram, SeccompError> {
+    let bad = |name: &str, why: &str| SeccompError::Profile(format!("filter {name}: {why}"));
+    let mut order = Vec::with_capacity(filters.len());
+    for (index, (name, prog)) in filters.iter().enumerate() {
+        let Some(body) = prog.get(ARCH_CHECK.len()..).filter(|_| {
+            prog.iter()
+                .zip(&ARCH_CHECK)
+                .all(|(i, (code, jt, jf, k))| (i.code, i.jt, i.jf, i.k) == (*code, *jt, *jf, *k))
+        }) else {
+            return Err(bad(
+                name,
+                "does not start by killing on a foreign architecture",
+            ));
+        };
+        let mut action = None;
+        for i in body {
+            match i.code {
+                LD_W_ABS | JA | JEQ_K | JGT_K | JGE_K | JSET_K | AND_K => {}
+                RET_K if i.k == libc::SECCOMP_RET_ALLOW => {}
+                RET_K => match action {
+                    None => action = Some(severity(i.k)),
+                    Some(a) if a == severity(i.k) => {}
+                    Some(_) => return Err(bad(name, "answers with two actions")),
+                },
+                code => return Err(bad(name, &format!("instruction {code:#x}"))),
+            }
+        }
+        let action = action.unwrap_or(severity(libc::SECCOMP_RET_ALLOW));
+        order.push((action, std::cmp::Reverse(index), prog));
+    }
+    order.sort_by_key(|(action, recent, _)| (*action, *recent));
+
+    let total = order.iter().map(|(_, _, p)| p.len()).sum::<usize>() + 1;
+    if total > MAX_INSNS {
+        return Err(SeccompError::Profile(format!(
+            "the merged filter has {total} instructions, over {MAX_INSNS}"
+        )));
+    }
+    let mut out = Vec::with_capacity(total);
+    for (_, _, prog) in order {
+        let next = out.len() + prog.len();
+        for i in prog {
+            if i.code == RET_K && i.k == libc::SECCOMP_RET_ALLOW {
+                let skip = next - out.len() - 1;
+                out.push(sock_filter {
+                    code: JA,
+                    jt: 0,
+                    jf: 0,
+                    k: skip as u32,
+                });
+            } else {
+                out.push(i.clone());
+            }
+        }
+    }
+    out.push(sock_filter {
+        code: RET_K,
+        jt: 0,
+        jf: 0,
+        k: libc::SECCOMP_RET_ALLOW,
+    });
+    Ok(out)
 }
 
 fn target_arch() -> Result<TargetArch, SeccompError> {
@@ -231,11 +349,6 @@ fn strip_filter_comments(json: &str) -> Result<String, SeccompError> {
 
 /// Kill on a foreign architecture or an x32 syscall number.
 fn x32_guard() -> BpfProgram {
-    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-    const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
-    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
     const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
     vec![
@@ -290,8 +403,9 @@ mod tests {
     fn compiled_filters_cross_to_the_init_unchanged() {
         let filters = Filters::compile().unwrap();
         let back = Filters::decode(&filters.encode()).unwrap();
-        assert_eq!(back.0.len(), filters.0.len());
-        for ((a, pa), (b, pb)) in filters.0.iter().zip(&back.0) {
+        assert_eq!(back.parts.len(), filters.parts.len());
+        assert_eq!(back.inherited, filters.inherited);
+        for ((a, pa), (b, pb)) in filters.parts.iter().zip(&back.parts) {
             assert_eq!(a, b);
             assert_eq!(pa, pb);
         }
@@ -341,7 +455,7 @@ mod tests {
         assert_eq!(profile()["no_setns"]["filter_action"], "kill_process");
         assert_eq!(FILTERS.last(), Some(&"no_setns"));
         let filters = Filters::compile().unwrap();
-        assert_eq!(filters.0.last().map(|f| f.0), Some("no_setns"));
+        assert_eq!(filters.parts.last().map(|f| f.0), Some("no_setns"));
     }
 
     #[test]
@@ -400,6 +514,227 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A classic BPF machine for the instructions `merge` accepts, run on a `seccomp_data`
+    /// (nr, arch, instruction pointer, six arguments).
+    fn run(prog: &[sock_filter], data: &[u32; 16]) -> u32 {
+        let mut a = 0u32;
+        let mut pc = 0usize;
+        loop {
+            let i = prog[pc].clone();
+            pc += 1;
+            let jump = |taken: bool| usize::from(if taken { i.jt } else { i.jf });
+            match i.code {
+                LD_W_ABS => a = data[i.k as usize / 4],
+                AND_K => a &= i.k,
+                JA => pc += i.k as usize,
+                JEQ_K => pc += jump(a == i.k),
+                JGT_K => pc += jump(a > i.k),
+                JGE_K => pc += jump(a >= i.k),
+                JSET_K => pc += jump(a & i.k != 0),
+                RET_K => return i.k,
+                code => panic!("instruction {code:#x}"),
+            }
+        }
+    }
+
+    /// What the kernel answers with these filters installed in this order (seccomp.c,
+    /// `seccomp_run_filters`): from the most recent, the first of the most severe action.
+    fn kernel(parts: &[(&'static str, BpfProgram)], data: &[u32; 16]) -> u32 {
+        let mut ret = libc::SECCOMP_RET_ALLOW;
+        for (_, prog) in parts.iter().rev() {
+            let cur = run(prog, data);
+            if severity(cur) < severity(ret) {
+                ret = cur;
+            }
+        }
+        ret
+    }
+
+    /// The kernel's `seccomp_is_const_allow`: whether a call is allowed whatever its
+    /// arguments, which lets the kernel skip the program for it.
+    fn const_allow(prog: &[sock_filter], nr: u32, arch: u32) -> bool {
+        let mut a = 0u32;
+        let mut pc = 0usize;
+        while pc < prog.len() {
+            let i = prog[pc].clone();
+            pc += 1;
+            let jump = |taken: bool| usize::from(if taken { i.jt } else { i.jf });
+            match i.code {
+                LD_W_ABS if i.k == 0 => a = nr,
+                LD_W_ABS if i.k == 4 => a = arch,
+                LD_W_ABS => return false,
+                AND_K => a &= i.k,
+                JA => pc += i.k as usize,
+                JEQ_K => pc += jump(a == i.k),
+                JGT_K => pc += jump(a > i.k),
+                JGE_K => pc += jump(a >= i.k),
+                JSET_K => pc += jump(a & i.k != 0),
+                RET_K => return i.k == libc::SECCOMP_RET_ALLOW,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    const X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
+
+    /// Every number the profile compares an argument with, both halves, and its neighbours.
+    fn interesting_values() -> Vec<u32> {
+        fn walk(v: &serde_json::Value, out: &mut Vec<u64>) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    if let Some(n) = m.get("val").and_then(|n| n.as_u64()) {
+                        out.push(n);
+                    }
+                    m.values().for_each(|v| walk(v, out));
+                }
+                serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+                _ => {}
+            }
+        }
+        let mut vals = vec![0u64, 1, u64::MAX, 0x8000_0000, 0x4000_0000];
+        walk(&profile(), &mut vals);
+        let mut out: Vec<u32> = vals
+            .iter()
+            .flat_map(|&v| [v as u32, (v >> 32) as u32])
+            .flat_map(|v| [v, v.wrapping_add(1), v.wrapping_sub(1)])
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn the_merged_program_answers_every_call_as_the_separate_filters_would() {
+        let filters = Filters::compile().unwrap();
+        let n = filters.parts.len();
+        let all = merge(&filters.parts).unwrap();
+        let vals = interesting_values();
+        assert!(
+            vals.len() > 20,
+            "the profile's argument values were not found"
+        );
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut pick = |len: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % len as u64) as usize
+        };
+        let mut answers = std::collections::BTreeSet::new();
+        let mut checked = 0;
+        for arch in [X86_64, 0x4000_0003 /* i386 */] {
+            for nr in (0..480).chain([0x4000_0000, 0x4000_0001, 0x4000_0101, u32::MAX]) {
+                for round in 0..48 {
+                    let mut data = [0u32; 16];
+                    data[0] = nr;
+                    data[1] = arch;
+                    for word in data.iter_mut().skip(4) {
+                        *word = match round {
+                            0 => 0,
+                            1 => u32::MAX,
+                            _ => vals[pick(vals.len())],
+                        };
+                    }
+                    let want = kernel(&filters.parts, &data);
+                    assert_eq!(run(&all, &data), want, "all: {data:x?}");
+                    // What install() puts in place: the merged program, then the last.
+                    let installed = [
+                        ("inherited", filters.inherited.clone()),
+                        filters.parts[n - 1].clone(),
+                    ];
+                    assert_eq!(kernel(&installed, &data), want, "installed: {data:x?}");
+                    let want = kernel(&filters.parts[..n - 1], &data);
+                    assert_eq!(run(&filters.inherited, &data), want, "inherited: {data:x?}");
+                    answers.insert(want);
+                    checked += 1;
+                }
+            }
+        }
+        // Every kind of answer was among those compared: allow, kill, and each errno.
+        for want in [
+            libc::SECCOMP_RET_ALLOW,
+            libc::SECCOMP_RET_KILL_PROCESS,
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+            libc::SECCOMP_RET_ERRNO | libc::EINVAL as u32,
+            libc::SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32,
+            libc::SECCOMP_RET_ERRNO,
+        ] {
+            assert!(
+                answers.contains(&want),
+                "{want:#x} never came up in {checked}"
+            );
+        }
+    }
+
+    #[test]
+    fn calls_every_filter_allows_outright_skip_the_merged_program_too() {
+        let filters = Filters::compile().unwrap();
+        let n = filters.parts.len();
+        let mut outright = 0;
+        for nr in 0..480 {
+            let separate = filters.parts[..n - 1]
+                .iter()
+                .all(|(_, p)| const_allow(p, nr, X86_64));
+            assert_eq!(
+                const_allow(&filters.inherited, nr, X86_64),
+                separate,
+                "nr {nr}"
+            );
+            outright += usize::from(separate);
+        }
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_close,
+            libc::SYS_futex,
+        ] {
+            assert!(
+                const_allow(&filters.inherited, nr as u32, X86_64),
+                "nr {nr}"
+            );
+        }
+        assert!(outright > 100, "only {outright} calls allowed outright");
+        assert!(!const_allow(
+            &filters.inherited,
+            libc::SYS_ptrace as u32,
+            X86_64
+        ));
+    }
+
+    #[test]
+    fn merging_refuses_what_it_cannot_reproduce() {
+        let ins = |code, k| sock_filter {
+            code,
+            jt: 0,
+            jf: 0,
+            k,
+        };
+        let check: Vec<sock_filter> = ARCH_CHECK
+            .iter()
+            .map(|&(code, jt, jf, k)| sock_filter { code, jt, jf, k })
+            .collect();
+        let with_check = |body: Vec<sock_filter>| [check.clone(), body].concat();
+        let ok = with_check(vec![ins(LD_W_ABS, 0), ins(RET_K, libc::SECCOMP_RET_ALLOW)]);
+        assert!(merge(&[("ok", ok.clone())]).is_ok());
+        let two = with_check(vec![
+            ins(LD_W_ABS, 0),
+            ins(JEQ_K, 1),
+            ins(RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+            ins(RET_K, libc::SECCOMP_RET_ERRNO | 1),
+        ]);
+        assert!(merge(&[("two", two)]).is_err());
+        let computed = with_check(vec![ins(LD_W_ABS, 0), ins(0x16 /* RET A */, 0)]);
+        assert!(merge(&[("computed", computed)]).is_err());
+        let scratch = with_check(vec![ins(0x02 /* ST */, 0), ins(RET_K, 0)]);
+        assert!(merge(&[("scratch", scratch)]).is_err());
+        let unchecked = vec![ins(LD_W_ABS, 0), ins(RET_K, libc::SECCOMP_RET_ALLOW)];
+        assert!(merge(&[("unchecked", unchecked)]).is_err());
+        let long = vec![ins(LD_W_ABS, 0); MAX_INSNS];
+        assert!(merge(&[("long", [check, long, ok].concat())]).is_err());
     }
 
     #[test]
