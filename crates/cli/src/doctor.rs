@@ -278,6 +278,7 @@ fn trial_pool(engine: &Engine) -> Result<String, String> {
         size: 1,
         max_size: 1,
         workers: 1,
+        preloaded: 0,
         ..defaults.clone()
     })?;
     let started = std::time::Instant::now();

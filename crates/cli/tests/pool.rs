@@ -1,5 +1,7 @@
 //! The warm pool, through the real `airlock serve`: pooled sandboxes are the same sandboxes,
 //! each serves one execution, nothing of one reaches the next, and the pool's state shows.
+//! With zygotes on, these keep no children of the preloading zygote (`preloaded = 0`), so
+//! that they count the lean pool's sandboxes alone; `zygote.rs` tests those.
 
 mod common;
 
@@ -36,7 +38,7 @@ fn a_pooled_sandbox_is_the_same_sandbox_as_a_cold_one() {
     let cold = run_unlocked(SANDBOX_PROBE, &[]);
     assert_eq!(cold.status(), "ok", "{cold:#?}");
 
-    let server = Server::start("[zygote]\n[pool]\nsize = 1\n", &[]);
+    let server = Server::start("[zygote]\n[pool]\npreloaded = 0\nsize = 1\n", &[]);
     wait_idle(&server, 1);
     let takes = server.metric("airlock_pool_takes_total");
     let r = server.execute(json!({"code": SANDBOX_PROBE}));
@@ -70,7 +72,7 @@ fn nothing_of_one_execution_reaches_the_next() {
     let _g = serial();
     let before = HostState::now();
     let server = Server::start(
-        "[zygote]\n[pool]\nsize = 1\nmax_size = 1\nworkers = 1\n",
+        "[zygote]\n[pool]\npreloaded = 0\nsize = 1\nmax_size = 1\nworkers = 1\n",
         &[],
     );
     // Each run looks for what earlier runs left, then leaves all it can: files in every
@@ -306,7 +308,10 @@ fn sandbox_cpu_weights(pid: u32) -> Vec<(String, String)> {
 #[test]
 fn pooled_sandboxes_wait_at_the_lowest_cpu_weight_and_run_at_the_default() {
     let _g = serial();
-    let server = Server::start("[zygote]\n[pool]\nsize = 2\nmax_size = 2\n", &[]);
+    let server = Server::start(
+        "[zygote]\n[pool]\npreloaded = 0\nsize = 2\nmax_size = 2\n",
+        &[],
+    );
     wait_idle(&server, 2);
     let pid = server.child.id();
     let (background, default) = if Path::new("/sys/fs/cgroup/cpu/cpu.shares").exists() {
@@ -357,7 +362,7 @@ fn a_pooled_sandbox_that_died_idle_is_never_handed_out() {
     let _g = serial();
     let before = HostState::now();
     let server = Server::start(
-        "[zygote]\n[pool]\nsize = 1\nmax_size = 1\nworkers = 1\n",
+        "[zygote]\n[pool]\npreloaded = 0\nsize = 1\nmax_size = 1\nworkers = 1\n",
         &[],
     );
     wait_idle(&server, 1);
@@ -398,7 +403,7 @@ fn a_pool_that_cannot_start_sandboxes_says_why_and_backs_off() {
     let before = HostState::now();
     // No interpreter starts with four descriptors (its own 0-3 take them all).
     let server = Server::start(
-        "[zygote]\n[pool]\nsize = 2\n[engine]\nopen_files = 4\n",
+        "[zygote]\n[pool]\npreloaded = 0\nsize = 2\n[engine]\nopen_files = 4\n",
         &[],
     );
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -103,6 +103,57 @@ plt.savefig('/work/chart.png')
     assert!(zygote_status(&server)["ready"].as_u64() >= Some(2));
 }
 
+#[test]
+fn a_child_of_the_preloading_zygote_waits_in_the_pool_for_code_that_names_its_packages() {
+    let _g = serial();
+    let server = Server::start(
+        "[pool]\nsize = 1\nmax_size = 1\npreloaded = 1\n[zygote]\nenabled = true\n",
+        &[],
+    );
+    let code = "import sys\nloaded = 'pandas' in sys.modules\nimport pandas\nloaded";
+    let takes = || server.metric("airlock_pool_preloaded_takes_total");
+    let idle = || server.call("GET", "/readyz", None).json()["pool_preloaded"]["idle"].clone();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The first pooled one may have started cold, while the zygote started.
+    loop {
+        while idle() != 1 {
+            assert!(Instant::now() < deadline, "{}", zygote_status(&server));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let before = takes();
+        let r = server.execute(json!({"code": code}));
+        assert_eq!(r.json()["status"], "ok", "{}", r.text());
+        assert_eq!(
+            takes(),
+            before + 1.0,
+            "not taken from the pool: {}",
+            r.text()
+        );
+        if r.json()["result"] == true {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never a preloaded child");
+    }
+    // Code that names no preloaded package takes a lean one, never this pool's.
+    while idle() != 1 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = takes();
+    let r = server.execute(json!({"code": "import sys\n'pan' + 'das' in sys.modules"}));
+    assert_eq!(r.json()["result"], false, "{}", r.text());
+    assert_eq!(takes(), before);
+    drop(server);
+
+    let server = Server::start(
+        "[pool]\nsize = 1\npreloaded = 0\n[zygote]\nenabled = true\n",
+        &[],
+    );
+    let ready = server.call("GET", "/readyz", None).json();
+    assert!(ready.get("pool_preloaded").is_none(), "{ready}");
+    assert_eq!(server.metric("airlock_pool_preloaded_idle_sandboxes"), 0.0);
+}
+
 /// Host pids of the server's zygote processes (the Python of each zygote).
 fn zygote_pythons() -> Vec<i32> {
     let mut pids = Vec::new();

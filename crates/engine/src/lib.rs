@@ -194,6 +194,8 @@ pub struct Engine {
     config: EngineConfig,
     interpreter: Interpreter,
     pool: Option<Arc<Pool>>,
+    /// Children of the preloading zygote, ready (see `PoolConfig::preloaded`).
+    preloaded_pool: Option<Arc<Pool>>,
     /// Pools per environment, started when one is first asked for (see `env_pool`).
     env_pools: Option<Arc<EnvPools>>,
     /// Fresh sandboxes as forks of a zygote, where one serves them (see `zygotes`).
@@ -220,6 +222,7 @@ impl Engine {
             config,
             interpreter,
             pool: None,
+            preloaded_pool: None,
             env_pools: None,
             zygotes: None,
             defer_cleanup: false,
@@ -249,6 +252,19 @@ impl Engine {
     pub fn start_pool(&mut self, config: PoolConfig) -> Result<Arc<Pool>, String> {
         let pool = Arc::new(Pool::start(self, config.clone())?);
         self.pool = Some(pool.clone());
+        let preloads = self.zygotes.as_ref().is_some_and(|z| z.preloads());
+        if config.size > 0 && config.preloaded > 0 && preloads {
+            // Children of the preloading zygote, for code that names its packages: they
+            // have no fork and jail to wait for, as the lean ones.
+            let preloaded = PoolConfig {
+                size: config.preloaded,
+                max_size: config.preloaded,
+                workers: 1,
+                ..config.clone()
+            };
+            let policy = self.policy(&self.config.defaults);
+            self.preloaded_pool = Some(Arc::new(Pool::start_for(self, preloaded, policy, true)?));
+        }
         if config.size > 0 {
             // An environment keeps one sandbox ready once asked for, more while in demand.
             let config = PoolConfig {
@@ -294,7 +310,7 @@ impl Engine {
                     // Built for the default limits, like the main pool's.
                     let mut policy = self.policy(&self.config.defaults);
                     with_environment(&mut policy, env);
-                    if let Ok(pool) = Pool::start_for(self, pools.config.clone(), policy) {
+                    if let Ok(pool) = Pool::start_for(self, pools.config.clone(), policy, false) {
                         map.insert(env.hash.clone(), (Arc::new(pool), now));
                     }
                     // This execution goes cold; the next finds a sandbox ready.
@@ -347,7 +363,7 @@ impl Engine {
                 pool.close();
             }
         }
-        if let Some(pool) = &self.pool {
+        for pool in [&self.pool, &self.preloaded_pool].into_iter().flatten() {
             pool.close();
         }
         if let Some(zygotes) = &self.zygotes {
@@ -357,6 +373,11 @@ impl Engine {
 
     pub fn pool(&self) -> Option<&Arc<Pool>> {
         self.pool.as_ref()
+    }
+
+    /// The pool of the preloading zygote's children (see `PoolConfig::preloaded`).
+    pub fn preloaded_pool(&self) -> Option<&Arc<Pool>> {
+        self.preloaded_pool.as_ref()
     }
 
     /// Starts a sandbox running the runner, and returns it with the host's end of the
@@ -739,12 +760,15 @@ impl Engine {
             None => None,
         };
         // Pooled sandboxes are lean zygotes' children (or cold): code that names a preloaded
-        // package starts a child of the zygote that has it loaded instead.
+        // package takes a child of the zygote that has it loaded instead.
         let preload = self
             .zygotes
             .as_ref()
             .is_some_and(|z| z.wants_preloads(&job.code));
         let warm = match (&tools, &job.egress, &job.environment) {
+            (None, None, None) if preload => {
+                self.preloaded_pool.as_ref().and_then(|p| p.take(&policy))
+            }
             _ if preload => None,
             (None, None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
             (None, None, Some(env)) if !env.writable => {

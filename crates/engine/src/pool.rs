@@ -50,6 +50,9 @@ pub struct PoolConfig {
     /// After this long without an execution finding the pool empty, it keeps one sandbox
     /// fewer ready (down to `size`), and destroys the one too many.
     pub shrink_after_ms: u64,
+    /// Children of the preloading zygote kept ready for code that names a preloaded package
+    /// (with zygotes on and `size` above 0); 0 keeps none.
+    pub preloaded: usize,
 }
 
 impl Default for PoolConfig {
@@ -59,6 +62,7 @@ impl Default for PoolConfig {
             max_size: 8,
             workers: 2,
             shrink_after_ms: 30_000,
+            preloaded: 1,
         }
     }
 }
@@ -73,6 +77,9 @@ impl PoolConfig {
         }
         if self.shrink_after_ms == 0 {
             return Err("pool.shrink_after_ms must be greater than zero".into());
+        }
+        if self.preloaded > 16 {
+            return Err(format!("pool.preloaded ({}) is above 16", self.preloaded));
         }
         if self.max_size > 256 {
             return Err(format!("pool.max_size ({}) is above 256", self.max_size));
@@ -133,6 +140,8 @@ struct State {
 struct Shared {
     engine: Engine,
     policy: Policy,
+    /// Its sandboxes are children of the preloading zygote.
+    preload: bool,
     config: PoolConfig,
     state: Mutex<State>,
     wake: Condvar,
@@ -180,7 +189,7 @@ impl Pool {
     /// Starts filling a pool for `engine` (whose own pool, if any, is not used).
     pub fn start(engine: &Engine, config: PoolConfig) -> Result<Pool, String> {
         let policy = engine.policy(&engine.config.defaults);
-        Self::start_for(engine, config, policy)
+        Self::start_for(engine, config, policy, false)
     }
 
     /// Starts filling a pool of sandboxes built from `policy` (an environment's).
@@ -188,16 +197,19 @@ impl Pool {
         engine: &Engine,
         config: PoolConfig,
         policy: Policy,
+        preload: bool,
     ) -> Result<Pool, String> {
         config.validate()?;
         let engine = Engine {
             pool: None,
+            preloaded_pool: None,
             env_pools: None,
             ..engine.clone()
         };
         let shared = Arc::new(Shared {
             engine,
             policy,
+            preload,
             state: Mutex::new(State {
                 idle: VecDeque::new(),
                 starting: 0,
@@ -397,7 +409,7 @@ fn refill(s: &Arc<Shared>) {
             drop(excess);
             continue;
         }
-        let started = start_warm(&s.engine, &s.policy);
+        let started = start_warm(&s.engine, &s.policy, s.preload);
         let mut state = s.state();
         state.starting -= 1;
         match started {
@@ -455,8 +467,9 @@ fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
 }
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
-fn start_warm(engine: &Engine, policy: &Policy) -> Result<Warm, EngineError> {
-    let (child, mut control) = engine.start_sandbox(policy, crate::session::Mode::Warm, None)?;
+fn start_warm(engine: &Engine, policy: &Policy, preload: bool) -> Result<Warm, EngineError> {
+    let (child, mut control) =
+        engine.start_sandbox_for(policy, crate::session::Mode::Warm, None, preload)?;
     let io = |what: &'static str| move |source| EngineError::Io { what, source };
     control
         .set_read_timeout(Some(READY_TIMEOUT))

@@ -235,6 +235,11 @@ impl Zygotes {
     /// of the zygote that preloads them, and anything else in one of the lean zygote (a
     /// smaller process forks and ends faster). Either way the sandbox is the same; a guess
     /// wrong either way only costs time.
+    /// Whether a zygote preloads anything (a pool of its children is worth keeping).
+    pub(crate) fn preloads(&self) -> bool {
+        self.config.enabled && !self.config.preload.is_empty()
+    }
+
     pub(crate) fn wants_preloads(&self, code: &str) -> bool {
         self.config.enabled
             && self.config.preload.iter().any(|module| {
@@ -261,8 +266,11 @@ impl Zygotes {
         else {
             return;
         };
-        // The runner defines everything once in the zygote (see its `__zygote_start__`).
+        // The runner defines everything once in the zygote (see its `__zygote_start__`),
+        // the part it loads on demand (charts, files, tools, tracebacks) included: compiling
+        // that costs about 3 ms, which each child would otherwise pay.
         spec.prepare = true;
+        spec.prepare_more = format!("{}\nLOADED.append(True)\n", crate::RUNNER_MORE);
         // One BLAS thread: a pool of them would be stopped and started again around every
         // fork (OpenBLAS's fork handlers), and a sandbox has one core's worth of CPU anyway.
         for name in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"] {

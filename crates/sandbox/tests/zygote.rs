@@ -58,6 +58,7 @@ fn spec(preload: &[&str]) -> ZygoteSpec {
         library: library(),
         sys_path: vec!["/usr/lib/python3/dist-packages".into()],
         prepare: false,
+        prepare_more: String::new(),
     }
 }
 
@@ -382,6 +383,43 @@ fn a_zygote_that_dies_is_noticed() {
     assert!(zygote.spawn(command("print(1)"), &policy()).is_err());
 }
 
+/// A prepared program defines `__zygote_start__` once in the zygote; `prepare_more` runs in its
+/// namespace after it, there and never in a child; children see both.
+fn a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it() {
+    let program = "import sys\n\
+        PREPARED_WITH = sys.argv[1:]\n\
+        def __zygote_start__():\n    \
+            print(PREPARED_WITH, MORE_WITH, sys.argv[1:])\n\
+        if sys.argv[1:] != ['--zygote']:\n    __zygote_start__()\n";
+    let mut spec = spec(&[]);
+    spec.code = program.into();
+    spec.prepare = true;
+    spec.prepare_more = "MORE_WITH = sys.argv[1:] + [len(PREPARED_WITH)]\n".into();
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    let command = Command::new(PYTHON)
+        .args(FLAGS)
+        .args(["-c", program, "x"])
+        .env("PATH", "/usr/bin:/bin");
+    let mut child = zygote.spawn(command, &policy()).expect("spawn");
+    let mut out = child.take_stdout().unwrap();
+    drop(child.take_stdin());
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    let outcome = child.wait().expect("wait");
+    assert_eq!(outcome.exit, Some(Exit::Code(0)), "{}", zygote.log_tail());
+    // Both defined in the zygote (its argv there), the extra part after the program.
+    assert_eq!(
+        stdout.trim(),
+        "['--zygote'] ['--zygote', 1] ['x']",
+        "{}",
+        zygote.log_tail()
+    );
+    // A program whose extra part fails is refused at start, with the reason.
+    spec.prepare_more = "raise ValueError('nope')".into();
+    let err = Zygote::start(&spec, &policy()).expect_err("a failing prepare_more");
+    assert!(err.to_string().contains("nope"), "{err}");
+}
+
 fn main() {
     run_if_init();
     if std::env::var_os("ZYGOTE_TIMING").is_some() {
@@ -403,6 +441,10 @@ fn main() {
             children_cannot_reach_each_other_or_the_zygote,
         ),
         ("limits_hold_in_a_child", limits_hold_in_a_child),
+        (
+            "a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it",
+            a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it,
+        ),
         (
             "a_zygote_that_dies_is_noticed",
             a_zygote_that_dies_is_noticed,

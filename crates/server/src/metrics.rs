@@ -336,6 +336,34 @@ pub fn render_environment_pools(pools: &[(String, airlock_engine::PoolStatus)]) 
     out
 }
 
+/// The pool of the preloading zygote's children (zeros when there is none).
+pub fn render_preloaded_pool(status: &airlock_engine::PoolStatus) -> String {
+    let mut out = String::new();
+    for (name, kind, help, value) in [
+        (
+            "airlock_pool_preloaded_idle_sandboxes",
+            "gauge",
+            "Children of the preloading zygote ready and waiting.",
+            status.idle as u64,
+        ),
+        (
+            "airlock_pool_preloaded_takes_total",
+            "counter",
+            "Executions naming a preloaded package that got a pooled child of the preloading zygote.",
+            status.takes,
+        ),
+        (
+            "airlock_pool_preloaded_misses_total",
+            "counter",
+            "Executions naming a preloaded package that found no such child ready.",
+            status.misses_empty,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    }
+    out
+}
+
 /// The warm pool's state (zeros when there is none) and background clean-up failures, in
 /// Prometheus text.
 pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {

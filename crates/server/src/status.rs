@@ -75,6 +75,9 @@ pub(crate) async fn readyz(
     if let (true, Some(pool)) = (may_see, state.engine.pool()) {
         body["pool"] = serde_json::json!(pool.status());
     }
+    if let (true, Some(pool)) = (may_see, state.engine.preloaded_pool()) {
+        body["pool_preloaded"] = serde_json::json!(pool.status());
+    }
     if let (true, Some(zygotes)) = (may_see, state.engine.zygote_status()) {
         body["zygote"] = serde_json::json!(zygotes);
     }
@@ -111,6 +114,13 @@ pub(crate) async fn metrics(
     let pool = state.engine.pool().map(|p| p.status()).unwrap_or_default();
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));
+    text.push_str(&crate::metrics::render_preloaded_pool(
+        &state
+            .engine
+            .preloaded_pool()
+            .map(|p| p.status())
+            .unwrap_or_default(),
+    ));
     text.push_str(&crate::metrics::render_zygotes(
         &state.engine.zygote_status().unwrap_or_default(),
     ));

@@ -66,6 +66,9 @@ pub struct ZygoteSpec {
     /// function `__zygote_start__` that does the rest: the zygote runs it so once, and each
     /// child only calls that function.
     pub prepare: bool,
+    /// Run in the program's namespace right after it, when `prepare` is set: definitions the
+    /// program would otherwise load on demand in every child. Children are served by `code`.
+    pub prepare_more: String,
 }
 
 impl ZygoteSpec {
@@ -88,6 +91,7 @@ impl ZygoteSpec {
             library,
             sys_path,
             prepare: false,
+            prepare_more: String::new(),
         })
     }
 }
@@ -160,6 +164,7 @@ impl Zygote {
                 spec.code.clone(),
                 spec.sys_path.join("\n"),
                 if spec.prepare { "1" } else { "0" }.to_owned(),
+                spec.prepare_more.clone(),
             ])
             .pass_fd(theirs);
         for (key, value) in &spec.env {

@@ -1,8 +1,8 @@
 # airlock's zygote: started once, inside a template jail, as
-#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare>
+#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare> <more>
 # With <prepare> 1, the program, run here with the one argument `--zygote`, only defines
 # things and a function `__zygote_start__`, which each child calls (airlock's runner is such
-# a program); with 0, each child runs the whole program.
+# a program), and <more> then runs in its namespace; with 0, each child runs the whole program.
 # It imports the preloads, compiles the program, freezes what is loaded, and waits. For each
 # child it asks airlock's library (the sandbox crate, loaded with ctypes) for a jail, forks
 # with os.fork (so the interpreter's own fork hooks run: random reseeds, threads reset), and
@@ -61,6 +61,8 @@ def serve():
         sys.modules["__main__"], sys.argv = main, ["-c", "--zygote"]
         try:
             exec(code, main.__dict__)
+            if argv[6]:
+                exec(compile(argv[6], "<string>", "exec"), main.__dict__)
         except BaseException as e:
             print("airlock zygote: the program cannot be prepared: %r" % e, file=sys.stderr, flush=True)
             os._exit(1)
