@@ -163,8 +163,17 @@ fn run(args: &Args) -> Result<(), String> {
     client.execute(DATA_SCIENCE, None)?;
     wait_zygotes(&mut client)?;
     let idle_rss = rss_kib(server.child.id()).unwrap_or(0);
-    let pooled = sandbox_pss(server.child.id(), false);
-    let zygotes = sandbox_pss(server.child.id(), true);
+    let sandboxes = sandbox_pss(server.child.id(), false);
+    let pooled: Vec<u64> = sandboxes.iter().filter(|s| !s.2).map(|s| s.0).collect();
+    let preloaded: Vec<(u64, u64)> = sandboxes
+        .iter()
+        .filter(|s| s.2)
+        .map(|s| (s.0, s.1))
+        .collect();
+    let zygotes: Vec<u64> = sandbox_pss(server.child.id(), true)
+        .iter()
+        .map(|s| s.0)
+        .collect();
 
     // Round-robin single starts.
     let mut bare = Series::new("bare `python3 -I -S -c pass`");
@@ -172,6 +181,11 @@ fn run(args: &Args) -> Result<(), String> {
     let mut one_shot = Series::new("`airlock run` one-shot, `print(1)`");
     let mut http = Series::new("HTTP `print(1)`, sequential");
     let mut cells = Series::new("HTTP `print(1)` as a session cell, sequential");
+    // What the interpreter of a cold sandbox does before it reads its request, with no
+    // sandbox, and inside bwrap's: the floor under `airlock run`.
+    let mut runner = Series::new("the runner's own start, no sandbox");
+    let mut bw_runner = Series::new("`bwrap` + the runner's own start");
+    let runner_argv = ["-I", "-S", "-B", "-c", airlock_engine::RUNNER, "--zygote"];
     let session = client.session()?;
     eprintln!("airlock-bench: {} interleaved rounds", args.rounds);
     for _ in 0..args.rounds {
@@ -189,6 +203,17 @@ fn run(args: &Args) -> Result<(), String> {
             Command::new(&airlock).args(["run", "-"]),
             Some(b"print(1)\n"),
         )?);
+        runner
+            .samples
+            .push(time_command(Command::new(PYTHON).args(runner_argv))?);
+        if let Some(b) = &bwrap {
+            bw_runner.samples.push(time_command(
+                Command::new(b)
+                    .args(BWRAP_ARGS)
+                    .arg(PYTHON)
+                    .args(runner_argv),
+            )?);
+        }
         let t = Instant::now();
         client.execute("print(1)", None)?;
         http.samples.push(t.elapsed());
@@ -214,6 +239,7 @@ fn run(args: &Args) -> Result<(), String> {
         "airlock-bench: {} blocks of {} requests per level",
         args.blocks, args.requests
     );
+    let made_before = histogram(&mut client, "airlock_sandbox_made_seconds")?;
     for _ in 0..args.blocks {
         block(&mut bare_conc, cores, args.requests, |_| {
             time_command(Command::new(PYTHON).args(["-I", "-S", "-c", "pass"])).map(drop)
@@ -289,6 +315,15 @@ fn run(args: &Args) -> Result<(), String> {
                 .env("MPLCONFIGDIR", &mpl_dir),
         )
     };
+    let made_after = histogram(&mut client, "airlock_sandbox_made_seconds")?;
+    let made = (made_after.1 > made_before.1).then(|| {
+        (
+            Duration::from_secs_f64(
+                (made_after.0 - made_before.0) / (made_after.1 - made_before.1) as f64,
+            ),
+            made_after.1 - made_before.1,
+        )
+    });
     bare_ds()?;
     let ds_session = client.session()?;
     let clone_before = histogram(&mut client, "airlock_sandbox_start_seconds")?;
@@ -320,7 +355,7 @@ fn run(args: &Args) -> Result<(), String> {
     report(
         args,
         &bare,
-        &[&bare, &bw, &one_shot, &http, &cells],
+        &[&bare, &bw, &one_shot, &http, &cells, &runner, &bw_runner],
         &bare_conc,
         &conc,
         &cell_conc,
@@ -330,8 +365,10 @@ fn run(args: &Args) -> Result<(), String> {
         Memory {
             idle_rss_kib: idle_rss,
             pooled: &pooled,
+            preloaded: &preloaded,
             zygotes: &zygotes,
             clone,
+            made,
         },
         &status,
     );
@@ -340,6 +377,7 @@ fn run(args: &Args) -> Result<(), String> {
     targets(
         &bare,
         &one_shot,
+        &bw_runner,
         &bare_conc,
         &conc,
         &ds,
@@ -388,12 +426,16 @@ fn block(
 /// Memory figures, and how long a zygote takes to make a sandbox.
 struct Memory<'a> {
     idle_rss_kib: u64,
-    /// PSS of each idle pooled sandbox (all its processes).
+    /// PSS of each idle pooled lean sandbox (all its processes).
     pooled: &'a [u64],
+    /// PSS and USS of each idle pooled child of the preloading zygote.
+    preloaded: &'a [(u64, u64)],
     /// PSS of each zygote (its template's processes).
     zygotes: &'a [u64],
     /// Mean time from asking a zygote for a child to the child confined and about to run.
     clone: Option<Duration>,
+    /// Mean time to make a sandbox on the spot, and how many, over the concurrency series.
+    made: Option<(Duration, u64)>,
 }
 
 fn mib(kib: u64) -> f64 {
@@ -464,12 +506,19 @@ fn report(
     );
     match median_max(memory.pooled) {
         Some((median, max)) => println!(
-            "- idle pooled sandbox (all its processes; a zygote's child when one is ready), PSS: median {:.1} MiB, max {:.1} MiB, over {} sandboxes",
+            "- idle pooled sandbox (all its processes; a lean zygote's child when one is ready), PSS: median {:.1} MiB, max {:.1} MiB, over {} sandboxes",
             mib(median),
             mib(max),
             memory.pooled.len()
         ),
         None => println!("- no idle pooled sandbox was found"),
+    }
+    for (pss, uss) in memory.preloaded {
+        println!(
+            "- idle pooled child of the preloading zygote: PSS {:.1} MiB (the zygote's pages split between it and the zygote alone), of its own (USS) {:.1} MiB",
+            mib(*pss),
+            mib(*uss)
+        );
     }
     match median_max(memory.zygotes) {
         Some((median, max)) => println!(
@@ -480,9 +529,15 @@ fn report(
         ),
         None => println!("- no zygote was found"),
     }
+    if let Some((made, n)) = memory.made {
+        println!(
+            "- a lean zygote's child made on the spot, from the request to the program confined (jail, fork, confinement; executions of the concurrency series that found the pool empty, mean over {n}): {} ms",
+            ms(made)
+        );
+    }
     if let Some(clone) = memory.clone {
         println!(
-            "- a zygote's child, from the request to the program confined (jail, fork, confinement; mean over the data-science series): {} ms",
+            "- the data-science series' sandboxes, from the request to the program ready (a pooled child of the preloading zygote when one is ready; mean): {} ms",
             ms(clone)
         );
     }
@@ -500,6 +555,7 @@ fn report(
 fn targets(
     bare: &Series,
     one_shot: &Series,
+    bw_runner: &Series,
     bare_conc: &Series,
     conc: &[Series],
     data_science: &Series,
@@ -527,8 +583,9 @@ fn targets(
         ms(data_science.quantile(0.5))
     );
     println!(
-        "| `airlock run` one-shot (cold) | ≤ 2 × | {:.2} × |",
-        ratio(one_shot.quantile(0.5))
+        "| `airlock run` one-shot (cold) | ≤ 2 × | {:.2} × (`bwrap` + the runner's own start, no cgroup, Landlock or seccomp: {:.2} ×) |",
+        ratio(one_shot.quantile(0.5)),
+        ratio(bw_runner.quantile(0.5))
     );
     if let Some((median, max)) = median_max(pooled) {
         println!(
@@ -870,20 +927,35 @@ fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 fn pss_kib(pid: u32) -> u64 {
+    rollup_kib(pid, &["Pss:"])
+}
+
+/// Memory no other process shares (USS): what one more such process costs.
+fn uss_kib(pid: u32) -> u64 {
+    rollup_kib(pid, &["Private_Clean:", "Private_Dirty:"])
+}
+
+fn rollup_kib(pid: u32, fields: &[&str]) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
         .unwrap_or_default()
         .lines()
-        .find(|l| l.starts_with("Pss:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .unwrap_or(0)
+        .filter(|l| fields.iter().any(|f| l.starts_with(f)))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Whether a process has pandas loaded (a child of the preloading zygote).
+fn maps_pandas(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("/pandas/"))
 }
 
 /// PSS of each sandbox of the server `server` that holds processes, from its cgroups
 /// (`airlock-<pid>-<n>`): the zygotes' templates (`airlock-<pid>-zygote-<n>`) when `zygotes`,
 /// the other sandboxes otherwise.
-fn sandbox_pss(server: u32, zygotes: bool) -> Vec<u64> {
+/// PSS, USS and whether pandas is loaded, per sandbox (or per zygote) of the server.
+fn sandbox_pss(server: u32, zygotes: bool) -> Vec<(u64, u64, bool)> {
     let prefix = format!("airlock-{server}-");
-    let mut seen = std::collections::BTreeMap::<String, u64>::new();
+    let mut seen = std::collections::BTreeMap::<String, (u64, u64, bool)>::new();
     let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -904,13 +976,14 @@ fn sandbox_pss(server: u32, zygotes: bool) -> Vec<u64> {
                 continue;
             }
             let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
-            let pss: u64 = procs
+            let pids: Vec<u32> = procs
                 .lines()
                 .filter_map(|l| l.trim().parse().ok())
-                .map(pss_kib)
-                .sum();
+                .collect();
+            let pss: u64 = pids.iter().copied().map(pss_kib).sum();
+            let uss: u64 = pids.iter().copied().map(uss_kib).sum();
             if pss > 0 {
-                seen.insert(name, pss);
+                seen.insert(name, (pss, uss, pids.iter().copied().any(maps_pandas)));
             }
         }
     }

@@ -188,10 +188,20 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert_eq!((&pool["size"], &pool["max_size"]), (&json!(2), &json!(4)));
     let takes = server.metric("airlock_pool_takes_total");
     let refills = server.metric("airlock_pool_refills_total");
+    let (started, made) = (
+        server.metric("airlock_sandbox_start_seconds_count"),
+        server.metric("airlock_sandbox_made_seconds_count"),
+    );
 
     let r = server.execute(json!({"code": "1"})).json();
     assert_eq!(r["status"], "ok");
     assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
+    // Every start is timed; only those that found no pooled sandbox as made on the spot.
+    assert_eq!(
+        server.metric("airlock_sandbox_start_seconds_count"),
+        started + 1.0
+    );
+    assert_eq!(server.metric("airlock_sandbox_made_seconds_count"), made);
     // Other limits than the pool's: a cold sandbox, counted as a miss.
     let misses = server.metric("airlock_pool_misses_total{reason=\"limits\"}");
     let r = server
@@ -206,6 +216,10 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         misses + 1.0
     );
     assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
+    assert_eq!(
+        server.metric("airlock_sandbox_made_seconds_count"),
+        made + 1.0
+    );
     // The log says which executions ran in a pooled sandbox.
     let log = server.log_lines();
     let executions: Vec<&String> = log.iter().filter(|l| l.contains(" execution ")).collect();

@@ -144,6 +144,7 @@ pub struct Metrics {
     pub executions: Counters,
     pub execution_seconds: Histogram,
     pub sandbox_start_seconds: Histogram,
+    pub sandbox_made_seconds: Histogram,
     pub queue_depth: Gauge,
     pub running: Gauge,
     pub connections: Gauge,
@@ -164,6 +165,7 @@ impl Default for Metrics {
             executions: Counters::default(),
             execution_seconds: Histogram::new(DURATION_BOUNDS),
             sandbox_start_seconds: Histogram::new(START_BOUNDS),
+            sandbox_made_seconds: Histogram::new(START_BOUNDS),
             queue_depth: Gauge::default(),
             running: Gauge::default(),
             connections: Gauge::default(),
@@ -198,6 +200,11 @@ impl Metrics {
             &mut out,
             "airlock_sandbox_start_seconds",
             "Time until an execution's sandbox was ready: built and confined, or taken from the warm pool.",
+        );
+        self.sandbox_made_seconds.render(
+            &mut out,
+            "airlock_sandbox_made_seconds",
+            "The same, for executions that found no pooled sandbox: a zygote's child made on the spot, or a cold start.",
         );
         for (name, help, g) in [
             (

@@ -679,6 +679,9 @@ pub(crate) fn finish(
         .observe(Duration::from_millis(result.usage.wall_ms));
     if let Some(ready) = execution.sandbox_ready {
         m.sandbox_start_seconds.observe(ready);
+        if !pooled {
+            m.sandbox_made_seconds.observe(ready);
+        }
     }
     let kind = match result.status {
         Status::PolicyViolation => Some(event::SECCOMP_KILL),
