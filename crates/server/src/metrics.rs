@@ -343,10 +343,22 @@ pub fn render_environment_pools(pools: &[(String, airlock_engine::PoolStatus)]) 
     out
 }
 
+/// Unlabelled series, each with its help and type, in Prometheus text.
+fn write_plain(out: &mut String, series: &[(&str, &str, &str, u64)]) {
+    for (name, kind, help, value) in series {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
+}
+
 /// The pool of the preloading zygote's children (zeros when there is none).
 pub fn render_preloaded_pool(status: &airlock_engine::PoolStatus) -> String {
     let mut out = String::new();
-    for (name, kind, help, value) in [
+    write_plain(
+        &mut out,
+        &[
         (
             "airlock_pool_preloaded_idle_sandboxes",
             "gauge",
@@ -365,9 +377,8 @@ pub fn render_preloaded_pool(status: &airlock_engine::PoolStatus) -> String {
             "Executions naming a preloaded package that found no such child ready.",
             status.misses_empty,
         ),
-    ] {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
-    }
+        ],
+    );
     out
 }
 
@@ -375,49 +386,47 @@ pub fn render_preloaded_pool(status: &airlock_engine::PoolStatus) -> String {
 /// Prometheus text.
 pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
     let mut out = String::new();
-    for (name, kind, help, value) in [
-        (
-            "airlock_pool_idle_sandboxes",
-            "gauge",
-            "Pooled sandboxes ready and waiting.",
-            status.idle as u64,
-        ),
-        (
-            "airlock_pool_in_use_sandboxes",
-            "gauge",
-            "Pooled sandboxes running an execution now.",
-            status.in_use,
-        ),
-        (
-            "airlock_pool_target_sandboxes",
-            "gauge",
-            "What the pool fills up to now (between pool.size and pool.max_size).",
-            status.target as u64,
-        ),
-        (
-            "airlock_pool_takes_total",
-            "counter",
-            "Executions that got a pooled sandbox.",
-            status.takes,
-        ),
-        (
-            "airlock_pool_refills_total",
-            "counter",
-            "Sandboxes added to the pool.",
-            status.refills,
-        ),
-        (
-            "airlock_pool_failures_total",
-            "counter",
-            "Pooled sandboxes that failed to start or were found dead.",
-            status.failures,
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
-    }
+    write_plain(
+        &mut out,
+        &[
+            (
+                "airlock_pool_idle_sandboxes",
+                "gauge",
+                "Pooled sandboxes ready and waiting.",
+                status.idle as u64,
+            ),
+            (
+                "airlock_pool_in_use_sandboxes",
+                "gauge",
+                "Pooled sandboxes running an execution now.",
+                status.in_use,
+            ),
+            (
+                "airlock_pool_target_sandboxes",
+                "gauge",
+                "What the pool fills up to now (between pool.size and pool.max_size).",
+                status.target as u64,
+            ),
+            (
+                "airlock_pool_takes_total",
+                "counter",
+                "Executions that got a pooled sandbox.",
+                status.takes,
+            ),
+            (
+                "airlock_pool_refills_total",
+                "counter",
+                "Sandboxes added to the pool.",
+                status.refills,
+            ),
+            (
+                "airlock_pool_failures_total",
+                "counter",
+                "Pooled sandboxes that failed to start or were found dead.",
+                status.failures,
+            ),
+        ],
+    );
     let name = "airlock_cgroup_cleanup_failures_total";
     let _ = writeln!(
         out,
@@ -436,43 +445,41 @@ pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
 /// The zygotes' state (zeros when there are none), in Prometheus text.
 pub fn render_zygotes(status: &airlock_engine::ZygoteStatus) -> String {
     let mut out = String::new();
-    for (name, kind, help, value) in [
-        (
-            "airlock_zygotes_ready",
-            "gauge",
-            "Zygotes ready to make sandboxes.",
-            status.ready as u64,
-        ),
-        (
-            "airlock_zygote_children",
-            "gauge",
-            "Sandboxes alive now that are zygote children.",
-            status.children as u64,
-        ),
-        (
-            "airlock_zygote_children_total",
-            "counter",
-            "Sandboxes made as zygote children.",
-            status.spawned,
-        ),
-        (
-            "airlock_zygote_starts_total",
-            "counter",
-            "Zygotes started (first, replacing a dead one, or recycling).",
-            status.starts,
-        ),
-        (
-            "airlock_zygote_failures_total",
-            "counter",
-            "Zygotes that failed to start.",
-            status.failures,
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
-    }
+    write_plain(
+        &mut out,
+        &[
+            (
+                "airlock_zygotes_ready",
+                "gauge",
+                "Zygotes ready to make sandboxes.",
+                status.ready as u64,
+            ),
+            (
+                "airlock_zygote_children",
+                "gauge",
+                "Sandboxes alive now that are zygote children.",
+                status.children as u64,
+            ),
+            (
+                "airlock_zygote_children_total",
+                "counter",
+                "Sandboxes made as zygote children.",
+                status.spawned,
+            ),
+            (
+                "airlock_zygote_starts_total",
+                "counter",
+                "Zygotes started (first, replacing a dead one, or recycling).",
+                status.starts,
+            ),
+            (
+                "airlock_zygote_failures_total",
+                "counter",
+                "Zygotes that failed to start.",
+                status.failures,
+            ),
+        ],
+    );
     let name = "airlock_cold_starts_total";
     let _ = writeln!(
         out,
