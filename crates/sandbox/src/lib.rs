@@ -44,6 +44,9 @@ mod init;
 mod policy;
 mod proto;
 pub mod seccomp;
+// Also compiled into build.rs; here only the tests use its compiler.
+#[cfg_attr(not(test), allow(dead_code))]
+mod seccomp_profile;
 mod spawn;
 mod sys;
 mod zygote;

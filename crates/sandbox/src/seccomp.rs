@@ -24,7 +24,14 @@
 //! sandbox as in a zygote's child (the same two filters in both): the kernel prepares and runs
 //! two filters instead of ten, and answers every call exactly as it would with the ten.
 
-use seccompiler::{sock_filter, BpfProgram, TargetArch};
+use seccompiler::{sock_filter, BpfProgram};
+
+use crate::seccomp_profile::{
+    AND_K, AUDIT_ARCH_X86_64, FILTERS, JA, JEQ_K, JGE_K, JGT_K, JSET_K, LD_W_ABS, RET_K,
+};
+
+/// The profile's programs, compiled by `build.rs` (see `seccomp_profile`).
+static COMPILED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/seccomp_filters.bin"));
 
 /// The profile source for the architecture this crate was built for.
 #[cfg(target_arch = "x86_64")]
@@ -32,32 +39,12 @@ pub const PROFILE_JSON: &str = include_str!("../seccomp/x86_64.json");
 #[cfg(not(target_arch = "x86_64"))]
 pub const PROFILE_JSON: &str = "";
 
-/// Installation order. The kernel runs every filter and the most severe answer wins; among
-/// errno answers the most recently installed filter wins. So `allow` comes after the filters
-/// that refuse some forms of calls it allows (an errno beats its "allow" anyway), and `noop`
-/// (success without running) comes after `allow`, whose ENOSYS it must beat for the calls
-/// `allow` leaves out. A wrong socket family (EAFNOSUPPORT) outranks a raw type (EPERM),
-/// which outranks a protocol (EPROTONOSUPPORT).
-const FILTERS: [&str; 9] = [
-    "kill",
-    "refused_flags",
-    "protect_init",
-    "socket_protocols",
-    "socket_types",
-    "socket_families",
-    "allow",
-    "noop",
-    "no_setns",
-];
-
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
     #[error("no seccomp profile for this architecture ({0})")]
     UnsupportedArch(&'static str),
     #[error("seccomp profile is malformed: {0}")]
     Profile(String),
-    #[error("compiling seccomp profile: {0}")]
-    Compile(#[from] seccompiler::Error),
     #[error("installing seccomp filter {name}: {source}")]
     Install {
         name: &'static str,
@@ -89,17 +76,7 @@ impl Filters {
     /// The programs, in order, as bytes: per program its length, then each instruction
     /// (code, jt, jf, k; little-endian).
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        out.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
-        for (_, prog) in &self.parts {
-            out.extend_from_slice(&(prog.len() as u32).to_le_bytes());
-            for i in prog {
-                out.extend_from_slice(&i.code.to_le_bytes());
-                out.extend_from_slice(&[i.jt, i.jf]);
-                out.extend_from_slice(&i.k.to_le_bytes());
-            }
-        }
-        out
+        crate::seccomp_profile::encode(&self.parts)
     }
 
     /// What `encode` wrote, for the filters this crate installs (their names are its own).
@@ -147,24 +124,12 @@ impl Filters {
         Ok(Filters { parts, inherited })
     }
 
-    /// Compiles the embedded profile. Unknown syscall names are an error, never skipped.
+    /// The profile's programs, as `build.rs` compiled them.
     pub fn compile() -> Result<Self, SeccompError> {
-        let arch = target_arch()?;
-        let stripped = strip_filter_comments(PROFILE_JSON)?;
-        let mut map = seccompiler::compile_from_json(stripped.as_bytes(), arch)?;
-        let mut out = vec![("arch_and_x32", x32_guard())];
-        for name in FILTERS {
-            let prog = map
-                .remove(name)
-                .ok_or_else(|| SeccompError::Profile(format!("filter {name:?} is missing")))?;
-            out.push((name, prog));
+        if !cfg!(target_arch = "x86_64") {
+            return Err(SeccompError::UnsupportedArch(std::env::consts::ARCH));
         }
-        if let Some(extra) = map.keys().next() {
-            return Err(SeccompError::Profile(format!(
-                "unexpected filter {extra:?}"
-            )));
-        }
-        Filters::new(out)
+        Filters::decode(COMPILED)
     }
 
     /// Installs every filter on the calling thread: all but the last as one program, then the
@@ -200,19 +165,10 @@ impl Filters {
     }
 }
 
-const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-const JA: u16 = 0x05; // BPF_JMP | BPF_JA
-const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-const JGT_K: u16 = 0x25; // BPF_JMP | BPF_JGT | BPF_K
-const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
-const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
-const AND_K: u16 = 0x54; // BPF_ALU | BPF_AND | BPF_K
-const RET_K: u16 = 0x06; // BPF_RET | BPF_K
 /// BPF_MAXINSNS: the longest program the kernel takes.
 const MAX_INSNS: usize = 4096;
 /// SECCOMP_RET_ACTION_FULL: the action of a return value, without its data.
 const ACTION: u32 = 0xffff_0000;
-const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 /// How every filter starts (seccompiler's prologue, and the x32 guard's): load the
 /// architecture, and unless it is this one, kill.
 const ARCH_CHECK: [(u16, u8, u8, u32); 3] = [
@@ -302,71 +258,14 @@ fn merge(filters: &[(&'static str, BpfProgram)]) -> Result<BpfProgram, SeccompEr
     Ok(out)
 }
 
-fn target_arch() -> Result<TargetArch, SeccompError> {
-    if cfg!(target_arch = "x86_64") {
-        Ok(TargetArch::x86_64)
-    } else {
-        Err(SeccompError::UnsupportedArch(std::env::consts::ARCH))
-    }
-}
-
-/// seccompiler refuses unknown fields at filter level, where the profile keeps a comment per
-/// filter; every rule must carry one too.
-fn strip_filter_comments(json: &str) -> Result<String, SeccompError> {
-    let bad = |m: String| SeccompError::Profile(m);
-    let mut doc: serde_json::Value = serde_json::from_str(json).map_err(|e| bad(e.to_string()))?;
-    let filters = doc
-        .as_object_mut()
-        .ok_or_else(|| bad("top level is not an object".into()))?;
-    for (name, filter) in filters.iter_mut() {
-        let filter = filter
-            .as_object_mut()
-            .ok_or_else(|| bad(format!("{name} not an object")))?;
-        let comment = filter.remove("comment");
-        if comment
-            .as_ref()
-            .and_then(|c| c.as_str())
-            .is_none_or(str::is_empty)
-        {
-            return Err(bad(format!("filter {name} has no comment")));
-        }
-        let rules = filter
-            .get("filter")
-            .and_then(|r| r.as_array())
-            .ok_or_else(|| bad(format!("filter {name} has no rule list")))?;
-        for rule in rules {
-            let has_reason = rule
-                .get("comment")
-                .and_then(|c| c.as_str())
-                .is_some_and(|c| !c.is_empty());
-            if !has_reason {
-                return Err(bad(format!("a rule of {name} has no reason: {rule}")));
-            }
-        }
-    }
-    Ok(doc.to_string())
-}
-
-/// Kill on a foreign architecture or an x32 syscall number.
-fn x32_guard() -> BpfProgram {
-    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-    let ins = |code, jt, jf, k| sock_filter { code, jt, jf, k };
-    vec![
-        ins(LD_W_ABS, 0, 0, 4), // seccomp_data.arch
-        ins(JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
-        ins(LD_W_ABS, 0, 0, 0), // seccomp_data.nr
-        ins(JSET_K, 0, 1, X32_SYSCALL_BIT),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_KILL_PROCESS),
-        ins(RET_K, 0, 0, libc::SECCOMP_RET_ALLOW),
-    ]
-}
-
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use std::collections::BTreeMap;
 
+    use seccompiler::TargetArch;
+
     use super::*;
+    use crate::seccomp_profile::{compile_parts, strip_filter_comments};
 
     fn profile() -> serde_json::Value {
         serde_json::from_str(PROFILE_JSON).unwrap()
@@ -732,10 +631,8 @@ mod tests {
     fn rules_without_a_reason_are_refused() {
         let json = r#"{"allow": {"comment": "x", "mismatch_action": "allow",
             "filter_action": "allow", "filter": [{"syscall": "read"}]}}"#;
-        assert!(matches!(
-            strip_filter_comments(json),
-            Err(SeccompError::Profile(_))
-        ));
+        let err = strip_filter_comments(json).unwrap_err();
+        assert!(err.contains("no reason"), "{err}");
     }
 
     #[test]
@@ -746,5 +643,14 @@ mod tests {
         )
         .unwrap();
         assert!(seccompiler::compile_from_json(json.as_bytes(), TargetArch::x86_64).is_err());
+    }
+
+    #[test]
+    fn the_embedded_programs_are_the_profile_s() {
+        // build.rs compiled them; a stale or tampered build would differ from the JSON.
+        let fresh = compile_parts(PROFILE_JSON).unwrap();
+        let embedded = Filters::compile().unwrap();
+        assert_eq!(embedded.parts, fresh);
+        assert_eq!(embedded.encode(), COMPILED);
     }
 }
