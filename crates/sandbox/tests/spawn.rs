@@ -7,28 +7,8 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::{
-    run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, RootEntry, SpawnError,
-    WaitError,
+    run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, SpawnError, WaitError,
 };
-
-fn usr_policy() -> Policy {
-    let mut policy = Policy::default();
-    policy.root.push(RootEntry::ReadOnly {
-        source: "/usr".into(),
-        target: "/usr".into(),
-    });
-    for (link, target) in [
-        ("/bin", "usr/bin"),
-        ("/lib", "usr/lib"),
-        ("/lib64", "usr/lib64"),
-    ] {
-        policy.root.push(RootEntry::Symlink {
-            target: target.into(),
-            path: link.into(),
-        });
-    }
-    policy
-}
 
 fn sh(script: &str) -> Command {
     Command::new("/usr/bin/sh").args(["-c", script])
@@ -39,7 +19,7 @@ fn outcome(cmd: Command, policy: &Policy) -> Outcome {
 }
 
 fn exit_codes_and_signals_come_from_the_kernel() {
-    let p = usr_policy();
+    let p = support::usr_policy();
     assert_eq!(outcome(sh("exit 0"), &p).exit, Some(Exit::Code(0)));
     assert_eq!(outcome(sh("exit 42"), &p).exit, Some(Exit::Code(42)));
     assert_eq!(
@@ -53,7 +33,7 @@ fn exit_codes_and_signals_come_from_the_kernel() {
 }
 
 fn the_wall_clock_and_the_killer_end_a_sandbox() {
-    let mut p = usr_policy();
+    let mut p = support::usr_policy();
     p.limits.wall_time = Duration::from_millis(300);
     let o = outcome(sh("sleep 60"), &p);
     assert_eq!((o.killed, o.exit), (Some(KillReason::WallTime), None));
@@ -91,7 +71,7 @@ fn a_default_policy_shows_nothing_of_the_host() {
 
 fn descriptors_pass_through_at_3() {
     let (r, w) = nix::unistd::pipe().unwrap();
-    let child = spawn(sh("echo through >&3").pass_fd(w), &usr_policy()).unwrap();
+    let child = spawn(sh("echo through >&3").pass_fd(w), &support::usr_policy()).unwrap();
     let o = child.wait().unwrap();
     assert_eq!(o.exit, Some(Exit::Code(0)));
     let mut got = String::new();
@@ -100,7 +80,7 @@ fn descriptors_pass_through_at_3() {
 }
 
 fn outcomes_report_usage_and_isolation() {
-    let o = outcome(sh("exit 0"), &usr_policy());
+    let o = outcome(sh("exit 0"), &support::usr_policy());
     assert_eq!(o.isolation.namespaces.len(), 7);
     assert!(o.isolation.seccomp && o.isolation.no_new_privs && o.isolation.capabilities_dropped);
     assert!(o.isolation.downgraded.is_empty());
@@ -108,7 +88,7 @@ fn outcomes_report_usage_and_isolation() {
 }
 
 fn every_process_of_a_sandbox_is_in_its_cgroup_once() {
-    let child = spawn(sh("exec sleep 60"), &usr_policy()).unwrap();
+    let child = spawn(sh("exec sleep 60"), &support::usr_policy()).unwrap();
     // The outer init, PID 1 and the program, each listed once though v1 has a directory per
     // controller; the outer init among them, however it got there.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -130,7 +110,7 @@ fn every_process_of_a_sandbox_is_in_its_cgroup_once() {
 /// reaches it on its loopback, and no other TCP port at all (Landlock).
 fn the_egress_listener_is_the_only_tcp_destination() {
     use std::io::Write;
-    let mut p = usr_policy();
+    let mut p = support::usr_policy();
     p.egress_port = Some(3128);
     let script = [
         "import socket",
@@ -172,7 +152,7 @@ fn the_egress_listener_is_the_only_tcp_destination() {
     // Without egress, not even the port: loopback is down and Landlock refuses every connect.
     let mut child = spawn(
         Command::new("/usr/bin/python3").args(["-I", "-c", "import socket\ntry: socket.create_connection(('127.0.0.1', 3128))\nexcept OSError as e: print(e.errno)"]),
-        &usr_policy(),
+        &support::usr_policy(),
     )
     .unwrap();
     assert!(child.take_egress_listener().is_none());
@@ -184,7 +164,7 @@ fn the_egress_listener_is_the_only_tcp_destination() {
 }
 
 fn invalid_policies_are_refused_before_anything_starts() {
-    let mut p = usr_policy();
+    let mut p = support::usr_policy();
     p.uid = 0;
     assert!(matches!(
         spawn(sh("exit 0"), &p),

@@ -19,23 +19,11 @@ const PYTHON: &str = "/usr/bin/python3";
 const FLAGS: [&str; 3] = ["-I", "-S", "-B"];
 
 fn policy() -> Policy {
-    let mut policy = Policy::default();
-    for dir in ["/usr", "/etc/alternatives"] {
-        policy.root.push(RootEntry::ReadOnly {
-            source: dir.into(),
-            target: dir.into(),
-        });
-    }
-    for (link, target) in [
-        ("/bin", "usr/bin"),
-        ("/lib", "usr/lib"),
-        ("/lib64", "usr/lib64"),
-    ] {
-        policy.root.push(RootEntry::Symlink {
-            target: target.into(),
-            path: link.into(),
-        });
-    }
+    let mut policy = support::usr_policy();
+    policy.root.push(RootEntry::ReadOnly {
+        source: "/etc/alternatives".into(),
+        target: "/etc/alternatives".into(),
+    });
     policy.limits.memory_bytes = 256 << 20;
     policy
 }

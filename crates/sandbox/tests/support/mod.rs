@@ -1,6 +1,28 @@
 //! The harness of the sandbox crate's test binaries, which have their own `main` because each
 //! is also its sandboxes' init: runs the tests whose names contain any argument given (all of
-//! them without one), and prints what libtest would.
+//! them without one), and prints what libtest would; and the policy they start from.
+
+use airlock_sandbox::{Policy, RootEntry};
+
+/// The default policy with `/usr` read-only and the usual links into it.
+pub fn usr_policy() -> Policy {
+    let mut policy = Policy::default();
+    policy.root.push(RootEntry::ReadOnly {
+        source: "/usr".into(),
+        target: "/usr".into(),
+    });
+    for (link, target) in [
+        ("/bin", "usr/bin"),
+        ("/lib", "usr/lib"),
+        ("/lib64", "usr/lib64"),
+    ] {
+        policy.root.push(RootEntry::Symlink {
+            target: target.into(),
+            path: link.into(),
+        });
+    }
+    policy
+}
 
 pub fn run_tests(tests: &[(&str, fn())]) {
     let filter: Vec<String> = std::env::args()
