@@ -1124,36 +1124,7 @@ fn isolation(iso: &airlock_sandbox::Isolation) -> airlock_api::Isolation {
 
 /// What a policy asks for, for results of sandboxes that never reported.
 fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
-    use airlock_sandbox::{LandlockReport, LandlockState};
-    let downgraded: Vec<String> = Mechanism::ALL
-        .iter()
-        .filter(|m| {
-            let e = match m {
-                Mechanism::Seccomp => policy.seccomp,
-                Mechanism::Landlock => policy.landlock,
-                Mechanism::Cgroups => policy.cgroups,
-            };
-            !e.is_required()
-        })
-        .map(|m| m.name().to_owned())
-        .collect();
-    isolation(&airlock_sandbox::Isolation {
-        namespaces: airlock_sandbox::NAMESPACES
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-        uid: policy.uid,
-        gid: policy.gid,
-        seccomp: policy.seccomp.is_required(),
-        landlock: LandlockReport {
-            state: LandlockState::NotEnforced,
-            abi: None,
-        },
-        cgroup: None,
-        no_new_privs: true,
-        capabilities_dropped: true,
-        downgraded,
-    })
+    isolation(&airlock_sandbox::Isolation::planned(policy, None))
 }
 
 /// Waits for a warm runner's ready byte; `None` (the sandbox killed and gone) if it never

@@ -174,6 +174,36 @@ pub struct Isolation {
     pub downgraded: Vec<String>,
 }
 
+impl Isolation {
+    /// What `policy` asks for, before the sandbox reports (Landlock's state comes from the
+    /// kernel, once the program is confined).
+    pub fn planned(policy: &Policy, cgroup: Option<CgroupVersion>) -> Isolation {
+        let downgraded = [
+            ("seccomp", policy.seccomp),
+            ("landlock", policy.landlock),
+            ("cgroups", policy.cgroups),
+        ]
+        .into_iter()
+        .filter(|(_, e)| !e.is_required())
+        .map(|(name, _)| name.to_owned())
+        .collect();
+        Isolation {
+            namespaces: NAMESPACES.iter().map(|s| (*s).to_owned()).collect(),
+            uid: policy.uid,
+            gid: policy.gid,
+            seccomp: policy.seccomp.is_required(),
+            landlock: LandlockReport {
+                state: LandlockState::NotEnforced,
+                abi: None,
+            },
+            cgroup,
+            no_new_privs: true,
+            capabilities_dropped: true,
+            downgraded,
+        }
+    }
+}
+
 /// Everything known once a sandbox is gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
@@ -501,29 +531,7 @@ impl Child {
             }),
             wake: wake_w,
         }));
-        let downgraded = [
-            ("seccomp", policy.seccomp),
-            ("landlock", policy.landlock),
-            ("cgroups", policy.cgroups),
-        ]
-        .into_iter()
-        .filter(|(_, e)| !e.is_required())
-        .map(|(name, _)| name.to_owned())
-        .collect();
-        let isolation = Isolation {
-            namespaces: NAMESPACES.iter().map(|s| (*s).to_owned()).collect(),
-            uid: policy.uid,
-            gid: policy.gid,
-            seccomp: policy.seccomp.is_required(),
-            landlock: LandlockReport {
-                state: LandlockState::NotEnforced,
-                abi: None,
-            },
-            cgroup: cgroup.as_ref().map(SandboxCgroup::version),
-            no_new_privs: true,
-            capabilities_dropped: true,
-            downgraded,
-        };
+        let isolation = Isolation::planned(policy, cgroup.as_ref().map(SandboxCgroup::version));
         Ok(Child {
             process,
             running: true,
