@@ -60,12 +60,12 @@ pub struct Filters {
     inherited: BpfProgram,
 }
 
-/// The filters compiled once for this process (see [`Filters::shared`]).
+/// The filters, ready once for this process (see [`Filters::shared`]).
 static SHARED: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
 
 impl Filters {
-    /// The embedded profile, compiled the first time this process asks: a host compiles it
-    /// once and hands the programs to each sandbox's init (`encode`), which installs them.
+    /// The embedded programs, decoded and merged the first time this process asks: a host
+    /// does it once and hands the programs to each sandbox's init (`encode`).
     pub fn shared() -> Result<&'static Filters, SeccompError> {
         SHARED
             .get_or_init(|| Filters::compile().map_err(|e| e.to_string()))
