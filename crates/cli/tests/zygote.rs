@@ -96,6 +96,22 @@ plt.savefig('/work/chart.png')
     // Loaded before the code ran: the chart costs only itself.
     assert!(r["result"][1].as_f64().unwrap() < 5.0, "{r}");
     assert_eq!(r["outputs"][0]["type"], "image/png", "{r}");
+    // pyplot was imported before the request: `plt.show()` still shows, in order.
+    let shown = from_a_zygote(
+        &server,
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\ndisplay('after')",
+    );
+    let kinds: Vec<&Value> = shown["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| &o["type"])
+        .collect();
+    assert_eq!(
+        kinds,
+        [&json!("image/png"), &json!("text/plain")],
+        "{shown}"
+    );
     // Code that names none of them runs in a lean zygote's child.
     let lean = from_a_zygote(&server, "import sys\nsorted(sys.modules)");
     assert_eq!(lean["status"], "ok", "{lean}");

@@ -209,7 +209,12 @@ def setup(request):
     def patch_pyplot(module):
         module.show = more()["show_figures"]
 
-    sys.meta_path.insert(0, AfterImport({"linecache": seed_linecache, "matplotlib.pyplot": patch_pyplot}))
+    hooks = {"linecache": seed_linecache, "matplotlib.pyplot": patch_pyplot}
+    for name in [n for n in hooks if n in sys.modules]:
+        # Loaded before the request (a zygote's preloads): hooked now.
+        hooks.pop(name)(sys.modules[name])
+    if hooks:
+        sys.meta_path.insert(0, AfterImport(hooks))
     import builtins
 
     builtins.display = display
