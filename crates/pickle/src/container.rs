@@ -96,11 +96,15 @@ const LOCAL: &[u8] = b"PK\x03\x04";
 const CENTRAL: &[u8] = b"PK\x01\x02";
 
 fn u16_at(d: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(d.get(at..at + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        d.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(d: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(d.get(at..at + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        d.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 /// What the central directory says of each member, by the offset of its local header.
@@ -115,7 +119,9 @@ struct Central {
 }
 
 fn u64_at(d: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        d.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// The central directory, read as each reader may read it: from every end record a reader
@@ -141,7 +147,9 @@ fn central_directory(data: &[u8]) -> Result<HashMap<usize, Central>, String> {
         if eocd >= 20 && data.get(eocd - 20..eocd - 16) == Some(b"PK\x06\x07") {
             let pointed = u64_at(data, eocd - 12).and_then(|r| usize::try_from(r).ok());
             for (record, zipfile) in [(eocd.checked_sub(76), true), (pointed, false)] {
-                if let Some(r) = record.filter(|&r| data.get(r..r + 4) == Some(b"PK\x06\x06")) {
+                // `r` comes from the file: anywhere up to the end of the address space.
+                let at_record = |r: usize| data.get(r..).and_then(|d| d.get(..4));
+                if let Some(r) = record.filter(|&r| at_record(r) == Some(b"PK\x06\x06")) {
                     let (size, offset) = (
                         u64_at(data, r + 40).unwrap_or(0),
                         u64_at(data, r + 48).unwrap_or(0),

@@ -211,6 +211,28 @@ fn overlapping_archive_members_cannot_make_the_work_quadratic() {
 }
 
 #[test]
+fn an_archive_pointing_past_the_address_space_is_never_a_panic() {
+    // Found by the zip_readers fuzzer: a ZIP64 end locator whose record offset is 2**64 - 2.
+    let hex: String = [
+        "504b030414000000000000000000d5eaee580a0000000a0000001000000061000000000047400000",
+        "000000706b6c58280000006161616161616161616161616161616161616161616161616161616161",
+        "616161616161616161616130636f730a735c797374656d0a2853276964270a74522e504b01021400",
+        "140000000000000600d164001c004300000043000000100000000000000000000000000000000000",
+        "617263686976652f646174612e706b6c504b06062c000000000000002d002d000000000000000000",
+        "01000000000000000100000000000000ffffffffffffff7f00000000000000e1504b060700000000",
+        "feffffffffffffff01000000504b05060000000001000100ffffffffffffffff0000",
+    ]
+    .concat();
+    let data: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(&data[data.len() - 22..data.len() - 18], b"PK\x05\x06");
+    let report = airlock_pickle::scan_file(&data, &Options::default());
+    assert_ne!(report.verdict(), &Verdict::Safe, "{report:?}");
+}
+
+#[test]
 fn discarded_deep_values_never_overflow_the_stack() {
     // A million nested tuples, thrown away by POP, then more: freed without recursion,
     // on a thread with a small stack.
