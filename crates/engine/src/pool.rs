@@ -192,7 +192,8 @@ impl Pool {
         Self::start_for(engine, config, policy, false)
     }
 
-    /// Starts filling a pool of sandboxes built from `policy` (an environment's).
+    /// Starts filling a pool of sandboxes built from `policy` (an environment's, or the
+    /// defaults'); with `preload`, children of the preloading zygote.
     pub(crate) fn start_for(
         engine: &Engine,
         config: PoolConfig,

@@ -231,15 +231,15 @@ impl Zygotes {
             .or_default() += 1;
     }
 
-    /// Whether `code` names one of the preloaded modules' packages: it then runs in a child
-    /// of the zygote that preloads them, and anything else in one of the lean zygote (a
-    /// smaller process forks and ends faster). Either way the sandbox is the same; a guess
-    /// wrong either way only costs time.
     /// Whether a zygote preloads anything (a pool of its children is worth keeping).
     pub(crate) fn preloads(&self) -> bool {
         self.config.enabled && !self.config.preload.is_empty()
     }
 
+    /// Whether `code` names one of the preloaded modules' packages: it then runs in a child
+    /// of the zygote that preloads them, and anything else in one of the lean zygote (a
+    /// smaller process forks and ends faster). Either way the sandbox is the same; a guess
+    /// wrong either way only costs time.
     pub(crate) fn wants_preloads(&self, code: &str) -> bool {
         self.config.enabled
             && self.config.preload.iter().any(|module| {
