@@ -82,6 +82,9 @@ pub struct ZygoteStatus {
     pub children: usize,
     /// Sandboxes made as zygote children.
     pub spawned: u64,
+    /// What a child of each ready zygote copies of it while it waits for its request (the
+    /// pages a first chart writes; 0 for a zygote without `matplotlib.pyplot`), summed.
+    pub prefault_bytes: u64,
     /// Sandboxes started cold instead, by reason.
     pub cold: BTreeMap<String, u64>,
     pub starts: u64,
@@ -463,6 +466,7 @@ impl Zygotes {
                 Slot::Ready { zygote, .. } => {
                     status.ready += 1;
                     status.children += zygote.children();
+                    status.prefault_bytes += zygote.prefault_bytes();
                 }
                 Slot::Failed(_) => {}
             }

@@ -408,6 +408,84 @@ fn a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it() {
     assert!(err.to_string().contains("nope"), "{err}");
 }
 
+/// The kB the child has written of its own (`Private_Dirty`), as its program starts.
+const PRIVATE_DIRTY: &str = "print(sum(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('Private_Dirty')))";
+
+/// Where a child's request is when it starts: nowhere yet (a pooled child waiting for it),
+/// on its stdin, or on a descriptor passed to the program.
+#[derive(Clone, Copy, PartialEq)]
+enum Request {
+    NotYet,
+    OnStdin,
+    OnItsOwnDescriptor,
+}
+
+/// Runs `PRIVATE_DIRTY` in a child of `zygote`, its request as `request` says; its stdin
+/// stays open (and empty unless the request is there) until the program has ended.
+fn private_dirty_kb(zygote: &Zygote, policy: &Policy, request: Request) -> u64 {
+    use std::io::Write;
+    let mut command = command(PRIVATE_DIRTY);
+    if request == Request::OnItsOwnDescriptor {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&w, b"request\n").unwrap();
+        command = command.pass_fd(r);
+    }
+    let mut child = zygote.spawn(command, policy).expect("spawn");
+    let mut stdin = child.take_stdin();
+    if request == Request::OnStdin {
+        stdin.as_mut().unwrap().write_all(b"request\n").unwrap();
+    }
+    let mut out = child.take_stdout().unwrap();
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    drop(stdin);
+    let outcome = child.wait().expect("wait");
+    assert_eq!(outcome.exit, Some(Exit::Code(0)), "{}", zygote.log_tail());
+    stdout.trim().parse().expect(&stdout)
+}
+
+fn a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait() {
+    let lean = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    assert_eq!(lean.prefault_bytes(), 0, "only a zygote that draws surveys");
+    drop(lean);
+    let mut charting = spec(&["matplotlib.pyplot"]);
+    // Its font cache built in the zygote's scratch, its defaults from /usr (not /etc).
+    for (key, value) in [
+        ("MPLCONFIGDIR", "/tmp"),
+        ("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data"),
+        ("MPLBACKEND", "Agg"),
+    ] {
+        charting.env.insert(key.into(), value.into());
+    }
+    let zygote = Zygote::start(&charting, &policy()).expect("zygote");
+    let surveyed_kb = zygote.prefault_bytes() / 1024;
+    // A first chart writes megabytes of the zygote's pages (its heap's reference counts).
+    assert!(
+        surveyed_kb > 2048,
+        "surveyed {surveyed_kb} kB: {}",
+        zygote.log_tail()
+    );
+    let waited = private_dirty_kb(&zygote, &policy(), Request::NotYet);
+    let went_on = private_dirty_kb(&zygote, &policy(), Request::OnStdin);
+    let went_on_too = private_dirty_kb(&zygote, &policy(), Request::OnItsOwnDescriptor);
+    // Waiting, it copied them; with a request waiting, it went on at once.
+    for went_on in [went_on, went_on_too] {
+        assert!(
+            waited >= went_on + surveyed_kb / 2,
+            "waited {waited} kB, went on {went_on} kB, surveyed {surveyed_kb} kB"
+        );
+    }
+    // Never more than a quarter of its memory limit.
+    let mut small = policy();
+    small.limits.memory_bytes = (16 << 20) + surveyed_kb * 1024 / 2;
+    let budget_kb = small.limits.memory_bytes / 4 / 1024;
+    let capped = private_dirty_kb(&zygote, &small, Request::NotYet);
+    assert!(
+        capped <= went_on + budget_kb + 512 && capped >= went_on + budget_kb / 2,
+        "capped {capped} kB, went on {went_on} kB, budget {budget_kb} kB"
+    );
+}
+
 fn main() {
     run_if_init();
     if std::env::var_os("ZYGOTE_TIMING").is_some() {
@@ -432,6 +510,10 @@ fn main() {
         (
             "a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it",
             a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it,
+        ),
+        (
+            "a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait",
+            a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait,
         ),
         (
             "a_zygote_that_dies_is_noticed",

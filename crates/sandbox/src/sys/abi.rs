@@ -24,6 +24,19 @@ pub extern "C" fn airlock_zygote_next() -> c_int {
     inside::next()
 }
 
+/// In a fork of the zygote that drew a first chart: stops it, for `airlock_zygote_survey`.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_surveyed() {
+    inside::surveyed()
+}
+
+/// In the zygote: records which of its pages `pid` (stopped by `airlock_zygote_surveyed`)
+/// wrote, then kills and reaps it. Returns the bytes recorded.
+#[no_mangle]
+pub extern "C" fn airlock_zygote_survey(pid: c_int) -> u64 {
+    inside::survey(pid)
+}
+
 /// In the zygote after `os.fork()`: the child's pid, or `-errno` when the fork failed.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_forked(pid: c_int) {

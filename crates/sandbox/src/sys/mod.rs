@@ -458,3 +458,29 @@ pub fn fork_into_namespaces(namespaces: u64) -> io::Result<Option<(i32, OwnedFd)
         p => Ok(Some((p as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))),
     }
 }
+
+/// `madvise(MADV_POPULATE_WRITE)` over `[start, start + len)`: every page of the range made
+/// present and writable, a copy-on-write page copied, as a write would, without writing.
+pub fn populate_write(start: usize, len: usize) -> io::Result<()> {
+    // SAFETY: MADV_POPULATE_WRITE changes no byte the process can read and maps nothing new:
+    // it faults in pages of mappings that already exist, and fails (ENOMEM, EFAULT, EINVAL)
+    // on a range that is not mapped, not writable, or on a kernel before 5.14.
+    let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether `fd` has something to read (or its writer is gone) right now.
+pub fn readable_now(fd: RawFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd that lives on our stack for the call; a zero timeout never blocks.
+    let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
+    rc != 0
+}

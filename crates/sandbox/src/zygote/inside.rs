@@ -67,7 +67,15 @@ pub(crate) struct ChildRequest {
 
 /// Zygote to host, once: its modules are loaded and it takes requests.
 #[derive(Debug, Serialize, Deserialize)]
-pub(crate) struct ZygoteReady {}
+pub(crate) struct ZygoteReady {
+    /// What each child copies of the zygote's memory before its program runs (`survey`).
+    pub prefault_bytes: u64,
+}
+
+/// At most this much of the zygote's memory is recorded by `survey`.
+const SURVEY_MAX_BYTES: usize = 64 << 20;
+/// How much a child copies between two looks at its stdin (`prefault`).
+const PREFAULT_CHUNK: usize = 128 << 10;
 
 /// Zygote to template init: build a jail. Descriptors: the cgroup files to join.
 #[derive(Debug, Serialize, Deserialize)]
@@ -439,6 +447,8 @@ struct Zygote {
     filters: Filters,
     pending: Option<Pending>,
     live: Vec<Live>,
+    /// The zygote's pages a first chart writes, as (start, length): see `survey`.
+    surveyed: Vec<(usize, usize)>,
 }
 
 /// A child being made: its request and descriptors, and its jail.
@@ -490,6 +500,7 @@ pub(crate) fn start() -> i32 {
             filters,
             pending: None,
             live: Vec::new(),
+            surveyed: Vec::new(),
         })
     })();
     match started {
@@ -507,16 +518,100 @@ pub(crate) fn start() -> i32 {
 /// The zygote's modules are loaded: it tells the host it takes requests. 0 on success.
 pub(crate) fn ready() -> i32 {
     let guard = zygote_state();
-    let Some(host) = guard.as_ref().and_then(|z| z.host.as_ref()) else {
+    let Some(z) = guard.as_ref() else { return -1 };
+    let Some(host) = z.host.as_ref() else {
         return -1;
     };
-    match proto::send_msg(host, &ZygoteReady {}) {
+    let prefault_bytes = z.surveyed.iter().map(|(_, len)| *len as u64).sum();
+    match proto::send_msg(host, &ZygoteReady { prefault_bytes }) {
         Ok(()) => 0,
         Err(e) => {
             complain("saying it is ready", e);
             -1
         }
     }
+}
+
+/// In a fork of the zygote that has drawn a first chart: stops, to be surveyed and killed.
+pub(crate) fn surveyed() {
+    let _ = nix::sys::signal::raise(Signal::SIGSTOP);
+    sys::exit_immediately(0)
+}
+
+/// In the zygote, before its first child: `pid` is a fork of it that drew a chart and stopped
+/// (`surveyed`). The pages it wrote (present in it and no longer shared with us: copies of
+/// ours, or new in our mappings) are the ones every child that draws a chart would copy, one
+/// fault each; recorded, each child copies them while it waits for its request (`prefault`).
+/// The fork is killed and reaped. Returns the bytes recorded.
+pub(crate) fn survey(pid: i32) -> u64 {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let pid = unistd::Pid::from_raw(pid);
+    let stopped = matches!(
+        waitpid(pid, Some(WaitPidFlag::WUNTRACED)),
+        Ok(WaitStatus::Stopped(..))
+    );
+    let pages = if stopped {
+        written_pages(pid.as_raw()).unwrap_or_else(|e| {
+            complain("surveying a chart's pages", e);
+            Vec::new()
+        })
+    } else {
+        Vec::new()
+    };
+    if stopped {
+        let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        let _ = waitpid(pid, None);
+    }
+    let bytes = pages.iter().map(|(_, len)| *len as u64).sum();
+    if let Some(z) = zygote_state().as_mut() {
+        z.surveyed = pages;
+    }
+    bytes
+}
+
+/// The pages of our private writable mappings that `pid`, a fork of ours, has written, from
+/// its `/proc/<pid>/pagemap` (bit 63: present; bit 56: mapped by it alone), as ranges.
+fn written_pages(pid: i32) -> io::Result<Vec<(usize, usize)>> {
+    use std::os::unix::fs::FileExt;
+    let page = 4096usize;
+    let maps = fs::read_to_string("/proc/self/maps")?;
+    let pagemap = fs::File::open(format!("/proc/{pid}/pagemap"))?;
+    let mut ranges: Vec<(usize, usize)> = Vec::new();
+    let mut total = 0usize;
+    let mut entries = vec![0u8; 8 * 1024];
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(span), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let perms = perms.as_bytes();
+        if perms.get(1) != Some(&b'w') || perms.get(3) != Some(&b'p') {
+            continue;
+        }
+        let Some((lo, hi)) = span.split_once('-') else {
+            continue;
+        };
+        let parse = |hex| usize::from_str_radix(hex, 16).map_err(io::Error::other);
+        let (lo, hi) = (parse(lo)?, parse(hi)?);
+        let mut at = lo;
+        while at < hi && total < SURVEY_MAX_BYTES {
+            let pages = ((hi - at) / page).min(entries.len() / 8);
+            let chunk = &mut entries[..pages * 8];
+            pagemap.read_exact_at(chunk, (at / page * 8) as u64)?;
+            for entry in chunk.chunks_exact(8) {
+                let bits = u64::from_le_bytes(entry.try_into().expect("8 bytes"));
+                if bits >> 63 & 1 == 1 && bits >> 56 & 1 == 1 && total < SURVEY_MAX_BYTES {
+                    match ranges.last_mut() {
+                        Some((start, len)) if *start + *len == at => *len += page,
+                        _ => ranges.push((at, page)),
+                    }
+                    total += page;
+                }
+                at += page;
+            }
+        }
+    }
+    Ok(ranges)
 }
 
 /// Waits for the next child to make, reaping children that end meanwhile. 1: fork now (the
@@ -719,6 +814,7 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
         sys::exit_immediately(127)
     };
     let entered = enter(&request, &fds, &jail, &z.filters, &status);
+    let surveyed = std::mem::take(&mut z.surveyed);
     // Everything the zygote held is closed by now, with every other descriptor: nothing
     // may close those numbers again later, when they may name the program's own files.
     std::mem::forget((z, fds, jail));
@@ -732,7 +828,38 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
         sys::exit_immediately(127)
     }
     out[..encoded.len()].copy_from_slice(&encoded);
+    // Its stdin and its own descriptors: a request comes on one of them.
+    let inputs: Vec<RawFd> = std::iter::once(0)
+        .chain((0..request.extra_fds as RawFd).map(|i| 3 + i))
+        .collect();
+    prefault(&surveyed, &request.policy, &inputs);
     encoded.len()
+}
+
+/// Copies the zygote's pages that `survey` found a first chart writes, before the program
+/// runs, so that its first chart does not fault on each: while nothing waits to be read on
+/// `inputs` (a pooled child has the time; one made for a waiting request goes on at once),
+/// and at most a quarter of the memory limit, as the copies are charged to its cgroup.
+fn prefault(ranges: &[(usize, usize)], policy: &Policy, inputs: &[RawFd]) {
+    let mut budget = usize::try_from(policy.limits.memory_bytes / 4).unwrap_or(usize::MAX);
+    for &(start, len) in ranges {
+        let end = start + len.min(budget);
+        budget -= end - start;
+        let mut at = start;
+        while at < end {
+            if inputs.iter().any(|fd| sys::readable_now(*fd)) {
+                return;
+            }
+            let n = (end - at).min(PREFAULT_CHUNK);
+            if sys::populate_write(at, n).is_err() {
+                return;
+            }
+            at += n;
+        }
+        if budget == 0 {
+            return;
+        }
+    }
 }
 
 fn encode_program(request: &ChildRequest) -> Vec<u8> {

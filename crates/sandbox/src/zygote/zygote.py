@@ -13,6 +13,24 @@ import os
 import sys
 
 
+def chart():
+    # What data agents draw: a frame's plot when pandas is loaded, saved as a PNG.
+    import io
+
+    plt = sys.modules["matplotlib.pyplot"]
+    fig, ax = plt.subplots()
+    pandas = sys.modules.get("pandas")
+    if pandas is not None:
+        frame = pandas.DataFrame({"x": range(100), "y": [v * v for v in range(100)]})
+        frame.plot(x="x", y="y", ax=ax, title="x")
+    else:
+        ax.plot([0, 1], [0, 1], label="x")
+        ax.set_title("x")
+        ax.legend()
+    fig.savefig(io.BytesIO(), format="png")
+    plt.close("all")
+
+
 def serve():
     before = set(sys.modules)
     import ctypes
@@ -21,6 +39,8 @@ def serve():
     lib = ctypes.PyDLL(sys.argv[1])
     lib.airlock_zygote_child.restype = ctypes.c_size_t
     lib.airlock_zygote_child.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.airlock_zygote_survey.restype = ctypes.c_uint64
+    lib.airlock_zygote_survey.argtypes = [ctypes.c_int]
     buf = ctypes.create_string_buffer(1 << 18)
     # The seccomp filters the children inherit, before anything else runs here.
     if lib.airlock_zygote_start() != 0:
@@ -34,20 +54,14 @@ def serve():
             __import__(name)
         except Exception as e:
             print("airlock zygote: preloading %s: %r" % (name, e), file=sys.stderr, flush=True)
-    if "matplotlib.pyplot" in sys.modules:
+    charts = "matplotlib.pyplot" in sys.modules
+    if charts:
         # Fonts loaded, the text and Agg renderer caches filled: what every first chart of a
         # process pays, paid once here.
         try:
-            import io
-
-            plt = sys.modules["matplotlib.pyplot"]
-            fig, ax = plt.subplots()
-            ax.plot([0, 1], [0, 1], label="x")
-            ax.set_title("x")
-            ax.legend()
-            fig.savefig(io.BytesIO(), format="png")
-            plt.close("all")
+            chart()
         except Exception as e:
+            charts = False
             print("airlock zygote: warming matplotlib: %r" % e, file=sys.stderr, flush=True)
     sys.path[:] = path
     if preload:
@@ -70,10 +84,21 @@ def serve():
         if not callable(main.__dict__.get("__zygote_start__")):
             print("airlock zygote: the program defines no __zygote_start__", file=sys.stderr, flush=True)
             os._exit(1)
-    if lib.airlock_zygote_ready() != 0:
-        os._exit(1)
     gc.collect()
     gc.freeze()
+    if charts:
+        # Which of our pages a first chart writes, seen in a fork that draws one and stops:
+        # each child copies them while it waits for its request, not one fault at a time
+        # while it draws (the library's `survey` and `prefault`).
+        pid = os.fork()
+        if pid == 0:
+            try:
+                chart()
+            finally:
+                lib.airlock_zygote_surveyed()
+        lib.airlock_zygote_survey(pid)
+    if lib.airlock_zygote_ready() != 0:
+        os._exit(1)
     # How many modules the zygote has: a child's own come after them (sys.modules keeps the
     # order of insertion), and telling them apart must not touch the zygote's (every object a
     # child touches costs it a copy of its page).
@@ -95,7 +120,7 @@ def serve():
 
 
 CODE, PREPARED, SPEC, HELPERS, _LOADED = serve()
-del serve
+del serve, chart
 for _name in HELPERS:
     sys.modules.pop(_name, None)
 _LOADED -= len(HELPERS)
