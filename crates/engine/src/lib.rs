@@ -173,6 +173,10 @@ pub enum EngineError {
     },
     #[error("the execution was cancelled before its sandbox started")]
     Cancelled,
+    /// A pooled child of the preloading zygote was asked for while that zygote cannot serve:
+    /// a cold sandbox in its place would hold none of its preloads, so the pool waits.
+    #[error("the preloading zygote is not ready")]
+    ZygoteNotReady,
 }
 
 /// One execution's result, and how long its sandbox took to be ready.
@@ -414,6 +418,12 @@ impl Engine {
             return Ok((spawn(command, policy)?, control));
         };
         let sys_path = || self.policy_sys_path(policy);
+        if mode == Mode::Warm && preload {
+            return match zygotes.spawn_preloaded(command, policy, sys_path) {
+                Some(child) => Ok((child?, control)),
+                None => Err(EngineError::ZygoteNotReady),
+            };
+        }
         if mode == Mode::Cold {
             if tools_passed {
                 zygotes.count_cold("tools");

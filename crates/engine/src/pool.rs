@@ -34,6 +34,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// How often a pool of the preloading zygote's children looks again while that zygote starts.
+const ZYGOTE_WAIT: Duration = Duration::from_millis(200);
 /// The longest a refill waits for running executions to end (see `defer_refill`).
 const LAZY_REFILL: Duration = Duration::from_millis(100);
 
@@ -423,6 +425,12 @@ fn refill(s: &Arc<Shared>) {
                 backoff = BACKOFF;
                 s.refills.fetch_add(1, Ordering::Relaxed);
                 state.idle.push_back(warm);
+            }
+            Err(EngineError::ZygoteNotReady) => {
+                // Not a failure: the zygote starts (or cannot, which its own status says).
+                let _ = s
+                    .wake
+                    .wait_timeout_while(state, ZYGOTE_WAIT, |st| !st.closed);
             }
             Err(e) => {
                 s.failures.fetch_add(1, Ordering::Relaxed);

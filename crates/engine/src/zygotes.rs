@@ -444,6 +444,22 @@ impl Zygotes {
         }
     }
 
+    /// As `spawn`, for a pooled child of the preloading zygote: `None`, and nothing counted,
+    /// while that zygote cannot serve (the pool waits for it; its start is asked for here).
+    pub(crate) fn spawn_preloaded(
+        &self,
+        command: Command,
+        policy: &Policy,
+        sys_path: impl FnOnce() -> Vec<String>,
+    ) -> Option<Result<Child, SpawnError>> {
+        let zygote = self.zygote_for(&command, policy, true, sys_path).ok()?;
+        let child = zygote.spawn(command, policy);
+        if child.is_ok() {
+            self.spawned.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(child)
+    }
+
     pub(crate) fn status(&self) -> ZygoteStatus {
         let slots = self.slots();
         let mut status = ZygoteStatus {
