@@ -440,6 +440,10 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
         ))
     });
     let mut engine = Engine::new(config).map_err(|e| e.to_string())?;
+    // The runner compiled once and kept where `airlock serve` keeps its state; without it
+    // the sandbox compiles the runner's source, as before.
+    let cache = airlock_server::config::Config::default().state_dir();
+    let _ = engine.use_compiled_runner(&cache.join("runner"));
     if args.zygote {
         let mut zygote = airlock_engine::ZygoteConfig::default();
         if let Some(preload) = &args.preload {

@@ -512,3 +512,84 @@ fn without_a_required_mechanism_airlock_refuses_unless_it_is_downgraded_by_name(
     std::fs::remove_dir_all(bin.parent().unwrap()).unwrap();
     HostState::now().assert_same_as(&before, &r);
 }
+
+/// `airlock run --json -` with `code` on stdin and its state directory under `data`.
+fn run_with_data_home(data: &std::path::Path, code: &str) -> Value {
+    let mut child = airlock()
+        .env("XDG_DATA_HOME", data)
+        .args(["run", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start airlock");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(code.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+#[test]
+fn a_cold_sandbox_loads_the_runner_compiled_once_and_never_sees_it() {
+    let _g = serial();
+    let before = HostState::now();
+    let data = std::env::temp_dir().join(format!("airlock-test-{}-runner", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data);
+    std::fs::create_dir_all(&data).unwrap();
+    // What the program sees of its own start: its descriptors, and whether the runner came
+    // compiled (the code after -c is then the loader, not the runner's source).
+    let probe = "import os, sys\n\
+        print(sorted(os.listdir('/proc/self/fd')), sys.orig_argv[5].startswith('import marshal, os\\n_c = '))\n\
+        1 / 0";
+    let compiled = run_with_data_home(&data, probe);
+    // A state directory that cannot be made: the sandbox compiles the source, as before.
+    let source = run_with_data_home(std::path::Path::new("/proc/airlock-none"), probe);
+    let seen = |r: &Value| r["stdout"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        seen(&compiled),
+        "['0', '1', '2', '3', '4'] True\n",
+        "{compiled}"
+    );
+    assert_eq!(
+        seen(&source),
+        "['0', '1', '2', '3', '4'] False\n",
+        "{source}"
+    );
+    // The same answer either way, the traceback included.
+    assert_eq!(compiled["error"], source["error"]);
+    assert_eq!(compiled["status"], "error", "{compiled}");
+    // Kept, and used again only while it is whole: a changed entry is made again.
+    let dir = data.join("airlock/runner");
+    let entries: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let kept = std::fs::read(&entries[0]).unwrap();
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let mut spoiled = kept.clone();
+    let last = spoiled.len() - 1;
+    spoiled[last] ^= 0xff;
+    std::fs::write(&entries[0], &spoiled).unwrap();
+    let again = run_with_data_home(&data, probe);
+    assert_eq!(seen(&again), seen(&compiled), "{again}");
+    let remade = std::fs::read(&entries[0]).unwrap();
+    assert!(remade != spoiled && remade.starts_with(b"airlock compiled runner 1\n"));
+    let answer = run_with_data_home(&data, "6 * 7");
+    assert_eq!(answer["result"], 42, "{answer}");
+    HostState::now().assert_same_as(&before, &answer);
+    std::fs::remove_dir_all(&data).unwrap();
+}

@@ -7,6 +7,7 @@
 //! exception. The status comes from the kernel (see `verdict`).
 #![forbid(unsafe_code)]
 
+mod compiled;
 mod config;
 pub mod environments;
 mod interpreter;
@@ -205,6 +206,8 @@ pub struct Engine {
     /// Fresh sandboxes as forks of a zygote, where one serves them (see `zygotes`).
     zygotes: Option<Arc<zygotes::Zygotes>>,
     defer_cleanup: bool,
+    /// The runner compiled once, for cold sandboxes (see `use_compiled_runner`).
+    compiled: Option<compiled::CompiledRunner>,
 }
 
 /// Warm pools for environments in demand: one per stored environment, started by the first
@@ -230,7 +233,35 @@ impl Engine {
             env_pools: None,
             zygotes: None,
             defer_cleanup: false,
+            compiled: None,
         })
+    }
+
+    /// Cold sandboxes load the runner compiled once (see `compiled`) instead of compiling its
+    /// source, kept in `cache_dir` (made if missing). On failure they keep the source.
+    pub fn use_compiled_runner(&mut self, cache_dir: &Path) -> Result<(), String> {
+        let policy = self.policy(&self.config.defaults);
+        let runner =
+            compiled::CompiledRunner::load(&self.interpreter.path, RUNNER, &policy, cache_dir)?;
+        self.compiled = Some(runner);
+        Ok(())
+    }
+
+    /// Starts `command`, a runner's, cold: with the compiled runner when there is one.
+    fn spawn_cold(
+        &self,
+        mut command: Command,
+        policy: &Policy,
+    ) -> Result<airlock_sandbox::Child, SpawnError> {
+        if let Some(runner) = &self.compiled {
+            if let Ok(fd) = runner.descriptor() {
+                let boot = runner.boot(3 + command.passed_fds());
+                if command.replace_arg(RUNNER, boot) {
+                    command = command.pass_fd(fd);
+                }
+            }
+        }
+        spawn(command, policy)
     }
 
     /// Makes fresh sandboxes forks of zygotes from now on, where a zygote serves them (this
@@ -415,7 +446,7 @@ impl Engine {
             Mode::Session => command = command.arg("session"),
         }
         let Some(zygotes) = &self.zygotes else {
-            return Ok((spawn(command, policy)?, control));
+            return Ok((self.spawn_cold(command, policy)?, control));
         };
         let sys_path = || self.policy_sys_path(policy);
         if mode == Mode::Warm && preload {
@@ -427,7 +458,7 @@ impl Engine {
         if mode == Mode::Cold {
             if tools_passed {
                 zygotes.count_cold("tools");
-                return Ok((spawn(command, policy)?, control));
+                return Ok((self.spawn_cold(command, policy)?, control));
             }
             // Says it is ready first, so that a child that never started (its zygote died
             // meanwhile) is noticed before the request is sent, and the job starts cold.
@@ -446,7 +477,7 @@ impl Engine {
         }
         match zygotes.spawn(command, policy, preload, sys_path) {
             Ok(child) => Ok((child?, control)),
-            Err(command) => Ok((spawn(command, policy)?, control)),
+            Err(command) => Ok((self.spawn_cold(command, policy)?, control)),
         }
     }
 

@@ -78,6 +78,22 @@ impl Command {
         self
     }
 
+    /// How many descriptors are passed so far: the next one is found at `3 + this`.
+    pub fn passed_fds(&self) -> usize {
+        self.fds.len()
+    }
+
+    /// Replaces the first argument equal to `from` with `to`; whether there was one.
+    pub fn replace_arg(&mut self, from: &str, to: String) -> bool {
+        match self.args.iter_mut().skip(1).find(|a| *a == from) {
+            Some(arg) => {
+                *arg = to;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A copy with the same descriptors duplicated, to try another way if one fails.
     pub fn try_clone(&self) -> std::io::Result<Command> {
         Ok(Command {

@@ -188,6 +188,11 @@ pub(crate) fn start_engine(
             );
         }
     }
+    // Cold sandboxes (tools, egress, downgrades, any while a zygote starts) load the runner
+    // compiled once instead of compiling it.
+    if let Err(e) = engine.use_compiled_runner(&state_dir.join("runner")) {
+        tracing::warn!(error = %e, "cold sandboxes compile the runner themselves");
+    }
     // Before the pool, whose sandboxes then come from zygotes once one is ready.
     engine.start_zygotes(config.zygote.clone());
     // After the leftovers are gone: the pool's sandboxes are this run's.
