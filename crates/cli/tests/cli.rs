@@ -515,28 +515,8 @@ fn without_a_required_mechanism_airlock_refuses_unless_it_is_downgraded_by_name(
 
 /// `airlock run --json -` with `code` on stdin and its state directory under `data`.
 fn run_with_data_home(data: &std::path::Path, code: &str) -> Value {
-    let mut child = airlock()
-        .env("XDG_DATA_HOME", data)
-        .args(["run", "--json", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start airlock");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(code.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    let env = [("XDG_DATA_HOME", data.as_os_str())];
+    invoke_env(&["run", "--json", "-"], code.as_bytes(), &env).json
 }
 
 #[test]

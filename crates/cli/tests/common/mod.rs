@@ -109,7 +109,12 @@ impl Live {
 
 /// `airlock ARGS` with all three standard streams piped.
 fn piped(args: &[&str]) -> Child {
+    piped_env(args, &[])
+}
+
+fn piped_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Child {
     airlock()
+        .envs(env.iter().copied())
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -136,7 +141,12 @@ pub fn start(args: &[&str], code: Option<&[u8]>) -> Live {
 
 /// Runs `airlock ARGS` with `stdin` as its standard input, without the host checks.
 pub fn invoke(args: &[&str], stdin: &[u8]) -> Run {
-    let mut child = piped(args);
+    invoke_env(args, stdin, &[])
+}
+
+/// As [`invoke`], with these environment variables set for airlock.
+pub fn invoke_env(args: &[&str], stdin: &[u8], env: &[(&str, &std::ffi::OsStr)]) -> Run {
+    let mut child = piped_env(args, env);
     let mut input = child.stdin.take().expect("stdin");
     let data = stdin.to_vec();
     let writer = std::thread::spawn(move || {
