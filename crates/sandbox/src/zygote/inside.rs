@@ -546,9 +546,12 @@ pub(crate) fn surveyed() {
 pub(crate) fn survey(pid: i32) -> u64 {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let pid = unistd::Pid::from_raw(pid);
-    let stopped = matches!(
-        waitpid(pid, Some(WaitPidFlag::WUNTRACED)),
-        Ok(WaitStatus::Stopped(..))
+    let waited = waitpid(pid, Some(WaitPidFlag::WUNTRACED));
+    let stopped = matches!(waited, Ok(WaitStatus::Stopped(..)));
+    // Whatever became of it, it goes (unless it is already reaped: its pid may be another's).
+    let reaped = matches!(
+        waited,
+        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..))
     );
     let pages = if stopped {
         written_pages(pid.as_raw()).unwrap_or_else(|e| {
@@ -558,7 +561,7 @@ pub(crate) fn survey(pid: i32) -> u64 {
     } else {
         Vec::new()
     };
-    if stopped {
+    if !reaped {
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
     }
