@@ -31,9 +31,9 @@ pub extern "C" fn airlock_zygote_surveyed() {
 }
 
 /// In the zygote: records which of its pages `pid` (stopped by `airlock_zygote_surveyed`)
-/// wrote, then kills and reaps it. Returns the bytes recorded.
+/// wrote, then kills and reaps it.
 #[no_mangle]
-pub extern "C" fn airlock_zygote_survey(pid: c_int) -> u64 {
+pub extern "C" fn airlock_zygote_survey(pid: c_int) {
     inside::survey(pid)
 }
 

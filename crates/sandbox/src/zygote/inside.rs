@@ -542,8 +542,8 @@ pub(crate) fn surveyed() {
 /// (`surveyed`). The pages it wrote (present in it and no longer shared with us: copies of
 /// ours, or new in our mappings) are the ones every child that draws a chart would copy, one
 /// fault each; recorded, each child copies them while it waits for its request (`prefault`).
-/// The fork is killed and reaped. Returns the bytes recorded.
-pub(crate) fn survey(pid: i32) -> u64 {
+/// The fork is killed and reaped; `ready` tells the host how much was recorded.
+pub(crate) fn survey(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     let pid = unistd::Pid::from_raw(pid);
     let waited = waitpid(pid, Some(WaitPidFlag::WUNTRACED));
@@ -565,11 +565,9 @@ pub(crate) fn survey(pid: i32) -> u64 {
         let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
         let _ = waitpid(pid, None);
     }
-    let bytes = pages.iter().map(|(_, len)| *len as u64).sum();
     if let Some(z) = zygote_state().as_mut() {
         z.surveyed = pages;
     }
-    bytes
 }
 
 /// The pages of our private writable mappings that `pid`, a fork of ours, has written, from

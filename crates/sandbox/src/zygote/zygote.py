@@ -39,7 +39,7 @@ def serve():
     lib = ctypes.PyDLL(sys.argv[1])
     lib.airlock_zygote_child.restype = ctypes.c_size_t
     lib.airlock_zygote_child.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    lib.airlock_zygote_survey.restype = ctypes.c_uint64
+    lib.airlock_zygote_survey.restype = None
     lib.airlock_zygote_survey.argtypes = [ctypes.c_int]
     buf = ctypes.create_string_buffer(1 << 18)
     # The seccomp filters the children inherit, before anything else runs here.
