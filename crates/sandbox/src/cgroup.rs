@@ -548,12 +548,12 @@ impl SandboxCgroup {
         pids
     }
 
-    /// SIGKILLs every process still inside, until none is left.
-    pub fn kill_all(&self) {
+    /// SIGKILLs every process still inside, until none is left; true when none is.
+    pub fn kill_all(&self) -> bool {
         if self.version == CgroupVersion::V2 {
             if let Some(kill) = self.dirs.first().map(|d| d.join("cgroup.kill")) {
                 if fs::write(&kill, "1").is_ok() {
-                    return;
+                    return self.pids().is_empty();
                 }
             }
         }
@@ -562,7 +562,7 @@ impl SandboxCgroup {
         for _ in 0..100 {
             let pids = self.pids();
             if pids.is_empty() {
-                return;
+                return true;
             }
             for pid in pids {
                 let _ = nix::sys::signal::kill(
@@ -572,6 +572,7 @@ impl SandboxCgroup {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        self.pids().is_empty()
     }
 
     /// Kills what is left and removes the directories.

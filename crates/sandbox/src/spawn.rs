@@ -789,8 +789,8 @@ impl Child {
             .map(SandboxCgroup::stats)
             .unwrap_or_default();
         if let Some(cg) = cgroup {
-            cg.kill_all();
-            if self.defer_cleanup && cg.pids().is_empty() {
+            let emptied = cg.kill_all();
+            if self.defer_cleanup && emptied {
                 cg.remove_later()?;
             } else {
                 cg.remove()?;
