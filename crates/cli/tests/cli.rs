@@ -523,9 +523,7 @@ fn run_with_data_home(data: &std::path::Path, code: &str) -> Value {
 fn a_cold_sandbox_loads_the_runner_compiled_once_and_never_sees_it() {
     let _g = serial();
     let before = HostState::now();
-    let data = std::env::temp_dir().join(format!("airlock-test-{}-runner", std::process::id()));
-    let _ = std::fs::remove_dir_all(&data);
-    std::fs::create_dir_all(&data).unwrap();
+    let data = scratch_dir("runner");
     // What the program sees of its own start: its descriptors, and whether the runner came
     // compiled (the code after -c is then the loader, not the runner's source).
     let probe = "import os, sys\n\

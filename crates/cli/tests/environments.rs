@@ -7,22 +7,16 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use common::http::{call_as, request, Response, Server};
 use common::key_hash as hash;
+use common::scratch_dir;
 use serde_json::{json, Value};
 
 const ADMIN: &str = "admin-key-0123456789abcdef";
 const USER: &str = "user-key-0123456789abcdef";
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("airlock-envs-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `python3 -m http.server` over a directory, on a free loopback port.
 struct Served {
@@ -146,7 +140,7 @@ fn entries(dir: &Path) -> Vec<String> {
 #[test]
 fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
     let _serial = common::serial();
-    let dir = scratch("build");
+    let dir = scratch_dir("build");
     let index = local_index(&dir.join("index"), &dir, 9, 0.0);
     // With the warm pool on: an environment in demand gets a pool of its own.
     let server = Server::start(&format!("[pool]\nsize = 1\n{}", config(index.port)), &[]);
@@ -310,7 +304,7 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
 #[test]
 fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_used() {
     let _serial = common::serial();
-    let dir = scratch("hostile");
+    let dir = scratch_dir("hostile");
     let other = Served::start(&dir);
     let index = local_index(&dir.join("index"), &dir, other.port, 3.0);
     let server = Server::start(&config(index.port), &[]);
@@ -430,7 +424,7 @@ fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_use
 #[test]
 fn pip_install_in_a_session_is_importable_in_the_next_cell() {
     let _serial = common::serial();
-    let dir = scratch("session");
+    let dir = scratch_dir("session");
     let index = local_index(&dir.join("index"), &dir, 9, 0.0);
     // The config also defines an environment, which the server builds at start.
     let config = format!(
@@ -486,7 +480,7 @@ fn pip_install_in_a_session_is_importable_in_the_next_cell() {
 #[test]
 fn the_cli_builds_an_environment_from_the_real_package_index() {
     let _serial = common::serial();
-    let dir = scratch("pypi");
+    let dir = scratch_dir("pypi");
     let reqs = dir.join("requirements.txt");
     std::fs::write(&reqs, "tabulate\nrequests\nhttpx\n").unwrap();
     let state = dir.join("state");

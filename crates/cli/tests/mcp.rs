@@ -480,9 +480,7 @@ fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
 fn stdio_writes_only_protocol_messages_and_a_closed_stdin_stops_what_runs() {
     let _g = serial();
     let before = HostState::now();
-    let dir = std::env::temp_dir().join(format!("airlock-mcp-{}-raw", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("mcp-raw");
     let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
         .args(["mcp", "--state-dir", dir.to_str().unwrap()])
         .env("AIRLOCK_POOL__SIZE", "0")

@@ -6,12 +6,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::http::{call_as, request, Response, Server};
 use common::key_hash as hash;
 use common::mcp_python;
+use common::scratch_dir;
 use serde_json::{json, Value};
 
 const AGENT: &str = "agent-key-0123456789abcdef";
@@ -22,14 +23,6 @@ const CANARY: &str = "canary-4f1c9b7e-secret";
 
 fn script() -> &'static str {
     concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
-}
-
-/// A directory for one test's tool server log.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("airlock-tools-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// The config of a server whose `crm` tools come from tool_server.py over stdio, with
@@ -150,7 +143,7 @@ def raw(payload):
 #[test]
 fn values_round_trip_and_the_servers_secrets_stay_out() {
     let _serial = common::serial();
-    let dir = scratch("values");
+    let dir = scratch_dir("values");
     let server = start(&dir, "");
     let r = value(
         &server,
@@ -371,7 +364,7 @@ out
 #[test]
 fn only_what_is_granted_exists_and_hand_made_frames_are_refused_on_the_host() {
     let _serial = common::serial();
-    let dir = scratch("grants");
+    let dir = scratch_dir("grants");
     let server = start(&dir, "");
     // A key with no grant has no package and no channel.
     let r = value(
@@ -443,7 +436,7 @@ fn only_what_is_granted_exists_and_hand_made_frames_are_refused_on_the_host() {
 #[test]
 fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
     let _serial = common::serial();
-    let dir = scratch("bounds");
+    let dir = scratch_dir("bounds");
     let server = start(
         &dir,
         "max_calls = 6\nmax_concurrent = 2\nmax_argument_bytes = 2000\nmax_result_bytes = 4000\ncall_timeout_ms = 1500",
@@ -588,7 +581,7 @@ fn every_bound_holds_and_a_broken_frame_ends_the_execution() {
 #[test]
 fn a_keys_rate_spans_its_executions() {
     let _serial = common::serial();
-    let dir = scratch("rate");
+    let dir = scratch_dir("rate");
     let server = start(&dir, "rate_per_minute = 5");
     let first = value(
         &server,
@@ -612,7 +605,7 @@ fn a_keys_rate_spans_its_executions() {
 #[test]
 fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
     let _serial = common::serial();
-    let dir = scratch("faults");
+    let dir = scratch_dir("faults");
     let server = start(&dir, "call_timeout_ms = 2000");
     // Dies mid-call.
     let r = attempt(&server, AGENT, "tools.crm.die()");
@@ -662,7 +655,7 @@ fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
 #[test]
 fn a_sandbox_killed_mid_call_cancels_it_upstream() {
     let _serial = common::serial();
-    let dir = scratch("cancel");
+    let dir = scratch_dir("cancel");
     let server = start(&dir, "");
     let r = call(
         &server,
@@ -698,7 +691,7 @@ fn a_sandbox_killed_mid_call_cancels_it_upstream() {
 #[test]
 fn nothing_starts_upstream_once_the_sandbox_is_gone() {
     let _serial = common::serial();
-    let dir = scratch("gone");
+    let dir = scratch_dir("gone");
     let server = start(&dir, "max_concurrent = 1");
     // One slow call holds the only slot; three more wait for it; the sandbox exits at once.
     let r = run(
@@ -741,7 +734,7 @@ fn nothing_starts_upstream_once_the_sandbox_is_gone() {
 #[test]
 fn a_sessions_cells_call_tools() {
     let _serial = common::serial();
-    let dir = scratch("session");
+    let dir = scratch_dir("session");
     let server = start(&dir, "max_calls = 2");
     let created = call(&server, AGENT, "POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(created.status, 201, "{}", created.text());
@@ -780,7 +773,7 @@ fn a_sessions_cells_call_tools() {
 #[test]
 fn streamable_http_tools_get_their_header_from_the_host() {
     let _serial = common::serial();
-    let dir = scratch("http");
+    let dir = scratch_dir("http");
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
@@ -886,7 +879,7 @@ fn streamable_http_tools_get_their_header_from_the_host() {
 #[test]
 fn bad_tool_configs_are_refused_at_start() {
     let _serial = common::serial();
-    let dir = scratch("config");
+    let dir = scratch_dir("config");
     let serve = |config: &str| {
         let p = dir.join("airlock.toml");
         std::fs::write(&p, config).unwrap();
@@ -925,7 +918,7 @@ fn bad_tool_configs_are_refused_at_start() {
 #[test]
 fn mcp_to_airlock_to_mcp() {
     let _serial = common::serial();
-    let dir = scratch("mcp");
+    let dir = scratch_dir("mcp");
     let server = start(&dir, "");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
     let run = |key: &str| {
@@ -1011,7 +1004,7 @@ fn the_code_mode_example_joins_two_tools() {
 #[test]
 fn airlock_run_with_a_config_calls_tools() {
     let _serial = common::serial();
-    let dir = scratch("run");
+    let dir = scratch_dir("run");
     let config = dir.join("tools.toml");
     std::fs::write(
         &config,
@@ -1051,7 +1044,7 @@ fn airlock_run_with_a_config_calls_tools() {
 #[test]
 fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
     let _serial = common::serial();
-    let dir = scratch("doctor");
+    let dir = scratch_dir("doctor");
     let config = dir.join("airlock.toml");
     std::fs::write(&config, stdio_config("")).unwrap();
     let doctor = |env: &[(&str, &str)]| {
@@ -1123,7 +1116,7 @@ fn the_mcp_reference_server_is_a_tool_source() {
 #[test]
 fn function_mode_and_streams_call_tools_too() {
     let _serial = common::serial();
-    let dir = scratch("modes");
+    let dir = scratch_dir("modes");
     let server = start(&dir, "");
     // Function mode: the entrypoint calls the tools.
     let r = call(

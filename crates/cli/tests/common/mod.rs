@@ -164,6 +164,14 @@ pub fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
     path
 }
 
+/// An empty directory in the temporary directory, named after this test process.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-test-{}-{name}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Runs `code` with `airlock run --json ARGS`, checking that the host is unchanged afterwards.
 pub fn run(code: &str, args: &[&str]) -> Run {
     let _guard = serial();
