@@ -584,6 +584,11 @@ pub fn main(args: RunArgs) -> ExitCode {
     let json = args.json;
     let zygote = args.zygote;
     let function_mode = args.entrypoint.is_some();
+    // The sandbox's init starts now, while the code, the interpreter and the host are read:
+    // its own start overlaps ours. Without it, the sandbox starts one, as always.
+    let init = (!zygote)
+        .then(airlock_sandbox::Prestarted::start)
+        .and_then(Result::ok);
     let cancel = Cancel::default();
     let signal = Arc::new(AtomicI32::new(0));
     if let Err(e) = watch_signals(&cancel, &signal) {
@@ -594,6 +599,9 @@ pub fn main(args: RunArgs) -> ExitCode {
         Ok(p) => p,
         Err(e) => return usage_error(e),
     };
+    if let Some(init) = init {
+        engine.use_prestarted(init);
+    }
     // The tool servers stop with the run (their clients' runtime goes when this does).
     let _tools = tools.map(|(runtime, registry)| ToolServers {
         runtime: Some(runtime),

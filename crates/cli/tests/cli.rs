@@ -113,11 +113,14 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
     ];
     for (args, stdin, expect) in cases {
         let before = HostState::now();
+        let inits = sandbox_inits();
         let mut all = vec!["run".to_owned()];
         all.extend(args.iter().cloned());
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
         let r = invoke(&all, stdin);
         HostState::now().assert_same_as(&before, &r);
+        // The init started ahead of the sandbox that never came is gone with airlock.
+        assert_eq!(sandbox_inits(), inits, "{args:?}");
         assert_eq!(r.exit, 2, "{args:?}: {r:#?}");
         assert!(
             r.stderr.contains(expect),

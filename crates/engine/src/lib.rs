@@ -208,6 +208,8 @@ pub struct Engine {
     defer_cleanup: bool,
     /// The runner compiled once, for cold sandboxes (see `use_compiled_runner`).
     compiled: Option<compiled::CompiledRunner>,
+    /// An init started ahead for the next cold sandbox (see `use_prestarted`).
+    prestarted: Arc<Mutex<Option<airlock_sandbox::Prestarted>>>,
 }
 
 /// Warm pools for environments in demand: one per stored environment, started by the first
@@ -234,6 +236,7 @@ impl Engine {
             zygotes: None,
             defer_cleanup: false,
             compiled: None,
+            prestarted: Arc::default(),
         })
     }
 
@@ -245,6 +248,12 @@ impl Engine {
             compiled::CompiledRunner::load(&self.interpreter.path, RUNNER, &policy, cache_dir)?;
         self.compiled = Some(runner);
         Ok(())
+    }
+
+    /// The next cold sandbox starts with `init`, an init started ahead (see
+    /// `airlock_sandbox::Prestarted`); one never used is killed with the engine.
+    pub fn use_prestarted(&self, init: airlock_sandbox::Prestarted) {
+        *self.prestarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(init);
     }
 
     /// Starts `command`, a runner's, cold: with the compiled runner when there is one.
@@ -260,6 +269,14 @@ impl Engine {
                     command = command.pass_fd(fd);
                 }
             }
+        }
+        let init = self
+            .prestarted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(init) = init {
+            command = command.prestarted(init);
         }
         spawn(command, policy)
     }

@@ -155,10 +155,35 @@ fn outer_main() -> ! {
     }
 }
 
+/// Puts descriptors received with the request where an init started for its sandbox finds
+/// them: `FIRST_EXTRA_FD`, `FIRST_EXTRA_FD + 1`, ..., without the close-on-exec flag.
+fn place_passed_fds(passed: Vec<OwnedFd>, expected: u32) -> Result<(), InitError> {
+    if passed.len() != expected as usize {
+        return Err(InitError::Request(io::Error::other(format!(
+            "{} descriptors passed with the request, which names {expected}",
+            passed.len()
+        ))));
+    }
+    let failed = |source| InitError::Sys {
+        call: "placing the program's descriptors",
+        source,
+    };
+    // Received at the lowest free numbers, which are the destinations: out of the way first.
+    let floor = FIRST_EXTRA_FD + passed.len() as RawFd;
+    let lifted = sys::lift_fds(passed.iter().map(AsFd::as_fd), floor).map_err(failed)?;
+    drop(passed);
+    sys::place_fds(lifted.iter().map(AsFd::as_fd), FIRST_EXTRA_FD).map_err(failed)
+}
+
 fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
-    let req: InitRequest = proto::recv_msg(status)
+    let (req, passed): (InitRequest, _) = proto::recv_msg_with_fds(status)
         .map_err(InitError::Request)?
         .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
+    // An init started ahead of its sandbox (`Prestarted`) gets the program's descriptors
+    // with the request; one started for it found them in place at its start.
+    if !passed.is_empty() {
+        place_passed_fds(passed, req.extra_fds)?;
+    }
     // The host compiled the filters; they follow the request.
     let filters = if req.policy.seccomp.is_required() {
         let bytes = proto::recv_raw(status, proto::MAX_FILTERS)

@@ -39,6 +39,8 @@ pub struct Command {
     pub(crate) background: bool,
     /// Start a zygote's template (see `crate::zygote`).
     pub(crate) zygote: bool,
+    /// An init started ahead, to be used instead of starting one (see `Prestarted`).
+    pub(crate) init: Option<Box<Prestarted>>,
 }
 
 impl Command {
@@ -53,6 +55,7 @@ impl Command {
             fds: Vec::new(),
             background: false,
             zygote: false,
+            init: None,
         }
     }
 
@@ -94,7 +97,14 @@ impl Command {
         }
     }
 
-    /// A copy with the same descriptors duplicated, to try another way if one fails.
+    /// Starts the sandbox with `init`, an init started ahead, instead of starting one.
+    pub fn prestarted(mut self, init: Prestarted) -> Self {
+        self.init = Some(Box::new(init));
+        self
+    }
+
+    /// A copy with the same descriptors duplicated (not a prestarted init), to try another
+    /// way if one fails.
     pub fn try_clone(&self) -> std::io::Result<Command> {
         Ok(Command {
             program: self.program.clone(),
@@ -107,6 +117,7 @@ impl Command {
                 .collect::<Result<_, _>>()?,
             background: self.background,
             zygote: self.zygote,
+            init: None,
         })
     }
 
@@ -405,7 +416,7 @@ impl Probe {
 ///
 /// The host process must call [`crate::run_if_init`] at the start of `main`: the sandbox's
 /// init is this same binary, re-executed.
-pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
+pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError> {
     policy.validate()?;
     let host = host_support();
     let missing = |mechanism, reason: &String| SpawnError::Missing {
@@ -435,55 +446,25 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         None
     };
 
-    let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
-    // Lift every descriptor above its destination first so no dup2 clobbers another source.
     let n = command.fds.len() as RawFd;
-    let floor = FIRST_EXTRA_FD + n;
-    let lifted: Vec<OwnedFd> = std::iter::once(init_end.as_fd())
-        .chain(command.fds.iter().map(|f| f.as_fd()))
-        .map(|fd| {
-            let raw = sys::dup_cloexec_at_least(fd.as_raw_fd(), floor)?;
-            sys::take_inherited_fd(raw)
-        })
-        .collect::<Result<_, _>>()
-        .map_err(io_err("dup"))?;
-    let moves: Vec<(RawFd, RawFd)> = lifted
-        .iter()
-        .enumerate()
-        .map(|(i, fd)| {
-            (
-                fd.as_raw_fd(),
-                if i == 0 {
-                    STATUS_FD
-                } else {
-                    FIRST_EXTRA_FD + i as RawFd - 1
-                },
-            )
-        })
-        .collect();
-
-    let mut std_cmd = std::process::Command::new("/proc/self/exe");
-    std_cmd
-        .arg0("airlock-sandbox")
-        .arg(INIT_ARG)
-        .env_clear()
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Terminal signals go to the host, which decides; the sandbox dies with it anyway.
-        .process_group(0);
-    sys::place_fds_in_child(&mut std_cmd, moves);
-    let mut process = std_cmd
-        .spawn()
-        .map_err(io_err("starting the sandbox init"))?;
-    let stdio = (
-        process.stdin.take(),
-        process.stdout.take(),
-        process.stderr.take(),
-    );
-    drop(lifted);
-    drop(init_end);
-    drop(command.fds);
+    let prestarted = command
+        .init
+        .take()
+        .filter(|_| !command.zygote && command.fds.len() <= proto::MAX_FDS);
+    let (process, host_end, stdio, pass) = match prestarted {
+        // Its descriptors go with the request.
+        Some(init) => {
+            let (process, host_end, stdio) = init.into_parts();
+            (process, host_end, stdio, command.fds)
+        }
+        None => {
+            let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
+            let (process, stdio) = start_init(&init_end, &command.fds)?;
+            drop(init_end);
+            drop(command.fds);
+            (process, host_end, stdio, Vec::new())
+        }
+    };
 
     let mut child = Child::assemble(Some(process), host_end, cgroup, policy, stdio)?;
     // The init waits for this request, so it is inside the cgroup before it does anything:
@@ -505,8 +486,10 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         join_cgroup,
         zygote: command.zygote,
     };
-    proto::send_msg(&child.status, &request)
+    let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
+    proto::send_msg_with_fds(&child.status, &request, &raw)
         .map_err(io_err("sending the policy to the sandbox"))?;
+    drop(pass);
     if policy.seccomp.is_required() {
         // Compiled once in this process; the init only installs them.
         let filters = crate::seccomp::Filters::shared().map_err(|e| SpawnError::Setup {
@@ -520,6 +503,97 @@ pub fn spawn(command: Command, policy: &Policy) -> Result<Child, SpawnError> {
         child.egress = Some(child.receive_listener()?);
     }
     Ok(child)
+}
+
+type Stdio3 = (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>);
+
+/// Starts an outer init (this binary again, see `run_if_init`) with `status` as its status
+/// socket and `fds` after it, where the init expects the program's descriptors.
+fn start_init(
+    status: &OwnedFd,
+    fds: &[OwnedFd],
+) -> Result<(std::process::Child, Stdio3), SpawnError> {
+    let floor = FIRST_EXTRA_FD + fds.len() as RawFd;
+    let lifted = sys::lift_fds(
+        std::iter::once(status.as_fd()).chain(fds.iter().map(|f| f.as_fd())),
+        floor,
+    )
+    .map_err(io_err("dup"))?;
+    let moves: Vec<(RawFd, RawFd)> = lifted
+        .iter()
+        .enumerate()
+        .map(|(i, fd)| {
+            (
+                fd.as_raw_fd(),
+                if i == 0 {
+                    STATUS_FD
+                } else {
+                    FIRST_EXTRA_FD + i as RawFd - 1
+                },
+            )
+        })
+        .collect();
+    let mut std_cmd = std::process::Command::new("/proc/self/exe");
+    std_cmd
+        .arg0("airlock-sandbox")
+        .arg(INIT_ARG)
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Terminal signals go to the host, which decides; the sandbox dies with it anyway.
+        .process_group(0);
+    sys::place_fds_in_child(&mut std_cmd, moves);
+    let mut process = std_cmd
+        .spawn()
+        .map_err(io_err("starting the sandbox init"))?;
+    let stdio = (
+        process.stdin.take(),
+        process.stdout.take(),
+        process.stderr.take(),
+    );
+    Ok((process, stdio))
+}
+
+/// A sandbox's outer init started before its sandbox is asked for, so that starting this
+/// binary again (most of an init's own start-up) overlaps what the host still prepares:
+/// `airlock run` starts one while it reads its code. It waits, in the host's namespaces
+/// and doing nothing, for the request that `spawn` sends it with the program's
+/// descriptors. Dropped unused, it is killed and reaped.
+#[derive(Debug)]
+pub struct Prestarted {
+    process: Option<std::process::Child>,
+    status: Option<OwnedFd>,
+    stdio: Stdio3,
+}
+
+impl Prestarted {
+    pub fn start() -> Result<Prestarted, SpawnError> {
+        let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
+        let (process, stdio) = start_init(&init_end, &[])?;
+        Ok(Prestarted {
+            process: Some(process),
+            status: Some(host_end),
+            stdio,
+        })
+    }
+
+    fn into_parts(mut self) -> (std::process::Child, OwnedFd, Stdio3) {
+        let stdio = std::mem::take(&mut self.stdio);
+        match (self.process.take(), self.status.take()) {
+            (Some(process), Some(status)) => (process, status, stdio),
+            _ => unreachable!("taken only here, once"),
+        }
+    }
+}
+
+impl Drop for Prestarted {
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
 }
 
 impl Child {

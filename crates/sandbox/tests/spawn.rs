@@ -7,7 +7,8 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::{
-    run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, SpawnError, WaitError,
+    run_if_init, spawn, Command, Exit, KillReason, Outcome, Policy, Prestarted, SpawnError,
+    WaitError,
 };
 
 fn sh(script: &str) -> Command {
@@ -77,6 +78,62 @@ fn descriptors_pass_through_at_3() {
     let mut got = String::new();
     std::fs::File::from(r).read_to_string(&mut got).unwrap();
     assert_eq!(got, "through\n");
+}
+
+/// Host pids of this process's children that are sandbox inits (this binary, re-executed).
+fn init_children() -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...
+        let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+        if after.split(' ').nth(1) == Some(me.as_str()) {
+            found.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    found
+}
+
+fn an_init_started_ahead_gets_the_descriptors_with_its_request() {
+    let policy = support::usr_policy();
+    let before = init_children();
+    // Unused, it is killed and reaped: nothing of it is left.
+    let unused = Prestarted::start().unwrap();
+    assert_eq!(init_children().len(), before.len() + 1);
+    drop(unused);
+    assert_eq!(init_children(), before);
+
+    // Used: the program's descriptors travel with the request and land at 3, 4, ... in
+    // order, and nothing else of the host's is open in the program.
+    // Close-on-exec, so the init inherits none of them: those it receives then take the
+    // lowest free numbers, which are where they must go.
+    let pipes: Vec<_> = (0..3)
+        .map(|_| nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap())
+        .collect();
+    let mut cmd = sh("for fd in 3 4 5; do echo \"at $fd\" >&$fd; done; ls /proc/self/fd");
+    let mut readers = Vec::new();
+    for (r, w) in pipes {
+        cmd = cmd.pass_fd(w);
+        readers.push(r);
+    }
+    let mut child = spawn(cmd.prestarted(Prestarted::start().unwrap()), &policy).unwrap();
+    let mut listed = String::new();
+    child
+        .take_stdout()
+        .unwrap()
+        .read_to_string(&mut listed)
+        .unwrap();
+    let o = child.wait().unwrap();
+    assert_eq!(o.exit, Some(Exit::Code(0)));
+    for (i, r) in readers.into_iter().enumerate() {
+        let mut got = String::new();
+        std::fs::File::from(r).read_to_string(&mut got).unwrap();
+        assert_eq!(got, format!("at {}\n", i + 3));
+    }
+    // 0-2, the three passed, and the descriptor `ls` reads the directory with.
+    assert_eq!(listed.split_whitespace().count(), 7, "{listed}");
+    assert_eq!(init_children(), before);
 }
 
 fn outcomes_report_usage_and_isolation() {
@@ -190,6 +247,10 @@ fn main() {
         (
             "descriptors_pass_through_at_3",
             descriptors_pass_through_at_3,
+        ),
+        (
+            "an_init_started_ahead_gets_the_descriptors_with_its_request",
+            an_init_started_ahead_gets_the_descriptors_with_its_request,
         ),
         (
             "the_egress_listener_is_the_only_tcp_destination",

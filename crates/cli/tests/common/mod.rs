@@ -247,6 +247,20 @@ pub fn sandbox_processes() -> Vec<String> {
     found
 }
 
+/// Processes that are a sandbox's outer init (`airlock-sandbox __airlock-sandbox-init`), run
+/// as root on the host, so not among `sandbox_processes`.
+pub fn sandbox_inits() -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmd = fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
+        if cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") {
+            found.push(entry.path().display().to_string());
+        }
+    }
+    found.sort();
+    found
+}
+
 /// Every `airlock-<pid>-<n>` cgroup beneath the cgroups this test process runs in.
 pub fn sandbox_cgroups() -> Vec<PathBuf> {
     let Ok(layout) = &airlock_sandbox::host_support().cgroup else {

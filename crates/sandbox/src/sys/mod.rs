@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -82,6 +82,28 @@ pub fn dup_cloexec_at_least(fd: RawFd, min: RawFd) -> io::Result<RawFd> {
     } else {
         Ok(new)
     }
+}
+
+/// Duplicates of `fds`, each at `floor` or above (close-on-exec): lifted above every
+/// destination before descriptors are moved into place, so that no move replaces a source.
+pub fn lift_fds<'a>(
+    fds: impl IntoIterator<Item = BorrowedFd<'a>>,
+    floor: RawFd,
+) -> io::Result<Vec<OwnedFd>> {
+    fds.into_iter()
+        .map(|fd| take_inherited_fd(dup_cloexec_at_least(fd.as_raw_fd(), floor)?))
+        .collect()
+}
+
+/// Puts duplicates of `fds` at `base`, `base + 1`, ... (without close-on-exec), whatever
+/// numbers they have now; the originals stay open.
+pub fn place_fds<'a>(fds: impl IntoIterator<Item = BorrowedFd<'a>>, base: RawFd) -> io::Result<()> {
+    let fds: Vec<BorrowedFd<'a>> = fds.into_iter().collect();
+    let lifted = lift_fds(fds.iter().copied(), base + fds.len() as RawFd)?;
+    for (i, fd) in lifted.iter().enumerate() {
+        move_fd(fd.as_raw_fd(), base + i as RawFd)?;
+    }
+    Ok(())
 }
 
 /// Sets or clears `FD_CLOEXEC`.

@@ -906,21 +906,12 @@ fn enter(
     let extras = &fds[4 + request.join_cgroup as usize..];
     let n = extras.len() as RawFd;
     let floor = 3 + n;
-    let mut moves = Vec::new();
-    for (to, fd) in fds[1..4].iter().chain(extras).enumerate() {
-        let lifted =
-            sys::dup_cloexec_at_least(fd.as_raw_fd(), floor).map_err(|source| InitError::Sys {
-                call: "fcntl(F_DUPFD_CLOEXEC)",
-                source,
-            })?;
-        moves.push((lifted, to as RawFd));
-    }
-    for (from, to) in &moves {
-        sys::move_fd(*from, *to).map_err(|source| InitError::Sys {
-            call: "dup2",
+    sys::place_fds(fds[1..4].iter().chain(extras).map(AsFd::as_fd), 0).map_err(|source| {
+        InitError::Sys {
+            call: "placing the program's descriptors",
             source,
-        })?;
-    }
+        }
+    })?;
     init::close_from_except(floor, status.as_raw_fd())?;
     unistd::chdir(&policy.workdir).map_err(init::path_errno("chdir", &policy.workdir))?;
 
