@@ -574,3 +574,111 @@ fn a_cold_sandbox_loads_the_runner_compiled_once_and_never_sees_it() {
     HostState::now().assert_same_as(&before, &answer);
     std::fs::remove_dir_all(&data).unwrap();
 }
+
+/// Processes whose command line names `needle` (a path): what is left of a fake init.
+fn processes_naming(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("cmdline"))
+                .unwrap_or_default()
+                .contains(needle)
+        })
+        .map(|e| e.path().display().to_string())
+        .collect()
+}
+
+/// Runs code that sleeps with the airlock binary `bin` and says which executable its
+/// sandbox's outer init was, read while the code runs.
+fn outer_init_of(bin: &std::path::Path) -> PathBuf {
+    let before = sandbox_inits();
+    let running = sandbox_processes().len();
+    let mut child = std::process::Command::new(bin)
+        .args(["run", "--json", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let code = b"import time\ntime.sleep(1.5)\nprint('done')";
+    child.stdin.take().unwrap().write_all(code).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Once the code runs, the outer init of its sandbox is airlock's only child that is an
+    // init: one that was not used is gone by then.
+    let airlock_pid = child.id().to_string();
+    let parent_of = |p: &String| {
+        let stat = std::fs::read_to_string(format!("{p}/stat")).unwrap_or_default();
+        let after = stat
+            .rsplit_once(") ")
+            .map_or("", |(_, rest)| rest)
+            .to_owned();
+        after.split(' ').nth(1).unwrap_or_default().to_owned()
+    };
+    let exe = loop {
+        let new: Vec<String> = sandbox_inits()
+            .into_iter()
+            .filter(|p| !before.contains(p) && parent_of(p) == airlock_pid)
+            .collect();
+        if sandbox_processes().len() > running && new.len() == 1 {
+            if let Ok(exe) = std::fs::read_link(format!("{}/exe", new[0])) {
+                break exe;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "no sandbox init seen");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    let out = child.wait_with_output().unwrap();
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    assert_eq!(
+        r["status"],
+        "ok",
+        "{r} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(r["stdout"], "done\n", "{r}");
+    exe
+}
+
+#[test]
+fn airlock_run_starts_its_init_from_the_small_binary_only_when_trusted_and_of_its_build() {
+    let _g = serial();
+    let before = HostState::now();
+    let airlock = std::path::Path::new(env!("CARGO_BIN_EXE_airlock"));
+    let small = airlock.with_file_name("airlock-sandbox-init");
+    // Beside airlock, as built: the small one.
+    assert_eq!(outer_init_of(airlock), small);
+
+    // Elsewhere, beside a link to the same airlock: airlock itself whenever the small one
+    // may not be trusted or is not of its build; the run is the same either way.
+    let dir = scratch_dir("small-init");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = dir.join("airlock");
+    std::fs::hard_link(airlock, &bin).unwrap();
+    let beside = dir.join("airlock-sandbox-init");
+    std::fs::copy(&small, &beside).unwrap();
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(outer_init_of(&bin), beside, "a trusted copy is used");
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o775)).unwrap();
+    assert_eq!(outer_init_of(&bin), bin, "group-writable");
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert_eq!(outer_init_of(&bin), bin, "in a world-writable directory");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Not an init at all, and one that says it is of another build: killed, not used.
+    std::fs::remove_file(&beside).unwrap();
+    std::fs::copy("/usr/bin/true", &beside).unwrap();
+    assert_eq!(outer_init_of(&bin), bin, "not an init");
+    std::fs::remove_file(&beside).unwrap();
+    std::fs::write(
+        &beside,
+        "#!/bin/sh\nprintf 0123456789abcdef >&3\nwhile :; do sleep 1; done\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(outer_init_of(&bin), bin, "another build");
+    let needle = beside.to_string_lossy().into_owned();
+    assert_eq!(processes_naming(&needle), Vec::<String>::new());
+    std::fs::remove_dir_all(&dir).unwrap();
+    HostState::now().assert_same_as(&before, &"after the small init's cases");
+}

@@ -131,10 +131,17 @@ pub(crate) fn path_errno<'a>(
 /// Runs a sandbox's init if this process was started as one, and never returns then.
 /// Binaries that spawn sandboxes call this first thing in `main`.
 pub fn run_if_init() {
-    if std::env::args_os().nth(1).as_deref() == Some(OsStr::new(INIT_ARG)) {
-        outer_main()
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() == Some(OsStr::new(INIT_ARG)) {
+        outer_main(args.next().as_deref() == Some(OsStr::new(AHEAD_ARG)))
     }
 }
+
+/// After `INIT_ARG`: the init was started ahead of its sandbox (`Prestarted`), maybe as the
+/// small binary beside the host's; it first says which sources it was built from.
+pub(crate) const AHEAD_ARG: &str = "ahead";
+/// The sources the host and the init were built from (see build.rs).
+pub(crate) const BUILD: &str = env!("AIRLOCK_SANDBOX_BUILD");
 
 pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
     let report = Report::Failed {
@@ -145,10 +152,13 @@ pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
     sys::exit_immediately(1)
 }
 
-fn outer_main() -> ! {
+fn outer_main(ahead: bool) -> ! {
     let Ok(status) = sys::take_inherited_fd(STATUS_FD) else {
         sys::exit_immediately(1)
     };
+    if ahead && proto::send_raw(&status, BUILD.as_bytes()).is_err() {
+        sys::exit_immediately(1)
+    }
     match outer(&status) {
         Ok(never) => match never {},
         Err(e) => fail(&status, "outer", &e),

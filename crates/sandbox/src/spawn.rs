@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{CgroupError, CgroupVersion, SandboxCgroup};
 use crate::host::host_support;
-use crate::init::{FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
+use crate::init::{AHEAD_ARG, BUILD, FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
 use crate::policy::{Limits, Policy, PolicyError};
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
 use crate::sys;
@@ -450,16 +450,14 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
     let prestarted = command
         .init
         .take()
-        .filter(|_| !command.zygote && command.fds.len() <= proto::MAX_FDS);
+        .filter(|_| !command.zygote && command.fds.len() <= proto::MAX_FDS)
+        .and_then(|init| init.checked());
     let (process, host_end, stdio, pass) = match prestarted {
         // Its descriptors go with the request.
-        Some(init) => {
-            let (process, host_end, stdio) = init.into_parts();
-            (process, host_end, stdio, command.fds)
-        }
+        Some((process, host_end, stdio)) => (process, host_end, stdio, command.fds),
         None => {
             let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
-            let (process, stdio) = start_init(&init_end, &command.fds)?;
+            let (process, stdio) = start_init(Path::new(SELF), false, &init_end, &command.fds)?;
             drop(init_end);
             drop(command.fds);
             (process, host_end, stdio, Vec::new())
@@ -507,9 +505,12 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
 
 type Stdio3 = (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>);
 
-/// Starts an outer init (this binary again, see `run_if_init`) with `status` as its status
-/// socket and `fds` after it, where the init expects the program's descriptors.
+/// Starts an outer init (`program`: this binary again, see `run_if_init`, or the small one
+/// beside it) with `status` as its status socket and `fds` after it, where the init expects
+/// the program's descriptors; `ahead` for one started before its sandbox (`Prestarted`).
 fn start_init(
+    program: &Path,
+    ahead: bool,
     status: &OwnedFd,
     fds: &[OwnedFd],
 ) -> Result<(std::process::Child, Stdio3), SpawnError> {
@@ -533,10 +534,11 @@ fn start_init(
             )
         })
         .collect();
-    let mut std_cmd = std::process::Command::new("/proc/self/exe");
+    let mut std_cmd = std::process::Command::new(program);
     std_cmd
         .arg0("airlock-sandbox")
         .arg(INIT_ARG)
+        .args(ahead.then_some(AHEAD_ARG))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -555,10 +557,47 @@ fn start_init(
     Ok((process, stdio))
 }
 
-/// A sandbox's outer init started before its sandbox is asked for, so that starting this
-/// binary again (most of an init's own start-up) overlaps what the host still prepares:
-/// `airlock run` starts one while it reads its code. It waits, in the host's namespaces
-/// and doing nothing, for the request that `spawn` sends it with the program's
+/// The host binary itself, as the init.
+const SELF: &str = "/proc/self/exe";
+/// The small init binary (`src/bin`), looked for beside the host's binary.
+pub const SMALL_INIT: &str = "airlock-sandbox-init";
+/// How long a prestarted init may take to say what it was built from.
+const HELLO_WAIT_MS: u16 = 5_000;
+
+/// `airlock-sandbox-init` beside this binary, when it can be trusted as this binary is: a
+/// regular file (not a link), executable, owned by root or by us, in a directory owned
+/// likewise, neither writable by group or others. Looked for once.
+fn small_init() -> Option<&'static Path> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    static FOUND: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            let dir = exe.parent()?;
+            let path = dir.join(SMALL_INIT);
+            let me = nix::unistd::geteuid().as_raw();
+            let trusted = |m: &std::fs::Metadata| {
+                (m.uid() == 0 || m.uid() == me) && m.permissions().mode() & 0o022 == 0
+            };
+            let file = std::fs::symlink_metadata(&path).ok()?;
+            let parent = std::fs::symlink_metadata(dir).ok()?;
+            (file.is_file()
+                && file.permissions().mode() & 0o100 != 0
+                && trusted(&file)
+                && parent.is_dir()
+                && trusted(&parent))
+            .then_some(path)
+        })
+        .as_deref()
+}
+
+/// A sandbox's outer init started before its sandbox is asked for, so that starting it
+/// (most of an init's own start-up) overlaps what the host still prepares: `airlock run`
+/// starts one while it reads its code. It is the small init binary beside the host's when
+/// there is a trusted one (`small_init`), this binary again otherwise; either first says
+/// which sources it was built from, and `spawn` uses it only if they are the host's
+/// (otherwise it starts an init of its own, as without one). It then waits, in the host's
+/// namespaces and doing nothing, for the request that `spawn` sends it with the program's
 /// descriptors. Dropped unused, it is killed and reaped.
 #[derive(Debug)]
 pub struct Prestarted {
@@ -570,7 +609,8 @@ pub struct Prestarted {
 impl Prestarted {
     pub fn start() -> Result<Prestarted, SpawnError> {
         let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
-        let (process, stdio) = start_init(&init_end, &[])?;
+        let program = small_init().unwrap_or(Path::new(SELF));
+        let (process, stdio) = start_init(program, true, &init_end, &[])?;
         Ok(Prestarted {
             process: Some(process),
             status: Some(host_end),
@@ -578,12 +618,20 @@ impl Prestarted {
         })
     }
 
-    fn into_parts(mut self) -> (std::process::Child, OwnedFd, Stdio3) {
-        let stdio = std::mem::take(&mut self.stdio);
-        match (self.process.take(), self.status.take()) {
-            (Some(process), Some(status)) => (process, status, stdio),
-            _ => unreachable!("taken only here, once"),
+    /// Its parts, once it has said it was built from the host's sources; `None` (and it is
+    /// killed) otherwise.
+    fn checked(mut self) -> Option<(std::process::Child, OwnedFd, Stdio3)> {
+        let status = self.status.as_ref()?;
+        let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(HELLO_WAIT_MS)).ok()? == 0 {
+            return None;
         }
+        let hello = proto::recv_raw(status, BUILD.len()).ok()??;
+        if hello != BUILD.as_bytes() {
+            return None;
+        }
+        let stdio = std::mem::take(&mut self.stdio);
+        Some((self.process.take()?, self.status.take()?, stdio))
     }
 }
 
