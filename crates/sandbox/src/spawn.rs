@@ -560,7 +560,7 @@ fn start_init(
 /// The host binary itself, as the init.
 const SELF: &str = "/proc/self/exe";
 /// The small init binary (`src/bin`), looked for beside the host's binary.
-pub const SMALL_INIT: &str = "airlock-sandbox-init";
+const SMALL_INIT: &str = "airlock-sandbox-init";
 /// How long a prestarted init may take to say what it was built from.
 const HELLO_WAIT_MS: u16 = 5_000;
 
