@@ -96,7 +96,8 @@ pub fn lift_fds<'a>(
 }
 
 /// Puts duplicates of `fds` at `base`, `base + 1`, ... (without close-on-exec), whatever
-/// numbers they have now; the originals stay open.
+/// numbers they have now. An original that sits on one of those numbers is replaced there:
+/// its owner must not close it afterwards (close or forget it before, or never).
 pub fn place_fds<'a>(fds: impl IntoIterator<Item = BorrowedFd<'a>>, base: RawFd) -> io::Result<()> {
     let fds: Vec<BorrowedFd<'a>> = fds.into_iter().collect();
     let lifted = lift_fds(fds.iter().copied(), base + fds.len() as RawFd)?;
