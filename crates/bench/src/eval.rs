@@ -97,20 +97,35 @@ pub struct EvalReport {
     pub seed: Series,
     /// `airlock eval --json` over a batch on stdin: time per expression, one sample a batch.
     pub batch: Series,
+    /// The same batches' CPU time (all the process's threads) per expression.
+    pub batch_cpu: Series,
 }
 
 /// Expressions per `airlock eval --json` batch.
 const BATCH: usize = 100_000;
 
+/// CPU time (user and system) of the children waited for so far.
+fn children_cpu() -> Duration {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(Duration::ZERO, |u| {
+        let (user, system) = (u.user_time(), u.system_time());
+        let micros =
+            |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+        Duration::from_micros(micros(user) + micros(system))
+    })
+}
+
 /// One `airlock eval --json` over `BATCH` expressions of the corpus on stdin, per expression
-/// (the process's own start included, spread over the batch).
-fn batch_once(airlock: &std::path::Path) -> Result<Duration, String> {
+/// (the process's own start included, spread over the batch): the wall time, and the CPU time
+/// of all its threads.
+fn batch_once(airlock: &std::path::Path) -> Result<(Duration, Duration), String> {
     let input: String = CORPUS
         .iter()
         .cycle()
         .take(BATCH)
         .flat_map(|e| [*e, "\n"])
         .collect();
+    let cpu = children_cpu();
     let t = Instant::now();
     let mut child = Command::new(airlock)
         .args(["eval", "--json"])
@@ -123,6 +138,7 @@ fn batch_once(airlock: &std::path::Path) -> Result<Duration, String> {
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     let elapsed = t.elapsed();
+    let cpu = children_cpu().saturating_sub(cpu);
     let _ = writer.join();
     let lines = out.stdout.iter().filter(|b| **b == b'\n').count();
     if lines != BATCH {
@@ -130,7 +146,7 @@ fn batch_once(airlock: &std::path::Path) -> Result<Duration, String> {
             "airlock eval --json answered {lines} of {BATCH} lines"
         ));
     }
-    Ok(elapsed / BATCH as u32)
+    Ok((elapsed / BATCH as u32, cpu / BATCH as u32))
 }
 
 /// Interleaves, round by round and expression by expression: the native call, `POST /v1/eval`
@@ -142,6 +158,7 @@ pub fn measure(
 ) -> Result<EvalReport, String> {
     let limits = airlock_pyeval::Limits::default();
     let mut batch = Series::new("`airlock eval --json`, a batch on stdin, per expression");
+    let mut batch_cpu = Series::new("the same batch, CPU time of all its threads per expression");
     let mut native = Series::new("native `evaluate()`, in process");
     let mut http = Series::new("`POST /v1/eval`, kept-alive connection");
     let mut seed = Series::new("seed 001: fresh `python3` + AST check per expression");
@@ -157,13 +174,16 @@ pub fn measure(
             http.samples.push(t.elapsed());
             seed.samples.push(seed_once(expr)?);
         }
-        batch.samples.push(batch_once(airlock)?);
+        let (wall, cpu) = batch_once(airlock)?;
+        batch.samples.push(wall);
+        batch_cpu.samples.push(cpu);
     }
     Ok(EvalReport {
         native,
         http,
         seed,
         batch,
+        batch_cpu,
     })
 }
 
@@ -195,7 +215,13 @@ pub fn print(report: &EvalReport) {
     );
     println!("| series | p50 µs | p99 µs | seed 001 p50 ÷ p50 |");
     println!("|---|---:|---:|---:|");
-    for s in [&report.native, &report.batch, &report.http, &report.seed] {
+    for s in [
+        &report.native,
+        &report.batch,
+        &report.batch_cpu,
+        &report.http,
+        &report.seed,
+    ] {
         println!(
             "| {} | {} | {} | {:.0}× |",
             s.name,

@@ -20,9 +20,11 @@ fn eval_cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         .spawn()
         .unwrap();
     let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
+    // From a thread: a large input is answered while it is written.
+    let text = stdin.unwrap_or("").to_owned();
+    let writer = std::thread::spawn(move || input.write_all(text.as_bytes()).unwrap());
     let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).unwrap(),
@@ -103,6 +105,125 @@ fn a_closed_stdout_ends_quietly_with_the_usual_status() {
     batch.args(["eval", "--json"]);
     let (status, stderr) = with_stdout_gone(batch, Some(&format!("{lines}1/0\n")));
     assert_eq!((status.code(), &*stderr), (Some(1), ""));
+}
+
+/// A batch is shared between worker threads; the answers still come in the order of the
+/// lines, one each, however the work was split.
+#[test]
+fn a_large_batch_is_answered_line_for_line_in_order() {
+    let lines: String = (0..30_000u64)
+        .map(|i| {
+            if i % 7 == 3 {
+                format!("{i} / 0\n")
+            } else {
+                format!("{i} * 3\n")
+            }
+        })
+        .collect();
+    let (code, out, err) = eval_cli(&["--json"], Some(&lines));
+    assert_eq!((code, err.as_str()), (1, ""));
+    let answers: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 30_000);
+    for (i, answer) in answers.iter().enumerate() {
+        if i % 7 == 3 {
+            assert_eq!(answer["error"]["type"], "ZeroDivisionError", "line {i}");
+        } else {
+            assert_eq!(answer["value"], json!(i * 3), "line {i}");
+        }
+    }
+    // Text mode: answers on stdout, errors on stderr, each in its order.
+    let (code, out, err) = eval_cli(&[], Some(&lines));
+    assert_eq!(code, 1);
+    let expected: Vec<String> = (0..30_000u64)
+        .filter(|i| i % 7 != 3)
+        .map(|i| (i * 3).to_string())
+        .collect();
+    assert_eq!(out.lines().collect::<Vec<_>>(), expected);
+    assert_eq!(
+        err.lines().count(),
+        (0..30_000).filter(|i| i % 7 == 3).count()
+    );
+}
+
+/// A caller that writes an expression and waits for its answer before the next gets it: the
+/// answers are flushed whenever they catch up with the input, not only at the end.
+#[test]
+fn each_line_is_answered_before_the_next_is_written() {
+    use std::io::{BufRead, BufReader};
+    let mut child = airlock()
+        .args(["eval", "--json"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    for i in 0..5u64 {
+        writeln!(input, "{i} + 1").unwrap();
+        input.flush().unwrap();
+        let answer = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("no answer to a line before the next one");
+        let answer: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(answer["value"], json!(i + 1));
+    }
+    drop(input);
+    assert!(child.wait().unwrap().success());
+}
+
+/// Answers of a megabyte each, read slowly: what waits in the process stays bounded (a part
+/// of a job is held until it is written), whatever the batch's size.
+#[test]
+fn large_answers_read_slowly_keep_the_process_small() {
+    use std::io::Read;
+    const LINES: usize = 120;
+    let mut child = std::process::Command::new("/usr/bin/time")
+        .args(["-f", "maxrss_kib=%M"])
+        .arg(env!("CARGO_BIN_EXE_airlock"))
+        .args(["eval"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        let _ = input.write_all("'x' * 10**6\n".repeat(LINES).as_bytes());
+    });
+    let mut stdout = child.stdout.take().unwrap();
+    let mut buf = vec![0u8; 256 << 10];
+    let mut total = 0;
+    loop {
+        let n = stdout.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n;
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(total, LINES * 1_000_001);
+    let err = String::from_utf8(out.stderr).unwrap();
+    let kib: u64 = err
+        .trim()
+        .strip_prefix("maxrss_kib=")
+        .and_then(|k| k.parse().ok())
+        .unwrap_or_else(|| panic!("no maximum RSS in {err:?}"));
+    // 120 MB of answers; the process holds a few parts of about a megabyte at a time.
+    assert!(kib < 48 << 10, "airlock eval grew to {kib} KiB");
 }
 
 fn post_eval(server: &Server, key: Option<&str>, body: &[u8]) -> common::http::Response {

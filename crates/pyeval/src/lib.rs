@@ -64,25 +64,79 @@ fn stack_for(len: usize) -> usize {
 
 /// Evaluates one expression (`<expr>` or `result = <expr>`).
 pub fn evaluate(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
+    with_value(source, limits, |outcome| {
+        let (value, repr) = outcome?;
+        let str = match &value {
+            Value::Str(s) => s.to_string(),
+            _ => repr.clone(),
+        };
+        Ok(Evaluated {
+            type_name: value.type_name(),
+            value: to_json(&value),
+            repr,
+            str,
+        })
+    })
+}
+
+/// Evaluates one expression and writes [`outcome_json`]'s object for it, byte for byte,
+/// without building it: no `str()` copied from the `repr()`, no JSON tree. What
+/// `airlock eval --json` writes, line after line. Returns whether the evaluation succeeded
+/// (known even when writing fails) and whether writing did.
+pub fn evaluate_json(
+    source: &str,
+    limits: &Limits,
+    out: &mut (impl std::io::Write + ?Sized),
+) -> (bool, std::io::Result<()>) {
+    with_value(source, limits, |outcome| match outcome {
+        Ok((value, repr)) => (true, write_value_object(out, &value, &repr)),
+        Err(e) => (false, write_error_json(out, &e)),
+    })
+}
+
+/// Hands the value and its `repr()` to `finish`, on a stack deep enough for what the input
+/// may nest: the value's JSON and its drop recurse as deep as its syntax did.
+fn with_value<R>(
+    source: &str,
+    limits: &Limits,
+    finish: impl FnOnce(Result<(Value, String), Error>) -> R,
+) -> R {
     let cap = limits.max_input_bytes.min(Limits::MAX_INPUT);
     if source.len() > cap {
-        return Err(Error::limit(
+        return finish(Err(Error::limit(
             ErrorKind::NotAllowedError,
             format!(
                 "expression too long: {} bytes, the limit is {cap}",
                 source.len()
             ),
-        ));
+        )));
     }
     let needed = stack_for(source.len());
     if stacker::remaining_stack().is_some_and(|left| left >= needed) {
-        evaluate_here(source, limits)
+        finish(evaluate_here(source, limits))
     } else {
-        stacker::grow(needed, || evaluate_here(source, limits))
+        stacker::grow(needed, || finish(evaluate_here(source, limits)))
     }
 }
 
-fn evaluate_here(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
+fn write_value_object(
+    out: &mut (impl std::io::Write + ?Sized),
+    value: &Value,
+    repr: &str,
+) -> std::io::Result<()> {
+    let str = match value {
+        Value::Str(s) => s,
+        _ => repr,
+    };
+    write_ok_json(out, value.type_name(), repr, str)?;
+    if json_exact(value) {
+        out.write_all(b",\"value\":")?;
+        write_value_json(out, value)?;
+    }
+    out.write_all(b"}")
+}
+
+fn evaluate_here(source: &str, limits: &Limits) -> Result<(Value, String), Error> {
     let mut budget = Budget::new(limits);
     if source.contains('\0') {
         return Err(Error::new(
@@ -145,16 +199,7 @@ fn evaluate_here(source: &str, limits: &Limits) -> Result<Evaluated, Error> {
     let value = eval::Evaluator::default().eval(&node, &mut budget)?;
     drop(node);
     let repr = repr::repr(&value, &mut budget)?;
-    let str = match &value {
-        Value::Str(s) => s.to_string(),
-        _ => repr.clone(),
-    };
-    Ok(Evaluated {
-        type_name: value.type_name(),
-        value: to_json(&value),
-        repr,
-        str,
-    })
+    Ok((value, repr))
 }
 
 /// `result = <expr>` is accepted as `<expr>` (the form seed 001's fix used).
@@ -197,6 +242,62 @@ fn to_json(v: &Value) -> Option<serde_json::Value> {
     })
 }
 
+/// Whether [`to_json`] holds the value (checked before anything of it is written).
+fn json_exact(v: &Value) -> bool {
+    use num_traits::ToPrimitive;
+    match v {
+        Value::None | Value::Bool(_) | Value::Str(_) => true,
+        Value::Int(n) => n.to_i64().is_some() || n.to_u64().is_some(),
+        Value::Float(f) => f.is_finite(),
+        Value::List(items) | Value::Tuple(items) => items.iter().all(json_exact),
+        Value::Dict(d) => d
+            .entries()
+            .all(|(_, k, v)| matches!(k, Value::Str(_)) && json_exact(v)),
+        _ => false,
+    }
+}
+
+/// [`to_json`]'s value as serde_json writes it, without the tree; only for a value
+/// [`json_exact`] accepts.
+fn write_value_json(out: &mut (impl std::io::Write + ?Sized), v: &Value) -> std::io::Result<()> {
+    use num_traits::ToPrimitive;
+    match v {
+        Value::None => out.write_all(b"null"),
+        Value::Bool(true) => out.write_all(b"true"),
+        Value::Bool(false) => out.write_all(b"false"),
+        Value::Int(n) => match (n.to_i64(), n.to_u64()) {
+            (Some(i), _) => serde_json::to_writer(out, &i).map_err(std::io::Error::from),
+            (None, Some(u)) => serde_json::to_writer(out, &u).map_err(std::io::Error::from),
+            _ => Ok(()),
+        },
+        Value::Float(f) => serde_json::to_writer(out, f).map_err(std::io::Error::from),
+        Value::Str(s) => write_string_json(out, s),
+        Value::List(items) | Value::Tuple(items) => {
+            out.write_all(b"[")?;
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write_value_json(out, item)?;
+            }
+            out.write_all(b"]")
+        }
+        Value::Dict(d) => {
+            out.write_all(b"{")?;
+            for (i, (_, k, v)) in d.entries().enumerate() {
+                if i > 0 {
+                    out.write_all(b",")?;
+                }
+                write_value_json(out, k)?;
+                out.write_all(b":")?;
+                write_value_json(out, v)?;
+            }
+            out.write_all(b"}")
+        }
+        _ => Ok(()),
+    }
+}
+
 impl Evaluated {
     /// `{"ok": true, "type", "repr", "str", "value"?}`.
     pub fn to_json(&self) -> serde_json::Value {
@@ -230,34 +331,47 @@ pub fn write_outcome_json(
     out: &mut (impl std::io::Write + ?Sized),
     outcome: &Result<Evaluated, Error>,
 ) -> std::io::Result<()> {
-    fn string(out: &mut (impl std::io::Write + ?Sized), s: &str) -> std::io::Result<()> {
-        serde_json::to_writer(out, s).map_err(std::io::Error::from)
-    }
     match outcome {
         Ok(v) => {
-            out.write_all(b"{\"ok\":true,\"type\":")?;
-            string(out, v.type_name)?;
-            out.write_all(b",\"repr\":")?;
-            string(out, &v.repr)?;
-            out.write_all(b",\"str\":")?;
-            string(out, &v.str)?;
+            write_ok_json(out, v.type_name, &v.repr, &v.str)?;
             if let Some(value) = &v.value {
                 out.write_all(b",\"value\":")?;
                 serde_json::to_writer(&mut *out, value).map_err(std::io::Error::from)?;
             }
             out.write_all(b"}")
         }
-        Err(e) => {
-            out.write_all(b"{\"ok\":false,\"error\":{\"type\":")?;
-            string(out, e.kind.as_str())?;
-            out.write_all(b",\"message\":")?;
-            string(out, &e.message)?;
-            if e.limit {
-                out.write_all(b",\"limit\":true")?;
-            }
-            out.write_all(b"}}")
-        }
+        Err(e) => write_error_json(out, e),
     }
+}
+
+fn write_string_json(out: &mut (impl std::io::Write + ?Sized), s: &str) -> std::io::Result<()> {
+    serde_json::to_writer(out, s).map_err(std::io::Error::from)
+}
+
+/// A success's object up to its value, left open.
+fn write_ok_json(
+    out: &mut (impl std::io::Write + ?Sized),
+    type_name: &str,
+    repr: &str,
+    str: &str,
+) -> std::io::Result<()> {
+    out.write_all(b"{\"ok\":true,\"type\":")?;
+    write_string_json(out, type_name)?;
+    out.write_all(b",\"repr\":")?;
+    write_string_json(out, repr)?;
+    out.write_all(b",\"str\":")?;
+    write_string_json(out, str)
+}
+
+fn write_error_json(out: &mut (impl std::io::Write + ?Sized), e: &Error) -> std::io::Result<()> {
+    out.write_all(b"{\"ok\":false,\"error\":{\"type\":")?;
+    write_string_json(out, e.kind.as_str())?;
+    out.write_all(b",\"message\":")?;
+    write_string_json(out, &e.message)?;
+    if e.limit {
+        out.write_all(b",\"limit\":true")?;
+    }
+    out.write_all(b"}}")
 }
 
 /// The JSON object for either outcome.

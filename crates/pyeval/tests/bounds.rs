@@ -128,7 +128,13 @@ fn on_small_stack(exprs: Vec<String>, limits: Limits) -> Vec<Result<String, Erro
         .spawn(move || {
             exprs
                 .iter()
-                .map(|e| evaluate(e, &limits).map(|v| v.repr))
+                .map(|e| {
+                    // What `airlock eval --json` writes takes the same care.
+                    let (ok, _) = airlock_pyeval::evaluate_json(e, &limits, &mut std::io::sink());
+                    let outcome = evaluate(e, &limits).map(|v| v.repr);
+                    assert_eq!(ok, outcome.is_ok(), "{e:.40}");
+                    outcome
+                })
                 .collect()
         })
         .expect("spawn")

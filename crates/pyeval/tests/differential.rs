@@ -10,7 +10,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use airlock_pyeval::{evaluate, outcome_json, write_outcome_json, Limits};
+use airlock_pyeval::{evaluate, evaluate_json, outcome_json, write_outcome_json, Limits};
 use serde_json::Value as Json;
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -104,8 +104,9 @@ fn report(mismatches: &[String], compared: usize) {
 
 #[test]
 fn the_streamed_json_is_the_json_object_byte_for_byte() {
-    // What `airlock eval --json` writes without building the object, for every outcome kind
-    // of the corpus (values, no value, errors, limit errors, escapes).
+    // What `airlock eval --json` writes without building the object (from an `Evaluated`, and
+    // straight from the value), for every outcome kind of the corpus (values, no value,
+    // errors, limit errors, escapes).
     let corpus = include_str!("corpus.txt");
     let tight = Limits {
         max_result_bytes: 64,
@@ -118,13 +119,16 @@ fn the_streamed_json_is_the_json_object_byte_for_byte() {
     {
         for limits in [limits(), tight.clone()] {
             let outcome = evaluate(expr, &limits);
+            let object = outcome_json(&outcome).to_string();
             let mut streamed = Vec::new();
             write_outcome_json(&mut streamed, &outcome).unwrap();
-            assert_eq!(
-                String::from_utf8(streamed).unwrap(),
-                outcome_json(&outcome).to_string(),
-                "{expr}"
-            );
+            assert_eq!(String::from_utf8(streamed).unwrap(), object, "{expr}");
+            // Straight from the value, without an `Evaluated`.
+            let mut direct = Vec::new();
+            let (ok, written) = evaluate_json(expr, &limits, &mut direct);
+            written.unwrap();
+            assert_eq!(String::from_utf8(direct).unwrap(), object, "{expr}");
+            assert_eq!(ok, outcome.is_ok(), "{expr}");
             checked += 1;
         }
     }
