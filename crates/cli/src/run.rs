@@ -580,6 +580,17 @@ fn describe(result: &ExecutionResult) -> Option<String> {
     })
 }
 
+/// A thread joined when this goes.
+struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
+
+impl Drop for JoinOnDrop {
+    fn drop(&mut self) {
+        if let Some(thread) = self.0.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 pub fn main(args: RunArgs) -> ExitCode {
     let json = args.json;
     let zygote = args.zygote;
@@ -607,9 +618,18 @@ pub fn main(args: RunArgs) -> ExitCode {
         runtime: Some(runtime),
         registry,
     });
-    if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
-        airlock_sandbox::remove_leftovers(layout);
-    }
+    // Cgroups of crashed runs go while this one runs (ours carries our pid: never one), done
+    // before we exit.
+    let _leftovers = JoinOnDrop(
+        std::thread::Builder::new()
+            .name("leftovers".into())
+            .spawn(|| {
+                if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+                    airlock_sandbox::remove_leftovers(layout);
+                }
+            })
+            .ok(),
+    );
     let result = if json {
         engine.execute(job, &mut Discard)
     } else {

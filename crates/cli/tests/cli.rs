@@ -575,26 +575,21 @@ fn a_cold_sandbox_loads_the_runner_compiled_once_and_never_sees_it() {
     std::fs::remove_dir_all(&data).unwrap();
 }
 
-/// Processes whose command line names `needle` (a path): what is left of a fake init.
-fn processes_naming(needle: &str) -> Vec<String> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("cmdline"))
-                .unwrap_or_default()
-                .contains(needle)
-        })
-        .map(|e| e.path().display().to_string())
-        .collect()
+/// What the outer init of `airlock run`'s sandbox was, read while its code ran.
+#[derive(Debug)]
+struct OuterInit {
+    exe: PathBuf,
+    cmdline: String,
+    comm: String,
+    /// Its open descriptors and what they are.
+    fds: Vec<(String, String)>,
 }
 
-/// Runs code that sleeps with the airlock binary `bin` and says which executable its
-/// sandbox's outer init was, read while the code runs.
-fn outer_init_of(bin: &std::path::Path) -> PathBuf {
+/// Runs code that sleeps and reads its sandbox's outer init meanwhile.
+fn outer_init_of_a_run() -> OuterInit {
     let before = sandbox_inits();
     let running = sandbox_processes().len();
-    let mut child = std::process::Command::new(bin)
+    let mut child = airlock()
         .args(["run", "--json", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -605,7 +600,7 @@ fn outer_init_of(bin: &std::path::Path) -> PathBuf {
     child.stdin.take().unwrap().write_all(code).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     // Once the code runs, the outer init of its sandbox is airlock's only child that is an
-    // init: one that was not used is gone by then.
+    // init.
     let airlock_pid = child.id().to_string();
     let parent_of = |p: &String| {
         let stat = std::fs::read_to_string(format!("{p}/stat")).unwrap_or_default();
@@ -615,14 +610,32 @@ fn outer_init_of(bin: &std::path::Path) -> PathBuf {
             .to_owned();
         after.split(' ').nth(1).unwrap_or_default().to_owned()
     };
-    let exe = loop {
+    let init = loop {
         let new: Vec<String> = sandbox_inits()
             .into_iter()
             .filter(|p| !before.contains(p) && parent_of(p) == airlock_pid)
             .collect();
         if sandbox_processes().len() > running && new.len() == 1 {
-            if let Ok(exe) = std::fs::read_link(format!("{}/exe", new[0])) {
-                break exe;
+            let p = &new[0];
+            let fds = std::fs::read_dir(format!("{p}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| {
+                    let target = std::fs::read_link(e.path()).unwrap_or_default();
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        target.display().to_string(),
+                    )
+                })
+                .collect();
+            if let Ok(exe) = std::fs::read_link(format!("{p}/exe")) {
+                break OuterInit {
+                    exe,
+                    cmdline: std::fs::read_to_string(format!("{p}/cmdline")).unwrap_or_default(),
+                    comm: std::fs::read_to_string(format!("{p}/comm")).unwrap_or_default(),
+                    fds,
+                };
             }
         }
         assert!(std::time::Instant::now() < deadline, "no sandbox init seen");
@@ -637,48 +650,34 @@ fn outer_init_of(bin: &std::path::Path) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(r["stdout"], "done\n", "{r}");
-    exe
+    init
 }
 
+/// `airlock run` forks its sandbox's outer init first thing (no binary loaded again), which
+/// holds nothing of airlock's: named as an init, with its status socket, pipes and what it
+/// opened for the sandbox.
 #[test]
-fn airlock_run_starts_its_init_from_the_small_binary_only_when_trusted_and_of_its_build() {
+fn airlock_run_forks_its_init_ahead_and_it_holds_nothing_of_airlock_s() {
     let _g = serial();
     let before = HostState::now();
-    let airlock = std::path::Path::new(env!("CARGO_BIN_EXE_airlock"));
-    let small = airlock.with_file_name("airlock-sandbox-init");
-    // Beside airlock, as built: the small one.
-    assert_eq!(outer_init_of(airlock), small);
-
-    // Elsewhere, beside a link to the same airlock: airlock itself whenever the small one
-    // may not be trusted or is not of its build; the run is the same either way.
-    let dir = scratch_dir("small-init");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = dir.join("airlock");
-    std::fs::hard_link(airlock, &bin).unwrap();
-    let beside = dir.join("airlock-sandbox-init");
-    std::fs::copy(&small, &beside).unwrap();
-    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert_eq!(outer_init_of(&bin), beside, "a trusted copy is used");
-    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o775)).unwrap();
-    assert_eq!(outer_init_of(&bin), bin, "group-writable");
-    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
-    assert_eq!(outer_init_of(&bin), bin, "in a world-writable directory");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-    // Not an init at all, and one that says it is of another build: killed, not used.
-    std::fs::remove_file(&beside).unwrap();
-    std::fs::copy("/usr/bin/true", &beside).unwrap();
-    assert_eq!(outer_init_of(&bin), bin, "not an init");
-    std::fs::remove_file(&beside).unwrap();
-    std::fs::write(
-        &beside,
-        "#!/bin/sh\nprintf 0123456789abcdef >&3\nwhile :; do sleep 1; done\n",
-    )
-    .unwrap();
-    std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
-    assert_eq!(outer_init_of(&bin), bin, "another build");
-    let needle = beside.to_string_lossy().into_owned();
-    assert_eq!(processes_naming(&needle), Vec::<String>::new());
-    std::fs::remove_dir_all(&dir).unwrap();
-    HostState::now().assert_same_as(&before, &"after the small init's cases");
+    let init = outer_init_of_a_run();
+    assert_eq!(
+        init.exe,
+        std::path::Path::new(env!("CARGO_BIN_EXE_airlock"))
+    );
+    // A fork: airlock's own command line, not an executed init's.
+    assert!(init.cmdline.split('\0').any(|a| a == "run"), "{init:?}");
+    assert_eq!(init.comm, "airlock-sandbox\n");
+    // Its status socket, pipes, and the sources of the sandbox's read-only mounts, opened
+    // for them: nothing airlock itself had open (a terminal, the code's file, ...).
+    for (_, target) in &init.fds {
+        assert!(
+            target.starts_with("socket:")
+                || target.starts_with("pipe:")
+                || target.starts_with("/usr/")
+                || target == "/etc/ld.so.cache",
+            "{init:?}"
+        );
+    }
+    HostState::now().assert_same_as(&before, &"after a run with an init forked ahead");
 }

@@ -133,15 +133,12 @@ pub(crate) fn path_errno<'a>(
 pub fn run_if_init() {
     let mut args = std::env::args_os().skip(1);
     if args.next().as_deref() == Some(OsStr::new(INIT_ARG)) {
-        outer_main(args.next().as_deref() == Some(OsStr::new(AHEAD_ARG)))
+        let Ok(status) = sys::take_inherited_fd(STATUS_FD) else {
+            sys::exit_immediately(1)
+        };
+        serve(&status)
     }
 }
-
-/// After `INIT_ARG`: the init was started ahead of its sandbox (`Prestarted`), maybe as the
-/// small binary beside the host's; it first says which sources it was built from.
-pub(crate) const AHEAD_ARG: &str = "ahead";
-/// The sources the host and the init were built from (see build.rs).
-pub(crate) const BUILD: &str = env!("AIRLOCK_SANDBOX_BUILD");
 
 pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
     let report = Report::Failed {
@@ -152,17 +149,36 @@ pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
     sys::exit_immediately(1)
 }
 
-fn outer_main(ahead: bool) -> ! {
+fn serve(status: &OwnedFd) -> ! {
+    match outer(status) {
+        Ok(never) => match never {},
+        Err(e) => fail(status, "outer", &e),
+    }
+}
+
+/// An init forked ahead of its sandbox (`Prestarted`): first made what an executed one is,
+/// given `fds` (stdin, stdout, stderr and the status socket): those at 0 to 3 and nothing
+/// else open, its own process group, no environment, named as an init.
+pub(crate) fn serve_forked(fds: [OwnedFd; 4]) -> ! {
+    let made = sys::place_fds(fds.iter().map(AsFd::as_fd), 0).and_then(|()| {
+        // Those that sat on 0 to 3 were replaced there; the rest are closed just below.
+        std::mem::forget(fds);
+        sys::close_range(STATUS_FD + 1, RawFd::MAX)?;
+        nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0))?;
+        nix::sys::prctl::set_name(c"airlock-sandbox")?;
+        Ok(())
+    });
+    if made.is_err() {
+        sys::exit_immediately(1)
+    }
+    // The host's environment is nobody's business here: the program gets the request's.
+    for (key, _) in std::env::vars_os() {
+        std::env::remove_var(key);
+    }
     let Ok(status) = sys::take_inherited_fd(STATUS_FD) else {
         sys::exit_immediately(1)
     };
-    if ahead && proto::send_raw(&status, BUILD.as_bytes()).is_err() {
-        sys::exit_immediately(1)
-    }
-    match outer(&status) {
-        Ok(never) => match never {},
-        Err(e) => fail(&status, "outer", &e),
-    }
+    serve(&status)
 }
 
 /// Puts descriptors received with the request where an init started for its sandbox finds

@@ -3,7 +3,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{CgroupError, CgroupVersion, SandboxCgroup};
 use crate::host::host_support;
-use crate::init::{AHEAD_ARG, BUILD, FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
+use crate::init::{FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
 use crate::policy::{Limits, Policy, PolicyError};
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
 use crate::sys;
@@ -333,7 +333,7 @@ impl Killer {
 #[derive(Debug)]
 pub struct Child {
     /// The outer init; `None` for a zygote's child, whose processes are the zygote's.
-    process: Option<std::process::Child>,
+    process: Option<OuterInit>,
     /// Until `finish` has run: nothing of the sandbox is left after it.
     running: bool,
     stdin: Option<ChildStdin>,
@@ -451,16 +451,16 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
         .init
         .take()
         .filter(|_| !command.zygote && command.fds.len() <= proto::MAX_FDS)
-        .and_then(|init| init.checked());
+        .and_then(|init| init.into_parts());
     let (process, host_end, stdio, pass) = match prestarted {
         // Its descriptors go with the request.
         Some((process, host_end, stdio)) => (process, host_end, stdio, command.fds),
         None => {
             let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
-            let (process, stdio) = start_init(Path::new(SELF), false, &init_end, &command.fds)?;
+            let (process, stdio) = start_init(&init_end, &command.fds)?;
             drop(init_end);
             drop(command.fds);
-            (process, host_end, stdio, Vec::new())
+            (OuterInit::Spawned(process), host_end, stdio, Vec::new())
         }
     };
 
@@ -484,17 +484,25 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
         join_cgroup,
         zygote: command.zygote,
     };
+    // Compiled once in this process; the init only installs them. Encoded before the request
+    // goes: the init reads them right after it.
+    let filters = match policy.seccomp.is_required() {
+        true => Some(
+            crate::seccomp::Filters::shared()
+                .map_err(|e| SpawnError::Setup {
+                    stage: "seccomp".into(),
+                    error: e.to_string(),
+                })?
+                .encode(),
+        ),
+        false => None,
+    };
     let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
     proto::send_msg_with_fds(&child.status, &request, &raw)
         .map_err(io_err("sending the policy to the sandbox"))?;
     drop(pass);
-    if policy.seccomp.is_required() {
-        // Compiled once in this process; the init only installs them.
-        let filters = crate::seccomp::Filters::shared().map_err(|e| SpawnError::Setup {
-            stage: "seccomp".into(),
-            error: e.to_string(),
-        })?;
-        proto::send_raw(&child.status, &filters.encode())
+    if let Some(filters) = filters {
+        proto::send_raw(&child.status, &filters)
             .map_err(io_err("sending the seccomp filters to the sandbox"))?;
     }
     if policy.egress_port.is_some() {
@@ -505,12 +513,9 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
 
 type Stdio3 = (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>);
 
-/// Starts an outer init (`program`: this binary again, see `run_if_init`, or the small one
-/// beside it) with `status` as its status socket and `fds` after it, where the init expects
-/// the program's descriptors; `ahead` for one started before its sandbox (`Prestarted`).
+/// Starts an outer init (this binary again, see `run_if_init`) with `status` as its status
+/// socket and `fds` after it, where the init expects the program's descriptors.
 fn start_init(
-    program: &Path,
-    ahead: bool,
     status: &OwnedFd,
     fds: &[OwnedFd],
 ) -> Result<(std::process::Child, Stdio3), SpawnError> {
@@ -534,11 +539,10 @@ fn start_init(
             )
         })
         .collect();
-    let mut std_cmd = std::process::Command::new(program);
+    let mut std_cmd = std::process::Command::new(SELF);
     std_cmd
         .arg0("airlock-sandbox")
         .arg(INIT_ARG)
-        .args(ahead.then_some(AHEAD_ARG))
         .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -559,77 +563,63 @@ fn start_init(
 
 /// The host binary itself, as the init.
 const SELF: &str = "/proc/self/exe";
-/// The small init binary (`src/bin`), looked for beside the host's binary.
-const SMALL_INIT: &str = "airlock-sandbox-init";
-/// How long a prestarted init may take to say what it was built from.
-const HELLO_WAIT_MS: u16 = 5_000;
 
-/// `airlock-sandbox-init` beside this binary, when it can be trusted as this binary is: a
-/// regular file (not a link), executable, owned by root or by us, in a directory owned
-/// likewise, neither writable by group or others. Looked for once.
-fn small_init() -> Option<&'static Path> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    static FOUND: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    FOUND
-        .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
-            let dir = exe.parent()?;
-            let path = dir.join(SMALL_INIT);
-            let me = nix::unistd::geteuid().as_raw();
-            let trusted = |m: &std::fs::Metadata| {
-                (m.uid() == 0 || m.uid() == me) && m.permissions().mode() & 0o022 == 0
-            };
-            let file = std::fs::symlink_metadata(&path).ok()?;
-            let parent = std::fs::symlink_metadata(dir).ok()?;
-            (file.is_file()
-                && file.permissions().mode() & 0o100 != 0
-                && trusted(&file)
-                && parent.is_dir()
-                && trusted(&parent))
-            .then_some(path)
-        })
-        .as_deref()
-}
-
-/// A sandbox's outer init started before its sandbox is asked for, so that starting it
-/// (most of an init's own start-up) overlaps what the host still prepares: `airlock run`
-/// starts one while it reads its code. It is the small init binary beside the host's when
-/// there is a trusted one (`small_init`), this binary again otherwise; either first says
-/// which sources it was built from, and `spawn` uses it only if they are the host's
-/// (otherwise it starts an init of its own, as without one). It then waits, in the host's
-/// namespaces and doing nothing, for the request that `spawn` sends it with the program's
-/// descriptors. Dropped unused, it is killed and reaped.
+/// A sandbox's outer init started before its sandbox is asked for, so that it is ready by
+/// the time the host has prepared the rest: `airlock run` starts one first thing. It is a
+/// fork of the host, made while the host is still single-threaded (no lock can be held
+/// across the fork), that makes itself what an executed init is (stdio on pipes to the
+/// host, the status socket at its place and nothing else open, its own process group, no
+/// environment, named `airlock-sandbox`) and then waits, in the host's namespaces and doing
+/// nothing, for the request that `spawn` sends it with the program's descriptors. Forked,
+/// not executed: an executed init spends a millisecond or two loading a binary before it
+/// can listen. Dropped unused, it is killed and reaped.
 #[derive(Debug)]
 pub struct Prestarted {
-    process: Option<std::process::Child>,
+    process: Option<OuterInit>,
     status: Option<OwnedFd>,
     stdio: Stdio3,
 }
 
 impl Prestarted {
+    /// Fails, starting nothing, when this process already runs more than one thread.
     pub fn start() -> Result<Prestarted, SpawnError> {
+        let threads = std::fs::read_dir("/proc/self/task")
+            .map_err(io_err("/proc/self/task"))?
+            .count();
+        if threads != 1 {
+            return Err(SpawnError::Setup {
+                stage: "init ahead".into(),
+                error: format!("{threads} threads run here; a fork needs one"),
+            });
+        }
         let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
-        let program = small_init().unwrap_or(Path::new(SELF));
-        let (process, stdio) = start_init(program, true, &init_end, &[])?;
-        Ok(Prestarted {
-            process: Some(process),
-            status: Some(host_end),
-            stdio,
-        })
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io_err("pipe2")(e.into()))
+        };
+        let (stdin_r, stdin_w) = pipe()?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        match sys::fork().map_err(|e| io_err("fork")(e.into()))? {
+            nix::unistd::ForkResult::Child => {
+                drop((host_end, stdin_w, stdout_r, stderr_r));
+                crate::init::serve_forked([stdin_r, stdout_w, stderr_w, init_end])
+            }
+            nix::unistd::ForkResult::Parent { child } => Ok(Prestarted {
+                process: Some(OuterInit::Forked {
+                    pid: child.as_raw(),
+                    reaped: false,
+                }),
+                status: Some(host_end),
+                stdio: (
+                    Some(ChildStdin::from(stdin_w)),
+                    Some(ChildStdout::from(stdout_r)),
+                    Some(ChildStderr::from(stderr_r)),
+                ),
+            }),
+        }
     }
 
-    /// Its parts, once it has said it was built from the host's sources; `None` (and it is
-    /// killed) otherwise.
-    fn checked(mut self) -> Option<(std::process::Child, OwnedFd, Stdio3)> {
-        let status = self.status.as_ref()?;
-        let mut fds = [PollFd::new(status.as_fd(), PollFlags::POLLIN)];
-        if poll(&mut fds, PollTimeout::from(HELLO_WAIT_MS)).ok()? == 0 {
-            return None;
-        }
-        let hello = proto::recv_raw(status, BUILD.len()).ok()??;
-        if hello != BUILD.as_bytes() {
-            return None;
-        }
+    fn into_parts(mut self) -> Option<(OuterInit, OwnedFd, Stdio3)> {
         let stdio = std::mem::take(&mut self.stdio);
         Some((self.process.take()?, self.status.take()?, stdio))
     }
@@ -638,8 +628,55 @@ impl Prestarted {
 impl Drop for Prestarted {
     fn drop(&mut self) {
         if let Some(mut process) = self.process.take() {
-            let _ = process.kill();
-            let _ = process.wait();
+            process.kill();
+            process.wait();
+        }
+    }
+}
+
+/// A sandbox's outer init process.
+#[derive(Debug)]
+pub(crate) enum OuterInit {
+    /// Executed for its sandbox (`start_init`).
+    Spawned(std::process::Child),
+    /// Forked ahead of its sandbox (`Prestarted`).
+    Forked { pid: i32, reaped: bool },
+}
+
+impl OuterInit {
+    fn id(&self) -> i32 {
+        match self {
+            OuterInit::Spawned(process) => process.id() as i32,
+            OuterInit::Forked { pid, .. } => *pid,
+        }
+    }
+
+    /// SIGKILL, unless it is reaped (its pid may be another process's by then).
+    fn kill(&mut self) {
+        match self {
+            OuterInit::Spawned(process) => {
+                let _ = process.kill();
+            }
+            OuterInit::Forked { pid, reaped: false } => {
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+            OuterInit::Forked { reaped: true, .. } => {}
+        }
+    }
+
+    fn wait(&mut self) {
+        match self {
+            OuterInit::Spawned(process) => {
+                let _ = process.wait();
+            }
+            OuterInit::Forked { pid, reaped } => {
+                while !*reaped {
+                    match nix::sys::wait::waitpid(Pid::from_raw(*pid), None) {
+                        Err(nix::errno::Errno::EINTR) => continue,
+                        _ => *reaped = true,
+                    }
+                }
+            }
         }
     }
 }
@@ -648,7 +685,7 @@ impl Child {
     /// The host's handle on a sandbox being started: `process` is its outer init (none for a
     /// zygote's child), `status` the host's end of its status socket.
     pub(crate) fn assemble(
-        process: Option<std::process::Child>,
+        process: Option<OuterInit>,
         status: OwnedFd,
         cgroup: Option<SandboxCgroup>,
         policy: &Policy,
@@ -661,7 +698,7 @@ impl Child {
                     source: e.into(),
                 })?;
         let killer = Killer(Arc::new(KillShared {
-            outer_pid: process.as_ref().map_or(0, |p| p.id() as i32),
+            outer_pid: process.as_ref().map_or(0, OuterInit::id),
             state: Mutex::new(KillState {
                 reaped: false,
                 reason: None,
@@ -946,7 +983,7 @@ impl Child {
         let Some(mut process) = self.process.take() else {
             return;
         };
-        let _ = process.wait();
+        process.wait();
         let mut state = self.killer.state();
         state.reaped = true;
         state.init = None;

@@ -98,9 +98,40 @@ fn init_children() -> Vec<String> {
 fn an_init_started_ahead_gets_the_descriptors_with_its_request() {
     let policy = support::usr_policy();
     let before = init_children();
-    // Unused, it is killed and reaped: nothing of it is left.
+    // A fork of this process that makes itself an init: named so, with stdio on pipes and
+    // its status socket, nothing else of ours open.
     let unused = Prestarted::start().unwrap();
-    assert_eq!(init_children().len(), before.len() + 1);
+    let new: Vec<String> = init_children()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(new.len(), 1);
+    let proc = format!("/proc/{}", new[0]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let fds = loop {
+        let comm = std::fs::read_to_string(format!("{proc}/comm")).unwrap();
+        let fds: Vec<(i32, String)> = std::fs::read_dir(format!("{proc}/fd"))
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                let n = e.file_name().to_string_lossy().parse().unwrap();
+                (
+                    n,
+                    std::fs::read_link(e.path()).unwrap().display().to_string(),
+                )
+            })
+            .collect();
+        if comm == "airlock-sandbox\n" && fds.len() == 4 {
+            break fds;
+        }
+        assert!(Instant::now() < deadline, "{comm:?} {fds:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    for (n, target) in &fds {
+        let kind = if *n == 3 { "socket:" } else { "pipe:" };
+        assert!(*n <= 3 && target.starts_with(kind), "{fds:?}");
+    }
+    // Unused, it is killed and reaped: nothing of it is left.
     drop(unused);
     assert_eq!(init_children(), before);
 

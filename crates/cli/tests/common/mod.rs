@@ -253,7 +253,9 @@ pub fn sandbox_inits() -> Vec<String> {
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmd = fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
-        if cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") {
+        let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        // Executed as one, or forked ahead by `airlock run` and named so.
+        if cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") || comm == "airlock-sandbox\n" {
             found.push(entry.path().display().to_string());
         }
     }

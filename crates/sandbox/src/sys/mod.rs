@@ -15,8 +15,9 @@ mod abi;
 
 /// `fork(2)`.
 ///
-/// Only called from the sandbox's init processes, which are single-threaded: they are exec'd
-/// fresh for each sandbox and never start a thread, so no lock can be held across the fork.
+/// Only called by single-threaded processes, so that no lock can be held across the fork: the
+/// sandbox's init processes (exec'd fresh for each sandbox, they never start a thread), and
+/// a host forking an init ahead of its sandbox (`Prestarted::start`, which checks first).
 pub fn fork() -> nix::Result<ForkResult> {
     // SAFETY: the caller is single-threaded (see above), so the child may run arbitrary code.
     unsafe { nix::unistd::fork() }
