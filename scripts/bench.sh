@@ -13,5 +13,5 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 ensure_debian_packages python3 bubblewrap
 echo "==> building (release)"
-cargo build --release --locked -p airlock -p airlock-sandbox -p airlock-bench
+cargo build --release --locked -p airlock -p airlock-bench
 exec target/release/airlock-bench --airlock target/release/airlock "$@"

@@ -37,7 +37,7 @@ impl CompiledRunner {
     /// source would be (the same globals, the same file name).
     pub(crate) fn boot(&self, fd: usize) -> String {
         format!(
-            "import marshal, os\n_c = marshal.loads(os.pread({fd}, {}, 0))\nos.close({fd})\nexec(_c)\n",
+            "import marshal, posix\n_c = marshal.loads(posix.pread({fd}, {}, 0))\nposix.close({fd})\nexec(_c)\n",
             self.len
         )
     }

@@ -3,6 +3,9 @@
 # to_json, ...) and they see these. Function mode, the types JSON lacks, rich outputs, files
 # and sessions live here; a `print(1)` never compiles this file.
 
+import os
+import stat
+
 
 # Arrays and tables with more cells than this cross as a marked repr (numpy and pandas
 # summarise their own), not as a list the host would refuse as too large anyway.
