@@ -10,15 +10,20 @@ use common::http::{request, Server};
 use common::*;
 use serde_json::{json, Value};
 
-fn eval_cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
-    let mut child = airlock()
+/// `airlock eval ARGS` with stdin, stdout and stderr on pipes.
+fn eval_child(args: &[&str]) -> std::process::Child {
+    airlock()
         .arg("eval")
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+fn eval_cli(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = eval_child(args);
     let mut input = child.stdin.take().unwrap();
     // From a thread: a large input is answered while it is written.
     let text = stdin.unwrap_or("").to_owned();
@@ -153,13 +158,7 @@ fn a_large_batch_is_answered_line_for_line_in_order() {
 #[test]
 fn each_line_is_answered_before_the_next_is_written() {
     use std::io::{BufRead, BufReader};
-    let mut child = airlock()
-        .args(["eval", "--json"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = eval_child(&["--json"]);
     let mut input = child.stdin.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let stdout = child.stdout.take().unwrap();
