@@ -13,5 +13,6 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 ensure_debian_packages python3 bubblewrap
 echo "==> building (release)"
-cargo build --release --locked -p airlock -p airlock-bench
+# airlock-sandbox too: its cdylib is what zygotes load (libairlock_sandbox.so, beside the binary).
+cargo build --release --locked -p airlock -p airlock-sandbox -p airlock-bench
 exec target/release/airlock-bench --airlock target/release/airlock "$@"
