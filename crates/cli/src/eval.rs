@@ -121,9 +121,6 @@ fn batch(json: bool) -> Result<bool, String> {
     let (job_tx, job_rx) = mpsc::sync_channel::<Job>(workers);
     let job_rx = Mutex::new(job_rx);
     let (part_tx, part_rx) = mpsc::channel::<Part>();
-    // Written buffers go back to the workers: no buffer grown again, none freed by another thread.
-    let (spare_tx, spare_rx) = mpsc::channel::<Vec<u8>>();
-    let spare_rx = Mutex::new(spare_rx);
     // Jobs read but not yet written, at most: the answers waiting for their turn are bounded.
     let in_flight = 2 * workers + 2;
     let (permit_tx, permit_rx) = mpsc::sync_channel::<()>(in_flight);
@@ -133,11 +130,11 @@ fn batch(json: bool) -> Result<bool, String> {
     std::thread::scope(|scope| {
         scope.spawn(move || read_jobs(&job_tx, &permit_rx));
         for _ in 0..workers {
-            let (job_rx, part_tx, spare_rx) = (&job_rx, part_tx.clone(), &spare_rx);
-            scope.spawn(move || work(job_rx, &part_tx, spare_rx, json));
+            let (job_rx, part_tx) = (&job_rx, part_tx.clone());
+            scope.spawn(move || work(job_rx, &part_tx, json));
         }
         drop(part_tx);
-        write_parts(&part_rx, &permit_tx, &spare_tx)
+        write_parts(&part_rx, &permit_tx)
     })
 }
 
@@ -215,18 +212,9 @@ fn send_lines(bytes: Vec<u8>, send: &mut impl FnMut(Result<String, String>) -> b
     }
 }
 
-fn work(
-    jobs: &Mutex<mpsc::Receiver<Job>>,
-    parts: &mpsc::Sender<Part>,
-    spare: &Mutex<mpsc::Receiver<Vec<u8>>>,
-    json: bool,
-) {
+fn work(jobs: &Mutex<mpsc::Receiver<Job>>, parts: &mpsc::Sender<Part>, json: bool) {
     let limits = Limits::default();
     let (written_tx, written_rx) = mpsc::sync_channel::<()>(1);
-    let buffer = || {
-        let reused = spare.lock().ok().and_then(|spare| spare.try_recv().ok());
-        reused.unwrap_or_else(|| Vec::with_capacity(64 << 10))
-    };
     loop {
         let job = match jobs.lock() {
             Ok(jobs) => jobs.recv(),
@@ -235,7 +223,6 @@ fn work(
         let Ok(Job { seq, lines }) = job else { return };
         let mut part = Part {
             seq,
-            out: buffer(),
             ..Part::default()
         };
         match lines {
@@ -252,7 +239,6 @@ fn work(
                     if part.out.len() >= PART_BYTES {
                         let next = Part {
                             seq,
-                            out: buffer(),
                             ..Part::default()
                         };
                         let full = Part {
@@ -278,7 +264,6 @@ fn work(
 fn write_parts(
     parts: &mpsc::Receiver<Part>,
     permits: &mpsc::SyncSender<()>,
-    spare: &mpsc::Sender<Vec<u8>>,
 ) -> Result<bool, String> {
     // Buffered: a line of input is often a line of output, and a syscall each is slow.
     let mut out = std::io::BufWriter::with_capacity(64 << 10, std::io::stdout().lock());
@@ -320,11 +305,6 @@ fn write_parts(
             waiting.remove(&next);
             next += 1;
             let _ = permits.send(());
-        }
-        let mut buffer = part.out;
-        if buffer.capacity() <= 4 * PART_BYTES {
-            buffer.clear();
-            let _ = spare.send(buffer);
         }
     }
     settle(out.flush());
