@@ -164,10 +164,14 @@ fn read_jobs(jobs: &mpsc::SyncSender<Job>, permits: &mpsc::Receiver<()>) {
                 return;
             }
         };
-        pending.extend_from_slice(&buf[..n]);
-        let Some(end) = pending.iter().rposition(|b| *b == b'\n') else {
+        // What is pending holds no newline: only the new bytes need looking at, so a long
+        // line read in many pieces is not scanned again with each.
+        let Some(end) = buf[..n].iter().rposition(|b| *b == b'\n') else {
+            pending.extend_from_slice(&buf[..n]);
             continue;
         };
+        let end = pending.len() + end;
+        pending.extend_from_slice(&buf[..n]);
         let rest = pending.split_off(end + 1);
         if !send_lines(std::mem::replace(&mut pending, rest), &mut send) {
             return;

@@ -486,16 +486,14 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
     };
     // Compiled once in this process; the init only installs them. Encoded before the request
     // goes: the init reads them right after it.
-    let filters = match policy.seccomp.is_required() {
-        true => Some(
-            crate::seccomp::Filters::shared()
-                .map_err(|e| SpawnError::Setup {
-                    stage: "seccomp".into(),
-                    error: e.to_string(),
-                })?
-                .encode(),
-        ),
-        false => None,
+    let filters = if policy.seccomp.is_required() {
+        let filters = crate::seccomp::Filters::shared().map_err(|e| SpawnError::Setup {
+            stage: "seccomp".into(),
+            error: e.to_string(),
+        })?;
+        Some(filters.encode())
+    } else {
+        None
     };
     let raw: Vec<RawFd> = pass.iter().map(AsRawFd::as_raw_fd).collect();
     proto::send_msg_with_fds(&child.status, &request, &raw)
