@@ -35,6 +35,9 @@ struct Args {
     blocks: usize,
     /// Only the native evaluator against seed 001's subprocess.
     eval_only: bool,
+    /// Only `print(1)` from this many closed-loop clients for `seconds` (a load to profile).
+    load: Option<usize>,
+    seconds: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -44,6 +47,8 @@ fn parse_args() -> Result<Args, String> {
         requests: 200,
         blocks: 3,
         eval_only: false,
+        load: None,
+        seconds: 10,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -56,8 +61,12 @@ fn parse_args() -> Result<Args, String> {
             }
             "--blocks" => args.blocks = value("--blocks")?.parse().map_err(|e| format!("{e}"))?,
             "--eval-only" => args.eval_only = true,
+            "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
+            "--seconds" => {
+                args.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?
+            }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -149,6 +158,9 @@ fn run(args: &Args) -> Result<(), String> {
     for _ in 0..10 {
         client.execute("print(1)", None)?;
     }
+    if let Some(clients) = args.load {
+        return load(&server, clients, Duration::from_secs(args.seconds));
+    }
     // Measured once the pool is full again: refills wait for executions to end.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -174,6 +186,7 @@ fn run(args: &Args) -> Result<(), String> {
         .iter()
         .map(|s| s.0)
         .collect();
+    let running = running_pss(&server, 5)?;
 
     // Round-robin single starts.
     let mut bare = Series::new("bare `python3 -I -S -c pass`");
@@ -371,6 +384,7 @@ fn run(args: &Args) -> Result<(), String> {
         Memory {
             idle_rss_kib: idle_rss,
             pooled: &pooled,
+            running: &running,
             preloaded: &preloaded,
             zygotes: &zygotes,
             clone,
@@ -386,7 +400,7 @@ fn run(args: &Args) -> Result<(), String> {
         &bare_conc,
         &conc,
         (&ds, &ds_warm),
-        &pooled,
+        &running,
         &eval_report,
     );
     Ok(())
@@ -478,11 +492,66 @@ fn block(
     Ok(())
 }
 
+/// `print(1)` from `clients` closed-loop clients for `secs`: the rate, and the machine's
+/// busy CPU time per execution (all processes, from `/proc/stat`), to run under a profiler.
+fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
+    let mut conns = (0..clients)
+        .map(|_| server.connect().map(std::sync::Mutex::new))
+        .collect::<Result<Vec<_>, _>>()?;
+    std::thread::sleep(Duration::from_secs(2));
+    let busy = || -> Result<f64, String> {
+        let stat = std::fs::read_to_string("/proc/stat").map_err(|e| e.to_string())?;
+        let f: Vec<f64> = stat
+            .lines()
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
+        let ticks: f64 =
+            f.iter().take(8).sum::<f64>() - f.get(3).unwrap_or(&0.0) - f.get(4).unwrap_or(&0.0);
+        Ok(ticks
+            / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+                .ok()
+                .flatten()
+                .unwrap_or(100) as f64)
+    };
+    let stop = Instant::now() + secs;
+    let cpu0 = busy()?;
+    let start = Instant::now();
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for c in conns.iter_mut() {
+            let done = &done;
+            s.spawn(move || {
+                let c = c.get_mut().unwrap();
+                while Instant::now() < stop {
+                    if c.execute("print(1)", None).is_ok() {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let (wall, cpu) = (start.elapsed().as_secs_f64(), busy()? - cpu0);
+    let n = done.into_inner();
+    println!(
+        "{clients} clients, {wall:.1} s: {n} executions, {:.0}/s, {:.2} ms of busy CPU each (all processes)",
+        n as f64 / wall,
+        cpu * 1000.0 / n.max(1) as f64
+    );
+    Ok(())
+}
+
 /// Memory figures, and how long a zygote takes to make a sandbox.
 struct Memory<'a> {
     idle_rss_kib: u64,
     /// PSS of each idle pooled lean sandbox (all its processes).
     pooled: &'a [u64],
+    /// PSS of sandboxes that have run `print(1)` and wait (all their processes).
+    running: &'a [u64],
     /// PSS and USS of each idle pooled child of the preloading zygote.
     preloaded: &'a [(u64, u64)],
     /// PSS of each zygote (its template's processes).
@@ -568,6 +637,14 @@ fn report(
         ),
         None => println!("- no idle pooled sandbox was found"),
     }
+    if let Some((median, max)) = median_max(memory.running) {
+        println!(
+            "- a sandbox that has run `print(1)` (all its processes, measured while it sleeps after it), PSS: median {:.1} MiB, max {:.1} MiB, over {}",
+            mib(median),
+            mib(max),
+            memory.running.len()
+        );
+    }
     for (pss, uss) in memory.preloaded {
         println!(
             "- idle pooled child of the preloading zygote: PSS {:.1} MiB (the zygote's pages split between it and the zygote alone), of its own (USS) {:.1} MiB",
@@ -614,7 +691,7 @@ fn targets(
     bare_conc: &Series,
     conc: &[Series],
     data_science: (&Series, &Series),
-    pooled: &[u64],
+    running: &[u64],
     eval: &eval::EvalReport,
 ) {
     let (data_science, warm) = data_science;
@@ -646,9 +723,9 @@ fn targets(
         ratio(one_shot.quantile(0.5)),
         ratio(bw_runner.quantile(0.5))
     );
-    if let Some((median, max)) = median_max(pooled) {
+    if let Some((median, max)) = median_max(running) {
         println!(
-            "| per-child memory for `print(1)` (PSS, the zygote's pages shared) | ≤ 4 MiB | median {:.1} MiB, max {:.1} MiB |",
+            "| per-child memory for `print(1)` (PSS, the zygote's pages shared) | ≤ 4 MiB | median {:.1} MiB, max {:.1} MiB (a sandbox that has run it, all its processes) |",
             mib(median),
             mib(max)
         );
@@ -1011,11 +1088,11 @@ fn maps_pandas(pid: u32) -> bool {
 
 /// PSS of each sandbox of the server `server` that holds processes, from its cgroups
 /// (`airlock-<pid>-<n>`): the zygotes' templates (`airlock-<pid>-zygote-<n>`) when `zygotes`,
-/// the other sandboxes otherwise.
-/// PSS, USS and whether pandas is loaded, per sandbox (or per zygote) of the server.
-fn sandbox_pss(server: u32, zygotes: bool) -> Vec<(u64, u64, bool)> {
+/// the other sandboxes otherwise: (PSS, USS, pandas loaded, a process sleeping in
+/// `nanosleep`), each in KiB.
+fn sandbox_pss(server: u32, zygotes: bool) -> Vec<(u64, u64, bool, bool)> {
     let prefix = format!("airlock-{server}-");
-    let mut seen = std::collections::BTreeMap::<String, (u64, u64, bool)>::new();
+    let mut seen = std::collections::BTreeMap::<String, (u64, u64, bool, bool)>::new();
     let mut dirs = vec![(PathBuf::from("/sys/fs/cgroup"), 0)];
     while let Some((dir, depth)) = dirs.pop() {
         let Ok(entries) = std::fs::read_dir(&dir) else {
@@ -1042,12 +1119,40 @@ fn sandbox_pss(server: u32, zygotes: bool) -> Vec<(u64, u64, bool)> {
                 .collect();
             let pss: u64 = pids.iter().copied().map(pss_kib).sum();
             let uss: u64 = pids.iter().copied().map(uss_kib).sum();
+            let sleeping = pids.iter().any(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/wchan"))
+                    .is_ok_and(|w| w.contains("nanosleep"))
+            });
             if pss > 0 {
-                seen.insert(name, (pss, uss, pids.iter().copied().any(maps_pandas)));
+                let pandas = pids.iter().copied().any(maps_pandas);
+                seen.insert(name, (pss, uss, pandas, sleeping));
             }
         }
     }
     seen.into_values().collect()
+}
+
+/// The PSS of `n` sandboxes, one at a time, each measured while its code sleeps after
+/// `print(1)` (what a child running `print(1)` holds, where an idle pooled child has not yet
+/// written what an execution writes).
+fn running_pss(server: &Server, n: usize) -> Result<Vec<u64>, String> {
+    const CODE: &str = "print(1)\nimport time\ntime.sleep(1.5)\n";
+    let mut found = Vec::new();
+    for _ in 0..n {
+        let mut client = server.connect()?;
+        let running = std::thread::spawn(move || client.execute(CODE, None).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(800));
+        let sleeping: Vec<u64> = sandbox_pss(server.child.id(), false)
+            .iter()
+            .filter(|s| s.3)
+            .map(|s| s.0)
+            .collect();
+        running.join().map_err(|_| "the client panicked")??;
+        if let [one] = sleeping[..] {
+            found.push(one);
+        }
+    }
+    Ok(found)
 }
 
 /// Waits until no zygote is starting and the preloaded pool is full (at most a minute; a host
