@@ -360,6 +360,19 @@ def __zygote_start__():
         main()
 
 
+def __zygote_rehearse__():
+    # In a fork of a zygote that is surveyed, never in a child: what a child does with a
+    # request for `print(1)`, with nothing read or sent. The zygote records which of its pages
+    # this writes, and each child copies those while it waits for its request instead of one
+    # fault at a time once the request has come.
+    request = {"code": "print(1)\n", "filename": "<string>", "env": {}, "files": [], "stream": False,
+               "echo_traceback": False, "sys_path": [], "more": "", "result_limit": 1 << 20,
+               "repr_limit": 4096, "max_depth": 64, "tools": None, "entrypoint": None, "inputs": None}
+    namespace = setup(request)
+    run(namespace, request["filename"], request["code"], None, None,
+        lambda payload: encode(payload, request["result_limit"]) is not None, True)
+
+
 gc.freeze()
 if sys.argv[1:] != ["--zygote"]:
     __zygote_start__()

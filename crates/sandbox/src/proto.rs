@@ -197,14 +197,27 @@ pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
     Ok(recv_msg_with_fds(fd)?.map(|(m, fds)| (m, fds.into_iter().next())))
 }
 
+thread_local! {
+    /// Each thread's receive buffer, made once. A zygote that allocated, zeroed and freed
+    /// 64 KiB for every message wrote to pages its live children share (a copy of each) and
+    /// made glibc consolidate its free lists, touching more of them.
+    static RECEIVED: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE + 1]);
+}
+
 /// Receives one message and every descriptor passed with it; `None` at end of stream.
 pub(crate) fn recv_msg_with_fds<T: DeserializeOwned>(
     fd: impl AsFd,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
-    let mut buf = vec![0u8; MAX_MESSAGE + 1];
+    RECEIVED.with_borrow_mut(|buf| recv_into(fd, buf))
+}
+
+fn recv_into<T: DeserializeOwned>(
+    fd: impl AsFd,
+    buf: &mut [u8],
+) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
     let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
     let (n, passed) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut iov = [IoSliceMut::new(buf)];
         let flags = MsgFlags::MSG_CMSG_CLOEXEC;
         match recvmsg::<()>(fd.as_fd().as_raw_fd(), &mut iov, Some(&mut cmsg), flags) {
             Ok(msg) => {

@@ -58,7 +58,11 @@ fn command(script: &str) -> Command {
 }
 
 fn run(zygote: &Zygote, script: &str) -> (Outcome, String, String) {
-    let mut child = zygote.spawn(command(script), &policy()).expect("spawn");
+    run_command(zygote, command(script))
+}
+
+fn run_command(zygote: &Zygote, command: Command) -> (Outcome, String, String) {
+    let mut child = zygote.spawn(command, &policy()).expect("spawn");
     let mut out = child.take_stdout().unwrap();
     let mut err = child.take_stderr().unwrap();
     drop(child.take_stdin());
@@ -182,7 +186,9 @@ fn policy_with_work() -> Policy {
 }
 
 fn nothing_of_one_child_reaches_the_next() {
-    let zygote = Zygote::start(&spec(&["json"]), &policy_with_work()).expect("zygote");
+    // `random` preloaded: the zygote's state is every child's unless the interpreter's fork
+    // hooks reseed it in each (`random` registers one), as os.fork() runs them.
+    let zygote = Zygote::start(&spec(&["json", "random"]), &policy_with_work()).expect("zygote");
     let mut draws = Vec::new();
     for i in 0..4 {
         let mut child = zygote
@@ -423,8 +429,17 @@ enum Request {
 /// Runs `PRIVATE_DIRTY` in a child of `zygote`, its request as `request` says; its stdin
 /// stays open (and empty unless the request is there) until the program has ended.
 fn private_dirty_kb(zygote: &Zygote, policy: &Policy, request: Request) -> u64 {
+    private_dirty_kb_of(zygote, policy, request, command(PRIVATE_DIRTY))
+}
+
+fn private_dirty_kb_of(
+    zygote: &Zygote,
+    policy: &Policy,
+    request: Request,
+    command: Command,
+) -> u64 {
     use std::io::Write;
-    let mut command = command(PRIVATE_DIRTY);
+    let mut command = command;
     if request == Request::OnItsOwnDescriptor {
         let (r, w) = nix::unistd::pipe().unwrap();
         nix::unistd::write(&w, b"request\n").unwrap();
@@ -486,6 +501,45 @@ fn a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait() {
     );
 }
 
+/// A prepared program's `__zygote_rehearse__` is what the zygote surveys when it draws no
+/// chart: here it writes 4 MiB of the zygote's memory, which every waiting child copies.
+fn a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children() {
+    let program = "import sys\n\
+        BLOCK = bytearray(b'x' * (4 << 20))\n\
+        def __zygote_rehearse__():\n    \
+            for i in range(0, len(BLOCK), 4096):\n        BLOCK[i] = 121\n\
+        def __zygote_start__():\n    \
+            exec(sys.argv[1], globals())\n\
+        if sys.argv[1:] != ['--zygote']:\n    __zygote_start__()\n";
+    let mut spec = spec(&[]);
+    spec.code = program.into();
+    spec.prepare = true;
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    let surveyed_kb = zygote.prefault_bytes() / 1024;
+    assert!(
+        surveyed_kb >= 4096,
+        "surveyed {surveyed_kb} kB: {}",
+        zygote.log_tail()
+    );
+    let command = || {
+        Command::new(PYTHON)
+            .args(FLAGS)
+            .env("PATH", "/usr/bin:/bin")
+    };
+    let dirty = || command().args(["-c", program, PRIVATE_DIRTY]);
+    let waited = private_dirty_kb_of(&zygote, &policy(), Request::NotYet, dirty());
+    let went_on = private_dirty_kb_of(&zygote, &policy(), Request::OnStdin, dirty());
+    assert!(
+        waited >= went_on + 4096,
+        "waited {waited} kB, went on {went_on} kB, surveyed {surveyed_kb} kB"
+    );
+    // The rehearsal ran in a fork of the zygote only: its children see the block unwritten.
+    let script = "print(bytes(BLOCK[:1]), BLOCK.count(121))";
+    let (o, out, _) = run_command(&zygote, command().args(["-c", program, script]));
+    assert_eq!(o.exit, Some(Exit::Code(0)), "{}", zygote.log_tail());
+    assert_eq!(out.trim(), "b'x' 0");
+}
+
 fn main() {
     run_if_init();
     if std::env::var_os("ZYGOTE_TIMING").is_some() {
@@ -514,6 +568,10 @@ fn main() {
         (
             "a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait",
             a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait,
+        ),
+        (
+            "a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children",
+            a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children,
         ),
         (
             "a_zygote_that_dies_is_noticed",

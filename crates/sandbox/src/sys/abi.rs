@@ -18,13 +18,15 @@ pub extern "C" fn airlock_zygote_ready() -> c_int {
     inside::ready()
 }
 
-/// Waits for the next child: 1 means fork now; 0, the host is gone; -1, a fatal error.
+/// Waits for each next child and forks it, with the interpreter's fork hooks, until one is
+/// born: 1 in that child (which then calls `airlock_zygote_child`); 0, the host is gone and
+/// the last child ended; -1, a fatal error.
 #[no_mangle]
-pub extern "C" fn airlock_zygote_next() -> c_int {
-    inside::next()
+pub extern "C" fn airlock_zygote_serve() -> c_int {
+    inside::serve()
 }
 
-/// In a fork of the zygote that drew a first chart: stops it, for `airlock_zygote_survey`.
+/// In a fork of the zygote that did what a child does: stops it, for `airlock_zygote_survey`.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_surveyed() {
     inside::surveyed()
@@ -37,13 +39,7 @@ pub extern "C" fn airlock_zygote_survey(pid: c_int) {
     inside::survey(pid)
 }
 
-/// In the zygote after `os.fork()`: the child's pid, or `-errno` when the fork failed.
-#[no_mangle]
-pub extern "C" fn airlock_zygote_forked(pid: c_int) {
-    inside::forked(pid)
-}
-
-/// In the child after `os.fork()`: enters the jail and confines the process; writes the
+/// In a child, once `airlock_zygote_serve` returned 1: enters the jail and confines the process; writes the
 /// program's arguments and environment into `out` and returns their length. Never returns
 /// on failure.
 #[no_mangle]

@@ -508,3 +508,60 @@ pub fn readable_now(fd: RawFd) -> bool {
     let rc = unsafe { libc::poll(&mut pfd, 1, 0) };
     rc != 0
 }
+
+/// The fork hooks of the CPython that loaded us (`PyOS_BeforeFork`, `PyOS_AfterFork_Parent`,
+/// `PyOS_AfterFork_Child`): what `os.fork()` calls around `fork(2)`.
+#[derive(Clone, Copy)]
+pub struct PythonFork {
+    before: unsafe extern "C" fn(),
+    parent: unsafe extern "C" fn(),
+    child: unsafe extern "C" fn(),
+}
+
+impl PythonFork {
+    /// Finds the hooks among the symbols of the process (the interpreter exports them for its
+    /// extension modules); an error when we are not inside a CPython.
+    pub fn find() -> io::Result<PythonFork> {
+        let hook = |name: &std::ffi::CStr| -> io::Result<unsafe extern "C" fn()> {
+            // SAFETY: dlsym only looks a NUL-terminated name up among loaded objects.
+            let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+            if sym.is_null() {
+                return Err(io::Error::other(format!(
+                    "{name:?} not found: not in CPython"
+                )));
+            }
+            // SAFETY: the three hooks are `void (void)` functions in CPython's C API.
+            Ok(unsafe { std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn()>(sym) })
+        };
+        Ok(PythonFork {
+            before: hook(c"PyOS_BeforeFork")?,
+            parent: hook(c"PyOS_AfterFork_Parent")?,
+            child: hook(c"PyOS_AfterFork_Child")?,
+        })
+    }
+
+    /// Forks as `os.fork()` does: the interpreter's hooks run before, and after in each
+    /// process (the child's reset the interpreter's locks and threads and run the hooks of
+    /// `os.register_at_fork`, `random`'s reseeding among them). 0 in the child, the child's
+    /// pid in the parent.
+    pub fn fork(&self) -> io::Result<i32> {
+        // SAFETY: called from a C function that CPython's main thread entered through
+        // ctypes.PyDLL, which holds the GIL across the call, as os.fork requires of its caller;
+        // the hooks run in the same order os.fork runs them.
+        unsafe {
+            (self.before)();
+            let pid = libc::fork();
+            let error = io::Error::last_os_error();
+            if pid == 0 {
+                (self.child)();
+            } else {
+                (self.parent)();
+            }
+            if pid < 0 {
+                Err(error)
+            } else {
+                Ok(pid)
+            }
+        }
+    }
+}

@@ -445,9 +445,11 @@ struct Zygote {
     /// Our own PID namespace, to return to after each fork.
     own_pid_ns: OwnedFd,
     filters: Filters,
+    /// The interpreter's own fork, for `serve`.
+    fork: sys::PythonFork,
     pending: Option<Pending>,
     live: Vec<Live>,
-    /// The zygote's pages a first chart writes, as (start, length): see `survey`.
+    /// The zygote's pages a child writes, as (start, length): see `survey`.
     surveyed: Vec<(usize, usize)>,
 }
 
@@ -493,11 +495,13 @@ pub(crate) fn start() -> i32 {
         // them); each child adds the last one after joining its jail.
         let filters = Filters::compile().map_err(|e| e.to_string())?;
         filters.install_inherited().map_err(|e| e.to_string())?;
+        let fork = sys::PythonFork::find().map_err(|e| e.to_string())?;
         Ok(Zygote {
             host: Some(host),
             jails,
             own_pid_ns,
             filters,
+            fork,
             pending: None,
             live: Vec::new(),
             surveyed: Vec::new(),
@@ -532,16 +536,17 @@ pub(crate) fn ready() -> i32 {
     }
 }
 
-/// In a fork of the zygote that has drawn a first chart: stops, to be surveyed and killed.
+/// In a fork of the zygote that has done what a child does: stops, to be surveyed and killed.
 pub(crate) fn surveyed() {
     let _ = nix::sys::signal::raise(Signal::SIGSTOP);
     sys::exit_immediately(0)
 }
 
-/// In the zygote, before its first child: `pid` is a fork of it that drew a chart and stopped
-/// (`surveyed`). The pages it wrote (present in it and no longer shared with us: copies of
-/// ours, or new in our mappings) are the ones every child that draws a chart would copy, one
-/// fault each; recorded, each child copies them while it waits for its request (`prefault`).
+/// In the zygote, before its first child: `pid` is a fork of it that did what a child does
+/// (a first chart where charts are preloaded, the program's rehearsal of a small request)
+/// and stopped (`surveyed`). The pages it wrote (present in it and no longer shared with us:
+/// copies of ours, or new in our mappings) are the ones every child would copy, one fault
+/// each; recorded, each child copies them while it waits for its request (`prefault`).
 /// The fork is killed and reaped; `ready` tells the host how much was recorded.
 pub(crate) fn survey(pid: i32) {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -555,7 +560,7 @@ pub(crate) fn survey(pid: i32) {
     );
     let pages = if stopped {
         written_pages(pid.as_raw()).unwrap_or_else(|e| {
-            complain("surveying a chart's pages", e);
+            complain("surveying a child's pages", e);
             Vec::new()
         })
     } else {
@@ -618,7 +623,7 @@ fn written_pages(pid: i32) -> io::Result<Vec<(usize, usize)>> {
 /// Waits for the next child to make, reaping children that end meanwhile. 1: fork now (the
 /// next child is born in its jail's PID namespace); 0: the host closed the control socket and
 /// the last child has ended; -1: the template's init is gone.
-pub(crate) fn next() -> i32 {
+fn next() -> i32 {
     let mut guard = zygote_state();
     let Some(z) = guard.as_mut() else { return -1 };
     loop {
@@ -727,6 +732,29 @@ pub(crate) fn next() -> i32 {
     }
 }
 
+/// The zygote's loop: each next child forked as `os.fork()` forks (the interpreter's hooks
+/// around it), with no Python run between children. Python in the zygote would write to its
+/// objects (reference counts, allocations) after every fork and so copy each page it touches
+/// again, a hundred or so a child; here only this loop's own state is written. 1 in a new
+/// child; 0 when the host is gone and the last child has ended; -1 on a fatal error.
+pub(crate) fn serve() -> i32 {
+    loop {
+        let got = next();
+        if got <= 0 {
+            return got;
+        }
+        // Copied out: the state's lock is not held across the fork.
+        let Some(fork) = zygote_state().as_ref().map(|z| z.fork) else {
+            return -1;
+        };
+        match fork.fork() {
+            Ok(0) => return 1,
+            Ok(pid) => forked(pid),
+            Err(e) => forked(-e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+}
+
 /// Reaps the children that ended: each one's exit goes to the host, and its jail's init is
 /// killed, which ends whatever the child left in the namespace.
 fn reap_ended(z: &mut Zygote) {
@@ -757,7 +785,7 @@ fn report_failed(status: &OwnedFd, stage: &str, error: &str) {
 
 /// In the zygote after its fork: back to its own PID namespace, and the child is watched.
 /// `pid` < 0 is the fork's failure, `-errno`.
-pub(crate) fn forked(pid: i32) {
+fn forked(pid: i32) {
     let mut guard = zygote_state();
     let Some(z) = guard.as_mut() else { return };
     if let Err(e) = setns(&z.own_pid_ns, CloneFlags::CLONE_NEWPID) {
@@ -837,8 +865,8 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     encoded.len()
 }
 
-/// Copies the zygote's pages that `survey` found a first chart writes, before the program
-/// runs, so that its first chart does not fault on each: while nothing waits to be read on
+/// Copies the zygote's pages that `survey` found a child writes, before the program runs, so
+/// that it does not fault on each once its request has come: while nothing waits to be read on
 /// `inputs` (a pooled child has the time; one made for a waiting request goes on at once),
 /// and at most a quarter of the memory limit, as the copies are charged to its cgroup.
 fn prefault(ranges: &[(usize, usize)], policy: &Policy, inputs: &[RawFd]) {

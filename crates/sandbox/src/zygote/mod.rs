@@ -235,8 +235,9 @@ impl Zygote {
     }
 
     /// How much of the zygote's memory each child copies before its program runs, while no
-    /// request waits for it: the pages a first chart writes, found once when the zygote
-    /// started (0 unless it preloads `matplotlib.pyplot`).
+    /// request waits for it: the pages a child writes (a first chart where `matplotlib.pyplot`
+    /// is preloaded, the program's `__zygote_rehearse__` where it has one), found once when
+    /// the zygote started; 0 when it surveys nothing.
     pub fn prefault_bytes(&self) -> u64 {
         self.prefault_bytes
     }

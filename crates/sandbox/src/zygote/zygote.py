@@ -4,8 +4,8 @@
 # things and a function `__zygote_start__`, which each child calls (airlock's runner is such
 # a program), and <more> then runs in its namespace; with 0, each child runs the whole program.
 # It imports the preloads, compiles the program, freezes what is loaded, and waits. For each
-# child it asks airlock's library (the sandbox crate, loaded with ctypes) for a jail, forks
-# with os.fork (so the interpreter's own fork hooks run: random reseeds, threads reset), and
+# child airlock's library (the sandbox crate, loaded with ctypes) gets a jail and forks with
+# the interpreter's own fork hooks, as os.fork does (random reseeds, threads reset), and
 # the child enters its jail and confines itself in that library before it runs the program
 # as `python -c <program code> <args>` would. The zygote never runs the program itself.
 import gc
@@ -86,14 +86,22 @@ def serve():
             os._exit(1)
     gc.collect()
     gc.freeze()
-    if charts:
-        # Which of our pages a first chart writes, seen in a fork that draws one and stops:
-        # each child copies them while it waits for its request, not one fault at a time
-        # while it draws (the library's `survey` and `prefault`).
+    rehearse = main.__dict__.get("__zygote_rehearse__") if main is not None else None
+    if charts or callable(rehearse):
+        # Which of our pages a child writes, seen in a fork that does what a child does (a
+        # first chart, the program's rehearsal of a small request) and stops: each child
+        # copies them while it waits for its request, not one fault at a time once the
+        # request has come (the library's `survey` and `prefault`).
         pid = os.fork()
         if pid == 0:
             try:
-                chart()
+                null = os.open("/dev/null", os.O_WRONLY)
+                os.dup2(null, 1)
+                os.dup2(null, 2)
+                if charts:
+                    chart()
+                if callable(rehearse):
+                    rehearse()
             finally:
                 lib.airlock_zygote_surveyed()
         lib.airlock_zygote_survey(pid)
@@ -103,20 +111,13 @@ def serve():
     # order of insertion), and telling them apart must not touch the zygote's (every object a
     # child touches costs it a copy of its page).
     loaded = len(sys.modules)
-    while True:
-        got = lib.airlock_zygote_next()
-        if got <= 0:
-            os._exit(0 if got == 0 else 1)
-        try:
-            pid = os.fork()
-        except OSError as e:
-            lib.airlock_zygote_forked(-(e.errno or 1))
-            continue
-        if pid:
-            lib.airlock_zygote_forked(pid)
-            continue
-        size = lib.airlock_zygote_child(buf, len(buf))
-        return code, main, buf.raw[:size], helpers, loaded
+    # The library waits for requests and forks each child as os.fork() would (the
+    # interpreter's hooks around the fork): no Python runs here between two children.
+    got = lib.airlock_zygote_serve()
+    if got != 1:
+        os._exit(0 if got == 0 else 1)
+    size = lib.airlock_zygote_child(buf, len(buf))
+    return code, main, buf.raw[:size], helpers, loaded
 
 
 CODE, PREPARED, SPEC, HELPERS, _LOADED = serve()
