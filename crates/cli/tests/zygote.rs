@@ -75,6 +75,22 @@ fn a_zygote_s_child_is_the_same_sandbox_as_a_cold_one() {
     drop(server);
 }
 
+/// The lean zygote surveys the runner's rehearsal of a small request (what every execution
+/// writes), for its pooled children to copy while they wait. A survey is of a rehearsal run
+/// to its end or of nothing: one that the runner's own request no longer fits (a key it
+/// lacks) surveys nothing, and this fails.
+#[test]
+fn the_lean_zygote_surveys_the_runner_s_rehearsal() {
+    let _g = serial();
+    let server = Server::start("[zygote]\nenabled = true\npreload = []\n", &[]);
+    let r = from_a_zygote(&server, "print(1)");
+    assert_eq!(r["stdout"], "1\n", "{r}");
+    let status = zygote_status(&server);
+    let surveyed = status["prefault_bytes"].as_u64().unwrap();
+    assert!(surveyed >= 256 << 10, "{status}");
+    drop(server);
+}
+
 #[test]
 fn code_that_names_a_preloaded_package_finds_it_loaded() {
     let _g = serial();

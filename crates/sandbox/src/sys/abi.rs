@@ -39,9 +39,9 @@ pub extern "C" fn airlock_zygote_survey(pid: c_int) {
     inside::survey(pid)
 }
 
-/// In a child, once `airlock_zygote_serve` returned 1: enters the jail and confines the process; writes the
-/// program's arguments and environment into `out` and returns their length. Never returns
-/// on failure.
+/// In a child, once `airlock_zygote_serve` returned 1: enters the jail and confines the
+/// process; writes the program's arguments and environment into `out` and returns their
+/// length. Never returns on failure.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_child(out: *mut u8, len: usize) -> usize {
     if out.is_null() {

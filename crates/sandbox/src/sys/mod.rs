@@ -543,7 +543,8 @@ impl PythonFork {
     /// Forks as `os.fork()` does: the interpreter's hooks run before, and after in each
     /// process (the child's reset the interpreter's locks and threads and run the hooks of
     /// `os.register_at_fork`, `random`'s reseeding among them). 0 in the child, the child's
-    /// pid in the parent.
+    /// pid in the parent. Only for the interpreter's main thread with the GIL held: the
+    /// zygote's loop, which Python enters through `ctypes.PyDLL`.
     pub fn fork(&self) -> io::Result<i32> {
         // SAFETY: called from a C function that CPython's main thread entered through
         // ctypes.PyDLL, which holds the GIL across the call, as os.fork requires of its caller;

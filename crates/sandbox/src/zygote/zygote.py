@@ -97,13 +97,15 @@ def serve():
             try:
                 null = os.open("/dev/null", os.O_WRONLY)
                 os.dup2(null, 1)
-                os.dup2(null, 2)
                 if charts:
                     chart()
                 if callable(rehearse):
                     rehearse()
-            finally:
-                lib.airlock_zygote_surveyed()
+            except BaseException as e:
+                # A survey is of the whole of it or of nothing (the fork ends unstopped).
+                print("airlock zygote: surveying: %r" % e, file=sys.stderr, flush=True)
+                os._exit(1)
+            lib.airlock_zygote_surveyed()
         lib.airlock_zygote_survey(pid)
     if lib.airlock_zygote_ready() != 0:
         os._exit(1)
