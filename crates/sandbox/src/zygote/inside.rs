@@ -698,6 +698,10 @@ fn next() -> i32 {
             complain("asking for a jail", e);
             return -1;
         }
+        if let Err(e) = reap_until_readable(z) {
+            complain("waiting for a jail", e);
+            return -1;
+        }
         let (reply, jail) = match proto::recv_msg_with_fds::<JailReply>(&z.jails) {
             Ok(Some(got)) => got,
             Ok(None) | Err(_) => {
@@ -751,6 +755,35 @@ pub(crate) fn serve() -> i32 {
             Ok(0) => return 1,
             Ok(pid) => forked(pid),
             Err(e) => forked(-e.raw_os_error().unwrap_or(libc::EIO)),
+        }
+    }
+}
+
+/// Waits for the template's init to answer on `jails`, reaping the children that end
+/// meanwhile: a jail may take milliseconds to build (joining a v1 cgroup waits for an RCU
+/// grace period), and a child's end must not wait for another child's jail to be reported.
+fn reap_until_readable(z: &mut Zygote) -> nix::Result<()> {
+    loop {
+        let mut fds = vec![PollFd::new(z.jails.as_fd(), PollFlags::POLLIN)];
+        fds.extend(
+            z.live
+                .iter()
+                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
+        );
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e),
+        }
+        let ready: Vec<bool> = fds
+            .iter()
+            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(fds);
+        if ready[1..].iter().any(|r| *r) {
+            reap_ended(z);
+        }
+        if ready[0] {
+            return Ok(());
         }
     }
 }
