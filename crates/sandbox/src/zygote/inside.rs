@@ -627,43 +627,16 @@ fn next() -> i32 {
     let mut guard = zygote_state();
     let Some(z) = guard.as_mut() else { return -1 };
     loop {
-        let Some(host) = z.host.as_ref() else {
-            if z.live.is_empty() {
-                return 0;
-            }
-            let mut fds: Vec<PollFd> = z
-                .live
-                .iter()
-                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN))
-                .collect();
-            let _ = poll(&mut fds, PollTimeout::NONE);
-            drop(fds);
-            reap_ended(z);
-            continue;
-        };
-        let mut fds = vec![PollFd::new(host.as_fd(), PollFlags::POLLIN)];
-        fds.extend(
-            z.live
-                .iter()
-                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
-        );
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) | Err(Errno::EINTR) => {}
+        if z.host.is_none() && z.live.is_empty() {
+            return 0;
+        }
+        match poll_reaping(z, Wait::Host) {
+            Ok(true) => {}
+            Ok(false) => continue,
             Err(e) => {
                 complain("poll", e);
                 return -1;
             }
-        }
-        let ready: Vec<bool> = fds
-            .iter()
-            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        drop(fds);
-        if ready[1..].iter().any(|r| *r) {
-            reap_ended(z);
-        }
-        if !ready[0] {
-            continue;
         }
         let Some(host) = z.host.as_ref() else {
             continue;
@@ -763,29 +736,48 @@ pub(crate) fn serve() -> i32 {
 /// meanwhile: a jail may take milliseconds to build (joining a v1 cgroup waits for an RCU
 /// grace period), and a child's end must not wait for another child's jail to be reported.
 fn reap_until_readable(z: &mut Zygote) -> nix::Result<()> {
-    loop {
-        let mut fds = vec![PollFd::new(z.jails.as_fd(), PollFlags::POLLIN)];
-        fds.extend(
-            z.live
-                .iter()
-                .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
-        );
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) | Err(Errno::EINTR) => {}
-            Err(e) => return Err(e),
-        }
-        let ready: Vec<bool> = fds
+    while !poll_reaping(z, Wait::Jails)? {}
+    Ok(())
+}
+
+/// What `poll_reaping` waits for besides the children's ends.
+enum Wait {
+    /// The host's next request (nothing once the host is gone).
+    Host,
+    /// The template's init's answer.
+    Jails,
+}
+
+/// Polls once for `what` and for the end of any live child; reaps and reports the children
+/// that ended, and says whether `what` is readable.
+fn poll_reaping(z: &mut Zygote, what: Wait) -> nix::Result<bool> {
+    let first = match what {
+        Wait::Host => z.host.as_ref().map(|h| h.as_fd()),
+        Wait::Jails => Some(z.jails.as_fd()),
+    };
+    let mut fds: Vec<PollFd> = first
+        .map(|f| PollFd::new(f, PollFlags::POLLIN))
+        .into_iter()
+        .collect();
+    let first_child = fds.len();
+    fds.extend(
+        z.live
             .iter()
-            .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        drop(fds);
-        if ready[1..].iter().any(|r| *r) {
-            reap_ended(z);
-        }
-        if ready[0] {
-            return Ok(());
-        }
+            .map(|l| PollFd::new(l.pidfd.as_fd(), PollFlags::POLLIN)),
+    );
+    match poll(&mut fds, PollTimeout::NONE) {
+        Ok(_) | Err(Errno::EINTR) => {}
+        Err(e) => return Err(e),
     }
+    let ready: Vec<bool> = fds
+        .iter()
+        .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
+        .collect();
+    drop(fds);
+    if ready[first_child..].iter().any(|r| *r) {
+        reap_ended(z);
+    }
+    Ok(first_child == 1 && ready[0])
 }
 
 /// Reaps the children that ended: each one's exit goes to the host, and its jail's init is
