@@ -496,7 +496,7 @@ fn block(
 /// busy CPU time per execution (all processes, from `/proc/stat`), to run under a profiler.
 fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
     let mut conns = (0..clients)
-        .map(|_| server.connect().map(std::sync::Mutex::new))
+        .map(|_| server.connect())
         .collect::<Result<Vec<_>, _>>()?;
     std::thread::sleep(Duration::from_secs(2));
     let busy = || -> Result<f64, String> {
@@ -526,7 +526,6 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
         for c in conns.iter_mut() {
             let done = &done;
             s.spawn(move || {
-                let c = c.get_mut().unwrap();
                 while Instant::now() < stop {
                     if c.execute("print(1)", None).is_ok() {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
