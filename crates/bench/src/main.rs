@@ -159,7 +159,15 @@ fn run(args: &Args) -> Result<(), String> {
         client.execute("print(1)", None)?;
     }
     if let Some(clients) = args.load {
-        return load(&server, clients, Duration::from_secs(args.seconds));
+        let secs = Duration::from_secs(args.seconds);
+        load(&server, clients, secs)?;
+        // The same load without airlock, its server stopped first: the least a fresh sandbox
+        // can cost here (floor.py), and a bare fork of the same Python doing the same work.
+        drop(server);
+        for skip in ["", "cgroup,netns,mounts,confine,namespaces,intermediate"] {
+            floor(clients, secs, skip)?;
+        }
+        return Ok(());
     }
     // Measured once the pool is full again: refills wait for executions to end.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -541,6 +549,29 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
         n as f64 / wall,
         cpu * 1000.0 / n.max(1) as f64
     );
+    Ok(())
+}
+
+/// The least work a fresh sandbox can cost on this machine, measured by `floor.py` (see
+/// there) with `clients` workers for `secs`, the steps in `skip` left out. Needs root.
+fn floor(clients: usize, secs: Duration, skip: &str) -> Result<(), String> {
+    let out = Command::new(PYTHON)
+        .args(["-I", "-S", "-c", include_str!("../floor.py")])
+        .args([
+            clients.to_string(),
+            secs.as_secs().to_string(),
+            skip.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("{PYTHON}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "floor.py failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    print!("{}", String::from_utf8_lossy(&out.stdout));
     Ok(())
 }
 
