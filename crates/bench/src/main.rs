@@ -164,6 +164,12 @@ fn run(args: &Args) -> Result<(), String> {
         // The same load without airlock, its server stopped first: the least a fresh sandbox
         // can cost here (floor.py), and a bare fork of the same Python doing the same work.
         drop(server);
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!(
+                "airlock-bench: floor.py needs root (it makes cgroups and maps a uid); not run"
+            );
+            return Ok(());
+        }
         for skip in ["", "cgroup,netns,mounts,confine,namespaces,intermediate"] {
             floor(clients, secs, skip)?;
         }
