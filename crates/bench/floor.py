@@ -216,25 +216,41 @@ def program(out_w, answer_w):
     os._exit(0)
 
 
+def contained(out_w, answer_w, mounts):
+    # The sandboxed process: its root (with `mounts`), its confinement, its Python work.
+    try:
+        if mounts and "mounts" not in SKIP:
+            build_root()
+        if "confine" not in SKIP:
+            confine()
+        if "python" in SKIP:
+            os.write(answer_w, b'{"result":null}')
+            os._exit(0)
+        program(out_w, answer_w)
+    except BaseException as e:
+        os.write(2, ("floor: %r\n" % (e,)).encode())
+        os._exit(3)
+
+
+def in_fork(run):
+    # `run` in a fork of this process, which waits for it and ends as it ended.
+    pid = os.fork()
+    if pid == 0:
+        run()
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
 def jail(slot, out_w, answer_w):
     # The fork that makes the namespaces (its own fork is PID 1 in them).
     if "intermediate" in SKIP:
         # No namespaces and no second process: the fork runs the program itself.
-        if "confine" not in SKIP:
-            confine()
-        program(out_w, answer_w)
+        contained(out_w, answer_w, False)
     if "namespaces" in SKIP:
-        pid = os.fork()
-        if pid == 0:
-            if "confine" not in SKIP:
-                confine()
-            program(out_w, answer_w)
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status))
+        in_fork(lambda: contained(out_w, answer_w, False))
+    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
     if "netns" in SKIP:
-        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
-    else:
-        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        flags &= ~CLONE_NEWNET
     os.setresgid(slot, slot, slot)
     os.setresuid(slot, slot, slot)
     check(libc.prctl(4, 1, 0, 0, 0), "dumpable")  # a uid change makes /proc/self root's
@@ -245,22 +261,7 @@ def jail(slot, out_w, answer_w):
         f.write("1000 %d 1" % slot)
     with open("/proc/self/gid_map", "w") as f:
         f.write("1000 %d 1" % slot)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            if "mounts" not in SKIP:
-                build_root()
-            if "confine" not in SKIP:
-                confine()
-            if "python" in SKIP:
-                os.write(answer_w, b'{"result":null}')
-                os._exit(0)
-            program(out_w, answer_w)
-        except BaseException as e:
-            os.write(2, ("floor: %r\n" % (e,)).encode())
-            os._exit(3)
-    _, status = os.waitpid(pid, 0)
-    os._exit(os.waitstatus_to_exitcode(status))
+    in_fork(lambda: contained(out_w, answer_w, True))
 
 
 def worker(index, deadline, report):
