@@ -606,6 +606,19 @@ pub fn main(args: RunArgs) -> ExitCode {
         errln!("airlock: cannot handle signals: {e}");
         return ExitCode::from(EXIT_AIRLOCK);
     }
+    // What the host supports is probed (the seccomp filters compiled, the cgroup layout read)
+    // while the code, the interpreter and the limits are read here; then cgroups of crashed
+    // runs go while this one runs (ours carries our pid: never one), done before we exit.
+    let _leftovers = JoinOnDrop(
+        std::thread::Builder::new()
+            .name("leftovers".into())
+            .spawn(|| {
+                if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+                    airlock_sandbox::remove_leftovers(layout);
+                }
+            })
+            .ok(),
+    );
     let Prepared { engine, job, tools } = match prepare(args, &cancel) {
         Ok(p) => p,
         Err(e) => return usage_error(e),
@@ -618,18 +631,6 @@ pub fn main(args: RunArgs) -> ExitCode {
         runtime: Some(runtime),
         registry,
     });
-    // Cgroups of crashed runs go while this one runs (ours carries our pid: never one), done
-    // before we exit.
-    let _leftovers = JoinOnDrop(
-        std::thread::Builder::new()
-            .name("leftovers".into())
-            .spawn(|| {
-                if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
-                    airlock_sandbox::remove_leftovers(layout);
-                }
-            })
-            .ok(),
-    );
     let result = if json {
         engine.execute(job, &mut Discard)
     } else {

@@ -150,16 +150,17 @@ pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
 }
 
 fn serve(status: &OwnedFd) -> ! {
-    match outer(status) {
+    match outer(status, None) {
         Ok(never) => match never {},
         Err(e) => fail(status, "outer", &e),
     }
 }
 
-/// An init forked ahead of its sandbox (`Prestarted`): first made what an executed one is,
-/// given `fds` (stdin, stdout, stderr and the status socket): those at 0 to 3 and nothing
-/// else open, its own process group, no environment, named as an init.
-pub(crate) fn serve_forked(fds: [OwnedFd; 4]) -> ! {
+/// An init forked ahead of its sandbox (`Prestarted`) by the host `parent`: first made what
+/// an executed one is, given `fds` (stdin, stdout, stderr and the status socket): those at 0
+/// to 3 and nothing else open, its own process group, no environment, named as an init. Then
+/// it makes its namespaces while the host prepares the request (see [`ahead`]).
+pub(crate) fn serve_forked(fds: [OwnedFd; 4], parent: i32) -> ! {
     let made = sys::place_fds(fds.iter().map(AsFd::as_fd), 0).and_then(|()| {
         // Those that sat on 0 to 3 were replaced there; the rest are closed just below.
         std::mem::forget(fds);
@@ -178,8 +179,49 @@ pub(crate) fn serve_forked(fds: [OwnedFd; 4]) -> ! {
     let Ok(status) = sys::take_inherited_fd(STATUS_FD) else {
         sys::exit_immediately(1)
     };
-    serve(&status)
+    // A failure is the request's answer, when it comes.
+    let made = ahead(parent);
+    match outer(&status, Some(made)) {
+        Ok(never) => match never {},
+        Err(e) => fail(&status, "outer", &e),
+    }
 }
+
+/// The ids inside the sandbox of an init started ahead, made before any request names them:
+/// [`Policy::default`]'s, which the host checks a request's policy against
+/// (`Prestarted::serves`).
+pub(crate) fn ahead_ids() -> (u32, u32) {
+    let policy = Policy::default();
+    (policy.uid, policy.gid)
+}
+
+/// What an init started ahead does before its request, while the host prepares the rest:
+/// every step that no request decides. It drops the host's rights, arms the parent-death
+/// signal and makes its user namespace (mapping [`ahead_ids`]) and the mount, PID, network,
+/// IPC and UTS namespaces. The cgroup namespace waits for the request: it must be made once
+/// the sandbox's cgroup, which the host creates meanwhile, is joined, or the sandbox would
+/// see the host's cgroup paths. The kernel memory of these namespaces is charged to the
+/// host's cgroup rather than the sandbox's: a fixed amount made by airlock, not the program.
+fn ahead(parent: i32) -> Result<(), InitError> {
+    let (host_uid, host_gid) = drop_host_root()?;
+    // After the last change of credentials, as in `outer`.
+    prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
+    if unistd::getppid().as_raw() != parent {
+        return Err(InitError::ParentGone);
+    }
+    unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
+    let (uid, gid) = ahead_ids();
+    write_id_maps(uid, gid, host_uid, host_gid)?;
+    unshare(NAMESPACES - CloneFlags::CLONE_NEWCGROUP).map_err(sys_err("unshare(namespaces)"))
+}
+
+/// Every namespace a sandbox gets besides its user namespace.
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS)
+    .union(CloneFlags::CLONE_NEWCGROUP);
 
 /// Puts descriptors received with the request where an init started for its sandbox finds
 /// them: `FIRST_EXTRA_FD`, `FIRST_EXTRA_FD + 1`, ..., without the close-on-exec flag.
@@ -201,13 +243,52 @@ fn place_passed_fds(passed: Vec<OwnedFd>, expected: u32) -> Result<(), InitError
     sys::place_fds(lifted.iter().map(AsFd::as_fd), FIRST_EXTRA_FD).map_err(failed)
 }
 
-fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
-    let (req, passed): (InitRequest, _) = proto::recv_msg_with_fds(status)
+/// The outer init: from the request on, the sandbox's namespaces and its PID 1. `ahead` is
+/// what an init started ahead made before the request (`None` for an executed init).
+fn outer(status: &OwnedFd, ahead: Option<Result<(), InitError>>) -> Result<Infallible, InitError> {
+    let (req, mut passed): (InitRequest, _) = proto::recv_msg_with_fds(status)
         .map_err(InitError::Request)?
         .ok_or_else(|| InitError::Request(io::ErrorKind::UnexpectedEof.into()))?;
-    // An init started ahead of its sandbox (`Prestarted`) gets the program's descriptors
-    // with the request; one started for it found them in place at its start.
-    if !passed.is_empty() {
+    let ahead = match ahead {
+        Some(made) => {
+            made?;
+            true
+        }
+        None => false,
+    };
+    if ahead
+        && (req.zygote
+            || !req.policy.die_with_parent
+            || (req.policy.uid, req.policy.gid) != ahead_ids())
+    {
+        return Err(InitError::Request(io::Error::other(
+            "an init started ahead serves no zygote, other ids or a sandbox that outlives us",
+        )));
+    }
+    // An executed init found the program's descriptors in place and opens its sources itself.
+    let program_fds = if ahead { req.extra_fds as usize } else { 0 };
+    let source_fds = req.passed_sources.iter().filter(|&&p| p).count();
+    if passed.len() != program_fds + source_fds + req.passed_joins as usize
+        || (!ahead && !passed.is_empty())
+    {
+        return Err(InitError::Request(io::Error::other(format!(
+            "{} descriptors passed with the request, which names {} and {source_fds} and {}",
+            passed.len(),
+            req.extra_fds,
+            req.passed_joins
+        ))));
+    }
+    let floor = FIRST_EXTRA_FD + req.extra_fds as RawFd;
+    let lift = |fds: Vec<OwnedFd>| {
+        sys::lift_fds(fds.iter().map(AsFd::as_fd), floor).map_err(|source| InitError::Sys {
+            call: "placing the passed descriptors",
+            source,
+        })
+    };
+    // Above the program's places before those are filled.
+    let joins = lift(passed.split_off(program_fds + source_fds))?;
+    let mut host_sources = lift(passed.split_off(program_fds))?.into_iter();
+    if ahead {
         place_passed_fds(passed, req.extra_fds)?;
     }
     // The host compiled the filters; they follow the request.
@@ -219,7 +300,8 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
     } else {
         None
     };
-    // Into the sandbox's cgroup before anything else; still single-threaded and root here.
+    // Into the sandbox's cgroup before anything runs in it: still single-threaded here, and
+    // root on the host unless started ahead, which writes to files the host opened.
     for tasks in &req.join_cgroup {
         std::fs::write(tasks, "0").map_err(|source| InitError::Path {
             call: "joining the sandbox cgroup",
@@ -227,48 +309,70 @@ fn outer(status: &OwnedFd) -> Result<Infallible, InitError> {
             source,
         })?;
     }
-    // Nothing but stdio, the status socket and the program's own descriptors stays open.
+    for tasks in joins {
+        unistd::write(&tasks, b"0").map_err(|e| InitError::Sys {
+            call: "joining the sandbox cgroup",
+            source: e.into(),
+        })?;
+    }
+    if ahead {
+        // Rooted at the sandbox's cgroup, joined just now.
+        unshare(CloneFlags::CLONE_NEWCGROUP).map_err(sys_err("unshare(CLONE_NEWCGROUP)"))?;
+    }
     let first_unused = FIRST_EXTRA_FD + req.extra_fds as RawFd;
-    sys::close_range(first_unused, RawFd::MAX).map_err(|source| InitError::Sys {
-        call: "close_range",
-        source,
-    })?;
-    // Bind-mount sources are opened with the caller's rights, before those are dropped: the
-    // mounts then use these descriptors, not paths an unprivileged uid must be able to reach
-    // (and not paths that could be swapped meanwhile).
-    let sources = open_sources(&req.policy)?;
-    // A zygote's template maps a block of host ids (one per child), which only a process
-    // that stays root on the host can write: a helper forked before we drop root.
-    let id_writer = if req.zygote {
-        Some(zygote::IdWriter::fork()?)
+    let sources = if ahead {
+        // Opened by the host (we no longer have its rights), for the entries it marked. An
+        // init forked ahead closed everything else of the host's at its start.
+        req.policy
+            .root
+            .iter()
+            .enumerate()
+            .map(|(i, _)| {
+                req.passed_sources
+                    .get(i)
+                    .copied()
+                    .unwrap_or(false)
+                    .then(|| host_sources.next())
+                    .flatten()
+            })
+            .collect()
     } else {
-        None
-    };
-    let (host_uid, host_gid) = match &id_writer {
-        Some(_) => zygote::drop_host_root_to_block()?,
-        None => drop_host_root()?,
-    };
-    // After the last change of credentials: the kernel clears the parent-death signal
-    // whenever the effective uid or gid changes.
-    if req.policy.die_with_parent {
-        prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
-        if unistd::getppid().as_raw() != req.parent_pid {
-            return Err(InitError::ParentGone);
+        // Nothing but stdio, the status socket and the program's own descriptors stays open.
+        sys::close_range(first_unused, RawFd::MAX).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })?;
+        // Bind-mount sources are opened with the caller's rights, before those are dropped:
+        // the mounts then use these descriptors, not paths an unprivileged uid must be able
+        // to reach (and not paths that could be swapped meanwhile).
+        let sources = open_sources(&req.policy)?;
+        // A zygote's template maps a block of host ids (one per child), which only a process
+        // that stays root on the host can write: a helper forked before we drop root.
+        let id_writer = if req.zygote {
+            Some(zygote::IdWriter::fork()?)
+        } else {
+            None
+        };
+        let (host_uid, host_gid) = match &id_writer {
+            Some(_) => zygote::drop_host_root_to_block()?,
+            None => drop_host_root()?,
+        };
+        // After the last change of credentials: the kernel clears the parent-death signal
+        // whenever the effective uid or gid changes.
+        if req.policy.die_with_parent {
+            prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
+            if unistd::getppid().as_raw() != req.parent_pid {
+                return Err(InitError::ParentGone);
+            }
         }
-    }
-
-    unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
-    match id_writer {
-        Some(writer) => writer.write_maps(host_uid, host_gid)?,
-        None => write_id_maps(&req.policy, host_uid, host_gid)?,
-    }
-    let namespaces = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWPID
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS
-        | CloneFlags::CLONE_NEWCGROUP;
-    unshare(namespaces).map_err(sys_err("unshare(namespaces)"))?;
+        unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
+        match id_writer {
+            Some(writer) => writer.write_maps(host_uid, host_gid)?,
+            None => write_id_maps(req.policy.uid, req.policy.gid, host_uid, host_gid)?,
+        }
+        unshare(NAMESPACES).map_err(sys_err("unshare(namespaces)"))?;
+        sources
+    };
     if let Some(port) = req.policy.egress_port {
         // Before the fork, so that neither init nor the program ever holds it.
         let listener = egress_listener(port)?;
@@ -351,20 +455,14 @@ fn drop_host_root() -> Result<(u32, u32), InitError> {
 
 /// Maps exactly one uid and gid: the policy's, onto our host ids. `setgroups` is denied so
 /// that supplementary groups can never be dropped to get around a group-based permission.
-fn write_id_maps(policy: &Policy, host_uid: u32, host_gid: u32) -> Result<(), InitError> {
+fn write_id_maps(uid: u32, gid: u32, host_uid: u32, host_gid: u32) -> Result<(), InitError> {
     let write = |file: &'static str, contents: String| {
         let path = Path::new(file);
         fs::write(path, contents).map_err(path_err("write", path))
     };
-    write(
-        "/proc/self/uid_map",
-        format!("{} {host_uid} 1\n", policy.uid),
-    )?;
+    write("/proc/self/uid_map", format!("{uid} {host_uid} 1\n"))?;
     write("/proc/self/setgroups", "deny".to_owned())?;
-    write(
-        "/proc/self/gid_map",
-        format!("{} {host_gid} 1\n", policy.gid),
-    )
+    write("/proc/self/gid_map", format!("{gid} {host_gid} 1\n"))
 }
 
 /// PID 1 of the sandbox.
@@ -448,7 +546,7 @@ pub(crate) fn reap_until(main: i32) -> Report {
 /// order: made with the caller's rights, attached inside the sandbox's mount namespace. Only
 /// root may clone mounts of the host's namespace; an unprivileged caller gets `None` and binds
 /// by path from inside, so its sources must be reachable by its own uid.
-fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
+pub(crate) fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
     let root = unistd::geteuid().is_root();
     policy
         .root

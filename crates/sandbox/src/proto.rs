@@ -16,7 +16,7 @@ use crate::policy::Policy;
 /// Largest message either side sends or accepts.
 pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
 /// Most descriptors one message carries.
-pub(crate) const MAX_FDS: usize = 32;
+pub(crate) const MAX_FDS: usize = 64;
 
 /// Host to init, once: what to build and what to run.
 #[derive(Debug, Serialize, Deserialize)]
@@ -25,8 +25,18 @@ pub(crate) struct InitRequest {
     pub program: PathBuf,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
-    /// Descriptors the host placed at 4.. for the program, which finds them at 3..
+    /// Descriptors the host placed at 4.. for the program, which finds them at 3.. (an init
+    /// started ahead receives them with this request, first).
     pub extra_fds: u32,
+    /// For an init started ahead, which has dropped the host's rights before its request:
+    /// the entries of `policy.root` whose source (`open_tree`, opened by the host) is passed
+    /// with the request, in order after the program's descriptors.
+    #[serde(default)]
+    pub passed_sources: Vec<bool>,
+    /// For an init started ahead: how many cgroup v1 `tasks` files, opened by the host, follow
+    /// the sources; it writes `0` to each (as `join_cgroup`, which it could not open).
+    #[serde(default)]
+    pub passed_joins: u32,
     /// The host's pid, to notice a host that died before `PR_SET_PDEATHSIG` took effect.
     pub parent_pid: i32,
     /// cgroup v1 `tasks` files the init writes `0` to before anything else, moving itself

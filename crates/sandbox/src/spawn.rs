@@ -447,20 +447,35 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
     };
 
     let n = command.fds.len() as RawFd;
-    let prestarted = command
-        .init
-        .take()
-        .filter(|_| !command.zygote && command.fds.len() <= proto::MAX_FDS)
-        .and_then(|init| init.into_parts());
-    let (process, host_end, stdio, pass) = match prestarted {
-        // Its descriptors go with the request.
-        Some((process, host_end, stdio)) => (process, host_end, stdio, command.fds),
+    let prestarted = match command.init.take() {
+        Some(init) if !command.zygote && init.serves(policy) => {
+            ahead_parts(*init, policy, cgroup.as_ref(), command.fds.len())?
+        }
+        // Killed unused.
+        _ => None,
+    };
+    let (process, host_end, stdio, pass, ahead) = match prestarted {
+        // Its descriptors go with the request, the sources and cgroup files after them.
+        Some(((process, host_end, stdio), sources, joins)) => {
+            let mut pass = command.fds;
+            let mask = sources.iter().map(Option::is_some).collect();
+            pass.extend(sources.into_iter().flatten());
+            let n_joins = joins.len() as u32;
+            pass.extend(joins);
+            (process, host_end, stdio, pass, Some((mask, n_joins)))
+        }
         None => {
             let (host_end, init_end) = proto::seqpacket_pair().map_err(io_err("socketpair"))?;
             let (process, stdio) = start_init(&init_end, &command.fds)?;
             drop(init_end);
             drop(command.fds);
-            (OuterInit::Spawned(process), host_end, stdio, Vec::new())
+            (
+                OuterInit::Spawned(process),
+                host_end,
+                stdio,
+                Vec::new(),
+                None,
+            )
         }
     };
 
@@ -470,16 +485,20 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
     let mut join_cgroup = Vec::new();
     if let Some(cg) = &child.cgroup {
         match cg.self_join_files() {
+            Some(_) if ahead.is_some() => {}
             Some(files) => join_cgroup = files,
             None => cg.add_process(child.id())?,
         }
     }
+    let (passed_sources, passed_joins) = ahead.unwrap_or_default();
     let request = InitRequest {
         policy: policy.clone(),
         program: command.program,
         args: command.args,
         env: command.env.into_iter().collect(),
         extra_fds: n as u32,
+        passed_sources,
+        passed_joins,
         parent_pid: std::process::id() as i32,
         join_cgroup,
         zygote: command.zygote,
@@ -510,6 +529,45 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
 }
 
 type Stdio3 = (Option<ChildStdin>, Option<ChildStdout>, Option<ChildStderr>);
+type InitParts = (OuterInit, OwnedFd, Stdio3);
+/// An init started ahead, the sources of its root's bind mounts and its cgroup `tasks` files.
+type AheadParts = (InitParts, Vec<Option<OwnedFd>>, Vec<OwnedFd>);
+
+/// What an init started ahead needs with its request that only the host can open: the
+/// sources of the root's bind mounts (with the host's rights) and, on v1, the `tasks` files
+/// of the sandbox's cgroup. `None` when they would not fit in one message with the program's
+/// `program_fds` descriptors: the init is then killed unused and one is executed instead.
+fn ahead_parts(
+    init: Prestarted,
+    policy: &Policy,
+    cgroup: Option<&SandboxCgroup>,
+    program_fds: usize,
+) -> Result<Option<AheadParts>, SpawnError> {
+    let sources = crate::init::open_sources(policy).map_err(|e| SpawnError::Setup {
+        stage: "outer".into(),
+        error: e.to_string(),
+    })?;
+    let joins = match cgroup.and_then(SandboxCgroup::self_join_files) {
+        Some(files) => files
+            .iter()
+            .map(|path| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map(OwnedFd::from)
+                    .map_err(|source| SpawnError::Io {
+                        what: "opening the sandbox's cgroup",
+                        source,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+        None => Vec::new(),
+    };
+    if program_fds + sources.iter().flatten().count() + joins.len() > proto::MAX_FDS {
+        return Ok(None);
+    }
+    Ok(init.into_parts().map(|parts| (parts, sources, joins)))
+}
 
 /// Starts an outer init (this binary again, see `run_if_init`) with `status` as its status
 /// socket and `fds` after it, where the init expects the program's descriptors.
@@ -567,10 +625,12 @@ const SELF: &str = "/proc/self/exe";
 /// fork of the host, made while the host is still single-threaded (no lock can be held
 /// across the fork), that makes itself what an executed init is (stdio on pipes to the
 /// host, the status socket at its place and nothing else open, its own process group, no
-/// environment, named `airlock-sandbox`) and then waits, in the host's namespaces and doing
-/// nothing, for the request that `spawn` sends it with the program's descriptors. Forked,
-/// not executed: an executed init spends a millisecond or two loading a binary before it
-/// can listen. Dropped unused, it is killed and reaped.
+/// environment, named `airlock-sandbox`), makes what no request decides (it drops the host's
+/// rights and makes its user namespace, mapping the default ids, and the mount, PID,
+/// network, IPC and UTS namespaces) and then waits for the request that `spawn` sends it
+/// with the program's descriptors and what it can no longer open itself. Forked, not
+/// executed: an executed init spends a millisecond or two loading a binary before it can
+/// listen. Dropped unused (or for a policy it does not serve), it is killed and reaped.
 #[derive(Debug)]
 pub struct Prestarted {
     process: Option<OuterInit>,
@@ -597,10 +657,11 @@ impl Prestarted {
         let (stdin_r, stdin_w) = pipe()?;
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
+        let host = std::process::id() as i32;
         match sys::fork().map_err(|e| io_err("fork")(e.into()))? {
             nix::unistd::ForkResult::Child => {
                 drop((host_end, stdin_w, stdout_r, stderr_r));
-                crate::init::serve_forked([stdin_r, stdout_w, stderr_w, init_end])
+                crate::init::serve_forked([stdin_r, stdout_w, stderr_w, init_end], host)
             }
             nix::unistd::ForkResult::Parent { child } => Ok(Prestarted {
                 process: Some(OuterInit::Forked {
@@ -617,7 +678,13 @@ impl Prestarted {
         }
     }
 
-    fn into_parts(mut self) -> Option<(OuterInit, OwnedFd, Stdio3)> {
+    /// Whether it can be the init of a sandbox with `policy`: it has made its user namespace
+    /// already, mapping the default ids, and armed its parent-death signal.
+    pub fn serves(&self, policy: &Policy) -> bool {
+        policy.die_with_parent && (policy.uid, policy.gid) == crate::init::ahead_ids()
+    }
+
+    fn into_parts(mut self) -> Option<InitParts> {
         let stdio = std::mem::take(&mut self.stdio);
         Some((self.process.take()?, self.status.take()?, stdio))
     }
@@ -946,8 +1013,9 @@ impl Child {
             .map(SandboxCgroup::stats)
             .unwrap_or_default();
         if let Some(cg) = cgroup {
-            let emptied = cg.kill_all();
-            if self.defer_cleanup && emptied {
+            // In line, `remove` kills whatever it finds left; only an empty cgroup goes to
+            // the background.
+            if self.defer_cleanup && cg.kill_all() {
                 cg.remove_later()?;
             } else {
                 cg.remove()?;

@@ -167,6 +167,87 @@ fn an_init_started_ahead_gets_the_descriptors_with_its_request() {
     assert_eq!(init_children(), before);
 }
 
+fn namespace(pid: &str, ns: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// An init started ahead makes its user, mount, PID, network, IPC and UTS namespaces (and
+/// drops the host's rights) before any request, while the host prepares; the cgroup
+/// namespace only once the request has put it in the sandbox's cgroup. A sandbox made with it
+/// is the one an executed init makes; a policy with other ids gets an executed init.
+fn an_init_started_ahead_makes_its_namespaces_before_its_request() {
+    let policy = support::usr_policy();
+    let before = init_children();
+    let init = Prestarted::start().unwrap();
+    let pid = init_children()
+        .into_iter()
+        .find(|p| !before.contains(p))
+        .unwrap();
+    let me = std::process::id().to_string();
+    let made = ["user", "mnt", "pid_for_children", "net", "ipc", "uts"];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while made
+        .iter()
+        .any(|ns| namespace(&pid, ns) == namespace(&me, ns))
+    {
+        assert!(Instant::now() < deadline, "no namespaces made ahead");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(namespace(&pid, "cgroup"), namespace(&me, "cgroup"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(!uid.split_whitespace().skip(1).any(|u| u == "0"), "{uid}");
+
+    // Its sandbox: in its own cgroup, with every process there (the init too), the cgroup
+    // namespace rooted there, the policy's uid.
+    let script = "cat /proc/self/cgroup; id -u; exec sleep 60";
+    let mut child = spawn(sh(script).prestarted(init), &policy).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut pids = child.processes();
+    // The outer init, PID 1 and `sleep` once `cat` and `id` are done.
+    while pids.len() != 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        pids = child.processes();
+    }
+    assert_eq!(pids.len(), 3, "{pids:?}");
+    assert!(pids.contains(&(child.id() as i32)), "{pids:?}");
+    child.killer().kill(KillReason::Cancelled);
+    let mut out = String::new();
+    child
+        .take_stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    child.wait().unwrap();
+    let (cgroups, id) = out.trim_end().rsplit_once('\n').unwrap();
+    assert_eq!(id, "1000");
+    for line in cgroups.lines() {
+        assert!(line.ends_with(":/"), "{out}");
+    }
+    assert_eq!(init_children(), before);
+
+    // Other ids than the ones it mapped: an executed init instead, nothing of it left.
+    let mut other = support::usr_policy();
+    other.uid = 2000;
+    other.gid = 2000;
+    let mut child = spawn(
+        sh("id -u; id -g").prestarted(Prestarted::start().unwrap()),
+        &other,
+    )
+    .unwrap();
+    let mut out = String::new();
+    child
+        .take_stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert_eq!(child.wait().unwrap().exit, Some(Exit::Code(0)));
+    assert_eq!(out, "2000\n2000\n");
+    assert_eq!(init_children(), before);
+}
+
 fn outcomes_report_usage_and_isolation() {
     let o = outcome(sh("exit 0"), &support::usr_policy());
     assert_eq!(o.isolation.namespaces.len(), 7);
@@ -282,6 +363,10 @@ fn main() {
         (
             "an_init_started_ahead_gets_the_descriptors_with_its_request",
             an_init_started_ahead_gets_the_descriptors_with_its_request,
+        ),
+        (
+            "an_init_started_ahead_makes_its_namespaces_before_its_request",
+            an_init_started_ahead_makes_its_namespaces_before_its_request,
         ),
         (
             "the_egress_listener_is_the_only_tcp_destination",
