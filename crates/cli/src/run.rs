@@ -581,13 +581,13 @@ fn describe(result: &ExecutionResult) -> Option<String> {
 }
 
 /// A thread joined when this goes.
-struct JoinOnDrop(Option<std::thread::JoinHandle<()>>);
+/// Waits, when dropped, until the signal thread has removed the cgroups of crashed runs.
+struct LeftoversGone(std::sync::mpsc::Receiver<()>);
 
-impl Drop for JoinOnDrop {
+impl Drop for LeftoversGone {
     fn drop(&mut self) {
-        if let Some(thread) = self.0.take() {
-            let _ = thread.join();
-        }
+        // Sent, or the sender dropped (done, or the thread never started).
+        let _ = self.0.recv();
     }
 }
 
@@ -602,23 +602,13 @@ pub fn main(args: RunArgs) -> ExitCode {
         .and_then(Result::ok);
     let cancel = Cancel::default();
     let signal = Arc::new(AtomicI32::new(0));
-    if let Err(e) = watch_signals(&cancel, &signal) {
+    let (gone, leftovers) = std::sync::mpsc::channel();
+    // Declared before the work that follows, so dropped after it.
+    let _leftovers = LeftoversGone(leftovers);
+    if let Err(e) = watch_signals(&cancel, &signal, gone) {
         errln!("airlock: cannot handle signals: {e}");
         return ExitCode::from(EXIT_AIRLOCK);
     }
-    // What the host supports is probed (the seccomp filters compiled, the cgroup layout read)
-    // while the code, the interpreter and the limits are read here; then cgroups of crashed
-    // runs go while this one runs (ours carries our pid: never one), done before we exit.
-    let _leftovers = JoinOnDrop(
-        std::thread::Builder::new()
-            .name("leftovers".into())
-            .spawn(|| {
-                if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
-                    airlock_sandbox::remove_leftovers(layout);
-                }
-            })
-            .ok(),
-    );
     let Prepared { engine, job, tools } = match prepare(args, &cancel) {
         Ok(p) => p,
         Err(e) => return usage_error(e),
@@ -684,7 +674,17 @@ pub fn main(args: RunArgs) -> ExitCode {
 
 /// SIGINT, SIGTERM, SIGHUP and SIGQUIT destroy the sandbox and end airlock with 128+signal.
 /// (Were airlock killed outright, its sandbox would still die with it: PR_SET_PDEATHSIG.)
-fn watch_signals(cancel: &Cancel, seen: &Arc<AtomicI32>) -> std::io::Result<()> {
+///
+/// The same thread first probes the host (the seccomp filters compiled, the cgroup layout read)
+/// while the code, the interpreter and the limits are read on the main one, then removes the
+/// cgroups of crashed runs (ours carries our pid: never one) and says so on `gone`: one thread
+/// started where two cost a fifth of a millisecond each here. A signal caught meanwhile waits
+/// in signal-hook's pipe until then.
+fn watch_signals(
+    cancel: &Cancel,
+    seen: &Arc<AtomicI32>,
+    gone: std::sync::mpsc::Sender<()>,
+) -> std::io::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])?;
     let cancel = cancel.clone();
@@ -692,6 +692,10 @@ fn watch_signals(cancel: &Cancel, seen: &Arc<AtomicI32>) -> std::io::Result<()> 
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || {
+            if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
+                airlock_sandbox::remove_leftovers(layout);
+            }
+            drop(gone);
             if let Some(sig) = signals.forever().next() {
                 seen.store(sig, Ordering::SeqCst);
                 cancel.cancel();
