@@ -214,12 +214,7 @@ fn an_init_started_ahead_makes_its_namespaces_before_its_request() {
     assert_eq!(pids.len(), 3, "{pids:?}");
     assert!(pids.contains(&(child.id() as i32)), "{pids:?}");
     child.killer().kill(KillReason::Cancelled);
-    let mut out = String::new();
-    child
-        .take_stdout()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    let out = support::stdout_of(&mut child);
     child.wait().unwrap();
     let (cgroups, id) = out.trim_end().rsplit_once('\n').unwrap();
     assert_eq!(id, "1000");
@@ -237,12 +232,7 @@ fn an_init_started_ahead_makes_its_namespaces_before_its_request() {
         &other,
     )
     .unwrap();
-    let mut out = String::new();
-    child
-        .take_stdout()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
+    let out = support::stdout_of(&mut child);
     assert_eq!(child.wait().unwrap().exit, Some(Exit::Code(0)));
     assert_eq!(out, "2000\n2000\n");
     assert_eq!(init_children(), before);

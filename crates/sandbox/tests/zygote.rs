@@ -194,12 +194,7 @@ fn nothing_of_one_child_reaches_the_next() {
         let mut child = zygote
             .spawn(command(LEAVE_TRACES), &policy_with_work())
             .expect("spawn");
-        let mut out = String::new();
-        child
-            .take_stdout()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
+        let out = support::stdout_of(&mut child);
         let o = child.wait().unwrap();
         assert_eq!(
             o.exit,

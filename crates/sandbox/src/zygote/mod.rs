@@ -327,20 +327,7 @@ impl Zygote {
             }
         };
         let joins: Vec<OwnedFd> = match &cgroup {
-            Some(cg) => cg
-                .procs_files()
-                .iter()
-                .map(|path| {
-                    std::fs::OpenOptions::new()
-                        .write(true)
-                        .open(path)
-                        .map(OwnedFd::from)
-                        .map_err(|source| SpawnError::Io {
-                            what: "opening the sandbox's cgroup",
-                            source,
-                        })
-                })
-                .collect::<Result<_, _>>()?,
+            Some(cg) => crate::spawn::open_for_joining(&cg.procs_files())?,
             None => Vec::new(),
         };
         let (status, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {

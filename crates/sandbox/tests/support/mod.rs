@@ -2,7 +2,21 @@
 //! is also its sandboxes' init: runs the tests whose names contain any argument given (all of
 //! them without one), and prints what libtest would; and the policy they start from.
 
-use airlock_sandbox::{Policy, RootEntry};
+use std::io::Read;
+
+use airlock_sandbox::{Child, Policy, RootEntry};
+
+/// Everything the sandbox writes to its stdout, until it closes it.
+#[allow(dead_code)] // not every test binary reads a sandbox's stdout this way
+pub fn stdout_of(child: &mut Child) -> String {
+    let mut out = String::new();
+    child
+        .take_stdout()
+        .expect("the sandbox's stdout")
+        .read_to_string(&mut out)
+        .expect("reading the sandbox's stdout");
+    out
+}
 
 /// The default policy with `/usr` read-only and the usual links into it.
 pub fn usr_policy() -> Policy {
