@@ -580,7 +580,6 @@ fn describe(result: &ExecutionResult) -> Option<String> {
     })
 }
 
-/// A thread joined when this goes.
 /// Waits, when dropped, until the signal thread has removed the cgroups of crashed runs.
 struct LeftoversGone(std::sync::mpsc::Receiver<()>);
 

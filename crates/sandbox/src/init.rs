@@ -187,17 +187,17 @@ pub(crate) fn serve_forked(fds: [OwnedFd; 4], parent: i32) -> ! {
     }
 }
 
-/// The ids inside the sandbox of an init started ahead, made before any request names them:
-/// [`Policy::default`]'s, which the host checks a request's policy against
-/// (`Prestarted::serves`).
-pub(crate) fn ahead_ids() -> (u32, u32) {
-    let policy = Policy::default();
-    (policy.uid, policy.gid)
+/// Whether an init started ahead can build a sandbox with `policy`: it has mapped
+/// [`Policy::default`]'s ids and armed its parent-death signal before any request named
+/// them (the host asks first, `Prestarted::serves`, and the init checks again).
+pub(crate) fn served_ahead(policy: &Policy) -> bool {
+    let ahead = Policy::default();
+    policy.die_with_parent && (policy.uid, policy.gid) == (ahead.uid, ahead.gid)
 }
 
 /// What an init started ahead does before its request, while the host prepares the rest:
 /// every step that no request decides. It drops the host's rights, arms the parent-death
-/// signal and makes its user namespace (mapping [`ahead_ids`]) and the mount, PID, network,
+/// signal and makes its user namespace (mapping `Policy::default`'s ids) and the mount, PID, network,
 /// IPC and UTS namespaces. The cgroup namespace waits for the request: it must be made once
 /// the sandbox's cgroup, which the host creates meanwhile, is joined, or the sandbox would
 /// see the host's cgroup paths. The kernel memory of these namespaces is charged to the
@@ -210,8 +210,8 @@ fn ahead(parent: i32) -> Result<(), InitError> {
         return Err(InitError::ParentGone);
     }
     unshare(CloneFlags::CLONE_NEWUSER).map_err(sys_err("unshare(CLONE_NEWUSER)"))?;
-    let (uid, gid) = ahead_ids();
-    write_id_maps(uid, gid, host_uid, host_gid)?;
+    let ids = Policy::default();
+    write_id_maps(ids.uid, ids.gid, host_uid, host_gid)?;
     unshare(NAMESPACES - CloneFlags::CLONE_NEWCGROUP).map_err(sys_err("unshare(namespaces)"))
 }
 
@@ -256,11 +256,7 @@ fn outer(status: &OwnedFd, ahead: Option<Result<(), InitError>>) -> Result<Infal
         }
         None => false,
     };
-    if ahead
-        && (req.zygote
-            || !req.policy.die_with_parent
-            || (req.policy.uid, req.policy.gid) != ahead_ids())
-    {
+    if ahead && (req.zygote || !served_ahead(&req.policy)) {
         return Err(InitError::Request(io::Error::other(
             "an init started ahead serves no zygote, other ids or a sandbox that outlives us",
         )));

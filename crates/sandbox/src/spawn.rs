@@ -687,7 +687,7 @@ impl Prestarted {
     /// Whether it can be the init of a sandbox with `policy`: it has made its user namespace
     /// already, mapping the default ids, and armed its parent-death signal.
     pub fn serves(&self, policy: &Policy) -> bool {
-        policy.die_with_parent && (policy.uid, policy.gid) == crate::init::ahead_ids()
+        crate::init::served_ahead(policy)
     }
 
     fn into_parts(mut self) -> Option<InitParts> {
