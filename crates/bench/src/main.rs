@@ -212,7 +212,7 @@ fn run(args: &Args) -> Result<(), String> {
     // sandbox, and inside bwrap's: the floor under `airlock run`.
     let mut runner = Series::new("the runner's own start, no sandbox");
     let mut bw_runner = Series::new("`bwrap` + the runner's own start");
-    let runner_argv = ["-I", "-S", "-B", "-c", airlock_engine::RUNNER, "--zygote"];
+    let runner_argv = ["-I", "-S", "-B", "-c", airlock_engine::runner(), "--zygote"];
     let session = client.session()?;
     eprintln!("airlock-bench: {} interleaved rounds", args.rounds);
     for _ in 0..args.rounds {

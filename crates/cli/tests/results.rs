@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[test]
 fn the_final_expression_is_the_result() {
@@ -26,6 +26,81 @@ fn the_final_expression_is_the_result() {
         assert_eq!(r.result(), &want, "{code}");
         assert!(r.json["error"].is_null());
     }
+}
+
+#[test]
+fn the_last_statement_gives_the_result_only_when_it_is_an_expression() {
+    // A one-shot's code is compiled without the `ast` module (runner.py, compile_quick), which
+    // finds the last statement from the end of the text: each case below is one it must get
+    // right or hand to the `ast` module (semicolons, form feeds, lone carriage returns, future
+    // imports, warnings, lines inside strings).
+    let many_lines = format!("'''\n{}'''", "line\n".repeat(8));
+    let cases: Vec<(&str, Value)> = vec![
+        ("x = 1; x", json!(1)),
+        ("x = 1; y = 2", json!(null)),
+        ("if 1:\n    2\nelse:\n    3", json!(null)),
+        ("if 1: 2", json!(null)),
+        ("def f(a, b):\n    return a + b\nf(1,\n2)", json!(3)),
+        ("s = '''\n1\n'''", json!(null)),
+        ("'''\n1\n'''\n'''\n2\n'''", json!("\n2\n")),
+        (
+            &many_lines,
+            json!("\nline\nline\nline\nline\nline\nline\nline\nline\n"),
+        ),
+        ("1\n# a comment\n\n", json!(1)),
+        ("1 + \\\n2", json!(3)),
+        ("(1\n,2)\n# the end", json!([1, 2])),
+        ("x = 5\npass", json!(null)),
+        ("'only a string'", json!("only a string")),
+        ("", json!(null)),
+        ("\n\n# nothing\n", json!(null)),
+        ("a = [\n1,\n2\n]\na", json!([1, 2])),
+        ("for i in range(2):\n    i\n", json!(null)),
+        ("class A:\n    v = 4\nA.v", json!(4)),
+        ("x = 1\r\nx + 1", json!(2)),
+        ("x = 1\rx + 2", json!(3)),
+        ("1\n\x0c2", json!(2)),
+        (
+            "from __future__ import annotations\ndef f(x: Nope): return 5\nf(0)",
+            json!(5),
+        ),
+        ("try:\n    pass\nexcept ValueError:\n    7", json!(null)),
+        ("@staticmethod\ndef f(): pass", json!(null)),
+        ("import sys\nsys.maxsize > 1", json!(true)),
+    ];
+    for (code, want) in cases {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code:?}: {r:#?}");
+        assert_eq!(r.result(), &want, "{code:?}");
+    }
+    // A warning the compiler gives names the code's file, once.
+    let r = run("x = 1\nx is 1", &[]);
+    assert_eq!(r.result(), &json!(true), "{r:#?}");
+    let stderr = r.json["stderr"].as_str().unwrap();
+    assert_eq!(stderr.matches("SyntaxWarning").count(), 1, "{stderr}");
+    assert!(stderr.contains("main.py:2: SyntaxWarning"), "{stderr}");
+    // Errors name the file and line, in the code's own functions too.
+    let r = run("x = 1\ndef f():\n    return 1 / 0\nf()", &[]);
+    let tb = r.json["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("File \"main.py\", line 3, in f"), "{tb}");
+    assert!(tb.contains("File \"main.py\", line 4, in <module>"), "{tb}");
+    let r = run("x = 1\n(1 +", &[]);
+    assert_eq!(r.json["error"]["type"], "SyntaxError", "{r:#?}");
+    let tb = r.json["error"]["traceback"].as_str().unwrap();
+    assert!(tb.contains("File \"main.py\", line 2"), "{tb}");
+}
+
+#[test]
+fn a_one_shot_compiles_its_code_without_the_ast_module() {
+    // Its classes cost a cold start more than a millisecond (a zygote makes them once, for
+    // the sessions of its children, without loading it).
+    let r = run("import sys\n'_ast' in sys.modules", &[]);
+    assert_eq!(r.result(), &json!(false), "{r:#?}");
+    let r = run(
+        "import sys\ndef main():\n    return '_ast' in sys.modules",
+        &["--entrypoint", "main"],
+    );
+    assert_eq!(r.result(), &json!(false), "{r:#?}");
 }
 
 #[test]
@@ -193,6 +268,44 @@ fn the_interpreter_ends_as_python_itself_would() {
     assert!(stderr.contains("warnings.warn('careful')"), "{stderr}");
     assert!(!stderr.contains("this is not the code"), "{stderr}");
     std::fs::remove_file(shadow).unwrap();
+}
+
+#[test]
+fn what_runs_at_exit_runs_and_what_is_buffered_is_written() {
+    // A sandbox's interpreter ends without its whole shutdown (finish.py): what a program can
+    // see of one still happens. Threads are waited for, atexit runs, the program's modules are
+    // torn down, and C's buffered output is written (ctypes' printf: a pipe's stdout is
+    // buffered by C).
+    let code = "import atexit, sys, threading, time\n\
+                atexit.register(lambda: print('at exit'))\n\
+                def late():\n    time.sleep(0.2)\n    print('thread done')\n\
+                threading.Thread(target=late).start()\n\
+                class B:\n    def __del__(self):\n        print('module finalized')\n\
+                sys.modules['kept'] = type(sys)('kept')\n\
+                sys.modules['kept'].b = B()\n\
+                7\n";
+    let r = run(code, &[]);
+    assert_eq!((r.status(), r.result()), ("ok", &json!(7)), "{r:#?}");
+    let stdout = r.stdout_text();
+    for line in ["thread done", "at exit", "module finalized"] {
+        assert!(stdout.contains(line), "{line}: {r:#?}");
+    }
+    assert!(
+        stdout.find("thread done") < stdout.find("at exit"),
+        "{stdout}"
+    );
+    let r = run(
+        "import ctypes\nctypes.CDLL(None).printf(b'from C\\n')\nprint('from Python', flush=True)",
+        &[],
+    );
+    assert_eq!(r.status(), "ok", "{r:#?}");
+    assert!(r.stdout_text().contains("from C"), "{r:#?}");
+    let r = run("import sys\nprint('before')\nsys.exit(4)", &[]);
+    assert_eq!(
+        (r.json["exit_code"].as_i64(), r.stdout_text()),
+        (Some(4), "before\n"),
+        "{r:#?}"
+    );
 }
 
 #[test]

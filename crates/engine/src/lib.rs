@@ -25,7 +25,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use airlock_api::{ExecutionResult, Limits, Status};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use airlock_sandbox::{
     spawn, Command, Enforcement, KillReason, Killer, Policy, Scratch, SpawnError,
@@ -40,8 +40,12 @@ pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRI
 pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
 pub use zygotes::{ZygoteConfig, ZygoteStatus};
 
-/// The runner, passed to `python3 -c`.
-pub const RUNNER: &str = include_str!("runner.py");
+/// The runner, passed to `python3 -c`: how a sandbox's Python ends as a zygote's children do
+/// (the sandbox crate's `FINISH_PY`), then `runner.py`.
+pub fn runner() -> &'static str {
+    static SOURCE: OnceLock<String> = OnceLock::new();
+    SOURCE.get_or_init(|| [airlock_sandbox::FINISH_PY, include_str!("runner.py")].concat())
+}
 /// The rest of it, sent with each request and compiled only when needed (see runner.py).
 const RUNNER_MORE: &str = include_str!("runner_more.py");
 /// Where the code runs, inside the sandbox.
@@ -245,7 +249,7 @@ impl Engine {
     pub fn use_compiled_runner(&mut self, cache_dir: &Path) -> Result<(), String> {
         let policy = self.policy(&self.config.defaults);
         let runner =
-            compiled::CompiledRunner::load(&self.interpreter.path, RUNNER, &policy, cache_dir)?;
+            compiled::CompiledRunner::load(&self.interpreter.path, runner(), &policy, cache_dir)?;
         self.compiled = Some(runner);
         Ok(())
     }
@@ -262,10 +266,10 @@ impl Engine {
         mut command: Command,
         policy: &Policy,
     ) -> Result<airlock_sandbox::Child, SpawnError> {
-        if let Some(runner) = &self.compiled {
-            if let Ok(fd) = runner.descriptor() {
-                let boot = runner.boot(3 + command.passed_fds());
-                if command.replace_arg(RUNNER, boot) {
+        if let Some(compiled) = &self.compiled {
+            if let Ok(fd) = compiled.descriptor() {
+                let boot = compiled.boot(3 + command.passed_fds());
+                if command.replace_arg(runner(), boot) {
                     command = command.pass_fd(fd);
                 }
             }
@@ -507,7 +511,7 @@ impl Engine {
         tools: Option<OwnedFd>,
     ) -> Command {
         let mut command = Command::new(self.interpreter.path.clone())
-            .args(["-I", "-S", "-B", "-c", RUNNER])
+            .args(["-I", "-S", "-B", "-c", runner()])
             .env("PATH", "/usr/bin:/bin")
             .env("HOME", WORKDIR)
             .env("LANG", "C.UTF-8")

@@ -1,6 +1,7 @@
 # airlock's runner: the first Python code of every sandbox, started with
-# `python3 -I -S -B -c <this file>` (and the argument `warm` in a sandbox started ahead of its
-# work, for the warm pool: it then says it is ready with one byte on descriptor 3 first).
+# `python3 -I -S -B -c <the sandbox crate's finish.py, then this file>` (and the argument `warm`
+# in a sandbox started ahead of its work, for the warm pool: it then says it is ready with one
+# byte on descriptor 3 first).
 #
 # It reads one request (marshal, from the host) from descriptor 3 until EOF, runs the code in a
 # fresh __main__, and writes one response (JSON) back on descriptor 3: {"result": ...} or
@@ -16,9 +17,12 @@ import sys
 # import `re` and compile patterns, more work together than starting the interpreter; even
 # `os` (with `stat`, `posixpath` and `_collections_abc`) costs a cold start about 1.4 ms, so
 # the runner uses `posix`, which the interpreter has loaded already, and imports `os` only
-# where a sandbox waits for its work anyway (see the end); `marshal` and `_json` are C.
-import _ast
+# where a sandbox waits for its work anyway (see the end); `marshal` and `_json` are C. Nor
+# `_ast`: its first use makes the ~120 classes of the `ast` module (1-1.3 ms), and so does the
+# first call of builtin compile(); see compile_code.
+import _imp
 import _json
+import _warnings
 import marshal
 
 CHANNEL = 3
@@ -130,7 +134,7 @@ LOADED = []
 
 def more():
     if not LOADED:
-        exec(compile(REQUEST["more"], "<string>", "exec"), globals())
+        exec(REQUEST["more"], globals())  # a string: see quick_compile
         LOADED.append(True)
     return globals()
 
@@ -252,6 +256,120 @@ def flush(stream):
         pass  # the code closed or replaced it: nothing of ours is buffered there
 
 
+class _Compiled(BaseException):
+    pass
+
+
+def _stop(frame, event, arg):
+    raise _Compiled(frame.f_code)
+
+
+_ERROR = ("error", None, Warning, None, 0)
+_SETTRACE = sys.settrace
+
+
+def quick_compile(source, mode):
+    """`source` compiled in `mode` ("exec" or "eval") as "<string>", none of it run; None when
+    it cannot be, or when compiling it warns.
+
+    exec() and eval() of a string compile it without the `ast` module's classes, which builtin
+    compile() makes on its first call, whatever it compiles; a trace function stops the code at
+    its first event, before its first instruction. Warnings are made errors meanwhile: one the
+    compiler gives would name "<string>", so the caller compiles such code the usual way."""
+    filters = _warnings.filters
+    filters.insert(0, _ERROR)
+    _warnings._filters_mutated()
+    _SETTRACE(_stop)
+    try:
+        (exec if mode == "exec" else eval)(source, {})
+    except _Compiled as stop:
+        return stop.args[0]
+    except Exception:
+        return None
+    finally:
+        _SETTRACE(None)
+        del filters[0]
+        _warnings._filters_mutated()
+    return None
+
+
+# How many lines the search for the last statement tries, and the longest code it is tried for:
+# past them, code is compiled the usual way (whose first call costs less than compiling a long
+# code several times).
+QUICK_TRIES = 4
+QUICK_MAX = 16 << 10
+
+
+def compile_quick(code, last):
+    """(bodies, tail) as compile_code gives them, compiled with quick_compile; None when that
+    cannot tell, and the caller compiles the usual way.
+
+    The last statement is found from the end: the last line that starts at column 0 with
+    something other than a comment where the code before it compiles as statements and the code
+    from it compiles as an expression is where the final expression starts. Code before a line
+    inside a string, brackets or a continued line does not compile, and code from a line that
+    starts a statement compiles as one expression only if that statement is one. The first such
+    line (from the end) where the code before it compiles but the rest is no expression shows
+    that the last statement is not one, unless the rest holds a semicolon (a statement may start
+    after it), a form feed (column 0 anywhere) or a lone carriage return (a line break
+    str.rfind does not see)."""
+    if len(code) > QUICK_MAX or "__future__" in code or "\r" in code or "\f" in code:
+        return None  # a future import changes how every later line compiles
+    if not last:
+        body = quick_compile(code, "exec")
+        return None if body is None else ([body], None)
+    end, tried = len(code), 0
+    while end > 0 and tried < QUICK_TRIES:
+        start = code.rfind("\n", 0, end) + 1
+        first = code[start:start + 1]
+        end = start - 1
+        if first in ("", " ", "\t", "\n", "#"):
+            continue
+        tried += 1
+        head, tail = code[:start], code[start:]
+        body = quick_compile(head, "exec")
+        if body is None:
+            continue
+        # Blank lines before the tail, so that its line numbers are the code's.
+        tail = "\n" * head.count("\n") + tail
+        value = quick_compile(tail, "eval")
+        if value is not None:
+            return [body], value
+        if ";" in tail:
+            return None
+        rest = quick_compile(tail, "exec")
+        if rest is not None:
+            return [body, rest], None
+        whole = quick_compile(code, "exec")
+        return None if whole is None else ([whole], None)
+    if tried == 0:
+        # Nothing but blank lines and comments.
+        whole = quick_compile(code, "exec")
+        return None if whole is None else ([whole], None)
+    return None
+
+
+def compile_code(code, filename, last, quick):
+    """The code compiled as `filename`: (bodies, tail), the code objects to run in turn and,
+    when `last` and the last statement is an expression, that expression apart (its value is
+    the result). A one-shot sandbox's interpreter (`quick`) has run no code but ours, so
+    quick_compile finds the trace function and the warning filters as the runner left them;
+    a session's cells compile with the `ast` module."""
+    compiled = compile_quick(code, last) if quick else None
+    if compiled is not None:
+        for part in compiled[0] + [compiled[1]]:
+            if part is not None:
+                _imp._fix_co_filename(part, filename)
+        return compiled
+    import _ast
+
+    tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
+    tail = None
+    if last and tree.body and isinstance(tree.body[-1], _ast.Expr):
+        tail = compile(_ast.Expression(tree.body.pop().value), filename, "eval")
+    return [compile(tree, filename, "exec")], tail
+
+
 def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
     """Runs code in `namespace` and hands the answer to `deliver`; False if it raised."""
     limit, cap, depth = REQUEST["result_limit"], REQUEST["repr_limit"], REQUEST["max_depth"]
@@ -260,14 +378,11 @@ def run(namespace, filename, code, entrypoint, inputs, deliver, collect):
     budget[0] = limit // 2
     seed_lines(filename, code)
     try:
-        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
-        last = None
-        if entrypoint is None and tree.body and isinstance(tree.body[-1], _ast.Expr):
-            last = _ast.Expression(tree.body.pop().value)
-        body = compile(tree, filename, "exec")
-        tail = compile(last, filename, "eval") if last is not None else None
-        del tree, last
-        exec(body, namespace)
+        # `collect`: a one-shot execution (a session's cells run without it).
+        bodies, tail = compile_code(code, filename, entrypoint is None, collect)
+        for body in bodies:
+            exec(body, namespace)
+        del bodies
         if entrypoint is not None:
             value = more()["call_entrypoint"](namespace, entrypoint, inputs)
         else:
@@ -341,6 +456,11 @@ def read_frame():
 # to the code that wants it.
 if sys.argv[1:] in (["warm"], ["session"]):
     import os
+# A session's cells compile with the `ast` module (see compile_code), whose classes the first
+# call of compile() makes: made where a session waits for its first cell, or once in a zygote
+# for its children's sessions (without loading `_ast`, which a one-shot does not load).
+if sys.argv[1:] in (["session"], ["--zygote"]):
+    compile("", "<string>", "exec")
 
 # What is loaded so far lives until the end: kept out of every collection, including the one
 # at exit, which otherwise costs more than the rest of the interpreter's shutdown.
@@ -373,6 +493,28 @@ def __zygote_rehearse__():
         lambda payload: encode(payload, request["result_limit"]) is not None, True)
 
 
+def _end(status, loaded):
+    # A cold sandbox's interpreter ends as a zygote's children do (finish.py), unless the code
+    # loaded native code of its own (an extension module): what it buffered in C's stdio, and
+    # the exit handlers it registered in C, only the interpreter's whole shutdown flushes and
+    # runs (by C's exit()).
+    try:
+        native = any(str(getattr(m, "__file__", "")).endswith(".so") for m in list(sys.modules.values())[loaded:])
+    except BaseException:
+        native = True
+    if native:
+        sys.exit(status)
+    _finish(status, loaded)
+
+
 gc.freeze()
 if sys.argv[1:] != ["--zygote"]:
-    __zygote_start__()
+    _loaded = len(sys.modules)
+    try:
+        __zygote_start__()
+    except SystemExit as e:
+        _end(_exit_status(e.code), _loaded)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        _end(1, _loaded)
+    _end(0, _loaded)

@@ -62,4 +62,4 @@ pub use spawn::{
     spawn, Child, Command, Exit, Isolation, KillReason, Killer, Later, Outcome, Prestarted, Probe,
     SpawnError, Usage, WaitError, NAMESPACES,
 };
-pub use zygote::{library_beside, Zygote, ZygoteSpec, LIBRARY_NAME};
+pub use zygote::{library_beside, Zygote, ZygoteSpec, FINISH_PY, LIBRARY_NAME};

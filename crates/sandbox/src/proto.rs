@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::policy::Policy;
 
-/// Largest message either side sends or accepts.
-pub(crate) const MAX_MESSAGE: usize = 64 * 1024;
+/// Largest message either side sends or accepts: a zygote's request carries its Python and the
+/// program's (airlock's runner, about 70 KB as JSON); under the 208 KB a datagram can have with
+/// the default socket buffer (`net.core.wmem_default`).
+pub(crate) const MAX_MESSAGE: usize = 128 * 1024;
 /// Most descriptors one message carries.
 pub(crate) const MAX_FDS: usize = 64;
 
@@ -208,9 +210,9 @@ pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
 }
 
 thread_local! {
-    /// Each thread's receive buffer, made once. A zygote that allocated, zeroed and freed
-    /// 64 KiB for every message wrote to pages its live children share (a copy of each) and
-    /// made glibc consolidate its free lists, touching more of them.
+    /// Each thread's receive buffer, made once. A zygote that allocated, zeroed and freed a
+    /// buffer of the largest message for every message wrote to pages its live children share
+    /// (a copy of each) and made glibc consolidate its free lists, touching more of them.
     static RECEIVED: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE + 1]);
 }
 

@@ -35,8 +35,12 @@ use crate::sys;
 /// kernel can give (at most 2^22).
 pub(crate) const ZYGOTE_ID_BASE: u32 = 0x8000_0000;
 pub(crate) const ZYGOTE_IDS: u32 = 256;
-/// The zygote's Python.
-const ZYGOTE_PY: &str = include_str!("zygote.py");
+/// The zygote's Python: how its children end (`finish.py`), then the zygote.
+const ZYGOTE_PY: &str = concat!(include_str!("finish.py"), include_str!("zygote.py"));
+/// How a sandbox's Python ends without the interpreter's whole shutdown, as a zygote's
+/// children do: Python that defines `_finish(status, loaded)` and its helpers, for a program
+/// that ends its cold sandboxes the same way (airlock's runner).
+pub const FINISH_PY: &str = include_str!("finish.py");
 /// Where the zygote finds airlock's library inside its template (children never see it).
 const LIBRARY_TARGET: &str = "/.zygote/libairlock_sandbox.so";
 /// The library's file name, as cargo builds it next to the binaries.

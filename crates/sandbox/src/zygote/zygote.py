@@ -37,6 +37,8 @@ def serve():
 
     helpers = set(sys.modules) - before
     lib = ctypes.PyDLL(sys.argv[1])
+    # What a child's exit writes of C's buffered output (see finish.py).
+    flush_c = ctypes.CDLL(None).fflush
     lib.airlock_zygote_child.restype = ctypes.c_size_t
     lib.airlock_zygote_child.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.airlock_zygote_survey.restype = None
@@ -119,10 +121,10 @@ def serve():
     if got != 1:
         os._exit(0 if got == 0 else 1)
     size = lib.airlock_zygote_child(buf, len(buf))
-    return code, main, buf.raw[:size], helpers, loaded
+    return code, main, buf.raw[:size], helpers, loaded, flush_c
 
 
-CODE, PREPARED, SPEC, HELPERS, _LOADED = serve()
+CODE, PREPARED, SPEC, HELPERS, _LOADED, _FLUSH_C = serve()
 del serve, chart
 for _name in HELPERS:
     sys.modules.pop(_name, None)
@@ -152,91 +154,14 @@ for _n in ["_fields", "_argc", "_args", "_entry", "_key", "_value", "_name", "SP
 del _n
 
 
-def _exit_status(code):
-    # As the interpreter turns SystemExit into a status.
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    try:
-        print(code, file=sys.stderr)
-    except BaseException:
-        pass
-    return 1
-
-
-def _flush_std():
-    # As the interpreter's exit flushes them: a closed stream is skipped, a failed flush makes
-    # the status 120.
-    failed = False
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None and not stream.closed:
-                stream.flush()
-        except Exception:
-            failed = True
-    return failed
-
-
-def _clear(module):
-    # As the interpreter clears a module's globals at exit: names with one leading underscore
-    # first, then the rest, never __builtins__ (finalizers still find print and friends).
-    names = module.__dict__
-    for first in (True, False):
-        for name in list(names):
-            if name == "__builtins__" or (name.startswith("_") and not name.startswith("__")) != first:
-                continue
-            try:
-                names[name] = None
-            except Exception:
-                pass
-
-
-def _finish(status):
-    # What ending the interpreter does that a program can see: its threads are waited for,
-    # atexit runs, the standard streams are flushed, and the modules of the program (its
-    # __main__, and what it imported itself) are torn down, so that their objects' finalizers
-    # run and the files it left open are flushed. The zygote's own modules are not: tearing
-    # them down is what costs, and nothing of the program's is in them unless it put it there.
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:
-            threading._shutdown()
-        except BaseException:
-            pass
-    try:
-        import atexit
-
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
-    failed = _flush_std()
-    try:
-        programs = []
-        if len(sys.modules) > _LOADED:
-            programs = [m for _, m in list(sys.modules.items())[_LOADED:]]
-        main = sys.modules.get("__main__")
-        if main is not None:
-            programs.insert(0, main)
-        for module in reversed(programs):
-            _clear(module)
-        import gc
-
-        gc.collect()
-    except BaseException:
-        pass
-    failed = _flush_std() or failed
-    os._exit(120 if failed else status)
-
-
 try:
     if _prepared:
         _main.__zygote_start__()
     else:
         exec(CODE, _main.__dict__)
 except SystemExit as e:
-    _finish(_exit_status(e.code))
+    _finish(_exit_status(e.code), _LOADED, _FLUSH_C)
 except BaseException:
     sys.excepthook(*sys.exc_info())
-    _finish(1)
-_finish(0)
+    _finish(1, _LOADED, _FLUSH_C)
+_finish(0, _LOADED, _FLUSH_C)
