@@ -25,6 +25,17 @@
 # It prints the executions per second, the busy CPU per execution (all processes, from
 # /proc/stat, as `airlock-bench --load` does, so the two compare), split into user and
 # system time, and the forks' page faults per execution.
+#
+#   /usr/bin/python3 -I -S crates/bench/floor.py closed REQUESTS [POOL]
+#
+# The closed loop instead: one client, each request sent as soon as the last is answered, and
+# sandboxes made ahead (POOL of them, 8 by default, as airlock's pool): a request takes one
+# that is ready (or the next to be, waiting for it), tells it to run, reads its answer, output
+# and exit and the cgroup's counters, and that is its latency; the sandbox that replaces it is
+# forked after the answer (off the clock, where a server would have forked it on another core)
+# and its cgroup removed then. Every step of the throughput loop, each done once. It prints
+# p50 and p99 against a bare `python3 -I -S -c pass` timed in the same run, 40 times before
+# the sandboxes are made and 40 after they are gone.
 import _ast
 import _json
 import ctypes
@@ -35,8 +46,12 @@ import resource
 import sys
 import time
 
-WORKERS, SECONDS = int(sys.argv[1]), float(sys.argv[2])
-SKIP = set(sys.argv[3].split(",")) if len(sys.argv) > 3 and sys.argv[3] else set()
+CLOSED = sys.argv[1] == "closed"
+if CLOSED:
+    REQUESTS, POOL, SKIP = int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 8, set()
+else:
+    WORKERS, SECONDS = int(sys.argv[1]), float(sys.argv[2])
+    SKIP = set(sys.argv[3].split(",")) if len(sys.argv) > 3 and sys.argv[3] else set()
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -216,13 +231,16 @@ def program(out_w, answer_w):
     os._exit(0)
 
 
-def contained(out_w, answer_w, mounts):
-    # The sandboxed process: its root (with `mounts`), its confinement, its Python work.
+def contained(out_w, answer_w, mounts, go_r=None):
+    # The sandboxed process: its root (with `mounts`), its confinement, its Python work (in
+    # the closed loop once its request comes, a byte on `go_r`).
     try:
         if mounts and "mounts" not in SKIP:
             build_root()
         if "confine" not in SKIP:
             confine()
+        if go_r is not None and os.read(go_r, 1) != b"g":
+            os._exit(5)
         if "python" in SKIP:
             os.write(answer_w, b'{"result":null}')
             os._exit(0)
@@ -241,7 +259,7 @@ def in_fork(run):
     os._exit(os.waitstatus_to_exitcode(status))
 
 
-def jail(slot, out_w, answer_w):
+def jail(slot, out_w, answer_w, go_r=None):
     # The fork that makes the namespaces (its own fork is PID 1 in them).
     if "intermediate" in SKIP:
         # No namespaces and no second process: the fork runs the program itself.
@@ -261,7 +279,7 @@ def jail(slot, out_w, answer_w):
         f.write("1000 %d 1" % slot)
     with open("/proc/self/gid_map", "w") as f:
         f.write("1000 %d 1" % slot)
-    in_fork(lambda: contained(out_w, answer_w, True))
+    in_fork(lambda: contained(out_w, answer_w, True, go_r))
 
 
 def worker(index, deadline, report):
@@ -308,6 +326,80 @@ def worker(index, deadline, report):
     os._exit(0)
 
 
+def made_ahead(n):
+    # A sandbox made ahead: forked now, it builds its jail and waits for its request.
+    name = "airlock-floor-%d-closed-%d" % (os.getpid(), n)
+    dirs = make_cgroup(name)
+    out_r, out_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(go_w)
+            for d in dirs[:4]:
+                with open(d + "/cgroup.procs", "w") as f:
+                    f.write("0")
+            jail(0x7100_0000 + os.getpid(), out_w, answer_w, go_r)
+        except BaseException as e:
+            os.write(2, ("floor: %r\n" % (e,)).encode())
+        os._exit(4)
+    for fd in (out_w, answer_w, go_r):
+        os.close(fd)
+    return pid, dirs, out_r, answer_r, go_w
+
+
+def read_all(fd):
+    data = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def bare_start():
+    t = time.perf_counter()
+    pid = os.posix_spawn(sys.executable, [sys.executable, "-I", "-S", "-c", "pass"], {})
+    os.waitpid(pid, 0)
+    return time.perf_counter() - t
+
+
+def closed():
+    gc.freeze()
+    bare = [bare_start() for _ in range(40)]
+    pool = [made_ahead(n) for n in range(POOL)]
+    latencies = []
+    for n in range(POOL, POOL + REQUESTS):
+        pid, dirs, out_r, answer_r, go_w = pool.pop(0)
+        t = time.perf_counter()
+        os.write(go_w, b"g")
+        answer, output = read_all(answer_r), read_all(out_r)
+        _, status = os.waitpid(pid, 0)
+        read_counters(dirs)
+        latencies.append(time.perf_counter() - t)
+        for fd in (go_w, out_r, answer_r):
+            os.close(fd)
+        if status != 0 or answer != b'{"result":null}' or output != b"1\n":
+            sys.exit("floor: bad run: status %d answer %r output %r" % (status, answer, output))
+        for d in dirs:
+            os.rmdir(d)
+        pool.append(made_ahead(n))
+    for pid, dirs, out_r, answer_r, go_w in pool:
+        os.write(go_w, b"x")  # it exits without running anything
+        os.waitpid(pid, 0)
+        for d in dirs:
+            os.rmdir(d)
+    bare += [bare_start() for _ in range(40)]
+    latencies.sort()
+    bare.sort()
+    base = bare[len(bare) // 2]
+    p50, p99 = latencies[len(latencies) // 2], latencies[min(len(latencies) - 1, len(latencies) * 99 // 100)]
+    print("floor, closed loop, %d requests, %d made ahead: p50 %.2f ms, p99 %.2f ms; bare python %.2f ms"
+          " (p50 of %d, before and after): p50 %.2f x, p99 %.2f x"
+          % (REQUESTS, POOL, p50 * 1e3, p99 * 1e3, base * 1e3, len(bare), p50 / base, p99 / base))
+
+
 def jiffies():
     # (user, system) over all CPUs: user and nice; system, irq and softirq.
     with open("/proc/stat") as f:
@@ -347,4 +439,4 @@ def main():
              user_ms + sys_ms, user_ms, sys_ms, faults // done))
 
 
-main()
+closed() if CLOSED else main()
