@@ -174,12 +174,84 @@ fn the_clock_starts_when_the_work_is_handed_over() {
     drop(server);
 }
 
+/// Three executions at once against a pool of one, each sleeping: one takes the ready
+/// sandbox, the others find the pool empty while its replacement is being made.
+fn three_at_once(server: &Server) {
+    let addr = server.addr;
+    std::thread::scope(|s| {
+        for _ in 0..3 {
+            s.spawn(move || {
+                let body = json!({"code": "import time\ntime.sleep(0.5)\n1"});
+                let headers = [
+                    ("Authorization".to_owned(), format!("Bearer {KEY}")),
+                    ("Content-Type".to_owned(), "application/json".to_owned()),
+                ];
+                let r = request(
+                    addr,
+                    "POST",
+                    "/v1/execute",
+                    &headers,
+                    Some(body.to_string().as_bytes()),
+                );
+                assert_eq!(r.json()["status"], "ok", "{}", r.json());
+            });
+        }
+    });
+}
+
+#[test]
+fn an_execution_that_finds_the_pool_empty_gets_the_sandbox_a_refill_is_making() {
+    let _g = serial();
+    // A wait longer than any refill here: none of the three makes a sandbox of its own.
+    let server = Server::start(
+        "[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = 10000\n",
+        &[],
+    );
+    wait_idle(&server, 1);
+    let made = server.metric("airlock_sandbox_made_seconds_count");
+    let before = pool_status(&server);
+    three_at_once(&server);
+    let pool = pool_status(&server);
+    let grew = |field: &str| pool[field].as_u64().unwrap() - before[field].as_u64().unwrap();
+    assert_eq!(
+        (grew("takes"), grew("misses_empty")),
+        (3, 0),
+        "{before} {pool}"
+    );
+    assert!(grew("waits") >= 1, "{before} {pool}");
+    assert_eq!(
+        server.metric("airlock_pool_waits_total"),
+        pool["waits"].as_f64().unwrap()
+    );
+    assert_eq!(server.metric("airlock_sandbox_made_seconds_count"), made);
+    drop(server);
+    // Without the wait, those that find it empty make their own.
+    let server = Server::start(
+        "[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = 0\n",
+        &[],
+    );
+    wait_idle(&server, 1);
+    let made = server.metric("airlock_sandbox_made_seconds_count");
+    let before = pool_status(&server);
+    three_at_once(&server);
+    let pool = pool_status(&server);
+    let grew = |field: &str| pool[field].as_u64().unwrap() - before[field].as_u64().unwrap();
+    assert_eq!(grew("waits"), 0, "{before} {pool}");
+    let misses = grew("misses_empty");
+    assert!(misses >= 1, "{before} {pool}");
+    assert_eq!(
+        server.metric("airlock_sandbox_made_seconds_count"),
+        made + misses as f64
+    );
+    drop(server);
+}
+
 #[test]
 fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     let _g = serial();
     let before = HostState::now();
     let server = Server::start(
-        "[pool]\nsize = 2\nmax_size = 4\nshrink_after_ms = 1500\n",
+        "[pool]\nsize = 2\nmax_size = 4\nshrink_after_ms = 1500\nwait_for_refill_ms = 0\n",
         &[],
     );
     wait_idle(&server, 2);

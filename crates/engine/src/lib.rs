@@ -327,6 +327,9 @@ impl Engine {
                 size: 1,
                 max_size: config.max_size.clamp(1, 4),
                 workers: 1,
+                // Its sandboxes start cold (tens of milliseconds): one barely begun would
+                // rarely be ready within a wait meant for a zygote's child.
+                wait_for_refill_ms: 0,
                 ..config
             };
             self.env_pools = Some(Arc::new(EnvPools {

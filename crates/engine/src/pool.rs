@@ -55,6 +55,9 @@ pub struct PoolConfig {
     /// Children of the preloading zygote kept ready for code that names a preloaded package
     /// (with zygotes on and `size` above 0); 0 keeps none.
     pub preloaded: usize,
+    /// How long an execution that finds the pool empty waits for the sandbox a refill is
+    /// making before it makes one itself (0: never).
+    pub wait_for_refill_ms: u64,
 }
 
 impl Default for PoolConfig {
@@ -65,6 +68,8 @@ impl Default for PoolConfig {
             workers: 2,
             shrink_after_ms: 30_000,
             preloaded: 1,
+            // About what making a sandbox from nothing takes under load here.
+            wait_for_refill_ms: 15,
         }
     }
 }
@@ -82,6 +87,12 @@ impl PoolConfig {
         }
         if self.preloaded > 16 {
             return Err(format!("pool.preloaded ({}) is above 16", self.preloaded));
+        }
+        if self.wait_for_refill_ms > 10_000 {
+            return Err(format!(
+                "pool.wait_for_refill_ms ({}) is above 10000",
+                self.wait_for_refill_ms
+            ));
         }
         if self.max_size > 256 {
             return Err(format!("pool.max_size ({}) is above 256", self.max_size));
@@ -115,7 +126,10 @@ pub struct PoolStatus {
     pub starting: usize,
     /// Executions that got a pooled sandbox.
     pub takes: u64,
-    /// Executions that found the pool empty.
+    /// Of those, the ones that found the pool empty and waited for a refill's sandbox.
+    pub waits: u64,
+    /// Executions that found the pool empty and got no refill's sandbox in time (they start
+    /// one of their own).
     pub misses_empty: u64,
     /// Executions whose limits differ from the pool's (they always start cold).
     pub misses_limits: u64,
@@ -149,6 +163,7 @@ struct Shared {
     wake: Condvar,
     in_use: AtomicU64,
     takes: AtomicU64,
+    waits: AtomicU64,
     misses_empty: AtomicU64,
     misses_limits: AtomicU64,
     refills: AtomicU64,
@@ -227,6 +242,7 @@ impl Pool {
             wake: Condvar::new(),
             in_use: AtomicU64::new(0),
             takes: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
             misses_empty: AtomicU64::new(0),
             misses_limits: AtomicU64::new(0),
             refills: AtomicU64::new(0),
@@ -261,14 +277,28 @@ impl Pool {
         }
         loop {
             let mut state = s.state();
-            let Some(warm) = state.idle.pop_front() else {
-                if !state.closed {
-                    s.misses_empty.fetch_add(1, Ordering::Relaxed);
+            let (warm, mut state) = match state.idle.pop_front() {
+                Some(warm) => (warm, state),
+                None if state.closed => return None,
+                None => {
+                    // Demand outran the pool: it keeps more ready from now on, and a refill
+                    // starts if none is under way.
                     state.target = (state.target + 1).min(s.config.max_size);
                     state.last_miss = Instant::now();
+                    s.wake.notify_all();
+                    // The sandbox a refill is making is ready sooner than one made from
+                    // nothing, which would also take the CPU that one needs: wait for it, a
+                    // while.
+                    let (got, state) = wait_for_refill(s, state);
+                    let Some(warm) = got else {
+                        if !state.closed {
+                            s.misses_empty.fetch_add(1, Ordering::Relaxed);
+                        }
+                        return None;
+                    };
+                    s.waits.fetch_add(1, Ordering::Relaxed);
+                    (warm, state)
                 }
-                s.wake.notify_all();
-                return None;
             };
             // Counted in use before the workers hear of the take (see `defer_refill`).
             state.last_take = Instant::now();
@@ -308,6 +338,7 @@ impl Pool {
             in_use: s.in_use.load(Ordering::Relaxed),
             starting: state.starting,
             takes: s.takes.load(Ordering::Relaxed),
+            waits: s.waits.load(Ordering::Relaxed),
             misses_empty: s.misses_empty.load(Ordering::Relaxed),
             misses_limits: s.misses_limits.load(Ordering::Relaxed),
             refills: s.refills.load(Ordering::Relaxed),
@@ -371,6 +402,35 @@ fn readable(control: &UnixStream) -> bool {
     }
 }
 
+/// The first sandbox a refill adds to the empty pool, or `None` when none comes within
+/// `wait_for_refill_ms` or the pool closes.
+fn wait_for_refill<'a>(
+    s: &'a Shared,
+    mut state: MutexGuard<'a, State>,
+) -> (Option<Warm>, MutexGuard<'a, State>) {
+    let deadline = Instant::now() + Duration::from_millis(s.config.wait_for_refill_ms);
+    // With none idle a refill is under way or due (the workers start one whenever `idle +
+    // starting` is below the target, at least 1, and defer none while none is idle), unless
+    // the last start failed and they back off: then the wait ends at the deadline.
+    while state.idle.is_empty() && !state.closed {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        state = s
+            .wake
+            .wait_timeout(state, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    let warm = if state.closed {
+        None
+    } else {
+        state.idle.pop_front()
+    };
+    (warm, state)
+}
+
 /// One refill worker: keeps `idle + starting` at the target until the pool closes.
 fn refill(s: &Arc<Shared>) {
     let mut backoff = BACKOFF;
@@ -415,6 +475,8 @@ fn refill(s: &Arc<Shared>) {
         let started = start_warm(&s.engine, &s.policy, s.preload);
         let mut state = s.state();
         state.starting -= 1;
+        // A take may be waiting for this one (`wait_for_refill`), added or failed.
+        s.wake.notify_all();
         match started {
             Ok(warm) if state.closed => {
                 // Destroyed here, by the thread it would die with.
@@ -597,6 +659,11 @@ mod tests {
             ..PoolConfig::default()
         })
         .contains("shrink_after_ms"));
+        assert!(bad(PoolConfig {
+            wait_for_refill_ms: 10_001,
+            ..PoolConfig::default()
+        })
+        .contains("wait_for_refill_ms"));
         assert!(PoolConfig {
             size: 0,
             max_size: 0,

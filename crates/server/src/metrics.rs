@@ -414,6 +414,12 @@ pub fn render_pool(status: &airlock_engine::PoolStatus) -> String {
                 status.takes,
             ),
             (
+                "airlock_pool_waits_total",
+                "counter",
+                "Executions that found the pool empty and got the sandbox a refill was making.",
+                status.waits,
+            ),
+            (
                 "airlock_pool_refills_total",
                 "counter",
                 "Sandboxes added to the pool.",
