@@ -266,6 +266,9 @@ def _stop(frame, event, arg):
 
 _ERROR = ("error", None, Warning, None, 0)
 _SETTRACE = sys.settrace
+# How the C side of `warnings` learns that its filters changed; an interpreter without it (its
+# filters kept otherwise, as from Python 3.14) compiles the usual way.
+_FILTERS_MUTATED = getattr(_warnings, "_filters_mutated", None)
 
 
 def quick_compile(source, mode):
@@ -278,7 +281,7 @@ def quick_compile(source, mode):
     compiler gives would name "<string>", so the caller compiles such code the usual way."""
     filters = _warnings.filters
     filters.insert(0, _ERROR)
-    _warnings._filters_mutated()
+    _FILTERS_MUTATED()
     _SETTRACE(_stop)
     try:
         (exec if mode == "exec" else eval)(source, {})
@@ -289,7 +292,7 @@ def quick_compile(source, mode):
     finally:
         _SETTRACE(None)
         del filters[0]
-        _warnings._filters_mutated()
+        _FILTERS_MUTATED()
     return None
 
 
@@ -313,7 +316,9 @@ def compile_quick(code, last):
     that the last statement is not one, unless the rest holds a semicolon (a statement may start
     after it), a form feed (column 0 anywhere) or a lone carriage return (a line break
     str.rfind does not see)."""
-    if len(code) > QUICK_MAX or "__future__" in code or "\r" in code or "\f" in code:
+    if _FILTERS_MUTATED is None or len(code) > QUICK_MAX:
+        return None
+    if "__future__" in code or "\r" in code or "\f" in code:
         return None  # a future import changes how every later line compiles
     if not last:
         body = quick_compile(code, "exec")
