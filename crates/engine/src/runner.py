@@ -303,6 +303,11 @@ QUICK_TRIES = 4
 QUICK_MAX = 16 << 10
 
 
+def _whole(code):
+    body = quick_compile(code, "exec")
+    return None if body is None else ([body], None)
+
+
 def compile_quick(code, last):
     """(bodies, tail) as compile_code gives them, compiled with quick_compile; None when that
     cannot tell, and the caller compiles the usual way.
@@ -321,8 +326,7 @@ def compile_quick(code, last):
     if "__future__" in code or "\r" in code or "\f" in code:
         return None  # a future import changes how every later line compiles
     if not last:
-        body = quick_compile(code, "exec")
-        return None if body is None else ([body], None)
+        return _whole(code)
     end, tried = len(code), 0
     while end > 0 and tried < QUICK_TRIES:
         start = code.rfind("\n", 0, end) + 1
@@ -343,15 +347,9 @@ def compile_quick(code, last):
         if ";" in tail:
             return None
         rest = quick_compile(tail, "exec")
-        if rest is not None:
-            return [body, rest], None
-        whole = quick_compile(code, "exec")
-        return None if whole is None else ([whole], None)
-    if tried == 0:
-        # Nothing but blank lines and comments.
-        whole = quick_compile(code, "exec")
-        return None if whole is None else ([whole], None)
-    return None
+        return ([body, rest], None) if rest is not None else _whole(code)
+    # No line tried: nothing but blank lines, comments and indented ones (which do not compile).
+    return _whole(code) if tried == 0 else None
 
 
 def compile_code(code, filename, last, quick):
