@@ -179,14 +179,14 @@ fn the_clock_starts_when_the_work_is_handed_over() {
     drop(server);
 }
 
-/// Three executions at once against a pool of one, each sleeping: one takes the ready
-/// sandbox, the others find the pool empty while its replacement is being made.
-fn three_at_once(server: &Server) {
+/// `n` executions of `seconds` of sleep at once, each on its own connection: more than the
+/// pool holds find it empty.
+fn at_once(server: &Server, n: usize, seconds: f64) {
     let addr = server.addr;
     std::thread::scope(|s| {
-        for _ in 0..3 {
+        for _ in 0..n {
             s.spawn(move || {
-                let body = json!({"code": "import time\ntime.sleep(0.5)\n1"});
+                let body = json!({"code": format!("import time\ntime.sleep({seconds})\n1")});
                 let headers = [
                     ("Authorization".to_owned(), format!("Bearer {KEY}")),
                     ("Content-Type".to_owned(), "application/json".to_owned()),
@@ -204,51 +204,43 @@ fn three_at_once(server: &Server) {
     });
 }
 
+/// Three executions at once against a pool of one that waits `wait_ms` for a refill: how much
+/// each of the pool's counters grew, and how many sandboxes were made on the spot.
+fn three_against_one(wait_ms: u64) -> (impl Fn(&str) -> u64, u64) {
+    let server = Server::start(
+        &format!("[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = {wait_ms}\n"),
+        &[],
+    );
+    wait_idle(&server, 1);
+    let made = server.metric("airlock_sandbox_made_seconds_count");
+    let before = pool_status(&server);
+    at_once(&server, 3, 0.5);
+    let after = pool_status(&server);
+    assert_eq!(
+        server.metric("airlock_pool_waits_total"),
+        after["waits"].as_f64().unwrap()
+    );
+    let made = (server.metric("airlock_sandbox_made_seconds_count") - made) as u64;
+    drop(server);
+    let grew = move |field: &str| {
+        let (was, is) = (&before[field], &after[field]);
+        is.as_u64().unwrap() - was.as_u64().unwrap()
+    };
+    (grew, made)
+}
+
 #[test]
 fn an_execution_that_finds_the_pool_empty_gets_the_sandbox_a_refill_is_making() {
     let _g = serial();
     // A wait longer than any refill here: none of the three makes a sandbox of its own.
-    let server = Server::start(
-        "[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = 10000\n",
-        &[],
-    );
-    wait_idle(&server, 1);
-    let made = server.metric("airlock_sandbox_made_seconds_count");
-    let before = pool_status(&server);
-    three_at_once(&server);
-    let pool = pool_status(&server);
-    let grew = |field: &str| pool[field].as_u64().unwrap() - before[field].as_u64().unwrap();
-    assert_eq!(
-        (grew("takes"), grew("misses_empty")),
-        (3, 0),
-        "{before} {pool}"
-    );
-    assert!(grew("waits") >= 1, "{before} {pool}");
-    assert_eq!(
-        server.metric("airlock_pool_waits_total"),
-        pool["waits"].as_f64().unwrap()
-    );
-    assert_eq!(server.metric("airlock_sandbox_made_seconds_count"), made);
-    drop(server);
+    let (grew, made) = three_against_one(10_000);
+    assert_eq!((grew("takes"), grew("misses_empty"), made), (3, 0, 0));
+    assert!(grew("waits") >= 1);
     // Without the wait, those that find it empty make their own.
-    let server = Server::start(
-        "[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = 0\n",
-        &[],
-    );
-    wait_idle(&server, 1);
-    let made = server.metric("airlock_sandbox_made_seconds_count");
-    let before = pool_status(&server);
-    three_at_once(&server);
-    let pool = pool_status(&server);
-    let grew = |field: &str| pool[field].as_u64().unwrap() - before[field].as_u64().unwrap();
-    assert_eq!(grew("waits"), 0, "{before} {pool}");
-    let misses = grew("misses_empty");
-    assert!(misses >= 1, "{before} {pool}");
-    assert_eq!(
-        server.metric("airlock_sandbox_made_seconds_count"),
-        made + misses as f64
-    );
-    drop(server);
+    let (grew, made) = three_against_one(0);
+    assert_eq!(grew("waits"), 0);
+    assert!(grew("misses_empty") >= 1);
+    assert_eq!(made, grew("misses_empty"));
 }
 
 #[test]
@@ -314,26 +306,7 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert_eq!(server.metric("airlock_pool_failures_total"), 0.0);
     // Demand: executions that find the pool empty raise what it keeps ready, up to max_size.
     let target = pool_status(&server)["target"].as_u64().unwrap();
-    let addr = server.addr;
-    std::thread::scope(|s| {
-        for _ in 0..6 {
-            s.spawn(move || {
-                let body = json!({"code": "import time\ntime.sleep(0.3)"});
-                let headers = [
-                    ("Authorization".to_owned(), format!("Bearer {KEY}")),
-                    ("Content-Type".to_owned(), "application/json".to_owned()),
-                ];
-                let r = request(
-                    addr,
-                    "POST",
-                    "/v1/execute",
-                    &headers,
-                    Some(body.to_string().as_bytes()),
-                );
-                assert_eq!(r.json()["status"], "ok");
-            });
-        }
-    });
+    at_once(&server, 6, 0.3);
     let pool = pool_status(&server);
     assert!(pool["misses_empty"].as_u64().unwrap() > 0, "{pool}");
     assert!(pool["target"].as_u64().unwrap() > target, "{pool}");
