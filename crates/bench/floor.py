@@ -282,33 +282,39 @@ def jail(slot, out_w, answer_w, go_r=None):
     in_fork(lambda: contained(out_w, answer_w, True, go_r))
 
 
+def forked_jail(name, ahead=False):
+    # A cgroup (unless left out) and a fork that joins it and builds a jail, whose program
+    # runs at once or, `ahead`, once a byte comes on the pipe whose write end is returned:
+    # (pid, cgroup dirs, output's read end, answer's read end, that write end or None).
+    dirs = make_cgroup(name) if "cgroup" not in SKIP else []
+    out_r, out_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    go_r, go_w = os.pipe() if ahead else (None, None)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if go_w is not None:
+                os.close(go_w)
+            for d in dirs[:4]:
+                with open(d + "/cgroup.procs", "w") as f:
+                    f.write("0")
+            jail(0x7100_0000 + os.getpid(), out_w, answer_w, go_r)
+        except BaseException as e:
+            os.write(2, ("floor: %r\n" % (e,)).encode())
+        os._exit(4)
+    for fd in (out_w, answer_w, go_r):
+        if fd is not None:
+            os.close(fd)
+    return pid, dirs, out_r, answer_r, go_w
+
+
 def worker(index, deadline, report):
     gc.freeze()
     done, n, faults = 0, 0, 0
     while time.monotonic() < deadline:
         n += 1
-        name = "airlock-floor-%d-%d-%d" % (os.getpid(), index, n)
-        dirs = make_cgroup(name) if "cgroup" not in SKIP else []
-        out_r, out_w = os.pipe()
-        answer_r, answer_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                for d in dirs[:4]:
-                    with open(d + "/cgroup.procs", "w") as f:
-                        f.write("0")
-                jail(0x7100_0000 + os.getpid(), out_w, answer_w)
-            except BaseException as e:
-                os.write(2, ("floor: %r\n" % (e,)).encode())
-            os._exit(4)
-        os.close(out_w)
-        os.close(answer_w)
-        answer = b""
-        while True:
-            chunk = os.read(answer_r, 65536)
-            if not chunk:
-                break
-            answer += chunk
+        pid, dirs, out_r, answer_r, _ = forked_jail("airlock-floor-%d-%d-%d" % (os.getpid(), index, n))
+        answer = read_all(answer_r)
         output = os.read(out_r, 65536)
         os.close(answer_r)
         os.close(out_r)
@@ -328,25 +334,7 @@ def worker(index, deadline, report):
 
 def made_ahead(n):
     # A sandbox made ahead: forked now, it builds its jail and waits for its request.
-    name = "airlock-floor-%d-closed-%d" % (os.getpid(), n)
-    dirs = make_cgroup(name)
-    out_r, out_w = os.pipe()
-    answer_r, answer_w = os.pipe()
-    go_r, go_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(go_w)
-            for d in dirs[:4]:
-                with open(d + "/cgroup.procs", "w") as f:
-                    f.write("0")
-            jail(0x7100_0000 + os.getpid(), out_w, answer_w, go_r)
-        except BaseException as e:
-            os.write(2, ("floor: %r\n" % (e,)).encode())
-        os._exit(4)
-    for fd in (out_w, answer_w, go_r):
-        os.close(fd)
-    return pid, dirs, out_r, answer_r, go_w
+    return forked_jail("airlock-floor-%d-closed-%d" % (os.getpid(), n), True)
 
 
 def read_all(fd):
