@@ -738,8 +738,9 @@ pub(crate) fn serve() -> i32 {
 }
 
 /// Waits for the template's init to answer on `jails`, reaping the children that end
-/// meanwhile: a jail may take milliseconds to build (joining a v1 cgroup waits for an RCU
-/// grace period), and a child's end must not wait for another child's jail to be reported.
+/// meanwhile: a jail may take milliseconds to build (joining a cgroup through `cgroup.procs`
+/// waits for an RCU grace period), and a child's end must not wait for another child's jail
+/// to be reported.
 fn reap_until_readable(z: &mut Zygote) -> nix::Result<()> {
     while !poll_reaping(z, Wait::Jails)? {}
     Ok(())
@@ -863,6 +864,11 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     let Some(pending) = z.pending.take() else {
         sys::exit_immediately(127)
     };
+    // The siblings' descriptors go first: a sibling's host sees its end only when every copy
+    // of its status socket is closed, and what follows can take milliseconds (a join through
+    // `cgroup.procs` waits for an RCU grace period; with both cores busy, 10-30 ms here).
+    z.live.clear();
+    z.host = None;
     let Pending { request, fds, jail } = pending;
     // Above every destination (stdio, then the program's descriptors), so that no move
     // below can replace it.

@@ -330,8 +330,13 @@ impl Zygote {
                 source: e.into(),
             }
         };
+        // The jail's init and the child join by themselves, each a fresh fork and so one
+        // thread: on v1 through `tasks`, which spares each join an RCU grace period (and
+        // the sandbox that runs meanwhile the stall of everything that waits for the lock).
         let joins: Vec<OwnedFd> = match &cgroup {
-            Some(cg) => crate::spawn::open_for_joining(&cg.procs_files())?,
+            Some(cg) => crate::spawn::open_for_joining(
+                &cg.self_join_files().unwrap_or_else(|| cg.procs_files()),
+            )?,
             None => Vec::new(),
         };
         let (status, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {
