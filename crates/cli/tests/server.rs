@@ -1080,6 +1080,28 @@ fn sigterm_lets_running_executions_finish_then_kills_what_outlives_the_grace() {
     HostState::now().assert_same_as(&before, &"after shutdown");
 }
 
+/// A log reader that goes away (a collector restarted, the `tee` of `airlock serve 2>&1 |
+/// tee` killed) costs the log lines, never the server: it keeps answering, and SIGTERM still
+/// ends it cleanly, its sandboxes gone.
+#[test]
+fn a_server_whose_log_reader_is_gone_keeps_serving_and_shuts_down_cleanly() {
+    let _g = serial();
+    let before = HostState::now();
+    let mut server = Server::start("[pool]\nsize = 1\n", &[]);
+    server.stop_reading_log();
+    // The first answer's log line closes the pipe; the next ones meet it closed.
+    for i in 0..3 {
+        let r = server.execute(json!({"code": format!("'answer-{i}'")}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["result"], format!("answer-{i}"), "{}", r.text());
+    }
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "airlock serve ended with {status}");
+    HostState::now().assert_same_as(&before, &"after shutdown");
+}
+
 #[test]
 fn a_client_that_goes_away_takes_its_sandbox_with_it() {
     let _g = serial();

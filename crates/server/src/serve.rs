@@ -677,6 +677,9 @@ async fn refuse(mut stream: TcpStream) {
 
 /// Logs to stderr, as text or JSON lines.
 /// The default filter keeps rmcp's own per-connection lines (a tool server's handshake) out.
+/// A line stderr cannot take is dropped: the subscriber's own report of the failure would go
+/// to the same stderr through `eprintln!`, whose panic aborts the server (a log reader that
+/// went away would otherwise take the server, and the clean-up of its sandboxes, with it).
 pub fn init_logging(format: crate::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env(crate::config::ENV_LOG)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
@@ -684,6 +687,7 @@ pub fn init_logging(format: crate::config::LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
         crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),

@@ -154,6 +154,12 @@ impl Server {
         }
     }
 
+    /// Stops reading the server's stderr: the pipe closes at its next line, and every line
+    /// after that meets a broken pipe.
+    pub fn stop_reading_log(&mut self) {
+        self.log = mpsc::channel().1;
+    }
+
     pub fn state_dir(&self) -> PathBuf {
         self.dir.join("state")
     }

@@ -480,8 +480,10 @@ fn zygote_state() -> std::sync::MutexGuard<'static, Option<Zygote>> {
     ZYGOTE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Never `eprintln!`: its panic on a closed stderr would abort the zygote.
 fn complain(what: &str, err: impl std::fmt::Display) {
-    eprintln!("airlock zygote: {what}: {err}");
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "airlock zygote: {what}: {err}");
 }
 
 /// Takes the descriptors the template's init placed, and compiles the seccomp profile once
