@@ -331,8 +331,8 @@ impl Zygote {
             }
         };
         // The jail's init and the child join by themselves, each a fresh fork and so one
-        // thread: on v1 through `tasks`, which spares each join an RCU grace period (and
-        // the sandbox that runs meanwhile the stall of everything that waits for the lock).
+        // thread: on v1 through `tasks`, which spares each join an RCU grace period waited
+        // for under the cgroup lock (a stall for everything else that takes it).
         let joins: Vec<OwnedFd> = match &cgroup {
             Some(cg) => crate::spawn::open_for_joining(
                 &cg.self_join_files().unwrap_or_else(|| cg.procs_files()),
