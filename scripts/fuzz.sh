@@ -51,6 +51,9 @@ PY
 export AIRLOCK_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
 bash scripts/miniz-reader.sh "$AIRLOCK_MINIZ_READER"
 third=$(( (seconds + 2) / 3 ))
+# The fuzz build comes last and needs about 0.6 GB more: say what the disk has left, so that a
+# build that fails for want of it says so.
+echo "==> disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') available"
 cd fuzz
 echo "==> cargo fuzz run eval for ${third}s ($n seeds)"
 cargo fuzz run eval --sanitizer none -- -max_total_time="$third" -max_len=4096 -timeout=10
