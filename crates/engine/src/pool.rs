@@ -406,23 +406,16 @@ fn readable(control: &UnixStream) -> bool {
 /// `wait_for_refill_ms` or the pool closes.
 fn wait_for_refill<'a>(
     s: &'a Shared,
-    mut state: MutexGuard<'a, State>,
+    state: MutexGuard<'a, State>,
 ) -> (Option<Warm>, MutexGuard<'a, State>) {
-    let deadline = Instant::now() + Duration::from_millis(s.config.wait_for_refill_ms);
     // With none idle a refill is under way or due (the workers start one whenever `idle +
     // starting` is below the target, at least 1, and defer none while none is idle), unless
-    // the last start failed and they back off: then the wait ends at the deadline.
-    while state.idle.is_empty() && !state.closed {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        state = s
-            .wake
-            .wait_timeout(state, left)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
-    }
+    // the last start failed and they back off: then the wait ends at its limit.
+    let wait = Duration::from_millis(s.config.wait_for_refill_ms);
+    let (mut state, _) = s
+        .wake
+        .wait_timeout_while(state, wait, |st| st.idle.is_empty() && !st.closed)
+        .unwrap_or_else(|e| e.into_inner());
     let warm = if state.closed {
         None
     } else {
