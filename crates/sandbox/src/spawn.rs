@@ -864,9 +864,11 @@ impl Child {
         self.limits.wall_time = wall_time;
     }
 
-    /// Lets `wait` return once every process of the sandbox is gone and its counters are
-    /// read, leaving the removal of its empty cgroup to a background thread. A process that
-    /// uses this must call [`crate::settle`] before it exits.
+    /// Lets `wait` return once the sandbox's counters are read, leaving the removal of its
+    /// cgroup to a background thread: once every process is gone, or, when the program ended
+    /// by itself, with what is still on its way out (a zygote child's jail init, killed
+    /// already, tearing down its namespaces) killed and waited for there. A process that uses
+    /// this must call [`crate::settle`] before it exits.
     pub fn defer_cleanup(&mut self) {
         self.defer_cleanup = true;
     }
@@ -1019,9 +1021,13 @@ impl Child {
             .map(SandboxCgroup::stats)
             .unwrap_or_default();
         if let Some(cg) = cgroup {
-            // In line, `remove` kills whatever it finds left; only an empty cgroup goes to
-            // the background.
-            if self.defer_cleanup && cg.kill_all() {
+            // `remove` kills whatever it finds left. A zygote's child that ended by itself
+            // leaves its jail's init, killed already, on its way out (its mount namespace's
+            // teardown, a millisecond or more): the background waits for it. Anything else
+            // goes there only once the cgroup is empty.
+            let ended_by_itself =
+                exit.is_some() && self.killer.reason().is_none() && failure.is_none();
+            if self.defer_cleanup && (ended_by_itself || cg.kill_all()) {
                 cg.remove_later()?;
             } else {
                 cg.remove()?;

@@ -297,6 +297,104 @@ print(json.dumps({'seen': seen, 'reached': tries, 'uid': os.getuid()}))
     second.wait().unwrap();
 }
 
+fn pid_ns(pid: i32) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Requests sent together have their jails built side by side (the template's init takes the
+/// next while earlier ones build their roots): each child must still get the jail made for its
+/// own request, the one whose init joined its cgroup.
+fn children_asked_for_together_each_get_their_own_jail() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let n = 6;
+    let mut children: Vec<_> = (0..n)
+        .map(|i| {
+            let script = format!("import sys; print({i}, flush=True); sys.stdin.read()");
+            zygote.spawn(command(&script), &policy()).expect("spawn")
+        })
+        .collect();
+    let mut namespaces = Vec::new();
+    let mut uids = Vec::new();
+    for (i, child) in children.iter_mut().enumerate() {
+        let mut out = child.take_stdout().unwrap();
+        let mut line = [0u8; 2];
+        out.read_exact(&mut line).unwrap();
+        assert_eq!(
+            line,
+            format!("{i}\n").as_bytes(),
+            "child {i} ran another's request"
+        );
+        // Its cgroup holds its jail's init and itself: one PID namespace, one host uid.
+        let pids = child.processes();
+        assert_eq!(pids.len(), 2, "child {i}: {pids:?}");
+        let ns: Vec<String> = pids.iter().map(|p| pid_ns(*p)).collect();
+        let ids: Vec<u32> = pids.iter().map(|p| host_uid(*p)).collect();
+        assert_eq!(
+            ns[0], ns[1],
+            "child {i} is not in the jail its cgroup's init made"
+        );
+        assert_eq!(ids[0], ids[1], "child {i} has another jail's uid");
+        namespaces.push(ns[0].clone());
+        uids.push(ids[0]);
+    }
+    namespaces.sort();
+    namespaces.dedup();
+    uids.sort_unstable();
+    uids.dedup();
+    assert_eq!(
+        (namespaces.len(), uids.len()),
+        (n, n),
+        "two children share a jail"
+    );
+    for mut child in children {
+        drop(child.take_stdin());
+        let o = child.wait().unwrap();
+        assert_eq!(o.exit, Some(Exit::Code(0)));
+    }
+    assert!(zygote.is_alive());
+}
+
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+    }
+}
+
+/// A server's wait for a child that ended by itself returns without waiting for its jail's
+/// init to be gone (its teardown is left to the background with the cgroup's removal), yet
+/// what the child left behind goes all the same.
+fn what_a_child_leaves_goes_with_its_cgroup_after_the_wait() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let script = "import os, sys, time\nif os.fork() == 0:\n    time.sleep(60)\nprint('forked', flush=True)\nsys.stdin.read()";
+    let mut child = zygote.spawn(command(script), &policy()).expect("spawn");
+    child.defer_cleanup();
+    let mut out = child.take_stdout().unwrap();
+    let mut line = [0u8; 7];
+    out.read_exact(&mut line).unwrap();
+    let pids = child.processes();
+    assert_eq!(
+        pids.len(),
+        3,
+        "its jail's init, itself and its fork: {pids:?}"
+    );
+    drop(child.take_stdin());
+    let o = child.wait().unwrap();
+    assert_eq!((o.exit, o.killed), (Some(Exit::Code(0)), None));
+    airlock_sandbox::settle();
+    let left: Vec<i32> = pids.into_iter().filter(|p| !gone(*p)).collect();
+    assert!(left.is_empty(), "left running: {left:?}");
+    assert!(zygote.is_alive());
+}
+
 fn limits_hold_in_a_child() {
     let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
     let mut p = policy();
@@ -579,6 +677,14 @@ fn main() {
         (
             "children_cannot_reach_each_other_or_the_zygote",
             children_cannot_reach_each_other_or_the_zygote,
+        ),
+        (
+            "children_asked_for_together_each_get_their_own_jail",
+            children_asked_for_together_each_get_their_own_jail,
+        ),
+        (
+            "what_a_child_leaves_goes_with_its_cgroup_after_the_wait",
+            what_a_child_leaves_goes_with_its_cgroup_after_the_wait,
         ),
         ("limits_hold_in_a_child", limits_hold_in_a_child),
         (

@@ -183,8 +183,23 @@ struct Jail {
     slot: u32,
 }
 
+/// A jail asked for and not yet answered: its init builds its root, or it is refused.
+enum Building {
+    Started {
+        jail: Jail,
+        /// What the zygote gets, less the cgroup namespace its init sends and the PID one.
+        passed: Vec<OwnedFd>,
+        pid_ns: OwnedFd,
+        /// Where its init says its root is built (`JailBuilt`).
+        done: OwnedFd,
+    },
+    Refused(String),
+}
+
 /// Builds jails for the zygote until it ends, reaping each jail's init when it dies; then
-/// reports how the zygote ended and exits, which takes the whole template with it.
+/// reports how the zygote ended and exits, which takes the whole template with it. A request
+/// is taken while earlier jails' inits build their roots (each in its own process), and
+/// answered in the order asked.
 fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
     let Ok(zygote_fd) = sys::pidfd_open(zygote) else {
         let _ = sys::wait_child(zygote);
@@ -193,13 +208,32 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
     // Slot 0 is the template's own root; children take 1.. (their host ids are the block's).
     let mut free: Vec<u32> = (1..super::ZYGOTE_IDS).rev().collect();
     let mut jails: Vec<Jail> = Vec::new();
+    let mut building: std::collections::VecDeque<Building> = std::collections::VecDeque::new();
     let mut requests_open = true;
     loop {
+        while let Some(Building::Refused(_)) = building.front() {
+            if let Some(Building::Refused(error)) = building.pop_front() {
+                let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+            }
+        }
+        let oldest = match building.front() {
+            Some(Building::Started { done, .. }) => Some(done.as_fd()),
+            _ => None,
+        };
         let mut fds = vec![
             PollFd::new(zygote_fd.as_fd(), PollFlags::POLLIN),
             PollFd::new(
                 requests.as_fd(),
                 if requests_open {
+                    PollFlags::POLLIN
+                } else {
+                    PollFlags::empty()
+                },
+            ),
+            // Nothing to wait for: the zygote's pidfd again, with no events asked.
+            PollFd::new(
+                oldest.unwrap_or(zygote_fd.as_fd()),
+                if oldest.is_some() {
                     PollFlags::POLLIN
                 } else {
                     PollFlags::empty()
@@ -228,13 +262,37 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
         // Jails whose init died: reap, and their slot is free again.
         let mut i = 0;
         jails.retain(|j| {
-            let done = ready[2 + i] && matches!(sys::wait_child_nohang(j.pid), Ok(Some(_)));
+            let done = ready[3 + i] && matches!(sys::wait_child_nohang(j.pid), Ok(Some(_)));
             i += 1;
             if done {
                 free.push(j.slot);
             }
             !done
         });
+        // The oldest jail's init has said how its root went: the zygote waits for it.
+        if ready[2] {
+            if let Some(Building::Started {
+                jail,
+                passed,
+                pid_ns,
+                done,
+            }) = building.pop_front()
+            {
+                let slot = jail.slot;
+                match finish_jail(jail, passed, pid_ns, &done) {
+                    Ok((jail, passed)) => {
+                        let raw: Vec<RawFd> = passed.iter().map(|f| f.as_raw_fd()).collect();
+                        let _ = proto::send_msg_with_fds(&requests, &JailReply::Built, &raw);
+                        jails.push(jail);
+                    }
+                    Err(e) => {
+                        free.push(slot);
+                        let error = e.to_string();
+                        let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+                    }
+                }
+            }
+        }
         if !ready[1] {
             continue;
         }
@@ -247,31 +305,22 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
         };
         let Some(slot) = free.pop() else {
             let error = "every uid of the zygote's block is in use".to_owned();
-            let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+            building.push_back(Building::Refused(error));
             continue;
         };
-        match build_jail(&req.policy, join, slot) {
-            Ok((jail, passed)) => {
-                let raw: Vec<RawFd> = passed.iter().map(|f| f.as_raw_fd()).collect();
-                let _ = proto::send_msg_with_fds(&requests, &JailReply::Built, &raw);
-                jails.push(jail);
-            }
+        match start_jail(&req.policy, join, slot) {
+            Ok(started) => building.push_back(started),
             Err(e) => {
                 free.push(slot);
-                let error = e.to_string();
-                let _ = proto::send_msg(&requests, &JailReply::Failed { error });
+                building.push_back(Building::Refused(e.to_string()));
             }
         }
     }
 }
 
-/// One child's jail: its init cloned into new namespaces, its uid mapped, its root built.
-/// Returns the jail and what the zygote needs to enter it.
-fn build_jail(
-    policy: &Policy,
-    join: Vec<OwnedFd>,
-    slot: u32,
-) -> Result<(Jail, Vec<OwnedFd>), InitError> {
+/// Starts one child's jail: its init cloned into new namespaces, its uid mapped, told to
+/// build its root (which it does by itself; see `finish_jail`).
+fn start_jail(policy: &Policy, join: Vec<OwnedFd>, slot: u32) -> Result<Building, InitError> {
     let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
     let (done_r, done_w) = proto::seqpacket_pair().map_err(|source| InitError::Sys {
         call: "socketpair",
@@ -293,7 +342,7 @@ fn build_jail(
     };
     drop((go_r, done_w, join));
     let jail = Jail { pid, pidfd, slot };
-    let built = (|| {
+    let opened = (|| {
         let proc = Path::new("/proc").join(pid.to_string());
         // Its namespaces, opened while the jail's init is still as we are (it makes itself
         // undumpable once its root is built, which hides them).
@@ -326,29 +375,60 @@ fn build_jail(
         write("setgroups", "deny".to_owned())?;
         write("gid_map", format!("{} {slot} 1\n", policy.gid))?;
         unistd::write(&go_w, b"g").map_err(sys_err("write"))?;
-        drop(go_w);
-        let jail_init = |error: String| InitError::Sys {
-            call: "jail init",
-            source: io::Error::other(error),
-        };
-        match proto::recv_msg_with_fds::<JailBuilt>(&done_r) {
-            Ok(Some((JailBuilt::Ready, mut fds))) if fds.len() == 1 => passed.append(&mut fds),
-            Ok(Some((JailBuilt::Failed { error }, _))) => return Err(jail_init(error)),
-            Ok(Some(_)) => return Err(jail_init("no cgroup namespace".into())),
-            Ok(None) => return Err(jail_init("ended before its root was built".into())),
-            Err(e) => return Err(jail_init(e.to_string())),
-        }
-        passed.push(pid_ns);
-        Ok(passed)
+        Ok((passed, pid_ns))
     })();
-    match built {
-        Ok(passed) => Ok((jail, passed)),
+    drop(go_w);
+    match opened {
+        Ok((passed, pid_ns)) => Ok(Building::Started {
+            jail,
+            passed,
+            pid_ns,
+            done: done_r,
+        }),
         Err(e) => {
-            let _ = sys::pidfd_send_signal(&jail.pidfd, libc::SIGKILL);
-            let _ = sys::wait_child(jail.pid);
+            end_jail(&jail);
             Err(e)
         }
     }
+}
+
+/// Reads what the jail's init says once it has built its root (`done` is readable): the jail,
+/// and what the zygote needs to enter it.
+fn finish_jail(
+    jail: Jail,
+    mut passed: Vec<OwnedFd>,
+    pid_ns: OwnedFd,
+    done: &OwnedFd,
+) -> Result<(Jail, Vec<OwnedFd>), InitError> {
+    let failed = |error: String| InitError::Sys {
+        call: "jail init",
+        source: io::Error::other(error),
+    };
+    let built = match proto::recv_msg_with_fds::<JailBuilt>(done) {
+        Ok(Some((JailBuilt::Ready, mut fds))) if fds.len() == 1 => {
+            passed.append(&mut fds);
+            Ok(())
+        }
+        Ok(Some((JailBuilt::Failed { error }, _))) => Err(failed(error)),
+        Ok(Some(_)) => Err(failed("no cgroup namespace".into())),
+        Ok(None) => Err(failed("ended before its root was built".into())),
+        Err(e) => Err(failed(e.to_string())),
+    };
+    match built {
+        Ok(()) => {
+            passed.push(pid_ns);
+            Ok((jail, passed))
+        }
+        Err(e) => {
+            end_jail(&jail);
+            Err(e)
+        }
+    }
+}
+
+fn end_jail(jail: &Jail) {
+    let _ = sys::pidfd_send_signal(&jail.pidfd, libc::SIGKILL);
+    let _ = sys::wait_child(jail.pid);
 }
 
 /// A jail's init to the template's: its root is built (with its cgroup namespace), or why not.
@@ -452,10 +532,18 @@ struct Zygote {
     filters: Filters,
     /// The interpreter's own fork, for `serve`.
     fork: sys::PythonFork,
+    /// Requests whose jails are asked for, oldest first.
+    asked: std::collections::VecDeque<Asked>,
     pending: Option<Pending>,
     live: Vec<Live>,
     /// The zygote's pages a child writes, as (start, length): see `survey`.
     surveyed: Vec<(usize, usize)>,
+}
+
+/// A request whose jail the template's init builds.
+struct Asked {
+    request: ChildRequest,
+    fds: Vec<OwnedFd>,
 }
 
 /// A child being made: its request and descriptors, and its jail.
@@ -509,6 +597,7 @@ pub(crate) fn start() -> i32 {
             own_pid_ns,
             filters,
             fork,
+            asked: std::collections::VecDeque::new(),
             pending: None,
             live: Vec::new(),
             surveyed: Vec::new(),
@@ -630,90 +719,119 @@ fn written_pages(pid: i32) -> io::Result<Vec<(usize, usize)>> {
 /// Waits for the next child to make, reaping children that end meanwhile. 1: fork now (the
 /// next child is born in its jail's PID namespace); 0: the host closed the control socket and
 /// the last child has ended; -1: the template's init is gone.
+///
+/// Each request's jail is asked for as soon as the request comes, so that the template's init
+/// builds the next jails while this one's child is forked and set up (a jail takes a
+/// millisecond or more, mostly in the kernel, and each jail's init builds its root by
+/// itself); jails come back in the order asked.
 fn next() -> i32 {
     let mut guard = zygote_state();
     let Some(z) = guard.as_mut() else { return -1 };
     loop {
-        if z.host.is_none() && z.live.is_empty() {
+        if z.host.is_none() && z.live.is_empty() && z.asked.is_empty() {
             return 0;
         }
-        match poll_reaping(z, Wait::Host) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        let (host, jail) = match poll_reaping(z) {
+            Ok(ready) => ready,
             Err(e) => {
                 complain("poll", e);
                 return -1;
             }
-        }
-        let Some(host) = z.host.as_ref() else {
-            continue;
         };
-        let (request, fds) = match proto::recv_msg_with_fds::<ChildRequest>(host) {
-            Ok(Some(got)) => got,
-            Ok(None) => {
-                z.host = None;
-                continue;
-            }
-            Err(e) => {
-                complain("reading a request", e);
-                z.host = None;
-                continue;
-            }
-        };
-        let expected = 4 + request.join_cgroup as usize + request.extra_fds as usize;
-        if fds.len() != expected {
-            if let Some(status) = fds.first() {
-                report_failed(status, "zygote", "the request's descriptors are missing");
-            }
-            continue;
-        }
-        let join: Vec<RawFd> = fds[4..4 + request.join_cgroup as usize]
-            .iter()
-            .map(|f| f.as_raw_fd())
-            .collect();
-        let jail_request = JailRequest {
-            policy: request.policy.clone(),
-        };
-        if let Err(e) = proto::send_msg_with_fds(&z.jails, &jail_request, &join) {
-            complain("asking for a jail", e);
-            return -1;
-        }
-        if let Err(e) = reap_until_readable(z) {
-            complain("waiting for a jail", e);
-            return -1;
-        }
-        let (reply, jail) = match proto::recv_msg_with_fds::<JailReply>(&z.jails) {
-            Ok(Some(got)) => got,
-            Ok(None) | Err(_) => {
-                complain("asking for a jail", "the template's init is gone");
+        if host {
+            if let Err(e) = ask_for_a_jail(z) {
+                complain("asking for a jail", e);
                 return -1;
             }
-        };
-        let status = &fds[0];
-        if let JailReply::Failed { error } = reply {
-            report_failed(status, "jail", &error);
-            continue;
         }
-        if jail.len() != 2 + JAIL_NAMESPACES.len() {
-            // Whatever came is the jail's init first: it must not outlive the refusal.
-            if let Some(init) = jail.first() {
-                let _ = sys::pidfd_send_signal(init, libc::SIGKILL);
+        if jail {
+            match take_a_jail(z) {
+                Ok(true) => return 1,
+                Ok(false) => {}
+                Err(e) => {
+                    complain("taking a jail", e);
+                    return -1;
+                }
             }
-            report_failed(status, "jail", "the jail's descriptors are missing");
-            continue;
         }
-        let started = proto::send_msg_with_fd(status, &Report::Started, Some(&jail[0]));
-        let entered = setns(&jail[jail.len() - 1], CloneFlags::CLONE_NEWPID);
-        if started.is_err() || entered.is_err() {
-            let _ = sys::pidfd_send_signal(&jail[0], libc::SIGKILL);
-            if let Err(e) = entered {
-                report_failed(status, "zygote", &format!("setns(pid): {e}"));
-            }
-            continue;
-        }
-        z.pending = Some(Pending { request, fds, jail });
-        return 1;
     }
+}
+
+/// Reads the host's next request and asks the template's init for its jail (a request
+/// without its descriptors is refused here). Errs only when the template's init is gone.
+fn ask_for_a_jail(z: &mut Zygote) -> Result<(), String> {
+    let Some(host) = z.host.as_ref() else {
+        return Ok(());
+    };
+    let (request, fds) = match proto::recv_msg_with_fds::<ChildRequest>(host) {
+        Ok(Some(got)) => got,
+        Ok(None) => {
+            z.host = None;
+            return Ok(());
+        }
+        Err(e) => {
+            complain("reading a request", e);
+            z.host = None;
+            return Ok(());
+        }
+    };
+    let expected = 4 + request.join_cgroup as usize + request.extra_fds as usize;
+    if fds.len() != expected {
+        if let Some(status) = fds.first() {
+            report_failed(status, "zygote", "the request's descriptors are missing");
+        }
+        return Ok(());
+    }
+    let join: Vec<RawFd> = fds[4..4 + request.join_cgroup as usize]
+        .iter()
+        .map(|f| f.as_raw_fd())
+        .collect();
+    let jail_request = JailRequest {
+        policy: request.policy.clone(),
+    };
+    proto::send_msg_with_fds(&z.jails, &jail_request, &join).map_err(|e| e.to_string())?;
+    z.asked.push_back(Asked { request, fds });
+    Ok(())
+}
+
+/// Takes the template init's answer to the oldest request: true when its child is to be
+/// forked now (we are in its jail's PID namespace), false when it was refused (its host is
+/// told why). Errs only when the template's init is gone or out of step.
+fn take_a_jail(z: &mut Zygote) -> Result<bool, String> {
+    let (reply, jail) = match proto::recv_msg_with_fds::<JailReply>(&z.jails) {
+        Ok(Some(got)) => got,
+        Ok(None) | Err(_) => return Err("the template's init is gone".into()),
+    };
+    let Some(Asked { request, fds }) = z.asked.pop_front() else {
+        if let Some(init) = jail.first() {
+            let _ = sys::pidfd_send_signal(init, libc::SIGKILL);
+        }
+        return Err("a jail nobody asked for".into());
+    };
+    let status = &fds[0];
+    if let JailReply::Failed { error } = reply {
+        report_failed(status, "jail", &error);
+        return Ok(false);
+    }
+    if jail.len() != 2 + JAIL_NAMESPACES.len() {
+        // Whatever came is the jail's init first: it must not outlive the refusal.
+        if let Some(init) = jail.first() {
+            let _ = sys::pidfd_send_signal(init, libc::SIGKILL);
+        }
+        report_failed(status, "jail", "the jail's descriptors are missing");
+        return Ok(false);
+    }
+    let started = proto::send_msg_with_fd(status, &Report::Started, Some(&jail[0]));
+    let entered = setns(&jail[jail.len() - 1], CloneFlags::CLONE_NEWPID);
+    if started.is_err() || entered.is_err() {
+        let _ = sys::pidfd_send_signal(&jail[0], libc::SIGKILL);
+        if let Err(e) = entered {
+            report_failed(status, "zygote", &format!("setns(pid): {e}"));
+        }
+        return Ok(false);
+    }
+    z.pending = Some(Pending { request, fds, jail });
+    Ok(true)
 }
 
 /// The zygote's loop: each next child forked as `os.fork()` forks (the interpreter's hooks
@@ -739,34 +857,19 @@ pub(crate) fn serve() -> i32 {
     }
 }
 
-/// Waits for the template's init to answer on `jails`, reaping the children that end
-/// meanwhile: a jail may take milliseconds to build (joining a cgroup through `cgroup.procs`
-/// waits for an RCU grace period), and a child's end must not wait for another child's jail
-/// to be reported.
-fn reap_until_readable(z: &mut Zygote) -> nix::Result<()> {
-    while !poll_reaping(z, Wait::Jails)? {}
-    Ok(())
-}
-
-/// What `poll_reaping` waits for besides the children's ends.
-enum Wait {
-    /// The host's next request (nothing once the host is gone).
-    Host,
-    /// The template's init's answer.
-    Jails,
-}
-
-/// Polls once for `what` and for the end of any live child; reaps and reports the children
-/// that ended, and says whether `what` is readable.
-fn poll_reaping(z: &mut Zygote, what: Wait) -> nix::Result<bool> {
-    let first = match what {
-        Wait::Host => z.host.as_ref().map(|h| h.as_fd()),
-        Wait::Jails => Some(z.jails.as_fd()),
-    };
-    let mut fds: Vec<PollFd> = first
-        .map(|f| PollFd::new(f, PollFlags::POLLIN))
-        .into_iter()
-        .collect();
+/// Polls once for the host's next request, the template init's next jail (while one is
+/// asked for) and the end of any live child; reaps and reports the children that ended, and
+/// says whether a request and a jail are there to read.
+fn poll_reaping(z: &mut Zygote) -> nix::Result<(bool, bool)> {
+    let mut fds: Vec<PollFd> = Vec::with_capacity(2 + z.live.len());
+    let has_host = z.host.is_some();
+    if let Some(host) = z.host.as_ref() {
+        fds.push(PollFd::new(host.as_fd(), PollFlags::POLLIN));
+    }
+    let waits_for_jail = !z.asked.is_empty();
+    if waits_for_jail {
+        fds.push(PollFd::new(z.jails.as_fd(), PollFlags::POLLIN));
+    }
     let first_child = fds.len();
     fds.extend(
         z.live
@@ -785,7 +888,9 @@ fn poll_reaping(z: &mut Zygote, what: Wait) -> nix::Result<bool> {
     if ready[first_child..].iter().any(|r| *r) {
         reap_ended(z);
     }
-    Ok(first_child == 1 && ready[0])
+    let host_ready = has_host && ready[0];
+    let jail_ready = waits_for_jail && ready[usize::from(has_host)];
+    Ok((host_ready, jail_ready))
 }
 
 /// Reaps the children that ended: each one's exit goes to the host, and its jail's init is
@@ -866,10 +971,11 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     let Some(pending) = z.pending.take() else {
         sys::exit_immediately(127)
     };
-    // The siblings' descriptors go first: a sibling's host sees its end only when every copy
-    // of its status socket is closed, and what follows can take milliseconds (a join through
+    // The siblings' descriptors go first (those running, and those whose jails are being
+    // built): a sibling's host sees its end only when every copy of its status socket is closed, and what follows can take milliseconds (a join through
     // `cgroup.procs` waits for an RCU grace period; with both cores busy, 10-30 ms here).
     z.live.clear();
+    z.asked.clear();
     z.host = None;
     let Pending { request, fds, jail } = pending;
     // Above every destination (stdio, then the program's descriptors), so that no move
