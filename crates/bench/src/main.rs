@@ -267,6 +267,7 @@ fn run(args: &Args) -> Result<(), String> {
         args.blocks, args.requests
     );
     let made_before = histogram(&mut client, "airlock_sandbox_made_seconds")?;
+    let ticks_before = cpu_ticks();
     for _ in 0..args.blocks {
         block(&mut bare_conc, cores, args.requests, |_| {
             time_command(Command::new(PYTHON).args(["-I", "-S", "-c", "pass"])).map(drop)
@@ -298,6 +299,10 @@ fn run(args: &Args) -> Result<(), String> {
                 cl.lock().unwrap().delete(&format!("/v1/sessions/{id}"))?;
             }
         }
+    }
+
+    if let (Some((t0, s0)), Some((t1, s1))) = (ticks_before, cpu_ticks()) {
+        let _ = STOLEN.set(100.0 * (s1 - s0) as f64 / (t1 - t0).max(1) as f64);
     }
 
     // Cost curves, sequential, interleaved.
@@ -640,6 +645,9 @@ fn report(
         args.blocks, args.requests
     );
     println!("Each client sends its next request as soon as it has the answer to the last, on one kept-alive connection: \"1 at once\" is the closed loop back to back.\n");
+    if let Some(stolen) = STOLEN.get() {
+        println!("CPU time the hypervisor took from this machine during these blocks (steal, `/proc/stat`): {stolen:.2} %. A run with more than a few tenths of a percent was disturbed.\n");
+    }
     table_head();
     row(
         bare_conc,
@@ -789,6 +797,23 @@ fn row(s: &Series, r50: f64, r99: f64) {
         r50,
         r99
     );
+}
+
+/// Steal during the concurrency blocks, in percent of all CPU time (see `cpu_ticks`).
+static STOLEN: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+
+/// All CPU ticks so far and those stolen by the hypervisor (`/proc/stat`'s first line).
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let f: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    Some((f.iter().sum(), *f.get(7)?))
 }
 
 fn machine() -> String {
