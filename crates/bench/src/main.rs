@@ -519,19 +519,10 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()?;
     std::thread::sleep(Duration::from_secs(2));
     let busy = || -> Result<f64, String> {
-        let stat = std::fs::read_to_string("/proc/stat").map_err(|e| e.to_string())?;
-        let f: Vec<f64> = stat
-            .lines()
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|v| v.parse().ok())
-            .collect();
+        let f = cpu_stat().ok_or("/proc/stat unreadable")?;
         // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
-        let ticks: f64 =
-            f.iter().take(8).sum::<f64>() - f.get(3).unwrap_or(&0.0) - f.get(4).unwrap_or(&0.0);
-        Ok(ticks
+        let ticks = f.iter().sum::<u64>() - f.get(3).unwrap_or(&0) - f.get(4).unwrap_or(&0);
+        Ok(ticks as f64
             / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
                 .ok()
                 .flatten()
@@ -802,17 +793,24 @@ fn row(s: &Series, r50: f64, r99: f64) {
 /// Steal during the concurrency blocks, in percent of all CPU time (see `cpu_ticks`).
 static STOLEN: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
-/// All CPU ticks so far and those stolen by the hypervisor (`/proc/stat`'s first line).
-fn cpu_ticks() -> Option<(u64, u64)> {
+/// The machine's CPU ticks so far, from `/proc/stat`'s first line: user, nice, system, idle,
+/// iowait, irq, softirq, steal.
+fn cpu_stat() -> Option<Vec<u64>> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let f: Vec<u64> = stat
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .filter_map(|v| v.parse().ok())
-        .collect();
+    Some(
+        stat.lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .filter_map(|v| v.parse().ok())
+            .collect(),
+    )
+}
+
+/// All CPU ticks so far and those stolen by the hypervisor.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let f = cpu_stat()?;
     Some((f.iter().sum(), *f.get(7)?))
 }
 
