@@ -422,7 +422,61 @@ fn run(args: &Args) -> Result<(), String> {
         &running,
         &eval_report,
     );
+    placements(args.rounds);
     Ok(())
+}
+
+/// How a new process comes to be in its cgroup on cgroup v2, measured on this host's cgroup2
+/// mount (which needs no controller for it): what a zygote's child pays to be in its own.
+fn placements(rounds: usize) {
+    let gap = Duration::from_millis(30);
+    println!(
+        "\n## cgroup v2: a new process into its cgroup
+"
+    );
+    let mount = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right
+                .starts_with("cgroup2 ")
+                .then(|| left.split(' ').nth(4).map(PathBuf::from))?
+        });
+    let Some(mount) = mount else {
+        println!("No cgroup2 mount here.");
+        return;
+    };
+    match airlock_sandbox::time_v2_placements(&mount, rounds, gap) {
+        Ok(times) => {
+            println!(
+                "On {} ({rounds} rounds, interleaved, {} ms apart, as an agent's requests come), from the call until the child, which only exits, is waited for:\n",
+                mount.display(),
+                gap.as_millis()
+            );
+            println!("| how | p50 | p90 | max |\n|---|---|---|---|");
+            for (how, mut samples) in times {
+                samples.sort_unstable();
+                let q = |f: f64| samples[((samples.len() - 1) as f64 * f) as usize];
+                let what = match how {
+                    airlock_sandbox::Placement::ForkAndJoin => {
+                        "fork, then the child writes `0` to `cgroup.procs`"
+                    }
+                    airlock_sandbox::Placement::CloneInto => {
+                        "`clone3` with `CLONE_INTO_CGROUP` (a zygote's child on v2)"
+                    }
+                    airlock_sandbox::Placement::Fork => "plain fork, staying put",
+                };
+                println!(
+                    "| {what} | {} ms | {} ms | {} ms |",
+                    ms(q(0.5)),
+                    ms(q(0.9)),
+                    ms(q(1.0))
+                );
+            }
+        }
+        Err(e) => println!("Not measured: {e}"),
+    }
 }
 
 /// One bare `python3` with pandas and matplotlib loaded that runs `DATA_SCIENCE` each time it

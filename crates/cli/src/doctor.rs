@@ -359,16 +359,27 @@ fn trial_zygote(engine: &Engine) -> Result<String, String> {
     let job = engine.self_test_job()?;
     engine.wait_for_zygote(&job, std::time::Duration::from_secs(60))?;
     let ready = started.elapsed();
+    let cloning = engine.zygote_status().is_some_and(|s| s.cloning > 0);
     let execution = engine.self_test_execution()?;
     engine.close_pools();
     if !execution.forked {
         return Err("the trial run did not get a zygote's child".into());
     }
+    let placed = match host_support().cgroup.as_ref().map(Layout::version) {
+        Ok(airlock_sandbox::CgroupVersion::V2) if cloning => {
+            "each child is cloned straight into its cgroup (cgroup v2, CLONE_INTO_CGROUP)"
+        }
+        Ok(airlock_sandbox::CgroupVersion::V2) => {
+            "each child joins its cgroup through cgroup.procs (cgroup v2; the zygote has a \
+             thread of its own, so it forks rather than clones)"
+        }
+        _ => "each child joins its cgroup through tasks (cgroup v1)",
+    };
     Ok(format!(
-        "a zygote was ready in {} ms and a run as its child took {} ms; `airlock serve` forks \
-         fresh sandboxes from zygotes (one lean, one preloading {}), and starts cold those it \
-         does not serve: with egress, with tools, with seccomp downgraded, or while a zygote \
-         starts (airlock_cold_starts_total says which)",
+        "a zygote was ready in {} ms and a run as its child took {} ms; {placed}; `airlock \
+         serve` forks fresh sandboxes from zygotes (one lean, one preloading {}), and starts \
+         cold those it does not serve: with egress, with tools, with seccomp downgraded, or \
+         while a zygote starts (airlock_cold_starts_total says which)",
         ready.as_millis(),
         execution.result.usage.wall_ms,
         config.preload.join(", ")

@@ -85,6 +85,9 @@ pub struct ZygoteStatus {
     /// What a child of each ready zygote copies of it while it waits for its request (the
     /// pages a first chart writes; 0 for a zygote without `matplotlib.pyplot`), summed.
     pub prefault_bytes: u64,
+    /// Ready zygotes that clone each child straight into its cgroup on cgroup v2 (one with a
+    /// thread of its own forks, and the child joins through `cgroup.procs`).
+    pub cloning: usize,
     /// Sandboxes started cold instead, by reason.
     pub cold: BTreeMap<String, u64>,
     pub starts: u64,
@@ -483,6 +486,7 @@ impl Zygotes {
                     status.ready += 1;
                     status.children += zygote.children();
                     status.prefault_bytes += zygote.prefault_bytes();
+                    status.cloning += usize::from(zygote.clones_into_cgroups());
                 }
                 Slot::Failed(_) => {}
             }

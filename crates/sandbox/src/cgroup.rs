@@ -29,6 +29,9 @@ const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 const V2_SUPERVISOR_LEAF: &str = "airlock-supervisor";
 /// Prefix of every sandbox cgroup, so that leftovers of a crashed run can be found.
 pub const SANDBOX_PREFIX: &str = "airlock-";
+/// On v2, the leaf of a zygote's tree where its own processes live (see
+/// [`SandboxCgroup::create_for_zygote`]).
+const ZYGOTE_TEMPLATE_LEAF: &str = "template";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -320,6 +323,23 @@ pub fn check_writable(layout: &Layout) -> Result<(), CgroupError> {
     Ok(())
 }
 
+fn give_procs(dir: &Path, id: u32) -> Result<(), CgroupError> {
+    let procs = dir.join("cgroup.procs");
+    std::os::unix::fs::chown(&procs, Some(id), Some(id)).map_err(|source| CgroupError::Write {
+        path: procs.clone(),
+        value: format!("owner {id}"),
+        source,
+    })
+}
+
+/// The memory limit, the pids limit and the CPU quota per 100 ms period, as cgroup files
+/// take them.
+fn limit_values(limits: &Limits, extra_pids: u32) -> (String, String, u64) {
+    let pids = (u64::from(limits.pids) + u64::from(extra_pids)).to_string();
+    let quota = u64::from(limits.cpu_millicores) * 100;
+    (limits.memory_bytes.to_string(), pids, quota)
+}
+
 /// What the kernel counted for one sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -335,6 +355,8 @@ pub struct Stats {
 pub struct SandboxCgroup {
     version: CgroupVersion,
     dirs: Vec<PathBuf>,
+    /// v2, a zygote's: the tree the directory is a leaf of, removed with the last leaf.
+    tree: Option<PathBuf>,
     removed: bool,
 }
 
@@ -362,6 +384,7 @@ impl SandboxCgroup {
             let mut cg = SandboxCgroup {
                 version: layout.version(),
                 dirs: Vec::new(),
+                tree: None,
                 removed: false,
             };
             let mut taken = false;
@@ -385,15 +408,150 @@ impl SandboxCgroup {
         }
     }
 
+    /// A zygote's template's cgroup. On v1, as any sandbox's. On v2, a tree of its own,
+    /// `airlock-<pid>-zygote-<n>`, that hands the controllers down, with the template in its
+    /// leaf `template` (carrying `limits`) and each child in a leaf beside it
+    /// ([`SandboxCgroup::create_in_tree`]): the tree is the nearest common ancestor of the
+    /// zygote's cgroup and its children's, so that, delegated to the template's ids
+    /// ([`SandboxCgroup::delegate`]), the zygote can clone each child straight into its
+    /// cgroup (`CLONE_INTO_CGROUP`) and into none outside the tree.
+    pub(crate) fn create_for_zygote(
+        layout: &Layout,
+        limits: &Limits,
+        extra_pids: u32,
+    ) -> Result<Self, CgroupError> {
+        let Layout::V2 { dir: parent } = layout else {
+            return Self::create_tagged(layout, limits, extra_pids, "zygote-");
+        };
+        let tree = loop {
+            let name = format!(
+                "{SANDBOX_PREFIX}{}-zygote-{}",
+                std::process::id(),
+                SEQUENCE.fetch_add(1, Ordering::Relaxed)
+            );
+            let tree = parent.join(name);
+            match fs::create_dir(&tree) {
+                Ok(()) => break tree,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(CgroupError::Create { path: tree, source }),
+            }
+        };
+        let controllers: Vec<String> = V2_CONTROLLERS.iter().map(|c| format!("+{c}")).collect();
+        let cg = Self::tree_with_leaf(tree, &controllers.join(" "), ZYGOTE_TEMPLATE_LEAF)?;
+        cg.set_limits_v2(limits, extra_pids)?;
+        Ok(cg)
+    }
+
+    /// Makes `tree` (just created) hand `controllers` down (`+memory +pids ...`, none when
+    /// empty), and its first leaf `leaf`: the leaf's cgroup, which removes both.
+    fn tree_with_leaf(tree: PathBuf, controllers: &str, leaf: &str) -> Result<Self, CgroupError> {
+        let mut cg = SandboxCgroup {
+            version: CgroupVersion::V2,
+            dirs: Vec::new(),
+            tree: Some(tree.clone()),
+            removed: false,
+        };
+        if !controllers.is_empty() {
+            write(&tree.join("cgroup.subtree_control"), controllers)?;
+        }
+        let leaf = tree.join(leaf);
+        fs::create_dir(&leaf).map_err(|source| CgroupError::Create {
+            path: leaf.clone(),
+            source,
+        })?;
+        cg.dirs.push(leaf);
+        Ok(cg)
+    }
+
+    /// A leaf beside this one in its zygote's tree (v2), with `limits`: a child's cgroup.
+    pub(crate) fn create_in_tree(
+        &self,
+        limits: &Limits,
+        extra_pids: u32,
+    ) -> Result<Self, CgroupError> {
+        let cg = self.leaf_in_tree()?;
+        cg.set_limits_v2(limits, extra_pids)?;
+        Ok(cg)
+    }
+
+    fn leaf_in_tree(&self) -> Result<Self, CgroupError> {
+        let Some(tree) = &self.tree else {
+            return Err(CgroupError::Unusable(
+                "not a zygote's cgroup v2 tree".into(),
+            ));
+        };
+        loop {
+            let dir = tree.join(format!(
+                "child-{}",
+                SEQUENCE.fetch_add(1, Ordering::Relaxed)
+            ));
+            match fs::create_dir(&dir) {
+                Ok(()) => {
+                    return Ok(SandboxCgroup {
+                        version: CgroupVersion::V2,
+                        dirs: vec![dir],
+                        tree: Some(tree.clone()),
+                        removed: false,
+                    })
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(CgroupError::Create { path: dir, source }),
+            }
+        }
+    }
+
+    /// The zygote tree this cgroup is a leaf of (v2).
+    pub(crate) fn tree(&self) -> Option<&Path> {
+        self.tree.as_deref()
+    }
+
+    /// Gives the host ids `id` (uid and gid) the right to move processes into this cgroup:
+    /// its `cgroup.procs`, and nothing else of it (limits stay root's).
+    pub(crate) fn delegate(&self, id: u32) -> Result<(), CgroupError> {
+        self.dirs.iter().try_for_each(|d| give_procs(d, id))
+    }
+
+    /// Gives the host ids `id` what the kernel asks of whoever moves a process between two
+    /// leaves of this cgroup's zygote tree (v2), besides the right to the destination: the
+    /// right to the tree's `cgroup.procs`.
+    pub(crate) fn delegate_tree(&self, id: u32) -> Result<(), CgroupError> {
+        self.tree.iter().try_for_each(|d| give_procs(d, id))
+    }
+
+    /// The cgroup's directory (v2), opened for `CLONE_INTO_CGROUP`.
+    pub(crate) fn open_dir(&self) -> Result<std::os::fd::OwnedFd, CgroupError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = &self.dirs[0];
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+            .open(dir)
+            .map(Into::into)
+            .map_err(|source| CgroupError::Read {
+                path: dir.clone(),
+                source,
+            })
+    }
+
+    fn set_limits_v2(&self, limits: &Limits, extra_pids: u32) -> Result<(), CgroupError> {
+        let dir = &self.dirs[0];
+        let (mem, pids, quota) = limit_values(limits, extra_pids);
+        write(&dir.join("memory.max"), &mem)?;
+        let swap = dir.join("memory.swap.max");
+        if swap.exists() {
+            write(&swap, "0")?;
+        }
+        write(&dir.join("pids.max"), &pids)?;
+        write(&dir.join("cpu.max"), &format!("{quota} 100000"))
+    }
+
     fn set_limits(
         &self,
         layout: &Layout,
         limits: &Limits,
         extra_pids: u32,
     ) -> Result<(), CgroupError> {
-        let pids = (u64::from(limits.pids) + u64::from(extra_pids)).to_string();
-        let mem = limits.memory_bytes.to_string();
-        let quota = u64::from(limits.cpu_millicores) * 100; // per 100 ms period
+        let (mem, pids, quota) = limit_values(limits, extra_pids);
         let here = |parent: &Path| parent.join(self.dirs[0].file_name().unwrap_or_default());
         match layout {
             Layout::V1 {
@@ -417,16 +575,7 @@ impl SandboxCgroup {
                 write(&cpu.join("cpu.cfs_period_us"), "100000")?;
                 write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
             }
-            Layout::V2 { .. } => {
-                let dir = &self.dirs[0];
-                write(&dir.join("memory.max"), &mem)?;
-                let swap = dir.join("memory.swap.max");
-                if swap.exists() {
-                    write(&swap, "0")?;
-                }
-                write(&dir.join("pids.max"), &pids)?;
-                write(&dir.join("cpu.max"), &format!("{quota} 100000"))?;
-            }
+            Layout::V2 { .. } => self.set_limits_v2(limits, extra_pids)?,
         }
         Ok(())
     }
@@ -469,6 +618,7 @@ impl SandboxCgroup {
         SandboxCgroup {
             version: self.version,
             dirs: self.dirs.clone(),
+            tree: self.tree.clone(),
             removed: true,
         }
     }
@@ -603,6 +753,10 @@ impl SandboxCgroup {
             std::thread::sleep(Duration::from_millis(2));
         }
         self.removed = true;
+        if let (None, Some(tree)) = (&last, &self.tree) {
+            // Fails while a sibling leaf is left: the last leaf's removal takes the tree.
+            let _ = fs::remove_dir(tree);
+        }
         match last {
             None => Ok(()),
             Some((path, source)) => Err(CgroupError::Remove { path, source }),
@@ -721,9 +875,14 @@ pub fn remove_leftovers(layout: &Layout) -> Vec<PathBuf> {
             if Path::new(&format!("/proc/{owner}")).exists() {
                 continue;
             }
+            // A zygote's tree (v2) goes leaves first.
+            let mut dirs = Vec::new();
+            dirs_beneath(&entry.path(), &mut dirs);
+            dirs.push(entry.path());
             let mut cg = SandboxCgroup {
                 version: layout.version(),
-                dirs: vec![entry.path()],
+                dirs,
+                tree: None,
                 removed: false,
             };
             if cg.remove_dirs().is_ok() {
@@ -734,9 +893,104 @@ pub fn remove_leftovers(layout: &Layout) -> Vec<PathBuf> {
     removed
 }
 
+/// How a new process can come to be in a cgroup v2, timed by [`time_v2_placements`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Forked, then moves itself by writing `0` to the cgroup's `cgroup.procs` (what a
+    /// zygote's child does when its zygote has a thread of its own).
+    ForkAndJoin,
+    /// Born there: `clone3` with `CLONE_INTO_CGROUP` (what a zygote does on v2).
+    CloneInto,
+    /// A plain fork that stays where it is, for comparison.
+    Fork,
+}
+
+/// For the bench: on the cgroup2 mount `mount` (which needs no controller for this), makes a
+/// leaf and times each [`Placement`] `rounds` times, interleaved, `gap` apart (a join waits
+/// for an RCU grace period unless another began just before: an agent's requests come
+/// apart), from the call until the child, which only exits, has been waited for.
+pub fn time_v2_placements(
+    mount: &Path,
+    rounds: usize,
+    gap: Duration,
+) -> Result<Vec<(Placement, Vec<Duration>)>, CgroupError> {
+    use std::os::fd::AsFd;
+    let tree = mount.join(format!(
+        "{SANDBOX_PREFIX}{}-placements-{}",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir(&tree).map_err(|source| CgroupError::Create {
+        path: tree.clone(),
+        source,
+    })?;
+    let leaf = SandboxCgroup::tree_with_leaf(tree, "", "leaf")?;
+    let dir = leaf.open_dir()?;
+    let procs = leaf.procs_files().remove(0);
+    let procs: std::os::fd::OwnedFd = fs::OpenOptions::new()
+        .write(true)
+        .open(&procs)
+        .map_err(|source| CgroupError::Read {
+            path: procs.clone(),
+            source,
+        })?
+        .into();
+    let failed = |e: io::Error| CgroupError::Unusable(format!("timing placements: {e}"));
+    let mut times = [
+        (Placement::ForkAndJoin, Vec::new()),
+        (Placement::CloneInto, Vec::new()),
+        (Placement::Fork, Vec::new()),
+    ];
+    for _ in 0..rounds {
+        for (how, samples) in &mut times {
+            std::thread::sleep(gap);
+            let started = std::time::Instant::now();
+            // The children make raw calls only: the caller may have other threads.
+            let pid = match how {
+                Placement::CloneInto => {
+                    match crate::sys::fork_into_namespaces(0, Some(dir.as_fd())).map_err(failed)? {
+                        None => crate::sys::exit_immediately(0),
+                        Some((pid, _)) => pid,
+                    }
+                }
+                Placement::ForkAndJoin | Placement::Fork => {
+                    match crate::sys::fork().map_err(|e| failed(e.into()))? {
+                        nix::unistd::ForkResult::Child => {
+                            let joined =
+                                *how == Placement::Fork || nix::unistd::write(&procs, b"0").is_ok();
+                            crate::sys::exit_immediately(if joined { 0 } else { 1 })
+                        }
+                        nix::unistd::ForkResult::Parent { child } => child.as_raw(),
+                    }
+                }
+            };
+            match crate::sys::wait_child(pid).map_err(failed)?.1 {
+                crate::sys::Waited::Exited(0) => samples.push(started.elapsed()),
+                how => return Err(failed(io::Error::other(format!("the child: {how:?}")))),
+            }
+        }
+    }
+    drop(leaf);
+    Ok(times.into())
+}
+
+/// Every cgroup beneath `dir`, deepest first.
+fn dirs_beneath(dir: &Path, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            dirs_beneath(&entry.path(), found);
+            found.push(entry.path());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     const V1_MOUNTINFO: &str = "\
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
@@ -944,6 +1198,222 @@ mod tests {
         assert!(!done.join(V2_SUPERVISOR_LEAF).exists());
         fs::remove_dir_all(&dir).unwrap();
         fs::remove_dir_all(&done).unwrap();
+    }
+
+    #[test]
+    fn a_zygote_s_v2_tree_hands_the_controllers_down_and_holds_its_leaves() {
+        let parent = fake_v2_node("zygote", &[]);
+        let layout = Layout::V2 {
+            dir: parent.clone(),
+        };
+        let limits = Limits {
+            memory_bytes: 64 << 20,
+            pids: 10,
+            ..Limits::default()
+        };
+        let template = SandboxCgroup::create_for_zygote(&layout, &limits, 2).unwrap();
+        let tree = template.tree().unwrap().to_owned();
+        let name = tree.file_name().unwrap().to_str().unwrap().to_owned();
+        assert!(name.starts_with(&format!("{SANDBOX_PREFIX}{}-zygote-", std::process::id())));
+        assert_eq!(tree.parent(), Some(parent.as_path()));
+        let read = |p: PathBuf| fs::read_to_string(p).unwrap();
+        assert_eq!(
+            read(tree.join("cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        assert_eq!(template.dirs, [tree.join(ZYGOTE_TEMPLATE_LEAF)]);
+        assert_eq!(read(template.dirs[0].join("pids.max")), "12");
+        // A child's leaf beside it, with the child's limits.
+        let small = Limits { pids: 3, ..limits };
+        let child = template.create_in_tree(&small, 1).unwrap();
+        assert_eq!(child.dirs[0].parent(), Some(tree.as_path()));
+        assert_eq!(child.tree(), Some(tree.as_path()));
+        assert_eq!(read(child.dirs[0].join("pids.max")), "4");
+        assert_eq!(
+            read(child.dirs[0].join("memory.max")),
+            (64u64 << 20).to_string()
+        );
+        // v1 has no tree: a zygote's cgroup is any sandbox's.
+        let v1 = SandboxCgroup::create(&layout, &limits, 2).unwrap();
+        assert!(v1.tree().is_none() && v1.create_in_tree(&limits, 1).is_err());
+        for cg in [template, child, v1] {
+            std::mem::forget(cg);
+        }
+        fs::remove_dir_all(&parent).unwrap();
+    }
+
+    /// The cgroup2 mount, where this host has one (here it carries no controller, which
+    /// moving processes does not need).
+    fn cgroup2_mount() -> PathBuf {
+        let mounts = parse_mountinfo(&fs::read_to_string("/proc/self/mountinfo").unwrap());
+        mounts
+            .into_iter()
+            .find(|m| m.fs_type == "cgroup2")
+            .expect("a cgroup2 mount")
+            .mount_point
+    }
+
+    /// A tree on the real cgroup2 mount, as a zygote's but without controllers or limits.
+    fn real_tree(name: &str) -> SandboxCgroup {
+        let tree = cgroup2_mount().join(format!(
+            "{SANDBOX_PREFIX}{}-zygote-test-{name}",
+            std::process::id()
+        ));
+        let _ = fs::remove_dir(tree.join(ZYGOTE_TEMPLATE_LEAF));
+        let _ = fs::remove_dir(&tree);
+        fs::create_dir(&tree).unwrap();
+        SandboxCgroup::tree_with_leaf(tree, "", ZYGOTE_TEMPLATE_LEAF).unwrap()
+    }
+
+    /// From a process in `from`'s cgroup with host ids `id`, clones a child into the cgroup
+    /// whose directory is `into`: what the child's /proc/self/cgroup says, or clone3's errno.
+    /// (The forked processes make raw calls only: this test process has other threads.)
+    fn clone_as(from: &SandboxCgroup, id: u32, into: &SandboxCgroup) -> Result<String, i32> {
+        use nix::unistd::{read, write};
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(from.dirs[0].join("cgroup.procs"))
+            .unwrap();
+        let dir = into.open_dir().unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        match crate::sys::fork().unwrap() {
+            nix::unistd::ForkResult::Child => {
+                drop(r);
+                let ok = write(&procs, b"0").is_ok()
+                    && nix::unistd::setgroups(&[]).is_ok()
+                    && nix::unistd::setresgid(id.into(), id.into(), id.into()).is_ok()
+                    && nix::unistd::setresuid(id.into(), id.into(), id.into()).is_ok();
+                if !ok {
+                    crate::sys::exit_immediately(2)
+                }
+                match crate::sys::fork_into_namespaces(0, Some(dir.as_fd())) {
+                    Ok(Some((pid, _))) => {
+                        let _ = crate::sys::wait_child(pid);
+                    }
+                    Ok(None) => {
+                        let mut buf = [0u8; 2048];
+                        let file = nix::fcntl::open(
+                            c"/proc/self/cgroup",
+                            nix::fcntl::OFlag::O_RDONLY,
+                            nix::sys::stat::Mode::empty(),
+                        );
+                        if let Ok(n) = file.and_then(|f| read(&f, &mut buf)) {
+                            let _ = write(&w, &buf[..n]);
+                        }
+                    }
+                    Err(e) => {
+                        let errno = e.raw_os_error().unwrap_or(0) as u8;
+                        let _ = write(&w, &[b'E', errno]);
+                    }
+                }
+                crate::sys::exit_immediately(0)
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(w);
+                let mut got = Vec::new();
+                let mut buf = [0u8; 2048];
+                while let Ok(n @ 1..) = read(&r, &mut buf) {
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let waited = crate::sys::wait_child(child.as_raw()).unwrap().1;
+                assert!(
+                    matches!(waited, crate::sys::Waited::Exited(0)),
+                    "{waited:?}"
+                );
+                match got.as_slice() {
+                    [b'E', errno] => Err(i32::from(*errno)),
+                    text => Ok(String::from_utf8_lossy(text).into_owned()),
+                }
+            }
+        }
+    }
+
+    /// Where the kernel says a process is on cgroup v2, from its /proc/<pid>/cgroup.
+    fn v2_path(proc_cgroup: &str) -> &str {
+        proc_cgroup
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn on_cgroup2_a_zygote_s_ids_clone_into_its_children_s_cgroups_and_no_other() {
+        let mount = cgroup2_mount();
+        let relative =
+            |cg: &SandboxCgroup| format!("/{}", cg.dirs[0].strip_prefix(&mount).unwrap().display());
+        let ours = 3_000_000_000 + std::process::id() * 2;
+        let theirs = ours + 1;
+        let (a, b) = (real_tree("a"), real_tree("b"));
+        a.delegate_tree(ours).unwrap();
+        b.delegate_tree(theirs).unwrap();
+        let child = a.leaf_in_tree().unwrap();
+        child.delegate(ours).unwrap();
+        let not_given = a.leaf_in_tree().unwrap();
+        let other = b.leaf_in_tree().unwrap();
+        other.delegate(theirs).unwrap();
+        // The zygote's ids, from its leaf: into its child's cgroup, born there.
+        let seen = clone_as(&a, ours, &child).expect("cloned into the child's cgroup");
+        assert_eq!(v2_path(&seen), relative(&child), "{seen}");
+        // Not into a leaf of its tree that is not given to it, nor into another zygote's
+        // child, nor with a child's ids (the block's next) into its own child's.
+        assert_eq!(clone_as(&a, ours, &not_given), Err(libc::EACCES));
+        assert_eq!(clone_as(&a, ours, &other), Err(libc::EACCES));
+        assert_eq!(clone_as(&a, ours + 1, &child), Err(libc::EACCES));
+        // The other zygote, into its own.
+        let seen = clone_as(&b, theirs, &other).expect("the other zygote's own");
+        assert_eq!(v2_path(&seen), relative(&other));
+        // A tree goes with its last leaf, whichever that is.
+        let (tree_a, tree_b) = (a.tree().unwrap().to_owned(), b.tree().unwrap().to_owned());
+        drop((a, not_given));
+        assert!(tree_a.exists(), "a child's leaf is left");
+        drop(child);
+        assert!(!tree_a.exists());
+        drop(other);
+        assert!(tree_b.exists(), "the template's leaf is left");
+        drop(b);
+        assert!(!tree_b.exists());
+    }
+
+    #[test]
+    fn fork_into_cgroup_births_the_child_there_with_its_own_thread_id_in_glibc() {
+        let mount = cgroup2_mount();
+        let tree = real_tree("fork");
+        let glibc = crate::sys::ForkAsLibc::of_this_thread().unwrap();
+        assert_eq!(glibc.cached_tid(), nix::unistd::gettid().as_raw());
+        let dir = tree.open_dir().unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let (go_r, go_w) = nix::unistd::pipe().unwrap();
+        let pid = crate::sys::fork_into_cgroup(dir.as_fd(), &glibc).unwrap();
+        if pid == 0 {
+            // Raw calls only (see `clone_as`).
+            drop((r, go_w));
+            let mut ids = [0u8; 8];
+            ids[..4].copy_from_slice(&glibc.cached_tid().to_le_bytes());
+            ids[4..].copy_from_slice(&nix::unistd::gettid().as_raw().to_le_bytes());
+            let _ = nix::unistd::write(&w, &ids);
+            let _ = nix::unistd::read(&go_r, &mut ids);
+            crate::sys::exit_immediately(0)
+        }
+        drop((w, go_r));
+        let mut ids = [0u8; 8];
+        assert_eq!(nix::unistd::read(&r, &mut ids), Ok(8));
+        let cached = i32::from_le_bytes(ids[..4].try_into().unwrap());
+        let real = i32::from_le_bytes(ids[4..].try_into().unwrap());
+        assert_eq!((cached, real), (pid, pid), "glibc's thread id in the child");
+        let seen = fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        let leaf = &tree.dirs[0];
+        assert_eq!(
+            v2_path(&seen),
+            format!("/{}", leaf.strip_prefix(&mount).unwrap().display())
+        );
+        drop(go_w);
+        let waited = crate::sys::wait_child(pid).unwrap().1;
+        assert!(
+            matches!(waited, crate::sys::Waited::Exited(0)),
+            "{waited:?}"
+        );
+        // Ours is as it was.
+        assert_eq!(glibc.cached_tid(), nix::unistd::gettid().as_raw());
     }
 
     #[test]

@@ -366,7 +366,15 @@ fn outer(status: &OwnedFd, ahead: Option<Result<(), InitError>>) -> Result<Infal
             Some(writer) => writer.write_maps(host_uid, host_gid)?,
             None => write_id_maps(req.policy.uid, req.policy.gid, host_uid, host_gid)?,
         }
-        unshare(NAMESPACES).map_err(sys_err("unshare(namespaces)"))?;
+        // A zygote's template keeps its host's cgroup namespace: the zygote clones each child
+        // into a cgroup beside its own, which the kernel refuses (with `nsdelegate`) to a
+        // caller whose cgroup namespace does not reach both. Each child's jail has its own.
+        let namespaces = if req.zygote {
+            NAMESPACES - CloneFlags::CLONE_NEWCGROUP
+        } else {
+            NAMESPACES
+        };
+        unshare(namespaces).map_err(sys_err("unshare(namespaces)"))?;
         sources
     };
     if let Some(port) = req.policy.egress_port {

@@ -52,7 +52,8 @@ mod sys;
 mod zygote;
 
 pub use cgroup::{
-    cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
+    cleanup_failures, remove_leftovers, settle, time_v2_placements, CgroupError, CgroupVersion,
+    Layout, Placement, SANDBOX_PREFIX,
 };
 pub use host::{host_support, HostSupport};
 pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};

@@ -12,17 +12,20 @@
 //! - `protect_init`: calls that would reach the sandbox's init by pid (EPERM).
 //! - `socket_families`, `socket_types`, `socket_protocols`: only local sockets and TCP/UDP,
 //!   never raw, each refusal with its own errno.
-//! - `no_setns`: joining namespaces kills the process. Alone and last because a zygote's
+//! - `no_clone3`, `no_setns`: `clone3` fails with `ENOSYS` (its flags are in memory the filter
+//!   cannot read; the C library falls back to `clone`), joining namespaces kills the process.
+//!   Apart and last because a zygote clones each child into its cgroup with `clone3` and the
 //!   child joins its jail's namespaces: the zygote installs every other filter once, its
-//!   children inherit them and add only this one ([`Filters::install_inherited`],
+//!   children inherit them and add only these two ([`Filters::install_inherited`],
 //!   [`Filters::install_last`]). A cold sandbox installs all of them, in the same order.
 //!
 //! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
 //! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
 //!
-//! All but `no_setns` are installed as one program ([`merge`]), `no_setns` after it, in a cold
-//! sandbox as in a zygote's child (the same two filters in both): the kernel prepares and runs
-//! two filters instead of ten, and answers every call exactly as it would with the ten.
+//! All but the last two are installed as one program ([`merge`]), the last two as another
+//! after it, in a cold sandbox as in a zygote's child (the same two programs in both): the
+//! kernel prepares and runs two filters instead of eleven, and answers every call exactly as
+//! it would with the eleven.
 
 use seccompiler::{sock_filter, BpfProgram};
 
@@ -56,9 +59,15 @@ pub enum SeccompError {
 #[derive(Debug)]
 pub struct Filters {
     parts: Vec<(&'static str, BpfProgram)>,
-    /// Every filter but the last, as one program.
+    /// Every filter but the last `HELD_BACK`, as one program.
     inherited: BpfProgram,
+    /// The last `HELD_BACK`, as one program.
+    last: BpfProgram,
 }
+
+/// The filters a zygote's children install themselves, once in their jails (`no_clone3`,
+/// `no_setns`): the zygote uses both calls for them.
+const HELD_BACK: usize = 2;
 
 /// The filters, ready once for this process (see [`Filters::shared`]).
 static SHARED: std::sync::OnceLock<Result<Filters, String>> = std::sync::OnceLock::new();
@@ -117,11 +126,18 @@ impl Filters {
     }
 
     fn new(parts: Vec<(&'static str, BpfProgram)>) -> Result<Self, SeccompError> {
-        let (_, inherited) = parts
-            .split_last()
-            .ok_or_else(|| SeccompError::Profile("no filters".into()))?;
-        let inherited = merge(inherited)?;
-        Ok(Filters { parts, inherited })
+        let held = parts
+            .len()
+            .checked_sub(HELD_BACK)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| SeccompError::Profile("too few filters".into()))?;
+        let inherited = merge(&parts[..held])?;
+        let last = merge(&parts[held..])?;
+        Ok(Filters {
+            parts,
+            inherited,
+            last,
+        })
     }
 
     /// The profile's programs, as `build.rs` compiled them.
@@ -139,16 +155,16 @@ impl Filters {
         self.install_last()
     }
 
-    /// Every filter but the last (`no_setns`), as one program: what a zygote installs for its
+    /// Every filter but the last two, as one program: what a zygote installs for its
     /// children.
     pub fn install_inherited(&self) -> Result<(), SeccompError> {
-        Self::apply("all but no_setns", &self.inherited)
+        Self::apply("all but no_clone3 and no_setns", &self.inherited)
     }
 
-    /// The last filter (`no_setns`), once a zygote's child has joined its jail.
+    /// The last two (`no_clone3`, `no_setns`) as one program, once a zygote's child has
+    /// joined its jail.
     pub fn install_last(&self) -> Result<(), SeccompError> {
-        let (name, prog) = self.parts.last().expect("Filters::new refuses none");
-        Self::apply(name, prog)
+        Self::apply("no_clone3 and no_setns", &self.last)
     }
 
     fn apply(name: &'static str, prog: &BpfProgram) -> Result<(), SeccompError> {
@@ -382,6 +398,7 @@ mod tests {
         let back = Filters::decode(&filters.encode()).unwrap();
         assert_eq!(back.parts.len(), filters.parts.len());
         assert_eq!(back.inherited, filters.inherited);
+        assert_eq!(back.last, filters.last);
         for ((a, pa), (b, pb)) in filters.parts.iter().zip(&back.parts) {
             assert_eq!(a, b);
             assert_eq!(pa, pb);
@@ -422,12 +439,15 @@ mod tests {
             assert!(!allowed.contains(&call.to_owned()), "{call} is allowed");
             assert!(killed.contains(&call.to_owned()), "{call} is not killed");
         }
-        assert!(
-            !allowed.contains(&"clone3".to_owned()),
-            "clone3 flags cannot be inspected"
+        // clone3 (whose flags cannot be inspected) and setns are allowed by `allow` only so
+        // that a zygote and its children can run under every other filter: `no_clone3` and
+        // `no_setns`, installed last everywhere, refuse them, and nothing else.
+        assert_eq!(names("no_clone3"), ["clone3"]);
+        assert_eq!(
+            profile()["no_clone3"]["filter_action"],
+            serde_json::json!({"errno": libc::ENOSYS})
         );
-        // setns is allowed by `allow` only so that a zygote and its children can run under
-        // every other filter: `no_setns`, installed last everywhere, kills it, and nothing else.
+        assert_eq!(FILTERS[FILTERS.len() - 2..], ["no_clone3", "no_setns"]);
         assert_eq!(names("no_setns"), ["setns"]);
         assert_eq!(profile()["no_setns"]["filter_action"], "kill_process");
         assert_eq!(FILTERS.last(), Some(&"no_setns"));
@@ -608,13 +628,15 @@ mod tests {
                     }
                     let want = kernel(&filters.parts, &data);
                     assert_eq!(run(&all, &data), want, "all: {data:x?}");
-                    // What install() puts in place: the merged program, then the last.
+                    // What install() puts in place: the two merged programs.
                     let installed = [
                         ("inherited", filters.inherited.clone()),
-                        filters.parts[n - 1].clone(),
+                        ("last", filters.last.clone()),
                     ];
                     assert_eq!(kernel(&installed, &data), want, "installed: {data:x?}");
-                    let want = kernel(&filters.parts[..n - 1], &data);
+                    let last = kernel(&filters.parts[n - HELD_BACK..], &data);
+                    assert_eq!(run(&filters.last, &data), last, "last: {data:x?}");
+                    let want = kernel(&filters.parts[..n - HELD_BACK], &data);
                     assert_eq!(run(&filters.inherited, &data), want, "inherited: {data:x?}");
                     answers.insert(want);
                     checked += 1;
@@ -644,7 +666,7 @@ mod tests {
         let n = filters.parts.len();
         let mut outright = 0;
         for nr in 0..480 {
-            let separate = filters.parts[..n - 1]
+            let separate = filters.parts[..n - HELD_BACK]
                 .iter()
                 .all(|(_, p)| const_allow(p, nr, X86_64));
             assert_eq!(
@@ -653,6 +675,14 @@ mod tests {
                 "nr {nr}"
             );
             outright += usize::from(separate);
+            let separate = filters.parts[n - HELD_BACK..]
+                .iter()
+                .all(|(_, p)| const_allow(p, nr, X86_64));
+            assert_eq!(
+                const_allow(&filters.last, nr, X86_64),
+                separate,
+                "last: nr {nr}"
+            );
         }
         for nr in [
             libc::SYS_read,

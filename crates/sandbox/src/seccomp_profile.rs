@@ -11,7 +11,7 @@ use seccompiler::{sock_filter, BpfProgram, TargetArch};
 /// (success without running) comes after `allow`, whose ENOSYS it must beat for the calls
 /// `allow` leaves out. A wrong socket family (EAFNOSUPPORT) outranks a raw type (EPERM),
 /// which outranks a protocol (EPROTONOSUPPORT).
-pub const FILTERS: [&str; 9] = [
+pub const FILTERS: [&str; 10] = [
     "kill",
     "refused_flags",
     "protect_init",
@@ -20,6 +20,7 @@ pub const FILTERS: [&str; 9] = [
     "socket_families",
     "allow",
     "noop",
+    "no_clone3",
     "no_setns",
 ];
 

@@ -436,8 +436,11 @@ pub fn spawn(mut command: Command, policy: &Policy) -> Result<Child, SpawnError>
     }
     let cgroup = if policy.cgroups.is_required() {
         let layout = host.cgroup.as_ref().map_err(|r| missing("cgroups", r))?;
-        let tag = if command.zygote { "zygote-" } else { "" };
-        let cg = SandboxCgroup::create_tagged(layout, &policy.limits, INIT_PROCESSES, tag)?;
+        let cg = if command.zygote {
+            SandboxCgroup::create_for_zygote(layout, &policy.limits, INIT_PROCESSES)?
+        } else {
+            SandboxCgroup::create(layout, &policy.limits, INIT_PROCESSES)?
+        };
         if command.background {
             cg.set_cpu_weight(true)?;
         }
@@ -877,6 +880,11 @@ impl Child {
     /// Filled in when the program has started, by whichever thread waits for the sandbox.
     pub fn started_isolation(&self) -> Arc<Later<Isolation>> {
         self.program_started.clone()
+    }
+
+    /// The sandbox's cgroup, read-only.
+    pub(crate) fn cgroup_view(&self) -> Option<SandboxCgroup> {
+        self.cgroup.as_ref().map(SandboxCgroup::view)
     }
 
     /// A reader of the cgroup's counters, when the sandbox has a cgroup.

@@ -501,6 +501,34 @@ fn a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it() {
         "{}",
         zygote.log_tail()
     );
+    assert!(zygote.clones_into_cgroups(), "{}", zygote.log_tail());
+    drop(zygote);
+    // One whose thread has ended clones as well (matplotlib's font cache is built with a
+    // timer thread beside it); one with a thread that runs forks, never clones: glibc's fork
+    // would take the locks that thread may hold. Its children run all the same.
+    let thread = |run: &str| {
+        format!("import threading, time\nt = threading.Thread(target=time.sleep, args=({run},), daemon=True)\nt.start()\nMORE_WITH = 0\n")
+    };
+    spec.prepare_more = format!("{}t.join()\n", thread("0"));
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    assert!(zygote.clones_into_cgroups(), "{}", zygote.log_tail());
+    drop(zygote);
+    spec.prepare_more = thread("3600");
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    assert!(!zygote.clones_into_cgroups());
+    let (o, out, _) = run_command(
+        &zygote,
+        Command::new(PYTHON)
+            .args(FLAGS)
+            .args(["-c", program, "y"])
+            .env("PATH", "/usr/bin:/bin"),
+    );
+    assert_eq!(
+        (o.exit, out.trim()),
+        (Some(Exit::Code(0)), "['--zygote'] 0 ['y']"),
+        "{}",
+        zygote.log_tail()
+    );
     // A program whose extra part fails is refused at start, with the reason.
     spec.prepare_more = "raise ValueError('nope')".into();
     let err = Zygote::start(&spec, &policy()).expect_err("a failing prepare_more");
@@ -566,6 +594,8 @@ fn a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait() {
         charting.env.insert(key.into(), value.into());
     }
     let zygote = Zygote::start(&charting, &policy()).expect("zygote");
+    // matplotlib started no thread: on cgroup v2 its children are cloned into their cgroups.
+    assert!(zygote.clones_into_cgroups(), "{}", zygote.log_tail());
     let surveyed_kb = zygote.prefault_bytes() / 1024;
     // A first chart writes megabytes of the zygote's pages (its heap's reference counts).
     assert!(

@@ -430,57 +430,196 @@ pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     }
 }
 
-/// `clone3` without a new stack (so it returns twice, like `fork`) into the new namespaces
-/// in `namespaces` (`CLONE_NEW*`), with a pidfd for the child: `Some((pid, pidfd))` in the
-/// parent, `None` in the child.
+/// `clone_args` of `clone3(2)`, up to `cgroup` (Linux 5.7).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Place the child in the cgroup whose directory is `clone_args.cgroup` (Linux 5.7, v2 only).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3` without a new stack, so that it returns twice, like `fork`: 0 in the child.
 ///
-/// Only called from a zygote's template init, which is single-threaded like every init.
-pub fn fork_into_namespaces(namespaces: u64) -> io::Result<Option<(i32, OwnedFd)>> {
-    #[repr(C)]
-    struct CloneArgs {
-        flags: u64,
-        pidfd: u64,
-        child_tid: u64,
-        parent_tid: u64,
-        exit_signal: u64,
-        stack: u64,
-        stack_size: u64,
-        tls: u64,
-        set_tid: u64,
-        set_tid_size: u64,
-        cgroup: u64,
-    }
-    let mut pidfd: libc::c_int = -1;
-    let args = CloneArgs {
-        flags: namespaces | libc::CLONE_PIDFD as u64,
-        pidfd: &mut pidfd as *mut libc::c_int as u64,
-        child_tid: 0,
-        parent_tid: 0,
-        exit_signal: libc::SIGCHLD as u64,
-        stack: 0,
-        stack_size: 0,
-        tls: 0,
-        set_tid: 0,
-        set_tid_size: 0,
-        cgroup: 0,
-    };
-    // SAFETY: args is a valid clone_args of the size given, and pidfd outlives the call. With
-    // no stack the child continues on a copy of ours, as after fork; the caller is
-    // single-threaded, so no lock can be held by a thread the child does not have.
+/// # Safety
+/// Every pointer in `args` is valid for the call, and no other thread of the caller can hold
+/// a lock the child would need (the caller is single-threaded, or the child only makes raw
+/// syscalls).
+unsafe fn clone3(args: &CloneArgs) -> io::Result<i32> {
+    // SAFETY: as the caller promises; with no stack the child continues on a copy of ours.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
-            &args as *const CloneArgs,
+            args as *const CloneArgs,
             std::mem::size_of::<CloneArgs>(),
         )
     };
-    match pid {
-        p if p < 0 => Err(io::Error::last_os_error()),
+    if pid < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(pid as i32)
+    }
+}
+
+/// `clone3` into the new namespaces in `namespaces` (`CLONE_NEW*`) and, on cgroup v2, into
+/// the cgroup whose directory `cgroup` is (by the caller's rights), with a pidfd for the
+/// child: `Some((pid, pidfd))` in the parent, `None` in the child.
+///
+/// Only called from a zygote's template init, which is single-threaded like every init.
+pub fn fork_into_namespaces(
+    namespaces: u64,
+    cgroup: Option<BorrowedFd>,
+) -> io::Result<Option<(i32, OwnedFd)>> {
+    let mut pidfd: libc::c_int = -1;
+    let into = if cgroup.is_some() {
+        CLONE_INTO_CGROUP
+    } else {
+        0
+    };
+    let args = CloneArgs {
+        flags: namespaces | libc::CLONE_PIDFD as u64 | into,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.map_or(0, |fd| fd.as_raw_fd() as u64),
+        ..CloneArgs::default()
+    };
+    // SAFETY: args is a valid clone_args and pidfd outlives the call; the caller is
+    // single-threaded, so no lock can be held by a thread the child does not have.
+    match unsafe { clone3(&args) }? {
         0 => Ok(None),
         // SAFETY: the kernel stored a new descriptor for the child in pidfd; nothing else
         // owns it.
-        p => Ok(Some((p as i32, unsafe { OwnedFd::from_raw_fd(pidfd) }))),
+        p => Ok(Some((p, unsafe { OwnedFd::from_raw_fd(pidfd) }))),
     }
+}
+
+/// What glibc's own fork keeps right in its child that a raw `clone3` must redo: where the
+/// thread's descriptor holds its kernel thread id (which the kernel writes in the child, as
+/// glibc's fork has it do) and the robust futex list (which a new process starts without).
+#[derive(Clone, Copy, Debug)]
+pub struct ForkAsLibc {
+    tid_address: u64,
+    robust_head: u64,
+    robust_len: usize,
+    /// glibc's `__libc_single_threaded`: true until the process first starts a thread.
+    single_threaded: u64,
+}
+
+impl ForkAsLibc {
+    /// Read from the calling thread, which must be the one that forks; an error where the
+    /// kernel does not tell (`PR_GET_TID_ADDRESS` needs `CONFIG_CHECKPOINT_RESTORE`).
+    pub fn of_this_thread() -> io::Result<ForkAsLibc> {
+        let mut tid_address: u64 = 0;
+        // SAFETY: PR_GET_TID_ADDRESS stores one pointer-sized value at the address given,
+        // which is a live u64 of ours.
+        let rc = unsafe { libc::prctl(libc::PR_GET_TID_ADDRESS, &mut tid_address as *mut u64) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut robust_head: u64 = 0;
+        let mut robust_len: usize = 0;
+        // SAFETY: get_robust_list(0, ...) stores the calling thread's list head and its
+        // length at the two addresses given, both live locals.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_get_robust_list,
+                0,
+                &mut robust_head as *mut u64,
+                &mut robust_len as *mut usize,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if tid_address == 0 {
+            return Err(io::Error::other("this thread has no thread-id address"));
+        }
+        // SAFETY: dlsym only looks a NUL-terminated name up among loaded objects.
+        let single_threaded =
+            unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__libc_single_threaded".as_ptr()) };
+        if single_threaded.is_null() {
+            return Err(io::Error::other("__libc_single_threaded not found"));
+        }
+        Ok(ForkAsLibc {
+            tid_address,
+            robust_head,
+            robust_len,
+            single_threaded: single_threaded as u64,
+        })
+    }
+
+    /// Whether the calling thread is the process's only one, so that no lock can be held by
+    /// a thread a child would not have (and only the caller could start another): glibc's
+    /// own record that the process never started a thread, else the kernel's count.
+    pub fn alone(&self) -> bool {
+        // SAFETY: the address is glibc's `char __libc_single_threaded`, which lives as long as
+        // the process and which only glibc writes.
+        let never = unsafe { std::ptr::read_volatile(self.single_threaded as *const u8) != 0 };
+        never || threads_now().is_ok_and(|n| n == 1)
+    }
+
+    /// The thread id this thread's descriptor holds (glibc's cached one).
+    #[cfg(test)]
+    pub fn cached_tid(&self) -> i32 {
+        // SAFETY: the address is the calling thread's own `clear_child_tid`, which glibc
+        // points at a live i32 in the thread's descriptor for the thread's whole life.
+        unsafe { std::ptr::read_volatile(self.tid_address as *const i32) }
+    }
+}
+
+/// How many threads the process has (`num_threads` of /proc/self/stat).
+fn threads_now() -> io::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    stat.rsplit_once(')')
+        .and_then(|(_, fields)| fields.split_whitespace().nth(17))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| io::Error::other("no thread count in /proc/self/stat"))
+}
+
+/// Forks as glibc's `fork` does, but with `clone3`, so that the child is born in the cgroup
+/// whose directory `cgroup` is (cgroup v2, by the caller's rights): no later move, which
+/// waits for an RCU grace period. 0 in the child, its pid in the parent.
+///
+/// glibc's `fork` also runs `pthread_atfork` handlers and resets its internal locks; neither
+/// happens here, so only a single-threaded caller (no lock held by another thread) may use
+/// it, from the thread `glibc` was read from.
+pub fn fork_into_cgroup(cgroup: BorrowedFd, glibc: &ForkAsLibc) -> io::Result<i32> {
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP
+            | libc::CLONE_CHILD_SETTID as u64
+            | libc::CLONE_CHILD_CLEARTID as u64,
+        child_tid: glibc.tid_address,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: args is a valid clone_args; child_tid is this thread's own descriptor's thread
+    // id (where glibc's fork has the kernel write the child's id), and the caller is
+    // single-threaded.
+    let pid = unsafe { clone3(&args) }?;
+    if pid == 0 && glibc.robust_len != 0 {
+        // SAFETY: the head is this thread's robust list head, inherited with its memory; the
+        // kernel only records where it is, as glibc's fork does in its child.
+        unsafe {
+            libc::syscall(
+                libc::SYS_set_robust_list,
+                glibc.robust_head,
+                glibc.robust_len,
+            )
+        };
+    }
+    Ok(pid)
 }
 
 /// `madvise(MADV_POPULATE_WRITE)` over `[start, start + len)`: every page of the range made
@@ -543,26 +682,29 @@ impl PythonFork {
     /// Forks as `os.fork()` does: the interpreter's hooks run before, and after in each
     /// process (the child's reset the interpreter's locks and threads and run the hooks of
     /// `os.register_at_fork`, `random`'s reseeding among them). 0 in the child, the child's
-    /// pid in the parent. Only for the interpreter's main thread with the GIL held: the
-    /// zygote's loop, which Python enters through `ctypes.PyDLL`.
-    pub fn fork(&self) -> io::Result<i32> {
+    /// pid in the parent. With `into`, the child is born in that cgroup (v2; see
+    /// [`fork_into_cgroup`], whose single thread this must be). Only for the interpreter's
+    /// main thread with the GIL held: the zygote's loop, which Python enters through
+    /// `ctypes.PyDLL`.
+    pub fn fork(&self, into: Option<(BorrowedFd, &ForkAsLibc)>) -> io::Result<i32> {
         // SAFETY: called from a C function that CPython's main thread entered through
         // ctypes.PyDLL, which holds the GIL across the call, as os.fork requires of its caller;
         // the hooks run in the same order os.fork runs them.
         unsafe {
             (self.before)();
-            let pid = libc::fork();
-            let error = io::Error::last_os_error();
-            if pid == 0 {
+            let forked = match into {
+                Some((cgroup, glibc)) => fork_into_cgroup(cgroup, glibc),
+                None => match libc::fork() {
+                    -1 => Err(io::Error::last_os_error()),
+                    pid => Ok(pid),
+                },
+            };
+            if matches!(forked, Ok(0)) {
                 (self.child)();
             } else {
                 (self.parent)();
             }
-            if pid < 0 {
-                Err(error)
-            } else {
-                Ok(pid)
-            }
+            forked
         }
     }
 }

@@ -7,13 +7,14 @@
 //!    PID, network, IPC, UTS and cgroup namespaces, whose uid is a host id of the block that no
 //!    sibling has.
 //! 2. **jail init** (`jail_init`): PID 1 of the child's PID namespace. It joins the child's
-//!    cgroup, builds the child's root with the same `build_root` as a cold sandbox, drops
+//!    cgroup (v1; on v2 it is cloned into it), builds the child's root with the same `build_root` as a cold sandbox, drops
 //!    every capability, and reaps orphans until it is killed.
 //! 3. **zygote** (`next`, `forked`): the interpreter with its modules loaded, which never runs
 //!    user code. Per child it asks the template init for a jail, enters the jail's PID
-//!    namespace for its next child only, and forks (from Python, so that the interpreter's own
-//!    fork hooks run). It reaps the child and reports how it ended.
-//! 4. **child** (`child`): joins the jail's cgroup and namespaces, takes the jail's uid, keeps
+//!    namespace for its next child only, and forks (with the interpreter's own fork hooks
+//!    around it; on v2 a `clone3` into the child's cgroup). It reaps the child and reports how
+//!    it ended.
+//! 4. **child** (`child`): joins the jail's cgroup (v1) and namespaces, takes the jail's uid, keeps
 //!    only its own descriptors, and confines itself with the same `confine` as a cold
 //!    program, seccomp last; then the Python it is returns to run the program.
 
@@ -62,6 +63,9 @@ pub(crate) struct ChildRequest {
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     pub join_cgroup: u32,
+    /// The one cgroup descriptor is the directory of the child's cgroup (v2), which the
+    /// jail's init and the child are cloned into (`CLONE_INTO_CGROUP`).
+    pub into_cgroup: bool,
     pub extra_fds: u32,
 }
 
@@ -70,6 +74,8 @@ pub(crate) struct ChildRequest {
 pub(crate) struct ZygoteReady {
     /// What each child copies of the zygote's memory before its program runs (`survey`).
     pub prefault_bytes: u64,
+    /// Whether a child can be cloned straight into its cgroup (see `Zygote::clone_into`).
+    pub clones_into_cgroups: bool,
 }
 
 /// At most this much of the zygote's memory is recorded by `survey`.
@@ -82,10 +88,12 @@ const PREFAULT_CHUNK: usize = 128 << 10;
 /// path; more (a first chart's pages) is copied only while the child waits.
 const PREFAULT_EAGER: usize = 2 << 20;
 
-/// Zygote to template init: build a jail. Descriptors: the cgroup files to join.
+/// Zygote to template init: build a jail. Descriptors: the cgroup files to join, or the
+/// directory of the cgroup to clone the jail's init into (`into_cgroup`).
 #[derive(Debug, Serialize, Deserialize)]
 struct JailRequest {
     policy: Policy,
+    into_cgroup: bool,
 }
 
 /// Template init to zygote. Descriptors when built: a pidfd for the jail's init, then its
@@ -308,7 +316,7 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
             building.push_back(Building::Refused(error));
             continue;
         };
-        match start_jail(&req.policy, join, slot) {
+        match start_jail(&req.policy, join, req.into_cgroup, slot) {
             Ok(started) => building.push_back(started),
             Err(e) => {
                 free.push(slot);
@@ -318,9 +326,24 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
     }
 }
 
-/// Starts one child's jail: its init cloned into new namespaces, its uid mapped, told to
-/// build its root (which it does by itself; see `finish_jail`).
-fn start_jail(policy: &Policy, join: Vec<OwnedFd>, slot: u32) -> Result<Building, InitError> {
+/// Starts one child's jail: its init cloned into new namespaces (and with `into_cgroup`, into
+/// the child's cgroup, whose directory `join` holds), its uid mapped, told to build its root
+/// (which it does by itself; see `finish_jail`).
+fn start_jail(
+    policy: &Policy,
+    join: Vec<OwnedFd>,
+    into_cgroup: bool,
+    slot: u32,
+) -> Result<Building, InitError> {
+    let into = match (into_cgroup, join.as_slice()) {
+        (false, _) => None,
+        (true, [dir]) => Some(dir.as_fd()),
+        (true, _) => {
+            return Err(InitError::Request(io::Error::other(
+                "a jail to clone into a cgroup comes with that cgroup's directory alone",
+            )))
+        }
+    };
     let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
     let (done_r, done_w) = proto::seqpacket_pair().map_err(|source| InitError::Sys {
         call: "socketpair",
@@ -331,13 +354,16 @@ fn start_jail(policy: &Policy, join: Vec<OwnedFd>, slot: u32) -> Result<Building
         .iter()
         .filter(|(_, flag)| *flag != CloneFlags::CLONE_NEWCGROUP)
         .fold(CloneFlags::CLONE_NEWPID, |all, (_, flag)| all | *flag);
-    let forked =
-        sys::fork_into_namespaces(namespaces.bits() as u64).map_err(|source| InitError::Sys {
+    let forked = sys::fork_into_namespaces(namespaces.bits() as u64, into).map_err(|source| {
+        InitError::Sys {
             call: "clone3",
             source,
-        })?;
+        }
+    })?;
     let Some((pid, pidfd)) = forked else {
         drop((go_w, done_r));
+        // Already in its cgroup when cloned into it.
+        let join = if into_cgroup { Vec::new() } else { join };
         jail_init(policy, join, go_r, done_w)
     };
     drop((go_r, done_w, join));
@@ -532,6 +558,8 @@ struct Zygote {
     filters: Filters,
     /// The interpreter's own fork, for `serve`.
     fork: sys::PythonFork,
+    /// What a fork by `clone3` must redo of glibc's, when the kernel says (see `clone_into`).
+    glibc: Option<sys::ForkAsLibc>,
     /// Requests whose jails are asked for, oldest first.
     asked: std::collections::VecDeque<Asked>,
     pending: Option<Pending>,
@@ -552,6 +580,8 @@ struct Pending {
     fds: Vec<OwnedFd>,
     /// The jail init's pidfd, then its namespaces (`JAIL_NAMESPACES`, then PID).
     jail: Vec<OwnedFd>,
+    /// Cloned into its cgroup: nothing to join.
+    placed: bool,
 }
 
 /// A child that runs.
@@ -583,6 +613,8 @@ pub(crate) fn start() -> i32 {
         for fd in [&host, &jails] {
             sys::set_cloexec(fd.as_raw_fd(), true).map_err(|e| e.to_string())?;
         }
+        // Before the filters: they leave `prctl` no such option.
+        let glibc = sys::ForkAsLibc::of_this_thread().ok();
         let own_pid_ns = fs::File::open("/proc/self/ns/pid")
             .map_err(|e| format!("/proc/self/ns/pid: {e}"))?
             .into();
@@ -597,6 +629,7 @@ pub(crate) fn start() -> i32 {
             own_pid_ns,
             filters,
             fork,
+            glibc,
             asked: std::collections::VecDeque::new(),
             pending: None,
             live: Vec::new(),
@@ -623,7 +656,12 @@ pub(crate) fn ready() -> i32 {
         return -1;
     };
     let prefault_bytes = z.surveyed.iter().map(|(_, len)| *len as u64).sum();
-    match proto::send_msg(host, &ZygoteReady { prefault_bytes }) {
+    let clones_into_cgroups = z.glibc.is_some_and(|g| g.alone());
+    let ready = ZygoteReady {
+        prefault_bytes,
+        clones_into_cgroups,
+    };
+    match proto::send_msg(host, &ready) {
         Ok(()) => 0,
         Err(e) => {
             complain("saying it is ready", e);
@@ -788,6 +826,7 @@ fn ask_for_a_jail(z: &mut Zygote) -> Result<(), String> {
         .collect();
     let jail_request = JailRequest {
         policy: request.policy.clone(),
+        into_cgroup: request.into_cgroup,
     };
     proto::send_msg_with_fds(&z.jails, &jail_request, &join).map_err(|e| e.to_string())?;
     z.asked.push_back(Asked { request, fds });
@@ -830,7 +869,12 @@ fn take_a_jail(z: &mut Zygote) -> Result<bool, String> {
         }
         return Ok(false);
     }
-    z.pending = Some(Pending { request, fds, jail });
+    z.pending = Some(Pending {
+        request,
+        fds,
+        jail,
+        placed: false,
+    });
     Ok(true)
 }
 
@@ -846,14 +890,35 @@ pub(crate) fn serve() -> i32 {
             return got;
         }
         // Copied out: the state's lock is not held across the fork.
-        let Some(fork) = zygote_state().as_ref().map(|z| z.fork) else {
+        let Some((fork, into)) = zygote_state().as_ref().map(|z| (z.fork, z.clone_into())) else {
             return -1;
         };
-        match fork.fork() {
-            Ok(0) => return 1,
+        match fork.fork(into.as_ref().map(|(dir, glibc)| (dir.as_fd(), glibc))) {
+            Ok(0) => {
+                if into.is_some() {
+                    if let Some(p) = zygote_state().as_mut().and_then(|z| z.pending.as_mut()) {
+                        p.placed = true;
+                    }
+                }
+                return 1;
+            }
             Ok(pid) => forked(pid),
             Err(e) => forked(-e.raw_os_error().unwrap_or(libc::EIO)),
         }
+    }
+}
+
+impl Zygote {
+    /// The pending child's cgroup directory, when it is to be cloned straight into it: its
+    /// request says so (v2), and a `clone3` can stand in for glibc's fork here, this thread
+    /// being the process's only one (another's locks glibc's fork would take first) and the
+    /// kernel having said where glibc keeps the thread's id. Otherwise the child is forked
+    /// and joins by itself.
+    fn clone_into(&self) -> Option<(OwnedFd, sys::ForkAsLibc)> {
+        let pending = self.pending.as_ref().filter(|p| p.request.into_cgroup)?;
+        let glibc = self.glibc.filter(|g| g.alone())?;
+        let dir = pending.fds.get(4)?.try_clone().ok()?;
+        Some((dir, glibc))
     }
 }
 
@@ -977,7 +1042,12 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     z.live.clear();
     z.asked.clear();
     z.host = None;
-    let Pending { request, fds, jail } = pending;
+    let Pending {
+        request,
+        fds,
+        jail,
+        placed,
+    } = pending;
     // Above every destination (stdio, then the program's descriptors), so that no move
     // below can replace it.
     let floor = 4 + request.extra_fds as RawFd;
@@ -986,7 +1056,7 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     else {
         sys::exit_immediately(127)
     };
-    let entered = enter(&request, &fds, &jail, &z.filters, &status);
+    let entered = enter(&request, &fds, &jail, placed, &z.filters, &status);
     let surveyed = std::mem::take(&mut z.surveyed);
     // Everything the zygote held is closed by now, with every other descriptor: nothing
     // may close those numbers again later, when they may name the program's own files.
@@ -1059,12 +1129,33 @@ fn enter(
     request: &ChildRequest,
     fds: &[OwnedFd],
     jail: &[OwnedFd],
+    placed: bool,
     filters: &Filters,
     status: &OwnedFd,
 ) -> Result<(), InitError> {
     let policy = &request.policy;
     let joins = &fds[4..4 + request.join_cgroup as usize];
-    join_cgroup(joins)?;
+    match (request.into_cgroup, joins) {
+        (false, _) => join_cgroup(joins)?,
+        (true, _) if placed => {}
+        // Forked, not cloned into it: joins through the directory's `cgroup.procs`, which
+        // the template's ids may write.
+        (true, [dir]) => {
+            let procs = nix::fcntl::openat(
+                dir,
+                "cgroup.procs",
+                nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map_err(sys_err("opening the sandbox cgroup"))?;
+            join_cgroup(&[procs])?;
+        }
+        (true, _) => {
+            return Err(InitError::Request(io::Error::other(
+                "no cgroup directory with the request",
+            )))
+        }
+    }
     for ((name, flag), fd) in JAIL_NAMESPACES.iter().zip(&jail[1..]) {
         setns(fd, *flag).map_err(|e| InitError::Sys {
             call: name_of_setns(name),

@@ -119,6 +119,12 @@ pub struct Zygote {
     /// Set once the template has been waited for: nothing of the zygote is left.
     ended: Arc<crate::Later<bool>>,
     prefault_bytes: u64,
+    /// The template's cgroup when it is a leaf of a tree of the zygote's own (v2), where
+    /// each child's cgroup is made beside it (see `SandboxCgroup::create_for_zygote`).
+    tree: Option<SandboxCgroup>,
+    /// The template's block of host ids: its first, the template's root's.
+    block: u32,
+    clones_into_cgroups: bool,
 }
 
 impl Zygote {
@@ -177,6 +183,13 @@ impl Zygote {
         }
         command.zygote = true;
         let mut child = spawn(command, &template)?;
+        // On v2 the zygote clones each child into its cgroup by its own ids (the block's
+        // first): the tree is theirs to move processes within, each child's cgroup too.
+        let block = block_base(child.id() as i32);
+        let tree = child.cgroup_view().filter(|cg| cg.tree().is_some());
+        if let Some(tree) = &tree {
+            tree.delegate_tree(block)?;
+        }
         let log = Arc::new(Mutex::new(Vec::new()));
         drop(child.take_stdin());
         if let Some(out) = child.take_stdout() {
@@ -213,6 +226,9 @@ impl Zygote {
         };
         Ok(Zygote {
             prefault_bytes: ready.prefault_bytes,
+            clones_into_cgroups: ready.clones_into_cgroups,
+            tree,
+            block,
             control: Mutex::new(Some(ours)),
             killer: child.killer(),
             ended: Arc::default(),
@@ -244,6 +260,14 @@ impl Zygote {
     /// the zygote started; 0 when it surveys nothing.
     pub fn prefault_bytes(&self) -> u64 {
         self.prefault_bytes
+    }
+
+    /// Whether the zygote can clone a child straight into its cgroup (`clone3` with
+    /// `CLONE_INTO_CGROUP`) rather than fork it and move it, which on cgroup v2 waits for an
+    /// RCU grace period: it can when it is single-threaded and the kernel says where glibc
+    /// keeps its thread id. On v1 children join through `tasks` either way.
+    pub fn clones_into_cgroups(&self) -> bool {
+        self.clones_into_cgroups
     }
 
     /// Whether the zygote still takes requests.
@@ -316,7 +340,14 @@ impl Zygote {
                 reason: r.clone(),
             })?;
             // The jail's init is in it too.
-            let cg = SandboxCgroup::create(layout, &policy.limits, 1)?;
+            let cg = match &self.tree {
+                Some(tree) => {
+                    let cg = tree.create_in_tree(&policy.limits, 1)?;
+                    cg.delegate(self.block)?;
+                    cg
+                }
+                None => SandboxCgroup::create(layout, &policy.limits, 1)?,
+            };
             if command.background {
                 cg.set_cpu_weight(true)?;
             }
@@ -330,14 +361,19 @@ impl Zygote {
                 source: e.into(),
             }
         };
-        // The jail's init and the child join by themselves, each a fresh fork and so one
-        // thread: on v1 through `tasks`, which spares each join an RCU grace period waited
-        // for under the cgroup lock (a stall for everything else that takes it).
-        let joins: Vec<OwnedFd> = match &cgroup {
-            Some(cg) => crate::spawn::open_for_joining(
-                &cg.self_join_files().unwrap_or_else(|| cg.procs_files()),
-            )?,
-            None => Vec::new(),
+        // On v2 the jail's init and the child are cloned into the cgroup (its directory is
+        // passed); on v1 each joins by itself, a fresh fork and so one thread, through
+        // `tasks`. Either spares the join an RCU grace period waited for under the cgroup
+        // lock (a stall for everything else that takes it).
+        let (joins, into_cgroup): (Vec<OwnedFd>, bool) = match &cgroup {
+            Some(cg) if cg.tree().is_some() => (vec![cg.open_dir()?], true),
+            Some(cg) => (
+                crate::spawn::open_for_joining(
+                    &cg.self_join_files().unwrap_or_else(|| cg.procs_files()),
+                )?,
+                false,
+            ),
+            None => (Vec::new(), false),
         };
         let (status, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {
             what: "socketpair",
@@ -361,6 +397,7 @@ impl Zygote {
             args: command.args,
             env: command.env.into_iter().collect(),
             join_cgroup: joins.len() as u32,
+            into_cgroup,
             extra_fds: command.fds.len() as u32,
         };
         let mut raw: Vec<RawFd> = vec![
