@@ -93,11 +93,13 @@ fn describe_layout(layout: &Layout) -> String {
                 dir.display(),
                 match favors_dynamic_changes(&mountinfo, dir) {
                     Some(true) =>
-                        "mounted with favordynmods: a process joins a cgroup without \
-                                   waiting for an RCU grace period",
+                        "mounted with favordynmods: a cold sandbox's init is moved into its \
+                                   cgroup without waiting for an RCU grace period (a zygote's \
+                                   children are cloned into theirs)",
                     Some(false) =>
-                        "a process joining a cgroup may wait for an RCU grace period \
-                                    (milliseconds under load); mounting cgroup2 with \
+                        "a cold sandbox's init moved into its cgroup may wait for an RCU \
+                                    grace period (milliseconds under load; a zygote's children \
+                                    are cloned into theirs); mounting cgroup2 with \
                                     favordynmods (Linux 6.0+) spares it",
                     None => "mount options unknown",
                 }
