@@ -33,6 +33,22 @@ ensure_rust_components() {
     done
 }
 
+# The Python client (clients/python) and its test tools, in a venv under target/ that sees
+# Debian's numpy (the client decodes arrays into numpy when it is there).
+PYTHON_CLIENT_VENV=target/python-client
+
+# ensure_python_client: the venv in $PYTHON_CLIENT_VENV with pytest, mypy and the client
+# installed from the tree (editable: the tests run what is checked out).
+ensure_python_client() {
+    local py="$PYTHON_CLIENT_VENV/bin/python"
+    if [ ! -x "$py" ] || ! "$py" -c "import pytest, mypy, airlock_client" 2>/dev/null; then
+        echo "==> installing the Python client's test tools into $PYTHON_CLIENT_VENV"
+        ensure_debian_packages python3-venv python3-numpy
+        /usr/bin/python3 -m venv --clear --system-site-packages "$PYTHON_CLIENT_VENV"
+        "$py" -m pip install --quiet --disable-pip-version-check pytest mypy -e clients/python
+    fi
+}
+
 # The MCP client the tests drive `airlock mcp` with: the official Python SDK, in its own venv
 # under target/ (Debian's Python; its system packages stay untouched).
 MCP_CLIENT_VENV=target/mcp-client

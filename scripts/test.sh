@@ -19,6 +19,8 @@ ensure_rust_components rustfmt clippy
 # tools.rs; the MCP reference server, another tool source of tools.rs.
 ensure_mcp_client
 ensure_mcp_everything
+# pytest and mypy for the Python client (clients/python).
+ensure_python_client
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
@@ -28,6 +30,9 @@ echo "==> cargo test"
 # Built first: servers under test find the zygote's library (libairlock_sandbox.so) beside them.
 cargo build --workspace --locked
 cargo test --workspace --locked
+echo "==> the Python client: pytest, mypy --strict"
+(cd clients/python && "../../$PYTHON_CLIENT_VENV/bin/python" -m pytest -q -p no:cacheprovider tests \
+    && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests)
 echo "==> the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
 TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --test limits \
     --test results --test outputs --test function
