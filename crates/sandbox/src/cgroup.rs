@@ -323,6 +323,22 @@ pub fn check_writable(layout: &Layout) -> Result<(), CgroupError> {
     Ok(())
 }
 
+/// A new directory `<prefix><n>` in `parent`, `n` the next of the sequence not taken (a name
+/// left by an earlier airlock that had our pid is skipped).
+fn fresh_dir(parent: &Path, prefix: &str) -> Result<PathBuf, CgroupError> {
+    loop {
+        let dir = parent.join(format!(
+            "{prefix}{}",
+            SEQUENCE.fetch_add(1, Ordering::Relaxed)
+        ));
+        match fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(CgroupError::Create { path: dir, source }),
+        }
+    }
+}
+
 fn give_procs(dir: &Path, id: u32) -> Result<(), CgroupError> {
     let procs = dir.join("cgroup.procs");
     std::os::unix::fs::chown(&procs, Some(id), Some(id)).map_err(|source| CgroupError::Write {
@@ -423,19 +439,8 @@ impl SandboxCgroup {
         let Layout::V2 { dir: parent } = layout else {
             return Self::create_tagged(layout, limits, extra_pids, "zygote-");
         };
-        let tree = loop {
-            let name = format!(
-                "{SANDBOX_PREFIX}{}-zygote-{}",
-                std::process::id(),
-                SEQUENCE.fetch_add(1, Ordering::Relaxed)
-            );
-            let tree = parent.join(name);
-            match fs::create_dir(&tree) {
-                Ok(()) => break tree,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(source) => return Err(CgroupError::Create { path: tree, source }),
-            }
-        };
+        let prefix = format!("{SANDBOX_PREFIX}{}-zygote-", std::process::id());
+        let tree = fresh_dir(parent, &prefix)?;
         let controllers: Vec<String> = V2_CONTROLLERS.iter().map(|c| format!("+{c}")).collect();
         let cg = Self::tree_with_leaf(tree, &controllers.join(" "), ZYGOTE_TEMPLATE_LEAF)?;
         cg.set_limits_v2(limits, extra_pids)?;
@@ -480,24 +485,12 @@ impl SandboxCgroup {
                 "not a zygote's cgroup v2 tree".into(),
             ));
         };
-        loop {
-            let dir = tree.join(format!(
-                "child-{}",
-                SEQUENCE.fetch_add(1, Ordering::Relaxed)
-            ));
-            match fs::create_dir(&dir) {
-                Ok(()) => {
-                    return Ok(SandboxCgroup {
-                        version: CgroupVersion::V2,
-                        dirs: vec![dir],
-                        tree: Some(tree.clone()),
-                        removed: false,
-                    })
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(source) => return Err(CgroupError::Create { path: dir, source }),
-            }
-        }
+        Ok(SandboxCgroup {
+            version: CgroupVersion::V2,
+            dirs: vec![fresh_dir(tree, "child-")?],
+            tree: Some(tree.clone()),
+            removed: false,
+        })
     }
 
     /// The zygote tree this cgroup is a leaf of (v2).
@@ -551,32 +544,31 @@ impl SandboxCgroup {
         limits: &Limits,
         extra_pids: u32,
     ) -> Result<(), CgroupError> {
+        let Layout::V1 {
+            memory,
+            pids: pids_dir,
+            cpu,
+            ..
+        } = layout
+        else {
+            return self.set_limits_v2(limits, extra_pids);
+        };
         let (mem, pids, quota) = limit_values(limits, extra_pids);
         let here = |parent: &Path| parent.join(self.dirs[0].file_name().unwrap_or_default());
-        match layout {
-            Layout::V1 {
-                memory,
-                pids: pids_dir,
-                cpu,
-                ..
-            } => {
-                let memory = here(memory);
-                write(&memory.join("memory.limit_in_bytes"), &mem)?;
-                // Swap off: memory+swap capped at the memory limit. Without swap accounting,
-                // swappiness 0 keeps anonymous memory out of swap.
-                let memsw = memory.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write(&memsw, &mem)?;
-                } else {
-                    write(&memory.join("memory.swappiness"), "0")?;
-                }
-                write(&here(pids_dir).join("pids.max"), &pids)?;
-                let cpu = here(cpu);
-                write(&cpu.join("cpu.cfs_period_us"), "100000")?;
-                write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
-            }
-            Layout::V2 { .. } => self.set_limits_v2(limits, extra_pids)?,
+        let memory = here(memory);
+        write(&memory.join("memory.limit_in_bytes"), &mem)?;
+        // Swap off: memory+swap capped at the memory limit. Without swap accounting,
+        // swappiness 0 keeps anonymous memory out of swap.
+        let memsw = memory.join("memory.memsw.limit_in_bytes");
+        if memsw.exists() {
+            write(&memsw, &mem)?;
+        } else {
+            write(&memory.join("memory.swappiness"), "0")?;
         }
+        write(&here(pids_dir).join("pids.max"), &pids)?;
+        let cpu = here(cpu);
+        write(&cpu.join("cpu.cfs_period_us"), "100000")?;
+        write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
         Ok(())
     }
 
