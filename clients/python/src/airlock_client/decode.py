@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Callable, NoReturn, TypeGuard, TypeVar
 
+from airlock_client.errors import ProtocolError
+
 __all__ = ["DataFrame", "DecodeError", "Repr", "Series", "decode"]
 
 MARK = "$airlock"
@@ -25,7 +27,7 @@ _Path = tuple["_Path", str | int] | None
 _T = TypeVar("_T")
 
 
-class DecodeError(ValueError):
+class DecodeError(ProtocolError):
     """A result that is not what airlock sends; `path` says where, as in `$.result[2].items[0]`."""
 
     def __init__(self, path: str, reason: str) -> None:

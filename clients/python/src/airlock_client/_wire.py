@@ -1,0 +1,459 @@
+"""What the synchronous and the asynchronous clients share: how requests are written, how
+answers are read and bounded, the server-sent events parser, and the retry rule. No I/O here."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass
+from typing import Callable, Generic, Mapping, TypeVar
+
+import httpx
+
+from airlock_client.errors import APIError, ProtocolError, error_for
+from airlock_client.models import (
+    Environment,
+    Evaluation,
+    Execution,
+    ExecutionRecord,
+    FileEntry,
+    OutputEvent,
+    SessionInfo,
+    StreamEvent,
+    ToolList,
+    TruncatedEvent,
+    read_environments,
+    read_files,
+    read_sessions,
+)
+
+_T = TypeVar("_T", covariant=True)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+# An answer's bytes the client takes at most (the JSON of a result, a file, a whole stream).
+# airlock's defaults give answers of a few MiB; its ceilings up to 768 MiB (README: "Answers
+# and memory"): raise it for those.
+DEFAULT_MAX_RESPONSE_BYTES = 256 << 20
+# Executions may run for minutes, and a stream is silent while its program is: reads wait
+# this long; connecting does not.
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+USER_AGENT = "airlock-client/0.1.0"
+
+Files = Mapping[str, "bytes | str"]
+Limits = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    api_key: str
+    retries: int
+    max_retry_wait: float
+    max_response_bytes: int
+
+    @classmethod
+    def make(
+        cls,
+        url: str | None,
+        api_key: str | None,
+        retries: int,
+        max_retry_wait: float,
+        max_response_bytes: int,
+    ) -> Settings:
+        url = url or os.environ.get("AIRLOCK_URL") or DEFAULT_URL
+        key = api_key if api_key is not None else os.environ.get("AIRLOCK_API_KEY")
+        if not key:
+            raise ValueError("no API key: pass api_key= or set AIRLOCK_API_KEY")
+        if retries < 0 or max_retry_wait < 0 or max_response_bytes <= 0:
+            raise ValueError("retries and max_retry_wait must be >= 0, max_response_bytes > 0")
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            raise ValueError(f"the server's URL must be http:// or https://, not {url!r}")
+        return cls(url.rstrip("/"), key, retries, max_retry_wait, max_response_bytes)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT}
+
+    def wait_before_retry(self, error: APIError, attempt: int) -> float | None:
+        """Seconds to wait before trying again, or None to raise. Only 429 and 503 with a
+        `Retry-After` are retried: airlock sends them when it refused the request before
+        running anything, so running it again cannot run it twice."""
+        if attempt >= self.retries or error.status not in (429, 503) or error.retry_after is None:
+            return None
+        if error.retry_after > self.max_retry_wait:
+            return None
+        return error.retry_after
+
+
+@dataclass(frozen=True)
+class Request(Generic[_T]):
+    """One call of the API: where, what, and how its answer becomes a value."""
+
+    method: str
+    path: str
+    parse: Callable[[Answer], _T]
+    json: object = None
+    content: bytes | None = None
+    stream: bool = False
+    # Error statuses whose body is this call's answer (`/readyz` says why in its 503).
+    answers: tuple[int, ...] = ()
+
+    def headers(self) -> dict[str, str]:
+        h = {"Accept": "text/event-stream" if self.stream else "application/json"}
+        if self.json is not None:
+            h["Content-Type"] = "application/json"
+        elif self.content is not None:
+            h["Content-Type"] = "application/octet-stream"
+        return h
+
+    def body(self) -> bytes | None:
+        if self.json is not None:
+            return json.dumps(self.json, ensure_ascii=False, allow_nan=False).encode()
+        return self.content
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: httpx.Headers
+    body: bytes
+
+
+def segment(value: str, what: str) -> str:
+    """One path segment, quoted (a hostile server's session id cannot reach another route)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string")
+    return urllib.parse.quote(value, safe="")
+
+
+def file_path(path: str) -> str:
+    """A path below a session's working directory as the server takes it: relative, no `..`,
+    `.` or empty parts (refused here too, so that no URL normalisation can change it)."""
+    parts = path.split("/")
+    if not path or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"a session file path is relative, without '..', '.' or empty parts: {path!r}")
+    return "/".join(urllib.parse.quote(p, safe="") for p in parts)
+
+
+def check_length(headers: httpx.Headers, limit: int) -> None:
+    length = headers.get("content-length")
+    if length is not None and length.strip().isdigit() and int(length) > limit:
+        raise ProtocolError(f"the answer is {int(length)} bytes, over the client's limit of {limit}")
+
+
+def add_chunk(buf: bytearray, chunk: bytes, limit: int) -> None:
+    buf += chunk
+    if len(buf) > limit:
+        raise ProtocolError(f"the answer is over the client's limit of {limit} bytes")
+
+
+def read_json(answer: Answer) -> object:
+    """The answer's JSON value: `application/json` only, and parsed as data, never as code.
+    Deep nesting and huge numbers end as a ProtocolError, not a crash."""
+    media = answer.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ProtocolError(f"expected application/json, got {media or 'no content type'!r}")
+    try:
+        return json.loads(answer.body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError("the answer's JSON is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"the answer is not valid JSON: {str(e)[:200]}") from None
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def execute_body(
+    code: str,
+    *,
+    limits: Limits | None,
+    files: Files | None,
+    env: Mapping[str, str] | None,
+    stdin: str | None,
+    environment: str | None,
+    egress: Mapping[str, object] | None,
+    entrypoint: str | None,
+    inputs: Mapping[str, object] | None,
+) -> dict[str, object]:
+    body: dict[str, object] = {"code": code}
+    if limits:
+        body["limits"] = dict(limits)
+    if files:
+        body["files"] = [input_file(path, content) for path, content in files.items()]
+    if env:
+        body["env"] = dict(env)
+    if stdin:
+        body["stdin"] = stdin
+    if environment is not None:
+        body["environment"] = environment
+    if egress is not None:
+        body["egress"] = dict(egress)
+    return function(body, entrypoint, inputs)
+
+
+def function(
+    body: dict[str, object], entrypoint: str | None, inputs: Mapping[str, object] | None
+) -> dict[str, object]:
+    """Function mode's two fields, which go together."""
+    if entrypoint is not None:
+        body["entrypoint"] = entrypoint
+        body["inputs"] = dict(inputs or {})
+    elif inputs is not None:
+        raise ValueError("inputs are the keyword arguments of an entrypoint: name one")
+    return body
+
+
+def session_body(
+    *,
+    limits: Limits | None,
+    files: Files | None,
+    env: Mapping[str, str] | None,
+    environment: str | None,
+    egress: Mapping[str, object] | None,
+    idle_timeout_ms: int | None,
+    max_lifetime_ms: int | None,
+) -> dict[str, object]:
+    body = execute_body(
+        "", limits=limits, files=files, env=env, stdin=None, environment=environment,
+        egress=egress, entrypoint=None, inputs=None,
+    )
+    del body["code"]
+    if idle_timeout_ms is not None:
+        body["idle_timeout_ms"] = idle_timeout_ms
+    if max_lifetime_ms is not None:
+        body["max_lifetime_ms"] = max_lifetime_ms
+    return body
+
+
+def cell_body(
+    code: str, *, timeout_ms: int | None, entrypoint: str | None, inputs: Mapping[str, object] | None
+) -> dict[str, object]:
+    body: dict[str, object] = {"code": code}
+    if timeout_ms is not None:
+        body["timeout_ms"] = timeout_ms
+    return function(body, entrypoint, inputs)
+
+
+def input_file(path: str, content: bytes | str) -> dict[str, str]:
+    if isinstance(content, str):
+        return {"path": path, "content": content, "encoding": "utf8"}
+    return {"path": path, "content": base64.b64encode(content).decode(), "encoding": "base64"}
+
+
+def execution(answer: Answer) -> Execution:
+    return Execution._read(read_json(answer))
+
+
+def json_object(answer: Answer) -> dict[str, object]:
+    value = read_json(answer)
+    if not isinstance(value, dict):
+        raise ProtocolError(f"$: expected an object, got {type(value).__name__}")
+    return value
+
+
+def raw(answer: Answer) -> bytes:
+    return answer.body
+
+
+def nothing(answer: Answer) -> None:
+    return None
+
+
+# The status an `error` event stands for, by its code (the stream itself was a 200).
+_EVENT_STATUS = {"internal": 500, "unavailable": 503, "shutting_down": 503, "overloaded": 503}
+
+
+class Events:
+    """Server-sent events in, StreamEvents out: the output events as they come, then the
+    Execution with the streamed output put back into its stdout and stderr. Bounded: one
+    stream carries at most `limit` bytes in all; anything but airlock's five events, or a
+    stream that ends without its result, is a ProtocolError."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.seen = 0
+        self.buf = bytearray()
+        self.event = ""
+        self.data: list[str] = []
+        self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[StreamEvent]:
+        self.seen += len(chunk)
+        if self.seen > self.limit:
+            raise ProtocolError(f"the stream is over the client's limit of {self.limit} bytes")
+        self.buf += chunk
+        events: list[StreamEvent] = []
+        while True:
+            end = self.buf.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self.buf[:end]).rstrip(b"\r")
+            del self.buf[: end + 1]
+            event = self.line(line)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def finish(self) -> None:
+        if not self.done:
+            raise ProtocolError("the stream ended before its result")
+
+    def line(self, line: bytes) -> StreamEvent | None:
+        try:
+            text = line.decode()
+        except UnicodeDecodeError:
+            raise ProtocolError("an event that is not UTF-8") from None
+        if self.done:
+            raise ProtocolError("data after the stream's result")
+        if text == "":
+            return self.dispatch()
+        if text.startswith(":"):
+            return None
+        name, _, value = text.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        elif name not in ("id", "retry"):
+            raise ProtocolError(f"an unknown event field {name[:40]!r}")
+        return None
+
+    def dispatch(self) -> StreamEvent | None:
+        if not self.data and not self.event:
+            return None
+        event, data = self.event or "message", "\n".join(self.data)
+        self.event, self.data = "", []
+        body = _event_json(data, event)
+        if event in ("stdout", "stderr"):
+            text = body.get("text")
+            if not isinstance(text, str) or set(body) != {"text"}:
+                raise ProtocolError(f"a {event} event is {{\"text\": str}}")
+            self.out[event].append(text)
+            return OutputEvent(event, text)  # type: ignore[arg-type]
+        if event == "truncated":
+            stream, limit = body.get("stream"), body.get("limit")
+            if stream not in ("stdout", "stderr") or not isinstance(limit, int) or isinstance(limit, bool):
+                raise ProtocolError("a truncated event is {\"stream\": \"stdout\"|\"stderr\", \"limit\": int}")
+            return TruncatedEvent(stream, limit)
+        if event == "result":
+            self.done = True
+            result = Execution._read(body, "$(result event)")
+            if result.output_streamed:
+                result = dataclasses.replace(
+                    result,
+                    stdout="".join(self.out["stdout"]) + result.stdout,
+                    stderr="".join(self.out["stderr"]) + result.stderr,
+                )
+            return result
+        if event == "error":
+            self.done = True
+            headers = httpx.Headers({"content-type": "application/json"})
+            error = body.get("error")
+            code = error.get("code") if isinstance(error, dict) else None
+            status = _EVENT_STATUS.get(code, 500) if isinstance(code, str) else 500
+            raise error_for(status, headers, data.encode())
+        raise ProtocolError(f"an unknown event {event[:40]!r}")
+
+
+def _event_json(data: str, event: str) -> dict[str, object]:
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+    except RecursionError:
+        raise ProtocolError(f"a {event[:40]} event's JSON is nested too deeply") from None
+    except ValueError as e:
+        raise ProtocolError(f"a {event[:40]!r} event is not JSON: {str(e)[:200]}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"a {event[:40]!r} event is not a JSON object")
+    return value
+
+
+def stream_media(headers: httpx.Headers) -> None:
+    media = headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "text/event-stream":
+        raise ProtocolError(f"expected text/event-stream, got {media or 'no content type'!r}")
+
+# The API's calls, one builder each, shared by both clients.
+
+
+def run(body: dict[str, object], stream: bool = False) -> Request[Execution]:
+    return Request("POST", "/v1/execute", execution, json=body, stream=stream)
+
+
+def cell(session_id: str, body: dict[str, object], stream: bool = False) -> Request[Execution]:
+    return Request("POST", f"/v1/sessions/{segment(session_id, 'session id')}/execute", execution, json=body, stream=stream)
+
+
+def evaluate(expression: str) -> Request[Evaluation]:
+    return Request("POST", "/v1/eval", lambda a: Evaluation._read(read_json(a)), json={"expression": expression})
+
+
+def record(execution_id: str) -> Request[ExecutionRecord]:
+    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
+    return Request("GET", path, lambda a: ExecutionRecord._read(read_json(a)))
+
+
+def open_session(body: dict[str, object]) -> Request[SessionInfo]:
+    return Request("POST", "/v1/sessions", lambda a: SessionInfo._read(read_json(a)), json=body)
+
+
+def session_info(session_id: str) -> Request[SessionInfo]:
+    return Request("GET", f"/v1/sessions/{segment(session_id, 'session id')}", lambda a: SessionInfo._read(read_json(a)))
+
+
+def sessions() -> Request[list[SessionInfo]]:
+    return Request("GET", "/v1/sessions", lambda a: read_sessions(read_json(a)))
+
+
+def close_session(session_id: str) -> Request[None]:
+    return Request("DELETE", f"/v1/sessions/{segment(session_id, 'session id')}", nothing)
+
+
+def list_files(session_id: str) -> Request[list[FileEntry]]:
+    return Request("GET", f"/v1/sessions/{segment(session_id, 'session id')}/files", lambda a: read_files(read_json(a)))
+
+
+def download(session_id: str, path: str) -> Request[bytes]:
+    return Request("GET", f"/v1/sessions/{segment(session_id, 'session id')}/files/{file_path(path)}", raw)
+
+
+def upload(session_id: str, path: str, data: bytes | str) -> Request[None]:
+    content = data.encode() if isinstance(data, str) else bytes(data)
+    return Request(
+        "PUT", f"/v1/sessions/{segment(session_id, 'session id')}/files/{file_path(path)}", nothing, content=content
+    )
+
+
+def tools() -> Request[ToolList]:
+    return Request("GET", "/v1/tools", lambda a: ToolList._read(read_json(a)))
+
+
+def environments() -> Request[list[Environment]]:
+    return Request("GET", "/v1/environments", lambda a: read_environments(read_json(a)))
+
+
+def environment(name: str) -> Request[Environment]:
+    path = f"/v1/environments/{segment(name, 'environment name')}"
+    return Request("GET", path, lambda a: Environment._read(read_json(a)))
+
+
+def create_environment(name: str, requirements: list[str]) -> Request[Environment]:
+    body = {"name": name, "requirements": list(requirements)}
+    return Request("POST", "/v1/environments", lambda a: Environment._read(read_json(a)), json=body)
+
+
+def delete_environment(name: str) -> Request[None]:
+    return Request("DELETE", f"/v1/environments/{segment(name, 'environment name')}", nothing)
+
+
+def scan_pickle(data: bytes) -> Request[dict[str, object]]:
+    return Request("POST", "/v1/pickle/scan", json_object, content=bytes(data))
+
+
+def ready() -> Request[dict[str, object]]:
+    return Request("GET", "/readyz", json_object, answers=(503,))

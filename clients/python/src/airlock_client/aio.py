@@ -1,0 +1,348 @@
+"""`AsyncAirlock`: the asyncio client of airlock's HTTP API (the same calls as `Airlock`)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from types import TracebackType
+from typing import AsyncIterator, Mapping, TypeVar
+
+import httpx
+
+from airlock_client import _wire
+from airlock_client._wire import Answer, Events, Files, Limits, Request, Settings
+from airlock_client.errors import NotFound, ProtocolError, TransportError, error_for
+from airlock_client.models import (
+    Environment,
+    Evaluation,
+    Execution,
+    ExecutionRecord,
+    FileEntry,
+    SessionInfo,
+    StreamEvent,
+    ToolList,
+)
+
+__all__ = ["AsyncAirlock", "AsyncSession", "AsyncStream"]
+
+_T = TypeVar("_T")
+
+
+class AsyncAirlock:
+    """An asyncio client of one airlock server; see `Airlock` for the arguments.
+
+    `url` defaults to `$AIRLOCK_URL`, then `http://127.0.0.1:8080`; `api_key` to
+    `$AIRLOCK_API_KEY`. With `retries` > 0, a request refused with 429 or 503 and a
+    `Retry-After` of at most `max_retry_wait` seconds is sent again after that wait, up to
+    `retries` times (airlock refuses those before running anything). An answer larger than
+    `max_response_bytes` is refused. Use it as a context manager, or `close()` it.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = _wire.DEFAULT_TIMEOUT,
+        retries: int = 0,
+        max_retry_wait: float = 30.0,
+        max_response_bytes: int = _wire.DEFAULT_MAX_RESPONSE_BYTES,
+        http_client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes)
+        self._http = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+
+    @property
+    def url(self) -> str:
+        return self._settings.url
+
+    async def run(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+    ) -> Execution:
+        """Runs `code` in a fresh sandbox. Every ending is an Execution (see its `status`);
+        only refusals raise. `files` maps paths below the working directory to contents."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, entrypoint=entrypoint, inputs=inputs,
+        )
+        return await self._do(_wire.run(body))
+
+    async def call(self, code: str, entrypoint: str, /, **inputs: object) -> object:
+        """Function mode: runs `code` as a module, calls `entrypoint(**inputs)` and returns
+        its value, decoded; raises ExecutionFailed (with the Execution) unless it ended ok."""
+        return (await self.run(code, entrypoint=entrypoint, inputs=inputs)).raise_for_status().result
+
+    async def stream(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+    ) -> AsyncStream:
+        """As `run`, with the output as it is written: iterate the Stream for OutputEvents
+        (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
+        raise here, before any event."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, entrypoint=entrypoint, inputs=inputs,
+        )
+        return await self._stream(_wire.run(body, stream=True))
+
+    async def eval(self, expression: str) -> Evaluation:
+        """Evaluates a Python literal expression natively on the server (no sandbox)."""
+        return await self._do(_wire.evaluate(expression))
+
+    async def execution(self, execution_id: str) -> ExecutionRecord:
+        """The audit record of one of this key's executions."""
+        return await self._do(_wire.record(execution_id))
+
+    async def session(
+        self,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        idle_timeout_ms: int | None = None,
+        max_lifetime_ms: int | None = None,
+    ) -> AsyncSession:
+        """Starts a session (one sandbox and interpreter for many cells); close it, or use it
+        as a context manager."""
+        body = _wire.session_body(
+            limits=limits, files=files, env=env, environment=environment, egress=egress,
+            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+        )
+        return AsyncSession(self, await self._do(_wire.open_session(body)))
+
+    async def sessions(self) -> list[SessionInfo]:
+        """This key's open sessions."""
+        return await self._do(_wire.sessions())
+
+    async def tools(self) -> ToolList:
+        """The operator's tools this key's code may call, with their Python signatures."""
+        return await self._do(_wire.tools())
+
+    async def environments(self) -> list[Environment]:
+        """The named environments."""
+        return await self._do(_wire.environments())
+
+    async def environment(self, name: str) -> Environment:
+        return await self._do(_wire.environment(name))
+
+    async def create_environment(self, name: str, requirements: list[str]) -> Environment:
+        """Builds an environment (scope `admin`); answers when the build is done."""
+        return await self._do(_wire.create_environment(name, requirements))
+
+    async def delete_environment(self, name: str) -> None:
+        await self._do(_wire.delete_environment(name))
+
+    async def scan_pickle(self, data: bytes) -> dict[str, object]:
+        """The server's scan report of a pickle (or a ZIP of pickles); never loads it."""
+        return await self._do(_wire.scan_pickle(data))
+
+    async def ready(self) -> dict[str, object]:
+        """`/readyz`: `ready`, and `reasons` when it is not."""
+        return await self._do(_wire.ready())
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncAirlock:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _do(self, request: Request[_T]) -> _T:
+        return request.parse(await self._send(request))
+
+    async def _send(self, request: Request[object]) -> Answer:
+        attempt = 0
+        while True:
+            response = await self._open(request)
+            try:
+                answer = await self._read(response)
+            finally:
+                await response.aclose()
+            if answer.status < 400 or answer.status in request.answers:
+                return answer
+            error = error_for(answer.status, answer.headers, answer.body)
+            wait = self._settings.wait_before_retry(error, attempt)
+            if wait is None:
+                raise error
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def _open(self, request: Request[object]) -> httpx.Response:
+        built = self._http.build_request(
+            request.method,
+            self._settings.url + request.path,
+            headers={**self._settings.headers(), **request.headers()},
+            content=request.body(),
+        )
+        try:
+            return await self._http.send(built, stream=True)
+        except httpx.HTTPError as e:
+            raise TransportError(f"{request.method} {request.path}: {e}") from e
+
+    async def _read(self, response: httpx.Response) -> Answer:
+        limit = self._settings.max_response_bytes
+        _wire.check_length(response.headers, limit)
+        body = bytearray()
+        try:
+            async for chunk in response.aiter_bytes():
+                _wire.add_chunk(body, chunk, limit)
+        except httpx.HTTPError as e:
+            raise TransportError(f"reading the answer: {e}") from e
+        return Answer(response.status_code, response.headers, bytes(body))
+
+    async def _stream(self, request: Request[object]) -> AsyncStream:
+        attempt = 0
+        while True:
+            response = await self._open(request)
+            if response.status_code == 200:
+                try:
+                    _wire.stream_media(response.headers)
+                except ProtocolError:
+                    await response.aclose()
+                    raise
+                return AsyncStream(response, self._settings.max_response_bytes)
+            try:
+                answer = await self._read(response)
+            finally:
+                await response.aclose()
+            error = error_for(answer.status, answer.headers, answer.body)
+            if answer.status < 400:
+                raise ProtocolError(f"expected a stream, got HTTP {answer.status}")
+            wait = self._settings.wait_before_retry(error, attempt)
+            if wait is None:
+                raise error
+            await asyncio.sleep(wait)
+            attempt += 1
+
+
+class AsyncStream:
+    """The events of one streamed execution, iterated with `async for` (see `Stream`)."""
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self._response = response
+        self._chunks = response.aiter_bytes()
+        self._events = Events(limit)
+        self._pending: collections.deque[StreamEvent] = collections.deque()
+        self.execution: Execution | None = None
+
+    def __aiter__(self) -> AsyncIterator[StreamEvent]:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        while not self._pending:
+            if self._events.done:
+                await self.close()
+                raise StopAsyncIteration
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                await self.close()
+                self._events.finish()
+                raise
+            except httpx.HTTPError as e:
+                await self.close()
+                raise TransportError(f"reading the stream: {e}") from e
+            try:
+                self._pending.extend(self._events.feed(chunk))
+            except BaseException:
+                await self.close()
+                raise
+        event = self._pending.popleft()
+        if isinstance(event, Execution):
+            self.execution = event
+        return event
+
+    async def finish(self) -> Execution:
+        """Reads the rest of the stream and returns the Execution."""
+        async for _ in self:
+            pass
+        assert self.execution is not None
+        return self.execution
+
+    async def close(self) -> None:
+        await self._response.aclose()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class AsyncSession:
+    """A session of an AsyncAirlock (see `Session`); `async with` closes it."""
+
+    def __init__(self, client: AsyncAirlock, info: SessionInfo) -> None:
+        self._client = client
+        self.id = info.id
+        self.info = info
+        self.closed = False
+
+    async def run(self, code: str, *, timeout_ms: int | None = None) -> Execution:
+        body = _wire.cell_body(code, timeout_ms=timeout_ms, entrypoint=None, inputs=None)
+        return await self._client._do(_wire.cell(self.id, body))
+
+    async def call(self, code: str, entrypoint: str, /, **inputs: object) -> object:
+        body = _wire.cell_body(code, timeout_ms=None, entrypoint=entrypoint, inputs=inputs)
+        return (await self._client._do(_wire.cell(self.id, body))).raise_for_status().result
+
+    async def stream(self, code: str, *, timeout_ms: int | None = None) -> AsyncStream:
+        body = _wire.cell_body(code, timeout_ms=timeout_ms, entrypoint=None, inputs=None)
+        return await self._client._stream(_wire.cell(self.id, body, stream=True))
+
+    async def upload(self, path: str, data: bytes | str) -> None:
+        await self._client._do(_wire.upload(self.id, path, data))
+
+    async def download(self, path: str) -> bytes:
+        return await self._client._do(_wire.download(self.id, path))
+
+    async def files(self) -> list[FileEntry]:
+        return await self._client._do(_wire.list_files(self.id))
+
+    async def refresh(self) -> SessionInfo:
+        self.info = await self._client._do(_wire.session_info(self.id))
+        return self.info
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            await self._client._do(_wire.close_session(self.id))
+        except NotFound:
+            pass
+        self.closed = True
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,362 @@
+"""`Airlock`: the synchronous client of airlock's HTTP API."""
+
+from __future__ import annotations
+
+import collections
+import time
+from types import TracebackType
+from typing import Iterator, Mapping, TypeVar
+
+import httpx
+
+from airlock_client import _wire
+from airlock_client._wire import Answer, Events, Files, Limits, Request, Settings
+from airlock_client.errors import NotFound, ProtocolError, TransportError, error_for
+from airlock_client.models import (
+    Environment,
+    Evaluation,
+    Execution,
+    ExecutionRecord,
+    FileEntry,
+    SessionInfo,
+    StreamEvent,
+    ToolList,
+)
+
+__all__ = ["Airlock", "Session", "Stream"]
+
+_T = TypeVar("_T")
+
+
+class Airlock:
+    """A client of one airlock server.
+
+    `url` defaults to `$AIRLOCK_URL`, then `http://127.0.0.1:8080`; `api_key` to
+    `$AIRLOCK_API_KEY`. With `retries` > 0, a request refused with 429 or 503 and a
+    `Retry-After` of at most `max_retry_wait` seconds is sent again after that wait, up to
+    `retries` times (airlock refuses those before running anything). An answer larger than
+    `max_response_bytes` is refused. Use it as a context manager, or `close()` it.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | httpx.Timeout = _wire.DEFAULT_TIMEOUT,
+        retries: int = 0,
+        max_retry_wait: float = 30.0,
+        max_response_bytes: int = _wire.DEFAULT_MAX_RESPONSE_BYTES,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes)
+        self._http = http_client or httpx.Client(timeout=timeout, follow_redirects=False)
+
+    @property
+    def url(self) -> str:
+        return self._settings.url
+
+    def run(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+    ) -> Execution:
+        """Runs `code` in a fresh sandbox. Every ending is an Execution (see its `status`);
+        only refusals raise. `files` maps paths below the working directory to contents."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, entrypoint=entrypoint, inputs=inputs,
+        )
+        return self._do(_wire.run(body))
+
+    def call(self, code: str, entrypoint: str, /, **inputs: object) -> object:
+        """Function mode: runs `code` as a module, calls `entrypoint(**inputs)` and returns
+        its value, decoded; raises ExecutionFailed (with the Execution) unless it ended ok."""
+        return self.run(code, entrypoint=entrypoint, inputs=inputs).raise_for_status().result
+
+    def stream(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+    ) -> Stream:
+        """As `run`, with the output as it is written: iterate the Stream for OutputEvents
+        (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
+        raise here, before any event."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, entrypoint=entrypoint, inputs=inputs,
+        )
+        return self._stream(_wire.run(body, stream=True))
+
+    def eval(self, expression: str) -> Evaluation:
+        """Evaluates a Python literal expression natively on the server (no sandbox)."""
+        return self._do(_wire.evaluate(expression))
+
+    def execution(self, execution_id: str) -> ExecutionRecord:
+        """The audit record of one of this key's executions."""
+        return self._do(_wire.record(execution_id))
+
+    def session(
+        self,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        idle_timeout_ms: int | None = None,
+        max_lifetime_ms: int | None = None,
+    ) -> Session:
+        """Starts a session (one sandbox and interpreter for many cells); close it, or use it
+        as a context manager."""
+        body = _wire.session_body(
+            limits=limits, files=files, env=env, environment=environment, egress=egress,
+            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+        )
+        return Session(self, self._do(_wire.open_session(body)))
+
+    def sessions(self) -> list[SessionInfo]:
+        """This key's open sessions."""
+        return self._do(_wire.sessions())
+
+    def tools(self) -> ToolList:
+        """The operator's tools this key's code may call, with their Python signatures."""
+        return self._do(_wire.tools())
+
+    def environments(self) -> list[Environment]:
+        """The named environments."""
+        return self._do(_wire.environments())
+
+    def environment(self, name: str) -> Environment:
+        return self._do(_wire.environment(name))
+
+    def create_environment(self, name: str, requirements: list[str]) -> Environment:
+        """Builds an environment (scope `admin`); answers when the build is done."""
+        return self._do(_wire.create_environment(name, requirements))
+
+    def delete_environment(self, name: str) -> None:
+        self._do(_wire.delete_environment(name))
+
+    def scan_pickle(self, data: bytes) -> dict[str, object]:
+        """The server's scan report of a pickle (or a ZIP of pickles); never loads it."""
+        return self._do(_wire.scan_pickle(data))
+
+    def ready(self) -> dict[str, object]:
+        """`/readyz`: `ready`, and `reasons` when it is not."""
+        return self._do(_wire.ready())
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Airlock:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _do(self, request: Request[_T]) -> _T:
+        return request.parse(self._send(request))
+
+    def _send(self, request: Request[object]) -> Answer:
+        attempt = 0
+        while True:
+            response = self._open(request)
+            try:
+                answer = self._read(response)
+            finally:
+                response.close()
+            if answer.status < 400 or answer.status in request.answers:
+                return answer
+            error = error_for(answer.status, answer.headers, answer.body)
+            wait = self._settings.wait_before_retry(error, attempt)
+            if wait is None:
+                raise error
+            time.sleep(wait)
+            attempt += 1
+
+    def _open(self, request: Request[object]) -> httpx.Response:
+        built = self._http.build_request(
+            request.method,
+            self._settings.url + request.path,
+            headers={**self._settings.headers(), **request.headers()},
+            content=request.body(),
+        )
+        try:
+            return self._http.send(built, stream=True)
+        except httpx.HTTPError as e:
+            raise TransportError(f"{request.method} {request.path}: {e}") from e
+
+    def _read(self, response: httpx.Response) -> Answer:
+        limit = self._settings.max_response_bytes
+        _wire.check_length(response.headers, limit)
+        body = bytearray()
+        try:
+            for chunk in response.iter_bytes():
+                _wire.add_chunk(body, chunk, limit)
+        except httpx.HTTPError as e:
+            raise TransportError(f"reading the answer: {e}") from e
+        return Answer(response.status_code, response.headers, bytes(body))
+
+    def _stream(self, request: Request[object]) -> Stream:
+        attempt = 0
+        while True:
+            response = self._open(request)
+            if response.status_code == 200:
+                try:
+                    _wire.stream_media(response.headers)
+                except ProtocolError:
+                    response.close()
+                    raise
+                return Stream(response, self._settings.max_response_bytes)
+            try:
+                answer = self._read(response)
+            finally:
+                response.close()
+            error = error_for(answer.status, answer.headers, answer.body)
+            if answer.status < 400:
+                raise ProtocolError(f"expected a stream, got HTTP {answer.status}")
+            wait = self._settings.wait_before_retry(error, attempt)
+            if wait is None:
+                raise error
+            time.sleep(wait)
+            attempt += 1
+
+
+class Stream:
+    """The events of one streamed execution: OutputEvents as the program writes, a
+    TruncatedEvent when a stream reaches its limit, and the Execution last (its stdout and
+    stderr put back together from the events). Closing it early (leaving a `with` block,
+    `close()`) disconnects, which kills the sandbox."""
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self._response = response
+        self._chunks = response.iter_bytes()
+        self._events = Events(limit)
+        self._pending: collections.deque[StreamEvent] = collections.deque()
+        self.execution: Execution | None = None
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        return self
+
+    def __next__(self) -> StreamEvent:
+        while not self._pending:
+            if self._events.done:
+                self.close()
+                raise StopIteration
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                self.close()
+                self._events.finish()
+                raise
+            except httpx.HTTPError as e:
+                self.close()
+                raise TransportError(f"reading the stream: {e}") from e
+            try:
+                self._pending.extend(self._events.feed(chunk))
+            except BaseException:
+                self.close()
+                raise
+        event = self._pending.popleft()
+        if isinstance(event, Execution):
+            self.execution = event
+        return event
+
+    def finish(self) -> Execution:
+        """Reads the rest of the stream and returns the Execution."""
+        for _ in self:
+            pass
+        assert self.execution is not None
+        return self.execution
+
+    def close(self) -> None:
+        self._response.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Session:
+    """One sandbox and interpreter kept for many cells: variables, imports and files persist.
+    Closing it (or leaving its `with` block) destroys the sandbox before returning."""
+
+    def __init__(self, client: Airlock, info: SessionInfo) -> None:
+        self._client = client
+        self.id = info.id
+        self.info = info
+        self.closed = False
+
+    def run(self, code: str, *, timeout_ms: int | None = None) -> Execution:
+        """Runs a cell. Its `session_ended` says whether the cell ended the session."""
+        body = _wire.cell_body(code, timeout_ms=timeout_ms, entrypoint=None, inputs=None)
+        return self._client._do(_wire.cell(self.id, body))
+
+    def call(self, code: str, entrypoint: str, /, **inputs: object) -> object:
+        """Runs `code` as a cell, then returns `entrypoint(**inputs)`, decoded; raises
+        ExecutionFailed unless it ended ok."""
+        body = _wire.cell_body(code, timeout_ms=None, entrypoint=entrypoint, inputs=inputs)
+        return self._client._do(_wire.cell(self.id, body)).raise_for_status().result
+
+    def stream(self, code: str, *, timeout_ms: int | None = None) -> Stream:
+        """As `run`, with the output as it is written (see `Airlock.stream`)."""
+        body = _wire.cell_body(code, timeout_ms=timeout_ms, entrypoint=None, inputs=None)
+        return self._client._stream(_wire.cell(self.id, body, stream=True))
+
+    def upload(self, path: str, data: bytes | str) -> None:
+        """Writes a file below the session's working directory (`str` as UTF-8)."""
+        self._client._do(_wire.upload(self.id, path, data))
+
+    def download(self, path: str) -> bytes:
+        """A regular file's contents (links, FIFOs and devices are refused by the server)."""
+        return self._client._do(_wire.download(self.id, path))
+
+    def files(self) -> list[FileEntry]:
+        """Everything below the working directory (links listed, never followed)."""
+        return self._client._do(_wire.list_files(self.id))
+
+    def refresh(self) -> SessionInfo:
+        """The session as the server holds it now (cells run, whether a cell ended it)."""
+        self.info = self._client._do(_wire.session_info(self.id))
+        return self.info
+
+    def close(self) -> None:
+        """Destroys the sandbox. Closing twice, or a session the server already closed
+        (idle, expired), is not an error."""
+        if self.closed:
+            return
+        try:
+            self._client._do(_wire.close_session(self.id))
+        except NotFound:
+            pass
+        self.closed = True
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,548 @@
+"""What the API answers, as typed values. Each is read field by field with its type checked:
+an answer with a missing field or a field of the wrong type is a ProtocolError naming it.
+Fields a newer server adds are ignored, so an older client keeps working."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar, Union
+
+from airlock_client.decode import DecodeError, decode
+from airlock_client.errors import ExecutionFailed, ProtocolError
+
+__all__ = [
+    "Environment",
+    "Evaluation",
+    "EvalError",
+    "Execution",
+    "ExecutionError",
+    "ExecutionRecord",
+    "FileEntry",
+    "Isolation",
+    "Limits",
+    "Output",
+    "OutputEvent",
+    "OutputFile",
+    "SessionInfo",
+    "Status",
+    "StreamEvent",
+    "Tool",
+    "ToolList",
+    "TruncatedEvent",
+    "Usage",
+]
+
+# The result vocabulary: how an execution ended.
+Status = Literal[
+    "ok", "error", "timeout", "memory_limit", "cpu_limit", "policy_violation", "crashed",
+    "internal_error",
+]
+_STATUSES = frozenset(Status.__args__)  # type: ignore[attr-defined]
+
+_T = TypeVar("_T")
+
+
+class _Reader:
+    """One JSON object of an answer, read with its place (`$.usage.wall_ms`) for errors."""
+
+    def __init__(self, value: object, where: str) -> None:
+        if not isinstance(value, dict):
+            raise ProtocolError(f"{where}: expected an object, got {type(value).__name__}")
+        self.obj: dict[str, object] = value
+        self.where = where
+
+    def _get(self, name: str, kind: type[_T] | tuple[type, ...], optional: bool) -> object:
+        if name not in self.obj:
+            if optional:
+                return None
+            raise ProtocolError(f"{self.where}.{name}: missing")
+        value = self.obj[name]
+        if value is None and optional:
+            return None
+        # bool is an int in Python; a count is never a bool in airlock's answers.
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind in (int, float))
+        if not ok:
+            raise ProtocolError(f"{self.where}.{name}: expected {_name(kind)}, got {type(value).__name__}")
+        return value
+
+    def text(self, name: str) -> str:
+        return self._get(name, str, False)  # type: ignore[return-value]
+
+    def opt_text(self, name: str) -> str | None:
+        return self._get(name, str, True)  # type: ignore[return-value]
+
+    def integer(self, name: str) -> int:
+        return self._get(name, int, False)  # type: ignore[return-value]
+
+    def opt_integer(self, name: str) -> int | None:
+        return self._get(name, int, True)  # type: ignore[return-value]
+
+    def flag(self, name: str, default: bool | None = None) -> bool:
+        if default is not None and name not in self.obj:
+            return default
+        return self._get(name, bool, False)  # type: ignore[return-value]
+
+    def array(self, name: str, default: list[object] | None = None) -> list[object]:
+        if default is not None and name not in self.obj:
+            return default
+        return self._get(name, list, False)  # type: ignore[return-value]
+
+    def texts(self, name: str) -> list[str]:
+        items = self.array(name)
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise ProtocolError(f"{self.where}.{name}[{i}]: expected str")
+        return items  # type: ignore[return-value]
+
+    def child(self, name: str) -> _Reader:
+        return _Reader(self._get(name, dict, False), f"{self.where}.{name}")
+
+    def opt_object(self, name: str) -> dict[str, object] | None:
+        return self._get(name, dict, True)  # type: ignore[return-value]
+
+    def any(self, name: str) -> object:
+        return self.obj.get(name)
+
+    def each(self, name: str, default: list[object] | None = None) -> list[_Reader]:
+        return [_Reader(v, f"{self.where}.{name}[{i}]") for i, v in enumerate(self.array(name, default))]
+
+
+def _name(kind: type | tuple[type, ...]) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def _b64(text: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ProtocolError(f"{where}: not base64: {e}") from None
+
+
+@dataclass(frozen=True)
+class ExecutionError:
+    """The program's uncaught exception (`type` is its class name), or airlock's own failure."""
+
+    type: str
+    message: str
+    traceback: str | None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> ExecutionError:
+        return cls(r.text("type"), r.text("message"), r.opt_text("traceback"))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits an execution ran under (after defaults and ceilings)."""
+
+    timeout_ms: int
+    memory_mb: int
+    cpu_ms: int
+    pids: int
+    disk_mb: int
+    output_bytes: int
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Limits:
+        return cls(*(r.integer(n) for n in ("timeout_ms", "memory_mb", "cpu_ms", "pids", "disk_mb", "output_bytes")))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the execution used; `egress` is the proxy's account when it had a network."""
+
+    wall_ms: int
+    cpu_ms: int | None
+    memory_peak_bytes: int | None
+    tool_calls: int
+    egress: dict[str, object] | None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Usage:
+        return cls(
+            r.integer("wall_ms"),
+            r.opt_integer("cpu_ms"),
+            r.opt_integer("memory_peak_bytes"),
+            r.opt_integer("tool_calls") or 0,
+            r.opt_object("egress"),
+        )
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """How the sandbox was built, as the server reports it (README: "What is enforced")."""
+
+    namespaces: list[str]
+    uid: int
+    network: str
+    filesystem: str
+    seccomp: str
+    landlock: str
+    landlock_abi: int | None
+    cgroup: str
+    no_new_privs: bool
+    capabilities: list[str]
+    downgraded: list[str]
+    egress: dict[str, object] | None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Isolation:
+        return cls(
+            r.texts("namespaces"),
+            r.integer("uid"),
+            r.text("network"),
+            r.text("filesystem"),
+            r.text("seccomp"),
+            r.text("landlock"),
+            r.opt_integer("landlock_abi"),
+            r.text("cgroup"),
+            r.flag("no_new_privs"),
+            r.texts("capabilities"),
+            r.texts("downgraded"),
+            r.opt_object("egress"),
+        )
+
+
+@dataclass(frozen=True)
+class Output:
+    """A rich output (`display()`, a chart): its media `type` and `data` as sent (text, base64
+    for PNG, JSON for `application/json`)."""
+
+    type: str
+    data: object
+
+    def bytes(self) -> bytes:
+        """The image of an `image/png` output, or the UTF-8 of a text one."""
+        if not isinstance(self.data, str):
+            raise ProtocolError(f"a {self.type} output holds no text")
+        return _b64(self.data, f"output {self.type}") if self.type == "image/png" else self.data.encode()
+
+    def value(self) -> object:
+        """An `application/json` output's data, decoded like a result."""
+        return decode(self.data)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Output:
+        return cls(r.text("type"), r.any("data"))
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """A file the code left in `./outputs`: its `content`, or why it was `skipped`."""
+
+    path: str
+    size: int
+    content: bytes | None
+    skipped: str | None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> OutputFile:
+        b64 = r.opt_text("base64")
+        return cls(
+            r.text("path"),
+            r.integer("size"),
+            None if b64 is None else _b64(b64, f"{r.where}.base64"),
+            r.opt_text("skipped"),
+        )
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One execution's outcome, every field of the result vocabulary. `result` is the value
+    decoded into Python (`result_json` as sent); `id` is None for a session's cell when the
+    server gave none. `output_streamed` is true when stdout and stderr came as events (the
+    client put them back together here). `session_ended` is set for a session's cells."""
+
+    id: str | None
+    status: Status
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    result: object
+    result_json: object
+    error: ExecutionError | None
+    outputs: list[Output]
+    files: list[OutputFile]
+    usage: Usage
+    limits: Limits
+    limits_hit: list[str]
+    isolation: Isolation
+    output_streamed: bool = False
+    session_ended: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def raise_for_status(self) -> Execution:
+        """Raises ExecutionFailed unless the status is `ok`; returns the execution."""
+        if not self.ok:
+            raise ExecutionFailed(self)
+        return self
+
+    @classmethod
+    def _read(cls, value: object, where: str = "$") -> Execution:
+        r = _Reader(value, where)
+        status = r.text("status")
+        if status not in _STATUSES:
+            raise ProtocolError(f"{where}.status: unknown status {status[:40]!r}")
+        error = r.opt_object("error")
+        raw = r.any("result")
+        try:
+            result = decode(raw)
+        except DecodeError as e:
+            raise DecodeError(f"{where}.result{e.path[1:]}", e.reason) from None
+        session_ended = r.obj.get("session_ended")
+        return cls(
+            id=r.opt_text("id"),
+            status=status,  # type: ignore[arg-type]
+            exit_code=r.opt_integer("exit_code"),
+            signal=r.opt_integer("signal"),
+            stdout=r.text("stdout"),
+            stderr=r.text("stderr"),
+            stdout_truncated=r.flag("stdout_truncated"),
+            stderr_truncated=r.flag("stderr_truncated"),
+            result=result,
+            result_json=raw,
+            error=None if error is None else ExecutionError._read(_Reader(error, f"{where}.error")),
+            outputs=[Output._read(o) for o in r.each("outputs", [])],
+            files=[OutputFile._read(f) for f in r.each("files", [])],
+            usage=Usage._read(r.child("usage")),
+            limits=Limits._read(r.child("limits")),
+            limits_hit=r.texts("limits_hit"),
+            isolation=Isolation._read(r.child("isolation")),
+            output_streamed=r.flag("output_streamed", False),
+            session_ended=r.flag("session_ended") if session_ended is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """Text the program wrote on `stream` (stdout or stderr), as it wrote it."""
+
+    stream: Literal["stdout", "stderr"]
+    text: str
+
+
+@dataclass(frozen=True)
+class TruncatedEvent:
+    """`stream` reached the output limit (`limit` bytes); the rest was dropped."""
+
+    stream: Literal["stdout", "stderr"]
+    limit: int
+
+
+# What a stream yields: output events as they come, the Execution last.
+StreamEvent = Union[OutputEvent, TruncatedEvent, Execution]
+
+
+@dataclass(frozen=True)
+class EvalError:
+    """A Python-style error of `eval`; `limit` when one of the evaluator's budgets refused."""
+
+    type: str
+    message: str
+    limit: bool
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """`eval`'s answer: `value` (decoded, present only when JSON holds it exactly), the
+    value's `type` name, `repr` and `str` as CPython would print them; or the `error`."""
+
+    ok: bool
+    type: str | None
+    repr: str | None
+    str: str | None
+    value: object
+    error: EvalError | None
+
+    def raise_for_error(self) -> Evaluation:
+        """Raises ValueError with the evaluator's error unless `ok`."""
+        if not self.ok:
+            assert self.error is not None
+            raise ValueError(f"{self.error.type}: {self.error.message}")
+        return self
+
+    @classmethod
+    def _read(cls, value: object) -> Evaluation:
+        r = _Reader(value, "$")
+        error = r.opt_object("error")
+        err = None
+        if error is not None:
+            e = _Reader(error, "$.error")
+            err = EvalError(e.text("type"), e.text("message"), e.flag("limit", False))
+        ok = r.flag("ok")
+        if not ok and err is None:
+            raise ProtocolError("$.error: missing where ok is false")
+        return cls(ok, r.opt_text("type"), r.opt_text("repr"), r.opt_text("str"), decode(r.any("value")), err)
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A session as the server holds it. `ended` is the status of the cell that ended it."""
+
+    id: str
+    created_at: str
+    expires_at: str
+    idle_timeout_ms: int
+    max_lifetime_ms: int
+    cells: int
+    ended: Status | None
+    limits: Limits
+
+    @classmethod
+    def _read(cls, value: object, where: str = "$") -> SessionInfo:
+        r = _Reader(value, where)
+        ended = r.opt_text("ended")
+        if ended is not None and ended not in _STATUSES:
+            raise ProtocolError(f"{where}.ended: unknown status {ended[:40]!r}")
+        return cls(
+            r.text("id"),
+            r.text("created_at"),
+            r.text("expires_at"),
+            r.integer("idle_timeout_ms"),
+            r.integer("max_lifetime_ms"),
+            r.integer("cells"),
+            ended,  # type: ignore[arg-type]
+            Limits._read(r.child("limits")),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """An entry below a session's working directory: `type` is `file`, `dir`, `symlink` or
+    `other` (links are listed, never followed)."""
+
+    path: str
+    type: str
+    size: int
+
+    @classmethod
+    def _read(cls, r: _Reader) -> FileEntry:
+        return cls(r.text("path"), r.text("type"), r.integer("size"))
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool this key's code may call: `name` as code calls it (`tools.crm.find`), the
+    server's `tool`, its Python `signature` and the MCP `input_schema`."""
+
+    name: str
+    tool: str
+    read_only: bool
+    signature: str
+    description: str
+    input_schema: dict[str, object]
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Tool:
+        schema = r.opt_object("input_schema")
+        if schema is None:
+            raise ProtocolError(f"{r.where}.input_schema: missing")
+        return cls(r.text("name"), r.text("tool"), r.flag("read_only"), r.text("signature"), r.text("description"), schema)
+
+
+@dataclass(frozen=True)
+class ToolList:
+    """The key's tools, and `python`: the stub of the `tools` package its code imports."""
+
+    tools: list[Tool]
+    python: str
+
+    @classmethod
+    def _read(cls, value: object) -> ToolList:
+        r = _Reader(value, "$")
+        return cls([Tool._read(t) for t in r.each("tools")], r.text("python"))
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    """The audit record of an execution (`GET /v1/executions/{id}`)."""
+
+    id: str
+    request_id: str
+    key: str
+    key_fingerprint: str
+    started_at: str
+    code_sha256: str
+    code_bytes: int
+    status: Status
+    exit_code: int | None
+    signal: int | None
+    limits: Limits
+    limits_hit: list[str]
+    usage: Usage
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def _read(cls, value: object) -> ExecutionRecord:
+        r = _Reader(value, "$")
+        status = r.text("status")
+        if status not in _STATUSES:
+            raise ProtocolError(f"$.status: unknown status {status[:40]!r}")
+        known = set(cls.__dataclass_fields__)
+        return cls(
+            r.text("id"),
+            r.text("request_id"),
+            r.text("key"),
+            r.text("key_fingerprint"),
+            r.text("started_at"),
+            r.text("code_sha256"),
+            r.integer("code_bytes"),
+            status,  # type: ignore[arg-type]
+            r.opt_integer("exit_code"),
+            r.opt_integer("signal"),
+            Limits._read(r.child("limits")),
+            r.texts("limits_hit"),
+            Usage._read(r.child("usage")),
+            {k: v for k, v in r.obj.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A named set of packages built in a sandbox (`environment=` of `run` and `session`)."""
+
+    name: str
+    hash: str
+    requirements: list[str]
+    python: str
+    created_at: str
+    size_bytes: int
+    packages: list[str]
+
+    @classmethod
+    def _read(cls, value: object, where: str = "$") -> Environment:
+        r = _Reader(value, where)
+        return cls(
+            r.text("name"),
+            r.text("hash"),
+            r.texts("requirements"),
+            r.text("python"),
+            r.text("created_at"),
+            r.integer("size_bytes"),
+            r.texts("packages"),
+        )
+
+
+def read_environments(value: object) -> list[Environment]:
+    if not isinstance(value, list):
+        raise ProtocolError(f"$: expected a list, got {type(value).__name__}")
+    return [Environment._read(v, f"$[{i}]") for i, v in enumerate(value)]
+
+
+def read_files(value: object) -> list[FileEntry]:
+    return [FileEntry._read(f) for f in _Reader(value, "$").each("files")]
+
+
+def read_sessions(value: object) -> list[SessionInfo]:
+    r = _Reader(value, "$")
+    return [SessionInfo._read(s.obj, s.where) for s in r.each("sessions")]

@@ -1,0 +1,121 @@
+"""A real `airlock serve` on a loopback port for the client's tests, with the keys they need:
+`KEY` (every scope but admin, the crm tools of tool_server.py), `EXECUTE_ONLY` (no `read`),
+`SLOW` (one request a minute, for 429 and `Retry-After`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pathlib
+import queue
+import signal
+import subprocess
+import tempfile
+import threading
+from typing import Iterator
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+KEY = "client-test-key-0123456789abcdef"
+EXECUTE_ONLY = "client-execute-only-0123456789ab"
+SLOW = "client-slow-key-0123456789abcdef"
+
+
+@dataclasses.dataclass(frozen=True)
+class Server:
+    url: str
+    pid: int
+    state: pathlib.Path
+
+
+def _hash(key: str) -> str:
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _binary() -> pathlib.Path:
+    path = pathlib.Path(os.environ.get("AIRLOCK_BIN", ROOT / "target" / "debug" / "airlock"))
+    if not path.is_file():
+        raise RuntimeError(f"{path} does not exist: build it (cargo build -p airlock) or set AIRLOCK_BIN")
+    return path
+
+
+def _tools_config() -> str:
+    """The crm tool server of crates/cli/tests, run by the MCP SDK's venv (scripts/lib.sh
+    ensure_mcp_client makes it)."""
+    python = ROOT / "target" / "mcp-client" / "bin" / "python"
+    if not python.exists():
+        raise RuntimeError(f"{python} is missing: run `. scripts/lib.sh && ensure_mcp_client`")
+    script = ROOT / "crates" / "cli" / "tests" / "tool_server.py"
+    return f'[tools.servers.crm]\ncommand = "{python}"\nargs = ["{script}", "stdio"]\n'
+
+
+def config() -> str:
+    return f"""
+{_tools_config()}
+[[keys]]
+name = "client"
+hash = "{_hash(KEY)}"
+tools = ["crm.*"]
+
+[[keys]]
+name = "execute-only"
+hash = "{_hash(EXECUTE_ONLY)}"
+scopes = ["execute"]
+
+[[keys]]
+name = "slow"
+hash = "{_hash(SLOW)}"
+rate_per_minute = 1
+"""
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    with tempfile.TemporaryDirectory(prefix="airlock-test-client-") as tmp:
+        dir = pathlib.Path(tmp)
+        (dir / "airlock.toml").write_text(config())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRLOCK_")}
+        # One warm sandbox and no zygote: enough for these tests, and quick to start.
+        env["AIRLOCK_POOL__SIZE"] = "1"
+        env["AIRLOCK_ZYGOTE__ENABLED"] = "false"
+        proc = subprocess.Popen(
+            [str(_binary()), "serve", "--listen", "127.0.0.1:0", "--config", str(dir / "airlock.toml"),
+             "--state-dir", str(dir / "state")],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        seen: list[str] = []
+        url = None
+        while url is None:
+            line = lines.get(timeout=60)
+            if line is None:
+                raise RuntimeError("airlock serve exited:\n" + "".join(seen))
+            seen.append(line)
+            if line.startswith("airlock: listening on "):
+                url = line.removeprefix("airlock: listening on ").strip()
+        try:
+            yield Server(url, proc.pid, dir / "state")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            left = [p for p in _cgroups() if p.name.startswith(f"airlock-{proc.pid}-")]
+            assert not left, f"cgroups left behind: {left}"
+
+
+def _cgroups() -> list[pathlib.Path]:
+    root = pathlib.Path("/sys/fs/cgroup")
+    found: list[pathlib.Path] = []
+    for controller in [root, *root.iterdir()] if root.is_dir() else []:
+        if controller.is_dir():
+            found.extend(controller.glob("airlock-*"))
+    return found

@@ -1,0 +1,431 @@
+"""The client against a real `airlock serve` (conftest.py): every method, the decoded forms
+compared with what the sandbox's Python made, streaming, sessions, files and error mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import decimal
+import math
+import threading
+import time
+from typing import Any
+
+import httpx
+import numpy
+import pytest
+
+from airlock_client import (
+    Airlock,
+    AsyncAirlock,
+    BadRequest,
+    DataFrame,
+    Environment,
+    EvalError,
+    Evaluation,
+    Execution,
+    ExecutionError,
+    ExecutionFailed,
+    ExecutionRecord,
+    FileEntry,
+    Forbidden,
+    Isolation,
+    Limits,
+    NotFound,
+    Output,
+    OutputEvent,
+    OutputFile,
+    PayloadTooLarge,
+    RateLimited,
+    Repr,
+    Series,
+    SessionBusy,
+    SessionEnded,
+    SessionInfo,
+    Tool,
+    TransportError,
+    TruncatedEvent,
+    Unauthorized,
+    Usage,
+)
+from conftest import EXECUTE_ONLY, KEY, SLOW, Server
+
+
+@pytest.fixture
+def client(server: Server) -> Any:
+    with Airlock(server.url, KEY) as c:
+        yield c
+
+
+def test_run_returns_every_field_of_the_result(client: Airlock) -> None:
+    code = 'print("hello")\nimport sys\nprint("warn", file=sys.stderr)\n6 * 7'
+    e = client.run(code)
+    assert e.ok and e.status == "ok" and e.exit_code == 0 and e.signal is None
+    assert (e.stdout, e.stderr) == ("hello\n", "warn\n")
+    assert e.result == 42 and e.result_json == 42 and e.error is None
+    assert not e.stdout_truncated and not e.stderr_truncated and e.limits_hit == []
+    assert e.id and e.usage.wall_ms >= 0 and e.limits.timeout_ms > 0
+    assert e.isolation.network == "none" and e.isolation.no_new_privs and e.isolation.capabilities == []
+    assert "user" in e.isolation.namespaces and e.outputs == [] and e.files == []
+    record = client.execution(e.id)
+    assert (record.id, record.status, record.key) == (e.id, "ok", "client")
+    assert record.code_bytes == len(code)
+
+
+def test_run_with_files_stdin_env_and_limits(client: Airlock) -> None:
+    code = (
+        "import os, sys\n"
+        "data = open('data/in.bin', 'rb').read()\n"
+        "os.makedirs('outputs', exist_ok=True)\n"
+        "open('outputs/out.txt', 'w').write(open('notes.txt').read().upper())\n"
+        "[len(data), data[:2].hex(), sys.stdin.read(), os.environ['GREETING']]"
+    )
+    e = client.run(
+        code,
+        files={"data/in.bin": b"\x00\xff" * 10, "notes.txt": "héllo"},
+        stdin="from stdin",
+        env={"GREETING": "hi"},
+        limits={"timeout_ms": 20_000, "memory_mb": 256},
+    )
+    assert e.ok, e
+    assert e.result == [20, "00ff", "from stdin", "hi"]
+    assert e.limits.timeout_ms == 20_000 and e.limits.memory_mb == 256
+    [out] = e.files
+    assert (out.path, out.content, out.skipped) == ("out.txt", "HÉLLO".encode(), None)
+
+
+def test_outputs_carry_charts_and_json(client: Airlock) -> None:
+    e = client.run(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()\n"
+        "display({'k': b'x'})\ndisplay('<b>x</b>', mime='text/html')"
+    )
+    assert e.ok, e
+    kinds = [o.type for o in e.outputs]
+    assert kinds == ["image/png", "application/json", "text/html"]
+    assert e.outputs[0].bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert e.outputs[1].value() == {'k': b'x'}
+    assert e.outputs[2].bytes() == b"<b>x</b>"
+
+
+# Each case: code that makes the value in the sandbox, and the value made here.
+FORMS: list[tuple[str, object]] = [
+    ("b'\\x00hi'", b"\x00hi"),
+    ("bytearray(b'ab')", b"ab"),
+    ("{3, 1, 2}", {1, 2, 3}),
+    ("frozenset({'a'})", frozenset({"a"})),
+    ("{1: 'a', (2, 3): None}", {1: "a", (2, 3): None}),
+    ("{'$airlock': 'pickle'}", {"$airlock": "pickle"}),
+    ("import datetime\ndatetime.date(2024, 1, 2)", datetime.date(2024, 1, 2)),
+    ("import datetime\ndatetime.datetime(2024, 1, 2, 3, 4, 5, 6, datetime.timezone.utc)",
+     datetime.datetime(2024, 1, 2, 3, 4, 5, 6, datetime.timezone.utc)),
+    ("import datetime\ndatetime.time(3, 4, 5)", datetime.time(3, 4, 5)),
+    ("import datetime\ndatetime.timedelta(hours=1, microseconds=5000)",
+     datetime.timedelta(hours=1, microseconds=5000)),
+    ("import decimal\ndecimal.Decimal('1.10')", decimal.Decimal("1.10")),
+    ("complex(1, -2)", complex(1, -2)),
+    ("(1, [2.5, None, True], 'x')", [1, [2.5, None, True], "x"]),
+    ("import numpy\nnumpy.float32(0.25)", 0.25),
+]
+
+
+@pytest.mark.parametrize(("code", "expected"), FORMS, ids=[c.split("\n")[-1][:30] for c, _ in FORMS])
+def test_each_form_decodes_to_what_the_sandbox_made(client: Airlock, code: str, expected: object) -> None:
+    e = client.run(code)
+    assert e.ok, e
+    assert e.result == expected and type(e.result) is type(expected), (e.result_json, e.result)
+
+
+def test_arrays_tables_and_reprs(client: Airlock) -> None:
+    e = client.run(
+        "import numpy, pandas, math\n"
+        "class Thing:\n    def __repr__(self): return 'Thing()'\n"
+        "{'a': numpy.arange(6, dtype='int64').reshape(2, 3),\n"
+        " 'f': numpy.array([0.5, 1.5], dtype='float32'),\n"
+        " 'df': pandas.DataFrame({'x': [1, 2], 'y': ['a', 'b']}),\n"
+        " 's': pandas.Series([1.5, 2.5], name='s'),\n"
+        " 'big': 2 ** 80, 'nan': math.nan, 'thing': Thing()}"
+    )
+    assert e.ok, e
+    r = e.result
+    assert isinstance(r, dict)
+    a = r["a"]
+    assert isinstance(a, numpy.ndarray) and a.dtype == numpy.int64
+    assert numpy.array_equal(a, numpy.arange(6).reshape(2, 3))
+    assert isinstance(r["f"], numpy.ndarray) and r["f"].dtype == numpy.float32 and list(r["f"]) == [0.5, 1.5]
+    assert r["df"] == DataFrame(columns=["x", "y"], index=[0, 1], records=[{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
+    assert r["s"] == Series(name="s", index=[0, 1], data=[1.5, 2.5])
+    big, nan, thing = r["big"], r["nan"], r["thing"]
+    assert isinstance(big, Repr) and big.type == "int" and int(big.repr) == 2**80
+    assert isinstance(nan, Repr) and nan.repr == "nan" and math.isnan(float(nan.repr))
+    assert isinstance(thing, Repr) and thing.repr == "Thing()" and thing.type.endswith("Thing")
+
+
+def test_call_returns_the_value_and_raises_on_failure(client: Airlock) -> None:
+    code = "def add(a, b):\n    return {'sum': a + b, 'pair': (a, b)}\ndef boom():\n    raise KeyError('k')"
+    assert client.call(code, "add", a=2, b=40) == {"sum": 42, "pair": [2, 40]}
+    with pytest.raises(ExecutionFailed) as failed:
+        client.call(code, "boom")
+    e = failed.value.execution
+    assert e.status == "error" and e.error is not None and e.error.type == "KeyError"
+    assert "KeyError" in str(failed.value)
+    # Positional-only: an input may be called `code` or `entrypoint`.
+    assert client.call("def f(code, entrypoint):\n    return code + entrypoint", "f", code="a", entrypoint="b") == "ab"
+
+
+def test_statuses_are_results_not_exceptions(client: Airlock) -> None:
+    e = client.run("import time\ntime.sleep(5)", limits={"timeout_ms": 500})
+    assert e.status == "timeout" and not e.ok and e.limits_hit == ["wall_time"]
+    with pytest.raises(ExecutionFailed):
+        e.raise_for_status()
+    e = client.run("x = bytearray(400 << 20)", limits={"memory_mb": 128})
+    assert e.status == "memory_limit" and e.limits_hit == ["memory"]
+
+
+def test_eval(client: Airlock) -> None:
+    v = client.eval("[1, 2] * 2 + [{'a': (3,)}]")
+    assert v.ok and v.value == [1, 2, 1, 2, {"a": [3]}] and v.type == "list"
+    assert v.repr == "[1, 2, 1, 2, {'a': (3,)}]"
+    bad = client.eval("1 / 0")
+    assert not bad.ok and bad.error is not None and bad.error.type == "ZeroDivisionError"
+    with pytest.raises(ValueError, match="ZeroDivisionError"):
+        bad.raise_for_error()
+    assert client.eval("__import__('os')").error is not None
+
+
+def test_stream_yields_output_then_the_execution(client: Airlock) -> None:
+    code = "import sys, time\nfor i in range(3):\n    print(i)\n    time.sleep(0.2)\nprint('e', file=sys.stderr)\n'done'"
+    arrived: list[tuple[float, object]] = []
+    with client.stream(code) as events:
+        for event in events:
+            arrived.append((time.monotonic(), event))
+    texts = [ev.text for _, ev in arrived if isinstance(ev, OutputEvent) and ev.stream == "stdout"]
+    assert "".join(texts) == "0\n1\n2\n"
+    last = arrived[-1][1]
+    assert isinstance(last, Execution) and last.ok and last.result == "done"
+    assert last.output_streamed and last.stdout == "0\n1\n2\n" and last.stderr == "e\n"
+    # Output arrives as it is written, not all at the end.
+    first = next(t for t, ev in arrived if isinstance(ev, OutputEvent))
+    assert arrived[-1][0] - first >= 0.3
+
+
+def test_stream_reports_truncation(client: Airlock) -> None:
+    stream = client.stream("print('x' * 5000)", limits={"output_bytes": 1000})
+    events = list(stream)
+    assert TruncatedEvent("stdout", 1000) in events
+    e = stream.finish()
+    assert e.stdout_truncated and len(e.stdout) == 1000 and e.stdout == "x" * 1000
+
+
+def test_closing_a_stream_early_kills_its_sandbox(client: Airlock) -> None:
+    with client.stream("import time\nprint('started', flush=True)\ntime.sleep(60)") as events:
+        first = next(iter(events))
+        assert first == OutputEvent("stdout", "started\n")
+    # The server has killed the sandbox; the next execution runs at once.
+    assert client.run("1").result == 1
+
+
+def test_sessions_keep_state_files_and_end(client: Airlock) -> None:
+    with client.session(env={"X": "1"}, files={"seed.txt": "s"}) as s:
+        assert s.info.cells == 0 and s.info.ended is None
+        assert s.run("import os\nx = int(os.environ['X']) + 1").ok
+        assert s.run("x * 10").result == 20
+        assert s.call("def f(y):\n    return x + y", "f", y=5) == 7
+        s.upload("data/in.txt", "hello")
+        s.upload("raw.bin", b"\x00\x01")
+        assert s.run("open('data/in.txt').read().upper()").result == "HELLO"
+        s.run("open('made.txt', 'w').write('made')")
+        assert s.download("made.txt") == b"made" and s.download("raw.bin") == b"\x00\x01"
+        entries = {f.path: f for f in s.files()}
+        assert {"seed.txt", "data", "data/in.txt", "raw.bin", "made.txt"} <= set(entries)
+        assert entries["raw.bin"].type == "file" and entries["raw.bin"].size == 2
+        with pytest.raises(NotFound):
+            s.download("missing.txt")
+        s.run("import os\nos.symlink('/etc/passwd', 'link')")
+        with pytest.raises(BadRequest):
+            s.download("link")
+        with pytest.raises(ValueError):
+            s.download("../etc/passwd")
+        stream = s.stream("print(x)")
+        assert stream.finish().stdout == "2\n"
+        assert s.id in [i.id for i in client.sessions()]
+        assert s.refresh().cells >= 6
+        ended = s.run("import sys\nsys.exit(3)")
+        assert ended.session_ended and ended.status == "error"
+        with pytest.raises(SessionEnded):
+            s.run("1")
+        assert s.refresh().ended == "error"
+    assert s.closed
+    with pytest.raises(NotFound):
+        s.refresh()
+    s.close()  # twice is fine
+
+
+def test_a_busy_session_answers_409(client: Airlock) -> None:
+    with client.session() as s:
+        slow = s.stream("import time\nprint('go', flush=True)\ntime.sleep(1.5)\n'slept'")
+        assert next(iter(slow)) == OutputEvent("stdout", "go\n")
+        with pytest.raises(SessionBusy) as busy:
+            s.run("1")
+        assert busy.value.status == 409 and busy.value.code == "session_busy"
+        assert slow.finish().result == "slept"
+
+
+def test_tools_are_listed_and_callable(client: Airlock) -> None:
+    listing = client.tools()
+    names = {t.name for t in listing.tools}
+    assert {"crm.add", "crm.find_customer"} <= names and "crm.write_note" not in names
+    add = next(t for t in listing.tools if t.name == "crm.add")
+    assert add.read_only and "a" in str(add.input_schema) and "def add" in listing.python
+    e = client.run("import tools\ntools.crm.add(a=40, b=2)")
+    assert e.ok and e.result == 42 and e.usage.tool_calls == 1
+
+
+def test_error_mapping(server: Server, client: Airlock) -> None:
+    with Airlock(server.url, "wrong-key") as stranger:
+        with pytest.raises(Unauthorized) as unauthorized:
+            stranger.run("1")
+    assert unauthorized.value.status == 401 and unauthorized.value.request_id
+    e = client.run("1")
+    assert e.id is not None
+    with Airlock(server.url, EXECUTE_ONLY) as limited:
+        with pytest.raises(Forbidden):
+            limited.execution(e.id)
+    with pytest.raises(NotFound):
+        client.execution("ex_does_not_exist")
+    with pytest.raises(BadRequest) as bad:
+        client.run("1", limits={"timeout_ms": 10**9})
+    assert bad.value.code == "limit_above_ceiling" and bad.value.field == "limits.timeout_ms"
+    with pytest.raises(BadRequest) as unknown:
+        client.run("1", environment="no-such-environment")
+    assert unknown.value.field == "environment"
+    with pytest.raises(PayloadTooLarge):
+        client.run("x = 1\n" * (3 << 20))
+    with pytest.raises(ValueError):
+        client.run("1", inputs={"a": 1})
+
+
+def test_rate_limits_raise_with_retry_after_and_are_not_retried_past_the_bound(server: Server) -> None:
+    with Airlock(server.url, SLOW, retries=3, max_retry_wait=2.0) as slow:
+        assert slow.run("1").ok
+        began = time.monotonic()
+        with pytest.raises(RateLimited) as limited:
+            slow.run("1")
+    # The server asks for about a minute; the client does not wait that long, it raises.
+    assert limited.value.retry_after is not None and limited.value.retry_after > 2
+    assert limited.value.code == "rate_limited"
+    assert time.monotonic() - began < 2
+
+
+def test_a_server_that_is_gone_is_a_transport_error() -> None:
+    with Airlock("http://127.0.0.1:9", KEY, timeout=2) as gone:
+        with pytest.raises(TransportError):
+            gone.run("1")
+
+
+def test_key_and_url_from_the_environment(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRLOCK_URL", server.url)
+    monkeypatch.setenv("AIRLOCK_API_KEY", KEY)
+    with Airlock() as c:
+        assert c.url == server.url and c.run("1").result == 1
+    monkeypatch.delenv("AIRLOCK_API_KEY")
+    with pytest.raises(ValueError, match="AIRLOCK_API_KEY"):
+        Airlock()
+
+
+def test_ready_and_pickle_scan(client: Airlock) -> None:
+    assert client.ready()["ready"] is True
+    report = client.scan_pickle(b"\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01\x85\x94.")
+    assert report["verdict"] == "safe"
+    evil = b"cos\nsystem\n(S'echo pwned'\ntR."
+    assert client.scan_pickle(evil)["verdict"] == "unsafe"
+
+
+def test_the_async_client_does_the_same(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncAirlock(server.url, KEY) as c:
+            e, value = await asyncio.gather(c.run("print('a')\n1 + 1"), c.call("def f(n):\n    return n * 2", "f", n=21))
+            assert e.ok and e.stdout == "a\n" and e.result == 2 and value == 42
+            assert (await c.eval("2 ** 10")).value == 1024
+            assert (await c.execution(e.id or "")).status == "ok"
+            texts = []
+            async with await c.stream("for i in range(2):\n    print(i, flush=True)\n'x'") as events:
+                async for ev in events:
+                    texts.append(ev)
+            assert isinstance(texts[-1], Execution) and texts[-1].stdout == "0\n1\n"
+            async with await c.session() as s:
+                await s.run("y = 5")
+                await s.upload("a.txt", "A")
+                assert await s.call("def g():\n    return y + len(open('a.txt').read())", "g") == 6
+                assert await s.download("a.txt") == b"A"
+                assert [f.path for f in await s.files()] == ["a.txt"]
+                assert (await s.refresh()).cells == 2
+                assert (await (await s.stream("print(y)")).finish()).stdout == "5\n"
+            assert s.closed
+            assert "crm.add" in {t.name for t in (await c.tools()).tools}
+            with pytest.raises(ExecutionFailed):
+                await c.call("def f():\n    raise ValueError()", "f")
+
+    asyncio.run(main())
+
+
+def test_concurrent_sync_use_from_threads(client: Airlock) -> None:
+    results: list[object] = []
+
+    def work(n: int) -> None:
+        results.append(client.call("def f(n):\n    return n * n", "f", n=n))
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 1, 4, 9]  # type: ignore[type-var]
+
+
+def test_environments(client: Airlock) -> None:
+    listing = client.environments()
+    assert listing == []
+    with pytest.raises(NotFound):
+        client.environment("numpy-extra")
+    # Building and deleting need the `admin` scope, which keys lack unless it is listed.
+    with pytest.raises(Forbidden):
+        client.create_environment("numpy-extra", ["six"])
+    with pytest.raises(Forbidden):
+        client.delete_environment("numpy-extra")
+
+
+def test_the_models_cover_the_openapi_document(server: Server) -> None:
+    """Every property the server's own OpenAPI document gives a response type is a field of
+    the client's model of it, and every required one is read: a field added or renamed on the
+    server fails here."""
+    doc = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
+    schemas = doc["components"]["schemas"]
+    env_path = doc["paths"]["/v1/environments/{name}"]["get"]["responses"]["200"]
+    schemas["Environment"] = env_path["content"]["application/json"]["schema"]
+    models: dict[str, type] = {
+        "ExecuteResponse": Execution,
+        "CellResponse": Execution,
+        "ErrorInfo": ExecutionError,
+        "Output": Output,
+        "OutputFile": OutputFile,
+        "Usage": Usage,
+        "Limits": Limits,
+        "Isolation": Isolation,
+        "ExecutionRecord": ExecutionRecord,
+        "SessionInfo": SessionInfo,
+        "FileEntry": FileEntry,
+        "EvalResponse": Evaluation,
+        "EvalError": EvalError,
+        "ToolApi": Tool,
+        "Environment": Environment,
+    }
+    # JSON names the models keep under another name.
+    renamed = {("OutputFile", "base64"): "content"}
+    for name, model in models.items():
+        fields = {f.name for f in dataclasses.fields(model)}
+        schema = schemas[name]
+        for prop in schema["properties"]:
+            assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is not in {model.__name__}"
+        for prop in schema.get("required", []):
+            assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is required"
