@@ -37,16 +37,32 @@ ensure_rust_components() {
 # Debian's numpy (the client decodes arrays into numpy when it is there).
 PYTHON_CLIENT_VENV=target/python-client
 
+# What the client's native module (airlock_client._pickle, maturin) is built from.
+PYTHON_CLIENT_NATIVE_SOURCES=(crates/pickle/src crates/pyguard Cargo.toml Cargo.lock clients/python/pyproject.toml)
+
 # ensure_python_client: the venv in $PYTHON_CLIENT_VENV with pytest, mypy and the client
-# installed from the tree (editable: the tests run what is checked out).
+# installed from the tree (editable: the tests run what is checked out). The editable install
+# builds the pickle guard (crates/pyguard, Rust, with maturin: cargo on PATH, maturin from
+# PyPI) into clients/python/src/airlock_client; it is built again whenever what it is built
+# from changed since the last build.
 ensure_python_client() {
     local py="$PYTHON_CLIENT_VENV/bin/python"
-    if [ ! -x "$py" ] || ! "$py" -c "import pytest, mypy, airlock_client" 2>/dev/null; then
+    local stamp="$PYTHON_CLIENT_VENV/native-built"
+    if [ ! -x "$py" ] || ! "$py" -c "import pytest, mypy" 2>/dev/null; then
         echo "==> installing the Python client's test tools into $PYTHON_CLIENT_VENV"
         ensure_debian_packages python3-venv python3-numpy
         /usr/bin/python3 -m venv --clear --system-site-packages "$PYTHON_CLIENT_VENV"
-        "$py" -m pip install --quiet --disable-pip-version-check pytest mypy -e clients/python
+        "$py" -m pip install --quiet --disable-pip-version-check pytest mypy
     fi
+    if [ -f "$stamp" ] && compgen -G "clients/python/src/airlock_client/_pickle.*.so" >/dev/null \
+        && [ -z "$(find "${PYTHON_CLIENT_NATIVE_SOURCES[@]}" -newer "$stamp" -print -quit)" ]; then
+        return 0
+    fi
+    echo "==> building the Python client and its pickle guard (maturin) into $PYTHON_CLIENT_VENV"
+    # Stamped as of before the build: a source changed during it is built next time.
+    touch "$stamp.next"
+    "$py" -m pip install --quiet --disable-pip-version-check -e clients/python
+    mv "$stamp.next" "$stamp"
 }
 
 # The MCP client the tests drive `airlock mcp` with: the official Python SDK, in its own venv

@@ -3,6 +3,7 @@
 `Airlock` and `AsyncAirlock` speak its HTTP API; `decode` turns a result's JSON into Python
 values; every exception derives from `AirlockError` (see `airlock_client.errors`)."""
 
+from airlock_client import pickle
 from airlock_client.aio import AsyncAirlock, AsyncSession, AsyncStream
 from airlock_client.client import Airlock, Session, Stream
 from airlock_client.decode import DataFrame, DecodeError, Repr, Series, decode
