@@ -39,20 +39,26 @@ PYTHON_CLIENT_VENV=target/python-client
 
 # What the client's native module (airlock_client._pickle, maturin) is built from.
 PYTHON_CLIENT_NATIVE_SOURCES=(crates/pickle/src crates/pyguard Cargo.toml Cargo.lock clients/python/pyproject.toml)
+# The agent frameworks the adapters' tests run, at the versions they were tested with.
+PYTHON_CLIENT_FRAMEWORKS=clients/python/tests/requirements-adapters.txt
 
-# ensure_python_client: the venv in $PYTHON_CLIENT_VENV with pytest, mypy and the client
-# installed from the tree (editable: the tests run what is checked out). The editable install
+# ensure_python_client: the venv in $PYTHON_CLIENT_VENV with pytest, mypy, the agent
+# frameworks of $PYTHON_CLIENT_FRAMEWORKS and the client installed from the tree (editable: the
+# tests run what is checked out). The editable install
 # builds the pickle guard (crates/pyguard, Rust, with maturin: cargo on PATH, maturin from
 # PyPI) into clients/python/src/airlock_client; it is built again whenever what it is built
 # from changed since the last build.
 ensure_python_client() {
     local py="$PYTHON_CLIENT_VENV/bin/python"
     local stamp="$PYTHON_CLIENT_VENV/native-built"
-    if [ ! -x "$py" ] || ! "$py" -c "import pytest, mypy" 2>/dev/null; then
-        echo "==> installing the Python client's test tools into $PYTHON_CLIENT_VENV"
+    local tools="$PYTHON_CLIENT_VENV/tools-installed"
+    if [ ! -x "$py" ] || ! "$py" -c "import pytest, mypy" 2>/dev/null \
+        || [ ! -f "$tools" ] || [ "$PYTHON_CLIENT_FRAMEWORKS" -nt "$tools" ]; then
+        echo "==> installing the Python client's test tools and agent frameworks into $PYTHON_CLIENT_VENV"
         ensure_debian_packages python3-venv python3-numpy
-        /usr/bin/python3 -m venv --clear --system-site-packages "$PYTHON_CLIENT_VENV"
-        "$py" -m pip install --quiet --disable-pip-version-check pytest mypy
+        [ -x "$py" ] || /usr/bin/python3 -m venv --clear --system-site-packages "$PYTHON_CLIENT_VENV"
+        "$py" -m pip install --quiet --disable-pip-version-check pytest mypy -r "$PYTHON_CLIENT_FRAMEWORKS"
+        touch "$tools"
     fi
     if [ -f "$stamp" ] && compgen -G "clients/python/src/airlock_client/_pickle.*.so" >/dev/null \
         && [ -z "$(find "${PYTHON_CLIENT_NATIVE_SOURCES[@]}" -newer "$stamp" -print -quit)" ]; then
