@@ -1,0 +1,41 @@
+"""The quick starts of README.md ("Python") and of the client's own README run as written
+against the test server, and print what their comments say."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pathlib
+import re
+
+from conftest import KEY, ROOT, Server
+
+
+def python_block(readme: pathlib.Path, after: str) -> str:
+    text = readme.read_text()
+    start = text.index(after)
+    match = re.search(r"```python\n(.*?)```", text[start:], re.S)
+    assert match, f"no python block after {after!r} in {readme}"
+    return match.group(1)
+
+
+def run(code: str, server: Server) -> list[str]:
+    code = code.replace("http://127.0.0.1:8080", server.url).replace('"ak_..."', "KEY")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "README", "exec"), {"KEY": KEY})  # the project's own documentation
+    return out.getvalue().splitlines()
+
+
+def test_the_readme_quick_start(server: Server) -> None:
+    lines = run(python_block(ROOT / "README.md", "\n## Python\n"), server)
+    assert lines == ["ok hello", " 42", "{1, 2}", "3"]
+
+
+def test_the_client_readme_quick_start(server: Server) -> None:
+    lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Quick start\n"), server)
+    assert lines[:4] == ["ok hello", " 42", "42", "11"]
+    # Output events (a print may share one with the next), then the Execution.
+    assert lines[4].startswith("OutputEvent(stream='stdout', text='0\\n")
+    assert all(line.startswith("OutputEvent(stream='stdout'") for line in lines[4:-1])
+    assert lines[-1].startswith("Execution(") and "stdout='0\\n1\\n2\\n'" in lines[-1]
