@@ -191,6 +191,8 @@ def test_eval(client: Airlock) -> None:
     with pytest.raises(ValueError, match="ZeroDivisionError"):
         bad.raise_for_error()
     assert client.eval("__import__('os')").error is not None
+    # The value is plain JSON: an expression that spells a form gets the dict it wrote.
+    assert client.eval("{'$airlock': 'bytes', 'base64': 'aGk='}").value == {"$airlock": "bytes", "base64": "aGk="}
 
 
 def test_stream_yields_output_then_the_execution(client: Airlock) -> None:

@@ -28,7 +28,11 @@ from airlock_client import (
     ProtocolError,
     RateLimited,
     ServiceUnavailable,
+    BadRequest,
+    EvaluationFailed,
+    OutputEvent,
     SessionBusy,
+    SessionEnded,
     TransportError,
     raise_for_status,
 )
@@ -65,6 +69,7 @@ class Hostile:
     url: str = ""
     answers: list[tuple[int, dict[str, str], Body]] = field(default_factory=list)
     seen: list[tuple[str, str]] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
     def answer(self, status: int, body: Body, content_type: str = "application/json", **headers: str) -> None:
         self.answers.append((status, {"Content-Type": content_type, **headers}, body))
@@ -87,6 +92,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
         self.hostile.seen.append((self.command, self.path))
+        self.hostile.headers.append({k.lower(): v for k, v in self.headers.items()})
         if not self.hostile.answers:
             self.send_response(500)
             self.send_header("Content-Length", "0")
@@ -178,12 +184,17 @@ def test_a_huge_answer_without_a_length_stops_at_the_limit(hostile: Hostile) -> 
         client(hostile, max_response_bytes=1 << 20).run("x")
 
 
-def test_a_compression_bomb_stops_at_the_limit(hostile: Hostile) -> None:
-    bomb = gzip.compress(b" " * (200 << 20), compresslevel=9)
-    assert len(bomb) < 1 << 20
-    hostile.answer(200, bomb, **{"Content-Encoding": "gzip"})
-    with pytest.raises(ProtocolError, match="over the client's limit"):
-        client(hostile, max_response_bytes=4 << 20).run("x")
+@pytest.mark.parametrize("encoding", ["gzip", "gzip, gzip", "br", "deflate", "x-unknown"])
+def test_a_compressed_answer_is_refused_before_it_is_inflated(hostile: Hostile, encoding: str) -> None:
+    # 1 KiB of gzip that would be 64 MiB of spaces; with two layers, or Brotli, far more.
+    bomb = gzip.compress(b" " * (64 << 20), compresslevel=9)
+    hostile.answer(200, bomb, **{"Content-Encoding": encoding})
+    with pytest.raises(ProtocolError, match="compressed"):
+        client(hostile).run("x")
+    assert hostile.headers[-1]["accept-encoding"] == "identity"
+    hostile.answer(200, bomb, "text/event-stream", **{"Content-Encoding": encoding})
+    with pytest.raises(ProtocolError, match="compressed"):
+        client(hostile).stream("x")
 
 
 @pytest.mark.parametrize("form", [
@@ -385,3 +396,152 @@ def test_a_stream_refused_with_retry_after_is_opened_again(hostile: Hostile) -> 
     hostile.answer(503, refusal, **{"Retry-After": "1"})
     with pytest.raises(ServiceUnavailable):
         client(hostile).stream("x")
+
+
+def test_a_key_that_is_not_a_header_is_refused_without_quoting_it(hostile: Hostile) -> None:
+    for key in ("sk-SECRET\n", "sk-SECRET key", "sk-SECRÉT", ""):
+        with pytest.raises(ValueError) as refused:
+            Airlock(hostile.url, key)
+        assert "SECR" not in str(refused.value)
+    c = Airlock(hostile.url, "sk-SECRET")
+    assert "SECRET" not in repr(c._settings)
+    # A failed request's message never holds the key.
+    with pytest.raises(TransportError) as failed:
+        Airlock("http://127.0.0.1:9", "sk-SECRET", timeout=2).run("x")
+    assert "SECRET" not in str(failed.value)
+
+
+@pytest.mark.parametrize("value", ["\xb2", "9" * 5000, "-1", "1.5", "Wed, 21 Oct 2015 07:28:00 GMT", " 2 "])
+def test_odd_retry_after_values_are_no_crash(hostile: Hostile, value: str) -> None:
+    refusal = json.dumps({"error": {"code": "rate_limited", "message": "m"}}).encode()
+    hostile.answer(429, refusal, **{"Retry-After": value})
+    with pytest.raises(RateLimited) as limited:
+        client(hostile, retries=1, max_retry_wait=0).run("x")
+    assert limited.value.retry_after == (2.0 if value == " 2 " else None)
+
+
+def test_ids_that_are_dots_are_refused(hostile: Hostile) -> None:
+    c = client(hostile)
+    for bad in (".", ".."):
+        with pytest.raises(ValueError):
+            c.execution(bad)
+        with pytest.raises(ValueError):
+            c.environment(bad)
+    info = {"id": "..", "created_at": "t", "expires_at": "t", "idle_timeout_ms": 1,
+            "max_lifetime_ms": 1, "cells": 0, "ended": None, "limits": RESULT["limits"]}
+    hostile.json(info, 201)
+    s = c.session()
+    with pytest.raises(ValueError):
+        s.run("x")
+    with pytest.raises(ValueError):
+        s.close()
+    assert hostile.seen == [("POST", "/v1/sessions")]
+
+
+def test_only_the_call_s_own_status_answers_it(hostile: Hostile) -> None:
+    c = client(hostile)
+    hostile.answer(302, json.dumps(RESULT).encode(), Location="/login")
+    with pytest.raises(ProtocolError, match="unexpected HTTP 302"):
+        c.run("x")
+    info = {"id": "s1", "created_at": "t", "expires_at": "t", "idle_timeout_ms": 1,
+            "max_lifetime_ms": 1, "cells": 0, "ended": None, "limits": RESULT["limits"]}
+    hostile.json(info, 200)  # a create answers 201
+    with pytest.raises(ProtocolError, match="unexpected HTTP 200"):
+        c.session()
+    hostile.json(info, 201)
+    s = c.session()
+    hostile.answer(302, b"<html>login</html>", "text/html", Location="/login")
+    with pytest.raises(ProtocolError):
+        s.download("a.txt")
+    hostile.answer(200, b"")  # a close answers 204
+    with pytest.raises(ProtocolError):
+        s.close()
+    assert not s.closed
+    hostile.answer(204, b"", "")
+    s.close()
+    assert s.closed
+
+
+def test_one_call_has_a_deadline_however_the_answer_trickles(hostile: Hostile) -> None:
+    def trickle() -> Iterator[bytes]:
+        body = json.dumps(RESULT).encode()
+        for i in range(len(body)):
+            time.sleep(0.2)
+            yield body[i : i + 1]
+
+    hostile.answer(200, trickle)
+    began = time.monotonic()
+    with pytest.raises(TransportError, match="deadline"):
+        client(hostile, timeout=1, deadline=1).run("x")
+    assert time.monotonic() - began < 5
+    def comments() -> Iterator[bytes]:
+        while True:
+            time.sleep(0.2)
+            yield b": keep-alive\n\n"
+
+    hostile.answer(200, comments, "text/event-stream")
+    with pytest.raises(TransportError, match="deadline"):
+        client(hostile, timeout=1, deadline=1).stream("x").finish()
+
+
+def test_a_stream_that_failed_or_was_closed_raises_airlock_errors(hostile: Hostile) -> None:
+    hostile.answer(200, sse(("error", {"error": {"code": "session_ended", "message": "gone"}})), "text/event-stream")
+    stream = client(hostile).stream("x")
+    with pytest.raises(SessionEnded) as ended:
+        list(stream)
+    assert ended.value.status == 409
+    with pytest.raises(ProtocolError, match="without its result"):
+        stream.finish()
+    hostile.answer(200, sse(("stdout", {"text": "a"})) + b"event: stdout\n", "text/event-stream")
+    stream = client(hostile).stream("x")
+    assert next(iter(stream)) == OutputEvent("stdout", "a")
+    stream.close()
+    with pytest.raises(TransportError, match="closed"):
+        next(iter(stream))
+    hostile.answer(200, sse(("error", {"error": {"code": "invalid_request", "message": "m", "field": "code"}})),
+                   "text/event-stream")
+    with pytest.raises(BadRequest) as bad:
+        client(hostile).stream("x").finish()
+    assert (bad.value.status, bad.value.field) == (400, "code")
+
+
+def test_eval_values_are_plain_json(hostile: Hostile) -> None:
+    spelled = {"$airlock": "bytes", "base64": "aGk="}
+    hostile.json({"ok": True, "type": "dict", "repr": "...", "str": "...", "value": spelled})
+    assert client(hostile).eval("x").value == spelled
+    hostile.json({"ok": False, "error": {"type": "ZeroDivisionError", "message": "division by zero"}})
+    with pytest.raises(EvaluationFailed, match="ZeroDivisionError"):
+        client(hostile).eval("1/0").raise_for_error()
+
+
+def test_infinite_numbers_and_control_characters_are_refused_or_cleaned(hostile: Hostile) -> None:
+    hostile.answer(200, json.dumps({**RESULT, "usage": {"wall_ms": 1}}).replace('"wall_ms": 1', '"wall_ms": 1e999').encode())
+    with pytest.raises(ProtocolError, match="too large"):
+        client(hostile).run("x")
+    hostile.json({"error": {"code": "invalid_request", "message": "bad\x1b[2J\x07", "field": "a\nb"}}, 400)
+    with pytest.raises(BadRequest) as bad:
+        client(hostile).run("x")
+    assert bad.value.message == "bad [2J " and bad.value.field == "a b"
+
+
+def test_proxies_from_the_environment_are_not_used(hostile: Hostile, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    hostile.result()
+    assert client(hostile).run("x").ok
+
+
+def test_colliding_keys_are_refused_before_they_cost_quadratic_time(hostile: Hostile) -> None:
+    collide = (1 << 61) - 1  # every multiple hashes to 0
+    items = [i * collide for i in range(1, 2001)]
+    hostile.result(result={"$airlock": "set", "type": "set", "items": items})
+    with pytest.raises(DecodeError, match="share a hash"):
+        client(hostile).run("x")
+    hostile.result(result={"$airlock": "dict", "items": [[k, 1] for k in items]})
+    with pytest.raises(DecodeError, match="share a hash"):
+        client(hostile).run("x")
+    few = items[:64]
+    hostile.result(result={"$airlock": "set", "type": "set", "items": few})
+    assert client(hostile).run("x").result == set(few)

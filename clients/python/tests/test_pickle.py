@@ -598,6 +598,44 @@ def test_the_module_never_imports_an_unpickler() -> None:
             imported.add(node.module or "")
     assert imported <= {
         "__future__", "base64", "binascii", "codecs", "collections", "collections.abc",
-        "dataclasses", "json", "os", "typing", "airlock_client",
+        "dataclasses", "json", "os", "stat", "typing", "airlock_client", "airlock_client.decode",
     }, imported
     assert sys.modules["airlock_client._pickle"] is _pickle
+
+
+def test_colliding_set_items_and_keys_are_refused_before_they_cost_quadratic_time() -> None:
+    collide = (1 << 61) - 1  # every multiple hashes to 0
+    many = [i * collide for i in range(1, 2001)]
+    for value in (set(many), frozenset(many), {k: 1 for k in many}):
+        data = pickle.dumps(value, protocol=4)
+        assert safe_pickle.scan(data).verdict == "safe"
+        with pytest.raises(safe_pickle.UnrepresentablePickle, match="share a hash"):
+            safe_pickle.loads(data)
+    few = set(many[:64])
+    assert safe_pickle.loads(pickle.dumps(few, protocol=4)) == few
+
+
+def test_builders_are_given_plain_data_only() -> None:
+    # defaultdict(codecs.encode): the builder would get a function to call later.
+    data = b"\x80\x02ccollections\ndefaultdict\nc_codecs\nencode\n\x85R."
+    with pytest.raises(safe_pickle.UnsafePickle, match="not plain data"):
+        safe_pickle.loads(data, allow={"collections.defaultdict": collections.defaultdict})
+    # Nor another builder, named as a value.
+    nested = b"\x80\x02ccollections\ndefaultdict\ncdatetime\ndate\n\x85R."
+    builders = {"collections.defaultdict": collections.defaultdict, "datetime.date": datetime.date}
+    with pytest.raises(safe_pickle.UnsafePickle, match="not plain data"):
+        safe_pickle.loads(nested, allow=builders)
+    assert safe_pickle.loads(b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R.",
+                             allow={"datetime.date": datetime.date}) == datetime.date(2024, 1, 2)
+
+
+def test_a_path_that_is_no_regular_file_is_refused(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(safe_pickle.PickleError, match="not a regular file"):
+        safe_pickle.scan("/dev/zero")
+    with pytest.raises(safe_pickle.PickleError, match="not a regular file"):
+        safe_pickle.scan(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # Refused at once: not left waiting for a writer, which could then write forever.
+    with pytest.raises(safe_pickle.PickleError, match="not a regular file"):
+        safe_pickle.scan(fifo)

@@ -38,6 +38,26 @@ create_exception!(
      nesting deeper than max_depth, shared parts repeated past the size bound): args[0] says why."
 );
 
+create_exception!(
+    airlock_client._pickle,
+    Failed,
+    PyException,
+    "The guard itself failed (a bug): args[0] says where. Never a verdict."
+);
+
+/// Runs the guard, a panic caught as `Failed`: pyo3 would raise its own `PanicException`, a
+/// `BaseException` that callers' `except Exception` lets through.
+fn guarded<T>(work: impl FnOnce() -> T + std::panic::UnwindSafe) -> PyResult<T> {
+    std::panic::catch_unwind(work).map_err(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".into());
+        Failed::new_err((why,))
+    })
+}
+
 /// The deepest nesting `decode` may be asked to follow. Python's JSON parser, bounded by the
 /// recursion limit (1 000 levels), could not read its answer much deeper anyway.
 const MAX_DEPTH: usize = 1_000;
@@ -63,9 +83,9 @@ fn options(allow: Vec<String>, max_bytes: usize) -> Options {
 /// `airlock pickle scan --json` prints for that file, without its `file` field.
 #[pyfunction]
 #[pyo3(signature = (data, allow, max_bytes))]
-fn scan(py: Python<'_>, data: &[u8], allow: Vec<String>, max_bytes: usize) -> String {
+fn scan(py: Python<'_>, data: &[u8], allow: Vec<String>, max_bytes: usize) -> PyResult<String> {
     let opts = options(allow, max_bytes);
-    py.detach(|| scan_file(data, &opts).to_json().to_string())
+    py.detach(|| guarded(|| scan_file(data, &opts).to_json().to_string()))
 }
 
 /// The value of a safe pickle as JSON text, exactly what `airlock pickle decode` prints;
@@ -97,10 +117,12 @@ fn decode(
     }
     let stack = json_stack(max_depth);
     let decoded = py.detach(|| {
-        stacker::maybe_grow(stack, 2 * stack, || {
-            decode_value(data, &opts).map(|v| v.to_string())
+        guarded(|| {
+            stacker::maybe_grow(stack, 2 * stack, || {
+                decode_value(data, &opts).map(|v| v.to_string())
+            })
         })
-    });
+    })?;
     match decoded {
         Ok(text) => Ok(text),
         Err(DecodeError::Unsafe(reasons)) => Err(Unsafe::new_err((reasons,))),
@@ -124,5 +146,6 @@ fn _pickle(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Unsafe", py.get_type::<Unsafe>())?;
     m.add("Malformed", py.get_type::<Malformed>())?;
     m.add("Unrepresentable", py.get_type::<Unrepresentable>())?;
+    m.add("Failed", py.get_type::<Failed>())?;
     Ok(())
 }

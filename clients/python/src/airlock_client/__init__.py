@@ -1,7 +1,8 @@
 """Client for airlock, a sandbox service that runs untrusted Python and returns JSON results.
 
 `Airlock` and `AsyncAirlock` speak its HTTP API; `decode` turns a result's JSON into Python
-values; every exception derives from `AirlockError` (see `airlock_client.errors`)."""
+values; every exception the clients raise derives from `AirlockError` (see
+`airlock_client.errors`); `airlock_client.pickle`, which needs no server, raises `PickleError`."""
 
 from airlock_client import pickle
 from airlock_client.aio import AsyncAirlock, AsyncSession, AsyncStream
@@ -13,6 +14,7 @@ from airlock_client.errors import (
     BadRequest,
     BuildFailed,
     Conflict,
+    EvaluationFailed,
     ExecutionFailed,
     Forbidden,
     InternalServerError,
@@ -67,6 +69,7 @@ __all__ = [
     "DecodeError",
     "Environment",
     "EvalError",
+    "EvaluationFailed",
     "Evaluation",
     "Execution",
     "ExecutionError",

@@ -17,3 +17,6 @@ class Malformed(Exception):
 
 class Unrepresentable(Exception):
     """args: (why: str,)"""
+
+class Failed(Exception):
+    """args: (where: str,): the guard itself failed (a bug), never a verdict."""

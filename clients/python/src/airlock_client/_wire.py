@@ -6,14 +6,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
+import re
+import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Generic, Mapping, TypeVar
 
 import httpx
 
-from airlock_client.errors import APIError, ProtocolError, error_for
+from airlock_client.errors import STATUS_OF_CODE, APIError, ProtocolError, TransportError, error_for
 from airlock_client.models import (
     Environment,
     Evaluation,
@@ -35,24 +38,31 @@ _T = TypeVar("_T", covariant=True)
 DEFAULT_URL = "http://127.0.0.1:8080"
 # An answer's bytes the client takes at most (the JSON of a result, a file, a whole stream).
 # airlock's defaults give answers of a few MiB; its ceilings up to 768 MiB (README: "Answers
-# and memory"): raise it for those.
-DEFAULT_MAX_RESPONSE_BYTES = 256 << 20
+# and memory"): raise it for those. Parsed, JSON can take up to ~25 times its size in memory.
+DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # Executions may run for minutes, and a stream is silent while its program is: reads wait
 # this long; connecting does not.
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+# The most one call may take, from sending it to the last byte of its answer: a server that
+# trickles an answer a byte at a time cannot hold the caller longer (checked between reads).
+DEFAULT_DEADLINE = 3600.0
 USER_AGENT = "airlock-client/0.1.0"
 
 Files = Mapping[str, "bytes | str"]
 Limits = Mapping[str, int]
 
 
+_KEY = re.compile(r"[\x21-\x7e]{1,4096}")
+
+
 @dataclass(frozen=True)
 class Settings:
     url: str
-    api_key: str
     retries: int
     max_retry_wait: float
     max_response_bytes: int
+    deadline: float
+    api_key: str = field(repr=False, default="")
 
     @classmethod
     def make(
@@ -62,19 +72,30 @@ class Settings:
         retries: int,
         max_retry_wait: float,
         max_response_bytes: int,
+        deadline: float,
     ) -> Settings:
         url = url or os.environ.get("AIRLOCK_URL") or DEFAULT_URL
         key = api_key if api_key is not None else os.environ.get("AIRLOCK_API_KEY")
         if not key:
             raise ValueError("no API key: pass api_key= or set AIRLOCK_API_KEY")
-        if retries < 0 or max_retry_wait < 0 or max_response_bytes <= 0:
-            raise ValueError("retries and max_retry_wait must be >= 0, max_response_bytes > 0")
+        # Checked here, and never quoted: an HTTP library's error about a bad header would
+        # quote the key, and such messages reach logs and models.
+        if not _KEY.fullmatch(key):
+            raise ValueError("the API key must be printable ASCII without spaces (check for a trailing newline)")
+        if retries < 0 or max_retry_wait < 0 or max_response_bytes <= 0 or deadline <= 0:
+            raise ValueError("retries and max_retry_wait must be >= 0, max_response_bytes and deadline > 0")
         if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
             raise ValueError(f"the server's URL must be http:// or https://, not {url!r}")
-        return cls(url.rstrip("/"), key, retries, max_retry_wait, max_response_bytes)
+        return cls(url.rstrip("/"), retries, max_retry_wait, max_response_bytes, deadline, key)
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT}
+        # identity: airlock sends answers uncompressed, and a compressed one could inflate to
+        # any size in one read before its bytes are counted.
+        return {"Authorization": f"Bearer {self.api_key}", "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+
+    def redact(self, text: str) -> str:
+        """`text` without the key, for messages about a failed request."""
+        return text.replace(self.api_key, "<api key>")
 
     def wait_before_retry(self, error: APIError, attempt: int) -> float | None:
         """Seconds to wait before trying again, or None to raise. Only 429 and 503 with a
@@ -97,8 +118,9 @@ class Request(Generic[_T]):
     json: object = None
     content: bytes | None = None
     stream: bool = False
-    # Error statuses whose body is this call's answer (`/readyz` says why in its 503).
-    answers: tuple[int, ...] = ()
+    # The statuses that answer this call (`/readyz` says why it is not ready in its 503);
+    # any other below 400 (a redirect, a proxy's 200 for a 201) is a ProtocolError.
+    ok: tuple[int, ...] = (200,)
 
     def headers(self) -> dict[str, str]:
         h = {"Accept": "text/event-stream" if self.stream else "application/json"}
@@ -122,9 +144,10 @@ class Answer:
 
 
 def segment(value: str, what: str) -> str:
-    """One path segment, quoted (a hostile server's session id cannot reach another route)."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string")
+    """One path segment, quoted (a hostile server's session id cannot reach another route:
+    `.` and `..`, which URL normalisation would remove, are refused)."""
+    if not isinstance(value, str) or value in ("", ".", ".."):
+        raise ValueError(f"{what} must be a non-empty string other than '.' and '..'")
     return urllib.parse.quote(value, safe="")
 
 
@@ -137,16 +160,34 @@ def file_path(path: str) -> str:
     return "/".join(urllib.parse.quote(p, safe="") for p in parts)
 
 
-def check_length(headers: httpx.Headers, limit: int) -> None:
-    length = headers.get("content-length")
-    if length is not None and length.strip().isdigit() and int(length) > limit:
+def check_head(headers: httpx.Headers, limit: int) -> None:
+    """Refuses, before reading it, an answer that is compressed (asked for none) or says it is
+    longer than `limit`."""
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise ProtocolError(f"a compressed answer ({encoding[:40]!r}), though none was asked for")
+    length = headers.get("content-length", "").strip()
+    if re.fullmatch(r"[0-9]{1,20}", length) and int(length) > limit:
         raise ProtocolError(f"the answer is {int(length)} bytes, over the client's limit of {limit}")
 
 
-def add_chunk(buf: bytearray, chunk: bytes, limit: int) -> None:
-    buf += chunk
-    if len(buf) > limit:
-        raise ProtocolError(f"the answer is over the client's limit of {limit} bytes")
+class Budget:
+    """What one answer may still take: bytes and, since the request was sent, time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.limit = settings.max_response_bytes
+        self.ends = time.monotonic() + settings.deadline
+        self.deadline = settings.deadline
+
+    def add(self, buf: bytearray, chunk: bytes) -> None:
+        buf += chunk
+        if len(buf) > self.limit:
+            raise ProtocolError(f"the answer is over the client's limit of {self.limit} bytes")
+        self.check_time()
+
+    def check_time(self) -> None:
+        if time.monotonic() > self.ends:
+            raise TransportError(f"no whole answer within the client's deadline of {self.deadline:g} s")
 
 
 def read_json(answer: Answer) -> object:
@@ -156,7 +197,7 @@ def read_json(answer: Answer) -> object:
     if media != "application/json":
         raise ProtocolError(f"expected application/json, got {media or 'no content type'!r}")
     try:
-        return json.loads(answer.body, parse_constant=_no_constant)
+        return json.loads(answer.body, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ProtocolError("the answer's JSON is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as e:
@@ -165,6 +206,13 @@ def read_json(answer: Answer) -> object:
 
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is too large for a float")
+    return value
 
 
 def execute_body(
@@ -263,10 +311,6 @@ def nothing(answer: Answer) -> None:
     return None
 
 
-# The status an `error` event stands for, by its code (the stream itself was a 200).
-_EVENT_STATUS = {"internal": 500, "unavailable": 503, "shutting_down": 503, "overloaded": 503}
-
-
 class Events:
     """Server-sent events in, StreamEvents out: the output events as they come, then the
     Execution with the streamed output put back into its stdout and stderr. Bounded: one
@@ -286,12 +330,14 @@ class Events:
         self.seen += len(chunk)
         if self.seen > self.limit:
             raise ProtocolError(f"the stream is over the client's limit of {self.limit} bytes")
+        searched = len(self.buf)  # no newline before this: not searched again
         self.buf += chunk
         events: list[StreamEvent] = []
         while True:
-            end = self.buf.find(b"\n")
+            end = self.buf.find(b"\n", searched)
             if end < 0:
                 break
+            searched = 0
             line = bytes(self.buf[:end]).rstrip(b"\r")
             del self.buf[: end + 1]
             event = self.line(line)
@@ -356,14 +402,14 @@ class Events:
             headers = httpx.Headers({"content-type": "application/json"})
             error = body.get("error")
             code = error.get("code") if isinstance(error, dict) else None
-            status = _EVENT_STATUS.get(code, 500) if isinstance(code, str) else 500
+            status = STATUS_OF_CODE.get(code, 500) if isinstance(code, str) else 500
             raise error_for(status, headers, data.encode())
         raise ProtocolError(f"an unknown event {event[:40]!r}")
 
 
 def _event_json(data: str, event: str) -> dict[str, object]:
     try:
-        value = json.loads(data, parse_constant=_no_constant)
+        value = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise ProtocolError(f"a {event[:40]} event's JSON is nested too deeply") from None
     except ValueError as e:
@@ -373,10 +419,21 @@ def _event_json(data: str, event: str) -> dict[str, object]:
     return value
 
 
-def stream_media(headers: httpx.Headers) -> None:
+def check_stream(headers: httpx.Headers) -> None:
     media = headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "text/event-stream":
         raise ProtocolError(f"expected text/event-stream, got {media or 'no content type'!r}")
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise ProtocolError(f"a compressed stream ({encoding[:40]!r}), though none was asked for")
+
+
+def refusal(answer: Answer) -> APIError:
+    """The error an answer that is not the call's stands for; a status below 400 that the call
+    does not expect (a redirect, a proxy's page) is no answer of airlock's."""
+    if answer.status < 400:
+        raise ProtocolError(f"unexpected HTTP {answer.status} (redirects are not followed)")
+    return error_for(answer.status, answer.headers, answer.body)
 
 # The API's calls, one builder each, shared by both clients.
 
@@ -399,7 +456,7 @@ def record(execution_id: str) -> Request[ExecutionRecord]:
 
 
 def open_session(body: dict[str, object]) -> Request[SessionInfo]:
-    return Request("POST", "/v1/sessions", lambda a: SessionInfo._read(read_json(a)), json=body)
+    return Request("POST", "/v1/sessions", lambda a: SessionInfo._read(read_json(a)), json=body, ok=(201,))
 
 
 def session_info(session_id: str) -> Request[SessionInfo]:
@@ -411,7 +468,7 @@ def sessions() -> Request[list[SessionInfo]]:
 
 
 def close_session(session_id: str) -> Request[None]:
-    return Request("DELETE", f"/v1/sessions/{segment(session_id, 'session id')}", nothing)
+    return Request("DELETE", f"/v1/sessions/{segment(session_id, 'session id')}", nothing, ok=(204,))
 
 
 def list_files(session_id: str) -> Request[list[FileEntry]]:
@@ -425,7 +482,8 @@ def download(session_id: str, path: str) -> Request[bytes]:
 def upload(session_id: str, path: str, data: bytes | str) -> Request[None]:
     content = data.encode() if isinstance(data, str) else bytes(data)
     return Request(
-        "PUT", f"/v1/sessions/{segment(session_id, 'session id')}/files/{file_path(path)}", nothing, content=content
+        "PUT", f"/v1/sessions/{segment(session_id, 'session id')}/files/{file_path(path)}", nothing,
+        content=content, ok=(204,),
     )
 
 
@@ -444,11 +502,11 @@ def environment(name: str) -> Request[Environment]:
 
 def create_environment(name: str, requirements: list[str]) -> Request[Environment]:
     body = {"name": name, "requirements": list(requirements)}
-    return Request("POST", "/v1/environments", lambda a: Environment._read(read_json(a)), json=body)
+    return Request("POST", "/v1/environments", lambda a: Environment._read(read_json(a)), json=body, ok=(201,))
 
 
 def delete_environment(name: str) -> Request[None]:
-    return Request("DELETE", f"/v1/environments/{segment(name, 'environment name')}", nothing)
+    return Request("DELETE", f"/v1/environments/{segment(name, 'environment name')}", nothing, ok=(204,))
 
 
 def scan_pickle(data: bytes) -> Request[dict[str, object]]:
@@ -456,4 +514,4 @@ def scan_pickle(data: bytes) -> Request[dict[str, object]]:
 
 
 def ready() -> Request[dict[str, object]]:
-    return Request("GET", "/readyz", json_object, answers=(503,))
+    return Request("GET", "/readyz", json_object, ok=(200, 503))

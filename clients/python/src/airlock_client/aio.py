@@ -10,8 +10,8 @@ from typing import AsyncIterator, Mapping, TypeVar
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Events, Files, Limits, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, TransportError, error_for
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
+from airlock_client.errors import NotFound, ProtocolError, TransportError
 from airlock_client.models import (
     Environment,
     Evaluation,
@@ -26,6 +26,9 @@ from airlock_client.models import (
 __all__ = ["AsyncAirlock", "AsyncSession", "AsyncStream"]
 
 _T = TypeVar("_T")
+
+# Answers larger than this are parsed in a thread.
+_OFF_LOOP_BYTES = 1 << 20
 
 
 class AsyncAirlock:
@@ -47,10 +50,11 @@ class AsyncAirlock:
         retries: int = 0,
         max_retry_wait: float = 30.0,
         max_response_bytes: int = _wire.DEFAULT_MAX_RESPONSE_BYTES,
+        deadline: float = _wire.DEFAULT_DEADLINE,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
-        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes)
-        self._http = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes, deadline)
+        self._http = http_client or httpx.AsyncClient(timeout=timeout, follow_redirects=False, trust_env=False)
 
     @property
     def url(self) -> str:
@@ -173,19 +177,38 @@ class AsyncAirlock:
         await self.close()
 
     async def _do(self, request: Request[_T]) -> _T:
-        return request.parse(await self._send(request))
+        answer = await self._exchange(request, Budget(self._settings))
+        assert isinstance(answer, Answer)
+        if len(answer.body) > _OFF_LOOP_BYTES:
+            # Parsing and decoding a large answer takes a while: not on the event loop.
+            return await asyncio.to_thread(request.parse, answer)
+        return request.parse(answer)
 
-    async def _send(self, request: Request[object]) -> Answer:
+    async def _stream(self, request: Request[object]) -> AsyncStream:
+        budget = Budget(self._settings)
+        response = await self._exchange(request, budget)
+        assert isinstance(response, httpx.Response)
+        return AsyncStream(response, budget, self._settings)
+
+    async def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
+        """As `Airlock._exchange`."""
         attempt = 0
         while True:
             response = await self._open(request)
+            if request.stream and response.status_code == 200:
+                try:
+                    _wire.check_stream(response.headers)
+                except ProtocolError:
+                    await response.aclose()
+                    raise
+                return response
             try:
-                answer = await self._read(response)
+                answer = await self._read(response, budget)
             finally:
                 await response.aclose()
-            if answer.status < 400 or answer.status in request.answers:
+            if answer.status in request.ok and not request.stream:
                 return answer
-            error = error_for(answer.status, answer.headers, answer.body)
+            error = _wire.refusal(answer)
             wait = self._settings.wait_before_retry(error, attempt)
             if wait is None:
                 raise error
@@ -202,52 +225,30 @@ class AsyncAirlock:
         try:
             return await self._http.send(built, stream=True)
         except httpx.HTTPError as e:
-            raise TransportError(f"{request.method} {request.path}: {e}") from e
+            raise TransportError(self._settings.redact(f"{request.method} {request.path}: {e}")) from None
 
-    async def _read(self, response: httpx.Response) -> Answer:
-        limit = self._settings.max_response_bytes
-        _wire.check_length(response.headers, limit)
+    async def _read(self, response: httpx.Response, budget: Budget) -> Answer:
+        _wire.check_head(response.headers, budget.limit)
         body = bytearray()
         try:
-            async for chunk in response.aiter_bytes():
-                _wire.add_chunk(body, chunk, limit)
+            async for chunk in response.aiter_raw():
+                budget.add(body, chunk)
         except httpx.HTTPError as e:
-            raise TransportError(f"reading the answer: {e}") from e
+            raise TransportError(self._settings.redact(f"reading the answer: {e}")) from None
         return Answer(response.status_code, response.headers, bytes(body))
-
-    async def _stream(self, request: Request[object]) -> AsyncStream:
-        attempt = 0
-        while True:
-            response = await self._open(request)
-            if response.status_code == 200:
-                try:
-                    _wire.stream_media(response.headers)
-                except ProtocolError:
-                    await response.aclose()
-                    raise
-                return AsyncStream(response, self._settings.max_response_bytes)
-            try:
-                answer = await self._read(response)
-            finally:
-                await response.aclose()
-            error = error_for(answer.status, answer.headers, answer.body)
-            if answer.status < 400:
-                raise ProtocolError(f"expected a stream, got HTTP {answer.status}")
-            wait = self._settings.wait_before_retry(error, attempt)
-            if wait is None:
-                raise error
-            await asyncio.sleep(wait)
-            attempt += 1
 
 
 class AsyncStream:
     """The events of one streamed execution, iterated with `async for` (see `Stream`)."""
 
-    def __init__(self, response: httpx.Response, limit: int) -> None:
+    def __init__(self, response: httpx.Response, budget: Budget, settings: Settings) -> None:
         self._response = response
-        self._chunks = response.aiter_bytes()
-        self._events = Events(limit)
+        self._chunks = response.aiter_raw()
+        self._budget = budget
+        self._settings = settings
+        self._events = Events(budget.limit)
         self._pending: collections.deque[StreamEvent] = collections.deque()
+        self._closed = False
         self.execution: Execution | None = None
 
     def __aiter__(self) -> AsyncIterator[StreamEvent]:
@@ -258,17 +259,19 @@ class AsyncStream:
             if self._events.done:
                 await self.close()
                 raise StopAsyncIteration
+            if self._closed:
+                raise TransportError("the stream was closed before its result")
             try:
                 chunk = await self._chunks.__anext__()
+                self._pending.extend(self._events.feed(chunk))
+                self._budget.check_time()
             except StopAsyncIteration:
                 await self.close()
                 self._events.finish()
                 raise
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, httpx.StreamError) as e:
                 await self.close()
-                raise TransportError(f"reading the stream: {e}") from e
-            try:
-                self._pending.extend(self._events.feed(chunk))
+                raise TransportError(self._settings.redact(f"reading the stream: {e}")) from None
             except BaseException:
                 await self.close()
                 raise
@@ -281,10 +284,12 @@ class AsyncStream:
         """Reads the rest of the stream and returns the Execution."""
         async for _ in self:
             pass
-        assert self.execution is not None
+        if self.execution is None:
+            raise ProtocolError("the stream ended without its result")
         return self.execution
 
     async def close(self) -> None:
+        self._closed = True
         await self._response.aclose()
 
     async def __aenter__(self) -> AsyncStream:

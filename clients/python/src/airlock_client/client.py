@@ -10,8 +10,8 @@ from typing import Iterator, Mapping, TypeVar
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Events, Files, Limits, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, TransportError, error_for
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
+from airlock_client.errors import NotFound, ProtocolError, TransportError
 from airlock_client.models import (
     Environment,
     Evaluation,
@@ -35,7 +35,9 @@ class Airlock:
     `$AIRLOCK_API_KEY`. With `retries` > 0, a request refused with 429 or 503 and a
     `Retry-After` of at most `max_retry_wait` seconds is sent again after that wait, up to
     `retries` times (airlock refuses those before running anything). An answer larger than
-    `max_response_bytes` is refused. Use it as a context manager, or `close()` it.
+    `max_response_bytes` is refused, and one call may take `deadline` seconds in all (each
+    read `timeout`). Proxies from the environment are not used (pass `http_client` for one).
+    Use it as a context manager, or `close()` it.
     """
 
     def __init__(
@@ -47,10 +49,13 @@ class Airlock:
         retries: int = 0,
         max_retry_wait: float = 30.0,
         max_response_bytes: int = _wire.DEFAULT_MAX_RESPONSE_BYTES,
+        deadline: float = _wire.DEFAULT_DEADLINE,
         http_client: httpx.Client | None = None,
     ) -> None:
-        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes)
-        self._http = http_client or httpx.Client(timeout=timeout, follow_redirects=False)
+        self._settings = Settings.make(url, api_key, retries, max_retry_wait, max_response_bytes, deadline)
+        # No proxy from the environment unless the caller's own client has one: the key goes
+        # only where the URL says.
+        self._http = http_client or httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
 
     @property
     def url(self) -> str:
@@ -173,19 +178,36 @@ class Airlock:
         self.close()
 
     def _do(self, request: Request[_T]) -> _T:
-        return request.parse(self._send(request))
+        answer = self._exchange(request, Budget(self._settings))
+        assert isinstance(answer, Answer)
+        return request.parse(answer)
 
-    def _send(self, request: Request[object]) -> Answer:
+    def _stream(self, request: Request[object]) -> Stream:
+        budget = Budget(self._settings)
+        response = self._exchange(request, budget)
+        assert isinstance(response, httpx.Response)
+        return Stream(response, budget, self._settings)
+
+    def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
+        """The answer, read whole, or for a stream the open response; refusals raise, or are
+        sent again when the settings say so."""
         attempt = 0
         while True:
             response = self._open(request)
+            if request.stream and response.status_code == 200:
+                try:
+                    _wire.check_stream(response.headers)
+                except ProtocolError:
+                    response.close()
+                    raise
+                return response
             try:
-                answer = self._read(response)
+                answer = self._read(response, budget)
             finally:
                 response.close()
-            if answer.status < 400 or answer.status in request.answers:
+            if answer.status in request.ok and not request.stream:
                 return answer
-            error = error_for(answer.status, answer.headers, answer.body)
+            error = _wire.refusal(answer)
             wait = self._settings.wait_before_retry(error, attempt)
             if wait is None:
                 raise error
@@ -202,42 +224,17 @@ class Airlock:
         try:
             return self._http.send(built, stream=True)
         except httpx.HTTPError as e:
-            raise TransportError(f"{request.method} {request.path}: {e}") from e
+            raise TransportError(self._settings.redact(f"{request.method} {request.path}: {e}")) from None
 
-    def _read(self, response: httpx.Response) -> Answer:
-        limit = self._settings.max_response_bytes
-        _wire.check_length(response.headers, limit)
+    def _read(self, response: httpx.Response, budget: Budget) -> Answer:
+        _wire.check_head(response.headers, budget.limit)
         body = bytearray()
         try:
-            for chunk in response.iter_bytes():
-                _wire.add_chunk(body, chunk, limit)
+            for chunk in response.iter_raw():
+                budget.add(body, chunk)
         except httpx.HTTPError as e:
-            raise TransportError(f"reading the answer: {e}") from e
+            raise TransportError(self._settings.redact(f"reading the answer: {e}")) from None
         return Answer(response.status_code, response.headers, bytes(body))
-
-    def _stream(self, request: Request[object]) -> Stream:
-        attempt = 0
-        while True:
-            response = self._open(request)
-            if response.status_code == 200:
-                try:
-                    _wire.stream_media(response.headers)
-                except ProtocolError:
-                    response.close()
-                    raise
-                return Stream(response, self._settings.max_response_bytes)
-            try:
-                answer = self._read(response)
-            finally:
-                response.close()
-            error = error_for(answer.status, answer.headers, answer.body)
-            if answer.status < 400:
-                raise ProtocolError(f"expected a stream, got HTTP {answer.status}")
-            wait = self._settings.wait_before_retry(error, attempt)
-            if wait is None:
-                raise error
-            time.sleep(wait)
-            attempt += 1
 
 
 class Stream:
@@ -246,11 +243,14 @@ class Stream:
     stderr put back together from the events). Closing it early (leaving a `with` block,
     `close()`) disconnects, which kills the sandbox."""
 
-    def __init__(self, response: httpx.Response, limit: int) -> None:
+    def __init__(self, response: httpx.Response, budget: Budget, settings: Settings) -> None:
         self._response = response
-        self._chunks = response.iter_bytes()
-        self._events = Events(limit)
+        self._chunks = response.iter_raw()
+        self._budget = budget
+        self._settings = settings
+        self._events = Events(budget.limit)
         self._pending: collections.deque[StreamEvent] = collections.deque()
+        self._closed = False
         self.execution: Execution | None = None
 
     def __iter__(self) -> Iterator[StreamEvent]:
@@ -261,17 +261,19 @@ class Stream:
             if self._events.done:
                 self.close()
                 raise StopIteration
+            if self._closed:
+                raise TransportError("the stream was closed before its result")
             try:
                 chunk = next(self._chunks)
+                self._pending.extend(self._events.feed(chunk))
+                self._budget.check_time()
             except StopIteration:
                 self.close()
                 self._events.finish()
                 raise
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, httpx.StreamError) as e:
                 self.close()
-                raise TransportError(f"reading the stream: {e}") from e
-            try:
-                self._pending.extend(self._events.feed(chunk))
+                raise TransportError(self._settings.redact(f"reading the stream: {e}")) from None
             except BaseException:
                 self.close()
                 raise
@@ -284,10 +286,12 @@ class Stream:
         """Reads the rest of the stream and returns the Execution."""
         for _ in self:
             pass
-        assert self.execution is not None
+        if self.execution is None:
+            raise ProtocolError("the stream ended without its result")
         return self.execution
 
     def close(self) -> None:
+        self._closed = True
         self._response.close()
 
     def __enter__(self) -> Stream:

@@ -6,6 +6,7 @@ with a DecodeError that says where."""
 from __future__ import annotations
 
 import binascii
+import collections
 import datetime
 import decimal
 import functools
@@ -65,6 +66,18 @@ class Series:
     name: object
     index: list[object]
     data: list[object]
+
+
+# The most items of one set or keys of one dict that may share a hash. Each insertion compares
+# with every item of the same hash, and Python's hashes of ints are not secret (every multiple
+# of 2**61 - 1 hashes to 0), so many alike would cost quadratic time; real data has a few.
+MAX_SHARED_HASH = 64
+
+
+def crowded(items: list[object]) -> bool:
+    """Whether more than MAX_SHARED_HASH of `items` (all hashable) share a hash."""
+    counts = collections.Counter(map(hash, items))
+    return bool(counts) and max(counts.values()) > MAX_SHARED_HASH
 
 
 def decode(value: object, *, max_depth: int = 128, max_items: int = 1_000_000) -> object:
@@ -241,18 +254,22 @@ class _Decoder:
             item = self.value(item, ((path, "items"), i), depth + 1, key=True)
             self.hashable(item, ((path, "items"), i))
             items.append(item)
+        if crowded(items):
+            self.fail((path, "items"), f"more than {MAX_SHARED_HASH} items share a hash")
         return frozenset(items) if kind == "frozenset" else set(items)
 
     def dict_(self, obj: dict[str, object], path: _Path, depth: int) -> object:
-        out: dict[object, object] = {}
+        pairs: list[tuple[object, object]] = []
         for i, pair in enumerate(self.field(obj, "items", list, path)):
             here = ((path, "items"), i)
             if type(pair) is not list or len(pair) != 2:
                 self.fail(here, "expected a [key, value] pair")
             key = self.value(pair[0], (here, 0), depth + 1, key=True)
             self.hashable(key, (here, 0))
-            out[key] = self.value(pair[1], (here, 1), depth + 1)
-        return out
+            pairs.append((key, self.value(pair[1], (here, 1), depth + 1)))
+        if crowded([k for k, _ in pairs]):
+            self.fail((path, "items"), f"more than {MAX_SHARED_HASH} keys share a hash")
+        return dict(pairs)
 
     def datetime_(self, obj: dict[str, object], path: _Path, depth: int) -> object:
         kind = self.field(obj, "type", str, path)

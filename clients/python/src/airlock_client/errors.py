@@ -5,6 +5,7 @@ one for executions that did not end `ok` when a value was asked for."""
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Mapping
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ __all__ = [
     "BadRequest",
     "BuildFailed",
     "Conflict",
+    "EvaluationFailed",
     "ExecutionFailed",
     "Forbidden",
     "InternalServerError",
@@ -152,6 +154,19 @@ class ServiceUnavailable(APIError):
     log cannot be written); `retry_after` says when to come back."""
 
 
+class EvaluationFailed(AirlockError, ValueError):
+    """`Evaluation.raise_for_error` on an expression the evaluator refused or that raised:
+    `type` and `message` are the Python-style error's (`ZeroDivisionError`, `NotAllowedError`)."""
+
+    def __init__(self, type: str, message: str) -> None:
+        super().__init__(type, message)
+        self.type = type
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
 class ExecutionFailed(AirlockError):
     """An execution that did not end `ok` where its value was asked for (`call`,
     `Execution.raise_for_status`): the whole `execution` is attached."""
@@ -184,6 +199,31 @@ _BY_STATUS: dict[int, type[APIError]] = {
     503: ServiceUnavailable,
 }
 
+# The status each of airlock's error codes comes with: an `error` event of a stream (whose
+# own status was 200) stands for it.
+STATUS_OF_CODE: dict[str, int] = {
+    "invalid_json": 400,
+    "invalid_request": 400,
+    "limit_above_ceiling": 400,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "timeout": 408,
+    "conflict": 409,
+    "session_busy": 409,
+    "session_ended": 409,
+    "payload_too_large": 413,
+    "unsupported_media_type": 415,
+    "misdirected_request": 421,
+    "build_failed": 422,
+    "rate_limited": 429,
+    "internal": 500,
+    "overloaded": 503,
+    "shutting_down": 503,
+    "unavailable": 503,
+}
+
 _BY_CODE: dict[str, type[APIError]] = {
     "session_busy": SessionBusy,
     "session_ended": SessionEnded,
@@ -193,10 +233,10 @@ _BY_CODE: dict[str, type[APIError]] = {
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """`Retry-After` in seconds when it is a plain number of them (airlock sends only that);
     None otherwise."""
-    value = headers.get("retry-after")
-    if value is None or not value.strip().isdigit():
+    value = headers.get("retry-after", "").strip()
+    if not re.fullmatch(r"[0-9]{1,9}", value):
         return None
-    return float(min(int(value.strip()), 86_400))
+    return float(min(int(value), 86_400))
 
 
 def error_for(status: int, headers: Mapping[str, str], body: bytes) -> APIError:
@@ -208,9 +248,9 @@ def error_for(status: int, headers: Mapping[str, str], body: bytes) -> APIError:
         try:
             error = json.loads(body)["error"]
             if isinstance(error, dict) and isinstance(error.get("code"), str):
-                code = error["code"]
-                message = str(error.get("message", ""))
-                field = error.get("field") if isinstance(error.get("field"), str) else None
+                code = _printable(error["code"], 64)
+                message = _printable(str(error.get("message", "")), 2000)
+                field = _printable(error["field"], 200) if isinstance(error.get("field"), str) else None
         except (ValueError, KeyError, TypeError, RecursionError):
             pass
     cls = _BY_CODE.get(code) or _BY_STATUS.get(status, APIError)
@@ -230,6 +270,13 @@ def raise_for_status(response: httpx.Response) -> None:
     HTTP API with httpx directly (the response must have been read)."""
     if response.status_code >= 400:
         raise error_for(response.status_code, response.headers, response.content)
+
+
+def _printable(text: str, most: int) -> str:
+    """A server's text as a message may show it: control characters (a terminal's commands)
+    as spaces, and bounded."""
+    text = "".join(c if c.isprintable() else " " for c in text[: most + 1])
+    return text[:most] + ("…" if len(text) > most else "")
 
 
 def _quote(body: bytes) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeVar, Union
 
 from airlock_client.decode import DecodeError, decode
-from airlock_client.errors import ExecutionFailed, ProtocolError
+from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolError
 
 __all__ = [
     "Environment",
@@ -354,7 +354,7 @@ class EvalError:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """`eval`'s answer: `value` (decoded, present only when JSON holds it exactly), the
+    """`eval`'s answer: `value` (plain JSON, present only when JSON holds it exactly), the
     value's `type` name, `repr` and `str` as CPython would print them; or the `error`."""
 
     ok: bool
@@ -365,10 +365,10 @@ class Evaluation:
     error: EvalError | None
 
     def raise_for_error(self) -> Evaluation:
-        """Raises ValueError with the evaluator's error unless `ok`."""
+        """Raises EvaluationFailed (a ValueError) with the evaluator's error unless `ok`."""
         if not self.ok:
-            assert self.error is not None
-            raise ValueError(f"{self.error.type}: {self.error.message}")
+            error = self.error or EvalError("Error", "no error given", False)
+            raise EvaluationFailed(error.type, error.message)
         return self
 
     @classmethod
@@ -382,7 +382,9 @@ class Evaluation:
         ok = r.flag("ok")
         if not ok and err is None:
             raise ProtocolError("$.error: missing where ok is false")
-        return cls(ok, r.opt_text("type"), r.opt_text("repr"), r.opt_text("str"), decode(r.any("value")), err)
+        # Plain JSON: the evaluator makes no `$airlock` forms, so none is read (an expression
+        # could spell one).
+        return cls(ok, r.opt_text("type"), r.opt_text("repr"), r.opt_text("str"), r.any("value"), err)
 
 
 @dataclass(frozen=True)
@@ -418,7 +420,7 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """An entry below a session's working directory: `type` is `file`, `dir`, `symlink` or
+    """An entry below a session's working directory: `type` is `file`, `dir`, `link` or
     `other` (links are listed, never followed)."""
 
     path: str

@@ -33,11 +33,13 @@ import codecs
 import collections
 import json
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, cast
 
 from airlock_client import _pickle
+from airlock_client.decode import MAX_SHARED_HASH, crowded
 
 __all__ = [
     "DEFAULT_ALLOW",
@@ -334,11 +336,22 @@ def scan(
     an exact `module.qualname`; `max_bytes` bounds a pickle and what an archive's members may
     inflate to. Never raises for what the data holds: a bad file is a "malformed" report."""
     if isinstance(data_or_path, (str, os.PathLike)):
-        with open(data_or_path, "rb") as f:
-            data = f.read()
+        # A device or a FIFO could be read forever (and opening a FIFO waits for a writer):
+        # only a regular file, which has an end, is read.
+        fd = os.open(data_or_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise PickleError(f"{os.fsdecode(data_or_path)!r} is not a regular file")
+            with open(fd, "rb", closefd=False) as f:
+                data = f.read()
+        finally:
+            os.close(fd)
     else:
         data = _bytes(data_or_path)
-    text = _pickle.scan(data, _names(allow), max_bytes)
+    try:
+        text = _pickle.scan(data, _names(allow), max_bytes)
+    except _pickle.Failed as e:
+        raise PickleError(f"the guard failed: {e.args[0]}") from None
     return ScanReport.from_json(cast(dict[str, object], json.loads(text)))
 
 
@@ -426,6 +439,8 @@ def _decode(data: bytes, allow: Allow, max_bytes: int, max_depth: int) -> str:
         raise MalformedPickle(cast(int, e.args[0]), cast(str, e.args[1])) from None
     except _pickle.Unrepresentable as e:
         raise UnrepresentablePickle(cast(str, e.args[0])) from None
+    except _pickle.Failed as e:
+        raise PickleError(f"the guard failed: {e.args[0]}") from None
 
 
 class _Forms:
@@ -479,11 +494,13 @@ class _Forms:
             case "$tuple":
                 return tuple(_list(v, pairs))
             case "$set":
-                return set(_list(v, pairs))
+                return set(_uncrowded(_list(v, pairs), tag))
             case "$frozenset":
-                return frozenset(_list(v, pairs))
+                return frozenset(_uncrowded(_list(v, pairs), tag))
             case "$dict":
-                return dict(_pair(kv, pairs) for kv in _list(v, pairs))
+                items = [_pair(kv, pairs) for kv in _list(v, pairs)]
+                _uncrowded([k for k, _ in items], tag)
+                return dict(items)
             case "$global" if isinstance(v, str):
                 if v in self.builders:
                     return self.builders[v]
@@ -496,10 +513,42 @@ class _Forms:
         build = self.builders.get(name)
         if build is None:
             return Call(name, tuple(args))
+        if not all(map(_plain, args)):
+            # A global or another call as an argument (defaultdict(codecs.encode)) would hand
+            # the builder something to call later.
+            raise UnsafePickle([f"{name} is given a global or a call as an argument, not plain data"])
         try:
             return build(*args)
         except Exception as e:
             raise PickleError(f"{name} refused the pickle's arguments: {e!r}") from e
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, bytearray)
+
+
+def _plain(value: object) -> bool:
+    """Whether `value` is data only: no callable, global or call anywhere in it."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, (list, tuple, set, frozenset)):
+            todo.extend(v)
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif not isinstance(v, _PLAIN):
+            return False
+    return True
+
+
+def _uncrowded(items: list[object], tag: str) -> list[object]:
+    try:
+        crowd = crowded(items)
+    except TypeError:
+        return items  # an unhashable item: set() or dict() refuses it next
+    if crowd:
+        raise UnrepresentablePickle(f"{tag}: more than {MAX_SHARED_HASH} items share a hash")
+    return items
 
 
 def _bad(pairs: list[tuple[str, object]]) -> object:

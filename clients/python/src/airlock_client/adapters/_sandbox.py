@@ -227,13 +227,17 @@ class AsyncKernel:
         if self._sync is not None:
             await asyncio.to_thread(self._sync.close)
             return
-        self.closed = True
-        try:
-            await self._drop()
-        finally:
-            if self._owned is not None:
-                await self._owned.close()
-                self._owned = None
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        # After a run that is opening a session, so that no session is left open.
+        async with self._lock:
+            self.closed = True
+            try:
+                await self._drop()
+            finally:
+                if self._owned is not None:
+                    await self._owned.close()
+                    self._owned = None
 
     async def _open(self) -> AsyncSession:
         if self._session is None:

@@ -113,14 +113,20 @@ def show(value: object) -> str:
     return repr(value)
 
 
-_FENCE = re.compile(r"\A\s*```[A-Za-z0-9_+-]*[ \t]*\n(.*?)\n?[ \t]*```\s*\Z", re.DOTALL)
+_FENCE_INFO = re.compile(r"[A-Za-z0-9_+-]*[ \t]*")
 
 
 def strip_fences(code: str) -> str:
     """The code inside a Markdown fence (```python ... ```) when the whole input is one; models
-    add them to tool arguments often. Anything else is returned as it is."""
-    match = _FENCE.match(code)
-    return match.group(1) if match else code
+    add them to tool arguments often. Anything else is returned as it is. (String operations,
+    not one regular expression: a model's input must not cost quadratic time.)"""
+    text = code.strip()
+    if len(text) < 6 or not text.startswith("```") or not text.endswith("```"):
+        return code
+    info, newline, rest = text[3:-3].partition("\n")
+    if not newline or not _FENCE_INFO.fullmatch(info):
+        return code
+    return rest.rstrip(" \t").removesuffix("\n")
 
 
 def _status_line(e: Execution) -> str:
