@@ -71,45 +71,55 @@ rate_per_minute = 1
 """
 
 
+def launch(dir: pathlib.Path) -> tuple[subprocess.Popen[str], str]:
+    """`airlock serve` with its config and state in `dir` (which may hold an earlier server's
+    state); returns the process and its URL once it listens."""
+    (dir / "airlock.toml").write_text(config())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRLOCK_")}
+    # One warm sandbox and no zygote: enough for these tests, and quick to start.
+    env["AIRLOCK_POOL__SIZE"] = "1"
+    env["AIRLOCK_ZYGOTE__ENABLED"] = "false"
+    proc = subprocess.Popen(
+        [str(_binary()), "serve", "--listen", "127.0.0.1:0", "--config", str(dir / "airlock.toml"),
+         "--state-dir", str(dir / "state")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    seen: list[str] = []
+    while True:
+        line = lines.get(timeout=60)
+        if line is None:
+            raise RuntimeError("airlock serve exited:\n" + "".join(seen))
+        seen.append(line)
+        if line.startswith("airlock: listening on "):
+            return proc, line.removeprefix("airlock: listening on ").strip()
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, and no cgroup of the server's left behind."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    left = [p for p in _cgroups() if p.name.startswith(f"airlock-{proc.pid}-")]
+    assert not left, f"cgroups left behind: {left}"
+
+
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     with tempfile.TemporaryDirectory(prefix="airlock-test-client-") as tmp:
         dir = pathlib.Path(tmp)
-        (dir / "airlock.toml").write_text(config())
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AIRLOCK_")}
-        # One warm sandbox and no zygote: enough for these tests, and quick to start.
-        env["AIRLOCK_POOL__SIZE"] = "1"
-        env["AIRLOCK_ZYGOTE__ENABLED"] = "false"
-        proc = subprocess.Popen(
-            [str(_binary()), "serve", "--listen", "127.0.0.1:0", "--config", str(dir / "airlock.toml"),
-             "--state-dir", str(dir / "state")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
-        )
-        lines: queue.Queue[str | None] = queue.Queue()
-
-        def pump() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        seen: list[str] = []
-        url = None
-        while url is None:
-            line = lines.get(timeout=60)
-            if line is None:
-                raise RuntimeError("airlock serve exited:\n" + "".join(seen))
-            seen.append(line)
-            if line.startswith("airlock: listening on "):
-                url = line.removeprefix("airlock: listening on ").strip()
+        proc, url = launch(dir)
         try:
             yield Server(url, proc.pid, dir / "state")
         finally:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == 0
-            left = [p for p in _cgroups() if p.name.startswith(f"airlock-{proc.pid}-")]
-            assert not left, f"cgroups left behind: {left}"
+            stop(proc)
 
 
 def _cgroups() -> list[pathlib.Path]:

@@ -7,7 +7,9 @@ import asyncio
 import dataclasses
 import datetime
 import decimal
+import json
 import math
+import pathlib
 import threading
 import time
 from typing import Any
@@ -42,14 +44,16 @@ from airlock_client import (
     Series,
     SessionBusy,
     SessionEnded,
+    Session,
     SessionInfo,
+    SessionLost,
     Tool,
     TransportError,
     TruncatedEvent,
     Unauthorized,
     Usage,
 )
-from conftest import EXECUTE_ONLY, KEY, SLOW, Server
+from conftest import EXECUTE_ONLY, KEY, SLOW, Server, launch, stop
 
 
 @pytest.fixture
@@ -431,3 +435,37 @@ def test_the_models_cover_the_openapi_document(server: Server) -> None:
             assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is not in {model.__name__}"
         for prop in schema.get("required", []):
             assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is required"
+
+
+def test_after_a_crash_sessions_are_lost_and_running_executions_recorded_as_interrupted(
+    tmp_path: pathlib.Path,
+) -> None:
+    proc, url = launch(tmp_path)
+    try:
+        with Airlock(url, KEY) as c:
+            s = c.session()
+            s.run("x = 1")
+            stream = c.stream("import time\nprint('running', flush=True)\ntime.sleep(60)")
+            assert next(iter(stream)) == OutputEvent("stdout", "running\n")
+            audit = (tmp_path / "state" / "audit.jsonl").read_text().splitlines()
+            running = [json.loads(line)["id"] for line in audit if '"event":"started"' in line][-1]
+            proc.kill()  # SIGKILL: the server cleans up nothing
+            proc.wait()
+            with pytest.raises(TransportError):
+                stream.finish()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc, url = launch(tmp_path)
+    try:
+        with Airlock(url, KEY) as c:
+            lost = Session(c, s.info)
+            with pytest.raises(SessionLost) as gone:
+                lost.run("x")
+            assert (gone.value.status, gone.value.code) == (410, "session_lost")
+            lost.close()  # a lost session closes quietly
+            record = c.execution(running)
+            assert record.interrupted and record.status == "internal_error"
+            assert record.error is not None and record.error.type == "Interrupted"
+    finally:
+        stop(proc)

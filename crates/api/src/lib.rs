@@ -492,6 +492,13 @@ pub struct ExecutionRecord {
     pub limits: Limits,
     pub limits_hit: Vec<LimitKind>,
     pub usage: Usage,
+    /// True when the server stopped (was killed, lost power) before the execution ended: the
+    /// record was written at its next start, with status `internal_error`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
+    /// Why airlock ended it without a verdict (an interrupted execution's record says so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorInfo>,
 }
 
 /// Every error the HTTP API returns has this body.

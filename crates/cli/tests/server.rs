@@ -1351,6 +1351,141 @@ fn records_belong_to_a_key_not_to_its_name() {
     assert_eq!(server.call("GET", &path, None).status, 200);
 }
 
+#[test]
+fn executions_a_killed_server_was_running_get_their_final_record_at_the_next_start() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let done = server.execute(json!({"code": "1"})).json()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let running: Vec<_> = (0..3)
+        .map(|_| in_background(&server, "import time\ntime.sleep(30)", KEY))
+        .collect();
+    server.wait_running(3);
+    let audit = server.dir.join("state").join("audit.jsonl");
+    let dir = server.kill_keeping_state();
+    for t in running {
+        // The connection dies with the server: no response (the request helper panics).
+        assert!(t.join().is_err());
+    }
+    let started: Vec<String> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] == "started")
+        .map(|v| v["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(started.len(), 4, "{started:?}");
+
+    let server = Server::start_in(dir, "", &[], Some(KEY));
+    assert!(server
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("recorded as interrupted") && l.contains("count=3")));
+    // Every started execution has exactly one final record, in the file and by id.
+    let records: Vec<Value> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("event").is_none())
+        .collect();
+    for id in &started {
+        assert_eq!(records.iter().filter(|r| r["id"] == *id).count(), 1, "{id}");
+        let r = server.call("GET", &format!("/v1/executions/{id}"), None);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let record = r.json();
+        if *id == done {
+            assert_eq!(
+                (record["status"].as_str(), record.get("interrupted")),
+                (Some("ok"), None)
+            );
+        } else {
+            assert_eq!(record["status"], "internal_error");
+            assert_eq!(record["interrupted"], true);
+            assert_eq!(record["error"]["type"], "Interrupted");
+            assert!(record["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("server stopped"));
+        }
+    }
+    // Another key does not see them.
+    let other = request(
+        server.addr,
+        "GET",
+        &format!("/v1/executions/{}", started[1]),
+        &[h("Authorization", "Bearer another-key-0123456789abcdef")],
+        None,
+    );
+    assert_eq!(other.status, 401);
+    // A second start has nothing to add.
+    let dir = server.stop_keeping_state();
+    let server = Server::start_in(dir, "", &[], Some(KEY));
+    assert!(!server
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("recorded as interrupted")));
+}
+
+#[test]
+fn sessions_a_stopped_server_held_answer_session_lost_to_their_key() {
+    let _g = serial();
+    let config = other_key_toml("");
+    let server = Server::start(&config, &[]);
+    let open = |server: &Server| {
+        let r = server.call("POST", "/v1/sessions", Some(&json!({})));
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()["id"].as_str().unwrap().to_owned()
+    };
+    let (kept, closed, graceful) = (open(&server), open(&server), open(&server));
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{closed}"), None)
+            .status,
+        204
+    );
+    let dir = server.kill_keeping_state();
+
+    let server = Server::start_in(dir, &config, &[], Some(KEY));
+    for path in [
+        format!("/v1/sessions/{kept}"),
+        format!("/v1/sessions/{kept}/files"),
+    ] {
+        let r = server.call("GET", &path, None);
+        assert_eq!(
+            (r.status, r.error_code()),
+            (410, "session_lost".into()),
+            "{}",
+            r.text()
+        );
+        assert!(r.text().contains("restart"), "{}", r.text());
+        // Another key learns nothing: as absent as a session that never was.
+        assert_eq!(as_other(&server, "GET", &path, None).status, 404);
+    }
+    let cell = server.call(
+        "POST",
+        &format!("/v1/sessions/{kept}/execute"),
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(cell.status, 410, "{}", cell.text());
+    // The session its key closed is simply gone.
+    let r = server.call("GET", &format!("/v1/sessions/{closed}"), None);
+    assert_eq!((r.status, r.error_code()), (404, "not_found".into()));
+    // A session open at a graceful stop is lost as well, and still after another restart.
+    let fresh = open(&server);
+    let dir = server.stop_keeping_state();
+    let server = Server::start_in(dir, &config, &[], Some(KEY));
+    for id in [&kept, &graceful, &fresh] {
+        let r = server.call("GET", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(r.status, 410, "{id}: {}", r.text());
+    }
+    assert_eq!(
+        server.call("GET", "/v1/sessions", None).json()["sessions"],
+        json!([])
+    );
+}
+
 /// A request head announcing a large body, and no body.
 fn head_without_body(server: &Server, key: &str) -> Option<common::http::Response> {
     let mut s = server.connect();

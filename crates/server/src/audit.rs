@@ -5,6 +5,7 @@
 //! key, never the sandbox's environment or output.
 //! The most recent records are also kept in memory for `GET /v1/executions/{id}`.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
@@ -31,18 +32,29 @@ struct Inner {
 pub struct AuditLog {
     path: PathBuf,
     inner: Mutex<Inner>,
+    /// Sessions opened before this start and never closed by their key or the reaper: they
+    /// died with the server. Id to key fingerprint.
+    lost_sessions: Mutex<HashMap<String, String>>,
 }
 
 impl AuditLog {
-    /// Opens (or creates) the log and loads the most recent records.
-    pub fn open(state_dir: &Path) -> std::io::Result<Self> {
+    /// Opens (or creates) the log, repairs it and loads the most recent records. A last line
+    /// cut short (the machine lost power mid-write) is cut off; every execution whose
+    /// `started` line has no record after it (the server stopped before it ended) gets its
+    /// final record now: `internal_error`, `interrupted`. `Recovery` says what was done.
+    pub fn open(state_dir: &Path) -> std::io::Result<(Self, Recovery)> {
         std::fs::create_dir_all(state_dir)?;
         let path = state_dir.join(AUDIT_FILE);
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
+            .read(true)
             .append(true)
             .mode(0o600)
             .open(&path)?;
+        let mut recovery = Recovery {
+            torn_bytes: cut_torn_tail(&mut file)?,
+            ..Recovery::default()
+        };
         let mut inner = Inner {
             file,
             recent: HashMap::new(),
@@ -56,15 +68,45 @@ impl AuditLog {
         if start > 0 {
             lines.next(); // a partial line
         }
+        // Executions started and not ended, in the order they started; sessions likewise.
+        let mut open: Vec<Started<'static>> = Vec::new();
+        let mut sessions: HashMap<String, String> = HashMap::new();
         for line in lines.map_while(Result::ok) {
             if let Ok(record) = serde_json::from_str::<ExecutionRecord>(&line) {
+                open.retain(|s| s.id != record.id);
                 remember(&mut inner, record);
+            } else if let Ok(started) = serde_json::from_str::<Started<'static>>(&line) {
+                if started.event == "started" {
+                    open.push(started);
+                }
+            } else if let Ok(event) = serde_json::from_str::<SessionEvent<'static>>(&line) {
+                match &*event.event {
+                    "session_opened" => {
+                        sessions.insert(event.id.into_owned(), event.key_fingerprint.into_owned());
+                    }
+                    "session_closed" => {
+                        sessions.remove(&*event.id);
+                    }
+                    _ => {}
+                }
             }
         }
-        Ok(AuditLog {
+        recovery.lost_sessions = sessions.len();
+        for started in open {
+            let record = interrupted(started);
+            write_line(&mut inner.file, &record)?;
+            recovery.interrupted.push(record.id.clone());
+            remember(&mut inner, record);
+        }
+        if !recovery.interrupted.is_empty() || recovery.torn_bytes > 0 {
+            inner.file.sync_data()?;
+        }
+        let log = AuditLog {
             path,
             inner: Mutex::new(inner),
-        })
+            lost_sessions: Mutex::new(sessions),
+        };
+        Ok((log, recovery))
     }
 
     pub fn path(&self) -> &Path {
@@ -92,6 +134,37 @@ impl AuditLog {
         write_line(&mut inner.file, event)
     }
 
+    /// Whether `id` is a session of the key with `fingerprint` that the server lost when it
+    /// stopped (it was opened before this start and never closed).
+    pub fn session_lost(&self, id: &str, fingerprint: &str) -> bool {
+        self.lost_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .is_some_and(|f| f == fingerprint)
+    }
+
+    /// A session's opening (`why` None) or closing by its key or the reaper (`why`); those
+    /// closed otherwise (the server stopped) are lost at the next start.
+    pub fn append_session(
+        &self,
+        id: &str,
+        key_fingerprint: &str,
+        why: Option<&str>,
+    ) -> std::io::Result<()> {
+        let event = SessionEvent {
+            event: Cow::Borrowed(if why.is_some() {
+                "session_closed"
+            } else {
+                "session_opened"
+            }),
+            id: Cow::Borrowed(id),
+            key_fingerprint: Cow::Borrowed(key_fingerprint),
+            why: why.map(Cow::Borrowed),
+        };
+        self.append_event(&event)
+    }
+
     pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
         self.inner
             .lock()
@@ -116,18 +189,91 @@ fn write_line(file: &mut File, value: &impl serde::Serialize) -> std::io::Result
 }
 
 /// The line written when an execution is about to start (`"event": "started"`); the
-/// record with the verdict follows when it ends.
-#[derive(Debug, serde::Serialize)]
+/// record with the verdict follows when it ends. Read back at start, owned.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Started<'a> {
-    pub event: &'static str,
-    pub id: &'a str,
-    pub request_id: &'a str,
-    pub key: &'a str,
-    pub key_fingerprint: &'a str,
-    pub started_at: &'a str,
-    pub code_sha256: &'a str,
+    pub event: Cow<'a, str>,
+    pub id: Cow<'a, str>,
+    pub request_id: Cow<'a, str>,
+    pub key: Cow<'a, str>,
+    pub key_fingerprint: Cow<'a, str>,
+    pub started_at: Cow<'a, str>,
+    pub code_sha256: Cow<'a, str>,
     pub code_bytes: u64,
-    pub limits: &'a airlock_api::Limits,
+    pub limits: Cow<'a, airlock_api::Limits>,
+}
+
+/// A session's `session_opened` and `session_closed` lines.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SessionEvent<'a> {
+    event: Cow<'a, str>,
+    id: Cow<'a, str>,
+    key_fingerprint: Cow<'a, str>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    why: Option<Cow<'a, str>>,
+}
+
+/// What opening the log repaired and found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Bytes of a last line cut short, cut off.
+    pub torn_bytes: u64,
+    /// Executions that had started and not ended, now recorded as interrupted.
+    pub interrupted: Vec<String>,
+    /// Sessions that were open when the server stopped.
+    pub lost_sessions: usize,
+}
+
+/// What an interrupted execution's record says.
+pub const INTERRUPTED: &str =
+    "the server stopped before this execution ended; its outcome is unknown";
+
+fn interrupted(started: Started<'_>) -> ExecutionRecord {
+    ExecutionRecord {
+        id: started.id.into_owned(),
+        request_id: started.request_id.into_owned(),
+        key: started.key.into_owned(),
+        key_fingerprint: started.key_fingerprint.into_owned(),
+        started_at: started.started_at.into_owned(),
+        code_sha256: started.code_sha256.into_owned(),
+        code_bytes: started.code_bytes,
+        status: airlock_api::Status::InternalError,
+        exit_code: None,
+        signal: None,
+        limits: started.limits.into_owned(),
+        limits_hit: Vec::new(),
+        usage: airlock_api::Usage::default(),
+        interrupted: true,
+        error: Some(airlock_api::ErrorInfo {
+            kind: "Interrupted".into(),
+            message: INTERRUPTED.into(),
+            traceback: None,
+        }),
+    }
+}
+
+/// Cuts the file back to its last newline: what follows it is a line the machine stopped in
+/// the middle of (each line is one write, so a crashed process leaves none). Returns the bytes
+/// cut.
+fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
+    let len = file.metadata()?.len();
+    let mut end = len;
+    let mut buf = [0u8; 4096];
+    while end > 0 {
+        let from = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - from) as usize];
+        file.seek(SeekFrom::Start(from))?;
+        file.read_exact(chunk)?;
+        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
+            end = from + at as u64 + 1;
+            break;
+        }
+        end = from;
+    }
+    if end < len {
+        file.set_len(end)?;
+    }
+    Ok(len - end)
 }
 
 fn remember(inner: &mut Inner, record: ExecutionRecord) {
@@ -176,6 +322,8 @@ mod tests {
             },
             limits_hit: vec![],
             usage: Usage::default(),
+            interrupted: false,
+            error: None,
         }
     }
 
@@ -183,11 +331,12 @@ mod tests {
     fn records_survive_a_restart_and_the_file_is_private() {
         let dir = std::env::temp_dir().join(format!("airlock-audit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let log = AuditLog::open(&dir).unwrap();
+        let (log, _) = AuditLog::open(&dir).unwrap();
         log.append(&record("ex_a")).unwrap();
         log.append(&record("ex_b")).unwrap();
         drop(log);
-        let log = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery, Recovery::default());
         assert_eq!(log.get("ex_a").unwrap().key, "alice");
         assert!(log.get("ex_c").is_none());
         assert_eq!(read_all(log.path()).unwrap().len(), 2);
@@ -197,5 +346,94 @@ mod tests {
             0o600
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn started_line(id: &str) -> String {
+        let limits = record(id).limits;
+        let started = Started {
+            event: "started".into(),
+            id: id.into(),
+            request_id: "rq_1".into(),
+            key: "alice".into(),
+            key_fingerprint: "0123456789abcdef".into(),
+            started_at: "2026-01-01T00:00:00Z".into(),
+            code_sha256: "0".repeat(64).into(),
+            code_bytes: 1,
+            limits: Cow::Owned(limits),
+        };
+        serde_json::to_string(&started).unwrap() + "\n"
+    }
+
+    fn fresh_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("airlock-audit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn executions_started_and_never_ended_get_an_interrupted_record_once() {
+        let dir = fresh_dir("interrupted");
+        let ended = serde_json::to_string(&record("ex_ended")).unwrap() + "\n";
+        let tool = "{\"event\":\"tool_call\",\"execution\":\"ex_open\"}\n";
+        let text = started_line("ex_ended")
+            + &started_line("ex_open")
+            + tool
+            + &ended
+            + &started_line("ex_second");
+        std::fs::write(dir.join(AUDIT_FILE), text).unwrap();
+
+        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery.interrupted, ["ex_open", "ex_second"]);
+        assert_eq!(recovery.torn_bytes, 0);
+        let open = log.get("ex_open").unwrap();
+        assert!(open.interrupted);
+        assert_eq!(open.status, airlock_api::Status::InternalError);
+        assert_eq!(open.error.as_ref().unwrap().message, INTERRUPTED);
+        assert_eq!((open.key.as_str(), open.code_bytes), ("alice", 1));
+        assert!(!log.get("ex_ended").unwrap().interrupted);
+        drop(log);
+
+        // The records are in the file: the next start has nothing to add.
+        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery, Recovery::default());
+        assert!(log.get("ex_second").unwrap().interrupted);
+        let records = read_all_records(log.path());
+        assert_eq!(records.iter().filter(|r| r.id == "ex_open").count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_last_line_cut_short_is_cut_off() {
+        let dir = fresh_dir("torn");
+        let whole = serde_json::to_string(&record("ex_a")).unwrap() + "\n";
+        let torn = &serde_json::to_string(&record("ex_b")).unwrap()[..40];
+        std::fs::write(dir.join(AUDIT_FILE), format!("{whole}{torn}")).unwrap();
+        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery.torn_bytes, 40);
+        assert_eq!(std::fs::read_to_string(log.path()).unwrap(), whole);
+        // The next line starts on a line of its own.
+        log.append(&record("ex_c")).unwrap();
+        assert_eq!(read_all(log.path()).unwrap().len(), 2);
+        drop(log);
+
+        // A file that is one torn line, and an empty one.
+        std::fs::write(dir.join(AUDIT_FILE), "{\"id\":").unwrap();
+        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery.torn_bytes, 6);
+        assert_eq!(std::fs::metadata(log.path()).unwrap().len(), 0);
+        drop(log);
+        let (_, recovery) = AuditLog::open(&dir).unwrap();
+        assert_eq!(recovery, Recovery::default());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The records of a log that also holds other lines.
+    fn read_all_records(path: &Path) -> Vec<ExecutionRecord> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 }

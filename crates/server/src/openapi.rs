@@ -44,6 +44,7 @@ fn errors(codes: &[u16]) -> Value {
             403 => "The key lacks the scope, or the request came from a foreign origin.",
             404 => "No such resource (or not this key's).",
             408 => "The body did not arrive in time.",
+            410 => "`session_lost`: the key's session was open when the server stopped; a session does not survive a restart.",
             413 => "The body, the code, stdin or the files are too large.",
             415 => "The body is not `application/json`.",
             421 => "The Host header is not one this server answers for.",
@@ -204,20 +205,20 @@ pub fn openapi() -> Value {
                 "get": {
                     "summary": "One of this key's sessions",
                     "parameters": [id_param()],
-                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                    "responses": with(errors(&[401, 403, 404, 410, 421, 429, 503]), "200",
                         json!({"description": "The session.", "content": json_body(&session)})),
                 },
                 "delete": {
                     "summary": "Close a session: its sandbox is destroyed (a running cell with it) before the answer",
                     "parameters": [id_param()],
-                    "responses": with(errors(&[401, 403, 404, 421]), "204", json!({"description": "Closed."})),
+                    "responses": with(errors(&[401, 403, 404, 410, 421]), "204", json!({"description": "Closed."})),
                 },
             },
             "/v1/sessions/{id}/execute": {"post": {
                 "summary": "Run a cell in the session's interpreter (streams with Accept: text/event-stream, as /v1/execute)",
                 "parameters": [id_param()],
                 "requestBody": {"required": true, "content": json_body(&cell_request)},
-                "responses": with(with(errors(&[400, 401, 403, 404, 413, 415, 421, 429, 503]), "409",
+                "responses": with(with(errors(&[400, 401, 403, 404, 410, 413, 415, 421, 429, 503]), "409",
                     json!({"description": "The session is running another request (`session_busy`) or has ended (`session_ended`)."})), "200",
                     json!({"description": "The cell's result; `session_ended` when it ended the session.",
                            "content": with(json_body(&cell_response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
@@ -225,21 +226,21 @@ pub fn openapi() -> Value {
             "/v1/sessions/{id}/files": {"get": {
                 "summary": "Everything below the session's working directory (links are listed, never followed)",
                 "parameters": [id_param()],
-                "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
+                "responses": with(errors(&[401, 403, 404, 410, 409, 421, 429, 503]), "200",
                     json!({"description": "The entries.", "content": json_body(&files)})),
             }},
             "/v1/sessions/{id}/files/{path}": {
                 "get": {
                     "summary": "A regular file below the working directory; no link is followed on the way",
                     "parameters": [id_param(), path_param()],
-                    "responses": with(errors(&[400, 401, 403, 404, 409, 421, 429, 503]), "200",
+                    "responses": with(errors(&[400, 401, 403, 404, 410, 409, 421, 429, 503]), "200",
                         json!({"description": "Its contents.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
                 },
                 "put": {
                     "summary": "Write a file below the working directory (missing directories are made); a link in the way is refused",
                     "parameters": [id_param(), path_param()],
                     "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written."})),
+                    "responses": with(errors(&[400, 401, 403, 404, 410, 409, 413, 421]), "204", json!({"description": "Written."})),
                 },
             },
             "/mcp": {"post": {

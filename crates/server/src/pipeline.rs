@@ -559,16 +559,17 @@ pub(crate) fn audit_start(
     ctx: &Context,
     limits: &Limits,
 ) -> Result<(), Error> {
+    use std::borrow::Cow::Borrowed;
     let started = crate::audit::Started {
-        event: "started",
-        id: &ctx.id,
-        request_id: &ctx.request_id,
-        key: &ctx.key,
-        key_fingerprint: &ctx.key_fingerprint,
-        started_at: &ctx.started_at,
-        code_sha256: &ctx.code_sha256,
+        event: Borrowed("started"),
+        id: Borrowed(&ctx.id),
+        request_id: Borrowed(&ctx.request_id),
+        key: Borrowed(&ctx.key),
+        key_fingerprint: Borrowed(&ctx.key_fingerprint),
+        started_at: Borrowed(&ctx.started_at),
+        code_sha256: Borrowed(&ctx.code_sha256),
         code_bytes: ctx.code_bytes,
-        limits,
+        limits: Borrowed(limits),
     };
     state.audit.append_started(&started).map_err(|e| {
         tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
@@ -651,6 +652,8 @@ fn append_record(
         limits: limits.clone(),
         limits_hit: limits_hit.to_vec(),
         usage: usage.clone(),
+        interrupted: false,
+        error: None,
     };
     if let Err(e) = state.audit.append(&record) {
         // The result is the client's, but nothing more runs without a record.

@@ -178,7 +178,20 @@ pub(crate) fn start_engine(
 ) -> Result<(Engine, AuditLog), ServeError> {
     let mut engine = Engine::new(config.engine.clone())?;
     engine.defer_cleanup();
-    let audit = AuditLog::open(state_dir).map_err(ServeError::Audit)?;
+    let (audit, recovery) = AuditLog::open(state_dir).map_err(ServeError::Audit)?;
+    if recovery.torn_bytes > 0 {
+        tracing::warn!(
+            bytes = recovery.torn_bytes,
+            "the audit log's last line was cut short (a crash or power loss mid-write); it was cut off"
+        );
+    }
+    if !recovery.interrupted.is_empty() {
+        tracing::warn!(
+            count = recovery.interrupted.len(),
+            executions = %recovery.interrupted.join(","),
+            "executions the server stopped in the middle of are recorded as interrupted"
+        );
+    }
     if let Ok(layout) = &airlock_sandbox::host_support().cgroup {
         let removed = airlock_sandbox::remove_leftovers(layout);
         if !removed.is_empty() {

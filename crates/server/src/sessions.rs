@@ -31,7 +31,7 @@ use crate::pipeline::{
     audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
     refuse_if_unavailable, rejection, require, reserve_answer, resolve_limits, Context, Form,
 };
-use crate::SharedState;
+use crate::{AppState, SharedState};
 
 /// How often the reaper looks for idle and expired sessions.
 const REAP_EVERY: Duration = Duration::from_millis(500);
@@ -104,8 +104,8 @@ impl Sessions {
         }
     }
 
-    /// Closes the sessions idle or alive for too long; returns how many.
-    pub fn reap(&self) -> usize {
+    /// Closes the sessions idle or alive for too long; returns them.
+    pub fn reap(&self) -> Vec<Reaped> {
         let now = Instant::now();
         let expired: Vec<Arc<Entry>> = {
             let mut open = self.lock();
@@ -136,17 +136,53 @@ impl Sessions {
         for e in &expired {
             e.session.wait_ended(Duration::from_secs(10));
         }
-        expired.len()
+        expired
+            .iter()
+            .map(|e| Reaped {
+                id: e.id.clone(),
+                key_fingerprint: e.key_fingerprint.clone(),
+                why: if now.duration_since(e.created) >= e.max_lifetime {
+                    "expired"
+                } else {
+                    "idle"
+                },
+            })
+            .collect()
     }
+}
 
-    /// The caller's session `id`, or 404 (also when it is another key's).
-    fn find(&self, key: &Key, id: &str) -> Result<Arc<Entry>, Error> {
-        self.lock()
-            .get(id)
-            .filter(|e| e.key_fingerprint == key.fingerprint())
-            .cloned()
-            .ok_or_else(|| Error::new(StatusCode::NOT_FOUND, "not_found", "no such session"))
+/// A session the reaper closed, and why (`idle` or `expired`).
+#[derive(Debug)]
+pub struct Reaped {
+    pub id: String,
+    pub key_fingerprint: String,
+    pub why: &'static str,
+}
+
+/// The caller's session `id`; 410 `session_lost` for one of its sessions the server lost
+/// when it stopped; otherwise 404 (also when it is another key's).
+fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<Entry>, Error> {
+    let fingerprint = key.fingerprint();
+    if let Some(entry) = state
+        .sessions
+        .lock()
+        .get(id)
+        .filter(|e| e.key_fingerprint == fingerprint)
+    {
+        return Ok(entry.clone());
     }
+    if state.audit.session_lost(id, &fingerprint) {
+        return Err(Error::new(
+            StatusCode::GONE,
+            "session_lost",
+            "the server stopped since this session was opened, and a session does not survive a restart: start another",
+        ));
+    }
+    Err(Error::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such session",
+    ))
 }
 
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
@@ -191,7 +227,11 @@ pub async fn reaper(state: SharedState) {
             _ = shutdown.changed() => return,
         }
         let st = state.clone();
-        let _ = tokio::task::spawn_blocking(move || st.sessions.reap()).await;
+        if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
+            for r in reaped {
+                audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
+            }
+        }
     }
 }
 
@@ -388,7 +428,17 @@ pub(crate) async fn open(
         open.insert(entry.id.clone(), entry);
         state.sessions.started.fetch_add(1, Ordering::Relaxed);
     }
+    audit_session(state, &info.id, &key.fingerprint(), None);
     Ok(info)
+}
+
+/// A session's opening or closing in the audit log (a later start tells the sessions it lost
+/// from those closed); a failed write stops every later execution, as for executions.
+fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<&str>) {
+    if let Err(e) = state.audit.append_session(id, key_fingerprint, why) {
+        tracing::error!(session = %id, error = %e, "cannot append to the audit log; refusing executions");
+        state.set_audit_failure(e.to_string());
+    }
 }
 
 /// `GET /v1/sessions`.
@@ -415,7 +465,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, Error> {
     require(&caller, Scope::Execute)?;
-    Ok(Json(state.sessions.find(&caller.0, &id)?.info()))
+    Ok(Json(find(&state, &caller.0, &id)?.info()))
 }
 
 /// `DELETE /v1/sessions/{id}`: the sandbox is destroyed at once, a running cell with it; the
@@ -432,9 +482,10 @@ pub async fn delete(
 
 /// Closes `key`'s session `id` and waits for its sandbox to be gone.
 pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<(), Error> {
-    let entry = state.sessions.find(key, id)?;
+    let entry = find(state, key, id)?;
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
         e.closed.store(true, Ordering::Release);
+        audit_session(state, &e.id, &e.key_fingerprint, Some("closed"));
     }
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
@@ -452,7 +503,7 @@ pub async fn execute(
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    let entry = state.sessions.find(&caller.0, &id)?;
+    let entry = find(&state, &caller.0, &id)?;
     let streamed = crate::stream::wanted(req.headers());
     let entered = state.admission.enter(&caller.0).map_err(rejection)?;
     let body = read_body(&state, &caller.0, req).await?;
@@ -506,7 +557,7 @@ pub(crate) async fn cell<H: Send + 'static>(
     held: H,
     form: Form,
 ) -> Result<(CellResponse, Share), Error> {
-    let entry = state.sessions.find(key, id)?;
+    let entry = find(state, key, id)?;
     let answer = reserve_answer(state, key, &entry.session.cell_limits(), form)?;
     let started = start_cell(state, key, request_id, entry, asked, held).await?;
     finish_cell(state, started, answer, |r, share| (r, share)).await
@@ -663,7 +714,7 @@ async fn file_op<T: Send + 'static>(
     what: &'static str,
     op: impl FnOnce(&Session) -> Result<T, SessionError> + Send + 'static,
 ) -> Result<T, Error> {
-    let entry = state.sessions.find(key, id)?;
+    let entry = find(state, key, id)?;
     let busy = entry.take()?;
     let e2 = entry.clone();
     let done = tokio::task::spawn_blocking(move || op(&e2.session))
@@ -682,7 +733,7 @@ pub async fn put_file(
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
     refuse_if_unavailable(&state)?;
-    state.sessions.find(&caller.0, &id)?; // 404 before the body is read
+    find(&state, &caller.0, &id)?; // 404 before the body is read
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
     let body = read_body_as(&state, &caller.0, req, false).await?;
     file_op(&state, &caller.0, &id, "writing a file", move |s| {

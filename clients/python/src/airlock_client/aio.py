@@ -11,7 +11,7 @@ import httpx
 
 from airlock_client import _wire
 from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, TransportError
+from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
     Environment,
     Evaluation,
@@ -340,7 +340,7 @@ class AsyncSession:
             return
         try:
             await self._client._do(_wire.close_session(self.id))
-        except NotFound:
+        except (NotFound, SessionLost):
             pass
         self.closed = True
 

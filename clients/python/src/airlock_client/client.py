@@ -11,7 +11,7 @@ import httpx
 
 from airlock_client import _wire
 from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, TransportError
+from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
     Environment,
     Evaluation,
@@ -348,12 +348,12 @@ class Session:
 
     def close(self) -> None:
         """Destroys the sandbox. Closing twice, or a session the server already closed
-        (idle, expired), is not an error."""
+        (idle, expired) or lost (it was restarted), is not an error."""
         if self.closed:
             return
         try:
             self._client._do(_wire.close_session(self.id))
-        except NotFound:
+        except (NotFound, SessionLost):
             pass
         self.closed = True
 

@@ -33,6 +33,7 @@ __all__ = [
     "ServiceUnavailable",
     "SessionBusy",
     "SessionEnded",
+    "SessionLost",
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",
@@ -125,6 +126,11 @@ class SessionEnded(Conflict):
     """409 `session_ended`: a cell ended the session (its answer said `session_ended`)."""
 
 
+class SessionLost(APIError):
+    """410 `session_lost`: the session was open when the server stopped (was restarted or
+    killed); sessions do not survive a restart. Start another."""
+
+
 class PayloadTooLarge(APIError):
     """413: a body, a file or inputs over the server's limits."""
 
@@ -190,6 +196,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
     405: MethodNotAllowed,
     408: RequestTimeout,
     409: Conflict,
+    410: SessionLost,
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
     421: MisdirectedRequest,
@@ -213,6 +220,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "conflict": 409,
     "session_busy": 409,
     "session_ended": 409,
+    "session_lost": 410,
     "payload_too_large": 413,
     "unsupported_media_type": 415,
     "misdirected_request": 421,

@@ -467,7 +467,8 @@ class ToolList:
 
 @dataclass(frozen=True)
 class ExecutionRecord:
-    """The audit record of an execution (`GET /v1/executions/{id}`)."""
+    """The audit record of an execution (`GET /v1/executions/{id}`). `interrupted` when the
+    server stopped before it ended (its record was written at the next start)."""
 
     id: str
     request_id: str
@@ -482,6 +483,10 @@ class ExecutionRecord:
     limits: Limits
     limits_hit: list[str]
     usage: Usage
+    # The server stopped before the execution ended: recorded at its next start, status
+    # `internal_error`, and `error` says so.
+    interrupted: bool = False
+    error: ExecutionError | None = None
     extra: dict[str, object] = field(default_factory=dict)
 
     @classmethod
@@ -491,6 +496,7 @@ class ExecutionRecord:
         if status not in _STATUSES:
             raise ProtocolError(f"$.status: unknown status {status[:40]!r}")
         known = set(cls.__dataclass_fields__)
+        error = r.opt_object("error")
         return cls(
             r.text("id"),
             r.text("request_id"),
@@ -505,6 +511,8 @@ class ExecutionRecord:
             Limits._read(r.child("limits")),
             r.texts("limits_hit"),
             Usage._read(r.child("usage")),
+            r.flag("interrupted", False),
+            None if error is None else ExecutionError._read(_Reader(error, "$.error")),
             {k: v for k, v in r.obj.items() if k not in known},
         )
 

@@ -257,6 +257,14 @@ impl Server {
         self.dir.clone()
     }
 
+    /// Kills the server outright (SIGKILL: it cleans up nothing) and keeps its directory.
+    pub fn kill_keeping_state(mut self) -> PathBuf {
+        self.keep_dir = true;
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        self.dir.clone()
+    }
+
     fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM);
