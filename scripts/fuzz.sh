@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Fuzzes the native evaluator (crates/pyeval) and the pickle scanner (crates/pickle) with
-# cargo fuzz on the stable toolchain (libFuzzer coverage, no sanitizer: neither crate has
-# unsafe code). Three targets: eval (seeds from the evaluator's differential corpus), pickle
+# Fuzzes the native evaluator (crates/pyeval), the pickle scanner (crates/pickle) and the
+# host's reading of a sandbox's channel (crates/engine, crates/tools) with cargo fuzz on the
+# stable toolchain (libFuzzer coverage, no sanitizer: the code fuzzed is safe Rust). Targets: eval (seeds from the evaluator's differential corpus), pickle
 # (pickles CPython writes) and zip_readers (the archives the scanner's tests make, headers
 # mutated: each input is also read by miniz, built from its C source by
 # scripts/miniz-reader.sh, and by zipfile and tarfile, and whatever they would load from an
 # archive scanned `safe` must have been scanned as they read it).
-# Usage: scripts/fuzz.sh [SECONDS] (default 90, split between the three).
+# A fourth, channel, reads what a sandbox sends the host as the host does: a program's response
+# (result or error, outputs, files), its captured output, and its tool channel's frames.
+# Usage: scripts/fuzz.sh [SECONDS] (default 90, split between the four).
 # A crash leaves its input under fuzz/artifacts/<target>/ and fails the script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +52,29 @@ for args in (["archives.py"], ["mutations.py", "11", "300"]):
 PY
 export AIRLOCK_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
 bash scripts/miniz-reader.sh "$AIRLOCK_MINIZ_READER"
-third=$(( (seconds + 2) / 3 ))
+# The channel: what a sandbox sends the host. The first byte picks the reader (0 a response,
+# 1 captured output, 2 tool-call frames), as in fuzz_targets/channel.rs.
+mkdir -p fuzz/corpus/channel
+/usr/bin/python3 - fuzz/corpus/channel <<'PY'
+import json, os, struct, sys
+out = sys.argv[1]
+responses = [
+    {"result": 42},
+    {"result": {"$airlock": "bytes", "base64": "aGk="}, "outputs": [{"type": "text/plain", "data": "x"}]},
+    {"error": {"type": "ValueError", "message": "m", "traceback": "tb"}},
+    {"result": None, "files": [{"path": "a/b.txt", "size": 2, "base64": "aGk="}, {"path": "c", "size": 9, "skipped": "over the size limit"}]},
+    {"result": [1, 2], "outputs": [{"type": "application/json", "data": {"k": [1]}}, {"type": "image/png", "data": "iVBORw0KGgo="}]},
+]
+seeds = [b"\x00" + json.dumps(r).encode() for r in responses]
+seeds += [b"\x01" + "héllo €".encode(), b"\x81" + "cut €".encode()[:-1], b"\x01\xff\xfe"]
+calls = [{"id": 1, "server": "crm", "tool": "find", "arguments": {"customer_id": 7}},
+         {"id": 2, "server": "crm", "tool": "list", "arguments": {}}]
+frames = b"".join(struct.pack("<I", len(b)) + b for b in (json.dumps(c).encode() for c in calls))
+seeds += [b"\x02" + frames, b"\x02" + struct.pack("<I", 1 << 31)]
+for i, seed in enumerate(seeds):
+    open(os.path.join(out, f"seed-{i}"), "wb").write(seed)
+PY
+third=$(( (seconds + 3) / 4 ))
 # The fuzz build comes last and needs about 0.6 GB more: say what the disk has left, so that a
 # build that fails for want of it says so.
 echo "==> disk: $(df -h --output=avail . | tail -n 1 | tr -d ' ') available"
@@ -61,3 +85,5 @@ echo "==> cargo fuzz run pickle for ${third}s"
 cargo fuzz run pickle --sanitizer none -- -max_total_time="$third" -max_len=65536 -timeout=10
 echo "==> cargo fuzz run zip_readers for ${third}s"
 cargo fuzz run zip_readers --sanitizer none -- -max_total_time="$third" -max_len=65536 -timeout=10
+echo "==> cargo fuzz run channel for ${third}s"
+cargo fuzz run channel --sanitizer none -- -max_total_time="$third" -max_len=65536 -timeout=10

@@ -17,6 +17,22 @@ mod pump;
 mod session;
 mod tools;
 mod verdict;
+
+/// Entry points for the fuzz targets (`fuzz/`, cargo fuzz): the host's parsing of what a
+/// sandbox sends it. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// A program's response (its result or error, outputs and files), as the host reads it
+    /// from a one-shot's or a session's channel: whether it was accepted.
+    pub fn response(bytes: &[u8], limit: u64) -> bool {
+        crate::verdict::parse_response(bytes, false, limit).is_ok()
+    }
+
+    /// Captured output as the result holds it: its length in bytes.
+    pub fn output(bytes: &[u8], truncated: bool) -> usize {
+        crate::pump::decode_output(bytes.to_vec(), truncated).len()
+    }
+}
 mod zygotes;
 
 use std::os::fd::OwnedFd;

@@ -515,6 +515,22 @@ fn read_frame(reader: &mut impl Read, cap: u64) -> Result<Option<Vec<u8>>, Optio
     Ok(Some(body))
 }
 
+/// The calls in `bytes` read as the broker's loop reads a channel (for the fuzz target): how
+/// many, and whether a frame broke the protocol.
+pub(crate) fn read_calls(mut bytes: &[u8], cap: u64) -> (usize, bool) {
+    let mut calls = 0;
+    loop {
+        match read_frame(&mut bytes, cap) {
+            Ok(Some(frame)) => match serde_json::from_slice::<CallFrame>(&frame) {
+                Ok(_) => calls += 1,
+                Err(_) => return (calls, true),
+            },
+            Ok(None) => return (calls, false),
+            Err(_) => return (calls, true),
+        }
+    }
+}
+
 /// A call that passed the host's checks, to be sent upstream.
 struct Checked {
     granted: Granted,
