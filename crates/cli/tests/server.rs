@@ -1789,5 +1789,181 @@ fn executions_stop_when_the_audit_log_cannot_be_written() {
             "{id} ran without a started line:\n{audit}"
         );
     }
+
+    // Room again: the server recovers by itself, and the records it could not write then
+    // are written now. Every execution that ran has exactly one.
+    drop(filler);
+    std::fs::remove_file(state.join("filler")).unwrap();
+    wait_ready(&server);
+    let r = server.execute(json!({"code": "4"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    ran.push(r.json()["id"].as_str().unwrap().to_owned());
+    let lines = audit_lines(&state);
+    let resumed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["event"] == "audit_resumed")
+        .collect();
+    assert_eq!(resumed.len(), 1, "{lines:?}");
+    assert!(resumed[0]["failure"]
+        .as_str()
+        .unwrap()
+        .contains("No space left"));
+    for id in &ran {
+        let records = lines
+            .iter()
+            .filter(|l| l.get("event").is_none() && l["id"] == id.as_str())
+            .count();
+        assert_eq!(records, 1, "{id}: {lines:?}");
+        assert_eq!(
+            server
+                .call("GET", &format!("/v1/executions/{id}"), None)
+                .status,
+            200
+        );
+    }
+
     drop(server);
+}
+
+#[test]
+fn executions_stop_while_the_state_directory_is_read_only_and_resume_once_it_is_writable() {
+    let _g = serial();
+    let dir = std::env::temp_dir().join(format!("airlock-audit-ro-{}", std::process::id()));
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // An ext4 file system of its own that the kernel turns read-only on an error, as it does
+    // for a failing disk (errors=remount-ro).
+    let image = dir.join("disk.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    sh(&["mkfs.ext4", "-q", image.to_str().unwrap()]);
+    sh(&[
+        "mount",
+        "-o",
+        "loop,errors=remount-ro",
+        image.to_str().unwrap(),
+        state.to_str().unwrap(),
+    ]);
+    struct Unmount(std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            while std::process::Command::new("umount")
+                .args(["-l", self.0.to_str().unwrap()])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+            {}
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _unmount = Unmount(state.clone(), dir.clone());
+    let device = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .find(|l| l.split(' ').nth(4) == state.to_str())
+        .and_then(|l| {
+            l.rsplit(' ')
+                .nth(1)
+                .map(|d| d.trim_start_matches("/dev/").to_owned())
+        })
+        .unwrap();
+
+    let server = Server::start_in(dir.clone(), "", &[], Some(KEY));
+    let first = server.execute(json!({"code": "1"}));
+    assert_eq!(first.status, 200);
+    std::fs::write(
+        format!("/sys/fs/ext4/{device}/trigger_fs_error"),
+        "airlock test",
+    )
+    .unwrap();
+    let r = server.execute(json!({"code": "2"}));
+    assert_eq!((r.status, r.error_code()), (503, "unavailable".into()));
+    // The write says EROFS, or the sync of the line before it EIO: either is named.
+    let broken = |t: &str| t.contains("Read-only file system") || t.contains("Input/output error");
+    assert!(broken(&r.text()), "{}", r.text());
+    let ready = server.call("GET", "/readyz", None);
+    assert_eq!(ready.status, 503);
+    assert!(broken(&ready.text()), "{}", ready.text());
+    // Reads still work: records already written are served.
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server
+            .call("GET", &format!("/v1/executions/{id}"), None)
+            .status,
+        200
+    );
+
+    // The operator moves the state to a sound file system: the server finds its log there
+    // by itself and goes on.
+    let saved = dir.join("saved");
+    sh(&["cp", "-a", state.to_str().unwrap(), saved.to_str().unwrap()]);
+    sh(&["umount", "-l", state.to_str().unwrap()]);
+    sh(&[
+        "mount",
+        "-t",
+        "tmpfs",
+        "-o",
+        "size=4m,mode=0700",
+        "airlock-test",
+        state.to_str().unwrap(),
+    ]);
+    sh(&[
+        "cp",
+        "-a",
+        &format!("{}/.", saved.display()),
+        state.to_str().unwrap(),
+    ]);
+    wait_ready(&server);
+    let r = server.execute(json!({"code": "3"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let lines = audit_lines(&state);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"] == "audit_resumed" && broken(l["failure"].as_str().unwrap())),
+        "{lines:?}"
+    );
+    for id in [id, r.json()["id"].as_str().unwrap().to_owned()] {
+        let records = lines
+            .iter()
+            .filter(|l| l.get("event").is_none() && l["id"] == id.as_str())
+            .count();
+        assert_eq!(records, 1, "{id}: {lines:?}");
+    }
+    drop(server);
+}
+
+fn sh(argv: &[&str]) {
+    let status = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .status()
+        .unwrap();
+    assert!(status.success(), "{argv:?}: {status}");
+}
+
+/// Waits (up to 10 s) for `/readyz` to answer 200.
+fn wait_ready(server: &Server) {
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = server.call("GET", "/readyz", None);
+        if r.status == 200 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "never ready: {}",
+            r.text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn audit_lines(state: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(state.join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
 }

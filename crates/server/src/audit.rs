@@ -4,6 +4,16 @@
 //! who, when, what code (its SHA-256, never the code), the limits and the verdict; never a
 //! key, never the sandbox's environment or output.
 //! The most recent records are also kept in memory for `GET /v1/executions/{id}`.
+//!
+//! Lines are synced (`fdatasync`) on a thread of their own as soon as they are written, where
+//! the lines of concurrent executions share one sync: a `started` line is on disk about a
+//! millisecond after the execution starts, so a power cut loses at most that last moment, and
+//! the executions it stopped are found at the next start. With `audit.sync = "answer"` an
+//! execution's answer also waits for its record to be on disk (about 1 ms more per execution
+//! here): a power cut then never loses the record of an answered execution. A write that fails (the disk is full
+//! or read-only) stops new executions; the lines it could not write (records, sessions, tool
+//! calls) are kept in memory and written first, with an `audit_resumed` line, as soon as a
+//! write works again: the server recovers by itself and the log loses nothing.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
@@ -11,7 +21,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use airlock_api::ExecutionRecord;
 
@@ -21,17 +32,34 @@ const RECENT: usize = 10_000;
 /// A record is well under 2 KiB; reading this much of the tail finds the recent ones.
 const TAIL_BYTES: u64 = RECENT as u64 * 2048;
 
+/// Lines kept while the log cannot be written; beyond this the oldest are counted as lost.
+/// Executions are refused meanwhile, so only those already running add to them.
+const MAX_PENDING: usize = 100_000;
+/// How often a failed log is tried again (by the requests and readiness probes that ask).
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Debug)]
 struct Inner {
-    file: File,
+    file: Arc<File>,
     recent: HashMap<String, ExecutionRecord>,
     order: VecDeque<String>,
+    /// Lines a failed write left unwritten, oldest first.
+    pending: VecDeque<Vec<u8>>,
+    /// Lines dropped from `pending` because it was full.
+    lost: u64,
+    /// Why the last write failed, and when it was last tried; None once a write works.
+    failure: Option<(String, Instant)>,
+    /// Lines written so far (a line's number is what its sync waits for).
+    written: u64,
 }
 
 #[derive(Debug)]
 pub struct AuditLog {
     path: PathBuf,
     inner: Mutex<Inner>,
+    syncer: Arc<Syncer>,
+    /// Whether an execution's answer waits for its record to be on disk.
+    sync_before_answer: bool,
     /// Sessions opened before this start and never closed by their key or the reaper: they
     /// died with the server. Id to key fingerprint.
     lost_sessions: Mutex<HashMap<String, String>>,
@@ -42,23 +70,22 @@ impl AuditLog {
     /// cut short (the machine lost power mid-write) is cut off; every execution whose
     /// `started` line has no record after it (the server stopped before it ended) gets its
     /// final record now: `internal_error`, `interrupted`. `Recovery` says what was done.
-    pub fn open(state_dir: &Path) -> std::io::Result<(Self, Recovery)> {
+    pub fn open(state_dir: &Path, sync: AuditSync) -> std::io::Result<(Self, Recovery)> {
         std::fs::create_dir_all(state_dir)?;
         let path = state_dir.join(AUDIT_FILE);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .mode(0o600)
-            .open(&path)?;
+        let (file, torn_bytes) = open_file(&path)?;
         let mut recovery = Recovery {
-            torn_bytes: cut_torn_tail(&mut file)?,
+            torn_bytes,
             ..Recovery::default()
         };
         let mut inner = Inner {
-            file,
+            file: Arc::new(file),
             recent: HashMap::new(),
             order: VecDeque::new(),
+            pending: VecDeque::new(),
+            lost: 0,
+            failure: None,
+            written: 0,
         };
         let mut reader = File::open(&path)?;
         let len = reader.metadata()?.len();
@@ -94,15 +121,18 @@ impl AuditLog {
         recovery.lost_sessions = sessions.len();
         for started in open {
             let record = interrupted(started);
-            write_line(&mut inner.file, &record)?;
+            write_line(&inner.file, &line_of(&record)?)?;
             recovery.interrupted.push(record.id.clone());
             remember(&mut inner, record);
         }
         if !recovery.interrupted.is_empty() || recovery.torn_bytes > 0 {
             inner.file.sync_data()?;
         }
+        let syncer = Syncer::start(inner.file.clone())?;
         let log = AuditLog {
             path,
+            syncer,
+            sync_before_answer: sync == AuditSync::Answer,
             inner: Mutex::new(inner),
             lost_sessions: Mutex::new(sessions),
         };
@@ -113,25 +143,160 @@ impl AuditLog {
         &self.path
     }
 
-    /// Appends one execution's record, with its verdict.
+    /// Appends one execution's record, with its verdict; with `sync = "answer"`, returns once
+    /// it is on disk. If it cannot be written, it is kept (and served by id) until it can.
     pub fn append(&self, record: &ExecutionRecord) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        write_line(&mut inner.file, record)?;
-        remember(&mut inner, record.clone());
+        let line = line_of(record)?;
+        let written = {
+            let mut inner = self.lock();
+            remember(&mut inner, record.clone());
+            self.write(&mut inner, line, true)
+        }?;
+        self.syncer.request(written);
+        if !self.sync_before_answer {
+            return Ok(());
+        }
+        self.syncer
+            .wait(written)
+            .inspect_err(|e| self.sync_failed(e))
+    }
+
+    /// Appends the line written before an execution starts, and has it synced meanwhile: if
+    /// it cannot be written, the execution does not run (and the line is not kept).
+    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+        let line = line_of(started)?;
+        let written = self.write(&mut self.lock(), line, false)?;
+        self.syncer.request(written);
         Ok(())
     }
 
-    /// Appends the line written before an execution starts: if it cannot be written, the
-    /// execution does not run.
-    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        write_line(&mut inner.file, started)
+    /// Appends another event's line (a tool call, `{"event": "tool_call", ...}`); the next
+    /// record's sync makes it durable. Kept until it can be written.
+    pub fn append_event(&self, event: &impl serde::Serialize) -> std::io::Result<()> {
+        let line = line_of(event)?;
+        self.write(&mut self.lock(), line, true).map(|_| ())
     }
 
-    /// Appends another event's line (a tool call, `{"event": "tool_call", ...}`).
-    pub fn append_event(&self, event: &impl serde::Serialize) -> std::io::Result<()> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        write_line(&mut inner.file, event)
+    /// Why the log cannot be written, or None. While it cannot, it is tried again (at most
+    /// once a second): the kept lines are written after an `audit_resumed` line, and synced.
+    pub fn failure(&self) -> Option<String> {
+        self.retry(false)
+    }
+
+    /// Tries now to write the kept lines (at shutdown); why not, if they could not be.
+    pub fn write_kept(&self) -> Option<String> {
+        self.retry(true)
+    }
+
+    fn retry(&self, now: bool) -> Option<String> {
+        let mut inner = self.lock();
+        if let (None, Some(why)) = (&inner.failure, self.syncer.failure()) {
+            // A `started` line's sync, which nobody waited for.
+            tracing::error!(path = %self.path.display(), error = %why, "cannot sync the audit log; refusing executions until it can");
+            inner.failure = Some((why, Instant::now()));
+        }
+        let (why, tried) = inner.failure.as_ref()?;
+        if !now && tried.elapsed() < RETRY_EVERY {
+            return Some(why.clone());
+        }
+        let resumed = Resumed {
+            event: "audit_resumed",
+            at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            failure: why,
+            kept: inner.pending.len(),
+            lost: inner.lost,
+        };
+        let resumed = match line_of(&resumed) {
+            Ok(line) => line,
+            Err(e) => return Some(e.to_string()),
+        };
+        inner.pending.push_front(resumed);
+        // Opened again by its path: the file system may have been mounted anew meanwhile.
+        let reopened = open_file(&self.path).map(|(file, torn)| {
+            if torn > 0 {
+                tracing::warn!(bytes = torn, "cut a torn last line off the audit log");
+            }
+            inner.file = Arc::new(file);
+        });
+        match reopened
+            .and_then(|()| self.flush(&mut inner))
+            .and_then(|()| inner.file.sync_data())
+        {
+            Ok(()) => {
+                self.syncer.resume(inner.file.clone(), inner.written);
+                tracing::warn!(
+                    path = %self.path.display(),
+                    "the audit log can be written again; executions resume"
+                );
+                inner.failure = None;
+                inner.lost = 0;
+                None
+            }
+            Err(e) => {
+                // Not written: the `audit_resumed` line goes (the next try writes its own).
+                inner.pending.pop_front();
+                let why = e.to_string();
+                inner.failure = Some((why.clone(), Instant::now()));
+                Some(why)
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the kept lines, then `line`, and returns its number; on failure `line` is kept
+    /// if `keep`, and every later execution is refused until a write works.
+    fn write(&self, inner: &mut Inner, line: Vec<u8>, keep: bool) -> std::io::Result<u64> {
+        let result = if inner.failure.is_some() {
+            // Written by `failure()`'s retry, with the line that says so.
+            Err(std::io::Error::other(
+                inner
+                    .failure
+                    .as_ref()
+                    .map_or("", |f| f.0.as_str())
+                    .to_owned(),
+            ))
+        } else {
+            self.flush(inner)
+                .and_then(|()| write_line(&inner.file, &line))
+                .map(|()| {
+                    inner.written += 1;
+                    inner.written
+                })
+        };
+        if let Err(e) = &result {
+            if keep {
+                if inner.pending.len() == MAX_PENDING {
+                    inner.pending.pop_front();
+                    inner.lost += 1;
+                }
+                inner.pending.push_back(line);
+            }
+            if inner.failure.is_none() {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot append to the audit log; refusing executions until it can");
+                inner.failure = Some((e.to_string(), Instant::now()));
+            }
+        }
+        result
+    }
+
+    fn flush(&self, inner: &mut Inner) -> std::io::Result<()> {
+        while let Some(line) = inner.pending.front() {
+            write_line(&inner.file, line)?;
+            inner.written += 1;
+            inner.pending.pop_front();
+        }
+        Ok(())
+    }
+
+    fn sync_failed(&self, e: &std::io::Error) {
+        let mut inner = self.lock();
+        if inner.failure.is_none() {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log; refusing executions until it can");
+            inner.failure = Some((e.to_string(), Instant::now()));
+        }
     }
 
     /// Whether `id` is a session of the key with `fingerprint` that the server lost when it
@@ -166,26 +331,49 @@ impl AuditLog {
     }
 
     pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .recent
-            .get(id)
-            .cloned()
+        self.lock().recent.get(id).cloned()
     }
+}
+
+fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 /// One JSON line in a single write, so lines never interleave; on failure the file is cut
 /// back, so no torn line is left for the next one to be glued to.
-fn write_line(file: &mut File, value: &impl serde::Serialize) -> std::io::Result<()> {
-    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    line.push(b'\n');
+fn write_line(mut file: &File, line: &[u8]) -> std::io::Result<()> {
     let before = file.metadata()?.len();
-    if let Err(e) = file.write_all(&line) {
+    if let Err(e) = file.write_all(line) {
         let _ = file.set_len(before);
         return Err(e);
     }
     Ok(())
+}
+
+/// The line that ends a time the log could not be written.
+#[derive(serde::Serialize)]
+struct Resumed<'a> {
+    event: &'static str,
+    at: String,
+    /// Why writes failed.
+    failure: &'a str,
+    /// Lines kept meanwhile, written after this one.
+    kept: usize,
+    /// Lines dropped because too many were kept.
+    lost: u64,
+}
+
+/// When audit lines reach the disk (`[audit] sync`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditSync {
+    /// Synced as soon as written, on the syncer's thread; nothing waits for it.
+    #[default]
+    Background,
+    /// Likewise, and an execution's answer waits for its record to be on disk.
+    Answer,
 }
 
 /// The line written when an execution is about to start (`"event": "started"`); the
@@ -211,6 +399,118 @@ struct SessionEvent<'a> {
     key_fingerprint: Cow<'a, str>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     why: Option<Cow<'a, str>>,
+}
+
+impl Drop for AuditLog {
+    fn drop(&mut self) {
+        self.syncer.stop();
+    }
+}
+
+/// `fdatasync` on a thread of its own: lines written while a sync runs share the next one.
+#[derive(Debug)]
+struct Syncer {
+    state: Mutex<SyncState>,
+    /// The thread waits on it for lines to sync.
+    work: Condvar,
+    /// Writers wait on it for their line.
+    done: Condvar,
+}
+
+#[derive(Debug)]
+struct SyncState {
+    file: Arc<File>,
+    /// The last line asked to be synced, and the last one synced.
+    wanted: u64,
+    synced: u64,
+    /// Why a sync failed; until the log is written again, nothing counts as synced.
+    failed: Option<String>,
+    stop: bool,
+}
+
+impl Syncer {
+    fn start(file: Arc<File>) -> std::io::Result<Arc<Syncer>> {
+        let syncer = Arc::new(Syncer {
+            state: Mutex::new(SyncState {
+                file,
+                wanted: 0,
+                synced: 0,
+                failed: None,
+                stop: false,
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let s = syncer.clone();
+        std::thread::Builder::new()
+            .name("airlock-audit-sync".into())
+            .spawn(move || s.run())?;
+        Ok(syncer)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SyncState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn run(&self) {
+        let mut state = self.lock();
+        loop {
+            while !state.stop && (state.wanted <= state.synced || state.failed.is_some()) {
+                state = self.work.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            if state.stop {
+                return;
+            }
+            let (file, target) = (state.file.clone(), state.wanted);
+            drop(state);
+            let synced = file.sync_data();
+            state = self.lock();
+            match synced {
+                Ok(()) => state.synced = state.synced.max(target),
+                Err(e) => state.failed = Some(e.to_string()),
+            }
+            self.done.notify_all();
+        }
+    }
+
+    fn request(&self, line: u64) {
+        let mut state = self.lock();
+        state.wanted = state.wanted.max(line);
+        self.work.notify_one();
+    }
+
+    /// Waits until `line` is on disk.
+    fn wait(&self, line: u64) -> std::io::Result<()> {
+        let mut state = self.lock();
+        loop {
+            if let Some(why) = &state.failed {
+                return Err(std::io::Error::other(why.clone()));
+            }
+            if state.synced >= line {
+                return Ok(());
+            }
+            state = self.done.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// The log was written and synced again, up to `line`, maybe in a file opened anew.
+    fn resume(&self, file: Arc<File>, line: u64) {
+        let mut state = self.lock();
+        state.file = file;
+        state.failed = None;
+        state.synced = state.synced.max(line);
+        state.wanted = state.wanted.max(line);
+        self.done.notify_all();
+    }
+
+    fn stop(&self) {
+        self.lock().stop = true;
+        self.work.notify_one();
+    }
 }
 
 /// What opening the log repaired and found.
@@ -250,6 +550,18 @@ fn interrupted(started: Started<'_>) -> ExecutionRecord {
             traceback: None,
         }),
     }
+}
+
+/// Opens (or creates, mode 0600) the log for appending, with a torn last line cut off.
+fn open_file(path: &Path) -> std::io::Result<(File, u64)> {
+    let mut file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)?;
+    let torn = cut_torn_tail(&mut file)?;
+    Ok((file, torn))
 }
 
 /// Cuts the file back to its last newline: what follows it is a line the machine stopped in
@@ -328,14 +640,47 @@ mod tests {
     }
 
     #[test]
+    fn lines_are_synced_in_the_background_and_an_answer_waits_for_its_record_when_asked() {
+        let dir = fresh_dir("sync");
+        let (log, _) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        // Concurrent writers: each record is on disk when its append returns.
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let log = &log;
+                s.spawn(move || {
+                    for i in 0..25 {
+                        let before = log.lock().written;
+                        log.append(&record(&format!("ex_{t}_{i}"))).unwrap();
+                        // Its line came after `before`, and is synced.
+                        assert!(log.syncer.lock().synced > before);
+                    }
+                });
+            }
+        });
+        let (written, synced) = (log.lock().written, log.syncer.lock().synced);
+        assert_eq!((written, synced), (100, 100));
+        drop(log);
+        // In the background: nothing waits, and the syncer catches up by itself.
+        let (log, _) = AuditLog::open(&dir, AuditSync::Background).unwrap();
+        log.append(&record("ex_bg")).unwrap();
+        let until = Instant::now() + Duration::from_secs(5);
+        while log.syncer.lock().synced < 1 {
+            assert!(Instant::now() < until, "never synced");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(read_all(log.path()).unwrap().len(), 101);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn records_survive_a_restart_and_the_file_is_private() {
         let dir = std::env::temp_dir().join(format!("airlock-audit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (log, _) = AuditLog::open(&dir).unwrap();
+        let (log, _) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         log.append(&record("ex_a")).unwrap();
         log.append(&record("ex_b")).unwrap();
         drop(log);
-        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert_eq!(log.get("ex_a").unwrap().key, "alice");
         assert!(log.get("ex_c").is_none());
@@ -383,7 +728,7 @@ mod tests {
             + &started_line("ex_second");
         std::fs::write(dir.join(AUDIT_FILE), text).unwrap();
 
-        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.interrupted, ["ex_open", "ex_second"]);
         assert_eq!(recovery.torn_bytes, 0);
         let open = log.get("ex_open").unwrap();
@@ -395,7 +740,7 @@ mod tests {
         drop(log);
 
         // The records are in the file: the next start has nothing to add.
-        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert!(log.get("ex_second").unwrap().interrupted);
         let records = read_all_records(log.path());
@@ -409,7 +754,7 @@ mod tests {
         let whole = serde_json::to_string(&record("ex_a")).unwrap() + "\n";
         let torn = &serde_json::to_string(&record("ex_b")).unwrap()[..40];
         std::fs::write(dir.join(AUDIT_FILE), format!("{whole}{torn}")).unwrap();
-        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 40);
         assert_eq!(std::fs::read_to_string(log.path()).unwrap(), whole);
         // The next line starts on a line of its own.
@@ -419,11 +764,11 @@ mod tests {
 
         // A file that is one torn line, and an empty one.
         std::fs::write(dir.join(AUDIT_FILE), "{\"id\":").unwrap();
-        let (log, recovery) = AuditLog::open(&dir).unwrap();
+        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 6);
         assert_eq!(std::fs::metadata(log.path()).unwrap().len(), 0);
         drop(log);
-        let (_, recovery) = AuditLog::open(&dir).unwrap();
+        let (_, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -50,6 +50,8 @@ pub struct Config {
     pub eval: EvalConfig,
     /// `POST /v1/pickle/scan`.
     pub pickle: PickleConfig,
+    /// The audit log (`state_dir/audit.jsonl`).
+    pub audit: AuditConfig,
     /// `/mcp`: the MCP tools over streamable HTTP.
     pub mcp: McpConfig,
     /// Code mode: the operator's MCP servers that sandboxed code may call (see each key's
@@ -91,6 +93,7 @@ impl Default for Config {
             sessions: SessionsConfig::default(),
             eval: EvalConfig::default(),
             pickle: PickleConfig::default(),
+            audit: AuditConfig::default(),
             mcp: McpConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
@@ -120,6 +123,15 @@ impl Default for McpConfig {
             stdio_tools: vec!["*.*".into()],
         }
     }
+}
+
+/// `[audit]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// `background`: lines are synced to disk as soon as they are written, and nothing waits
+    /// for it; `answer`: an execution's answer also waits for its record to be on disk.
+    pub sync: crate::audit::AuditSync,
 }
 
 /// The pickle scanner (`POST /v1/pickle/scan`).

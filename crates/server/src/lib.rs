@@ -72,7 +72,6 @@ pub struct AppState {
     shutting_down: AtomicBool,
     /// Turns true on shutdown, for whoever waits on something else meanwhile.
     shutdown: tokio::sync::watch::Sender<bool>,
-    audit_failure: Mutex<Option<String>>,
     running: Mutex<HashMap<u64, Cancel>>,
     next_execution: AtomicU64,
     /// Open sessions, each one key's.
@@ -135,7 +134,6 @@ impl AppState {
             eval_slots: tokio::sync::Semaphore::new(eval_turns),
             pickle_slots: tokio::sync::Semaphore::new(pickle_turns),
             tools,
-            audit_failure: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),
         }
@@ -161,18 +159,6 @@ impl AppState {
     pub async fn shutdown_begun(&self) {
         let mut rx = self.shutdown.subscribe();
         let _ = rx.wait_for(|begun| *begun).await.map(|_| ());
-    }
-
-    /// Why the audit log could not be written, if it could not.
-    pub fn audit_failure(&self) -> Option<String> {
-        self.audit_failure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    pub fn set_audit_failure(&self, why: String) {
-        *self.audit_failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
     /// Kills every running execution's sandbox.

@@ -387,7 +387,7 @@ pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
     if state.is_shutting_down() {
         return Err(shutting_down());
     }
-    if let Some(why) = state.audit_failure() {
+    if let Some(why) = state.audit.failure() {
         return Err(audit_unavailable(&why));
     }
     Ok(())
@@ -572,8 +572,7 @@ pub(crate) fn audit_start(
         limits: Borrowed(limits),
     };
     state.audit.append_started(&started).map_err(|e| {
-        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
-        state.set_audit_failure(e.to_string());
+        tracing::warn!(request_id = %ctx.request_id, error = %e, "refused: the audit log cannot be written");
         audit_unavailable(&e.to_string())
     })
 }
@@ -655,11 +654,9 @@ fn append_record(
         interrupted: false,
         error: None,
     };
-    if let Err(e) = state.audit.append(&record) {
-        // The result is the client's, but nothing more runs without a record.
-        tracing::error!(request_id = %ctx.request_id, error = %e, "cannot append to the audit log; refusing executions");
-        state.set_audit_failure(e.to_string());
-    }
+    // The result is the client's all the same: a record that cannot be written is kept (and
+    // served by id) until the log can be written again; nothing new runs meanwhile.
+    let _ = state.audit.append(&record);
 }
 
 pub(crate) fn finish(

@@ -178,7 +178,8 @@ pub(crate) fn start_engine(
 ) -> Result<(Engine, AuditLog), ServeError> {
     let mut engine = Engine::new(config.engine.clone())?;
     engine.defer_cleanup();
-    let (audit, recovery) = AuditLog::open(state_dir).map_err(ServeError::Audit)?;
+    let (audit, recovery) =
+        AuditLog::open(state_dir, config.audit.sync).map_err(ServeError::Audit)?;
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             bytes = recovery.torn_bytes,
@@ -316,6 +317,9 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
         }
     }
     close_sessions_and_pool(&state).await;
+    if let Some(why) = state.audit.write_kept() {
+        tracing::error!(error = %why, "stopped with audit lines that could not be written");
+    }
     tracing::info!(still_running = state.running_count(), "stopped");
     Ok(())
 }

@@ -433,12 +433,10 @@ pub(crate) async fn open(
 }
 
 /// A session's opening or closing in the audit log (a later start tells the sessions it lost
-/// from those closed); a failed write stops every later execution, as for executions.
+/// from those closed). A line that cannot be written is kept until it can, and executions
+/// are refused meanwhile.
 fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<&str>) {
-    if let Err(e) = state.audit.append_session(id, key_fingerprint, why) {
-        tracing::error!(session = %id, error = %e, "cannot append to the audit log; refusing executions");
-        state.set_audit_failure(e.to_string());
-    }
+    let _ = state.audit.append_session(id, key_fingerprint, why);
 }
 
 /// `GET /v1/sessions`.

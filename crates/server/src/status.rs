@@ -56,7 +56,7 @@ pub(crate) async fn readyz(
     if state.is_shutting_down() {
         reasons.push("shutting down".into());
     }
-    if let Some(why) = state.audit_failure() {
+    if let Some(why) = state.audit.failure() {
         reasons.push(format!("the audit log cannot be written: {why}"));
     }
     if !state.admission.has_room() {
