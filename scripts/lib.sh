@@ -71,6 +71,23 @@ ensure_python_client() {
     mv "$stamp.next" "$stamp"
 }
 
+# schemathesis, which fuzzes the real server from its own /openapi.json (crates/cli/tests/
+# openapi.rs), in its own venv under target/.
+SCHEMATHESIS_VENV=target/schemathesis
+SCHEMATHESIS_VERSION=4.32.5
+
+# ensure_schemathesis: a venv in $SCHEMATHESIS_VENV with schemathesis==$SCHEMATHESIS_VERSION.
+ensure_schemathesis() {
+    local py="$SCHEMATHESIS_VENV/bin/python"
+    if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$SCHEMATHESIS_VERSION')" 2>/dev/null; then
+        return 0
+    fi
+    echo "==> installing schemathesis $SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV"
+    ensure_debian_packages python3-venv
+    /usr/bin/python3 -m venv --clear "$SCHEMATHESIS_VENV"
+    "$py" -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+}
+
 # The MCP client the tests drive `airlock mcp` with: the official Python SDK, in its own venv
 # under target/ (Debian's Python; its system packages stay untouched).
 MCP_CLIENT_VENV=target/mcp-client

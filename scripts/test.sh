@@ -21,6 +21,8 @@ ensure_mcp_client
 ensure_mcp_everything
 # pytest and mypy for the Python client (clients/python).
 ensure_python_client
+# schemathesis, the API fuzzer of crates/cli/tests/openapi.rs.
+ensure_schemathesis
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -71,7 +71,7 @@ fn id_param() -> Value {
 }
 
 fn name_param() -> Value {
-    json!({"name": "name", "in": "path", "required": true, "schema": {"type": "string"}})
+    json!({"name": "name", "in": "path", "required": true, "description": "1-64 letters, digits, `-`, `_`, `.`, starting with a letter or digit (else 400).", "schema": {"type": "string"}})
 }
 
 /// An environment as `/v1/environments` gives it.
@@ -123,7 +123,7 @@ pub fn openapi() -> Value {
         "paths": {
             "/v1/pickle/scan": {"post": {
                 "summary": "Scan a pickle, or a ZIP archive of pickles, without running it",
-                "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                "requestBody": {"required": false, "description": "The bytes to scan; none is an empty (malformed) pickle.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                 "responses": with(errors(&[401, 403, 408, 413, 421, 429, 503]), "200",
                     json!({"description": "`kind` (`pickle` or `zip`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
                            "content": {"application/json": {"schema": {"type": "object"}}}})),
@@ -179,13 +179,13 @@ pub fn openapi() -> Value {
                 "get": {
                     "summary": "One environment",
                     "parameters": [name_param()],
-                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                    "responses": with(errors(&[400, 401, 403, 404, 421, 429, 503]), "200",
                         json!({"description": "The environment.", "content": {"application/json": {"schema": environment_schema()}}})),
                 },
                 "delete": {
                     "summary": "Remove an environment (its stored tree goes when no other name uses it); scope `admin`",
                     "parameters": [name_param()],
-                    "responses": with(errors(&[401, 403, 404, 409, 421, 503]), "204", json!({"description": "Removed."})),
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 421, 503]), "204", json!({"description": "Removed."})),
                 },
             },
             "/v1/sessions": {
@@ -239,7 +239,7 @@ pub fn openapi() -> Value {
                 "put": {
                     "summary": "Write a file below the working directory (missing directories are made); a link in the way is refused",
                     "parameters": [id_param(), path_param()],
-                    "requestBody": {"required": true, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                     "responses": with(errors(&[400, 401, 403, 404, 410, 409, 413, 421]), "204", json!({"description": "Written."})),
                 },
             },
@@ -247,9 +247,10 @@ pub fn openapi() -> Value {
                 "summary": "The Model Context Protocol over streamable HTTP: the tools of `airlock mcp` (run_python, eval_expression, sessions); scope `execute`",
                 "description": "One JSON-RPC 2.0 message per POST, which must accept both `application/json` and `text/event-stream` (else 406), answered as JSON. Stateless: no `Mcp-Session-Id`, no GET stream. Tool verdicts and refusals are tool results with `isError`; unknown tools and bad arguments are JSON-RPC errors.",
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "description": "A JSON-RPC 2.0 request or notification."}}}},
-                "responses": with(with(errors(&[401, 403, 408, 413, 415, 421, 429, 503]), "200",
+                "responses": with(with(with(errors(&[401, 403, 408, 413, 415, 421, 429, 503]), "200",
                     json!({"description": "The JSON-RPC answer.", "content": {"application/json": {"schema": {"type": "object"}}}})),
                     "202", json!({"description": "A notification, accepted; no body."})),
+                    "406", json!({"description": "The request does not accept both `application/json` and `text/event-stream`."})),
             }},
             "/healthz": {"get": {
                 "summary": "Liveness; needs no key",
