@@ -48,7 +48,17 @@ pub enum Stdin {
 pub(crate) struct Captured {
     pub data: Vec<u8>,
     pub truncated: bool,
+    /// Bytes read past the output limit and thrown away.
+    pub discarded: u64,
 }
+
+/// How much past its output limit a stream is still read (and thrown away): `DISCARD_FACTOR`
+/// times the limit, at least `MIN_DISCARD`; then its pipe is closed, and the program's next
+/// write fails (EPIPE). A program that overshoots by that much still ends as it would; one
+/// that writes forever cannot make the host spend a core reading what it throws away.
+const DISCARD_FACTOR: u64 = 64;
+/// Reading 64 MiB to throw it away costs the host about 30 ms of CPU here.
+const MIN_DISCARD: u64 = 64 << 20;
 
 #[derive(Debug, Default)]
 pub(crate) struct Collected {
@@ -308,6 +318,18 @@ impl Pump<'_> {
                     if n > keep && !cap.truncated {
                         cap.truncated = true;
                         self.sink.truncated(stream, self.output_limit);
+                    }
+                    cap.discarded += (n - keep) as u64;
+                    let budget = self
+                        .output_limit
+                        .saturating_mul(DISCARD_FACTOR)
+                        .max(MIN_DISCARD);
+                    if cap.discarded > budget {
+                        match stream {
+                            Stream::Stdout => self.stdout = None,
+                            Stream::Stderr => self.stderr = None,
+                        }
+                        return;
                     }
                     if !all {
                         return;
