@@ -65,8 +65,12 @@ pub struct AppState {
     pub audit: AuditLog,
     /// Lower-case host names (no port) accepted in the Host header.
     pub allowed_hosts: Vec<String>,
-    /// Whether the start-up trial run worked, and why not.
+    /// Whether sandboxes start: the start-up trial run, then each execution's sandbox (a
+    /// failed start sets it, a sandbox that runs clears it), and why not.
     pub trial: Mutex<Result<(), String>>,
+    /// When `/readyz` last tried a trial run again while sandboxes could not start, and
+    /// whether one is running.
+    retrial: Mutex<(Option<std::time::Instant>, bool)>,
     /// Memory for request bodies and answers (http.max_buffered_bytes, and per key).
     pub memory: budget::MemoryBudget,
     shutting_down: AtomicBool,
@@ -127,6 +131,7 @@ impl AppState {
             audit,
             allowed_hosts,
             trial: Mutex::new(Err("not run yet".into())),
+            retrial: Mutex::new((None, false)),
             memory,
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
@@ -159,6 +164,53 @@ impl AppState {
     pub async fn shutdown_begun(&self) {
         let mut rx = self.shutdown.subscribe();
         let _ = rx.wait_for(|begun| *begun).await.map(|_| ());
+    }
+
+    /// A sandbox could not start (too many open files, the interpreter gone): `/readyz` says
+    /// so until one runs again.
+    pub fn sandboxes_failed(&self, why: &str) {
+        let mut trial = self.trial.lock().unwrap_or_else(|e| e.into_inner());
+        if trial.is_ok() {
+            tracing::error!(error = %why, "a sandbox could not start; not ready until one does");
+        }
+        *trial = Err(format!("sandboxes cannot start: {why}"));
+    }
+
+    /// A sandbox ran: whatever kept them from starting has gone.
+    pub fn sandboxes_work(&self) {
+        let mut trial = self.trial.lock().unwrap_or_else(|e| e.into_inner());
+        if trial.is_err() {
+            tracing::info!("sandboxes start again; ready");
+            *trial = Ok(());
+        }
+    }
+
+    /// While sandboxes cannot start, tries a trial run again in the background, at most
+    /// every `RETRIAL_EVERY`: readiness comes back by itself when the fault goes away, even if
+    /// no execution is sent meanwhile (a balancer sends none to an unready server).
+    pub fn retry_trial(self: &Arc<Self>) {
+        const RETRIAL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+        if self.trial.lock().unwrap_or_else(|e| e.into_inner()).is_ok() {
+            return;
+        }
+        {
+            let mut retrial = self.retrial.lock().unwrap_or_else(|e| e.into_inner());
+            let due = retrial.0.is_none_or(|at| at.elapsed() >= RETRIAL_EVERY);
+            if retrial.1 || !due || self.is_shutting_down() {
+                return;
+            }
+            *retrial = (Some(std::time::Instant::now()), true);
+        }
+        let state = self.clone();
+        tokio::task::spawn_blocking(move || {
+            match state.engine.self_test() {
+                Ok(_) => state.sandboxes_work(),
+                Err(e) => {
+                    *state.trial.lock().unwrap_or_else(|e| e.into_inner()) = Err(e);
+                }
+            }
+            state.retrial.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
+        });
     }
 
     /// Kills every running execution's sandbox.

@@ -590,7 +590,9 @@ fn audit_unavailable(why: &str) -> Error {
 fn engine_error(ctx: &Context, e: EngineError) -> Error {
     match e {
         EngineError::Cancelled => shutting_down(),
-        EngineError::Spawn(e) => {
+        // The host's fault, not the request's (too few open files, the interpreter gone):
+        // named, and worth a retry.
+        e @ (EngineError::Spawn(_) | EngineError::Io { .. }) => {
             tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
             Error::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -667,11 +669,21 @@ pub(crate) fn finish(
     let execution = match ran {
         Ok(execution) => execution,
         Err(e) => {
+            if let EngineError::Spawn(_) | EngineError::Io { .. } = &e {
+                state.sandboxes_failed(&e.to_string());
+            }
             // Its `started` line is written: it gets a final record all the same.
             record_unrun(state, &ctx);
             return Err(engine_error(&ctx, e));
         }
     };
+    match (&execution.result.status, &execution.result.error) {
+        // Its sandbox could not be built (a path it mounts is gone): the host's fault.
+        (Status::InternalError, Some(e)) if e.kind == "SandboxError" => {
+            state.sandboxes_failed(&e.message)
+        }
+        _ => state.sandboxes_work(),
+    }
     let (result, pooled, forked) = (execution.result, execution.pooled, execution.forked);
     let m = &state.metrics;
     m.executions.add(&[result.status.as_str()]);

@@ -50,6 +50,7 @@ pub(crate) async fn readyz(
             reasons.push(format!("{}: {e}", m.name()));
         }
     }
+    state.retry_trial();
     if let Err(e) = &*state.trial.lock().unwrap_or_else(|e| e.into_inner()) {
         reasons.push(format!("trial run: {e}"));
     }

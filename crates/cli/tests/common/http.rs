@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -79,10 +79,30 @@ impl Server {
     /// Starts `airlock serve` in `dir` (config file and state directory), which may hold the
     /// state of an earlier server; `key` goes into AIRLOCK_API_KEY.
     pub fn start_in(dir: PathBuf, config: &str, env: &[(&str, &str)], key: Option<&str>) -> Server {
+        Self::start_under(&[], dir, config, env, key)
+    }
+
+    /// As `start_in`, run by `wrapper` (`unshare --mount`, say), which must exec airlock.
+    pub fn start_under(
+        wrapper: &[&str],
+        dir: PathBuf,
+        config: &str,
+        env: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> Server {
         let with_key = key.is_some();
         let config_path = dir.join("airlock.toml");
         std::fs::write(&config_path, config).unwrap();
-        let mut cmd = airlock();
+        let mut cmd = match wrapper {
+            [] => airlock(),
+            [first, rest @ ..] => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest)
+                    .arg(env!("CARGO_BIN_EXE_airlock"))
+                    .env("HOST_SECRET_CANARY", "host-secret-value");
+                cmd
+            }
+        };
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config_path)
             .arg("--state-dir")
