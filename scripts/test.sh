@@ -35,6 +35,8 @@ cargo test --workspace --locked
 echo "==> the Python client: pytest, mypy --strict"
 (cd clients/python && "../../$PYTHON_CLIENT_VENV/bin/python" -m pytest -q -p no:cacheprovider tests \
     && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests)
+echo "==> the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
+scripts/soak.sh --short
 echo "==> the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
 TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --test limits \
     --test results --test outputs --test function
