@@ -1152,6 +1152,9 @@ fn a_client_that_goes_away_takes_its_sandbox_with_it() {
             .any(|l| l.contains(" execution ") || l.contains("execution=")),
         "{log:#?}"
     );
+    // A cancelled execution is the client's doing, not the host's: the server stays ready.
+    let ready = server.call("GET", "/readyz", None);
+    assert_eq!(ready.status, 200, "{}", ready.text());
     drop(server);
 }
 

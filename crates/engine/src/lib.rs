@@ -211,6 +211,9 @@ pub struct Execution {
     pub pooled: bool,
     /// Whether the sandbox was a zygote's child (see `zygotes`); a cold one otherwise.
     pub forked: bool,
+    /// The sandbox could not be built (its `internal_error`, a `SandboxError`): the host's
+    /// fault, such as a path it mounts gone, never the program's or its client's.
+    pub setup_failed: bool,
 }
 
 /// Runs jobs. Cheap to share between threads.
@@ -974,6 +977,7 @@ impl Engine {
                     sandbox_ready: None,
                     pooled,
                     forked,
+                    setup_failed: true,
                 });
             }
         };
@@ -1016,6 +1020,7 @@ impl Engine {
             sandbox_ready: taken.or(outcome.ready_after),
             pooled,
             forked,
+            setup_failed: false,
         })
     }
 }

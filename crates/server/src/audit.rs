@@ -10,7 +10,9 @@
 //! millisecond after the execution starts, so a power cut loses at most that last moment, and
 //! the executions it stopped are found at the next start. With `audit.sync = "answer"` an
 //! execution's answer also waits for its record to be on disk (about 1 ms more per execution
-//! here): a power cut then never loses the record of an answered execution. A write that fails (the disk is full
+//! here): while the disk works, a power cut then never loses the record of an answered
+//! execution. (While it does not, answers still go out, their records kept in memory; and a
+//! failed `fdatasync` may have lost lines written before it, which Linux reports only once.) A write that fails (the disk is full
 //! or read-only) stops new executions; the lines it could not write (records, sessions, tool
 //! calls) are kept in memory and written first, with an `audit_resumed` line, as soon as a
 //! write works again: the server recovers by itself and the log loses nothing.
@@ -58,6 +60,10 @@ pub struct AuditLog {
     path: PathBuf,
     inner: Mutex<Inner>,
     syncer: Arc<Syncer>,
+    /// Why the log cannot be written, as last known: read without waiting for disk work.
+    status: Mutex<Option<String>>,
+    /// Whether a retry is running (`retry_soon`).
+    retrying: std::sync::atomic::AtomicBool,
     /// Whether an execution's answer waits for its record to be on disk.
     sync_before_answer: bool,
     /// Sessions opened before this start and never closed by their key or the reaper: they
@@ -98,24 +104,34 @@ impl AuditLog {
         // Executions started and not ended, in the order they started; sessions likewise.
         let mut open: Vec<Started<'static>> = Vec::new();
         let mut sessions: HashMap<String, String> = HashMap::new();
+        // Each line parsed once, then read as what its `event` says it is (none: a record).
         for line in lines.map_while(Result::ok) {
-            if let Ok(record) = serde_json::from_str::<ExecutionRecord>(&line) {
-                open.retain(|s| s.id != record.id);
-                remember(&mut inner, record);
-            } else if let Ok(started) = serde_json::from_str::<Started<'static>>(&line) {
-                if started.event == "started" {
-                    open.push(started);
-                }
-            } else if let Ok(event) = serde_json::from_str::<SessionEvent<'static>>(&line) {
-                match &*event.event {
-                    "session_opened" => {
-                        sessions.insert(event.id.into_owned(), event.key_fingerprint.into_owned());
+            let Ok(value) = serde_json::from_str::<serde_json::Value>(&line) else {
+                continue;
+            };
+            let event = value.get("event").and_then(serde_json::Value::as_str);
+            match event {
+                None => {
+                    if let Ok(record) = serde_json::from_value::<ExecutionRecord>(value) {
+                        open.retain(|s| s.id != record.id);
+                        remember(&mut inner, record);
                     }
-                    "session_closed" => {
-                        sessions.remove(&*event.id);
-                    }
-                    _ => {}
                 }
+                Some("started") => {
+                    if let Ok(started) = serde_json::from_value::<Started<'static>>(value) {
+                        open.push(started);
+                    }
+                }
+                Some("session_opened" | "session_closed") => {
+                    if let Ok(e) = serde_json::from_value::<SessionEvent<'static>>(value) {
+                        if e.event == "session_opened" {
+                            sessions.insert(e.id.into_owned(), e.key_fingerprint.into_owned());
+                        } else {
+                            sessions.remove(&*e.id);
+                        }
+                    }
+                }
+                Some(_) => {}
             }
         }
         recovery.lost_sessions = sessions.len();
@@ -132,6 +148,8 @@ impl AuditLog {
         let log = AuditLog {
             path,
             syncer,
+            status: Mutex::new(None),
+            retrying: std::sync::atomic::AtomicBool::new(false),
             sync_before_answer: sync == AuditSync::Answer,
             inner: Mutex::new(inner),
             lost_sessions: Mutex::new(sessions),
@@ -177,10 +195,39 @@ impl AuditLog {
         self.write(&mut self.lock(), line, true).map(|_| ())
     }
 
-    /// Why the log cannot be written, or None. While it cannot, it is tried again (at most
-    /// once a second): the kept lines are written after an `audit_resumed` line, and synced.
+    /// Why the log cannot be written, or None; never waits for the disk.
     pub fn failure(&self) -> Option<String> {
-        self.retry(false)
+        let status = self
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        status.or_else(|| self.syncer.failure())
+    }
+
+    /// While the log cannot be written, tries it again (at most once a second, one try at a
+    /// time) on a blocking thread: the kept lines are written after an `audit_resumed` line,
+    /// and synced. Why it cannot be written, as `failure`.
+    pub fn retry_soon(self: &Arc<Self>) -> Option<String> {
+        use std::sync::atomic::Ordering;
+        let why = self.failure()?;
+        if !self.retrying.swap(true, Ordering::AcqRel) {
+            let log = self.clone();
+            let retry = move || {
+                log.retry(false);
+                log.retrying.store(false, Ordering::Release);
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn_blocking(retry)),
+                Err(_) => retry(),
+            }
+        }
+        Some(why)
+    }
+
+    fn set_failure(&self, inner: &mut Inner, why: Option<String>) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = why.clone();
+        inner.failure = why.map(|w| (w, Instant::now()));
     }
 
     /// Tries now to write the kept lines (at shutdown); why not, if they could not be.
@@ -193,7 +240,7 @@ impl AuditLog {
         if let (None, Some(why)) = (&inner.failure, self.syncer.failure()) {
             // A `started` line's sync, which nobody waited for.
             tracing::error!(path = %self.path.display(), error = %why, "cannot sync the audit log; refusing executions until it can");
-            inner.failure = Some((why, Instant::now()));
+            self.set_failure(&mut inner, Some(why));
         }
         let (why, tried) = inner.failure.as_ref()?;
         if !now && tried.elapsed() < RETRY_EVERY {
@@ -211,6 +258,7 @@ impl AuditLog {
             Err(e) => return Some(e.to_string()),
         };
         inner.pending.push_front(resumed);
+        let before = inner.written;
         // Opened again by its path: the file system may have been mounted anew meanwhile.
         let reopened = open_file(&self.path).map(|(file, torn)| {
             if torn > 0 {
@@ -228,15 +276,18 @@ impl AuditLog {
                     path = %self.path.display(),
                     "the audit log can be written again; executions resume"
                 );
-                inner.failure = None;
+                self.set_failure(&mut inner, None);
                 inner.lost = 0;
                 None
             }
             Err(e) => {
-                // Not written: the `audit_resumed` line goes (the next try writes its own).
-                inner.pending.pop_front();
+                // The `audit_resumed` line goes if it was not written (the next try writes
+                // its own); if it was, what follows it stays kept.
+                if inner.written == before {
+                    inner.pending.pop_front();
+                }
                 let why = e.to_string();
-                inner.failure = Some((why.clone(), Instant::now()));
+                self.set_failure(&mut inner, Some(why.clone()));
                 Some(why)
             }
         }
@@ -276,7 +327,7 @@ impl AuditLog {
             }
             if inner.failure.is_none() {
                 tracing::error!(path = %self.path.display(), error = %e, "cannot append to the audit log; refusing executions until it can");
-                inner.failure = Some((e.to_string(), Instant::now()));
+                self.set_failure(inner, Some(e.to_string()));
             }
         }
         result
@@ -295,7 +346,7 @@ impl AuditLog {
         let mut inner = self.lock();
         if inner.failure.is_none() {
             tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log; refusing executions until it can");
-            inner.failure = Some((e.to_string(), Instant::now()));
+            self.set_failure(&mut inner, Some(e.to_string()));
         }
     }
 
@@ -483,11 +534,11 @@ impl Syncer {
     fn wait(&self, line: u64) -> std::io::Result<()> {
         let mut state = self.lock();
         loop {
-            if let Some(why) = &state.failed {
-                return Err(std::io::Error::other(why.clone()));
-            }
             if state.synced >= line {
                 return Ok(());
+            }
+            if let Some(why) = &state.failed {
+                return Err(std::io::Error::other(why.clone()));
             }
             state = self.done.wait(state).unwrap_or_else(|e| e.into_inner());
         }

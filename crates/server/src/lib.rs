@@ -62,7 +62,7 @@ pub struct AppState {
     pub keys: KeyStore,
     pub admission: Admission,
     pub metrics: Arc<Metrics>,
-    pub audit: AuditLog,
+    pub audit: Arc<AuditLog>,
     /// Lower-case host names (no port) accepted in the Host header.
     pub allowed_hosts: Vec<String>,
     /// Whether sandboxes start: the start-up trial run, then each execution's sandbox (a
@@ -128,7 +128,7 @@ impl AppState {
             keys,
             admission,
             metrics,
-            audit,
+            audit: Arc::new(audit),
             allowed_hosts,
             trial: Mutex::new(Err("not run yet".into())),
             retrial: Mutex::new((None, false)),
@@ -201,15 +201,22 @@ impl AppState {
             }
             *retrial = (Some(std::time::Instant::now()), true);
         }
-        let state = self.clone();
+        /// Marks the trial done however it ends (a panic too), so the next one can run.
+        struct Done(Arc<AppState>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                self.0.retrial.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
+            }
+        }
+        let done = Done(self.clone());
         tokio::task::spawn_blocking(move || {
+            let state = &done.0;
             match state.engine.self_test() {
                 Ok(_) => state.sandboxes_work(),
                 Err(e) => {
                     *state.trial.lock().unwrap_or_else(|e| e.into_inner()) = Err(e);
                 }
             }
-            state.retrial.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
         });
     }
 

@@ -387,7 +387,7 @@ pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
     if state.is_shutting_down() {
         return Err(shutting_down());
     }
-    if let Some(why) = state.audit.failure() {
+    if let Some(why) = state.audit.retry_soon() {
         return Err(audit_unavailable(&why));
     }
     Ok(())
@@ -677,12 +677,17 @@ pub(crate) fn finish(
             return Err(engine_error(&ctx, e));
         }
     };
-    match (&execution.result.status, &execution.result.error) {
-        // Its sandbox could not be built (a path it mounts is gone): the host's fault.
-        (Status::InternalError, Some(e)) if e.kind == "SandboxError" => {
-            state.sandboxes_failed(&e.message)
-        }
-        _ => state.sandboxes_work(),
+    // Its sandbox could not be built (a path it mounts is gone): the host's fault. A cancelled
+    // execution (its client went away) says nothing about the host either way.
+    if execution.setup_failed {
+        let why = execution
+            .result
+            .error
+            .as_ref()
+            .map_or("", |e| e.message.as_str());
+        state.sandboxes_failed(why);
+    } else if execution.result.status != Status::InternalError {
+        state.sandboxes_work();
     }
     let (result, pooled, forked) = (execution.result, execution.pooled, execution.forked);
     let m = &state.metrics;

@@ -684,6 +684,7 @@ fn run_cell(
         sandbox_ready: None,
         pooled: false,
         forked: false,
+        setup_failed: false,
     };
     finish(state, ctx, Ok(execution)).map(|r| CellResponse {
         id: r.id,

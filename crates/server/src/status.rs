@@ -57,7 +57,7 @@ pub(crate) async fn readyz(
     if state.is_shutting_down() {
         reasons.push("shutting down".into());
     }
-    if let Some(why) = state.audit.failure() {
+    if let Some(why) = state.audit.retry_soon() {
         reasons.push(format!("the audit log cannot be written: {why}"));
     }
     if !state.admission.has_room() {
