@@ -78,14 +78,21 @@ SCHEMATHESIS_VERSION=4.32.5
 
 # ensure_schemathesis: a venv in $SCHEMATHESIS_VENV with schemathesis==$SCHEMATHESIS_VERSION.
 ensure_schemathesis() {
-    local py="$SCHEMATHESIS_VENV/bin/python"
-    if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('schemathesis') != '$SCHEMATHESIS_VERSION')" 2>/dev/null; then
+    ensure_pinned_venv "$SCHEMATHESIS_VENV" schemathesis "$SCHEMATHESIS_VERSION"
+}
+
+# ensure_pinned_venv DIR PACKAGE VERSION: a venv of Debian's Python in DIR holding
+# PACKAGE==VERSION, made afresh when it holds another version.
+ensure_pinned_venv() {
+    local dir="$1" package="$2" version="$3"
+    local py="$dir/bin/python"
+    if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('$package') != '$version')" 2>/dev/null; then
         return 0
     fi
-    echo "==> installing schemathesis $SCHEMATHESIS_VERSION into $SCHEMATHESIS_VENV"
+    echo "==> installing $package $version into $dir"
     ensure_debian_packages python3-venv
-    /usr/bin/python3 -m venv --clear "$SCHEMATHESIS_VENV"
-    "$py" -m pip install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+    /usr/bin/python3 -m venv --clear "$dir"
+    "$py" -m pip install --quiet --disable-pip-version-check "$package==$version"
 }
 
 # The MCP client the tests drive `airlock mcp` with: the official Python SDK, in its own venv
@@ -95,14 +102,7 @@ MCP_CLIENT_VERSION=2.3.0
 
 # ensure_mcp_client: a venv in $MCP_CLIENT_VENV with mcp==$MCP_CLIENT_VERSION.
 ensure_mcp_client() {
-    local py="$MCP_CLIENT_VENV/bin/python"
-    if [ -x "$py" ] && "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('mcp') != '$MCP_CLIENT_VERSION')" 2>/dev/null; then
-        return 0
-    fi
-    echo "==> installing the MCP client (mcp $MCP_CLIENT_VERSION) into $MCP_CLIENT_VENV"
-    ensure_debian_packages python3-venv
-    /usr/bin/python3 -m venv --clear "$MCP_CLIENT_VENV"
-    "$py" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_CLIENT_VERSION"
+    ensure_pinned_venv "$MCP_CLIENT_VENV" mcp "$MCP_CLIENT_VERSION"
 }
 
 # The MCP reference server (@modelcontextprotocol/server-everything) from the npm registry, a

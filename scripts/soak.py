@@ -148,6 +148,7 @@ class Soak:
         self.local = threading.local()
         self.lock = threading.Lock()
         self.outcomes: list[Outcome] = []
+        self.problems: list[str] = []  # of the soak itself (tasks lost, kills missed)
 
     def client(self, who: str) -> al.Airlock:
         clients = getattr(self.local, "clients", None)
@@ -255,22 +256,31 @@ def run_phase(soak: Soak, name: str, count: int, hostile_share: float, kills_at:
     done = [0]
     kills = sorted(kills_at)
 
+    stood_in = [0]
+    counted = len([o for o in soak.outcomes if o.phase == name])
+
     def worker() -> None:
         while True:
             with lock:
                 i = next(next_task, None)
             if i is None:
                 return
-            if not soak.server.up.wait(timeout=120):
-                raise SystemExit("the server stayed down")
-            if random.random() < hostile_share:
-                kind, hostile = random.choice(list(HOSTILE)), True
-                if stand_ins is not None:
-                    time.sleep(stand_ins[kind])
-                    continue
-            else:
-                kind, hostile = random.choice(BENIGN), False
-            outcome = soak.task(kind, hostile, name)
+            kind, hostile = "?", False
+            try:
+                if not soak.server.up.wait(timeout=120):
+                    raise RuntimeError("the server stayed down")
+                if random.random() < hostile_share:
+                    kind, hostile = random.choice(list(HOSTILE)), True
+                    if stand_ins is not None:
+                        time.sleep(stand_ins[kind])
+                        with lock:
+                            stood_in[0] += 1
+                        continue
+                else:
+                    kind, hostile = random.choice(BENIGN), False
+                outcome = soak.task(kind, hostile, name)
+            except Exception as e:  # anything else is a failure of the soak, never silent
+                outcome = Outcome(kind, hostile, name, 0.0, [], f"{type(e).__name__}: {e}", False)
             with soak.lock:
                 soak.outcomes.append(outcome)
             with lock:
@@ -293,6 +303,11 @@ def run_phase(soak: Soak, name: str, count: int, hostile_share: float, kills_at:
         if now() - last > 10:
             last = now()
             print(f"soak: {name}: {done[0]}/{count}", flush=True)
+    ran = len([o for o in soak.outcomes if o.phase == name]) - counted
+    if ran + stood_in[0] != count:
+        soak.problems.append(f"{name}: {count} tasks, {ran} outcomes and {stood_in[0]} stand-ins")
+    if kills:
+        soak.problems.append(f"{name}: kills after {kills} tasks never happened")
 
 
 def host_state() -> dict[str, list[str]]:
@@ -321,7 +336,8 @@ def host_state() -> dict[str, list[str]]:
     for d in ["/tmp", "/var/tmp", "/dev/shm"]:
         for entry in os.scandir(d):
             try:
-                if entry.stat(follow_symlinks=False).st_uid >= SANDBOX_UID_MIN or entry.name.startswith(("airlock-sb", "airlock-run")):
+                if entry.stat(follow_symlinks=False).st_uid >= SANDBOX_UID_MIN or (
+                        entry.name.startswith("airlock-") and not entry.name.startswith("airlock-soak-")):
                     tmp.append(entry.path)
             except OSError:
                 pass
@@ -393,7 +409,8 @@ def main() -> int:
     server.start()
     soak = Soak(args, server, keys)
 
-    baseline = max(100, args.executions // 5)
+    # Enough benign one-shot executions without hostile ones for a p99 to mean something.
+    baseline = max(300, args.executions // 5)
     mixed = args.executions - baseline
     kills_at = sorted(random.sample(range(mixed // 10, mixed * 9 // 10), args.kills)) if args.kills else []
     print(f"soak: seed {seed}; {mixed} tasks with {args.hostile:.0%} hostile and kills after {kills_at}, then {baseline} without", flush=True)
@@ -414,7 +431,7 @@ def main() -> int:
     time.sleep(0.5)
     after = host_state()
 
-    problems: list[str] = []
+    problems: list[str] = list(soak.problems)
     if stopped != 0:
         problems.append(f"the server exited {stopped} on SIGTERM")
     for what in before:

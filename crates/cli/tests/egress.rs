@@ -681,3 +681,62 @@ fn one_sandbox_never_reaches_another_ones_proxy() {
     );
     assert!(r.status < 300, "{}", r.text());
 }
+
+#[test]
+fn a_target_that_dies_is_an_error_for_the_code_and_nothing_more() {
+    let _serial = common::serial();
+    let before = common::HostState::now();
+    let mut t = Targets::start();
+    let server = Server::start(&config(&t, ""), &[]);
+    // An upload, a chunk every 50 ms for 5 s: the target dies a second in.
+    let code = format!(
+        r#"
+import time, urllib.request
+def body():
+    for _ in range(100):
+        time.sleep(0.05)
+        yield b"x" * 65536
+req = urllib.request.Request("http://localhost:{port}/upload", data=body(), method="POST",
+                             headers={{"Content-Length": str(100 * 65536)}})
+t = time.time()
+try:
+    with urllib.request.urlopen(req, timeout=10) as r:
+        out = [r.status, r.read().decode()]
+except Exception as e:
+    out = ["error", type(e).__name__]
+[out, time.time() - t]
+"#,
+        port = t.http
+    );
+    let addr = server.addr;
+    let running = std::thread::spawn(move || {
+        common::http::call_as(
+            addr,
+            OPEN,
+            "POST",
+            "/v1/execute",
+            Some(&json!({ "code": code })),
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _ = t.child.kill();
+    let _ = t.child.wait();
+    let r = running.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = r.json();
+    // The code saw the connection end, soon; its execution ended as it chose.
+    assert_eq!(r["status"], "ok", "{r:#}");
+    assert_eq!(r["result"][0][0], "error", "{r:#}");
+    assert!(r["result"][1].as_f64().unwrap() < 4.0, "{r:#}");
+    // A target now gone: refused, as an answer the code can read.
+    let calls = format!("fetch('http://localhost:{}/hello')", t.http);
+    let r = run(&server, OPEN, fetch_body(&t, &calls));
+    assert_ne!(r["result"][0], 200, "{r:#}");
+    // Nothing else noticed: other executions run and the server is ready.
+    assert_eq!(run(&server, NONE, json!({"code": "6 * 7"}))["result"], 42);
+    assert_eq!(call(&server, OPEN, "GET", "/readyz", None).status, 200);
+    let lines = wait_egress_lines(&server, 2);
+    assert!(lines.iter().all(|l| l["key"] == "open"), "{lines:#?}");
+    assert!(server.stop().success());
+    common::HostState::now().assert_same_as(&before, &"after the target died");
+}

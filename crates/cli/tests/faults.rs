@@ -33,6 +33,17 @@ fn wait_readyz(server: &Server, status: u16) -> String {
     }
 }
 
+/// The fault gone: ready again by itself, executions run, and the server leaves nothing.
+fn recovered(server: Server, before: &HostState, context: &str) {
+    wait_readyz(&server, 200);
+    assert_eq!(
+        server.execute(json!({"code": "6 * 7"})).json()["result"],
+        42
+    );
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(before, &context);
+}
+
 #[test]
 fn the_interpreter_gone_while_the_server_runs_fails_executions_clearly_until_it_is_back() {
     let _g = serial();
@@ -88,13 +99,7 @@ fn the_interpreter_gone_while_the_server_runs_fails_executions_clearly_until_it_
         umount.to_str().unwrap(),
         "/usr/bin",
     ]);
-    wait_readyz(&server, 200);
-    assert_eq!(
-        server.execute(json!({"code": "6 * 7"})).json()["result"],
-        42
-    );
-    assert!(server.stop().success());
-    HostState::now().assert_same_as(&before, &"after the interpreter came back");
+    recovered(server, &before, "after the interpreter came back");
 }
 
 #[test]
@@ -148,13 +153,7 @@ fn a_low_open_files_limit_fails_what_it_must_clearly_and_the_server_recovers() {
     assert!(why.contains("Too many open files"), "{why}");
 
     sh(&["prlimit", "--pid", &pid.to_string(), &nofile(soft)]);
-    wait_readyz(&server, 200);
-    assert_eq!(
-        server.execute(json!({"code": "6 * 7"})).json()["result"],
-        42
-    );
-    assert!(server.stop().success());
-    HostState::now().assert_same_as(&before, &"after the open-files limit was raised");
+    recovered(server, &before, "after the open-files limit was raised");
 }
 
 #[test]
