@@ -9,7 +9,8 @@ Checks, and fails (exit 1) unless all hold:
 - after the last stop no sandbox process, cgroup, mount, temporary directory or System V IPC
   object is left;
 - the server's RSS and open descriptors stay bounded;
-- the p99 of benign executions while hostile ones run is within 3x of their p99 without them.
+- the p99 of benign executions while hostile ones run is within 3x of their p99 without them
+  (with at least 1000 of each: the short variant reports it only).
 Writes its figures (Markdown) to --out.
 """
 
@@ -460,7 +461,10 @@ def main() -> int:
         args.outcomes.write_text(json.dumps({"restarts": restarts, "outcomes": [dataclasses.asdict(o) for o in soak.outcomes]}))
     p99_base, p99_mixed = p99(lat["baseline"]), p99(lat["mixed"])
     ratio = p99_mixed / p99_base
-    if not ratio <= 3.0:
+    # A p99 of fewer than 1000 samples is one of the last few: noise, not a measure (the
+    # short variant reports it without checking it).
+    ratio_checked = min(len(lat["baseline"]), len(lat["mixed"])) >= 1000
+    if ratio_checked and not ratio <= 3.0:
         problems.append(f"benign p99 with hostile executions {p99_mixed * 1000:.0f} ms is {ratio:.1f}x the {p99_base * 1000:.0f} ms without")
     rss_max = max(s[2] for s in server.samples)
     fds_max = max(s[3] for s in server.samples)
@@ -495,7 +499,7 @@ def main() -> int:
         f"| audit | {audit['started']} started, {audit['records']} final records, {audit['interrupted']} recorded as interrupted; sessions {audit['sessions_opened']} opened, {audit['sessions_closed']} closed |",
         f"| benign one-shot p50 / p99, no hostile | {statistics.median(lat['baseline']) * 1000:.0f} / {p99_base * 1000:.0f} ms ({len(lat['baseline'])}) |",
         f"| benign one-shot p50 / p99, with hostile | {statistics.median(lat['mixed']) * 1000:.0f} / {p99_mixed * 1000:.0f} ms ({len(lat['mixed'])}) |",
-        f"| p99 ratio (limit 3) | {ratio:.2f} |",
+        f"| p99 ratio (limit 3) | {ratio:.2f}{'' if ratio_checked else ' (not checked: under 1000 samples)'} |",
         f"| server RSS after the warm-up / max | {rss_baseline >> 20} / {rss_max >> 20} MiB |",
         f"| server descriptors after the warm-up / max | {fds_baseline} / {fds_max} |",
         f"| left after the last stop | {'nothing' if not any('left after' in p for p in problems) else 'see problems'} |",

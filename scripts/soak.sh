@@ -8,6 +8,7 @@
 # hostile executions is within 3x of the p99 without (scripts/soak.py says how).
 #   ./scripts/soak.sh              # 10,000 tasks, 3 kills, release build; figures in SOAK.md
 #   ./scripts/soak.sh --short      # what scripts/test.sh runs: 600 tasks, 1 kill, debug build
+#                                  # (too few for a p99: the ratio is reported, not checked)
 # Other arguments go to scripts/soak.py (--executions, --kills, --seed, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -240,3 +240,33 @@ fn a_program_writing_forever_past_its_output_limit_costs_the_server_next_to_noth
     );
     assert_eq!(r["stdout_truncated"], true);
 }
+
+#[test]
+fn a_session_cell_writing_forever_past_its_output_limit_costs_the_server_next_to_nothing() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let pid = server.child.id();
+    let session = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"limits": {"output_bytes": 4096}})),
+    );
+    assert_eq!(session.status, 201, "{}", session.text());
+    let id = session.json()["id"].as_str().unwrap().to_owned();
+    let before = cpu_ticks(pid);
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({
+            "code": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)",
+            "timeout_ms": 2000,
+        })),
+    );
+    let ticks = cpu_ticks(pid) - before;
+    let r = r.json();
+    assert_eq!(r["stdout_truncated"], true, "{r}");
+    // The cell reads at most 64 MiB past the limit, then leaves the pipe full until its
+    // deadline: before, the server read all of it (a core for the cell's whole clock).
+    assert!(ticks < 30, "the server spent {ticks} ticks: {r}");
+    assert!(server.stop().success());
+}

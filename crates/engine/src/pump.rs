@@ -60,6 +60,11 @@ const DISCARD_FACTOR: u64 = 64;
 /// Reading 64 MiB to throw it away costs the host about 30 ms of CPU here.
 const MIN_DISCARD: u64 = 64 << 20;
 
+/// What a stream with output limit `limit` may still be read past it.
+pub(crate) fn discard_budget(limit: u64) -> u64 {
+    limit.saturating_mul(DISCARD_FACTOR).max(MIN_DISCARD)
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Collected {
     pub stdout: Captured,
@@ -320,11 +325,7 @@ impl Pump<'_> {
                         self.sink.truncated(stream, self.output_limit);
                     }
                     cap.discarded += (n - keep) as u64;
-                    let budget = self
-                        .output_limit
-                        .saturating_mul(DISCARD_FACTOR)
-                        .max(MIN_DISCARD);
-                    if cap.discarded > budget {
+                    if cap.discarded > discard_budget(self.output_limit) {
                         match stream {
                             Stream::Stdout => self.stdout = None,
                             Stream::Stderr => self.stderr = None,

@@ -729,6 +729,13 @@ fn drain(
                 cap.truncated = true;
                 sink.truncated(stream, limit);
             }
+            // Past the budget this cell reads the stream no more (the session keeps its
+            // pipe): the program blocks on it instead of making the host read for nothing.
+            cap.discarded += (n - keep) as u64;
+            if cap.discarded > pump::discard_budget(limit) {
+                open[i] = false;
+                break;
+            }
         }
     }
 }

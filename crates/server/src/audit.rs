@@ -230,9 +230,14 @@ impl AuditLog {
         inner.failure = why.map(|w| (w, Instant::now()));
     }
 
-    /// Tries now to write the kept lines (at shutdown); why not, if they could not be.
+    /// At shutdown: tries once more to write the kept lines, and syncs what is written; why
+    /// not, if it could not.
     pub fn write_kept(&self) -> Option<String> {
-        self.retry(true)
+        if let Some(why) = self.retry(true) {
+            return Some(why);
+        }
+        let file = self.lock().file.clone();
+        file.sync_data().err().map(|e| e.to_string())
     }
 
     fn retry(&self, now: bool) -> Option<String> {
