@@ -13,7 +13,8 @@ fi
 # need matplotlib). util-linux/bsdutils: setpriv and script(1) for
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
 # openssl: the egress tests make a certificate for their HTTPS server.
-ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs
+ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
+    postgresql haproxy
 ensure_rust_components rustfmt clippy
 # The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
 # tools.rs; the MCP reference server, another tool source of tools.rs.
@@ -42,5 +43,5 @@ TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --tes
     --test results --test outputs --test function
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh).
-scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-90}"
+scripts/fuzz.sh "${AIRLOCK_FUZZ_SECONDS:-60}"
 echo "==> all checks passed"

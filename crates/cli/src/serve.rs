@@ -73,7 +73,12 @@ pub(crate) fn run_to_end<E: std::fmt::Display>(
 
 pub fn main(args: ServeArgs) -> ExitCode {
     let env = settings_env();
-    let config = match config::load(args.config.as_deref(), &env, args.listen, args.state_dir) {
+    let config = match config::load(
+        args.config.as_deref(),
+        &env,
+        args.listen,
+        args.state_dir.clone(),
+    ) {
         Ok(c) => c,
         Err(e) => {
             errln!("airlock: {e}");
@@ -86,5 +91,10 @@ pub fn main(args: ServeArgs) -> ExitCode {
     }
     airlock_server::init_logging(config.log_format);
     let key = env.get(ENV_API_KEY).cloned();
-    run_to_end(airlock_server::run(config, key, |_| {}))
+    // SIGHUP reads the same file and environment again, for the keys.
+    let (file, listen, state_dir) = (args.config.clone(), args.listen, args.state_dir.clone());
+    let reload: airlock_server::Reload = Box::new(move || {
+        config::load(file.as_deref(), &env, listen, state_dir.clone()).map_err(|e| e.to_string())
+    });
+    run_to_end(airlock_server::run(config, key, reload, |_| {}))
 }

@@ -17,7 +17,7 @@ use common::http::{Server, KEY};
 use common::*;
 
 /// The fuzzing's time budget; the examples and coverage phases run first, whole.
-const SECONDS: &str = "60";
+const SECONDS: &str = "40";
 
 #[test]
 fn the_api_answers_as_its_openapi_document_says_under_schemathesis() {

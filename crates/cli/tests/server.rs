@@ -1970,3 +1970,91 @@ fn audit_lines(state: &std::path::Path) -> Vec<Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
         .collect()
 }
+
+#[test]
+fn keys_are_read_again_on_sighup_and_a_bad_file_changes_nothing() {
+    let _g = serial();
+    let (first, second) = ("first-key-0123456789abcdef", "second-key-0123456789abcdef");
+    let keys = |entries: &[(&str, &str, &str)]| -> String {
+        entries
+            .iter()
+            .map(|(name, key, extra)| {
+                format!(
+                    "[[keys]]\nname = \"{name}\"\nhash = \"sha256:{:x}\"\n{extra}\n",
+                    Sha256::digest(key.as_bytes())
+                )
+            })
+            .collect()
+    };
+    let server = Server::start_in(
+        common::scratch_dir("airlock-sighup"),
+        &keys(&[("first", first, "")]),
+        &[],
+        None,
+    );
+    let run = |key: &str| {
+        common::http::call_as(
+            server.addr,
+            key,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": "print(7)"})),
+        )
+    };
+    assert_eq!(run(first).status, 200);
+    assert_eq!(run(second).status, 401);
+    let hup = || {
+        let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::SIGHUP).unwrap();
+    };
+    let config = server.dir.join("airlock.toml");
+
+    // The second key replaces the first, with a rate limit of its own that holds at once.
+    std::fs::write(&config, keys(&[("second", second, "rate_per_minute = 2")])).unwrap();
+    hup();
+    assert_eq!(
+        server.wait_log_lines("keys reloaded", 1).len(),
+        1,
+        "{:#?}",
+        server.log_lines()
+    );
+    assert_eq!(run(first).status, 401);
+    let r = run(second);
+    assert_eq!(
+        (r.status, r.json()["stdout"].as_str()),
+        (200, Some("7\n")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(run(second).status, 200);
+    assert_eq!(run(second).status, 429, "the reloaded key's rate limit");
+
+    // A file that does not parse, or keys that are not valid, leave the keys as they were.
+    std::fs::write(&config, "[[keys]\nname = ").unwrap();
+    hup();
+    assert_eq!(server.wait_log_lines("keys stay as they were", 1).len(), 1);
+    std::fs::write(&config, keys(&[("a", first, ""), ("b", first, "")])).unwrap();
+    hup();
+    assert_eq!(server.wait_log_lines("keys stay as they were", 2).len(), 2);
+    assert_eq!(run(first).status, 401);
+    assert_eq!(
+        run(second).status,
+        429,
+        "still the same key, and still its tokens"
+    );
+
+    // Another change than keys is not applied, and the log says so.
+    std::fs::write(
+        &config,
+        "shutdown_grace_ms = 1\n".to_owned() + &keys(&[("first", first, "")]),
+    )
+    .unwrap();
+    hup();
+    assert_eq!(server.wait_log_lines("keys reloaded", 2).len(), 2);
+    assert!(server
+        .log_lines()
+        .iter()
+        .any(|l| l.contains("need a restart")));
+    assert_eq!(run(first).status, 200);
+    assert!(server.stop().success());
+}

@@ -44,6 +44,31 @@ struct KeyGate {
     bucket: Mutex<Bucket>,
     /// Requests of this key between `enter` and their answer.
     in_flight: Mutex<usize>,
+    /// The key's settings the gate was made for (`max_concurrency`, `rate_per_minute`).
+    limits: (Option<usize>, u32),
+}
+
+impl KeyGate {
+    fn limits_of(k: &Key) -> (Option<usize>, u32) {
+        (k.config.max_concurrency, k.config.rate_per_minute)
+    }
+
+    fn of(k: &Key) -> KeyGate {
+        let rate = f64::from(k.config.rate_per_minute);
+        KeyGate {
+            running: k
+                .config
+                .max_concurrency
+                .map(|n| Arc::new(Semaphore::new(n))),
+            waiting: Mutex::new(0),
+            bucket: Mutex::new(Bucket {
+                tokens: rate,
+                updated: Instant::now(),
+            }),
+            in_flight: Mutex::new(0),
+            limits: KeyGate::limits_of(k),
+        }
+    }
 }
 
 /// A request that passed its key's rate limit and in-flight bound; held until it is answered.
@@ -81,7 +106,8 @@ pub struct Admission {
     config: ConcurrencyConfig,
     global: Arc<Semaphore>,
     global_waiting: Mutex<usize>,
-    keys: HashMap<String, Arc<KeyGate>>,
+    /// Each key's gate, by name; keys reloaded get theirs (`reload`).
+    keys: std::sync::RwLock<HashMap<String, Arc<KeyGate>>>,
     metrics: Arc<Metrics>,
 }
 
@@ -117,29 +143,29 @@ impl Admission {
     pub fn new(config: ConcurrencyConfig, keys: &[Arc<Key>], metrics: Arc<Metrics>) -> Self {
         let keys = keys
             .iter()
-            .map(|k| {
-                let rate = f64::from(k.config.rate_per_minute);
-                let gate = KeyGate {
-                    running: k
-                        .config
-                        .max_concurrency
-                        .map(|n| Arc::new(Semaphore::new(n))),
-                    waiting: Mutex::new(0),
-                    bucket: Mutex::new(Bucket {
-                        tokens: rate,
-                        updated: Instant::now(),
-                    }),
-                    in_flight: Mutex::new(0),
-                };
-                (k.name().to_owned(), Arc::new(gate))
-            })
+            .map(|k| (k.name().to_owned(), Arc::new(KeyGate::of(k))))
             .collect();
         Admission {
             global: Arc::new(Semaphore::new(config.max_running)),
             global_waiting: Mutex::new(0),
             config,
-            keys,
+            keys: std::sync::RwLock::new(keys),
             metrics,
+        }
+    }
+
+    /// Gates for reloaded keys: a key whose limits did not change keeps its gate (what it
+    /// runs and its rate so far); a new key or one with new limits starts afresh.
+    pub fn reload(&self, keys: &[Arc<Key>]) {
+        let mut gates = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::take(&mut *gates);
+        for k in keys {
+            let gate = old
+                .get(k.name())
+                .filter(|g| g.limits == KeyGate::limits_of(k))
+                .cloned()
+                .unwrap_or_else(|| Arc::new(KeyGate::of(k)));
+            gates.insert(k.name().to_owned(), gate);
         }
     }
 
@@ -151,7 +177,13 @@ impl Admission {
     /// Before a request's body is read: the key's rate limit, and a bound on its requests in
     /// flight (its concurrency plus its queue, when it has limits of its own).
     pub fn enter(&self, key: &Key) -> Result<Entered, Rejection> {
-        let gate = self.keys.get(key.name()).ok_or(Rejection::KeyBusy)?;
+        let gate = self
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key.name())
+            .cloned()
+            .ok_or(Rejection::KeyBusy)?;
         if self.global.is_closed() {
             return Err(Rejection::ShuttingDown);
         }
@@ -163,7 +195,7 @@ impl Admission {
             }
         }
         // (A request refused for being one too many costs no token.)
-        self.take_token(key, gate)?;
+        self.take_token(key, &gate)?;
         *in_flight += 1;
         drop(in_flight);
         Ok(Entered { gate: gate.clone() })
@@ -172,7 +204,7 @@ impl Admission {
     /// Stops admitting: every waiter and every later request is refused.
     pub fn close(&self) {
         self.global.close();
-        for gate in self.keys.values() {
+        for gate in self.keys.read().unwrap_or_else(|e| e.into_inner()).values() {
             if let Some(running) = &gate.running {
                 running.close();
             }
@@ -181,7 +213,13 @@ impl Admission {
 
     /// Waits for a running slot: the key's own (when it has limits), then the global one.
     pub async fn admit(&self, key: &Key) -> Result<Admitted, Rejection> {
-        let gate = self.keys.get(key.name()).ok_or(Rejection::KeyBusy)?;
+        let gate = self
+            .keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key.name())
+            .cloned()
+            .ok_or(Rejection::KeyBusy)?;
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.config.queue_timeout_ms);
         let key_permit = match &gate.running {
@@ -298,7 +336,7 @@ mod tests {
             queue_timeout_ms: 200,
         };
         (
-            Admission::new(cfg, store.keys(), Arc::new(Metrics::default())),
+            Admission::new(cfg, &store.keys(), Arc::new(Metrics::default())),
             key,
         )
     }

@@ -282,7 +282,7 @@ mod tests {
     async fn a_body_made_whole_is_counted_until_its_last_piece_is_taken() {
         let store =
             KeyStore::new(vec![KeyConfig::new("a", hash_key("key-for-tests-000a"))]).unwrap();
-        let budget = MemoryBudget::new(16 << 20, 8 << 20, store.keys());
+        let budget = MemoryBudget::new(16 << 20, 8 << 20, &store.keys());
         let size = 5 * PIECE + 3;
         let share = budget.reserve(&store.keys()[0], size as u64).unwrap();
         let mut body = Held {
@@ -328,7 +328,7 @@ mod tests {
             let expected = serde_json::to_vec(&sample).unwrap();
             let store =
                 KeyStore::new(vec![KeyConfig::new("a", hash_key("key-for-tests-000a"))]).unwrap();
-            let budget = MemoryBudget::new(1 << 30, 1 << 30, store.keys());
+            let budget = MemoryBudget::new(1 << 30, 1 << 30, &store.keys());
             let share = budget.reserve(&store.keys()[0], 1).unwrap();
             let response = Answer::json(&sample, share);
             // What it holds: the texts as written, the JSON around them, the window.

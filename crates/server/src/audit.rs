@@ -55,8 +55,130 @@ struct Inner {
     written: u64,
 }
 
+/// Where records and audit lines go: the file (the default) or PostgreSQL (`[store] url`).
+/// Both keep what they could not write and refuse executions meanwhile, and both give the
+/// executions and sessions an earlier run left open their ends at start.
 #[derive(Debug)]
-pub struct AuditLog {
+pub enum AuditLog {
+    File(Arc<FileLog>),
+    Postgres(Box<crate::store::PgLog>),
+}
+
+impl AuditLog {
+    /// Opens the store the configuration names; what opening it repaired and found.
+    pub fn open(
+        config: &crate::config::Config,
+        state_dir: &Path,
+    ) -> std::io::Result<(Self, Recovery)> {
+        match &config.store.url {
+            None => FileLog::open(state_dir, config.audit.sync)
+                .map(|(log, recovery)| (AuditLog::File(Arc::new(log)), recovery)),
+            Some(_) => crate::store::PgLog::open(config)
+                .map(|(log, recovery)| (AuditLog::Postgres(Box::new(log)), recovery)),
+        }
+    }
+
+    /// Appends one execution's record, with its verdict; with `sync = "answer"`, returns once
+    /// it is durable. If it cannot be written, it is kept (and served by id) until it can.
+    pub fn append(&self, record: &ExecutionRecord) -> std::io::Result<()> {
+        match self {
+            AuditLog::File(log) => log.append(record),
+            AuditLog::Postgres(log) => log.append(record),
+        }
+    }
+
+    /// Appends the line written before an execution starts: if the store is failing, the
+    /// execution does not run.
+    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+        match self {
+            AuditLog::File(log) => log.append_started(started),
+            AuditLog::Postgres(log) => log.append_started(started),
+        }
+    }
+
+    /// Appends another event's line (a tool call, an egress connection), kept until it can
+    /// be written.
+    pub fn append_event(&self, event: &impl serde::Serialize) -> std::io::Result<()> {
+        let line = line_of(event)?;
+        match self {
+            AuditLog::File(log) => log.append_line(line),
+            AuditLog::Postgres(log) => log.append_line(line),
+        }
+    }
+
+    /// Why the store cannot be written, or None; never waits for the disk or the database.
+    pub fn failure(&self) -> Option<String> {
+        match self {
+            AuditLog::File(log) => log.failure(),
+            AuditLog::Postgres(log) => log.failure(),
+        }
+    }
+
+    /// While the store cannot be written, has it tried again (the file: at most once a
+    /// second, on a blocking thread; PostgreSQL: its writer retries by itself). Why it cannot
+    /// be written, as `failure`.
+    pub fn retry_soon(&self) -> Option<String> {
+        match self {
+            AuditLog::File(log) => log.retry_soon(),
+            AuditLog::Postgres(log) => log.failure(),
+        }
+    }
+
+    /// At shutdown: writes what was kept, if it can; why not, if it could not.
+    pub fn write_kept(&self) -> Option<String> {
+        match self {
+            AuditLog::File(log) => log.write_kept(),
+            AuditLog::Postgres(log) => log.write_kept(),
+        }
+    }
+
+    /// Whether `id` is a session of the key with `fingerprint` that was lost when the server
+    /// (this replica) stopped: opened before this start and never closed.
+    pub fn session_lost(&self, id: &str, fingerprint: &str) -> bool {
+        let lost = match self {
+            AuditLog::File(log) => &log.lost_sessions,
+            AuditLog::Postgres(log) => log.lost_sessions(),
+        };
+        lost.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .is_some_and(|f| f == fingerprint)
+    }
+
+    /// A session's opening (`why` None) or closing by its key or the reaper (`why`); those
+    /// closed otherwise (the server stopped) are lost at the next start.
+    pub fn append_session(
+        &self,
+        id: &str,
+        key_fingerprint: &str,
+        why: Option<&str>,
+    ) -> std::io::Result<()> {
+        let event = SessionEvent {
+            event: Cow::Borrowed(if why.is_some() {
+                "session_closed"
+            } else {
+                "session_opened"
+            }),
+            id: Cow::Borrowed(id),
+            key_fingerprint: Cow::Borrowed(key_fingerprint),
+            why: why.map(Cow::Borrowed),
+        };
+        self.append_event(&event)
+    }
+
+    /// An execution's record by id (the file: among the most recent; PostgreSQL: any, which
+    /// may wait for the database, so not on an async thread).
+    pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
+        match self {
+            AuditLog::File(log) => log.get(id),
+            AuditLog::Postgres(log) => log.get(id),
+        }
+    }
+}
+
+/// The audit log file.
+#[derive(Debug)]
+pub struct FileLog {
     path: PathBuf,
     inner: Mutex<Inner>,
     syncer: Arc<Syncer>,
@@ -71,7 +193,7 @@ pub struct AuditLog {
     lost_sessions: Mutex<HashMap<String, String>>,
 }
 
-impl AuditLog {
+impl FileLog {
     /// Opens (or creates) the log, repairs it and loads the most recent records. A last line
     /// cut short (the machine lost power mid-write) is cut off; every execution whose
     /// `started` line has no record after it (the server stopped before it ended) gets its
@@ -145,7 +267,7 @@ impl AuditLog {
             inner.file.sync_data()?;
         }
         let syncer = Syncer::start(inner.file.clone())?;
-        let log = AuditLog {
+        let log = FileLog {
             path,
             syncer,
             status: Mutex::new(None),
@@ -188,10 +310,9 @@ impl AuditLog {
         Ok(())
     }
 
-    /// Appends another event's line (a tool call, `{"event": "tool_call", ...}`); the next
-    /// record's sync makes it durable. Kept until it can be written.
-    pub fn append_event(&self, event: &impl serde::Serialize) -> std::io::Result<()> {
-        let line = line_of(event)?;
+    /// Appends another event's line; the next record's sync makes it durable. Kept until it
+    /// can be written.
+    fn append_line(&self, line: Vec<u8>) -> std::io::Result<()> {
         self.write(&mut self.lock(), line, true).map(|_| ())
     }
 
@@ -225,6 +346,14 @@ impl AuditLog {
         Some(why)
     }
 
+    /// The first failure of a run of them: logged once, and executions refused from now.
+    fn fail(&self, inner: &mut Inner, what: &str, e: &dyn std::fmt::Display) {
+        if inner.failure.is_none() {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot {what} the audit log; refusing executions until it can");
+            self.set_failure(inner, Some(e.to_string()));
+        }
+    }
+
     fn set_failure(&self, inner: &mut Inner, why: Option<String>) {
         *self.status.lock().unwrap_or_else(|e| e.into_inner()) = why.clone();
         inner.failure = why.map(|w| (w, Instant::now()));
@@ -242,10 +371,9 @@ impl AuditLog {
 
     fn retry(&self, now: bool) -> Option<String> {
         let mut inner = self.lock();
-        if let (None, Some(why)) = (&inner.failure, self.syncer.failure()) {
+        if let Some(why) = self.syncer.failure() {
             // A `started` line's sync, which nobody waited for.
-            tracing::error!(path = %self.path.display(), error = %why, "cannot sync the audit log; refusing executions until it can");
-            self.set_failure(&mut inner, Some(why));
+            self.fail(&mut inner, "sync", &why);
         }
         let (why, tried) = inner.failure.as_ref()?;
         if !now && tried.elapsed() < RETRY_EVERY {
@@ -315,12 +443,12 @@ impl AuditLog {
                     .to_owned(),
             ))
         } else {
-            self.flush(inner)
-                .and_then(|()| write_line(&inner.file, &line))
-                .map(|()| {
-                    inner.written += 1;
-                    inner.written
-                })
+            // Nothing is kept while writes work: `retry` empties `pending` before it clears
+            // `failure`.
+            write_line(&inner.file, &line).map(|()| {
+                inner.written += 1;
+                inner.written
+            })
         };
         if let Err(e) = &result {
             if keep {
@@ -330,10 +458,7 @@ impl AuditLog {
                 }
                 inner.pending.push_back(line);
             }
-            if inner.failure.is_none() {
-                tracing::error!(path = %self.path.display(), error = %e, "cannot append to the audit log; refusing executions until it can");
-                self.set_failure(inner, Some(e.to_string()));
-            }
+            self.fail(inner, "append to", e);
         }
         result
     }
@@ -348,50 +473,15 @@ impl AuditLog {
     }
 
     fn sync_failed(&self, e: &std::io::Error) {
-        let mut inner = self.lock();
-        if inner.failure.is_none() {
-            tracing::error!(path = %self.path.display(), error = %e, "cannot sync the audit log; refusing executions until it can");
-            self.set_failure(&mut inner, Some(e.to_string()));
-        }
+        self.fail(&mut self.lock(), "sync", e);
     }
 
-    /// Whether `id` is a session of the key with `fingerprint` that the server lost when it
-    /// stopped (it was opened before this start and never closed).
-    pub fn session_lost(&self, id: &str, fingerprint: &str) -> bool {
-        self.lost_sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(id)
-            .is_some_and(|f| f == fingerprint)
-    }
-
-    /// A session's opening (`why` None) or closing by its key or the reaper (`why`); those
-    /// closed otherwise (the server stopped) are lost at the next start.
-    pub fn append_session(
-        &self,
-        id: &str,
-        key_fingerprint: &str,
-        why: Option<&str>,
-    ) -> std::io::Result<()> {
-        let event = SessionEvent {
-            event: Cow::Borrowed(if why.is_some() {
-                "session_closed"
-            } else {
-                "session_opened"
-            }),
-            id: Cow::Borrowed(id),
-            key_fingerprint: Cow::Borrowed(key_fingerprint),
-            why: why.map(Cow::Borrowed),
-        };
-        self.append_event(&event)
-    }
-
-    pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
+    fn get(&self, id: &str) -> Option<ExecutionRecord> {
         self.lock().recent.get(id).cloned()
     }
 }
 
-fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
+pub(crate) fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     line.push(b'\n');
     Ok(line)
@@ -457,7 +547,7 @@ struct SessionEvent<'a> {
     why: Option<Cow<'a, str>>,
 }
 
-impl Drop for AuditLog {
+impl Drop for FileLog {
     fn drop(&mut self) {
         self.syncer.stop();
     }
@@ -584,7 +674,7 @@ pub struct Recovery {
 pub const INTERRUPTED: &str =
     "the server stopped before this execution ended; its outcome is unknown";
 
-fn interrupted(started: Started<'_>) -> ExecutionRecord {
+pub(crate) fn interrupted(started: Started<'_>) -> ExecutionRecord {
     ExecutionRecord {
         id: started.id.into_owned(),
         request_id: started.request_id.into_owned(),
@@ -698,7 +788,7 @@ mod tests {
     #[test]
     fn lines_are_synced_in_the_background_and_an_answer_waits_for_its_record_when_asked() {
         let dir = fresh_dir("sync");
-        let (log, _) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         // Concurrent writers: each record is on disk when its append returns.
         std::thread::scope(|s| {
             for t in 0..4 {
@@ -717,7 +807,7 @@ mod tests {
         assert_eq!((written, synced), (100, 100));
         drop(log);
         // In the background: nothing waits, and the syncer catches up by itself.
-        let (log, _) = AuditLog::open(&dir, AuditSync::Background).unwrap();
+        let (log, _) = FileLog::open(&dir, AuditSync::Background).unwrap();
         log.append(&record("ex_bg")).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
         while log.syncer.lock().synced < 1 {
@@ -732,11 +822,11 @@ mod tests {
     fn records_survive_a_restart_and_the_file_is_private() {
         let dir = std::env::temp_dir().join(format!("airlock-audit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (log, _) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         log.append(&record("ex_a")).unwrap();
         log.append(&record("ex_b")).unwrap();
         drop(log);
-        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert_eq!(log.get("ex_a").unwrap().key, "alice");
         assert!(log.get("ex_c").is_none());
@@ -784,7 +874,7 @@ mod tests {
             + &started_line("ex_second");
         std::fs::write(dir.join(AUDIT_FILE), text).unwrap();
 
-        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.interrupted, ["ex_open", "ex_second"]);
         assert_eq!(recovery.torn_bytes, 0);
         let open = log.get("ex_open").unwrap();
@@ -796,7 +886,7 @@ mod tests {
         drop(log);
 
         // The records are in the file: the next start has nothing to add.
-        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert!(log.get("ex_second").unwrap().interrupted);
         let records = read_all_records(log.path());
@@ -810,7 +900,7 @@ mod tests {
         let whole = serde_json::to_string(&record("ex_a")).unwrap() + "\n";
         let torn = &serde_json::to_string(&record("ex_b")).unwrap()[..40];
         std::fs::write(dir.join(AUDIT_FILE), format!("{whole}{torn}")).unwrap();
-        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 40);
         assert_eq!(std::fs::read_to_string(log.path()).unwrap(), whole);
         // The next line starts on a line of its own.
@@ -820,11 +910,11 @@ mod tests {
 
         // A file that is one torn line, and an empty one.
         std::fs::write(dir.join(AUDIT_FILE), "{\"id\":").unwrap();
-        let (log, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 6);
         assert_eq!(std::fs::metadata(log.path()).unwrap().len(), 0);
         drop(log);
-        let (_, recovery) = AuditLog::open(&dir, AuditSync::Answer).unwrap();
+        let (_, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }

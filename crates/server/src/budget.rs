@@ -21,7 +21,8 @@ use crate::keys::Key;
 #[derive(Debug)]
 pub struct MemoryBudget {
     all: Arc<Pool>,
-    per_key: HashMap<String, Arc<Pool>>,
+    per_key: std::sync::RwLock<HashMap<String, Arc<Pool>>>,
+    per_key_bytes: u64,
 }
 
 /// One budget: a limit and what is counted against it now.
@@ -81,14 +82,34 @@ impl MemoryBudget {
             .collect();
         MemoryBudget {
             all: Pool::new(total_bytes),
-            per_key,
+            per_key: std::sync::RwLock::new(per_key),
+            per_key_bytes,
         }
+    }
+
+    /// A budget for each key reloaded that has none yet (a key that stays keeps its own,
+    /// with what it holds now).
+    pub fn reload(&self, keys: &[Arc<Key>]) {
+        let mut per_key = self.per_key.write().unwrap_or_else(|e| e.into_inner());
+        for k in keys {
+            per_key
+                .entry(k.name().to_owned())
+                .or_insert_with(|| Pool::new(self.per_key_bytes));
+        }
+    }
+
+    fn pool_of(&self, key: &str) -> Option<Arc<Pool>> {
+        self.per_key
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
     }
 
     /// An empty share, counted against `key`'s budget (when there is a key) and everyone's.
     pub fn share(&self, key: Option<&Key>) -> Share {
         Share {
-            key: key.and_then(|k| self.per_key.get(k.name()).cloned()),
+            key: key.and_then(|k| self.pool_of(k.name())),
             all: Some(self.all.clone()),
             bytes: 0,
         }
@@ -108,8 +129,7 @@ impl MemoryBudget {
 
     /// Bytes counted now against `key`'s share.
     pub fn used_by(&self, key: &str) -> u64 {
-        self.per_key
-            .get(key)
+        self.pool_of(key)
             .map_or(0, |p| p.used.load(Ordering::Acquire))
     }
 }
@@ -198,7 +218,7 @@ mod tests {
         ])
         .unwrap();
         let (a, b) = (&store.keys()[0], &store.keys()[1]);
-        let budget = MemoryBudget::new(100 << 10, 60 << 10, store.keys());
+        let budget = MemoryBudget::new(100 << 10, 60 << 10, &store.keys());
         let first = budget.reserve(a, 50 << 10).unwrap();
         assert_eq!(budget.reserve(a, 20 << 10).err(), Some(OverBudget::Key));
         let mut other = budget.reserve(b, 40 << 10).unwrap();
@@ -226,7 +246,7 @@ mod tests {
         let store =
             KeyStore::new(vec![KeyConfig::new("a", hash_key("key-for-tests-000a"))]).unwrap();
         let a = &store.keys()[0];
-        let budget = MemoryBudget::new(100, 50, store.keys());
+        let budget = MemoryBudget::new(100, 50, &store.keys());
         let mut held = budget.reserve(a, 40).unwrap();
         held.set(80); // the answer turned out larger than its reservation
         assert_eq!(budget.used_by("a"), 80);

@@ -21,6 +21,8 @@ pub const ENV_API_KEY: &str = "AIRLOCK_API_KEY";
 pub const ENV_CONFIG: &str = "AIRLOCK_CONFIG";
 /// The log filter (`info`, `debug`, `airlock_server=debug`, ...).
 pub const ENV_LOG: &str = "AIRLOCK_LOG";
+/// The PostgreSQL store's password, when `store.password_file` is not set.
+pub const ENV_STORE_PASSWORD: &str = "AIRLOCK_STORE_PASSWORD";
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -30,6 +32,11 @@ pub struct Config {
     /// Where the generated key's hash and the audit log live. Default: `$XDG_DATA_HOME/airlock`,
     /// else `$HOME/.local/share/airlock`.
     pub state_dir: Option<PathBuf>,
+    /// This server's name when it is one of several replicas behind one balancer (in
+    /// Kubernetes, the pod's name through `AIRLOCK_REPLICA`): session and execution ids carry
+    /// it, so the balancer can send each request for one to the replica that holds it. A DNS
+    /// label (lower-case letters, digits, `-`).
+    pub replica: Option<String>,
     /// `text` or `json` logs, on stderr.
     pub log_format: LogFormat,
     /// Host header values accepted besides localhost names and the listen address.
@@ -52,6 +59,8 @@ pub struct Config {
     pub pickle: PickleConfig,
     /// The audit log (`state_dir/audit.jsonl`).
     pub audit: AuditConfig,
+    /// Where records and audit lines go: the audit log file (default), or PostgreSQL.
+    pub store: StoreConfig,
     /// `/mcp`: the MCP tools over streamable HTTP.
     pub mcp: McpConfig,
     /// Code mode: the operator's MCP servers that sandboxed code may call (see each key's
@@ -80,6 +89,7 @@ impl Default for Config {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             state_dir: None,
+            replica: None,
             log_format: LogFormat::Text,
             allowed_hosts: Vec::new(),
             shutdown_grace_ms: 30_000,
@@ -94,6 +104,7 @@ impl Default for Config {
             eval: EvalConfig::default(),
             pickle: PickleConfig::default(),
             audit: AuditConfig::default(),
+            store: StoreConfig::default(),
             mcp: McpConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
@@ -132,6 +143,19 @@ pub struct AuditConfig {
     /// `background`: lines are synced to disk as soon as they are written, and nothing waits
     /// for it; `answer`: an execution's answer also waits for its record to be on disk.
     pub sync: crate::audit::AuditSync,
+}
+
+/// `[store]`: with a `url`, execution records and audit lines go to PostgreSQL (tables made
+/// and migrated at start) instead of `state_dir/audit.jsonl`, so that every replica serves
+/// every record. The password comes from `password_file` or `AIRLOCK_STORE_PASSWORD`, never
+/// from the URL (which `--print-config` shows).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `postgres://user@host:port/database` (libpq's key=value form works too).
+    pub url: Option<String>,
+    /// A file holding the password (a mounted Secret, systemd's credentials directory).
+    pub password_file: Option<PathBuf>,
 }
 
 /// The pickle scanner (`POST /v1/pickle/scan`).
@@ -450,7 +474,7 @@ pub fn load(
         let Some(path) = name.strip_prefix("AIRLOCK_") else {
             continue;
         };
-        if [ENV_API_KEY, ENV_CONFIG, ENV_LOG].contains(&name.as_str()) {
+        if [ENV_API_KEY, ENV_CONFIG, ENV_LOG, ENV_STORE_PASSWORD].contains(&name.as_str()) {
             continue;
         }
         let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
@@ -475,6 +499,16 @@ pub fn load(
     Ok(config)
 }
 
+/// A Kubernetes pod name or a host name's first label: what a balancer can route on.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    (1..=63).contains(&b.len())
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+}
+
 /// A value from the environment: TOML when it parses as a value, else the text itself.
 fn parse_env_value(raw: &str) -> toml::Value {
     match format!("v = {raw}").parse::<toml::Table>() {
@@ -486,7 +520,12 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Settings that are optional (absent from the defaults' table) but may still be set.
-const OPTIONAL: [&[&str]; 1] = [&["state_dir"]];
+const OPTIONAL: [&[&str]; 4] = [
+    &["state_dir"],
+    &["replica"],
+    &["store", "url"],
+    &["store", "password_file"],
+];
 
 fn has_path(tree: &toml::Table, path: &[String]) -> bool {
     if OPTIONAL
@@ -533,6 +572,19 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if let Some(replica) = &self.replica {
+            if !is_dns_label(replica) {
+                return bad(format!(
+                    "replica {replica:?}: must be a DNS label (1 to 63 lower-case letters, \
+                     digits and '-', not starting or ending with '-')"
+                ));
+            }
+        }
+        if let Some(url) = &self.store.url {
+            if let Err(m) = crate::store::check_url(url) {
+                return bad(format!("store.url: {m}"));
+            }
+        }
         if let Err(m) = self.tools.validate() {
             return bad(m);
         }

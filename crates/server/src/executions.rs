@@ -28,9 +28,14 @@ pub(crate) async fn execution(
 ) -> Result<Json<ExecutionRecord>, Error> {
     require(&caller, Scope::Read)?;
     // Another key's execution is as absent as one that never was.
-    match state.audit.get(&id) {
+    // The PostgreSQL store may query the database.
+    let (st, wanted) = (state.clone(), id.clone());
+    let found = tokio::task::spawn_blocking(move || st.audit.get(&wanted))
+        .await
+        .map_err(|e| Error::internal(format!("reading a record: {e}")))?;
+    match found {
         Some(record) if record.key_fingerprint == caller.0.fingerprint() => Ok(Json(record)),
-        _ => Err(Error::not_found()),
+        _ => Err(crate::sessions::not_here(&state, &id, "execution")),
     }
 }
 
@@ -94,7 +99,7 @@ pub(crate) async fn stream_execution<G: Send + 'static>(
     job.stream = true; // line-buffered: print() reaches the client as it happens
     let st = state.clone();
     let (ctx, job) = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_job(&key, request_id, &job);
+        let ctx = Context::for_job(&st, &key, request_id, &job);
         audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
     })
     .await

@@ -38,9 +38,10 @@ impl Key {
     }
 }
 
+/// The keys the server accepts; replaced whole when they are reloaded (SIGHUP).
 #[derive(Debug)]
 pub struct KeyStore {
-    keys: Vec<Arc<Key>>,
+    keys: std::sync::RwLock<Arc<Vec<Arc<Key>>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +100,22 @@ pub fn random_id(prefix: &str) -> String {
     format!("{prefix}{}", hex(&bytes))
 }
 
+/// An id for what this server holds (a session, an execution): `se_` and 96 random bits, or
+/// with a replica name `se_<replica>_<hex>`, which a balancer in front of several replicas
+/// routes on (README "Several replicas").
+pub fn held_id(prefix: &str, replica: Option<&str>) -> String {
+    match replica {
+        Some(replica) => random_id(&format!("{prefix}{replica}_")),
+        None => random_id(prefix),
+    }
+}
+
+/// The replica an id from `held_id` names, if it names one.
+pub fn replica_of(id: &str) -> Option<&str> {
+    let rest = id.get(3..)?;
+    rest.rsplit_once('_').map(|(replica, _)| replica)
+}
+
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     // black_box keeps the compiler from turning the fold back into an early exit.
@@ -146,14 +163,16 @@ impl KeyStore {
                 )));
             }
         }
-        Ok(KeyStore { keys })
+        Ok(KeyStore {
+            keys: std::sync::RwLock::new(Arc::new(keys)),
+        })
     }
 
     /// The key whose hash matches, comparing against every key so that timing says nothing.
     pub fn verify(&self, presented: &str) -> Option<Arc<Key>> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
         let mut found = None;
-        for key in &self.keys {
+        for key in self.keys().iter() {
             if constant_time_eq(&digest, &key.hash) {
                 found = Some(key.clone());
             }
@@ -161,8 +180,15 @@ impl KeyStore {
         found
     }
 
-    pub fn keys(&self) -> &[Arc<Key>] {
-        &self.keys
+    /// The keys as they are now.
+    pub fn keys(&self) -> Arc<Vec<Arc<Key>>> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Serves `other`'s keys from now on (requests already admitted keep theirs).
+    pub fn replace(&self, other: KeyStore) {
+        let keys = other.keys();
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
     }
 
     /// The configured keys, plus `AIRLOCK_API_KEY`; with neither, the keys this server made
@@ -266,6 +292,17 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn ids_name_their_replica_when_there_is_one() {
+        let plain = held_id("se_", None);
+        assert_eq!(plain.len(), 27);
+        assert_eq!(replica_of(&plain), None);
+        let held = held_id("ex_", Some("airlock-2"));
+        assert!(held.starts_with("ex_airlock-2_"), "{held}");
+        assert_eq!(replica_of(&held), Some("airlock-2"));
+        assert_eq!(replica_of("x"), None);
+    }
 
     #[test]
     fn only_the_right_key_verifies() {

@@ -33,6 +33,7 @@ mod serve;
 mod sessions;
 pub mod sizing;
 mod status;
+mod store;
 mod stream;
 mod tools;
 mod wire;
@@ -46,7 +47,7 @@ use airlock_engine::{Cancel, Engine};
 pub use error::Error;
 pub use openapi::{openapi, ROUTES};
 pub use routes::app;
-pub use serve::{init_logging, run, ServeError, Started};
+pub use serve::{init_logging, run, Reload, ServeError, Started};
 
 use crate::admission::Admission;
 use crate::audit::AuditLog;
@@ -102,6 +103,11 @@ pub(crate) fn eval_slots(config: &Config) -> usize {
 }
 
 impl AppState {
+    /// A new session or execution id, naming this replica when it has a name.
+    pub fn held_id(&self, prefix: &str) -> String {
+        keys::held_id(prefix, self.config.replica.as_deref())
+    }
+
     pub fn new(
         config: Config,
         engine: Engine,
@@ -111,14 +117,14 @@ impl AppState {
         environments: Arc<airlock_engine::environments::Environments>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
-        let admission = Admission::new(config.concurrency.clone(), keys.keys(), metrics.clone());
+        let admission = Admission::new(config.concurrency.clone(), &keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
         let eval_turns = eval_slots(&config);
         let pickle_turns = config.pickle.max_running.max(1);
         let memory = budget::MemoryBudget::new(
             config.http.max_buffered_bytes,
             config.http.max_buffered_bytes_per_key,
-            keys.keys(),
+            &keys.keys(),
         );
         AppState {
             egress: Arc::new(config.egress.clone()),

@@ -25,8 +25,9 @@ use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::Caller;
-use crate::keys::{random_id, Key};
+use crate::keys::Key;
 use crate::metrics::event;
+use crate::AppState;
 use crate::SharedState;
 
 pub(crate) fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
@@ -409,9 +410,16 @@ pub(crate) struct Context {
 impl Context {
     /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
-    pub fn for_job(key: &Key, request_id: String, job: &Job) -> Context {
+    pub fn for_job(state: &AppState, key: &Key, request_id: String, job: &Job) -> Context {
         let sha = format!("{:x}", Sha256::digest(job.code.as_bytes()));
-        let ctx = Context::new(key, request_id, sha, job.code.len() as u64, &job.limits);
+        let ctx = Context::new(
+            state.held_id("ex_"),
+            key,
+            request_id,
+            sha,
+            job.code.len() as u64,
+            &job.limits,
+        );
         if let Some(tools) = &job.tools {
             tools.bind(&ctx.id);
         }
@@ -423,6 +431,7 @@ impl Context {
 
     /// A new execution of `code` by `key`, starting now.
     pub fn new(
+        id: String,
         key: &Key,
         request_id: String,
         code_sha256: String,
@@ -430,7 +439,7 @@ impl Context {
         limits: &Limits,
     ) -> Context {
         Context {
-            id: random_id("ex_"),
+            id,
             request_id,
             key: key.name().to_owned(),
             key_fingerprint: key.fingerprint(),
@@ -538,7 +547,7 @@ pub(crate) async fn run_job<H, T: Send + 'static>(
     // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
     // line and the metrics are still written.
     let done = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_job(&key, request_id, &job);
+        let ctx = Context::for_job(&st, &key, request_id, &job);
         // Nothing runs that the audit log has not heard of.
         audit_start(&st, &ctx, &job.limits)?;
         let ran = st.engine.execute(job, &mut Discard);

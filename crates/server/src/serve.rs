@@ -76,10 +76,15 @@ pub struct Started {
     pub addr: SocketAddr,
 }
 
-/// Runs the server until SIGTERM or SIGINT, then shuts down gracefully.
+/// Reads the configuration again (SIGHUP), for its keys.
+pub type Reload = Box<dyn Fn() -> Result<Config, String> + Send + Sync>;
+
+/// Runs the server until SIGTERM or SIGINT, then shuts down gracefully; on SIGHUP, the keys
+/// are read again through `reload`.
 pub async fn run(
     config: Config,
     env_key: Option<String>,
+    reload: Reload,
     on_start: impl FnOnce(Started),
 ) -> Result<(), ServeError> {
     let state_dir = make_state_dir(&config)?;
@@ -144,7 +149,12 @@ pub async fn run(
     on_start(Started { addr });
     tokio::spawn(crate::environments::build_defined(state.clone()));
 
-    serve(listener, state).await
+    let reload = Reload_ {
+        read: reload,
+        env_key,
+        state_dir,
+    };
+    serve(listener, state, reload).await
 }
 
 /// The state directory, made private if it is new.
@@ -178,8 +188,7 @@ pub(crate) fn start_engine(
 ) -> Result<(Engine, AuditLog), ServeError> {
     let mut engine = Engine::new(config.engine.clone())?;
     engine.defer_cleanup();
-    let (audit, recovery) =
-        AuditLog::open(state_dir, config.audit.sync).map_err(ServeError::Audit)?;
+    let (audit, recovery) = AuditLog::open(config, state_dir).map_err(ServeError::Audit)?;
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             bytes = recovery.torn_bytes,
@@ -240,8 +249,58 @@ async fn close_sessions_and_pool(state: &SharedState) {
     let _ = tokio::task::spawn_blocking(airlock_sandbox::settle).await;
 }
 
-async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeError> {
+/// What SIGHUP needs to read the keys again as the start read them.
+struct Reload_ {
+    read: Reload,
+    env_key: Option<String>,
+    state_dir: PathBuf,
+}
+
+impl Reload_ {
+    /// Reads the configuration again and serves its keys from now on; on any error the keys
+    /// stay as they were. Requests already admitted finish under the key they came with.
+    fn keys(&self, state: &AppState) {
+        let config = match (self.read)() {
+            Ok(config) => config,
+            Err(e) => {
+                tracing::error!(error = %e, "SIGHUP: the configuration cannot be read; the keys stay as they were");
+                return;
+            }
+        };
+        let resolved =
+            match KeyStore::resolve(&config.keys, self.env_key.as_deref(), &self.state_dir) {
+                Ok(resolved) => resolved,
+                Err(e) => {
+                    tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
+                    return;
+                }
+            };
+        let keys = resolved.store.keys();
+        if let Err(e) = crate::tools::check_grants(state.tools.as_deref(), &keys) {
+            tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
+            return;
+        }
+        let mut others = config.clone();
+        others.keys.clone_from(&state.config.keys);
+        if others != state.config {
+            tracing::warn!(
+                "SIGHUP reloads the keys only: the configuration's other changes need a restart"
+            );
+        }
+        state.admission.reload(&keys);
+        state.memory.reload(&keys);
+        state.keys.replace(resolved.store);
+        tracing::info!(keys = keys.len(), "SIGHUP: keys reloaded");
+    }
+}
+
+async fn serve(
+    listener: TcpListener,
+    state: SharedState,
+    reload: Reload_,
+) -> Result<(), ServeError> {
     use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     let router = app(state.clone());
@@ -278,6 +337,12 @@ async fn serve(listener: TcpListener, state: SharedState) -> Result<(), ServeErr
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            _ = hup.recv() => {
+                let st = state.clone();
+                // Reading files and hashing: off the async threads. One at a time.
+                let reload = &reload;
+                tokio::task::block_in_place(|| reload.keys(&st));
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         }

@@ -26,7 +26,7 @@ use crate::budget::Share;
 use crate::config::Scope;
 use crate::error::Error;
 use crate::guard::{Caller, RequestId};
-use crate::keys::{random_id, Key};
+use crate::keys::Key;
 use crate::pipeline::{
     audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
     refuse_if_unavailable, rejection, require, reserve_answer, resolve_limits, Context, Form,
@@ -178,11 +178,20 @@ fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<Entry>, Error> {
             "the server stopped since this session was opened, and a session does not survive a restart: start another",
         ));
     }
-    Err(Error::new(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        "no such session",
-    ))
+    Err(not_here(state, id, "session"))
+}
+
+/// A 404 for what this server does not hold; one that names another replica says so, for
+/// the operator whose balancer sent it to the wrong one (README "Several replicas").
+pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
+    let message = match (crate::keys::replica_of(id), state.config.replica.as_deref()) {
+        (Some(theirs), Some(ours)) if theirs != ours => format!(
+            "no such {what} here: its id names replica {theirs}, and this is replica {ours}; \
+             the balancer must send requests for an id to the replica it names"
+        ),
+        _ => format!("no such {what}"),
+    };
+    Error::new(StatusCode::NOT_FOUND, "not_found", message)
 }
 
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
@@ -402,7 +411,7 @@ pub(crate) async fn open(
             )
         })?;
     let entry = Arc::new(Entry {
-        id: random_id("se_"),
+        id: state.held_id("se_"),
         key_fingerprint: key.fingerprint(),
         created_at: SystemTime::now(),
         created: Instant::now(),
@@ -605,7 +614,14 @@ async fn start_cell<H>(
     let admitted = state.admission.admit(key).await.map_err(rejection)?;
     drop(held);
     let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
-    let ctx = Context::new(key, request_id, sha, asked.code.len() as u64, &limits);
+    let ctx = Context::new(
+        state.held_id("ex_"),
+        key,
+        request_id,
+        sha,
+        asked.code.len() as u64,
+        &limits,
+    );
     if let Some(tools) = &entry.tools {
         tools.begin(&key.grants, &ctx.id);
     }

@@ -22,12 +22,7 @@ pub(crate) async fn start(
     keys: &KeyStore,
 ) -> Result<Option<Arc<Registry>>, ServeError> {
     if config.tools.servers.is_empty() {
-        if let Some(key) = keys.keys().iter().find(|k| !k.grants.is_empty()) {
-            return Err(ServeError::Tools(format!(
-                "key `{}` is granted tools, but no tool server is configured ([tools.servers])",
-                key.name()
-            )));
-        }
+        check_grants(None, &keys.keys()).map_err(ServeError::Tools)?;
         return Ok(None);
     }
     let registry = Registry::start(config.tools.clone(), tokio::runtime::Handle::current());
@@ -35,23 +30,37 @@ pub(crate) async fn start(
         registry.shutdown();
         return Err(ServeError::Tools(e));
     }
-    for key in keys.keys() {
-        match registry.check_grants(&key.grants) {
-            Ok(warnings) => {
-                for w in warnings {
-                    tracing::warn!(key = %key.name(), "{w}");
-                }
-            }
-            Err(e) => {
-                registry.shutdown();
-                return Err(ServeError::Tools(format!("key `{}`: {e}", key.name())));
-            }
-        }
+    if let Err(e) = check_grants(Some(&registry), &keys.keys()) {
+        registry.shutdown();
+        return Err(ServeError::Tools(e));
     }
     for s in registry.statuses() {
         tracing::info!(server = %s.name, transport = s.transport, tools = s.tools, "tool server started");
     }
     Ok(Some(registry))
+}
+
+/// Whether every key's grants name tools the servers list (warnings logged); at start and
+/// when keys are reloaded.
+pub(crate) fn check_grants(registry: Option<&Registry>, keys: &[Arc<Key>]) -> Result<(), String> {
+    for key in keys {
+        let Some(registry) = registry else {
+            if !key.grants.is_empty() {
+                return Err(format!(
+                    "key `{}` is granted tools, but no tool server is configured ([tools.servers])",
+                    key.name()
+                ));
+            }
+            continue;
+        };
+        let warnings = registry
+            .check_grants(&key.grants)
+            .map_err(|e| format!("key `{}`: {e}", key.name()))?;
+        for w in warnings {
+            tracing::warn!(key = %key.name(), "{w}");
+        }
+    }
+    Ok(())
 }
 
 /// The tool set of one execution (or session) of `key`: None when the key may call nothing,

@@ -103,7 +103,12 @@ impl Server {
                 cmd
             }
         };
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        // A test that needs a fixed port (a balancer in front) names it.
+        let listen = env
+            .iter()
+            .find(|(k, _)| *k == "AIRLOCK_LISTEN")
+            .map_or("127.0.0.1:0", |(_, v)| *v);
+        cmd.args(["serve", "--listen", listen, "--config"])
             .arg(&config_path)
             .arg("--state-dir")
             .arg(dir.join("state"))

@@ -306,7 +306,16 @@ impl HostState {
     pub fn now() -> Self {
         let sysv_ipc = ["shm", "sem", "msg"]
             .iter()
-            .map(|k| fs::read_to_string(Path::new("/proc/sysvipc").join(k)).unwrap_or_default())
+            .map(|k| {
+                // Each object's key and id only: attach counts and times change while another
+                // program (a test's PostgreSQL) uses its own.
+                fs::read_to_string(Path::new("/proc/sysvipc").join(k))
+                    .unwrap_or_default()
+                    .lines()
+                    .skip(1)
+                    .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" ") + "\n")
+                    .collect()
+            })
             .collect();
         HostState {
             sandbox_processes: sandbox_processes(),

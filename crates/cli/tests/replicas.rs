@@ -1,0 +1,496 @@
+//! Several replicas behind one balancer, for real: a PostgreSQL server (Debian's) holds the
+//! records and audit lines, three `airlock serve` replicas share it, and HAProxy (Debian's)
+//! routes on the replica an id names and round-robins the rest, as README "Several replicas"
+//! says to. Sessions and records work through the balancer; a replica killed with SIGKILL and
+//! started again loses no record.
+
+mod common;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::http::{call_as, Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+
+const DB_PASSWORD: &str = "pg-test-password-0123";
+
+/// A free loopback port (bound, then released for the program that takes it).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "{what} never listened on {port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A PostgreSQL cluster of its own in a scratch directory, run as the `postgres` user.
+struct Postgres {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+fn pg_bin(name: &str) -> PathBuf {
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed (scripts/test.sh installs it)")
+        .filter_map(|e| Some(e.ok()?.path().join("bin").join(name)))
+        .filter(|p| p.exists())
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .unwrap_or_else(|| panic!("no {name} under /usr/lib/postgresql"))
+}
+
+impl Postgres {
+    fn start() -> Postgres {
+        let dir = scratch_dir("airlock-pg");
+        let data = dir.join("data");
+        std::fs::write(dir.join("pw"), DB_PASSWORD).unwrap();
+        let chown = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+        let initdb = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(pg_bin("initdb"))
+            .args(["-U", "airlock", "-A", "scram-sha-256", "--pwfile"])
+            .arg(dir.join("pw"))
+            .arg("-D")
+            .arg(&data)
+            .stdout(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            initdb.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&initdb.stderr)
+        );
+        let port = free_port();
+        // setpriv execs the server itself, so that the signal at drop reaches it.
+        let child = Command::new("setpriv")
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
+            .arg(pg_bin("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_port(port, "PostgreSQL");
+        Postgres { child, dir, port }
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://airlock@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// One value from `psql`.
+    fn query(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "airlock", "-d", "postgres", "-Atc", sql])
+            .env("PGPASSWORD", DB_PASSWORD)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "psql: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGINT: a fast shutdown (the cluster is thrown away).
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGINT,
+        );
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// HAProxy routing on the replica in `/v1/sessions/<id>` and `/v1/executions/<id>`, the
+/// recipe of README "Several replicas".
+struct Haproxy {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+fn haproxy_config(port: u16, replicas: &[(&str, u16)]) -> String {
+    let mut cfg = format!(
+        "global\n    maxconn 256\ndefaults\n    mode http\n    timeout connect 5s\n    \
+         timeout client 60s\n    timeout server 60s\nfrontend api\n    bind 127.0.0.1:{port}\n"
+    );
+    for (name, _) in replicas {
+        cfg += &format!(
+            "    acl id_on_{name} path_reg ^/v1/(sessions|executions)/[a-z]+_{name}_\n    \
+             use_backend replica_{name} if id_on_{name}\n"
+        );
+    }
+    cfg += "    default_backend any\nbackend any\n    balance roundrobin\n";
+    for (name, p) in replicas {
+        cfg += &format!("    server {name} 127.0.0.1:{p}\n");
+    }
+    for (name, p) in replicas {
+        cfg += &format!("backend replica_{name}\n    server {name} 127.0.0.1:{p}\n");
+    }
+    cfg
+}
+
+impl Haproxy {
+    fn start(replicas: &[(&str, u16)]) -> Haproxy {
+        let dir = scratch_dir("airlock-haproxy");
+        let port = free_port();
+        let path = dir.join("haproxy.cfg");
+        std::fs::write(&path, haproxy_config(port, replicas)).unwrap();
+        let check = Command::new("haproxy")
+            .arg("-c")
+            .arg("-f")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "haproxy -c: {}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_for_port(port, "HAProxy");
+        Haproxy { child, port, dir }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn replica_config(name: &str, pg: &Postgres, password_file: Option<&Path>) -> String {
+    let mut cfg = format!("replica = \"{name}\"\n[store]\nurl = \"{}\"\n", pg.url());
+    if let Some(file) = password_file {
+        cfg += &format!("password_file = \"{}\"\n", file.display());
+    }
+    cfg
+}
+
+/// Starts replica `name` on `port` in `dir` (kept across a restart).
+fn start_replica(name: &str, port: u16, dir: PathBuf, pg: &Postgres) -> Server {
+    // One replica reads the password from a file, the others from the environment.
+    let listen = format!("127.0.0.1:{port}");
+    if name == "r0" {
+        let file = pg.dir.join("pw");
+        Server::start_in(
+            dir,
+            &replica_config(name, pg, Some(&file)),
+            &[("AIRLOCK_LISTEN", &listen)],
+            Some(KEY),
+        )
+    } else {
+        Server::start_in(
+            dir,
+            &replica_config(name, pg, None),
+            &[
+                ("AIRLOCK_LISTEN", &listen),
+                ("AIRLOCK_STORE_PASSWORD", DB_PASSWORD),
+            ],
+            Some(KEY),
+        )
+    }
+}
+
+fn replica_dir(name: &str) -> PathBuf {
+    let dir = scratch_dir(&format!("airlock-replica-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+    let r = call_as(addr, KEY, method, path, body);
+    let v = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    (r.status, v)
+}
+
+#[test]
+fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_record() {
+    let _g = serial();
+    let pg = Postgres::start(); // its shared memory segment is no sandbox's
+    let before = HostState::now();
+    let names = ["r0", "r1", "r2"];
+    let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
+    let mut replicas: Vec<Option<Server>> = names
+        .iter()
+        .zip(&ports)
+        .map(|(n, p)| Some(start_replica(n, *p, replica_dir(n), &pg)))
+        .collect();
+    let routes: Vec<(&str, u16)> = names.iter().copied().zip(ports.iter().copied()).collect();
+    let lb = Haproxy::start(&routes);
+    let via = lb.addr();
+
+    // One-shot executions go anywhere; each record is then read through the balancer,
+    // which routes on the replica its id names.
+    let mut ids = Vec::new();
+    for i in 0..9 {
+        let (status, r) = call(
+            via,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": format!("print({i} * 2)")})),
+        );
+        assert_eq!(
+            (status, &r["stdout"]),
+            (200, &json!(format!("{}\n", i * 2))),
+            "{r}"
+        );
+        ids.push(r["id"].as_str().unwrap().to_owned());
+    }
+    for name in names {
+        assert!(
+            ids.iter().any(|id| id.starts_with(&format!("ex_{name}_"))),
+            "round robin reached every replica: {ids:?}"
+        );
+    }
+    for id in &ids {
+        let (status, record) = call(via, "GET", &format!("/v1/executions/{id}"), None);
+        assert_eq!(
+            (status, record["id"].as_str()),
+            (200, Some(id.as_str())),
+            "{record}"
+        );
+        assert_eq!(record["status"], "ok");
+    }
+    // The store makes every record every replica's: asked directly, any replica has it.
+    let (status, record) = call(
+        replicas[2].as_ref().unwrap().addr,
+        "GET",
+        &format!("/v1/executions/{}", ids[0]),
+        None,
+    );
+    assert_eq!((status, &record["id"]), (200, &json!(ids[0])), "{record}");
+    assert_eq!(
+        pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'record'"),
+        "9"
+    );
+    assert_eq!(pg.query("SELECT max(version) FROM airlock_migrations"), "1");
+
+    // A session lives on one replica; its cells, through the balancer, all reach it.
+    let (status, opened) = call(via, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(status, 201, "{opened}");
+    let session = opened["id"].as_str().unwrap().to_owned();
+    let holder = names
+        .iter()
+        .position(|n| session.starts_with(&format!("se_{n}_")))
+        .unwrap_or_else(|| panic!("the id names its replica: {session}"));
+    let path = format!("/v1/sessions/{session}/execute");
+    call(via, "POST", &path, Some(&json!({"code": "n = 0"})));
+    for i in 1..=6 {
+        let (status, r) = call(
+            via,
+            "POST",
+            &path,
+            Some(&json!({"code": "n += 1\nprint(n)"})),
+        );
+        assert_eq!(
+            (status, &r["stdout"]),
+            (200, &json!(format!("{i}\n"))),
+            "{r}"
+        );
+    }
+    // Sent straight to another replica, the request is refused and says where it belongs.
+    let other = (holder + 1) % names.len();
+    let (status, r) = call(
+        replicas[other].as_ref().unwrap().addr,
+        "POST",
+        &path,
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(status, 404, "{r}");
+    let message = r["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("replica {}", names[holder])),
+        "{r}"
+    );
+    let (status, _) = call(via, "DELETE", &format!("/v1/sessions/{session}"), None);
+    assert_eq!(status, 204);
+
+    // Nothing runs now: nothing is left of the executions and the session.
+    HostState::now().assert_same_as(&before, &"three replicas, idle");
+
+    // r1 is killed in the middle of an execution, with a session open; the execution's
+    // record is written by r1 when it comes back, and the session is lost, not unknown.
+    let r1 = replicas[1].take().unwrap();
+    let (status, opened) = call(r1.addr, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(status, 201, "{opened}");
+    let lost = opened["id"].as_str().unwrap().to_owned();
+    let addr = r1.addr;
+    let runner = std::thread::spawn(move || {
+        call(
+            addr,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": "import time\ntime.sleep(60)"})),
+        )
+    });
+    // Its `started` row is committed about a round trip after it starts.
+    let unended = "SELECT coalesce(string_agg(execution_id, ','), '') FROM airlock_audit s \
+        WHERE event = 'started' AND replica = 'r1' AND NOT EXISTS (SELECT 1 FROM airlock_audit r \
+        WHERE r.execution_id = s.execution_id AND r.event = 'record')";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pg.query(unended).is_empty() {
+        assert!(Instant::now() < deadline, "the execution never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300)); // in its sandbox, not before it
+    let dir = r1.kill_keeping_state();
+    let _ = runner.join();
+    let open = pg.query(unended);
+    assert!(
+        open.starts_with("ex_r1_"),
+        "the killed execution has no record yet: {open:?}"
+    );
+    // Meanwhile the balancer's other replicas keep serving.
+    let (status, _) = call(
+        replicas[0].as_ref().unwrap().addr,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(status, 200);
+    replicas[1] = Some(start_replica("r1", ports[1], dir, &pg));
+    // The killed replica's sandboxes die with it; their processes stay as zombies on a host
+    // whose PID 1 does not reap orphans, so the final check compares with now.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = HostState::now();
+    let (status, record) = call(via, "GET", &format!("/v1/executions/{open}"), None);
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(
+        (&record["status"], &record["interrupted"]),
+        (&json!("internal_error"), &json!(true)),
+        "{record}"
+    );
+    let (status, r) = call(
+        via,
+        "POST",
+        &format!("/v1/sessions/{lost}/execute"),
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(
+        (status, r["error"]["code"].as_str()),
+        (410, Some("session_lost")),
+        "{r}"
+    );
+
+    // Every execution that started has exactly one record, the database says.
+    assert_eq!(
+        pg.query(
+            "SELECT count(*) FROM airlock_audit s WHERE event = 'started' AND (SELECT count(*) \
+             FROM airlock_audit r WHERE r.execution_id = s.execution_id AND r.event = 'record') <> 1"
+        ),
+        "0"
+    );
+    let started = pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'started'");
+    assert_eq!(
+        started,
+        pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'record'")
+    );
+
+    for (name, r) in names.iter().zip(replicas.iter_mut()) {
+        let r = r.take().unwrap();
+        let log = r.log_lines();
+        let status = r.stop();
+        assert!(status.success(), "{name}: {status}: {log:#?}");
+    }
+    HostState::now().assert_same_as(&before, &"three replicas stopped");
+}
+
+#[test]
+fn a_replica_refuses_to_start_on_a_store_it_cannot_use() {
+    let _g = serial();
+    let pg = Postgres::start();
+    let start = |config: &str, env: &[(&str, &str)]| {
+        let dir = replica_dir("bad");
+        std::fs::write(dir.join("airlock.toml"), config).unwrap();
+        let out = airlock()
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(dir.join("airlock.toml"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .envs(env.iter().copied())
+            .env("AIRLOCK_API_KEY", KEY)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let url = pg.url();
+    // No replica name: the store could not tell its executions from another replica's.
+    let (code, err) = start(&format!("[store]\nurl = \"{url}\"\n"), &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("replica"), "{err}");
+    // A password in the URL would be printed by --print-config.
+    let with_password = url.replace("airlock@", "airlock:secret@");
+    let (code, err) = start(
+        &format!("replica = \"r0\"\n[store]\nurl = \"{with_password}\"\n"),
+        &[],
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("password_file"), "{err}");
+    // A wrong password: the server's own message, and no start.
+    let (code, err) = start(
+        &format!("replica = \"r0\"\n[store]\nurl = \"{url}\"\n"),
+        &[("AIRLOCK_STORE_PASSWORD", "wrong")],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("PostgreSQL") && err.contains("password"),
+        "{err}"
+    );
+    // A replica name that is no DNS label.
+    let (code, err) = start("replica = \"R_1\"\n", &[]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("DNS label"), "{err}");
+}

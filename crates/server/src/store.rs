@@ -1,0 +1,616 @@
+//! Records and audit lines in PostgreSQL (`[store] url`), so that every replica serves every
+//! record and a replica's disk holds nothing that matters.
+//!
+//! Each audit line is a row of `airlock_audit`: the replica that wrote it, its event
+//! (`record`, `started`, `session_opened`, ...), the execution or session it is about, and
+//! the line itself as `jsonb`, as the file would hold it. Rows are inserted by a thread of
+//! its own, in batches: lines written while a batch commits share the next commit (group
+//! commit, as the file's syncer does). A commit that fails refuses new executions and keeps
+//! the lines (in memory, up to `MAX_PENDING`); the writer reconnects and tries again each
+//! second, and once it commits, an `audit_resumed` row comes first, as in the file.
+//!
+//! At start, the tables are made or migrated (`MIGRATIONS`, under an advisory lock, so that
+//! replicas starting together migrate once), then this replica's executions that started and
+//! never ended get their `interrupted` record, and its sessions never closed are lost: the
+//! crash consistency of the file, through the database. Only this replica's rows are
+//! repaired, so replicas need stable, distinct names (`replica`, a StatefulSet's pod names).
+
+use std::collections::{HashMap, VecDeque};
+use std::str::FromStr;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use airlock_api::ExecutionRecord;
+use postgres::{Client, NoTls};
+
+use crate::audit::{interrupted, line_of, Recovery, Started};
+use crate::config::Config;
+
+/// Lines kept while the database cannot be written; beyond this the oldest are lost (and
+/// counted in the `audit_resumed` row). Executions are refused meanwhile.
+const MAX_PENDING: usize = 100_000;
+/// Rows per insert.
+const BATCH: usize = 500;
+/// How long the writer waits between tries while the database fails.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How long a start or a read waits for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long shutdown waits for the kept lines to be committed.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+/// Records served from memory without a query (this replica's most recent).
+const RECENT: usize = 10_000;
+
+/// The schema, one step per version; a step never changes once released. Applied in order,
+/// each in the transaction that records it in `airlock_migrations`.
+const MIGRATIONS: &[&str] = &["
+    CREATE TABLE airlock_audit (
+        seq bigserial PRIMARY KEY,
+        replica text NOT NULL,
+        written_at timestamptz NOT NULL DEFAULT now(),
+        event text NOT NULL,
+        execution_id text,
+        session_id text,
+        key_fingerprint text,
+        line jsonb NOT NULL
+    );
+    CREATE INDEX airlock_audit_execution ON airlock_audit (execution_id, event)
+        WHERE execution_id IS NOT NULL;
+    CREATE INDEX airlock_audit_session ON airlock_audit (session_id, event)
+        WHERE session_id IS NOT NULL;
+    CREATE INDEX airlock_audit_replica ON airlock_audit (replica, event);
+"];
+
+/// Whether `url` is a PostgreSQL connection string airlock accepts: parseable, and without
+/// a password (which `--print-config` would show: `password_file` or
+/// `AIRLOCK_STORE_PASSWORD` hold it).
+pub fn check_url(url: &str) -> Result<(), String> {
+    let config = postgres::Config::from_str(url).map_err(|e| e.to_string())?;
+    if config.get_password().is_some() {
+        return Err(
+            "holds a password: put it in store.password_file or AIRLOCK_STORE_PASSWORD".into(),
+        );
+    }
+    if config.get_hosts().is_empty() {
+        return Err("names no host".into());
+    }
+    Ok(())
+}
+
+/// The connection settings: the URL, with the password from its file or the environment.
+fn connection(config: &Config) -> std::io::Result<postgres::Config> {
+    let url = config.store.url.as_deref().unwrap_or_default();
+    let mut pg = postgres::Config::from_str(url).map_err(std::io::Error::other)?;
+    let password = match &config.store.password_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?
+                .trim_end_matches(['\n', '\r'])
+                .to_owned(),
+        ),
+        None => std::env::var(crate::config::ENV_STORE_PASSWORD).ok(),
+    };
+    if let Some(password) = password {
+        pg.password(password);
+    }
+    pg.connect_timeout(CONNECT_TIMEOUT);
+    if pg.get_application_name().is_none() {
+        pg.application_name("airlock");
+    }
+    Ok(pg)
+}
+
+fn db_error(what: &str, e: postgres::Error) -> std::io::Error {
+    // The server's own message (a constraint, a permission) says more than the error's kind.
+    let detail = e
+        .as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_owned());
+    std::io::Error::other(format!("PostgreSQL, {what}: {detail}"))
+}
+
+/// One audit line, with what its row is indexed by.
+#[derive(Clone, Debug)]
+struct Row {
+    /// Its number in this run (what an answer waiting for its record waits for).
+    n: u64,
+    event: String,
+    execution_id: Option<String>,
+    session_id: Option<String>,
+    key_fingerprint: Option<String>,
+    line: String,
+}
+
+impl Row {
+    fn of(n: u64, line: Vec<u8>) -> std::io::Result<Row> {
+        let mut line = String::from_utf8(line).map_err(std::io::Error::other)?;
+        line.truncate(line.trim_end().len());
+        let value: serde_json::Value = serde_json::from_str(&line)?;
+        let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
+        let event = text("event").unwrap_or_else(|| "record".to_owned());
+        let (execution_id, session_id) = match event.as_str() {
+            "record" | "started" => (text("id"), None),
+            e if e.starts_with("session_") => (None, text("id")),
+            _ => (text("execution_id"), None),
+        };
+        Ok(Row {
+            n,
+            key_fingerprint: text("key_fingerprint"),
+            event,
+            execution_id,
+            session_id,
+            line,
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Lines not yet committed, oldest first (those of the batch in flight included).
+    rows: VecDeque<Row>,
+    /// The number the next line gets.
+    next: u64,
+    /// Every line numbered up to this one is committed.
+    committed: u64,
+    /// Why the last commit failed; None once one works.
+    failure: Option<String>,
+    /// Lines dropped because too many were kept.
+    lost: u64,
+    stop: bool,
+}
+
+#[derive(Debug)]
+struct Shared {
+    queue: Mutex<Queue>,
+    /// The writer waits on it for lines (and stop).
+    work: Condvar,
+    /// Waiters for a commit (an answer, shutdown) wait on it.
+    done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Records and audit lines in PostgreSQL.
+pub struct PgLog {
+    replica: String,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Settings to connect again with (reads).
+    connect: postgres::Config,
+    /// The connection records are read with, made when first needed.
+    reader: Mutex<Option<Client>>,
+    /// This replica's most recent records, by id.
+    recent: Mutex<(HashMap<String, ExecutionRecord>, VecDeque<String>)>,
+    sync_before_answer: bool,
+    lost_sessions: Mutex<HashMap<String, String>>,
+}
+
+impl std::fmt::Debug for PgLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLog")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgLog {
+    /// Connects, makes or migrates the tables, and repairs what this replica left open. On
+    /// a thread of its own: the client drives its connection with a runtime of its own,
+    /// which cannot start on a thread of the server's.
+    pub fn open(config: &Config) -> std::io::Result<(PgLog, Recovery)> {
+        std::thread::scope(|s| {
+            s.spawn(|| PgLog::open_here(config))
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("opening the store panicked")))
+        })
+    }
+
+    fn open_here(config: &Config) -> std::io::Result<(PgLog, Recovery)> {
+        let replica = config.replica.clone().ok_or_else(|| {
+            std::io::Error::other(
+                "store.url needs this server's replica name (replica, or AIRLOCK_REPLICA): \
+                 each replica repairs only its own executions at start",
+            )
+        })?;
+        let connect = connection(config)?;
+        let mut client = connect
+            .connect(NoTls)
+            .map_err(|e| db_error("connecting", e))?;
+        migrate(&mut client)?;
+        let (recovery, lost_sessions) = recover(&mut client, &replica)?;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                next: 1,
+                ..Queue::default()
+            }),
+            work: Condvar::new(),
+            done: Condvar::new(),
+        });
+        let writer = {
+            let (shared, replica, connect) = (shared.clone(), replica.clone(), connect.clone());
+            std::thread::Builder::new()
+                .name("airlock-store".into())
+                .spawn(move || write_rows(&shared, &replica, &connect, Some(client)))?
+        };
+        let log = PgLog {
+            replica,
+            shared,
+            writer: Mutex::new(Some(writer)),
+            connect,
+            reader: Mutex::new(None),
+            recent: Mutex::default(),
+            sync_before_answer: config.audit.sync == crate::audit::AuditSync::Answer,
+            lost_sessions: Mutex::new(lost_sessions),
+        };
+        Ok((log, recovery))
+    }
+
+    /// Queues a line for the writer; its number.
+    fn push(&self, line: Vec<u8>) -> std::io::Result<u64> {
+        let mut queue = self.shared.lock();
+        let row = Row::of(queue.next, line)?;
+        queue.next += 1;
+        if queue.rows.len() >= MAX_PENDING {
+            queue.rows.pop_front();
+            queue.lost += 1;
+        }
+        let n = row.n;
+        queue.rows.push_back(row);
+        self.shared.work.notify_one();
+        Ok(n)
+    }
+
+    pub fn append(&self, record: &ExecutionRecord) -> std::io::Result<()> {
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let (by_id, order) = &mut *recent;
+            if by_id.insert(record.id.clone(), record.clone()).is_none() {
+                order.push_back(record.id.clone());
+                if order.len() > RECENT {
+                    if let Some(old) = order.pop_front() {
+                        by_id.remove(&old);
+                    }
+                }
+            }
+        }
+        let n = self.push(line_of(record)?)?;
+        if !self.sync_before_answer {
+            return Ok(());
+        }
+        let mut queue = self.shared.lock();
+        while queue.committed < n {
+            if let Some(why) = &queue.failure {
+                return Err(std::io::Error::other(why.clone()));
+            }
+            queue = self
+                .shared
+                .done
+                .wait(queue)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+
+    /// While the database fails, the execution does not run; otherwise its line is queued
+    /// and committed about a round trip later.
+    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+        if let Some(why) = self.failure() {
+            return Err(std::io::Error::other(why));
+        }
+        self.push(line_of(started)?).map(|_| ())
+    }
+
+    pub fn append_line(&self, line: Vec<u8>) -> std::io::Result<()> {
+        self.push(line).map(|_| ())
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.shared.lock().failure.clone()
+    }
+
+    pub fn lost_sessions(&self) -> &Mutex<HashMap<String, String>> {
+        &self.lost_sessions
+    }
+
+    /// Waits (a few seconds at most) for the queued lines to be committed, then stops the
+    /// writer; why not all were, if they were not.
+    pub fn write_kept(&self) -> Option<String> {
+        let deadline = std::time::Instant::now() + SHUTDOWN_WAIT;
+        let mut queue = self.shared.lock();
+        while !queue.rows.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            queue = self
+                .shared
+                .done
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let unwritten = queue.rows.len();
+        let why = queue.failure.clone();
+        queue.stop = true;
+        drop(queue);
+        self.shared.work.notify_all();
+        if let Some(writer) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = writer.join();
+        }
+        (unwritten > 0).then(|| {
+            format!(
+                "{unwritten} audit lines not committed to PostgreSQL: {}",
+                why.unwrap_or_else(|| "it did not answer in time".into())
+            )
+        })
+    }
+
+    /// A record by id: this replica's recent ones from memory, any other from the database.
+    pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
+        if let Some(record) = self
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .get(id)
+        {
+            return Some(record.clone());
+        }
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        if reader.is_none() {
+            match self.connect.connect(NoTls) {
+                Ok(client) => *reader = Some(client),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot connect to PostgreSQL to read a record");
+                    return None;
+                }
+            }
+        }
+        let client = reader.as_mut()?;
+        let found = client.query_opt(
+            "SELECT line::text FROM airlock_audit WHERE execution_id = $1 AND event = 'record' \
+             ORDER BY seq DESC LIMIT 1",
+            &[&id],
+        );
+        match found {
+            Ok(row) => row.and_then(|r| serde_json::from_str(r.get::<_, &str>(0)).ok()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a record from PostgreSQL");
+                *reader = None; // connected again next time
+                None
+            }
+        }
+    }
+}
+
+impl Drop for PgLog {
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.work.notify_all();
+        // Closing a client runs its own runtime, which cannot start on the server's threads.
+        let reader = self
+            .reader
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(reader) = reader {
+            let _ = std::thread::spawn(move || drop(reader)).join();
+        }
+    }
+}
+
+/// Makes or migrates the tables, once even when several replicas start together.
+fn migrate(client: &mut Client) -> std::io::Result<()> {
+    let mut tx = client.transaction().map_err(|e| db_error("migrating", e))?;
+    tx.batch_execute(
+        "SET LOCAL client_min_messages = warning;
+         SELECT pg_advisory_xact_lock(hashtext('airlock-migrations'));
+         CREATE TABLE IF NOT EXISTS airlock_migrations (
+             version integer PRIMARY KEY,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .map_err(|e| db_error("migrating", e))?;
+    let applied: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM airlock_migrations",
+            &[],
+        )
+        .map_err(|e| db_error("migrating", e))?
+        .get(0);
+    let known = MIGRATIONS.len() as i32;
+    if applied > known {
+        return Err(std::io::Error::other(format!(
+            "the database's airlock tables are at version {applied}, made by a newer airlock; \
+             this one knows up to {known}"
+        )));
+    }
+    for (version, step) in (1..).zip(MIGRATIONS).skip(applied as usize) {
+        tx.batch_execute(step)
+            .map_err(|e| db_error(&format!("migration {version}"), e))?;
+        tx.execute(
+            "INSERT INTO airlock_migrations (version) VALUES ($1)",
+            &[&version],
+        )
+        .map_err(|e| db_error("migrating", e))?;
+        tracing::info!(version, "PostgreSQL store migrated");
+    }
+    tx.commit().map_err(|e| db_error("migrating", e))
+}
+
+/// This replica's executions that started and never ended get their `interrupted` record;
+/// its sessions opened and never closed are lost (id to key fingerprint).
+fn recover(
+    client: &mut Client,
+    replica: &str,
+) -> std::io::Result<(Recovery, HashMap<String, String>)> {
+    let err = |e| db_error("repairing this replica's rows", e);
+    let mut tx = client.transaction().map_err(err)?;
+    // Two servers given one name would otherwise both repair it.
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtext('airlock-replica:' || $1))",
+        &[&replica],
+    )
+    .map_err(err)?;
+    let open = tx
+        .query(
+            "SELECT s.line::text FROM airlock_audit s WHERE s.replica = $1 AND s.event = 'started' \
+             AND NOT EXISTS (SELECT 1 FROM airlock_audit r WHERE r.execution_id = s.execution_id \
+             AND r.event = 'record') ORDER BY s.seq",
+            &[&replica],
+        )
+        .map_err(err)?;
+    let mut recovery = Recovery::default();
+    for row in open {
+        let Ok(started) = serde_json::from_str::<Started<'_>>(row.get::<_, &str>(0)) else {
+            continue;
+        };
+        let record = interrupted(started);
+        let line = String::from_utf8(line_of(&record)?).map_err(std::io::Error::other)?;
+        tx.execute(
+            "INSERT INTO airlock_audit (replica, event, execution_id, key_fingerprint, line) \
+             VALUES ($1, 'record', $2, $3, $4::text::jsonb)",
+            &[
+                &replica,
+                &record.id,
+                &record.key_fingerprint,
+                &line.trim_end(),
+            ],
+        )
+        .map_err(err)?;
+        recovery.interrupted.push(record.id);
+    }
+    let sessions = tx
+        .query(
+            "SELECT o.session_id, o.key_fingerprint FROM airlock_audit o WHERE o.replica = $1 \
+             AND o.event = 'session_opened' AND NOT EXISTS (SELECT 1 FROM airlock_audit c \
+             WHERE c.session_id = o.session_id AND c.event = 'session_closed')",
+            &[&replica],
+        )
+        .map_err(err)?;
+    let lost: HashMap<String, String> = sessions
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, Option<String>>(1)?,
+            ))
+        })
+        .collect();
+    recovery.lost_sessions = lost.len();
+    tx.commit().map_err(err)?;
+    Ok((recovery, lost))
+}
+
+/// The writer: commits queued lines in batches until stopped, connecting again while the
+/// database fails.
+fn write_rows(shared: &Shared, replica: &str, connect: &postgres::Config, client: Option<Client>) {
+    let mut client = client;
+    // Set while commits fail: the first that works writes an `audit_resumed` row first.
+    let mut failed_since: Option<String> = None;
+    loop {
+        let batch: Vec<Row> = {
+            let mut queue = shared.lock();
+            while queue.rows.is_empty() && !queue.stop {
+                queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+            if queue.rows.is_empty() {
+                return;
+            }
+            queue.rows.iter().take(BATCH).cloned().collect()
+        };
+        let resumed = failed_since.as_ref().map(|why| {
+            let lost = shared.lock().lost;
+            let line = serde_json::json!({
+                "event": "audit_resumed",
+                "at": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+                "failure": why,
+                "kept": batch.len(),
+                "lost": lost,
+            });
+            Row {
+                n: 0,
+                event: "audit_resumed".into(),
+                execution_id: None,
+                session_id: None,
+                key_fingerprint: None,
+                line: line.to_string(),
+            }
+        });
+        let result = match &mut client {
+            Some(c) => insert(c, replica, resumed.iter().chain(&batch)),
+            None => connect
+                .connect(NoTls)
+                .map_err(|e| db_error("connecting", e))
+                .and_then(|mut c| {
+                    let r = insert(&mut c, replica, resumed.iter().chain(&batch));
+                    client = Some(c);
+                    r
+                }),
+        };
+        let mut queue = shared.lock();
+        match result {
+            Ok(()) => {
+                let last = batch.last().map_or(0, |r| r.n);
+                while queue.rows.front().is_some_and(|r| r.n <= last) {
+                    queue.rows.pop_front();
+                }
+                queue.committed = queue.committed.max(last);
+                if failed_since.take().is_some() {
+                    tracing::warn!("PostgreSQL can be written again; executions resume");
+                    queue.failure = None;
+                    queue.lost = 0;
+                }
+                shared.done.notify_all();
+            }
+            Err(e) => {
+                if queue.failure.is_none() {
+                    tracing::error!(error = %e, "cannot write audit lines to PostgreSQL; refusing executions until it can");
+                }
+                let why = e.to_string();
+                queue.failure = Some(why.clone());
+                failed_since.get_or_insert(why);
+                client = None;
+                shared.done.notify_all();
+                if !queue.stop {
+                    drop(
+                        shared
+                            .work
+                            .wait_timeout(queue, RETRY_EVERY)
+                            .unwrap_or_else(|e| e.into_inner()),
+                    );
+                } else {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Inserts rows in one statement and one transaction.
+fn insert<'a>(
+    client: &mut Client,
+    replica: &str,
+    rows: impl Iterator<Item = &'a Row>,
+) -> std::io::Result<()> {
+    let mut columns: [Vec<Option<&str>>; 5] = Default::default();
+    for row in rows {
+        columns[0].push(Some(&row.event));
+        columns[1].push(row.execution_id.as_deref());
+        columns[2].push(row.session_id.as_deref());
+        columns[3].push(row.key_fingerprint.as_deref());
+        columns[4].push(Some(&row.line));
+    }
+    let [event, execution, session, fingerprint, line] = &columns;
+    client
+        .execute(
+            "INSERT INTO airlock_audit (replica, event, execution_id, session_id, key_fingerprint, line) \
+             SELECT $1, e, x, s, k, l::jsonb FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+             WITH ORDINALITY AS t(e, x, s, k, l, o) ORDER BY o",
+            &[&replica, event, execution, session, fingerprint, line],
+        )
+        .map(|_| ())
+        .map_err(|e| db_error("writing audit lines", e))
+}
