@@ -80,17 +80,17 @@ impl Postgres {
             String::from_utf8_lossy(&initdb.stderr)
         );
         let port = free_port();
+        let child = Postgres::spawn(&dir, port);
+        Postgres { child, dir, port }
+    }
+
+    fn spawn(dir: &Path, port: u16) -> Child {
         // setpriv execs the server itself, so that the signal at drop reaches it.
         let child = Command::new("setpriv")
-            .args([
-                "--reuid=postgres",
-                "--regid=postgres",
-                "--init-groups",
-                "--",
-            ])
+            .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
             .arg(pg_bin("postgres"))
             .arg("-D")
-            .arg(&data)
+            .arg(dir.join("data"))
             .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.display()))
@@ -99,7 +99,21 @@ impl Postgres {
             .spawn()
             .unwrap();
         wait_for_port(port, "PostgreSQL");
-        Postgres { child, dir, port }
+        child
+    }
+
+    /// Stops the server (a fast shutdown: clients are disconnected).
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGINT,
+        );
+        let _ = self.child.wait();
+    }
+
+    /// Starts it again on the same data and port.
+    fn restart(&mut self) {
+        self.child = Postgres::spawn(&self.dir, self.port);
     }
 
     fn url(&self) -> String {
@@ -125,12 +139,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        // SIGINT: a fast shutdown (the cluster is thrown away).
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::SIGINT,
-        );
-        let _ = self.child.wait();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -493,4 +502,54 @@ fn a_replica_refuses_to_start_on_a_store_it_cannot_use() {
     let (code, err) = start("replica = \"R_1\"\n", &[]);
     assert_ne!(code, Some(0));
     assert!(err.contains("DNS label"), "{err}");
+}
+
+#[test]
+fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
+    let _g = serial();
+    let mut pg = Postgres::start();
+    let server = start_replica("r0", free_port(), replica_dir("r0"), &pg);
+    let run = |code: &str| call(server.addr, "POST", "/v1/execute", Some(&json!({"code": code})));
+    assert_eq!(run("print(1)").0, 200);
+
+    pg.stop();
+    // The first execution may start before the writer finds out; its lines are kept.
+    let (status, r) = run("print(2)");
+    assert!(status == 200 || status == 503, "{status} {r}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, r) = run("print(3)");
+        if status == 503 {
+            assert_eq!(r["error"]["code"], "unavailable", "{r}");
+            assert!(r["error"]["message"].as_str().unwrap_or_default().contains("PostgreSQL"), "{r}");
+            break;
+        }
+        assert_eq!(status, 200, "{r}");
+        assert!(Instant::now() < deadline, "executions never refused");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, ready) = call(server.addr, "GET", "/readyz", None);
+    assert_eq!(status, 503, "{ready}");
+
+    pg.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while run("print(4)").0 != 200 {
+        assert!(Instant::now() < deadline, "executions never resumed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(call(server.addr, "GET", "/readyz", None).0, 200);
+    // Every execution that started has exactly one record, and the gap is marked.
+    assert!(server.stop().success());
+    assert_eq!(
+        pg.query(
+            "SELECT count(*) FROM airlock_audit s WHERE event = 'started' AND (SELECT count(*) \
+             FROM airlock_audit r WHERE r.execution_id = s.execution_id AND r.event = 'record') <> 1"
+        ),
+        "0"
+    );
+    assert_eq!(
+        pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'started'"),
+        pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'record'")
+    );
+    assert_eq!(pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'audit_resumed'"), "1");
 }
