@@ -14,7 +14,7 @@ fi
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
 # openssl: the egress tests make a certificate for their HTTPS server.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
-    postgresql haproxy
+    postgresql haproxy systemd
 ensure_rust_components rustfmt clippy
 # The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
 # tools.rs; the MCP reference server, another tool source of tools.rs.

@@ -87,7 +87,12 @@ impl Postgres {
     fn spawn(dir: &Path, port: u16) -> Child {
         // setpriv execs the server itself, so that the signal at drop reaches it.
         let child = Command::new("setpriv")
-            .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
+            .args([
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ])
             .arg(pg_bin("postgres"))
             .arg("-D")
             .arg(dir.join("data"))
@@ -509,7 +514,14 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
     let _g = serial();
     let mut pg = Postgres::start();
     let server = start_replica("r0", free_port(), replica_dir("r0"), &pg);
-    let run = |code: &str| call(server.addr, "POST", "/v1/execute", Some(&json!({"code": code})));
+    let run = |code: &str| {
+        call(
+            server.addr,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": code})),
+        )
+    };
     assert_eq!(run("print(1)").0, 200);
 
     pg.stop();
@@ -521,7 +533,13 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
         let (status, r) = run("print(3)");
         if status == 503 {
             assert_eq!(r["error"]["code"], "unavailable", "{r}");
-            assert!(r["error"]["message"].as_str().unwrap_or_default().contains("PostgreSQL"), "{r}");
+            assert!(
+                r["error"]["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("PostgreSQL"),
+                "{r}"
+            );
             break;
         }
         assert_eq!(status, 200, "{r}");
@@ -551,5 +569,8 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
         pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'started'"),
         pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'record'")
     );
-    assert_eq!(pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'audit_resumed'"), "1");
+    assert_eq!(
+        pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'audit_resumed'"),
+        "1"
+    );
 }

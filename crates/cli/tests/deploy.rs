@@ -1,0 +1,173 @@
+//! deploy/: the systemd unit is one systemd accepts, its exposure stays where README
+//! "Deploying" says, and airlock works under the capability bounding set and no_new_privs it
+//! gives (no systemd runs here as PID 1, so the server runs under setpriv with the same).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::http::{call_as, Server, KEY};
+use common::*;
+use serde_json::json;
+
+const UNIT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/systemd/airlock.service"
+);
+
+/// The unit with its binary path pointed at the one under test (verify checks it exists).
+fn unit_for_test() -> PathBuf {
+    let text = std::fs::read_to_string(UNIT).unwrap();
+    assert!(text.contains("ExecStart=/usr/local/bin/airlock serve"));
+    let dir = scratch_dir("airlock-unit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("airlock.service");
+    std::fs::write(
+        &path,
+        text.replace("/usr/local/bin/airlock", env!("CARGO_BIN_EXE_airlock")),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn the_systemd_unit_verifies_and_its_exposure_is_what_the_readme_says() {
+    let unit = unit_for_test();
+    let verify = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&unit)
+        .output()
+        .expect("systemd-analyze (Debian's systemd)");
+    assert!(
+        verify.status.success() && verify.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let security = Command::new("systemd-analyze")
+        .args(["security", "--offline=true"])
+        .arg(&unit)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&security.stdout);
+    let exposure: f64 = out
+        .lines()
+        .find_map(|l| {
+            l.split("Overall exposure level for airlock.service: ")
+                .nth(1)
+        })
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no exposure level in: {out}"));
+    assert!(
+        exposure <= 6.0,
+        "exposure {exposure} > 6.0 (README says 6.0)"
+    );
+    let _ = std::fs::remove_dir_all(unit.parent().unwrap());
+}
+
+/// `CapabilityBoundingSet=` of the unit, as setpriv's `--bounding-set` wants it.
+fn bounding_set() -> String {
+    let text = std::fs::read_to_string(UNIT).unwrap();
+    let caps: Vec<String> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .expect("the unit bounds capabilities")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert_eq!(caps.len(), 5, "{caps:?}");
+    format!("--bounding-set=-all,{}", caps.join(","))
+}
+
+#[test]
+fn the_server_works_with_only_the_unit_s_capabilities_and_no_new_privileges() {
+    let _g = serial();
+    let before = HostState::now();
+    assert!(std::fs::read_to_string(UNIT)
+        .unwrap()
+        .contains("\nNoNewPrivileges=yes\n"));
+    let set = bounding_set();
+    let wrapper = ["setpriv", "--no-new-privs", &set, "--inh-caps=-all", "--"];
+    // Zygotes on: they are what needs root's uid blocks, so they must work under the set.
+    let server = Server::start_under(
+        &wrapper,
+        scratch_dir("airlock-unit-caps"),
+        "[zygote]\nenabled = true\n",
+        &[],
+        Some(KEY),
+    );
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap()
+            .to_owned()
+    };
+    // CAP_DAC_OVERRIDE(1) CAP_KILL(5) CAP_SETGID(6) CAP_SETUID(7) CAP_SYS_ADMIN(21).
+    assert_eq!(field("CapBnd:"), "00000000002000e2");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while server.metric("airlock_zygotes_ready") < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no zygote became ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let r = call_as(
+        server.addr,
+        KEY,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "print(6 * 7)"})),
+    );
+    assert_eq!(
+        (r.status, r.json()["stdout"].as_str()),
+        (200, Some("42\n")),
+        "{}",
+        r.text()
+    );
+    let opened = call_as(server.addr, KEY, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(opened.status, 201, "{}", opened.text());
+    let id = opened.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sessions/{id}/execute");
+    call_as(
+        server.addr,
+        KEY,
+        "POST",
+        &path,
+        Some(&json!({"code": "x = 2"})),
+    );
+    let r = call_as(
+        server.addr,
+        KEY,
+        "POST",
+        &path,
+        Some(&json!({"code": "print(x + 1)"})),
+    );
+    assert_eq!(r.json()["stdout"], "3\n", "{}", r.text());
+    // A limit is still enforced (the cgroup is written under the set).
+    let r = call_as(
+        server.addr,
+        KEY,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "b = bytearray(400 << 20)", "limits": {"memory_mb": 64}})),
+    );
+    assert_eq!(r.json()["status"], "memory_limit", "{}", r.text());
+    let ready = call_as(server.addr, KEY, "GET", "/readyz", None);
+    assert_eq!(ready.status, 200, "{}", ready.text());
+    // Sandboxes came from zygotes, and none failed.
+    let children = server.metric("airlock_zygote_children_total");
+    assert!(
+        children >= 2.0,
+        "{children}: {}",
+        server.call("GET", "/metrics", None).text()
+    );
+    assert_eq!(server.metric("airlock_zygote_failures_total"), 0.0);
+    assert!(server.stop().success());
+    HostState::now().assert_same_as(&before, &"under the unit's capabilities");
+}
