@@ -12,7 +12,8 @@ fi
 # The sandbox's Python and its packages (function mode returns numpy and pandas values; charts
 # need matplotlib). util-linux/bsdutils: setpriv and script(1) for
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
-# openssl: the egress tests make a certificate for their HTTPS server.
+# openssl: the egress tests make a certificate for their HTTPS server. postgresql, haproxy:
+# the replicas test's store and balancer; systemd: systemd-analyze for the unit's test.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
     postgresql haproxy systemd
 ensure_rust_components rustfmt clippy
