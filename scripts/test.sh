@@ -13,9 +13,10 @@ fi
 # need matplotlib). util-linux/bsdutils: setpriv and script(1) for
 # the tests that run airlock as nobody and under a terminal. time: GNU time for peak memory.
 # openssl: the egress tests make a certificate for their HTTPS server. postgresql, haproxy:
-# the replicas test's store and balancer; systemd: systemd-analyze for the unit's test.
+# the replicas test's store and balancer; systemd: systemd-analyze for the unit's test;
+# runc and containers-common (its default seccomp profile): the pod test's container.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
-    postgresql haproxy systemd
+    postgresql haproxy systemd runc golang-github-containers-common
 ensure_rust_components rustfmt clippy
 # The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
 # tools.rs; the MCP reference server, another tool source of tools.rs.

@@ -66,10 +66,47 @@ fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
         Err(detail) => Check {
             name,
             ok: false,
+            fix: Some(confined_fix(&detail).unwrap_or(fix).to_owned()),
             detail,
-            fix: Some(fix.to_owned()),
         },
     }
+}
+
+/// What a container (or a pod, or a service's sandboxing) withholds, recognised by the error
+/// it causes, and the one relaxation that gives it back (README "Kubernetes").
+fn confined_fix(error: &str) -> Option<&'static str> {
+    let denied = error.contains("Operation not permitted");
+    if error.contains("cgroups") && error.contains("Read-only file system") {
+        return Some(
+            "the cgroup file system is mounted read-only, as a container runtime mounts it: remount it writable in the container before airlock starts (`mount -o remount,rw` on each cgroup mount, which needs CAP_SYS_ADMIN; the pod's command in deploy/kubernetes does it): sandboxes' cgroups go beneath the container's own",
+        );
+    }
+    if denied && (error.contains("open_tree") || error.contains("mount") && error.contains("outer"))
+    {
+        return Some(
+            "CAP_SYS_ADMIN is missing: airlock needs it to build each sandbox's mounts (in a pod: securityContext.capabilities.add SYS_ADMIN; with systemd: CapabilityBoundingSet, as deploy/systemd/airlock.service has it)",
+        );
+    }
+    if denied && error.contains("mount proc") {
+        return Some(
+            "/proc is partly masked or read-only (a container runtime's default): the kernel lets a sandbox mount its own /proc only where the host's is fully visible (in a pod: securityContext.procMount: Unmasked)",
+        );
+    }
+    if denied
+        && (error.contains("setgroups")
+            || error.contains("setresuid")
+            || error.contains("setresgid"))
+    {
+        return Some(
+            "CAP_SETUID or CAP_SETGID is missing: airlock as root needs both to map each sandbox's user namespace (in a pod: securityContext.capabilities.add SETUID, SETGID)",
+        );
+    }
+    if denied && error.contains("user namespace") {
+        return Some(
+            "creating a user namespace is refused: a seccomp profile without unshare and clone's namespace flags (Docker's and containerd's default allow them only with CAP_SYS_ADMIN), an AppArmor profile, or user.max_user_namespaces = 0",
+        );
+    }
+    None
 }
 
 fn describe_layout(layout: &Layout) -> String {

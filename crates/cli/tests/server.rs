@@ -2058,3 +2058,53 @@ fn keys_are_read_again_on_sighup_and_a_bad_file_changes_nothing() {
     assert_eq!(run(first).status, 200);
     assert!(server.stop().success());
 }
+
+#[test]
+fn readyz_answers_a_probe_without_a_key_only_when_configured_and_only_ready_or_not() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(
+        request(server.addr, "GET", "/readyz", &[], None).status,
+        401
+    );
+    drop(server);
+    let server = Server::start("[http]\nreadyz_without_key = true\n", &[]);
+    let probe = request(server.addr, "GET", "/readyz", &[], None);
+    assert_eq!(probe.status, 200, "{}", probe.text());
+    assert_eq!(probe.json(), json!({"ready": true}));
+    // A key gets the reasons; a wrong key is still refused; nothing else opens.
+    let keyed = server.call("GET", "/readyz", None);
+    assert_eq!(keyed.status, 200);
+    assert!(keyed.json().get("reasons").is_some(), "{}", keyed.text());
+    let wrong = request(
+        server.addr,
+        "GET",
+        "/readyz",
+        &[h("Authorization", "Bearer not-a-key-0123456789abcdef")],
+        None,
+    );
+    assert_eq!(wrong.status, 401);
+    for path in ["/metrics", "/v1/tools", "/openapi.json"] {
+        assert_eq!(
+            request(server.addr, "GET", path, &[], None).status,
+            401,
+            "{path}"
+        );
+    }
+    drop(server);
+    // Not ready says so, and why only to a key: every slot taken, no queue.
+    let server = Server::start(
+        "[http]\nreadyz_without_key = true\n[concurrency]\nmax_running = 1\nmax_queue = 0\n",
+        &[],
+    );
+    let busy = in_background(&server, "import time\ntime.sleep(3)", KEY);
+    server.wait_running(1);
+    let probe = request(server.addr, "GET", "/readyz", &[], None);
+    assert_eq!((probe.status, probe.json()), (503, json!({"ready": false})));
+    let keyed = server.call("GET", "/readyz", None).json();
+    assert!(
+        keyed["reasons"][0].as_str().unwrap().contains("full"),
+        "{keyed}"
+    );
+    let _ = busy.join();
+}

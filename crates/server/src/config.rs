@@ -293,6 +293,9 @@ pub struct HttpConfig {
     pub answer_timeout_ms: u64,
     /// See `answer_timeout_ms`. 0 cuts off only clients that take nothing at all.
     pub answer_min_bytes_per_second: u64,
+    /// `GET /readyz` without a key answers `{"ready": ...}` and its status, nothing else (a
+    /// key still gets the reasons): for probes that cannot hold a key, such as Kubernetes'.
+    pub readyz_without_key: bool,
 }
 
 impl Default for HttpConfig {
@@ -306,6 +309,7 @@ impl Default for HttpConfig {
             max_buffered_bytes_per_key: 256 << 20,
             answer_timeout_ms: 10_000,
             answer_min_bytes_per_second: 16 << 10,
+            readyz_without_key: false,
         }
     }
 }

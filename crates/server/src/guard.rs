@@ -110,7 +110,11 @@ fn check(state: &SharedState, route: &str, req: &mut Request) -> Result<Option<R
         return Ok(Some(response));
     }
     let metrics_open = route == "/metrics" && !state.config.metrics.require_auth;
-    if !public && !metrics_open {
+    // A probe without a key learns ready or not; anyone presenting a key is checked.
+    let probe_open = route == "/readyz"
+        && state.config.http.readyz_without_key
+        && !req.headers().contains_key(header::AUTHORIZATION);
+    if !public && !metrics_open && !probe_open {
         let key = authenticate(state, req.headers())?;
         if let Some(Authenticated(flag)) = req.extensions().get::<Authenticated>() {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
