@@ -66,7 +66,7 @@ fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
         Err(detail) => Check {
             name,
             ok: false,
-            fix: Some(confined_fix(&detail).unwrap_or(fix).to_owned()),
+            fix: Some(confined_fix(&detail).unwrap_or_else(|| fix.to_owned())),
             detail,
         },
     }
@@ -74,23 +74,30 @@ fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
 
 /// What a container (or a pod, or a service's sandboxing) withholds, recognised by the error
 /// it causes, and the one relaxation that gives it back (README "Kubernetes").
-fn confined_fix(error: &str) -> Option<&'static str> {
+fn confined_fix(error: &str) -> Option<String> {
     let denied = error.contains("Operation not permitted");
     if error.contains("cgroups") && error.contains("Read-only file system") {
         return Some(
-            "the cgroup file system is mounted read-only, as a container runtime mounts it: remount it writable in the container before airlock starts (`mount -o remount,rw` on each cgroup mount, which needs CAP_SYS_ADMIN; the pod's command in deploy/kubernetes does it): sandboxes' cgroups go beneath the container's own",
+            "the cgroup file system is mounted read-only, as a container runtime mounts it: remount it writable in the container before airlock starts (`mount -o remount,rw` on each cgroup mount, which needs CAP_SYS_ADMIN; the pod's command in deploy/kubernetes does it): sandboxes' cgroups go beneath the container's own".into(),
         );
     }
     if denied && (error.contains("open_tree") || error.contains("mount") && error.contains("outer"))
     {
         return Some(
-            "CAP_SYS_ADMIN is missing: airlock needs it to build each sandbox's mounts (in a pod: securityContext.capabilities.add SYS_ADMIN; with systemd: CapabilityBoundingSet, as deploy/systemd/airlock.service has it)",
+            "CAP_SYS_ADMIN is missing: airlock needs it to build each sandbox's mounts (in a pod: securityContext.capabilities.add SYS_ADMIN; with systemd: CapabilityBoundingSet, as deploy/systemd/airlock.service has it)".into(),
         );
     }
     if denied && error.contains("mount proc") {
-        return Some(
-            "/proc is partly masked or read-only (a container runtime's default): the kernel lets a sandbox mount its own /proc only where the host's is fully visible (in a pod: securityContext.procMount: Unmasked)",
-        );
+        let why = match airlock_sandbox::unmask_proc() {
+            airlock_sandbox::ProcMasks::Kept(why) => why.clone(),
+            other => format!("{other:?}"),
+        };
+        return Some(format!(
+            "/proc is partly covered (a container runtime's masked and read-only paths): the \
+             kernel lets a sandbox mount its own /proc only where the host's is fully visible. \
+             airlock uncovers it in a mount namespace of its own when it runs as root with \
+             CAP_SYS_ADMIN and no AppArmor profile forbids umount; here it could not ({why})"
+        ));
     }
     if denied
         && (error.contains("setgroups")
@@ -98,12 +105,12 @@ fn confined_fix(error: &str) -> Option<&'static str> {
             || error.contains("setresgid"))
     {
         return Some(
-            "CAP_SETUID or CAP_SETGID is missing: airlock as root needs both to map each sandbox's user namespace (in a pod: securityContext.capabilities.add SETUID, SETGID)",
+            "CAP_SETUID or CAP_SETGID is missing: airlock as root needs both to map each sandbox's user namespace (in a pod: securityContext.capabilities.add SETUID, SETGID)".into(),
         );
     }
     if denied && error.contains("user namespace") {
         return Some(
-            "creating a user namespace is refused: a seccomp profile without unshare and clone's namespace flags (Docker's and containerd's default allow them only with CAP_SYS_ADMIN), an AppArmor profile, or user.max_user_namespaces = 0",
+            "creating a user namespace is refused: a seccomp profile without unshare and clone's namespace flags (Docker's and containerd's default allow them only with CAP_SYS_ADMIN), an AppArmor profile, or user.max_user_namespaces = 0".into(),
         );
     }
     None
@@ -217,6 +224,29 @@ pub fn main(args: DoctorArgs) -> ExitCode {
 
     let mut enforced = Vec::new();
     let mechanisms_ok = checks.iter().all(|c| c.ok);
+    // Only in a container (or wherever something covers part of /proc) is there a line; the
+    // trial runs either way, and its error says what a covered /proc does to it.
+    match airlock_sandbox::unmask_proc() {
+        airlock_sandbox::ProcMasks::None => {}
+        airlock_sandbox::ProcMasks::Removed(covers) => checks.push(check(
+            "/proc",
+            Ok(format!(
+                "{} covered (a container's masks); uncovered in airlock's own mount namespace",
+                covers.join(", ")
+            )),
+            "",
+        )),
+        airlock_sandbox::ProcMasks::Kept(why) => checks.push(check(
+            "/proc",
+            Err(format!(
+                "partly covered, and airlock cannot uncover it: {why}"
+            )),
+            "run airlock as root with CAP_SYS_ADMIN, under no AppArmor profile that forbids mount \
+             and umount (a pod: appArmorProfile Unconfined), which its sandboxes need anyway; \
+             a runtime that leaves /proc unmasked (a pod: procMount: Unmasked) also does",
+        )),
+    }
+
     let run = match (&engine, mechanisms_ok) {
         (Ok(engine), true) => trial_run(engine, &mut enforced),
         (Ok(_), false) => Err("skipped: a mechanism above is missing".into()),

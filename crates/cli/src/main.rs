@@ -49,6 +49,8 @@ pub const EXIT_AIRLOCK: u8 = 125;
 fn main() -> ExitCode {
     // The sandbox's init is this binary re-executed; it must not get past this line.
     airlock_sandbox::run_if_init();
+    // Before any thread starts: in a container, /proc's covers go from airlock's own view.
+    airlock_sandbox::unmask_proc();
     let cli = Cli::parse();
     let code = match cli.command {
         Commands::Run(args) => run::main(*args),

@@ -2,8 +2,9 @@
 //! machine's own root file system bound read-only, the capabilities containerd gives a
 //! container, a runtime's default seccomp profile (containers-common's, CRI-O's default),
 //! masked and read-only `/proc` paths, `/sys/fs/cgroup` read-only, no_new_privs; then the
-//! relaxations airlock needs, one at a time. Without each, `airlock doctor` names what fails
-//! and how to give it back; with all, doctor passes and the jail tests pass inside.
+//! relaxations airlock needs: CAP_SYS_ADMIN, and the cgroups remounted writable. Without
+//! each, `airlock doctor` names what fails and how to give it back; with both, doctor passes
+//! and the jail tests pass inside, /proc masked as the runtime masks it.
 
 mod common;
 
@@ -44,20 +45,27 @@ struct Relaxations {
     /// told to do; Kubernetes cannot), so that the other checks are reached without it.
     runtime_cgroups_rw: bool,
     sys_admin: bool,
-    /// No masked or read-only paths under /proc.
+    /// No masked or read-only paths under /proc (what procMount: Unmasked asks for).
     proc_unmasked: bool,
+    /// Not a relaxation: `umount2` refused by the seccomp profile, as an AppArmor profile
+    /// that forbids umount (the container default) would refuse it; sandboxes need it too,
+    /// so this only shows what doctor says.
+    deny_umount: bool,
 }
 
-const ALL: Relaxations = Relaxations {
+/// What airlock needs in a pod: CAP_SYS_ADMIN, and the cgroups remounted writable. /proc
+/// stays masked: airlock uncovers it in its own mount namespace.
+const NEEDED: Relaxations = Relaxations {
     cgroups_writable: true,
     runtime_cgroups_rw: false,
     sys_admin: true,
-    proc_unmasked: true,
+    proc_unmasked: false,
+    deny_umount: false,
 };
 
 /// The runtime's default profile for these capabilities, in the OCI form: each rule kept
 /// when the capabilities and architecture it is conditioned on hold (as CRI-O does).
-fn runtime_seccomp(caps: &[&str]) -> Value {
+fn runtime_seccomp(caps: &[&str], deny_umount: bool) -> Value {
     let profile: Value = serde_json::from_str(
         &std::fs::read_to_string(RUNTIME_SECCOMP).expect("containers-common's seccomp.json"),
     )
@@ -87,7 +95,13 @@ fn runtime_seccomp(caps: &[&str]) -> Value {
         if has(&exc["caps"]).iter().any(|c| caps.contains(&c.as_str())) {
             continue;
         }
-        let mut r = json!({"names": rule["names"], "action": rule["action"]});
+        let names: Vec<&Value> = rule["names"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| !(deny_umount && matches!(n.as_str(), Some("umount2" | "umount"))))
+            .collect();
+        let mut r = json!({"names": names, "action": rule["action"]});
         if rule["args"].as_array().is_some_and(|a| !a.is_empty()) {
             r["args"] = rule["args"].clone();
         }
@@ -95,6 +109,11 @@ fn runtime_seccomp(caps: &[&str]) -> Value {
             r["errnoRet"] = errno.clone();
         }
         rules.push(r);
+    }
+    if deny_umount {
+        rules.push(
+            json!({"names": ["umount2", "umount"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}),
+        );
     }
     json!({
         "defaultAction": profile["defaultAction"],
@@ -183,7 +202,7 @@ fn bundle(dir: &Path, relax: Relaxations, args: &[String]) {
         linux.insert("maskedPaths".into(), json!([]));
         linux.insert("readonlyPaths".into(), json!([]));
     }
-    linux.insert("seccomp".into(), runtime_seccomp(&caps));
+    linux.insert("seccomp".into(), runtime_seccomp(&caps, relax.deny_umount));
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
 }
 
@@ -284,19 +303,33 @@ fn in_a_container_with_a_pod_s_defaults_doctor_names_each_missing_relaxation() {
     assert_eq!(f.len(), 1, "{report:#}");
     assert_eq!(f[0].0, "sandbox");
     assert!(f[0].1.contains("CAP_SYS_ADMIN is missing"), "{f:?}");
-    // Cgroups and CAP_SYS_ADMIN, /proc masked: the sandbox's own /proc cannot be mounted.
+    // What airlock needs: every check passes, the zygote's included, with /proc masked as
+    // the runtime masks it (doctor says it was uncovered in airlock's own view).
+    let report = doctor(NEEDED);
+    assert_eq!(report["ok"], true, "{report:#}");
+    let proc = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "/proc");
+    assert!(
+        proc.is_some_and(|c| c["detail"].as_str().unwrap().contains("/proc/sys")),
+        "{report:#}"
+    );
+    // Where umount is refused (an AppArmor profile would), /proc stays covered: doctor
+    // names it, and the sandbox's /proc cannot be mounted.
     let report = doctor(Relaxations {
-        cgroups_writable: true,
-        sys_admin: true,
-        ..none
+        deny_umount: true,
+        ..NEEDED
     });
     let f = failed(&report);
-    assert_eq!(f.len(), 1, "{report:#}");
+    assert_eq!(f[0].0, "/proc", "{report:#}");
     assert!(f[0].1.contains("procMount: Unmasked"), "{f:?}");
-
-    // With all three: every check passes, the zygote's included.
-    let report = doctor(ALL);
-    assert_eq!(report["ok"], true, "{report:#}");
+    assert!(
+        f.iter()
+            .any(|(name, fix)| name == "sandbox" && fix.contains("uncovers it")),
+        "{f:?}"
+    );
     HostState::now().assert_same_as(&before, &"doctor in containers");
 }
 
@@ -332,7 +365,7 @@ fn with_the_relaxations_the_jail_tests_pass_inside_the_container() {
         let bin = test_binary(name);
         // The core-dump test sets the host's core_pattern, which a container cannot.
         let out = in_pod(
-            ALL,
+            NEEDED,
             &format!(
                 "exec {} --test-threads=2 --skip a_crash_starts_no_core_dump_helper_on_the_host",
                 bin.display()

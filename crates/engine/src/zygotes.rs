@@ -134,8 +134,7 @@ impl Zygotes {
     pub(crate) fn new(config: ZygoteConfig) -> Arc<Zygotes> {
         let library = match &config.library {
             Some(path) => Ok(path.clone()),
-            None => std::env::current_exe()
-                .ok()
+            None => airlock_sandbox::own_exe()
                 .and_then(|exe| airlock_sandbox::library_beside(&exe))
                 .ok_or_else(|| {
                     format!(

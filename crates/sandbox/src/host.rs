@@ -98,3 +98,75 @@ fn probe_seccomp() -> Result<(), String> {
     }
     Filters::shared().map(drop).map_err(|e| e.to_string())
 }
+
+/// What [`unmask_proc`] found and did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProcMasks {
+    /// Nothing covers part of /proc.
+    None,
+    /// These covers were removed in airlock's own mount namespace.
+    Removed(Vec<String>),
+    /// Covers are there and stay, for this reason: sandboxes cannot mount their /proc.
+    Kept(String),
+}
+
+static PROC_MASKS: OnceLock<ProcMasks> = OnceLock::new();
+
+/// This program's path, read before [`unmask_proc`] moves it to another mount namespace
+/// (where /proc/self/exe may name it from the old one's root).
+static OWN_EXE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+
+/// This program's path (for what lives beside it, such as the zygote's library).
+pub fn own_exe() -> Option<std::path::PathBuf> {
+    OWN_EXE.get_or_init(|| std::env::current_exe().ok()).clone()
+}
+
+/// A container runtime covers parts of /proc (masked paths such as /proc/kcore, a read-only
+/// /proc/sys), and the kernel then refuses a user namespace a fresh /proc of its own, which
+/// each sandbox's PID namespace needs. Run as root with CAP_SYS_ADMIN, airlock moves itself
+/// into a mount namespace of its own (a slave of the container's, so nothing propagates
+/// back) and removes the covers there: the container's other processes keep them, and a
+/// sandbox still sees only its own `subset=pid` /proc. A mount namespace belongs to a
+/// thread, so this runs before any thread starts; later calls return the first answer.
+pub fn unmask_proc() -> &'static ProcMasks {
+    PROC_MASKS.get_or_init(|| {
+        own_exe();
+        let covers = proc_covers();
+        if covers.is_empty() {
+            return ProcMasks::None;
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return ProcMasks::Kept(format!(
+                "{} are covered, and only root can uncover them",
+                covers.join(", ")
+            ));
+        }
+        if let Err(e) = sys::private_mount_namespace() {
+            return ProcMasks::Kept(format!("a mount namespace of airlock's own: {e}"));
+        }
+        let failed: Vec<String> = covers
+            .iter()
+            .rev() // deepest first: mountinfo lists a mount after the one it sits on
+            .filter_map(|c| sys::detach_mount(c).err().map(|e| format!("{c}: {e}")))
+            .collect();
+        match (failed.is_empty(), proc_covers().is_empty()) {
+            (true, true) => ProcMasks::Removed(covers),
+            _ => ProcMasks::Kept(format!("unmounting {}", failed.join(", "))),
+        }
+    })
+}
+
+/// Mount points beneath /proc, in mountinfo's order; binfmt_misc (and its automount) sits
+/// on an empty directory, which the kernel does not count as hiding anything.
+fn proc_covers() -> Vec<String> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let point = l.split(' ').nth(4)?;
+            let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
+            let hides = point.starts_with("/proc/") && !matches!(fstype, "autofs" | "binfmt_misc");
+            hides.then(|| point.replace("\\040", " "))
+        })
+        .collect()
+}

@@ -55,7 +55,7 @@ pub use cgroup::{
     cleanup_failures, remove_leftovers, settle, time_v2_placements, CgroupError, CgroupVersion,
     Layout, Placement, SANDBOX_PREFIX,
 };
-pub use host::{host_support, HostSupport};
+pub use host::{host_support, own_exe, unmask_proc, HostSupport, ProcMasks};
 pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
 pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
 pub use proto::{LandlockReport, LandlockState};

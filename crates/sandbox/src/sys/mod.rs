@@ -708,3 +708,24 @@ impl PythonFork {
         }
     }
 }
+
+/// Moves the calling thread into a new mount namespace whose mounts receive the parent
+/// namespace's events but send none back (`MS_SLAVE`, recursively).
+pub fn private_mount_namespace() -> io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )?;
+    Ok(())
+}
+
+/// Detaches the mount at `path` (`umount2(MNT_DETACH)`).
+pub fn detach_mount(path: &str) -> io::Result<()> {
+    nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH)?;
+    Ok(())
+}
