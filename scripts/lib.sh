@@ -81,6 +81,17 @@ ensure_schemathesis() {
     ensure_pinned_venv "$SCHEMATHESIS_VENV" schemathesis "$SCHEMATHESIS_VERSION"
 }
 
+# kubernetes-validate (PyPI): the Kubernetes API's schemas, offline, for the manifests'
+# test (crates/cli/tests/deploy.rs); and kubectl for `kubectl kustomize` (Debian's
+# kubernetes-client where the machine has no kubectl).
+KUBERNETES_VALIDATE_VENV=target/kubernetes-validate
+KUBERNETES_VALIDATE_VERSION=1.37.0
+
+ensure_kubernetes_tools() {
+    ensure_pinned_venv "$KUBERNETES_VALIDATE_VENV" kubernetes-validate "$KUBERNETES_VALIDATE_VERSION"
+    command -v kubectl >/dev/null || ensure_debian_packages kubernetes-client
+}
+
 # ensure_pinned_venv DIR PACKAGE VERSION: a venv of Debian's Python in DIR holding
 # PACKAGE==VERSION, made afresh when it holds another version.
 ensure_pinned_venv() {

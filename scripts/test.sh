@@ -26,6 +26,8 @@ ensure_mcp_everything
 ensure_python_client
 # schemathesis, the API fuzzer of crates/cli/tests/openapi.rs.
 ensure_schemathesis
+# kubectl kustomize and kubernetes-validate, for deploy/kubernetes (crates/cli/tests/deploy.rs).
+ensure_kubernetes_tools
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::http::{call_as, Server, KEY};
@@ -170,4 +170,124 @@ fn the_server_works_with_only_the_unit_s_capabilities_and_no_new_privileges() {
     assert_eq!(server.metric("airlock_zygote_failures_total"), 0.0);
     assert!(server.stop().success());
     HostState::now().assert_same_as(&before, &"under the unit's capabilities");
+}
+
+const KUBERNETES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/kubernetes");
+
+fn kustomize(dir: &str) -> String {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(format!("{KUBERNETES}/{dir}"))
+        .output()
+        .expect("kubectl (scripts/test.sh: ensure_kubernetes_tools)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn the_kubernetes_manifests_build_and_match_the_api_s_schemas() {
+    let validate = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/kubernetes-validate/bin/kubernetes-validate");
+    assert!(
+        validate.exists(),
+        "kubernetes-validate is not installed: run `bash -c '. scripts/lib.sh && ensure_kubernetes_tools'`"
+    );
+    let dir = scratch_dir("airlock-k8s");
+    std::fs::create_dir_all(&dir).unwrap();
+    for overlay in ["base", "gvisor"] {
+        let yaml = kustomize(overlay);
+        let file = dir.join(format!("{overlay}.yaml"));
+        std::fs::write(&file, &yaml).unwrap();
+        // Strict: an unknown or misplaced field fails, against the oldest API the manifests
+        // need (appArmorProfile: 1.30).
+        let out = Command::new(&validate)
+            .args(["--strict", "-k", "1.30"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !said.contains("ERROR"),
+            "{overlay}: {said}"
+        );
+        for kind in [
+            "Namespace",
+            "StatefulSet",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "HorizontalPodAutoscaler",
+            "NetworkPolicy",
+            "ConfigMap",
+        ] {
+            assert!(
+                yaml.contains(&format!("\nkind: {kind}\n")),
+                "{overlay} has no {kind}"
+            );
+        }
+        assert_eq!(
+            yaml.contains("runtimeClassName: gvisor"),
+            overlay == "gvisor"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The pod's capabilities are the systemd unit's, its probes the server's.
+    let sts = std::fs::read_to_string(format!("{KUBERNETES}/base/statefulset.yaml")).unwrap();
+    let unit = std::fs::read_to_string(UNIT).unwrap();
+    let unit_caps: Vec<&str> = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
+        .unwrap()
+        .split_whitespace()
+        .map(|c| c.trim_start_matches("CAP_"))
+        .collect();
+    assert_eq!(pod_capabilities(&sts), unit_caps);
+    for needed in [
+        "drop: [ALL]",
+        "allowPrivilegeEscalation: false",
+        "readOnlyRootFilesystem: true",
+        "type: RuntimeDefault",
+        "path: /healthz",
+        "path: /readyz",
+        "fieldPath: metadata.name",
+        "prometheus.io/scrape: \"true\"",
+    ] {
+        assert!(sts.contains(needed), "the StatefulSet lacks {needed}");
+    }
+    assert!(!sts.contains("procMount: Unmasked") && !sts.contains("privileged: true"));
+
+    // The pods' configuration is one the server accepts, keyless probes and all.
+    let config = format!("{KUBERNETES}/base/airlock.toml");
+    let out = airlock()
+        .args(["serve", "--print-config", "--config", &config])
+        .env("AIRLOCK_REPLICA", "airlock-0")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("readyz_without_key = true")
+            && printed.contains("replica = \"airlock-0\"")
+    );
+}
+
+/// The capabilities the StatefulSet adds (`add: [A, B]`).
+pub fn pod_capabilities(statefulset: &str) -> Vec<&str> {
+    statefulset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .expect("the StatefulSet adds capabilities")
+        .split(", ")
+        .collect()
 }

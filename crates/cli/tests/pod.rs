@@ -32,6 +32,35 @@ const DEFAULT_CAPS: [&str; 14] = [
     "CAP_AUDIT_WRITE",
 ];
 
+const STATEFULSET: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/kubernetes/base/statefulset.yaml"
+);
+
+/// The capabilities the StatefulSet adds (it drops all others), as `CAP_` names.
+fn manifest_capabilities(statefulset: &str) -> Vec<String> {
+    assert!(statefulset.contains("drop: [ALL]"));
+    statefulset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .expect("the StatefulSet adds capabilities")
+        .split(", ")
+        .map(|c| format!("CAP_{c}"))
+        .collect()
+}
+
+/// The StatefulSet's remount of the cgroup file system, as its command runs it.
+fn manifest_remount() -> String {
+    std::fs::read_to_string(STATEFULSET)
+        .unwrap()
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("for m in $(findmnt"))
+        .expect("the StatefulSet remounts the cgroups")
+        .to_owned()
+}
+
 /// containers-common's default profile (Debian's golang-github-containers-common).
 const RUNTIME_SECCOMP: &str = "/usr/share/containers/seccomp.json";
 
@@ -39,11 +68,13 @@ const RUNTIME_SECCOMP: &str = "/usr/share/containers/seccomp.json";
 #[derive(Clone, Copy, Default)]
 struct Relaxations {
     /// The cgroup file system remounted writable by the container's command (which needs
-    /// CAP_SYS_ADMIN).
+    /// CAP_SYS_ADMIN): the StatefulSet's command.
     cgroups_writable: bool,
     /// The cgroup file system mounted writable by the runtime (what some runtimes can be
     /// told to do; Kubernetes cannot), so that the other checks are reached without it.
     runtime_cgroups_rw: bool,
+    /// The capabilities the StatefulSet gives (all others dropped) instead of the runtime's
+    /// defaults (which lack CAP_SYS_ADMIN).
     sys_admin: bool,
     /// No masked or read-only paths under /proc (what procMount: Unmasked asks for).
     proc_unmasked: bool,
@@ -53,8 +84,9 @@ struct Relaxations {
     deny_umount: bool,
 }
 
-/// What airlock needs in a pod: CAP_SYS_ADMIN, and the cgroups remounted writable. /proc
-/// stays masked: airlock uncovers it in its own mount namespace.
+/// What airlock needs in a pod, as deploy/kubernetes/base/statefulset.yaml gives it: its five
+/// capabilities, and the cgroups remounted writable. /proc stays masked: airlock uncovers it
+/// in its own mount namespace.
 const NEEDED: Relaxations = Relaxations {
     cgroups_writable: true,
     runtime_cgroups_rw: false,
@@ -156,10 +188,13 @@ fn bundle(dir: &Path, relax: Relaxations, args: &[String]) {
     assert!(spec.success());
     let mut config: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let mut caps: Vec<&str> = DEFAULT_CAPS.to_vec();
-    if relax.sys_admin {
-        caps.push("CAP_SYS_ADMIN");
-    }
+    let statefulset = std::fs::read_to_string(STATEFULSET).unwrap();
+    let caps: Vec<String> = if relax.sys_admin {
+        manifest_capabilities(&statefulset)
+    } else {
+        DEFAULT_CAPS.iter().map(|c| (*c).to_owned()).collect()
+    };
+    let caps: Vec<&str> = caps.iter().map(String::as_str).collect();
     config["process"] = json!({
         "terminal": false,
         "user": {"uid": 0, "gid": 0},
@@ -213,10 +248,9 @@ fn in_pod(relax: Relaxations, command: &str) -> Output {
     let n = N.fetch_add(1, Ordering::Relaxed);
     let dir = scratch_dir(&format!("pod-bundle-{n}"));
     let remount = if relax.cgroups_writable {
-        // What the pod's command does: the cgroup mounts, its own subtree, writable.
-        "for m in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do mount -o remount,rw,bind \"$m\"; done; "
+        manifest_remount() + "\n"
     } else {
-        ""
+        String::new()
     };
     bundle(
         &dir,

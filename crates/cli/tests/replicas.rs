@@ -157,24 +157,32 @@ struct Haproxy {
     dir: PathBuf,
 }
 
+/// deploy/kubernetes/base/haproxy.cfg, the router the Kubernetes manifests run, with
+/// loopback addresses for the replicas' names and the lines of replicas not started dropped.
 fn haproxy_config(port: u16, replicas: &[(&str, u16)]) -> String {
-    let mut cfg = format!(
-        "global\n    maxconn 256\ndefaults\n    mode http\n    timeout connect 5s\n    \
-         timeout client 60s\n    timeout server 60s\nfrontend api\n    bind 127.0.0.1:{port}\n"
-    );
-    for (name, _) in replicas {
-        cfg += &format!(
-            "    acl id_on_{name} path_reg ^/v1/(sessions|executions)/[a-z]+_{name}_\n    \
-             use_backend replica_{name} if id_on_{name}\n"
-        );
+    let shipped = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/kubernetes/base/haproxy.cfg"
+    ))
+    .unwrap();
+    assert!(shipped.contains("\n    bind :8080\n"));
+    let mut cfg = String::new();
+    for line in shipped.lines() {
+        let named = (0..8).find(|n| line.contains(&format!("airlock-{n}")));
+        if named.is_some_and(|n| n >= replicas.len()) {
+            continue;
+        }
+        let mut line = line.replace("bind :8080", &format!("bind 127.0.0.1:{port}"));
+        for (name, p) in replicas {
+            line = line.replace(
+                &format!("{name}.airlock-replicas.airlock.svc.cluster.local:8080"),
+                &format!("127.0.0.1:{p}"),
+            );
+        }
+        cfg += &line;
+        cfg.push('\n');
     }
-    cfg += "    default_backend any\nbackend any\n    balance roundrobin\n";
-    for (name, p) in replicas {
-        cfg += &format!("    server {name} 127.0.0.1:{p}\n");
-    }
-    for (name, p) in replicas {
-        cfg += &format!("backend replica_{name}\n    server {name} 127.0.0.1:{p}\n");
-    }
+    assert!(!cfg.contains("svc.cluster.local"), "{cfg}");
     cfg
 }
 
@@ -232,7 +240,7 @@ fn replica_config(name: &str, pg: &Postgres, password_file: Option<&Path>) -> St
 fn start_replica(name: &str, port: u16, dir: PathBuf, pg: &Postgres) -> Server {
     // One replica reads the password from a file, the others from the environment.
     let listen = format!("127.0.0.1:{port}");
-    if name == "r0" {
+    if name == "airlock-0" {
         let file = pg.dir.join("pw");
         Server::start_in(
             dir,
@@ -270,7 +278,7 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
     let _g = serial();
     let pg = Postgres::start(); // its shared memory segment is no sandbox's
     let before = HostState::now();
-    let names = ["r0", "r1", "r2"];
+    let names = ["airlock-0", "airlock-1", "airlock-2"];
     let ports: Vec<u16> = names.iter().map(|_| free_port()).collect();
     let mut replicas: Vec<Option<Server>> = names
         .iter()
@@ -370,8 +378,8 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
     // Nothing runs now: nothing is left of the executions and the session.
     HostState::now().assert_same_as(&before, &"three replicas, idle");
 
-    // r1 is killed in the middle of an execution, with a session open; the execution's
-    // record is written by r1 when it comes back, and the session is lost, not unknown.
+    // airlock-1 is killed in the middle of an execution, with a session open; the execution's
+    // record is written by airlock-1 when it comes back, and the session is lost, not unknown.
     let r1 = replicas[1].take().unwrap();
     let (status, opened) = call(r1.addr, "POST", "/v1/sessions", Some(&json!({})));
     assert_eq!(status, 201, "{opened}");
@@ -387,7 +395,7 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
     });
     // Its `started` row is committed about a round trip after it starts.
     let unended = "SELECT coalesce(string_agg(execution_id, ','), '') FROM airlock_audit s \
-        WHERE event = 'started' AND replica = 'r1' AND NOT EXISTS (SELECT 1 FROM airlock_audit r \
+        WHERE event = 'started' AND replica = 'airlock-1' AND NOT EXISTS (SELECT 1 FROM airlock_audit r \
         WHERE r.execution_id = s.execution_id AND r.event = 'record')";
     let deadline = Instant::now() + Duration::from_secs(20);
     while pg.query(unended).is_empty() {
@@ -399,7 +407,7 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
     let _ = runner.join();
     let open = pg.query(unended);
     assert!(
-        open.starts_with("ex_r1_"),
+        open.starts_with("ex_airlock-1_"),
         "the killed execution has no record yet: {open:?}"
     );
     // Meanwhile the balancer's other replicas keep serving.
@@ -410,7 +418,7 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
         Some(&json!({"code": "1"})),
     );
     assert_eq!(status, 200);
-    replicas[1] = Some(start_replica("r1", ports[1], dir, &pg));
+    replicas[1] = Some(start_replica("airlock-1", ports[1], dir, &pg));
     // The killed replica's sandboxes die with it; their processes stay as zombies on a host
     // whose PID 1 does not reap orphans, so the final check compares with now.
     std::thread::sleep(Duration::from_secs(1));
@@ -513,7 +521,7 @@ fn a_replica_refuses_to_start_on_a_store_it_cannot_use() {
 fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
     let _g = serial();
     let mut pg = Postgres::start();
-    let server = start_replica("r0", free_port(), replica_dir("r0"), &pg);
+    let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
     let run = |code: &str| {
         call(
             server.addr,
