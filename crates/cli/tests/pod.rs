@@ -216,17 +216,19 @@ fn bundle(dir: &Path, relax: Relaxations, args: &[String]) {
             m["options"] = json!(["nosuid", "noexec", "nodev", "relatime", "rw"]);
         }
     }
-    let mut binds: Vec<PathBuf> = vec!["/usr".into(), "/etc".into()];
-    binds.extend(project_paths());
-    for path in binds {
-        mounts.push(json!({"destination": path, "type": "bind", "source": path,
-            "options": ["rbind", "ro", "nosuid", "nodev"]}));
-    }
+    // Scratch space first: the project may live beneath one of these (a clone in /tmp),
+    // and its bind must land on top.
     for path in ["/tmp", "/root", "/var/tmp", "/run"] {
         mounts.push(
             json!({"destination": path, "type": "tmpfs", "source": "tmpfs",
             "options": ["nosuid", "nodev", "mode=1777"]}),
         );
+    }
+    let mut binds: Vec<PathBuf> = vec!["/usr".into(), "/etc".into()];
+    binds.extend(project_paths());
+    for path in binds {
+        mounts.push(json!({"destination": path, "type": "bind", "source": path,
+            "options": ["rbind", "ro", "nosuid", "nodev"]}));
     }
     let linux = config["linux"].as_object_mut().unwrap();
     linux["namespaces"]

@@ -55,6 +55,12 @@ fn pg_bin(name: &str) -> PathBuf {
 
 impl Postgres {
     fn start() -> Postgres {
+        Postgres::start_with(false)
+    }
+
+    /// With `tls`, the server offers TLS with a certificate for 127.0.0.1 signed by a CA of
+    /// the test's own (`ca.crt` in its directory).
+    fn start_with(tls: bool) -> Postgres {
         let dir = scratch_dir("airlock-pg");
         let data = dir.join("data");
         std::fs::write(dir.join("pw"), DB_PASSWORD).unwrap();
@@ -79,6 +85,22 @@ impl Postgres {
             "initdb: {}",
             String::from_utf8_lossy(&initdb.stderr)
         );
+        if tls {
+            make_certificates(&dir);
+            let conf = data.join("postgresql.conf");
+            let mut text = std::fs::read_to_string(&conf).unwrap();
+            text += &format!(
+                "ssl = on\nssl_cert_file = '{0}/server.crt'\nssl_key_file = '{0}/server.key'\n",
+                dir.display()
+            );
+            std::fs::write(&conf, text).unwrap();
+            let chown = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .unwrap();
+            assert!(chown.success());
+        }
         let port = free_port();
         let child = Postgres::spawn(&dir, port);
         Postgres { child, dir, port }
@@ -147,6 +169,76 @@ impl Drop for Postgres {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A CA and a server certificate for 127.0.0.1 it signs, in `dir`.
+fn make_certificates(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=airlock test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.crt",
+    ]);
+    std::fs::set_permissions(
+        dir.join("server.key"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
 }
 
 /// HAProxy routing on the replica in `/v1/sessions/<id>` and `/v1/executions/<id>`, the
@@ -581,4 +673,70 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
         pg.query("SELECT count(*) FROM airlock_audit WHERE event = 'audit_resumed'"),
         "1"
     );
+}
+
+#[test]
+fn the_store_speaks_tls_verified_against_the_configured_ca_and_sslmode_require_refuses_less() {
+    let _g = serial();
+    let pg = Postgres::start_with(true);
+    let ca = pg.dir.join("ca.crt");
+    let url = format!("{}?sslmode=require", pg.url());
+    let config =
+        |extra: &str| format!("replica = \"airlock-0\"\n[store]\nurl = \"{url}\"\n{extra}");
+    let env = [("AIRLOCK_STORE_PASSWORD", DB_PASSWORD)];
+    // Verified against the test's CA: it works, and the server sees TLS.
+    let server = Server::start_in(
+        replica_dir("airlock-0"),
+        &config(&format!("ca_file = \"{}\"\n", ca.display())),
+        &env,
+        Some(KEY),
+    );
+    let (status, r) = call(
+        server.addr,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "print(5)"})),
+    );
+    assert_eq!((status, &r["stdout"]), (200, &json!("5\n")), "{r}");
+    let encrypted = pg.query(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+         WHERE application_name = 'airlock' AND ssl",
+    );
+    assert_ne!(encrypted, "0");
+    assert_eq!(
+        pg.query(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+             WHERE application_name = 'airlock' AND NOT ssl"
+        ),
+        "0"
+    );
+    assert!(server.stop().success());
+
+    let refused = |config: &str| {
+        let dir = replica_dir("tls-refused");
+        std::fs::write(dir.join("airlock.toml"), config).unwrap();
+        let out = airlock()
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(dir.join("airlock.toml"))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .envs(env)
+            .env("AIRLOCK_API_KEY", KEY)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_ne!(out.status.code(), Some(0));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    // A certificate no known authority signed: refused, saying so.
+    let err = refused(&config(""));
+    assert!(err.contains("TLS") || err.contains("certificate"), "{err}");
+    // sslmode=require against a server without TLS: refused, nothing sent in the clear.
+    let plain = Postgres::start();
+    let err = refused(&format!(
+        "replica = \"airlock-0\"\n[store]\nurl = \"{}?sslmode=require\"\n",
+        plain.url()
+    ));
+    assert!(err.contains("TLS") || err.contains("SSL"), "{err}");
 }

@@ -156,6 +156,10 @@ pub struct StoreConfig {
     pub url: Option<String>,
     /// A file holding the password (a mounted Secret, systemd's credentials directory).
     pub password_file: Option<PathBuf>,
+    /// PEM certificates of the authorities that sign the database's certificate, besides
+    /// the system's (a private CA). TLS is used when the server offers it, and required with
+    /// `sslmode=require` in the URL; the certificate is always verified, name included.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The pickle scanner (`POST /v1/pickle/scan`).
@@ -524,11 +528,12 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Settings that are optional (absent from the defaults' table) but may still be set.
-const OPTIONAL: [&[&str]; 4] = [
+const OPTIONAL: [&[&str]; 5] = [
     &["state_dir"],
     &["replica"],
     &["store", "url"],
     &["store", "password_file"],
+    &["store", "ca_file"],
 ];
 
 fn has_path(tree: &toml::Table, path: &[String]) -> bool {

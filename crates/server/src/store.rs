@@ -21,7 +21,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use airlock_api::ExecutionRecord;
-use postgres::{Client, NoTls};
+use postgres::Client;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::audit::{interrupted, line_of, Recovery, Started};
 use crate::config::Config;
@@ -97,6 +98,40 @@ fn connection(config: &Config) -> std::io::Result<postgres::Config> {
         pg.application_name("airlock");
     }
     Ok(pg)
+}
+
+/// TLS to the database: its certificate verified against the system's authorities and
+/// `store.ca_file`'s, its name against the URL's host. Used when the server offers TLS (the
+/// URL's `sslmode=prefer`, the default), required with `sslmode=require`.
+fn tls(config: &Config) -> std::io::Result<MakeRustlsConnect> {
+    use rustls::pki_types::{pem::PemObject, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(cert);
+    }
+    if let Some(path) = &config.store.ca_file {
+        let named = |e: &dyn std::fmt::Display| {
+            std::io::Error::other(format!("store.ca_file {}: {e}", path.display()))
+        };
+        let pem = std::fs::read(path).map_err(|e| named(&e))?;
+        let mut added = 0;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            roots
+                .add(cert.map_err(|e| named(&e))?)
+                .map_err(|e| named(&e))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(named(&"holds no PEM certificate"));
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(MakeRustlsConnect::new(tls))
 }
 
 fn db_error(what: &str, e: postgres::Error) -> std::io::Error {
@@ -179,6 +214,7 @@ pub struct PgLog {
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Settings to connect again with (reads).
     connect: postgres::Config,
+    tls: MakeRustlsConnect,
     /// The connection records are read with, made when first needed.
     reader: Mutex<Option<Client>>,
     /// This replica's most recent records, by id.
@@ -215,8 +251,9 @@ impl PgLog {
             )
         })?;
         let connect = connection(config)?;
+        let tls = tls(config)?;
         let mut client = connect
-            .connect(NoTls)
+            .connect(tls.clone())
             .map_err(|e| db_error("connecting", e))?;
         migrate(&mut client)?;
         let (recovery, lost_sessions) = recover(&mut client, &replica)?;
@@ -229,16 +266,18 @@ impl PgLog {
             done: Condvar::new(),
         });
         let writer = {
-            let (shared, replica, connect) = (shared.clone(), replica.clone(), connect.clone());
+            let (shared, replica) = (shared.clone(), replica.clone());
+            let (connect, tls) = (connect.clone(), tls.clone());
             std::thread::Builder::new()
                 .name("airlock-store".into())
-                .spawn(move || write_rows(&shared, &replica, &connect, Some(client)))?
+                .spawn(move || write_rows(&shared, &replica, &connect, &tls, Some(client)))?
         };
         let log = PgLog {
             replica,
             shared,
             writer: Mutex::new(Some(writer)),
             connect,
+            tls,
             reader: Mutex::new(None),
             recent: Mutex::default(),
             sync_before_answer: config.audit.sync == crate::audit::AuditSync::Answer,
@@ -360,7 +399,7 @@ impl PgLog {
         }
         let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
         if reader.is_none() {
-            match self.connect.connect(NoTls) {
+            match self.connect.connect(self.tls.clone()) {
                 Ok(client) => *reader = Some(client),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot connect to PostgreSQL to read a record");
@@ -506,7 +545,13 @@ fn recover(
 
 /// The writer: commits queued lines in batches until stopped, connecting again while the
 /// database fails.
-fn write_rows(shared: &Shared, replica: &str, connect: &postgres::Config, client: Option<Client>) {
+fn write_rows(
+    shared: &Shared,
+    replica: &str,
+    connect: &postgres::Config,
+    tls: &MakeRustlsConnect,
+    client: Option<Client>,
+) {
     let mut client = client;
     // Set while commits fail: the first that works writes an `audit_resumed` row first.
     let mut failed_since: Option<String> = None;
@@ -542,7 +587,7 @@ fn write_rows(shared: &Shared, replica: &str, connect: &postgres::Config, client
         let result = match &mut client {
             Some(c) => insert(c, replica, resumed.iter().chain(&batch)),
             None => connect
-                .connect(NoTls)
+                .connect(tls.clone())
                 .map_err(|e| db_error("connecting", e))
                 .and_then(|mut c| {
                     let r = insert(&mut c, replica, resumed.iter().chain(&batch));
