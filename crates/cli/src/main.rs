@@ -49,9 +49,12 @@ pub const EXIT_AIRLOCK: u8 = 125;
 fn main() -> ExitCode {
     // The sandbox's init is this binary re-executed; it must not get past this line.
     airlock_sandbox::run_if_init();
-    // Before any thread starts: in a container, /proc's covers go from airlock's own view.
-    airlock_sandbox::unmask_proc();
     let cli = Cli::parse();
+    // Before any thread starts, for the commands that build sandboxes: in a container,
+    // /proc's covers go from airlock's own view (README "Kubernetes").
+    if !matches!(cli.command, Commands::Eval(_) | Commands::Pickle(_)) {
+        airlock_sandbox::unmask_proc();
+    }
     let code = match cli.command {
         Commands::Run(args) => run::main(*args),
         Commands::Serve(args) => serve::main(args),

@@ -247,7 +247,7 @@ fn the_kubernetes_manifests_build_and_match_the_api_s_schemas() {
         .split_whitespace()
         .map(|c| c.trim_start_matches("CAP_"))
         .collect();
-    assert_eq!(pod_capabilities(&sts), unit_caps);
+    assert_eq!(statefulset_capabilities(&sts), unit_caps);
     for needed in [
         "drop: [ALL]",
         "allowPrivilegeEscalation: false",
@@ -279,15 +279,4 @@ fn the_kubernetes_manifests_build_and_match_the_api_s_schemas() {
         printed.contains("readyz_without_key = true")
             && printed.contains("replica = \"airlock-0\"")
     );
-}
-
-/// The capabilities the StatefulSet adds (`add: [A, B]`).
-pub fn pod_capabilities(statefulset: &str) -> Vec<&str> {
-    statefulset
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("add: ["))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .expect("the StatefulSet adds capabilities")
-        .split(", ")
-        .collect()
 }

@@ -40,12 +40,8 @@ const STATEFULSET: &str = concat!(
 /// The capabilities the StatefulSet adds (it drops all others), as `CAP_` names.
 fn manifest_capabilities(statefulset: &str) -> Vec<String> {
     assert!(statefulset.contains("drop: [ALL]"));
-    statefulset
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("add: ["))
-        .and_then(|rest| rest.strip_suffix(']'))
-        .expect("the StatefulSet adds capabilities")
-        .split(", ")
+    statefulset_capabilities(statefulset)
+        .iter()
         .map(|c| format!("CAP_{c}"))
         .collect()
 }

@@ -321,7 +321,11 @@ impl Drop for Haproxy {
 }
 
 fn replica_config(name: &str, pg: &Postgres, password_file: Option<&Path>) -> String {
-    let mut cfg = format!("replica = \"{name}\"\n[store]\nurl = \"{}\"\n", pg.url());
+    // HAProxy checks /readyz without a key, as the Kubernetes configuration lets it.
+    let mut cfg = format!(
+        "replica = \"{name}\"\n[http]\nreadyz_without_key = true\n[store]\nurl = \"{}\"\n",
+        pg.url()
+    );
     if let Some(file) = password_file {
         cfg += &format!("password_file = \"{}\"\n", file.display());
     }
@@ -557,44 +561,47 @@ fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_re
     HostState::now().assert_same_as(&before, &"three replicas stopped");
 }
 
+/// `airlock serve` with `config` in a scratch directory, until it exits: its exit code and
+/// what it said (for configurations that must not start).
+fn start_once(config: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let dir = replica_dir("once");
+    std::fs::write(dir.join("airlock.toml"), config).unwrap();
+    let out = airlock()
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(dir.join("airlock.toml"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .envs(env.iter().copied())
+        .env("AIRLOCK_API_KEY", KEY)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn a_replica_refuses_to_start_on_a_store_it_cannot_use() {
     let _g = serial();
     let pg = Postgres::start();
-    let start = |config: &str, env: &[(&str, &str)]| {
-        let dir = replica_dir("bad");
-        std::fs::write(dir.join("airlock.toml"), config).unwrap();
-        let out = airlock()
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(dir.join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .envs(env.iter().copied())
-            .env("AIRLOCK_API_KEY", KEY)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
     let url = pg.url();
     // No replica name: the store could not tell its executions from another replica's.
-    let (code, err) = start(&format!("[store]\nurl = \"{url}\"\n"), &[]);
+    let (code, err) = start_once(&format!("[store]\nurl = \"{url}\"\n"), &[]);
     assert_ne!(code, Some(0));
     assert!(err.contains("replica"), "{err}");
     // A password in the URL would be printed by --print-config.
     let with_password = url.replace("airlock@", "airlock:secret@");
-    let (code, err) = start(
+    let (code, err) = start_once(
         &format!("replica = \"r0\"\n[store]\nurl = \"{with_password}\"\n"),
         &[],
     );
     assert_ne!(code, Some(0));
     assert!(err.contains("password_file"), "{err}");
     // A wrong password: the server's own message, and no start.
-    let (code, err) = start(
+    let (code, err) = start_once(
         &format!("replica = \"r0\"\n[store]\nurl = \"{url}\"\n"),
         &[("AIRLOCK_STORE_PASSWORD", "wrong")],
     );
@@ -603,8 +610,15 @@ fn a_replica_refuses_to_start_on_a_store_it_cannot_use() {
         err.contains("PostgreSQL") && err.contains("password"),
         "{err}"
     );
+    // Another host without sslmode=require: TLS could be turned off on the path.
+    let (code, err) = start_once(
+        "replica = \"r0\"\n[store]\nurl = \"postgres://airlock@db.example:5432/airlock\"\n",
+        &[],
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("sslmode=require"), "{err}");
     // A replica name that is no DNS label.
-    let (code, err) = start("replica = \"R_1\"\n", &[]);
+    let (code, err) = start_once("replica = \"R_1\"\n", &[]);
     assert_ne!(code, Some(0));
     assert!(err.contains("DNS label"), "{err}");
 }
@@ -713,21 +727,9 @@ fn the_store_speaks_tls_verified_against_the_configured_ca_and_sslmode_require_r
     assert!(server.stop().success());
 
     let refused = |config: &str| {
-        let dir = replica_dir("tls-refused");
-        std::fs::write(dir.join("airlock.toml"), config).unwrap();
-        let out = airlock()
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(dir.join("airlock.toml"))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .envs(env)
-            .env("AIRLOCK_API_KEY", KEY)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        assert_ne!(out.status.code(), Some(0));
-        String::from_utf8_lossy(&out.stderr).into_owned()
+        let (code, err) = start_once(config, &env);
+        assert_ne!(code, Some(0));
+        err
     };
     // A certificate no known authority signed: refused, saying so.
     let err = refused(&config(""));

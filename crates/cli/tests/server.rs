@@ -2072,6 +2072,29 @@ fn readyz_answers_a_probe_without_a_key_only_when_configured_and_only_ready_or_n
     let probe = request(server.addr, "GET", "/readyz", &[], None);
     assert_eq!(probe.status, 200, "{}", probe.text());
     assert_eq!(probe.json(), json!({"ready": true}));
+    // The kubelet sends the pod's address as Host: a keyless probe answers any Host.
+    let kubelet = request(
+        server.addr,
+        "GET",
+        "/readyz",
+        &[h("Host", "10.1.2.3:8080")],
+        None,
+    );
+    assert_eq!(kubelet.status, 200, "{}", kubelet.text());
+    let keyed_foreign = request(
+        server.addr,
+        "GET",
+        "/readyz",
+        &[
+            h("Host", "10.1.2.3:8080"),
+            h("Authorization", &format!("Bearer {KEY}")),
+        ],
+        None,
+    );
+    assert_eq!(
+        keyed_foreign.status, 421,
+        "a request with a key still checks Host"
+    );
     // A key gets the reasons; a wrong key is still refused; nothing else opens.
     let keyed = server.call("GET", "/readyz", None);
     assert_eq!(keyed.status, 200);

@@ -177,13 +177,7 @@ impl Admission {
     /// Before a request's body is read: the key's rate limit, and a bound on its requests in
     /// flight (its concurrency plus its queue, when it has limits of its own).
     pub fn enter(&self, key: &Key) -> Result<Entered, Rejection> {
-        let gate = self
-            .keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key.name())
-            .cloned()
-            .ok_or(Rejection::KeyBusy)?;
+        let gate = self.gate(key)?;
         if self.global.is_closed() {
             return Err(Rejection::ShuttingDown);
         }
@@ -201,6 +195,15 @@ impl Admission {
         Ok(Entered { gate: gate.clone() })
     }
 
+    fn gate(&self, key: &Key) -> Result<Arc<KeyGate>, Rejection> {
+        self.keys
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key.name())
+            .cloned()
+            .ok_or(Rejection::KeyBusy)
+    }
+
     /// Stops admitting: every waiter and every later request is refused.
     pub fn close(&self) {
         self.global.close();
@@ -213,13 +216,7 @@ impl Admission {
 
     /// Waits for a running slot: the key's own (when it has limits), then the global one.
     pub async fn admit(&self, key: &Key) -> Result<Admitted, Rejection> {
-        let gate = self
-            .keys
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(key.name())
-            .cloned()
-            .ok_or(Rejection::KeyBusy)?;
+        let gate = self.gate(key)?;
         let deadline =
             tokio::time::Instant::now() + Duration::from_millis(self.config.queue_timeout_ms);
         let key_permit = match &gate.running {

@@ -103,17 +103,19 @@ impl Drop for RequestLog {
 /// `Ok(Some(response))` answers the request here (a CORS preflight); `Ok(None)` lets it on.
 fn check(state: &SharedState, route: &str, req: &mut Request) -> Result<Option<Response>, Error> {
     let public = PUBLIC.contains(&route);
-    if !public {
-        check_host(state, req.headers())?;
-    }
-    if let Some(response) = cors(state, req)? {
-        return Ok(Some(response));
-    }
     let metrics_open = route == "/metrics" && !state.config.metrics.require_auth;
     // A probe without a key learns ready or not; anyone presenting a key is checked.
     let probe_open = route == "/readyz"
         && state.config.http.readyz_without_key
         && !req.headers().contains_key(header::AUTHORIZATION);
+    // Keyless reads answer any Host: the kubelet and Prometheus send the pod's address, and
+    // a page that rebinds a name to the server learns only what any client could.
+    if !public && !metrics_open && !probe_open {
+        check_host(state, req.headers())?;
+    }
+    if let Some(response) = cors(state, req)? {
+        return Ok(Some(response));
+    }
     if !public && !metrics_open && !probe_open {
         let key = authenticate(state, req.headers())?;
         if let Some(Authenticated(flag)) = req.extensions().get::<Authenticated>() {

@@ -101,6 +101,9 @@ pub async fn run(
                  start again, or set AIRLOCK_API_KEY");
         }
     }
+    if let airlock_sandbox::ProcMasks::Removed(covers) = airlock_sandbox::unmask_proc() {
+        tracing::info!(covers = %covers.join(","), "uncovered /proc in airlock's own mount namespace, for sandboxes to mount theirs");
+    }
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::tools::start(&config, &resolved.store).await?;
     let environments = open_environments(&state_dir)?;
@@ -267,6 +270,15 @@ impl Reload_ {
                 return;
             }
         };
+        // With no keys at all, a start makes one and prints it; a reload would make one that
+        // nobody ever sees.
+        if config.keys.is_empty()
+            && self.env_key.is_none()
+            && !self.state_dir.join("keys.json").exists()
+        {
+            tracing::error!("SIGHUP: the configuration has no keys; the keys stay as they were");
+            return;
+        }
         let resolved =
             match KeyStore::resolve(&config.keys, self.env_key.as_deref(), &self.state_dir) {
                 Ok(resolved) => resolved,

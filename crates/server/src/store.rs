@@ -36,6 +36,11 @@ const BATCH: usize = 500;
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// How long a start or a read waits for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an execution waits for its `started` line or record to be committed before the
+/// store counts as failing; also the bound on each statement and on unacknowledged data.
+const COMMIT_WAIT: Duration = Duration::from_secs(10);
+/// Sessions lost at a restart are answered 410 for this long after they were opened.
+const LOST_SESSIONS_DAYS: i32 = 7;
 /// How long shutdown waits for the kept lines to be committed.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Records served from memory without a query (this replica's most recent).
@@ -52,7 +57,10 @@ const MIGRATIONS: &[&str] = &["
         execution_id text,
         session_id text,
         key_fingerprint text,
-        line jsonb NOT NULL
+        line jsonb NOT NULL,
+        -- The run that wrote it and its number there: a batch sent again after its commit's
+        -- acknowledgement was lost is not stored twice.
+        line_key text UNIQUE
     );
     CREATE INDEX airlock_audit_execution ON airlock_audit (execution_id, event)
         WHERE execution_id IS NOT NULL;
@@ -74,6 +82,24 @@ pub fn check_url(url: &str) -> Result<(), String> {
     if config.get_hosts().is_empty() {
         return Err("names no host".into());
     }
+    // `prefer` (also the default) lets anyone on the path answer "no TLS" and ask for the
+    // password in the clear: only where the path is this host.
+    let local = config.get_hosts().iter().all(|h| match h {
+        postgres::config::Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        postgres::config::Host::Unix(_) => true,
+    });
+    if !local && config.get_ssl_mode() == postgres::config::SslMode::Prefer {
+        return Err(
+            "names another host without sslmode=require: add ?sslmode=require (or \
+                    sslmode=disable to send the password in the clear knowingly)"
+                .into(),
+        );
+    }
     Ok(())
 }
 
@@ -94,6 +120,14 @@ fn connection(config: &Config) -> std::io::Result<postgres::Config> {
         pg.password(password);
     }
     pg.connect_timeout(CONNECT_TIMEOUT);
+    // A database that stops answering is a failure within seconds, not TCP's minutes.
+    pg.tcp_user_timeout(COMMIT_WAIT);
+    pg.keepalives_idle(Duration::from_secs(30));
+    let options = pg.get_options().unwrap_or_default().to_owned();
+    pg.options(&format!(
+        "{options} -c statement_timeout={}",
+        COMMIT_WAIT.as_millis()
+    ));
     if pg.get_application_name().is_none() {
         pg.application_name("airlock");
     }
@@ -158,7 +192,13 @@ impl Row {
     fn of(n: u64, line: Vec<u8>) -> std::io::Result<Row> {
         let mut line = String::from_utf8(line).map_err(std::io::Error::other)?;
         line.truncate(line.trim_end().len());
-        let value: serde_json::Value = serde_json::from_str(&line)?;
+        let mut value: serde_json::Value = serde_json::from_str(&line)?;
+        // jsonb refuses NUL in a string, and a sandbox chooses some strings (a tool's name):
+        // U+FFFD stands for it, as nothing else may make a line unstorable.
+        if line.contains("\\u0000") {
+            replace_nul(&mut value);
+            line = value.to_string();
+        }
         let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_owned);
         let event = text("event").unwrap_or_else(|| "record".to_owned());
         let (execution_id, session_id) = match event.as_str() {
@@ -174,6 +214,23 @@ impl Row {
             session_id,
             line,
         })
+    }
+}
+
+/// Every NUL in `value`'s strings and keys, replaced by U+FFFD.
+fn replace_nul(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => *s = s.replace('\0', "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(replace_nul),
+        Value::Object(map) => {
+            let entries = std::mem::take(map);
+            for (k, mut v) in entries {
+                replace_nul(&mut v);
+                map.insert(k.replace('\0', "\u{FFFD}"), v);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -219,7 +276,6 @@ pub struct PgLog {
     reader: Mutex<Option<Client>>,
     /// This replica's most recent records, by id.
     recent: Mutex<(HashMap<String, ExecutionRecord>, VecDeque<String>)>,
-    sync_before_answer: bool,
     lost_sessions: Mutex<HashMap<String, String>>,
 }
 
@@ -280,7 +336,6 @@ impl PgLog {
             tls,
             reader: Mutex::new(None),
             recent: Mutex::default(),
-            sync_before_answer: config.audit.sync == crate::audit::AuditSync::Answer,
             lost_sessions: Mutex::new(lost_sessions),
         };
         Ok((log, recovery))
@@ -292,6 +347,13 @@ impl PgLog {
         let row = Row::of(queue.next, line)?;
         queue.next += 1;
         if queue.rows.len() >= MAX_PENDING {
+            if queue.lost == 0 {
+                tracing::error!(
+                    kept = MAX_PENDING,
+                    "too many audit lines kept while PostgreSQL fails: the oldest are dropped \
+                     (counted in the audit_resumed row)"
+                );
+            }
             queue.rows.pop_front();
             queue.lost += 1;
         }
@@ -314,31 +376,61 @@ impl PgLog {
                 }
             }
         }
+        // Committed before the answer, as the file's line is written before it: a kill
+        // then cannot make an answered execution `interrupted`. (`sync` is a file setting:
+        // a commit is durable.)
         let n = self.push(line_of(record)?)?;
-        if !self.sync_before_answer {
-            return Ok(());
-        }
+        self.wait_committed(n, false)
+    }
+
+    /// Waits for line `n`'s commit: an error once the store fails, or when no commit came
+    /// within `COMMIT_WAIT` (which makes the store failing until one does). With `withdraw`,
+    /// a line not committed by then is taken back (a `started` line whose execution will not
+    /// run), unless a batch in flight holds it.
+    fn wait_committed(&self, n: u64, withdraw: bool) -> std::io::Result<()> {
+        let deadline = std::time::Instant::now() + COMMIT_WAIT;
         let mut queue = self.shared.lock();
         while queue.committed < n {
-            if let Some(why) = &queue.failure {
-                return Err(std::io::Error::other(why.clone()));
+            if let Some(why) = queue.failure.clone() {
+                if withdraw {
+                    // The writer failed and waits before its next try: nothing is in flight.
+                    queue.rows.retain(|r| r.n != n);
+                }
+                return Err(std::io::Error::other(why));
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                let why = format!(
+                    "PostgreSQL has not confirmed a commit in {} s",
+                    COMMIT_WAIT.as_secs()
+                );
+                tracing::error!(error = %why, "refusing executions until it does");
+                queue.failure = Some(why.clone());
+                if withdraw {
+                    // A batch still in flight may commit it; then the next start of this
+                    // replica records the execution as interrupted.
+                    queue.rows.retain(|r| r.n != n);
+                }
+                return Err(std::io::Error::other(why));
             }
             queue = self
                 .shared
                 .done
-                .wait(queue)
-                .unwrap_or_else(|e| e.into_inner());
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         Ok(())
     }
 
-    /// While the database fails, the execution does not run; otherwise its line is queued
-    /// and committed about a round trip later.
+    /// The execution runs only once its line is committed (lines of executions starting
+    /// together share a commit); while the database fails, it does not run.
     pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
         if let Some(why) = self.failure() {
             return Err(std::io::Error::other(why));
         }
-        self.push(line_of(started)?).map(|_| ())
+        let n = self.push(line_of(started)?)?;
+        self.wait_committed(n, true)
     }
 
     pub fn append_line(&self, line: Vec<u8>) -> std::io::Result<()> {
@@ -524,9 +616,10 @@ fn recover(
     let sessions = tx
         .query(
             "SELECT o.session_id, o.key_fingerprint FROM airlock_audit o WHERE o.replica = $1 \
-             AND o.event = 'session_opened' AND NOT EXISTS (SELECT 1 FROM airlock_audit c \
+             AND o.event = 'session_opened' AND o.written_at > now() - make_interval(days => $2) \
+             AND NOT EXISTS (SELECT 1 FROM airlock_audit c \
              WHERE c.session_id = o.session_id AND c.event = 'session_closed')",
-            &[&replica],
+            &[&replica, &LOST_SESSIONS_DAYS],
         )
         .map_err(err)?;
     let lost: HashMap<String, String> = sessions
@@ -553,15 +646,19 @@ fn write_rows(
     client: Option<Client>,
 ) {
     let mut client = client;
+    // This run's lines are `<run>:<n>` in `line_key`.
+    let run = crate::keys::random_id("run_");
     // Set while commits fail: the first that works writes an `audit_resumed` row first.
     let mut failed_since: Option<String> = None;
     loop {
         let batch: Vec<Row> = {
             let mut queue = shared.lock();
-            while queue.rows.is_empty() && !queue.stop {
+            // While failing, it tries again even with nothing kept (the `started` lines of
+            // refused executions are taken back): the `audit_resumed` row is the try.
+            while queue.rows.is_empty() && !queue.stop && failed_since.is_none() {
                 queue = shared.work.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
-            if queue.rows.is_empty() {
+            if queue.rows.is_empty() && queue.stop {
                 return;
             }
             queue.rows.iter().take(BATCH).cloned().collect()
@@ -585,12 +682,12 @@ fn write_rows(
             }
         });
         let result = match &mut client {
-            Some(c) => insert(c, replica, resumed.iter().chain(&batch)),
+            Some(c) => insert(c, replica, &run, resumed.iter().chain(&batch)),
             None => connect
                 .connect(tls.clone())
                 .map_err(|e| db_error("connecting", e))
                 .and_then(|mut c| {
-                    let r = insert(&mut c, replica, resumed.iter().chain(&batch));
+                    let r = insert(&mut c, replica, &run, resumed.iter().chain(&batch));
                     client = Some(c);
                     r
                 }),
@@ -603,7 +700,8 @@ fn write_rows(
                     queue.rows.pop_front();
                 }
                 queue.committed = queue.committed.max(last);
-                if failed_since.take().is_some() {
+                // A failure may also be a waiter's (no commit in time): a commit ends it.
+                if failed_since.take().is_some() || queue.failure.is_some() {
                     tracing::warn!("PostgreSQL can be written again; executions resume");
                     queue.failure = None;
                     queue.lost = 0;
@@ -634,28 +732,105 @@ fn write_rows(
     }
 }
 
-/// Inserts rows in one statement and one transaction.
+/// Inserts rows in one statement and one transaction; a batch sent again after a lost
+/// acknowledgement adds nothing (`line_key`). A row the database refuses as data (SQLSTATE
+/// class 22, which NUL replacement should leave none of) is stored as an `audit_unstorable`
+/// row holding its text, so that one line can never stop the writer.
 fn insert<'a>(
     client: &mut Client,
     replica: &str,
-    rows: impl Iterator<Item = &'a Row>,
+    run: &str,
+    rows: impl Iterator<Item = &'a Row> + Clone,
 ) -> std::io::Result<()> {
-    let mut columns: [Vec<Option<&str>>; 5] = Default::default();
-    for row in rows {
-        columns[0].push(Some(&row.event));
-        columns[1].push(row.execution_id.as_deref());
-        columns[2].push(row.session_id.as_deref());
-        columns[3].push(row.key_fingerprint.as_deref());
-        columns[4].push(Some(&row.line));
+    match insert_all(client, replica, run, rows.clone()) {
+        Err(e) if e.code().is_some_and(|c| c.code().starts_with("22")) => {
+            for row in rows {
+                if let Err(e) = insert_all(client, replica, run, std::iter::once(row)) {
+                    if !e.code().is_some_and(|c| c.code().starts_with("22")) {
+                        return Err(db_error("writing audit lines", e));
+                    }
+                    let text = row.line.replace('\0', "\u{FFFD}");
+                    let line = serde_json::json!({
+                        "event": "audit_unstorable",
+                        "error": db_error("storing a line", e).to_string(),
+                        "text": text,
+                    });
+                    let stand_in = Row {
+                        event: "audit_unstorable".into(),
+                        line: line.to_string(),
+                        ..row.clone()
+                    };
+                    insert_all(client, replica, run, std::iter::once(&stand_in))
+                        .map_err(|e| db_error("writing audit lines", e))?;
+                }
+            }
+            Ok(())
+        }
+        other => other.map_err(|e| db_error("writing audit lines", e)),
     }
-    let [event, execution, session, fingerprint, line] = &columns;
+}
+
+fn insert_all<'a>(
+    client: &mut Client,
+    replica: &str,
+    run: &str,
+    rows: impl Iterator<Item = &'a Row>,
+) -> Result<(), postgres::Error> {
+    let mut columns: [Vec<Option<String>>; 6] = Default::default();
+    for row in rows {
+        columns[0].push(Some(row.event.clone()));
+        columns[1].push(row.execution_id.clone());
+        columns[2].push(row.session_id.clone());
+        columns[3].push(row.key_fingerprint.clone());
+        columns[4].push(Some(row.line.clone()));
+        // The `audit_resumed` row (number 0) has no key: NULLs never conflict.
+        columns[5].push((row.n > 0).then(|| format!("{run}:{}", row.n)));
+    }
+    let [event, execution, session, fingerprint, line, key] = &columns;
     client
         .execute(
-            "INSERT INTO airlock_audit (replica, event, execution_id, session_id, key_fingerprint, line) \
-             SELECT $1, e, x, s, k, l::jsonb FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-             WITH ORDINALITY AS t(e, x, s, k, l, o) ORDER BY o",
-            &[&replica, event, execution, session, fingerprint, line],
+            "INSERT INTO airlock_audit (replica, event, execution_id, session_id, key_fingerprint, line, line_key) \
+             SELECT $1, e, x, s, k, l::jsonb, lk FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+             WITH ORDINALITY AS t(e, x, s, k, l, lk, o) ORDER BY o \
+             ON CONFLICT (line_key) DO NOTHING",
+            &[&replica, event, execution, session, fingerprint, line, key],
         )
         .map(|_| ())
-        .map_err(|e| db_error("writing audit lines", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nul_which_jsonb_refuses_becomes_a_replacement_character_keys_included() {
+        let line = br#"{"event":"tool_call","execution_id":"ex_a","tool":"x\u0000y","args":{"k\u0000":["\u0000"]}}"#;
+        let row = Row::of(7, line.to_vec()).unwrap();
+        assert!(!row.line.contains("\\u0000"), "{}", row.line);
+        let value: serde_json::Value = serde_json::from_str(&row.line).unwrap();
+        assert_eq!(value["tool"], "x\u{FFFD}y");
+        assert_eq!(value["args"]["k\u{FFFD}"][0], "\u{FFFD}");
+        assert_eq!(
+            (row.n, row.event.as_str(), row.execution_id.as_deref()),
+            (7, "tool_call", Some("ex_a"))
+        );
+        // A backslash before "u0000" is text, not NUL: left as it is.
+        let text = br#"{"event":"tool_call","tool":"a\\u0000"}"#;
+        let row = Row::of(8, text.to_vec()).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&row.line).unwrap();
+        assert_eq!(value["tool"], "a\\u0000");
+    }
+
+    #[test]
+    fn a_url_for_another_host_must_require_tls() {
+        assert!(check_url("postgres://airlock@127.0.0.1:5432/db").is_ok());
+        assert!(check_url("postgres://airlock@localhost/db").is_ok());
+        assert!(check_url("postgres://airlock@db.internal/db?sslmode=require").is_ok());
+        assert!(check_url("postgres://airlock@db.internal/db?sslmode=disable").is_ok());
+        let err = check_url("postgres://airlock@db.internal/db").unwrap_err();
+        assert!(err.contains("sslmode=require"), "{err}");
+        assert!(check_url("postgres://airlock:pw@127.0.0.1/db")
+            .unwrap_err()
+            .contains("password"));
+    }
 }

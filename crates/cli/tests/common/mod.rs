@@ -463,3 +463,14 @@ print(json.dumps({
     'cgroup': open('/proc/self/cgroup').read(),
 }, sort_keys=True))
 "#;
+
+/// The capabilities deploy/kubernetes's StatefulSet adds (`add: [A, B]`), without `CAP_`.
+pub fn statefulset_capabilities(statefulset: &str) -> Vec<&str> {
+    statefulset
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("add: ["))
+        .and_then(|rest| rest.strip_suffix(']'))
+        .expect("the StatefulSet adds capabilities")
+        .split(", ")
+        .collect()
+}
