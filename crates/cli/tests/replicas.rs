@@ -41,6 +41,16 @@ struct Postgres {
     port: u16,
 }
 
+/// `dir` and what it holds, owned by the `postgres` user (the server runs as it).
+fn give_to_postgres(dir: &Path) {
+    let chown = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+}
+
 fn pg_bin(name: &str) -> PathBuf {
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
         .expect("PostgreSQL is not installed (scripts/test.sh installs it)")
@@ -64,12 +74,7 @@ impl Postgres {
         let dir = scratch_dir("airlock-pg");
         let data = dir.join("data");
         std::fs::write(dir.join("pw"), DB_PASSWORD).unwrap();
-        let chown = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(&dir)
-            .status()
-            .unwrap();
-        assert!(chown.success());
+        give_to_postgres(&dir);
         let initdb = Command::new("runuser")
             .args(["-u", "postgres", "--"])
             .arg(pg_bin("initdb"))
@@ -94,12 +99,7 @@ impl Postgres {
                 dir.display()
             );
             std::fs::write(&conf, text).unwrap();
-            let chown = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&dir)
-                .status()
-                .unwrap();
-            assert!(chown.success());
+            give_to_postgres(&dir);
         }
         let port = free_port();
         let child = Postgres::spawn(&dir, port);

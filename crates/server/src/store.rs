@@ -262,6 +262,18 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Waits at most `left` for a commit (or a failure) to be announced.
+    fn wait_done<'a>(
+        &self,
+        queue: std::sync::MutexGuard<'a, Queue>,
+        left: Duration,
+    ) -> std::sync::MutexGuard<'a, Queue> {
+        self.done
+            .wait_timeout(queue, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+    }
 }
 
 /// Records and audit lines in PostgreSQL.
@@ -413,12 +425,7 @@ impl PgLog {
                 }
                 return Err(std::io::Error::other(why));
             }
-            queue = self
-                .shared
-                .done
-                .wait_timeout(queue, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            queue = self.shared.wait_done(queue, left);
         }
         Ok(())
     }
@@ -455,12 +462,7 @@ impl PgLog {
             if left.is_zero() {
                 break;
             }
-            queue = self
-                .shared
-                .done
-                .wait_timeout(queue, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            queue = self.shared.wait_done(queue, left);
         }
         let unwritten = queue.rows.len();
         let why = queue.failure.clone();
