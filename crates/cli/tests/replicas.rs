@@ -6,9 +6,12 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpListener};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::http::{call_as, Server, KEY};
@@ -71,7 +74,7 @@ impl Postgres {
     /// With `tls`, the server offers TLS with a certificate for 127.0.0.1 signed by a CA of
     /// the test's own (`ca.crt` in its directory).
     fn start_with(tls: bool) -> Postgres {
-        let dir = scratch_dir("airlock-pg");
+        let dir = scratch_dir("airlock-pg").into_path();
         let data = dir.join("data");
         std::fs::write(dir.join("pw"), DB_PASSWORD).unwrap();
         give_to_postgres(&dir);
@@ -280,7 +283,7 @@ fn haproxy_config(port: u16, replicas: &[(&str, u16)]) -> String {
 
 impl Haproxy {
     fn start(replicas: &[(&str, u16)]) -> Haproxy {
-        let dir = scratch_dir("airlock-haproxy");
+        let dir = scratch_dir("airlock-haproxy").into_path();
         let port = free_port();
         let path = dir.join("haproxy.cfg");
         std::fs::write(&path, haproxy_config(port, replicas)).unwrap();
@@ -358,7 +361,7 @@ fn start_replica(name: &str, port: u16, dir: PathBuf, pg: &Postgres) -> Server {
 }
 
 fn replica_dir(name: &str) -> PathBuf {
-    let dir = scratch_dir(&format!("airlock-replica-{name}"));
+    let dir = scratch_dir(&format!("airlock-replica-{name}")).into_path();
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -741,4 +744,307 @@ fn the_store_speaks_tls_verified_against_the_configured_ca_and_sslmode_require_r
         plain.url()
     ));
     assert!(err.contains("TLS") || err.contains("SSL"), "{err}");
+}
+
+/// A TCP relay to PostgreSQL that can lose one acknowledgement: told to, it drops the next
+/// bytes the database sends that complete an INSERT (its `CommandComplete`, which the server
+/// flushes with `ReadyForQuery`, after the commit) and closes both sides, as a network that
+/// fails after a commit and before its acknowledgement arrives does.
+struct Relay {
+    port: u16,
+    lose_next: Arc<AtomicBool>,
+}
+
+impl Relay {
+    fn start(to: u16) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let lose_next = Arc::new(AtomicBool::new(false));
+        let lose = lose_next.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(("127.0.0.1", to)) else {
+                    continue;
+                };
+                let (back, forth) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || relay(client, server, None));
+                let lose = lose.clone();
+                std::thread::spawn(move || relay(forth, back, Some(lose)));
+            }
+        });
+        Relay { port, lose_next }
+    }
+}
+
+fn relay(mut from: TcpStream, mut to: TcpStream, lose: Option<Arc<AtomicBool>>) {
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let completes_insert = buf[..n].windows(9).any(|w| w == b"INSERT 0 ");
+        if completes_insert
+            && lose
+                .as_ref()
+                .is_some_and(|l| l.swap(false, Ordering::SeqCst))
+        {
+            break;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+fn count(pg: &Postgres, condition: &str) -> u64 {
+    pg.query(&format!(
+        "SELECT count(*) FROM airlock_audit WHERE {condition}"
+    ))
+    .parse()
+    .unwrap()
+}
+
+#[test]
+fn no_line_stops_or_doubles_the_others_refused_as_data_a_nul_a_lost_acknowledgement() {
+    let _g = serial();
+    let pg = Postgres::start();
+    let relay = Relay::start(pg.port);
+    // The key may call the tools of tool_server.py, so that a sandbox can name a tool.
+    let config = format!(
+        "replica = \"airlock-0\"\n[store]\nurl = \"postgres://airlock@127.0.0.1:{port}/postgres\"\n\
+         [tools.servers.crm]\ncommand = \"{python}\"\nargs = [\"{script}\", \"stdio\"]\n\
+         [[keys]]\nname = \"agent\"\nhash = \"{hash}\"\ntools = [\"crm.*\"]\n",
+        port = relay.port,
+        python = mcp_python().display(),
+        script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py"),
+        hash = key_hash(KEY),
+    );
+    let server = Server::start_in(
+        replica_dir("airlock-0"),
+        &config,
+        &[("AIRLOCK_STORE_PASSWORD", DB_PASSWORD)],
+        None,
+    );
+    let run = |code: &str| {
+        call(
+            server.addr,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": code})),
+        )
+    };
+    let (status, r) = run("print(1)");
+    assert_eq!(status, 200, "{r}");
+
+    // A line the database refuses as data: a trigger refuses the record of any execution
+    // that exits 7, standing for whatever a line might one day hold that it cannot store.
+    pg.query(
+        "CREATE FUNCTION refuse_exit_7() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+           IF NEW.line->>'exit_code' = '7' THEN \
+             RAISE EXCEPTION 'refused as data' USING ERRCODE = '22023'; \
+           END IF; RETURN NEW; END $$; \
+         CREATE TRIGGER refuse_exit_7 BEFORE INSERT ON airlock_audit \
+           FOR EACH ROW EXECUTE FUNCTION refuse_exit_7()",
+    );
+    let (status, refused) = run("import sys\nsys.exit(7)");
+    assert_eq!(
+        (status, &refused["exit_code"]),
+        (200, &json!(7)),
+        "{refused}"
+    );
+    let (status, after) = run("print(8)");
+    assert_eq!((status, &after["stdout"]), (200, &json!("8\n")), "{after}");
+    assert_eq!(
+        count(
+            &pg,
+            &format!(
+                "event = 'audit_unstorable' AND execution_id = '{}' \
+                 AND line->>'text' LIKE '%\"exit_code\":7%' \
+                 AND line->>'error' LIKE '%refused as data%'",
+                refused["id"].as_str().unwrap()
+            )
+        ),
+        1
+    );
+    let record_of = |r: &Value| {
+        format!(
+            "event = 'record' AND execution_id = '{}'",
+            r["id"].as_str().unwrap()
+        )
+    };
+    assert_eq!(count(&pg, &record_of(&after)), 1);
+
+    // A NUL in a tool's name, which the sandbox chooses and jsonb refuses: stored as U+FFFD.
+    let (status, r) = run("import tools\n\
+         call = tools.crm.add.__globals__['_airlock_call']\n\
+         try:\n    call(('crm', 'a\\x00b'), (), {})\n\
+         except tools.ToolError as e:\n    print(e.kind)\n");
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["status"], "ok", "{r}");
+    assert_eq!(
+        count(
+            &pg,
+            "event = 'tool_call' AND line->>'tool' = 'a' || chr(65533) || 'b'"
+        ),
+        1
+    );
+
+    // A lost acknowledgement: the record's commit is made, its answer never arrives, the
+    // writer connects again and sends the line again, which adds nothing.
+    let started = count(&pg, "event = 'started'");
+    let slow = std::thread::scope(|s| {
+        let answer = s.spawn(|| run("import time\ntime.sleep(2)\nprint('slow')"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while count(&pg, "event = 'started'") == started {
+            assert!(
+                Instant::now() < deadline,
+                "the slow execution never started"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Its `started` row's acknowledgement has long passed; the record's is next.
+        std::thread::sleep(Duration::from_millis(500));
+        relay.lose_next.store(true, Ordering::SeqCst);
+        answer.join().unwrap()
+    });
+    assert_eq!(
+        (slow.0, &slow.1["stdout"]),
+        (200, &json!("slow\n")),
+        "{slow:?}"
+    );
+    assert!(
+        !relay.lose_next.load(Ordering::SeqCst),
+        "an answer was lost"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while count(&pg, "event = 'audit_resumed'") == 0 {
+        assert!(Instant::now() < deadline, "the writer never wrote again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(count(&pg, &record_of(&slow.1)), 1);
+    let (status, r) = run("print(9)");
+    assert_eq!(status, 200, "{r}");
+    assert!(server.stop().success());
+    assert_eq!(count(&pg, "event = 'audit_resumed'"), 1);
+    // Every execution has one `started` row and one record (or its unstorable stand-in).
+    assert_eq!(
+        count(
+            &pg,
+            "event = 'started' AND (SELECT count(*) FROM airlock_audit r WHERE \
+             r.execution_id = airlock_audit.execution_id \
+             AND r.event IN ('record', 'audit_unstorable')) <> 1"
+        ),
+        0
+    );
+}
+
+/// The PostgreSQL server's processes (the postmaster and its children).
+fn postgres_processes(pg: &Postgres) -> Vec<nix::unistd::Pid> {
+    let main = pg.child.id();
+    let out = Command::new("pgrep")
+        .args(["-P", &main.to_string()])
+        .output()
+        .unwrap();
+    let mut pids = vec![nix::unistd::Pid::from_raw(main as i32)];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        pids.push(nix::unistd::Pid::from_raw(line.trim().parse().unwrap()));
+    }
+    pids
+}
+
+#[test]
+fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_never() {
+    let _g = serial();
+    let pg = Postgres::start();
+    let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
+    let run = |code: &str| {
+        call(
+            server.addr,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": code})),
+        )
+    };
+    let (status, first) = run("print(1)");
+    assert_eq!(status, 200, "{first}");
+
+    // Stopped, the server's kernel still takes what is sent: only airlock's own clock can
+    // tell that no commit is coming.
+    let stopped = postgres_processes(&pg);
+    for pid in &stopped {
+        nix::sys::signal::kill(*pid, nix::sys::signal::SIGSTOP).unwrap();
+    }
+    let (status, r) = run("print(2)");
+    assert_eq!(status, 503, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("has not confirmed a commit"),
+        "{r}"
+    );
+    assert_eq!(call(server.addr, "GET", "/readyz", None).0, 503);
+    // A record this replica does not hold in memory is read from the database: 503.
+    let (status, r) = call(
+        server.addr,
+        "GET",
+        "/v1/executions/ex_airlock-1_0123456789abcdef",
+        None,
+    );
+    assert_eq!(
+        (status, &r["error"]["code"]),
+        (503, &json!("unavailable")),
+        "{r}"
+    );
+    for pid in &stopped {
+        nix::sys::signal::kill(*pid, nix::sys::signal::SIGCONT).unwrap();
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while run("print(3)").0 != 200 {
+        assert!(Instant::now() < deadline, "executions never resumed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(call(server.addr, "GET", "/readyz", None).0, 200);
+    let (status, _) = call(
+        server.addr,
+        "GET",
+        "/v1/executions/ex_airlock-1_0123456789abcdef",
+        None,
+    );
+    assert_eq!(status, 404);
+    let (status, r) = call(
+        server.addr,
+        "GET",
+        &format!("/v1/executions/{}", first["id"].as_str().unwrap()),
+        None,
+    );
+    assert_eq!(
+        (status, &r["id"], &r["status"]),
+        (200, &first["id"], &json!("ok")),
+        "{r}"
+    );
+    assert!(server.stop().success());
+    // The refused execution's `started` row reached the database once it woke; its `not_run`
+    // row says it never ran, so a restart finds nothing interrupted.
+    assert!(count(&pg, "event = 'not_run'") >= 1);
+    let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
+    assert!(server.stop().success());
+    assert_eq!(
+        count(&pg, "event = 'record' AND line->>'status' = 'interrupted'"),
+        0
+    );
+    assert_eq!(
+        count(
+            &pg,
+            "event = 'started' AND (SELECT count(*) FROM airlock_audit r WHERE \
+             r.execution_id = airlock_audit.execution_id \
+             AND r.event IN ('record', 'not_run')) <> 1"
+        ),
+        0
+    );
 }

@@ -167,10 +167,10 @@ impl AuditLog {
     }
 
     /// An execution's record by id (the file: among the most recent; PostgreSQL: any, which
-    /// may wait for the database, so not on an async thread).
-    pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
+    /// may wait for the database, so not on an async thread; an error when it cannot be read).
+    pub fn get(&self, id: &str) -> std::io::Result<Option<ExecutionRecord>> {
         match self {
-            AuditLog::File(log) => log.get(id),
+            AuditLog::File(log) => Ok(log.get(id)),
             AuditLog::Postgres(log) => log.get(id),
         }
     }

@@ -21,6 +21,19 @@ use crate::pipeline::{
 };
 use crate::SharedState;
 
+/// How long a record read may wait for the database.
+const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn store_unreadable(why: &str) -> Error {
+    tracing::warn!(error = %why, "cannot read a record");
+    Error::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the record cannot be read now: {why}"),
+    )
+    .retry_after(1)
+}
+
 pub(crate) async fn execution(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
@@ -30,9 +43,17 @@ pub(crate) async fn execution(
     // Another key's execution is as absent as one that never was.
     // The PostgreSQL store may query the database.
     let (st, wanted) = (state.clone(), id.clone());
-    let found = tokio::task::spawn_blocking(move || st.audit.get(&wanted))
-        .await
-        .map_err(|e| Error::internal(format!("reading a record: {e}")))?;
+    let read = tokio::task::spawn_blocking(move || st.audit.get(&wanted));
+    // A database that stops answering makes this a 503, not a request that never ends.
+    let found = match tokio::time::timeout(READ_WAIT, read).await {
+        Ok(Ok(Ok(found))) => found,
+        Ok(Ok(Err(e))) => return Err(store_unreadable(&e.to_string())),
+        Ok(Err(e)) => return Err(Error::internal(format!("reading a record: {e}"))),
+        Err(_) => {
+            let why = format!("PostgreSQL did not answer in {} s", READ_WAIT.as_secs());
+            return Err(store_unreadable(&why));
+        }
+    };
     match found {
         Some(record) if record.key_fingerprint == caller.0.fingerprint() => Ok(Json(record)),
         // With a shared store every replica holds every record: a miss is just a miss.

@@ -45,6 +45,8 @@ const LOST_SESSIONS_DAYS: i32 = 7;
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
 /// Records served from memory without a query (this replica's most recent).
 const RECENT: usize = 10_000;
+/// Idle reading connections kept open.
+const MAX_IDLE_READERS: usize = 4;
 
 /// The schema, one step per version; a step never changes once released. Applied in order,
 /// each in the transaction that records it in `airlock_migrations`.
@@ -284,8 +286,9 @@ pub struct PgLog {
     /// Settings to connect again with (reads).
     connect: postgres::Config,
     tls: MakeRustlsConnect,
-    /// The connection records are read with, made when first needed.
-    reader: Mutex<Option<Client>>,
+    /// Idle connections records are read with: a read takes one (or connects), so reads
+    /// never wait for each other, nor all of them for one the database left hanging.
+    readers: Mutex<Vec<Client>>,
     /// This replica's most recent records, by id.
     recent: Mutex<(HashMap<String, ExecutionRecord>, VecDeque<String>)>,
     lost_sessions: Mutex<HashMap<String, String>>,
@@ -346,7 +349,7 @@ impl PgLog {
             writer: Mutex::new(Some(writer)),
             connect,
             tls,
-            reader: Mutex::new(None),
+            readers: Mutex::default(),
             recent: Mutex::default(),
             lost_sessions: Mutex::new(lost_sessions),
         };
@@ -405,8 +408,7 @@ impl PgLog {
         while queue.committed < n {
             if let Some(why) = queue.failure.clone() {
                 if withdraw {
-                    // The writer failed and waits before its next try: nothing is in flight.
-                    queue.rows.retain(|r| r.n != n);
+                    self.withdraw(&mut queue, n, &why);
                 }
                 return Err(std::io::Error::other(why));
             }
@@ -419,15 +421,42 @@ impl PgLog {
                 tracing::error!(error = %why, "refusing executions until it does");
                 queue.failure = Some(why.clone());
                 if withdraw {
-                    // A batch still in flight may commit it; then the next start of this
-                    // replica records the execution as interrupted.
-                    queue.rows.retain(|r| r.n != n);
+                    self.withdraw(&mut queue, n, &why);
                 }
                 return Err(std::io::Error::other(why));
             }
             queue = self.shared.wait_done(queue, left);
         }
         Ok(())
+    }
+
+    /// Takes back `started` line `n` of an execution that will not run, and queues a
+    /// `not_run` line for it: a batch whose commit was never confirmed (a lost acknowledgement,
+    /// a database that answers late) may hold the line all the same, and the next start of
+    /// this replica must not call the execution interrupted.
+    fn withdraw(&self, queue: &mut Queue, n: u64, why: &str) {
+        let Some(at) = queue.rows.iter().position(|r| r.n == n) else {
+            return;
+        };
+        let Some(started) = queue.rows.remove(at) else {
+            return;
+        };
+        let line = serde_json::json!({
+            "event": "not_run",
+            "at": humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            "execution_id": started.execution_id,
+            "key_fingerprint": started.key_fingerprint,
+            "reason": why,
+        });
+        let row = Row {
+            n: queue.next,
+            event: "not_run".into(),
+            line: line.to_string(),
+            ..started
+        };
+        queue.next += 1;
+        queue.rows.push_back(row);
+        self.shared.work.notify_one();
     }
 
     /// The execution runs only once its line is committed (lines of executions starting
@@ -481,7 +510,8 @@ impl PgLog {
     }
 
     /// A record by id: this replica's recent ones from memory, any other from the database.
-    pub fn get(&self, id: &str) -> Option<ExecutionRecord> {
+    /// An error when the database cannot be read (not the same as no such record).
+    pub fn get(&self, id: &str) -> std::io::Result<Option<ExecutionRecord>> {
         if let Some(record) = self
             .recent
             .lock()
@@ -489,31 +519,33 @@ impl PgLog {
             .0
             .get(id)
         {
-            return Some(record.clone());
+            return Ok(Some(record.clone()));
         }
-        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        if reader.is_none() {
-            match self.connect.connect(self.tls.clone()) {
-                Ok(client) => *reader = Some(client),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot connect to PostgreSQL to read a record");
-                    return None;
-                }
-            }
+        let idle = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut client = match idle {
+            Some(client) => client,
+            None => self
+                .connect
+                .connect(self.tls.clone())
+                .map_err(|e| db_error("connecting to read a record", e))?,
+        };
+        let row = client
+            .query_opt(
+                "SELECT line::text FROM airlock_audit WHERE execution_id = $1 AND event = 'record' \
+                 ORDER BY seq DESC LIMIT 1",
+                &[&id],
+            )
+            .map_err(|e| db_error("reading a record", e))?; // the client is dropped
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        if readers.len() < MAX_IDLE_READERS {
+            readers.push(client);
         }
-        let client = reader.as_mut()?;
-        let found = client.query_opt(
-            "SELECT line::text FROM airlock_audit WHERE execution_id = $1 AND event = 'record' \
-             ORDER BY seq DESC LIMIT 1",
-            &[&id],
-        );
-        match found {
-            Ok(row) => row.and_then(|r| serde_json::from_str(r.get::<_, &str>(0)).ok()),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read a record from PostgreSQL");
-                *reader = None; // connected again next time
-                None
-            }
+        drop(readers);
+        match row {
+            None => Ok(None),
+            Some(row) => serde_json::from_str(row.get::<_, &str>(0))
+                .map(Some)
+                .map_err(std::io::Error::other),
         }
     }
 }
@@ -523,13 +555,9 @@ impl Drop for PgLog {
         self.shared.lock().stop = true;
         self.shared.work.notify_all();
         // Closing a client runs its own runtime, which cannot start on the server's threads.
-        let reader = self
-            .reader
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(reader) = reader {
-            let _ = std::thread::spawn(move || drop(reader)).join();
+        let readers = std::mem::take(self.readers.get_mut().unwrap_or_else(|e| e.into_inner()));
+        if !readers.is_empty() {
+            let _ = std::thread::spawn(move || drop(readers)).join();
         }
     }
 }
@@ -591,7 +619,7 @@ fn recover(
         .query(
             "SELECT s.line::text FROM airlock_audit s WHERE s.replica = $1 AND s.event = 'started' \
              AND NOT EXISTS (SELECT 1 FROM airlock_audit r WHERE r.execution_id = s.execution_id \
-             AND r.event = 'record') ORDER BY s.seq",
+             AND r.event IN ('record', 'not_run')) ORDER BY s.seq",
             &[&replica],
         )
         .map_err(err)?;
