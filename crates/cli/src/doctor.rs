@@ -81,6 +81,14 @@ fn confined_fix(error: &str) -> Option<String> {
             "the cgroup file system is mounted read-only, as a container runtime mounts it: remount it writable in the container before airlock starts (`mount -o remount,rw` on each cgroup mount, which needs CAP_SYS_ADMIN; the pod's command in deploy/kubernetes does it): sandboxes' cgroups go beneath the container's own".into(),
         );
     }
+    if error.contains("cgroups")
+        && error.contains("Permission denied")
+        && host_support().running_as_root
+    {
+        return Some(
+            "CAP_DAC_OVERRIDE is missing: root without it is refused cgroup files and directories it does not own, and airlock writes them for each sandbox (in a pod: securityContext.capabilities.add DAC_OVERRIDE; with systemd: CapabilityBoundingSet, as deploy/systemd/airlock.service has it)".into(),
+        );
+    }
     if denied && (error.contains("open_tree") || error.contains("mount") && error.contains("outer"))
     {
         return Some(

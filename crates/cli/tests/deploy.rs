@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::http::{call_as, Server, KEY};
@@ -16,24 +16,24 @@ const UNIT: &str = concat!(
     "/../../deploy/systemd/airlock.service"
 );
 
-/// The unit with its binary path pointed at the one under test (verify checks it exists).
-fn unit_for_test() -> PathBuf {
+/// The unit with its binary path pointed at the one under test (verify checks it exists),
+/// as `airlock.service` in a scratch directory.
+fn unit_for_test() -> Scratch {
     let text = std::fs::read_to_string(UNIT).unwrap();
     assert!(text.contains("ExecStart=/usr/local/bin/airlock serve"));
     let dir = scratch_dir("airlock-unit");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("airlock.service");
     std::fs::write(
-        &path,
+        dir.join("airlock.service"),
         text.replace("/usr/local/bin/airlock", env!("CARGO_BIN_EXE_airlock")),
     )
     .unwrap();
-    path
+    dir
 }
 
 #[test]
 fn the_systemd_unit_verifies_and_its_exposure_is_what_the_readme_says() {
-    let unit = unit_for_test();
+    let dir = unit_for_test();
+    let unit = dir.join("airlock.service");
     let verify = Command::new("systemd-analyze")
         .arg("verify")
         .arg(&unit)
@@ -63,21 +63,76 @@ fn the_systemd_unit_verifies_and_its_exposure_is_what_the_readme_says() {
         exposure <= 6.0,
         "exposure {exposure} > 6.0 (README says 6.0)"
     );
-    let _ = std::fs::remove_dir_all(unit.parent().unwrap());
 }
 
-/// `CapabilityBoundingSet=` of the unit, as setpriv's `--bounding-set` wants it.
-fn bounding_set() -> String {
+/// `CapabilityBoundingSet=` of the unit, as `CAP_` names.
+fn unit_capabilities() -> Vec<String> {
     let text = std::fs::read_to_string(UNIT).unwrap();
     let caps: Vec<String> = text
         .lines()
         .find_map(|l| l.strip_prefix("CapabilityBoundingSet="))
         .expect("the unit bounds capabilities")
         .split_whitespace()
-        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .map(str::to_owned)
         .collect();
     assert_eq!(caps.len(), 5, "{caps:?}");
+    caps
+}
+
+/// `caps`, as setpriv's `--bounding-set` wants them.
+fn setpriv_bounding_set<'a>(caps: impl IntoIterator<Item = &'a String>) -> String {
+    let caps: Vec<String> = caps
+        .into_iter()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
     format!("--bounding-set=-all,{}", caps.join(","))
+}
+
+/// The unit's bounding set, as setpriv's `--bounding-set` wants it.
+fn bounding_set() -> String {
+    setpriv_bounding_set(&unit_capabilities())
+}
+
+#[test]
+fn without_each_of_the_unit_s_capabilities_doctor_fails_and_names_it() {
+    let _g = serial();
+    let before = HostState::now();
+    let caps = unit_capabilities();
+    for missing in &caps {
+        let set = setpriv_bounding_set(caps.iter().filter(|c| *c != missing));
+        let mut child = Command::new("setpriv")
+            .args(["--no-new-privs", &set, "--inh-caps=-all", "--"])
+            .arg(env!("CARGO_BIN_EXE_airlock"))
+            .args(["doctor", "--json"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // A doctor that cannot kill its trial sandboxes would wait for them forever.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("doctor without {missing} never finished");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "doctor passed without {missing}");
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let failed: Vec<String> = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["ok"] == false)
+            .map(|c| format!("{}: {} ({})", c["name"], c["detail"], c["fix"]))
+            .collect();
+        assert!(
+            failed.first().is_some_and(|f| f.contains(missing.as_str())),
+            "doctor without {missing}: {failed:#?}"
+        );
+    }
+    HostState::now().assert_same_as(&before, &"doctor without each capability");
 }
 
 #[test]
@@ -92,7 +147,7 @@ fn the_server_works_with_only_the_unit_s_capabilities_and_no_new_privileges() {
     // Zygotes on: they are what needs root's uid blocks, so they must work under the set.
     let server = Server::start_under(
         &wrapper,
-        scratch_dir("airlock-unit-caps"),
+        scratch_dir("airlock-unit-caps").into_path(),
         "[zygote]\nenabled = true\n",
         &[],
         Some(KEY),

@@ -69,6 +69,17 @@ fn probe_userns(root: bool) -> Result<(), String> {
         }
         _ => {}
     }
+    // As root, each sandbox's processes are a user of their own (a block of root's uids),
+    // which only CAP_KILL lets airlock signal: without it no sandbox could be killed.
+    if root && !effective_capability(CAP_KILL) {
+        return Err(
+            "CAP_KILL is missing: as root, airlock runs each sandbox as a user of its \
+            own and needs CAP_KILL to kill it at its time limit (in a pod: \
+            securityContext.capabilities.add KILL; with systemd: CapabilityBoundingSet, as \
+            deploy/systemd/airlock.service has it)"
+                .into(),
+        );
+    }
     if !root && read_trimmed("/proc/sys/kernel/unprivileged_userns_clone").as_deref() == Some("0") {
         return Err("unprivileged user namespaces are disabled: `sysctl \
             kernel.unprivileged_userns_clone=1`, or run airlock as root"
@@ -85,6 +96,18 @@ fn probe_userns(root: bool) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+const CAP_KILL: u32 = 5;
+
+/// Whether this thread's effective set holds capability number `cap`.
+fn effective_capability(cap: u32) -> bool {
+    let status = fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|set| set & (1 << cap) != 0)
 }
 
 fn probe_seccomp() -> Result<(), String> {
