@@ -67,12 +67,15 @@ impl Targets {
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut port = || -> u16 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
         let (http, https, stalled) = (port(), port(), port());
+        let cert_pem = std::fs::read_to_string(&cert).unwrap();
+        // The server loaded both before it printed its ports.
+        let _ = std::fs::remove_dir_all(&dir);
         Targets {
             child,
             http,
             https,
             stalled,
-            cert_pem: std::fs::read_to_string(&cert).unwrap(),
+            cert_pem,
         }
     }
 }

@@ -1987,7 +1987,7 @@ fn keys_are_read_again_on_sighup_and_a_bad_file_changes_nothing() {
             .collect()
     };
     let server = Server::start_in(
-        common::scratch_dir("airlock-sighup"),
+        common::scratch_dir("airlock-sighup").into_path(),
         &keys(&[("first", first, "")]),
         &[],
         None,

@@ -157,18 +157,63 @@ pub fn invoke_env(args: &[&str], stdin: &[u8], env: &[(&str, &std::ffi::OsStr)])
     finish(out, args.contains(&"--json"))
 }
 
+/// A file or directory in the temporary directory, named after this test process, removed
+/// when dropped: no test leaves anything behind.
+#[derive(Debug)]
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    fn named(name: &str) -> Scratch {
+        Scratch(std::env::temp_dir().join(format!("airlock-test-{}-{name}", std::process::id())))
+    }
+
+    /// The path, for an owner that removes it itself (a `Server`, its directory).
+    pub fn into_path(mut self) -> PathBuf {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.0.is_dir() {
+            let _ = fs::remove_dir_all(&self.0);
+        } else if !self.0.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.0);
+        }
+    }
+}
+
 /// A file in the temporary directory, named after this test process.
-pub fn temp_file(name: &str, contents: &[u8]) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("airlock-test-{}-{name}", std::process::id()));
-    fs::write(&path, contents).unwrap();
-    path
+pub fn temp_file(name: &str, contents: &[u8]) -> Scratch {
+    let file = Scratch::named(name);
+    fs::write(&file.0, contents).unwrap();
+    file
 }
 
 /// An empty directory in the temporary directory, named after this test process.
-pub fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("airlock-test-{}-{name}", std::process::id()));
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir).unwrap();
+pub fn scratch_dir(name: &str) -> Scratch {
+    let dir = Scratch::named(name);
+    let _ = fs::remove_dir_all(&dir.0);
+    fs::create_dir_all(&dir.0).unwrap();
     dir
 }
 
