@@ -1,5 +1,11 @@
 # Shared by the project's scripts: install what is missing from the machine's registries.
 
+# step NAME: announces a step with the seconds since the script started, so that a log says
+# where the time went.
+step() {
+    printf '==> [%5ss] %s\n' "$SECONDS" "$*"
+}
+
 # ensure_debian_packages PKG...: apt-get install the packages that dpkg does not have yet.
 ensure_debian_packages() {
     local missing=()
