@@ -372,6 +372,11 @@ fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&Value>) -> (u1
     (r.status, v)
 }
 
+/// `POST /v1/execute` of `code` at `addr`.
+fn execute(addr: SocketAddr, code: &str) -> (u16, Value) {
+    call(addr, "POST", "/v1/execute", Some(&json!({"code": code})))
+}
+
 #[test]
 fn sessions_and_records_work_through_a_balancer_and_a_killed_replica_loses_no_record() {
     let _g = serial();
@@ -631,14 +636,7 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
     let _g = serial();
     let mut pg = Postgres::start();
     let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
-    let run = |code: &str| {
-        call(
-            server.addr,
-            "POST",
-            "/v1/execute",
-            Some(&json!({"code": code})),
-        )
-    };
+    let run = |code: &str| execute(server.addr, code);
     assert_eq!(run("print(1)").0, 200);
 
     pg.stop();
@@ -829,14 +827,7 @@ fn no_line_stops_or_doubles_the_others_refused_as_data_a_nul_a_lost_acknowledgem
         &[("AIRLOCK_STORE_PASSWORD", DB_PASSWORD)],
         None,
     );
-    let run = |code: &str| {
-        call(
-            server.addr,
-            "POST",
-            "/v1/execute",
-            Some(&json!({"code": code})),
-        )
-    };
+    let run = |code: &str| execute(server.addr, code);
     let (status, r) = run("print(1)");
     assert_eq!(status, 200, "{r}");
 
@@ -961,14 +952,7 @@ fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_neve
     let _g = serial();
     let pg = Postgres::start();
     let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
-    let run = |code: &str| {
-        call(
-            server.addr,
-            "POST",
-            "/v1/execute",
-            Some(&json!({"code": code})),
-        )
-    };
+    let run = |code: &str| execute(server.addr, code);
     let (status, first) = run("print(1)");
     assert_eq!(status, 200, "{first}");
 

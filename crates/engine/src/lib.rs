@@ -2,9 +2,10 @@
 //!
 //! Each execution gets a fresh sandbox (see `airlock-sandbox`) whose program is the host's
 //! Python running `runner.py`. The code, its files and its options travel to the runner as a
-//! JSON request on descriptor 3, never pasted into source text; the runner answers on the same
-//! descriptor with the final expression's value (converted to JSON inside the sandbox) or the
-//! exception. The status comes from the kernel (see `verdict`).
+//! request in Python's `marshal` format (plain values only, see `marshal`) on descriptor 3,
+//! never pasted into source text; the runner answers on the same descriptor with the final
+//! expression's value (converted to JSON inside the sandbox) or the exception. The status
+//! comes from the kernel (see `verdict`).
 #![forbid(unsafe_code)]
 
 mod compiled;
@@ -1092,7 +1093,6 @@ fn socket_pair() -> Result<(UnixStream, UnixStream), EngineError> {
     })
 }
 
-/// `path` must stay inside the working directory: relative, normal components only.
 /// An entrypoint names a function by identifiers (`name` or `Class.method`); its inputs are
 /// plain data no deeper than [`MAX_INPUT_DEPTH`]. Errors name the field at fault.
 pub fn check_entrypoint(entry: &Entrypoint) -> Result<(), (&'static str, String)> {
@@ -1129,6 +1129,7 @@ pub fn check_entrypoint(entry: &Entrypoint) -> Result<(), (&'static str, String)
     Ok(())
 }
 
+/// `path` must stay inside the working directory: relative, normal components only.
 pub fn check_relative_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
     let normal = !path.is_empty()

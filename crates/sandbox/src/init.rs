@@ -8,7 +8,8 @@
 //! 2. **init** — PID 1 of the new PID namespace. It builds the root file system, pivots into
 //!    it, forks the program and reaps every process until the program ends, then reports the
 //!    program's wait status and exits; the kernel then kills whatever is left in the namespace.
-//!    It dies with `outer` (`PR_SET_PDEATHSIG`), which is how the host kills a sandbox.
+//!    The host kills a sandbox by sending it SIGKILL through a pidfd (`spawn::Killer`); it
+//!    also dies with `outer` (`PR_SET_PDEATHSIG`), so a host that dies takes it along.
 //! 3. **program** — a new session, the OOM killer's first choice, rlimits, only its own
 //!    descriptors, `no_new_privs`, no capabilities at all, Landlock, seccomp last, then `execve`.
 
