@@ -13,6 +13,77 @@ use serde_json::Value as Json;
 
 use crate::{text, CallSite, DecodeError, Global, Options, Report, Verdict};
 
+/// The opcodes, by their names in CPython's `pickletools`.
+mod op {
+    pub const MARK: u8 = b'(';
+    pub const STOP: u8 = b'.';
+    pub const POP: u8 = b'0';
+    pub const POP_MARK: u8 = b'1';
+    pub const DUP: u8 = b'2';
+    pub const FLOAT: u8 = b'F';
+    pub const INT: u8 = b'I';
+    pub const BININT: u8 = b'J';
+    pub const BININT1: u8 = b'K';
+    pub const LONG: u8 = b'L';
+    pub const BININT2: u8 = b'M';
+    pub const NONE: u8 = b'N';
+    pub const PERSID: u8 = b'P';
+    pub const BINPERSID: u8 = b'Q';
+    pub const REDUCE: u8 = b'R';
+    pub const STRING: u8 = b'S';
+    pub const BINSTRING: u8 = b'T';
+    pub const SHORT_BINSTRING: u8 = b'U';
+    pub const UNICODE: u8 = b'V';
+    pub const BINUNICODE: u8 = b'X';
+    pub const APPEND: u8 = b'a';
+    pub const BUILD: u8 = b'b';
+    pub const GLOBAL: u8 = b'c';
+    pub const DICT: u8 = b'd';
+    pub const EMPTY_DICT: u8 = b'}';
+    pub const APPENDS: u8 = b'e';
+    pub const GET: u8 = b'g';
+    pub const BINGET: u8 = b'h';
+    pub const INST: u8 = b'i';
+    pub const LONG_BINGET: u8 = b'j';
+    pub const LIST: u8 = b'l';
+    pub const EMPTY_LIST: u8 = b']';
+    pub const OBJ: u8 = b'o';
+    pub const PUT: u8 = b'p';
+    pub const BINPUT: u8 = b'q';
+    pub const LONG_BINPUT: u8 = b'r';
+    pub const SETITEM: u8 = b's';
+    pub const TUPLE: u8 = b't';
+    pub const EMPTY_TUPLE: u8 = b')';
+    pub const SETITEMS: u8 = b'u';
+    pub const BINFLOAT: u8 = b'G';
+    pub const BINBYTES: u8 = b'B';
+    pub const SHORT_BINBYTES: u8 = b'C';
+    pub const PROTO: u8 = 0x80;
+    pub const NEWOBJ: u8 = 0x81;
+    pub const EXT1: u8 = 0x82;
+    pub const EXT2: u8 = 0x83;
+    pub const EXT4: u8 = 0x84;
+    pub const TUPLE1: u8 = 0x85;
+    pub const TUPLE3: u8 = 0x87;
+    pub const NEWTRUE: u8 = 0x88;
+    pub const NEWFALSE: u8 = 0x89;
+    pub const LONG1: u8 = 0x8a;
+    pub const LONG4: u8 = 0x8b;
+    pub const SHORT_BINUNICODE: u8 = 0x8c;
+    pub const BINUNICODE8: u8 = 0x8d;
+    pub const BINBYTES8: u8 = 0x8e;
+    pub const EMPTY_SET: u8 = 0x8f;
+    pub const ADDITEMS: u8 = 0x90;
+    pub const FROZENSET: u8 = 0x91;
+    pub const NEWOBJ_EX: u8 = 0x92;
+    pub const STACK_GLOBAL: u8 = 0x93;
+    pub const MEMOIZE: u8 = 0x94;
+    pub const FRAME: u8 = 0x95;
+    pub const BYTEARRAY8: u8 = 0x96;
+    pub const NEXT_BUFFER: u8 = 0x97;
+    pub const READONLY_BUFFER: u8 = 0x98;
+}
+
 pub(crate) type Shared<T> = Rc<RefCell<T>>;
 
 /// What a value on the stack is known to be.
@@ -350,7 +421,7 @@ impl<'a> Machine<'a> {
             self.pos += 1;
             self.report.opcodes += 1;
             match op {
-                b'.' => {
+                op::STOP => {
                     // A frame that goes on past STOP: a file reader's next load() would
                     // start after the frame, not after STOP.
                     if self.frame_end.is_some_and(|f| f != self.pos) {
@@ -358,7 +429,7 @@ impl<'a> Machine<'a> {
                     }
                     return self.pop();
                 }
-                0x80 => {
+                op::PROTO => {
                     let p = self.uint(1)? as u8;
                     if p > 5 {
                         return bad(self.op_at, format!("unsupported protocol {p}"));
@@ -366,7 +437,7 @@ impl<'a> Machine<'a> {
                     self.report.protocol = Some(p);
                     self.proto = p;
                 }
-                0x95 => {
+                op::FRAME => {
                     // FRAME: the opcodes follow inline, and must fit it exactly.
                     let n = self.uint(8)?;
                     if n > i64::MAX as u64 {
@@ -383,10 +454,10 @@ impl<'a> Machine<'a> {
                     }
                     self.frame_end = Some(self.pos + n.min(left) as usize);
                 }
-                b'N' => self.stack.push(V::None),
-                0x88 => self.stack.push(V::Bool(true)),
-                0x89 => self.stack.push(V::Bool(false)),
-                b'I' => {
+                op::NONE => self.stack.push(V::None),
+                op::NEWTRUE => self.stack.push(V::Bool(true)),
+                op::NEWFALSE => self.stack.push(V::Bool(false)),
+                op::INT => {
                     let l = self.line()?;
                     self.readers(true, text::python_int(l, true))?;
                     let c = text::int(l);
@@ -408,7 +479,7 @@ impl<'a> Machine<'a> {
                         Err(why) => return bad(self.op_at, format!("INT: {why}")),
                     }
                 }
-                b'L' => {
+                op::LONG => {
                     let l = self.line()?;
                     // CPython drops one 'L' before the end of the line (Python 2 wrote it).
                     let l = l.strip_suffix(b"L").unwrap_or(l);
@@ -419,20 +490,20 @@ impl<'a> Machine<'a> {
                         Err(why) => return bad(self.op_at, format!("LONG: {why}")),
                     }
                 }
-                b'J' => {
+                op::BININT => {
                     let n = self.int4()?;
                     self.stack.push(V::Int(Rc::new(n.into())));
                 }
-                b'K' => {
+                op::BININT1 => {
                     let n = self.uint(1)?;
                     self.stack.push(V::Int(Rc::new(n.into())));
                 }
-                b'M' => {
+                op::BININT2 => {
                     let n = self.uint(2)?;
                     self.stack.push(V::Int(Rc::new(n.into())));
                 }
-                0x8a | 0x8b => {
-                    let n = if op == 0x8a {
+                op::LONG1 | op::LONG4 => {
+                    let n = if op == op::LONG1 {
                         self.uint(1)? as i64
                     } else {
                         self.int4()?
@@ -448,7 +519,7 @@ impl<'a> Machine<'a> {
                     };
                     self.stack.push(V::Int(Rc::new(v)));
                 }
-                b'F' => {
+                op::FLOAT => {
                     let l = self.line()?;
                     let (c, py) = (text::c_float(l), text::python_float(l));
                     if let (Err(why), None) = (&c, py) {
@@ -459,12 +530,12 @@ impl<'a> Machine<'a> {
                     let f = self.float(f.unwrap_or_default());
                     self.stack.push(V::Float(f));
                 }
-                b'G' => {
+                op::BINFLOAT => {
                     let b = self.take(8)?;
                     let f = self.float(f64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
                     self.stack.push(V::Float(f));
                 }
-                b'S' => {
+                op::STRING => {
                     let l = self.line()?.to_vec();
                     let bytes = match unquote(&l) {
                         Some(b) => b,
@@ -472,8 +543,8 @@ impl<'a> Machine<'a> {
                     };
                     self.push_ascii(bytes);
                 }
-                b'T' | b'U' => {
-                    let n = if op == b'T' {
+                op::BINSTRING | op::SHORT_BINSTRING => {
+                    let n = if op == op::BINSTRING {
                         self.int4()?
                     } else {
                         self.uint(1)? as i64
@@ -484,17 +555,17 @@ impl<'a> Machine<'a> {
                     let b = self.take(n as u64)?.to_vec();
                     self.push_ascii(b);
                 }
-                b'V' => {
+                op::UNICODE => {
                     let l = self.line()?;
                     match text::raw_unicode_escape(l) {
                         Some(points) => self.stack.push(string(points)),
                         None => return bad(self.op_at, "UNICODE has a bad escape"),
                     }
                 }
-                b'X' | 0x8c | 0x8d => {
+                op::BINUNICODE | op::SHORT_BINUNICODE | op::BINUNICODE8 => {
                     let n = match op {
-                        b'X' => self.uint(4)?,
-                        0x8c => self.uint(1)?,
+                        op::BINUNICODE => self.uint(4)?,
+                        op::SHORT_BINUNICODE => self.uint(1)?,
                         _ => self.uint(8)?,
                     };
                     let b = self.take(n)?;
@@ -508,30 +579,30 @@ impl<'a> Machine<'a> {
                     };
                     self.stack.push(v);
                 }
-                b'B' | b'C' | 0x8e | 0x96 => {
+                op::BINBYTES | op::SHORT_BINBYTES | op::BINBYTES8 | op::BYTEARRAY8 => {
                     let n = match op {
-                        b'B' => self.uint(4)?,
-                        b'C' => self.uint(1)?,
+                        op::BINBYTES => self.uint(4)?,
+                        op::SHORT_BINBYTES => self.uint(1)?,
                         _ => self.uint(8)?,
                     };
                     let b = self.take(n)?;
-                    self.stack.push(if op == 0x96 {
+                    self.stack.push(if op == op::BYTEARRAY8 {
                         V::ByteArray(Rc::new(RefCell::new(b.to_vec())))
                     } else {
                         V::Bytes(b.into())
                     });
                 }
-                b')' => self.stack.push(V::Tuple(Rc::default())),
-                b']' => self.stack.push(V::List(Rc::default())),
-                b'}' => self.stack.push(V::Dict(Rc::default())),
-                0x8f => self.stack.push(V::Set(Rc::default())),
-                b'(' => self.marks.push(self.stack.len()),
-                b't' => {
+                op::EMPTY_TUPLE => self.stack.push(V::Tuple(Rc::default())),
+                op::EMPTY_LIST => self.stack.push(V::List(Rc::default())),
+                op::EMPTY_DICT => self.stack.push(V::Dict(Rc::default())),
+                op::EMPTY_SET => self.stack.push(V::Set(Rc::default())),
+                op::MARK => self.marks.push(self.stack.len()),
+                op::TUPLE => {
                     let items = self.pop_mark()?;
                     self.stack.push(V::Tuple(Rc::new(items)));
                 }
-                0x85..=0x87 => {
-                    let n = (op - 0x84) as usize;
+                op::TUPLE1..=op::TUPLE3 => {
+                    let n = (op - op::TUPLE1 + 1) as usize;
                     let mut items = Vec::with_capacity(n);
                     for _ in 0..n {
                         items.push(self.pop()?);
@@ -539,11 +610,11 @@ impl<'a> Machine<'a> {
                     items.reverse();
                     self.stack.push(V::Tuple(Rc::new(items)));
                 }
-                b'l' => {
+                op::LIST => {
                     let items = self.pop_mark()?;
                     self.stack.push(V::List(Rc::new(RefCell::new(items))));
                 }
-                b'd' => {
+                op::DICT => {
                     let items = self.pop_mark()?;
                     if items.len() % 2 != 0 {
                         return bad(self.op_at, "DICT with an odd number of items");
@@ -554,38 +625,38 @@ impl<'a> Machine<'a> {
                     }
                     self.stack.push(V::Dict(Rc::new(RefCell::new(pairs))));
                 }
-                0x91 => {
+                op::FROZENSET => {
                     let items = self.pop_mark()?;
                     for x in &items {
                         self.check_hashable(x, "a frozenset item")?;
                     }
                     self.stack.push(V::FrozenSet(Rc::new(items)));
                 }
-                b'a' => {
+                op::APPEND => {
                     let item = self.pop()?;
                     self.append(vec![item])?;
                 }
-                b'e' => {
+                op::APPENDS => {
                     let items = self.pop_mark()?;
                     self.append(items)?;
                 }
-                b's' => {
+                op::SETITEM => {
                     let value = self.pop()?;
                     let key = self.pop()?;
                     self.set_items(vec![(key, value)])?;
                 }
-                b'u' => {
+                op::SETITEMS => {
                     let items = self.pop_mark()?;
                     if items.len() % 2 != 0 {
                         return bad(self.op_at, "SETITEMS with an odd number of items");
                     }
                     self.set_items(pairs(items))?;
                 }
-                0x90 => {
+                op::ADDITEMS => {
                     let items = self.pop_mark()?;
                     self.add_items(items)?;
                 }
-                b'0' => {
+                op::POP => {
                     // CPython's POP takes a MARK when one is on top.
                     if self.marks.last() == Some(&self.stack.len()) {
                         self.marks.pop();
@@ -593,14 +664,14 @@ impl<'a> Machine<'a> {
                         self.pop()?;
                     }
                 }
-                b'1' => {
+                op::POP_MARK => {
                     self.pop_mark()?;
                 }
-                b'2' => {
+                op::DUP => {
                     let v = self.top()?.clone();
                     self.stack.push(v);
                 }
-                b'p' => {
+                op::PUT => {
                     let l = self.line()?;
                     self.readers(true, text::python_index(l))?;
                     match text::memo_index(l) {
@@ -608,19 +679,19 @@ impl<'a> Machine<'a> {
                         None => return bad(self.op_at, "PUT index is not a number"),
                     }
                 }
-                b'q' => {
+                op::BINPUT => {
                     let i = self.uint(1)?;
                     self.memo_put(i)?;
                 }
-                b'r' => {
+                op::LONG_BINPUT => {
                     let i = self.uint(4)?;
                     self.memo_put(i)?;
                 }
-                0x94 => {
+                op::MEMOIZE => {
                     let i = self.memo.len as u64;
                     self.memo_put(i)?;
                 }
-                b'g' => {
+                op::GET => {
                     let l = self.line()?;
                     self.readers(true, text::python_index(l))?;
                     let v = match text::memo_index(l) {
@@ -629,8 +700,8 @@ impl<'a> Machine<'a> {
                     };
                     self.stack.push(v);
                 }
-                b'h' | b'j' => {
-                    let i = if op == b'h' {
+                op::BINGET | op::LONG_BINGET => {
+                    let i = if op == op::BINGET {
                         self.uint(1)?
                     } else {
                         self.uint(4)?
@@ -638,13 +709,13 @@ impl<'a> Machine<'a> {
                     let v = self.memo_get(i)?;
                     self.stack.push(v);
                 }
-                b'c' => {
+                op::GLOBAL => {
                     let module = self.text_line()?;
                     let name = self.text_line()?;
                     let g = self.global(module, name)?;
                     self.stack.push(g);
                 }
-                0x93 => {
+                op::STACK_GLOBAL => {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     match (&module, &name) {
@@ -661,7 +732,7 @@ impl<'a> Machine<'a> {
                         }
                     }
                 }
-                b'i' => {
+                op::INST => {
                     let module = self.text_line()?;
                     let name = self.text_line()?;
                     // pickle.py imports the class before it looks for the MARK.
@@ -675,7 +746,7 @@ impl<'a> Machine<'a> {
                     ));
                     self.stack.push(V::Opaque);
                 }
-                b'o' => {
+                op::OBJ => {
                     let mut items = self.pop_mark()?;
                     if items.is_empty() {
                         return bad(self.op_at, "OBJ without a class");
@@ -683,24 +754,24 @@ impl<'a> Machine<'a> {
                     let cls = items.remove(0);
                     self.instantiate("OBJ", &cls);
                 }
-                0x81 => {
+                op::NEWOBJ => {
                     let _args = self.pop()?;
                     let cls = self.pop()?;
                     self.instantiate("NEWOBJ", &cls);
                 }
-                0x92 => {
+                op::NEWOBJ_EX => {
                     let _kwargs = self.pop()?;
                     let _args = self.pop()?;
                     let cls = self.pop()?;
                     self.instantiate("NEWOBJ_EX", &cls);
                 }
-                b'R' => {
+                op::REDUCE => {
                     let args = self.pop()?;
                     let callable = self.pop()?;
                     let v = self.reduce(callable, args)?;
                     self.stack.push(v);
                 }
-                b'b' => {
+                op::BUILD => {
                     let _state = self.pop()?;
                     let target = global_name(self.top()?);
                     self.call_site("BUILD", None);
@@ -710,37 +781,37 @@ impl<'a> Machine<'a> {
                     );
                     *self.top()? = V::Opaque;
                 }
-                0x82..=0x84 => {
+                op::EXT1..=op::EXT4 => {
                     let code = match op {
-                        0x82 => self.uint(1)? as i64,
-                        0x83 => self.uint(2)? as i64,
+                        op::EXT1 => self.uint(1)? as i64,
+                        op::EXT2 => self.uint(2)? as i64,
                         _ => self.int4()?,
                     };
-                    let name = ["EXT1", "EXT2", "EXT4"][(op - 0x82) as usize];
+                    let name = ["EXT1", "EXT2", "EXT4"][(op - op::EXT1) as usize];
                     self.call_site(name, None);
                     self.unsafe_(format!(
                         "{name} looks up extension code {code} in copyreg's registry"
                     ));
                     self.stack.push(V::Opaque);
                 }
-                b'P' => {
+                op::PERSID => {
                     self.line()?;
                     self.call_site("PERSID", None);
                     self.unsafe_("PERSID asks the loader's persistent_load".into());
                     self.stack.push(V::Opaque);
                 }
-                b'Q' => {
+                op::BINPERSID => {
                     self.pop()?;
                     self.call_site("BINPERSID", None);
                     self.unsafe_("BINPERSID asks the loader's persistent_load".into());
                     self.stack.push(V::Opaque);
                 }
-                0x97 => {
+                op::NEXT_BUFFER => {
                     self.call_site("NEXT_BUFFER", None);
                     self.unsafe_("NEXT_BUFFER takes an out-of-band buffer".into());
                     self.stack.push(V::Opaque);
                 }
-                0x98 => {
+                op::READONLY_BUFFER => {
                     self.top()?;
                     self.call_site("READONLY_BUFFER", None);
                     self.unsafe_("READONLY_BUFFER wraps an out-of-band buffer".into());
