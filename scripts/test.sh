@@ -33,6 +33,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo doc: a doc link to a renamed or private item fails the build"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 step "cargo test"
 # Built first: servers under test find the zygote's library (libairlock_sandbox.so) beside them.
 cargo build --workspace --locked

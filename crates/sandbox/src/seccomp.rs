@@ -22,7 +22,7 @@
 //! Before those, a hand-written guard checks the architecture and kills on x32 syscall numbers
 //! (`nr & 0x4000_0000`), which would otherwise reach the x86_64 table under another number.
 //!
-//! All but the last two are installed as one program ([`merge`]), the last two as another
+//! All but the last two are installed as one program (`merge`), the last two as another
 //! after it, in a cold sandbox as in a zygote's child (the same two programs in both): the
 //! kernel prepares and runs two filters instead of eleven, and answers every call exactly as
 //! it would with the eleven.
