@@ -1,0 +1,116 @@
+//! docs/architecture.md stays true as the code moves: its module table lists every source file
+//! of the workspace's crates and no other, and every function, type and constant it names by
+//! path (`pipeline::run_job`, `Killer::kill_outer`, `STATUS_FD`) exists.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn page() -> String {
+    std::fs::read_to_string(root().join("docs/architecture.md")).unwrap()
+}
+
+/// Every `.rs` file under `dir`, as paths relative to the workspace root.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn sources() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for krate in std::fs::read_dir(root().join("crates")).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        if src.is_dir() {
+            rust_files(&src, &mut files);
+        }
+    }
+    files
+}
+
+/// The spans between backticks.
+fn quoted(text: &str) -> Vec<&str> {
+    text.split('`').skip(1).step_by(2).collect()
+}
+
+#[test]
+fn the_architecture_page_lists_every_module_and_no_other() {
+    let root = root().canonicalize().unwrap();
+    let present: BTreeSet<String> = sources()
+        .iter()
+        .map(|p| {
+            p.canonicalize()
+                .unwrap()
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let page = page();
+    let listed: BTreeSet<String> = page
+        .lines()
+        .filter(|l| l.starts_with("| `crates/"))
+        .filter_map(|l| quoted(l).first().map(|s| (*s).to_owned()))
+        .collect();
+    let missing: Vec<_> = present.difference(&listed).collect();
+    let stale: Vec<_> = listed.difference(&present).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/architecture.md's module table: missing {missing:?}, no longer there {stale:?}"
+    );
+}
+
+#[test]
+fn every_function_type_and_constant_the_page_names_exists() {
+    let code: String = sources()
+        .iter()
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .collect();
+    let is_ident = |s: &str| {
+        !s.is_empty()
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+    };
+    let page = page();
+    let mut checked = 0;
+    let mut absent = Vec::new();
+    for name in quoted(&page) {
+        let parts: Vec<&str> = name.split("::").collect();
+        if !parts.iter().all(|p| is_ident(p)) {
+            continue;
+        }
+        let last = parts[parts.len() - 1];
+        let constant = last.len() > 1
+            && last.contains('_')
+            && last.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+        let found = if constant {
+            code.contains(&format!("const {last}:")) || code.contains(last)
+        } else if parts.len() < 2 {
+            continue; // a lone lowercase word: prose as often as code
+        } else if last.starts_with(|c: char| c.is_ascii_uppercase()) {
+            ["struct", "enum", "trait", "type"]
+                .iter()
+                .any(|kind| code.contains(&format!("{kind} {last}")))
+        } else {
+            code.contains(&format!("fn {last}(")) || code.contains(&format!("fn {last}<"))
+        };
+        checked += 1;
+        if !found {
+            absent.push(name);
+        }
+    }
+    assert!(checked >= 20, "only {checked} names checked");
+    assert!(
+        absent.is_empty(),
+        "docs/architecture.md names what the code no longer has: {absent:?}"
+    );
+}
