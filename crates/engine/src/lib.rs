@@ -53,7 +53,7 @@ pub use interpreter::{Interpreter, InterpreterError};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
 use session::Mode;
-pub use session::{Cell, CellResult, Entry, Session, SessionError, MAX_LIST_ENTRIES};
+pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
 pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
 pub use zygotes::{ZygoteConfig, ZygoteStatus};
 

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use airlock_api::{ExecutionResult, Limits, Status};
-use airlock_sandbox::{KillReason, Killer, Later, Outcome, Probe};
+use airlock_sandbox::{KillReason, Killer, Outcome, Probe, SetOnce};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::marshal::{self, Value};
@@ -48,7 +48,7 @@ pub enum SessionError {
 }
 
 /// How the session's sandbox ended, once it has.
-type End = Later<Result<Outcome, String>>;
+type End = SetOnce<Result<Outcome, String>>;
 
 struct Io {
     control: UnixStream,
@@ -101,7 +101,7 @@ pub struct CellResult {
 /// One entry of the working directory.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct Entry {
+pub struct ListedFile {
     pub path: String,
     /// `file`, `dir`, `link` (never followed) or `other`.
     #[serde(rename = "type")]
@@ -479,12 +479,12 @@ impl Session {
     }
 
     /// Everything below the working directory (no link followed), sorted by path.
-    pub fn list_files(&self) -> Result<Vec<Entry>, SessionError> {
+    pub fn list_files(&self) -> Result<Vec<ListedFile>, SessionError> {
         let value = self.file_op(&Value::Dict(vec![
             ("op", Value::Str("list")),
             ("max_entries", Value::Int(MAX_LIST_ENTRIES)),
         ]))?;
-        let entries: Vec<Entry> =
+        let entries: Vec<ListedFile> =
             serde_json::from_value(value).map_err(|_| bad_answer("a listing"))?;
         if entries.len() > MAX_LIST_ENTRIES as usize
             || entries

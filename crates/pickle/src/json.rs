@@ -10,7 +10,7 @@ use num_bigint::BigInt;
 use num_traits::{FromPrimitive, ToPrimitive};
 use serde_json::{json, Value as Json};
 
-use crate::vm::V;
+use crate::vm::Value;
 use crate::DecodeError;
 
 /// What one conversion may still do.
@@ -23,7 +23,7 @@ struct Cx {
     left: u64,
 }
 
-pub(crate) fn to_json(v: &V, max_depth: usize, budget: u64) -> Result<Json, DecodeError> {
+pub(crate) fn to_json(v: &Value, max_depth: usize, budget: u64) -> Result<Json, DecodeError> {
     let mut cx = Cx {
         path: Vec::new(),
         left: budget,
@@ -69,35 +69,35 @@ fn float_json(f: f64) -> Json {
 
 /// What printing (or hashing) a value costs, in bytes: each item its size, shared ones once
 /// per reference.
-fn cost(v: &V) -> u64 {
+fn cost(v: &Value) -> u64 {
     16 + match v {
-        V::Str(s) => s.len() as u64,
-        V::Wide(w) => w.len() as u64 * 8,
-        V::Bytes(b) => b.len() as u64 * 4 / 3,
-        V::ByteArray(b) => b.borrow().len() as u64 * 4 / 3,
-        V::Int(n) => n.bits() / 3,
+        Value::Str(s) => s.len() as u64,
+        Value::Wide(w) => w.len() as u64 * 8,
+        Value::Bytes(b) => b.len() as u64 * 4 / 3,
+        Value::ByteArray(b) => b.borrow().len() as u64 * 4 / 3,
+        Value::Int(n) => n.bits() / 3,
         _ => 0,
     }
 }
 
 /// Recursion is bounded by `max_depth`; the stack grows as needed, whatever the thread's size
 /// and however large the frames of an unoptimized build.
-fn convert(v: &V, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+fn convert(v: &Value, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
     stacker::maybe_grow(64 << 10, 1 << 20, || convert_here(v, depth, cx))
 }
 
-fn convert_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+fn convert_here(v: &Value, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
     if depth == 0 {
         return Err(too_deep());
     }
     charge(cx, cost(v))?;
-    let many = |items: &[V], cx: &mut Cx| -> Result<Vec<Json>, DecodeError> {
+    let many = |items: &[Value], cx: &mut Cx| -> Result<Vec<Json>, DecodeError> {
         items.iter().map(|x| convert(x, depth - 1, cx)).collect()
     };
     Ok(match v {
-        V::None => Json::Null,
-        V::Bool(b) => json!(b),
-        V::Int(n) => match n.to_i64() {
+        Value::None => Json::Null,
+        Value::Bool(b) => json!(b),
+        Value::Int(n) => match n.to_i64() {
             Some(i) => json!(i),
             // Decimal conversion is quadratic: past CPython's 4300 digits, hexadecimal.
             None if n.bits() > 14_000 => {
@@ -110,40 +110,40 @@ fn convert_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
             }
             None => json!({"$int": n.to_string()}),
         },
-        V::Float(f) => float_json(*f),
-        V::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
-        V::Str(s) => json!(&**s),
-        V::Wide(w) => json!({"$str": &**w}),
-        V::Bytes(b) => json!({"$bytes": b64(b)}),
-        V::ByteArray(b) => json!({"$bytearray": b64(&b.borrow())}),
-        V::List(l) => {
+        Value::Float(f) => float_json(*f),
+        Value::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
+        Value::Str(s) => json!(&**s),
+        Value::Wide(w) => json!({"$str": &**w}),
+        Value::Bytes(b) => json!({"$bytes": b64(b)}),
+        Value::ByteArray(b) => json!({"$bytearray": b64(&b.borrow())}),
+        Value::List(l) => {
             enter(cx, Rc::as_ptr(l) as usize)?;
             let out = many(&l.borrow(), cx)?;
             cx.path.pop();
             Json::Array(out)
         }
-        V::Tuple(t) => json!({"$tuple": many(t, cx)?}),
-        V::Set(s) => {
+        Value::Tuple(t) => json!({"$tuple": many(t, cx)?}),
+        Value::Set(s) => {
             enter(cx, Rc::as_ptr(s) as usize)?;
             let out = distinct(&s.borrow(), depth, cx)?;
             cx.path.pop();
             json!({"$set": out})
         }
-        V::FrozenSet(s) => json!({"$frozenset": distinct(s, depth, cx)?}),
-        V::Dict(d) => {
+        Value::FrozenSet(s) => json!({"$frozenset": distinct(s, depth, cx)?}),
+        Value::Dict(d) => {
             enter(cx, Rc::as_ptr(d) as usize)?;
             let out = dict(&d.borrow(), depth, cx)?;
             cx.path.pop();
             out
         }
-        V::Call(name, args) => json!({"$call": &**name, "args": many(args, cx)?}),
-        V::Global(name, _) => json!({"$global": &**name}),
-        V::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
+        Value::Call(name, args) => json!({"$call": &**name, "args": many(args, cx)?}),
+        Value::Global(name, _) => json!({"$global": &**name}),
+        Value::Opaque => return Err(DecodeError::Unsafe(vec!["an unsafe value".into()])),
     })
 }
 
 /// A set's items, each once, first come first kept (as `set.add` keeps them).
-fn distinct(items: &[V], depth: usize, cx: &mut Cx) -> Result<Vec<Json>, DecodeError> {
+fn distinct(items: &[Value], depth: usize, cx: &mut Cx) -> Result<Vec<Json>, DecodeError> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for x in items {
@@ -156,16 +156,16 @@ fn distinct(items: &[V], depth: usize, cx: &mut Cx) -> Result<Vec<Json>, DecodeE
 
 /// A dict in its order: a key seen again keeps its first place and takes the last value. With
 /// only string keys it is a JSON object; otherwise `{"$dict": [[key, value], ...]}`.
-fn dict(pairs: &[(V, V)], depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
+fn dict(pairs: &[(Value, Value)], depth: usize, cx: &mut Cx) -> Result<Json, DecodeError> {
     let plain = pairs
         .iter()
-        .all(|(k, _)| matches!(k, V::Str(s) if !s.starts_with('$')));
+        .all(|(k, _)| matches!(k, Value::Str(s) if !s.starts_with('$')));
     if plain {
         let mut map = serde_json::Map::new();
         for (k, val) in pairs {
             // Hashing the key reads all of it.
             charge(cx, cost(k))?;
-            if let V::Str(k) = k {
+            if let Value::Str(k) = k {
                 // Insertion order is kept (serde_json's preserve_order), and inserting a
                 // key again replaces its value in place.
                 map.insert(k.to_string(), convert(val, depth - 1, cx)?);
@@ -209,36 +209,36 @@ enum Key {
     Object(usize),
 }
 
-fn key(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
+fn key(v: &Value, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
     stacker::maybe_grow(64 << 10, 1 << 20, || key_here(v, depth, cx))
 }
 
-fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
+fn key_here(v: &Value, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
     if depth == 0 {
         return Err(too_deep());
     }
     // Hashing and comparing a key reads all of it.
     charge(cx, cost(v))?;
     Ok(match v {
-        V::None => Key::None,
-        V::Bool(b) => Key::Int((*b as u8).into()),
-        V::Int(n) => Key::Int((**n).clone()),
-        V::Float(f) => float_key(*f),
-        V::Complex(re, im) if *im == 0.0 => float_key(*re),
+        Value::None => Key::None,
+        Value::Bool(b) => Key::Int((*b as u8).into()),
+        Value::Int(n) => Key::Int((**n).clone()),
+        Value::Float(f) => float_key(*f),
+        Value::Complex(re, im) if *im == 0.0 => float_key(*re),
         // The machine gave each NaN object its own payload: its bits are its identity.
-        V::Complex(re, im) if re.is_nan() || im.is_nan() => {
+        Value::Complex(re, im) if re.is_nan() || im.is_nan() => {
             Key::Complex(re.to_bits(), im.to_bits())
         }
-        V::Complex(re, im) => Key::Complex((re + 0.0).to_bits(), im.to_bits()),
-        V::Str(s) => Key::Str(s.clone()),
-        V::Wide(w) => Key::Wide(w.clone()),
-        V::Bytes(b) => Key::Bytes(b.clone()),
-        V::Tuple(t) => Key::Tuple(
+        Value::Complex(re, im) => Key::Complex((re + 0.0).to_bits(), im.to_bits()),
+        Value::Str(s) => Key::Str(s.clone()),
+        Value::Wide(w) => Key::Wide(w.clone()),
+        Value::Bytes(b) => Key::Bytes(b.clone()),
+        Value::Tuple(t) => Key::Tuple(
             t.iter()
                 .map(|x| key(x, depth - 1, cx))
                 .collect::<Result<_, _>>()?,
         ),
-        V::FrozenSet(s) => {
+        Value::FrozenSet(s) => {
             let mut items = s
                 .iter()
                 .map(|x| key(x, depth - 1, cx))
@@ -247,11 +247,11 @@ fn key_here(v: &V, depth: usize, cx: &mut Cx) -> Result<Key, DecodeError> {
             items.dedup();
             Key::FrozenSet(items)
         }
-        V::Global(name, _) => Key::Global(name.clone()),
+        Value::Global(name, _) => Key::Global(name.clone()),
         // What an allowed constructor returned: its equality is its own.
-        V::Call(_, args) => Key::Object(Rc::as_ptr(args) as usize),
+        Value::Call(_, args) => Key::Object(Rc::as_ptr(args) as usize),
         // The machine refuses unhashable keys; unsafe values never reach here.
-        V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) | V::Opaque => {
+        Value::List(_) | Value::Dict(_) | Value::Set(_) | Value::ByteArray(_) | Value::Opaque => {
             return Err(DecodeError::Unrepresentable("an unhashable key".into()))
         }
     })

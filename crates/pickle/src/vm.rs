@@ -88,7 +88,7 @@ pub(crate) type Shared<T> = Rc<RefCell<T>>;
 
 /// What a value on the stack is known to be.
 #[derive(Debug, Clone)]
-pub(crate) enum V {
+pub(crate) enum Value {
     None,
     Bool(bool),
     Int(Rc<BigInt>),
@@ -99,15 +99,15 @@ pub(crate) enum V {
     Wide(Rc<[u32]>),
     Bytes(Rc<[u8]>),
     ByteArray(Shared<Vec<u8>>),
-    List(Shared<Vec<V>>),
-    Tuple(Rc<Vec<V>>),
-    Dict(Shared<Vec<(V, V)>>),
-    Set(Shared<Vec<V>>),
-    FrozenSet(Rc<Vec<V>>),
+    List(Shared<Vec<Value>>),
+    Tuple(Rc<Vec<Value>>),
+    Dict(Shared<Vec<(Value, Value)>>),
+    Set(Shared<Vec<Value>>),
+    FrozenSet(Rc<Vec<Value>>),
     /// A global that was named; `allowed` says whether the allow-list has it.
     Global(Arc<str>, bool),
     /// An allow-listed global outside the built-in forms, called with these arguments.
-    Call(Arc<str>, Rc<Vec<V>>),
+    Call(Arc<str>, Rc<Vec<Value>>),
     /// The result of something that is not allowed: loading would run code.
     Opaque,
 }
@@ -115,7 +115,7 @@ pub(crate) enum V {
 /// Values are freed without recursion: a pickle can nest 1 000 000 tuples in a few bytes,
 /// and drop glue would overflow the stack on them (the last owner of a container moves its
 /// items into a work list instead).
-impl Drop for V {
+impl Drop for Value {
     fn drop(&mut self) {
         let mut work = Vec::new();
         take_children(self, &mut work, false);
@@ -127,18 +127,18 @@ impl Drop for V {
 
 /// Moves a container's items into `work` when this is its last owner — or, with
 /// `even_shared`, always (mutable containers only: emptying them breaks cycles).
-fn take_children(v: &mut V, work: &mut Vec<V>, even_shared: bool) {
+fn take_children(v: &mut Value, work: &mut Vec<Value>, even_shared: bool) {
     match v {
-        V::List(l) | V::Set(l) if even_shared || Rc::strong_count(l) == 1 => {
+        Value::List(l) | Value::Set(l) if even_shared || Rc::strong_count(l) == 1 => {
             work.append(&mut l.borrow_mut());
         }
-        V::Dict(d) if even_shared || Rc::strong_count(d) == 1 => {
+        Value::Dict(d) if even_shared || Rc::strong_count(d) == 1 => {
             for (k, x) in std::mem::take(&mut *d.borrow_mut()) {
                 work.push(k);
                 work.push(x);
             }
         }
-        V::Tuple(t) | V::FrozenSet(t) | V::Call(_, t) => {
+        Value::Tuple(t) | Value::FrozenSet(t) | Value::Call(_, t) => {
             if let Some(items) = Rc::get_mut(t) {
                 work.append(items);
             }
@@ -154,7 +154,7 @@ struct Machine<'a> {
     pos: usize,
     op_at: usize,
     opts: &'a Options,
-    stack: Vec<V>,
+    stack: Vec<Value>,
     marks: Vec<usize>,
     memo: Memo,
     report: Report,
@@ -196,21 +196,21 @@ struct Machine<'a> {
 /// rather than a hash table's.
 #[derive(Default)]
 struct Memo {
-    dense: Vec<Option<V>>,
-    sparse: HashMap<u64, V>,
+    dense: Vec<Option<Value>>,
+    sparse: HashMap<u64, Value>,
     /// Entries stored, as CPython counts them: MEMOIZE's next index.
     len: usize,
 }
 
 impl Memo {
-    fn get(&self, idx: u64) -> Option<&V> {
+    fn get(&self, idx: u64) -> Option<&Value> {
         match usize::try_from(idx) {
             Ok(i) if i < self.dense.len() => self.dense[i].as_ref(),
             _ => self.sparse.get(&idx),
         }
     }
 
-    fn insert(&mut self, idx: u64, v: V) {
+    fn insert(&mut self, idx: u64, v: Value) {
         let new = match usize::try_from(idx) {
             Ok(i) if i < self.dense.len() => self.dense[i].replace(v).is_none(),
             Ok(i) if i == self.dense.len() => {
@@ -224,7 +224,7 @@ impl Memo {
         self.len += new as usize;
     }
 
-    fn drain(&mut self) -> impl Iterator<Item = V> + '_ {
+    fn drain(&mut self) -> impl Iterator<Item = Value> + '_ {
         self.len = 0;
         self.dense
             .drain(..)
@@ -309,15 +309,15 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn pop(&mut self) -> Result<V, Malformed> {
+    fn pop(&mut self) -> Result<Value, Malformed> {
         let floor = self.marks.last().copied().unwrap_or(0);
         if self.stack.len() <= floor {
             return bad(self.op_at, "stack underflow");
         }
-        Ok(self.stack.pop().unwrap_or(V::Opaque))
+        Ok(self.stack.pop().unwrap_or(Value::Opaque))
     }
 
-    fn top(&mut self) -> Result<&mut V, Malformed> {
+    fn top(&mut self) -> Result<&mut Value, Malformed> {
         let at = self.op_at;
         let floor = self.marks.last().copied().unwrap_or(0);
         if self.stack.len() <= floor {
@@ -329,7 +329,7 @@ impl<'a> Machine<'a> {
         }
     }
 
-    fn pop_mark(&mut self) -> Result<Vec<V>, Malformed> {
+    fn pop_mark(&mut self) -> Result<Vec<Value>, Malformed> {
         match self.marks.pop() {
             Some(m) => Ok(self.stack.split_off(m)),
             None => bad(self.op_at, "no MARK to pop to"),
@@ -358,7 +358,7 @@ impl<'a> Machine<'a> {
 
     /// A global is checked under the name CPython imports: below protocol 3 its unpickler
     /// maps Python 2 names to Python 3 ones (`__builtin__.set` loads `builtins.set`).
-    fn global(&mut self, module: String, name: String) -> Result<V, Malformed> {
+    fn global(&mut self, module: String, name: String) -> Result<Value, Malformed> {
         // Names are copied (the report, the qualified name): a memoized long string named
         // again and again would otherwise cost its length each time.
         self.work += 2 * (module.len() + name.len()) as u64;
@@ -388,10 +388,10 @@ impl<'a> Machine<'a> {
         } else {
             self.report.globals_omitted += 1;
         }
-        Ok(V::Global(q.into(), allowed))
+        Ok(Value::Global(q.into(), allowed))
     }
 
-    fn memo_get(&mut self, idx: u64) -> Result<V, Malformed> {
+    fn memo_get(&mut self, idx: u64) -> Result<Value, Malformed> {
         match self.memo.get(idx) {
             Some(v) => Ok(v.clone()),
             None => bad(self.op_at, format!("memo {idx} was never stored")),
@@ -404,7 +404,7 @@ impl<'a> Machine<'a> {
         Ok(())
     }
 
-    fn run(&mut self) -> Result<V, Malformed> {
+    fn run(&mut self) -> Result<Value, Malformed> {
         self.proto = 0;
         (self.c_reads, self.py_reads) = (true, true);
         self.c_valued = false;
@@ -454,9 +454,9 @@ impl<'a> Machine<'a> {
                     }
                     self.frame_end = Some(self.pos + n.min(left) as usize);
                 }
-                op::NONE => self.stack.push(V::None),
-                op::NEWTRUE => self.stack.push(V::Bool(true)),
-                op::NEWFALSE => self.stack.push(V::Bool(false)),
+                op::NONE => self.stack.push(Value::None),
+                op::NEWTRUE => self.stack.push(Value::Bool(true)),
+                op::NEWFALSE => self.stack.push(Value::Bool(false)),
                 op::INT => {
                     let l = self.line()?;
                     self.readers(true, text::python_int(l, true))?;
@@ -473,8 +473,8 @@ impl<'a> Machine<'a> {
                         c
                     };
                     match value {
-                        Ok(text::Int::Bool(b)) => self.stack.push(V::Bool(b)),
-                        Ok(text::Int::Int(n)) => self.stack.push(V::Int(Rc::new(n))),
+                        Ok(text::Int::Bool(b)) => self.stack.push(Value::Bool(b)),
+                        Ok(text::Int::Int(n)) => self.stack.push(Value::Int(Rc::new(n))),
                         Err(why) if why == text::TOO_MANY_DIGITS => self.too_many_digits(),
                         Err(why) => return bad(self.op_at, format!("INT: {why}")),
                     }
@@ -485,22 +485,22 @@ impl<'a> Machine<'a> {
                     let l = l.strip_suffix(b"L").unwrap_or(l);
                     self.readers(true, text::python_int(l, false))?;
                     match text::long(l, true) {
-                        Ok(n) => self.stack.push(V::Int(Rc::new(n))),
+                        Ok(n) => self.stack.push(Value::Int(Rc::new(n))),
                         Err(why) if why == text::TOO_MANY_DIGITS => self.too_many_digits(),
                         Err(why) => return bad(self.op_at, format!("LONG: {why}")),
                     }
                 }
                 op::BININT => {
                     let n = self.int4()?;
-                    self.stack.push(V::Int(Rc::new(n.into())));
+                    self.stack.push(Value::Int(Rc::new(n.into())));
                 }
                 op::BININT1 => {
                     let n = self.uint(1)?;
-                    self.stack.push(V::Int(Rc::new(n.into())));
+                    self.stack.push(Value::Int(Rc::new(n.into())));
                 }
                 op::BININT2 => {
                     let n = self.uint(2)?;
-                    self.stack.push(V::Int(Rc::new(n.into())));
+                    self.stack.push(Value::Int(Rc::new(n.into())));
                 }
                 op::LONG1 | op::LONG4 => {
                     let n = if op == op::LONG1 {
@@ -517,7 +517,7 @@ impl<'a> Machine<'a> {
                     } else {
                         BigInt::from_signed_bytes_le(b)
                     };
-                    self.stack.push(V::Int(Rc::new(v)));
+                    self.stack.push(Value::Int(Rc::new(v)));
                 }
                 op::FLOAT => {
                     let l = self.line()?;
@@ -528,12 +528,12 @@ impl<'a> Machine<'a> {
                     self.readers(c.is_ok(), py.is_some())?;
                     let f = if self.c_reads { c.ok() } else { py };
                     let f = self.float(f.unwrap_or_default());
-                    self.stack.push(V::Float(f));
+                    self.stack.push(Value::Float(f));
                 }
                 op::BINFLOAT => {
                     let b = self.take(8)?;
                     let f = self.float(f64::from_be_bytes(b.try_into().unwrap_or([0; 8])));
-                    self.stack.push(V::Float(f));
+                    self.stack.push(Value::Float(f));
                 }
                 op::STRING => {
                     let l = self.line()?.to_vec();
@@ -570,7 +570,7 @@ impl<'a> Machine<'a> {
                     };
                     let b = self.take(n)?;
                     let v = match std::str::from_utf8(b) {
-                        Ok(s) => V::Str(s.into()),
+                        Ok(s) => Value::Str(s.into()),
                         // CPython decodes with surrogatepass: lone surrogates are data.
                         Err(_) => match text::utf8_surrogatepass(b) {
                             Some(points) => string(points),
@@ -587,19 +587,19 @@ impl<'a> Machine<'a> {
                     };
                     let b = self.take(n)?;
                     self.stack.push(if op == op::BYTEARRAY8 {
-                        V::ByteArray(Rc::new(RefCell::new(b.to_vec())))
+                        Value::ByteArray(Rc::new(RefCell::new(b.to_vec())))
                     } else {
-                        V::Bytes(b.into())
+                        Value::Bytes(b.into())
                     });
                 }
-                op::EMPTY_TUPLE => self.stack.push(V::Tuple(Rc::default())),
-                op::EMPTY_LIST => self.stack.push(V::List(Rc::default())),
-                op::EMPTY_DICT => self.stack.push(V::Dict(Rc::default())),
-                op::EMPTY_SET => self.stack.push(V::Set(Rc::default())),
+                op::EMPTY_TUPLE => self.stack.push(Value::Tuple(Rc::default())),
+                op::EMPTY_LIST => self.stack.push(Value::List(Rc::default())),
+                op::EMPTY_DICT => self.stack.push(Value::Dict(Rc::default())),
+                op::EMPTY_SET => self.stack.push(Value::Set(Rc::default())),
                 op::MARK => self.marks.push(self.stack.len()),
                 op::TUPLE => {
                     let items = self.pop_mark()?;
-                    self.stack.push(V::Tuple(Rc::new(items)));
+                    self.stack.push(Value::Tuple(Rc::new(items)));
                 }
                 op::TUPLE1..=op::TUPLE3 => {
                     let n = (op - op::TUPLE1 + 1) as usize;
@@ -608,11 +608,11 @@ impl<'a> Machine<'a> {
                         items.push(self.pop()?);
                     }
                     items.reverse();
-                    self.stack.push(V::Tuple(Rc::new(items)));
+                    self.stack.push(Value::Tuple(Rc::new(items)));
                 }
                 op::LIST => {
                     let items = self.pop_mark()?;
-                    self.stack.push(V::List(Rc::new(RefCell::new(items))));
+                    self.stack.push(Value::List(Rc::new(RefCell::new(items))));
                 }
                 op::DICT => {
                     let items = self.pop_mark()?;
@@ -623,14 +623,14 @@ impl<'a> Machine<'a> {
                     for (k, _) in &pairs {
                         self.check_hashable(k, "a dict key")?;
                     }
-                    self.stack.push(V::Dict(Rc::new(RefCell::new(pairs))));
+                    self.stack.push(Value::Dict(Rc::new(RefCell::new(pairs))));
                 }
                 op::FROZENSET => {
                     let items = self.pop_mark()?;
                     for x in &items {
                         self.check_hashable(x, "a frozenset item")?;
                     }
-                    self.stack.push(V::FrozenSet(Rc::new(items)));
+                    self.stack.push(Value::FrozenSet(Rc::new(items)));
                 }
                 op::APPEND => {
                     let item = self.pop()?;
@@ -719,7 +719,7 @@ impl<'a> Machine<'a> {
                     let name = self.pop()?;
                     let module = self.pop()?;
                     match (&module, &name) {
-                        (V::Str(m), V::Str(n)) => {
+                        (Value::Str(m), Value::Str(n)) => {
                             let g = self.global(m.to_string(), n.to_string())?;
                             self.stack.push(g);
                         }
@@ -728,7 +728,7 @@ impl<'a> Machine<'a> {
                                 "STACK_GLOBAL with operands that are not plain strings".into(),
                             );
                             self.call_site("STACK_GLOBAL", None);
-                            self.stack.push(V::Opaque);
+                            self.stack.push(Value::Opaque);
                         }
                     }
                 }
@@ -744,7 +744,7 @@ impl<'a> Machine<'a> {
                         "INST instantiates {}",
                         crate::shown(&target.unwrap_or_default())
                     ));
-                    self.stack.push(V::Opaque);
+                    self.stack.push(Value::Opaque);
                 }
                 op::OBJ => {
                     let mut items = self.pop_mark()?;
@@ -779,7 +779,7 @@ impl<'a> Machine<'a> {
                     self.unsafe_(
                         "BUILD sets an object's state (__setstate__ or attributes)".into(),
                     );
-                    *self.top()? = V::Opaque;
+                    *self.top()? = Value::Opaque;
                 }
                 op::EXT1..=op::EXT4 => {
                     let code = match op {
@@ -792,24 +792,24 @@ impl<'a> Machine<'a> {
                     self.unsafe_(format!(
                         "{name} looks up extension code {code} in copyreg's registry"
                     ));
-                    self.stack.push(V::Opaque);
+                    self.stack.push(Value::Opaque);
                 }
                 op::PERSID => {
                     self.line()?;
                     self.call_site("PERSID", None);
                     self.unsafe_("PERSID asks the loader's persistent_load".into());
-                    self.stack.push(V::Opaque);
+                    self.stack.push(Value::Opaque);
                 }
                 op::BINPERSID => {
                     self.pop()?;
                     self.call_site("BINPERSID", None);
                     self.unsafe_("BINPERSID asks the loader's persistent_load".into());
-                    self.stack.push(V::Opaque);
+                    self.stack.push(Value::Opaque);
                 }
                 op::NEXT_BUFFER => {
                     self.call_site("NEXT_BUFFER", None);
                     self.unsafe_("NEXT_BUFFER takes an out-of-band buffer".into());
-                    self.stack.push(V::Opaque);
+                    self.stack.push(Value::Opaque);
                 }
                 op::READONLY_BUFFER => {
                     self.top()?;
@@ -826,7 +826,7 @@ impl<'a> Machine<'a> {
     /// that depends on it: the scan goes on past it, and the pickle cannot be safe.
     fn push_ascii(&mut self, bytes: Vec<u8>) {
         match String::from_utf8(bytes) {
-            Ok(s) if s.is_ascii() => self.stack.push(V::Str(s.into())),
+            Ok(s) if s.is_ascii() => self.stack.push(Value::Str(s.into())),
             _ => self.depends_on_reader(
                 "a STRING is not ASCII: Python 3 loads it only when told an encoding, and its \
                  value depends on which",
@@ -858,7 +858,7 @@ impl<'a> Machine<'a> {
     /// A value that loads only with a reader's setting: unknown, and the pickle not safe.
     fn depends_on_reader(&mut self, why: &'static str) {
         self.reader_dependent.get_or_insert((self.op_at, why));
-        self.stack.push(V::Opaque);
+        self.stack.push(Value::Opaque);
     }
 
     /// An error of the scan's own limits.
@@ -868,23 +868,27 @@ impl<'a> Machine<'a> {
     }
 
     /// APPEND(S): CPython extends a list, and calls `extend` (or `append`) of anything else.
-    fn append(&mut self, items: Vec<V>) -> Result<(), Malformed> {
+    fn append(&mut self, items: Vec<Value>) -> Result<(), Malformed> {
         let at = self.op_at;
         let target = self.top()?;
         if items.is_empty() {
             // The C unpickler does nothing; pickle.py still looks the method up.
             let has = matches!(
                 target,
-                V::List(_) | V::ByteArray(_) | V::Opaque | V::Global(..) | V::Call(..)
+                Value::List(_)
+                    | Value::ByteArray(_)
+                    | Value::Opaque
+                    | Value::Global(..)
+                    | Value::Call(..)
             );
             return self.readers(true, has);
         }
         let why = match target {
-            V::List(l) => {
+            Value::List(l) => {
                 l.borrow_mut().extend(items);
                 None
             }
-            V::ByteArray(b) => {
+            Value::ByteArray(b) => {
                 let bytes: Option<Vec<u8>> = items.iter().map(byte_value).collect();
                 match bytes {
                     Some(bytes) => b.borrow_mut().extend(bytes),
@@ -901,24 +905,24 @@ impl<'a> Machine<'a> {
     }
 
     /// SETITEM(S): a dict's items, or `__setitem__` of anything else.
-    fn set_items(&mut self, items: Vec<(V, V)>) -> Result<(), Malformed> {
+    fn set_items(&mut self, items: Vec<(Value, Value)>) -> Result<(), Malformed> {
         let at = self.op_at;
         if items.is_empty() {
             self.top()?;
             return Ok(());
         }
-        if matches!(self.top()?, V::Dict(_)) {
+        if matches!(self.top()?, Value::Dict(_)) {
             for (k, _) in &items {
                 self.check_hashable(k, "a dict key")?;
             }
         }
         let target = self.top()?;
         let why = match target {
-            V::Dict(d) => {
+            Value::Dict(d) => {
                 d.borrow_mut().extend(items);
                 None
             }
-            V::List(l) => {
+            Value::List(l) => {
                 let mut l = l.borrow_mut();
                 for (k, v) in items {
                     match index(&k, l.len()) {
@@ -928,7 +932,7 @@ impl<'a> Machine<'a> {
                 }
                 None
             }
-            V::ByteArray(b) => {
+            Value::ByteArray(b) => {
                 let mut b = b.borrow_mut();
                 for (k, v) in items {
                     match (index(&k, b.len()), byte_value(&v)) {
@@ -947,24 +951,24 @@ impl<'a> Machine<'a> {
     }
 
     /// ADDITEMS: a set's items, or `add` of anything else.
-    fn add_items(&mut self, items: Vec<V>) -> Result<(), Malformed> {
+    fn add_items(&mut self, items: Vec<Value>) -> Result<(), Malformed> {
         let at = self.op_at;
         if items.is_empty() {
             // The C unpickler does nothing; pickle.py still looks `add` up.
             let has = matches!(
                 self.top()?,
-                V::Set(_) | V::Opaque | V::Global(..) | V::Call(..)
+                Value::Set(_) | Value::Opaque | Value::Global(..) | Value::Call(..)
             );
             return self.readers(true, has);
         }
-        if matches!(self.top()?, V::Set(_)) {
+        if matches!(self.top()?, Value::Set(_)) {
             for x in &items {
                 self.check_hashable(x, "a set item")?;
             }
         }
         let target = self.top()?;
         let why = match target {
-            V::Set(s) => {
+            Value::Set(s) => {
                 s.borrow_mut().extend(items);
                 None
             }
@@ -978,7 +982,7 @@ impl<'a> Machine<'a> {
 
     /// CPython hashes dict keys and set items as it loads them: a list among them fails the
     /// load. Tuples are looked into (without recursion); the work counts against the budget.
-    fn check_hashable(&mut self, v: &V, role: &str) -> Result<(), Malformed> {
+    fn check_hashable(&mut self, v: &Value, role: &str) -> Result<(), Malformed> {
         let mut todo = vec![v];
         while let Some(x) = todo.pop() {
             self.work += 1;
@@ -986,7 +990,7 @@ impl<'a> Machine<'a> {
                 return self.over_limit("asks for more work than its size allows");
             }
             match x {
-                V::List(_) | V::Dict(_) | V::Set(_) | V::ByteArray(_) => {
+                Value::List(_) | Value::Dict(_) | Value::Set(_) | Value::ByteArray(_) => {
                     return bad(
                         self.op_at,
                         format!(
@@ -996,7 +1000,7 @@ impl<'a> Machine<'a> {
                     );
                 }
                 // A frozenset's items were checked when it was built.
-                V::Tuple(t) => todo.extend(t.iter()),
+                Value::Tuple(t) => todo.extend(t.iter()),
                 _ => {}
             }
         }
@@ -1015,56 +1019,56 @@ impl<'a> Machine<'a> {
 
     /// A complex object: a NaN part gets a new payload, since the complex is not the float
     /// it was made from.
-    fn complex(&mut self, re: f64, im: f64) -> V {
+    fn complex(&mut self, re: f64, im: f64) -> Value {
         if re.is_nan() || im.is_nan() {
             let nan = self.float(f64::NAN);
             let tag = |x: f64| if x.is_nan() { nan } else { x };
-            return V::Complex(tag(re), tag(im));
+            return Value::Complex(tag(re), tag(im));
         }
-        V::Complex(re, im)
+        Value::Complex(re, im)
     }
 
-    fn instantiate(&mut self, opcode: &'static str, cls: &V) {
+    fn instantiate(&mut self, opcode: &'static str, cls: &Value) {
         let target = global_name(cls);
         self.call_site(opcode, target.clone());
         self.unsafe_(format!(
             "{opcode} instantiates {}",
             target.map_or_else(|| "an unknown class".into(), |t| crate::shown(&t))
         ));
-        self.stack.push(V::Opaque);
+        self.stack.push(Value::Opaque);
     }
 
     /// REDUCE: only allow-listed globals, and for the built-in forms only the argument
     /// shapes CPython writes for plain data.
-    fn reduce(&mut self, callable: V, args: V) -> Result<V, Malformed> {
+    fn reduce(&mut self, callable: Value, args: Value) -> Result<Value, Malformed> {
         let name = global_name(&callable);
         self.call_site("REDUCE", name.clone());
         let (q, allowed) = match &callable {
-            V::Global(q, allowed) => (q.clone(), *allowed),
+            Value::Global(q, allowed) => (q.clone(), *allowed),
             _ => {
                 self.unsafe_("REDUCE calls something that is not a named global".into());
-                return Ok(V::Opaque);
+                return Ok(Value::Opaque);
             }
         };
         if !allowed {
             // The global itself was already reported.
-            return Ok(V::Opaque);
+            return Ok(Value::Opaque);
         }
-        let V::Tuple(args) = &args else {
+        let Value::Tuple(args) = &args else {
             self.unsafe_(format!(
                 "REDUCE calls {} with arguments that are not a tuple",
                 crate::shown(&q)
             ));
-            return Ok(V::Opaque);
+            return Ok(Value::Opaque);
         };
         let short = q.strip_prefix("builtins.").unwrap_or(&q);
         // What building the value copies: a list's items, a string's or bytes' bytes.
         let copied: u64 = args
             .iter()
             .map(|a| match a {
-                V::List(l) => l.borrow().len() as u64,
-                V::Str(s) => s.len() as u64,
-                V::Bytes(b) => b.len() as u64,
+                Value::List(l) => l.borrow().len() as u64,
+                Value::Str(s) => s.len() as u64,
+                Value::Bytes(b) => b.len() as u64,
                 _ => 0,
             })
             .sum();
@@ -1072,31 +1076,35 @@ impl<'a> Machine<'a> {
         if self.work > work_limit(self.data.len()) {
             return self.over_limit("asks for more copying than its size allows");
         }
-        if let ("set" | "frozenset", [V::List(l)]) = (short, &args[..]) {
+        if let ("set" | "frozenset", [Value::List(l)]) = (short, &args[..]) {
             for x in l.borrow().iter() {
                 self.check_hashable(x, "a set item")?;
             }
         }
-        let bytearray = |b: Vec<u8>| V::ByteArray(Rc::new(RefCell::new(b)));
+        let bytearray = |b: Vec<u8>| Value::ByteArray(Rc::new(RefCell::new(b)));
         let built = match (short, &args[..]) {
-            ("set", []) => Some(V::Set(Rc::default())),
-            ("set", [V::List(l)]) => Some(V::Set(Rc::new(RefCell::new(l.borrow().clone())))),
-            ("frozenset", []) => Some(V::FrozenSet(Rc::default())),
-            ("frozenset", [V::List(l)]) => Some(V::FrozenSet(Rc::new(l.borrow().clone()))),
-            ("bytearray", []) => Some(bytearray(Vec::new())),
-            ("bytearray", [V::Bytes(b)]) => Some(bytearray(b.to_vec())),
-            ("bytearray", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => latin1(s).map(bytearray),
-            ("bytes", []) => Some(V::Bytes(Rc::new([]))),
-            ("_codecs.encode", [V::Str(s), V::Str(enc)]) if is_latin1(enc) => {
-                latin1(s).map(|b| V::Bytes(b.into()))
+            ("set", []) => Some(Value::Set(Rc::default())),
+            ("set", [Value::List(l)]) => {
+                Some(Value::Set(Rc::new(RefCell::new(l.borrow().clone()))))
             }
-            ("complex", [V::Float(re), V::Float(im)]) => Some(self.complex(*re, *im)),
-            ("complex", [V::Float(re)]) => Some(self.complex(*re, 0.0)),
-            ("collections.OrderedDict", []) => Some(V::Dict(Rc::default())),
+            ("frozenset", []) => Some(Value::FrozenSet(Rc::default())),
+            ("frozenset", [Value::List(l)]) => Some(Value::FrozenSet(Rc::new(l.borrow().clone()))),
+            ("bytearray", []) => Some(bytearray(Vec::new())),
+            ("bytearray", [Value::Bytes(b)]) => Some(bytearray(b.to_vec())),
+            ("bytearray", [Value::Str(s), Value::Str(enc)]) if is_latin1(enc) => {
+                latin1(s).map(bytearray)
+            }
+            ("bytes", []) => Some(Value::Bytes(Rc::new([]))),
+            ("_codecs.encode", [Value::Str(s), Value::Str(enc)]) if is_latin1(enc) => {
+                latin1(s).map(|b| Value::Bytes(b.into()))
+            }
+            ("complex", [Value::Float(re), Value::Float(im)]) => Some(self.complex(*re, *im)),
+            ("complex", [Value::Float(re)]) => Some(self.complex(*re, 0.0)),
+            ("collections.OrderedDict", []) => Some(Value::Dict(Rc::default())),
             // A new object, told apart from any other call by its own allocation (keys
             // compare by identity first).
             (_, _) if !crate::DEFAULT_ALLOW.contains(&&*q) => {
-                Some(V::Call(q.clone(), Rc::new(args.to_vec())))
+                Some(Value::Call(q.clone(), Rc::new(args.to_vec())))
             }
             _ => None,
         };
@@ -1107,7 +1115,7 @@ impl<'a> Machine<'a> {
                     "{} is called with arguments plain data never has",
                     crate::shown(&q)
                 ));
-                Ok(V::Opaque)
+                Ok(Value::Opaque)
             }
         }
     }
@@ -1119,7 +1127,7 @@ fn work_limit(len: usize) -> u64 {
     (64 * (len as u64).max(1 << 16)).min(1 << 30)
 }
 
-fn pairs(items: Vec<V>) -> Vec<(V, V)> {
+fn pairs(items: Vec<Value>) -> Vec<(Value, Value)> {
     let mut out = Vec::with_capacity(items.len() / 2);
     let mut it = items.into_iter();
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
@@ -1129,36 +1137,36 @@ fn pairs(items: Vec<V>) -> Vec<(V, V)> {
 }
 
 /// A str from its code points.
-fn string(points: Vec<u32>) -> V {
+fn string(points: Vec<u32>) -> Value {
     match points
         .iter()
         .map(|&p| char::from_u32(p))
         .collect::<Option<String>>()
     {
-        Some(s) => V::Str(s.into()),
-        None => V::Wide(points.into()),
+        Some(s) => Value::Str(s.into()),
+        None => Value::Wide(points.into()),
     }
 }
 
 /// CPython's name for what a value is, in messages.
-fn describe(v: &V) -> String {
+fn describe(v: &Value) -> String {
     match v {
-        V::None => "None".into(),
-        V::Bool(_) => "a bool".into(),
-        V::Int(_) => "an int".into(),
-        V::Float(_) => "a float".into(),
-        V::Complex(..) => "a complex".into(),
-        V::Str(_) | V::Wide(_) => "a str".into(),
-        V::Bytes(_) => "bytes".into(),
-        V::ByteArray(_) => "a bytearray".into(),
-        V::List(_) => "a list".into(),
-        V::Tuple(_) => "a tuple".into(),
-        V::Dict(_) => "a dict".into(),
-        V::Set(_) => "a set".into(),
-        V::FrozenSet(_) => "a frozenset".into(),
-        V::Global(q, _) => crate::shown(q),
-        V::Call(q, _) => format!("what {} returned", crate::shown(q)),
-        V::Opaque => "an unknown object".into(),
+        Value::None => "None".into(),
+        Value::Bool(_) => "a bool".into(),
+        Value::Int(_) => "an int".into(),
+        Value::Float(_) => "a float".into(),
+        Value::Complex(..) => "a complex".into(),
+        Value::Str(_) | Value::Wide(_) => "a str".into(),
+        Value::Bytes(_) => "bytes".into(),
+        Value::ByteArray(_) => "a bytearray".into(),
+        Value::List(_) => "a list".into(),
+        Value::Tuple(_) => "a tuple".into(),
+        Value::Dict(_) => "a dict".into(),
+        Value::Set(_) => "a set".into(),
+        Value::FrozenSet(_) => "a frozenset".into(),
+        Value::Global(q, _) => crate::shown(q),
+        Value::Call(q, _) => format!("what {} returned", crate::shown(q)),
+        Value::Opaque => "an unknown object".into(),
     }
 }
 
@@ -1166,16 +1174,16 @@ fn describe(v: &V) -> String {
 /// `method` — code, for an allowed global or what one returned (then unknown; the reason is
 /// returned) — and fails on a value that has no such method.
 fn call_on(
-    target: &mut V,
+    target: &mut Value,
     opcode: &str,
     method: &str,
     at: usize,
 ) -> Result<Option<String>, Malformed> {
     match target {
-        V::Opaque => Ok(None),
-        V::Global(..) | V::Call(..) => {
+        Value::Opaque => Ok(None),
+        Value::Global(..) | Value::Call(..) => {
             let name = describe(target);
-            *target = V::Opaque;
+            *target = Value::Opaque;
             Ok(Some(format!("{opcode} calls {method} of {name}")))
         }
         other => bad(
@@ -1186,10 +1194,10 @@ fn call_on(
 }
 
 /// An int (or bool) as a Python index into a sequence of `len` items.
-fn index(k: &V, len: usize) -> Option<usize> {
+fn index(k: &Value, len: usize) -> Option<usize> {
     let i = match k {
-        V::Bool(b) => *b as i64,
-        V::Int(n) => n.to_i64()?,
+        Value::Bool(b) => *b as i64,
+        Value::Int(n) => n.to_i64()?,
         _ => return None,
     };
     let i = if i < 0 { i.checked_add(len as i64)? } else { i };
@@ -1197,10 +1205,10 @@ fn index(k: &V, len: usize) -> Option<usize> {
 }
 
 /// An int (or bool) that fits a byte, as bytearray's item assignment takes it.
-fn byte_value(v: &V) -> Option<u8> {
+fn byte_value(v: &Value) -> Option<u8> {
     match v {
-        V::Bool(b) => Some(*b as u8),
-        V::Int(n) => n.to_u8(),
+        Value::Bool(b) => Some(*b as u8),
+        Value::Int(n) => n.to_u8(),
         _ => None,
     }
 }
@@ -1222,9 +1230,9 @@ fn compat(module: String, name: String) -> (String, String) {
     }
 }
 
-fn global_name(v: &V) -> Option<Arc<str>> {
+fn global_name(v: &Value) -> Option<Arc<str>> {
     match v {
-        V::Global(q, _) => Some(q.clone()),
+        Value::Global(q, _) => Some(q.clone()),
         _ => None,
     }
 }
@@ -1317,7 +1325,7 @@ fn machine<'a>(data: &'a [u8], opts: &'a Options) -> Machine<'a> {
 /// Takes values apart without recursion: a pickle can nest containers 100 000 deep (drop glue
 /// would overflow the stack) or make one contain itself (reference counts would never free
 /// it). Mutable containers are emptied even when shared, which breaks every cycle.
-fn dismantle(values: impl IntoIterator<Item = V>) {
+fn dismantle(values: impl IntoIterator<Item = Value>) {
     let mut work = Vec::new();
     for v in values {
         work.push(v);
@@ -1330,7 +1338,11 @@ fn dismantle(values: impl IntoIterator<Item = V>) {
 /// Runs the machine over the first pickle, hands `snapshot` its value before anything else
 /// can change it, then goes on with the pickles that follow; takes everything apart at the
 /// end.
-fn execute<T>(data: &[u8], opts: &Options, snapshot: impl FnOnce(&V) -> T) -> (Report, Option<T>) {
+fn execute<T>(
+    data: &[u8],
+    opts: &Options,
+    snapshot: impl FnOnce(&Value) -> T,
+) -> (Report, Option<T>) {
     let mut m = machine(data, opts);
     if data.len() > opts.max_bytes {
         m.report.verdict = Verdict::Malformed {
@@ -1448,9 +1460,9 @@ mod tests {
     #[test]
     fn the_memo_is_one_dict_in_two_parts() {
         let mut memo = Memo::default();
-        let int = |n: i64| V::Int(Rc::new(n.into()));
+        let int = |n: i64| Value::Int(Rc::new(n.into()));
         let at = |m: &Memo, i: u64| match m.get(i) {
-            Some(V::Int(n)) => Some(i64::try_from(&**n).unwrap()),
+            Some(Value::Int(n)) => Some(i64::try_from(&**n).unwrap()),
             Some(_) => panic!("not an int"),
             None => None,
         };
@@ -1474,12 +1486,16 @@ mod tests {
     /// keep it forever).
     #[test]
     fn dismantling_frees_cycles() {
-        let list: Shared<Vec<V>> = Rc::default();
-        list.borrow_mut().push(V::List(list.clone()));
-        let dict: Shared<Vec<(V, V)>> = Rc::default();
-        dict.borrow_mut().push((V::None, V::Dict(dict.clone())));
+        let list: Shared<Vec<Value>> = Rc::default();
+        list.borrow_mut().push(Value::List(list.clone()));
+        let dict: Shared<Vec<(Value, Value)>> = Rc::default();
+        dict.borrow_mut()
+            .push((Value::None, Value::Dict(dict.clone())));
         let (weak_list, weak_dict) = (Rc::downgrade(&list), Rc::downgrade(&dict));
-        dismantle(vec![V::List(list), V::Tuple(Rc::new(vec![V::Dict(dict)]))]);
+        dismantle(vec![
+            Value::List(list),
+            Value::Tuple(Rc::new(vec![Value::Dict(dict)])),
+        ]);
         assert!(weak_list.upgrade().is_none() && weak_dict.upgrade().is_none());
     }
 }

@@ -350,7 +350,7 @@ pub struct Child {
     isolation: Isolation,
     /// The isolation as the init reported it when the program started, for long-lived
     /// sandboxes whose owner cannot wait for the outcome (see [`Child::started_isolation`]).
-    program_started: Arc<Later<Isolation>>,
+    program_started: Arc<SetOnce<Isolation>>,
     /// The listener on the sandbox's loopback, until the host takes it to serve it.
     egress: Option<std::net::TcpListener>,
     /// Held while the sandbox lives: a zygote counts its children by these.
@@ -359,21 +359,21 @@ pub struct Child {
 
 /// A value one thread sets and others wait for.
 #[derive(Debug)]
-pub struct Later<T> {
+pub struct SetOnce<T> {
     value: Mutex<Option<T>>,
     set: std::sync::Condvar,
 }
 
-impl<T> Default for Later<T> {
+impl<T> Default for SetOnce<T> {
     fn default() -> Self {
-        Later {
+        SetOnce {
             value: Mutex::new(None),
             set: std::sync::Condvar::new(),
         }
     }
 }
 
-impl<T: Clone> Later<T> {
+impl<T: Clone> SetOnce<T> {
     /// The value once it is set; `None` if that takes longer than `within`.
     pub fn wait(&self, within: Duration) -> Option<T> {
         let guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
@@ -878,7 +878,7 @@ impl Child {
 
     /// Host pids of every process in the sandbox (from its cgroup; empty without one).
     /// Filled in when the program has started, by whichever thread waits for the sandbox.
-    pub fn started_isolation(&self) -> Arc<Later<Isolation>> {
+    pub fn started_isolation(&self) -> Arc<SetOnce<Isolation>> {
         self.program_started.clone()
     }
 

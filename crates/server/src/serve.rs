@@ -438,14 +438,14 @@ struct Conn {
 }
 
 /// A place in the table; gives it back on drop.
-struct Entry {
+struct TableSlot {
     table: Arc<Table>,
     id: u64,
     conn: Arc<Conn>,
     _slot: OwnedSemaphorePermit,
 }
 
-impl Drop for Entry {
+impl Drop for TableSlot {
     fn drop(&mut self) {
         self.table
             .open
@@ -469,7 +469,7 @@ impl Table {
         }
     }
 
-    async fn enter(self: &Arc<Self>, state: &SharedState, peer: IpAddr) -> Option<Entry> {
+    async fn enter(self: &Arc<Self>, state: &SharedState, peer: IpAddr) -> Option<TableSlot> {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
@@ -501,7 +501,7 @@ impl Table {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, conn.clone());
-        Some(Entry {
+        Some(TableSlot {
             table: self.clone(),
             id,
             conn,
@@ -562,16 +562,16 @@ enum Eviction {
 }
 
 /// Marks a connection busy while a request is handled and its answer written.
-struct Busy(Arc<Conn>);
+struct ConnBusy(Arc<Conn>);
 
-impl Busy {
+impl ConnBusy {
     fn new(conn: &Arc<Conn>) -> Self {
         conn.busy.fetch_add(1, Ordering::SeqCst);
-        Busy(conn.clone())
+        ConnBusy(conn.clone())
     }
 }
 
-impl Drop for Busy {
+impl Drop for ConnBusy {
     fn drop(&mut self) {
         self.0.busy.fetch_sub(1, Ordering::SeqCst);
     }
@@ -582,11 +582,11 @@ impl Drop for Busy {
 /// the slow-reader watch whether the answer has more to give.
 struct BusyBody {
     inner: Body,
-    busy: Busy,
+    busy: ConnBusy,
 }
 
 impl BusyBody {
-    fn new(inner: Body, busy: Busy) -> Self {
+    fn new(inner: Body, busy: ConnBusy) -> Self {
         busy.0.answers.fetch_add(1, Ordering::SeqCst);
         busy.0.answer_idle.store(false, Ordering::SeqCst);
         BusyBody { inner, busy }
@@ -626,7 +626,7 @@ impl hyper::body::Body for BusyBody {
 
 async fn connection(
     stream: TcpStream,
-    entry: Entry,
+    entry: TableSlot,
     router: Router,
     state: SharedState,
     mut stop: watch::Receiver<bool>,
@@ -641,7 +641,7 @@ async fn connection(
         let router = router.clone();
         let findings = findings.clone();
         let state = svc_state.clone();
-        let busy = Busy::new(&conn_state);
+        let busy = ConnBusy::new(&conn_state);
         let authenticated = Authenticated(conn_state.authenticated.clone());
         async move {
             let mut response = if findings.smuggling.load(Ordering::SeqCst) {

@@ -39,11 +39,11 @@ const REAP_EVERY: Duration = Duration::from_millis(500);
 /// Every open session.
 #[derive(Default)]
 pub struct Sessions {
-    open: Mutex<HashMap<String, Arc<Entry>>>,
+    open: Mutex<HashMap<String, Arc<OpenSession>>>,
     started: AtomicU64,
 }
 
-pub struct Entry {
+pub struct OpenSession {
     id: String,
     key_fingerprint: String,
     created_at: SystemTime,
@@ -73,7 +73,7 @@ impl std::fmt::Debug for Sessions {
 }
 
 impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<OpenSession>>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -95,7 +95,7 @@ impl Sessions {
 
     /// Closes every session and waits for their sandboxes to be gone (shutdown).
     pub fn close_all(&self) {
-        let all: Vec<Arc<Entry>> = self.lock().drain().map(|(_, e)| e).collect();
+        let all: Vec<Arc<OpenSession>> = self.lock().drain().map(|(_, e)| e).collect();
         for entry in &all {
             entry.session.close();
         }
@@ -107,7 +107,7 @@ impl Sessions {
     /// Closes the sessions idle or alive for too long; returns them.
     pub fn reap(&self) -> Vec<Reaped> {
         let now = Instant::now();
-        let expired: Vec<Arc<Entry>> = {
+        let expired: Vec<Arc<OpenSession>> = {
             let mut open = self.lock();
             let ids: Vec<String> = open
                 .values()
@@ -161,7 +161,7 @@ pub struct Reaped {
 
 /// The caller's session `id`; 410 `session_lost` for one of its sessions the server lost
 /// when it stopped; otherwise 404 (also when it is another key's).
-fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<Entry>, Error> {
+fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error> {
     let fingerprint = key.fingerprint();
     if let Some(entry) = state
         .sessions
@@ -197,7 +197,7 @@ pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
 /// that have ended count for neither.
 fn room_for_one(
-    open: &HashMap<String, Arc<Entry>>,
+    open: &HashMap<String, Arc<OpenSession>>,
     key: &Key,
     cfg: &crate::config::SessionsConfig,
 ) -> Result<(), Error> {
@@ -244,7 +244,7 @@ pub async fn reaper(state: SharedState) {
     }
 }
 
-impl Entry {
+impl OpenSession {
     fn info(&self) -> SessionInfo {
         let rfc = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
         SessionInfo {
@@ -260,7 +260,7 @@ impl Entry {
     }
 
     /// Marks the session busy for one request, or says it is.
-    fn take(self: &Arc<Self>) -> Result<Busy, Error> {
+    fn take(self: &Arc<Self>) -> Result<InUse, Error> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::new(
                 StatusCode::NOT_FOUND,
@@ -282,7 +282,7 @@ impl Entry {
                 "the session is running another request",
             ));
         }
-        let busy = Busy(self.clone());
+        let busy = InUse(self.clone());
         // Closed between the check and the claim: give it back.
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::new(
@@ -297,16 +297,16 @@ impl Entry {
 }
 
 /// Held while a request uses the session.
-struct Busy(Arc<Entry>);
+struct InUse(Arc<OpenSession>);
 
-impl Drop for Busy {
+impl Drop for InUse {
     fn drop(&mut self) {
         *lock(&self.0.last_used) = Instant::now();
         self.0.busy.store(false, Ordering::Release);
     }
 }
 
-fn session_error(e: SessionError, entry: &Entry) -> Error {
+fn session_error(e: SessionError, entry: &OpenSession) -> Error {
     match e {
         SessionError::Ended(status) => {
             *lock(&entry.ended) = Some(status);
@@ -410,7 +410,7 @@ pub(crate) async fn open(
                 e.to_string(),
             )
         })?;
-    let entry = Arc::new(Entry {
+    let entry = Arc::new(OpenSession {
         id: state.held_id("se_"),
         key_fingerprint: key.fingerprint(),
         created_at: SystemTime::now(),
@@ -572,12 +572,12 @@ pub(crate) async fn cell<H: Send + 'static>(
 
 /// A cell that holds its session and a running slot, and is in the audit log.
 struct StartedCell {
-    entry: Arc<Entry>,
-    busy: Busy,
+    entry: Arc<OpenSession>,
+    busy: InUse,
     admitted: crate::admission::Admitted,
     ctx: Context,
     cell: Cell,
-    on_close: OnDrop,
+    on_close: CloseIfDropped,
 }
 
 /// Checks a cell, takes its session and a running slot (`held` is let go once it is had) and
@@ -586,7 +586,7 @@ async fn start_cell<H>(
     state: &SharedState,
     key: &Key,
     request_id: String,
-    entry: Arc<Entry>,
+    entry: Arc<OpenSession>,
     asked: CellRequest,
     held: H,
 ) -> Result<StartedCell, Error> {
@@ -634,7 +634,7 @@ async fn start_cell<H>(
         timeout: Duration::from_millis(limits.timeout_ms),
     };
     // The session is destroyed if the client leaves mid-cell: its state is unknown then.
-    let on_close = OnDrop(Some(entry.clone()));
+    let on_close = CloseIfDropped(Some(entry.clone()));
     let st = state.clone();
     let ctx = tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &limits).map(|()| ctx))
         .await
@@ -682,7 +682,7 @@ async fn finish_cell<T: Send + 'static>(
 /// Runs one cell and records it (audit, metrics, log) like an execution.
 fn run_cell(
     state: &SharedState,
-    entry: &Entry,
+    entry: &OpenSession,
     ctx: Context,
     cell: Cell,
     sink: &mut dyn airlock_engine::OutputSink,
@@ -710,9 +710,9 @@ fn run_cell(
 }
 
 /// Closes the session if the request is dropped before its cell is answered.
-struct OnDrop(Option<Arc<Entry>>);
+struct CloseIfDropped(Option<Arc<OpenSession>>);
 
-impl Drop for OnDrop {
+impl Drop for CloseIfDropped {
     fn drop(&mut self) {
         if let Some(entry) = self.0.take() {
             entry.session.close();

@@ -117,7 +117,7 @@ pub struct Zygote {
     /// Kills the template (and with it every child), wherever its `Child` is being waited for.
     killer: crate::Killer,
     /// Set once the template has been waited for: nothing of the zygote is left.
-    ended: Arc<crate::Later<bool>>,
+    ended: Arc<crate::SetOnce<bool>>,
     prefault_bytes: u64,
     /// The template's cgroup when it is a leaf of a tree of the zygote's own (v2), where
     /// each child's cgroup is made beside it (see `SandboxCgroup::create_for_zygote`).
