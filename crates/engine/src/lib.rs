@@ -178,10 +178,48 @@ impl Cancel {
     }
 }
 
+/// A job refused before any sandbox starts: the field of the request at fault, and why. The
+/// engine is the one owner of these checks; the server and the CLI map them to their answers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// As a request names it: `code`, `stdin`, `env`, `env.NAME`, `files`, `files[2].path`,
+    /// `entrypoint`, `inputs.x`, `path`.
+    pub field: String,
+    pub kind: RefusalKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalKind {
+    /// Over a size or count limit.
+    TooLarge,
+    /// Not a value the field may hold.
+    Invalid,
+}
+
+impl Refusal {
+    fn too_large(field: impl Into<String>, message: String) -> Self {
+        Refusal {
+            field: field.into(),
+            kind: RefusalKind::TooLarge,
+            message,
+        }
+    }
+
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Refusal {
+            field: field.into(),
+            kind: RefusalKind::Invalid,
+            message: message.into(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{0}")]
-    Invalid(String),
+    #[error(transparent)]
+    Invalid(#[from] Refusal),
     #[error(transparent)]
     Limit(#[from] LimitError),
     #[error(transparent)]
@@ -644,66 +682,89 @@ impl Engine {
 
     /// Checks a job before anything runs.
     pub fn check(&self, job: &Job) -> Result<(), EngineError> {
-        let invalid = |m: String| Err(EngineError::Invalid(m));
+        let refused = |r: Refusal| Err(EngineError::Invalid(r));
         if job.code.len() as u64 > job.max_code_bytes {
-            return invalid(format!(
-                "code is {} bytes, over the limit of {} bytes",
-                job.code.len(),
-                job.max_code_bytes
+            return refused(Refusal::too_large(
+                "code",
+                format!(
+                    "code is {} bytes, over the limit of {} bytes",
+                    job.code.len(),
+                    job.max_code_bytes
+                ),
             ));
         }
         let name_ok = !job.filename.is_empty()
             && job.filename.len() <= 255
             && !job.filename.contains(['/', '\0']);
         if !name_ok {
-            return invalid(format!("invalid code file name {:?}", job.filename));
+            return refused(Refusal::invalid(
+                "filename",
+                format!("invalid code file name {:?}", job.filename),
+            ));
         }
         if let Stdin::Bytes(b) = &job.stdin {
             if b.len() as u64 > self.config.max_stdin_bytes {
-                return invalid(format!(
-                    "stdin is {} bytes, over the limit of {} bytes",
-                    b.len(),
-                    self.config.max_stdin_bytes
+                return refused(Refusal::too_large(
+                    "stdin",
+                    format!(
+                        "stdin is {} bytes, over the limit of {} bytes",
+                        b.len(),
+                        self.config.max_stdin_bytes
+                    ),
                 ));
             }
         }
         if job.env.len() > MAX_ENV_VARS {
-            return invalid(format!(
-                "{} environment variables, over the limit of {MAX_ENV_VARS}",
-                job.env.len()
+            return refused(Refusal::too_large(
+                "env",
+                format!(
+                    "{} environment variables, over the limit of {MAX_ENV_VARS}",
+                    job.env.len()
+                ),
             ));
         }
         let env_bytes: usize = job.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
         if env_bytes > MAX_ENV_BYTES {
-            return invalid(format!(
-                "the environment is {env_bytes} bytes, over the limit of {MAX_ENV_BYTES}"
+            return refused(Refusal::too_large(
+                "env",
+                format!("the environment is {env_bytes} bytes, over the limit of {MAX_ENV_BYTES}"),
             ));
         }
         for (key, value) in &job.env {
             if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
-                return invalid(format!("invalid environment variable {key:?}"));
+                return refused(Refusal::invalid(
+                    format!("env.{key}"),
+                    format!(
+                        "invalid environment variable {key:?}: names must not be empty or \
+                         contain = or NUL; values must not contain NUL"
+                    ),
+                ));
             }
         }
         if job.files.len() > MAX_FILES {
-            return invalid(format!(
-                "{} input files, over the limit of {MAX_FILES}",
-                job.files.len()
+            return refused(Refusal::too_large(
+                "files",
+                format!(
+                    "{} input files, over the limit of {MAX_FILES}",
+                    job.files.len()
+                ),
             ));
         }
         let mut total = 0u64;
-        for file in &job.files {
-            check_relative_path(&file.path).map_err(EngineError::Invalid)?;
+        for (i, file) in job.files.iter().enumerate() {
+            check_relative_path(&file.path)
+                .map_err(|m| Refusal::invalid(format!("files[{i}].path"), m))?;
             total += file.data.len() as u64;
         }
         let cap = self.config.max_files_bytes.min(job.limits.disk_mb * MIB);
         if total > cap {
-            return invalid(format!(
-                "input files total {total} bytes, over the limit of {cap} bytes"
+            return refused(Refusal::too_large(
+                "files",
+                format!("input files total {total} bytes, over the limit of {cap} bytes"),
             ));
         }
         if let Some(entry) = &job.entrypoint {
-            check_entrypoint(entry)
-                .map_err(|(field, m)| EngineError::Invalid(format!("{field}: {m}")))?;
+            check_entrypoint(entry).map_err(|(field, m)| Refusal::invalid(field, m))?;
         }
         Ok(())
     }
@@ -1268,7 +1329,7 @@ mod tests {
             environment: None,
         };
         let refused = |j: Job| match engine.check(&j) {
-            Err(EngineError::Invalid(m)) => m,
+            Err(EngineError::Invalid(r)) => r.message,
             other => panic!("accepted: {other:?}"),
         };
         assert!(engine.check(&job(Vec::new(), MAX_FILES)).is_ok());
@@ -1279,6 +1340,44 @@ mod tests {
         assert!(refused(job(many, 0)).contains("environment variables"));
         let big = vec![("V".to_owned(), "x".repeat(MAX_ENV_BYTES))];
         assert!(refused(job(big, 0)).contains("bytes"));
+
+        // Each refusal names the request's field and its kind, which the server answers with
+        // (413 or 400, `field`): the engine is the only place these checks are made.
+        let field_of = |j: Job| match engine.check(&j) {
+            Err(EngineError::Invalid(r)) => (r.field, r.kind),
+            other => panic!("accepted: {other:?}"),
+        };
+        use RefusalKind::{Invalid, TooLarge};
+        let long = Job {
+            code: "#".repeat(1001),
+            ..job(Vec::new(), 0)
+        };
+        assert_eq!(field_of(long), ("code".into(), TooLarge));
+        let named = job(vec![("A=B".into(), "x".into())], 0);
+        assert_eq!(field_of(named), ("env.A=B".into(), Invalid));
+        let mut escaping = job(Vec::new(), 2);
+        escaping.files[1].path = "a/../../b".into();
+        assert_eq!(field_of(escaping), ("files[1].path".into(), Invalid));
+        assert_eq!(
+            field_of(job(Vec::new(), MAX_FILES + 1)),
+            ("files".into(), TooLarge)
+        );
+        let mut heavy = job(Vec::new(), 1);
+        heavy.files[0].data = vec![0; (engine.config().max_files_bytes + 1) as usize];
+        assert_eq!(field_of(heavy), ("files".into(), TooLarge));
+        let stdin = Job {
+            stdin: Stdin::Bytes(vec![0; engine.config().max_stdin_bytes as usize + 1]),
+            ..job(Vec::new(), 0)
+        };
+        assert_eq!(field_of(stdin), ("stdin".into(), TooLarge));
+        let entry = Job {
+            entrypoint: Some(Entrypoint {
+                name: "not a name".into(),
+                inputs: Default::default(),
+            }),
+            ..job(Vec::new(), 0)
+        };
+        assert_eq!(field_of(entry), ("entrypoint".into(), Invalid));
     }
 
     #[test]

@@ -286,7 +286,7 @@ impl Session {
         }
         if let Some(e) = &cell.entrypoint {
             crate::check_entrypoint(e)
-                .map_err(|(field, m)| EngineError::Invalid(format!("{field}: {m}")))?;
+                .map_err(|(field, m)| EngineError::from(crate::Refusal::invalid(field, m)))?;
         }
         io.cells += 1;
         let filename = format!("cell{}.py", io.cells);
@@ -447,7 +447,8 @@ impl Session {
     /// Writes a file below the working directory (missing directories are made); a link or
     /// anything but a regular file in the way is refused.
     pub fn put_file(&self, path: &str, data: &[u8]) -> Result<(), SessionError> {
-        crate::check_relative_path(path).map_err(EngineError::Invalid)?;
+        crate::check_relative_path(path)
+            .map_err(|m| EngineError::from(crate::Refusal::invalid("path", m)))?;
         self.file_op(&Value::Dict(vec![
             ("op", Value::Str("put")),
             ("path", Value::Str(path)),
@@ -460,7 +461,8 @@ impl Session {
     /// link on the way.
     pub fn get_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SessionError> {
         use base64::Engine as _;
-        crate::check_relative_path(path).map_err(EngineError::Invalid)?;
+        crate::check_relative_path(path)
+            .map_err(|m| EngineError::from(crate::Refusal::invalid("path", m)))?;
         // Half the result limit: its base64 and the answer around it fit in a response.
         let result_limit = self.response_limit - crate::RESPONSE_OVERHEAD;
         let max = max_bytes.min(result_limit / 2).min(i32::MAX as u64);

@@ -9,8 +9,8 @@ use airlock_api::{
     ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
 };
 use airlock_engine::{
-    check_entrypoint, check_relative_path, Cancel, Discard, EngineError, Entrypoint, Execution,
-    InputFile, Job, LimitError, Stdin,
+    check_entrypoint, Cancel, Discard, EngineError, Entrypoint, Execution, InputFile, Job,
+    LimitError, Stdin,
 };
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
@@ -227,56 +227,15 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
         e
     };
-    if req.code.len() as u64 > cfg.max_code_bytes {
-        return Err(reject(Error::too_large(
-            "code",
-            format!("code is over the limit of {} bytes", cfg.max_code_bytes),
-        )));
-    }
-    if req.stdin.len() as u64 > cfg.max_stdin_bytes {
-        return Err(reject(Error::too_large(
-            "stdin",
-            format!("stdin is over the limit of {} bytes", cfg.max_stdin_bytes),
-        )));
-    }
-    if req.env.len() > airlock_engine::MAX_ENV_VARS {
-        return Err(reject(Error::too_large(
-            "env",
-            format!("more than {} variables", airlock_engine::MAX_ENV_VARS),
-        )));
-    }
-    let env_bytes: usize = req.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-    if env_bytes > airlock_engine::MAX_ENV_BYTES {
-        return Err(reject(Error::too_large(
-            "env",
-            format!("more than {} bytes", airlock_engine::MAX_ENV_BYTES),
-        )));
-    }
-    if req.files.len() > airlock_engine::MAX_FILES {
-        return Err(reject(Error::too_large(
-            "files",
-            format!("more than {} files", airlock_engine::MAX_FILES),
-        )));
-    }
-    for (name, value) in &req.env {
-        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
-            return Err(reject(Error::invalid(
-                format!("env.{name}"),
-                "names must not be empty or contain = or NUL; values must not contain NUL",
-            )));
-        }
-    }
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
     let egress = crate::egress::for_request(state, key, req.egress).map_err(reject)?;
     let environment = crate::environments::for_request(state, req.environment.as_deref())?;
+    // What only a request can get wrong (its encoding, a path given twice) is checked here;
+    // sizes, counts, names and paths are the engine's to check (`Engine::check`).
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
     let mut files = Vec::with_capacity(req.files.len());
-    let mut total = 0u64;
-    let cap = cfg.max_files_bytes.min(limits.disk_mb << 20);
     for (i, f) in req.files.into_iter().enumerate() {
-        check_relative_path(&f.path)
-            .map_err(|e| reject(Error::invalid(format!("files[{i}].path"), e)))?;
         if !seen.insert(f.path.clone()) {
             return Err(reject(Error::invalid(
                 format!("files[{i}].path"),
@@ -294,16 +253,9 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
                     ))
                 })?,
         };
-        total += data.len() as u64;
-        if total > cap {
-            return Err(reject(Error::too_large(
-                "files",
-                format!("files total over the limit of {cap} bytes"),
-            )));
-        }
         files.push(InputFile { path: f.path, data });
     }
-    Ok(Job {
+    let job = Job {
         code: req.code,
         filename: "main.py".into(),
         stdin: Stdin::Bytes(req.stdin.into_bytes()),
@@ -318,7 +270,20 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
         egress,
         environment,
-    })
+    };
+    state.engine.check(&job).map_err(|e| match e {
+        EngineError::Invalid(r) => reject(refusal(r)),
+        e => Error::internal(e.to_string()),
+    })?;
+    Ok(job)
+}
+
+/// The engine's refusal of a job, as the API answers it.
+pub(crate) fn refusal(r: airlock_engine::Refusal) -> Error {
+    match r.kind {
+        airlock_engine::RefusalKind::TooLarge => Error::too_large(r.field, r.message),
+        airlock_engine::RefusalKind::Invalid => Error::invalid(r.field, r.message),
+    }
 }
 
 /// Function mode from a request's `entrypoint` and `inputs`, checked (no inputs without an
@@ -609,7 +574,7 @@ fn engine_error(ctx: &Context, e: EngineError) -> Error {
                 e.to_string(),
             )
         }
-        EngineError::Invalid(m) => Error::invalid("body", m),
+        EngineError::Invalid(r) => refusal(r),
         e => {
             tracing::error!(request_id = %ctx.request_id, error = %e, "execution failed");
             Error::internal("the execution failed inside airlock")

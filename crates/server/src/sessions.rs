@@ -328,7 +328,9 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
             };
             Error::new(status, code, format!("{kind}: {message}")).field("path")
         }
-        SessionError::Engine(airlock_engine::EngineError::Invalid(m)) => Error::invalid("body", m),
+        SessionError::Engine(airlock_engine::EngineError::Invalid(r)) => {
+            crate::pipeline::refusal(r)
+        }
         SessionError::Engine(e) => Error::internal(e.to_string()),
     }
 }
