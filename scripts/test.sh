@@ -18,6 +18,10 @@ fi
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
     postgresql haproxy systemd runc golang-github-containers-common
 ensure_rust_components rustfmt clippy
+# A clean checkout builds once: incremental compilation's bookkeeping would only cost time.
+if [ "${CI:-}" = "true" ]; then
+    export CARGO_INCREMENTAL=0
+fi
 # The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
 # tools.rs; the MCP reference server, another tool source of tools.rs.
 ensure_mcp_client

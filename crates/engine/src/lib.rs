@@ -681,6 +681,24 @@ impl Engine {
     }
 
     /// Checks a job before anything runs.
+    /// The counts of environment variables and input files alone (part of [`Engine::check`]):
+    /// a request with too many can be refused before anything of it is decoded.
+    pub fn check_counts(&self, env: usize, files: usize) -> Result<(), Refusal> {
+        if env > MAX_ENV_VARS {
+            return Err(Refusal::too_large(
+                "env",
+                format!("{env} environment variables, over the limit of {MAX_ENV_VARS}"),
+            ));
+        }
+        if files > MAX_FILES {
+            return Err(Refusal::too_large(
+                "files",
+                format!("{files} input files, over the limit of {MAX_FILES}"),
+            ));
+        }
+        Ok(())
+    }
+
     pub fn check(&self, job: &Job) -> Result<(), EngineError> {
         let refused = |r: Refusal| Err(EngineError::Invalid(r));
         if job.code.len() as u64 > job.max_code_bytes {
@@ -714,15 +732,7 @@ impl Engine {
                 ));
             }
         }
-        if job.env.len() > MAX_ENV_VARS {
-            return refused(Refusal::too_large(
-                "env",
-                format!(
-                    "{} environment variables, over the limit of {MAX_ENV_VARS}",
-                    job.env.len()
-                ),
-            ));
-        }
+        self.check_counts(job.env.len(), job.files.len())?;
         let env_bytes: usize = job.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
         if env_bytes > MAX_ENV_BYTES {
             return refused(Refusal::too_large(
@@ -740,15 +750,6 @@ impl Engine {
                     ),
                 ));
             }
-        }
-        if job.files.len() > MAX_FILES {
-            return refused(Refusal::too_large(
-                "files",
-                format!(
-                    "{} input files, over the limit of {MAX_FILES}",
-                    job.files.len()
-                ),
-            ));
         }
         let mut total = 0u64;
         for (i, file) in job.files.iter().enumerate() {

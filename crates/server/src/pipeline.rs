@@ -227,6 +227,11 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
         e
     };
+    // Too many variables or files: refused before anything of them is decoded.
+    state
+        .engine
+        .check_counts(req.env.len(), req.files.len())
+        .map_err(|r| reject(refusal(r)))?;
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
     let egress = crate::egress::for_request(state, key, req.egress).map_err(reject)?;
