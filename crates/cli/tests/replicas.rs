@@ -806,6 +806,17 @@ fn count(pg: &Postgres, condition: &str) -> u64 {
     .unwrap()
 }
 
+/// `started` rows without exactly one row of the `events` (an SQL list) for their execution.
+fn started_without_exactly_one(pg: &Postgres, events: &str) -> u64 {
+    count(
+        pg,
+        &format!(
+            "event = 'started' AND (SELECT count(*) FROM airlock_audit r WHERE \
+             r.execution_id = airlock_audit.execution_id AND r.event IN ({events})) <> 1"
+        ),
+    )
+}
+
 #[test]
 fn no_line_stops_or_doubles_the_others_refused_as_data_a_nul_a_lost_acknowledgement() {
     let _g = serial();
@@ -923,12 +934,7 @@ fn no_line_stops_or_doubles_the_others_refused_as_data_a_nul_a_lost_acknowledgem
     assert_eq!(count(&pg, "event = 'audit_resumed'"), 1);
     // Every execution has one `started` row and one record (or its unstorable stand-in).
     assert_eq!(
-        count(
-            &pg,
-            "event = 'started' AND (SELECT count(*) FROM airlock_audit r WHERE \
-             r.execution_id = airlock_audit.execution_id \
-             AND r.event IN ('record', 'audit_unstorable')) <> 1"
-        ),
+        started_without_exactly_one(&pg, "'record', 'audit_unstorable'"),
         0
     );
 }
@@ -1019,13 +1025,5 @@ fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_neve
         count(&pg, "event = 'record' AND line->>'status' = 'interrupted'"),
         0
     );
-    assert_eq!(
-        count(
-            &pg,
-            "event = 'started' AND (SELECT count(*) FROM airlock_audit r WHERE \
-             r.execution_id = airlock_audit.execution_id \
-             AND r.event IN ('record', 'not_run')) <> 1"
-        ),
-        0
-    );
+    assert_eq!(started_without_exactly_one(&pg, "'record', 'not_run'"), 0);
 }
