@@ -40,5 +40,5 @@ pub fn main(args: McpArgs) -> ExitCode {
         }
     };
     airlock_server::init_logging(config.log_format);
-    crate::serve::run_to_end(airlock_server::mcp::run_stdio(config))
+    crate::serve::run_to_end(airlock_server::run_stdio(config))
 }

@@ -32,6 +32,29 @@ const PIECE: usize = 32 << 10;
 /// socket layer buffer of it.
 pub const WINDOW: u64 = 512 << 10;
 
+/// How an execution's answer is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// JSON whose output is escaped as it is written (`Answer`), or a stream of events.
+    Json,
+    /// An MCP tool result: the output decoded into text blocks, then rmcp's JSON of them,
+    /// both whole in memory while it is serialized (up to 3 and 6 bytes per byte written).
+    Mcp,
+}
+
+/// The most memory an execution's answer can hold under `limits`, sent as `form`.
+pub fn answer_bytes(
+    engine: &airlock_engine::EngineConfig,
+    limits: &airlock_api::Limits,
+    form: Form,
+) -> u64 {
+    let result = engine.result_bytes(limits);
+    match form {
+        Form::Json => result.saturating_add(WINDOW),
+        Form::Mcp => result.saturating_mul(7).saturating_add(WINDOW),
+    }
+}
+
 /// A response that counts its own memory: `count` leaves it alone.
 #[derive(Clone, Copy, Debug)]
 pub struct Counted;

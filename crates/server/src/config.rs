@@ -676,7 +676,7 @@ impl Config {
         }
         // One execution at the ceilings (and one MCP call at the defaults) must fit a key's
         // share, or it could never be admitted.
-        use crate::pipeline::{answer_bytes, Form};
+        use crate::answer::{answer_bytes, Form};
         let e = &self.engine;
         for (what, bytes) in [
             (

@@ -1,5 +1,24 @@
 //! airlock's HTTP API: `POST /v1/execute` and friends, authenticated and hardened, over the
-//! engine. Handlers only parse, check and call the engine.
+//! engine; and the same operations as MCP tools, over HTTP or stdio.
+//!
+//! # Layers
+//! Each module belongs to one layer and imports only from its own layer or the ones below;
+//! `tests/layers.rs` reads every `crate::` path and fails on one that points up (or from one
+//! adapter into another):
+//!
+//! 1. **Start-up** ([`serve`], [`stdio`], [`routes`]): builds the state, the route table
+//!    (paths only), the listeners and the signals.
+//! 2. **Adapters** ([`http`] handlers and their [`guard`](http::guard), the [`mcp`] tools):
+//!    turn a transport's request into a service call and its result into an answer; a scope
+//!    check, nothing more. One adapter never imports another.
+//! 3. **Services** ([`service`]): executions, sessions, evaluation, pickle scans,
+//!    environments, tools and egress, each written once for every adapter.
+//! 4. **Foundation**: configuration, keys and the [`caller`], admission, memory budgets and
+//!    answers, the audit log and its store, metrics, errors, the connection layer ([`wire`])
+//!    and sizing. They know no layer above.
+//!
+//! Below them all is the engine (`airlock_engine`), which knows nothing of this crate.
+//! [`AppState`], at the crate root, is the shared state every layer reads.
 //!
 //! # What is enforced
 //! - Every route but `/healthz` needs a valid key (`Authorization: Bearer ...`); keys are stored
@@ -10,32 +29,34 @@
 //!   connections, `Transfer-Encoding` with `Content-Length` refused.
 //! - Global and per-key concurrency with bounded queues, per-key rate limits and ceilings.
 #![forbid(unsafe_code)]
+// The layer map links to private modules: the docs are built with --document-private-items.
+#![allow(rustdoc::private_intra_doc_links)]
 
+// Start-up.
+mod routes;
+mod serve;
+mod stdio;
+
+// Adapters.
+mod http;
+pub mod mcp;
+
+// Services.
+mod service;
+
+// Foundation.
 pub mod admission;
 mod answer;
 pub mod audit;
 mod budget;
+mod caller;
 pub mod config;
-mod egress;
-mod environments;
 mod error;
-mod eval;
-mod executions;
-mod guard;
 pub mod keys;
-pub mod mcp;
 pub mod metrics;
 mod openapi;
-mod pickle;
-mod pipeline;
-mod routes;
-mod serve;
-mod sessions;
 pub mod sizing;
-mod status;
 mod store;
-mod stream;
-mod tools;
 mod wire;
 
 use std::collections::HashMap;
@@ -48,6 +69,7 @@ pub use error::Error;
 pub use openapi::{openapi, ROUTES};
 pub use routes::app;
 pub use serve::{init_logging, run, Reload, ServeError, Started};
+pub use stdio::run_stdio;
 
 use crate::admission::Admission;
 use crate::audit::AuditLog;
@@ -80,7 +102,7 @@ pub struct AppState {
     running: Mutex<HashMap<u64, Cancel>>,
     next_execution: AtomicU64,
     /// Open sessions, each one key's.
-    pub sessions: sessions::Sessions,
+    pub sessions: service::sessions::Sessions,
     /// Turns to evaluate an expression (`eval.max_running`).
     pub eval_slots: tokio::sync::Semaphore,
     /// Turns to scan a pickle (`pickle.max_running`).
@@ -141,7 +163,7 @@ impl AppState {
             memory,
             shutting_down: AtomicBool::new(false),
             shutdown: tokio::sync::watch::Sender::new(false),
-            sessions: sessions::Sessions::default(),
+            sessions: service::sessions::Sessions::default(),
             eval_slots: tokio::sync::Semaphore::new(eval_turns),
             pickle_slots: tokio::sync::Semaphore::new(pickle_turns),
             tools,

@@ -34,17 +34,16 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::admission::Entered;
-use crate::answer::Reserved;
+use crate::answer::{Form, Reserved};
 use crate::budget::Share;
+use crate::caller::{require, Caller, RequestId};
 use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::{Caller, RequestId};
-use crate::keys::KeyStore;
 use crate::keys::{random_id, Key};
-use crate::pipeline::{
-    job_from, read_body, refuse_if_unavailable, rejection, require, reserve_answer, run_job, Form,
+use crate::service::execution::{
+    job_from, read_body, refuse_if_unavailable, rejection, reserve_answer, run_job,
 };
-use crate::serve::{make_state_dir, start_engine, ServeError};
+use crate::service::{eval, sessions, tools};
 use crate::SharedState;
 
 /// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
@@ -409,7 +408,7 @@ impl Tools {
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
             Call::Close(a) => self.close_session(&key, a).await,
             Call::ListToolApis => {
-                let listing = crate::tools::listing(&self.state, &key);
+                let listing = tools::listing(&self.state, &key);
                 let text = if listing.tools.is_empty() {
                     "No tools are granted to this caller: `import tools` fails.".to_owned()
                 } else {
@@ -472,7 +471,7 @@ impl Tools {
         a: EvalExpression,
     ) -> Result<CallToolResult, Error> {
         refuse_if_unavailable(&self.state)?;
-        let r = crate::eval::evaluate(&self.state, a.expression).await?;
+        let r = eval::evaluate(&self.state, a.expression).await?;
         // As for POST /v1/eval, the body counts until the evaluation is done.
         drop(held);
         Ok(eval_result(r))
@@ -490,7 +489,7 @@ impl Tools {
             environment,
             ..SessionRequest::default()
         };
-        let info = crate::sessions::open(state, key, asked).await?;
+        let info = sessions::open(state, key, asked).await?;
         let l = &info.limits;
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
@@ -524,7 +523,7 @@ impl Tools {
             inputs: None,
             timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
         };
-        let (r, answer) = crate::sessions::cell(
+        let (r, answer) = sessions::cell(
             state,
             key,
             request_id,
@@ -544,7 +543,7 @@ impl Tools {
     }
 
     async fn list_session_files(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
-        let list = crate::sessions::files(&self.state, key, &a.session_id).await?;
+        let list = sessions::files(&self.state, key, &a.session_id).await?;
         let text = if list.files.is_empty() {
             "(no files)".to_owned()
         } else {
@@ -562,7 +561,7 @@ impl Tools {
         key: &Key,
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
-        let data = crate::sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
+        let data = sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
         let content = if data.starts_with(PNG_SIGNATURE) {
             ContentBlock::image(
                 base64::engine::general_purpose::STANDARD.encode(&data),
@@ -582,7 +581,7 @@ impl Tools {
     }
 
     async fn close_session(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
-        crate::sessions::close(&self.state, key, &a.session_id).await?;
+        sessions::close(&self.state, key, &a.session_id).await?;
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "session {} closed",
             a.session_id
@@ -878,66 +877,4 @@ pub(crate) async fn route(
     // What the call reserved counts the answer rmcp made of its result.
     response.extensions_mut().insert(slot);
     Ok(response)
-}
-
-/// `airlock mcp`: serves the tools on stdin and stdout (nothing else is written to stdout;
-/// logs go to stderr) until the client closes stdin, or SIGTERM or SIGINT; then kills what
-/// still runs and closes every session. The caller is the local user: one key with every
-/// scope, under the engine's defaults and ceilings and the server's concurrency and session
-/// caps; executions are in the audit log of the state directory like the service's.
-pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> {
-    use rmcp::ServiceExt;
-    use tokio::signal::unix::{signal, SignalKind};
-    let state_dir = make_state_dir(&config)?;
-    // A key nobody holds: it only names the local caller in logs, metrics and the audit log.
-    let secret = crate::keys::generate_key()
-        .map_err(|e| ServeError::Mcp(format!("making the local key: {e}")))?;
-    let keys = KeyStore::new(vec![crate::config::KeyConfig {
-        name: "stdio".into(),
-        hash: crate::keys::hash_key(&secret),
-        scopes: Scope::ALL.to_vec(),
-        max_concurrency: None,
-        max_queue: None,
-        rate_per_minute: 0,
-        ceilings: LimitsRequest::default(),
-        tools: if config.tools.servers.is_empty() {
-            Vec::new()
-        } else {
-            config.mcp.stdio_tools.clone()
-        },
-        egress: Default::default(),
-    }])?;
-    let (engine, audit) = start_engine(&config, &state_dir)?;
-    let tools = crate::tools::start(&config, &keys).await?;
-    let environments = crate::serve::open_environments(&state_dir)?;
-    let state: SharedState = Arc::new(crate::AppState::new(
-        config,
-        engine,
-        keys,
-        audit,
-        tools,
-        environments,
-    ));
-    let key = state.keys.keys()[0].clone();
-    tokio::spawn(crate::sessions::reaper(state.clone()));
-    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
-    tracing::info!(state_dir = %state_dir.display(), "serving MCP on stdio");
-    let tools = Tools::for_stdio(state.clone(), key);
-    let served = tokio::select! {
-        served = async {
-            let running = tools
-                .serve(rmcp::transport::io::stdio_pipes())
-                .await
-                .map_err(|e| ServeError::Mcp(e.to_string()))?;
-            running.waiting().await.map_err(|e| ServeError::Mcp(e.to_string()))?;
-            Ok(())
-        } => served,
-        _ = term.recv() => Ok(()),
-        _ = int.recv() => Ok(()),
-    };
-    state.begin_shutdown();
-    crate::serve::stop_everything(&state).await;
-    tracing::info!("stopped");
-    served
 }

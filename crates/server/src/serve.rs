@@ -34,7 +34,7 @@ use airlock_engine::Engine;
 use crate::audit::AuditLog;
 use crate::config::Config;
 use crate::error::Error;
-use crate::guard::Authenticated;
+use crate::http::guard::Authenticated;
 use crate::keys::KeyStore;
 use crate::metrics::event;
 use crate::wire::{Findings, Flow, Guarded, MAX_HEAD};
@@ -105,7 +105,9 @@ pub async fn run(
         tracing::info!(covers = %covers.join(","), "uncovered /proc in airlock's own mount namespace, for sandboxes to mount theirs");
     }
     let (engine, audit) = start_engine(&config, &state_dir)?;
-    let tools = crate::tools::start(&config, &resolved.store).await?;
+    let tools = crate::service::tools::start(&config, &resolved.store)
+        .await
+        .map_err(ServeError::Tools)?;
     let environments = open_environments(&state_dir)?;
     let listen = config.listen;
     let state: SharedState = Arc::new(AppState::new(
@@ -150,7 +152,7 @@ pub async fn run(
     let _ = writeln!(std::io::stderr(), "airlock: listening on http://{addr}");
     tracing::info!(%addr, "listening");
     on_start(Started { addr });
-    tokio::spawn(crate::environments::build_defined(state.clone()));
+    tokio::spawn(crate::service::environments::build_defined(state.clone()));
 
     let reload = Reload_ {
         read: reload,
@@ -288,7 +290,7 @@ impl Reload_ {
                 }
             };
         let keys = resolved.store.keys();
-        if let Err(e) = crate::tools::check_grants(state.tools.as_deref(), &keys) {
+        if let Err(e) = crate::service::tools::check_grants(state.tools.as_deref(), &keys) {
             tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
             return;
         }
@@ -319,7 +321,7 @@ async fn serve(
     let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
-    tokio::spawn(crate::sessions::reaper(state.clone()));
+    tokio::spawn(crate::service::sessions::reaper(state.clone()));
 
     loop {
         tokio::select! {

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
+use crate::answer::{answer_bytes, Form};
 use crate::config::Config;
-use crate::pipeline::{answer_bytes, Form};
 
 /// One part of the server's worst-case memory.
 #[derive(Clone, Debug, Serialize)]

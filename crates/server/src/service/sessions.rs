@@ -1,5 +1,6 @@
-//! Sessions over HTTP: `POST /v1/sessions`, cells, files, listing and closing. A session
-//! belongs to the key that made it (by the key's fingerprint): any other key gets 404. Its
+//! The session service: the registry of open sessions ([`Sessions`]), opening one
+//! ([`open`]), its cells ([`cell`], [`execute`]), its files, closing it ([`close`]) and the
+//! [`reaper`]. A session belongs to the key that made it (by the key's fingerprint): any other key gets 404. Its
 //! limits cover the whole session; each cell goes through admission like an execution, and
 //! is audited like one. Idle and expired sessions are closed by a reaper, and every session
 //! is closed at shutdown.
@@ -14,23 +15,20 @@ use airlock_api::{
     SessionRequest, Status,
 };
 use airlock_engine::{Cell, CellResult, Execution, Session, SessionError};
-use axum::body::Body;
-use axum::extract::{Path, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::Response;
 use sha2::{Digest, Sha256};
 
-use crate::answer::Answer;
+use crate::answer::{Answer, Form};
 use crate::budget::Share;
-use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::{Caller, RequestId};
 use crate::keys::Key;
-use crate::pipeline::{
+use crate::service::execution::{
     audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
-    refuse_if_unavailable, rejection, require, reserve_answer, resolve_limits, Context, Form,
+    refuse_if_unavailable, rejection, reserve_answer, resolve_limits, Context,
 };
+use crate::service::{stream, tools};
 use crate::{AppState, SharedState};
 
 /// How often the reaper looks for idle and expired sessions.
@@ -329,25 +327,23 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
             Error::new(status, code, format!("{kind}: {message}")).field("path")
         }
         SessionError::Engine(airlock_engine::EngineError::Invalid(r)) => {
-            crate::pipeline::refusal(r)
+            crate::service::execution::refusal(r)
         }
         SessionError::Engine(e) => Error::internal(e.to_string()),
     }
 }
 
-/// `POST /v1/sessions`.
-pub async fn create(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
+/// A session from a request body (`POST /v1/sessions`), through admission.
+pub(crate) async fn create(
+    state: &SharedState,
+    key: &Key,
     req: Request,
-) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
-    refuse_if_unavailable(&state)?;
-    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
-    let body = read_body(&state, &caller.0, req).await?;
-    let asked: SessionRequest = parse_json(&state, &body.bytes)?;
-    let info = open(&state, &caller.0, asked).await?;
-    Ok((StatusCode::CREATED, Json(info)).into_response())
+) -> Result<SessionInfo, Error> {
+    refuse_if_unavailable(state)?;
+    let _entered = state.admission.enter(key).map_err(rejection)?;
+    let body = read_body(state, key, req).await?;
+    let asked: SessionRequest = parse_json(state, &body.bytes)?;
+    open(state, key, asked).await
 }
 
 /// Starts a session owned by `key` (the caller holds its admission `enter`).
@@ -389,7 +385,7 @@ pub(crate) async fn open(
         },
     )?;
     let egress = job.egress.clone();
-    let tools = crate::tools::for_key(state, key);
+    let tools = tools::for_key(state, key);
     job.tools = tools
         .clone()
         .map(|t| t as Arc<dyn airlock_engine::ToolBridge>);
@@ -450,46 +446,26 @@ fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<
     let _ = state.audit.append_session(id, key_fingerprint, why);
 }
 
-/// `GET /v1/sessions`.
-pub async fn list(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-) -> Result<Json<SessionList>, Error> {
-    require(&caller, Scope::Execute)?;
+/// `key`'s open sessions, oldest first.
+pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
     let mut sessions: Vec<SessionInfo> = state
         .sessions
         .lock()
         .values()
-        .filter(|e| e.key_fingerprint == caller.0.fingerprint())
+        .filter(|e| e.key_fingerprint == key.fingerprint())
         .map(|e| e.info())
         .collect();
     sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
-    Ok(Json(SessionList { sessions }))
+    SessionList { sessions }
 }
 
-/// `GET /v1/sessions/{id}`.
-pub async fn get(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Json<SessionInfo>, Error> {
-    require(&caller, Scope::Execute)?;
-    Ok(Json(find(&state, &caller.0, &id)?.info()))
+/// What `key`'s session `id` is.
+pub(crate) fn info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+    Ok(find(state, key, id)?.info())
 }
 
-/// `DELETE /v1/sessions/{id}`: the sandbox is destroyed at once, a running cell with it; the
-/// answer comes when it is gone.
-pub async fn delete(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<StatusCode, Error> {
-    require(&caller, Scope::Execute)?;
-    close(&state, &caller.0, &id).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// Closes `key`'s session `id` and waits for its sandbox to be gone.
+/// Closes `key`'s session `id` and waits for its sandbox to be gone (a running cell goes with
+/// it).
 pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<(), Error> {
     let entry = find(state, key, id)?;
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
@@ -502,24 +478,24 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
     Ok(())
 }
 
-/// `POST /v1/sessions/{id}/execute`: one cell.
-pub async fn execute(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Extension(RequestId(request_id)): Extension<RequestId>,
-    Path(id): Path<String>,
+/// One cell of `key`'s session `id` from a request body (`POST /v1/sessions/{id}/execute`),
+/// run to its end (JSON) or streamed (`Accept: text/event-stream`).
+pub(crate) async fn execute(
+    state: &SharedState,
+    key: &Key,
+    request_id: String,
+    id: &str,
     req: Request,
 ) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
-    refuse_if_unavailable(&state)?;
-    let entry = find(&state, &caller.0, &id)?;
-    let streamed = crate::stream::wanted(req.headers());
-    let entered = state.admission.enter(&caller.0).map_err(rejection)?;
-    let body = read_body(&state, &caller.0, req).await?;
-    let asked: CellRequest = parse_json(&state, &body.bytes)?;
+    refuse_if_unavailable(state)?;
+    let entry = find(state, key, id)?;
+    let streamed = stream::wanted(req.headers());
+    let entered = state.admission.enter(key).map_err(rejection)?;
+    let body = read_body(state, key, req).await?;
+    let asked: CellRequest = parse_json(state, &body.bytes)?;
     let limits = entry.session.cell_limits();
-    let answer = reserve_answer(&state, &caller.0, &limits, Form::Json)?;
-    let started = start_cell(&state, &caller.0, request_id, entry, asked, body.share).await?;
+    let answer = reserve_answer(state, key, &limits, Form::Json)?;
+    let started = start_cell(state, key, request_id, entry, asked, body.share).await?;
     if streamed {
         let StartedCell {
             entry,
@@ -537,20 +513,21 @@ pub async fn execute(
                 gone.session.close();
             }
         });
-        let (response, mut events) = crate::stream::channel(on_gone, answer);
+        let (response, mut events) = stream::channel(on_gone, answer);
         on_close.0 = None; // from here the stream's own sender closes it
+        let state = state.clone();
         tokio::task::spawn_blocking(move || {
             let done = run_cell(&state, &entry, ctx, cell, &mut events);
             answered.store(true, Ordering::Release);
             drop((admitted, busy, entered));
             events.end(done.map(|mut r| {
-                crate::stream::without_output(&mut r.result);
+                stream::without_output(&mut r.result);
                 r
             }));
         });
         return Ok(response);
     }
-    let done = finish_cell(&state, started, answer, |r, share| Answer::json(&r, share)).await;
+    let done = finish_cell(state, started, answer, |r, share| Answer::json(&r, share)).await;
     drop(entered);
     done
 }
@@ -741,39 +718,22 @@ async fn file_op<T: Send + 'static>(
     done.map_err(|e| session_error(e, &entry))
 }
 
-/// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
-pub async fn put_file(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
+/// Writes a request body, any content type, as `path` in `key`'s session `id`.
+pub(crate) async fn put_file(
+    state: &SharedState,
+    key: &Key,
+    id: &str,
+    path: String,
     req: Request,
-) -> Result<StatusCode, Error> {
-    require(&caller, Scope::Execute)?;
-    refuse_if_unavailable(&state)?;
-    find(&state, &caller.0, &id)?; // 404 before the body is read
+) -> Result<(), Error> {
+    refuse_if_unavailable(state)?;
+    find(state, key, id)?; // 404 before the body is read
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
-    let body = read_body_as(&state, &caller.0, req, false).await?;
-    file_op(&state, &caller.0, &id, "writing a file", move |s| {
+    let body = read_body_as(state, key, req, false).await?;
+    file_op(state, key, id, "writing a file", move |s| {
         s.put_file(&path, &body.bytes)
     })
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-/// `GET /v1/sessions/{id}/files/{*path}`: the file's contents.
-pub async fn get_file(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, path)): Path<(String, String)>,
-) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
-    let data = read_file(&state, &caller.0, &id, path).await?;
-    let mut response = Response::new(Body::from(data));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
-    Ok(response)
+    .await
 }
 
 /// The contents of `path` in `key`'s session `id`, up to `http.max_body_bytes`.
@@ -790,16 +750,6 @@ pub(crate) async fn read_file(
         s.get_file(&path, max)
     })
     .await
-}
-
-/// `GET /v1/sessions/{id}/files`: everything below the working directory.
-pub async fn list_files(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-) -> Result<Json<FileList>, Error> {
-    require(&caller, Scope::Execute)?;
-    Ok(Json(files(&state, &caller.0, &id).await?))
 }
 
 /// Everything below the working directory of `key`'s session `id`.

@@ -1,18 +1,15 @@
-//! Named environments over HTTP: listing them (any key that may execute), building and
-//! deleting them (keys with the `admin` scope), and resolving the one a request names.
+//! The environment service: named environments listed, built (from a request or the
+//! config's `[environments.define]`), deleted, and resolved for the request that names one.
 
-use axum::extract::{Path, Request, State};
+use axum::extract::Request;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 
 use airlock_engine::environments::{EnvError, EnvMount, EnvironmentInfo};
 
-use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::Caller;
-use crate::pipeline::{parse_json, read_body, require};
+use crate::keys::Key;
+use crate::service::execution::{parse_json, read_body};
 use crate::SharedState;
 
 /// `POST /v1/environments`.
@@ -87,7 +84,7 @@ pub(crate) async fn build(
         let label = name.clone();
         let (info, built) = envs
             .create(&name, &reqs, &python, settings.disk_mb << 20, &|mount, log| {
-                let audit = crate::egress::observer(&st);
+                let audit = crate::service::egress::observer(&st);
                 let egress = airlock_engine::environments::BuildEgress {
                     settings: st.egress.clone(),
                     observer: Some(audit),
@@ -111,54 +108,33 @@ pub(crate) async fn build(
     .map_err(|e| Error::internal(format!("building an environment: {e}")))?
 }
 
-/// `GET /v1/environments`.
-pub async fn list(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-) -> Result<Json<Vec<EnvironmentInfo>>, Error> {
-    require(&caller, Scope::Execute)?;
+/// Every named environment.
+pub(crate) async fn list(state: &SharedState) -> Result<Vec<EnvironmentInfo>, Error> {
     let st = state.clone();
-    let list = tokio::task::spawn_blocking(move || st.environments.list())
+    tokio::task::spawn_blocking(move || st.environments.list())
         .await
         .map_err(|e| Error::internal(e.to_string()))?
-        .map_err(env_error)?;
-    Ok(Json(list))
+        .map_err(env_error)
 }
 
-/// `GET /v1/environments/{name}`.
-pub async fn get(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<Json<EnvironmentInfo>, Error> {
-    require(&caller, Scope::Execute)?;
-    match state.environments.get(&name).map_err(env_error)? {
-        Some(info) => Ok(Json(info)),
+/// The environment named `name`.
+pub(crate) fn get(state: &SharedState, name: &str) -> Result<EnvironmentInfo, Error> {
+    match state.environments.get(name).map_err(env_error)? {
+        Some(info) => Ok(info),
         None => Err(Error::not_found()),
     }
 }
 
-/// `POST /v1/environments`: builds (or reuses) and names an environment; answers when done.
-pub async fn create(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    req: Request,
-) -> Result<Response, Error> {
-    require(&caller, Scope::Admin)?;
-    let body = read_body(&state, &caller.0, req).await?;
-    let asked: CreateEnvironment = parse_json(&state, &body.bytes)?;
+/// Builds (or reuses) and names the environment a request body asks for; done when built.
+pub(crate) async fn create(state: &SharedState, key: &Key, req: Request) -> Result<Created, Error> {
+    let body = read_body(state, key, req).await?;
+    let asked: CreateEnvironment = parse_json(state, &body.bytes)?;
     drop(body);
-    let created = build(&state, asked.name, asked.requirements).await?;
-    Ok((StatusCode::CREATED, Json(created)).into_response())
+    build(state, asked.name, asked.requirements).await
 }
 
-/// `DELETE /v1/environments/{name}`.
-pub async fn delete(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
-) -> Result<StatusCode, Error> {
-    require(&caller, Scope::Admin)?;
+/// Deletes the environment named `name` and closes its pooled sandboxes.
+pub(crate) async fn delete(state: &SharedState, name: String) -> Result<(), Error> {
     let st = state.clone();
     let removed = tokio::task::spawn_blocking(move || {
         let hash = st.environments.get(&name).ok().flatten().map(|i| i.hash);
@@ -173,7 +149,7 @@ pub async fn delete(
     .map_err(|e| Error::internal(e.to_string()))?
     .map_err(env_error)?;
     if removed {
-        Ok(StatusCode::NO_CONTENT)
+        Ok(())
     } else {
         Err(Error::not_found())
     }

@@ -1,6 +1,9 @@
-//! The request pipeline every handler goes through: scope checks, body reading within the
-//! memory budget, limits and jobs, admission, the answer's reservation, the audit log, the
-//! engine, and the record. It depends on no handler module.
+//! The execution service: what every execution goes through, whichever adapter it came
+//! from. Body reading within the memory budget ([`read_body`]), limits and jobs
+//! ([`job_from`]), admission ([`rejection`]), the answer's reservation ([`reserve_answer`]),
+//! the audit log ([`audit_start`]), the engine, the record ([`finish`]); run to the end
+//! ([`run_job`]) or streamed ([`stream_execution`]); and the record read back ([`record`]).
+//! Sessions' cells go through the same steps ([`super::sessions`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -14,31 +17,21 @@ use airlock_engine::{
 };
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
+use axum::response::Response;
 use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
 use crate::admission::Rejection;
-use crate::answer::{over_budget, WINDOW};
+use crate::answer::{answer_bytes, over_budget, Answer, Form};
 use crate::budget::Share;
-use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::Caller;
 use crate::keys::Key;
 use crate::metrics::event;
+use crate::service::stream;
 use crate::AppState;
 use crate::SharedState;
-
-pub(crate) fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
-    if caller.0.allows(scope) {
-        Ok(())
-    } else {
-        Err(Error::forbidden(
-            format!("this key lacks the {scope:?} scope").to_lowercase(),
-        ))
-    }
-}
 
 /// A request body, and its share of the memory budget for bodies.
 pub(crate) struct ReadBody {
@@ -234,8 +227,8 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         .map_err(|r| reject(refusal(r)))?;
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
-    let egress = crate::egress::for_request(state, key, req.egress).map_err(reject)?;
-    let environment = crate::environments::for_request(state, req.environment.as_deref())?;
+    let egress = crate::service::egress::for_request(state, key, req.egress).map_err(reject)?;
+    let environment = crate::service::environments::for_request(state, req.environment.as_deref())?;
     // What only a request can get wrong (its encoding, a path given twice) is checked here;
     // sizes, counts, names and paths are the engine's to check (`Engine::check`).
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
@@ -272,7 +265,8 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         stream: false,
         echo_traceback: false,
         cancel: None,
-        tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
+        tools: crate::service::tools::for_key(state, key)
+            .map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
         egress,
         environment,
     };
@@ -430,29 +424,6 @@ impl Drop for CancelOnDrop {
         if let Some(cancel) = self.0.take() {
             cancel.cancel();
         }
-    }
-}
-
-/// How an execution's answer is sent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Form {
-    /// JSON whose output is escaped as it is written (`Answer`), or a stream of events.
-    Json,
-    /// An MCP tool result: the output decoded into text blocks, then rmcp's JSON of them,
-    /// both whole in memory while it is serialized (up to 3 and 6 bytes per byte written).
-    Mcp,
-}
-
-/// The most memory an execution's answer can hold under `limits`, sent as `form`.
-pub(crate) fn answer_bytes(
-    engine: &airlock_engine::EngineConfig,
-    limits: &Limits,
-    form: Form,
-) -> u64 {
-    let result = engine.result_bytes(limits);
-    match form {
-        Form::Json => result.saturating_add(WINDOW),
-        Form::Mcp => result.saturating_mul(7).saturating_add(WINDOW),
     }
 }
 
@@ -711,4 +682,119 @@ pub(crate) fn finish(
         "execution"
     );
     Ok(ExecuteResponse { id: ctx.id, result })
+}
+
+/// How long a record read may wait for the database.
+const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn store_unreadable(why: &str) -> Error {
+    tracing::warn!(error = %why, "cannot read a record");
+    Error::new(
+        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the record cannot be read now: {why}"),
+    )
+    .retry_after(1)
+}
+
+/// `key`'s record of execution `id` (`GET /v1/executions/{id}`).
+pub(crate) async fn record(
+    state: &SharedState,
+    key: &Key,
+    id: &str,
+) -> Result<ExecutionRecord, Error> {
+    // Another key's execution is as absent as one that never was.
+    // The PostgreSQL store may query the database.
+    let (st, wanted) = (state.clone(), id.to_owned());
+    let read = tokio::task::spawn_blocking(move || st.audit.get(&wanted));
+    // A database that stops answering makes this a 503, not a request that never ends.
+    let found = match tokio::time::timeout(READ_WAIT, read).await {
+        Ok(Ok(Ok(found))) => found,
+        Ok(Ok(Err(e))) => return Err(store_unreadable(&e.to_string())),
+        Ok(Err(e)) => return Err(Error::internal(format!("reading a record: {e}"))),
+        Err(_) => {
+            let why = format!("PostgreSQL did not answer in {} s", READ_WAIT.as_secs());
+            return Err(store_unreadable(&why));
+        }
+    };
+    match found {
+        Some(record) if record.key_fingerprint == key.fingerprint() => Ok(record),
+        // With a shared store every replica holds every record: a miss is just a miss.
+        _ if state.config.store.url.is_some() => Err(Error::not_found()),
+        _ => Err(crate::service::sessions::not_here(state, id, "execution")),
+    }
+}
+
+/// One execution from a request body (`POST /v1/execute`): its admission, body, job and
+/// answer's reservation, then run to its end (JSON) or streamed (`Accept: text/event-stream`).
+pub(crate) async fn execute(
+    state: &SharedState,
+    key: &Arc<Key>,
+    request_id: String,
+    req: Request,
+) -> Result<Response, Error> {
+    refuse_if_unavailable(state)?;
+    let streamed = stream::wanted(req.headers());
+    let entered = state.admission.enter(key).map_err(rejection)?;
+    let ReadBody { bytes, share } = read_body(state, key, req).await?;
+    // Parsing and checking a large body is CPU work: not on the async workers.
+    let (st, k) = (state.clone(), key.clone());
+    let job = tokio::task::spawn_blocking(move || {
+        let request: ExecuteRequest = parse_json(&st, &bytes)?;
+        job_from(&st, &k, request)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("preparing the request: {e}")))??;
+    // The most its answer can hold, from now until it is written out.
+    let answer = reserve_answer(state, key, &job.limits, Form::Json)?;
+    if streamed {
+        let admitted = state.admission.admit(key).await.map_err(rejection)?;
+        drop(share); // as in run_job
+        refuse_if_unavailable(state)?;
+        let guards = (entered, admitted);
+        let key = key.clone();
+        return stream_execution(state.clone(), key, request_id, job, guards, answer).await;
+    }
+    let response = run_job(state, key, request_id, job, share, answer, |r, share| {
+        Answer::json(&r, share)
+    })
+    .await;
+    drop(entered);
+    response
+}
+
+/// `Accept: text/event-stream`: the audit line first (its failure is still a plain error
+/// response), then a 200 whose body carries the output as it comes and the result last. The
+/// guards travel with the execution, which a client that leaves or stops reading cancels.
+pub(crate) async fn stream_execution<G: Send + 'static>(
+    state: SharedState,
+    key: Arc<Key>,
+    request_id: String,
+    mut job: Job,
+    guards: G,
+    answer: Share,
+) -> Result<Response, Error> {
+    let cancel = Cancel::default();
+    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
+    let tracked = state.track(cancel.clone());
+    job.cancel = Some(cancel.clone());
+    job.stream = true; // line-buffered: print() reaches the client as it happens
+    let st = state.clone();
+    let (ctx, job) = tokio::task::spawn_blocking(move || {
+        let ctx = Context::for_job(&st, &key, request_id, &job);
+        audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
+    })
+    .await
+    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
+    let (response, mut events) = stream::channel(Arc::new(move || cancel.cancel()), answer);
+    on_drop.0 = None; // from here the stream's own sender cancels
+    tokio::task::spawn_blocking(move || {
+        let ran = state.engine.execute(job, &mut events);
+        drop((guards, tracked));
+        events.end(finish(&state, ctx, ran).map(|mut r| {
+            stream::without_output(&mut r.result);
+            r
+        }));
+    });
+    Ok(response)
 }

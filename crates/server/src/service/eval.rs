@@ -1,34 +1,33 @@
-//! `POST /v1/eval`: a Python literal expression, evaluated natively. No sandbox process is
-//! involved: the evaluator parses and computes within its own budgets (`[eval]`).
+//! The evaluation service: a Python literal expression, evaluated natively. No sandbox
+//! process is involved: the evaluator parses and computes within its own budgets (`[eval]`),
+//! a bounded number at once.
 
 use airlock_api::{EvalError, EvalRequest, EvalResponse};
-use axum::extract::{Request, State};
-use axum::{Extension, Json};
+use axum::extract::Request;
 
-use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::Caller;
-use crate::pipeline::{parse_json, read_body, require, ReadBody};
+use crate::keys::Key;
+use crate::service::execution::{parse_json, read_body, shutting_down, ReadBody};
 use crate::SharedState;
 
-pub(crate) async fn eval(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
+/// Evaluates the expression a request body holds (`POST /v1/eval`).
+pub(crate) async fn from_body(
+    state: &SharedState,
+    key: &Key,
     req: Request,
-) -> Result<Json<EvalResponse>, Error> {
-    require(&caller, Scope::Execute)?;
+) -> Result<EvalResponse, Error> {
     if state.is_shutting_down() {
-        return Err(crate::pipeline::shutting_down());
+        return Err(shutting_down());
     }
-    let ReadBody { bytes, share } = read_body(&state, &caller.0, req).await?;
+    let ReadBody { bytes, share } = read_body(state, key, req).await?;
     let st = state.clone();
-    let response = evaluate_with(&state, move || {
+    let response = evaluate_with(state, move || {
         let request: EvalRequest = parse_json(&st, &bytes)?;
         Ok(request.expression)
     })
     .await;
     drop(share);
-    response.map(Json)
+    response
 }
 
 /// Evaluates `expression` within the `[eval]` budgets, waiting for a turn first.
@@ -57,7 +56,7 @@ async fn evaluate_with(
     state.metrics.evaluations_waiting.inc();
     let turn = state.eval_slots.acquire().await;
     state.metrics.evaluations_waiting.dec();
-    let _turn = turn.map_err(|_| crate::pipeline::shutting_down())?;
+    let _turn = turn.map_err(|_| shutting_down())?;
     let limits = state.config.eval.limits();
     let outcome = tokio::task::spawn_blocking(move || {
         Ok::<_, Error>(airlock_pyeval::evaluate(&parse()?, &limits))

@@ -1,18 +1,13 @@
 //! Code mode in the server: the tool servers started with it, a tool set for each execution
-//! of a key with grants, call records into the audit log and metrics, and `GET /v1/tools`.
+//! of a key with grants, call records into the audit log and metrics, and the listing of
+//! what a key may call.
 
 use std::sync::{Arc, Weak};
 
 use airlock_tools::{CallRecord, Observer, Registry, ToolSet};
-use axum::extract::State;
-use axum::{Extension, Json};
 
 use crate::config::Config;
-use crate::error::Error;
-use crate::guard::Caller;
 use crate::keys::{Key, KeyStore};
-use crate::pipeline::require;
-use crate::serve::ServeError;
 use crate::{AppState, SharedState};
 
 /// Starts every configured tool server and checks every key's grants against what they
@@ -20,19 +15,19 @@ use crate::{AppState, SharedState};
 pub(crate) async fn start(
     config: &Config,
     keys: &KeyStore,
-) -> Result<Option<Arc<Registry>>, ServeError> {
+) -> Result<Option<Arc<Registry>>, String> {
     if config.tools.servers.is_empty() {
-        check_grants(None, &keys.keys()).map_err(ServeError::Tools)?;
+        check_grants(None, &keys.keys())?;
         return Ok(None);
     }
     let registry = Registry::start(config.tools.clone(), tokio::runtime::Handle::current());
     if let Err(e) = registry.started().await {
         registry.shutdown();
-        return Err(ServeError::Tools(e));
+        return Err(e);
     }
     if let Err(e) = check_grants(Some(&registry), &keys.keys()) {
         registry.shutdown();
-        return Err(ServeError::Tools(e));
+        return Err(e);
     }
     for s in registry.statuses() {
         tracing::info!(server = %s.name, transport = s.transport, tools = s.tools, "tool server started");
@@ -108,15 +103,6 @@ impl Observer for Audit {
             "tool call"
         );
     }
-}
-
-/// `GET /v1/tools`: the tools the calling key's code may call, with their Python signatures.
-pub(crate) async fn list(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-) -> Result<Json<airlock_api::ToolsResponse>, Error> {
-    require(&caller, crate::config::Scope::Execute)?;
-    Ok(Json(listing(&state, &caller.0)))
 }
 
 /// What a key may call, as `GET /v1/tools` and MCP's `list_tool_apis` give it.

@@ -6,10 +6,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
+use crate::caller::{require, Caller};
 use crate::config::Scope;
 use crate::error::Error;
-use crate::guard::Caller;
-use crate::pipeline::require;
 use crate::SharedState;
 
 pub(crate) async fn not_found() -> Error {

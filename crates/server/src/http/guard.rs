@@ -10,18 +10,11 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use crate::caller::{Caller, RequestId};
 use crate::error::Error;
 use crate::keys::{random_id, Key};
 use crate::metrics::event;
 use crate::SharedState;
-
-/// The request's id, also sent back as `x-request-id`.
-#[derive(Clone, Debug)]
-pub struct RequestId(pub String);
-
-/// The authenticated key.
-#[derive(Clone, Debug)]
-pub struct Caller(pub Arc<Key>);
 
 /// Set once a request on the connection presents a valid key (`serve.rs` keeps such
 /// connections over anonymous ones at the connection cap).

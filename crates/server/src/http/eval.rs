@@ -1,0 +1,20 @@
+//! `POST /v1/eval`: a Python literal expression, evaluated natively (no sandbox).
+
+use airlock_api::EvalResponse;
+use axum::extract::{Request, State};
+use axum::{Extension, Json};
+
+use crate::caller::{require, Caller};
+use crate::config::Scope;
+use crate::error::Error;
+use crate::service::eval;
+use crate::SharedState;
+
+pub(crate) async fn eval(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Json<EvalResponse>, Error> {
+    require(&caller, Scope::Execute)?;
+    eval::from_body(&state, &caller.0, req).await.map(Json)
+}

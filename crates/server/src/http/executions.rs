@@ -1,0 +1,34 @@
+//! `POST /v1/execute` (JSON or a stream of events) and `GET /v1/executions/{id}`, over the
+//! execution service.
+
+use airlock_api::ExecutionRecord;
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use axum::{Extension, Json};
+
+use crate::caller::{require, Caller, RequestId};
+use crate::config::Scope;
+use crate::error::Error;
+use crate::service::execution;
+use crate::SharedState;
+
+/// `GET /v1/executions/{id}`: the caller's own records only.
+pub(crate) async fn execution(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ExecutionRecord>, Error> {
+    require(&caller, Scope::Read)?;
+    execution::record(&state, &caller.0, &id).await.map(Json)
+}
+
+/// `POST /v1/execute`.
+pub(crate) async fn execute(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    execution::execute(&state, &caller.0, request_id, req).await
+}

@@ -1,0 +1,19 @@
+//! `POST /v1/pickle/scan`: the body is the file itself, any content type.
+
+use axum::extract::{Request, State};
+use axum::{Extension, Json};
+
+use crate::caller::{require, Caller};
+use crate::config::Scope;
+use crate::error::Error;
+use crate::service::pickle;
+use crate::SharedState;
+
+pub(crate) async fn scan(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Json<serde_json::Value>, Error> {
+    require(&caller, Scope::Execute)?;
+    pickle::from_body(&state, &caller.0, req).await.map(Json)
+}

@@ -1,0 +1,106 @@
+//! Sessions over HTTP: `/v1/sessions` and below, over the session service.
+
+use airlock_api::{FileList, SessionInfo, SessionList};
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+
+use crate::caller::{require, Caller, RequestId};
+use crate::config::Scope;
+use crate::error::Error;
+use crate::service::sessions;
+use crate::SharedState;
+
+/// `POST /v1/sessions`.
+pub(crate) async fn create(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    let info = sessions::create(&state, &caller.0, req).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}
+
+/// `GET /v1/sessions`.
+pub(crate) async fn list(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<SessionList>, Error> {
+    require(&caller, Scope::Execute)?;
+    Ok(Json(sessions::list(&state, &caller.0)))
+}
+
+/// `GET /v1/sessions/{id}`.
+pub(crate) async fn get(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, Error> {
+    require(&caller, Scope::Execute)?;
+    sessions::info(&state, &caller.0, &id).map(Json)
+}
+
+/// `DELETE /v1/sessions/{id}`: the sandbox is destroyed at once, a running cell with it; the
+/// answer comes when it is gone.
+pub(crate) async fn delete(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, Error> {
+    require(&caller, Scope::Execute)?;
+    sessions::close(&state, &caller.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/sessions/{id}/execute`: one cell.
+pub(crate) async fn execute(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    sessions::execute(&state, &caller.0, request_id, &id, req).await
+}
+
+/// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
+pub(crate) async fn put_file(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+    req: Request,
+) -> Result<StatusCode, Error> {
+    require(&caller, Scope::Execute)?;
+    sessions::put_file(&state, &caller.0, &id, path, req).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sessions/{id}/files/{*path}`: the file's contents.
+pub(crate) async fn get_file(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, Error> {
+    require(&caller, Scope::Execute)?;
+    let data = sessions::read_file(&state, &caller.0, &id, path).await?;
+    let mut response = Response::new(Body::from(data));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
+/// `GET /v1/sessions/{id}/files`: everything below the working directory.
+pub(crate) async fn list_files(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<FileList>, Error> {
+    require(&caller, Scope::Execute)?;
+    Ok(Json(sessions::files(&state, &caller.0, &id).await?))
+}

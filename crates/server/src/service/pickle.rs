@@ -1,0 +1,33 @@
+//! The pickle scan service: a pickle or a ZIP archive of them, scanned without being run, a
+//! bounded number at once (`[pickle]`).
+
+use axum::extract::Request;
+
+use crate::error::Error;
+use crate::keys::Key;
+use crate::service::execution::{read_body_as, shutting_down, ReadBody};
+use crate::SharedState;
+
+/// The report on the file a request body holds, any content type (`POST /v1/pickle/scan`).
+pub(crate) async fn from_body(
+    state: &SharedState,
+    key: &Key,
+    req: Request,
+) -> Result<serde_json::Value, Error> {
+    if state.is_shutting_down() {
+        return Err(shutting_down());
+    }
+    let ReadBody { bytes, share } = read_body_as(state, key, req, false).await?;
+    // A bounded number at once: a scan may hold much more memory than its body.
+    let turn = state.pickle_slots.acquire().await;
+    let _turn = turn.map_err(|_| shutting_down())?;
+    let opts = state.config.pickle.options();
+    let report =
+        tokio::task::spawn_blocking(move || airlock_pickle::scan_file(&bytes, &opts).to_json())
+            .await
+            .map_err(|e| Error::internal(format!("scanning: {e}")))?;
+    drop(share);
+    let verdict = report["verdict"].as_str().unwrap_or("malformed").to_owned();
+    state.metrics.pickle_scans.add(&[&verdict]);
+    Ok(report)
+}
