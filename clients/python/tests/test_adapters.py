@@ -3,7 +3,7 @@ framework's own agent loop and fake or test model (no network, no LLM): the mode
 in the sandbox (it sees another uid, no network, none of this host's files or environment),
 state persists where the tool is a session, failures come back as text the model reads,
 refusals as the framework's tool errors, and hostile code stays contained. Also the MetaGPT
-`RunCode.run_text` snippet of the README (seed 001), verbatim.
+`RunCode.run_text` snippet of docs/python.md (seed 001), verbatim.
 
 The frameworks are test dependencies, pinned in requirements-adapters.txt."""
 
@@ -598,7 +598,7 @@ def test_smolagents_checks_imports_instead_of_installing(client: Airlock) -> Non
 
 # --- MetaGPT (seed 001): RunCode.run_text ---------------------------------------------------
 
-# The README's snippet, verbatim: MetaGPT's `RunCode.run_text` with `exec(code, namespace)`
+# docs/python.md's snippet, verbatim: MetaGPT's `RunCode.run_text` with `exec(code, namespace)`
 # replaced (there it is a classmethod of RunCode; here a function).
 async def run_text(code: str) -> Tuple[Any, str]:
     async with AsyncAirlock() as airlock:  # $AIRLOCK_URL, $AIRLOCK_API_KEY

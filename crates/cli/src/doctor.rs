@@ -73,7 +73,7 @@ fn check(name: &'static str, r: Result<String, String>, fix: &str) -> Check {
 }
 
 /// What a container (or a pod, or a service's sandboxing) withholds, recognised by the error
-/// it causes, and the one relaxation that gives it back (README "Kubernetes").
+/// it causes, and the one relaxation that gives it back (docs/deploying.md "Kubernetes").
 fn confined_fix(error: &str) -> Option<String> {
     let denied = error.contains("Operation not permitted");
     if error.contains("cgroups") && error.contains("Read-only file system") {

@@ -51,7 +51,7 @@ fn main() -> ExitCode {
     airlock_sandbox::run_if_init();
     let cli = Cli::parse();
     // Before any thread starts, for the commands that build sandboxes: in a container,
-    // /proc's covers go from airlock's own view (README "Kubernetes").
+    // /proc's covers go from airlock's own view (docs/deploying.md "Kubernetes").
     if !matches!(cli.command, Commands::Eval(_) | Commands::Pickle(_)) {
         airlock_sandbox::unmask_proc();
     }

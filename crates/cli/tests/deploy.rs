@@ -1,5 +1,5 @@
-//! deploy/: the systemd unit is one systemd accepts, its exposure stays where README
-//! "Deploying" says, and airlock works under the capability bounding set and no_new_privs it
+//! deploy/: the systemd unit is one systemd accepts, its exposure stays where
+//! docs/deploying.md says, and airlock works under the capability bounding set and no_new_privs it
 //! gives (no systemd runs here as PID 1, so the server runs under setpriv with the same).
 
 mod common;
@@ -61,7 +61,7 @@ fn the_systemd_unit_verifies_and_its_exposure_is_what_the_readme_says() {
         .unwrap_or_else(|| panic!("no exposure level in: {out}"));
     assert!(
         exposure <= 6.0,
-        "exposure {exposure} > 6.0 (README says 6.0)"
+        "exposure {exposure} > 6.0 (docs/deploying.md says 6.0)"
     );
 }
 

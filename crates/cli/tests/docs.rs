@@ -149,3 +149,103 @@ fn every_function_type_and_constant_the_page_names_exists() {
         "docs/architecture.md names what the code no longer has: {absent:?}"
     );
 }
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens; a
+/// repeated one gets `-1`, `-2`...
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let Some(heading) = line.strip_prefix('#') else {
+            continue;
+        };
+        if fenced {
+            continue;
+        }
+        let text = heading.trim_start_matches('#').trim().to_lowercase();
+        let slug: String = text
+            .chars()
+            .filter(|c| c.is_alphanumeric() || *c == '-' || *c == '_' || *c == ' ')
+            .map(|c| if c == ' ' { '-' } else { c })
+            .collect();
+        let mut unique = slug.clone();
+        let mut n = 0;
+        while seen.contains(&unique) {
+            n += 1;
+            unique = format!("{slug}-{n}");
+        }
+        seen.insert(unique);
+    }
+    seen
+}
+
+/// The targets of `[text](target)` links outside code blocks.
+fn links(markdown: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut fenced = false;
+    for line in markdown.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            if let Some(end) = rest.find(')') {
+                found.push(rest[..end].to_owned());
+                rest = &rest[end..];
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_link_in_the_docs_reaches_a_file_and_a_heading() {
+    let root = root();
+    let mut pages: Vec<PathBuf> = ["README.md", "DEVELOPERS.md", "BENCHMARKS.md", "SOAK.md"]
+        .iter()
+        .map(|p| root.join(p))
+        .collect();
+    pages.push(root.join("clients/python/README.md"));
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        pages.push(entry.unwrap().path());
+    }
+    let mut checked = 0;
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for target in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((&target, ""));
+            let file = if path.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(path)
+            };
+            let name = page.strip_prefix(&root).unwrap().display().to_string();
+            if !file.exists() {
+                broken.push(format!("{name}: {target} (no such file)"));
+                continue;
+            }
+            if !anchor.is_empty() {
+                let text = std::fs::read_to_string(&file).unwrap_or_default();
+                if !anchors(&text).contains(anchor) {
+                    broken.push(format!("{name}: {target} (no such heading)"));
+                }
+            }
+        }
+    }
+    assert!(checked >= 100, "only {checked} links checked");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}

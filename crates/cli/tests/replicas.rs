@@ -1,6 +1,6 @@
 //! Several replicas behind one balancer, for real: a PostgreSQL server (Debian's) holds the
 //! records and audit lines, three `airlock serve` replicas share it, and HAProxy (Debian's)
-//! routes on the replica an id names and round-robins the rest, as README "Several replicas"
+//! routes on the replica an id names and round-robins the rest, as docs/deploying.md "Several replicas"
 //! says to. Sessions and records work through the balancer; a replica killed with SIGKILL and
 //! started again loses no record.
 
@@ -245,7 +245,7 @@ fn make_certificates(dir: &Path) {
 }
 
 /// HAProxy routing on the replica in `/v1/sessions/<id>` and `/v1/executions/<id>`, the
-/// recipe of README "Several replicas".
+/// recipe of docs/deploying.md "Several replicas".
 struct Haproxy {
     child: Child,
     port: u16,

@@ -50,7 +50,7 @@ pub struct Config {
     pub engine: EngineConfig,
     /// The warm pool of sandboxes started ahead of their work.
     pub pool: PoolConfig,
-    /// Fresh sandboxes as forks of a pre-imported interpreter (see README "Zygotes").
+    /// Fresh sandboxes as forks of a pre-imported interpreter (see docs/serving.md "Zygotes").
     pub zygote: ZygoteConfig,
     pub sessions: SessionsConfig,
     /// `POST /v1/eval`: the native evaluator's budgets.

@@ -102,7 +102,7 @@ pub fn random_id(prefix: &str) -> String {
 
 /// An id for what this server holds (a session, an execution): `se_` and 96 random bits, or
 /// with a replica name `se_<replica>_<hex>`, which a balancer in front of several replicas
-/// routes on (README "Several replicas").
+/// routes on (docs/deploying.md "Several replicas").
 pub fn held_id(prefix: &str, replica: Option<&str>) -> String {
     match replica {
         Some(replica) => random_id(&format!("{prefix}{replica}_")),

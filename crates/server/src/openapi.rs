@@ -9,7 +9,7 @@ use airlock_api::{
 use schemars::generate::SchemaSettings;
 use serde_json::{json, Value};
 
-/// Every route, as `METHOD path`; the README's API section is checked against this list.
+/// Every route, as `METHOD path`; docs/http-api.md is checked against this list.
 pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/execute"),
     ("POST", "/v1/eval"),

@@ -37,8 +37,8 @@ _T = TypeVar("_T", covariant=True)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # An answer's bytes the client takes at most (the JSON of a result, a file, a whole stream).
-# airlock's defaults give answers of a few MiB; its ceilings up to 768 MiB (README: "Answers
-# and memory"): raise it for those. Parsed, JSON can take up to ~25 times its size in memory.
+# airlock's defaults give answers of a few MiB; its ceilings up to 768 MiB (docs/http-api.md:
+# "Answers and memory"): raise it for those. Parsed, JSON can take up to ~25 times its size in memory.
 DEFAULT_MAX_RESPONSE_BYTES = 64 << 20
 # Executions may run for minutes, and a stream is silent while its program is: reads wait
 # this long; connecting does not.

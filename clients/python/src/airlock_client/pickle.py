@@ -444,7 +444,7 @@ def _decode(data: bytes, allow: Allow, max_bytes: int, max_depth: int) -> str:
 
 
 class _Forms:
-    """The decoder's JSON forms (README, `airlock pickle`) as Python values: `json.loads` hands
+    """The decoder's JSON forms (docs/pickle.md) as Python values: `json.loads` hands
     `value` every object, innermost first, so each form's parts are already values."""
 
     def __init__(self, builders: Mapping[str, Callable[..., object]]) -> None:

@@ -180,7 +180,7 @@ fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error
 }
 
 /// A 404 for what this server does not hold; one that names another replica says so, for
-/// the operator whose balancer sent it to the wrong one (README "Several replicas").
+/// the operator whose balancer sent it to the wrong one (docs/deploying.md "Several replicas").
 pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
     let message = match (crate::keys::replica_of(id), state.config.replica.as_deref()) {
         (Some(theirs), Some(ours)) if theirs != ours => format!(
