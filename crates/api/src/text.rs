@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// Captured output: the bytes as written, cut at a character boundary where the capture was
 /// cut. It is sent as a UTF-8 string where each invalid sequence becomes U+FFFD (as
-/// `String::from_utf8_lossy` decodes).
+/// [`String::from_utf8_lossy`] decodes).
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Text(bytes::Bytes);
 
@@ -264,7 +264,7 @@ impl Drop for Reset {
     }
 }
 
-/// Serializes `value` as compact JSON (as `serde_json::to_vec` would) with every [`Text`]
+/// Serializes `value` as compact JSON (as [`serde_json::to_vec`] would) with every [`Text`]
 /// left out and noted, so that the caller can write the texts as they are sent.
 pub fn write_deferring_texts<T: Serialize + ?Sized>(value: &T) -> serde_json::Result<Deferred> {
     use serde::ser::Error as _;

@@ -844,7 +844,7 @@ fn row(s: &Series, r50: f64, r99: f64) {
     );
 }
 
-/// Steal during the concurrency blocks, in percent of all CPU time (see `cpu_ticks`).
+/// Steal during the concurrency blocks, in percent of all CPU time (see [`cpu_ticks`]).
 static STOLEN: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 
 /// The machine's CPU ticks so far, from `/proc/stat`'s first line: user, nice, system, idle,

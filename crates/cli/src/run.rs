@@ -255,7 +255,7 @@ type StartedTools = (
     Arc<airlock_tools::ToolSet>,
 );
 
-/// Starts the `[tools]` servers of a config file and makes the run's tool set; `None` when
+/// Starts the `[tools]` servers of a config file and makes the run's tool set; [`None`] when
 /// the file configures none and no `--tool` asked for one.
 fn start_tools(path: &Path, patterns: &[String]) -> Result<Option<StartedTools>, String> {
     let env = crate::serve::settings_env();

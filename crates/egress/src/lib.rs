@@ -23,7 +23,7 @@ use ipnet::IpNet;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Where a sandbox may connect through airlock's proxy. `Default` allows nothing.
+/// Where a sandbox may connect through airlock's proxy. [`Default`] allows nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EgressPolicy {

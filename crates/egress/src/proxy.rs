@@ -6,7 +6,7 @@
 //! execution's budgets and reported to an [`Observer`] once it ends.
 //!
 //! Blocking threads, one per connection and direction: an execution has a few connections,
-//! never thousands (`Settings::max_connections`).
+//! never thousands ([`Settings::max_connections`]).
 
 use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
@@ -278,7 +278,7 @@ impl Shared {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps a clone of `stream` to cut at the end; `None` once finished (cut it now).
+    /// Keeps a clone of `stream` to cut at the end; [`None`] once finished (cut it now).
     fn register(&self, stream: &TcpStream) -> Option<u64> {
         let mut open = self.open();
         if self.closed.load(Ordering::SeqCst) {

@@ -103,7 +103,7 @@ fn ours(meta: &std::fs::Metadata) -> bool {
 }
 
 /// The cached code object, if there is one we can trust: in a directory and a file of ours
-/// that no one else can write, its digest right. `None` when there is none or it is not so.
+/// that no one else can write, its digest right. [`None`] when there is none or it is not so.
 fn read_checked(dir: &Path, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
     let dir_meta = std::fs::symlink_metadata(dir)?;
     if !dir_meta.is_dir() || !ours(&dir_meta) {

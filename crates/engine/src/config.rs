@@ -39,7 +39,7 @@ impl std::str::FromStr for Mechanism {
     }
 }
 
-/// Engine settings. `Default` is what `airlock run` and `airlock serve` use out of the box.
+/// Engine settings. [`Default`] is what `airlock run` and `airlock serve` use out of the box.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {

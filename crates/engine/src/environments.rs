@@ -91,7 +91,7 @@ struct Manifest {
     created_at: String,
     size_bytes: u64,
     packages: Vec<String>,
-    /// Digest of every entry of the tree but this manifest (see `tree_digest`).
+    /// Digest of every entry of the tree but this manifest (see [`tree_digest`]).
     tree: String,
 }
 

@@ -108,7 +108,7 @@ pub struct Entrypoint {
 /// Deepest nesting accepted in an entrypoint's inputs.
 pub const MAX_INPUT_DEPTH: usize = 64;
 
-/// One execution, with limits already resolved (`EngineConfig::resolve_limits`).
+/// One execution, with limits already resolved ([`EngineConfig::resolve_limits`]).
 #[derive(Debug)]
 pub struct Job {
     pub code: String,
@@ -120,7 +120,7 @@ pub struct Job {
     /// Function mode, when set: the code's final expression is not the result.
     pub entrypoint: Option<Entrypoint>,
     pub limits: Limits,
-    /// Largest code accepted for this job (`EngineConfig::code_limit`).
+    /// Largest code accepted for this job ([`EngineConfig::code_limit`]).
     pub max_code_bytes: u64,
     /// Line-buffer the program's stdout so output streams as it is printed.
     pub stream: bool,
@@ -130,7 +130,7 @@ pub struct Job {
     pub cancel: Option<Cancel>,
     /// Code mode: the operator's tools this job may call, through a channel of its own.
     pub tools: Option<Arc<dyn ToolBridge>>,
-    /// Egress through airlock's proxy under this leash's policy; `None`: no network at all.
+    /// Egress through airlock's proxy under this leash's policy; [`None`]: no network at all.
     pub egress: Option<Arc<airlock_egress::Leash>>,
     /// A named environment mounted at `/env` (read-only; writable only for its own build),
     /// its site-packages ahead of the interpreter's.
@@ -261,7 +261,7 @@ pub struct Engine {
     config: EngineConfig,
     interpreter: Interpreter,
     pool: Option<Arc<Pool>>,
-    /// Children of the preloading zygote, ready (see `PoolConfig::preloaded`).
+    /// Children of the preloading zygote, ready (see [`PoolConfig::preloaded`]).
     preloaded_pool: Option<Arc<Pool>>,
     /// Pools per environment, started when one is first asked for (see `env_pool`).
     env_pools: Option<Arc<EnvPools>>,
@@ -313,7 +313,7 @@ impl Engine {
     }
 
     /// The next cold sandbox starts with `init`, an init started ahead (see
-    /// `airlock_sandbox::Prestarted`); one never used is killed with the engine.
+    /// [`airlock_sandbox::Prestarted`]); one never used is killed with the engine.
     pub fn use_prestarted(&self, init: airlock_sandbox::Prestarted) {
         *self.prestarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(init);
     }
@@ -349,13 +349,13 @@ impl Engine {
         self.zygotes = Some(zygotes::Zygotes::new(config));
     }
 
-    /// What the zygotes do; `None` when they were never started.
+    /// What the zygotes do; [`None`] when they were never started.
     pub fn zygote_status(&self) -> Option<ZygoteStatus> {
         self.zygotes.as_ref().map(|z| z.status())
     }
 
     /// Answers as soon as a sandbox's processes are gone, leaving the removal of its empty
-    /// cgroup to a background thread (a long-running server; `airlock_sandbox::settle` must
+    /// cgroup to a background thread (a long-running server; [`airlock_sandbox::settle`] must
     /// be called before exiting).
     pub fn defer_cleanup(&mut self) {
         self.defer_cleanup = true;
@@ -492,7 +492,7 @@ impl Engine {
         self.pool.as_ref()
     }
 
-    /// The pool of the preloading zygote's children (see `PoolConfig::preloaded`).
+    /// The pool of the preloading zygote's children (see [`PoolConfig::preloaded`]).
     pub fn preloaded_pool(&self) -> Option<&Arc<Pool>> {
         self.preloaded_pool.as_ref()
     }
@@ -636,7 +636,7 @@ impl Engine {
         )
     }
 
-    /// As `start_sandbox` in `Mode::Cold`, with no zygote.
+    /// As `start_sandbox` in [`Mode::Cold`], with no zygote.
     fn start_cold(
         &self,
         policy: &Policy,
@@ -1276,7 +1276,7 @@ fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
     isolation(&airlock_sandbox::Isolation::planned(policy, None))
 }
 
-/// Waits for a warm runner's ready byte; `None` (the sandbox killed and gone) if it never
+/// Waits for a warm runner's ready byte; [`None`] (the sandbox killed and gone) if it never
 /// comes.
 fn ready_or_gone(
     child: airlock_sandbox::Child,

@@ -36,7 +36,7 @@ const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// How often a pool of the preloading zygote's children looks again while that zygote starts.
 const ZYGOTE_WAIT: Duration = Duration::from_millis(200);
-/// The longest a refill waits for running executions to end (see `defer_refill`).
+/// The longest a refill waits for running executions to end (see [`defer_refill`]).
 const LAZY_REFILL: Duration = Duration::from_millis(100);
 
 /// Warm pool settings (`[pool]` in the server's configuration).
@@ -402,7 +402,7 @@ fn readable(control: &UnixStream) -> bool {
     }
 }
 
-/// The first sandbox a refill adds to the empty pool, or `None` when none comes within
+/// The first sandbox a refill adds to the empty pool, or [`None`] when none comes within
 /// `wait_for_refill_ms` or the pool closes.
 fn wait_for_refill<'a>(
     s: &'a Shared,

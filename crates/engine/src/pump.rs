@@ -113,7 +113,7 @@ pub(crate) fn read_some(r: &mut impl Read, buf: &mut [u8]) -> Progress {
     }
 }
 
-/// Writes what it can; `None` when the reader is gone.
+/// Writes what it can; [`None`] when the reader is gone.
 pub(crate) fn write_some(w: &mut impl Write, data: &[u8]) -> Option<usize> {
     loop {
         match w.write(data) {

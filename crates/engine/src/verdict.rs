@@ -37,7 +37,7 @@ struct Wire {
     files: Vec<OutputFile>,
 }
 
-/// `Some` for a field that is there, `null` included.
+/// [`Some`] for a field that is there, `null` included.
 fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
 where
     D: serde::Deserializer<'de>,

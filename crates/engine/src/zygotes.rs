@@ -1,4 +1,4 @@
-//! Zygotes for the engine's sandboxes (see `airlock_sandbox::Zygote`): one per sandbox root
+//! Zygotes for the engine's sandboxes (see [`airlock_sandbox::Zygote`]): one per sandbox root
 //! (the interpreter's own, and each environment's), started in the background the first time
 //! a sandbox with that root is asked for, replaced when it dies and retired after
 //! `recycle_after` children or `recycle_seconds`. A sandbox a zygote cannot serve (egress, a
@@ -446,7 +446,7 @@ impl Zygotes {
         }
     }
 
-    /// As `spawn`, for a pooled child of the preloading zygote: `None`, and nothing counted,
+    /// As `spawn`, for a pooled child of the preloading zygote: [`None`], and nothing counted,
     /// while that zygote cannot serve (the pool waits for it; its start is asked for here).
     pub(crate) fn spawn_preloaded(
         &self,

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// Bounds on one evaluation. `Default` is what the CLI and the service use.
+/// Bounds on one evaluation. [`Default`] is what the CLI and the service use.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Longest accepted expression, in bytes (at most [`Limits::MAX_INPUT`]).

@@ -9,7 +9,7 @@ const MODULUS: u64 = (1 << BITS) - 1;
 const INF: i64 = 314_159;
 const IMAG: u64 = 1_000_003;
 
-/// CPython hashes `None`, `...` and NaN by address, which differs from run to
+/// CPython hashes [`None`], `...` and NaN by address, which differs from run to
 /// run; any fixed value is as good as CPython's.
 pub(crate) const BY_ADDRESS: i64 = 0x1f3d_5b79;
 

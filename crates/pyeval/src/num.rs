@@ -102,7 +102,7 @@ impl Arith {
     }
 }
 
-/// `a op b` for two numbers; `None` when Python would say the types are
+/// `a op b` for two numbers; [`None`] when Python would say the types are
 /// unsupported (NotImplemented from both sides).
 pub(crate) fn arith(op: Arith, a: Num, b: Num, budget: &mut Budget) -> Result<Option<Value>> {
     if op == Arith::MatMul {
@@ -274,7 +274,7 @@ fn int_true_div(a: &BigInt, b: &BigInt) -> Result<f64> {
     Ok(if negate { -q } else { q })
 }
 
-/// x / y rounded to nearest-even as an f64; `None` on overflow.
+/// x / y rounded to nearest-even as an f64; [`None`] on overflow.
 fn ratio_to_f64(x: &BigUint, y: &BigUint) -> Option<f64> {
     // Scale so the quotient has at least 55 bits, and never look below the
     // smallest subnormal's last bit (2**-1074) to avoid double rounding.
@@ -484,7 +484,7 @@ fn c_prod(a: (f64, f64), b: (f64, f64)) -> (f64, f64) {
     (a.0 * b.0 - a.1 * b.1, a.0 * b.1 + a.1 * b.0)
 }
 
-/// _Py_c_quot; `None` is EDOM (division by zero).
+/// _Py_c_quot; [`None`] is EDOM (division by zero).
 fn c_quot(a: (f64, f64), b: (f64, f64)) -> Option<(f64, f64)> {
     let abs_breal = b.0.abs();
     let abs_bimag = b.1.abs();
@@ -608,7 +608,7 @@ impl FromF64Exact for BigInt {
     }
 }
 
-/// Ordering of two real numbers; `None` when unordered (NaN).
+/// Ordering of two real numbers; [`None`] when unordered (NaN).
 pub(crate) fn num_cmp(a: &Num, b: &Num) -> Option<Ordering> {
     match (a, b) {
         (Num::Int(x), Num::Int(y)) => Some(x.cmp(y)),

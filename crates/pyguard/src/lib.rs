@@ -1,4 +1,4 @@
-//! The pickle guard (`airlock_pickle`) as a Python extension module, `airlock_client._pickle`,
+//! The pickle guard ([`airlock_pickle`]) as a Python extension module, `airlock_client._pickle`,
 //! so that the Python client checks pickles offline, with no server.
 //!
 //! ```python
@@ -45,7 +45,7 @@ create_exception!(
     "The guard itself failed (a bug): args[0] says where. Never a verdict."
 );
 
-/// Runs the guard, a panic caught as `Failed`: pyo3 would raise its own `PanicException`, a
+/// Runs the guard, a panic caught as [`Failed`]: pyo3 would raise its own `PanicException`, a
 /// `BaseException` that callers' `except Exception` lets through.
 fn guarded<T>(work: impl FnOnce() -> T + std::panic::UnwindSafe) -> PyResult<T> {
     std::panic::catch_unwind(work).map_err(|panic| {
@@ -89,7 +89,7 @@ fn scan(py: Python<'_>, data: &[u8], allow: Vec<String>, max_bytes: usize) -> Py
 }
 
 /// The value of a safe pickle as JSON text, exactly what `airlock pickle decode` prints;
-/// raises `Unsafe`, `Malformed` or `Unrepresentable` otherwise.
+/// raises [`Unsafe`], [`Malformed`] or [`Unrepresentable`] otherwise.
 #[pyfunction]
 #[pyo3(signature = (data, allow, max_bytes, max_depth))]
 fn decode(

@@ -8,7 +8,7 @@ use crate::cgroup::{self, Layout};
 use crate::seccomp::Filters;
 use crate::sys;
 
-/// The mechanisms a sandbox can use on this host; each `Err` says what is missing and why.
+/// The mechanisms a sandbox can use on this host; each [`Err`] says what is missing and why.
 #[derive(Clone, Debug)]
 pub struct HostSupport {
     pub kernel_release: String,

@@ -40,7 +40,7 @@ use crate::seccomp::{Filters, SeccompError};
 use crate::sys::{self, ForkResult};
 use crate::zygote;
 
-/// The argument that turns our own binary into a sandbox's init (see `run_if_init`).
+/// The argument that turns our own binary into a sandbox's init (see [`run_if_init`]).
 pub const INIT_ARG: &str = "__airlock-sandbox-init";
 /// The status socket, as the host places it in `outer`.
 pub(crate) const STATUS_FD: RawFd = 3;
@@ -198,7 +198,7 @@ pub(crate) fn served_ahead(policy: &Policy) -> bool {
 
 /// What an init started ahead does before its request, while the host prepares the rest:
 /// every step that no request decides. It drops the host's rights, arms the parent-death
-/// signal and makes its user namespace (mapping `Policy::default`'s ids) and the mount, PID, network,
+/// signal and makes its user namespace (mapping [`Policy::default`]'s ids) and the mount, PID, network,
 /// IPC and UTS namespaces. The cgroup namespace waits for the request: it must be made once
 /// the sandbox's cgroup, which the host creates meanwhile, is joined, or the sandbox would
 /// see the host's cgroup paths. The kernel memory of these namespaces is charged to the
@@ -245,7 +245,7 @@ fn place_passed_fds(passed: Vec<OwnedFd>, expected: u32) -> Result<(), InitError
 }
 
 /// The outer init: from the request on, the sandbox's namespaces and its PID 1. `ahead` is
-/// what an init started ahead made before the request (`None` for an executed init).
+/// what an init started ahead made before the request ([`None`] for an executed init).
 fn outer(status: &OwnedFd, ahead: Option<Result<(), InitError>>) -> Result<Infallible, InitError> {
     let (req, mut passed): (InitRequest, _) = proto::recv_msg_with_fds(status)
         .map_err(InitError::Request)?
@@ -549,7 +549,7 @@ pub(crate) fn reap_until(main: i32) -> Report {
 /// Assembles the new root on a small tmpfs, pivots into it and makes it read-only.
 /// A detached copy of the source of each bind mount of the root (`open_tree`), in policy
 /// order: made with the caller's rights, attached inside the sandbox's mount namespace. Only
-/// root may clone mounts of the host's namespace; an unprivileged caller gets `None` and binds
+/// root may clone mounts of the host's namespace; an unprivileged caller gets [`None`] and binds
 /// by path from inside, so its sources must be reachable by its own uid.
 pub(crate) fn open_sources(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
     let root = unistd::geteuid().is_root();

@@ -35,7 +35,7 @@
 //!   files, file size and core dumps; a wall clock enforced from outside by killing the
 //!   sandbox's PID namespace.
 //! - Fail closed: a mechanism the policy requires but the host lacks is an error, never a
-//!   silent skip; it is skipped only when the policy says `Enforcement::Disabled`, and the
+//!   silent skip; it is skipped only when the policy says [`Enforcement::Disabled`], and the
 //!   outcome's [`Isolation`] says so.
 
 mod cgroup;

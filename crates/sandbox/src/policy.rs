@@ -2,7 +2,7 @@
 //!
 //! `Policy::default()` is the most restrictive policy this crate can express: nothing of the
 //! host is visible, every mechanism is required, and the limits are small. Callers widen it
-//! field by field; `crate::init` is the private code that turns it into syscalls.
+//! field by field; [`crate::init`] is the private code that turns it into syscalls.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub struct Policy {
     pub die_with_parent: bool,
     /// Egress through the host: a TCP listener on the sandbox's own loopback (127.0.0.1) at
     /// this port, created inside its network namespace and handed to the host, which serves
-    /// it (the egress proxy). Landlock then allows TCP connects to this port only. `None`:
+    /// it (the egress proxy). Landlock then allows TCP connects to this port only. [`None`]:
     /// loopback stays down and no TCP connect is allowed at all.
     pub egress_port: Option<u16>,
 }

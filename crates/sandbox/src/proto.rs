@@ -45,7 +45,7 @@ pub(crate) struct InitRequest {
     /// into the sandbox's cgroup (see `SandboxCgroup::self_join_files`); empty when the host
     /// moved it already.
     pub join_cgroup: Vec<PathBuf>,
-    /// Build a zygote's template jail instead (see `crate::zygote`): the init keeps its
+    /// Build a zygote's template jail instead (see [`crate::zygote`]): the init keeps its
     /// privileges in the sandbox's user namespace (which maps a block of host ids) to build
     /// one jail per child, and the program is the zygote, unconfined within the template.
     #[serde(default)]
@@ -123,7 +123,7 @@ pub(crate) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     .map_err(io::Error::from)
 }
 
-/// Sends one datagram of raw bytes (the compiled seccomp filters, after the `InitRequest`).
+/// Sends one datagram of raw bytes (the compiled seccomp filters, after the [`InitRequest`]).
 pub(crate) fn send_raw(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
     loop {
         match nix::sys::socket::send(fd.as_fd().as_raw_fd(), bytes, MsgFlags::MSG_NOSIGNAL) {
@@ -134,7 +134,7 @@ pub(crate) fn send_raw(fd: impl AsFd, bytes: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Receives one datagram of raw bytes, at most `max`; `None` at end of stream.
+/// Receives one datagram of raw bytes, at most `max`; [`None`] at end of stream.
 pub(crate) fn recv_raw(fd: impl AsFd, max: usize) -> io::Result<Option<Vec<u8>>> {
     let mut buf = vec![0u8; max + 1];
     loop {
@@ -202,7 +202,7 @@ pub(crate) fn send_msg_with_fds<T: Serialize>(
     }
 }
 
-/// Receives one message and any descriptor passed with it; `None` at end of stream.
+/// Receives one message and any descriptor passed with it; [`None`] at end of stream.
 pub(crate) fn recv_msg_with_fd<T: DeserializeOwned>(
     fd: impl AsFd,
 ) -> io::Result<Option<(T, Option<OwnedFd>)>> {
@@ -216,7 +216,7 @@ thread_local! {
     static RECEIVED: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE + 1]);
 }
 
-/// Receives one message and every descriptor passed with it; `None` at end of stream.
+/// Receives one message and every descriptor passed with it; [`None`] at end of stream.
 pub(crate) fn recv_msg_with_fds<T: DeserializeOwned>(
     fd: impl AsFd,
 ) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
@@ -255,7 +255,7 @@ fn recv_into<T: DeserializeOwned>(
     Ok(Some((msg, passed)))
 }
 
-/// Receives one message; `None` when the peer has closed its end.
+/// Receives one message; [`None`] when the peer has closed its end.
 pub(crate) fn recv_msg<T: DeserializeOwned>(fd: impl AsFd) -> io::Result<Option<T>> {
     Ok(recv_msg_with_fd(fd)?.map(|(m, _)| m))
 }

@@ -514,8 +514,8 @@ mod tests {
     }
 
     /// A classic BPF machine for the instructions `merge` accepts; `load` gives a word of
-    /// `seccomp_data` (nr, arch, instruction pointer, six arguments) by offset, or `None`
-    /// when it is not known. `None` for an unknown load or instruction, or no return.
+    /// [`seccomp_data`] (nr, arch, instruction pointer, six arguments) by offset, or [`None`]
+    /// when it is not known. [`None`] for an unknown load or instruction, or no return.
     fn exec(prog: &[sock_filter], load: impl Fn(u32) -> Option<u32>) -> Option<u32> {
         let mut a = 0u32;
         let mut pc = 0usize;
@@ -543,7 +543,7 @@ mod tests {
     }
 
     /// What the kernel answers with these filters installed in this order (seccomp.c,
-    /// `seccomp_run_filters`): from the most recent, the first of the most severe action.
+    /// [`seccomp_run_filters`]): from the most recent, the first of the most severe action.
     fn kernel(parts: &[(&'static str, BpfProgram)], data: &[u32; 16]) -> u32 {
         let mut ret = libc::SECCOMP_RET_ALLOW;
         for (_, prog) in parts.iter().rev() {
@@ -555,7 +555,7 @@ mod tests {
         ret
     }
 
-    /// The kernel's `seccomp_is_const_allow`: whether a call is allowed whatever its
+    /// The kernel's [`seccomp_is_const_allow`]: whether a call is allowed whatever its
     /// arguments, which lets the kernel skip the program for it.
     fn const_allow(prog: &[sock_filter], nr: u32, arch: u32) -> bool {
         let known = |k| match k {

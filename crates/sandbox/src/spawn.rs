@@ -1,5 +1,5 @@
-//! The host side: start a sandbox from a `Command` and a `Policy`, supervise it, and turn what
-//! the kernel reports into an `Outcome`.
+//! The host side: start a sandbox from a [`Command`] and a [`Policy`], supervise it, and turn what
+//! the kernel reports into an [`Outcome`].
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -37,9 +37,9 @@ pub struct Command {
     pub(crate) env: std::collections::BTreeMap<String, String>,
     pub(crate) fds: Vec<OwnedFd>,
     pub(crate) background: bool,
-    /// Start a zygote's template (see `crate::zygote`).
+    /// Start a zygote's template (see [`crate::zygote`]).
     pub(crate) zygote: bool,
-    /// An init started ahead, to be used instead of starting one (see `Prestarted`).
+    /// An init started ahead, to be used instead of starting one (see [`Prestarted`]).
     pub(crate) init: Option<Box<Prestarted>>,
 }
 
@@ -234,7 +234,7 @@ impl Isolation {
 /// Everything known once a sandbox is gone.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    /// `None` when the program never reported (killed with its sandbox, or never started).
+    /// [`None`] when the program never reported (killed with its sandbox, or never started).
     pub exit: Option<Exit>,
     pub killed: Option<KillReason>,
     /// Processes the kernel's OOM killer killed inside the sandbox's memory cgroup.
@@ -332,7 +332,7 @@ impl Killer {
 /// A running sandbox.
 #[derive(Debug)]
 pub struct Child {
-    /// The outer init; `None` for a zygote's child, whose processes are the zygote's.
+    /// The outer init; [`None`] for a zygote's child, whose processes are the zygote's.
     process: Option<OuterInit>,
     /// Until `finish` has run: nothing of the sandbox is left after it.
     running: bool,
@@ -374,7 +374,7 @@ impl<T> Default for SetOnce<T> {
 }
 
 impl<T: Clone> SetOnce<T> {
-    /// The value once it is set; `None` if that takes longer than `within`.
+    /// The value once it is set; [`None`] if that takes longer than `within`.
     pub fn wait(&self, within: Duration) -> Option<T> {
         let guard = self.value.lock().unwrap_or_else(|e| e.into_inner());
         let (guard, _) = self
@@ -538,7 +538,7 @@ type AheadParts = (InitParts, Vec<Option<OwnedFd>>, Vec<OwnedFd>);
 
 /// What an init started ahead needs with its request that only the host can open: the
 /// sources of the root's bind mounts (with the host's rights) and, on v1, the `tasks` files
-/// of the sandbox's cgroup. `None` when they would not fit in one message with the program's
+/// of the sandbox's cgroup. [`None`] when they would not fit in one message with the program's
 /// `program_fds` descriptors: the init is then killed unused and one is executed instead.
 fn ahead_parts(
     init: Prestarted,
@@ -711,9 +711,9 @@ impl Drop for Prestarted {
 /// A sandbox's outer init process.
 #[derive(Debug)]
 pub(crate) enum OuterInit {
-    /// Executed for its sandbox (`start_init`).
+    /// Executed for its sandbox ([`start_init`]).
     Spawned(std::process::Child),
-    /// Forked ahead of its sandbox (`Prestarted`).
+    /// Forked ahead of its sandbox ([`Prestarted`]).
     Forked { pid: i32, reaped: bool },
 }
 
@@ -829,7 +829,7 @@ impl Child {
         }
     }
 
-    /// The egress listener (see `Policy::egress_port`): a socket in the sandbox's network
+    /// The egress listener (see [`Policy::egress_port`]): a socket in the sandbox's network
     /// namespace, for the host to accept the program's connections on. Once only.
     pub fn take_egress_listener(&mut self) -> Option<std::net::TcpListener> {
         self.egress.take()

@@ -35,7 +35,7 @@ pub const WINDOW: u64 = 512 << 10;
 /// How an execution's answer is sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
-    /// JSON whose output is escaped as it is written (`Answer`), or a stream of events.
+    /// JSON whose output is escaped as it is written ([`Answer`]), or a stream of events.
     Json,
     /// An MCP tool result: the output decoded into text blocks, then rmcp's JSON of them,
     /// both whole in memory while it is serialized (up to 3 and 6 bytes per byte written).

@@ -197,7 +197,7 @@ impl FileLog {
     /// Opens (or creates) the log, repairs it and loads the most recent records. A last line
     /// cut short (the machine lost power mid-write) is cut off; every execution whose
     /// `started` line has no record after it (the server stopped before it ended) gets its
-    /// final record now: `internal_error`, `interrupted`. `Recovery` says what was done.
+    /// final record now: `internal_error`, `interrupted`. [`Recovery`] says what was done.
     pub fn open(state_dir: &Path, sync: AuditSync) -> std::io::Result<(Self, Recovery)> {
         std::fs::create_dir_all(state_dir)?;
         let path = state_dir.join(AUDIT_FILE);

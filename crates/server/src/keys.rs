@@ -110,7 +110,7 @@ pub fn held_id(prefix: &str, replica: Option<&str>) -> String {
     }
 }
 
-/// The replica an id from `held_id` names, if it names one.
+/// The replica an id from [`held_id`] names, if it names one.
 pub fn replica_of(id: &str) -> Option<&str> {
     let rest = id.get(3..)?;
     rest.rsplit_once('_').map(|(replica, _)| replica)

@@ -17,7 +17,7 @@
 //!    answers, the audit log and its store, metrics, errors, the connection layer ([`wire`])
 //!    and sizing. They know no layer above.
 //!
-//! Below them all is the engine (`airlock_engine`), which knows nothing of this crate.
+//! Below them all is the engine ([`airlock_engine`]), which knows nothing of this crate.
 //! [`AppState`], at the crate root, is the shared state every layer reads.
 //!
 //! # What is enforced
@@ -29,8 +29,6 @@
 //!   connections, `Transfer-Encoding` with `Content-Length` refused.
 //! - Global and per-key concurrency with bounded queues, per-key rate limits and ceilings.
 #![forbid(unsafe_code)]
-// The layer map links to private modules: the docs are built with --document-private-items.
-#![allow(rustdoc::private_intra_doc_links)]
 
 // Start-up.
 mod routes;

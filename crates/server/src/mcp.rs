@@ -50,7 +50,7 @@ use crate::SharedState;
 #[derive(Clone, Debug)]
 pub struct Tools {
     state: SharedState,
-    /// The caller over stdio; over HTTP each request carries its own (and this is `None`).
+    /// The caller over stdio; over HTTP each request carries its own (and this is [`None`]).
     local: Option<Arc<Key>>,
 }
 

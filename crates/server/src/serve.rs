@@ -511,7 +511,7 @@ impl Table {
         })
     }
 
-    /// Asks an idle connection to close (see `Table`). A connection that presented a key is
+    /// Asks an idle connection to close (see [`Table`]). A connection that presented a key is
     /// not asked while one that did not is still on its way out: a burst of newcomers would
     /// otherwise run through every keyless connection before those had time to close, and
     /// reach the keyed ones.

@@ -20,7 +20,7 @@ pub struct Part {
 /// written (an answer's piece is at most 192 KiB).
 const PER_CONNECTION: u64 = 2 * crate::wire::MAX_HEAD as u64 + (64 << 10) + (192 << 10);
 /// Bytes of memory per byte of the sandbox's response while it is parsed: a list of one-digit
-/// numbers is two bytes of JSON per 72-byte `serde_json::Value`, in a vector that may have
+/// numbers is two bytes of JSON per 72-byte [`serde_json::Value`], in a vector that may have
 /// grown to twice its length.
 const PARSED_PER_BYTE: u64 = 72;
 /// What the pickle scanner may hold per byte it reads (see `[pickle] max_bytes`).

@@ -41,8 +41,10 @@ fn server(tweak: impl FnOnce(&mut Config)) -> Server {
         airlock_server::keys::random_id("")
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut config = Config::default();
-    config.state_dir = Some(dir.clone());
+    let mut config = Config {
+        state_dir: Some(dir.clone()),
+        ..Config::default()
+    };
     config.http.max_body_bytes = 4096;
     tweak(&mut config);
     let reader = KeyConfig {

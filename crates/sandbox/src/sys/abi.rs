@@ -1,5 +1,5 @@
 //! The C ABI a zygote's Python calls through `ctypes.PyDLL` (which keeps the GIL held, so no
-//! other Python thread runs meanwhile). The jail code itself is `crate::zygote::inside`.
+//! other Python thread runs meanwhile). The jail code itself is [`crate::zygote::inside`].
 
 use std::os::raw::c_int;
 
@@ -19,27 +19,27 @@ pub extern "C" fn airlock_zygote_ready() -> c_int {
 }
 
 /// Waits for each next child and forks it, with the interpreter's fork hooks, until one is
-/// born: 1 in that child (which then calls `airlock_zygote_child`); 0, the host is gone and
+/// born: 1 in that child (which then calls [`airlock_zygote_child`]); 0, the host is gone and
 /// the last child ended; -1, a fatal error.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_serve() -> c_int {
     inside::serve()
 }
 
-/// In a fork of the zygote that did what a child does: stops it, for `airlock_zygote_survey`.
+/// In a fork of the zygote that did what a child does: stops it, for [`airlock_zygote_survey`].
 #[no_mangle]
 pub extern "C" fn airlock_zygote_surveyed() {
     inside::surveyed()
 }
 
-/// In the zygote: records which of its pages `pid` (stopped by `airlock_zygote_surveyed`)
+/// In the zygote: records which of its pages `pid` (stopped by [`airlock_zygote_surveyed`])
 /// wrote, then kills and reaps it.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_survey(pid: c_int) {
     inside::survey(pid)
 }
 
-/// In a child, once `airlock_zygote_serve` returned 1: enters the jail and confines the
+/// In a child, once [`airlock_zygote_serve`] returned 1: enters the jail and confines the
 /// process; writes the program's arguments and environment into `out` and returns their
 /// length. Never returns on failure.
 #[no_mangle]

@@ -288,7 +288,7 @@ pub fn wait_child(pid: i32) -> io::Result<(i32, Waited, std::time::Duration)> {
     wait4(pid, 0)?.ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))
 }
 
-/// As [`wait_child`] for one child, without blocking: `None` while it runs.
+/// As [`wait_child`] for one child, without blocking: [`None`] while it runs.
 pub fn wait_child_nohang(pid: i32) -> io::Result<Option<(Waited, std::time::Duration)>> {
     Ok(wait4(pid, libc::WNOHANG)?.map(|(_, how, cpu)| (how, cpu)))
 }
@@ -406,7 +406,7 @@ pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// `move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attaches a detached
-/// tree from `open_tree_clone` at `target`.
+/// tree from [`open_tree_clone`] at `target`.
 pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let c = CString::new(target.as_os_str().as_bytes())
@@ -474,7 +474,7 @@ unsafe fn clone3(args: &CloneArgs) -> io::Result<i32> {
 
 /// `clone3` into the new namespaces in `namespaces` (`CLONE_NEW*`) and, on cgroup v2, into
 /// the cgroup whose directory `cgroup` is (by the caller's rights), with a pidfd for the
-/// child: `Some((pid, pidfd))` in the parent, `None` in the child.
+/// child: `Some((pid, pidfd))` in the parent, [`None`] in the child.
 ///
 /// Only called from a zygote's template init, which is single-threaded like every init.
 pub fn fork_into_namespaces(

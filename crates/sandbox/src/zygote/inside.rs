@@ -1,13 +1,13 @@
 //! A zygote from the inside, in the order one child comes to be:
 //!
-//! 1. **template init** (`template_init`): PID 1 of the template jail, built like any
+//! 1. **template init** ([`template_init`]): PID 1 of the template jail, built like any
 //!    sandbox's init but keeping its privileges inside the template's user namespace, which
 //!    maps a block of host ids. It starts the zygote, then builds one jail per child on the
-//!    zygote's request (`serve_jails`): a fork of itself, small, cloned into new user, mount,
+//!    zygote's request ([`serve_jails`]): a fork of itself, small, cloned into new user, mount,
 //!    PID, network, IPC, UTS and cgroup namespaces, whose uid is a host id of the block that no
 //!    sibling has.
-//! 2. **jail init** (`jail_init`): PID 1 of the child's PID namespace. It joins the child's
-//!    cgroup (v1; on v2 it is cloned into it), builds the child's root with the same `build_root` as a cold sandbox, drops
+//! 2. **jail init** ([`jail_init`]): PID 1 of the child's PID namespace. It joins the child's
+//!    cgroup (v1; on v2 it is cloned into it), builds the child's root with the same [`build_root`] as a cold sandbox, drops
 //!    every capability, and reaps orphans until it is killed.
 //! 3. **zygote** (`next`, `forked`): the interpreter with its modules loaded, which never runs
 //!    user code. Per child it asks the template init for a jail, enters the jail's PID
@@ -56,7 +56,7 @@ const JAIL_NAMESPACES: [(&str, CloneFlags); 6] = [
 ];
 
 /// Host to zygote, one per child. Descriptors: the status socket, stdin, stdout, stderr,
-/// `join_cgroup` cgroup files opened for writing, then the program's own.
+/// [`join_cgroup`] cgroup files opened for writing, then the program's own.
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ChildRequest {
     pub policy: Policy,
@@ -74,7 +74,7 @@ pub(crate) struct ChildRequest {
 pub(crate) struct ZygoteReady {
     /// What each child copies of the zygote's memory before its program runs (`survey`).
     pub prefault_bytes: u64,
-    /// Whether a child can be cloned straight into its cgroup (see `Zygote::clone_into`).
+    /// Whether a child can be cloned straight into its cgroup (see [`Zygote::clone_into`]).
     pub clones_into_cgroups: bool,
 }
 
@@ -198,7 +198,7 @@ enum Building {
         /// What the zygote gets, less the cgroup namespace its init sends and the PID one.
         passed: Vec<OwnedFd>,
         pid_ns: OwnedFd,
-        /// Where its init says its root is built (`JailBuilt`).
+        /// Where its init says its root is built ([`JailBuilt`]).
         done: OwnedFd,
     },
     Refused(String),
@@ -328,7 +328,7 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
 
 /// Starts one child's jail: its init cloned into new namespaces (and with `into_cgroup`, into
 /// the child's cgroup, whose directory `join` holds), its uid mapped, told to build its root
-/// (which it does by itself; see `finish_jail`).
+/// (which it does by itself; see [`finish_jail`]).
 fn start_jail(
     policy: &Policy,
     join: Vec<OwnedFd>,
@@ -550,7 +550,7 @@ fn join_cgroup(files: &[OwnedFd]) -> Result<(), InitError> {
 // ---- 3. the zygote ----------------------------------------------------------------------
 
 struct Zygote {
-    /// `None` once the host has closed it: the zygote then only reaps its last children.
+    /// [`None`] once the host has closed it: the zygote then only reaps its last children.
     host: Option<OwnedFd>,
     jails: OwnedFd,
     /// Our own PID namespace, to return to after each fork.

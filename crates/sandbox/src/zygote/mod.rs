@@ -76,7 +76,7 @@ pub struct ZygoteSpec {
 }
 
 impl ZygoteSpec {
-    /// The zygote for children that run `command` (`python <flags> -c <code> ...`); `None`
+    /// The zygote for children that run `command` (`python <flags> -c <code> ...`); [`None`]
     /// for any other command.
     pub fn for_command(
         command: &Command,
@@ -114,13 +114,13 @@ pub struct Zygote {
     log: Arc<Mutex<Vec<u8>>>,
     /// One clone per live child (see [`Zygote::children`]).
     leases: Arc<()>,
-    /// Kills the template (and with it every child), wherever its `Child` is being waited for.
+    /// Kills the template (and with it every child), wherever its [`Child`] is being waited for.
     killer: crate::Killer,
     /// Set once the template has been waited for: nothing of the zygote is left.
     ended: Arc<crate::SetOnce<bool>>,
     prefault_bytes: u64,
     /// The template's cgroup when it is a leaf of a tree of the zygote's own (v2), where
-    /// each child's cgroup is made beside it (see `SandboxCgroup::create_for_zygote`).
+    /// each child's cgroup is made beside it (see [`SandboxCgroup::create_for_zygote`]).
     tree: Option<SandboxCgroup>,
     /// The template's block of host ids: its first, the template's root's.
     block: u32,

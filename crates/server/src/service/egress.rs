@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::keys::Key;
 use crate::AppState;
 
-/// The leash for one execution or session of `key`; `None` when it may reach nothing.
+/// The leash for one execution or session of `key`; [`None`] when it may reach nothing.
 pub(crate) fn for_request(
     state: &Arc<AppState>,
     key: &Key,

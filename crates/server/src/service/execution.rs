@@ -50,7 +50,7 @@ pub(crate) async fn read_body(
     read_body_as(state, key, req, true).await
 }
 
-/// As `read_body`; `json: false` takes any content type (file uploads).
+/// As [`read_body`]; `json: false` takes any content type (file uploads).
 pub(crate) async fn read_body_as(
     state: &SharedState,
     key: &Key,

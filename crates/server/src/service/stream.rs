@@ -156,7 +156,7 @@ impl Events {
     }
 
     /// The last events: what is still held, then the answer (whose output the events
-    /// carried: see `without_output`) or the error's body.
+    /// carried: see [`without_output`]) or the error's body.
     pub fn end<T: serde::Serialize>(mut self, done: Result<T, crate::error::Error>) {
         self.flush();
         let (event, value) = match done {
