@@ -361,6 +361,28 @@ async fn services_answer_without_a_sandbox_where_none_is_needed() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(error(&body).1, Some("environment"));
 
+    // Metrics: for keys with the scope, in Prometheus' text format.
+    let (status, _, _) = s
+        .send(request(Method::GET, "/metrics", Some(READER), None))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let response = app(s.state.clone())
+        .oneshot(request(Method::GET, "/metrics", Some(KEY), None))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    let budget = s.state.config.http.max_buffered_bytes;
+    assert!(
+        text.contains(&format!("\nairlock_memory_budget_bytes {budget}\n")),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE airlock_sessions_open gauge"),
+        "{text}"
+    );
+
     let (status, _, body) = s
         .send(request(Method::GET, "/openapi.json", Some(KEY), None))
         .await;

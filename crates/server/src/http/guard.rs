@@ -243,21 +243,20 @@ fn authenticate(state: &SharedState, headers: &HeaderMap) -> Result<Arc<Key>, Er
                 .or_else(|| v.strip_prefix("bearer "))
         })
         .map(str::trim);
-    let failure = match presented {
-        None => "missing",
+    let (reason, message) = match presented {
+        None => (
+            "missing",
+            "an API key is required: Authorization: Bearer <key>",
+        ),
         Some(key) => match state.keys.verify(key) {
             Some(k) => return Ok(k),
-            None => "invalid",
+            None => ("invalid", "the API key is not valid"),
         },
     };
     state.metrics.security_events.add(&[event::AUTH_FAILURE]);
     // Never the key itself: only that it was missing or wrong.
-    tracing::warn!(reason = failure, "authentication failed");
-    Err(Error::unauthorized(if failure == "missing" {
-        "an API key is required: Authorization: Bearer <key>"
-    } else {
-        "the API key is not valid"
-    }))
+    tracing::warn!(reason, "authentication failed");
+    Err(Error::unauthorized(message))
 }
 
 #[cfg(test)]

@@ -9,5 +9,6 @@ pub(crate) mod eval;
 pub(crate) mod execution;
 pub(crate) mod pickle;
 pub(crate) mod sessions;
+pub(crate) mod status;
 pub(crate) mod stream;
 pub(crate) mod tools;
