@@ -66,12 +66,12 @@ pub struct Reserved(pub std::sync::Arc<std::sync::Mutex<Option<Share>>>);
 
 /// A JSON answer: serialized parts, and texts escaped as they are sent.
 pub struct Answer {
-    parts: VecDeque<Part>,
+    parts: VecDeque<Segment>,
     left: u64,
     share: Share,
 }
 
-enum Part {
+enum Segment {
     Json(Bytes),
     Text { text: Text, at: usize },
 }
@@ -93,13 +93,13 @@ impl Answer {
         let (mut at, mut held, mut left) = (0, json.len() as u64, json.len() as u64);
         for (offset, text) in deferred.texts {
             // Up to and with the opening quote; the closing one starts the next part.
-            parts.push_back(Part::Json(json.slice(at..offset + 1)));
+            parts.push_back(Segment::Json(json.slice(at..offset + 1)));
             at = offset + 1;
             held += text.len() as u64;
             left += text.json_len() - 2;
-            parts.push_back(Part::Text { text, at: 0 });
+            parts.push_back(Segment::Text { text, at: 0 });
         }
-        parts.push_back(Part::Json(json.slice(at..)));
+        parts.push_back(Segment::Json(json.slice(at..)));
         share.set(held + WINDOW);
         let answer = Answer { parts, left, share };
         let mut response = Response::new(Body::new(answer));
@@ -129,12 +129,12 @@ impl http_body::Body for Answer {
                 return Poll::Ready(None);
             };
             let piece = match part {
-                Part::Json(bytes) if bytes.is_empty() => {
+                Segment::Json(bytes) if bytes.is_empty() => {
                     this.parts.pop_front();
                     continue;
                 }
-                Part::Json(bytes) => bytes.split_to(bytes.len().min(6 * PIECE)),
-                Part::Text { text, at } if *at >= text.len() => {
+                Segment::Json(bytes) => bytes.split_to(bytes.len().min(6 * PIECE)),
+                Segment::Text { text, at } if *at >= text.len() => {
                     // Written: its memory is free (the bytes are not shared elsewhere).
                     let done = text.len() as u64;
                     this.parts.pop_front();
@@ -142,7 +142,7 @@ impl http_body::Body for Answer {
                     this.share.set(now);
                     continue;
                 }
-                Part::Text { text, at } => {
+                Segment::Text { text, at } => {
                     let mut out = Vec::with_capacity(PIECE + PIECE / 2);
                     *at = text.escape_from(*at, PIECE, &mut out);
                     Bytes::from(out)

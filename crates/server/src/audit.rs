@@ -89,7 +89,7 @@ impl AuditLog {
 
     /// Appends the line written before an execution starts: if the store is failing, the
     /// execution does not run.
-    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+    pub fn append_started(&self, started: &StartedLine<'_>) -> std::io::Result<()> {
         match self {
             AuditLog::File(log) => log.append_started(started),
             AuditLog::Postgres(log) => log.append_started(started),
@@ -224,7 +224,7 @@ impl FileLog {
             lines.next(); // a partial line
         }
         // Executions started and not ended, in the order they started; sessions likewise.
-        let mut open: Vec<Started<'static>> = Vec::new();
+        let mut open: Vec<StartedLine<'static>> = Vec::new();
         let mut sessions: HashMap<String, String> = HashMap::new();
         // Each line parsed once, then read as what its `event` says it is (none: a record).
         for line in lines.map_while(Result::ok) {
@@ -240,7 +240,7 @@ impl FileLog {
                     }
                 }
                 Some("started") => {
-                    if let Ok(started) = serde_json::from_value::<Started<'static>>(value) {
+                    if let Ok(started) = serde_json::from_value::<StartedLine<'static>>(value) {
                         open.push(started);
                     }
                 }
@@ -303,7 +303,7 @@ impl FileLog {
 
     /// Appends the line written before an execution starts, and has it synced meanwhile: if
     /// it cannot be written, the execution does not run (and the line is not kept).
-    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+    pub fn append_started(&self, started: &StartedLine<'_>) -> std::io::Result<()> {
         let line = line_of(started)?;
         let written = self.write(&mut self.lock(), line, false)?;
         self.syncer.request(written);
@@ -525,7 +525,7 @@ pub enum AuditSync {
 /// The line written when an execution is about to start (`"event": "started"`); the
 /// record with the verdict follows when it ends. Read back at start, owned.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct Started<'a> {
+pub struct StartedLine<'a> {
     pub event: Cow<'a, str>,
     pub id: Cow<'a, str>,
     pub request_id: Cow<'a, str>,
@@ -674,7 +674,7 @@ pub struct Recovery {
 pub const INTERRUPTED: &str =
     "the server stopped before this execution ended; its outcome is unknown";
 
-pub(crate) fn interrupted(started: Started<'_>) -> ExecutionRecord {
+pub(crate) fn interrupted(started: StartedLine<'_>) -> ExecutionRecord {
     ExecutionRecord {
         id: started.id.into_owned(),
         request_id: started.request_id.into_owned(),
@@ -841,7 +841,7 @@ mod tests {
 
     fn started_line(id: &str) -> String {
         let limits = record(id).limits;
-        let started = Started {
+        let started = StartedLine {
             event: "started".into(),
             id: id.into(),
             request_id: "rq_1".into(),

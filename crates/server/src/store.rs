@@ -24,7 +24,7 @@ use airlock_api::ExecutionRecord;
 use postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::audit::{interrupted, line_of, Recovery, Started};
+use crate::audit::{interrupted, line_of, Recovery, StartedLine};
 use crate::config::Config;
 
 /// Lines kept while the database cannot be written; beyond this the oldest are lost (and
@@ -461,7 +461,7 @@ impl PgLog {
 
     /// The execution runs only once its line is committed (lines of executions starting
     /// together share a commit); while the database fails, it does not run.
-    pub fn append_started(&self, started: &Started<'_>) -> std::io::Result<()> {
+    pub fn append_started(&self, started: &StartedLine<'_>) -> std::io::Result<()> {
         if let Some(why) = self.failure() {
             return Err(std::io::Error::other(why));
         }
@@ -625,7 +625,7 @@ fn recover(
         .map_err(err)?;
     let mut recovery = Recovery::default();
     for row in open {
-        let Ok(started) = serde_json::from_str::<Started<'_>>(row.get::<_, &str>(0)) else {
+        let Ok(started) = serde_json::from_str::<StartedLine<'_>>(row.get::<_, &str>(0)) else {
             continue;
         };
         let record = interrupted(started);

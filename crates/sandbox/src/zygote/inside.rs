@@ -74,7 +74,7 @@ pub(crate) struct ChildRequest {
 pub(crate) struct ZygoteReady {
     /// What each child copies of the zygote's memory before its program runs (`survey`).
     pub prefault_bytes: u64,
-    /// Whether a child can be cloned straight into its cgroup (see [`Zygote::clone_into`]).
+    /// Whether a child can be cloned straight into its cgroup (see [`ZygoteState::clone_into`]).
     pub clones_into_cgroups: bool,
 }
 
@@ -549,7 +549,8 @@ fn join_cgroup(files: &[OwnedFd]) -> Result<(), InitError> {
 
 // ---- 3. the zygote ----------------------------------------------------------------------
 
-struct Zygote {
+/// The zygote process's own state, inside it (the host's handle on it is [`super::Zygote`]).
+struct ZygoteState {
     /// [`None`] once the host has closed it: the zygote then only reaps its last children.
     host: Option<OwnedFd>,
     jails: OwnedFd,
@@ -592,9 +593,9 @@ struct Live {
     jail_init: OwnedFd,
 }
 
-static ZYGOTE: Mutex<Option<Zygote>> = Mutex::new(None);
+static ZYGOTE: Mutex<Option<ZygoteState>> = Mutex::new(None);
 
-fn zygote_state() -> std::sync::MutexGuard<'static, Option<Zygote>> {
+fn zygote_state() -> std::sync::MutexGuard<'static, Option<ZygoteState>> {
     ZYGOTE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -607,7 +608,7 @@ fn complain(what: &str, err: impl std::fmt::Display) {
 /// Takes the descriptors the template's init placed, and compiles the seccomp profile once
 /// for every child. 0 on success.
 pub(crate) fn start() -> i32 {
-    let started = (|| -> Result<Zygote, String> {
+    let started = (|| -> Result<ZygoteState, String> {
         let host = sys::take_inherited_fd(HOST_FD).map_err(|e| e.to_string())?;
         let jails = sys::take_inherited_fd(JAILS_FD).map_err(|e| e.to_string())?;
         for fd in [&host, &jails] {
@@ -623,7 +624,7 @@ pub(crate) fn start() -> i32 {
         let filters = Filters::compile().map_err(|e| e.to_string())?;
         filters.install_inherited().map_err(|e| e.to_string())?;
         let fork = sys::PythonFork::find().map_err(|e| e.to_string())?;
-        Ok(Zygote {
+        Ok(ZygoteState {
             host: Some(host),
             jails,
             own_pid_ns,
@@ -797,7 +798,7 @@ fn next() -> i32 {
 
 /// Reads the host's next request and asks the template's init for its jail (a request
 /// without its descriptors is refused here). Errs only when the template's init is gone.
-fn ask_for_a_jail(z: &mut Zygote) -> Result<(), String> {
+fn ask_for_a_jail(z: &mut ZygoteState) -> Result<(), String> {
     let Some(host) = z.host.as_ref() else {
         return Ok(());
     };
@@ -836,7 +837,7 @@ fn ask_for_a_jail(z: &mut Zygote) -> Result<(), String> {
 /// Takes the template init's answer to the oldest request: true when its child is to be
 /// forked now (we are in its jail's PID namespace), false when it was refused (its host is
 /// told why). Errs only when the template's init is gone or out of step.
-fn take_a_jail(z: &mut Zygote) -> Result<bool, String> {
+fn take_a_jail(z: &mut ZygoteState) -> Result<bool, String> {
     let (reply, jail) = match proto::recv_msg_with_fds::<JailReply>(&z.jails) {
         Ok(Some(got)) => got,
         Ok(None) | Err(_) => return Err("the template's init is gone".into()),
@@ -908,7 +909,7 @@ pub(crate) fn serve() -> i32 {
     }
 }
 
-impl Zygote {
+impl ZygoteState {
     /// The pending child's cgroup directory, when it is to be cloned straight into it: its
     /// request says so (v2), and a `clone3` can stand in for glibc's fork here, this thread
     /// being the process's only one (another's locks glibc's fork would take first) and the
@@ -925,7 +926,7 @@ impl Zygote {
 /// Polls once for the host's next request, the template init's next jail (while one is
 /// asked for) and the end of any live child; reaps and reports the children that ended, and
 /// says whether a request and a jail are there to read.
-fn poll_reaping(z: &mut Zygote) -> nix::Result<(bool, bool)> {
+fn poll_reaping(z: &mut ZygoteState) -> nix::Result<(bool, bool)> {
     let mut fds: Vec<PollFd> = Vec::with_capacity(2 + z.live.len());
     let has_host = z.host.is_some();
     if let Some(host) = z.host.as_ref() {
@@ -960,7 +961,7 @@ fn poll_reaping(z: &mut Zygote) -> nix::Result<(bool, bool)> {
 
 /// Reaps the children that ended: each one's exit goes to the host, and its jail's init is
 /// killed, which ends whatever the child left in the namespace.
-fn reap_ended(z: &mut Zygote) {
+fn reap_ended(z: &mut ZygoteState) {
     let mut still = Vec::with_capacity(z.live.len());
     for live in z.live.drain(..) {
         match sys::wait_child_nohang(live.pid) {

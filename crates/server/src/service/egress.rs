@@ -39,14 +39,14 @@ pub(crate) fn for_request(
 
 /// What writes a connection's audit line and counts it.
 pub(crate) fn observer(state: &Arc<AppState>) -> Arc<dyn Observer> {
-    Arc::new(Audit(Arc::downgrade(state)))
+    Arc::new(ConnectionAudit(Arc::downgrade(state)))
 }
 
 /// Records connections in the audit log and metrics.
 #[derive(Debug)]
-struct Audit(Weak<AppState>);
+struct ConnectionAudit(Weak<AppState>);
 
-impl Observer for Audit {
+impl Observer for ConnectionAudit {
     fn connection(&self, record: &ConnectionRecord) {
         let Some(state) = self.0.upgrade() else {
             return;

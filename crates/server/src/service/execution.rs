@@ -510,7 +510,7 @@ pub(crate) fn audit_start(
     limits: &Limits,
 ) -> Result<(), Error> {
     use std::borrow::Cow::Borrowed;
-    let started = crate::audit::Started {
+    let started = crate::audit::StartedLine {
         event: Borrowed("started"),
         id: Borrowed(&ctx.id),
         request_id: Borrowed(&ctx.request_id),

@@ -65,15 +65,15 @@ pub(crate) fn for_key(state: &SharedState, key: &Key) -> Option<Arc<ToolSet>> {
     if key.grants.is_empty() {
         return None;
     }
-    let observer: Arc<dyn Observer> = Arc::new(Audit(Arc::downgrade(state)));
+    let observer: Arc<dyn Observer> = Arc::new(ToolCallAudit(Arc::downgrade(state)));
     Some(registry.tool_set(key.name(), &key.grants, "", observer))
 }
 
 /// Records calls in the audit log and metrics.
 #[derive(Debug)]
-struct Audit(Weak<AppState>);
+struct ToolCallAudit(Weak<AppState>);
 
-impl Observer for Audit {
+impl Observer for ToolCallAudit {
     fn call(&self, record: &CallRecord) {
         let Some(state) = self.0.upgrade() else {
             return;
