@@ -57,8 +57,8 @@ for args in (["archives.py"], ["mutations.py", "11", "300"]):
         if len(data) <= 65536:
             open(os.path.join(out, "seed-" + case["name"]), "wb").write(data)
 PY
-export AIRLOCK_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
-bash scripts/miniz-reader.sh "$AIRLOCK_MINIZ_READER"
+export AIRLOCK_TEST_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
+bash scripts/miniz-reader.sh "$AIRLOCK_TEST_MINIZ_READER"
 # The channel: what a sandbox sends the host. The first byte picks the reader (0 a response,
 # 1 captured output, 2 tool-call frames), as in fuzz_targets/channel.rs.
 mkdir -p fuzz/corpus/channel

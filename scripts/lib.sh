@@ -140,3 +140,11 @@ ensure_mcp_everything() {
     npm install --silent --no-audit --no-fund --prefix "$MCP_EVERYTHING_DIR" \
         "@modelcontextprotocol/server-everything@$MCP_EVERYTHING_VERSION"
 }
+
+# ensure_cargo_deny: cargo-deny (the dependency policy in deny.toml), built from crates.io.
+ensure_cargo_deny() {
+    if ! cargo deny --version >/dev/null 2>&1; then
+        step "installing cargo-deny"
+        cargo install --locked cargo-deny
+    fi
+}

@@ -15,8 +15,9 @@ fi
 # openssl: the egress tests make a certificate for their HTTPS server. postgresql, haproxy:
 # the replicas test's store and balancer; systemd: systemd-analyze for the unit's test;
 # runc and containers-common (its default seccomp profile): the pod test's container.
+# groff-base: the CLI test renders `airlock man`.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
-    postgresql haproxy systemd runc golang-github-containers-common
+    postgresql haproxy systemd runc golang-github-containers-common groff-base
 ensure_rust_components rustfmt clippy
 # A clean checkout builds once: incremental compilation's bookkeeping would only cost time.
 if [ "${CI:-}" = "true" ]; then
@@ -37,6 +38,16 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+ensure_cargo_deny
+step "cargo deny: licences, duplicate versions, sources (deny.toml)"
+cargo deny --locked check licenses bans sources
+# Advisories need RustSec's database, fetched from github.com: checked where it can be reached.
+if cargo deny fetch db >/dev/null 2>&1; then
+    step "cargo deny: advisories"
+    cargo deny --locked check advisories
+else
+    echo "cargo deny: RustSec's advisory database cannot be fetched here (github.com); advisories not checked"
+fi
 step "cargo doc: a doc link to a renamed or private item fails the build"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 step "cargo test"
@@ -54,5 +65,5 @@ TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --tes
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh). A
 # short run of unoptimised targets (overflow checks on): their build takes half the time.
-scripts/fuzz.sh --dev "${AIRLOCK_FUZZ_SECONDS:-60}"
+scripts/fuzz.sh --dev "${AIRLOCK_TEST_FUZZ_SECONDS:-60}"
 step "all checks passed"

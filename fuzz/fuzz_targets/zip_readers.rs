@@ -1,5 +1,5 @@
 //! Archive bytes, mutated from ZIP and tar archives the tests make: whatever miniz (the
-//! reader under torch.load, built by scripts/miniz-reader.sh into $AIRLOCK_MINIZ_READER),
+//! reader under torch.load, built by scripts/miniz-reader.sh into $AIRLOCK_TEST_MINIZ_READER),
 //! zipfile or tarfile would hand to the unpickler from an archive the scan calls `safe` must
 //! have been scanned exactly as that reader extracts it, and be safe on its own.
 #![no_main]
@@ -22,9 +22,9 @@ fuzz_target!(|data: &[u8]| {
     let report = scan_file(data, &opts);
     let mut readers = READERS.lock().unwrap_or_else(|e| e.into_inner());
     let (miniz, python) = readers.get_or_insert_with(|| {
-        let binary = std::env::var_os("AIRLOCK_MINIZ_READER")
+        let binary = std::env::var_os("AIRLOCK_TEST_MINIZ_READER")
             .map(PathBuf::from)
-            .expect("AIRLOCK_MINIZ_READER names the miniz reader (scripts/fuzz.sh builds it)");
+            .expect("AIRLOCK_TEST_MINIZ_READER names the miniz reader (scripts/fuzz.sh builds it)");
         (Reader::miniz(&binary), Reader::python())
     });
     let mut seen = miniz.read(data);

@@ -35,9 +35,9 @@ def _hash(key: str) -> str:
 
 
 def _binary() -> pathlib.Path:
-    path = pathlib.Path(os.environ.get("AIRLOCK_BIN", ROOT / "target" / "debug" / "airlock"))
+    path = pathlib.Path(os.environ.get("AIRLOCK_TEST_BIN", ROOT / "target" / "debug" / "airlock"))
     if not path.is_file():
-        raise RuntimeError(f"{path} does not exist: build it (cargo build -p airlock) or set AIRLOCK_BIN")
+        raise RuntimeError(f"{path} does not exist: build it (cargo build -p airlock) or set AIRLOCK_TEST_BIN")
     return path
 
 

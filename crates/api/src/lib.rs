@@ -34,6 +34,18 @@ pub enum Status {
 }
 
 impl Status {
+    /// Every status, as metrics pre-create their series.
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::Error,
+        Status::Timeout,
+        Status::MemoryLimit,
+        Status::CpuLimit,
+        Status::PolicyViolation,
+        Status::Crashed,
+        Status::InternalError,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Ok => "ok",
@@ -520,6 +532,26 @@ pub struct ApiError {
     /// The request field at fault, as a path such as `files[2].path`.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub field: Option<String>,
+    /// The request's id, as in its `x-request-id` header and the server's log lines.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub request_id: Option<String>,
+}
+
+/// Bytes as lowercase hex, as digests are written in records, keys and manifests.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// The SHA-256 of `data` as lowercase hex (a record's `code_sha256`).
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(data))
 }
 
 #[cfg(test)]

@@ -266,7 +266,7 @@ fn run(args: &Args) -> Result<(), String> {
         "airlock-bench: {} blocks of {} requests per level",
         args.blocks, args.requests
     );
-    let made_before = histogram(&mut client, "airlock_sandbox_made_seconds")?;
+    let made_before = histogram(&mut client, "airlock_sandbox_made_duration_seconds")?;
     let ticks_before = cpu_ticks();
     for _ in 0..args.blocks {
         block(&mut bare_conc, cores, args.requests, |_| {
@@ -350,7 +350,7 @@ fn run(args: &Args) -> Result<(), String> {
                 .env("MPLCONFIGDIR", &mpl_dir),
         )
     };
-    let made_after = histogram(&mut client, "airlock_sandbox_made_seconds")?;
+    let made_after = histogram(&mut client, "airlock_sandbox_made_duration_seconds")?;
     let made = (made_after.1 > made_before.1).then(|| {
         (
             Duration::from_secs_f64(
@@ -362,7 +362,7 @@ fn run(args: &Args) -> Result<(), String> {
     bare_ds()?;
     let mut warm = WarmPython::start(&mpl_dir)?;
     let ds_session = client.session()?;
-    let clone_before = histogram(&mut client, "airlock_sandbox_start_seconds")?;
+    let clone_before = histogram(&mut client, "airlock_sandbox_start_duration_seconds")?;
     let ds_rounds = (args.rounds / 4).max(5);
     eprintln!("airlock-bench: {ds_rounds} data-science rounds");
     for _ in 0..ds_rounds {
@@ -376,7 +376,7 @@ fn run(args: &Args) -> Result<(), String> {
         ds_warm.samples.push(warm.run()?);
     }
     drop(warm);
-    let clone_after = histogram(&mut client, "airlock_sandbox_start_seconds")?;
+    let clone_after = histogram(&mut client, "airlock_sandbox_start_duration_seconds")?;
     client.delete(&format!("/v1/sessions/{ds_session}"))?;
     let clone = (clone_after.1 > clone_before.1).then(|| {
         Duration::from_secs_f64(

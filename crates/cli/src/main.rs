@@ -16,7 +16,7 @@ mod units;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -39,6 +39,12 @@ enum Commands {
     Mcp(mcp::McpArgs),
     /// Named Python environments: build, list, show, delete.
     Env(env::EnvArgs),
+    /// Print a shell's completion script: `source <(airlock completions bash)`.
+    Completions {
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff): `airlock man | man -l -`.
+    Man,
 }
 
 /// Exit code for bad input: nothing ran.
@@ -46,13 +52,41 @@ pub const EXIT_USAGE: u8 = 2;
 /// Exit code when airlock itself failed or cannot enforce the policy.
 pub const EXIT_AIRLOCK: u8 = 125;
 
+/// Arguments clap refused (or help and version, which are no refusal). `run --json` promises
+/// one JSON object on stdout: a refusal is the API's error body there too.
+fn refused_arguments(e: clap::Error) -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json_run = args.first().is_some_and(|a| a == "run") && args.iter().any(|a| a == "--json");
+    if json_run && e.use_stderr() {
+        let text = e.to_string();
+        let first = text.lines().next().unwrap_or_default();
+        let message = first.trim_start_matches("error: ").to_owned();
+        let body = airlock_api::ErrorBody {
+            error: airlock_api::ApiError {
+                code: "invalid_request".into(),
+                message,
+                field: None,
+                request_id: None,
+            },
+        };
+        println!("{}", serde_json::json!(body));
+    }
+    e.exit()
+}
+
 fn main() -> ExitCode {
     // The sandbox's init is this binary re-executed; it must not get past this line.
     airlock_sandbox::run_if_init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return refused_arguments(e),
+    };
     // Before any thread starts, for the commands that build sandboxes: in a container,
     // /proc's covers go from airlock's own view (docs/deploying.md "Kubernetes").
-    if !matches!(cli.command, Commands::Eval(_) | Commands::Pickle(_)) {
+    if !matches!(
+        cli.command,
+        Commands::Eval(_) | Commands::Pickle(_) | Commands::Completions { .. } | Commands::Man
+    ) {
         airlock_sandbox::unmask_proc();
     }
     let code = match cli.command {
@@ -63,6 +97,25 @@ fn main() -> ExitCode {
         Commands::Pickle(args) => pickle::main(args),
         Commands::Mcp(args) => mcp::main(args),
         Commands::Env(args) => env::main(args),
+        Commands::Completions { shell } => {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "airlock", &mut out);
+            out::write_bytes(&out);
+            ExitCode::SUCCESS
+        }
+        Commands::Man => {
+            let mut out = Vec::new();
+            match clap_mangen::Man::new(Cli::command()).render(&mut out) {
+                Ok(()) => {
+                    out::write_bytes(&out);
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    errln!("airlock: {e}");
+                    ExitCode::from(EXIT_AIRLOCK)
+                }
+            }
+        }
     };
     out::flush();
     if out::failed() {

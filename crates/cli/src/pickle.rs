@@ -15,7 +15,7 @@ pub struct PickleArgs {
 #[derive(clap::Subcommand, Debug)]
 enum PickleCommand {
     /// Report globals, call sites and a verdict per file. Exit 0 if every file is safe, 1 if
-    /// any is unsafe, 2 if any is malformed or unreadable.
+    /// any is unsafe, 3 if any is malformed or unreadable (2 is a usage error).
     Scan {
         /// One JSON object per file.
         #[arg(long)]
@@ -26,7 +26,8 @@ enum PickleCommand {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
-    /// Print a safe pickle's data as JSON; refuse anything else (exit 1 unsafe, 2 malformed).
+    /// Print a safe pickle's data as JSON; refuse anything else (exit 1 unsafe, 3 malformed or
+    /// unreadable; 2 is a usage error).
     Decode {
         file: std::path::PathBuf,
         /// Also allow this global, as an exact `module.qualname` (repeatable); it decodes as
@@ -35,6 +36,12 @@ enum PickleCommand {
         allow: Vec<String>,
     },
 }
+
+/// Exit code: a file is unsafe.
+const EXIT_UNSAFE: u8 = 1;
+/// Exit code: a file is malformed or cannot be read (2, `EXIT_USAGE`, is clap's for bad
+/// arguments: a script can tell "fix the command" from "this file is broken").
+const EXIT_MALFORMED: u8 = 3;
 
 fn options(allow: Vec<String>) -> Options {
     let mut opts = Options::default();
@@ -53,15 +60,15 @@ pub fn main(args: PickleArgs) -> ExitCode {
                     Ok(d) => d,
                     Err(e) => {
                         errln!("{shown}: cannot read: {e}");
-                        worst = 2;
+                        worst = EXIT_MALFORMED;
                         continue;
                     }
                 };
                 let report = scan_file(&data, &opts);
                 let code = match report.verdict() {
                     Verdict::Safe => 0,
-                    Verdict::Unsafe { .. } => 1,
-                    Verdict::Malformed { .. } => 2,
+                    Verdict::Unsafe { .. } => EXIT_UNSAFE,
+                    Verdict::Malformed { .. } => EXIT_MALFORMED,
                 };
                 worst = worst.max(code);
                 if json {
@@ -88,7 +95,7 @@ pub fn main(args: PickleArgs) -> ExitCode {
                 Ok(d) => d,
                 Err(e) => {
                     errln!("{}: cannot read: {e}", file.display());
-                    return ExitCode::from(2);
+                    return ExitCode::from(EXIT_MALFORMED);
                 }
             };
             if data.starts_with(b"PK\x03\x04") {
@@ -96,7 +103,7 @@ pub fn main(args: PickleArgs) -> ExitCode {
                     "{}: a ZIP archive; decode takes one pickle (scan the archive instead)",
                     file.display()
                 );
-                return ExitCode::from(2);
+                return ExitCode::from(EXIT_MALFORMED);
             }
             match decode(&data, &opts) {
                 Ok(v) => {
@@ -106,8 +113,8 @@ pub fn main(args: PickleArgs) -> ExitCode {
                 Err(e) => {
                     errln!("{}: {e}", file.display());
                     ExitCode::from(match e {
-                        DecodeError::Unsafe(_) => 1,
-                        _ => 2,
+                        DecodeError::Unsafe(_) => EXIT_UNSAFE,
+                        _ => EXIT_MALFORMED,
                     })
                 }
             }

@@ -191,10 +191,22 @@ impl airlock_egress::Observer for EgressNotes {
     }
 }
 
-/// A one-line error before anything ran.
-fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+/// A run that gives no result: a line on stderr and, with `--json`, the API's error body on
+/// stdout (`{"error": {"code", "message"}}`), so that `--json` always prints one object.
+fn refuse(json: bool, code: &str, message: impl std::fmt::Display, exit: u8) -> ExitCode {
     errln!("airlock: {message}");
-    ExitCode::from(EXIT_USAGE)
+    if json {
+        let body = airlock_api::ErrorBody {
+            error: airlock_api::ApiError {
+                code: code.to_owned(),
+                message: message.to_string(),
+                field: None,
+                request_id: None,
+            },
+        };
+        outln!("{}", serde_json::json!(body));
+    }
+    ExitCode::from(exit)
 }
 
 fn read_capped(mut r: impl Read, cap: u64, what: &str, hint: &str) -> Result<Vec<u8>, String> {
@@ -605,12 +617,13 @@ pub fn main(args: RunArgs) -> ExitCode {
     // Declared before the work that follows, so dropped after it.
     let _leftovers = LeftoversGone(leftovers);
     if let Err(e) = watch_signals(&cancel, &signal, gone) {
-        errln!("airlock: cannot handle signals: {e}");
-        return ExitCode::from(EXIT_AIRLOCK);
+        let why = format!("cannot handle signals: {e}");
+        return refuse(json, "internal", why, EXIT_AIRLOCK);
     }
     let Prepared { engine, job, tools } = match prepare(args, &cancel) {
         Ok(p) => p,
-        Err(e) => return usage_error(e),
+        // Nothing ran: the command or its input is at fault.
+        Err(e) => return refuse(json, "invalid_request", e, EXIT_USAGE),
     };
     if let Some(init) = init {
         engine.use_prestarted(init);
@@ -627,19 +640,16 @@ pub fn main(args: RunArgs) -> ExitCode {
     };
     let result = match result {
         Ok(r) if zygote && !r.forked => {
-            errln!("airlock: --zygote: the sandbox started cold: the zygote could not make it");
-            return ExitCode::from(EXIT_AIRLOCK);
+            let why = "--zygote: the sandbox started cold: the zygote could not make it";
+            return refuse(json, "internal", why, EXIT_AIRLOCK);
         }
         Ok(r) => r.result,
-        Err(e) => {
-            errln!("airlock: {e}");
-            return ExitCode::from(EXIT_AIRLOCK);
-        }
+        Err(e) => return refuse(json, "internal", e, EXIT_AIRLOCK),
     };
     let sig = signal.load(Ordering::SeqCst);
     if cancel.is_cancelled() && sig != 0 {
-        errln!("airlock: interrupted by signal {sig}; the sandbox was destroyed");
-        return ExitCode::from((128 + sig).clamp(0, 255) as u8);
+        let why = format!("interrupted by signal {sig}; the sandbox was destroyed");
+        return refuse(json, "interrupted", why, (128 + sig).clamp(0, 255) as u8);
     }
     if json {
         match serde_json::to_vec(&result) {

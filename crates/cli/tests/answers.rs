@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use common::http::{read_response, request, Server, KEY, SMALL_ANSWERS};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const OTHER_KEY: &str = "other-key-0123456789abcdef";
 const MIB: u64 = 1 << 20;
 
 fn other_key_toml() -> String {
-    let hash = format!("sha256:{:x}", Sha256::digest(OTHER_KEY.as_bytes()));
+    let hash = format!("sha256:{}", airlock_api::sha256_hex(OTHER_KEY.as_bytes()));
     format!("[[keys]]\nname = \"other\"\nhash = \"{hash}\"\n")
 }
 

@@ -136,6 +136,29 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
         );
     }
     std::fs::remove_file(&not_utf8).unwrap();
+    // With --json the refusal is one JSON object on stdout too, the API's error body, whether
+    // airlock or the argument parser refused.
+    for (args, expect) in [
+        (vec!["--timeout", "5x"], "unknown unit"),
+        (vec!["--pids", "5000"], "ceiling of 1024"),
+        (vec!["/nonexistent/code.py"], "No such file"),
+        (vec!["--no-such-flag"], "--no-such-flag"),
+    ] {
+        let mut all = vec!["run", "--json"];
+        all.extend(args.iter().copied());
+        let r = invoke(&all, b"1");
+        assert_eq!(r.exit, 2, "{args:?}: {r:#?}");
+        assert_eq!(r.stdout.lines().count(), 1, "{args:?}: {r:#?}");
+        let body: Value = serde_json::from_str(&r.stdout).unwrap();
+        assert_eq!(body["error"]["code"], "invalid_request", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expect), "{args:?}: {message:?}");
+        assert!(r.stderr.contains(expect), "{args:?}: {:?}", r.stderr);
+    }
+    // Help is no refusal, even with --json.
+    let r = invoke(&["run", "--json", "--help"], b"");
+    assert_eq!(r.exit, 0);
+    assert!(r.stdout.contains("Usage"), "{r:#?}");
     // Raised on purpose, the same code runs.
     let r = invoke(&["run", "--json", "--max-code-size", "2M"], big.as_bytes());
     assert_eq!(r.status(), "ok", "{r:#?}");
@@ -705,4 +728,79 @@ fn airlock_run_forks_its_init_ahead_and_it_holds_nothing_of_airlock_s() {
         );
     }
     HostState::now().assert_same_as(&before, &"after a run with an init forked ahead");
+}
+
+/// Completions a shell loads and completes with, and a manual page that renders cleanly.
+#[test]
+fn completions_load_in_bash_and_the_manual_renders() {
+    let bin = env!("CARGO_BIN_EXE_airlock");
+    let complete = |line: &str| -> Vec<String> {
+        let words: Vec<&str> = line.split(' ').collect();
+        let script = format!(
+            "source <('{bin}' completions bash) || exit 9\n\
+             complete -p airlock >/dev/null || exit 8\n\
+             COMP_WORDS=({words}); COMP_CWORD={cword}; COMP_LINE='{line}'; COMP_POINT={point}\n\
+             _airlock airlock '{cur}' '{prev}'\n\
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            words = words.join(" "),
+            cword = words.len() - 1,
+            point = line.len(),
+            cur = words[words.len() - 1],
+            prev = words[words.len() - 2],
+        );
+        let out = std::process::Command::new("bash")
+            .args(["--norc", "--noprofile", "-c", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(complete("airlock ru"), ["run"]);
+    assert!(complete("airlock pickle s").contains(&"scan".to_owned()));
+    assert!(complete("airlock run --ti").contains(&"--timeout".to_owned()));
+
+    let man = airlock().arg("man").output().unwrap();
+    assert!(man.status.success());
+    let page = String::from_utf8(man.stdout).unwrap();
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH airlock 1"),
+        "{page}"
+    );
+    // groff renders it with every warning on, and none comes.
+    let mut groff = std::process::Command::new("groff")
+        .args(["-man", "-Tutf8", "-ww"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    groff
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let shown = groff.wait_with_output().unwrap();
+    let (text, warnings) = (
+        String::from_utf8_lossy(&shown.stdout),
+        String::from_utf8_lossy(&shown.stderr),
+    );
+    assert!(shown.status.success() && warnings.is_empty(), "{warnings}");
+    assert!(text.contains("Run untrusted code"), "{text}");
+    for command in [
+        "run",
+        "serve",
+        "doctor",
+        "eval",
+        "pickle",
+        "mcp",
+        "env",
+        "completions",
+    ] {
+        assert!(text.contains(command), "{command} missing from the manual");
+    }
 }

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use common::http::{read_response, request, Response, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const OTHER_KEY: &str = "other-key-0123456789abcdef";
 const READER_KEY: &str = "reader-key-0123456789abcdef";
@@ -107,6 +106,36 @@ fn check_tools(seen: &Value) {
     for told in ["no network", "Limits: 30 s", "PNG"] {
         assert!(description.contains(told), "{told:?} in {description}");
     }
+
+    // Every tool declares what its structured content is, and every result (ok, a verdict,
+    // a refusal) matches it: the SDK checked each against the schema.
+    for (name, tool) in tools {
+        assert_eq!(tool["output_schema"]["type"], "object", "{name}: {tool}");
+    }
+    for (step, result) in seen.as_object().unwrap() {
+        assert!(result.get("schema_error").is_none(), "{step}: {result}");
+    }
+    // The verdict, structured: no parsing of `status: ...` text.
+    let s = &seen["print"]["structured"];
+    assert_eq!(
+        (&s["status"], &s["has_result"]),
+        (&json!("ok"), &json!(true)),
+        "{s}"
+    );
+    assert!(s["id"].as_str().unwrap().starts_with("ex_"), "{s}");
+    assert_eq!(seen["timeout"]["structured"]["status"], "timeout");
+    assert_eq!(
+        seen["timeout"]["structured"]["limits_hit"],
+        json!(["timeout"])
+    );
+    assert_eq!(seen["memory"]["structured"]["status"], "memory_limit");
+    assert_eq!(
+        seen["exception"]["structured"]["error"],
+        json!({"kind": "ValueError", "message": "bad value"})
+    );
+    assert_eq!(seen["eval"]["structured"]["repr"], "6144");
+    let refused = &seen["above_ceiling"]["structured"]["refused"];
+    assert_eq!(refused["code"], "limit_above_ceiling", "{refused}");
 
     let t = ok(&seen["print"]);
     assert!(t.starts_with("status: ok\n"), "{t}");
@@ -215,6 +244,28 @@ fn check_session(seen: &Value) {
         "not_found: no such session",
         "a closed session is gone"
     );
+    // Each result structured, as its tool's output schema says (the SDK checked them).
+    for (step, result) in seen.as_object().unwrap() {
+        assert!(result.get("schema_error").is_none(), "{step}: {result}");
+    }
+    assert_eq!(seen["create"]["structured"]["id"], seen["session_id"]);
+    assert_eq!(seen["cell2"]["structured"]["session_ended"], json!(false));
+    assert_eq!(
+        seen["files"]["structured"]["files"][1]["path"],
+        "out/notes.txt"
+    );
+    assert_eq!(
+        seen["read"]["structured"],
+        json!({"path": "out/notes.txt", "bytes": 18, "shown_as": "text"})
+    );
+    assert_eq!(
+        seen["close"]["structured"]["session_id"],
+        seen["session_id"]
+    );
+    assert_eq!(
+        seen["after_close"]["structured"]["refused"]["code"],
+        "not_found"
+    );
 }
 
 #[test]
@@ -270,7 +321,7 @@ fn http_session_keeps_variables_and_files_until_closed() {
 }
 
 fn key_toml(name: &str, key: &str, scopes: &str) -> String {
-    let hash = format!("sha256:{:x}", Sha256::digest(key.as_bytes()));
+    let hash = format!("sha256:{}", airlock_api::sha256_hex(key.as_bytes()));
     format!("[[keys]]\nname = \"{name}\"\nhash = \"{hash}\"\nscopes = {scopes}\n")
 }
 
@@ -359,6 +410,9 @@ fn http_refuses_wrong_keys_scopes_foreign_origins_and_hosts() {
         Some(&serde_json::to_vec(&init).unwrap()),
     );
     assert_eq!(r.status, 406, "{}", r.text());
+    // In the API's one error shape, as every other route's refusals.
+    assert_eq!(r.json()["error"]["code"], "not_acceptable", "{}", r.text());
+    assert!(r.json()["error"]["request_id"].is_string(), "{}", r.text());
     // What is configured, and the listen address without an Origin, are answered.
     let r = rpc(
         &server,

@@ -42,22 +42,33 @@ def content(result):
             )
         else:
             blocks.append({"type": c.type})
-    return {"is_error": result.is_error, "content": blocks}
+    return {"is_error": result.is_error, "content": blocks, "structured": result.structured_content}
 
 
 async def call(session, name, arguments):
-    """A tool call's result, or the JSON-RPC error it got."""
+    """A tool call's result, or the JSON-RPC error it got. The SDK checks a result's
+    structured content against the tool's output schema; an error result is checked here too,
+    and a mismatch is reported as `schema_error`."""
     try:
-        return content(await session.call_tool(name, arguments))
+        result = await session.call_tool(name, arguments)
     except MCPError as e:
         return {"jsonrpc_error": {"code": e.code, "message": e.message}}
+    except RuntimeError as e:
+        return {"schema_error": str(e)}
+    seen = content(result)
+    if result.is_error:
+        try:
+            await session.validate_tool_result(name, result)
+        except RuntimeError as e:
+            seen["schema_error"] = str(e)
+    return seen
 
 
 async def tools(session):
     seen = {}
     listed = await session.list_tools()
     seen["tools"] = {
-        t.name: {"description": t.description, "input_schema": t.input_schema}
+        t.name: {"description": t.description, "input_schema": t.input_schema, "output_schema": t.output_schema}
         for t in listed.tools
     }
     seen["print"] = await call(

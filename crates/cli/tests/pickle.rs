@@ -64,7 +64,7 @@ fn scan_and_decode_give_verdicts_and_data_and_never_run_the_payload() {
         "{out}"
     );
     let (code, out, _) = pickle_cli(&["scan", &s(&broken)]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 3, "malformed: 3, not clap's 2 for bad arguments");
     assert!(out.contains("malformed at offset 2"), "{out}");
     // The worst verdict decides; one JSON object per file.
     let (code, out, _) = pickle_cli(&["scan", "--json", &s(&data), &s(&model)]);
@@ -78,7 +78,7 @@ fn scan_and_decode_give_verdicts_and_data_and_never_run_the_payload() {
     assert_eq!(reports[1]["verdict"], "unsafe");
     assert_eq!(reports[1]["members"][1]["name"], "archive/version");
     let (code, _, err) = pickle_cli(&["scan", "/nonexistent/file.pkl"]);
-    assert_eq!(code, 2);
+    assert_eq!(code, 3);
     assert!(err.contains("cannot read"), "{err}");
 
     let (code, out, _) = pickle_cli(&["decode", &s(&data)]);
@@ -90,8 +90,11 @@ fn scan_and_decode_give_verdicts_and_data_and_never_run_the_payload() {
     let (code, out, err) = pickle_cli(&["decode", &s(&evil)]);
     assert_eq!((code, out.as_str()), (1, ""));
     assert!(err.contains("unsafe"), "{err}");
-    assert_eq!(pickle_cli(&["decode", &s(&broken)]).0, 2);
-    assert_eq!(pickle_cli(&["decode", &s(&model)]).0, 2);
+    assert_eq!(pickle_cli(&["decode", &s(&broken)]).0, 3);
+    assert_eq!(pickle_cli(&["decode", &s(&model)]).0, 3);
+    // Bad arguments are clap's 2, which no verdict shares.
+    assert_eq!(pickle_cli(&["scan", "--no-such-flag", &s(&data)]).0, 2);
+    assert_eq!(pickle_cli(&["scan"]).0, 2);
 
     // More names can be allowed, exactly.
     let date = dir.join("date.pkl");
@@ -134,7 +137,7 @@ fn a_closed_stdout_ends_quietly_with_the_usual_status() {
 
     let mut scan = airlock();
     scan.args(["pickle", "scan"]).arg(&data).arg(&broken);
-    assert_eq!(with_stdout_gone(scan, None).0.code(), Some(2));
+    assert_eq!(with_stdout_gone(scan, None).0.code(), Some(3));
     let mut decode = airlock();
     decode.args(["pickle", "decode"]).arg(&data);
     let (status, stderr) = with_stdout_gone(decode, None);

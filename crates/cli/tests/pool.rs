@@ -212,7 +212,7 @@ fn three_against_one(wait_ms: u64) -> (impl Fn(&str) -> u64, u64) {
         &[],
     );
     wait_idle(&server, 1);
-    let made = server.metric("airlock_sandbox_made_seconds_count");
+    let made = server.metric("airlock_sandbox_made_duration_seconds_count");
     let before = pool_status(&server);
     at_once(&server, 3, 0.5);
     let after = pool_status(&server);
@@ -220,7 +220,7 @@ fn three_against_one(wait_ms: u64) -> (impl Fn(&str) -> u64, u64) {
         server.metric("airlock_pool_waits_total"),
         after["waits"].as_f64().unwrap()
     );
-    let made = (server.metric("airlock_sandbox_made_seconds_count") - made) as u64;
+    let made = (server.metric("airlock_sandbox_made_duration_seconds_count") - made) as u64;
     drop(server);
     let grew = move |field: &str| {
         let (was, is) = (&before[field], &after[field]);
@@ -258,8 +258,8 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     let takes = server.metric("airlock_pool_takes_total");
     let refills = server.metric("airlock_pool_refills_total");
     let (started, made) = (
-        server.metric("airlock_sandbox_start_seconds_count"),
-        server.metric("airlock_sandbox_made_seconds_count"),
+        server.metric("airlock_sandbox_start_duration_seconds_count"),
+        server.metric("airlock_sandbox_made_duration_seconds_count"),
     );
 
     let r = server.execute(json!({"code": "1"})).json();
@@ -267,10 +267,13 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
     // Every start is timed; only those that found no pooled sandbox as made on the spot.
     assert_eq!(
-        server.metric("airlock_sandbox_start_seconds_count"),
+        server.metric("airlock_sandbox_start_duration_seconds_count"),
         started + 1.0
     );
-    assert_eq!(server.metric("airlock_sandbox_made_seconds_count"), made);
+    assert_eq!(
+        server.metric("airlock_sandbox_made_duration_seconds_count"),
+        made
+    );
     // Other limits than the pool's: a cold sandbox, counted as a miss.
     let misses = server.metric("airlock_pool_misses_total{reason=\"limits\"}");
     let r = server
@@ -286,7 +289,7 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
     );
     assert_eq!(server.metric("airlock_pool_takes_total"), takes + 1.0);
     assert_eq!(
-        server.metric("airlock_sandbox_made_seconds_count"),
+        server.metric("airlock_sandbox_made_duration_seconds_count"),
         made + 1.0
     );
     // The log says which executions ran in a pooled sandbox.

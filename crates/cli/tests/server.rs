@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use common::http::{closed_within, read_response, request, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 fn h(k: &str, v: &str) -> (String, String) {
     (k.to_owned(), v.to_owned())
@@ -27,7 +26,7 @@ fn json_type() -> (String, String) {
 const OTHER_KEY: &str = "other-key-0123456789abcdef";
 
 fn other_key_toml(extra: &str) -> String {
-    let hash = format!("sha256:{:x}", Sha256::digest(OTHER_KEY.as_bytes()));
+    let hash = format!("sha256:{}", airlock_api::sha256_hex(OTHER_KEY.as_bytes()));
     format!("[[keys]]\nname = \"other\"\nhash = \"{hash}\"\n{extra}\n")
 }
 
@@ -78,7 +77,7 @@ fn an_execution_returns_its_result_with_an_id_and_leaves_an_audit_record() {
     assert_eq!(record["status"], "ok");
     assert_eq!(
         record["code_sha256"],
-        format!("{:x}", Sha256::digest(code.as_bytes()))
+        airlock_api::sha256_hex(code.as_bytes())
     );
     assert_eq!(record["request_id"], r.header("x-request-id").unwrap());
     let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
@@ -135,7 +134,7 @@ fn a_sandbox_verdict_is_a_200_with_its_status() {
     assert!(metrics.contains("airlock_security_events_total{kind=\"seccomp_kill\"} 1"));
     assert!(metrics.contains("airlock_security_events_total{kind=\"timeout\"} 1"));
     assert!(metrics.contains("airlock_security_events_total{kind=\"memory_kill\"} 1"));
-    assert!(metrics.contains("airlock_sandbox_start_seconds_count 3"));
+    assert!(metrics.contains("airlock_sandbox_start_duration_seconds_count 3"));
 }
 
 #[test]
@@ -188,9 +187,9 @@ fn scopes_are_enforced_and_records_belong_to_their_key() {
     let _g = serial();
     let reader = "reader-key-0123456789abcdef";
     let config = format!(
-        "{}[[keys]]\nname = \"reader\"\nhash = \"sha256:{:x}\"\nscopes = [\"read\"]\n",
+        "{}[[keys]]\nname = \"reader\"\nhash = \"sha256:{}\"\nscopes = [\"read\"]\n",
         other_key_toml("scopes = [\"execute\"]"),
-        Sha256::digest(reader.as_bytes())
+        airlock_api::sha256_hex(reader.as_bytes())
     );
     let server = Server::start(&config, &[]);
     // Readiness for any key; the pool's counters (everyone's traffic) only with `metrics`.
@@ -1220,7 +1219,10 @@ fn a_key_is_made_on_first_start_shown_once_and_only_its_hash_kept() {
     );
     let stored = std::fs::read_to_string(first.state_dir().join("keys.json")).unwrap();
     assert!(!stored.contains(&key), "the key itself was stored");
-    assert!(stored.contains(&format!("sha256:{:x}", Sha256::digest(key.as_bytes()))));
+    assert!(stored.contains(&format!(
+        "sha256:{}",
+        airlock_api::sha256_hex(key.as_bytes())
+    )));
     // The same state directory on the next start: no new key, and the old one works.
     let state = first.state_dir();
     let mut first = first;
@@ -1309,7 +1311,7 @@ fn one_key_configured_twice_is_refused_at_start() {
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("airlock.toml");
     // The same key as AIRLOCK_API_KEY, under another name and with limits it would dodge.
-    let hash = format!("sha256:{:x}", Sha256::digest(KEY.as_bytes()));
+    let hash = format!("sha256:{}", airlock_api::sha256_hex(KEY.as_bytes()));
     std::fs::write(
         &config,
         format!("[[keys]]\nname = \"limited\"\nhash = \"{hash}\"\nrate_per_minute = 1\n"),
@@ -1974,6 +1976,36 @@ fn audit_lines(state: &std::path::Path) -> Vec<Value> {
         .collect()
 }
 
+/// logrotate's way: the log is moved away, SIGHUP, and the server continues in a new file at
+/// the same path; nothing written before the signal is lost, nothing after goes to the old one.
+#[test]
+fn sighup_reopens_the_audit_log_for_logrotate() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let run = || {
+        let r = server.call("POST", "/v1/execute", Some(&json!({"code": "print(7)"})));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["id"].as_str().unwrap().to_owned()
+    };
+    let before = run();
+    let log = server.dir.join("audit.jsonl");
+    let rotated = server.dir.join("audit.jsonl.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGHUP).unwrap();
+    server.wait_log_lines("audit log reopened", 1);
+    let after = run();
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    let new = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(old.matches(&before).count(), 2, "{old}");
+    assert!(!old.contains(&after), "{old}");
+    assert_eq!(new.matches(&after).count(), 2, "{new}");
+    assert!(!new.contains(&before), "{new}");
+    // The record written before the rotation is still served.
+    let r = server.call("GET", &format!("/v1/executions/{before}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
 #[test]
 fn keys_are_read_again_on_sighup_and_a_bad_file_changes_nothing() {
     let _g = serial();
@@ -1983,8 +2015,8 @@ fn keys_are_read_again_on_sighup_and_a_bad_file_changes_nothing() {
             .iter()
             .map(|(name, key, extra)| {
                 format!(
-                    "[[keys]]\nname = \"{name}\"\nhash = \"sha256:{:x}\"\n{extra}\n",
-                    Sha256::digest(key.as_bytes())
+                    "[[keys]]\nname = \"{name}\"\nhash = \"sha256:{}\"\n{extra}\n",
+                    airlock_api::sha256_hex(key.as_bytes())
                 )
             })
             .collect()
@@ -2110,13 +2142,17 @@ fn readyz_answers_a_probe_without_a_key_only_when_configured_and_only_ready_or_n
         None,
     );
     assert_eq!(wrong.status, 401);
-    for path in ["/metrics", "/v1/tools", "/openapi.json"] {
+    for path in ["/metrics", "/v1/tools"] {
         assert_eq!(
             request(server.addr, "GET", path, &[], None).status,
             401,
             "{path}"
         );
     }
+    // The API's description is public, as any client's generator needs it.
+    let doc = request(server.addr, "GET", "/openapi.json", &[], None);
+    assert_eq!(doc.status, 200);
+    assert_eq!(doc.json()["openapi"], "3.1.0");
     drop(server);
     // Not ready says so, and why only to a key: every slot taken, no queue.
     let server = Server::start(

@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 use common::http::{request, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 
 const OTHER_KEY: &str = "other-key-0123456789abcdef";
 
 fn with_other_key(extra: &str) -> String {
-    let hash = format!("sha256:{:x}", Sha256::digest(OTHER_KEY.as_bytes()));
+    let hash = format!("sha256:{}", airlock_api::sha256_hex(OTHER_KEY.as_bytes()));
     format!("{extra}\n[[keys]]\nname = \"other\"\nhash = \"{hash}\"\n")
 }
 

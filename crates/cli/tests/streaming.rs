@@ -15,6 +15,8 @@ use serde_json::{json, Value};
 struct Events {
     reader: BufReader<TcpStream>,
     buffer: String,
+    /// Comment lines (`: keep-alive`) seen so far: clients skip them.
+    comments: usize,
     pub status: u16,
     pub content_type: String,
 }
@@ -60,6 +62,7 @@ impl Events {
         Events {
             reader,
             buffer: String::new(),
+            comments: 0,
             status,
             content_type,
         }
@@ -70,6 +73,10 @@ impl Events {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
                 let event: String = self.buffer.drain(..end + 2).collect();
+                if event.lines().all(|l| l.starts_with(':')) {
+                    self.comments += 1;
+                    continue;
+                }
                 let mut name = String::new();
                 let mut data = String::new();
                 for line in event.lines() {
@@ -148,6 +155,33 @@ fn output_arrives_while_the_program_runs_and_the_result_comes_last() {
     );
     assert!(result["id"].as_str().unwrap().starts_with("ex_"));
     assert_eq!(running(&server), "airlock_running_sandboxes 0");
+}
+
+/// A program silent for longer than `http.sse_keep_alive_ms` still keeps its stream busy, so
+/// that a proxy's idle timeout does not cut it; the events around it are unchanged.
+#[test]
+fn a_silent_program_s_stream_carries_keep_alive_comments() {
+    let _g = serial();
+    let code = "import time\ntime.sleep(1.5)\nprint('late')";
+    let server = Server::start("[http]\nsse_keep_alive_ms = 200\n", &[]);
+    let mut events = Events::open(&server, &json!({"code": code}));
+    let (name, data) = events.next().unwrap();
+    assert_eq!(
+        (name.as_str(), &data),
+        ("stdout", &json!({"text": "late\n"}))
+    );
+    // 1.5 s of silence at one comment per 200 ms: some slack for the sandbox's start.
+    assert!(events.comments >= 4, "{} comments", events.comments);
+    let before = events.comments;
+    assert_eq!(events.next().unwrap().0, "result");
+    assert!(events.next().is_none());
+    assert!(events.comments <= before + 1);
+    drop(server);
+    // The default interval (15 s) says nothing during a short silence.
+    let server = Server::start("", &[]);
+    let mut events = Events::open(&server, &json!({"code": code}));
+    while events.next().is_some() {}
+    assert_eq!(events.comments, 0);
 }
 
 #[test]

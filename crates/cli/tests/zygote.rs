@@ -330,10 +330,7 @@ fn no_child_finds_another_s_environment_or_code_in_its_memory() {
         "env": {"PROBE": secret},
     }));
     assert_eq!(r.json()["status"], "ok", "{}", r.text());
-    let digest = {
-        use sha2::Digest;
-        format!("{:x}", sha2::Sha256::digest(secret.as_bytes()))
-    };
+    let digest = { airlock_api::sha256_hex(secret.as_bytes()) };
     let scan = format!(
         r#"
 import ctypes, hashlib, re

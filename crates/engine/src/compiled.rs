@@ -93,9 +93,7 @@ fn key(python: &Path, runner: &str) -> Result<String, String> {
     Ok(hex(&h.finalize()[..16]))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use airlock_api::hex;
 
 /// Whether `meta` is ours and writable by no one else.
 fn ours(meta: &std::fs::Metadata) -> bool {

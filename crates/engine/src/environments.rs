@@ -209,7 +209,7 @@ pub fn environment_hash(python: &str, requirements: &[String]) -> String {
         h.update(b"\0");
         h.update(r.as_bytes());
     }
-    format!("{:x}", h.finalize())
+    airlock_api::hex(&h.finalize())
 }
 
 impl Environments {
@@ -655,7 +655,17 @@ fn tree_digest(dir: &Path) -> io::Result<(String, u64)> {
             h.update(b"f");
             let mut f = fs::File::open(&path)?;
             let mut fh = Sha256::new();
-            size += io::copy(&mut f, &mut fh)?;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = match io::Read::read(&mut f, &mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                fh.update(&buf[..n]);
+                size += n as u64;
+            }
             h.update(fh.finalize());
         } else {
             return Err(io::Error::other(format!(
@@ -665,7 +675,7 @@ fn tree_digest(dir: &Path) -> io::Result<(String, u64)> {
         }
         h.update(b"\n");
     }
-    Ok((format!("{:x}", h.finalize()), size))
+    Ok((airlock_api::hex(&h.finalize()), size))
 }
 
 /// Every entry below `dir` (itself included), without following links; at most

@@ -145,11 +145,11 @@ fn canonical(v: &Value) -> Value {
 /// called with arguments the scanner does not model (then `unsafe`); what it refuses must
 /// never be `safe`; a global the guard refused must be `unsafe`. Where another reader may
 /// read on differently (bytes after STOP, frames crossed) only `safe` is checked.
-/// `AIRLOCK_PICKLE_SEED` and `AIRLOCK_PICKLE_CASES` choose other streams.
+/// `AIRLOCK_TEST_PICKLE_SEED` and `AIRLOCK_TEST_PICKLE_CASES` choose other streams.
 #[test]
 fn hand_made_streams_get_the_verdict_cpython_gives_them() {
-    let seed = std::env::var("AIRLOCK_PICKLE_SEED").unwrap_or_else(|_| "7".into());
-    let cases = std::env::var("AIRLOCK_PICKLE_CASES").unwrap_or_else(|_| "20000".into());
+    let seed = std::env::var("AIRLOCK_TEST_PICKLE_SEED").unwrap_or_else(|_| "7".into());
+    let cases = std::env::var("AIRLOCK_TEST_PICKLE_CASES").unwrap_or_else(|_| "20000".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/streams.py");
     let out = python(&[script, &seed, &cases]);
     let opts = Options::default();

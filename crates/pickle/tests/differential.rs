@@ -2,7 +2,7 @@
 //! torch.load (built from its C source for this test), and Python's zipfile and tarfile.
 //! Whatever a reader would hand to the unpickler from an archive the scan calls `safe` must
 //! have been scanned exactly as that reader extracts it (`readers::check`).
-//! `AIRLOCK_PICKLE_SEED` and `AIRLOCK_ZIP_CASES` choose other mutated archives.
+//! `AIRLOCK_TEST_PICKLE_SEED` and `AIRLOCK_TEST_ZIP_CASES` choose other mutated archives.
 
 mod readers;
 
@@ -111,8 +111,8 @@ fn every_archive_the_tests_make_is_scanned_as_each_reader_extracts_it() {
 /// CRCs, ZIP64 fields, offsets, end records, bytes before the archive, a cut end.
 #[test]
 fn mutated_headers_never_hide_what_a_reader_extracts() {
-    let seed = std::env::var("AIRLOCK_PICKLE_SEED").unwrap_or_else(|_| "7".into());
-    let cases = std::env::var("AIRLOCK_ZIP_CASES").unwrap_or_else(|_| "3000".into());
+    let seed = std::env::var("AIRLOCK_TEST_PICKLE_SEED").unwrap_or_else(|_| "7".into());
+    let cases = std::env::var("AIRLOCK_TEST_ZIP_CASES").unwrap_or_else(|_| "3000".into());
     let opts = Options::default();
     let (mut mz, mut py) = (Reader::miniz(miniz()), Reader::python());
     let mut failures = Vec::new();

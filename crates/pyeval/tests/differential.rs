@@ -3,8 +3,8 @@
 //! expressions. Every answer must be CPython's: the value's type, repr and
 //! str, or the exception's type and message.
 //!
-//! `AIRLOCK_EVAL_SEED` picks the generator's seed (the default is fixed so
-//! CI is repeatable); `AIRLOCK_EVAL_CASES` how many expressions to generate.
+//! `AIRLOCK_TEST_EVAL_SEED` picks the generator's seed (the default is fixed so
+//! CI is repeatable); `AIRLOCK_TEST_EVAL_CASES` how many expressions to generate.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -387,11 +387,11 @@ fn expr(r: &mut Rng, depth: u32) -> String {
 
 #[test]
 fn generated_expressions_match_cpython() {
-    let seed: u64 = std::env::var("AIRLOCK_EVAL_SEED")
+    let seed: u64 = std::env::var("AIRLOCK_TEST_EVAL_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(20_261_123);
-    let cases: usize = std::env::var("AIRLOCK_EVAL_CASES")
+    let cases: usize = std::env::var("AIRLOCK_TEST_EVAL_CASES")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(6_000);

@@ -66,12 +66,9 @@ pub enum AuditLog {
 
 impl AuditLog {
     /// Opens the store the configuration names; what opening it repaired and found.
-    pub fn open(
-        config: &crate::config::Config,
-        state_dir: &Path,
-    ) -> std::io::Result<(Self, Recovery)> {
+    pub fn open(config: &crate::config::Config) -> std::io::Result<(Self, Recovery)> {
         match &config.store.url {
-            None => FileLog::open(state_dir, config.audit.sync)
+            None => FileLog::open(&config.audit_path(), config.audit.sync)
                 .map(|(log, recovery)| (AuditLog::File(Arc::new(log)), recovery)),
             Some(_) => crate::store::PgLog::open(config)
                 .map(|(log, recovery)| (AuditLog::Postgres(Box::new(log)), recovery)),
@@ -121,6 +118,16 @@ impl AuditLog {
         match self {
             AuditLog::File(log) => log.retry_soon(),
             AuditLog::Postgres(log) => log.failure(),
+        }
+    }
+
+    /// SIGHUP: the file opened again by its path, so that a log rotated away (logrotate's
+    /// `create`) is continued in a new file. What was written is synced first. PostgreSQL
+    /// has no file to reopen.
+    pub fn reopen(&self) -> std::io::Result<()> {
+        match self {
+            AuditLog::File(log) => log.reopen(),
+            AuditLog::Postgres(_) => Ok(()),
         }
     }
 
@@ -198,9 +205,11 @@ impl FileLog {
     /// cut short (the machine lost power mid-write) is cut off; every execution whose
     /// `started` line has no record after it (the server stopped before it ended) gets its
     /// final record now: `internal_error`, `interrupted`. [`Recovery`] says what was done.
-    pub fn open(state_dir: &Path, sync: AuditSync) -> std::io::Result<(Self, Recovery)> {
-        std::fs::create_dir_all(state_dir)?;
-        let path = state_dir.join(AUDIT_FILE);
+    pub fn open(path: &Path, sync: AuditSync) -> std::io::Result<(Self, Recovery)> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let path = path.to_path_buf();
         let (file, torn_bytes) = open_file(&path)?;
         let mut recovery = Recovery {
             torn_bytes,
@@ -367,6 +376,25 @@ impl FileLog {
         }
         let file = self.lock().file.clone();
         file.sync_data().err().map(|e| e.to_string())
+    }
+
+    /// Syncs the file written so far, then opens the path again (a new file if the old one
+    /// was moved away); later lines go there. While the log cannot be written this is left to
+    /// the retries, which reopen it too.
+    pub fn reopen(&self) -> std::io::Result<()> {
+        let mut inner = self.lock();
+        if inner.failure.is_some() {
+            return Ok(());
+        }
+        inner.file.sync_data()?;
+        let (file, torn) = open_file(&self.path)?;
+        if torn > 0 {
+            tracing::warn!(bytes = torn, "cut a torn last line off the audit log");
+        }
+        inner.file = Arc::new(file);
+        self.syncer.resume(inner.file.clone(), inner.written);
+        tracing::info!(path = %self.path.display(), "audit log reopened");
+        Ok(())
     }
 
     fn retry(&self, now: bool) -> Option<String> {
@@ -788,7 +816,7 @@ mod tests {
     #[test]
     fn lines_are_synced_in_the_background_and_an_answer_waits_for_its_record_when_asked() {
         let dir = fresh_dir("sync");
-        let (log, _) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         // Concurrent writers: each record is on disk when its append returns.
         std::thread::scope(|s| {
             for t in 0..4 {
@@ -807,7 +835,7 @@ mod tests {
         assert_eq!((written, synced), (100, 100));
         drop(log);
         // In the background: nothing waits, and the syncer catches up by itself.
-        let (log, _) = FileLog::open(&dir, AuditSync::Background).unwrap();
+        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Background).unwrap();
         log.append(&record("ex_bg")).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
         while log.syncer.lock().synced < 1 {
@@ -822,11 +850,11 @@ mod tests {
     fn records_survive_a_restart_and_the_file_is_private() {
         let dir = std::env::temp_dir().join(format!("airlock-audit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (log, _) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         log.append(&record("ex_a")).unwrap();
         log.append(&record("ex_b")).unwrap();
         drop(log);
-        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert_eq!(log.get("ex_a").unwrap().key, "alice");
         assert!(log.get("ex_c").is_none());
@@ -874,7 +902,7 @@ mod tests {
             + &started_line("ex_second");
         std::fs::write(dir.join(AUDIT_FILE), text).unwrap();
 
-        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery.interrupted, ["ex_open", "ex_second"]);
         assert_eq!(recovery.torn_bytes, 0);
         let open = log.get("ex_open").unwrap();
@@ -886,7 +914,7 @@ mod tests {
         drop(log);
 
         // The records are in the file: the next start has nothing to add.
-        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert!(log.get("ex_second").unwrap().interrupted);
         let records = read_all_records(log.path());
@@ -900,7 +928,7 @@ mod tests {
         let whole = serde_json::to_string(&record("ex_a")).unwrap() + "\n";
         let torn = &serde_json::to_string(&record("ex_b")).unwrap()[..40];
         std::fs::write(dir.join(AUDIT_FILE), format!("{whole}{torn}")).unwrap();
-        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 40);
         assert_eq!(std::fs::read_to_string(log.path()).unwrap(), whole);
         // The next line starts on a line of its own.
@@ -910,11 +938,11 @@ mod tests {
 
         // A file that is one torn line, and an empty one.
         std::fs::write(dir.join(AUDIT_FILE), "{\"id\":").unwrap();
-        let (log, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery.torn_bytes, 6);
         assert_eq!(std::fs::metadata(log.path()).unwrap().len(), 0);
         drop(log);
-        let (_, recovery) = FileLog::open(&dir, AuditSync::Answer).unwrap();
+        let (_, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
         assert_eq!(recovery, Recovery::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -6,7 +6,8 @@
 //! sections: `AIRLOCK_CONCURRENCY__MAX_RUNNING=8`, `AIRLOCK_ENGINE__DEFAULTS__TIMEOUT_MS=5000`,
 //! `AIRLOCK_CORS__ALLOWED_ORIGINS='["https://app.example"]'`. Values are TOML (numbers, booleans,
 //! arrays), or a plain string. `AIRLOCK_API_KEY` configures one key without a file; an unknown
-//! `AIRLOCK_*` variable is an error, so a typo never goes unnoticed.
+//! `AIRLOCK_*` variable is an error, so a typo never goes unnoticed, except the project's own
+//! test and build variables (`AIRLOCK_TEST_*`) and the client's `AIRLOCK_URL`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,14 +24,19 @@ pub const ENV_CONFIG: &str = "AIRLOCK_CONFIG";
 pub const ENV_LOG: &str = "AIRLOCK_LOG";
 /// The PostgreSQL store's password, when `store.password_file` is not set.
 pub const ENV_STORE_PASSWORD: &str = "AIRLOCK_STORE_PASSWORD";
+/// Variables of the project's own tests and scripts (`AIRLOCK_TEST_EVAL_SEED`, ...): never
+/// settings, so the strict check of `AIRLOCK_*` leaves them alone.
+pub const ENV_TEST_PREFIX: &str = "AIRLOCK_TEST_";
+/// Variables the Python client reads, which a shell that runs both may hold.
+pub const ENV_CLIENT: &[&str] = &["AIRLOCK_URL"];
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Address and port to listen on.
     pub listen: SocketAddr,
-    /// Where the generated key's hash and the audit log live. Default: `$XDG_DATA_HOME/airlock`,
-    /// else `$HOME/.local/share/airlock`.
+    /// Where the generated key's hash, environments and the runner's cache live (and the
+    /// audit log, when this is given). Default: see [`Config::state_dir`].
     pub state_dir: Option<PathBuf>,
     /// This server's name when it is one of several replicas behind one balancer (in
     /// Kubernetes, the pod's name through `AIRLOCK_REPLICA`): session and execution ids carry
@@ -57,7 +63,7 @@ pub struct Config {
     pub eval: EvalConfig,
     /// `POST /v1/pickle/scan`.
     pub pickle: PickleConfig,
-    /// The audit log (`state_dir/audit.jsonl`).
+    /// The audit log ([`Config::audit_path`]).
     pub audit: AuditConfig,
     /// Where records and audit lines go: the audit log file (default), or PostgreSQL.
     pub store: StoreConfig,
@@ -143,6 +149,8 @@ pub struct AuditConfig {
     /// `background`: lines are synced to disk as soon as they are written, and nothing waits
     /// for it; `answer`: an execution's answer also waits for its record to be on disk.
     pub sync: crate::audit::AuditSync,
+    /// The audit log's file (see [`Config::audit_path`] for where it goes by default).
+    pub path: Option<PathBuf>,
 }
 
 /// `[store]`: with a `url`, execution records and audit lines go to PostgreSQL (tables made
@@ -300,6 +308,10 @@ pub struct HttpConfig {
     /// `GET /readyz` without a key answers `{"ready": ...}` and its status, nothing else (a
     /// key still gets the reasons): for probes that cannot hold a key, such as Kubernetes'.
     pub readyz_without_key: bool,
+    /// A streamed answer (`text/event-stream`) sends a comment line after this long without
+    /// an event, so that a proxy's idle timeout does not cut a silent program's stream. 0:
+    /// never.
+    pub sse_keep_alive_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -314,6 +326,7 @@ impl Default for HttpConfig {
             answer_timeout_ms: 10_000,
             answer_min_bytes_per_second: 16 << 10,
             readyz_without_key: false,
+            sse_keep_alive_ms: 15_000,
         }
     }
 }
@@ -462,9 +475,7 @@ pub fn load(
 ) -> Result<Config, ConfigError> {
     let mut tree = toml::Table::try_from(Config::default())
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    let file = file
-        .map(Path::to_path_buf)
-        .or_else(|| env.get(ENV_CONFIG).map(PathBuf::from));
+    let file = config_file(file, env);
     if let Some(path) = &file {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.clone(),
@@ -482,7 +493,10 @@ pub fn load(
         let Some(path) = name.strip_prefix("AIRLOCK_") else {
             continue;
         };
-        if [ENV_API_KEY, ENV_CONFIG, ENV_LOG, ENV_STORE_PASSWORD].contains(&name.as_str()) {
+        if [ENV_API_KEY, ENV_CONFIG, ENV_LOG, ENV_STORE_PASSWORD].contains(&name.as_str())
+            || ENV_CLIENT.contains(&name.as_str())
+            || name.starts_with(ENV_TEST_PREFIX)
+        {
             continue;
         }
         let segments: Vec<String> = path.split("__").map(str::to_ascii_lowercase).collect();
@@ -730,20 +744,105 @@ impl Config {
         Ok(())
     }
 
-    /// The state directory, `state_dir` or the user's data directory.
+    /// The state directory: `state_dir` (`--state-dir`); else systemd's `$STATE_DIRECTORY`
+    /// (`StateDirectory=`); else `$XDG_DATA_HOME/airlock`; else, for root, `/var/lib/airlock`;
+    /// else `~/.local/share/airlock`.
     pub fn state_dir(&self) -> PathBuf {
-        if let Some(dir) = &self.state_dir {
-            return dir.clone();
-        }
-        if let Some(data) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(data).join("airlock");
-        }
-        match std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            Some(home) => PathBuf::from(home).join(".local/share/airlock"),
-            None => PathBuf::from("/var/lib/airlock"),
-        }
+        state_dir_from(
+            self.state_dir.as_deref(),
+            &|name| std::env::var(name).ok(),
+            is_root(),
+        )
     }
 
+    /// The audit log's file: `[audit] path`; else `audit.jsonl` in systemd's
+    /// `$LOGS_DIRECTORY` (`LogsDirectory=`); else in the state directory when one is given
+    /// (`--state-dir`, `state_dir`, `$STATE_DIRECTORY`), as the operator chose one place;
+    /// else where a user's logs go: `$XDG_STATE_HOME/airlock`, `/var/log/airlock` for root,
+    /// `~/.local/state/airlock`.
+    pub fn audit_path(&self) -> PathBuf {
+        audit_path_from(self, &|name| std::env::var(name).ok(), is_root())
+    }
+}
+
+/// Whether this process runs as root (its effective uid, as `/proc/self/status` says).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let uids = s.lines().find_map(|l| l.strip_prefix("Uid:"))?.to_owned();
+            uids.split_whitespace().nth(1).map(|euid| euid == "0")
+        })
+        .unwrap_or(false)
+}
+
+/// A variable's value, unless unset or empty; systemd's `*_DIRECTORY` lists several,
+/// colon-separated: the first.
+fn dir_var(var: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<PathBuf> {
+    let v = var(name).filter(|v| !v.is_empty())?;
+    Some(PathBuf::from(v.split(':').next().unwrap_or(&v)))
+}
+
+fn state_dir_from(
+    given: Option<&Path>,
+    var: &dyn Fn(&str) -> Option<String>,
+    root: bool,
+) -> PathBuf {
+    if let Some(dir) = given {
+        return dir.to_path_buf();
+    }
+    if let Some(dir) = dir_var(var, "STATE_DIRECTORY") {
+        return dir;
+    }
+    if let Some(data) = dir_var(var, "XDG_DATA_HOME") {
+        return data.join("airlock");
+    }
+    match dir_var(var, "HOME") {
+        Some(home) if !root => home.join(".local/share/airlock"),
+        _ => PathBuf::from("/var/lib/airlock"),
+    }
+}
+
+fn audit_path_from(config: &Config, var: &dyn Fn(&str) -> Option<String>, root: bool) -> PathBuf {
+    const FILE: &str = crate::audit::AUDIT_FILE;
+    if let Some(path) = &config.audit.path {
+        return path.clone();
+    }
+    if let Some(dir) = dir_var(var, "LOGS_DIRECTORY") {
+        return dir.join(FILE);
+    }
+    if config.state_dir.is_some() || dir_var(var, "STATE_DIRECTORY").is_some() {
+        return state_dir_from(config.state_dir.as_deref(), var, root).join(FILE);
+    }
+    if let Some(dir) = dir_var(var, "XDG_STATE_HOME") {
+        return dir.join("airlock").join(FILE);
+    }
+    match dir_var(var, "HOME") {
+        Some(home) if !root => home.join(".local/state/airlock").join(FILE),
+        _ => PathBuf::from("/var/log/airlock").join(FILE),
+    }
+}
+
+/// The configuration file read when none is named (`--config`, `AIRLOCK_CONFIG`): the first
+/// that exists of the user's (`$XDG_CONFIG_HOME/airlock/airlock.toml`, else
+/// `~/.config/airlock/airlock.toml`) and the system's (`/etc/airlock/airlock.toml`).
+pub fn config_file(file: Option<&Path>, env: &BTreeMap<String, String>) -> Option<PathBuf> {
+    if let Some(file) = file {
+        return Some(file.to_path_buf());
+    }
+    if let Some(file) = env.get(ENV_CONFIG).filter(|f| !f.is_empty()) {
+        return Some(PathBuf::from(file));
+    }
+    let var = |name: &str| env.get(name).cloned();
+    let user = dir_var(&var, "XDG_CONFIG_HOME")
+        .or_else(|| dir_var(&var, "HOME").map(|h| h.join(".config")))
+        .map(|d| d.join("airlock/airlock.toml"));
+    user.into_iter()
+        .chain([PathBuf::from("/etc/airlock/airlock.toml")])
+        .find(|p| p.is_file())
+}
+
+impl Config {
     /// The configuration as TOML, as `--print-config` shows it (key hashes only, never keys).
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self)
@@ -808,6 +907,117 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.listen.port(), 9100, "the flag beats everything");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn state_and_logs_go_where_the_host_s_conventions_say() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let home = vars(&[("HOME", "/home/u")]);
+        let p = PathBuf::from;
+        // A user: XDG's places; root: the system's; systemd's directories first.
+        assert_eq!(
+            state_dir_from(None, &home, false),
+            p("/home/u/.local/share/airlock")
+        );
+        assert_eq!(state_dir_from(None, &home, true), p("/var/lib/airlock"));
+        let systemd = vars(&[
+            ("HOME", "/root"),
+            ("STATE_DIRECTORY", "/var/lib/airlock:/var/lib/other"),
+            ("LOGS_DIRECTORY", "/var/log/airlock"),
+        ]);
+        assert_eq!(state_dir_from(None, &systemd, true), p("/var/lib/airlock"));
+        let xdg = vars(&[
+            ("HOME", "/root"),
+            ("XDG_DATA_HOME", "/d"),
+            ("XDG_STATE_HOME", "/s"),
+        ]);
+        assert_eq!(state_dir_from(None, &xdg, true), p("/d/airlock"));
+        assert_eq!(
+            state_dir_from(Some(Path::new("/given")), &systemd, true),
+            p("/given")
+        );
+
+        let mut c = Config::default();
+        assert_eq!(
+            audit_path_from(&c, &home, false),
+            p("/home/u/.local/state/airlock/audit.jsonl")
+        );
+        assert_eq!(
+            audit_path_from(&c, &home, true),
+            p("/var/log/airlock/audit.jsonl")
+        );
+        assert_eq!(audit_path_from(&c, &xdg, true), p("/s/airlock/audit.jsonl"));
+        assert_eq!(
+            audit_path_from(&c, &systemd, true),
+            p("/var/log/airlock/audit.jsonl")
+        );
+        // A state directory given is the one place the operator chose.
+        c.state_dir = Some(p("/srv/airlock"));
+        assert_eq!(
+            audit_path_from(&c, &xdg, true),
+            p("/srv/airlock/audit.jsonl")
+        );
+        c.audit.path = Some(p("/logs/audit.jsonl"));
+        assert_eq!(audit_path_from(&c, &systemd, true), p("/logs/audit.jsonl"));
+    }
+
+    #[test]
+    fn a_config_file_is_found_in_the_user_s_place_when_none_is_named() {
+        let dir = std::env::temp_dir().join(format!("airlock-xdg-{}", std::process::id()));
+        let file = dir.join("airlock/airlock.toml");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, "[concurrency]\nmax_running = 3\n").unwrap();
+        let e = env(&[("XDG_CONFIG_HOME", dir.to_str().unwrap())]);
+        assert_eq!(config_file(None, &e), Some(file.clone()));
+        assert_eq!(
+            load(None, &e, None, None).unwrap().concurrency.max_running,
+            3
+        );
+        // Named files win; AIRLOCK_CONFIG too.
+        let named = dir.join("named.toml");
+        std::fs::write(&named, "").unwrap();
+        assert_eq!(config_file(Some(&named), &e), Some(named.clone()));
+        let e2 = env(&[
+            ("XDG_CONFIG_HOME", dir.to_str().unwrap()),
+            ("AIRLOCK_CONFIG", named.to_str().unwrap()),
+        ]);
+        assert_eq!(config_file(None, &e2), Some(named));
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Nothing there: the system's file, if it exists, else none.
+        let e = env(&[("XDG_CONFIG_HOME", "/nonexistent")]);
+        let system = Path::new("/etc/airlock/airlock.toml");
+        assert_eq!(
+            config_file(None, &e),
+            system.is_file().then(|| system.to_path_buf())
+        );
+    }
+
+    #[test]
+    fn test_variables_and_the_client_s_are_not_settings() {
+        let e = env(&[
+            ("AIRLOCK_TEST_EVAL_SEED", "7"),
+            ("AIRLOCK_TEST_ANYTHING__AT_ALL", "x"),
+            ("AIRLOCK_URL", "http://127.0.0.1:8080"),
+        ]);
+        assert!(load(None, &e, None, None).is_ok());
+        // The prefix is the whole word: a setting's typo next to it still fails.
+        for typo in ["AIRLOCK_TESTS_X", "AIRLOCK_URLS", "AIRLOCK_TEST"] {
+            let e = env(&[(typo, "1")]);
+            assert!(
+                matches!(
+                    load(None, &e, None, None),
+                    Err(ConfigError::UnknownVariable(_))
+                ),
+                "{typo}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,13 @@
 //! The one error type of the HTTP API: a status, a stable code, a clear message, the field at
-//! fault, and the headers some statuses need. The body is always `{"error": {...}}`.
+//! fault, the request's id, and the headers some statuses need. The body is always
+//! `{"error": {"code", "message", "field"?, "request_id"?}}`, on every route (MCP's JSON-RPC
+//! answers aside, whose errors are JSON-RPC's own).
+
+tokio::task_local! {
+    /// The id of the request being answered, set by the guard around everything that answers
+    /// it, so that an error made anywhere below carries it.
+    pub static REQUEST_ID: String;
+}
 
 use airlock_api::{ApiError, ErrorBody};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -13,6 +21,8 @@ pub struct Error {
     pub field: Option<String>,
     pub retry_after_secs: Option<u64>,
     pub close: bool,
+    /// A 401 for a key that was presented and is not valid (RFC 6750's `invalid_token`).
+    pub invalid_token: bool,
 }
 
 impl Error {
@@ -24,6 +34,7 @@ impl Error {
             field: None,
             retry_after_secs: None,
             close: false,
+            invalid_token: false,
         }
     }
 
@@ -51,8 +62,17 @@ impl Error {
         Error::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message).field(field)
     }
 
+    /// 401: no key was presented.
     pub fn unauthorized(message: &str) -> Self {
         Error::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// 401: a key was presented and is not valid.
+    pub fn invalid_token(message: &str) -> Self {
+        Error {
+            invalid_token: true,
+            ..Error::unauthorized(message)
+        }
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
@@ -74,6 +94,7 @@ impl Error {
                 code: self.code.to_owned(),
                 message: self.message.clone(),
                 field: self.field.clone(),
+                request_id: REQUEST_ID.try_with(Clone::clone).ok(),
             },
         }
     }
@@ -85,9 +106,16 @@ impl IntoResponse for Error {
         let mut response = (self.status, axum::Json(body)).into_response();
         let headers = response.headers_mut();
         if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 6750 3.1: no error code when no key was presented, `invalid_token` when it
+            // was and is not valid.
+            let challenge = if self.invalid_token {
+                "Bearer realm=\"airlock\", error=\"invalid_token\", error_description=\"the API key is not valid\""
+            } else {
+                "Bearer realm=\"airlock\""
+            };
             headers.insert(
                 header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"airlock\""),
+                HeaderValue::from_static(challenge),
             );
         }
         if let Some(secs) = self.retry_after_secs {

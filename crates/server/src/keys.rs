@@ -6,6 +6,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use airlock_api::hex;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -59,11 +60,7 @@ pub enum KeyError {
 
 /// `sha256:` and the hex digest of `key`, as configured and stored.
 pub fn hash_key(key: &str) -> String {
-    format!("sha256:{}", hex(&Sha256::digest(key.as_bytes())))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    format!("sha256:{}", airlock_api::sha256_hex(key.as_bytes()))
 }
 
 fn parse_hash(hash: &str) -> Option<[u8; 32]> {

@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::admission::Entered;
 use crate::answer::{Form, Reserved};
@@ -118,6 +118,69 @@ struct ReadSessionFile {
     session_id: String,
     /// A path relative to the session's working directory, as `list_session_files` shows it.
     path: String,
+}
+
+/// What `run_python` and `run_in_session` give as structured content: the verdict, without
+/// the output and the value, which the text blocks carry (as structured data they would be
+/// held in memory once more, beyond what the call reserved for its answer).
+#[derive(Debug, Serialize, JsonSchema)]
+struct Outcome {
+    /// The execution's id (`GET /v1/executions/{id}` has its record).
+    id: String,
+    status: Status,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    /// The exception's type and message, when one was raised (the traceback is in the text).
+    error: Option<OutcomeError>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    limits_hit: Vec<airlock_api::LimitKind>,
+    usage: airlock_api::Usage,
+    /// Whether a final bare expression gave a value (shown in the text as `result: ...`).
+    has_result: bool,
+    /// Rich outputs (charts as images, `display()`), in the content blocks.
+    outputs: usize,
+    /// For a session's cell: whether it ended the session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session_ended: Option<bool>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct OutcomeError {
+    kind: String,
+    message: String,
+}
+
+/// `read_session_file`'s structured content: what the content block holds.
+#[derive(Debug, Serialize, JsonSchema)]
+struct FileRead {
+    path: String,
+    bytes: u64,
+    /// `text` (UTF-8), `image` (PNG) or `base64` (anything else).
+    shown_as: String,
+}
+
+/// `close_session`'s structured content.
+#[derive(Debug, Serialize, JsonSchema)]
+struct Closed {
+    session_id: String,
+}
+
+/// A call refused before or instead of running (a limit above the ceiling, no such session,
+/// a busy one, too many requests): the same fields as the HTTP API's error.
+#[derive(Debug, Serialize, JsonSchema)]
+struct Refusal {
+    refused: RefusalDetail,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+struct RefusalDetail {
+    code: String,
+    message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after_seconds: Option<u64>,
 }
 
 const INSTRUCTIONS: &str = "airlock runs Python in a locked-down Linux sandbox and returns only \
@@ -265,7 +328,7 @@ impl Tools {
             _ => String::new(),
         };
         let mut tools = vec![
-            tool::<RunPython>(
+            tool::<RunPython, Outcome>(
                 "run_python",
                 "Run Python 3 code",
                 format!(
@@ -275,7 +338,7 @@ impl Tools {
                 ),
                 false,
             ),
-            tool::<EvalExpression>(
+            tool::<EvalExpression, EvalResponse>(
                 "eval_expression",
                 "Evaluate a Python literal expression",
                 format!(
@@ -292,7 +355,7 @@ impl Tools {
                 ),
                 true,
             ),
-            tool::<CreateSession>(
+            tool::<CreateSession, airlock_api::SessionInfo>(
                 "create_session",
                 "Start a Python session",
                 format!(
@@ -301,7 +364,7 @@ impl Tools {
                 ),
                 false,
             ),
-            tool::<RunInSession>(
+            tool::<RunInSession, Outcome>(
                 "run_in_session",
                 "Run code in a session",
                 format!(
@@ -311,7 +374,7 @@ impl Tools {
                 ),
                 false,
             ),
-            tool::<SessionId>(
+            tool::<SessionId, airlock_api::FileList>(
                 "list_session_files",
                 "List a session's files",
                 "List the files and directories below a session's working directory, with \
@@ -319,7 +382,7 @@ impl Tools {
                     .to_owned(),
                 true,
             ),
-            tool::<ReadSessionFile>(
+            tool::<ReadSessionFile, FileRead>(
                 "read_session_file",
                 "Read a session's file",
                 "Read one file of a session's working directory. Text (UTF-8) comes back as \
@@ -327,7 +390,7 @@ impl Tools {
                     .to_owned(),
                 true,
             ),
-            tool::<SessionId>(
+            tool::<SessionId, Closed>(
                 "close_session",
                 "Close a session",
                 "Close a session: its sandbox, variables and files are destroyed.".to_owned(),
@@ -335,7 +398,7 @@ impl Tools {
             ),
         ];
         if self.state.tools.is_some() {
-            tools.push(tool::<ListToolApis>(
+            tools.push(tool::<ListToolApis, airlock_api::ToolsResponse>(
                 "list_tool_apis",
                 "List the tools code can call",
                 "The Python API of the operator's tools that code run here may call \
@@ -412,9 +475,10 @@ impl Tools {
                 let text = if listing.tools.is_empty() {
                     "No tools are granted to this caller: `import tools` fails.".to_owned()
                 } else {
-                    listing.python
+                    listing.python.clone()
                 };
-                Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+                let result = CallToolResult::success(vec![ContentBlock::text(text)]);
+                Ok(with_structured(result, &listing))
             }
         })
     }
@@ -459,7 +523,7 @@ impl Tools {
         let (response, answer) =
             run_job(state, key, request_id, job, held, answer, |r, a| (r, a)).await?;
         drop(entered);
-        let result = execution_result(&response.result, "");
+        let result = execution_result(&response.id, &response.result, None, "");
         drop(response);
         keep_for_answer(slot, answer);
         Ok(result)
@@ -491,7 +555,7 @@ impl Tools {
         };
         let info = sessions::open(state, key, asked).await?;
         let l = &info.limits;
-        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        let result = CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
              wall clock, {} bytes of output per stream; for the whole session: {} MB memory, \
              {} processes, {} MB disk",
@@ -503,7 +567,8 @@ impl Tools {
             l.memory_mb,
             l.pids,
             l.disk_mb
-        ))]))
+        ))]);
+        Ok(with_structured(result, &info))
     }
 
     async fn run_in_session(
@@ -539,7 +604,12 @@ impl Tools {
         } else {
             ""
         };
-        Ok(execution_result(&r.result, note))
+        Ok(execution_result(
+            &r.id,
+            &r.result,
+            Some(r.session_ended),
+            note,
+        ))
     }
 
     async fn list_session_files(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
@@ -553,7 +623,8 @@ impl Tools {
                 .collect::<Vec<_>>()
                 .join("\n")
         };
-        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+        let result = CallToolResult::success(vec![ContentBlock::text(text)]);
+        Ok(with_structured(result, &list))
     }
 
     async fn read_session_file(
@@ -561,31 +632,48 @@ impl Tools {
         key: &Key,
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
+        let path = a.path.clone();
         let data = sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
-        let content = if data.starts_with(PNG_SIGNATURE) {
-            ContentBlock::image(
-                base64::engine::general_purpose::STANDARD.encode(&data),
-                "image/png",
-            )
+        let bytes = data.len() as u64;
+        let (content, shown_as) = if data.starts_with(PNG_SIGNATURE) {
+            let png = base64::engine::general_purpose::STANDARD.encode(&data);
+            (ContentBlock::image(png, "image/png"), "image")
         } else {
             match String::from_utf8(data) {
-                Ok(text) => ContentBlock::text(text),
-                Err(e) => ContentBlock::text(format!(
-                    "(binary file, {} bytes, base64:)\n{}",
-                    e.as_bytes().len(),
-                    base64::engine::general_purpose::STANDARD.encode(e.as_bytes())
-                )),
+                Ok(text) => (ContentBlock::text(text), "text"),
+                Err(e) => (
+                    ContentBlock::text(format!(
+                        "(binary file, {} bytes, base64:)\n{}",
+                        e.as_bytes().len(),
+                        base64::engine::general_purpose::STANDARD.encode(e.as_bytes())
+                    )),
+                    "base64",
+                ),
             }
         };
-        Ok(CallToolResult::success(vec![content]))
+        let read = FileRead {
+            path,
+            bytes,
+            shown_as: shown_as.to_owned(),
+        };
+        Ok(with_structured(
+            CallToolResult::success(vec![content]),
+            &read,
+        ))
     }
 
     async fn close_session(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
         sessions::close(&self.state, key, &a.session_id).await?;
-        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        let result = CallToolResult::success(vec![ContentBlock::text(format!(
             "session {} closed",
             a.session_id
-        ))]))
+        ))]);
+        Ok(with_structured(
+            result,
+            &Closed {
+                session_id: a.session_id,
+            },
+        ))
     }
 }
 
@@ -634,18 +722,47 @@ fn keep_for_answer(slot: &Option<Reserved>, share: Share) {
     }
 }
 
-/// A tool's description, its JSON Schema made from its argument type.
-fn tool<T: JsonSchema>(name: &'static str, title: &str, description: String, read: bool) -> Tool {
-    let schema = schemars::schema_for!(T);
-    let schema = match serde_json::to_value(schema) {
+/// A type's JSON Schema as a plain object (hosts want no meta-schema line).
+fn schema_of<T: JsonSchema>() -> JsonObject {
+    match serde_json::to_value(schemars::schema_for!(T)) {
         Ok(serde_json::Value::Object(mut map)) => {
-            // Hosts want a plain object schema; the meta-schema line adds nothing for them.
             map.remove("$schema");
             map
         }
         _ => JsonObject::new(),
+    }
+}
+
+/// A tool's output schema: its result `O`, or a [`Refusal`]. The definitions both use sit at
+/// the root, where their `$ref`s point.
+fn output_schema<O: JsonSchema>() -> JsonObject {
+    let mut defs = JsonObject::new();
+    let mut branch = |mut schema: JsonObject| {
+        if let Some(serde_json::Value::Object(d)) = schema.remove("$defs") {
+            defs.extend(d);
+        }
+        serde_json::Value::Object(schema)
     };
-    let mut tool = Tool::new(name, description, schema);
+    let branches = vec![branch(schema_of::<O>()), branch(schema_of::<Refusal>())];
+    let mut root = JsonObject::new();
+    root.insert("type".into(), "object".into());
+    root.insert("anyOf".into(), serde_json::Value::Array(branches));
+    if !defs.is_empty() {
+        root.insert("$defs".into(), serde_json::Value::Object(defs));
+    }
+    root
+}
+
+/// A tool's description, its JSON Schema made from its argument type `T`, and its output
+/// schema from its structured result `O`.
+fn tool<T: JsonSchema, O: JsonSchema>(
+    name: &'static str,
+    title: &str,
+    description: String,
+    read: bool,
+) -> Tool {
+    let mut tool = Tool::new(name, description, schema_of::<T>());
+    tool.output_schema = Some(Arc::new(output_schema::<O>()));
     tool.title = Some(title.to_owned());
     // Nothing here reaches beyond the sandbox: a closed world.
     tool.annotations = Some(
@@ -673,7 +790,24 @@ fn refusal(e: Error) -> CallToolResult {
     if let Some(secs) = e.retry_after_secs {
         text.push_str(&format!(" [retry after {secs} s]"));
     }
-    CallToolResult::error(vec![ContentBlock::text(text)])
+    let structured = Refusal {
+        refused: RefusalDetail {
+            code: e.code.to_owned(),
+            message: e.message,
+            field: e.field,
+            retry_after_seconds: e.retry_after_secs,
+        },
+    };
+    with_structured(
+        CallToolResult::error(vec![ContentBlock::text(text)]),
+        &structured,
+    )
+}
+
+/// `result` with `value` as its structured content (the tool's output schema describes it).
+fn with_structured(mut result: CallToolResult, value: &impl Serialize) -> CallToolResult {
+    result.structured_content = serde_json::to_value(value).ok();
+    result
 }
 
 /// What a verdict means, for a reader who did not see the limits.
@@ -705,7 +839,12 @@ fn verdict(r: &ExecutionResult) -> String {
 /// An execution's result for the model: the status first, then each part in a text block of
 /// its own (what the code printed cannot pass for the status or another part), charts as
 /// images; an error unless `ok`.
-fn execution_result(r: &ExecutionResult, note: &str) -> CallToolResult {
+fn execution_result(
+    id: &str,
+    r: &ExecutionResult,
+    session_ended: Option<bool>,
+    note: &str,
+) -> CallToolResult {
     let mut status = format!("status: {}", verdict(r));
     if let Some(code) = r.exit_code.filter(|c| *c != 0) {
         status.push_str(&format!("\nexit_code: {code}"));
@@ -756,15 +895,34 @@ fn execution_result(r: &ExecutionResult, note: &str) -> CallToolResult {
         )));
     }
     content.extend(images);
-    if r.status == Status::Ok {
+    let outcome = Outcome {
+        id: id.to_owned(),
+        status: r.status,
+        exit_code: r.exit_code,
+        signal: r.signal,
+        error: r.error.as_ref().map(|e| OutcomeError {
+            kind: e.kind.clone(),
+            message: e.message.clone(),
+        }),
+        stdout_truncated: r.stdout_truncated,
+        stderr_truncated: r.stderr_truncated,
+        limits_hit: r.limits_hit.clone(),
+        usage: r.usage.clone(),
+        has_result: r.result.as_ref().is_some_and(|v| !v.is_null()),
+        outputs: r.outputs.len(),
+        session_ended,
+    };
+    let result = if r.status == Status::Ok {
         CallToolResult::success(content)
     } else {
         CallToolResult::error(content)
-    }
+    };
+    with_structured(result, &outcome)
 }
 
 fn eval_result(r: EvalResponse) -> CallToolResult {
-    match (r.ok, r.error) {
+    let structured = serde_json::to_value(&r).ok();
+    let mut result = match (r.ok, r.error) {
         (true, _) => CallToolResult::success(vec![ContentBlock::text(format!(
             "{} (type: {})",
             r.repr.unwrap_or_default(),
@@ -782,7 +940,9 @@ fn eval_result(r: EvalResponse) -> CallToolResult {
             ))])
         }
         (false, None) => CallToolResult::error(vec![ContentBlock::text("evaluation failed")]),
-    }
+    };
+    result.structured_content = structured;
+    result
 }
 
 impl ServerHandler for Tools {
@@ -860,7 +1020,7 @@ pub(crate) async fn route(
     require(&caller, Scope::Execute)?;
     if req.method() != axum::http::Method::POST {
         // rmcp answers the rest (405: stateless, no GET stream, nothing to DELETE).
-        return Ok(service.handle(req).await.into_response());
+        return Ok(transport_error(service.handle(req).await.into_response()).await);
     }
     // The key's rate limit and in-flight bound first, as for REST: a throttled key cannot
     // make the server read bodies for it. Held until the message is answered.
@@ -873,8 +1033,42 @@ pub(crate) async fn route(
     let slot = Reserved::default();
     parts.extensions.insert(slot.clone());
     let req = Request::from_parts(parts, Body::from(read.bytes));
-    let mut response = service.handle(req).await.into_response();
+    let mut response = transport_error(service.handle(req).await.into_response()).await;
     // What the call reserved counts the answer rmcp made of its result.
     response.extensions_mut().insert(slot);
     Ok(response)
+}
+
+/// rmcp's own refusals of a request it cannot take as MCP (a GET, an `Accept` without
+/// `text/event-stream`, a wrong content type) come as plain text: they become the API's one
+/// error shape. JSON-RPC answers, errors included, pass as they are.
+async fn transport_error(response: Response) -> Response {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return response;
+    }
+    let code = match status.as_u16() {
+        400 => "invalid_request",
+        405 => "method_not_allowed",
+        406 => "not_acceptable",
+        413 => "payload_too_large",
+        415 => "unsupported_media_type",
+        s if s >= 500 => "internal",
+        _ => "invalid_request",
+    };
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        format!("the MCP transport refused the request ({status})")
+    } else {
+        text
+    };
+    Error::new(status, code, message).into_response()
 }

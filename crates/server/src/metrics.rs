@@ -42,6 +42,12 @@ impl Counters {
             .or_default() += n;
     }
 
+    /// A series at zero until its first event, so that `increase(...)` sees that one too
+    /// (a series born at 1 has no increase to show).
+    pub fn touch(&self, labels: &[&str]) {
+        self.add_n(labels, 0);
+    }
+
     pub fn get(&self, labels: &[&str]) -> u64 {
         let key: Vec<String> = labels.iter().map(|s| (*s).to_owned()).collect();
         self.0
@@ -98,21 +104,70 @@ impl Histogram {
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
-        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The series' lines; `labels` (`route="/v1/execute",`) go before `le`.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         for (b, n) in self.bounds.iter().zip(&s.0) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {n}");
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {n}");
         }
+        let plain = labels.trim_end_matches(',');
+        let braces = if plain.is_empty() {
+            String::new()
+        } else {
+            format!("{{{plain}}}")
+        };
         let _ = writeln!(
             out,
-            "{name}_bucket{{le=\"+Inf\"}} {}\n{name}_sum {}\n{name}_count {}",
+            "{name}_bucket{{{labels}le=\"+Inf\"}} {}\n{name}_sum{braces} {}\n{name}_count{braces} {}",
             s.1, s.2, s.1
         );
     }
 }
 
+/// Histograms by one label's value (made on first use).
+#[derive(Debug)]
+pub struct Histograms {
+    bounds: &'static [f64],
+    by: Mutex<BTreeMap<String, std::sync::Arc<Histogram>>>,
+}
+
+impl Histograms {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histograms {
+            bounds,
+            by: Mutex::default(),
+        }
+    }
+
+    pub fn observe(&self, label: &str, d: Duration) {
+        let h = self
+            .by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(label.to_owned())
+            .or_insert_with(|| std::sync::Arc::new(Histogram::new(self.bounds)))
+            .clone();
+        h.observe(d);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label_name: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let by = self.by.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for (value, h) in by {
+            h.render_series(out, name, &format!("{label_name}=\"{}\",", escape(&value)));
+        }
+    }
+}
+
 const DURATION_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+const REQUEST_BOUNDS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 const START_BOUNDS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
 
@@ -137,6 +192,23 @@ pub mod event {
     /// An answer did not fit in its key's (or everyone's) memory budget: a 429 or 503 went
     /// in its place.
     pub const ANSWER_OVER_BUDGET: &str = "answer_over_budget";
+
+    /// Every kind: their series exist at zero from the start.
+    pub const ALL: &[&str] = &[
+        AUTH_FAILURE,
+        REJECTED_INPUT,
+        SECCOMP_KILL,
+        MEMORY_KILL,
+        TIMEOUT,
+        OUTPUT_TRUNCATED,
+        FOREIGN_HOST,
+        FOREIGN_ORIGIN,
+        SMUGGLING,
+        CONNECTION_EVICTED,
+        CONNECTION_REFUSED,
+        SLOW_READER,
+        ANSWER_OVER_BUDGET,
+    ];
 }
 
 #[derive(Debug)]
@@ -145,6 +217,8 @@ pub struct Metrics {
     pub execution_seconds: Histogram,
     pub sandbox_start_seconds: Histogram,
     pub sandbox_made_seconds: Histogram,
+    /// Time from a request's arrival to its answer's head, by route.
+    pub http_request_seconds: Histograms,
     pub queue_depth: Gauge,
     pub running: Gauge,
     pub connections: Gauge,
@@ -161,11 +235,12 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Metrics {
+        let m = Metrics {
             executions: Counters::default(),
             execution_seconds: Histogram::new(DURATION_BOUNDS),
             sandbox_start_seconds: Histogram::new(START_BOUNDS),
             sandbox_made_seconds: Histogram::new(START_BOUNDS),
+            http_request_seconds: Histograms::new(REQUEST_BOUNDS),
             queue_depth: Gauge::default(),
             running: Gauge::default(),
             connections: Gauge::default(),
@@ -178,13 +253,30 @@ impl Default for Metrics {
             tool_call_seconds: Histogram::new(DURATION_BOUNDS),
             egress_connections: Counters::default(),
             egress_bytes: Counters::default(),
+        };
+        // The series an alert or a dashboard watches exist before their first event.
+        for kind in event::ALL {
+            m.security_events.touch(&[kind]);
         }
+        for status in airlock_api::Status::ALL {
+            m.executions.touch(&[status.as_str()]);
+        }
+        for verdict in ["safe", "unsafe", "malformed"] {
+            m.pickle_scans.touch(&[verdict]);
+        }
+        m.evaluations.touch(&["ok"]);
+        m
     }
 }
 
 impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "# HELP airlock_build_info The running build: its version.\n# TYPE airlock_build_info gauge\nairlock_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
         self.executions.render(
             &mut out,
             "airlock_executions_total",
@@ -198,12 +290,12 @@ impl Metrics {
         );
         self.sandbox_start_seconds.render(
             &mut out,
-            "airlock_sandbox_start_seconds",
+            "airlock_sandbox_start_duration_seconds",
             "Time until an execution's sandbox was ready: built and confined, or taken from the warm pool.",
         );
         self.sandbox_made_seconds.render(
             &mut out,
-            "airlock_sandbox_made_seconds",
+            "airlock_sandbox_made_duration_seconds",
             "The same, for executions that found no pooled sandbox: a zygote's child made on the spot, or a cold start.",
         );
         for (name, help, g) in [
@@ -245,6 +337,12 @@ impl Metrics {
             "airlock_http_requests_total",
             "HTTP requests by route and status code.",
             &["route", "code"],
+        );
+        self.http_request_seconds.render(
+            &mut out,
+            "airlock_http_request_duration_seconds",
+            "Time from a request's arrival until its answer was ready to send, by route.",
+            "route",
         );
         self.evaluations.render(
             &mut out,
@@ -516,8 +614,136 @@ const COLD_REASONS: [&str; 14] = [
     "closed",
 ];
 
+/// The `process_*` metrics every Prometheus client library exports, read from `/proc/self`
+/// (a value that cannot be read is left out).
+pub fn render_process() -> String {
+    let mut out = String::new();
+    let mut gauge = |name: &str, kind: &str, help: &str, value: Option<f64>| {
+        if let Some(v) = value {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
+        }
+    };
+    // /proc/<pid>/stat counts in USER_HZ, which Linux fixes at 100 for userspace.
+    const TICKS: f64 = 100.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command's name, which may hold spaces and parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // Counted from field 3 (state): utime is field 14, stime 15, starttime 22.
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let cpu = field(14).zip(field(15)).map(|(u, s)| (u + s) / TICKS);
+    gauge(
+        "process_cpu_seconds_total",
+        "counter",
+        "User and system CPU time spent, in seconds.",
+        cpu,
+    );
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status.lines().find_map(|l| {
+            let v = l.strip_prefix(key)?.trim().strip_suffix("kB")?;
+            v.trim().parse::<f64>().ok().map(|k| k * 1024.0)
+        })
+    };
+    gauge(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        kib("VmRSS:"),
+    );
+    gauge(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "Virtual memory size in bytes.",
+        kib("VmSize:"),
+    );
+    let fds = std::fs::read_dir("/proc/self/fd")
+        .ok()
+        .map(|d| d.count() as f64);
+    gauge(
+        "process_open_fds",
+        "gauge",
+        "Number of open file descriptors.",
+        fds,
+    );
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let max_fds = limits.lines().find_map(|l| {
+        let rest = l.strip_prefix("Max open files")?;
+        rest.split_whitespace().next()?.parse::<f64>().ok()
+    });
+    gauge(
+        "process_max_fds",
+        "gauge",
+        "Maximum number of open file descriptors.",
+        max_fds,
+    );
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())
+    });
+    let start = boot.zip(field(22)).map(|(b, ticks)| b + ticks / TICKS);
+    gauge(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since the Unix epoch, in seconds.",
+        start,
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn process_metrics_are_this_process_s() {
+        let text = super::render_process();
+        let value = |name: &str| -> f64 {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(&format!("{name} ")))
+                .unwrap_or_else(|| panic!("{name} missing:\n{text}"));
+            line.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(value("process_resident_memory_bytes") > 1e6);
+        assert!(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+        assert!(value("process_open_fds") >= 3.0);
+        assert!(value("process_max_fds") >= value("process_open_fds"));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let started = value("process_start_time_seconds");
+        assert!(
+            started <= now + 1.0 && started > now - 86_400.0 * 30.0,
+            "{started}"
+        );
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+    }
+
+    #[test]
+    fn watched_series_exist_at_zero_before_their_first_event() {
+        let m = super::Metrics::default();
+        let text = m.render();
+        assert!(text.contains("airlock_security_events_total{kind=\"foreign_host\"} 0\n"));
+        assert!(text.contains("airlock_executions_total{status=\"policy_violation\"} 0\n"));
+        assert!(text.contains("airlock_build_info{version=\""));
+        m.http_request_seconds
+            .observe("/v1/execute", std::time::Duration::from_millis(3));
+        let text = m.render();
+        assert!(
+            text.contains("airlock_http_request_duration_seconds_bucket{route=\"/v1/execute\",le=\"0.005\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("airlock_http_request_duration_seconds_count{route=\"/v1/execute\"} 1\n")
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -35,12 +35,124 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/openapi.json"),
 ];
 
+/// Each operation's `operationId` and tag, by `METHOD path` (as in [`ROUTES`]).
+pub const OPERATIONS: &[(&str, &str, &str, &str)] = &[
+    ("POST", "/v1/execute", "execute", "executions"),
+    ("POST", "/v1/eval", "evaluate", "evaluation"),
+    ("POST", "/v1/pickle/scan", "scanPickle", "pickles"),
+    ("GET", "/v1/tools", "listTools", "tools"),
+    ("GET", "/v1/executions/{id}", "getExecution", "executions"),
+    (
+        "GET",
+        "/v1/environments",
+        "listEnvironments",
+        "environments",
+    ),
+    (
+        "POST",
+        "/v1/environments",
+        "createEnvironment",
+        "environments",
+    ),
+    (
+        "GET",
+        "/v1/environments/{name}",
+        "getEnvironment",
+        "environments",
+    ),
+    (
+        "DELETE",
+        "/v1/environments/{name}",
+        "deleteEnvironment",
+        "environments",
+    ),
+    ("POST", "/v1/sessions", "createSession", "sessions"),
+    ("GET", "/v1/sessions", "listSessions", "sessions"),
+    ("GET", "/v1/sessions/{id}", "getSession", "sessions"),
+    ("DELETE", "/v1/sessions/{id}", "closeSession", "sessions"),
+    (
+        "POST",
+        "/v1/sessions/{id}/execute",
+        "executeCell",
+        "sessions",
+    ),
+    (
+        "GET",
+        "/v1/sessions/{id}/files",
+        "listSessionFiles",
+        "sessions",
+    ),
+    (
+        "GET",
+        "/v1/sessions/{id}/files/{path}",
+        "getSessionFile",
+        "sessions",
+    ),
+    (
+        "PUT",
+        "/v1/sessions/{id}/files/{path}",
+        "putSessionFile",
+        "sessions",
+    ),
+    ("POST", "/mcp", "mcp", "mcp"),
+    ("GET", "/healthz", "healthz", "status"),
+    ("GET", "/readyz", "readyz", "status"),
+    ("GET", "/metrics", "metrics", "status"),
+    ("GET", "/openapi.json", "openapi", "status"),
+];
+
+/// What `POST /v1/pickle/scan` answers: one pickle's report, or an archive's with one per
+/// member (`airlock_pickle`'s `to_json`).
+fn pickle_report_schema() -> Value {
+    let count = json!({"type": "integer", "minimum": 0});
+    let verdict = json!({
+        "verdict": {"enum": ["safe", "unsafe", "malformed"]},
+        "reasons": {"type": "array", "items": {"type": "string"}, "description": "Why `unsafe`."},
+        "offset": {"type": "integer", "minimum": 0, "description": "Where `malformed` was found."},
+        "reason": {"type": "string", "description": "Why `malformed`."},
+    });
+    let mut pickle = json!({"type": "object", "required": ["verdict"], "properties": {
+        "protocol": {"type": ["integer", "null"]},
+        "size": count, "pickles": count, "trailing_bytes": count, "opcodes": count,
+        "globals": {"type": "array", "items": {"type": "object", "required": ["module", "name", "offset", "allowed"], "properties": {
+            "module": {"type": "string"}, "name": {"type": "string"},
+            "written": {"type": ["string", "null"], "description": "The name as written, when it differs (an alias resolved)."},
+            "offset": count, "allowed": {"type": "boolean"}}}},
+        "globals_omitted": count,
+        "calls": {"type": "array", "items": {"type": "object", "required": ["opcode", "offset"], "properties": {
+            "opcode": {"type": "string"}, "offset": count, "target": {"type": ["string", "null"]}}}},
+        "calls_omitted": count,
+    }});
+    let mut file = json!({"type": "object", "required": ["kind", "verdict"], "properties": {
+        "kind": {"enum": ["pickle", "zip", "tar"]},
+        "members": {"type": "array", "description": "An archive's members, in order.", "items": {"type": "object", "required": ["name", "offset", "size"], "properties": {
+            "name": {"type": "string"}, "offset": count, "size": count,
+            "pickle": {"oneOf": [pickle.clone(), {"type": "null"}]},
+            "error": {"type": "string"}}}},
+    }});
+    for schema in [&mut pickle, &mut file] {
+        for (k, v) in verdict.as_object().into_iter().flatten() {
+            schema["properties"][k] = v.clone();
+        }
+    }
+    // A single pickle's report has the pickle's fields too.
+    for (k, v) in pickle["properties"]
+        .as_object()
+        .cloned()
+        .into_iter()
+        .flatten()
+    {
+        file["properties"][k] = v;
+    }
+    file
+}
+
 fn errors(codes: &[u16]) -> Value {
     let mut out = serde_json::Map::new();
     for code in codes {
         let description = match code {
             400 => "Malformed JSON, an unknown field, a wrong type, an invalid value, or a limit above the key's ceiling; `field` names it.",
-            401 => "No key, or not a valid one (`WWW-Authenticate: Bearer`).",
+            401 => "No key (`WWW-Authenticate: Bearer`), or not a valid one (`error=\"invalid_token\"`).",
             403 => "The key lacks the scope, or the request came from a foreign origin.",
             404 => "No such resource (or not this key's).",
             408 => "The body did not arrive in time.",
@@ -92,6 +204,16 @@ fn path_param() -> Value {
 }
 
 pub fn openapi() -> Value {
+    let mut doc = document();
+    for (method, path, id, tag) in OPERATIONS {
+        let op = &mut doc["paths"][path][method.to_lowercase()];
+        op["operationId"] = json!(id);
+        op["tags"] = json!([tag]);
+    }
+    doc
+}
+
+fn document() -> Value {
     let mut settings = SchemaSettings::draft2020_12();
     settings.definitions_path = "/components/schemas".into();
     settings.meta_schema = None;
@@ -125,8 +247,8 @@ pub fn openapi() -> Value {
                 "summary": "Scan a pickle, or a ZIP archive of pickles, without running it",
                 "requestBody": {"required": false, "description": "The bytes to scan; none is an empty (malformed) pickle.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                 "responses": with(errors(&[401, 403, 408, 413, 421, 429, 503]), "200",
-                    json!({"description": "`kind` (`pickle` or `zip`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
-                           "content": {"application/json": {"schema": {"type": "object"}}}})),
+                    json!({"description": "`kind` (`pickle`, `zip` or `tar`), `verdict` (`safe`, `unsafe` with `reasons`, `malformed` with `offset` and `reason`), the globals and call sites found (per member for an archive).",
+                           "content": {"application/json": {"schema": pickle_report_schema()}}})),
             }},
             "/v1/tools": {"get": {
                 "summary": "The operator's tools this key's code may call (code mode), with their Python signatures",
@@ -271,8 +393,9 @@ pub fn openapi() -> Value {
                     json!({"description": "Prometheus text format.", "content": {"text/plain": {"schema": {"type": "string"}}}})),
             }},
             "/openapi.json": {"get": {
-                "summary": "This document",
-                "responses": with(errors(&[401, 421]), "200", json!({"description": "OpenAPI 3.1."})),
+                "summary": "This document; needs no key",
+                "security": [],
+                "responses": {"200": {"description": "OpenAPI 3.1.", "content": {"application/json": {"schema": {"type": "object"}}}}},
             }},
         },
         "components": {
@@ -302,6 +425,17 @@ mod tests {
             .map(|p| p.as_object().unwrap().len())
             .sum();
         assert_eq!(methods, ROUTES.len());
+        // One operationId per operation, each unique, and a tag on each.
+        let mut ids = std::collections::BTreeSet::new();
+        for (method, path) in ROUTES {
+            let op = &doc["paths"][path][method.to_lowercase()];
+            let id = op["operationId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{method} {path}"));
+            assert!(ids.insert(id.to_owned()), "{id} twice");
+            assert!(op["tags"][0].is_string(), "{method} {path}");
+        }
+        assert_eq!(OPERATIONS.len(), ROUTES.len());
         let text = doc.to_string();
         for piece in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
             let name = piece.split('"').next().unwrap();

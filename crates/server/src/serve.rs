@@ -122,8 +122,13 @@ pub async fn run(
         .iter()
         .map(|p| p.bytes)
         .sum();
+    let audit_log = match &state.config.store.url {
+        None => state.config.audit_path().display().to_string(),
+        Some(_) => "PostgreSQL ([store] url)".to_owned(),
+    };
     tracing::info!(
         state_dir = %state_dir.display(),
+        audit_log,
         keys = state.keys.keys().len(),
         max_running = state.config.concurrency.max_running,
         worst_case_memory_mib = worst >> 20,
@@ -193,7 +198,7 @@ pub(crate) fn start_engine(
 ) -> Result<(Engine, AuditLog), ServeError> {
     let mut engine = Engine::new(config.engine.clone())?;
     engine.defer_cleanup();
-    let (audit, recovery) = AuditLog::open(config, state_dir).map_err(ServeError::Audit)?;
+    let (audit, recovery) = AuditLog::open(config).map_err(ServeError::Audit)?;
     if recovery.torn_bytes > 0 {
         tracing::warn!(
             bytes = recovery.torn_bytes,
@@ -355,7 +360,13 @@ async fn serve(
                 let st = state.clone();
                 // Reading files and hashing: off the async threads. One at a time.
                 let reload = &reload;
-                tokio::task::block_in_place(|| reload.keys(&st));
+                tokio::task::block_in_place(|| {
+                    // A rotated audit log is continued in a new file (logrotate's `create`).
+                    if let Err(e) = st.audit.reopen() {
+                        tracing::error!(error = %e, "SIGHUP: the audit log cannot be reopened");
+                    }
+                    reload.keys(&st)
+                });
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -776,9 +787,18 @@ async fn refuse(mut stream: TcpStream) {
 /// A line stderr cannot take is dropped: the subscriber's own report of the failure would go
 /// to the same stderr through `eprintln!`, whose panic aborts the server (a log reader that
 /// went away would otherwise take the server, and the clean-up of its sandboxes, with it).
+/// The log filter: `AIRLOCK_LOG`, else `RUST_LOG` (the ecosystem's habit), else
+/// `info,rmcp=warn`; an empty or invalid one counts as unset.
+fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFilter {
+    [crate::config::ENV_LOG, "RUST_LOG"]
+        .iter()
+        .filter_map(|name| var(name).filter(|v| !v.trim().is_empty()))
+        .find_map(|v| tracing_subscriber::EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
+}
+
 pub fn init_logging(format: crate::config::LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env(crate::config::ENV_LOG)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    let filter = log_filter(|name| std::env::var(name).ok());
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -789,4 +809,39 @@ pub fn init_logging(format: crate::config::LogFormat) {
         crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
         crate::config::LogFormat::Text => builder.try_init(),
     };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_log_filter_is_airlock_log_then_rust_log_then_info() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let shown = |f: tracing_subscriber::EnvFilter| f.to_string();
+        assert_eq!(shown(super::log_filter(env(&[]))), "rmcp=warn,info");
+        assert_eq!(
+            shown(super::log_filter(env(&[("RUST_LOG", "debug")]))),
+            "debug"
+        );
+        assert_eq!(
+            shown(super::log_filter(env(&[
+                ("RUST_LOG", "debug"),
+                ("AIRLOCK_LOG", "warn")
+            ]))),
+            "warn"
+        );
+        assert_eq!(
+            shown(super::log_filter(env(&[
+                ("AIRLOCK_LOG", ""),
+                ("RUST_LOG", "error")
+            ]))),
+            "error"
+        );
+    }
 }

@@ -57,7 +57,7 @@ fn server(tweak: impl FnOnce(&mut Config)) -> Server {
     };
     let keys = KeyStore::new(vec![KeyConfig::new("full", hash_key(KEY)), reader, slow]).unwrap();
     let engine = airlock_engine::Engine::new(config.engine.clone()).unwrap();
-    let (audit, _) = AuditLog::open(&config, &dir).unwrap();
+    let (audit, _) = AuditLog::open(&config).unwrap();
     let environments = Arc::new(airlock_engine::environments::Environments::open(&dir).unwrap());
     let state = Arc::new(AppState::new(
         config,
@@ -129,13 +129,54 @@ async fn keys_decide_who_gets_in_and_what_they_may_do() {
     let (status, response, body) = s.send(request(Method::GET, "/v1/tools", None, None)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(error(&body).0, "unauthorized");
-    assert!(response.headers().contains_key(header::WWW_AUTHENTICATE));
+    // RFC 6750: no key presented, no error code in the challenge.
+    assert_eq!(
+        response.headers()[header::WWW_AUTHENTICATE],
+        "Bearer realm=\"airlock\""
+    );
+    // Every error carries the request's id, as its header does.
+    assert_eq!(
+        body["error"]["request_id"],
+        response.headers()["x-request-id"].to_str().unwrap()
+    );
 
-    let (status, _, body) = s
+    let (status, response, body) = s
         .send(request(Method::GET, "/v1/tools", Some("not-a-key"), None))
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(error(&body).1.is_none());
+    let challenge = response.headers()[header::WWW_AUTHENTICATE]
+        .to_str()
+        .unwrap();
+    assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
+
+    // The scheme is case-insensitive (RFC 9110); the key is not.
+    for scheme in ["bearer", "BEARER", "BeArEr"] {
+        let mut r = request(Method::GET, "/v1/tools", None, None);
+        r.headers_mut().insert(
+            header::AUTHORIZATION,
+            format!("{scheme} {KEY}").parse().unwrap(),
+        );
+        assert_eq!(s.send(r).await.0, StatusCode::OK, "{scheme}");
+    }
+    let (status, _, _) = s
+        .send(request(
+            Method::GET,
+            "/v1/tools",
+            Some(&KEY.to_uppercase()),
+            None,
+        ))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // The API's description needs no key.
+    let (status, _, body) = s
+        .send(request(Method::GET, "/openapi.json", None, None))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body["paths"]["/v1/execute"]["post"]["operationId"],
+        "execute"
+    );
 
     let mut basic = request(Method::GET, "/v1/tools", None, None);
     basic.headers_mut().insert(

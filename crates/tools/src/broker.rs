@@ -817,9 +817,7 @@ impl Inner {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use airlock_api::hex;
 
 /// A result as the audit log shows it (bytes as their length).
 fn audit_value(v: &ToolValue) -> serde_json::Value {

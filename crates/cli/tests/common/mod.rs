@@ -23,8 +23,7 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// A key as `[[keys]]` stores it: `sha256:` and its hex SHA-256.
 pub fn key_hash(key: &str) -> String {
-    use sha2::{Digest, Sha256};
-    format!("sha256:{:x}", Sha256::digest(key.as_bytes()))
+    format!("sha256:{}", airlock_api::sha256_hex(key.as_bytes()))
 }
 
 pub fn airlock() -> Command {
@@ -442,11 +441,11 @@ pub fn with_stdout_gone(
     (out.status, stderr)
 }
 
-/// The Python of the venv with the official MCP SDK (AIRLOCK_MCP_PYTHON overrides it): the
+/// The Python of the venv with the official MCP SDK (AIRLOCK_TEST_MCP_PYTHON overrides it): the
 /// client of mcp.rs and the tool servers of tools.rs.
 #[allow(dead_code)] // not every test binary speaks MCP
 pub fn mcp_python() -> PathBuf {
-    if let Some(p) = std::env::var_os("AIRLOCK_MCP_PYTHON") {
+    if let Some(p) = std::env::var_os("AIRLOCK_TEST_MCP_PYTHON") {
         return p.into();
     }
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/mcp-client/bin/python");

@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::caller::{Caller, RequestId};
-use crate::error::Error;
+use crate::error::{Error, REQUEST_ID};
 use crate::keys::{random_id, Key};
 use crate::metrics::event;
 use crate::SharedState;
@@ -21,7 +21,8 @@ use crate::SharedState;
 #[derive(Clone, Debug)]
 pub struct Authenticated(pub Arc<std::sync::atomic::AtomicBool>);
 
-const PUBLIC: &[&str] = &["/healthz"];
+/// Routes that need no key and answer any Host: what they say is the same for everyone.
+const PUBLIC: &[&str] = &["/healthz", "/openapi.json"];
 
 pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let route = req
@@ -41,15 +42,19 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     req.extensions_mut().insert(RequestId(log.rid.clone()));
 
     let mut caller = None;
-    let response = match check(&state, &log.route, &mut req) {
-        Ok(Some(early)) => early,
-        Ok(None) => {
-            caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
-            log.key = caller.as_ref().map(|k| k.name().to_owned());
-            next.run(req).await
+    // Errors made while answering carry the request's id (`error::REQUEST_ID`).
+    let answered = REQUEST_ID.scope(log.rid.clone(), async {
+        match check(&state, &log.route, &mut req) {
+            Ok(Some(early)) => early,
+            Ok(None) => {
+                caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
+                log.key = caller.as_ref().map(|k| k.name().to_owned());
+                next.run(req).await
+            }
+            Err(e) => e.into_response(),
         }
-        Err(e) => e.into_response(),
-    };
+    });
+    let response = answered.await;
     // The answer's memory counts until it is written out.
     let mut response = crate::answer::count(&state, caller.as_deref(), response);
 
@@ -83,7 +88,14 @@ impl Drop for RequestLog {
             .metrics
             .http_requests
             .add(&[&self.route, &status.to_string()]);
-        let ms = self.started.elapsed().as_millis() as u64;
+        let took = self.started.elapsed();
+        if self.status.is_some() {
+            self.state
+                .metrics
+                .http_request_seconds
+                .observe(&self.route, took);
+        }
+        let ms = took.as_millis() as u64;
         let key = self.key.as_deref().unwrap_or("-");
         if self.status.is_some() {
             tracing::info!(request_id = %self.rid, method = %self.method, route = %self.route, status, key, ms, "request");
@@ -239,24 +251,25 @@ fn authenticate(state: &SharedState, headers: &HeaderMap) -> Result<Arc<Key>, Er
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
+            // RFC 9110 11.1: the scheme is case-insensitive (`Bearer`, `bearer`, `BEARER`).
+            let (scheme, key) = v.trim_start().split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(key)
         })
         .map(str::trim);
-    let (reason, message) = match presented {
+    let (reason, error) = match presented {
         None => (
             "missing",
-            "an API key is required: Authorization: Bearer <key>",
+            Error::unauthorized("an API key is required: Authorization: Bearer <key>"),
         ),
         Some(key) => match state.keys.verify(key) {
             Some(k) => return Ok(k),
-            None => ("invalid", "the API key is not valid"),
+            None => ("invalid", Error::invalid_token("the API key is not valid")),
         },
     };
     state.metrics.security_events.add(&[event::AUTH_FAILURE]);
     // Never the key itself: only that it was missing or wrong.
     tracing::warn!(reason, "authentication failed");
-    Err(Error::unauthorized(message))
+    Err(error)
 }
 
 #[cfg(test)]

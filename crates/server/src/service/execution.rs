@@ -21,7 +21,6 @@ use axum::response::Response;
 use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
-use sha2::{Digest, Sha256};
 
 use crate::admission::Rejection;
 use crate::answer::{answer_bytes, over_budget, Answer, Form};
@@ -375,7 +374,7 @@ impl Context {
     /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
     pub fn for_job(state: &AppState, key: &Key, request_id: String, job: &Job) -> Context {
-        let sha = format!("{:x}", Sha256::digest(job.code.as_bytes()));
+        let sha = airlock_api::sha256_hex(job.code.as_bytes());
         let ctx = Context::new(
             state.held_id("ex_"),
             key,
@@ -786,7 +785,9 @@ pub(crate) async fn stream_execution<G: Send + 'static>(
     })
     .await
     .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
-    let (response, mut events) = stream::channel(Arc::new(move || cancel.cancel()), answer);
+    let keep_alive = Duration::from_millis(state.config.http.sse_keep_alive_ms);
+    let (response, mut events) =
+        stream::channel(Arc::new(move || cancel.cancel()), answer, keep_alive);
     on_drop.0 = None; // from here the stream's own sender cancels
     tokio::task::spawn_blocking(move || {
         let ran = state.engine.execute(job, &mut events);

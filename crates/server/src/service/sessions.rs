@@ -18,7 +18,6 @@ use airlock_engine::{Cell, CellResult, Execution, Session, SessionError};
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::Response;
-use sha2::{Digest, Sha256};
 
 use crate::answer::{Answer, Form};
 use crate::budget::Share;
@@ -513,7 +512,8 @@ pub(crate) async fn execute(
                 gone.session.close();
             }
         });
-        let (response, mut events) = stream::channel(on_gone, answer);
+        let keep_alive = Duration::from_millis(state.config.http.sse_keep_alive_ms);
+        let (response, mut events) = stream::channel(on_gone, answer, keep_alive);
         on_close.0 = None; // from here the stream's own sender closes it
         let state = state.clone();
         tokio::task::spawn_blocking(move || {
@@ -592,7 +592,7 @@ async fn start_cell<H>(
     let busy = entry.take()?;
     let admitted = state.admission.admit(key).await.map_err(rejection)?;
     drop(held);
-    let sha = format!("{:x}", Sha256::digest(asked.code.as_bytes()));
+    let sha = airlock_api::sha256_hex(asked.code.as_bytes());
     let ctx = Context::new(
         state.held_id("ex_"),
         key,

@@ -97,6 +97,7 @@ pub(crate) fn metrics_text(state: &AppState) -> String {
     if let Some(tools) = &state.tools {
         text.push_str(&crate::metrics::render_tools(&tools.statuses()));
     }
+    text.push_str(&crate::metrics::render_process());
     text.push_str(&format!(
         "# HELP airlock_memory_held_bytes Memory held by request bodies and answers (and reserved for running executions' answers).\n\
          # TYPE airlock_memory_held_bytes gauge\nairlock_memory_held_bytes {}\n\

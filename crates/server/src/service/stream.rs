@@ -13,7 +13,11 @@
 //!
 //! The events wait for the client in a queue of at most [`QUEUE_BYTES`]; the stream holds
 //! its execution's answer reservation (`budget.rs`) until it is written out or dropped.
+//! After `http.sse_keep_alive_ms` without an event the body sends a comment line
+//! (`: keep-alive`), which clients ignore and proxies count as traffic. (axum's `Sse` does the
+//! same; this body is our own because it counts its queue in the memory budget.)
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -67,7 +71,7 @@ pub type OnGone = Arc<dyn Fn() + Send + Sync>;
 /// A response whose body is the stream, and the sender that feeds it. A client that goes
 /// away stops the work at once (`on_gone`), even while the program prints nothing. The body
 /// holds `share` until it is dropped.
-pub fn channel(on_gone: OnGone, share: Share) -> (Response, Events) {
+pub fn channel(on_gone: OnGone, share: Share, keep_alive: Duration) -> (Response, Events) {
     let (tx, rx) = mpsc::channel(QUEUE);
     let queued = Arc::new(AtomicUsize::new(0));
     let (watched, on_close) = (tx.clone(), on_gone.clone());
@@ -81,6 +85,8 @@ pub fn channel(on_gone: OnGone, share: Share) -> (Response, Events) {
     let body = EventBody {
         rx,
         queued: queued.clone(),
+        keep_alive: (!keep_alive.is_zero())
+            .then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive)))),
         _share: share,
     };
     let mut response = Response::new(Body::new(body));
@@ -216,8 +222,13 @@ impl OutputSink for Events {
 struct EventBody {
     rx: mpsc::Receiver<Bytes>,
     queued: Arc<AtomicUsize>,
+    /// How long the stream may be silent, and when it next speaks if nothing comes.
+    keep_alive: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
     _share: Share,
 }
+
+/// What a silent stream sends: an SSE comment, which clients skip.
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 impl http_body::Body for EventBody {
     type Data = Bytes;
@@ -230,6 +241,23 @@ impl http_body::Body for EventBody {
         let polled = self.rx.poll_recv(cx);
         if let Poll::Ready(Some(bytes)) = &polled {
             self.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
+        }
+        if polled.is_pending() {
+            // Nothing to send: a comment once the stream has been silent long enough.
+            if let Some((every, sleep)) = &mut self.keep_alive {
+                if sleep.as_mut().poll(cx).is_ready() {
+                    let next = tokio::time::Instant::now() + *every;
+                    sleep.as_mut().reset(next);
+                    // Registers the new deadline's waker.
+                    let _ = sleep.as_mut().poll(cx);
+                    return Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                        KEEP_ALIVE,
+                    )))));
+                }
+            }
+        } else if let Some((every, sleep)) = &mut self.keep_alive {
+            let next = tokio::time::Instant::now() + *every;
+            sleep.as_mut().reset(next);
         }
         polled.map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
     }
