@@ -156,9 +156,12 @@ fn bad_input_is_refused_in_one_line_before_anything_runs() {
         assert!(r.stderr.contains(expect), "{args:?}: {:?}", r.stderr);
     }
     // Help is no refusal, even with --json.
-    let r = invoke(&["run", "--json", "--help"], b"");
-    assert_eq!(r.exit, 0);
-    assert!(r.stdout.contains("Usage"), "{r:#?}");
+    let help = airlock()
+        .args(["run", "--json", "--help"])
+        .output()
+        .unwrap();
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("Usage"));
     // Raised on purpose, the same code runs.
     let r = invoke(&["run", "--json", "--max-code-size", "2M"], big.as_bytes());
     assert_eq!(r.status(), "ok", "{r:#?}");
@@ -507,7 +510,19 @@ fn without_a_required_mechanism_airlock_refuses_unless_it_is_downgraded_by_name(
     let bin = binary_for_nobody();
     let r = as_nobody(&bin, &["run", "--json"], b"print('ran')");
     assert_eq!(r.exit, 125, "{r:#?}");
-    assert!(r.stdout.is_empty(), "something ran: {}", r.stdout);
+    // Nothing ran: --json's one object is the refusal, not a result.
+    assert_eq!(
+        r.json["error"]["code"], "internal",
+        "something ran: {}",
+        r.stdout
+    );
+    assert!(
+        r.json.get("status").is_none(),
+        "something ran: {}",
+        r.stdout
+    );
+    let message = r.json["error"]["message"].as_str().unwrap();
+    assert!(message.contains("cgroups is required"), "{message}");
     assert!(r.stderr.contains("cgroups is required"), "{}", r.stderr);
     assert!(r.stderr.contains("airlock doctor"), "{}", r.stderr);
 

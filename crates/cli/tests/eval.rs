@@ -316,10 +316,13 @@ fn the_service_evaluates_for_a_key_counts_and_never_starts_a_sandbox() {
     ] {
         assert!(metrics.contains(line), "{line} in\n{metrics}");
     }
-    assert!(
-        !metrics.contains("airlock_executions_total{"),
-        "no execution ran:\n{metrics}"
-    );
+    // Every status's series exists from the start, at zero: none counted one.
+    let counted: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("airlock_executions_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(counted.is_empty(), "no execution ran: {counted:?}");
+    assert!(metrics.contains("airlock_executions_total{status=\"ok\"} 0\n"));
     let spec = server.call("GET", "/openapi.json", None).json();
     assert!(spec["paths"]["/v1/eval"]["post"].is_object());
 }

@@ -126,7 +126,7 @@ fn check_tools(seen: &Value) {
     assert_eq!(seen["timeout"]["structured"]["status"], "timeout");
     assert_eq!(
         seen["timeout"]["structured"]["limits_hit"],
-        json!(["timeout"])
+        json!(["wall_time"])
     );
     assert_eq!(seen["memory"]["structured"]["status"], "memory_limit");
     assert_eq!(

@@ -73,7 +73,11 @@ impl Events {
         loop {
             if let Some(end) = self.buffer.find("\n\n") {
                 let event: String = self.buffer.drain(..end + 2).collect();
-                if event.lines().all(|l| l.starts_with(':')) {
+                if event
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .all(|l| l.starts_with(':'))
+                {
                     self.comments += 1;
                     continue;
                 }
