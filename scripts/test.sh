@@ -19,6 +19,11 @@ fi
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
     postgresql haproxy systemd runc golang-github-containers-common groff-base
 ensure_rust_components rustfmt clippy
+# cargo-deny builds while the packages below download (mostly waiting on the network); its
+# check waits for it.
+deny_log=$(mktemp)
+(ensure_cargo_deny >"$deny_log" 2>&1) &
+deny_build=$!
 # A clean checkout builds once: incremental compilation's bookkeeping would only cost time.
 if [ "${CI:-}" = "true" ]; then
     export CARGO_INCREMENTAL=0
@@ -38,7 +43,11 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-ensure_cargo_deny
+if ! wait "$deny_build"; then
+    cat "$deny_log" >&2
+    exit 1
+fi
+rm -f "$deny_log"
 step "cargo deny: licences, duplicate versions, sources (deny.toml)"
 cargo deny --locked check licenses bans sources
 # Advisories need RustSec's database, fetched from github.com: checked where it can be reached.

@@ -560,16 +560,7 @@ mod tests {
 
     #[test]
     fn status_names_match_serde() {
-        for s in [
-            Status::Ok,
-            Status::Error,
-            Status::Timeout,
-            Status::MemoryLimit,
-            Status::CpuLimit,
-            Status::PolicyViolation,
-            Status::Crashed,
-            Status::InternalError,
-        ] {
+        for s in Status::ALL {
             assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
         }
     }
