@@ -302,10 +302,8 @@ pub fn main(args: DoctorArgs) -> ExitCode {
             checks.extend(tool_servers(&config));
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {
-                config: args.config.clone().or_else(|| {
-                    env.get(airlock_server::config::ENV_CONFIG)
-                        .map(PathBuf::from)
-                }),
+                // The file read: named, or found in the user's or the system's place.
+                config: airlock_server::config::config_file(args.config.as_deref(), &env),
                 server_total_bytes: server.iter().map(|p| p.bytes).sum(),
                 server,
                 sandboxes: airlock_server::sizing::sandboxes(&config),

@@ -447,6 +447,22 @@ fn doctor_states_the_worst_case_memory_of_a_configuration() {
         .sum();
     assert_eq!(memory["server_total_bytes"], total);
     assert_eq!(memory["config"], config.to_str().unwrap());
+    // No file named: the one found in the user's place is read, and doctor says which.
+    let home = common::scratch_dir("airlock-xdg-config");
+    let found = home.join("airlock/airlock.toml");
+    std::fs::create_dir_all(found.parent().unwrap()).unwrap();
+    std::fs::copy(&config, &found).unwrap();
+    let out = airlock()
+        .args(["doctor", "--json"])
+        .env("XDG_CONFIG_HOME", &*home)
+        .output()
+        .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["memory"]["config"], found.to_str().unwrap());
+    assert_eq!(
+        report["memory"]["server"][0]["bytes"], memory["server"][0]["bytes"],
+        "the found file's settings apply"
+    );
     // A configuration that could never admit an execution at the ceilings says so.
     let bad = temp_file(
         "too-small.toml",
