@@ -60,16 +60,9 @@ fn refused_arguments(e: clap::Error) -> ExitCode {
     if json_run && e.use_stderr() {
         let text = e.to_string();
         let first = text.lines().next().unwrap_or_default();
-        let message = first.trim_start_matches("error: ").to_owned();
-        let body = airlock_api::ErrorBody {
-            error: airlock_api::ApiError {
-                code: "invalid_request".into(),
-                message,
-                field: None,
-                request_id: None,
-            },
-        };
-        println!("{}", serde_json::json!(body));
+        run::print_error_body("invalid_request", first.trim_start_matches("error: "));
+        // `exit` below ends the process without flushing ours.
+        out::flush();
     }
     e.exit()
 }

@@ -196,17 +196,22 @@ impl airlock_egress::Observer for EgressNotes {
 fn refuse(json: bool, code: &str, message: impl std::fmt::Display, exit: u8) -> ExitCode {
     errln!("airlock: {message}");
     if json {
-        let body = airlock_api::ErrorBody {
-            error: airlock_api::ApiError {
-                code: code.to_owned(),
-                message: message.to_string(),
-                field: None,
-                request_id: None,
-            },
-        };
-        outln!("{}", serde_json::json!(body));
+        print_error_body(code, &message.to_string());
     }
     ExitCode::from(exit)
+}
+
+/// The API's error body (`{"error": {"code", "message"}}`) as `run --json`'s one object.
+pub(crate) fn print_error_body(code: &str, message: &str) {
+    let body = airlock_api::ErrorBody {
+        error: airlock_api::ApiError {
+            code: code.to_owned(),
+            message: message.to_owned(),
+            field: None,
+            request_id: None,
+        },
+    };
+    outln!("{}", serde_json::json!(body));
 }
 
 fn read_capped(mut r: impl Read, cap: u64, what: &str, hint: &str) -> Result<Vec<u8>, String> {
