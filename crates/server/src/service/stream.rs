@@ -242,22 +242,17 @@ impl http_body::Body for EventBody {
         if let Poll::Ready(Some(bytes)) = &polled {
             self.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
         }
-        if polled.is_pending() {
-            // Nothing to send: a comment once the stream has been silent long enough.
-            if let Some((every, sleep)) = &mut self.keep_alive {
-                if sleep.as_mut().poll(cx).is_ready() {
-                    let next = tokio::time::Instant::now() + *every;
-                    sleep.as_mut().reset(next);
-                    // Registers the new deadline's waker.
-                    let _ = sleep.as_mut().poll(cx);
-                    return Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
-                        KEEP_ALIVE,
-                    )))));
-                }
+        if let Some((every, sleep)) = &mut self.keep_alive {
+            // Polling the timer registers its waker: a silent stream is woken at the deadline.
+            let silent_too_long = polled.is_pending() && sleep.as_mut().poll(cx).is_ready();
+            if polled.is_ready() || silent_too_long {
+                sleep.as_mut().reset(tokio::time::Instant::now() + *every);
             }
-        } else if let Some((every, sleep)) = &mut self.keep_alive {
-            let next = tokio::time::Instant::now() + *every;
-            sleep.as_mut().reset(next);
+            if silent_too_long {
+                // The caller polls again after a frame, which arms the timer anew.
+                let comment = Bytes::from_static(KEEP_ALIVE);
+                return Poll::Ready(Some(Ok(http_body::Frame::data(comment))));
+            }
         }
         polled.map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
     }
