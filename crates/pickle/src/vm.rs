@@ -440,19 +440,21 @@ impl<'a> Machine<'a> {
                 op::FRAME => {
                     // FRAME: the opcodes follow inline, and must fit it exactly.
                     let n = self.uint(8)?;
-                    if n > i64::MAX as u64 {
-                        return bad(self.op_at, format!("frame of {n} bytes"));
-                    }
                     if self.frame_end.is_some_and(|f| f != self.pos) {
                         return bad(self.op_at, "a FRAME begins before the previous one ends");
                     }
-                    // The C unpickler refuses a frame longer than what is left; pickle.py
-                    // reads what there is and goes on, so the scan does too.
+                    // A frame longer than what is left: the C unpickler refuses it ("pickle
+                    // data was truncated"), pickle.py reading bytes takes what there is, and
+                    // one reading a file asks the file for all of it (a buffered file
+                    // allocates that much first). Readers differ, so it is malformed.
                     let left = (self.data.len() - self.pos) as u64;
                     if n > left {
-                        self.readers(false, true)?;
+                        return bad(
+                            self.op_at,
+                            format!("a FRAME of {n} bytes where {left} are left"),
+                        );
                     }
-                    self.frame_end = Some(self.pos + n.min(left) as usize);
+                    self.frame_end = Some(self.pos + n as usize);
                 }
                 op::NONE => self.stack.push(Value::None),
                 op::NEWTRUE => self.stack.push(Value::Bool(true)),

@@ -367,6 +367,19 @@ fn what_other_readers_would_read_is_never_safe() {
         Verdict::Malformed { reason, .. } => assert!(reason.contains("FRAME"), "{reason}"),
         other => panic!("{other:?}"),
     }
+    // A frame longer than what is left (here 2**62 bytes): the C unpickler refuses it,
+    // pickle.py reading bytes takes what there is, one reading a file asks for all of it.
+    for len in [3u64, 1 << 62, u64::MAX] {
+        let mut long = b"\x80\x04\x95".to_vec();
+        long.extend_from_slice(&len.to_le_bytes());
+        long.extend_from_slice(b"N.");
+        match not_safe(&long) {
+            Verdict::Malformed { offset: 2, reason } => {
+                assert!(reason.contains("FRAME"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
     let mut past_stop = b"\x80\x04\x95\x03\x00\x00\x00\x00\x00\x00\x00N.\x00".to_vec();
     past_stop.extend_from_slice(payload);
     not_safe(&past_stop);

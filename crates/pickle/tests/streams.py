@@ -267,15 +267,29 @@ def stop_end(blob):
     return None
 
 
+def frame_past_end(blob):
+    try:
+        for op, arg, pos in pickletools.genops(blob):
+            if op.name == "FRAME" and pos + 9 + arg > len(blob):
+                return True
+    except Exception:
+        pass
+    return False
+
+
 def readers_may_disagree(blob):
     """Whether another reader could read the stream otherwise than pickle.loads: bytes after
-    STOP (load() called again reads them) or frames that opcodes cross or that go past STOP
-    (pickle.py refuses them, the C unpickler reading a file goes on elsewhere)."""
+    STOP (load() called again reads them), frames that opcodes cross or that go past STOP
+    (pickle.py refuses them, the C unpickler reading a file goes on elsewhere), or frames
+    longer than the data (the C unpickler refuses them, pickle.py reading bytes takes what
+    there is, and reading a file asks the file for all of it)."""
     end = stop_end(blob)
     if end is not None and end < len(blob):
         return True
     if b"\x95" not in blob:
         return False
+    if frame_past_end(blob):
+        return True
     f = io.BytesIO(blob)
     try:
         PyGuard(f).load()
