@@ -421,6 +421,56 @@ fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_use
     );
 }
 
+/// Issue 45: requirement lines carrying pip options (even after a marker) or naming a file
+/// reached pip. The server answers 400 naming the line, and `airlock env create` exits 2
+/// naming it, before any build starts.
+#[test]
+fn requirement_lines_that_are_not_pep_508_requirements_are_refused() {
+    let _serial = common::serial();
+    let dir = scratch_dir("refused");
+    let server = Server::start(&config(9), &[]);
+    let state = dir.join("state");
+    for bad in [
+        "tinypkg --global-option=--verbose --install-option=--no-compile",
+        "pkg;os_name==\"posix\" -i x",
+        "x.whl",
+        "pkg @ https://evil.example/x.whl",
+        "--index-url http://evil.example/simple",
+    ] {
+        let r = create(&server, ADMIN, "bad", &["tinyenv-pkg", bad]);
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains(&format!("requirement {bad:?}")),
+            "{bad}: {message}"
+        );
+        let file = dir.join("requirements.txt");
+        std::fs::write(&file, format!("tinyenv-pkg\n{bad}\n")).unwrap();
+        let out = common::airlock()
+            .args(["env", "create", "bad", "-r"])
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!("requirement {bad:?}")),
+            "{bad}: {stderr}"
+        );
+    }
+    // Nothing was built, or even logged.
+    let envs = server.state_dir().join("environments");
+    for sub in ["builds", "logs", "store"] {
+        assert!(entries(&envs.join(sub)).is_empty(), "{sub}");
+        assert!(
+            entries(&state.join("environments").join(sub)).is_empty(),
+            "{sub}"
+        );
+    }
+}
+
 #[test]
 fn pip_install_in_a_session_is_importable_in_the_next_cell() {
     let _serial = common::serial();

@@ -20,6 +20,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
@@ -140,9 +141,10 @@ pub fn check_name(name: &str) -> Result<(), EnvError> {
     }
 }
 
-/// A requirements file's lines, checked: requirement specifiers only (no options such as
-/// `--index-url` or `-e`, no URLs or paths: the index is the operator's to choose), sorted and
-/// without duplicates.
+/// A requirements file's lines, checked: each one a PEP 508 requirement of a name, extras, a
+/// version specifier and a marker, nothing else (no options such as `--index-url`, `-i` or
+/// `--global-option`, even after a marker; no URLs; no names pip takes for a local file, such as
+/// `x.whl`), sorted and without duplicates. Blank lines and `#` comments are left out.
 pub fn parse_requirements(text: &str) -> Result<Vec<String>, EnvError> {
     if text.len() > MAX_REQUIREMENTS_BYTES {
         return Err(EnvError::Invalid(format!(
@@ -155,36 +157,11 @@ pub fn parse_requirements(text: &str) -> Result<Vec<String>, EnvError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let ok = line.as_bytes()[0].is_ascii_alphanumeric()
-            && line.bytes().all(|b| {
-                b.is_ascii_alphanumeric()
-                    || matches!(
-                        b,
-                        b'-' | b'_'
-                            | b'.'
-                            | b'['
-                            | b']'
-                            | b','
-                            | b'='
-                            | b'<'
-                            | b'>'
-                            | b'!'
-                            | b'~'
-                            | b' '
-                            | b';'
-                            | b'"'
-                            | b'\''
-                            | b'('
-                            | b')'
-                            | b'*'
-                    )
-            })
-            && !line.contains("://");
-        if !ok {
-            return Err(EnvError::Invalid(format!(
-                "requirement {line:?}: only `name[extras] <specifiers> ; markers` lines (no options, URLs or paths)"
-            )));
-        }
+        check_requirement(line).map_err(|why| {
+            EnvError::Invalid(format!(
+                "requirement {line:?}: {why}; only `name[extras] <version specifiers> ; <marker>` (PEP 508, no options, URLs or paths)"
+            ))
+        })?;
         out.push(line.to_owned());
     }
     if out.is_empty() {
@@ -198,6 +175,60 @@ pub fn parse_requirements(text: &str) -> Result<Vec<String>, EnvError> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// What pip takes for an archive file rather than a project name (`pip._internal.utils.
+/// filetypes.ARCHIVE_EXTENSIONS`): `x.whl` alone installs the file `./x.whl`.
+const ARCHIVE_SUFFIXES: [&str; 12] = [
+    ".whl",
+    ".zip",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".tlz",
+    ".tar.lz",
+    ".tar.lzma",
+];
+
+/// One requirement line: parsed whole by a PEP 508 parser, and then narrower than PEP 508
+/// where pip reads a line differently from the standard.
+fn check_requirement(line: &str) -> Result<(), String> {
+    // pip's requirements-file reader splits options off at a space followed by `-`, strips
+    // `#` comments, expands `${VAR}` and joins lines ending in `\`; PEP 508 allows all of
+    // these inside a marker's quoted string. None of them is needed to name a package.
+    if let Some(c) = line
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || " \t-_.[],=<>!~;\"'()*".contains(*c)))
+    {
+        return Err(format!("the character {c:?} is not accepted"));
+    }
+    if line.split([' ', '\t']).any(|word| word.starts_with('-')) {
+        return Err("options are not accepted".into());
+    }
+    let req = pep508_rs::Requirement::from_str(line).map_err(|e| {
+        // The parser's message spans lines (the input and a caret under the fault).
+        e.message.to_string()
+    })?;
+    if let Some(pep508_rs::VersionOrUrl::Url(_)) = req.version_or_url {
+        return Err("URLs are not accepted".into());
+    }
+    let name = req.name.to_string().to_ascii_lowercase();
+    let written = line
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+        .next()
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if ARCHIVE_SUFFIXES
+        .iter()
+        .any(|s| name.ends_with(s) || written.ends_with(s))
+    {
+        return Err("a name pip would take for a local archive file".into());
+    }
+    Ok(())
 }
 
 /// The content address of a build: the interpreter and the sorted requirements.
@@ -741,6 +772,66 @@ mod tests {
             "# only a comment",
         ] {
             assert!(parse_requirements(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "tabulate",
+            "Django~=4.2",
+            "numpy!=1.0,<2",
+            "requests[security,tests] >= 2.8.1, == 2.8.* ; python_version > \"3.8\"",
+            "zope.interface==6.0 ; os_name == 'posix' and python_version >= '3.8'",
+            "pkg (>=1.0)",
+        ] {
+            assert_eq!(parse_requirements(good).unwrap(), vec![good.to_owned()]);
+        }
+    }
+
+    /// Issue 45: options, paths and files got past the old character check to pip.
+    #[test]
+    fn requirements_refuse_options_urls_and_files() {
+        // The issue's lines with options are not PEP 508 to begin with.
+        for bad in [
+            "tinypkg --global-option=--verbose --install-option=--no-compile",
+            "pkg;os_name==\"posix\" -i x",
+        ] {
+            assert!(pep508_rs::Requirement::from_str(bad).is_err(), "{bad}");
+        }
+        for (bad, why) in [
+            // Options after a name, after a marker, or inside one (pip's file reader splits
+            // a line at a space followed by `-`).
+            (
+                "tinypkg --global-option=--verbose --install-option=--no-compile",
+                "options",
+            ),
+            ("pkg;os_name==\"posix\" -i x", "options"),
+            ("pkg ; os_name == \"posix -i x\"", "options"),
+            ("pkg\t--hash=sha256:00", "options"),
+            // pip installs these as local files.
+            ("x.whl", "local archive file"),
+            ("x.WHL[extra]", "local archive file"),
+            ("x.tar.gz ; os_name == 'posix'", "local archive file"),
+            ("x.zip==1.0", "local archive file"),
+            // URLs and paths, in PEP 508's form or not.
+            ("pkg @ https://evil.example/pkg.whl", "character"),
+            ("pkg@file:///etc/passwd", "character"),
+            ("./pkg", "character"),
+            ("pkg ; os_name == \"${HOME}\"", "character"),
+            ("pkg ; os_name == 'a#b'", "character"),
+            ("pkg ; os_name == 'a #b'", "PEP 508"),
+            // Not PEP 508: the parser refuses them.
+            ("pkg ==", "PEP 508"),
+            ("pkg >= 1 ; os_name", "PEP 508"),
+            ("pkg[extra", "PEP 508"),
+            ("pkg 1.0", "PEP 508"),
+            ("pkg ; nonsense == 'x'", "PEP 508"),
+            ("pkg >= 1 trailing", "PEP 508"),
+        ] {
+            let err = parse_requirements(bad).unwrap_err().to_string();
+            // Named as read: a ` #` comment is left out first.
+            let read = bad.split(" #").next().unwrap();
+            assert!(err.contains(&format!("{read:?}")), "{bad}: {err}");
+            if why != "PEP 508" {
+                assert!(err.contains(why), "{bad}: {err}");
+            }
         }
         for bad in ["", "-x", "a/b", "../x", "a b", &"x".repeat(65)] {
             assert!(check_name(bad).is_err(), "{bad}");
