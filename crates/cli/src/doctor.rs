@@ -1,5 +1,6 @@
 //! `airlock doctor`: can this host run sandboxes, and what will a default run enforce?
 
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -280,6 +281,13 @@ pub fn main(args: DoctorArgs) -> ExitCode {
              (zygote.enabled = false turns them off); they need airlock to run as root and \
              libairlock_sandbox.so beside the binary (cargo build --workspace) or zygote.library",
         ));
+        checks.push(check(
+            "environment builds",
+            trial_bounded_dir(host.running_as_root),
+            "environment builds write into a file system of their own, which needs root with \
+             CAP_SYS_ADMIN: ext4 on a loop device (/dev/loop-control and mkfs.ext4, from e2fsprogs), \
+             else a tmpfs",
+        ));
     }
     if enforced.is_empty() {
         enforced.push("nothing: airlock run refuses to start on this host".into());
@@ -459,6 +467,27 @@ fn trial_zygote(engine: &Engine) -> Result<String, String> {
         execution.result.usage.wall_ms,
         config.preload.join(", ")
     ))
+}
+
+/// Makes a small bounded file system of the kind environment builds get here, and says which
+/// (`docs/environments.md`); without root there is none, and nothing else needs one.
+fn trial_bounded_dir(root: bool) -> Result<String, String> {
+    let (kind, how) = airlock_sandbox::BoundedKind::here();
+    if !root {
+        return Ok(format!(
+            "would be bounded by {how}, which needs root: `airlock env create` and \
+             POST /v1/environments refuse to build without it"
+        ));
+    }
+    let dir = std::env::temp_dir().join(format!("airlock-doctor-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let made = airlock_sandbox::BoundedDir::create_as(kind, &dir, 16 << 20, 1024);
+    let _ = std::fs::remove_dir(&dir);
+    made.map(|_| format!("bounded while they write by {how}"))
+        .map_err(|e| e.to_string())
 }
 
 fn mib(bytes: u64) -> String {

@@ -332,8 +332,15 @@ fn doctor_reports_full_enforcement_on_this_host() {
             "python",
             "sandbox",
             "warm pool",
-            "zygote"
+            "zygote",
+            "environment builds"
         ]
+    );
+    // This host has loop devices and e2fsprogs (docs/environments.md).
+    let builds = report["checks"][8]["detail"].as_str().unwrap();
+    assert!(
+        builds.starts_with("bounded while they write by ext4"),
+        "{builds}"
     );
     let zygote = report["checks"][7]["detail"].as_str().unwrap();
     assert!(zygote.contains("a run as its child took"), "{zygote}");

@@ -421,6 +421,115 @@ fn hostile_builds_gain_nothing_and_broken_or_tampered_environments_are_never_use
     );
 }
 
+/// Issue 45: with `disk_mb = 64`, a package whose setup.py writes 8 x 60 MiB into `/env` wrote
+/// it all onto the state directory's file system before the size was checked. The build's
+/// file system now stops it while it writes: the build fails (ENOSPC), and the state
+/// directory's file system (a tmpfs of its own here, so that nothing else writes to it) never
+/// loses more than `disk_mb` and a little, sampled all through the build.
+#[test]
+fn a_build_that_writes_past_disk_mb_fails_and_never_fills_the_host_s_disk() {
+    const MIB: u64 = 1 << 20;
+    let _serial = common::serial();
+    let dir = scratch_dir("hog");
+    let index = local_index(&dir.join("index"), &dir, 9, 0.0);
+    let base = std::env::temp_dir().join(format!("airlock-hog-{}", std::process::id()));
+    let state = base.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1g,mode=0700", "airlock-test"])
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount tmpfs (the suite runs as root)");
+    struct Unmount(std::path::PathBuf, std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _unmount = Unmount(state.clone(), base.clone());
+    let config =
+        config(index.port).replace("timeout_ms = 120000", "timeout_ms = 120000\ndisk_mb = 64");
+    // Under the systemd unit's umask: what the build leaves must still be readable.
+    let umask = ["sh", "-c", "umask 077 && exec \"$0\" \"$@\""];
+    let server = Server::start_under(&umask, base.clone(), &config, &[], None);
+
+    let free = || {
+        let st = nix::sys::statvfs::statvfs(&state).unwrap();
+        st.blocks_available() as u64 * st.fragment_size() as u64
+    };
+    let before = free();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (r, least) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut least = u64::MAX;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                least = least.min(free());
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            least.min(free())
+        });
+        let r = create(&server, ADMIN, "hog", &["hogpkg==1.0"]);
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (r, sampler.join().unwrap())
+    });
+    let lost = before.saturating_sub(least);
+    eprintln!(
+        "the state directory lost at most {} KiB during the build",
+        lost / 1024
+    );
+    assert!(
+        lost <= 64 * MIB + 8 * MIB,
+        "the state directory's file system lost {} MiB during the build ({})",
+        lost / MIB,
+        r.text()
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    let message = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("ran out of space (No space left on device)")
+            && message.contains("64 MiB each"),
+        "{message}"
+    );
+    let logs = state.join("environments/logs");
+    let log: String = entries(&logs)
+        .iter()
+        .map(|f| std::fs::read_to_string(logs.join(f)).unwrap())
+        .collect();
+    assert!(log.contains("No space left on device"), "{log}");
+    // Nothing of it is left: no name, no stored tree, no build, and no more space taken.
+    assert_eq!(
+        call(&server, USER, "GET", "/v1/environments/hog", None).status,
+        404
+    );
+    for sub in ["builds", "store"] {
+        assert!(
+            entries(&state.join("environments").join(sub)).is_empty(),
+            "{sub}"
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while before.saturating_sub(free()) > MIB && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        before.saturating_sub(free()) <= MIB,
+        "the build's image outlived it"
+    );
+    // A build of the same size that fits still succeeds, and checks out in a server that did
+    // not build it (its digest is the stored tree's).
+    let r = create(&server, ADMIN, "tiny", &["tinyenv-pkg==1.0"]);
+    assert_eq!(r.status, 201, "{}", r.text());
+    let stopped = server.stop_keeping_state();
+    let server = Server::start_in(stopped, &config, &[], None);
+    let r = execute(
+        &server,
+        json!({"code": "import tinyenv_pkg\ntinyenv_pkg.VALUE", "environment": "tiny"}),
+    );
+    assert_eq!(r["result"], 42, "{r:#}");
+}
+
 /// Issue 45: requirement lines carrying pip options (even after a marker) or naming a file
 /// reached pip. The server answers 400 naming the line, and `airlock env create` exits 2
 /// naming it, before any build starts.

@@ -9,6 +9,8 @@ as a PEP 503 simple index: DIR/simple/<project>/<file>), from nothing but the st
 - plantpkg 1.0: a source distribution whose setup.py plants, in the environment it is built
   into, a link named like airlock's manifest pointing at VICTIM (a host file root would then
   write), and a sparse file.
+- hogpkg 1.0: a source distribution whose setup.py writes 8 files of 60 MiB into the
+  environment it is built into (/env), stopping at the first error.
 
 Usage: make_index.py DIR STATE_DIR OTHER_PORT SLEEP VICTIM
 """
@@ -84,6 +86,17 @@ setup(name="plantpkg", version="1.0", packages=["plantpkg"])
 '''
 
 
+HOG = r'''
+chunk = b"h" * (1 << 20)
+for i in range(8):
+    with open("/env/hog%d" % i, "wb") as f:
+        for _ in range(60):
+            f.write(chunk)
+from setuptools import setup
+setup(name="hogpkg", version="1.0", packages=["hogpkg"])
+'''
+
+
 def sdist(root, name, setup):
     files = {
         f"{name}-1.0/setup.py": setup,
@@ -107,6 +120,7 @@ def main():
     sdist(root, "evilpkg", SETUP.replace("STATE_DIR", repr(state_dir))
           .replace("OTHER_PORT", str(int(other_port))).replace("SLEEP", str(float(sleep))))
     sdist(root, "plantpkg", PLANT.replace("VICTIM", repr(victim)))
+    sdist(root, "hogpkg", HOG)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,16 @@
 //!   `airlock-environment.json` manifest (written last) holding the digest of its tree;
 //! - `names/<name>.json`: which hash a name points at (replaced atomically), and
 //!   `names/<name>.lock`, held while a build of that name runs;
-//! - `builds/<random>/`: builds in progress (never used; removed when they fail);
+//! - `builds/`: the image files of builds in progress (unlinked from their creation, see
+//!   [`airlock_sandbox::BoundedDir`]) and `builds/<random>/`, a finished build copied out of
+//!   its bounded file system to be sealed (never used; removed when it fails);
 //! - `logs/<hash>.log`: the last build's output.
 //!
-//! A build is moved into `store/` only once it succeeded and its tree checked out (regular
-//! files, directories and links only), so a half-built environment never has a hash. The tree's
-//! digest is checked again the first time a process uses a hash, so a tampered one is refused.
+//! A build writes into a file system of its own, bounded in bytes and entries by the kernel
+//! while it writes. It is copied into `store/` only once it succeeded and its tree checked out
+//! (regular files, directories and links only), so a half-built environment never has a hash.
+//! The tree's digest is checked again the first time a process uses a hash, so a tampered one
+//! is refused.
 
 use std::collections::HashSet;
 use std::fs;
@@ -388,9 +392,9 @@ impl Environments {
         }
     }
 
-    /// Builds `requirements` for `name` with `build` (which runs pip in a sandbox with the
-    /// build directory mounted writable at `/env`) and points the name at the result. An
-    /// identical build already stored is reused without running anything.
+    /// Builds `requirements` for `name` with `build` (which runs pip in a sandbox with a
+    /// bounded file system of `max_bytes` mounted writable at `/env`) and points the name at
+    /// the result. An identical build already stored is reused without running anything.
     pub fn create(
         &self,
         name: &str,
@@ -407,24 +411,31 @@ impl Environments {
         let stored_ok = || read_manifest(&stored).is_ok_and(|m| m.hash == hash);
         let mut built = None;
         if !stored_ok() {
-            let dir = self.root.join("builds").join(random_name());
-            fs::DirBuilder::new()
-                .mode(0o777)
-                .create(&dir)
-                .map_err(io_err("creating", &dir))?;
-            // The sandbox's uid owns nothing on the host: it may write here only because the
-            // directory is open to all, inside `builds/`, which only root may enter.
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
-                .map_err(io_err("chmod", &dir))?;
+            // The build writes into a file system of its own, of `max_bytes` and
+            // `build_entries` entries, which the kernel enforces while it writes: a hostile
+            // package cannot fill the disk that holds the audit log, keys and other
+            // environments. Its image (if on disk) is in `builds/`, which only root may enter.
+            let builds = self.root.join("builds");
+            let bounded =
+                airlock_sandbox::BoundedDir::create(&builds, max_bytes, build_entries(max_bytes))
+                    .map_err(|e| EnvError::BuildFailed {
+                    name: name.to_owned(),
+                    why: e.to_string(),
+                    log: log.clone(),
+                })?;
             let mount = EnvMount {
                 name: name.to_owned(),
                 hash: hash.clone(),
-                source: dir.clone(),
+                source: bounded.bind_source(),
                 writable: true,
             };
+            let dir = builds.join(random_name());
             let result = build(&mount, &log).and_then(|()| {
-                seal(&dir, &hash, requirements, python, max_bytes).map_err(|e| e.to_string())
+                take_over(&bounded.path(), &dir, max_bytes)
+                    .and_then(|()| seal(&dir, &hash, requirements, python, max_bytes))
+                    .map_err(|e| e.to_string())
             });
+            drop(bounded);
             if let Err(why) = result {
                 let _ = remove_tree(&dir);
                 return Err(EnvError::BuildFailed {
@@ -548,31 +559,26 @@ fn read_manifest(dir: &Path) -> Result<Manifest, String> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The most entries and bytes a build may leave; past them it fails (checked after the build,
-/// so its disk use is bounded by these and `RLIMIT_FSIZE` per file).
+/// The most entries a build may leave (its file system has fewer inodes than this; the walk
+/// of a tree stops past it).
 const MAX_TREE_ENTRIES: usize = 200_000;
 
-/// Takes a finished build over from the sandbox (whose processes are all gone): checks every
-/// entry is a directory, a regular file (not sparse) or a link, and that the build left no
-/// manifest of its own; gives it all to root, read-only; writes the manifest with the tree's
-/// digest, never through a link.
-fn seal(
-    dir: &Path,
-    hash: &str,
-    requirements: &[String],
-    python: &str,
-    max_bytes: u64,
-) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let entries = walk(dir)?;
-    let manifest_path = dir.join(MANIFEST);
-    if fs::symlink_metadata(&manifest_path).is_ok() {
+/// Inodes of a build's file system of `max_bytes`: enough for real packages (about one per
+/// 4 KiB), not for millions of empty files.
+fn build_entries(max_bytes: u64) -> u64 {
+    (max_bytes / 4096).clamp(1024, MAX_TREE_ENTRIES as u64 - 1)
+}
+
+/// What a build may leave: no manifest of its own, only directories, regular files (not
+/// sparse) and links, at most `max_bytes` in files.
+fn check_tree(dir: &Path, entries: &[(PathBuf, fs::Metadata)], max_bytes: u64) -> io::Result<()> {
+    if fs::symlink_metadata(dir.join(MANIFEST)).is_ok() {
         return Err(io::Error::other(format!(
             "the build left an entry named {MANIFEST}"
         )));
     }
     let mut total = 0u64;
-    for (path, meta) in &entries {
+    for (path, meta) in entries {
         let ft = meta.file_type();
         if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
             return Err(io::Error::other(format!(
@@ -596,6 +602,73 @@ fn seal(
             "the build left {total} bytes, over the limit of {max_bytes}"
         )));
     }
+    Ok(())
+}
+
+/// Copies a finished build out of its bounded file system (whose writers are all gone) into
+/// `dir`, a new directory on the host, after [`check_tree`] passed there: so at most
+/// `max_bytes` are copied. Links are copied as links, never followed. Every directory and
+/// file is made readable by all (0755, or 0644 for a file its owner could not execute), set
+/// with `chmod`: the build ran under the server's umask (0077 under the systemd unit), and
+/// what it left must be readable by every sandbox's uid once sealed.
+fn take_over(from: &Path, dir: &Path, max_bytes: u64) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let entries = walk(from)?;
+    check_tree(from, &entries, max_bytes)?;
+    let bits = |meta: &fs::Metadata| {
+        let executable = meta.is_dir() || meta.mode() & 0o100 != 0;
+        fs::Permissions::from_mode(if executable { 0o755 } else { 0o644 })
+    };
+    fs::DirBuilder::new().mode(0o700).create(dir)?;
+    // Sealed to 0555, as a build directory always was.
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;
+    for (path, meta) in entries.iter().skip(1) {
+        let rel = path.strip_prefix(from).map_err(io::Error::other)?;
+        let to = dir.join(rel);
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            fs::DirBuilder::new().mode(0o700).create(&to)?;
+            fs::set_permissions(&to, bits(meta))?;
+        } else if ft.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(path)?, &to)?;
+        } else {
+            let mut src = fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)?;
+            let mut dst = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&to)?;
+            dst.set_permissions(bits(meta))?;
+            let copied = io::copy(&mut io::Read::take(&mut src, meta.len()), &mut dst)?;
+            if copied != meta.len() {
+                return Err(io::Error::other(format!(
+                    "{} changed while it was copied",
+                    path.display()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Takes a finished build over (copied to the host by [`take_over`]): checks it again; gives
+/// it all to root, read-only; writes the manifest with the tree's digest, never through a
+/// link.
+fn seal(
+    dir: &Path,
+    hash: &str,
+    requirements: &[String],
+    python: &str,
+    max_bytes: u64,
+) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let entries = walk(dir)?;
+    let manifest_path = dir.join(MANIFEST);
+    check_tree(dir, &entries, max_bytes)?;
     own_read_only(&entries)?;
     let (tree, size_bytes) = tree_digest(dir)?;
     let packages = installed_packages(dir, python, &entries);
@@ -875,7 +948,9 @@ pub struct BuildSettings {
     /// Wall-clock limit of one build, in milliseconds.
     pub timeout_ms: u64,
     pub memory_mb: u64,
-    /// Scratch space for pip's downloads and builds (the environment itself is on disk).
+    /// Scratch space for pip's downloads and builds, and the size of the file system the
+    /// environment is built into (with one entry per 4 KiB of it), enforced while it is
+    /// written.
     pub disk_mb: u64,
     pub pids: u32,
 }
@@ -964,6 +1039,8 @@ struct BuildLog<'a> {
     line: Vec<u8>,
     /// The last line that was not empty, to say why a build failed.
     last: String,
+    /// A line said ENOSPC: the build filled its file system (or its scratch).
+    full: bool,
     progress: &'a mut (dyn FnMut(&str) + Send),
 }
 
@@ -974,6 +1051,7 @@ impl crate::OutputSink for BuildLog<'_> {
             if b == b'\n' {
                 let line = String::from_utf8_lossy(&self.line).into_owned();
                 (self.progress)(&line);
+                self.full |= line.contains("No space left on device");
                 if !line.trim().is_empty() {
                     self.last = line;
                 }
@@ -1007,6 +1085,7 @@ impl crate::Engine {
             file,
             line: Vec::new(),
             last: String::new(),
+            full: false,
             progress,
         };
         let limits = self
@@ -1069,6 +1148,13 @@ impl crate::Engine {
                 Some(e) if e.kind != "SystemExit" => format!("{}: {}", e.kind, e.message),
                 _ => format!("{} ({})", r.status, sink.last.trim()),
             };
+            if sink.full {
+                return Err(format!(
+                    "it ran out of space (No space left on device): an environment and the \
+                     build's scratch may hold {} MiB each (environments.build.disk_mb); {why}",
+                    settings.disk_mb
+                ));
+            }
             return Err(why);
         }
         Ok(())

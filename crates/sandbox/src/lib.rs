@@ -38,6 +38,7 @@
 //!   silent skip; it is skipped only when the policy says [`Enforcement::Disabled`], and the
 //!   outcome's [`Isolation`] says so.
 
+mod bounded;
 mod cgroup;
 mod host;
 mod init;
@@ -51,6 +52,7 @@ mod spawn;
 mod sys;
 mod zygote;
 
+pub use bounded::{BoundedDir, BoundedError, BoundedKind};
 pub use cgroup::{
     cleanup_failures, remove_leftovers, settle, time_v2_placements, CgroupError, CgroupVersion,
     Layout, Placement, SANDBOX_PREFIX,

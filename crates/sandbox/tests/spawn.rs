@@ -331,6 +331,80 @@ fn invalid_policies_are_refused_before_anything_starts() {
     ));
 }
 
+/// Loop devices backed by a file below `dir` (`/sys/block/loop*/loop/backing_file`).
+fn loops_backed_in(dir: &std::path::Path) -> usize {
+    let dir = dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("loop/backing_file"))
+                .is_ok_and(|f| f.starts_with(&dir))
+        })
+        .count()
+}
+
+/// Issue 45: a bounded directory, bound writable into a sandbox, stops the sandbox's writes at
+/// its size and entry count while they happen (ENOSPC), for both kinds; it never appears in the
+/// host's mount table, and nothing of it (mount, loop device, image) outlives it.
+fn a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries() {
+    use airlock_sandbox::{BoundedDir, BoundedKind, RootEntry};
+    const MIB: u64 = 1 << 20;
+    let dir = std::env::temp_dir().join(format!("airlock-bounded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mountinfo = || std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let before = mountinfo();
+    for kind in [BoundedKind::Ext4Loop, BoundedKind::Tmpfs] {
+        let bounded = BoundedDir::create_as(kind, &dir, 8 * MIB, 64).unwrap();
+        assert_eq!(bounded.kind(), kind);
+        assert_eq!(mountinfo(), before, "{kind:?} is in the host's mount table");
+        let loops = usize::from(kind == BoundedKind::Ext4Loop);
+        assert_eq!(loops_backed_in(&dir), loops, "{kind:?}");
+        assert!(
+            std::fs::read_dir(&dir).unwrap().next().is_none(),
+            "the image has no name"
+        );
+        let mut policy = support::usr_policy();
+        policy.root.push(RootEntry::Writable {
+            source: bounded.bind_source(),
+            target: "/out".into(),
+        });
+        // 12 MiB into 8 (under RLIMIT_FSIZE's 16), then empty files until refused.
+        let script = "head -c 12582912 /dev/zero > /out/big; echo big=$?; \
+                      echo size=$(stat -c %s /out/big); rm /out/big; i=0; \
+                      while [ $i -lt 1000 ] && touch /out/f$i 2>/dev/null; do i=$((i+1)); done; \
+                      echo files=$i";
+        let mut child = spawn(sh(script), &policy).unwrap();
+        let out = support::stdout_of(&mut child);
+        assert_eq!(child.wait().unwrap().exit, Some(Exit::Code(0)), "{out}");
+        let field = |name: &str| -> u64 {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("{kind:?}: no {name} in {out}"))
+        };
+        assert_eq!(field("big"), 1, "{kind:?}: {out}");
+        assert!(field("size") <= 8 * MIB, "{kind:?}: {out}");
+        let files = field("files");
+        assert!((16..64).contains(&files), "{kind:?}: {out}");
+        // The host reads what the sandbox wrote through its descriptor.
+        let seen = std::fs::read_dir(bounded.path()).unwrap().count() as u64;
+        assert_eq!(seen, files, "{kind:?}");
+        drop(bounded);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while loops_backed_in(&dir) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            loops_backed_in(&dir),
+            0,
+            "{kind:?}: its loop device outlived it"
+        );
+        assert_eq!(mountinfo(), before, "{kind:?}");
+    }
+    std::fs::remove_dir(&dir).unwrap();
+}
+
 fn main() {
     run_if_init();
     let tests: &[(&str, fn())] = &[
@@ -373,6 +447,10 @@ fn main() {
         (
             "invalid_policies_are_refused_before_anything_starts",
             invalid_policies_are_refused_before_anything_starts,
+        ),
+        (
+            "a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries",
+            a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries,
         ),
     ];
     support::run_tests(tests);

@@ -430,6 +430,185 @@ pub fn move_mount_to(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     }
 }
 
+/// Takes ownership of a descriptor a syscall just returned (or its error).
+fn owned_fd(rc: libc::c_long) -> io::Result<OwnedFd> {
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}
+
+/// `fsopen(fstype, FSOPEN_CLOEXEC)`: a new file system context, to configure with
+/// [`fsconfig`] and mount with [`fsmount_detached`].
+pub fn fsopen(fstype: &str) -> io::Result<OwnedFd> {
+    let c = CString::new(fstype).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: a NUL-terminated string that lives across the call, and a flag.
+    owned_fd(unsafe { libc::syscall(libc::SYS_fsopen, c.as_ptr(), libc::FSOPEN_CLOEXEC) })
+}
+
+/// `fsconfig(fs, FSCONFIG_SET_STRING, key, value)`, or `FSCONFIG_SET_FLAG` without a value.
+pub fn fsconfig(fs: &OwnedFd, key: &str, value: Option<&str>) -> io::Result<()> {
+    let invalid = |_| io::Error::from(io::ErrorKind::InvalidInput);
+    let key = CString::new(key).map_err(invalid)?;
+    let value = value.map(CString::new).transpose().map_err(invalid)?;
+    let (cmd, value_ptr) = match &value {
+        Some(v) => (libc::FSCONFIG_SET_STRING, v.as_ptr()),
+        None => (libc::FSCONFIG_SET_FLAG, std::ptr::null()),
+    };
+    // SAFETY: a valid descriptor, NUL-terminated strings (or null for a flag) that live across
+    // the call, and plain integers.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            cmd,
+            key.as_ptr(),
+            value_ptr,
+            0,
+        )
+    };
+    if rc < 0 {
+        Err(with_fs_log(fs, io::Error::last_os_error()))
+    } else {
+        Ok(())
+    }
+}
+
+/// `fsconfig(fs, FSCONFIG_CMD_CREATE)`, then `fsmount(fs, FSMOUNT_CLOEXEC, attrs)`: the file
+/// system as a detached mount, in no mount namespace's table, gone with its last descriptor.
+pub fn fsmount_detached(fs: &OwnedFd, attrs: u64) -> io::Result<OwnedFd> {
+    // SAFETY: a valid descriptor and plain integers; null key and value, as the command wants.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            libc::FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_char>(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(with_fs_log(fs, io::Error::last_os_error()));
+    }
+    // SAFETY: a valid descriptor and plain integers.
+    owned_fd(unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            libc::FSMOUNT_CLOEXEC,
+            attrs,
+        )
+    })
+    .map_err(|e| with_fs_log(fs, e))
+}
+
+/// `error` with the messages the file system left on its context (`fsopen(2)`: "e ..." lines).
+fn with_fs_log(fs: &OwnedFd, error: io::Error) -> io::Error {
+    let mut said = Vec::new();
+    let mut buf = [0u8; 512];
+    for _ in 0..8 {
+        // SAFETY: a valid descriptor and a buffer of the length we pass, owned by us.
+        let n = unsafe { libc::read(fs.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            break;
+        }
+        said.push(
+            String::from_utf8_lossy(&buf[..n as usize])
+                .trim()
+                .to_owned(),
+        );
+    }
+    if said.is_empty() {
+        error
+    } else {
+        io::Error::new(error.kind(), format!("{error} ({})", said.join("; ")))
+    }
+}
+
+/// `ioctl(LOOP_CTL_GET_FREE)` on `/dev/loop-control`: the number of a free loop device (made
+/// if there was none).
+pub fn loop_get_free(control: &std::fs::File) -> io::Result<u32> {
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    // SAFETY: an ioctl that takes no argument on a descriptor we own.
+    let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as u32)
+    }
+}
+
+/// `struct loop_info64` (`linux/loop.h`).
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+/// `struct loop_config` (`linux/loop.h`, Linux 5.8).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// `ioctl(LOOP_CONFIGURE)`: backs the loop device `device` with `backing`, detached by the
+/// kernel once its last user is gone (`LO_FLAGS_AUTOCLEAR`). `EBUSY`: another process took the
+/// device meanwhile.
+pub fn loop_configure_autoclear(device: &std::fs::File, backing: &std::fs::File) -> io::Result<()> {
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+    let config = LoopConfig {
+        fd: backing.as_raw_fd() as u32,
+        block_size: 0,
+        info: LoopInfo64 {
+            device: 0,
+            inode: 0,
+            rdevice: 0,
+            offset: 0,
+            sizelimit: 0,
+            number: 0,
+            encrypt_type: 0,
+            encrypt_key_size: 0,
+            flags: LO_FLAGS_AUTOCLEAR,
+            file_name: [0; 64],
+            crypt_name: [0; 64],
+            encrypt_key: [0; 32],
+            init: [0; 2],
+        },
+        reserved: [0; 8],
+    };
+    // SAFETY: a descriptor we own and a pointer to a `loop_config` laid out as the kernel's,
+    // which it only reads during the call.
+    let rc = unsafe {
+        libc::ioctl(
+            device.as_raw_fd(),
+            LOOP_CONFIGURE,
+            &config as *const LoopConfig,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// `clone_args` of `clone3(2)`, up to `cgroup` (Linux 5.7).
 #[repr(C)]
 #[derive(Default)]
