@@ -339,6 +339,19 @@ fn in_a_container_with_a_pod_s_defaults_doctor_names_each_missing_relaxation() {
     // the runtime masks it (doctor says it was uncovered in airlock's own view).
     let report = doctor(NEEDED);
     assert_eq!(report["ok"], true, "{report:#}");
+    // No loop devices in a pod: environment builds are bounded by a tmpfs (and say so).
+    let builds = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "environment builds");
+    assert!(
+        builds.is_some_and(|c| c["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("bounded while they write by a tmpfs: no loop devices")),
+        "{report:#}"
+    );
     let proc = report["checks"]
         .as_array()
         .unwrap()
