@@ -398,6 +398,11 @@ pub struct SessionInfo {
     /// `null` while it can run cells; else the status of the cell that ended it.
     pub ended: Option<Status>,
     pub limits: Limits,
+    /// Connections and bytes through the egress proxy while none of its cells ran (by
+    /// threads or processes a cell left running), over the session's life so far: one
+    /// budget of `[egress]` for all of it. Absent without an egress policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_between_cells: Option<airlock_egress::Usage>,
 }
 
 /// `GET /v1/sessions`: the caller's own sessions.

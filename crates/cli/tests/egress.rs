@@ -27,6 +27,8 @@ struct Targets {
     https: u16,
     /// A listener whose full queue makes the kernel drop connection attempts.
     stalled: u16,
+    /// An upstream that reads and records every request sent on a connection.
+    recorder: u16,
     cert_pem: String,
 }
 
@@ -66,7 +68,7 @@ impl Targets {
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let mut port = || -> u16 { lines.next().unwrap().unwrap().trim().parse().unwrap() };
-        let (http, https, stalled) = (port(), port(), port());
+        let (http, https, stalled, recorder) = (port(), port(), port(), port());
         let cert_pem = std::fs::read_to_string(&cert).unwrap();
         // The server loaded both before it printed its ports.
         let _ = std::fs::remove_dir_all(&dir);
@@ -75,8 +77,22 @@ impl Targets {
             http,
             https,
             stalled,
+            recorder,
             cert_pem,
         }
+    }
+
+    /// What the recorder received so far, asked directly (not through a proxy).
+    fn recorded(&self) -> Vec<Value> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.recorder)).unwrap();
+        s.write_all(b"GET /recorded HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8(answer).unwrap();
+        let (_, body) = answer.split_once("\r\n\r\n").unwrap();
+        serde_json::from_str(body).unwrap()
     }
 }
 
@@ -90,7 +106,7 @@ impl Drop for Targets {
 /// Host rules for localhost and the names `[egress.resolve]` answers (to the metadata
 /// address, a private one, an IPv4-mapped loopback one) on both ports.
 fn host_rules(t: &Targets) -> String {
-    let ports = format!("[{}, {}, {}]", t.http, t.https, t.stalled);
+    let ports = format!("[{}, {}, {}, {}]", t.http, t.https, t.stalled, t.recorder);
     ["localhost", "metadata.test", "inside.test", "mapped.test"]
         .iter()
         .map(|h| format!("{{ host = \"{h}\", ports = {ports} }}"))
@@ -112,7 +128,7 @@ fn config(t: &Targets, budgets: &str) -> String {
 [[keys]]
 name = "open"
 hash = "{open}"
-egress = {{ hosts = [{hosts}], ranges = [{{ cidr = "127.0.0.0/8", ports = [{http}, {https}, {stalled}] }}] }}
+egress = {{ hosts = [{hosts}], ranges = [{{ cidr = "127.0.0.0/8", ports = [{http}, {https}, {stalled}, {recorder}] }}] }}
 
 [[keys]]
 name = "closed"
@@ -129,6 +145,7 @@ hash = "{none}"
         http = t.http,
         https = t.https,
         stalled = t.stalled,
+        recorder = t.recorder,
     )
 }
 
@@ -210,7 +227,7 @@ fn loopback_servers_are_reached_through_the_proxy_only_where_the_range_is_listed
     assert_eq!(r["isolation"]["network"], "egress_proxy");
     assert_eq!(
         r["isolation"]["egress"]["ranges"],
-        json!([{"cidr": "127.0.0.0/8", "ports": [t.http, t.https, t.stalled]}])
+        json!([{"cidr": "127.0.0.0/8", "ports": [t.http, t.https, t.stalled, t.recorder]}])
     );
     let usage = &r["usage"]["egress"];
     assert_eq!(
@@ -360,6 +377,15 @@ fn hostile_targets_are_refused_by_name_address_and_port() {
             "bad_request",
         ),
         ("hello\r\n\r\n".to_owned(), "bad_request"),
+        // Framing two readers could read differently (request smuggling).
+        (
+            format!("POST http://localhost:{p}/ HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            "bad_request",
+        ),
+        (
+            format!("POST http://localhost:{p}/ HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 30\r\n\r\n"),
+            "bad_request",
+        ),
     ];
     let heads: Vec<&str> = cases.iter().map(|(h, _)| h.as_str()).collect();
     let code = format!(
@@ -432,6 +458,287 @@ out
     );
 }
 
+/// Python that speaks to the proxy by hand about the recorder's port `P`: requests followed
+/// on the same connection by a second one (pipelined, or after the first answer, as a
+/// keep-alive client does) to a name the policy refuses, with proxy headers; and a client
+/// that reuses its connection as keep-alive clients do.
+const ONE_REQUEST: &str = r#"
+import http.client, socket
+def answer(s):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            return [data.decode(errors="replace"), None, None, b""]
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    fields = dict((k.strip().lower(), v.strip()) for k, v in (l.split(":", 1) for l in lines[1:]))
+    n = int(fields.get("content-length", "0"))
+    while len(body) < n:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return [lines[0], fields.get("connection"), body[:n].decode(), body[n:]]
+def after(s, rest):
+    # What comes after the answer: nothing but the connection's end.
+    s.settimeout(5)
+    try:
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return rest.decode(errors="replace")
+            rest += chunk
+    except OSError as e:
+        return type(e).__name__
+def first(name, extra=""):
+    return (f"GET http://localhost:{P}/{name} HTTP/1.1\r\nHost: localhost:{P}\r\n"
+            f"Proxy-Authorization: Basic c2VjcmV0\r\n{extra}\r\n").encode()
+def second(name):
+    return (f"GET http://inside.test:{P}/{name} HTTP/1.1\r\nHost: inside.test\r\n"
+            "Proxy-Authorization: Basic c2VjcmV0\r\n\r\n").encode()
+def pipelined(request, name):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(request + second(name))
+    got = answer(s)
+    return got[:3] + [after(s, got[3])]
+def kept():
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(first("kept", "Connection: keep-alive\r\n"))
+    got = answer(s)
+    s.sendall(second("kept-second"))
+    return got[:3] + [after(s, got[3])]
+def reused():
+    c = http.client.HTTPConnection("127.0.0.1", 3128, timeout=10)
+    out = []
+    for name in ("reused-1", "reused-2"):
+        c.request("GET", f"http://localhost:{P}/{name}")
+        r = c.getresponse()
+        out.append([r.status, r.read().decode()])
+    return out
+post = f"POST http://localhost:{P}/posted HTTP/1.1\r\nHost: localhost:{P}\r\nContent-Length: 5\r\n\r\nhello"
+chunked = (f"POST http://localhost:{P}/chunked HTTP/1.1\r\nHost: localhost:{P}\r\n"
+           "Transfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3\r\nllo\r\n0\r\n\r\n")
+{
+    "piped": pipelined(first("piped"), "piped-second"),
+    "posted": pipelined(post.encode(), "posted-second"),
+    "chunked": pipelined(chunked.encode(), "chunked-second"),
+    "kept": kept(),
+    "reused": reused(),
+}
+"#;
+
+#[test]
+fn plain_http_relays_one_request_per_connection_and_nothing_after_it() {
+    let _serial = common::serial();
+    let t = Targets::start();
+    let server = Server::start(&config(&t, ""), &[]);
+    let code = format!("P = {}\n{ONE_REQUEST}", t.recorder);
+    let r = run(&server, OPEN, json!({ "code": code }));
+    // Each answer says the connection closes, and nothing follows it: the second request
+    // was never answered.
+    let ok = |path: &str, method: &str| {
+        json!([
+            "HTTP/1.1 200 OK",
+            "close",
+            format!("recorded {method} /{path} HTTP/1.1"),
+            ""
+        ])
+    };
+    assert_eq!(r["result"]["piped"], ok("piped", "GET"), "{r:#}");
+    assert_eq!(r["result"]["posted"], ok("posted", "POST"), "{r:#}");
+    assert_eq!(r["result"]["chunked"], ok("chunked", "POST"), "{r:#}");
+    assert_eq!(r["result"]["kept"], ok("kept", "GET"), "{r:#}");
+    // A client that reuses its connection opens a new one, as the answer told it to.
+    assert_eq!(
+        r["result"]["reused"],
+        json!([
+            [200, "recorded GET /reused-1 HTTP/1.1"],
+            [200, "recorded GET /reused-2 HTTP/1.1"]
+        ]),
+        "{r:#}"
+    );
+
+    // The upstream received exactly the six first requests, one per connection, each as the
+    // proxy checked and rewrote it, with its whole body: no second request, no byte after.
+    let recorded = t.recorded();
+    let lines: Vec<&str> = recorded
+        .iter()
+        .map(|q| q["line"].as_str().unwrap_or("(leftover bytes)"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /piped HTTP/1.1",
+            "POST /posted HTTP/1.1",
+            "POST /chunked HTTP/1.1",
+            "GET /kept HTTP/1.1",
+            "GET /reused-1 HTTP/1.1",
+            "GET /reused-2 HTTP/1.1"
+        ],
+        "{recorded:#?}"
+    );
+    let mut connections: Vec<u64> = recorded
+        .iter()
+        .map(|q| q["connection"].as_u64().unwrap())
+        .collect();
+    connections.dedup();
+    assert_eq!(connections.len(), 6, "{recorded:#?}");
+    for q in &recorded {
+        let headers: Vec<(&str, &str)> = q["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| (h[0].as_str().unwrap(), h[1].as_str().unwrap()))
+            .collect();
+        assert!(headers.contains(&("connection", "close")), "{q}");
+        assert!(
+            headers.contains(&("host", &format!("localhost:{}", t.recorder))),
+            "{q}"
+        );
+        assert!(!headers.iter().any(|(k, _)| k.starts_with("proxy-")), "{q}");
+    }
+    assert_eq!(recorded[1]["body"], "hello");
+    assert_eq!(recorded[2]["body"], "hello");
+
+    // Each audit line says what was dropped: the four connections a second request followed.
+    let lines = wait_egress_lines(&server, 6);
+    let dropped = lines
+        .iter()
+        .filter(|l| {
+            l["detail"]
+                .as_str()
+                .is_some_and(|d| d.ends_with("were dropped (one request per connection)"))
+        })
+        .count();
+    assert_eq!(dropped, 4, "{lines:#?}");
+    assert!(
+        lines.iter().all(|l| l["outcome"] == "allowed"),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn connections_between_cells_belong_to_the_session_and_its_own_budget() {
+    let _serial = common::serial();
+    let t = Targets::start();
+    let server = Server::start(&config(&t, "max_connections = 4"), &[]);
+    let r = call(&server, OPEN, "POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let session = r.json()["id"].as_str().unwrap().to_owned();
+    let path = |rest: &str| format!("/v1/sessions/{session}{rest}");
+    let cell = |code: String| {
+        let r = call(
+            &server,
+            OPEN,
+            "POST",
+            &path("/execute"),
+            Some(&json!({ "code": code })),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = r.json();
+        assert_eq!(r["status"], "ok", "{r:#}");
+        r
+    };
+    // Cell 1 leaves a thread behind that waits for a file, then makes five requests: all of
+    // them after the cell has ended.
+    let first = cell(format!(
+        r#"
+import json, os, threading, time, urllib.error, urllib.request
+def later():
+    while not os.path.exists("/work/go"):
+        time.sleep(0.02)
+    out = []
+    for _ in range(5):
+        try:
+            with urllib.request.urlopen("http://localhost:{h}/hello", timeout=10) as r:
+                out.append(r.status)
+        except urllib.error.HTTPError as e:
+            out.append(e.code)
+        except Exception as e:
+            out.append(str(e))
+    with open("/work/done.json", "w") as f:
+        json.dump(out, f)
+threading.Thread(target=later, daemon=True).start()
+"#,
+        h = t.http
+    ));
+    let none = json!({"connections": 0, "denied": 0, "bytes_out": 0, "bytes_in": 0});
+    assert_eq!(first["usage"]["egress"], none, "{first:#}");
+    let r = call(&server, OPEN, "PUT", &path("/files/go"), Some(&json!("go")));
+    assert!(r.status < 300, "{}", r.text());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let done = loop {
+        let r = call(&server, OPEN, "GET", &path("/files/done.json"), None);
+        if r.status == 200 {
+            break r.json();
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", r.text());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // The session's time between cells has one budget of its own: four connections.
+    assert_eq!(done, json!([200, 200, 200, 200, 429]));
+    let info = call(&server, OPEN, "GET", &path(""), None).json();
+    let between = &info["egress_between_cells"];
+    assert_eq!(
+        (&between["connections"], &between["denied"]),
+        (&json!(4), &json!(1)),
+        "{info:#}"
+    );
+    assert!(between["bytes_in"].as_u64().unwrap() > 0, "{info:#}");
+
+    // Audited as the session's, between cells, never as cell 1's.
+    let lines = wait_egress_lines(&server, 5);
+    assert_eq!(lines.len(), 5, "{lines:#?}");
+    for line in &lines {
+        assert_eq!(line["session_id"], json!(session), "{line}");
+        assert_eq!(line["between_cells"], true, "{line}");
+        assert_eq!(line["execution_id"], Value::Null, "{line}");
+    }
+    let outcomes: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["outcome"].as_str().unwrap(),
+                l["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == ("allowed", "")).count(),
+        4,
+        "{lines:#?}"
+    );
+    assert!(
+        outcomes.contains(&("denied", "connection_budget")),
+        "{lines:#?}"
+    );
+
+    // The next cell has its own budget and id; the session's account is left as it was.
+    let second = cell(format!(
+        "import urllib.request\nurllib.request.urlopen('http://localhost:{}/hello', timeout=10).status",
+        t.http
+    ));
+    assert_eq!(second["result"], 200, "{second:#}");
+    assert_eq!(second["usage"]["egress"]["connections"], 1, "{second:#}");
+    let lines = wait_egress_lines(&server, 6);
+    let last = &lines[5];
+    assert_eq!(
+        (
+            &last["execution_id"],
+            &last["session_id"],
+            last.get("between_cells")
+        ),
+        (&second["id"], &json!(session), None),
+        "{last}"
+    );
+    let info = call(&server, OPEN, "GET", &path(""), None).json();
+    assert_eq!(info["egress_between_cells"], *between, "{info:#}");
+    let r = call(&server, OPEN, "DELETE", &path(""), None);
+    assert!(r.status < 300, "{}", r.text());
+}
+
 #[test]
 fn budgets_cut_connections_and_say_why() {
     let _serial = common::serial();
@@ -452,6 +759,18 @@ fn budgets_cut_connections_and_say_why() {
         .filter(|l| l["reason"] == "connection_budget")
         .collect();
     assert_eq!(refused.len(), 1, "{lines:#?}");
+    assert!(
+        refused[0]["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("further refusals are counted, not audited one by one"),
+        "{refused:?}"
+    );
+    // Every refusal counts in the metric, audited or not.
+    let metrics = call(&server, OPEN, "GET", "/metrics", None).text();
+    let series =
+        "airlock_egress_connections_total{outcome=\"denied\",reason=\"connection_budget\"} 2\n";
+    assert!(metrics.contains(series), "{series} missing");
 
     // Connections that never send a request hold at most the budget's worth of threads: the
     // rest are answered at accept.

@@ -1,7 +1,13 @@
 """Targets for the egress tests, on loopback: one HTTP and one HTTPS server (the certificate
 and key given as arguments), printing their ports on the first two lines of stdout, and on
 the third the port of a listener whose accept queue is full, so that the kernel drops any
-further connection attempt (a target whose connect never completes).
+further connection attempt (a target whose connect never completes), and on the fourth the
+port of a recorder.
+
+The recorder is the upstream that sees everything: it reads every request on a connection,
+ignoring `Connection: close` (as a careless or hostile server may), records each (its
+connection, request line, headers and body) and answers it, keeping the connection until it
+has been idle for 0.3 s. `GET /recorded` answers what it recorded, as JSON, and closes.
 
 GET /hello      -> "hello from http" or "hello from https"
 GET /headers    -> the request's headers as JSON (what the proxy forwarded)
@@ -66,6 +72,97 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.answer(str(got).encode())
 
 
+RECORDED = []
+RECORDED_LOCK = threading.Lock()
+
+
+def read_request(conn, buf):
+    """One request from `buf` and what `conn` sends next: (request, rest), or (None, buf)
+    once the connection closes or idles. Bodies by Content-Length or chunked."""
+
+    def more():
+        nonlocal buf
+        try:
+            data = conn.recv(65536)
+        except OSError:
+            data = b""
+        buf += data
+        return bool(data)
+
+    while b"\r\n\r\n" not in buf:
+        if not more():
+            return None, buf
+    head, buf = buf.split(b"\r\n\r\n", 1)
+    line, *fields = head.decode("latin-1").split("\r\n")
+    headers = [f.split(":", 1) for f in fields]
+    headers = [[k.strip().lower(), v.strip()] for k, v in headers]
+    named = dict(headers)
+    body = b""
+    if named.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            while b"\r\n" not in buf:
+                if not more():
+                    return None, buf
+            size, buf = buf.split(b"\r\n", 1)
+            size = int(size, 16)
+            while len(buf) < size + 2:
+                if not more():
+                    return None, buf
+            body, buf = body + buf[:size], buf[size + 2 :]
+            if size == 0:
+                break
+    else:
+        n = int(named.get("content-length", "0"))
+        while len(buf) < n:
+            if not more():
+                return None, buf
+        body, buf = buf[:n], buf[n:]
+    return {"line": line, "headers": headers, "body": body.decode("latin-1")}, buf
+
+
+def record(conn, number):
+    conn.settimeout(0.3)
+    buf = b""
+    with conn:
+        while True:
+            request, buf = read_request(conn, buf)
+            if request is None:
+                break
+            if request["line"].split(" ")[1] == "/recorded":
+                with RECORDED_LOCK:
+                    body = json.dumps(RECORDED).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                return
+            request["connection"] = number
+            with RECORDED_LOCK:
+                RECORDED.append(request)
+            body = b"recorded " + request["line"].encode("latin-1")
+            answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+            try:
+                conn.sendall(answer)
+            except OSError:
+                break
+        if buf:
+            with RECORDED_LOCK:
+                RECORDED.append({"connection": number, "leftover": buf.decode("latin-1")})
+
+
+def recorder():
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+
+    def accept():
+        number = 0
+        while True:
+            conn, _ = listener.accept()
+            number += 1
+            threading.Thread(target=record, args=(conn, number), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener.getsockname()[1]
+
+
 def serve(scheme, context=None):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -89,6 +186,7 @@ def main():
     # Never accepted: one connection fills a queue of 0, and later SYNs are dropped.
     fillers = [socket.create_connection(("127.0.0.1", port), timeout=5)]
     print(port, flush=True)
+    print(recorder(), flush=True)
     sys.stdin.read()  # until the test closes our stdin
     del fillers
 

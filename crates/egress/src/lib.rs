@@ -14,6 +14,7 @@
 //! The default policy allows nothing.
 #![forbid(unsafe_code)]
 
+mod framing;
 pub mod proxy;
 pub use proxy::{ConnectionRecord, Leash, Observer, Serving, Settings, Usage};
 

@@ -1,9 +1,12 @@
 //! The proxy that serves one sandbox's egress listener (a socket inside the sandbox's network
 //! namespace, held by the host): HTTP `CONNECT` tunnels for TLS, never intercepted, and plain
-//! HTTP requests forwarded by their absolute URI or `Host`. Every connection is checked twice
-//! (the name asked for, then each address the proxy itself resolved), connected to the checked
-//! address only (so a name cannot re-resolve between check and connect), bounded by the
-//! execution's budgets and reported to an [`Observer`] once it ends.
+//! HTTP requests forwarded by their absolute URI or `Host`, one per connection (exactly its
+//! head and body go upstream, nothing the client sends after them: see [`crate::framing`]).
+//! Every connection is checked twice (the name asked for, then each address the proxy itself
+//! resolved), connected to the checked address only (so a name cannot re-resolve between check
+//! and connect), counted against the budgets of whoever owned the leash when it was accepted
+//! (an execution, a session's cell, or a session's time between cells) and reported to an
+//! [`Observer`] once it ends.
 //!
 //! Blocking threads, one per connection and direction: an execution has a few connections,
 //! never thousands ([`Settings::max_connections`]).
@@ -13,12 +16,13 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::framing::{self, Body};
 use crate::{Denied, EgressPolicy, Target};
 
 /// Largest request head the proxy reads (request line and headers).
@@ -29,6 +33,10 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_AUDITED: usize = 256;
 const MAX_HEADERS: usize = 64;
 const BUFFER: usize = 32 * 1024;
+/// How long, and how many bytes, a plain connection's end waits for the client to close
+/// (what it sends meanwhile is dropped).
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: u64 = 1 << 20;
 
 /// The operator's budgets and resolution overrides, the same for every execution.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,7 +97,15 @@ impl Settings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ConnectionRecord {
     pub event: &'static str,
-    pub execution_id: String,
+    /// The execution (or session cell) that opened it; `None` for one a session's code
+    /// opened while none of its cells ran.
+    pub execution_id: Option<String>,
+    /// The session it was opened in, for a session's connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    /// Opened while none of the session's cells ran (by a thread or process a cell left).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub between_cells: bool,
     pub key: String,
     /// `CONNECT`, or the plain request's method.
     pub method: String,
@@ -101,7 +117,8 @@ pub struct ConnectionRecord {
     /// target could not be reached, or the request was not one the proxy speaks).
     pub outcome: &'static str,
     pub reason: Option<&'static str>,
-    /// What went wrong, in words, for a connection that was not allowed or was cut.
+    /// What went wrong, in words, for a connection that was not allowed or was cut; or what
+    /// of a plain connection was not relayed (bytes after its one request).
     pub detail: Option<String>,
     pub bytes_out: u64,
     pub bytes_in: u64,
@@ -111,6 +128,11 @@ pub struct ConnectionRecord {
 /// Told about every connection once it ends.
 pub trait Observer: Send + Sync + std::fmt::Debug {
     fn connection(&self, record: &ConnectionRecord);
+
+    /// A connection refused past the connection budget after the first such refusal of its
+    /// execution (which [`Observer::connection`] was told): counted, never recorded one by
+    /// one, so that a loop of connections cannot flood the audit log.
+    fn budget_refusal(&self) {}
 }
 
 /// One execution's use of the network, as the result reports it.
@@ -127,11 +149,12 @@ pub struct Usage {
     pub bytes_in: u64,
 }
 
+/// What one account (an execution, a session's cell, or a session's time between cells)
+/// used, against its budgets. A connection counts in the account it was opened under, to
+/// its end.
 #[derive(Debug, Default)]
-struct Counters {
+struct Tally {
     opened: AtomicU64,
-    /// Connections open now (each holds threads on the host), across cells of a session.
-    live: AtomicU64,
     /// A refusal for the connection budget was audited already (the rest are only counted).
     budget_audited: AtomicBool,
     connections: AtomicU64,
@@ -140,15 +163,38 @@ struct Counters {
     bytes_in: AtomicU64,
 }
 
-/// The egress of one execution (or one session, whose cells each begin anew): its policy,
-/// the operator's settings, and what it used so far.
+impl Tally {
+    fn usage(&self) -> Usage {
+        Usage {
+            connections: self.connections.load(Ordering::Relaxed),
+            denied: self.denied.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Whom the connections opened now belong to, and the account they count in.
+#[derive(Clone, Debug, Default)]
+struct Owner {
+    /// The execution or cell; `None` between a session's cells.
+    execution_id: Option<String>,
+    session_id: Option<String>,
+    tally: Arc<Tally>,
+}
+
+/// The egress of one execution, or of one session: each of its cells begins anew, and the
+/// time between them has an account of its own for the session's whole life.
 #[derive(Debug)]
 pub struct Leash {
     policy: EgressPolicy,
     settings: Arc<Settings>,
     key: String,
-    execution: Mutex<String>,
-    counters: Counters,
+    owner: Mutex<Owner>,
+    /// A session's time between cells ([`Leash::for_session`]).
+    between_cells: OnceLock<Owner>,
+    /// Connections open now (each holds threads on the host), across a session's cells.
+    live: AtomicU64,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -163,8 +209,12 @@ impl Leash {
             policy,
             settings,
             key: key.into(),
-            execution: Mutex::new(String::new()),
-            counters: Counters::default(),
+            owner: Mutex::new(Owner {
+                execution_id: Some(String::new()),
+                ..Owner::default()
+            }),
+            between_cells: OnceLock::new(),
+            live: AtomicU64::new(0),
             observer,
         }
     }
@@ -173,30 +223,52 @@ impl Leash {
         &self.policy
     }
 
-    /// Names the execution the connections that follow belong to, and starts its budgets
-    /// afresh (a session's cells are each an execution).
-    pub fn begin(&self, execution_id: &str) {
-        *self.execution.lock().unwrap_or_else(|e| e.into_inner()) = execution_id.to_owned();
-        for c in [
-            &self.counters.opened,
-            &self.counters.connections,
-            &self.counters.denied,
-            &self.counters.bytes_out,
-            &self.counters.bytes_in,
-        ] {
-            c.store(0, Ordering::Relaxed);
-        }
-        self.counters.budget_audited.store(false, Ordering::Relaxed);
+    fn owner(&self) -> std::sync::MutexGuard<'_, Owner> {
+        self.owner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn usage(&self) -> Usage {
-        let c = &self.counters;
-        Usage {
-            connections: c.connections.load(Ordering::Relaxed),
-            denied: c.denied.load(Ordering::Relaxed),
-            bytes_out: c.bytes_out.load(Ordering::Relaxed),
-            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+    /// Makes this the leash of session `session_id` (before its sandbox starts): connections
+    /// opened while none of its cells runs belong to the session, and count in one account
+    /// for its whole life, under the same budgets as one execution.
+    pub fn for_session(&self, session_id: &str) {
+        let between = self.between_cells.get_or_init(|| Owner {
+            execution_id: None,
+            session_id: Some(session_id.to_owned()),
+            tally: Arc::default(),
+        });
+        *self.owner() = between.clone();
+    }
+
+    /// Names the execution (or cell) the connections that follow belong to, with budgets of
+    /// its own.
+    pub fn begin(&self, execution_id: &str) {
+        *self.owner() = Owner {
+            execution_id: Some(execution_id.to_owned()),
+            session_id: self.between_cells.get().and_then(|b| b.session_id.clone()),
+            tally: Arc::default(),
+        };
+    }
+
+    /// A session's cell is over: what it used. Connections opened from now until the next
+    /// [`Leash::begin`] are the session's, between cells.
+    pub fn end_cell(&self) -> Usage {
+        let mut owner = self.owner();
+        let used = owner.tally.usage();
+        if let Some(between) = self.between_cells.get() {
+            *owner = between.clone();
         }
+        used
+    }
+
+    /// What the current execution (or cell) used so far.
+    pub fn usage(&self) -> Usage {
+        self.owner().tally.usage()
+    }
+
+    /// What a session's code used while none of its cells ran, over its whole life so far;
+    /// `None` for a leash that is not a session's.
+    pub fn between_cells(&self) -> Option<Usage> {
+        self.between_cells.get().map(|b| b.tally.usage())
     }
 
     /// Serves `listener` on a thread of its own until [`Serving::finish`].
@@ -308,35 +380,42 @@ fn accept_loop(shared: &Arc<Shared>, listener: &TcpListener) {
         }
         // The budget is counted here, before a thread exists: a sandbox can never hold more
         // than `max_connections` connections (and their threads) open, however it opens them.
+        // The connection belongs to whoever owns the leash now, to its end.
         let leash = &shared.leash;
-        let c = &leash.counters;
+        let owner = leash.owner().clone();
         let max = u64::from(leash.settings.max_connections);
-        let opened = c.opened.fetch_add(1, Ordering::Relaxed) + 1;
-        if opened > max || c.live.load(Ordering::Relaxed) >= max {
-            refuse_over_budget(shared, client, max);
+        let opened = owner.tally.opened.fetch_add(1, Ordering::Relaxed) + 1;
+        if opened > max || leash.live.load(Ordering::Relaxed) >= max {
+            refuse_over_budget(shared, owner, client, max);
             continue;
         }
-        c.live.fetch_add(1, Ordering::Relaxed);
+        leash.live.fetch_add(1, Ordering::Relaxed);
         let conn = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("egress-conn".into())
             .spawn(move || {
-                Connection::new(&conn).run(client);
-                conn.leash.counters.live.fetch_sub(1, Ordering::Relaxed);
+                Connection::new(&conn, owner).run(client);
+                conn.leash.live.fetch_sub(1, Ordering::Relaxed);
             });
         if spawned.is_err() {
             // Out of threads: the connection is dropped, the code sees a reset.
-            c.live.fetch_sub(1, Ordering::Relaxed);
+            leash.live.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
-/// Answers a connection past the budget at once, from the accept loop; only the first such
-/// refusal of an execution is told to the observer (the rest are counted).
-fn refuse_over_budget(shared: &Shared, mut client: TcpStream, max: u64) {
+/// Answers a connection past the budget at once, from the accept loop. Each counts; only the
+/// first such refusal of an account is told to the observer as a connection, the rest as
+/// [`Observer::budget_refusal`] (a loop of them must not flood the audit log).
+fn refuse_over_budget(shared: &Shared, owner: Owner, mut client: TcpStream, max: u64) {
     let leash = &shared.leash;
-    leash.counters.denied.fetch_add(1, Ordering::Relaxed);
-    let detail = format!("this execution may have {max} connections");
+    owner.tally.denied.fetch_add(1, Ordering::Relaxed);
+    let whose = if owner.execution_id.is_some() {
+        "this execution"
+    } else {
+        "this session between cells"
+    };
+    let detail = format!("{whose} may have {max} connections");
     let body = format!("airlock egress denied: {detail} (connection_budget)\n");
     let answer = format!(
         "HTTP/1.1 429 Too Many Requests\r\nContent-Type: text/plain; charset=utf-8\r\n\
@@ -354,16 +433,20 @@ fn refuse_over_budget(shared: &Shared, mut client: TcpStream, max: u64) {
     let _ = client.write_all(answer.as_bytes());
     let _ = client.shutdown(Shutdown::Write);
     let _ = client.read(&mut sink);
-    if leash.counters.budget_audited.swap(true, Ordering::Relaxed) {
+    let Some(observer) = &leash.observer else {
+        return;
+    };
+    if owner.tally.budget_audited.swap(true, Ordering::Relaxed) {
+        observer.budget_refusal();
         return;
     }
-    let mut conn = Connection::new(shared);
+    let mut conn = Connection::new(shared, owner);
     conn.record.outcome = "denied";
     conn.record.reason = Some("connection_budget");
-    conn.record.detail = Some(detail);
-    if let Some(observer) = &leash.observer {
-        observer.connection(&conn.record);
-    }
+    conn.record.detail = Some(format!(
+        "{detail}; further refusals are counted, not audited one by one"
+    ));
+    observer.connection(&conn.record);
 }
 
 /// What one connection asked for.
@@ -372,9 +455,9 @@ struct Request {
     method: String,
     host: String,
     port: u16,
-    connect: bool,
-    /// For plain HTTP: the head to send upstream (origin-form, `Connection: close`).
-    head: Vec<u8>,
+    /// For plain HTTP: the head to send upstream (origin-form, `Connection: close`) and
+    /// where its body ends; `None` for a `CONNECT` tunnel.
+    plain: Option<(Vec<u8>, Body)>,
     /// Bytes read past the head (a body's start, or a client's first TLS bytes).
     rest: Vec<u8>,
 }
@@ -412,22 +495,21 @@ struct Connection<'a> {
     started: Instant,
     record: ConnectionRecord,
     ids: Vec<u64>,
+    /// The account it counts in: its owner's when it was accepted.
+    tally: Arc<Tally>,
 }
 
 impl<'a> Connection<'a> {
-    fn new(shared: &'a Shared) -> Self {
+    fn new(shared: &'a Shared, owner: Owner) -> Self {
         let leash = &shared.leash;
-        let execution_id = leash
-            .execution
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
         Connection {
             shared,
             started: Instant::now(),
             record: ConnectionRecord {
                 event: "egress",
-                execution_id,
+                between_cells: owner.execution_id.is_none(),
+                execution_id: owner.execution_id.clone(),
+                session_id: owner.session_id.clone(),
                 key: leash.key.clone(),
                 method: String::new(),
                 host: String::new(),
@@ -441,6 +523,7 @@ impl<'a> Connection<'a> {
                 duration_ms: 0,
             },
             ids: Vec::new(),
+            tally: owner.tally,
         }
     }
 
@@ -452,9 +535,8 @@ impl<'a> Connection<'a> {
         if let Some(id) = self.shared.register(&client) {
             self.ids.push(id);
             if let Err(refusal) = self.serve(&mut client) {
-                let counters = &self.shared.leash.counters;
                 if refusal.outcome == "denied" {
-                    counters.denied.fetch_add(1, Ordering::Relaxed);
+                    self.tally.denied.fetch_add(1, Ordering::Relaxed);
                 }
                 let body = format!(
                     "airlock egress {}: {} ({})\n",
@@ -473,6 +555,7 @@ impl<'a> Connection<'a> {
                 self.record.outcome = refusal.outcome;
                 self.record.reason = Some(refusal.reason);
                 self.record.detail = Some(refusal.detail);
+                linger(&mut client);
             }
         } else {
             self.record.outcome = "failed";
@@ -504,25 +587,59 @@ impl<'a> Connection<'a> {
             .check_target(&request.host, request.port)
             .map_err(|d| Refusal::denied(&d))?;
         let upstream = self.connect(&target, request.port)?;
-        leash.counters.connections.fetch_add(1, Ordering::Relaxed);
+        self.tally.connections.fetch_add(1, Ordering::Relaxed);
         self.record.outcome = "allowed";
         let Some(id) = self.shared.register(&upstream) else {
             self.record.reason = Some("sandbox_gone");
             return Ok(());
         };
         self.ids.push(id);
-        let mut first = Vec::new();
-        if request.connect {
-            client
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .map_err(|e| {
-                    Refusal::failed("500 Internal Server Error", "client_gone", e.to_string())
-                })?;
-        } else {
-            first = request.head;
+        match request.plain {
+            None => {
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .map_err(|e| {
+                        Refusal::failed("500 Internal Server Error", "client_gone", e.to_string())
+                    })?;
+                let (mut outbound, mut inbound) = (Shape::Raw, Shape::Raw);
+                self.relay(
+                    client,
+                    upstream,
+                    &[],
+                    &request.rest,
+                    &mut outbound,
+                    &mut inbound,
+                );
+            }
+            Some((head, body)) => {
+                // One request per connection: exactly its head and body go upstream, the
+                // answer comes back saying the connection closes, and whatever the client
+                // sent after its request is read and dropped, never relayed.
+                let mut outbound = Shape::Body { body, dropped: 0 };
+                let mut inbound = Shape::Answer(framing::Answer::default());
+                self.relay(
+                    client,
+                    upstream,
+                    &head,
+                    &request.rest,
+                    &mut outbound,
+                    &mut inbound,
+                );
+                let lingered = linger(client);
+                // Bytes read at the end count as after the request once its body was whole
+                // (before, they were the rest of a body the upstream no longer took).
+                let dropped = match &outbound {
+                    Shape::Body { body, dropped } if body.done() => dropped + lingered,
+                    _ => 0,
+                };
+                if dropped > 0 && self.record.detail.is_none() {
+                    self.record.detail = Some(format!(
+                        "{dropped} bytes sent after the request were dropped (one request per \
+                         connection)"
+                    ));
+                }
+            }
         }
-        first.extend_from_slice(&request.rest);
-        self.relay(client, upstream, first);
         Ok(())
     }
 
@@ -579,14 +696,24 @@ impl<'a> Connection<'a> {
         })
     }
 
-    /// Copies both ways until both ends close, a budget is spent, the connection idles past
-    /// its timeout, or the sandbox is gone.
-    fn relay(&mut self, client: &mut TcpStream, upstream: TcpStream, first: Vec<u8>) {
+    /// Copies both ways until both ends close (or the request's body ended and the answer
+    /// did), a budget is spent, the connection idles past its timeout, or the sandbox is
+    /// gone. `first` goes upstream as it is, then `rest` (read past the head) and what the
+    /// client sends next as `outbound` shapes them; what the upstream sends as `inbound` does.
+    fn relay(
+        &mut self,
+        client: &mut TcpStream,
+        upstream: TcpStream,
+        first: &[u8],
+        rest: &[u8],
+        outbound: &mut Shape,
+        inbound: &mut Shape,
+    ) {
         let settings = self.settings().clone();
         let idle = Duration::from_millis(settings.idle_timeout_ms);
         let activity = Arc::new(Activity::new());
-        let cut: Arc<Mutex<Option<&'static str>>> = Arc::default();
-        let leash = &self.shared.leash;
+        let cut: Arc<Mutex<Option<Cut>>> = Arc::default();
+        let tally = self.tally.clone();
         let (Ok(client_r), Ok(upstream_w)) = (client.try_clone(), upstream.try_clone()) else {
             return;
         };
@@ -595,17 +722,17 @@ impl<'a> Connection<'a> {
         let (out, inn) = std::thread::scope(|s| {
             let outbound = s.spawn(|| {
                 let pipe = Pipe {
-                    counter: &leash.counters.bytes_out,
+                    counter: &tally.bytes_out,
                     budget: settings.max_bytes_out,
                     budget_reason: "bytes_out_budget",
                     activity: &activity,
                     idle,
                     cut: &cut,
                 };
-                pipe.run(client_r, upstream_w, &first)
+                pipe.run(client_r, upstream_w, first, rest, outbound)
             });
-            let inbound = Pipe {
-                counter: &leash.counters.bytes_in,
+            let pipe = Pipe {
+                counter: &tally.bytes_in,
                 budget: settings.max_bytes_in,
                 budget_reason: "bytes_in_budget",
                 activity: &activity,
@@ -613,22 +740,97 @@ impl<'a> Connection<'a> {
                 cut: &cut,
             };
             let inn = match (upstream.try_clone(), client.try_clone()) {
-                (Ok(from), Ok(to)) => inbound.run(from, to, &[]),
+                (Ok(from), Ok(to)) => pipe.run(from, to, &[], &[], inbound),
                 _ => 0,
             };
             (outbound.join().unwrap_or(0), inn)
         });
         self.record.bytes_out = out;
         self.record.bytes_in = inn;
-        let cut = *cut.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(reason) = cut {
-            self.record.reason = Some(reason);
-            if reason.ends_with("_budget") {
+        let cut = cut.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(cut) = cut {
+            self.record.reason = Some(cut.reason);
+            if cut.reason.ends_with("_budget") {
                 self.record.outcome = "denied";
-                leash.counters.denied.fetch_add(1, Ordering::Relaxed);
+                tally.denied.fetch_add(1, Ordering::Relaxed);
+            } else if let Some(why) = cut.detail {
+                self.record.outcome = "failed";
+                self.record.detail = Some(why);
             }
         }
     }
+}
+
+/// Why a relay was cut short, once.
+struct Cut {
+    reason: &'static str,
+    detail: Option<String>,
+}
+
+/// What one direction of a relay does with the bytes it reads.
+enum Shape {
+    /// Passes them as they are (a tunnel).
+    Raw,
+    /// A plain request's body: passes it to its end, then stops reading; the bytes read past
+    /// it are dropped (and counted).
+    Body { body: Body, dropped: u64 },
+    /// The upstream's answer to a plain request: its head made to close the connection.
+    Answer(framing::Answer),
+}
+
+impl Shape {
+    /// Appends to `out` what goes on of `data`; whether this direction is done.
+    fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<bool, framing::Malformed> {
+        match self {
+            Shape::Raw => out.extend_from_slice(data),
+            Shape::Body { body, dropped } => {
+                if body.done() {
+                    *dropped += data.len() as u64;
+                    return Ok(true);
+                }
+                let n = body.take(data)?;
+                out.extend_from_slice(&data[..n]);
+                if body.done() {
+                    *dropped += (data.len() - n) as u64;
+                    return Ok(true);
+                }
+            }
+            Shape::Answer(answer) => answer.feed(data, out),
+        }
+        Ok(false)
+    }
+
+    /// The other end closed: what was held back goes on.
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        if let Shape::Answer(answer) = self {
+            answer.finish(out);
+        }
+    }
+}
+
+/// Before a plain connection is closed: the end of the answer is sent, and whatever the
+/// client sends after its request is read and dropped (closing with unread bytes would reset
+/// the connection, and the client could lose the answer it has not read yet), for at most
+/// `LINGER` and `LINGER_BYTES`. Returns the bytes dropped.
+fn linger(client: &mut TcpStream) -> u64 {
+    let _ = client.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + LINGER;
+    let mut buf = [0u8; 4096];
+    let mut dropped = 0u64;
+    while dropped < LINGER_BYTES {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        let _ = client.set_read_timeout(Some(left));
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => dropped += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    dropped
 }
 
 /// Milliseconds since the connection started, at the last byte either way.
@@ -663,49 +865,80 @@ struct Pipe<'a> {
     budget_reason: &'static str,
     activity: &'a Activity,
     idle: Duration,
-    cut: &'a Mutex<Option<&'static str>>,
+    cut: &'a Mutex<Option<Cut>>,
 }
 
 impl Pipe<'_> {
-    /// Returns the bytes copied. Ends the whole connection (both sockets, both ways) when a
-    /// budget is spent or both directions idle too long; otherwise passes the end of its
-    /// direction on (a half-close) and lets the other direction finish.
-    fn run(&self, mut from: TcpStream, mut to: TcpStream, first: &[u8]) -> u64 {
-        let cut_all = |from: &TcpStream, to: &TcpStream, reason: &'static str| {
+    /// Returns the bytes copied: `first` as it is, then `rest` and what `from` sends as
+    /// `shape` makes them. Ends the whole connection (both sockets, both ways) when a budget
+    /// is spent, both directions idle too long, or `shape` finds the bytes malformed; stops
+    /// reading, leaving `to` open, when `shape` says this direction is done; otherwise passes
+    /// the end of its direction on (a half-close) and lets the other direction finish.
+    fn run(
+        &self,
+        mut from: TcpStream,
+        mut to: TcpStream,
+        first: &[u8],
+        rest: &[u8],
+        shape: &mut Shape,
+    ) -> u64 {
+        let cut_all = |from: &TcpStream, to: &TcpStream, reason, detail| {
             self.cut
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert(reason);
+                .get_or_insert(Cut { reason, detail });
             let _ = from.shutdown(Shutdown::Both);
             let _ = to.shutdown(Shutdown::Both);
         };
         let mut copied = 0u64;
         let mut buf = vec![0u8; BUFFER];
-        let mut pending: &[u8] = first;
+        let mut pending = first.to_vec();
+        let mut done = match shape.feed(rest, &mut pending) {
+            Ok(done) => done,
+            Err(e) => {
+                cut_all(&from, &to, "bad_request", Some(e.to_string()));
+                return 0;
+            }
+        };
+        let mut ended = false;
         loop {
             if !pending.is_empty() {
                 let n = pending.len() as u64;
                 if self.counter.fetch_add(n, Ordering::Relaxed) + n > self.budget {
-                    cut_all(&from, &to, self.budget_reason);
+                    cut_all(&from, &to, self.budget_reason, None);
                     return copied;
                 }
-                if to.write_all(pending).is_err() {
+                if to.write_all(&pending).is_err() {
                     let _ = from.shutdown(Shutdown::Read);
                     return copied;
                 }
                 copied += n;
                 self.activity.touch();
+                pending.clear();
+            }
+            if done {
+                return copied;
+            }
+            if ended {
+                let _ = to.shutdown(Shutdown::Write);
+                return copied;
             }
             match from.read(&mut buf) {
                 Ok(0) => {
-                    let _ = to.shutdown(Shutdown::Write);
-                    return copied;
+                    shape.finish(&mut pending);
+                    ended = true;
                 }
                 Ok(n) => {
                     self.activity.touch();
-                    pending = &buf[..n];
+                    match shape.feed(&buf[..n], &mut pending) {
+                        Ok(d) => done = d,
+                        Err(e) => {
+                            cut_all(&from, &to, "bad_request", Some(e.to_string()));
+                            return copied;
+                        }
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => pending = &[],
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -713,10 +946,9 @@ impl Pipe<'_> {
                     ) =>
                 {
                     if self.activity.idle_for() >= self.idle {
-                        cut_all(&from, &to, "idle_timeout");
+                        cut_all(&from, &to, "idle_timeout", None);
                         return copied;
                     }
-                    pending = &[];
                 }
                 Err(_) => {
                     let _ = to.shutdown(Shutdown::Write);
@@ -784,8 +1016,7 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
             method,
             host,
             port,
-            connect: true,
-            head: Vec::new(),
+            plain: None,
             rest: rest.to_vec(),
         });
     }
@@ -812,13 +1043,19 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
     };
     let (host, port) = split_authority(&authority, Some(80))
         .ok_or_else(|| bad(format!("{authority:?} is not host[:port]")))?;
+    let body = Body::of(req.headers).map_err(|e| bad(e.to_string()))?;
     // Upstream sees the origin form, the authority that was checked, and no proxy headers.
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
     for h in req.headers.iter() {
         let name = h.name.to_ascii_lowercase();
         let hop = matches!(
             name.as_str(),
-            "host" | "connection" | "proxy-connection" | "proxy-authorization" | "keep-alive"
+            "host"
+                | "connection"
+                | "proxy-connection"
+                | "proxy-authorization"
+                | "keep-alive"
+                | "upgrade"
         );
         if !hop {
             head.extend_from_slice(h.name.as_bytes());
@@ -832,8 +1069,7 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
         method,
         host,
         port,
-        connect: false,
-        head,
+        plain: Some((head, body)),
         rest: rest.to_vec(),
     })
 }
@@ -887,6 +1123,33 @@ fn split_authority(authority: &str, default: Option<u16>) -> Option<(String, u16
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sessions_time_between_cells_is_an_account_of_its_own() {
+        let leash = Leash::new(EgressPolicy::default(), Arc::default(), "k", None);
+        assert_eq!(leash.between_cells(), None, "not a session's");
+        leash.for_session("se_a");
+        let count = |n| {
+            let owner = leash.owner().clone();
+            owner.tally.connections.fetch_add(n, Ordering::Relaxed);
+            (owner.execution_id, owner.session_id)
+        };
+        assert_eq!(count(2), (None, Some("se_a".into())));
+        leash.begin("ex_1");
+        assert_eq!(count(1), (Some("ex_1".into()), Some("se_a".into())));
+        assert_eq!(leash.end_cell().connections, 1);
+        // After the cell: the session's again, its count kept.
+        assert_eq!(count(3), (None, Some("se_a".into())));
+        leash.begin("ex_2");
+        assert_eq!(leash.usage().connections, 0, "each cell begins anew");
+        assert_eq!(leash.end_cell().connections, 0);
+        assert_eq!(leash.between_cells().map(|u| u.connections), Some(5));
+        // An execution's leash stays the execution's.
+        let leash = Leash::new(EgressPolicy::default(), Arc::default(), "k", None);
+        leash.begin("ex_3");
+        leash.end_cell();
+        assert_eq!(leash.owner().execution_id.as_deref(), Some("ex_3"));
+    }
 
     #[test]
     fn authorities_split_strictly() {

@@ -78,13 +78,16 @@ pub struct Session {
     tools: Option<Arc<dyn crate::ToolBridge>>,
     /// Why the tool channel was cut, when the code broke its protocol.
     breach: Arc<crate::tools::Breach>,
-    /// The session's egress, whose counters the caller restarts at each cell (`Leash::begin`).
+    /// The session's egress: each cell is an account of its own (`Leash::begin`), and the
+    /// time between cells the session's (`Leash::for_session`, which the caller names).
     egress: Option<Arc<airlock_egress::Leash>>,
 }
 
 /// One cell.
 #[derive(Debug)]
 pub struct Cell {
+    /// The execution id the cell is audited under (its egress connections too).
+    pub execution_id: String,
     pub code: String,
     pub entrypoint: Option<Entrypoint>,
     pub timeout: Duration,
@@ -305,6 +308,12 @@ impl Session {
         frame(&mut request);
         let calls_before = self.tools.as_ref().map_or(0, |t| t.calls());
 
+        // Connections belong to this cell from here until its answer is in, then to the
+        // session again, whatever way the cell ends.
+        if let Some(leash) = &self.egress {
+            leash.begin(&cell.execution_id);
+        }
+        let _cell_running = self.egress.as_deref().map(CellRunning);
         let started = Instant::now();
         // Counters of the whole session so far: this cell's are what they grow by.
         let before = self.probe.as_ref().map(Probe::stats).unwrap_or_default();
@@ -435,7 +444,7 @@ impl Session {
                     .tools
                     .as_ref()
                     .map_or(0, |t| t.calls().saturating_sub(calls_before)),
-                egress: self.egress.as_ref().map(|l| l.usage()),
+                egress: self.egress.as_ref().map(|l| l.end_cell()),
             },
             limits,
             limits_hit: v.limits_hit,
@@ -545,6 +554,15 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Ends a cell's account of egress when the cell ends, however it does.
+struct CellRunning<'a>(&'a airlock_egress::Leash);
+
+impl Drop for CellRunning<'_> {
+    fn drop(&mut self) {
+        self.0.end_cell();
     }
 }
 

@@ -206,7 +206,8 @@ impl Row {
         let (execution_id, session_id) = match event.as_str() {
             "record" | "started" => (text("id"), None),
             e if e.starts_with("session_") => (None, text("id")),
-            _ => (text("execution_id"), None),
+            // An egress connection names its execution, its session, or both.
+            _ => (text("execution_id"), text("session_id")),
         };
         Ok(Row {
             n,
@@ -849,6 +850,56 @@ mod tests {
         let row = Row::of(8, text.to_vec()).unwrap();
         let value: serde_json::Value = serde_json::from_str(&row.line).unwrap();
         assert_eq!(value["tool"], "a\\u0000");
+    }
+
+    #[test]
+    fn an_egress_line_is_indexed_by_its_execution_and_its_session() {
+        let record = |execution: Option<&str>, session: Option<&str>| {
+            let record = airlock_egress::ConnectionRecord {
+                event: "egress",
+                execution_id: execution.map(str::to_owned),
+                session_id: session.map(str::to_owned),
+                between_cells: execution.is_none(),
+                key: "k".into(),
+                method: "GET".into(),
+                host: "example.com".into(),
+                port: 80,
+                address: None,
+                outcome: "allowed",
+                reason: None,
+                detail: None,
+                bytes_out: 0,
+                bytes_in: 0,
+                duration_ms: 0,
+            };
+            // The line as the file holds it, then as a row.
+            Row::of(1, line_of(&record).unwrap()).unwrap()
+        };
+        let between = record(None, Some("se_a"));
+        assert_eq!(
+            (
+                between.execution_id.as_deref(),
+                between.session_id.as_deref()
+            ),
+            (None, Some("se_a"))
+        );
+        let line: serde_json::Value = serde_json::from_str(&between.line).unwrap();
+        assert_eq!(line["between_cells"], true);
+        let cell = record(Some("ex_b"), Some("se_a"));
+        assert_eq!(
+            (cell.execution_id.as_deref(), cell.session_id.as_deref()),
+            (Some("ex_b"), Some("se_a"))
+        );
+        let line: serde_json::Value = serde_json::from_str(&cell.line).unwrap();
+        assert!(line.get("between_cells").is_none(), "{line}");
+        let execution = record(Some("ex_c"), None);
+        assert_eq!(
+            (
+                execution.execution_id.as_deref(),
+                execution.session_id.as_deref()
+            ),
+            (Some("ex_c"), None)
+        );
     }
 
     #[test]

@@ -61,7 +61,9 @@ impl Observer for ConnectionAudit {
         // A line that cannot be written is kept, and written when the log can be again.
         let _ = state.audit.append_event(record);
         tracing::info!(
-            execution = %record.execution_id,
+            execution = record.execution_id.as_deref().unwrap_or(""),
+            session = record.session_id.as_deref().unwrap_or(""),
+            between_cells = record.between_cells,
             key = %record.key,
             host = %record.host,
             port = record.port,
@@ -72,5 +74,14 @@ impl Observer for ConnectionAudit {
             bytes_in = record.bytes_in,
             "egress connection"
         );
+    }
+
+    fn budget_refusal(&self) {
+        if let Some(state) = self.0.upgrade() {
+            state
+                .metrics
+                .egress_connections
+                .add(&["denied", "connection_budget"]);
+        }
     }
 }

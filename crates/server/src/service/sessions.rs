@@ -57,7 +57,8 @@ pub struct OpenSession {
     session: Session,
     /// Code mode: the session's tool set, given the key's grants again at each cell.
     tools: Option<Arc<airlock_tools::ToolSet>>,
-    /// The session's egress leash, whose budgets start afresh at each cell.
+    /// The session's egress leash: each cell has budgets of its own, and the time between
+    /// cells the session's.
     egress: Option<Arc<airlock_egress::Leash>>,
 }
 
@@ -253,6 +254,7 @@ impl OpenSession {
             cells: self.cells.load(Ordering::Relaxed),
             ended: *lock(&self.ended),
             limits: self.session.cell_limits(),
+            egress_between_cells: self.egress.as_ref().and_then(|l| l.between_cells()),
         }
     }
 
@@ -383,7 +385,12 @@ pub(crate) async fn open(
             environment: asked.environment,
         },
     )?;
+    let id = state.held_id("se_");
     let egress = job.egress.clone();
+    if let Some(leash) = &egress {
+        // Connections made while no cell runs are the session's from the start.
+        leash.for_session(&id);
+    }
     let tools = tools::for_key(state, key);
     job.tools = tools
         .clone()
@@ -408,7 +415,7 @@ pub(crate) async fn open(
             )
         })?;
     let entry = Arc::new(OpenSession {
-        id: state.held_id("se_"),
+        id,
         key_fingerprint: key.fingerprint(),
         created_at: SystemTime::now(),
         created: Instant::now(),
@@ -604,10 +611,8 @@ async fn start_cell<H>(
     if let Some(tools) = &entry.tools {
         tools.begin(&key.grants, &ctx.id);
     }
-    if let Some(egress) = &entry.egress {
-        egress.begin(&ctx.id);
-    }
     let cell = Cell {
+        execution_id: ctx.id.clone(),
         code: asked.code,
         entrypoint,
         timeout: Duration::from_millis(limits.timeout_ms),
