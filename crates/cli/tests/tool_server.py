@@ -13,6 +13,9 @@ import json
 import os
 import sys
 import time
+from typing import Annotated
+
+from pydantic import Field
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -77,6 +80,16 @@ def list_orders(customer_id: int) -> dict:
 def holds_canary() -> bool:
     """Whether this server was given its secret (it never says the secret itself)."""
     return bool(os.environ.get("TOOL_CANARY"))
+
+
+@server.tool(annotations=READ)
+def contact(
+    email: Annotated[str, Field(json_schema_extra={"format": "email"})],
+    day: Annotated[str, Field(json_schema_extra={"format": "date"})] = "2024-01-01",
+) -> str:
+    """Books a call. The schema says `format`, but this server checks nothing itself."""
+    log(tool="contact", email=email, day=day)
+    return "booked " + email + " " + day
 
 
 @server.tool(annotations=WRITE)

@@ -603,6 +603,60 @@ fn a_keys_rate_spans_its_executions() {
 }
 
 #[test]
+fn formats_in_a_tools_schema_are_checked_before_the_server_sees_them() {
+    let _serial = common::serial();
+    let dir = scratch_dir("formats");
+    let server = start(&dir, "");
+    // `contact`'s schema says `"format": "email"` and `"format": "date"`; the server itself
+    // takes any string. The hand-made frame goes first: once the package has called, its
+    // reader thread takes every answer.
+    let r = value(
+        &server,
+        AGENT,
+        &format!(
+            "{RAW_FRAME}\nimport tools\nout = {{}}\n\
+             out['raw'] = raw({{'id': 1, 'server': 'crm', 'tool': 'contact', 'arguments': {{'email': 'still-not-one'}}}})\n\
+             for name, args in [('email', {{'email': 'not-an-email'}}), ('date', {{'email': 'ada@example.com', 'day': '2024-02-30'}})]:\n\
+             \x20   try:\n        tools.crm.contact(**args)\n        out[name] = 'sent'\n\
+             \x20   except tools.ToolError as e:\n        out[name] = [e.kind, str(e)]\n\
+             out['valid'] = tools.crm.contact(email='ada@example.com', day='2024-02-29')\nout"
+        ),
+    );
+    assert_eq!(r["email"][0], "schema", "{r}");
+    assert!(
+        r["email"][1]
+            .as_str()
+            .unwrap()
+            .contains("\"not-an-email\" is not a \"email\""),
+        "{r}"
+    );
+    assert_eq!(r["date"][0], "schema", "{r}");
+    assert!(
+        r["date"][1]
+            .as_str()
+            .unwrap()
+            .contains("\"2024-02-30\" is not a \"date\""),
+        "{r}"
+    );
+    assert_eq!(r["raw"]["kind"], "schema", "a hand-made frame too: {r}");
+    assert_eq!(r["valid"], "booked ada@example.com 2024-02-29");
+    let seen: Vec<Value> = tool_log(&dir)
+        .into_iter()
+        .filter(|e| e["tool"] == "contact")
+        .collect();
+    assert_eq!(
+        seen,
+        [json!({"tool": "contact", "email": "ada@example.com", "day": "2024-02-29"})],
+        "only the valid call reached the tool server"
+    );
+    let refused = tool_calls(&server)
+        .into_iter()
+        .filter(|c| c["tool"] == "contact" && c["reason"] == "schema")
+        .count();
+    assert_eq!(refused, 3);
+}
+
+#[test]
 fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
     let _serial = common::serial();
     let dir = scratch_dir("faults");
@@ -1065,7 +1119,7 @@ fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
         ("TEST_TOOL_LOG", log.to_str().unwrap()),
     ]);
     assert!(
-        out.contains("tool server      crm: stdio, 16 tools"),
+        out.contains("tool server      crm: stdio, 17 tools"),
         "{out}"
     );
     assert_eq!(code, Some(0), "{out}");

@@ -302,7 +302,7 @@ mod tests {
         Arc::new(ToolInfo {
             name: name.into(),
             description: "Finds things.\nMore text.".into(),
-            validator: jsonschema::validator_for(&schema).unwrap(),
+            validator: crate::source::input_validator(&schema).unwrap(),
             input_schema: schema,
             read_only: true,
             wraps_result: false,

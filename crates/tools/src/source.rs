@@ -276,7 +276,7 @@ impl Source {
         let mut tools = Vec::with_capacity(listed.len());
         for tool in listed {
             let schema = serde_json::Value::Object((*tool.input_schema).clone());
-            let validator = match jsonschema::validator_for(&schema) {
+            let validator = match input_validator(&schema) {
                 Ok(v) => v,
                 Err(e) => {
                     tracing::warn!(
@@ -376,6 +376,19 @@ impl Source {
     }
 }
 
+/// A tool's input schema compiled as the broker checks arguments against it, its `format`s
+/// asserted: JSON Schema makes them annotations only (from draft 2019-09 on, the default for
+/// a schema naming no draft), and a server that trusts its schema would get an `email` that
+/// is none. The formats the `jsonschema` crate knows are checked (docs/tools.md lists them);
+/// a name it does not know stays an annotation.
+pub(crate) fn input_validator(
+    schema: &serde_json::Value,
+) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+}
+
 /// An output schema with exactly one property, `result`, which is required.
 fn wraps_result(schema: &serde_json::Map<String, serde_json::Value>) -> bool {
     let one = |v: Option<&serde_json::Value>, f: &dyn Fn(&serde_json::Value) -> Option<usize>| {
@@ -431,4 +444,58 @@ fn redact(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Every format docs/tools.md says is checked: one value that is and one that is not.
+    const FORMATS: [(&str, &str, &str); 19] = [
+        ("date", "2024-02-29", "2023-02-29"),
+        ("date-time", "2024-01-01T12:00:00Z", "2024-01-01 12:00"),
+        ("duration", "P3DT4H", "3 days"),
+        ("email", "ada@example.com", "not-an-email"),
+        ("hostname", "example.com", "exa mple.com"),
+        ("idn-email", "ada@例え.jp", "not-an-email"),
+        ("idn-hostname", "例え.jp", "例え..jp"),
+        ("ipv4", "192.0.2.1", "256.0.2.1"),
+        ("ipv6", "2001:db8::1", "2001:db8:::1"),
+        ("iri", "https://例え.jp/パス", "パス"),
+        ("iri-reference", "/パス?q", "\\\\WINDOWS\\share"),
+        ("json-pointer", "/a/b", "a/b"),
+        ("regex", "^a+$", "(unclosed"),
+        ("relative-json-pointer", "1/a", "/a"),
+        ("time", "12:00:00Z", "25:00:00Z"),
+        ("uri", "https://example.com/x", "no scheme"),
+        ("uri-reference", "/x?y#z", "\\\\WINDOWS\\share"),
+        ("uri-template", "/users/{id}", "/users/{id"),
+        (
+            "uuid",
+            "2eb8aa08-aa98-11ea-b4aa-73b441d16380",
+            "2eb8aa08aa9811eab4aa",
+        ),
+    ];
+
+    #[test]
+    fn the_formats_of_an_input_schema_are_checked() {
+        let docs = include_str!("../../../docs/tools.md");
+        for (format, good, bad) in FORMATS {
+            let v = input_validator(&json!({
+                "type": "object",
+                "properties": {"x": {"type": "string", "format": format}}
+            }))
+            .unwrap();
+            assert!(v.is_valid(&json!({"x": good})), "{format}: {good}");
+            assert!(!v.is_valid(&json!({"x": bad})), "{format}: {bad}");
+            assert!(
+                docs.contains(&format!("`{format}`")),
+                "docs/tools.md names {format}"
+            );
+        }
+        // A format the crate does not know constrains nothing, as JSON Schema says.
+        let v = input_validator(&json!({"properties": {"x": {"format": "phone"}}})).unwrap();
+        assert!(v.is_valid(&json!({"x": "anything"})));
+    }
 }
