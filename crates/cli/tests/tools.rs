@@ -656,6 +656,170 @@ fn formats_in_a_tools_schema_are_checked_before_the_server_sees_them() {
     assert_eq!(refused, 3);
 }
 
+/// Python for one key's side of the fairness tests: `threads` threads call `crm.slow` (each
+/// `seconds` long); a call refused as `unavailable` is tried again until `retry_for` seconds
+/// have passed. The result: `[kind, seconds]` of every attempt.
+fn hog(threads: usize, seconds: f64, retry_for: f64) -> String {
+    format!(
+        "import tools, threading, time\nstart = time.monotonic()\nout = []\n\
+         def go():\n    while True:\n        t = time.monotonic()\n        try:\n\
+         \x20           tools.crm.slow(seconds={seconds}, tag='hog')\n            out.append(['ok', time.monotonic() - t])\n            return\n\
+         \x20       except tools.ToolError as e:\n            out.append([e.kind, time.monotonic() - t])\n\
+         \x20           if e.kind != 'unavailable' or time.monotonic() - start > {retry_for}:\n                return\n\
+         ts = [threading.Thread(target=go) for _ in range({threads})]\n[t.start() for t in ts]\n[t.join() for t in ts]\nout"
+    )
+}
+
+/// Python that times one quick call inside the sandbox: `[result, seconds]`.
+const TIMED_ADD: &str =
+    "import tools, time\nt = time.monotonic()\nr = tools.crm.add(a=1)\n[r, time.monotonic() - t]";
+
+#[test]
+fn one_key_cannot_starve_another_of_a_tool_server() {
+    let _serial = common::serial();
+    let dir = scratch_dir("fair");
+    let log_file = dir.join("tool.log");
+    // The default bounds: 16 slots a server, a quarter of them kept for keys that hold none,
+    // a second of waiting for one. Five executions at once: four of the agent's, one other.
+    let server = Server::start(
+        &stdio_config(""),
+        &[
+            ("TEST_TOOL_CANARY", CANARY),
+            ("TEST_TOOL_LOG", log_file.to_str().unwrap()),
+            ("AIRLOCK_CONCURRENCY__MAX_RUNNING", "5"),
+        ],
+    );
+    // The quick call's own time, nothing else running: the server's and the channel's.
+    let idle = (0..3)
+        .map(|_| value(&server, WRITER, TIMED_ADD)[1].as_f64().unwrap())
+        .fold(0.0, f64::max);
+
+    let addr = server.addr;
+    let started = |log: &[Value]| {
+        log.iter()
+            .filter(|e| e["tag"] == "hog" && e["state"] == "started")
+            .count()
+    };
+    let (hogs, during) = std::thread::scope(|s| {
+        let code = hog(4, 5.0, 4.0);
+        let hogs: Vec<_> = (0..4)
+            .map(|_| {
+                let code = code.clone();
+                s.spawn(move || {
+                    call_as(
+                        addr,
+                        AGENT,
+                        "POST",
+                        "/v1/execute",
+                        Some(&json!({"code": code})),
+                    )
+                    .json()
+                })
+            })
+            .collect();
+        // Until the agent holds every slot it may (twelve), and its other calls have come
+        // (all sixteen hold slots, without the reserve) or had time to.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while started(&tool_log(&dir)) < 12 {
+            assert!(Instant::now() < deadline, "the agent's calls never started");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let settle = Instant::now() + Duration::from_millis(1500);
+        while started(&tool_log(&dir)) < 16 && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let during = value(&server, WRITER, TIMED_ADD);
+        let hogs: Vec<Value> = hogs.into_iter().map(|h| h.join().unwrap()).collect();
+        (hogs, during)
+    });
+    assert_eq!(during[0], 2);
+    let took = during[1].as_f64().unwrap();
+    assert!(
+        took < idle + 0.1,
+        "the other key's call took {took:.3} s while the agent held the server ({idle:.3} s idle)"
+    );
+
+    // The agent held at most its share at once: twelve ran, each to its end; the rest were
+    // refused after a second of waiting, each time, never sent.
+    let most = tool_log(&dir)
+        .iter()
+        .filter(|e| e["tag"] == "hog")
+        .filter_map(|e| e["running"].as_u64())
+        .max();
+    assert_eq!(most, Some(12), "{:?}", tool_log(&dir));
+    let attempts: Vec<(String, f64)> = hogs
+        .iter()
+        .flat_map(|h| {
+            assert_eq!(h["status"], "ok", "{h:#}");
+            h["result"].as_array().unwrap().clone()
+        })
+        .map(|a| (a[0].as_str().unwrap().to_owned(), a[1].as_f64().unwrap()))
+        .collect();
+    let ok = attempts.iter().filter(|(k, _)| k == "ok").count();
+    assert_eq!(ok, 12, "{attempts:?}");
+    let refused: Vec<f64> = attempts
+        .iter()
+        .filter(|(k, _)| k != "ok")
+        .map(|(k, t)| {
+            assert_eq!(k, "unavailable", "{attempts:?}");
+            *t
+        })
+        .collect();
+    assert!(!refused.is_empty(), "{attempts:?}");
+    assert!(
+        refused.iter().all(|t| (0.95..2.5).contains(t)),
+        "refused after the second of waiting: {attempts:?}"
+    );
+    let busy: Vec<Value> = tool_calls(&server)
+        .into_iter()
+        .filter(|c| c["reason"] == "busy")
+        .collect();
+    assert_eq!(busy.len(), refused.len(), "{busy:?}");
+    assert!(busy
+        .iter()
+        .all(|c| c["key"] == "agent" && c["outcome"] == "error"));
+}
+
+#[test]
+fn a_call_that_gets_no_slot_in_time_is_unavailable_at_once() {
+    let _serial = common::serial();
+    let dir = scratch_dir("slot-wait");
+    // One slot, so nothing is reserved; the default wait of a second.
+    let server = start(&dir, "max_concurrent_per_server = 1");
+    let r = value(
+        &server,
+        AGENT,
+        "import tools, threading, time\nout = {}\n\
+         held = threading.Thread(target=lambda: out.update(held=tools.crm.slow(seconds=5, tag='held')))\n\
+         held.start()\ntime.sleep(0.5)\nt = time.monotonic()\n\
+         try:\n    tools.crm.add(a=1)\n    out['add'] = 'sent'\nexcept tools.ToolError as e:\n    out['add'] = [e.kind, str(e)]\n\
+         out['waited'] = time.monotonic() - t\nheld.join()\nout",
+    );
+    assert_eq!(r["add"][0], "unavailable", "{r}");
+    let message = r["add"][1].as_str().unwrap();
+    assert!(
+        message.contains("`crm` is busy") && message.contains("within 1000 ms"),
+        "{message}"
+    );
+    let waited = r["waited"].as_f64().unwrap();
+    assert!((0.95..2.5).contains(&waited), "refused after {waited:.3} s");
+    assert_eq!(
+        r["held"], "slept held",
+        "the call that held the slot ran on"
+    );
+    assert!(
+        !tool_log(&dir).iter().any(|e| e["tool"] == "add"),
+        "the refused call never reached the server"
+    );
+    let busy: Vec<Value> = tool_calls(&server)
+        .into_iter()
+        .filter(|c| c["tool"] == "add")
+        .collect();
+    assert_eq!(busy.len(), 1, "{busy:?}");
+    assert_eq!(busy[0]["outcome"], "error");
+    assert_eq!(busy[0]["reason"], "busy");
+}
+
 #[test]
 fn upstream_faults_are_tool_errors_and_a_dead_server_is_started_again() {
     let _serial = common::serial();

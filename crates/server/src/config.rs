@@ -542,12 +542,13 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Settings that are optional (absent from the defaults' table) but may still be set.
-const OPTIONAL: [&[&str]; 5] = [
+const OPTIONAL: [&[&str]; 6] = [
     &["state_dir"],
     &["replica"],
     &["store", "url"],
     &["store", "password_file"],
     &["store", "ca_file"],
+    &["tools", "reserved_per_server"],
 ];
 
 fn has_path(tree: &toml::Table, path: &[String]) -> bool {
@@ -888,6 +889,7 @@ mod tests {
                 r#"["https://app.example"]"#,
             ),
             ("AIRLOCK_STATE_DIR", "/srv/airlock"),
+            ("AIRLOCK_TOOLS__RESERVED_PER_SERVER", "2"),
             ("AIRLOCK_LOG_FORMAT", "json"),
             ("AIRLOCK_API_KEY", "not a setting"),
             ("PATH", "/usr/bin"),
@@ -904,6 +906,7 @@ mod tests {
         assert_eq!(c.engine.defaults.timeout_ms, 1234);
         assert_eq!(c.cors.allowed_origins, ["https://app.example"]);
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/airlock")));
+        assert_eq!(c.tools.reserved_per_server, Some(2), "an optional setting");
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.listen.port(), 9100, "the flag beats everything");
         std::fs::remove_dir_all(&dir).unwrap();

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ToolsConfig;
 use crate::grants::Grants;
 use crate::package::{self, Granted, ToolApi};
+use crate::slots::Slots;
 use crate::source::{Source, SourceStatus};
 
 /// Room in a call frame beyond its arguments (id, names, JSON punctuation).
@@ -39,7 +40,8 @@ const MAX_NAME_CHARS: usize = 128;
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Ok,
-    /// The tool's own error, arguments against its schema, a timeout or a server that is down.
+    /// The tool's own error, arguments against its schema, a timeout, a server that is down
+    /// or busy.
     Error,
     /// Not granted to the key.
     Denied,
@@ -80,7 +82,8 @@ pub struct CallRecord {
     pub duration_ms: u64,
     pub outcome: Outcome,
     /// What refused or failed it: `not_granted`, `calls`, `rate`, `argument_bytes`,
-    /// `result_bytes`, `schema`, `timeout`, `unavailable`, `tool`.
+    /// `result_bytes`, `schema`, `busy` (no slot of the server within `slot_wait_ms`),
+    /// `timeout`, `unavailable`, `tool`, `not_sent`, `cancelled_upstream`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -131,7 +134,8 @@ impl Registry {
             .servers
             .iter()
             .map(|(name, c)| {
-                let source = Source::new(name.clone(), c.clone(), config.max_concurrent_per_server);
+                let slots = Slots::new(config.max_concurrent_per_server, config.reserve());
+                let source = Source::new(name.clone(), c.clone(), slots);
                 (name.clone(), Arc::new(source))
             })
             .collect();
@@ -688,29 +692,43 @@ impl Inner {
         let Some(permit) = permit else {
             return (cancelled(false), None);
         };
-        let source = self.registry.sources.get(&call.server);
-        // The server's own slots, shared by every execution: one key cannot flood it.
-        let slot = match source {
-            Some(s) => tokio::select! {
-                p = s.slots.clone().acquire_owned() => p.ok(),
-                _ = stop.cancelled() => None,
-            },
-            None => None,
+        let unavailable =
+            |message: String| Answer::refuse(Outcome::Error, "unavailable", "unavailable", message);
+        // Granted tools are those of configured servers; this is only for completeness.
+        let Some(source) = self.registry.sources.get(&call.server) else {
+            let message = format!("no tool server `{}`", call.server);
+            return (unavailable(message), Some(permit));
         };
-        if slot.is_none() || stop.is_cancelled() || sandbox_gone(channel) {
+        // The server's own slots, shared fairly by the keys (`slots.rs`); waiting for one is
+        // bounded, so a server kept busy by others is a quick `unavailable`, never a stall.
+        let wait = Duration::from_millis(config.slot_wait_ms);
+        let slot = tokio::select! {
+            s = source.slots.acquire(&self.key, wait) => s,
+            _ = stop.cancelled() => return (cancelled(false), None),
+        };
+        let Some(slot) = slot else {
+            let message = format!(
+                "the tool server `{}` is busy: no slot for the call came free within {} ms; \
+                 try again later",
+                call.server, config.slot_wait_ms
+            );
+            let answer = Answer::refuse(Outcome::Error, "busy", "unavailable", message);
+            return (answer, Some(permit));
+        };
+        if stop.is_cancelled() || sandbox_gone(channel) {
             return (cancelled(false), None);
         }
-        let Some(peer) = source.and_then(|s| s.peer()) else {
+        let Some(peer) = source.peer() else {
             let message = format!(
                 "the tool server `{}` is unavailable (it is being started again)",
                 call.server
             );
-            let answer = Answer::refuse(Outcome::Error, "unavailable", "unavailable", message);
-            return (answer, Some(permit));
+            return (unavailable(message), Some(permit));
         };
         let timeout = Duration::from_millis(
             source
-                .and_then(|s| s.config.call_timeout_ms)
+                .config
+                .call_timeout_ms
                 .unwrap_or(config.call_timeout_ms),
         );
         let params = rmcp::model::CallToolRequestParams::new(checked.granted.tool.name.clone())

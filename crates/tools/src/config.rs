@@ -18,8 +18,18 @@ pub struct ToolsConfig {
     pub max_calls: u64,
     /// Calls of one execution running upstream at once; more wait their turn.
     pub max_concurrent: usize,
-    /// Calls running on one server at once, all executions and keys together.
+    /// Calls running on one server at once, all executions and keys together, shared fairly:
+    /// a slot that comes free goes to the waiting key holding the fewest (`slots.rs`).
     pub max_concurrent_per_server: usize,
+    /// Slots of each server that a key already calling it cannot take: kept for a key that
+    /// holds none, so it is served at once while others keep the server busy. A key alone
+    /// holds at most `max_concurrent_per_server` less these. Default: a quarter of
+    /// `max_concurrent_per_server` (at least 1 when it is 2 or more); below it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved_per_server: Option<usize>,
+    /// Longest a call waits for a slot of its server; past it, `ToolError` (`unavailable`).
+    /// 0: a call never waits.
+    pub slot_wait_ms: u64,
     /// Largest arguments of one call, as JSON.
     pub max_argument_bytes: u64,
     /// Largest result of one call; a larger one is a `ToolError`, never cut.
@@ -42,6 +52,8 @@ impl Default for ToolsConfig {
             max_calls: 100,
             max_concurrent: 4,
             max_concurrent_per_server: 16,
+            reserved_per_server: None,
+            slot_wait_ms: 1000,
             max_argument_bytes: 64 * 1024,
             max_result_bytes: 1024 * 1024,
             call_timeout_ms: 30_000,
@@ -130,6 +142,14 @@ pub(crate) fn is_identifier(name: &str) -> bool {
 }
 
 impl ToolsConfig {
+    /// Slots of each server kept for keys that hold none of them: `reserved_per_server`, or
+    /// a quarter of the slots (at least 1 when there are 2 or more).
+    pub fn reserve(&self) -> usize {
+        let total = self.max_concurrent_per_server;
+        self.reserved_per_server
+            .unwrap_or(if total >= 2 { (total / 4).max(1) } else { 0 })
+    }
+
     /// Checks what can be checked before anything starts.
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -146,6 +166,15 @@ impl ToolsConfig {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("tools.{name} must be at least 1"));
+        }
+        if let Some(reserved) = self.reserved_per_server {
+            if reserved >= self.max_concurrent_per_server {
+                return Err(format!(
+                    "tools.reserved_per_server ({reserved}) must be below \
+                     tools.max_concurrent_per_server ({}): a key must be able to call",
+                    self.max_concurrent_per_server
+                ));
+            }
         }
         // An MCP message over stdio is one line of at most 16 MiB (rmcp drops longer ones),
         // and JSON may double a result's bytes.
@@ -252,6 +281,31 @@ mod tests {
             ..ToolsConfig::default()
         };
         assert!(zero.validate().unwrap_err().contains("max_calls"));
+        let all_reserved = ToolsConfig {
+            max_concurrent_per_server: 4,
+            reserved_per_server: Some(4),
+            ..ToolsConfig::default()
+        };
+        assert!(all_reserved
+            .validate()
+            .unwrap_err()
+            .contains("reserved_per_server"));
+    }
+
+    #[test]
+    fn a_quarter_of_a_servers_slots_is_reserved_unless_set() {
+        let with = |total, reserved| ToolsConfig {
+            max_concurrent_per_server: total,
+            reserved_per_server: reserved,
+            ..ToolsConfig::default()
+        };
+        assert_eq!(with(16, None).reserve(), 4);
+        assert_eq!(with(4, None).reserve(), 1);
+        assert_eq!(with(2, None).reserve(), 1);
+        assert_eq!(with(1, None).reserve(), 0);
+        assert_eq!(with(16, Some(0)).reserve(), 0);
+        assert_eq!(with(16, Some(15)).reserve(), 15);
+        assert!(with(16, Some(15)).validate().is_ok());
     }
 
     #[test]

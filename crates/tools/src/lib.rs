@@ -11,6 +11,7 @@ mod broker;
 mod config;
 mod grants;
 mod package;
+mod slots;
 mod source;
 
 /// Entry points for the fuzz targets (`fuzz/`, cargo fuzz): the broker's reading of a

@@ -10,6 +10,7 @@ use rmcp::ServiceExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::SourceConfig;
+use crate::slots::Slots;
 
 /// First wait before a restart, doubled after each failure up to `MAX_BACKOFF`.
 const FIRST_BACKOFF: Duration = Duration::from_millis(250);
@@ -80,15 +81,15 @@ pub(crate) struct Source {
     pub config: SourceConfig,
     inner: Mutex<Inner>,
     changed: tokio::sync::Notify,
-    /// Calls running on this server at once, all executions together.
-    pub slots: Arc<tokio::sync::Semaphore>,
+    /// Calls running on this server at once, shared fairly by the keys.
+    pub slots: Arc<Slots>,
     /// The process group of the stdio server running now, to kill at shutdown (a server
     /// that ignores the end of its input would outlive airlock otherwise).
     group: Mutex<Option<i32>>,
 }
 
 impl Source {
-    pub fn new(name: String, config: SourceConfig, slots: usize) -> Self {
+    pub fn new(name: String, config: SourceConfig, slots: Arc<Slots>) -> Self {
         Source {
             name,
             config,
@@ -101,7 +102,7 @@ impl Source {
                 attempts: 0,
             }),
             changed: tokio::sync::Notify::new(),
-            slots: Arc::new(tokio::sync::Semaphore::new(slots)),
+            slots,
             group: Mutex::new(None),
         }
     }
