@@ -37,8 +37,9 @@ const TAIL_BYTES: u64 = RECENT as u64 * 2048;
 /// Lines kept while the log cannot be written; beyond this the oldest are counted as lost.
 /// Executions are refused meanwhile, so only those already running add to them.
 const MAX_PENDING: usize = 100_000;
-/// How often a failed log is tried again (by the requests and readiness probes that ask).
-const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// How often a failed log is tried again (by the requests and readiness probes that ask),
+/// and the store's writer tries the database again: what a refusal's `Retry-After` says.
+pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Inner {
@@ -228,7 +229,9 @@ impl FileLog {
         let len = reader.metadata()?.len();
         let start = len.saturating_sub(TAIL_BYTES);
         reader.seek(SeekFrom::Start(start))?;
-        let mut lines = BufReader::new(reader).lines();
+        // What the file held when measured, and no more (a device such as /dev/full reads
+        // without end).
+        let mut lines = BufReader::new(reader.take(len - start)).lines();
         if start > 0 {
             lines.next(); // a partial line
         }
@@ -741,7 +744,7 @@ fn open_file(path: &Path) -> std::io::Result<(File, u64)> {
 /// Cuts the file back to its last newline: what follows it is a line the machine stopped in
 /// the middle of (each line is one write, so a crashed process leaves none). Returns the bytes
 /// cut.
-fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
+pub(crate) fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
     let len = file.metadata()?.len();
     let mut end = len;
     let mut buf = [0u8; 4096];

@@ -25,14 +25,21 @@ pub struct Error {
     pub invalid_token: bool,
 }
 
+/// A 503's `Retry-After` unless its maker knows better: the second after which the audit
+/// log's retry, the store's writer and the admission queue have each had another go.
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = crate::audit::RETRY_EVERY.as_secs();
+
 impl Error {
+    /// An error; a 503 says when to come back (`Retry-After`, [`UNAVAILABLE_RETRY_AFTER_SECS`]),
+    /// as every 503 of the API does: the Python client retries only answers that carry one.
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Error {
             status,
             code,
             message: message.into(),
             field: None,
-            retry_after_secs: None,
+            retry_after_secs: (status == StatusCode::SERVICE_UNAVAILABLE)
+                .then_some(UNAVAILABLE_RETRY_AFTER_SECS),
             close: false,
             invalid_token: false,
         }
@@ -125,5 +132,26 @@ impl IntoResponse for Error {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_503_says_when_to_come_back() {
+        let outage = Error::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "down");
+        let response = outage.into_response();
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let shutting_down =
+            Error::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "bye").retry_after(5);
+        assert_eq!(
+            shutting_down.into_response().headers()[header::RETRY_AFTER],
+            "5"
+        );
+        // Other refusals say it only when their maker does.
+        let missing = Error::not_found().into_response();
+        assert!(!missing.headers().contains_key(header::RETRY_AFTER));
     }
 }

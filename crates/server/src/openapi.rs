@@ -161,7 +161,7 @@ fn errors(codes: &[u16]) -> Value {
             415 => "The body is not `application/json`.",
             421 => "The Host header is not one this server answers for.",
             429 => "The key's rate limit, its concurrency and queue, or its share of memory for request bodies and answers not yet read (`http.max_buffered_bytes_per_key`) is exhausted (`Retry-After`).",
-            503 => "Every slot and the queue are full, the memory for bodies and answers of all keys is taken, or the server is shutting down (`Retry-After`).",
+            503 => "Every slot and the queue are full, the memory for bodies and answers of all keys is taken, the audit log or the store cannot be written (or a record read from the store), a sandbox cannot start, or the server is shutting down; always with `Retry-After` (seconds).",
             _ => "Error.",
         };
         out.insert(
@@ -383,7 +383,7 @@ fn document() -> Value {
             "/readyz": {"get": {
                 "summary": "Whether an execution could start now",
                 "responses": with(with(errors(&[401, 421]), "200", json!({"description": "Ready."})), "503",
-                    json!({"description": "Not ready; `reasons` says why.",
+                    json!({"description": "Not ready; `reasons` says why, `Retry-After` when to ask again.",
                            "content": {"application/json": {"schema": {"type": "object", "properties": {
                                "ready": {"type": "boolean"}, "reasons": {"type": "array", "items": {"type": "string"}}}}}}})),
             }},

@@ -366,7 +366,37 @@ async fn refusals_map_to_their_status_and_retry_after() {
         .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(error(&body).0, "shutting_down");
+    // Readiness says so too, with the same hint.
+    let (status, response, body) = s
+        .send(request(Method::GET, "/readyz", Some(KEY), None))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "5");
     assert_eq!(s.audit_lines(), 0);
+}
+
+#[tokio::test]
+async fn an_audit_log_that_cannot_be_written_refuses_work_saying_when_to_come_back() {
+    // The log on a device that takes nothing (every write fails with ENOSPC): a full disk.
+    let s = server(|config| {
+        let path = config.state_dir.as_ref().unwrap().join("audit.jsonl");
+        std::os::unix::fs::symlink("/dev/full", path).unwrap();
+    });
+    // The first execution fails to write its `started` line; the next is refused at once;
+    // readiness names the log. Each 503 says when to ask again: the second after which the
+    // log is tried again.
+    for _ in 0..2 {
+        let (status, response, body) = s.send(execute(json!({"code": "1"}))).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert_eq!(error(&body).0, "unavailable");
+        assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "1");
+    }
+    let (status, response, body) = s
+        .send(request(Method::GET, "/readyz", Some(KEY), None))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(body["reasons"].to_string().contains("audit log"), "{body}");
+    assert_eq!(response.headers().get(header::RETRY_AFTER).unwrap(), "1");
 }
 
 #[tokio::test]

@@ -41,19 +41,36 @@ pub(crate) async fn readyz(
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let Some(Extension(caller)) = caller else {
+    let body = match caller {
         // A probe without a key (`http.readyz_without_key`): why not is for keys.
-        return (code, Json(serde_json::json!({"ready": ready}))).into_response();
+        None => serde_json::json!({"ready": ready}),
+        Some(Extension(caller)) => {
+            let mut body = serde_json::json!({"ready": ready, "reasons": reasons});
+            // The pools' and tool servers' states tell everyone's traffic and name the
+            // operator's programs: for keys that may see metrics.
+            if caller.0.allows(Scope::Metrics) {
+                if let Some(map) = body.as_object_mut() {
+                    map.extend(status::details(&state));
+                }
+            }
+            body
+        }
     };
-    let mut body = serde_json::json!({"ready": ready, "reasons": reasons});
-    // The pools' and tool servers' states tell everyone's traffic and name the operator's
-    // programs: for keys that may see metrics.
-    if caller.0.allows(Scope::Metrics) {
-        if let Some(map) = body.as_object_mut() {
-            map.extend(status::details(&state));
+    let mut response = (code, Json(body)).into_response();
+    if !ready {
+        // As every 503: when to ask again (a server shutting down is gone by then).
+        let secs = if state.is_shutting_down() {
+            crate::service::execution::shutting_down().retry_after_secs
+        } else {
+            Some(crate::error::UNAVAILABLE_RETRY_AFTER_SECS)
+        };
+        if let Some(secs) = secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
     }
-    (code, Json(body)).into_response()
+    response
 }
 
 pub(crate) async fn metrics(

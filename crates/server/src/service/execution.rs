@@ -526,12 +526,15 @@ pub(crate) fn audit_start(
     })
 }
 
+/// Worth a retry a second later: the audit log is tried again each second (the file by the
+/// requests that ask, the store by its writer).
 fn audit_unavailable(why: &str) -> Error {
     Error::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
         format!("executions are refused while the audit log cannot be written: {why}"),
     )
+    .retry_after(crate::audit::RETRY_EVERY.as_secs())
 }
 
 /// Metrics, the audit record and the log line for one execution; the response.
