@@ -132,8 +132,15 @@ impl Postgres {
         child
     }
 
-    /// Stops the server (a fast shutdown: clients are disconnected).
+    /// Stops the server (a fast shutdown: clients are disconnected), woken first if a test
+    /// that failed left it stopped with SIGSTOP.
     fn stop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return; // stopped already
+        }
+        for pid in postgres_processes(self) {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT);
+        }
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::SIGINT,
@@ -645,24 +652,40 @@ fn while_the_database_is_down_executions_are_refused_and_no_line_is_lost() {
     assert!(status == 200 || status == 503, "{status} {r}");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (status, r) = run("print(3)");
-        if status == 503 {
-            assert_eq!(r["error"]["code"], "unavailable", "{r}");
+        let r = call_as(
+            server.addr,
+            KEY,
+            "POST",
+            "/v1/execute",
+            Some(&json!({"code": "print(3)"})),
+        );
+        let body = r.json();
+        if r.status == 503 {
+            assert_eq!(body["error"]["code"], "unavailable", "{body}");
             assert!(
-                r["error"]["message"]
+                body["error"]["message"]
                     .as_str()
                     .unwrap_or_default()
                     .contains("PostgreSQL"),
-                "{r}"
+                "{body}"
             );
+            // A refusal says when to come back: the second after which the writer has
+            // tried again (the Python client retries only answers that say it).
+            assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
             break;
         }
-        assert_eq!(status, 200, "{r}");
+        assert_eq!(r.status, 200, "{body}");
         assert!(Instant::now() < deadline, "executions never refused");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let (status, ready) = call(server.addr, "GET", "/readyz", None);
-    assert_eq!(status, 503, "{ready}");
+    let ready = call_as(server.addr, KEY, "GET", "/readyz", None);
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert_eq!(
+        ready.header("retry-after"),
+        Some("1"),
+        "{:?}",
+        ready.headers
+    );
 
     pg.restart();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -968,31 +991,48 @@ fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_neve
     for pid in &stopped {
         nix::sys::signal::kill(*pid, nix::sys::signal::SIGSTOP).unwrap();
     }
-    let (status, r) = run("print(2)");
-    assert_eq!(status, 503, "{r}");
+    let refused = call_as(
+        server.addr,
+        KEY,
+        "POST",
+        "/v1/execute",
+        Some(&json!({"code": "print(2)"})),
+    );
+    let r = refused.json();
+    assert_eq!(refused.status, 503, "{r}");
+    // The waiter's clock or the writer's deadline, whichever ends first: both are 10 s.
+    let message = r["error"]["message"].as_str().unwrap_or_default();
     assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("has not confirmed a commit"),
+        message.contains("PostgreSQL") && message.contains("in 10 s"),
         "{r}"
     );
-    assert_eq!(call(server.addr, "GET", "/readyz", None).0, 503);
+    assert_eq!(refused.header("retry-after"), Some("1"), "{r}");
+    let ready = call_as(server.addr, KEY, "GET", "/readyz", None);
+    assert_eq!(ready.status, 503, "{}", ready.text());
+    assert_eq!(ready.header("retry-after"), Some("1"));
     // A record this replica does not hold in memory is read from the database: 503.
     let foreign = || {
-        call(
+        call_as(
             server.addr,
+            KEY,
             "GET",
             "/v1/executions/ex_airlock-1_0123456789abcdef",
             None,
         )
     };
-    let (status, r) = foreign();
+    let read = foreign();
     assert_eq!(
-        (status, &r["error"]["code"]),
+        (read.status, &read.json()["error"]["code"]),
         (503, &json!("unavailable")),
-        "{r}"
+        "{}",
+        read.text()
     );
+    assert_eq!(read.header("retry-after"), Some("1"));
+    // The writer itself gives up on the frozen connection (its own deadline, which the
+    // server's `statement_timeout` and TCP's timeouts are not while the server is stopped)
+    // before the database wakes.
+    let gave_up = server.wait_log_lines("writing audit lines: no answer in 10 s", 1);
+    assert!(!gave_up.is_empty(), "{:#?}", server.log_lines());
     for pid in &stopped {
         nix::sys::signal::kill(*pid, nix::sys::signal::SIGCONT).unwrap();
     }
@@ -1003,7 +1043,7 @@ fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_neve
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(call(server.addr, "GET", "/readyz", None).0, 200);
-    assert_eq!(foreign().0, 404);
+    assert_eq!(foreign().status, 404);
     let (status, r) = call(
         server.addr,
         "GET",
@@ -1016,14 +1056,115 @@ fn a_database_that_stops_answering_fails_the_store_and_reads_answer_503_not_neve
         "{r}"
     );
     assert!(server.stop().success());
+    // The writer saw the failure and recovered from it: the gap is marked, once.
+    assert_eq!(count(&pg, "event = 'audit_resumed'"), 1);
     // The refused execution's `started` row reached the database once it woke; its `not_run`
     // row says it never ran, so a restart finds nothing interrupted.
     assert!(count(&pg, "event = 'not_run'") >= 1);
     let server = start_replica("airlock-0", free_port(), replica_dir("airlock-0"), &pg);
     assert!(server.stop().success());
-    assert_eq!(
-        count(&pg, "event = 'record' AND line->>'status' = 'interrupted'"),
-        0
-    );
+    assert_eq!(count(&pg, INTERRUPTED_RECORD), 0);
     assert_eq!(started_without_exactly_one(&pg, "'record', 'not_run'"), 0);
+}
+
+/// The records a restart made for executions it found unfinished.
+const INTERRUPTED_RECORD: &str = "event = 'record' AND (line->>'interrupted')::boolean";
+
+/// The lines `server`'s spool holds (the store's, in its state directory).
+fn spooled(dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(dir.join("state").join("store-spool.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Runs `code` on `server` in a thread; returns once its `started` row is committed.
+fn start_running(
+    pg: &Postgres,
+    addr: SocketAddr,
+    code: &str,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let started = count(pg, "event = 'started'");
+    let code = code.to_owned();
+    let running = std::thread::spawn(move || execute(addr, &code));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while count(pg, "event = 'started'") == started {
+        assert!(Instant::now() < deadline, "the execution never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    running
+}
+
+#[test]
+fn an_execution_answered_while_the_database_is_down_keeps_its_record_through_a_kill() {
+    let _g = serial();
+    let mut pg = Postgres::start();
+    let port = free_port();
+    let server = start_replica("airlock-0", port, replica_dir("airlock-0"), &pg);
+    let code = "import time\ntime.sleep(2)\nprint('done')";
+
+    // Running when the database goes: its `started` row is committed, its record cannot be.
+    let running = start_running(&pg, server.addr, code);
+    pg.stop();
+    let (status, answered) = running.join().unwrap();
+    assert_eq!(
+        (status, &answered["status"], &answered["stdout"]),
+        (200, &json!("ok"), &json!("done\n")),
+        "{answered}"
+    );
+    let id = answered["id"].as_str().unwrap().to_owned();
+    // Killed before the database comes back: only the local disk has the record now.
+    let dir = server.kill_keeping_state();
+    let kept = spooled(&dir);
+    assert!(
+        kept.iter().any(|l| l["line"]["id"] == json!(id)),
+        "{kept:#?}"
+    );
+    pg.restart();
+    let server = start_replica("airlock-0", port, dir, &pg);
+    // The restart stored what was answered, not `interrupted`.
+    assert_eq!(count(&pg, INTERRUPTED_RECORD), 0);
+    assert_eq!(
+        count(
+            &pg,
+            &format!("event = 'record' AND execution_id = '{id}' AND line->>'status' = 'ok'")
+        ),
+        1
+    );
+    let (status, record) = call(server.addr, "GET", &format!("/v1/executions/{id}"), None);
+    assert_eq!((status, &record["status"]), (200, &json!("ok")), "{record}");
+    assert_ne!(record["interrupted"], json!(true), "{record}");
+    assert_eq!(spooled(&server.dir), Vec::<Value>::new());
+
+    // Down again, and back while the replica runs: the writer commits the spooled record
+    // once (the spool and its memory both hold it) and empties the spool.
+    let running = start_running(&pg, server.addr, code);
+    pg.stop();
+    let (status, answered) = running.join().unwrap();
+    assert_eq!(
+        (status, &answered["status"]),
+        (200, &json!("ok")),
+        "{answered}"
+    );
+    let id = answered["id"].as_str().unwrap().to_owned();
+    let kept = spooled(&server.dir);
+    assert!(
+        kept.iter().any(|l| l["line"]["id"] == json!(id)),
+        "{kept:#?}"
+    );
+    pg.restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !spooled(&server.dir).is_empty() {
+        assert!(Instant::now() < deadline, "the spool was never replayed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        count(&pg, &format!("event = 'record' AND execution_id = '{id}'")),
+        1
+    );
+    assert!(server.stop().success());
+    assert_eq!(count(&pg, "event = 'audit_resumed'"), 1);
+    assert_eq!(count(&pg, INTERRUPTED_RECORD), 0);
+    assert_eq!(started_without_exactly_one(&pg, "'record'"), 0);
 }
