@@ -298,7 +298,10 @@ impl Drop for Db {
 /// Lines the database has not confirmed, on the local disk: `store-spool.jsonl` in the state
 /// directory (mode 0600), one JSON object a line (`replica`, `key`: the row's `line_key`,
 /// `line`), synced before anyone relies on it. See the module's docs for what goes there.
-/// Replaying adds nothing twice: a line already committed has its `line_key` taken.
+/// Replaying adds nothing twice: a line already committed has its `line_key` taken. Every
+/// process with this state directory and store (`airlock serve`, an `airlock mcp` beside it)
+/// shares the file: each change to it holds an exclusive `flock`, so that one's replay never
+/// empties a line another has just appended.
 #[derive(Debug)]
 struct Spool {
     path: PathBuf,
@@ -308,8 +311,13 @@ struct Spool {
 #[derive(Debug)]
 struct SpoolFile {
     file: File,
-    /// Lines it holds.
-    lines: u64,
+}
+
+/// The spool's file locked against the other processes that share it, until dropped: a
+/// `flock` on a second descriptor of the same open file.
+fn exclusive(file: &File) -> std::io::Result<nix::fcntl::Flock<File>> {
+    nix::fcntl::Flock::lock(file.try_clone()?, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))
 }
 
 /// One spooled line as read back.
@@ -340,15 +348,15 @@ impl Spool {
             .mode(0o600)
             .open(&path)
             .map_err(named)?;
+        let held = exclusive(&file).map_err(named)?;
         let torn = crate::audit::cut_torn_tail(&mut file).map_err(named)?;
+        drop(held);
         if torn > 0 {
             tracing::warn!(bytes = torn, path = %path.display(), "cut a torn last line off the store's spool");
         }
-        let text = std::fs::read(&path).map_err(named)?;
-        let lines = text.iter().filter(|&&b| b == b'\n').count() as u64;
         Ok(Spool {
             path,
-            file: Mutex::new(SpoolFile { file, lines }),
+            file: Mutex::new(SpoolFile { file }),
         })
     }
 
@@ -370,14 +378,13 @@ impl Spool {
                 row.line
             )?;
         }
+        let _held = exclusive(&spool.file)?;
         let before = spool.file.metadata()?.len();
         if let Err(e) = (&spool.file).write_all(&text) {
             let _ = spool.file.set_len(before);
             return Err(e);
         }
-        spool.file.sync_data()?;
-        spool.lines += rows.len() as u64;
-        Ok(())
+        spool.file.sync_data()
     }
 
     /// Every line it holds, with the replica that wrote it, oldest first.
@@ -403,8 +410,9 @@ impl Spool {
 
     /// Commits every spooled line through `db`, in order, then empties the spool; how many.
     fn replay(&self, db: &mut Db) -> std::io::Result<u64> {
-        let mut spool = self.lock();
-        if spool.lines == 0 {
+        let spool = self.lock();
+        let _held = exclusive(&spool.file)?;
+        if spool.file.metadata()?.len() == 0 {
             return Ok(0);
         }
         let rows = self.read()?;
@@ -419,7 +427,7 @@ impl Spool {
         }
         spool.file.set_len(0)?;
         spool.file.sync_data()?;
-        let replayed = std::mem::take(&mut spool.lines);
+        let replayed = rows.len() as u64;
         tracing::warn!(
             lines = replayed,
             "audit lines kept in the store's spool are committed to PostgreSQL"
@@ -1305,7 +1313,6 @@ mod tests {
         file.write_all(br#"{"replica":"r0","key":"run_a:5","li"#)
             .unwrap();
         let spool = Spool::open(&dir).unwrap();
-        assert_eq!(spool.lock().lines, 2);
         let back = spool.read().unwrap();
         let got: Vec<_> = back
             .iter()
@@ -1331,6 +1338,41 @@ mod tests {
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Two processes on one state directory (the server and an `airlock mcp`) open the spool
+    /// each on its own: a change by one waits while the other holds the file, so a replay
+    /// never empties what the other was appending.
+    #[test]
+    fn the_spool_s_file_is_changed_by_one_opening_at_a_time() {
+        let dir = std::env::temp_dir().join(format!(
+            "airlock-spool-{}-{}",
+            std::process::id(),
+            crate::keys::random_id("")
+        ));
+        let (one, other) = (Spool::open(&dir).unwrap(), Spool::open(&dir).unwrap());
+        let held = exclusive(&one.lock().file).unwrap();
+        let row = Row::of(
+            1,
+            Some("run_b:1".into()),
+            br#"{"id":"ex_r1_1","status":"ok"}"#.to_vec(),
+        )
+        .unwrap();
+        let appending = std::thread::spawn(move || {
+            Spool::append(&mut other.lock(), "r1", &[row]).unwrap();
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(
+            !appending.is_finished(),
+            "appended while the other held the file"
+        );
+        assert!(one.read().unwrap().is_empty());
+        drop(held);
+        appending.join().unwrap();
+        let back = one.read().unwrap();
+        assert_eq!(back.len(), 1);
+        assert_eq!(back[0].1.key.as_deref(), Some("run_b:1"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
