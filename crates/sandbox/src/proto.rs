@@ -213,6 +213,8 @@ thread_local! {
     /// Each thread's receive buffer, made once. A zygote that allocated, zeroed and freed a
     /// buffer of the largest message for every message wrote to pages its live children share
     /// (a copy of each) and made glibc consolidate its free lists, touching more of them.
+    /// What a message wrote is zeroed once it is decoded: a zygote's children are copies of
+    /// its memory, and must not find there the requests it received for others.
     static RECEIVED: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE + 1]);
 }
 
@@ -240,6 +242,7 @@ fn recv_into<T: DeserializeOwned>(
                     }
                 }
                 if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    buf.fill(0);
                     return Err(io::Error::other("message too large"));
                 }
                 break (msg.bytes, passed);
@@ -251,8 +254,9 @@ fn recv_into<T: DeserializeOwned>(
     if n == 0 {
         return Ok(None);
     }
-    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other)?;
-    Ok(Some((msg, passed)))
+    let msg = serde_json::from_slice(&buf[..n]).map_err(io::Error::other);
+    buf[..n].fill(0);
+    Ok(Some((msg?, passed)))
 }
 
 /// Receives one message; [`None`] when the peer has closed its end.

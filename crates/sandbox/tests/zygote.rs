@@ -220,6 +220,107 @@ fn nothing_of_one_child_reaches_the_next() {
     );
 }
 
+/// Scans every readable mapping of the child's own memory (read in place: a sandbox is not
+/// dumpable) for requests' markers: texts `zyg-mark-` and 16 hex digits, and file-size limits
+/// with the high half 0x5A17C0DE, as their 8 bytes or as a request's JSON.
+const SCAN_FOR_MARKERS: &str = r#"
+import ctypes, json, re
+texts, numbers = set(), set()
+high = (0x5A17C0DE).to_bytes(4, 'little')
+for line in open('/proc/self/maps').read().splitlines():
+    fields = line.split()
+    if 'r' not in fields[1] or (len(fields) > 5 and fields[5] in ('[vvar]', '[vsyscall]', '[vvar_vclock]')):
+        continue
+    start, end = (int(x, 16) for x in fields[0].split('-'))
+    chunk = ctypes.string_at(start, end - start)
+    texts.update(m.decode() for m in re.findall(rb'zyg-mark-[0-9a-f]{16}', chunk))
+    numbers.update(int(m) for m in re.findall(rb'"file_size_bytes":([0-9]{19})', chunk))
+    at = chunk.find(high, 4)
+    while at >= 0:
+        numbers.add(int.from_bytes(chunk[at - 4:at + 4], 'little'))
+        at = chunk.find(high, at + 1)
+print(json.dumps({'texts': sorted(texts), 'numbers': sorted(numbers)}))
+"#;
+
+fn random_u64() -> u64 {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut bytes)
+        .unwrap();
+    u64::from_le_bytes(bytes)
+}
+
+/// Requests sent together: each child is forked while the zygote holds the others' (queued,
+/// or received and done with). Each request has its markers in its environment, an argument,
+/// its hostname and its file-size limit; a child scanning all of its memory finds its own
+/// text and nothing of any other's.
+fn no_child_finds_another_s_request_in_its_memory() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    for round in 0..2 {
+        let n = 6;
+        let markers: Vec<(String, u64)> = (0..n)
+            .map(|_| {
+                let r = random_u64();
+                (
+                    format!("zyg-mark-{r:016x}"),
+                    0x5A17_C0DE_0000_0000 | (r & 0xFFFF_FFFF),
+                )
+            })
+            .collect();
+        let mut children: Vec<_> = markers
+            .iter()
+            .map(|(text, number)| {
+                let mut p = policy();
+                p.hostname = text.clone();
+                p.limits.file_size_bytes = *number;
+                let command = command(SCAN_FOR_MARKERS)
+                    .arg(text.clone())
+                    .env("MARKER", text.clone());
+                zygote.spawn(command, &p).expect("spawn")
+            })
+            .collect();
+        for (i, child) in children.iter_mut().enumerate() {
+            let out = support::stdout_of(child);
+            let found: serde_json::Value = serde_json::from_str(&out)
+                .unwrap_or_else(|_| panic!("child {i}: {out:?} {}", zygote.log_tail()));
+            let own_text = &markers[i].0;
+            let texts: Vec<&str> = found["texts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            assert!(
+                texts.contains(&own_text.as_str()),
+                "round {round}, child {i} cannot find its own marker: the scan is blind"
+            );
+            let numbers: Vec<u64> = found["numbers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| n.as_u64().unwrap())
+                .collect();
+            for (j, (text, number)) in markers.iter().enumerate() {
+                if j == i {
+                    continue;
+                }
+                assert!(
+                    !texts.contains(&text.as_str()),
+                    "round {round}: child {i} found child {j}'s environment, argument or hostname"
+                );
+                assert!(
+                    !numbers.contains(number),
+                    "round {round}: child {i} found child {j}'s limit"
+                );
+            }
+        }
+        for child in children {
+            assert_eq!(child.wait().unwrap().exit, Some(Exit::Code(0)));
+        }
+    }
+}
+
 fn host_uid(pid: i32) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
@@ -707,6 +808,10 @@ fn main() {
         (
             "children_cannot_reach_each_other_or_the_zygote",
             children_cannot_reach_each_other_or_the_zygote,
+        ),
+        (
+            "no_child_finds_another_s_request_in_its_memory",
+            no_child_finds_another_s_request_in_its_memory,
         ),
         (
             "children_asked_for_together_each_get_their_own_jail",

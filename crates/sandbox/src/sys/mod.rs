@@ -12,6 +12,9 @@ use std::path::Path;
 pub use nix::unistd::ForkResult;
 
 mod abi;
+mod wipe;
+
+pub use wipe::wipe_freed_memory;
 
 /// `fork(2)`.
 ///

@@ -569,15 +569,16 @@ struct ZygoteState {
     surveyed: Vec<(usize, usize)>,
 }
 
-/// A request whose jail the template's init builds.
+/// A request whose jail the template's init builds. Requests are boxed: where they are moved
+/// (out of this queue, out of the state) leaves a pointer behind, not a copy of their numbers.
 struct Asked {
-    request: ChildRequest,
+    request: Box<ChildRequest>,
     fds: Vec<OwnedFd>,
 }
 
 /// A child being made: its request and descriptors, and its jail.
 struct Pending {
-    request: ChildRequest,
+    request: Box<ChildRequest>,
     fds: Vec<OwnedFd>,
     /// The jail init's pidfd, then its namespaces (`JAIL_NAMESPACES`, then PID).
     jail: Vec<OwnedFd>,
@@ -608,6 +609,9 @@ fn complain(what: &str, err: impl std::fmt::Display) {
 /// Takes the descriptors the template's init placed, and compiles the seccomp profile once
 /// for every child. 0 on success.
 pub(crate) fn start() -> i32 {
+    // Every child is a copy of our memory: what we free of the requests we handle (other
+    // executions', for each child) is zeroed first.
+    sys::wipe_freed_memory(true);
     let started = (|| -> Result<ZygoteState, String> {
         let host = sys::take_inherited_fd(HOST_FD).map_err(|e| e.to_string())?;
         let jails = sys::take_inherited_fd(JAILS_FD).map_err(|e| e.to_string())?;
@@ -830,7 +834,10 @@ fn ask_for_a_jail(z: &mut ZygoteState) -> Result<(), String> {
         into_cgroup: request.into_cgroup,
     };
     proto::send_msg_with_fds(&z.jails, &jail_request, &join).map_err(|e| e.to_string())?;
-    z.asked.push_back(Asked { request, fds });
+    z.asked.push_back(Asked {
+        request: Box::new(request),
+        fds,
+    });
     Ok(())
 }
 
@@ -894,6 +901,7 @@ pub(crate) fn serve() -> i32 {
         let Some((fork, into)) = zygote_state().as_ref().map(|z| (z.fork, z.clone_into())) else {
             return -1;
         };
+        wipe_stack();
         match fork.fork(into.as_ref().map(|(dir, glibc)| (dir.as_fd(), glibc))) {
             Ok(0) => {
                 if into.is_some() {
@@ -907,6 +915,18 @@ pub(crate) fn serve() -> i32 {
             Err(e) => forked(-e.raw_os_error().unwrap_or(libc::EIO)),
         }
     }
+}
+
+/// How much of the stack below `serve`'s frame [`wipe_stack`] zeroes: more than taking a
+/// request and a jail uses (at most 24 KiB in a debug build, measured).
+const STACK_WIPE: usize = 64 << 10;
+
+/// Zeroes the stack below the caller's frame, where taking requests left copies of what they
+/// hold (a policy's numbers: limits, ids), before a fork copies it into a child.
+#[inline(never)]
+fn wipe_stack() {
+    let mut below = [0u8; STACK_WIPE];
+    std::hint::black_box(&mut below);
 }
 
 impl ZygoteState {
@@ -1040,9 +1060,12 @@ pub(crate) fn child(out: &mut [u8]) -> usize {
     // The siblings' descriptors go first (those running, and those whose jails are being
     // built): a sibling's host sees its end only when every copy of its status socket is closed, and what follows can take milliseconds (a join through
     // `cgroup.procs` waits for an RCU grace period; with both cores busy, 10-30 ms here).
+    // Their requests are wiped as they go (the zygote's allocator, inherited); from then on
+    // what this process frees is its own.
     z.live.clear();
-    z.asked.clear();
+    drop(std::mem::take(&mut z.asked));
     z.host = None;
+    sys::wipe_freed_memory(false);
     let Pending {
         request,
         fds,

@@ -6,7 +6,9 @@
 //!
 //! What children share by construction, being forks of one process: the address-space layout
 //! (ASLR is per zygote, not per child), the stack canary and the hash seed. Callers bound that
-//! by retiring a zygote after a number of children or an age (see [`Zygote::retire`]).
+//! by retiring a zygote after a number of children or an age (see [`Zygote::retire`]). What
+//! the zygote receives for one child (policies, arguments, environments) is wiped before the
+//! next is forked (`inside`).
 
 pub(crate) mod inside;
 
