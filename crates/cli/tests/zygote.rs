@@ -8,7 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::http::Server;
+use common::http::{call_as, Server, KEY};
 use common::*;
 use serde_json::{json, Value};
 
@@ -137,6 +137,80 @@ plt.savefig('/work/chart.png')
     // Both keep to one thread (one BLAS thread; matplotlib's font-cache timer ended), so on
     // cgroup v2 their children are cloned straight into their cgroups.
     assert_eq!(status["cloning"], status["ready"], "{status}");
+}
+
+/// What a lean zygote's child draws (code that names no preloaded package).
+const DRAW_LEAN: &str = r#"
+import random, tempfile, uuid
+fd, path = tempfile.mkstemp()
+{'random': random.getrandbits(64), 'uuid4': str(uuid.uuid4()), 'mkstemp': path,
+ 'tempfile': next(tempfile._get_candidate_names())}
+"#;
+
+/// What a preloading zygote's child draws: the same, numpy's global generator and a fresh
+/// one, rows that pandas samples, and OpenSSL's generator.
+const DRAW_PRELOADED: &str = r#"
+import random, ssl, tempfile, uuid
+import numpy as np
+import pandas as pd
+fd, path = tempfile.mkstemp()
+{'random': random.getrandbits(64), 'uuid4': str(uuid.uuid4()), 'mkstemp': path,
+ 'tempfile': next(tempfile._get_candidate_names()),
+ 'numpy': int(np.random.randint(1 << 62)), 'default_rng': int(np.random.default_rng().integers(1 << 62)),
+ 'sample': pd.Series(range(1 << 20)).sample(4).tolist(), 'openssl': ssl.RAND_bytes(16).hex()}
+"#;
+
+/// 30 children of each default zygote, made for two keys in turn: no two draw alike.
+#[test]
+fn children_of_each_zygote_draw_their_own_random_numbers() {
+    let _g = serial();
+    const OTHER_KEY: &str = "other-key-0123456789abcdef";
+    let hash = airlock_api::sha256_hex(OTHER_KEY.as_bytes());
+    let server = Server::start(
+        &format!("{NO_POOL}[[keys]]\nname = \"other\"\nhash = \"sha256:{hash}\"\n"),
+        &[],
+    );
+    from_a_zygote(&server, DRAW_LEAN);
+    from_a_zygote(&server, DRAW_PRELOADED);
+    let children = server.metric("airlock_zygote_children_total");
+    let n = 30;
+    let mut draws: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for code in [DRAW_LEAN, DRAW_PRELOADED] {
+        for i in 0..n {
+            let key = if i % 2 == 0 { KEY } else { OTHER_KEY };
+            let r = call_as(
+                server.addr,
+                key,
+                "POST",
+                "/v1/execute",
+                Some(&json!({"code": code})),
+            );
+            assert_eq!(r.json()["status"], "ok", "{}", r.text());
+            for (kind, value) in r.json()["result"].as_object().unwrap() {
+                draws
+                    .entry(kind.clone())
+                    .or_default()
+                    .push(value.to_string());
+            }
+        }
+    }
+    // Every one was a zygote's child.
+    assert_eq!(
+        server.metric("airlock_zygote_children_total") - children,
+        2.0 * n as f64
+    );
+    for (kind, values) in &draws {
+        let mut distinct = values.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            values.len(),
+            "children drew alike from {kind}: {values:?}"
+        );
+    }
+    assert_eq!(draws["random"].len(), 2 * n);
+    assert_eq!(draws["numpy"].len(), n);
 }
 
 #[test]

@@ -321,6 +321,82 @@ fn no_child_finds_another_s_request_in_its_memory() {
     }
 }
 
+/// Generators of random numbers made in the zygote, each a kind of its own: the program's own
+/// `random.Random`s (one referenced only from a list, one of the C type, which the collector
+/// does not track), numpy's legacy global one and generators of each bit generator, tempfile's
+/// name sequence, OpenSSL's generator (drawn from once), and multiprocessing's authentication
+/// key (preloaded: made at import).
+const MAKE_GENERATORS: &str = r#"
+import _random, random, ssl, tempfile
+import numpy
+OWN = random.Random(7)
+HELD = [random.Random(8)]
+BARE = _random.Random(9)
+PCG = numpy.random.default_rng(1)
+MT = numpy.random.Generator(numpy.random.MT19937(2))
+PHILOX = numpy.random.Philox(3)
+numpy.random.seed(4)
+next(tempfile._get_candidate_names())
+ssl.RAND_bytes(16)
+"#;
+
+/// What a child draws from each of them (and from `random`'s own, and a fresh numpy one).
+const DRAW: &str = r#"
+import json, multiprocessing, random, ssl, tempfile, uuid
+import numpy
+print(json.dumps({
+    'own': OWN.random(), 'held': HELD[0].random(), 'bare': BARE.random(),
+    'random': random.random(), 'pcg': int(PCG.integers(1 << 62)),
+    'mt': int(MT.integers(1 << 62)), 'philox': int(PHILOX.random_raw()),
+    'legacy': int(numpy.random.randint(1 << 62)), 'gauss': numpy.random.standard_normal(),
+    'fresh': int(numpy.random.default_rng().integers(1 << 62)),
+    'tempfile': next(tempfile._get_candidate_names()), 'uuid4': str(uuid.uuid4()),
+    'openssl': ssl.RAND_bytes(16).hex(),
+    'authkey': multiprocessing.current_process().authkey.hex(),
+}))
+"#;
+
+/// Every generator of random numbers, or of secrets, that the zygote holds (its preloads', its
+/// program's) is drawn from afresh in each child: no two children draw the same.
+fn every_child_draws_its_own_random_numbers() {
+    let program = "import sys\n\
+        def __zygote_start__():\n    exec(sys.argv[1], globals())\n\
+        if sys.argv[1:] != ['--zygote']:\n    __zygote_start__()\n";
+    let mut spec = spec(&["multiprocessing", "numpy"]);
+    spec.code = program.into();
+    spec.prepare = true;
+    spec.prepare_more = MAKE_GENERATORS.into();
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    let mut draws: std::collections::BTreeMap<String, Vec<serde_json::Value>> = Default::default();
+    let n = 5;
+    for _ in 0..n {
+        let command = Command::new(PYTHON)
+            .args(FLAGS)
+            .args(["-c", program, DRAW])
+            .env("PATH", "/usr/bin:/bin");
+        let (o, out, err) = run_command(&zygote, command);
+        assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
+        let drawn: serde_json::Value = serde_json::from_str(&out).unwrap();
+        for (kind, value) in drawn.as_object().unwrap() {
+            draws.entry(kind.clone()).or_default().push(value.clone());
+        }
+    }
+    let shared: Vec<(&String, &Vec<serde_json::Value>)> = draws
+        .iter()
+        .filter(|(_, values)| {
+            let mut distinct: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+            distinct.sort();
+            distinct.dedup();
+            distinct.len() < n
+        })
+        .collect();
+    assert!(
+        shared.is_empty(),
+        "children drew alike: {shared:?}\n{}",
+        zygote.log_tail()
+    );
+}
+
 fn host_uid(pid: i32) -> u32 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
@@ -804,6 +880,10 @@ fn main() {
         (
             "nothing_of_one_child_reaches_the_next",
             nothing_of_one_child_reaches_the_next,
+        ),
+        (
+            "every_child_draws_its_own_random_numbers",
+            every_child_draws_its_own_random_numbers,
         ),
         (
             "children_cannot_reach_each_other_or_the_zygote",

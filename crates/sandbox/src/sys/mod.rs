@@ -891,6 +891,87 @@ impl PythonFork {
     }
 }
 
+/// Makes OpenSSL's random generators of this process (in each copy of libcrypto it has
+/// loaded: the system's, and any that a package bundles under a name of its own, found by the
+/// names of the files it maps) uninstantiated: their state wiped, each instantiates itself
+/// afresh from the OS's entropy when it is next drawn from. For a zygote, whose children are
+/// copies of it: OpenSSL's own check for a fork, a change of pid, misses a child whose pid is
+/// the zygote's number in another PID namespace. The default library context's primary,
+/// public and private generators, made here when they are not yet. How many copies were
+/// found; an error for a copy without OpenSSL 3's `EVP_RAND` (whose generators are not reached).
+pub fn uninstantiate_openssl_generators() -> io::Result<usize> {
+    type Get0 = unsafe extern "C" fn(*mut libc::c_void) -> *mut libc::c_void;
+    type Uninstantiate = unsafe extern "C" fn(*mut libc::c_void) -> libc::c_int;
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut paths: Vec<&str> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| {
+            Path::new(path)
+                .file_name()
+                .is_some_and(|name| name.as_bytes().starts_with(b"libcrypto"))
+        })
+        .collect();
+    paths.dedup();
+    let mut done: Vec<usize> = Vec::new();
+    for path in paths {
+        let name = CString::new(path).map_err(io::Error::other)?;
+        // SAFETY: RTLD_NOLOAD only looks the object up among those already loaded (no
+        // constructor runs); the reference it takes is kept, so its symbols stay valid.
+        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+        if handle.is_null() {
+            continue;
+        }
+        let symbol = |name: &std::ffi::CStr| {
+            // SAFETY: dlsym looks a NUL-terminated name up in a loaded object.
+            let sym = unsafe { libc::dlsym(handle, name.as_ptr()) };
+            (!sym.is_null()).then_some(sym)
+        };
+        let (Some(uninstantiate), Some(primary), Some(public), Some(private)) = (
+            symbol(c"EVP_RAND_uninstantiate"),
+            symbol(c"RAND_get0_primary"),
+            symbol(c"RAND_get0_public"),
+            symbol(c"RAND_get0_private"),
+        ) else {
+            return Err(io::Error::other(format!(
+                "{path}: no OpenSSL 3 random generators to make fresh for each child"
+            )));
+        };
+        // One library may be mapped under two names (a link): once is enough.
+        if done.contains(&(uninstantiate as usize)) {
+            continue;
+        }
+        done.push(uninstantiate as usize);
+        // SAFETY: these are `int EVP_RAND_uninstantiate(EVP_RAND_CTX *)` and
+        // `EVP_RAND_CTX *RAND_get0_*(OSSL_LIB_CTX *)` in OpenSSL 3's API.
+        let uninstantiate =
+            unsafe { std::mem::transmute::<*mut libc::c_void, Uninstantiate>(uninstantiate) };
+        // All three first: making the public or private one (their first use) instantiates
+        // the primary, which they draw their seeds from; then each is wiped, the primary last.
+        let generators: Vec<*mut libc::c_void> = [public, private, primary]
+            .into_iter()
+            .map(|get0| {
+                // SAFETY: as above.
+                let get0 = unsafe { std::mem::transmute::<*mut libc::c_void, Get0>(get0) };
+                // SAFETY: NULL names the default library context; the generator returned is
+                // OpenSSL's own (the public and private ones the calling thread's), valid
+                // while the library is loaded.
+                unsafe { get0(std::ptr::null_mut()) }
+            })
+            .collect();
+        for drbg in generators {
+            // SAFETY: a generator of OpenSSL's just returned (or NULL, not passed on); OpenSSL
+            // takes its own locks.
+            if drbg.is_null() || unsafe { uninstantiate(drbg) } != 1 {
+                return Err(io::Error::other(format!(
+                    "{path}: an OpenSSL random generator cannot be made fresh"
+                )));
+            }
+        }
+    }
+    Ok(done.len())
+}
+
 /// Moves the calling thread into a new mount namespace whose mounts receive the parent
 /// namespace's events but send none back (`MS_SLAVE`, recursively).
 pub fn private_mount_namespace() -> io::Result<()> {

@@ -657,6 +657,12 @@ pub(crate) fn start() -> i32 {
 pub(crate) fn ready() -> i32 {
     let guard = zygote_state();
     let Some(z) = guard.as_ref() else { return -1 };
+    // Where the modules loaded OpenSSL, the generators it may have drawn from are wiped: a
+    // child that draws makes its own (at no cost to one that does not).
+    if let Err(e) = sys::uninstantiate_openssl_generators() {
+        complain("OpenSSL's random generators", e);
+        return -1;
+    }
     let Some(host) = z.host.as_ref() else {
         return -1;
     };

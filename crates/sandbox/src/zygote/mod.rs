@@ -5,10 +5,11 @@
 //! and seccomp. See `inside` for the processes and their order.
 //!
 //! What children share by construction, being forks of one process: the address-space layout
-//! (ASLR is per zygote, not per child), the stack canary and the hash seed. Callers bound that
-//! by retiring a zygote after a number of children or an age (see [`Zygote::retire`]). What
-//! the zygote receives for one child (policies, arguments, environments) is wiped before the
-//! next is forked (`inside`).
+//! (ASLR is per zygote, not per child), the stack canary, the hash seed and the preloads' state,
+//! but for their generators of random numbers, reseeded in each child (`zygote.py`) or wiped
+//! in the zygote (OpenSSL's). Callers bound that by retiring a zygote after a number of
+//! children or an age (see [`Zygote::retire`]). What the zygote receives for one child
+//! (policies, arguments, environments) is wiped before the next is forked (`inside`).
 
 pub(crate) mod inside;
 

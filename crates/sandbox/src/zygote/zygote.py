@@ -31,6 +31,122 @@ def chart():
     plt.close("all")
 
 
+def reseeder():
+    # Every generator of random numbers (or secret) that the zygote's modules and program
+    # hold, found once, wherever it is referenced, and made each child's own by a fork hook (as
+    # random's own makes its global instance): fresh state from the OS's entropy, written with
+    # as few pages touched as can be (each page a child writes is a copy of the zygote's).
+    # Generators that reseed themselves when the pid changes (tempfile's names) would not: a
+    # child's pid is the zygote's number in another PID namespace. None when there are none.
+    rand = sys.modules.get("_random")
+    random = sys.modules.get("random")
+    npr = sys.modules.get("numpy.random")
+    mp = sys.modules.get("multiprocessing.process")
+    kinds = tuple(k for k in (rand and rand.Random, npr and npr.RandomState, npr and npr.BitGenerator) if k)
+    found = {id(o): o for o in generators(kinds)} if kinds else {}
+    seeded, keys, others = [], [], []
+    for o in list(found.values()):
+        if npr is not None and isinstance(o, npr.RandomState):
+            # numpy's legacy generator: its bit generator is reseeded; the normal deviate it
+            # may hold for the next draw is dropped here, once for every child.
+            found.pop(id(o))
+            found[id(o._bit_generator)] = o._bit_generator
+            state = o.get_state()
+            if state[3]:
+                o.set_state(state[:3] + (0, 0.0))
+    for o in found.values():
+        if npr is not None and isinstance(o, npr.BitGenerator):
+            key = mt19937_key(o) if isinstance(o, npr.MT19937) else None
+            if key is not None:
+                keys.append(key)
+            else:
+                type(o)(0)  # made from a seed as numpy's own are, or the zygote fails here
+                others.append(o)
+        elif not (random is not None and (o is random._inst or isinstance(o, random.SystemRandom))):
+            o.seed(int.from_bytes(os.urandom(32), "little"))  # as each child will, or fails here
+            seeded.append(o)
+    if not (seeded or keys or others or mp):
+        return None
+    urandom = os.urandom
+    # An MT19937's position after a fresh key: its next draw makes the key's first block.
+    first = (624).to_bytes(4, "little")
+
+    def reseed():
+        try:
+            for r in seeded:
+                r.seed(int.from_bytes(urandom(32), "little"))
+            for key in keys:
+                key[:2496] = urandom(2496)
+                key[2496:] = first
+            for b in others:
+                b.state = type(b)(int.from_bytes(urandom(32), "little")).state
+            if mp is not None:
+                mp.current_process().authkey = urandom(32)
+        except BaseException as e:
+            # A child that may draw what its siblings draw runs nothing.
+            print("airlock zygote: reseeding a child: %r" % e, file=sys.stderr, flush=True)
+            os._exit(70)
+
+    return reseed
+
+
+def generators(kinds):
+    # Every object of `kinds` that any object refers to, found in a fork of the zygote, which
+    # sends their addresses back (the zygote's objects at the same addresses): the lists of
+    # every object that the scan makes would mark the zygote's allocator (glibc raises its
+    # mmap threshold to the largest block freed), and each child would copy more of its pages.
+    # No collection runs here meanwhile, so every object the fork found is still there.
+    ctypes = sys.modules["ctypes"]
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(r)
+                # What is frozen (the runner freezes what it loaded) is not among the objects
+                # the collector lists; what it does not track is among their referents.
+                gc.unfreeze()
+                tracked = gc.get_objects()
+                found = set()
+                for objects in (tracked, gc.get_referents(*tracked)):
+                    for o in objects:
+                        # type(), not isinstance(): no attribute of a foreign object is read.
+                        if issubclass(type(o), kinds):
+                            found.add(id(o))
+                sent = b"".join(b"%d\n" % i for i in found)
+                while sent:
+                    sent = sent[os.write(w, sent):]
+            except BaseException as e:
+                print("airlock zygote: finding generators: %r" % e, file=sys.stderr, flush=True)
+                os._exit(1)
+            os._exit(0)
+        os.close(w)
+        addresses = b"".join(iter(lambda: os.read(r, 1 << 16), b""))
+        os.close(r)
+        if os.waitpid(pid, 0)[1] != 0:
+            raise RuntimeError("the fork that looked for generators failed")
+        return [ctypes.cast(int(a), ctypes.py_object).value for a in addresses.split()]
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def mt19937_key(bg):
+    # An MT19937's state where numpy keeps it (624 words, then the position), to be written in
+    # place: reseeding through numpy (its seeding and its arrays) touches a hundred and more
+    # pages in a fresh child. None when the memory there is not that state.
+    ctypes = sys.modules["ctypes"]
+    state = bg.state["state"]
+    key = memoryview((ctypes.c_char * 2500).from_address(bg.ctypes.state_address)).cast("B")
+    there = bytes(key)
+    expected = b"".join(int(word).to_bytes(4, "little") for word in state["key"])
+    if len(state["key"]) != 624 or there != expected + int(state["pos"]).to_bytes(4, "little"):
+        return None
+    return key
+
+
 def serve():
     before = set(sys.modules)
     import ctypes
@@ -87,6 +203,13 @@ def serve():
             print("airlock zygote: the program defines no __zygote_start__", file=sys.stderr, flush=True)
             os._exit(1)
     gc.collect()
+    try:
+        reseed = reseeder()
+    except Exception as e:
+        print("airlock zygote: a generator of random numbers cannot be reseeded: %r" % e, file=sys.stderr, flush=True)
+        os._exit(1)
+    if reseed is not None:
+        os.register_at_fork(after_in_child=reseed)
     gc.freeze()
     rehearse = main.__dict__.get("__zygote_rehearse__") if main is not None else None
     if charts or callable(rehearse):
