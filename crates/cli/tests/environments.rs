@@ -432,23 +432,8 @@ fn a_build_that_writes_past_disk_mb_fails_and_never_fills_the_host_s_disk() {
     let _serial = common::serial();
     let dir = scratch_dir("hog");
     let index = local_index(&dir.join("index"), &dir, 9, 0.0);
-    let base = std::env::temp_dir().join(format!("airlock-hog-{}", std::process::id()));
-    let state = base.join("state");
-    std::fs::create_dir_all(&state).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1g,mode=0700", "airlock-test"])
-        .arg(&state)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mount tmpfs (the suite runs as root)");
-    struct Unmount(std::path::PathBuf, std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    let _unmount = Unmount(state.clone(), base.clone());
+    let tmpfs = common::TmpfsState::mount("hog", "1g");
+    let (base, state) = (tmpfs.base.clone(), tmpfs.state.clone());
     let config =
         config(index.port).replace("timeout_ms = 120000", "timeout_ms = 120000\ndisk_mb = 64");
     // Under the systemd unit's umask: what the build leaves must still be readable.

@@ -1717,30 +1717,9 @@ fn sigterm_refuses_queued_and_uploading_requests_and_exits_after_the_grace() {
 #[test]
 fn executions_stop_when_the_audit_log_cannot_be_written() {
     let _g = serial();
-    let dir = std::env::temp_dir().join(format!("airlock-audit-full-{}", std::process::id()));
-    let state = dir.join("state");
-    std::fs::create_dir_all(&state).unwrap();
     // A small file system of its own for the state directory, to fill up.
-    let mounted = std::process::Command::new("mount")
-        .args([
-            "-t",
-            "tmpfs",
-            "-o",
-            "size=256k,mode=0700",
-            "airlock-test",
-            state.to_str().unwrap(),
-        ])
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mount tmpfs (the suite runs as root)");
-    struct Unmount(std::path::PathBuf, std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    let _unmount = Unmount(state.clone(), dir.clone());
+    let tmpfs = TmpfsState::mount("audit-full", "256k");
+    let (dir, state) = (tmpfs.base.clone(), tmpfs.state.clone());
 
     let server = Server::start_in(dir.clone(), "", &[], Some(KEY));
     assert_eq!(server.execute(json!({"code": "1"})).status, 200);

@@ -15,6 +15,20 @@ const MAX_ANSWER_HEADERS: usize = 128;
 /// Hex digits of a chunk size (a `u64`).
 const MAX_SIZE_DIGITS: u8 = 16;
 
+/// Ends a message's `head` with `headers`, less those named in `dropped` (any case), and
+/// `Connection: close`.
+pub fn end_head(head: &mut Vec<u8>, headers: &[httparse::Header<'_>], dropped: &[&str]) {
+    for h in headers {
+        if !dropped.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+            head.extend_from_slice(h.name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(h.value);
+            head.extend_from_slice(b"\r\n");
+        }
+    }
+    head.extend_from_slice(b"Connection: close\r\n\r\n");
+}
+
 /// Why a request cannot be relayed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Malformed {
@@ -234,18 +248,11 @@ impl Answer {
                     answer.reason.unwrap_or("")
                 )
                 .into_bytes();
-                for h in answer.headers.iter() {
-                    let hop = ["connection", "keep-alive", "proxy-connection"]
-                        .iter()
-                        .any(|n| h.name.eq_ignore_ascii_case(n));
-                    if !hop {
-                        head.extend_from_slice(h.name.as_bytes());
-                        head.extend_from_slice(b": ");
-                        head.extend_from_slice(h.value);
-                        head.extend_from_slice(b"\r\n");
-                    }
-                }
-                head.extend_from_slice(b"Connection: close\r\n\r\n");
+                end_head(
+                    &mut head,
+                    answer.headers,
+                    &["connection", "keep-alive", "proxy-connection"],
+                );
                 Step::Final(head, len)
             }
             Ok(httparse::Status::Partial) if self.head.len() <= MAX_ANSWER_HEAD => Step::Wait,

@@ -1046,25 +1046,18 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
     let body = Body::of(req.headers).map_err(|e| bad(e.to_string()))?;
     // Upstream sees the origin form, the authority that was checked, and no proxy headers.
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
-    for h in req.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        let hop = matches!(
-            name.as_str(),
-            "host"
-                | "connection"
-                | "proxy-connection"
-                | "proxy-authorization"
-                | "keep-alive"
-                | "upgrade"
-        );
-        if !hop {
-            head.extend_from_slice(h.name.as_bytes());
-            head.extend_from_slice(b": ");
-            head.extend_from_slice(h.value);
-            head.extend_from_slice(b"\r\n");
-        }
-    }
-    head.extend_from_slice(b"Connection: close\r\n\r\n");
+    framing::end_head(
+        &mut head,
+        req.headers,
+        &[
+            "host",
+            "connection",
+            "proxy-connection",
+            "proxy-authorization",
+            "keep-alive",
+            "upgrade",
+        ],
+    );
     Ok(Request {
         method,
         host,

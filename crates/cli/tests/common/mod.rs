@@ -253,6 +253,37 @@ pub fn probe(code: &str) -> Value {
 /// The first uid a sandbox can have on the host (see airlock_sandbox::HOST_ID_BASE).
 const SANDBOX_UID_MIN: u32 = airlock_sandbox::HOST_ID_BASE;
 
+/// A directory `base/state` on a tmpfs of its own of `size` (`mount -o size=`), for a test
+/// that fills a state directory or measures its free space; unmounted, and `base` removed,
+/// when dropped.
+pub struct TmpfsState {
+    pub base: PathBuf,
+    pub state: PathBuf,
+}
+
+impl TmpfsState {
+    pub fn mount(name: &str, size: &str) -> TmpfsState {
+        let base = std::env::temp_dir().join(format!("airlock-{name}-{}", std::process::id()));
+        let state = base.join("state");
+        fs::create_dir_all(&state).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("airlock-test")
+            .arg(&state)
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount tmpfs (the suite runs as root)");
+        TmpfsState { base, state }
+    }
+}
+
+impl Drop for TmpfsState {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.state).status();
+        let _ = fs::remove_dir_all(&self.base);
+    }
+}
+
 /// What must not change on the host because of a sandbox.
 #[derive(Debug)]
 pub struct HostState {
