@@ -389,7 +389,9 @@ class Evaluation:
 
 @dataclass(frozen=True)
 class SessionInfo:
-    """A session as the server holds it. `ended` is the status of the cell that ended it."""
+    """A session as the server holds it. `ended` is the status of the cell that ended it;
+    `egress_between_cells` the proxy's account of connections made while no cell ran (threads
+    a cell left running), with an egress policy."""
 
     id: str
     created_at: str
@@ -399,6 +401,7 @@ class SessionInfo:
     cells: int
     ended: Status | None
     limits: Limits
+    egress_between_cells: dict[str, object] | None = None
 
     @classmethod
     def _read(cls, value: object, where: str = "$") -> SessionInfo:
@@ -415,6 +418,7 @@ class SessionInfo:
             r.integer("cells"),
             ended,  # type: ignore[arg-type]
             Limits._read(r.child("limits")),
+            r.opt_object("egress_between_cells"),
         )
 
 
