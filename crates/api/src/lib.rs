@@ -8,7 +8,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod text;
+mod value;
 pub use text::{write_deferring_texts, Deferred, Text};
+pub use value::{value_text, ResultValue, MARK};
 
 /// How an execution ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
@@ -224,9 +226,11 @@ pub struct ExecutionResult {
     pub stderr_truncated: bool,
     /// The value of the code's final expression, or the entrypoint's return value, as JSON,
     /// converted inside the sandbox. Values JSON has no type for arrive as objects marked
-    /// `"$airlock"`: `bytes` (base64), `set`, `dict` (keys that are not strings), `datetime`,
+    /// `"$airlock"`: `int` (past 64 bits, up to 4300 decimal digits), `float` (`nan`, `inf`,
+    /// `-inf`), `bytes` (base64), `set`, `dict` (keys that are not strings), `datetime`,
     /// `timedelta`, `decimal`, `complex`, `ndarray`, `dataframe`, `series`, and for anything
     /// else `{"$airlock": "repr", "type": ..., "repr": ..., "truncated": ..., "why": ...}`.
+    #[schemars(with = "Option<ResultValue>")]
     pub result: Option<serde_json::Value>,
     pub error: Option<ErrorInfo>,
     /// Charts and `display()` outputs, in order (also with an `error`).
@@ -679,8 +683,10 @@ pub struct EvalResponse {
     /// `str(value)`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub str: Option<String>,
-    /// The value as JSON, present only when JSON holds it exactly.
+    /// The value as JSON, present only when JSON holds it exactly (an int past 64 bits and a
+    /// float that is not finite in their `"$airlock"` forms, as in execution results).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<ResultValue>")]
     pub value: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<EvalError>,

@@ -84,16 +84,45 @@ fn the_cli_evaluates_one_expression_per_line_in_batch_mode() {
         lines[0],
         json!({"ok": true, "type": "tuple", "repr": "(1, 2.5)", "str": "(1, 2.5)", "value": [1, 2.5]})
     );
-    // Beyond 64 bits an int has no exact JSON here: no `value`, the repr says it all.
+    // Beyond 64 bits an int is exact in the form execution results use.
     assert_eq!(
         lines[1],
-        json!({"ok": true, "type": "int", "repr": "18446744073709551616", "str": "18446744073709551616"})
+        json!({"ok": true, "type": "int", "repr": "18446744073709551616", "str": "18446744073709551616",
+               "value": {"$airlock": "int", "value": "18446744073709551616"}})
     );
     assert_eq!(lines[2]["ok"], false);
     assert_eq!(lines[2]["error"]["type"], "SyntaxError");
     assert_eq!(lines[3]["error"]["type"], "MemoryError");
     assert_eq!(lines[3]["error"]["limit"], true);
     assert_eq!(lines.len(), 4);
+    // Non-finite floats too, inside containers; a dict with the forms' key has no exact JSON.
+    let (code, out, _) = eval_cli(
+        &["--json"],
+        Some(
+            "[1e500, -1e500, 1e500 - 1e500, -2**70]\n{'$airlock': 'int', 'value': '5'}\n10**4299\n",
+        ),
+    );
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines[0]["value"],
+        json!([{"$airlock": "float", "value": "inf"}, {"$airlock": "float", "value": "-inf"},
+               {"$airlock": "float", "value": "nan"},
+               {"$airlock": "int", "value": "-1180591620717411303424"}])
+    );
+    assert_eq!(
+        lines[0]["repr"],
+        "[inf, -inf, nan, -1180591620717411303424]"
+    );
+    assert!(lines[1].get("value").is_none(), "{}", lines[1]);
+    assert_eq!(lines[1]["repr"], "{'$airlock': 'int', 'value': '5'}");
+    assert_eq!(
+        lines[2]["value"],
+        json!({"$airlock": "int", "value": format!("1{}", "0".repeat(4299))})
+    );
     // All good: exit 0.
     let (code, out, _) = eval_cli(&["--json"], Some("1\n2\n"));
     assert_eq!((code, out.lines().count()), (0, 2));

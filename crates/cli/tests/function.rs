@@ -56,8 +56,7 @@ def everything():
 "#;
 
 fn nan(kind: &str) -> Value {
-    json!({"$airlock": "repr", "type": "float", "repr": kind, "truncated": false,
-           "why": "not a finite number"})
+    json!({"$airlock": "float", "value": kind})
 }
 
 #[test]
@@ -99,8 +98,7 @@ fn each_kind_of_return_value_crosses_in_its_documented_form() {
                    "truncated": false, "why": "not a JSON value"},
         "nan": nan("nan"),
         "inf": nan("inf"),
-        "huge": {"$airlock": "repr", "type": "int", "repr": "1000000000000000000000000000000",
-                 "truncated": false, "why": "integer outside the 64-bit range"},
+        "huge": {"$airlock": "int", "value": "1000000000000000000000000000000"},
         "big_array": {"$airlock": "repr", "type": "numpy.ndarray",
                       "repr": "array([0., 0., 0., ..., 0., 0., 0.])", "truncated": false,
                       "why": "array of more than 100000 cells"},

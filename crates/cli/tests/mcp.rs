@@ -142,6 +142,12 @@ fn check_tools(seen: &Value) {
     assert!(t.contains("stdout:\nhello from the sandbox\n"), "{t}");
     assert!(t.contains("stderr:\noops\n"), "{t}");
     assert!(t.contains("result: 42"), "{t}");
+    // Big ints and non-finite floats as Python prints them, not their JSON forms.
+    let t = ok(&seen["exact"]);
+    assert!(
+        t.contains(r#"result: [15511210043330985984000000,nan,-inf,{"x":1180591620717411303424}]"#),
+        "{t}"
+    );
 
     let chart = &seen["chart"];
     assert!(ok(chart).contains("drawn"), "{chart}");

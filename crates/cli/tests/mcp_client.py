@@ -74,6 +74,9 @@ async def tools(session):
     seen["print"] = await call(
         session, "run_python", {"code": "import sys\nprint('hello from the sandbox')\nprint('oops', file=sys.stderr)\n6 * 7"}
     )
+    seen["exact"] = await call(
+        session, "run_python", {"code": "import math\n[math.factorial(25), float('nan'), -float('inf'), {'x': 2**70}]"}
+    )
     seen["chart"] = await call(
         session,
         "run_python",

@@ -106,9 +106,6 @@ fn a_one_shot_compiles_its_code_without_the_ast_module() {
 #[test]
 fn values_that_are_not_json_cross_as_marked_capped_descriptions() {
     let cases = [
-        ("float('nan')", "float", "not a finite number"),
-        ("float('-inf')", "float", "not a finite number"),
-        ("10**100", "int", "integer outside the 64-bit range"),
         (
             "class Thing:\n    pass\nThing()",
             "__main__.Thing",
@@ -125,6 +122,97 @@ fn values_that_are_not_json_cross_as_marked_capped_descriptions() {
         assert_eq!(v["why"], why, "{code}: {v}");
         assert_eq!(v["truncated"], false);
     }
+}
+
+/// Ints past 64 bits and floats that are not finite are exact values, not text: their own
+/// forms, in every container (here a list, a dict, a set, a complex, an array and a table),
+/// up to CPython's default 4300 digits; past them, a repr of hexadecimal digits, cut, that
+/// costs the sandbox linear time however the code set its own limit.
+#[test]
+fn big_ints_and_non_finite_floats_cross_exactly_up_to_4300_digits() {
+    let int = |digits: &str| json!({"$airlock": "int", "value": digits});
+    let float = |v: &str| json!({"$airlock": "float", "value": v});
+    let cases = [
+        ("2**64 - 1", json!(18446744073709551615u64)),
+        ("-2**63", json!(i64::MIN)),
+        ("2**64", int("18446744073709551616")),
+        ("-2**63 - 1", int("-9223372036854775809")),
+        (
+            "import math\n[math.factorial(25), float('nan'), float('inf'), -float('inf')]",
+            json!([
+                int("15511210043330985984000000"),
+                float("nan"),
+                float("inf"),
+                float("-inf")
+            ]),
+        ),
+        (
+            "{'a': 2**70, 'b': {2**70: float('nan')}}",
+            json!({"a": int("1180591620717411303424"),
+                   "b": {"$airlock": "dict", "items": [[int("1180591620717411303424"), float("nan")]]}}),
+        ),
+        (
+            "{2**70}",
+            json!({"$airlock": "set", "type": "set", "items": [int("1180591620717411303424")]}),
+        ),
+        (
+            "complex(float('nan'), -float('inf'))",
+            json!({"$airlock": "complex", "real": float("nan"), "imag": float("-inf")}),
+        ),
+        (
+            "import numpy as np\nnp.array([0.5, np.nan, np.inf])",
+            json!({"$airlock": "ndarray", "dtype": "float64", "shape": [3],
+                   "data": [0.5, float("nan"), float("inf")]}),
+        ),
+        (
+            "import pandas as pd, numpy as np\npd.DataFrame({'a': [1.0, np.nan]})",
+            json!({"$airlock": "dataframe", "columns": ["a"], "index": [0, 1],
+                   "records": [{"a": 1.0}, {"a": float("nan")}]}),
+        ),
+        // The code's own limit on int-to-str conversion does not lower airlock's.
+        (
+            "import sys\nsys.set_int_max_str_digits(640)\n10**1000",
+            int(&format!("1{}", "0".repeat(1000))),
+        ),
+        ("10**4300 - 1", int(&"9".repeat(4300))),
+        ("-(10**4300 - 1)", int(&format!("-{}", "9".repeat(4300)))),
+    ];
+    for (code, want) in cases {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code}: {r:#?}");
+        assert_eq!(r.result(), &want, "{code}");
+    }
+    // 4301 digits, and a million (3321929 bits): a repr of hexadecimal digits, cut at the repr's cap.
+    for code in [
+        "10**4300",
+        "import sys\nsys.set_int_max_str_digits(0)\n-(1 << 3321929)",
+    ] {
+        let r = run(code, &[]);
+        assert_eq!(r.status(), "ok", "{code}: {r:#?}");
+        let v = r.result();
+        assert_eq!(v["$airlock"], "repr", "{code}: {v}");
+        assert_eq!(v["type"], "int");
+        assert_eq!(v["why"], "an integer of more than 4300 digits");
+        let repr = v["repr"].as_str().unwrap();
+        assert!(
+            repr.starts_with("0x") || repr.starts_with("-0x"),
+            "{repr:.40}"
+        );
+        assert_eq!(v["truncated"], repr.len() == 4096, "{code}");
+    }
+    // A dict spelling the new forms is data, as every dict with a "$airlock" key is.
+    let r = run(
+        "[{'$airlock': 'int', 'value': '5'}, {'$airlock': 'float', 'value': 'nan'}]",
+        &[],
+    );
+    assert_eq!(
+        r.result(),
+        &json!([
+            {"$airlock": "dict", "items": [["$airlock", "int"], ["value", "5"]]},
+            {"$airlock": "dict", "items": [["$airlock", "float"], ["value", "nan"]]},
+        ]),
+        "{r:#?}"
+    );
 }
 
 #[test]

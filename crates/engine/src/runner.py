@@ -103,6 +103,30 @@ def marked_repr(value, why, cap):
     return {MARK: "repr", "type": type_name(value), "repr": text, "truncated": truncated, "why": why}
 
 
+# Integers past 64 bits cross as their decimal digits, up to CPython's default limit on
+# converting an int to text (sys.int_info.default_max_str_digits): past it the conversion takes
+# quadratic time, so such an int is a marked repr of its hexadecimal digits (linear), cut.
+INT_DIGITS = 4300
+# 10**INT_DIGITS, made the first time a big int needs it.
+TEN_TO_DIGITS = []
+
+
+def big_int(value, cap):
+    if not TEN_TO_DIGITS:
+        TEN_TO_DIGITS.append(10**INT_DIGITS)
+    if -TEN_TO_DIGITS[0] < value < TEN_TO_DIGITS[0]:
+        # The code may have lowered its own limit (sys.set_int_max_str_digits): ours is fixed.
+        limit = sys.get_int_max_str_digits()
+        sys.set_int_max_str_digits(0)
+        try:
+            return {MARK: "int", "value": int.__repr__(value)}
+        finally:
+            sys.set_int_max_str_digits(limit)
+    text = hex(value)
+    return {MARK: "repr", "type": "int", "repr": text[:cap], "truncated": len(text) > cap,
+            "why": "an integer of more than %d digits" % INT_DIGITS}
+
+
 def to_json(value, depth, cap):
     """JSON-native values as they are (tuples as arrays); everything else by to_json_more."""
     kind = type(value)
@@ -111,10 +135,12 @@ def to_json(value, depth, cap):
     if kind is int:
         if -(2**63) <= value < 2**64:
             return value
-        return marked_repr(value, "integer outside the 64-bit range", cap)
+        return big_int(value, cap)
     if kind is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            return marked_repr(value, "not a finite number", cap)
+        if value != value:
+            return {MARK: "float", "value": "nan"}
+        if value in (float("inf"), float("-inf")):
+            return {MARK: "float", "value": "inf" if value > 0 else "-inf"}
         return value
     if depth <= 0:
         return marked_repr(value, "nested too deeply", cap)

@@ -59,12 +59,61 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
+/// The key of airlock's forms for values JSON has no type for, shared with execution results
+/// (README "What comes back"); the decoder's own `$` tags are for what results never carry.
+const MARK: &str = "$airlock";
+/// Digits of the largest int written in decimal: CPython's default limit on converting an int
+/// to text (`sys.int_info.default_max_str_digits`), past which conversion is quadratic.
+const INT_DIGITS: usize = 4300;
+/// The repr of an int past [`INT_DIGITS`] is cut to this many characters, as a result's is.
+const REPR_CAP: usize = 4096;
+
 fn float_json(f: f64) -> Json {
     if f.is_finite() {
         json!(f)
     } else {
-        json!({"$float": if f.is_nan() { "nan" } else if f > 0.0 { "inf" } else { "-inf" }})
+        let value = if f.is_nan() {
+            "nan"
+        } else if f > 0.0 {
+            "inf"
+        } else {
+            "-inf"
+        };
+        json!({MARK: "float", "value": value})
     }
+}
+
+/// An int within 64 bits as a JSON number; else `{"$airlock": "int", "value": digits}` up to
+/// [`INT_DIGITS`] digits, and past that the marked repr of its hexadecimal digits, cut.
+fn int_json(n: &BigInt) -> Json {
+    if let Some(i) = n.to_i64() {
+        return json!(i);
+    }
+    if let Some(u) = n.to_u64() {
+        return json!(u);
+    }
+    // log10(2) < 0.30103: more bits than this can hold no fewer digits than the limit allows.
+    let bits = n.bits();
+    if bits <= (INT_DIGITS as u64) * 10 / 3 && n.magnitude() < &ten_to_digits() {
+        return json!({MARK: "int", "value": n.to_string()});
+    }
+    let sign = if n.sign() == num_bigint::Sign::Minus {
+        "-"
+    } else {
+        ""
+    };
+    let hex = format!("{sign}0x{:x}", n.magnitude());
+    json!({
+        MARK: "repr",
+        "type": "int",
+        "repr": &hex[..hex.len().min(REPR_CAP)],
+        "truncated": hex.len() > REPR_CAP,
+        "why": format!("an integer of more than {INT_DIGITS} digits"),
+    })
+}
+
+fn ten_to_digits() -> num_bigint::BigUint {
+    num_bigint::BigUint::from(10u32).pow(INT_DIGITS as u32)
 }
 
 /// What printing (or hashing) a value costs, in bytes: each item its size, shared ones once
@@ -97,19 +146,7 @@ fn convert_here(v: &Value, depth: usize, cx: &mut Cx) -> Result<Json, DecodeErro
     Ok(match v {
         Value::None => Json::Null,
         Value::Bool(b) => json!(b),
-        Value::Int(n) => match n.to_i64() {
-            Some(i) => json!(i),
-            // Decimal conversion is quadratic: past CPython's 4300 digits, hexadecimal.
-            None if n.bits() > 14_000 => {
-                let sign = if n.sign() == num_bigint::Sign::Minus {
-                    "-"
-                } else {
-                    ""
-                };
-                json!({"$int": format!("{sign}0x{:x}", n.magnitude())})
-            }
-            None => json!({"$int": n.to_string()}),
-        },
+        Value::Int(n) => int_json(n),
         Value::Float(f) => float_json(*f),
         Value::Complex(re, im) => json!({"$complex": [float_json(*re), float_json(*im)]}),
         Value::Str(s) => json!(&**s),

@@ -8,15 +8,17 @@ def form(v):
     if v is None or isinstance(v, bool):
         return v
     if isinstance(v, int):
-        if -2**63 <= v < 2**63:
+        if -2**63 <= v < 2**64:
             return v
-        if v.bit_length() > 14000:
-            return {"$int": ("-" if v < 0 else "") + hex(abs(v))}
-        return {"$int": str(v)}
+        if abs(v) < 10**4300:
+            return {"$airlock": "int", "value": str(v)}
+        text = ("-" if v < 0 else "") + hex(abs(v))
+        return {"$airlock": "repr", "type": "int", "repr": text[:4096], "truncated": len(text) > 4096,
+                "why": "an integer of more than 4300 digits"}
     if isinstance(v, float):
         if math.isfinite(v):
             return v
-        return {"$float": "nan" if v != v else ("inf" if v > 0 else "-inf")}
+        return {"$airlock": "float", "value": "nan" if v != v else ("inf" if v > 0 else "-inf")}
     if isinstance(v, complex):
         return {"$complex": [form(v.real), form(v.imag)]}
     if isinstance(v, str):

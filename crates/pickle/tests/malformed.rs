@@ -313,7 +313,7 @@ fn values_load_as_cpython_loads_them() {
     // overflow): a reader loads it, so the scan reads on.
     assert_eq!(text(b"F 1.5\n."), "1.5");
     assert_eq!(text(b"F1_0\n."), "10.0");
-    assert_eq!(text(b"F1e500\n."), r#"{"$float":"inf"}"#);
+    assert_eq!(text(b"F1e500\n."), r#"{"$airlock":"float","value":"inf"}"#);
     assert!(malformed(b"F1__0\n.").1.contains("FLOAT"));
     assert_eq!(
         text(b"\x80\x05\x96\x01\x00\x00\x00\x00\x00\x00\x00a(K\x62K\x63e."),

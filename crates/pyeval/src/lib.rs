@@ -215,17 +215,39 @@ fn strip_result_assignment(source: &str) -> &str {
     source
 }
 
-fn to_json(v: &Value) -> Option<serde_json::Value> {
+/// The key that marks a form JSON has no type for (airlock's results: README "What comes
+/// back"): a dict holding it is no exact value here.
+const MARK: &str = "$airlock";
+
+/// An int within 64 bits as a JSON number, else airlock's `{"$airlock": "int", "value":
+/// digits}` (a successful evaluation's ints have at most 4300 digits: its repr had them).
+fn int_json(n: &num_bigint::BigInt) -> serde_json::Value {
     use num_traits::ToPrimitive;
+    match (n.to_i64(), n.to_u64()) {
+        (Some(i), _) => json!(i),
+        (None, Some(u)) => json!(u),
+        _ => json!({ MARK: "int", "value": n.to_string() }),
+    }
+}
+
+/// A finite float as a JSON number, else `{"$airlock": "float", "value": "nan" | "inf" |
+/// "-inf"}`.
+fn float_json(f: f64) -> serde_json::Value {
+    match f {
+        f if f.is_nan() => json!({ MARK: "float", "value": "nan" }),
+        f if f.is_infinite() => {
+            json!({ MARK: "float", "value": if f > 0.0 { "inf" } else { "-inf" } })
+        }
+        f => json!(f),
+    }
+}
+
+fn to_json(v: &Value) -> Option<serde_json::Value> {
     Some(match v {
         Value::None => serde_json::Value::Null,
         Value::Bool(b) => json!(b),
-        Value::Int(n) => match (n.to_i64(), n.to_u64()) {
-            (Some(i), _) => json!(i),
-            (None, Some(u)) => json!(u),
-            _ => return None,
-        },
-        Value::Float(f) if f.is_finite() => json!(f),
+        Value::Int(n) => int_json(n),
+        Value::Float(f) => float_json(*f),
         Value::Str(s) => json!(&**s),
         Value::List(items) | Value::Tuple(items) => {
             serde_json::Value::Array(items.iter().map(to_json).collect::<Option<_>>()?)
@@ -234,6 +256,9 @@ fn to_json(v: &Value) -> Option<serde_json::Value> {
             let mut map = serde_json::Map::new();
             for (_, k, v) in d.entries() {
                 let Value::Str(k) = k else { return None };
+                if &**k == MARK {
+                    return None;
+                }
                 map.insert(k.to_string(), to_json(v)?);
             }
             serde_json::Value::Object(map)
@@ -244,15 +269,12 @@ fn to_json(v: &Value) -> Option<serde_json::Value> {
 
 /// Whether [`to_json`] holds the value (checked before anything of it is written).
 fn json_exact(v: &Value) -> bool {
-    use num_traits::ToPrimitive;
     match v {
-        Value::None | Value::Bool(_) | Value::Str(_) => true,
-        Value::Int(n) => n.to_i64().is_some() || n.to_u64().is_some(),
-        Value::Float(f) => f.is_finite(),
+        Value::None | Value::Bool(_) | Value::Str(_) | Value::Int(_) | Value::Float(_) => true,
         Value::List(items) | Value::Tuple(items) => items.iter().all(json_exact),
         Value::Dict(d) => d
             .entries()
-            .all(|(_, k, v)| matches!(k, Value::Str(_)) && json_exact(v)),
+            .all(|(_, k, v)| matches!(k, Value::Str(k) if &**k != MARK) && json_exact(v)),
         _ => false,
     }
 }
@@ -260,17 +282,14 @@ fn json_exact(v: &Value) -> bool {
 /// [`to_json`]'s value as serde_json writes it, without the tree; only for a value
 /// [`json_exact`] accepts.
 fn write_value_json(out: &mut (impl std::io::Write + ?Sized), v: &Value) -> std::io::Result<()> {
-    use num_traits::ToPrimitive;
     match v {
         Value::None => out.write_all(b"null"),
         Value::Bool(true) => out.write_all(b"true"),
         Value::Bool(false) => out.write_all(b"false"),
-        Value::Int(n) => match (n.to_i64(), n.to_u64()) {
-            (Some(i), _) => serde_json::to_writer(out, &i).map_err(std::io::Error::from),
-            (None, Some(u)) => serde_json::to_writer(out, &u).map_err(std::io::Error::from),
-            _ => Ok(()),
-        },
-        Value::Float(f) => serde_json::to_writer(out, f).map_err(std::io::Error::from),
+        Value::Int(n) => serde_json::to_writer(out, &int_json(n)).map_err(std::io::Error::from),
+        Value::Float(f) => {
+            serde_json::to_writer(out, &float_json(*f)).map_err(std::io::Error::from)
+        }
         Value::Str(s) => write_string_json(out, s),
         Value::List(items) | Value::Tuple(items) => {
             out.write_all(b"[")?;

@@ -866,7 +866,10 @@ fn execution_result(
     }
     // None, as a final print() gives, is no result to show (as in Python's REPL).
     if let Some(value) = r.result.as_ref().filter(|v| !v.is_null()) {
-        content.push(ContentBlock::text(format!("result: {value}")));
+        content.push(ContentBlock::text(format!(
+            "result: {}",
+            airlock_api::value_text(value)
+        )));
     }
     if let Some(e) = &r.error {
         let mut text = format!("error: {}: {}", e.kind, e.message);
