@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import decimal
+import importlib
 import json
 import math
 import pathlib
@@ -160,9 +161,85 @@ def test_arrays_tables_and_reprs(client: Airlock) -> None:
     assert r["df"] == DataFrame(columns=["x", "y"], index=[0, 1], records=[{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
     assert r["s"] == Series(name="s", index=[0, 1], data=[1.5, 2.5])
     big, nan, thing = r["big"], r["nan"], r["thing"]
-    assert isinstance(big, Repr) and big.type == "int" and int(big.repr) == 2**80
-    assert isinstance(nan, Repr) and nan.repr == "nan" and math.isnan(float(nan.repr))
+    assert type(big) is int and big == 2**80
+    assert type(nan) is float and math.isnan(nan)
     assert isinstance(thing, Repr) and thing.repr == "Thing()" and thing.type.endswith("Thing")
+
+
+def exactly(got: object, want: object) -> bool:
+    """Equal and of the same types all the way down, NaN equal to NaN."""
+    if isinstance(want, float) and math.isnan(want):
+        return type(got) is float and math.isnan(got)
+    if type(got) is not type(want):
+        return False
+    if isinstance(want, (list, tuple)):
+        assert isinstance(got, (list, tuple))
+        return len(got) == len(want) and all(map(exactly, got, want))
+    if isinstance(want, dict):
+        assert isinstance(got, dict)
+        return list(got) == list(want) and all(exactly(got[k], want[k]) for k in want)
+    if isinstance(want, complex):
+        assert isinstance(got, complex)
+        return exactly(got.real, want.real) and exactly(got.imag, want.imag)
+    return got == want
+
+
+NAN, INF = float("nan"), float("inf")
+# Values made in the sandbox, and the same values made here: big ints and non-finite floats
+# alone and inside each container form.
+EXACT: list[tuple[str, object]] = [
+    ("2**70", 2**70),
+    ("-(2**64)", -(2**64)),
+    ("10**4300 - 1", 10**4300 - 1),
+    ("[math.factorial(25), float('nan'), float('inf'), -float('inf')]",
+     [math.factorial(25), NAN, INF, -INF]),
+    ("(2**70, float('nan'))", [2**70, NAN]),
+    ("{'n': {'big': -(2**70), 'x': [float('inf')]}}", {"n": {"big": -(2**70), "x": [INF]}}),
+    ("{2**70: float('nan'), (1, 2**64): 'k'}", {2**70: NAN, (1, 2**64): "k"}),
+    ("{2**70, -(2**70)}", {2**70, -(2**70)}),
+    ("frozenset([2**64])", frozenset([2**64])),
+    ("complex(float('nan'), -float('inf'))", complex(NAN, -INF)),
+]
+
+
+def test_big_ints_and_non_finite_floats_come_back_as_themselves(client: Airlock) -> None:
+    for code, want in EXACT:
+        e = client.run("import math\n" + code)
+        assert e.ok, e
+        assert exactly(e.result, want), (code, e.result_json)
+    # A Decimal NaN stays a Decimal.
+    nan = client.run("import decimal\ndecimal.Decimal('NaN')").result
+    assert isinstance(nan, decimal.Decimal) and nan.is_nan()
+    # numpy arrays keep their NaN cells and dtype; an object array keeps its big ints.
+    arrays = client.run(
+        "import numpy as np\n"
+        "[np.array([0.5, np.nan, -np.inf], dtype='float32'), np.array([2**70, 1], dtype=object)]"
+    ).result
+    assert isinstance(arrays, list)
+    floats, objects = arrays
+    assert isinstance(floats, numpy.ndarray) and floats.dtype == numpy.float32
+    assert numpy.array_equal(floats, numpy.array([0.5, NAN, -INF], dtype="float32"), equal_nan=True)
+    assert isinstance(objects, numpy.ndarray) and objects.tolist() == [2**70, 1]
+    # A table with a missing value round-trips to an equal pandas table; so does a series.
+    pandas = importlib.import_module("pandas")  # Debian's (scripts/test.sh): never skipped
+    made = "import pandas as pd, numpy as np\n"
+    frame = client.run(made + "pd.DataFrame({'a': [1.0, np.nan], 'b': [2**70, 3], 'c': ['x', None]})").result
+    assert isinstance(frame, DataFrame)
+    want = pandas.DataFrame({"a": [1.0, NAN], "b": [2**70, 3], "c": ["x", None]})
+    assert frame.to_pandas().equals(want), frame
+    series = client.run(made + "pd.Series([np.nan, 2.5, np.inf], name='s')").result
+    assert isinstance(series, Series)
+    assert series.to_pandas().equals(pandas.Series([NAN, 2.5, INF], name="s")), series
+    # Function mode and a session cell decode the same way.
+    assert exactly(client.call("def f():\n    return 2**70", "f"), 2**70)
+    with client.session() as s:
+        s.run("import math\nx = [math.factorial(25), float('nan')]")
+        assert exactly(s.run("x").result, [math.factorial(25), NAN])
+    # Past 4300 digits, a marked repr; a dict spelling a form is data.
+    past = client.run("10**4300").result
+    assert isinstance(past, Repr) and past.type == "int" and past.why == "an integer of more than 4300 digits"
+    forged = client.run("{'$airlock': 'int', 'value': '18446744073709551616'}").result
+    assert forged == {"$airlock": "int", "value": "18446744073709551616"}
 
 
 def test_call_returns_the_value_and_raises_on_failure(client: Airlock) -> None:
@@ -195,8 +272,12 @@ def test_eval(client: Airlock) -> None:
     with pytest.raises(ValueError, match="ZeroDivisionError"):
         bad.raise_for_error()
     assert client.eval("__import__('os')").error is not None
-    # The value is plain JSON: an expression that spells a form gets the dict it wrote.
-    assert client.eval("{'$airlock': 'bytes', 'base64': 'aGk='}").value == {"$airlock": "bytes", "base64": "aGk="}
+    # Big ints and non-finite floats are exact; an expression that spells a form has no value
+    # (its repr says it), so it can never pass for one.
+    big = client.eval("[2**70, -1e500, 1e500 - 1e500]").value
+    assert isinstance(big, list) and big[:2] == [2**70, -math.inf] and math.isnan(big[2])
+    forged = client.eval("{'$airlock': 'int', 'value': '18446744073709551616'}")
+    assert forged.ok and forged.value is None and forged.repr == "{'$airlock': 'int', 'value': '18446744073709551616'}"
 
 
 def test_stream_yields_output_then_the_execution(client: Airlock) -> None:

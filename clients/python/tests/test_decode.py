@@ -52,10 +52,19 @@ FORMS: list[tuple[str, object]] = [
     ('{"$airlock": "timedelta", "seconds": -1}', datetime.timedelta(seconds=-1)),
     ('{"$airlock": "decimal", "value": "1.10"}', decimal.Decimal("1.10")),
     ('{"$airlock": "complex", "real": 1.0, "imag": 2}', complex(1, 2)),
-    ('{"$airlock": "complex", "real": 0.5, "imag": {"$airlock": "repr", "type": "float",'
-     ' "repr": "-inf", "truncated": false, "why": "not a finite number"}}', complex(0.5, float("-inf"))),
-    ('{"$airlock": "repr", "type": "float", "repr": "nan", "truncated": false, "why": "not a finite number"}',
-     Repr("float", "nan", False, "not a finite number")),
+    ('{"$airlock": "complex", "real": 0.5, "imag": {"$airlock": "float", "value": "-inf"}}',
+     complex(0.5, float("-inf"))),
+    ('{"$airlock": "float", "value": "inf"}', float("inf")),
+    ('{"$airlock": "float", "value": "-inf"}', float("-inf")),
+    ('{"$airlock": "int", "value": "18446744073709551616"}', 2**64),
+    ('{"$airlock": "int", "value": "-9223372036854775809"}', -(2**63) - 1),
+    ('[{"$airlock": "int", "value": "' + "9" * 4300 + '"}]', [10**4300 - 1]),
+    ('{"$airlock": "dict", "items": [[{"$airlock": "int", "value": "1180591620717411303424"},'
+     ' {"$airlock": "float", "value": "-inf"}]]}', {2**70: float("-inf")}),
+    ('{"$airlock": "set", "type": "set", "items": [{"$airlock": "int", "value": "-1180591620717411303424"}]}',
+     {-(2**70)}),
+    ('{"$airlock": "repr", "type": "int", "repr": "0x1", "truncated": true, "why": "an integer of more than 4300 digits"}',
+     Repr("int", "0x1", True, "an integer of more than 4300 digits")),
     ('{"$airlock": "repr", "type": "os._wrap_close", "repr": "__import__(\'os\').system(\'x\')",'
      ' "truncated": true, "why": "not a JSON value", "later": 1}',
      Repr("os._wrap_close", "__import__('os').system('x')", True, "not a JSON value")),
@@ -79,6 +88,34 @@ FORMS: list[tuple[str, object]] = [
 def test_forms(text: str, expected: object) -> None:
     got = decode(json.loads(text))
     assert same(got, expected), got
+
+
+def test_nan_is_a_float_nan() -> None:
+    got = decode([{"$airlock": "float", "value": "nan"}])
+    assert isinstance(got, list) and type(got[0]) is float and got[0] != got[0]
+
+
+@pytest.mark.parametrize("form", [
+    {"$airlock": "int", "value": "1" + "0" * 4300},  # 4301 digits: a repr is sent instead
+    {"$airlock": "int", "value": "5"},  # within 64 bits: a JSON number is sent instead
+    {"$airlock": "int", "value": "18446744073709551615"},
+    {"$airlock": "int", "value": "0x10000000000000000"},
+    {"$airlock": "int", "value": "1_000_000_000_000_000_000_000"},
+    {"$airlock": "int", "value": " 18446744073709551616"},
+    {"$airlock": "int", "value": "+18446744073709551616"},
+    {"$airlock": "int", "value": "018446744073709551616"},
+    {"$airlock": "int", "value": "١٨٤٤٦٧٤٤٠٧٣٧٠٩٥٥١٦١٦"},
+    {"$airlock": "int", "value": 18446744073709551616},
+    {"$airlock": "int"},
+    {"$airlock": "float", "value": "NaN"},
+    {"$airlock": "float", "value": "1.5"},
+    {"$airlock": "float", "value": "infinity"},
+    {"$airlock": "float", "value": float("nan")},
+])
+def test_number_forms_are_exactly_what_airlock_sends(form: dict[str, object]) -> None:
+    with pytest.raises(DecodeError) as refused:
+        decode({"x": [form]})
+    assert refused.value.path.startswith("$.x[0]"), refused.value
 
 
 def test_decimal_keeps_its_digits() -> None:
@@ -121,7 +158,7 @@ def test_ndarray_with_numpy() -> None:
     assert got.dtype == np.dtype("int64") and got.shape == (2, 3)
     assert got.tolist() == [[1, 2, 3], [4, 5, 6]]
 
-    nan = {"$airlock": "repr", "type": "float", "repr": "nan", "truncated": False, "why": "not a finite number"}
+    nan = {"$airlock": "float", "value": "nan"}
     got = array({"$airlock": "ndarray", "dtype": "float32", "shape": [3], "data": [0.5, nan, 1]})
     assert got.dtype == np.dtype("float32") and got[0] == 0.5 and np.isnan(got[1]) and got[2] == 1
 

@@ -9,6 +9,7 @@ import base64
 import gzip
 import http.server
 import json
+import math
 import os
 import pathlib
 import pickle
@@ -505,10 +506,16 @@ def test_a_stream_that_failed_or_was_closed_raises_airlock_errors(hostile: Hosti
     assert (bad.value.status, bad.value.field) == (400, "code")
 
 
-def test_eval_values_are_plain_json(hostile: Hostile) -> None:
-    spelled = {"$airlock": "bytes", "base64": "aGk="}
-    hostile.json({"ok": True, "type": "dict", "repr": "...", "str": "...", "value": spelled})
-    assert client(hostile).eval("x").value == spelled
+def test_eval_values_are_decoded_strictly(hostile: Hostile) -> None:
+    # The evaluator sends a value only when JSON holds it exactly, big ints and non-finite
+    # floats in their forms; what a server sends is decoded as a result is, strictly.
+    hostile.json({"ok": True, "type": "list", "repr": "...", "str": "...",
+                  "value": [{"$airlock": "int", "value": "18446744073709551616"}, {"$airlock": "float", "value": "-inf"}]})
+    assert client(hostile).eval("x").value == [2**64, -math.inf]
+    for bad in ({"$airlock": "int", "value": "1e30"}, {"$airlock": "float", "value": "NaN"}, {"$airlock": "pickle"}):
+        hostile.json({"ok": True, "type": "x", "repr": "...", "str": "...", "value": [bad]})
+        with pytest.raises(DecodeError, match=r"^\$\.value\[0\]"):
+            client(hostile).eval("x")
     hostile.json({"ok": False, "error": {"type": "ZeroDivisionError", "message": "division by zero"}})
     with pytest.raises(EvaluationFailed, match="ZeroDivisionError"):
         client(hostile).eval("1/0").raise_for_error()

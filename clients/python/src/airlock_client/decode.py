@@ -13,9 +13,10 @@ import functools
 import importlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Callable, NoReturn, TypeGuard, TypeVar
+from typing import Any, Callable, NoReturn, TypeVar
 
 from airlock_client.errors import ProtocolError
 
@@ -58,6 +59,12 @@ class DataFrame:
     index: list[object]
     records: list[dict[object, object]]
 
+    def to_pandas(self) -> Any:
+        """This table as a `pandas.DataFrame` (pandas must be installed): a missing value that
+        was NaN is NaN again, so a float column with one round-trips to an equal table."""
+        pandas = importlib.import_module("pandas")
+        return pandas.DataFrame(self.records, index=self.index, columns=self.columns)
+
 
 @dataclass(frozen=True)
 class Series:
@@ -66,6 +73,11 @@ class Series:
     name: object
     index: list[object]
     data: list[object]
+
+    def to_pandas(self) -> Any:
+        """This series as a `pandas.Series` (pandas must be installed)."""
+        pandas = importlib.import_module("pandas")
+        return pandas.Series(self.data, index=self.index, name=self.name)
 
 
 # The most items of one set or keys of one dict that may share a hash. Each insertion compares
@@ -120,13 +132,23 @@ _CELL_TYPES: dict[str, tuple[type, ...]] = {
 # The most an array may take once made: airlock sends at most 100 000 cells.
 _MAX_ARRAY_BYTES = 256 << 20
 
-# repr() of the floats JSON cannot carry: read back where only a number fits (a complex part,
-# a cell of a float array); float() of these exact strings evaluates nothing.
+# The floats JSON cannot carry, as the "float" form spells them; float() of these exact strings
+# evaluates nothing.
 _NON_FINITE = ("nan", "inf", "-inf")
 
+# The "int" form: an integer past 64 bits, in decimal, of at most CPython's default 4300
+# digits (larger ones come as a repr); int() accepts more spellings than airlock sends.
+_INT_DIGITS = 4300
+_INT_FORM = re.compile(r"-?(0|[1-9][0-9]*)\Z", re.ASCII)
 
-def _non_finite(value: object) -> TypeGuard[Repr]:
-    return isinstance(value, Repr) and value.type == "float" and value.repr in _NON_FINITE
+
+def int_digits(text: str) -> int | None:
+    """The int an "int" form's `value` spells, or None where it is not decimal digits as
+    airlock writes them (at most 4300). ValueError if this process lowered its own limit
+    (sys.set_int_max_str_digits)."""
+    if not _INT_FORM.match(text) or len(text) - text.startswith("-") > _INT_DIGITS:
+        return None
+    return int(text)
 
 
 def _render(path: _Path) -> str:
@@ -159,6 +181,8 @@ class _Decoder:
             "timedelta": self.timedelta_,
             "decimal": self.decimal_,
             "complex": self.complex_,
+            "int": self.int_,
+            "float": self.float_,
             "ndarray": self.ndarray,
             "dataframe": self.dataframe,
             "series": self.series,
@@ -178,7 +202,7 @@ class _Decoder:
             return value
         if type(value) is float:
             if not math.isfinite(value):
-                self.fail(path, "a non-finite number (airlock sends those as a repr)")
+                self.fail(path, "a non-finite number (airlock sends those as a \"float\" form)")
             return value
         if type(value) is not list and type(value) is not dict:
             self.fail(path, f"not a JSON value: {_type_name(value)}")
@@ -228,8 +252,6 @@ class _Decoder:
         if name not in obj:
             self.fail(path, f"missing {name!r}")
         found = self.value(obj[name], (path, name), depth + 1)
-        if _non_finite(found):
-            return float(found.repr)
         if type(found) is bool or not isinstance(found, (int, float)):
             self.fail((path, name), f"expected a number, got {_type_name(found)}")
         try:
@@ -304,6 +326,24 @@ class _Decoder:
     def complex_(self, obj: dict[str, object], path: _Path, depth: int) -> object:
         return complex(self.number(obj, "real", path, depth), self.number(obj, "imag", path, depth))
 
+    def int_(self, obj: dict[str, object], path: _Path, depth: int) -> object:
+        text = self.field(obj, "value", str, path)
+        try:
+            value = int_digits(text)
+        except ValueError as e:
+            self.fail((path, "value"), str(e))
+        if value is None:
+            self.fail((path, "value"), f"not the decimal digits of an int of at most {_INT_DIGITS}")
+        if -(2**63) <= value < 2**64:
+            self.fail((path, "value"), "an int within 64 bits comes as a JSON number")
+        return value
+
+    def float_(self, obj: dict[str, object], path: _Path, depth: int) -> object:
+        text = self.field(obj, "value", str, path)
+        if text not in _NON_FINITE:
+            self.fail((path, "value"), f"expected one of {', '.join(_NON_FINITE)}, got {text!r}")
+        return float(text)
+
     def ndarray(self, obj: dict[str, object], path: _Path, depth: int) -> object:
         dtype_name = self.field(obj, "dtype", str, path)
         shape = self.field(obj, "shape", list, path)
@@ -338,8 +378,6 @@ class _Decoder:
         bounds = numpy.iinfo(dtype) if dtype.kind in "iu" else None
         array = numpy.empty(len(cells), dtype=dtype)
         for i, (cell, here) in enumerate(cells):
-            if dtype.kind in "fc" and _non_finite(cell):
-                cell = float(cell.repr)
             if allowed is not None and type(cell) not in allowed:
                 self.fail(here, f"a {_type_name(cell)} in an array of {dtype}")
             if bounds is not None and isinstance(cell, int) and not bounds.min <= cell <= bounds.max:

@@ -382,9 +382,13 @@ class Evaluation:
         ok = r.flag("ok")
         if not ok and err is None:
             raise ProtocolError("$.error: missing where ok is false")
-        # Plain JSON: the evaluator makes no `$airlock` forms, so none is read (an expression
-        # could spell one).
-        return cls(ok, r.opt_text("type"), r.opt_text("repr"), r.opt_text("str"), r.any("value"), err)
+        # The evaluator's only forms are an int past 64 bits and a float that is not finite
+        # (a dict with a "$airlock" key has no value), read as results are.
+        try:
+            value = decode(r.any("value"))
+        except DecodeError as e:
+            raise DecodeError(f"$.value{e.path[1:]}", e.reason) from None
+        return cls(ok, r.opt_text("type"), r.opt_text("repr"), r.opt_text("str"), value, err)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar, cast
 
 from airlock_client import _pickle
-from airlock_client.decode import MAX_SHARED_HASH, crowded
+from airlock_client.decode import MAX_SHARED_HASH, crowded, int_digits
 
 __all__ = [
     "DEFAULT_ALLOW",
@@ -455,6 +455,8 @@ class _Forms:
         # keys are not all such strings is a "$dict".
         if not pairs or not pairs[0][0].startswith("$"):
             return dict(pairs)
+        if pairs[0][0] == "$airlock":
+            return self.marked(pairs)
         (tag, v), *rest = pairs
         if tag == "$call":
             if [k for k, _ in rest] != ["args"] or not isinstance(v, str):
@@ -470,15 +472,6 @@ class _Forms:
 
     def form(self, tag: str, v: object, pairs: list[tuple[str, object]]) -> object:
         match tag:
-            case "$int" if isinstance(v, str):
-                try:
-                    return int(v, 0)
-                except ValueError as e:
-                    # Decimal up to 14 000 bits, within CPython's default 4 300 digits, unless
-                    # the process lowered sys.set_int_max_str_digits.
-                    raise UnrepresentablePickle(str(e)) from None
-            case "$float" if v in ("nan", "inf", "-inf"):
-                return float(v)
             case "$complex":
                 re, im = _pair(v, pairs)
                 return complex(_float(re, pairs), _float(im, pairs))
@@ -507,6 +500,24 @@ class _Forms:
                 if v in _DEFAULT_OBJECTS:
                     return _DEFAULT_OBJECTS[v]
                 return GlobalRef(v)
+        return _bad(pairs)
+
+    def marked(self, pairs: list[tuple[str, object]]) -> object:
+        """The forms shared with execution results: an int past 64 bits (decimal, at most 4300
+        digits), a float that is not finite, or the repr of an int past 4300 digits."""
+        form = dict(pairs)
+        match form:
+            case {"$airlock": "int", "value": str(text)} if len(form) == 2:
+                try:
+                    value = int_digits(text)
+                except ValueError as e:
+                    raise UnrepresentablePickle(str(e)) from None
+                if value is not None:
+                    return value
+            case {"$airlock": "float", "value": "nan" | "inf" | "-inf" as text} if len(form) == 2:
+                return float(text)
+            case {"$airlock": "repr", "type": "int", "why": str(why)}:
+                raise UnrepresentablePickle(why)
         return _bad(pairs)
 
     def call(self, name: str, args: list[object]) -> object:
