@@ -134,6 +134,15 @@ fn check_tools(seen: &Value) {
         json!({"kind": "ValueError", "message": "bad value"})
     );
     assert_eq!(seen["eval"]["structured"]["repr"], "6144");
+    // The SDK checked it against the tool's output schema (ResultValue's forms) too.
+    assert_eq!(
+        seen["eval_exact"]["structured"]["value"],
+        json!([{"$airlock": "int", "value": "1180591620717411303424"}, {"$airlock": "float", "value": "nan"}])
+    );
+    assert_eq!(
+        ok(&seen["eval_exact"]),
+        "[1180591620717411303424, nan] (type: list)"
+    );
     let refused = &seen["above_ceiling"]["structured"]["refused"];
     assert_eq!(refused["code"], "limit_above_ceiling", "{refused}");
 

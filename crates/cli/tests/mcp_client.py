@@ -102,6 +102,7 @@ async def tools(session):
         {"code": "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)"},
     )
     seen["eval"] = await call(session, "eval_expression", {"expression": "(1 + 2 + 3) * 2 ** 10"})
+    seen["eval_exact"] = await call(session, "eval_expression", {"expression": "[2 ** 70, 1e500 - 1e500]"})
     seen["eval_error"] = await call(session, "eval_expression", {"expression": "1 / 0"})
     seen["eval_call"] = await call(session, "eval_expression", {"expression": "__import__('os')"})
     seen["unknown_tool"] = await call(session, "no_such_tool", {})
