@@ -1502,10 +1502,34 @@ fn sessions_a_stopped_server_held_answer_session_lost_to_their_key() {
 
 /// A request head announcing a large body, and no body.
 fn head_without_body(server: &Server, key: &str) -> Option<common::http::Response> {
+    head_without_body_to(server, key, "/v1/execute")
+}
+
+fn head_without_body_to(server: &Server, key: &str, path: &str) -> Option<common::http::Response> {
     let mut s = server.connect();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n").unwrap();
+    write!(s, "POST {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: 10000000\r\n\r\n").unwrap();
     read_response(&mut s)
+}
+
+/// An answer given before the request's body was read tells the client to close: the server
+/// will not read that body, and a client reusing the connection would get no answer.
+#[test]
+fn an_answer_before_the_body_is_read_closes_the_connection() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let r = head_without_body_to(&server, KEY, "/v1/sessions/se_nope/execute")
+        .expect("an answer before the body");
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.header("connection"), Some("close"));
+    // One whose body was read keeps its connection.
+    let mut s = server.connect();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let body = r#"{"code": "1"}"#;
+    write!(s, "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let r = read_response(&mut s).expect("an answer");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("connection"), None);
 }
 
 #[test]
@@ -1521,6 +1545,7 @@ fn a_throttled_key_is_refused_before_its_body_is_read() {
     // not wait for a body that never comes), and without spending a token.
     let r = head_without_body(&server, OTHER_KEY).expect("an answer before the body");
     assert_eq!((r.status, r.error_code()), (429, "rate_limited".into()));
+    assert_eq!(r.header("connection"), Some("close"));
     assert_eq!(busy.join().unwrap().status, 200);
     assert_eq!(
         as_other(&server, "POST", "/v1/execute", Some(&json!({"code": "1"}))).status,

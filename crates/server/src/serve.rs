@@ -593,6 +593,50 @@ impl Drop for ConnBusy {
 /// A response body that keeps its connection busy until hyper is done with it (written, or
 /// the connection gone): an answer being written is not an idle connection. It also tells
 /// the slow-reader watch whether the answer has more to give.
+/// A request's body that says when it has been read to its end (or had none).
+struct ReadToEnd {
+    inner: Incoming,
+    read: Arc<AtomicBool>,
+}
+
+impl ReadToEnd {
+    fn new(
+        (parts, inner): (axum::http::request::Parts, Incoming),
+    ) -> (Arc<AtomicBool>, Request<ReadToEnd>) {
+        use hyper::body::Body as _;
+        let read = Arc::new(AtomicBool::new(inner.is_end_stream()));
+        let body = ReadToEnd {
+            inner,
+            read: read.clone(),
+        };
+        (read, Request::from_parts(parts, body))
+    }
+}
+
+impl hyper::body::Body for ReadToEnd {
+    type Data = axum::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::SeqCst);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 struct BusyBody {
     inner: Body,
     busy: ConnBusy,
@@ -667,12 +711,22 @@ async fn connection(
                 .close()
                 .into_response()
             } else {
-                let mut req = req.map(Body::new);
+                let (read, body) = ReadToEnd::new(req.into_parts());
+                let mut req = body.map(Body::new);
                 req.extensions_mut().insert(authenticated);
-                match router.oneshot(req).await {
+                let mut response = match router.oneshot(req).await {
                     Ok(r) => r,
                     Err(never) => match never {},
+                };
+                // Answered before its body was read (a refusal that comes first: a lost
+                // session, a rate limit): hyper closes the connection rather than read on,
+                // and a client that reused it meanwhile would get no answer at all.
+                if !read.load(Ordering::SeqCst) {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
                 }
+                response
             };
             if findings.close_after.load(Ordering::SeqCst) {
                 response
