@@ -304,6 +304,69 @@ fn uid_of_status(status: &str) -> Option<u32> {
     })
 }
 
+/// Another airlock's sandboxes (a server a user runs beside the suite, another test binary's)
+/// are not this test's to count: a process or cgroup is someone else's when a live `airlock`
+/// that this test process did not start made it. Everything else counts, orphans included:
+/// a leak outlives the airlock that made it.
+fn ppid(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: the comm may hold spaces and parentheses.
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+fn comm(pid: u32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default()
+}
+
+/// `pid` and its ancestors, up to (not including) PID 1.
+fn lineage(pid: u32) -> Vec<u32> {
+    let mut chain = vec![pid];
+    while let Some(parent) = ppid(*chain.last().unwrap()).filter(|&p| p > 1) {
+        if chain.len() > 256 || chain.contains(&parent) {
+            break;
+        }
+        chain.push(parent);
+    }
+    chain
+}
+
+fn started_here(pid: u32) -> bool {
+    lineage(pid).contains(&std::process::id())
+}
+
+/// A live airlock this test process did not start.
+fn someone_elses_airlock(pid: u32) -> bool {
+    comm(pid) == "airlock\n" && !started_here(pid)
+}
+
+/// The airlock that made a sandbox cgroup named `airlock-<pid>-...`.
+fn cgroup_creator(name: &str) -> Option<u32> {
+    name.strip_prefix(airlock_sandbox::SANDBOX_PREFIX)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn someone_elses_process(pid: u32) -> bool {
+    let chain = lineage(pid);
+    if chain.contains(&std::process::id()) {
+        return false;
+    }
+    // Below another airlock, or in a cgroup a live one made (an orphan of its own).
+    chain.iter().skip(1).any(|&p| comm(p) == "airlock\n")
+        || fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .unwrap_or_default()
+            .split(['/', '\n'])
+            .filter_map(cgroup_creator)
+            .any(someone_elses_airlock)
+}
+
 pub fn sandbox_processes() -> Vec<String> {
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -311,7 +374,10 @@ pub fn sandbox_processes() -> Vec<String> {
         let Ok(status) = fs::read_to_string(path.join("status")) else {
             continue;
         };
-        if uid_of_status(&status).is_some_and(|u| u >= SANDBOX_UID_MIN) {
+        let pid = entry.file_name().to_string_lossy().parse().unwrap_or(0);
+        if uid_of_status(&status).is_some_and(|u| u >= SANDBOX_UID_MIN)
+            && !someone_elses_process(pid)
+        {
             let cmd = fs::read_to_string(path.join("cmdline"))
                 .unwrap_or_default()
                 .replace('\0', " ");
@@ -329,8 +395,11 @@ pub fn sandbox_inits() -> Vec<String> {
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmd = fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
         let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+        let pid = entry.file_name().to_string_lossy().parse().unwrap_or(0);
         // Executed as one, or forked ahead by `airlock run` and named so.
-        if cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") || comm == "airlock-sandbox\n" {
+        if (cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") || comm == "airlock-sandbox\n")
+            && !someone_elses_process(pid)
+        {
             found.push(entry.path().display().to_string());
         }
     }
@@ -338,7 +407,8 @@ pub fn sandbox_inits() -> Vec<String> {
     found
 }
 
-/// Every `airlock-<pid>-<n>` cgroup beneath the cgroups this test process runs in.
+/// Every `airlock-<pid>-<n>` cgroup beneath the cgroups this test process runs in, but those
+/// of another live airlock (see [`someone_elses_process`]).
 pub fn sandbox_cgroups() -> Vec<PathBuf> {
     let Ok(layout) = &airlock_sandbox::host_support().cgroup else {
         return Vec::new();
@@ -347,7 +417,10 @@ pub fn sandbox_cgroups() -> Vec<PathBuf> {
     for parent in layout.parents() {
         for entry in fs::read_dir(&parent).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(airlock_sandbox::SANDBOX_PREFIX) && name != "airlock-supervisor" {
+            if name.starts_with(airlock_sandbox::SANDBOX_PREFIX)
+                && name != "airlock-supervisor"
+                && !cgroup_creator(&name).is_some_and(someone_elses_airlock)
+            {
                 found.push(entry.path());
             }
         }
