@@ -886,6 +886,7 @@ pub fn remove_leftovers(layout: &Layout) -> Vec<PathBuf> {
 }
 
 /// How a new process can come to be in a cgroup v2, timed by [`time_v2_placements`].
+#[cfg(feature = "bench")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
     /// Forked, then moves itself by writing `0` to the cgroup's `cgroup.procs` (what a
@@ -901,6 +902,7 @@ pub enum Placement {
 /// leaf and times each [`Placement`] `rounds` times, interleaved, `gap` apart (a join waits
 /// for an RCU grace period unless another began just before: an agent's requests come
 /// apart), from the call until the child, which only exits, has been waited for.
+#[cfg(feature = "bench")]
 pub fn time_v2_placements(
     mount: &Path,
     rounds: usize,

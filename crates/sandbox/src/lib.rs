@@ -54,9 +54,11 @@ mod zygote;
 
 pub use bounded::{BoundedDir, BoundedError, BoundedKind};
 pub use cgroup::{
-    cleanup_failures, remove_leftovers, settle, time_v2_placements, CgroupError, CgroupVersion,
-    Layout, Placement, SANDBOX_PREFIX,
+    cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
 };
+// For airlock-bench alone (the `bench` feature): how long each way into a cgroup v2 takes.
+#[cfg(feature = "bench")]
+pub use cgroup::{time_v2_placements, Placement};
 pub use host::{host_support, own_exe, unmask_proc, HostSupport, ProcMasks};
 pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
 pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
