@@ -42,6 +42,7 @@ mod bounded;
 mod cgroup;
 mod host;
 mod init;
+mod jail;
 mod policy;
 mod proto;
 pub mod seccomp;

@@ -2,7 +2,8 @@
 //!
 //! `Policy::default()` is the most restrictive policy this crate can express: nothing of the
 //! host is visible, every mechanism is required, and the limits are small. Callers widen it
-//! field by field; [`crate::init`] is the private code that turns it into syscalls.
+//! field by field; [`crate::init`] and the steps it shares with zygotes, [`crate::jail`], are
+//! the private code that turns it into syscalls.
 
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cgroup::{CgroupError, CgroupVersion, SandboxCgroup};
 use crate::host::host_support;
-use crate::init::{FIRST_EXTRA_FD, INIT_ARG, INIT_PROCESSES, STATUS_FD};
+use crate::init::{INIT_ARG, STATUS_FD};
+use crate::jail::{FIRST_EXTRA_FD, INIT_PROCESSES};
 use crate::policy::{Limits, Policy, PolicyError};
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
 use crate::sys;

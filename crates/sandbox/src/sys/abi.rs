@@ -1,21 +1,22 @@
 //! The C ABI a zygote's Python calls through `ctypes.PyDLL` (which keeps the GIL held, so no
-//! other Python thread runs meanwhile). The jail code itself is [`crate::zygote::inside`].
+//! other Python thread runs meanwhile). The code itself is the zygote's, [`crate::zygote::state`],
+//! and its child's, [`crate::zygote::child`].
 
 use std::os::raw::c_int;
 
-use crate::zygote::inside;
+use crate::zygote::{child, state};
 
 /// Takes the zygote's descriptors, compiles the seccomp profile and installs what its
 /// children inherit. 0 on success.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_start() -> c_int {
-    inside::start()
+    state::start()
 }
 
 /// Says the zygote is ready (its modules are loaded). 0 on success.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_ready() -> c_int {
-    inside::ready()
+    state::ready()
 }
 
 /// Waits for each next child and forks it, with the interpreter's fork hooks, until one is
@@ -23,20 +24,20 @@ pub extern "C" fn airlock_zygote_ready() -> c_int {
 /// the last child ended; -1, a fatal error.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_serve() -> c_int {
-    inside::serve()
+    state::serve()
 }
 
 /// In a fork of the zygote that did what a child does: stops it, for [`airlock_zygote_survey`].
 #[no_mangle]
 pub extern "C" fn airlock_zygote_surveyed() {
-    inside::surveyed()
+    state::surveyed()
 }
 
 /// In the zygote: records which of its pages `pid` (stopped by [`airlock_zygote_surveyed`])
 /// wrote, then kills and reaps it.
 #[no_mangle]
 pub extern "C" fn airlock_zygote_survey(pid: c_int) {
-    inside::survey(pid)
+    state::survey(pid)
 }
 
 /// In a child, once [`airlock_zygote_serve`] returned 1: enters the jail and confines the
@@ -50,5 +51,5 @@ pub extern "C" fn airlock_zygote_child(out: *mut u8, len: usize) -> usize {
     // SAFETY: the caller (the zygote's Python) passes a writable buffer of `len` bytes that
     // it owns and does not touch during the call.
     let buf = unsafe { std::slice::from_raw_parts_mut(out, len) };
-    inside::child(buf)
+    child::child(buf)
 }

@@ -1,17 +1,32 @@
 //! Zygotes: one interpreter started once, with its modules loaded, whose forks become fresh
-//! sandboxes. Each child gets its own jail, built by the same code as a cold sandbox: new user,
-//! PID, mount, network, IPC, UTS and cgroup namespaces, a uid of its own, a fresh root with
-//! its own scratch tmpfs, its own cgroup, rlimits, `no_new_privs`, no capabilities, Landlock
-//! and seccomp. See `inside` for the processes and their order.
+//! sandboxes. Each child gets its own jail, built by the same code as a cold sandbox (`jail`):
+//! new user, PID, mount, network, IPC, UTS and cgroup namespaces, a uid of its own, a fresh
+//! root with its own scratch tmpfs, its own cgroup, rlimits, `no_new_privs`, no capabilities,
+//! Landlock and seccomp.
+//!
+//! This module is the host's side ([`Zygote`]). The inside, in the order one child comes to
+//! be, one module per process:
+//! 1. `template`: the template jail's init (built by `init` as any sandbox's, its outer
+//!    mapping a block of host ids, `ids`), which starts the zygote and builds one jail per
+//!    child, and each jail's init;
+//! 2. `state`: the zygote, which asks for a child's jail, forks the child into it and reaps
+//!    it (its Python, `zygote.py`, calls in through `sys::abi`);
+//! 3. `child`: the child, which enters its jail and confines itself.
+//!
+//! `messages` is what they say to one another.
 //!
 //! What children share by construction, being forks of one process: the address-space layout
 //! (ASLR is per zygote, not per child), the stack canary, the hash seed and the preloads' state,
 //! but for their generators of random numbers, reseeded in each child (`zygote.py`) or wiped
 //! in the zygote (OpenSSL's). Callers bound that by retiring a zygote after a number of
 //! children or an age (see [`Zygote::retire`]). What the zygote receives for one child
-//! (policies, arguments, environments) is wiped before the next is forked (`inside`).
+//! (policies, arguments, environments) is wiped before the next is forked (`state`, `child`).
 
-pub(crate) mod inside;
+pub(crate) mod child;
+pub(crate) mod ids;
+mod messages;
+pub(crate) mod state;
+pub(crate) mod template;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -23,21 +38,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::unistd::{self, Gid, Uid};
+use nix::unistd;
 
 use crate::cgroup::SandboxCgroup;
 use crate::host::host_support;
-use crate::init::{sys_err, InitError};
 use crate::policy::{Policy, RootEntry};
 use crate::proto;
 use crate::spawn::{spawn, Child, Command, SpawnError};
-use crate::sys;
+use ids::{block_base, ZYGOTE_IDS};
+use messages::{ChildRequest, ZygoteReady};
 
-/// Host ids of zygotes: block `pid` (the template's outer init) of `ZYGOTE_IDS` ids each,
-/// above the ids of cold sandboxes (`HOST_ID_BASE + pid`) and below 2^32 for any pid the
-/// kernel can give (at most 2^22).
-pub(crate) const ZYGOTE_ID_BASE: u32 = 0x8000_0000;
-pub(crate) const ZYGOTE_IDS: u32 = 256;
 /// The zygote's Python: how its children end (`finish.py`), then the zygote.
 const ZYGOTE_PY: &str = concat!(include_str!("finish.py"), include_str!("zygote.py"));
 /// How a sandbox's Python ends without the interpreter's whole shutdown, as a zygote's
@@ -205,7 +215,7 @@ impl Zygote {
         let mut fds = [PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
         let waited = poll(&mut fds, PollTimeout::from(START_WAIT_MS));
         let ready = match waited {
-            Ok(n) if n > 0 => proto::recv_msg::<inside::ZygoteReady>(&ours).ok().flatten(),
+            Ok(n) if n > 0 => proto::recv_msg::<ZygoteReady>(&ours).ok().flatten(),
             _ => None,
         };
         let Some(ready) = ready else {
@@ -395,7 +405,7 @@ impl Zygote {
                 source.clone_from(target);
             }
         }
-        let request = inside::ChildRequest {
+        let request = ChildRequest {
             policy: child_policy,
             args: command.args,
             env: command.env.into_iter().collect(),
@@ -488,73 +498,6 @@ fn keep_tail(mut stream: impl Read + Send + 'static, log: Arc<Mutex<Vec<u8>>>) {
             log.drain(..over);
         }
     });
-}
-
-/// Forked by a template's outer init while it is still root on the host, to write the id
-/// maps of the template's user namespace once the outer init has made it.
-pub(crate) struct IdWriter {
-    go: OwnedFd,
-    pid: i32,
-}
-
-impl IdWriter {
-    pub(crate) fn fork() -> Result<IdWriter, InitError> {
-        let (go_r, go_w) = unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"))?;
-        let parent = unistd::getpid().as_raw();
-        match sys::fork().map_err(sys_err("fork"))? {
-            sys::ForkResult::Child => {
-                drop(go_w);
-                let mut byte = [0u8; 1];
-                let ok = matches!(unistd::read(&go_r, &mut byte), Ok(1))
-                    && write_block_maps(parent).is_ok();
-                sys::exit_immediately(if ok { 0 } else { 1 })
-            }
-            sys::ForkResult::Parent { child } => {
-                drop(go_r);
-                Ok(IdWriter {
-                    go: go_w,
-                    pid: child.as_raw(),
-                })
-            }
-        }
-    }
-
-    /// Has the maps written and waits for them.
-    pub(crate) fn write_maps(self, _uid: u32, _gid: u32) -> Result<(), InitError> {
-        unistd::write(&self.go, b"g").map_err(sys_err("write"))?;
-        match sys::wait_child(self.pid) {
-            Ok((_, sys::Waited::Exited(0), _)) => Ok(()),
-            _ => Err(InitError::Sys {
-                call: "writing the zygote's id maps",
-                source: std::io::Error::other("the helper failed"),
-            }),
-        }
-    }
-}
-
-fn block_base(pid: i32) -> u32 {
-    ZYGOTE_ID_BASE + (pid as u32) * ZYGOTE_IDS
-}
-
-/// The template's ids: 0..ZYGOTE_IDS inside, its block outside; `setgroups` denied.
-fn write_block_maps(pid: i32) -> std::io::Result<()> {
-    let base = block_base(pid);
-    let proc = Path::new("/proc").join(pid.to_string());
-    std::fs::write(proc.join("uid_map"), format!("0 {base} {ZYGOTE_IDS}\n"))?;
-    std::fs::write(proc.join("setgroups"), "deny")?;
-    std::fs::write(proc.join("gid_map"), format!("0 {base} {ZYGOTE_IDS}\n"))
-}
-
-/// As root on the host, become the first id of this template's block (its root inside).
-pub(crate) fn drop_host_root_to_block() -> Result<(u32, u32), InitError> {
-    let id = block_base(unistd::getpid().as_raw());
-    unistd::setgroups(&[]).map_err(sys_err("setgroups"))?;
-    let gid = Gid::from_raw(id);
-    unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
-    let uid = Uid::from_raw(id);
-    unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
-    nix::sys::prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
-    Ok((id, id))
 }
 
 /// Where cargo puts the library for a binary at `exe`: beside it (or one directory up, for

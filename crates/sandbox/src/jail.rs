@@ -1,0 +1,542 @@
+//! The steps of a jail that every init takes, whichever builds it: a cold sandbox's (`init`)
+//! and a zygote's template and child (`zygote::template`, `zygote::child`). The root assembled
+//! and pivoted into ([`build_root`]), the program's process confined ([`confine`]: a new
+//! session, the OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock;
+//! seccomp comes after, last, from the caller), its descriptors kept ([`close_from_except`]),
+//! its exec's strings ([`exec_strings`]), and the error type they share. The order the steps
+//! come in is each init's own, and reads top to bottom there.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{symlink, DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    Access, AccessFs, AccessNet, NetPort, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+};
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::prctl;
+use nix::sys::resource::{setrlimit, Resource};
+use nix::unistd;
+
+use crate::policy::{Policy, RootEntry};
+use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
+use crate::seccomp::SeccompError;
+use crate::sys;
+
+/// The first descriptor passed through to the program; it finds them from 3 on.
+pub(crate) const FIRST_EXTRA_FD: RawFd = 4;
+/// Processes of the sandbox's own (outer and init) in its pids cgroup.
+pub(crate) const INIT_PROCESSES: u32 = 2;
+
+/// Directory of the host that the new root is assembled on. The mount happens in the new
+/// mount namespace only; the host's own directory is untouched.
+const NEW_ROOT: &str = "/tmp";
+const OLD_ROOT: &str = ".oldroot";
+const SCRATCH_STAGING: &str = ".scratch";
+const DEV_NODES: [(&str, bool); 5] = [
+    ("null", true),
+    ("zero", true),
+    ("full", true),
+    ("random", false),
+    ("urandom", false),
+];
+/// The Landlock ABI whose rights airlock asks for; older kernels give `partially_enforced`.
+const LANDLOCK_ABI: ABI = ABI::V6;
+
+/// Why a step of a jail failed: the call (and the path) it failed at, with the errno.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum InitError {
+    #[error("reading the request: {0}")]
+    Request(io::Error),
+    #[error("the host process is gone")]
+    ParentGone,
+    #[error("{call}: {source}")]
+    Sys {
+        call: &'static str,
+        source: io::Error,
+    },
+    #[error("{call} {path:?}: {source}")]
+    Path {
+        call: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{resource} rlimit: {source}")]
+    Rlimit {
+        resource: &'static str,
+        source: io::Error,
+    },
+    #[error("landlock: {0}")]
+    Landlock(#[from] landlock::RulesetError),
+    #[error("landlock is required but the kernel did not enforce it")]
+    LandlockNotEnforced,
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    #[error("execve {program:?}: {source}")]
+    Exec { program: PathBuf, source: io::Error },
+}
+
+pub(crate) fn sys_err(call: &'static str) -> impl FnOnce(Errno) -> InitError {
+    move |e| InitError::Sys {
+        call,
+        source: e.into(),
+    }
+}
+
+pub(crate) fn path_err<'a>(
+    call: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> InitError + 'a {
+    move |source| InitError::Path {
+        call,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+pub(crate) fn path_errno<'a>(
+    call: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(Errno) -> InitError + 'a {
+    move |e| InitError::Path {
+        call,
+        path: path.to_owned(),
+        source: e.into(),
+    }
+}
+
+/// Reports why a step failed on the status socket, and exits.
+pub(crate) fn fail(status: impl AsFd, stage: &str, err: &InitError) -> ! {
+    let report = Report::Failed {
+        stage: stage.to_owned(),
+        error: err.to_string(),
+    };
+    let _ = proto::send_msg(status, &report);
+    sys::exit_immediately(1)
+}
+
+/// Reaps every process that ends (orphans are re-parented to us) until `main` does.
+pub(crate) fn reap_until(main: i32) -> Report {
+    loop {
+        let (pid, how, cpu) = match sys::wait_child(-1) {
+            Ok(waited) => waited,
+            Err(e) => {
+                return Report::Failed {
+                    stage: "init".into(),
+                    error: format!("wait: {e}"),
+                }
+            }
+        };
+        if pid != main {
+            continue;
+        }
+        return Report::exited(how, cpu);
+    }
+}
+
+/// Assembles the new root on a small tmpfs, pivots into it (the old root detached) and
+/// makes it read-only: bind mounts of the policy's entries (from `sources`, when the host
+/// opened them, else by path), a fresh `/proc`, a minimal `/dev`, and one tmpfs for the
+/// writable directories.
+pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
+    let none = None::<&str>;
+    let root = Path::new(NEW_ROOT);
+    // Nothing we mount may propagate back to the host.
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .map_err(sys_err("mount(/, MS_REC|MS_PRIVATE)"))?;
+    mount_tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
+
+    for (entry, fd) in policy.root.iter().zip(sources) {
+        let target = inside(root, entry.path());
+        match entry {
+            RootEntry::ReadOnly { source, .. } | RootEntry::Writable { source, .. } => {
+                if let Some(fd) = fd {
+                    let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+                    let meta = fs::metadata(&via).map_err(path_err("stat", source))?;
+                    make_mount_point(&target, meta.is_dir())?;
+                    sys::move_mount_to(fd, &target).map_err(path_err("bind mount", source))?;
+                } else {
+                    let meta = fs::metadata(source).map_err(path_err("stat", source))?;
+                    make_mount_point(&target, meta.is_dir())?;
+                    mount(
+                        Some(source.as_path()),
+                        &target,
+                        none,
+                        MsFlags::MS_BIND | MsFlags::MS_REC,
+                        none,
+                    )
+                    .map_err(path_errno("bind mount", source))?;
+                }
+                let mut attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+                if matches!(entry, RootEntry::ReadOnly { .. }) {
+                    attrs |= libc::MOUNT_ATTR_RDONLY;
+                }
+                sys::mount_setattr(&target, true, attrs)
+                    .map_err(path_err("mount_setattr", &target))?;
+            }
+            RootEntry::Symlink { target: link, .. } => {
+                make_parent(&target)?;
+                symlink(link, &target).map_err(path_err("symlink", &target))?;
+            }
+            RootEntry::File { contents, .. } => {
+                make_parent(&target)?;
+                fs::write(&target, contents).map_err(path_err("write", &target))?;
+                fs::set_permissions(&target, fs::Permissions::from_mode(0o444))
+                    .map_err(path_err("chmod", &target))?;
+            }
+        }
+    }
+
+    // A fresh /proc for our PID namespace, with only the per-process entries (no /proc/sys,
+    // /proc/kcore, /proc/sysrq-trigger, ...).
+    let proc = root.join("proc");
+    make_mount_point(&proc, true)?;
+    let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        proc_flags,
+        Some("subset=pid"),
+    )
+    .map_err(path_errno("mount proc", &proc))?;
+
+    // A minimal /dev: a few harmless character devices bound from the host, and links.
+    let dev = root.join("dev");
+    make_mount_point(&dev, true)?;
+    mount_tmpfs(&dev, "size=64k,nr_inodes=64,mode=0755", MsFlags::MS_NOEXEC)?;
+    for (name, _) in DEV_NODES {
+        let node = dev.join(name);
+        let host = Path::new("/dev").join(name);
+        make_mount_point(&node, false)?;
+        mount(Some(host.as_path()), &node, none, MsFlags::MS_BIND, none)
+            .map_err(path_errno("bind mount", &host))?;
+        sys::mount_setattr(
+            &node,
+            false,
+            libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
+        )
+        .map_err(path_err("mount_setattr", &node))?;
+    }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let path = dev.join(link);
+        symlink(target, &path).map_err(path_err("symlink", &path))?;
+    }
+
+    // One tmpfs carries every writable directory, so one size and inode budget covers them all.
+    let staging = root.join(SCRATCH_STAGING);
+    make_mount_point(&staging, true)?;
+    let opts = format!(
+        "size={},nr_inodes={},mode=0755",
+        policy.scratch.size_bytes, policy.scratch.inodes
+    );
+    mount_tmpfs(&staging, &opts, MsFlags::MS_NOEXEC)?;
+    for (i, mount_point) in policy.scratch.mounts.iter().enumerate() {
+        let dir = staging.join(i.to_string());
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .map_err(path_err("mkdir", &dir))?;
+        let target = inside(root, mount_point);
+        make_mount_point(&target, true)?;
+        mount(Some(dir.as_path()), &target, none, MsFlags::MS_BIND, none)
+            .map_err(path_errno("bind mount", &target))?;
+    }
+    umount2(&staging, MntFlags::MNT_DETACH).map_err(path_errno("umount", &staging))?;
+    fs::remove_dir(&staging).map_err(path_err("rmdir", &staging))?;
+    let workdir = inside(root, &policy.workdir);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&workdir)
+        .map_err(path_err("mkdir", &workdir))?;
+
+    // pivot_root(2) with the old root detached, so not even a path to the host remains.
+    let old = root.join(OLD_ROOT);
+    make_mount_point(&old, true)?;
+    unistd::pivot_root(root, &old).map_err(sys_err("pivot_root"))?;
+    unistd::chdir("/").map_err(sys_err("chdir /"))?;
+    let old = Path::new("/").join(OLD_ROOT);
+    umount2(&old, MntFlags::MNT_DETACH).map_err(path_errno("umount", &old))?;
+    fs::remove_dir(&old).map_err(path_err("rmdir", &old))?;
+
+    let ro = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+    for path in ["/dev", "/"] {
+        sys::mount_setattr(Path::new(path), false, ro)
+            .map_err(path_err("mount_setattr", Path::new(path)))?;
+    }
+    Ok(())
+}
+
+fn inside(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn mount_tmpfs(target: &Path, options: &str, extra: MsFlags) -> Result<(), InitError> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | extra;
+    mount(Some("tmpfs"), target, Some("tmpfs"), flags, Some(options))
+        .map_err(path_errno("mount tmpfs", target))
+}
+
+fn make_parent(path: &Path) -> Result<(), InitError> {
+    match path.parent() {
+        Some(parent) => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(path_err("mkdir", parent)),
+        None => Ok(()),
+    }
+}
+
+fn make_mount_point(path: &Path, dir: bool) -> Result<(), InitError> {
+    make_parent(path)?;
+    let made = if dir {
+        fs::DirBuilder::new().mode(0o755).create(path)
+    } else {
+        fs::File::create(path).map(drop)
+    };
+    match made {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(path_err("create", path)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Closes every descriptor from `first` on but `keep` (the status socket, above the
+/// program's own).
+pub(crate) fn close_from_except(first: RawFd, keep: RawFd) -> Result<(), InitError> {
+    let close = |first, last| {
+        sys::close_range(first, last).map_err(|source| InitError::Sys {
+            call: "close_range",
+            source,
+        })
+    };
+    close(first, keep - 1)?;
+    close(keep + 1, RawFd::MAX)
+}
+
+/// The program, its arguments and its environment as `execve` takes them.
+pub(crate) fn exec_strings(
+    req: &InitRequest,
+) -> Result<(CString, Vec<CString>, Vec<CString>), InitError> {
+    let to_c = |s: &str| {
+        CString::new(s).map_err(|e| InitError::Exec {
+            program: req.program.clone(),
+            source: io::Error::other(e),
+        })
+    };
+    let program = to_c(&req.program.to_string_lossy())?;
+    let args = req.args.iter().map(|a| to_c(a)).collect::<Result<_, _>>()?;
+    let env = req
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect::<Result<_, _>>()?;
+    Ok((program, args, env))
+}
+
+/// Confines the calling process, the program's, for what it runs next: a new session, the
+/// OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock. Seccomp
+/// comes after, last. The same steps for a cold sandbox's program and a zygote's child.
+pub(crate) fn confine(policy: &Policy) -> Result<LandlockReport, InitError> {
+    // No controlling terminal: nothing to push input into (TIOCSTI) or to hang up.
+    unistd::setsid().map_err(sys_err("setsid"))?;
+    // At the memory limit the OOM killer takes the program (and what it starts) first,
+    // however large the sandbox's own processes are: they must live to report the verdict
+    // and reap. Raising one's own score needs no privilege, but a process that changed its
+    // uid is not dumpable and its /proc files are not its own: dumpable only for the write.
+    prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    let raised = std::fs::write("/proc/self/oom_score_adj", "1000");
+    prctl::set_dumpable(false).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
+    raised.map_err(|source| InitError::Sys {
+        call: "write /proc/self/oom_score_adj",
+        source,
+    })?;
+    apply_rlimits(policy)?;
+    prctl::set_no_new_privs().map_err(sys_err("prctl(PR_SET_NO_NEW_PRIVS)"))?;
+    sys::drop_all_capabilities().map_err(|source| InitError::Sys {
+        call: "drop capabilities",
+        source,
+    })?;
+
+    let landlock = if policy.landlock.is_required() {
+        apply_landlock(policy)?
+    } else {
+        LandlockReport {
+            state: LandlockState::Disabled,
+            abi: sys::landlock_abi().ok(),
+        }
+    };
+    Ok(landlock)
+}
+
+fn apply_rlimits(policy: &Policy) -> Result<(), InitError> {
+    let l = &policy.limits;
+    // SIGXCPU at the limit, SIGKILL a second later if the program handles SIGXCPU.
+    let cpu = l.cpu_time.as_secs() + u64::from(l.cpu_time.subsec_nanos() > 0);
+    let mut limits = vec![
+        (Resource::RLIMIT_CPU, "cpu", cpu, cpu + 1),
+        (
+            Resource::RLIMIT_NOFILE,
+            "nofile",
+            l.open_files,
+            l.open_files,
+        ),
+        (
+            Resource::RLIMIT_FSIZE,
+            "fsize",
+            l.file_size_bytes,
+            l.file_size_bytes,
+        ),
+        // 1, not 0: a core_pattern that pipes to a helper ignores 0 and would start that
+        // helper as root on the host; 1 makes the kernel refuse the dump.
+        (Resource::RLIMIT_CORE, "core", 1, 1),
+    ];
+    if !policy.cgroups.is_required() {
+        // Backstops only: without cgroups nothing covers the sandbox as a whole.
+        limits.push((Resource::RLIMIT_AS, "as", l.memory_bytes, l.memory_bytes));
+        // Counted per uid in the user namespace, so the two init processes count too.
+        let procs = u64::from(l.pids) + u64::from(INIT_PROCESSES);
+        limits.push((Resource::RLIMIT_NPROC, "nproc", procs, procs));
+    }
+    for (resource, name, soft, hard) in limits {
+        setrlimit(resource, soft, hard).map_err(|e| InitError::Rlimit {
+            resource: name,
+            source: e.into(),
+        })?;
+    }
+    Ok(())
+}
+
+/// Landlock as a second wall inside the mount namespace: reading everywhere the root shows,
+/// executing only from the read-only host paths, writing only to scratch and a few devices,
+/// no TCP bind, no TCP connect but to the egress port when there is one, no abstract unix sockets or signals outside the sandbox.
+fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
+    let abi = LANDLOCK_ABI;
+    let read = AccessFs::ReadFile | AccessFs::ReadDir;
+    let read_exec = AccessFs::from_read(abi);
+    let mut write_no_exec = AccessFs::from_all(abi);
+    write_no_exec.remove(AccessFs::Execute);
+    let file_rights = AccessFs::ReadFile
+        | AccessFs::WriteFile
+        | AccessFs::Execute
+        | AccessFs::Truncate
+        | AccessFs::IoctlDev;
+
+    let mut rules: Vec<(PathBuf, landlock::BitFlags<AccessFs>)> = vec![(PathBuf::from("/"), read)];
+    for entry in &policy.root {
+        match entry {
+            RootEntry::ReadOnly { target, .. } => rules.push((target.clone(), read_exec)),
+            RootEntry::Writable { target, .. } => {
+                rules.push((target.clone(), AccessFs::from_all(abi)));
+            }
+            RootEntry::Symlink { .. } | RootEntry::File { .. } => {}
+        }
+    }
+    for mount_point in &policy.scratch.mounts {
+        rules.push((mount_point.clone(), write_no_exec));
+    }
+    for (name, writable) in DEV_NODES {
+        let access = if writable {
+            AccessFs::ReadFile | AccessFs::WriteFile
+        } else {
+            AccessFs::ReadFile.into()
+        };
+        rules.push((Path::new("/dev").join(name), access));
+    }
+
+    let mut ruleset = Ruleset::default()
+        .handle_access(AccessFs::from_all(abi))?
+        .handle_access(AccessNet::from_all(abi))?
+        .scope(Scope::from_all(abi))?
+        .create()?;
+    if let Some(port) = policy.egress_port {
+        // The proxy's port on loopback is the only TCP destination there is.
+        ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
+    }
+    for (path, mut access) in rules {
+        let meta = fs::metadata(&path).map_err(path_err("stat", &path))?;
+        if !meta.is_dir() {
+            access &= file_rights;
+        }
+        let fd = PathFd::new(&path).map_err(|e| InitError::Path {
+            call: "open",
+            path: path.clone(),
+            source: io::Error::other(e),
+        })?;
+        ruleset = ruleset.add_rule(PathBeneath::new(fd, access))?;
+    }
+    let status = ruleset.restrict_self()?;
+    let state = match status.ruleset {
+        RulesetStatus::FullyEnforced => LandlockState::FullyEnforced,
+        RulesetStatus::PartiallyEnforced => LandlockState::PartiallyEnforced,
+        RulesetStatus::NotEnforced => return Err(InitError::LandlockNotEnforced),
+    };
+    Ok(LandlockReport {
+        state,
+        abi: sys::landlock_abi().ok(),
+    })
+}
+
+/// Moves this process into a cgroup: `0` written to each of its files (v1 `tasks`, or v2
+/// `cgroup.procs`), opened by whoever could.
+pub(crate) fn join_cgroup(files: &[OwnedFd]) -> Result<(), InitError> {
+    for file in files {
+        unistd::write(file, b"0").map_err(sys_err("joining the sandbox cgroup"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(args: &[&str], env: &[(&str, &str)]) -> InitRequest {
+        InitRequest {
+            policy: Policy::default(),
+            program: "/usr/bin/python3".into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            extra_fds: 0,
+            passed_sources: Vec::new(),
+            passed_joins: 0,
+            parent_pid: 1,
+            join_cgroup: Vec::new(),
+            zygote: false,
+        }
+    }
+
+    #[test]
+    fn the_exec_strings_are_the_program_its_arguments_and_key_value_entries() {
+        let (program, args, env) =
+            exec_strings(&request(&["python3", "-c", ""], &[("X", "a=b")])).unwrap();
+        assert_eq!(program.as_bytes(), b"/usr/bin/python3");
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+        assert_eq!(args, [&b"python3"[..], b"-c", b""]);
+        assert_eq!(env.len(), 1);
+        assert_eq!(env[0].as_bytes(), b"X=a=b");
+    }
+
+    #[test]
+    fn a_nul_in_an_argument_or_the_environment_is_refused() {
+        for bad in [
+            request(&["python3", "a\0b"], &[]),
+            request(&["python3"], &[("K", "a\0B=evil")]),
+        ] {
+            assert!(matches!(exec_strings(&bad), Err(InitError::Exec { .. })));
+        }
+    }
+}
