@@ -134,6 +134,13 @@ plt.savefig('/work/chart.png')
     assert!(!lean["result"].as_array().unwrap().contains(&json!("numpy")));
     let status = zygote_status(&server);
     assert!(status["ready"].as_u64() >= Some(2));
+    // What their children copy while they wait includes a first chart's pages, which the
+    // engine's warm-up draws in the preloading zygote and again in the fork it surveys:
+    // megabytes (about 14 MiB here), against about 3 MiB for both runners' rehearsals alone.
+    assert!(
+        status["prefault_bytes"].as_u64() > Some(8 << 20),
+        "{status}"
+    );
     // Both keep to one thread (one BLAS thread; matplotlib's font-cache timer ended), so on
     // cgroup v2 their children are cloned straight into their cgroups.
     assert_eq!(status["cloning"], status["ready"], "{status}");

@@ -58,6 +58,9 @@ const IDLE: Duration = Duration::from_secs(600);
 const RETRY_AFTER: Duration = Duration::from_secs(30);
 /// At most this many zygotes at once (the default root's and environments').
 const MAX_ZYGOTES: usize = 8;
+/// Run in each zygote right after its preloads (`ZygoteSpec::warm_up`): a first chart where
+/// matplotlib is preloaded, drawn again in the fork the zygote surveys.
+const WARM_UP: &str = include_str!("zygote_warm_up.py");
 
 enum Slot {
     Starting,
@@ -83,7 +86,8 @@ pub struct ZygoteStatus {
     /// Sandboxes made as zygote children.
     pub spawned: u64,
     /// What a child of each ready zygote copies of it while it waits for its request (the
-    /// pages a first chart writes; 0 for a zygote without `matplotlib.pyplot`), summed.
+    /// pages the runner's rehearsal of a small request writes, and a first chart's where
+    /// `matplotlib.pyplot` is preloaded), summed.
     pub prefault_bytes: u64,
     /// Ready zygotes that clone each child straight into its cgroup on cgroup v2 (one with a
     /// thread of its own forks, and the child joins through `cgroup.procs`).
@@ -276,6 +280,7 @@ impl Zygotes {
         // that costs about 3 ms, which each child would otherwise pay.
         spec.prepare = true;
         spec.prepare_more = format!("{}\nLOADED.append(True)\n", crate::RUNNER_MORE);
+        spec.warm_up = WARM_UP.to_owned();
         // One BLAS thread: a pool of them would be stopped and started again around every
         // fork (OpenBLAS's fork handlers), and a sandbox has one core's worth of CPU anyway.
         for name in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"] {

@@ -42,6 +42,7 @@ fn spec(preload: &[&str]) -> ZygoteSpec {
         flags: FLAGS.iter().map(|s| s.to_string()).collect(),
         code: PROGRAM.into(),
         preload: preload.iter().map(|s| s.to_string()).collect(),
+        warm_up: String::new(),
         env: [("PATH".to_string(), "/usr/bin".to_string())].into(),
         library: library(),
         sys_path: vec!["/usr/lib/python3/dist-packages".into()],
@@ -757,11 +758,33 @@ fn private_dirty_kb_of(
     stdout.trim().parse().expect(&stdout)
 }
 
+/// A caller's warm-up where matplotlib is preloaded (airlock's engine has one like it): a
+/// first chart drawn once in the zygote, and drawn again in the fork it surveys.
+const CHART_WARM_UP: &str = r#"
+import io, sys
+
+def __zygote_rehearse__():
+    plt = sys.modules["matplotlib.pyplot"]
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="x")
+    ax.set_title("x")
+    ax.legend()
+    fig.savefig(io.BytesIO(), format="png")
+    plt.close("all")
+
+__zygote_rehearse__()
+"#;
+
 fn a_charting_zygote_s_children_copy_what_a_chart_writes_while_they_wait() {
     let lean = Zygote::start(&spec(&[]), &policy()).expect("zygote");
-    assert_eq!(lean.prefault_bytes(), 0, "only a zygote that draws surveys");
+    assert_eq!(
+        lean.prefault_bytes(),
+        0,
+        "only a zygote that rehearses surveys"
+    );
     drop(lean);
     let mut charting = spec(&["matplotlib.pyplot"]);
+    charting.warm_up = CHART_WARM_UP.into();
     // Its font cache built in the zygote's scratch, its defaults from /usr (not /etc).
     for (key, value) in [
         ("MPLCONFIGDIR", "/tmp"),
@@ -865,6 +888,43 @@ fn a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children() 
     assert_eq!(out.trim(), "b'x' 0");
 }
 
+/// The warm-up runs once in the zygote, after the preloads and before any child: what it
+/// leaves in a module, children find. One that raises is logged and its rehearsal, defined
+/// before it raised, is not surveyed; the zygote serves all the same.
+fn a_warm_up_runs_once_in_the_zygote_and_one_that_raises_is_skipped() {
+    let mut spec = spec(&[]);
+    spec.warm_up = "import json\njson.warmed = getattr(json, 'warmed', 0) + 1\n".into();
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    for _ in 0..2 {
+        let (o, out, _) = run(&zygote, "import json; print(json.warmed)");
+        assert_eq!(
+            (o.exit, out.trim()),
+            (Some(Exit::Code(0)), "1"),
+            "{}",
+            zygote.log_tail()
+        );
+    }
+    assert_eq!(zygote.prefault_bytes(), 0, "no rehearsal, nothing surveyed");
+    drop(zygote);
+    spec.warm_up = "BLOCK = bytearray(8 << 20)\n\
+                    def __zygote_rehearse__():\n    BLOCK[::4096] = b'y' * len(BLOCK[::4096])\n\
+                    raise ValueError('too cold')\n"
+        .into();
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    let (o, out, _) = run(&zygote, "print(6 * 7)");
+    assert_eq!((o.exit, out.as_str()), (Some(Exit::Code(0)), "42\n"));
+    assert_eq!(zygote.prefault_bytes(), 0, "{}", zygote.log_tail());
+    // The zygote's stderr is read by a thread of ours: it may come a little later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !zygote
+        .log_tail()
+        .contains("warming up: ValueError('too cold')")
+    {
+        assert!(Instant::now() < deadline, "{}", zygote.log_tail());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn main() {
     run_if_init();
     if std::env::var_os("ZYGOTE_TIMING").is_some() {
@@ -913,6 +973,10 @@ fn main() {
         (
             "a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children",
             a_program_s_rehearsal_is_surveyed_and_its_pages_copied_by_waiting_children,
+        ),
+        (
+            "a_warm_up_runs_once_in_the_zygote_and_one_that_raises_is_skipped",
+            a_warm_up_runs_once_in_the_zygote_and_one_that_raises_is_skipped,
         ),
         (
             "a_zygote_that_dies_is_noticed",

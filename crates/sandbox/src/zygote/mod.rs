@@ -72,6 +72,12 @@ pub struct ZygoteSpec {
     pub code: String,
     /// Modules imported once in the zygote (a failed import is logged, not fatal).
     pub preload: Vec<String>,
+    /// Python run once in the zygote right after the preloads, in a namespace of its own and
+    /// while `sys_path` is still on `sys.path`: what each child would otherwise pay the first
+    /// time it uses a preload (a first chart's fonts and caches). A `__zygote_rehearse__` it
+    /// defines runs again, before the program's own, in the fork the zygote surveys (see
+    /// [`Zygote::prefault_bytes`]). One that raises is logged, and its rehearsal skipped.
+    pub warm_up: String,
     /// The zygote's environment (each child gets the one it is spawned with).
     pub env: BTreeMap<String, String>,
     /// airlock's library on the host ([`LIBRARY_NAME`], built from this crate).
@@ -104,6 +110,7 @@ impl ZygoteSpec {
             flags: command.args[1..c].to_vec(),
             code,
             preload,
+            warm_up: String::new(),
             env: command.env.clone(),
             library,
             sys_path,
@@ -189,6 +196,7 @@ impl Zygote {
                 spec.sys_path.join("\n"),
                 if spec.prepare { "1" } else { "0" }.to_owned(),
                 spec.prepare_more.clone(),
+                spec.warm_up.clone(),
             ])
             .pass_fd(theirs);
         for (key, value) in &spec.env {
@@ -268,9 +276,9 @@ impl Zygote {
     }
 
     /// How much of the zygote's memory each child copies before its program runs, while no
-    /// request waits for it: the pages a child writes (a first chart where `matplotlib.pyplot`
-    /// is preloaded, the program's `__zygote_rehearse__` where it has one), found once when
-    /// the zygote started; 0 when it surveys nothing.
+    /// request waits for it: the pages a child writes (the `__zygote_rehearse__` of its
+    /// warm-up and of its program, where they define one), found once when the zygote
+    /// started; 0 when it surveys nothing.
     pub fn prefault_bytes(&self) -> u64 {
         self.prefault_bytes
     }

@@ -1,8 +1,11 @@
 # airlock's zygote: started once, inside a template jail, as
-#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare> <more>
+#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare> <more> <warm-up>
 # With <prepare> 1, the program, run here with the one argument `--zygote`, only defines
 # things and a function `__zygote_start__`, which each child calls (airlock's runner is such
 # a program), and <more> then runs in its namespace; with 0, each child runs the whole program.
+# <warm-up> runs once right after the preloads, in a namespace of its own (the caller's code:
+# what a first use of a preload costs, paid here once). A `__zygote_rehearse__` that the
+# warm-up or the program defines runs again in the fork the zygote surveys (see below).
 # It imports the preloads, compiles the program, freezes what is loaded, and waits. For each
 # child airlock's library (the sandbox crate, loaded with ctypes) gets a jail and forks with
 # the interpreter's own fork hooks, as os.fork does (random reseeds, threads reset), and
@@ -11,24 +14,6 @@
 import gc
 import os
 import sys
-
-
-def chart():
-    # What data agents draw: a frame's plot when pandas is loaded, saved as a PNG.
-    import io
-
-    plt = sys.modules["matplotlib.pyplot"]
-    fig, ax = plt.subplots()
-    pandas = sys.modules.get("pandas")
-    if pandas is not None:
-        frame = pandas.DataFrame({"x": range(100), "y": [v * v for v in range(100)]})
-        frame.plot(x="x", y="y", ax=ax, title="x")
-    else:
-        ax.plot([0, 1], [0, 1], label="x")
-        ax.set_title("x")
-        ax.legend()
-    fig.savefig(io.BytesIO(), format="png")
-    plt.close("all")
 
 
 def reseeder():
@@ -172,15 +157,16 @@ def serve():
             __import__(name)
         except Exception as e:
             print("airlock zygote: preloading %s: %r" % (name, e), file=sys.stderr, flush=True)
-    charts = "matplotlib.pyplot" in sys.modules
-    if charts:
-        # Fonts loaded, the text and Agg renderer caches filled: what every first chart of a
-        # process pays, paid once here.
+    rehearsals = []
+    if sys.argv[7]:
+        # Still with the preloads' sys.path: what the warm-up imports is found where they were.
+        warm = {"__name__": "__zygote_warm_up__"}
         try:
-            chart()
+            exec(compile(sys.argv[7], "<warm-up>", "exec"), warm)
         except Exception as e:
-            charts = False
-            print("airlock zygote: warming matplotlib: %r" % e, file=sys.stderr, flush=True)
+            warm = {}
+            print("airlock zygote: warming up: %r" % e, file=sys.stderr, flush=True)
+        rehearsals.append(warm.get("__zygote_rehearse__"))
     sys.path[:] = path
     if preload:
         # Preloads may hold on to ctypes (numpy does): a second copy would not mix with theirs.
@@ -211,20 +197,21 @@ def serve():
     if reseed is not None:
         os.register_at_fork(after_in_child=reseed)
     gc.freeze()
-    rehearse = main.__dict__.get("__zygote_rehearse__") if main is not None else None
-    if charts or callable(rehearse):
-        # Which of our pages a child writes, seen in a fork that does what a child does (a
-        # first chart, the program's rehearsal of a small request) and stops: each child
-        # copies them while it waits for its request, not one fault at a time once the
-        # request has come (the library's `survey` and `prefault`).
+    if main is not None:
+        rehearsals.append(main.__dict__.get("__zygote_rehearse__"))
+    rehearsals = [r for r in rehearsals if callable(r)]
+    if rehearsals:
+        # Which of our pages a child writes, seen in a fork that does what a child does (the
+        # warm-up's rehearsal, a first chart for airlock's engine; the program's, a small
+        # request for its runner) and stops: each child copies them while it waits for its
+        # request, not one fault at a time once the request has come (the library's `survey`
+        # and `prefault`).
         pid = os.fork()
         if pid == 0:
             try:
                 null = os.open("/dev/null", os.O_WRONLY)
                 os.dup2(null, 1)
-                if charts:
-                    chart()
-                if callable(rehearse):
+                for rehearse in rehearsals:
                     rehearse()
             except BaseException as e:
                 # A survey is of the whole of it or of nothing (the fork ends unstopped).
@@ -248,7 +235,7 @@ def serve():
 
 
 CODE, PREPARED, SPEC, HELPERS, _LOADED, _FLUSH_C = serve()
-del serve, chart
+del serve
 for _name in HELPERS:
     sys.modules.pop(_name, None)
 _LOADED -= len(HELPERS)
