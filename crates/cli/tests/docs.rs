@@ -1,7 +1,7 @@
 //! docs/architecture.md stays true as the code moves: its module table lists every source file
-//! of the workspace's crates and no other, and every function, type and constant it names by
-//! path (`execution::run_job`, `Killer::kill_outer`, `STATUS_FD`) exists, in the module
-//! its path names.
+//! of the workspace's crates, Rust and Python (the runner, the zygote's Python), and no other,
+//! and every function, type and constant it names by path (`execution::run_job`,
+//! `Killer::kill_outer`, `STATUS_FD`) exists, in the module its path names.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,24 +14,28 @@ fn page() -> String {
     std::fs::read_to_string(root().join("docs/architecture.md")).unwrap()
 }
 
-/// Every `.rs` file under `dir`, as paths relative to the workspace root.
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every file under `dir` with one of `extensions`.
+fn files_in(dir: &Path, extensions: &[&str], out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
+            files_in(&path, extensions, out);
+        } else if path
+            .extension()
+            .is_some_and(|e| extensions.iter().any(|x| e == *x))
+        {
             out.push(path);
         }
     }
 }
 
-fn sources() -> Vec<PathBuf> {
+/// The source files with one of `extensions` under each crate's `src/`.
+fn sources(extensions: &[&str]) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for krate in std::fs::read_dir(root().join("crates")).unwrap() {
         let src = krate.unwrap().path().join("src");
         if src.is_dir() {
-            rust_files(&src, &mut files);
+            files_in(&src, extensions, &mut files);
         }
     }
     files
@@ -45,7 +49,8 @@ fn quoted(text: &str) -> Vec<&str> {
 #[test]
 fn the_architecture_page_lists_every_module_and_no_other() {
     let root = root().canonicalize().unwrap();
-    let present: BTreeSet<String> = sources()
+    // Python too: the runner and the zygote's code are modules as much as the Rust around them.
+    let present: BTreeSet<String> = sources(&["rs", "py"])
         .iter()
         .map(|p| {
             p.canonicalize()
@@ -72,7 +77,7 @@ fn the_architecture_page_lists_every_module_and_no_other() {
 
 #[test]
 fn every_function_type_and_constant_the_page_names_exists() {
-    let files: Vec<(PathBuf, String)> = sources()
+    let files: Vec<(PathBuf, String)> = sources(&["rs"])
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
