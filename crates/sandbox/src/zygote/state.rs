@@ -151,7 +151,17 @@ pub(crate) fn ready() -> i32 {
         return -1;
     };
     let prefault_bytes = z.surveyed.iter().map(|(_, len)| *len as u64).sum();
-    let clones_into_cgroups = z.glibc.is_some_and(|g| g.alone());
+    // A thread the program joined may still be leaving (Python's join returns before the
+    // thread's last steps in the kernel): it gets 50 ms to be gone before the zygote settles
+    // for forking.
+    let clones_into_cgroups = z.glibc.is_some_and(|g| {
+        (0..50).any(|_| {
+            g.alone() || {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                false
+            }
+        })
+    });
     let ready = ZygoteReady {
         prefault_bytes,
         clones_into_cgroups,
