@@ -307,6 +307,13 @@ pub fn main(args: DoctorArgs) -> ExitCode {
     let env = crate::serve::settings_env();
     let memory = match airlock_server::config::load(args.config.as_deref(), &env, None, None) {
         Ok(config) => {
+            if let Err(e) = airlock_server::sizing::check(&config) {
+                checks.push(check(
+                    "configuration",
+                    Err(e),
+                    "fix the configuration; `airlock serve --print-config` shows what is read",
+                ));
+            }
             checks.extend(tool_servers(&config));
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {

@@ -24,11 +24,13 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use airlock_api::ExecutionRecord;
 
-pub const AUDIT_FILE: &str = "audit.jsonl";
+use crate::audit_lines::{cut_torn_tail, interrupted, line_of, Recovery, StartedLine, RETRY_EVERY};
+use crate::config::AuditSync;
+
 /// Records served by id; older ones stay in the file.
 const RECENT: usize = 10_000;
 /// A record is well under 2 KiB; reading this much of the tail finds the recent ones.
@@ -37,10 +39,6 @@ const TAIL_BYTES: u64 = RECENT as u64 * 2048;
 /// Lines kept while the log cannot be written; beyond this the oldest are counted as lost.
 /// Executions are refused meanwhile, so only those already running add to them.
 const MAX_PENDING: usize = 100_000;
-/// How often a failed log is tried again (by the requests and readiness probes that ask),
-/// and the store's writer tries the database again: what a refusal's `Retry-After` says.
-pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(1);
-
 #[derive(Debug)]
 struct Inner {
     file: Arc<File>,
@@ -512,12 +510,6 @@ impl FileLog {
     }
 }
 
-pub(crate) fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
-    let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    line.push(b'\n');
-    Ok(line)
-}
-
 /// One JSON line in a single write, so lines never interleave; on failure the file is cut
 /// back, so no torn line is left for the next one to be glued to.
 fn write_line(mut file: &File, line: &[u8]) -> std::io::Result<()> {
@@ -540,32 +532,6 @@ struct Resumed<'a> {
     kept: usize,
     /// Lines dropped because too many were kept.
     lost: u64,
-}
-
-/// When audit lines reach the disk (`[audit] sync`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AuditSync {
-    /// Synced as soon as written, on the syncer's thread; nothing waits for it.
-    #[default]
-    Background,
-    /// Likewise, and an execution's answer waits for its record to be on disk.
-    Answer,
-}
-
-/// The line written when an execution is about to start (`"event": "started"`); the
-/// record with the verdict follows when it ends. Read back at start, owned.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-pub struct StartedLine<'a> {
-    pub event: Cow<'a, str>,
-    pub id: Cow<'a, str>,
-    pub request_id: Cow<'a, str>,
-    pub key: Cow<'a, str>,
-    pub key_fingerprint: Cow<'a, str>,
-    pub started_at: Cow<'a, str>,
-    pub code_sha256: Cow<'a, str>,
-    pub code_bytes: u64,
-    pub limits: Cow<'a, airlock_api::Limits>,
 }
 
 /// A session's `session_opened` and `session_closed` lines.
@@ -690,45 +656,6 @@ impl Syncer {
     }
 }
 
-/// What opening the log repaired and found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Recovery {
-    /// Bytes of a last line cut short, cut off.
-    pub torn_bytes: u64,
-    /// Executions that had started and not ended, now recorded as interrupted.
-    pub interrupted: Vec<String>,
-    /// Sessions that were open when the server stopped.
-    pub lost_sessions: usize,
-}
-
-/// What an interrupted execution's record says.
-pub const INTERRUPTED: &str =
-    "the server stopped before this execution ended; its outcome is unknown";
-
-pub(crate) fn interrupted(started: StartedLine<'_>) -> ExecutionRecord {
-    ExecutionRecord {
-        id: started.id.into_owned(),
-        request_id: started.request_id.into_owned(),
-        key: started.key.into_owned(),
-        key_fingerprint: started.key_fingerprint.into_owned(),
-        started_at: started.started_at.into_owned(),
-        code_sha256: started.code_sha256.into_owned(),
-        code_bytes: started.code_bytes,
-        status: airlock_api::Status::InternalError,
-        exit_code: None,
-        signal: None,
-        limits: started.limits.into_owned(),
-        limits_hit: Vec::new(),
-        usage: airlock_api::Usage::default(),
-        interrupted: true,
-        error: Some(airlock_api::ErrorInfo {
-            kind: "Interrupted".into(),
-            message: INTERRUPTED.into(),
-            traceback: None,
-        }),
-    }
-}
-
 /// Opens (or creates, mode 0600) the log for appending, with a torn last line cut off.
 fn open_file(path: &Path) -> std::io::Result<(File, u64)> {
     let mut file = OpenOptions::new()
@@ -739,30 +666,6 @@ fn open_file(path: &Path) -> std::io::Result<(File, u64)> {
         .open(path)?;
     let torn = cut_torn_tail(&mut file)?;
     Ok((file, torn))
-}
-
-/// Cuts the file back to its last newline: what follows it is a line the machine stopped in
-/// the middle of (each line is one write, so a crashed process leaves none). Returns the bytes
-/// cut.
-pub(crate) fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
-    let len = file.metadata()?.len();
-    let mut end = len;
-    let mut buf = [0u8; 4096];
-    while end > 0 {
-        let from = end.saturating_sub(buf.len() as u64);
-        let chunk = &mut buf[..(end - from) as usize];
-        file.seek(SeekFrom::Start(from))?;
-        file.read_exact(chunk)?;
-        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
-            end = from + at as u64 + 1;
-            break;
-        }
-        end = from;
-    }
-    if end < len {
-        file.set_len(end)?;
-    }
-    Ok(len - end)
 }
 
 fn remember(inner: &mut Inner, record: ExecutionRecord) {
@@ -787,7 +690,10 @@ pub fn read_all(path: &Path) -> std::io::Result<Vec<ExecutionRecord>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::audit_lines::INTERRUPTED;
+    use crate::config::AUDIT_FILE;
     use airlock_api::{Limits, Status, Usage};
+    use std::time::Duration;
 
     fn record(id: &str) -> ExecutionRecord {
         ExecutionRecord {

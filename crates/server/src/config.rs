@@ -148,10 +148,24 @@ impl Default for McpConfig {
 pub struct AuditConfig {
     /// `background`: lines are synced to disk as soon as they are written, and nothing waits
     /// for it; `answer`: an execution's answer also waits for its record to be on disk.
-    pub sync: crate::audit::AuditSync,
+    pub sync: AuditSync,
     /// The audit log's file (see [`Config::audit_path`] for where it goes by default).
     pub path: Option<PathBuf>,
 }
+
+/// When audit lines reach the disk (`[audit] sync`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuditSync {
+    /// Synced as soon as written, on the syncer's thread; nothing waits for it.
+    #[default]
+    Background,
+    /// Likewise, and an execution's answer waits for its record to be on disk.
+    Answer,
+}
+
+/// The audit log's file name, in the directory [`Config::audit_path`] picks.
+pub const AUDIT_FILE: &str = "audit.jsonl";
 
 /// `[store]`: with a `url`, execution records and audit lines go to PostgreSQL (tables made
 /// and migrated at start) instead of `state_dir/audit.jsonl`, so that every replica serves
@@ -593,6 +607,41 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
+/// Whether `url` is a PostgreSQL connection string airlock accepts: parseable, and without
+/// a password (which `--print-config` would show: `password_file` or
+/// `AIRLOCK_STORE_PASSWORD` hold it).
+fn check_store_url(url: &str) -> Result<(), String> {
+    let config =
+        <tokio_postgres::Config as std::str::FromStr>::from_str(url).map_err(|e| e.to_string())?;
+    if config.get_password().is_some() {
+        return Err(
+            "holds a password: put it in store.password_file or AIRLOCK_STORE_PASSWORD".into(),
+        );
+    }
+    if config.get_hosts().is_empty() {
+        return Err("names no host".into());
+    }
+    // `prefer` (also the default) lets anyone on the path answer "no TLS" and ask for the
+    // password in the clear: only where the path is this host.
+    let local = config.get_hosts().iter().all(|h| match h {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name == "localhost"
+                || name
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        tokio_postgres::config::Host::Unix(_) => true,
+    });
+    if !local && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
+        return Err(
+            "names another host without sslmode=require: add ?sslmode=require (or \
+                    sslmode=disable to send the password in the clear knowingly)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -605,7 +654,7 @@ impl Config {
             }
         }
         if let Some(url) = &self.store.url {
-            if let Err(m) = crate::store::check_url(url) {
+            if let Err(m) = check_store_url(url) {
                 return bad(format!("store.url: {m}"));
             }
         }
@@ -688,29 +737,6 @@ impl Config {
         }
         if h.answer_timeout_ms == 0 {
             return bad("http.answer_timeout_ms must be at least 1".into());
-        }
-        // One execution at the ceilings (and one MCP call at the defaults) must fit a key's
-        // share, or it could never be admitted.
-        use crate::answer::{answer_bytes, Form};
-        let e = &self.engine;
-        for (what, bytes) in [
-            (
-                "an execution at engine.ceilings",
-                answer_bytes(e, &e.ceilings, Form::Json),
-            ),
-            (
-                "an MCP call at engine.defaults",
-                answer_bytes(e, &e.defaults, Form::Mcp),
-            ),
-        ] {
-            if bytes > h.max_buffered_bytes_per_key {
-                return bad(format!(
-                    "http.max_buffered_bytes_per_key = {} is less than the {bytes} bytes the \
-                     answer of {what} may hold (both output streams at output_bytes, the \
-                     result, a write window): raise it, or lower output_bytes",
-                    h.max_buffered_bytes_per_key
-                ));
-            }
         }
         let mut names = std::collections::BTreeSet::new();
         for key in &self.keys {
@@ -805,7 +831,7 @@ fn state_dir_from(
 }
 
 fn audit_path_from(config: &Config, var: &dyn Fn(&str) -> Option<String>, root: bool) -> PathBuf {
-    const FILE: &str = crate::audit::AUDIT_FILE;
+    const FILE: &str = AUDIT_FILE;
     if let Some(path) = &config.audit.path {
         return path.clone();
     }
@@ -1093,5 +1119,18 @@ mod tests {
         assert_eq!(have, want, "airlock.example.toml must list every setting");
         let parsed: Config = Config::deserialize(example).unwrap();
         assert_eq!(parsed, Config::default());
+    }
+
+    #[test]
+    fn a_url_for_another_host_must_require_tls() {
+        assert!(check_store_url("postgres://airlock@127.0.0.1:5432/db").is_ok());
+        assert!(check_store_url("postgres://airlock@localhost/db").is_ok());
+        assert!(check_store_url("postgres://airlock@db.internal/db?sslmode=require").is_ok());
+        assert!(check_store_url("postgres://airlock@db.internal/db?sslmode=disable").is_ok());
+        let err = check_store_url("postgres://airlock@db.internal/db").unwrap_err();
+        assert!(err.contains("sslmode=require"), "{err}");
+        assert!(check_store_url("postgres://airlock:pw@127.0.0.1/db")
+            .unwrap_err()
+            .contains("password"));
     }
 }

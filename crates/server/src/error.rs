@@ -27,7 +27,7 @@ pub struct Error {
 
 /// A 503's `Retry-After` unless its maker knows better: the second after which the audit
 /// log's retry, the store's writer and the admission queue have each had another go.
-pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = crate::audit::RETRY_EVERY.as_secs();
+pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = crate::audit_lines::RETRY_EVERY.as_secs();
 
 impl Error {
     /// An error; a 503 says when to come back (`Retry-After`, [`UNAVAILABLE_RETRY_AFTER_SECS`]),
@@ -92,6 +92,17 @@ impl Error {
 
     pub fn internal(message: impl Into<String>) -> Self {
         Error::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// 503: the server is shutting down; come back in 5 s (another replica, or this one
+    /// restarted).
+    pub fn shutting_down() -> Self {
+        Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+        .retry_after(5)
     }
 
     /// The body every error response has: `{"error": {...}}`.

@@ -21,8 +21,10 @@
 //! [`AppState`], at the crate root, is the shared state every layer reads.
 //!
 //! # What is enforced
-//! - Every route but `/healthz` needs a valid key (`Authorization: Bearer ...`); keys are stored
-//!   as SHA-256 hashes and compared in constant time.
+//! - Every route but `/healthz` and `/openapi.json` needs a valid key (`Authorization: Bearer
+//!   ...`), and the key's scope for the route; `/metrics` and `/readyz` only when the
+//!   configuration does not open them (`metrics.require_auth`, `http.readyz_without_key`).
+//!   Keys are stored as SHA-256 hashes and compared in constant time.
 //! - Host header allow-list (DNS rebinding), no CORS unless origins are listed, requests from
 //!   foreign origins refused, only `application/json` bodies.
 //! - Body size counted on the bytes received, header and body read timeouts, a cap on open
@@ -46,6 +48,7 @@ mod service;
 pub mod admission;
 mod answer;
 pub mod audit;
+mod audit_lines;
 mod budget;
 mod caller;
 pub mod config;

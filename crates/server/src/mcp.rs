@@ -40,8 +40,9 @@ use crate::caller::{require, Caller, RequestId};
 use crate::config::Scope;
 use crate::error::Error;
 use crate::keys::{random_id, Key};
+use crate::service::body::read_body;
 use crate::service::execution::{
-    job_from, read_body, refuse_if_unavailable, rejection, reserve_answer, run_job,
+    job_from, refuse_if_unavailable, rejection, reserve_answer, run_job,
 };
 use crate::service::{eval, sessions, tools};
 use crate::SharedState;

@@ -42,6 +42,8 @@ use crate::{app, AppState, SharedState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
     #[error("state directory {path}: {source}")]
     StateDir {
         path: PathBuf,
@@ -87,6 +89,7 @@ pub async fn run(
     reload: Reload,
     on_start: impl FnOnce(Started),
 ) -> Result<(), ServeError> {
+    crate::sizing::check(&config).map_err(ServeError::Config)?;
     let state_dir = make_state_dir(&config)?;
     let resolved = KeyStore::resolve(&config.keys, env_key.as_deref(), &state_dir)?;
     if let Some(key) = &resolved.generated {
@@ -836,13 +839,9 @@ async fn refuse(mut stream: TcpStream) {
     let _ = stream.shutdown().await;
 }
 
-/// Logs to stderr, as text or JSON lines.
-/// The default filter keeps rmcp's own per-connection lines (a tool server's handshake) out.
-/// A line stderr cannot take is dropped: the subscriber's own report of the failure would go
-/// to the same stderr through `eprintln!`, whose panic aborts the server (a log reader that
-/// went away would otherwise take the server, and the clean-up of its sandboxes, with it).
 /// The log filter: `AIRLOCK_LOG`, else `RUST_LOG` (the ecosystem's habit), else
-/// `info,rmcp=warn`; an empty or invalid one counts as unset.
+/// `info,rmcp=warn`; an empty or invalid one counts as unset. The default keeps rmcp's own
+/// per-connection lines (a tool server's handshake) out.
 fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFilter {
     [crate::config::ENV_LOG, "RUST_LOG"]
         .iter()
@@ -851,6 +850,10 @@ fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFi
         .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
 }
 
+/// Logs to stderr, as text or JSON lines, through [`log_filter`]. A line stderr cannot take
+/// is dropped: the subscriber's own report of the failure would go to the same stderr through
+/// `eprintln!`, whose panic aborts the server (a log reader that went away would otherwise
+/// take the server, and the clean-up of its sandboxes, with it).
 pub fn init_logging(format: crate::config::LogFormat) {
     let filter = log_filter(|name| std::env::var(name).ok());
     use std::io::IsTerminal;

@@ -28,6 +28,34 @@ const PICKLE_PER_BYTE: u64 = 128;
 /// The server itself: code, runtime, tables, logs.
 const BASE: u64 = 32 << 20;
 
+/// Whether one execution's answer at the ceilings (and one MCP call's at the defaults) fits
+/// a key's share of the memory budget: were it larger, such an execution could never be
+/// admitted. Checked where the budget is built (`airlock serve`, `airlock mcp`) and by
+/// `airlock doctor`.
+pub fn check(config: &Config) -> Result<(), String> {
+    let e = &config.engine;
+    let share = config.http.max_buffered_bytes_per_key;
+    for (what, bytes) in [
+        (
+            "an execution at engine.ceilings",
+            answer_bytes(e, &e.ceilings, Form::Json),
+        ),
+        (
+            "an MCP call at engine.defaults",
+            answer_bytes(e, &e.defaults, Form::Mcp),
+        ),
+    ] {
+        if bytes > share {
+            return Err(format!(
+                "http.max_buffered_bytes_per_key = {share} is less than the {bytes} bytes the \
+                 answer of {what} may hold (both output streams at output_bytes, the result, a \
+                 write window): raise it, or lower output_bytes"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }

@@ -43,7 +43,7 @@ use airlock_api::ExecutionRecord;
 use tokio_postgres::Client;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::audit::{interrupted, line_of, Recovery, StartedLine};
+use crate::audit_lines::{cut_torn_tail, interrupted, line_of, Recovery, StartedLine};
 use crate::config::Config;
 
 /// Lines kept while the database cannot be written; beyond this the oldest are lost (and
@@ -53,7 +53,7 @@ const MAX_PENDING: usize = 100_000;
 const BATCH: usize = 500;
 /// How long the writer waits between tries while the database fails (the file's cadence,
 /// which a refusal's `Retry-After` tells clients).
-const RETRY_EVERY: Duration = crate::audit::RETRY_EVERY;
+const RETRY_EVERY: Duration = crate::audit_lines::RETRY_EVERY;
 /// The most connecting may take, TLS and authentication included.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an execution waits for its `started` line or record to be committed before the
@@ -98,40 +98,6 @@ const MIGRATIONS: &[&str] = &["
         WHERE session_id IS NOT NULL;
     CREATE INDEX airlock_audit_replica ON airlock_audit (replica, event);
 "];
-
-/// Whether `url` is a PostgreSQL connection string airlock accepts: parseable, and without
-/// a password (which `--print-config` would show: `password_file` or
-/// `AIRLOCK_STORE_PASSWORD` hold it).
-pub fn check_url(url: &str) -> Result<(), String> {
-    let config = tokio_postgres::Config::from_str(url).map_err(|e| e.to_string())?;
-    if config.get_password().is_some() {
-        return Err(
-            "holds a password: put it in store.password_file or AIRLOCK_STORE_PASSWORD".into(),
-        );
-    }
-    if config.get_hosts().is_empty() {
-        return Err("names no host".into());
-    }
-    // `prefer` (also the default) lets anyone on the path answer "no TLS" and ask for the
-    // password in the clear: only where the path is this host.
-    let local = config.get_hosts().iter().all(|h| match h {
-        tokio_postgres::config::Host::Tcp(name) => {
-            name == "localhost"
-                || name
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback())
-        }
-        tokio_postgres::config::Host::Unix(_) => true,
-    });
-    if !local && config.get_ssl_mode() == tokio_postgres::config::SslMode::Prefer {
-        return Err(
-            "names another host without sslmode=require: add ?sslmode=require (or \
-                    sslmode=disable to send the password in the clear knowingly)"
-                .into(),
-        );
-    }
-    Ok(())
-}
 
 /// The connection settings: the URL, with the password from its file or the environment.
 fn connection(config: &Config) -> std::io::Result<tokio_postgres::Config> {
@@ -349,7 +315,7 @@ impl Spool {
             .open(&path)
             .map_err(named)?;
         let held = exclusive(&file).map_err(named)?;
-        let torn = crate::audit::cut_torn_tail(&mut file).map_err(named)?;
+        let torn = cut_torn_tail(&mut file).map_err(named)?;
         drop(held);
         if torn > 0 {
             tracing::warn!(bytes = torn, path = %path.display(), "cut a torn last line off the store's spool");
@@ -1374,18 +1340,5 @@ mod tests {
         assert_eq!(back.len(), 1);
         assert_eq!(back[0].1.key.as_deref(), Some("run_b:1"));
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn a_url_for_another_host_must_require_tls() {
-        assert!(check_url("postgres://airlock@127.0.0.1:5432/db").is_ok());
-        assert!(check_url("postgres://airlock@localhost/db").is_ok());
-        assert!(check_url("postgres://airlock@db.internal/db?sslmode=require").is_ok());
-        assert!(check_url("postgres://airlock@db.internal/db?sslmode=disable").is_ok());
-        let err = check_url("postgres://airlock@db.internal/db").unwrap_err();
-        assert!(err.contains("sslmode=require"), "{err}");
-        assert!(check_url("postgres://airlock:pw@127.0.0.1/db")
-            .unwrap_err()
-            .contains("password"));
     }
 }

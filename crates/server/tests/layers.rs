@@ -1,12 +1,14 @@
 //! The layering rule of the crate docs, checked on the sources: start-up → adapters →
-//! services → foundation, never back, and one adapter never imports another. Every
-//! `crate::` path outside comments counts, in `use` lines and inline alike.
+//! services → foundation, never back; among adapters only `http` → `mcp` (the route table
+//! mounts MCP's HTTP transport); no circle among the top-level modules, nor among the
+//! submodules of `service/` and `http/`; and no transport in `service/` (no path of axum,
+//! http, hyper, rmcp and their kin). Every `crate::` and `super::` path outside comments
+//! counts, in `use` lines and inline alike.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Each top-level module, its layer (higher imports lower) and whether its peers in the
-/// layer may be imported (adapters may not import one another).
+/// Each top-level module and its layer (higher imports lower).
 const LAYERS: &[(&str, u8)] = &[
     ("routes", START_UP),
     ("serve", START_UP),
@@ -17,6 +19,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("admission", FOUNDATION),
     ("answer", FOUNDATION),
     ("audit", FOUNDATION),
+    ("audit_lines", FOUNDATION),
     ("budget", FOUNDATION),
     ("caller", FOUNDATION),
     ("config", FOUNDATION),
@@ -33,6 +36,26 @@ const ADAPTER: u8 = 2;
 const SERVICE: u8 = 1;
 const FOUNDATION: u8 = 0;
 
+/// The one import between adapters the rule allows: the HTTP route table mounts MCP's
+/// streamable HTTP transport, as `stdio.rs` mounts its stdio one. MCP never imports HTTP.
+const ADAPTER_IMPORTS: &[(&str, &str)] = &[("http", "mcp")];
+
+/// Crates that carry a transport: the services name none of their paths (requests, bodies,
+/// status codes and responses are the adapters' to make).
+const TRANSPORTS: &[&str] = &[
+    "axum",
+    "http",
+    "http_body",
+    "http_body_util",
+    "hyper",
+    "hyper_util",
+    "rmcp",
+    "tower",
+];
+
+/// The directories whose submodules must not import each other in a circle either.
+const DIRECTORIES: &[&str] = &["service", "http"];
+
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
@@ -48,10 +71,23 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Every source file, relative to `src/`, with its text.
+fn files() -> Vec<(PathBuf, String)> {
+    let mut paths = Vec::new();
+    sources(&src(), &mut paths);
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p.strip_prefix(src()).unwrap().to_path_buf(), text)
+        })
+        .collect()
+}
+
 /// The top-level module a file belongs to (`service/sessions.rs` → `service`).
 fn module_of(file: &Path) -> String {
-    let rel = file.strip_prefix(src()).unwrap();
-    let first = rel
+    let first = file
         .components()
         .next()
         .unwrap()
@@ -59,6 +95,13 @@ fn module_of(file: &Path) -> String {
         .to_str()
         .unwrap();
     first.trim_end_matches(".rs").to_owned()
+}
+
+/// The module a file is, as a node of the graphs: `service/sessions.rs` →
+/// `service/sessions`, `service/mod.rs` → `service`, `config.rs` → `config`.
+fn node_of(file: &Path) -> String {
+    let text = file.with_extension("").to_str().unwrap().to_owned();
+    text.strip_suffix("/mod").unwrap_or(&text).to_owned()
 }
 
 /// The text without comments (doc links may name any layer).
@@ -72,56 +115,78 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
-/// The first segment of every `crate::` path: `crate::a::b` and `crate::{a, b::c}`.
-fn crate_paths(code: &str) -> Vec<String> {
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Every path that a `prefix::` use-tree names, as its segments after the prefix:
+/// `crate::a::{b, c::{d, e}}` → `[a, b]`, `[a, c, d]`, `[a, c, e]`.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     let mut found = Vec::new();
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let (mut depth, mut end) = (1, 0);
-            for (j, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    _ => {}
-                }
-                if depth == 0 {
-                    end = j;
-                    break;
-                }
-            }
-            let mut depth = 0;
-            let mut item = String::new();
-            for c in group[..end].chars().chain([',']) {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        found.push(first_segment(&item));
-                        item.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                item.push(c);
-            }
-        } else {
-            found.push(first_segment(rest));
+    let mut at = 0;
+    while let Some(i) = code[at..].find(prefix) {
+        let start = at + i;
+        at = start + prefix.len();
+        let before = code[..start].chars().next_back();
+        if before.is_some_and(|c| is_ident(c) || c == '$' || c == ':') {
+            continue; // `airlock_crate::`, `$crate::`, `a::super::`
         }
+        tree(&code[at..], Vec::new(), &mut found);
     }
-    found.retain(|s| !s.is_empty());
     found
 }
 
-fn first_segment(path: &str) -> String {
-    path.trim_start()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect()
+/// Reads one use-tree at the start of `text`, below `prefix`; returns the text after it.
+fn tree<'a>(text: &'a str, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> &'a str {
+    let mut rest = text.trim_start();
+    loop {
+        if let Some(mut inner) = rest.strip_prefix('{') {
+            loop {
+                inner = inner.trim_start();
+                if let Some(after) = inner.strip_prefix('}') {
+                    return after;
+                }
+                if inner.is_empty() {
+                    return inner;
+                }
+                let before = inner.len();
+                inner = tree(inner, prefix.clone(), out).trim_start();
+                inner = inner.strip_prefix(',').unwrap_or(inner);
+                if inner.len() == before {
+                    inner = &inner[inner.chars().next().map_or(0, char::len_utf8)..];
+                }
+            }
+        }
+        if let Some(after) = rest.strip_prefix('*') {
+            if !prefix.is_empty() {
+                out.push(prefix);
+            }
+            return after;
+        }
+        let segment: String = rest.chars().take_while(|c| is_ident(*c)).collect();
+        if segment.is_empty() {
+            if !prefix.is_empty() {
+                out.push(prefix);
+            }
+            return rest;
+        }
+        rest = rest[segment.len()..].trim_start();
+        prefix.push(segment);
+        if let Some(after) = rest.strip_prefix("::") {
+            rest = after.trim_start();
+            continue;
+        }
+        out.push(prefix);
+        // `path as alias`: the alias names nothing new.
+        if let Some(after) = rest.strip_prefix("as ") {
+            let alias = after.trim_start();
+            return &alias[alias.chars().take_while(|c| is_ident(*c)).count()..];
+        }
+        return rest;
+    }
 }
 
-/// Names the crate root re-exports, with the module each comes from (`pub use a::{b, c}`).
+/// Names the crate root re-exports, with the module each comes from (`pub use a::b::{c, d}`).
 fn reexports() -> BTreeMap<String, String> {
     let lib = code(&std::fs::read_to_string(src().join("lib.rs")).unwrap());
     let mut names = BTreeMap::new();
@@ -129,9 +194,10 @@ fn reexports() -> BTreeMap<String, String> {
         let Some(rest) = line.trim().strip_prefix("pub use ") else {
             continue;
         };
-        let (module, items) = rest.trim_end_matches(';').split_once("::").unwrap();
-        for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
-            names.insert(item.trim().to_owned(), module.to_owned());
+        let mut paths = Vec::new();
+        tree(rest, Vec::new(), &mut paths);
+        for path in paths {
+            names.insert(path.last().unwrap().clone(), path[0].clone());
         }
     }
     names
@@ -141,48 +207,170 @@ fn layer(module: &str) -> Option<u8> {
     LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
 }
 
-/// The rule: below, or the same module, or a peer in a layer whose peers may meet.
+/// The rule: below, or the same module, or a peer in a layer whose peers may meet (all but
+/// the adapters, which meet only as [`ADAPTER_IMPORTS`] says).
 fn allowed(from: &str, to: &str) -> bool {
     let (f, t) = (layer(from).unwrap(), layer(to).unwrap());
-    t < f || from == to || (t == f && f != ADAPTER)
+    t < f || from == to || (t == f && f != ADAPTER) || ADAPTER_IMPORTS.contains(&(from, to))
+}
+
+/// One import of one module by a file: the file, and the module (a node of the graphs) it
+/// reaches.
+struct Import {
+    file: PathBuf,
+    from: String,
+    to: String,
+}
+
+/// Every import of a crate module, resolved to the node it reaches: the top-level module, or
+/// for `service/` and `http/` the submodule (`crate::service::sessions::find` →
+/// `service/sessions`; `super::stream` in `service/` → `service/stream`). Items of the crate
+/// root itself (`AppState`, `SharedState`) are no module's.
+fn imports() -> Vec<Import> {
+    let all = files();
+    let nodes: BTreeSet<String> = all.iter().map(|(f, _)| node_of(f)).collect();
+    let reexported = reexports();
+    let mut found = Vec::new();
+    for (file, text) in &all {
+        let from = node_of(file);
+        if from == "lib" {
+            continue; // the root only declares modules and holds the shared state
+        }
+        let code = code(text);
+        let parent = from.rsplit_once('/').map(|(p, _)| p.to_owned());
+        let mut targets: Vec<Vec<String>> = paths_after(&code, "crate::");
+        if let Some(parent) = &parent {
+            for path in paths_after(&code, "super::") {
+                let mut full = vec![parent.clone()];
+                full.extend(path);
+                targets.push(full);
+            }
+        }
+        for path in targets {
+            let first = &path[0];
+            let top = match reexported.get(first) {
+                Some(module) => module.clone(),
+                None if layer(first).is_some() => first.clone(),
+                None => continue,
+            };
+            let to = match path.get(1) {
+                Some(sub) if top == *first && nodes.contains(&format!("{top}/{sub}")) => {
+                    format!("{top}/{sub}")
+                }
+                _ => top,
+            };
+            found.push(Import {
+                file: file.clone(),
+                from: from.clone(),
+                to,
+            });
+        }
+    }
+    found
+}
+
+fn top(node: &str) -> &str {
+    node.split('/').next().unwrap()
 }
 
 /// Every import that breaks the rule, as `file: crate::x (layer) from module (layer)`.
 fn violations() -> Vec<String> {
-    let mut files = Vec::new();
-    sources(&src(), &mut files);
-    let reexported = reexports();
     let mut bad = Vec::new();
-    for file in files {
-        let from = module_of(&file);
-        if from == "lib" {
-            continue; // the root only declares modules and holds the shared state
-        }
-        let text = std::fs::read_to_string(&file).unwrap();
-        for name in crate_paths(&code(&text)) {
-            let to = match reexported.get(&name) {
-                Some(module) => module.clone(),
-                None if layer(&name).is_some() => name,
-                None => continue, // an item of the root itself (`AppState`, `SharedState`)
-            };
-            if !allowed(&from, &to) {
-                bad.push(format!(
-                    "{}: imports crate::{to} (layer {}) from {from} (layer {})",
-                    file.display(),
-                    layer(&to).unwrap(),
-                    layer(&from).unwrap()
-                ));
-            }
+    for Import { file, from, to } in imports() {
+        let (from, to) = (top(&from), top(&to));
+        if !allowed(from, to) {
+            bad.push(format!(
+                "{}: imports crate::{to} (layer {}) from {from} (layer {})",
+                file.display(),
+                layer(to).unwrap(),
+                layer(from).unwrap()
+            ));
         }
     }
     bad
 }
 
+/// A circle in `edges`, as the modules along it (the first again at the end), if any.
+fn circle(edges: &BTreeSet<(String, String)>) -> Option<Vec<String>> {
+    let mut next: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (a, b) in edges {
+        if a != b {
+            next.entry(a).or_default().push(b);
+        }
+    }
+    // Depth first; a module met again while still on the path closes a circle.
+    fn visit<'a>(
+        node: &'a str,
+        next: &BTreeMap<&'a str, Vec<&'a str>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = path.iter().position(|n| *n == node) {
+            let mut found: Vec<String> = path[i..].iter().map(|n| (*n).to_owned()).collect();
+            found.push(node.to_owned());
+            return Some(found);
+        }
+        if !done.insert(node) {
+            return None;
+        }
+        path.push(node);
+        for n in next.get(node).into_iter().flatten() {
+            if let Some(found) = visit(n, next, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        None
+    }
+    let mut done = BTreeSet::new();
+    for start in next.keys() {
+        if let Some(found) = visit(start, &next, &mut Vec::new(), &mut done) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// Where each edge of a circle is made, for the failure's message.
+fn witnesses(found: &[String], all: &[Import], level: fn(&str) -> String) -> String {
+    found
+        .windows(2)
+        .map(|pair| {
+            let file = all
+                .iter()
+                .find(|i| level(&i.from) == pair[0] && level(&i.to) == pair[1])
+                .map_or_else(String::new, |i| i.file.display().to_string());
+            format!("{} -> {} ({file})", pair[0], pair[1])
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Paths of a transport's crates in `code` (`axum::`, `use hyper;`), not those of the crate's
+/// own modules (`crate::http::`).
+fn transport_paths(code: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for name in TRANSPORTS {
+        for suffix in ["::", ";"] {
+            let needle = format!("{name}{suffix}");
+            for (i, _) in code.match_indices(&needle) {
+                let before = code[..i].chars().next_back();
+                if before.is_some_and(|c| is_ident(c) || c == ':') {
+                    continue;
+                }
+                if suffix == ";" && !code[..i].trim_end().ends_with("use") {
+                    continue;
+                }
+                found.push(format!("{name}{suffix}"));
+            }
+        }
+    }
+    found
+}
+
 #[test]
 fn every_module_has_a_layer_and_every_layer_entry_a_module() {
-    let mut files = Vec::new();
-    sources(&src(), &mut files);
-    let mut modules: Vec<String> = files.iter().map(|f| module_of(f)).collect();
+    let mut modules: Vec<String> = files().iter().map(|(f, _)| module_of(f)).collect();
     modules.sort();
     modules.dedup();
     modules.retain(|m| m != "lib");
@@ -213,21 +401,88 @@ fn no_module_imports_one_above_it_or_another_adapter() {
 }
 
 #[test]
+fn no_two_top_level_modules_import_each_other_in_a_circle() {
+    let all = imports();
+    let edges: BTreeSet<(String, String)> = all
+        .iter()
+        .map(|i| (top(&i.from).to_owned(), top(&i.to).to_owned()))
+        .collect();
+    if let Some(found) = circle(&edges) {
+        panic!(
+            "top-level modules in a circle: {}\n{}",
+            found.join(" -> "),
+            witnesses(&found, &all, |n| top(n).to_owned())
+        );
+    }
+}
+
+#[test]
+fn no_two_submodules_of_service_or_http_import_each_other_in_a_circle() {
+    let all = imports();
+    for dir in DIRECTORIES {
+        let inside = |n: &str| top(n) == *dir;
+        let edges: BTreeSet<(String, String)> = all
+            .iter()
+            .filter(|i| inside(&i.from) && inside(&i.to))
+            .map(|i| (i.from.clone(), i.to.clone()))
+            .collect();
+        if let Some(found) = circle(&edges) {
+            panic!(
+                "{dir}/ modules in a circle: {}\n{}",
+                found.join(" -> "),
+                witnesses(&found, &all, str::to_owned)
+            );
+        }
+    }
+}
+
+#[test]
 fn the_reader_finds_what_it_must() {
     // The checks above are only as good as this reader: the forms rustfmt writes.
     let text = "use crate::service::execution::{a, b};\nuse crate::{http::guard, AppState};\n\
                 let x = crate::mcp::route; // crate::serve in a comment\nuse crate::{\n    \
-                config::{A, B},\n    keys,\n};";
+                config::{A, B},\n    keys,\n};\nuse super::stream::{self, Events as E};\n\
+                let y = airlock_crate::z;";
+    let firsts: Vec<String> = paths_after(&code(text), "crate::")
+        .into_iter()
+        .map(|p| p[0].clone())
+        .collect();
     assert_eq!(
-        crate_paths(&code(text)),
-        ["service", "http", "AppState", "mcp", "config", "keys"]
+        firsts,
+        ["service", "service", "http", "AppState", "mcp", "config", "config", "keys"]
     );
+    let supers = paths_after(&code(text), "super::");
+    assert_eq!(supers[0], ["stream", "self"]);
+    assert_eq!(supers[1], ["stream", "Events"]);
     assert!(!allowed("service", "http"));
-    assert!(!allowed("http", "mcp"));
+    assert!(
+        allowed("http", "mcp"),
+        "the route table mounts MCP's transport"
+    );
     assert!(!allowed("mcp", "http"));
     assert!(!allowed("keys", "service"));
     assert!(allowed("http", "http"));
     assert!(allowed("serve", "stdio"));
     assert!(allowed("audit", "store"));
     assert_eq!(reexports().get("app").map(String::as_str), Some("routes"));
+    // A circle is found, and named in order; a tree has none.
+    let edges = |pairs: &[(&str, &str)]| -> BTreeSet<(String, String)> {
+        pairs
+            .iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    };
+    assert_eq!(
+        circle(&edges(&[("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")])),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    assert_eq!(circle(&edges(&[("a", "b"), ("a", "c"), ("b", "c")])), None);
+    // A transport's paths are found; the crate's own `http` module is not one.
+    let planted =
+        "use axum::extract::Request;\nuse crate::http::guard;\nlet s = hyper::StatusCode;\n\
+                   use http_body_util::BodyExt;\nfn f(r: http::Request<()>) {}\nuse rmcp;";
+    assert_eq!(
+        transport_paths(&code(planted)),
+        ["axum::", "http::", "http_body_util::", "hyper::", "rmcp;"]
+    );
 }

@@ -60,7 +60,7 @@ pub(crate) async fn readyz(
     if !ready {
         // As every 503: when to ask again (a server shutting down is gone by then).
         let secs = if state.is_shutting_down() {
-            crate::service::execution::shutting_down().retry_after_secs
+            Error::shutting_down().retry_after_secs
         } else {
             Some(crate::error::UNAVAILABLE_RETRY_AFTER_SECS)
         };

@@ -9,7 +9,7 @@ use airlock_engine::environments::{EnvError, EnvMount, EnvironmentInfo};
 
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::execution::{parse_json, read_body};
+use crate::service::body::{parse_json, read_body};
 use crate::SharedState;
 
 /// `POST /v1/environments`.

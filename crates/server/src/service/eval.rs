@@ -7,7 +7,7 @@ use axum::extract::Request;
 
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::execution::{parse_json, read_body, shutting_down, ReadBody};
+use crate::service::body::{parse_json, read_body, ReadBody};
 use crate::SharedState;
 
 /// Evaluates the expression a request body holds (`POST /v1/eval`).
@@ -17,7 +17,7 @@ pub(crate) async fn from_body(
     req: Request,
 ) -> Result<EvalResponse, Error> {
     if state.is_shutting_down() {
-        return Err(shutting_down());
+        return Err(Error::shutting_down());
     }
     let ReadBody { bytes, share } = read_body(state, key, req).await?;
     let st = state.clone();
@@ -56,7 +56,7 @@ async fn evaluate_with(
     state.metrics.evaluations_waiting.inc();
     let turn = state.eval_slots.acquire().await;
     state.metrics.evaluations_waiting.dec();
-    let _turn = turn.map_err(|_| shutting_down())?;
+    let _turn = turn.map_err(|_| Error::shutting_down())?;
     let limits = state.config.eval.limits();
     let outcome = tokio::task::spawn_blocking(move || {
         Ok::<_, Error>(airlock_pyeval::evaluate(&parse()?, &limits))

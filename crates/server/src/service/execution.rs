@@ -1,5 +1,5 @@
 //! The execution service: what every execution goes through, whichever adapter it came
-//! from. Body reading within the memory budget ([`read_body`]), limits and jobs
+//! from. Limits and jobs
 //! ([`job_from`]), admission ([`rejection`]), the answer's reservation ([`reserve_answer`]),
 //! the audit log ([`audit_start`]), the engine, the record ([`finish`]); run to the end
 //! ([`run_job`]) or streamed ([`stream_execution`]); and the record read back ([`record`]).
@@ -16,11 +16,9 @@ use airlock_engine::{
     LimitError, Stdin,
 };
 use axum::extract::Request;
-use axum::http::{header, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use base64::Engine as _;
-use http_body_util::BodyExt;
-use serde::de::DeserializeOwned;
 
 use crate::admission::Rejection;
 use crate::answer::{answer_bytes, over_budget, Answer, Form};
@@ -28,125 +26,10 @@ use crate::budget::Share;
 use crate::error::Error;
 use crate::keys::Key;
 use crate::metrics::event;
+use crate::service::body::{parse_json, read_body, ReadBody};
 use crate::service::stream;
 use crate::AppState;
 use crate::SharedState;
-
-/// A request body, and its share of the memory budget for bodies.
-pub(crate) struct ReadBody {
-    pub bytes: Vec<u8>,
-    pub share: Share,
-}
-
-/// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
-/// (counted as they arrive, chunked or not), within the body timeout, and within the memory
-/// budget for bodies (all requests', and the key's own share).
-pub(crate) async fn read_body(
-    state: &SharedState,
-    key: &Key,
-    req: Request,
-) -> Result<ReadBody, Error> {
-    read_body_as(state, key, req, true).await
-}
-
-/// As [`read_body`]; `json: false` takes any content type (file uploads).
-pub(crate) async fn read_body_as(
-    state: &SharedState,
-    key: &Key,
-    req: Request,
-    json: bool,
-) -> Result<ReadBody, Error> {
-    let content_type = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mime = content_type.split(';').next().unwrap_or("").trim();
-    if json && !mime.eq_ignore_ascii_case("application/json") {
-        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
-        return Err(Error::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            "the body must be Content-Type: application/json",
-        )
-        .close());
-    }
-    let limit = state.config.http.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let too_large = || {
-        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
-        Error::too_large("body", format!("the body is larger than {limit} bytes")).close()
-    };
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large()); // before reading a byte of it
-    }
-    let timeout = Duration::from_millis(state.config.http.body_timeout_ms);
-    let read = async {
-        let mut body = req.into_body();
-        // Memory is reserved as bytes arrive, not on the sender's word.
-        let mut bytes = Vec::with_capacity(declared.unwrap_or(0).min(64 << 10) as usize);
-        let mut share = state.memory.share(Some(key));
-        while let Some(frame) = body.frame().await {
-            let frame = frame
-                .map_err(|e| Error::invalid("body", format!("reading the body: {e}")).close())?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            let total = bytes.len() as u64 + data.len() as u64;
-            if total > limit {
-                return Err(too_large());
-            }
-            share
-                .cover(total)
-                .map_err(|over| over_budget(over, "request bodies and answers").close())?;
-            bytes.extend_from_slice(&data);
-        }
-        Ok((bytes, share))
-    };
-    // A body still arriving when shutdown begins will not be run: no need to wait for it.
-    let read = async {
-        tokio::select! {
-            read = read => read,
-            () = state.shutdown_begun() => Err(shutting_down().close()),
-        }
-    };
-    match tokio::time::timeout(timeout, read).await {
-        Err(_) => Err(Error::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "timeout",
-            "the body did not arrive in time",
-        )
-        .close()),
-        Ok(Err(e)) => Err(e),
-        Ok(Ok((bytes, share))) => Ok(ReadBody { bytes, share }),
-    }
-}
-
-/// Parses a JSON body; errors name the field at fault.
-pub(crate) fn parse_json<T: DeserializeOwned>(
-    state: &SharedState,
-    bytes: &[u8],
-) -> Result<T, Error> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        state.metrics.security_events.add(&[event::REJECTED_INPUT]);
-        let path = e.path().to_string();
-        let err = Error::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_json",
-            e.inner().to_string(),
-        );
-        if path == "." {
-            err
-        } else {
-            err.field(path)
-        }
-    })
-}
 
 /// The ceilings for one key: its own where it has them, never above the engine's.
 fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
@@ -333,23 +216,14 @@ pub(crate) fn rejection(r: Rejection) -> Error {
             "waited too long for a free slot",
         )
         .retry_after(1),
-        Rejection::ShuttingDown => shutting_down(),
+        Rejection::ShuttingDown => Error::shutting_down(),
     }
-}
-
-pub(crate) fn shutting_down() -> Error {
-    Error::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "shutting_down",
-        "the server is shutting down",
-    )
-    .retry_after(5)
 }
 
 /// No new executions while shutting down, or while the audit log cannot be written.
 pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
     if state.is_shutting_down() {
-        return Err(shutting_down());
+        return Err(Error::shutting_down());
     }
     if let Some(why) = state.audit.retry_soon() {
         return Err(audit_unavailable(&why));
@@ -509,7 +383,7 @@ pub(crate) fn audit_start(
     limits: &Limits,
 ) -> Result<(), Error> {
     use std::borrow::Cow::Borrowed;
-    let started = crate::audit::StartedLine {
+    let started = crate::audit_lines::StartedLine {
         event: Borrowed("started"),
         id: Borrowed(&ctx.id),
         request_id: Borrowed(&ctx.request_id),
@@ -534,14 +408,13 @@ fn audit_unavailable(why: &str) -> Error {
         "unavailable",
         format!("executions are refused while the audit log cannot be written: {why}"),
     )
-    .retry_after(crate::audit::RETRY_EVERY.as_secs())
+    .retry_after(crate::audit_lines::RETRY_EVERY.as_secs())
 }
 
-/// Metrics, the audit record and the log line for one execution; the response.
 /// Why an execution the audit log has a `started` line for did not run, as the client hears it.
 fn engine_error(ctx: &Context, e: EngineError) -> Error {
     match e {
-        EngineError::Cancelled => shutting_down(),
+        EngineError::Cancelled => Error::shutting_down(),
         // The host's fault, not the request's (too few open files, the interpreter gone):
         // named, and worth a retry.
         e @ (EngineError::Spawn(_) | EngineError::Io { .. }) => {
@@ -613,6 +486,7 @@ fn append_record(
     let _ = state.audit.append(&record);
 }
 
+/// Metrics, the audit record and the log line for one execution; the response.
 pub(crate) fn finish(
     state: &SharedState,
     ctx: Context,
@@ -723,7 +597,7 @@ pub(crate) async fn record(
         Some(record) if record.key_fingerprint == key.fingerprint() => Ok(record),
         // With a shared store every replica holds every record: a miss is just a miss.
         _ if state.config.store.url.is_some() => Err(Error::not_found()),
-        _ => Err(crate::service::sessions::not_here(state, id, "execution")),
+        _ => Err(crate::service::not_here(state, id, "execution")),
     }
 }
 

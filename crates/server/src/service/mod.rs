@@ -3,6 +3,7 @@
 //! MCP tools in [`crate::mcp`]). They check, admit, audit and call the engine; they know
 //! nothing of routes or transports.
 
+pub(crate) mod body;
 pub(crate) mod egress;
 pub(crate) mod environments;
 pub(crate) mod eval;
@@ -12,3 +13,21 @@ pub(crate) mod sessions;
 pub(crate) mod status;
 pub(crate) mod stream;
 pub(crate) mod tools;
+
+use axum::http::StatusCode;
+
+use crate::error::Error;
+use crate::AppState;
+
+/// A 404 for what this server does not hold; one that names another replica says so, for
+/// the operator whose balancer sent it to the wrong one (docs/deploying.md "Several replicas").
+pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
+    let message = match (crate::keys::replica_of(id), state.config.replica.as_deref()) {
+        (Some(theirs), Some(ours)) if theirs != ours => format!(
+            "no such {what} here: its id names replica {theirs}, and this is replica {ours}; \
+             the balancer must send requests for an id to the replica it names"
+        ),
+        _ => format!("no such {what}"),
+    };
+    Error::new(StatusCode::NOT_FOUND, "not_found", message)
+}

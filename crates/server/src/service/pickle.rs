@@ -5,7 +5,7 @@ use axum::extract::Request;
 
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::execution::{read_body_as, shutting_down, ReadBody};
+use crate::service::body::{read_body_as, ReadBody};
 use crate::SharedState;
 
 /// The report on the file a request body holds, any content type (`POST /v1/pickle/scan`).
@@ -15,12 +15,12 @@ pub(crate) async fn from_body(
     req: Request,
 ) -> Result<serde_json::Value, Error> {
     if state.is_shutting_down() {
-        return Err(shutting_down());
+        return Err(Error::shutting_down());
     }
     let ReadBody { bytes, share } = read_body_as(state, key, req, false).await?;
     // A bounded number at once: a scan may hold much more memory than its body.
     let turn = state.pickle_slots.acquire().await;
-    let _turn = turn.map_err(|_| shutting_down())?;
+    let _turn = turn.map_err(|_| Error::shutting_down())?;
     let opts = state.config.pickle.options();
     let report =
         tokio::task::spawn_blocking(move || airlock_pickle::scan_file(&bytes, &opts).to_json())

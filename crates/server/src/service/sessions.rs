@@ -23,9 +23,10 @@ use crate::answer::{Answer, Form};
 use crate::budget::Share;
 use crate::error::Error;
 use crate::keys::Key;
+use crate::service::body::{parse_json, read_body, read_body_as};
 use crate::service::execution::{
-    audit_start, entrypoint_from, finish, job_from, parse_json, read_body, read_body_as,
-    refuse_if_unavailable, rejection, reserve_answer, resolve_limits, Context,
+    audit_start, entrypoint_from, finish, job_from, refuse_if_unavailable, rejection,
+    reserve_answer, resolve_limits, Context,
 };
 use crate::service::{stream, tools};
 use crate::{AppState, SharedState};
@@ -176,20 +177,7 @@ fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error
             "the server stopped since this session was opened, and a session does not survive a restart: start another",
         ));
     }
-    Err(not_here(state, id, "session"))
-}
-
-/// A 404 for what this server does not hold; one that names another replica says so, for
-/// the operator whose balancer sent it to the wrong one (docs/deploying.md "Several replicas").
-pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
-    let message = match (crate::keys::replica_of(id), state.config.replica.as_deref()) {
-        (Some(theirs), Some(ours)) if theirs != ours => format!(
-            "no such {what} here: its id names replica {theirs}, and this is replica {ours}; \
-             the balancer must send requests for an id to the replica it names"
-        ),
-        _ => format!("no such {what}"),
-    };
-    Error::new(StatusCode::NOT_FOUND, "not_found", message)
+    Err(crate::service::not_here(state, id, "session"))
 }
 
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
