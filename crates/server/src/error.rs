@@ -1,46 +1,81 @@
-//! The one error type of the HTTP API: a status, a stable code, a clear message, the field at
-//! fault, the request's id, and the headers some statuses need. The body is always
-//! `{"error": {"code", "message", "field"?, "request_id"?}}`, on every route (MCP's JSON-RPC
-//! answers aside, whose errors are JSON-RPC's own).
-
-tokio::task_local! {
-    /// The id of the request being answered, set by the guard around everything that answers
-    /// it, so that an error made anywhere below carries it.
-    pub static REQUEST_ID: String;
-}
+//! The one error of the API, as services and adapters make it: what kind of failure it is
+//! ([`Kind`]), a stable code, a clear message, the field at fault, and when to come back. It
+//! names no transport: HTTP makes each kind a status (`http/error.rs`, the one place), MCP a
+//! refusal the model reads (`mcp.rs`). On the wire its body is always
+//! `{"error": {"code", "message", "field"?, "request_id"?}}` ([`Error::body`]), on every
+//! route (MCP's JSON-RPC answers aside, whose errors are JSON-RPC's own).
 
 use airlock_api::{ApiError, ErrorBody};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+
+/// What kind of failure an error is: what a transport needs to answer it (HTTP a status
+/// each, MCP a refusal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The request is wrong: malformed, an unknown field, a value out of range.
+    Invalid,
+    /// No key was presented, or not a valid one.
+    Unauthorized,
+    /// The key may not do this, or the request came from a foreign origin.
+    Forbidden,
+    /// No such thing (or not the caller's).
+    NotFound,
+    /// The route does not take that method.
+    MethodNotAllowed,
+    /// The request does not accept what the route answers.
+    NotAcceptable,
+    /// The request did not arrive in time.
+    Timeout,
+    /// What it names is busy, or in a state that refuses it.
+    Conflict,
+    /// What it names existed and is lost for good.
+    Gone,
+    /// Too large: a body, code, files.
+    TooLarge,
+    /// A type of content the route does not take.
+    UnsupportedMediaType,
+    /// Addressed to a host this server does not answer for.
+    Misdirected,
+    /// Well formed, and what it asked for failed (an environment's build).
+    Unprocessable,
+    /// The key's own limits: its rate, concurrency, sessions or memory.
+    RateLimited,
+    /// airlock itself failed.
+    Internal,
+    /// The server cannot take it now: full, shutting down, the audit log or store down, a
+    /// sandbox that cannot start. Always says when to come back.
+    Unavailable,
+}
 
 #[derive(Debug, Clone)]
 pub struct Error {
-    pub status: StatusCode,
+    pub kind: Kind,
     pub code: &'static str,
     pub message: String,
     pub field: Option<String>,
     pub retry_after_secs: Option<u64>,
-    pub close: bool,
-    /// A 401 for a key that was presented and is not valid (RFC 6750's `invalid_token`).
+    /// The request was not read to its end, or was unsafe to go on with: a transport that
+    /// keeps connections open closes this one.
+    pub ends_connection: bool,
+    /// A key was presented and is not valid (RFC 6750's `invalid_token`), rather than none.
     pub invalid_token: bool,
 }
 
-/// A 503's `Retry-After` unless its maker knows better: the second after which the audit
-/// log's retry, the store's writer and the admission queue have each had another go.
+/// When to come back after an [`Kind::Unavailable`] unless its maker knows better: the
+/// second after which the audit log's retry, the store's writer and the admission queue have
+/// each had another go.
 pub const UNAVAILABLE_RETRY_AFTER_SECS: u64 = crate::audit_lines::RETRY_EVERY.as_secs();
 
 impl Error {
-    /// An error; a 503 says when to come back (`Retry-After`, [`UNAVAILABLE_RETRY_AFTER_SECS`]),
+    /// An error; an unavailable one says when to come back ([`UNAVAILABLE_RETRY_AFTER_SECS`]),
     /// as every 503 of the API does: the Python client retries only answers that carry one.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(kind: Kind, code: &'static str, message: impl Into<String>) -> Self {
         Error {
-            status,
+            kind,
             code,
             message: message.into(),
             field: None,
-            retry_after_secs: (status == StatusCode::SERVICE_UNAVAILABLE)
-                .then_some(UNAVAILABLE_RETRY_AFTER_SECS),
-            close: false,
+            retry_after_secs: (kind == Kind::Unavailable).then_some(UNAVAILABLE_RETRY_AFTER_SECS),
+            ends_connection: false,
             invalid_token: false,
         }
     }
@@ -55,26 +90,26 @@ impl Error {
         self
     }
 
-    /// Ask the client to close the connection (its request was not fully read, or was unsafe).
-    pub fn close(mut self) -> Self {
-        self.close = true;
+    /// The request was not fully read, or was unsafe: its connection must not serve another.
+    pub fn ends_connection(mut self) -> Self {
+        self.ends_connection = true;
         self
     }
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::new(StatusCode::BAD_REQUEST, "invalid_request", message).field(field)
+        Error::new(Kind::Invalid, "invalid_request", message).field(field)
     }
 
     pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message).field(field)
+        Error::new(Kind::TooLarge, "payload_too_large", message).field(field)
     }
 
-    /// 401: no key was presented.
+    /// No key was presented.
     pub fn unauthorized(message: &str) -> Self {
-        Error::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        Error::new(Kind::Unauthorized, "unauthorized", message)
     }
 
-    /// 401: a key was presented and is not valid.
+    /// A key was presented and is not valid.
     pub fn invalid_token(message: &str) -> Self {
         Error {
             invalid_token: true,
@@ -83,66 +118,38 @@ impl Error {
     }
 
     pub fn forbidden(message: impl Into<String>) -> Self {
-        Error::new(StatusCode::FORBIDDEN, "forbidden", message)
+        Error::new(Kind::Forbidden, "forbidden", message)
     }
 
     pub fn not_found() -> Self {
-        Error::new(StatusCode::NOT_FOUND, "not_found", "no such resource")
+        Error::new(Kind::NotFound, "not_found", "no such resource")
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Error::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+        Error::new(Kind::Internal, "internal", message)
     }
 
-    /// 503: the server is shutting down; come back in 5 s (another replica, or this one
+    /// The server is shutting down: come back in 5 s (to another replica, or this one
     /// restarted).
     pub fn shutting_down() -> Self {
         Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Unavailable,
             "shutting_down",
             "the server is shutting down",
         )
         .retry_after(5)
     }
 
-    /// The body every error response has: `{"error": {...}}`.
-    pub fn body(&self) -> ErrorBody {
+    /// The body every error answer has: `{"error": {...}}`, with the request's id.
+    pub fn body(&self, request_id: Option<String>) -> ErrorBody {
         ErrorBody {
             error: ApiError {
                 code: self.code.to_owned(),
                 message: self.message.clone(),
                 field: self.field.clone(),
-                request_id: REQUEST_ID.try_with(Clone::clone).ok(),
+                request_id,
             },
         }
-    }
-}
-
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        let body = self.body();
-        let mut response = (self.status, axum::Json(body)).into_response();
-        let headers = response.headers_mut();
-        if self.status == StatusCode::UNAUTHORIZED {
-            // RFC 6750 3.1: no error code when no key was presented, `invalid_token` when it
-            // was and is not valid.
-            let challenge = if self.invalid_token {
-                "Bearer realm=\"airlock\", error=\"invalid_token\", error_description=\"the API key is not valid\""
-            } else {
-                "Bearer realm=\"airlock\""
-            };
-            headers.insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            );
-        }
-        if let Some(secs) = self.retry_after_secs {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-        }
-        if self.close {
-            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
     }
 }
 
@@ -151,18 +158,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_503_says_when_to_come_back() {
-        let outage = Error::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "down");
-        let response = outage.into_response();
-        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
-        let shutting_down =
-            Error::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "bye").retry_after(5);
-        assert_eq!(
-            shutting_down.into_response().headers()[header::RETRY_AFTER],
-            "5"
-        );
+    fn every_unavailable_error_says_when_to_come_back() {
+        let outage = Error::new(Kind::Unavailable, "unavailable", "down");
+        assert_eq!(outage.retry_after_secs, Some(1));
+        assert_eq!(Error::shutting_down().retry_after_secs, Some(5));
         // Other refusals say it only when their maker does.
-        let missing = Error::not_found().into_response();
-        assert!(!missing.headers().contains_key(header::RETRY_AFTER));
+        assert_eq!(Error::not_found().retry_after_secs, None);
+        let busy = Error::new(Kind::RateLimited, "rate_limited", "busy");
+        assert_eq!(busy.retry_after_secs, None);
     }
 }

@@ -1,10 +1,13 @@
-//! MCP: airlock's tools for agents, over stdio (`airlock mcp`) and over streamable HTTP
-//! (`POST /mcp` on the service). One handler serves both; it parses the arguments and calls
-//! the same functions as the REST routes (admission, limits, audit, sessions), so a tool call
-//! is checked, limited and recorded exactly like the request it stands for.
+//! MCP: airlock's tools for agents, over stdio (`airlock mcp`, mounted by `stdio.rs`) and
+//! over streamable HTTP (`POST /mcp`, mounted by `http/mcp.rs`). One handler serves both; it
+//! parses the arguments and hands them to the same services as the REST routes: executions
+//! and cells go through the one pipeline (`service/pipeline.rs`), so a tool call is checked,
+//! limited and recorded exactly like the request it stands for.
 //!
-//! Over HTTP the caller is the key the guard authenticated (it needs the `execute` scope);
-//! over stdio it is one local key with every scope, under the engine's own ceilings.
+//! Over HTTP the caller is the key the guard authenticated (the route needs the `execute`
+//! scope), and the message's arrival (its place in the key's queue, its body's memory) is
+//! handed to the call ([`Handover`]); over stdio it is one local key with every scope, under
+//! the engine's own ceilings, and each call takes its own place.
 //! Sandbox verdicts (an exception, a timeout, a memory limit...) and refusals (a limit above
 //! the ceiling, a busy session...) come back as tool results with `isError: true`, which the
 //! model reads; an unknown tool or arguments that do not fit the schema are JSON-RPC errors.
@@ -15,10 +18,6 @@ use airlock_api::{
     CellRequest, EvalResponse, ExecuteRequest, ExecutionResult, LimitsRequest, SessionRequest,
     Status,
 };
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use base64::Engine as _;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -26,24 +25,17 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::admission::Entered;
 use crate::answer::{Form, Reserved};
-use crate::budget::Share;
-use crate::caller::{require, Caller, RequestId};
-use crate::config::Scope;
+use crate::caller::{Caller, RequestId};
 use crate::error::Error;
 use crate::keys::{random_id, Key};
-use crate::service::body::read_body;
-use crate::service::execution::{
-    job_from, refuse_if_unavailable, rejection, reserve_answer, run_job,
-};
+use crate::service::execution::refuse_if_unavailable;
+use crate::service::pipeline::{self, Finished, Input, Received, Work};
 use crate::service::{eval, sessions, tools};
 use crate::SharedState;
 
@@ -223,7 +215,6 @@ impl Tools {
             (None, Some(key)) => (key.clone(), random_id("rq_")),
             _ => return Err(Error::internal("an MCP request from an unknown transport")),
         };
-        require(&Caller(key.clone()), Scope::Execute)?;
         Ok((key, request_id))
     }
 
@@ -461,13 +452,18 @@ impl Tools {
         let (key, request_id) = self
             .caller(context)
             .map_err(|e| ErrorData::internal_error(e.message, None))?;
-        let held = held_share(context);
+        let received = handed_over(context);
         let slot = answer_slot(context);
         Ok(match call {
-            Call::RunPython(a) => self.run_python(&key, request_id, held, &slot, a).await,
-            Call::Eval(a) => self.eval_expression(held, a).await,
-            Call::CreateSession(environment) => self.create_session(&key, environment).await,
-            Call::RunInSession(a) => self.run_in_session(&key, request_id, held, &slot, a).await,
+            Call::RunPython(a) => self.run_python(&key, request_id, received, slot, a).await,
+            Call::Eval(a) => self.eval_expression(received, a).await,
+            Call::CreateSession(environment) => {
+                self.create_session(&key, received, environment).await
+            }
+            Call::RunInSession(a) => {
+                self.run_in_session(&key, request_id, received, slot, a)
+                    .await
+            }
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
             Call::Close(a) => self.close_session(&key, a).await,
@@ -484,27 +480,15 @@ impl Tools {
         })
     }
 
-    /// Over stdio each call passes the key's rate limit and in-flight bound here; over HTTP
-    /// the route did, before it read the body.
-    fn enter(&self, key: &Key) -> Result<Option<Entered>, Error> {
-        match self.local {
-            Some(_) => Ok(Some(self.state.admission.enter(key).map_err(rejection)?)),
-            None => Ok(None),
-        }
-    }
-
     async fn run_python(
         &self,
         key: &Arc<Key>,
         request_id: String,
-        held: Option<Share>,
-        slot: &Option<Reserved>,
+        received: Option<Received>,
+        slot: Option<Reserved>,
         a: RunPython,
     ) -> Result<CallToolResult, Error> {
-        let state = &self.state;
-        refuse_if_unavailable(state)?;
-        let entered = self.enter(key)?;
-        let request = ExecuteRequest {
+        let asked = ExecuteRequest {
             code: a.code,
             language: Default::default(),
             stdin: String::new(),
@@ -519,42 +503,73 @@ impl Tools {
             egress: None,
             environment: a.environment,
         };
-        let job = job_from(state, key, request)?;
-        let answer = reserve_answer(state, key, &job.limits, Form::Mcp)?;
-        let (response, answer) =
-            run_job(state, key, request_id, job, held, answer, |r, a| (r, a)).await?;
-        drop(entered);
-        let result = execution_result(&response.id, &response.result, None, "");
-        drop(response);
-        keep_for_answer(slot, answer);
-        Ok(result)
+        let request = pipeline::Request {
+            caller: key.clone(),
+            request_id,
+            work: Work::Execute(Input::Given(asked)),
+            received,
+            stream: false,
+            form: Form::Mcp,
+        };
+        self.execute(request, slot).await
+    }
+
+    /// Runs an execution or a cell through the pipeline; its result is made (off the async
+    /// workers) within the reservation, which is kept for the answer rmcp writes of it.
+    async fn execute(
+        &self,
+        request: pipeline::Request,
+        slot: Option<Reserved>,
+    ) -> Result<CallToolResult, Error> {
+        let present = move |finished: Finished, share| {
+            let result = match &finished {
+                Finished::Execution(r) => execution_result(&r.id, &r.result, None, ""),
+                Finished::Cell(r) => {
+                    let note = if r.session_ended {
+                        "\nThe session has ended because of this cell; close it and create another."
+                    } else {
+                        ""
+                    };
+                    execution_result(&r.id, &r.result, Some(r.session_ended), note)
+                }
+            };
+            drop(finished);
+            // Over stdio there is no slot: rmcp writes the answer to stdout, and the
+            // reservation ends with the call.
+            if let Some(slot) = &slot {
+                slot.keep(share);
+            }
+            result
+        };
+        match pipeline::run(&self.state, request, present).await? {
+            pipeline::Outcome::Done(result) => Ok(result),
+            pipeline::Outcome::Streamed(_) => Err(Error::internal("an MCP call is never streamed")),
+        }
     }
 
     async fn eval_expression(
         &self,
-        held: Option<Share>,
+        received: Option<Received>,
         a: EvalExpression,
     ) -> Result<CallToolResult, Error> {
         refuse_if_unavailable(&self.state)?;
         let r = eval::evaluate(&self.state, a.expression).await?;
         // As for POST /v1/eval, the body counts until the evaluation is done.
-        drop(held);
+        drop(received);
         Ok(eval_result(r))
     }
 
     async fn create_session(
         &self,
         key: &Arc<Key>,
+        received: Option<Received>,
         environment: Option<String>,
     ) -> Result<CallToolResult, Error> {
-        let state = &self.state;
-        refuse_if_unavailable(state)?;
-        let _entered = self.enter(key)?;
         let asked = SessionRequest {
             environment,
             ..SessionRequest::default()
         };
-        let info = sessions::open(state, key, asked).await?;
+        let info = pipeline::open_session(&self.state, key, Input::Given(asked), received).await?;
         let l = &info.limits;
         let result = CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \
@@ -576,41 +591,28 @@ impl Tools {
         &self,
         key: &Arc<Key>,
         request_id: String,
-        held: Option<Share>,
-        slot: &Option<Reserved>,
+        received: Option<Received>,
+        slot: Option<Reserved>,
         a: RunInSession,
     ) -> Result<CallToolResult, Error> {
-        let state = &self.state;
-        refuse_if_unavailable(state)?;
-        let _entered = self.enter(key)?;
         let asked = CellRequest {
             code: a.code,
             entrypoint: None,
             inputs: None,
             timeout_ms: a.timeout_seconds.map(|s| s.saturating_mul(1000)),
         };
-        let (r, answer) = sessions::cell(
-            state,
-            key,
+        let request = pipeline::Request {
+            caller: key.clone(),
             request_id,
-            &a.session_id,
-            asked,
-            held,
-            Form::Mcp,
-        )
-        .await?;
-        keep_for_answer(slot, answer);
-        let note = if r.session_ended {
-            "\nThe session has ended because of this cell; close it and create another."
-        } else {
-            ""
+            work: Work::Cell {
+                session: a.session_id,
+                input: Input::Given(asked),
+            },
+            received,
+            stream: false,
+            form: Form::Mcp,
         };
-        Ok(execution_result(
-            &r.id,
-            &r.result,
-            Some(r.session_ended),
-            note,
-        ))
+        self.execute(request, slot).await
     }
 
     async fn list_session_files(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
@@ -692,35 +694,33 @@ enum Call {
     ListToolApis,
 }
 
-/// The memory-budget share of a POST's body, handed by the route to the call it carries:
-/// held until the call is admitted to run, as for a REST request. Whatever no call takes is
-/// given back when the request ends.
-#[derive(Clone, Debug)]
-pub(crate) struct BodyShare(Arc<std::sync::Mutex<Option<Share>>>);
+/// A message's arrival over HTTP (its place among the key's requests in flight, its body's
+/// memory), handed by the route that took it in (`http/mcp.rs`) to the call it carries, which
+/// holds it as a REST request would (the body's memory until the call is admitted to run).
+/// What no call takes is let go once the message is answered.
+#[derive(Clone)]
+pub(crate) struct Handover(Arc<std::sync::Mutex<Option<Received>>>);
 
-fn held_share(context: &RequestContext<RoleServer>) -> Option<Share> {
+impl Handover {
+    pub(crate) fn new(received: Received) -> Handover {
+        Handover(Arc::new(std::sync::Mutex::new(Some(received))))
+    }
+
+    pub(crate) fn take(&self) -> Option<Received> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+fn handed_over(context: &RequestContext<RoleServer>) -> Option<Received> {
     let parts = context.extensions.get::<axum::http::request::Parts>()?;
-    let share = parts.extensions.get::<BodyShare>()?;
-    share.0.lock().ok()?.take()
+    parts.extensions.get::<Handover>()?.take()
 }
 
 /// Where a call over HTTP leaves the reservation its answer holds: the route hands it on
-/// with the response, which counts it until it is written (`answer::count`).
+/// with the response, which counts it until it is written (`http/answer.rs`).
 fn answer_slot(context: &RequestContext<RoleServer>) -> Option<Reserved> {
     let parts = context.extensions.get::<axum::http::request::Parts>()?;
     parts.extensions.get::<Reserved>().cloned()
-}
-
-/// Keeps an execution's answer reservation for the response (over stdio there is none: rmcp
-/// writes the answer to stdout, and the reservation ends with the call).
-fn keep_for_answer(slot: &Option<Reserved>, share: Share) {
-    if let Some(Reserved(slot)) = slot {
-        let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
-        match held.as_mut() {
-            Some(kept) => kept.absorb(share),
-            None => *held = Some(share),
-        }
-    }
 }
 
 /// A type's JSON Schema as a plain object (hosts want no meta-schema line).
@@ -989,90 +989,4 @@ impl ServerHandler for Tools {
         };
         Ok(result.unwrap_or_else(refusal).into())
     }
-}
-
-/// The streamable HTTP transport for `/mcp`. Stateless: each POST is answered on its own, as
-/// JSON, so no MCP session outlives its request or can be taken over by another key (airlock
-/// sessions are the tools' own, owned by the key). Host and Origin are the guard's to check.
-pub(crate) fn http_service(
-    state: SharedState,
-) -> StreamableHttpService<Tools, NeverSessionManager> {
-    let max_body = usize::try_from(state.config.http.max_body_bytes).unwrap_or(usize::MAX);
-    let config = StreamableHttpServerConfig::default()
-        .with_legacy_session_mode(false)
-        .with_json_response(true)
-        .with_sse_keep_alive(None)
-        .with_sse_retry(None)
-        .with_max_request_body_bytes(max_body)
-        .disable_allowed_hosts()
-        .disable_allowed_origins();
-    StreamableHttpService::new(
-        move || Ok(Tools::for_http(state.clone())),
-        Arc::new(NeverSessionManager::default()),
-        config,
-    )
-}
-
-/// `/mcp`: a key with the `execute` scope, a POST body read within the same limits as every
-/// other body (size, time, memory), then the MCP transport.
-pub(crate) async fn route(
-    State(state): State<SharedState>,
-    Extension(caller): Extension<Caller>,
-    Extension(service): Extension<StreamableHttpService<Tools, NeverSessionManager>>,
-    req: Request,
-) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
-    if req.method() != axum::http::Method::POST {
-        // rmcp answers the rest (405: stateless, no GET stream, nothing to DELETE).
-        return Ok(transport_error(service.handle(req).await.into_response()).await);
-    }
-    // The key's rate limit and in-flight bound first, as for REST: a throttled key cannot
-    // make the server read bodies for it. Held until the message is answered.
-    let _entered = state.admission.enter(&caller.0).map_err(rejection)?;
-    let (mut parts, body) = req.into_parts();
-    let read = read_body(&state, &caller.0, Request::from_parts(parts.clone(), body)).await?;
-    parts
-        .extensions
-        .insert(BodyShare(Arc::new(std::sync::Mutex::new(Some(read.share)))));
-    let slot = Reserved::default();
-    parts.extensions.insert(slot.clone());
-    let req = Request::from_parts(parts, Body::from(read.bytes));
-    let mut response = transport_error(service.handle(req).await.into_response()).await;
-    // What the call reserved counts the answer rmcp made of its result.
-    response.extensions_mut().insert(slot);
-    Ok(response)
-}
-
-/// rmcp's own refusals of a request it cannot take as MCP (a GET, an `Accept` without
-/// `text/event-stream`, a wrong content type) come as plain text: they become the API's one
-/// error shape. JSON-RPC answers, errors included, pass as they are.
-async fn transport_error(response: Response) -> Response {
-    let status = response.status();
-    let json = response
-        .headers()
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || json {
-        return response;
-    }
-    let code = match status.as_u16() {
-        400 => "invalid_request",
-        405 => "method_not_allowed",
-        406 => "not_acceptable",
-        413 => "payload_too_large",
-        415 => "unsupported_media_type",
-        s if s >= 500 => "internal",
-        _ => "invalid_request",
-    };
-    let text = axum::body::to_bytes(response.into_body(), 4096)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
-        .unwrap_or_default();
-    let message = if text.is_empty() {
-        format!("the MCP transport refused the request ({status})")
-    } else {
-        text
-    };
-    Error::new(status, code, message).into_response()
 }

@@ -10,8 +10,11 @@ use crate::SharedState;
 pub fn app(state: SharedState) -> Router {
     let mut router = Router::new();
     if state.config.mcp.enabled {
-        let service = crate::mcp::http_service(state.clone());
-        router = router.route("/mcp", any(crate::mcp::route).layer(Extension(service)));
+        let service = crate::http::mcp::service(state.clone());
+        router = router.route(
+            "/mcp",
+            any(crate::http::mcp::route).layer(Extension(service)),
+        );
     }
     router
         .route("/healthz", get(status::healthz))

@@ -711,7 +711,7 @@ async fn connection(
                     "headers",
                     "Transfer-Encoding together with Content-Length is refused",
                 )
-                .close()
+                .ends_connection()
                 .into_response()
             } else {
                 let (read, body) = ReadToEnd::new(req.into_parts());

@@ -401,6 +401,25 @@ fn no_module_imports_one_above_it_or_another_adapter() {
 }
 
 #[test]
+fn the_services_name_no_transport() {
+    let mut found = Vec::new();
+    for (file, text) in files() {
+        if module_of(&file) != "service" {
+            continue;
+        }
+        for path in transport_paths(&code(&text)) {
+            found.push(format!("{}: {path}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "transport paths in the services (requests, statuses and responses are the \
+         adapters'):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
 fn no_two_top_level_modules_import_each_other_in_a_circle() {
     let all = imports();
     let edges: BTreeSet<(String, String)> = all

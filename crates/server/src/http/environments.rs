@@ -10,6 +10,7 @@ use axum::{Extension, Json};
 use crate::caller::{require, Caller};
 use crate::config::Scope;
 use crate::error::Error;
+use crate::http::body::body_of;
 use crate::service::environments;
 use crate::SharedState;
 
@@ -39,7 +40,7 @@ pub(crate) async fn create(
     req: Request,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Admin)?;
-    let created = environments::create(&state, &caller.0, req).await?;
+    let created = environments::create(&state, &caller.0, body_of(req)).await?;
     Ok((StatusCode::CREATED, Json(created)).into_response())
 }
 

@@ -7,6 +7,7 @@ use axum::{Extension, Json};
 use crate::caller::{require, Caller};
 use crate::config::Scope;
 use crate::error::Error;
+use crate::http::body::body_of;
 use crate::service::eval;
 use crate::SharedState;
 
@@ -16,5 +17,7 @@ pub(crate) async fn eval(
     req: Request,
 ) -> Result<Json<EvalResponse>, Error> {
     require(&caller, Scope::Execute)?;
-    eval::from_body(&state, &caller.0, req).await.map(Json)
+    eval::from_body(&state, &caller.0, body_of(req))
+        .await
+        .map(Json)
 }

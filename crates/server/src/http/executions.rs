@@ -6,10 +6,15 @@ use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use axum::{Extension, Json};
 
+use crate::answer::Form;
 use crate::caller::{require, Caller, RequestId};
 use crate::config::Scope;
 use crate::error::Error;
+use crate::http::answer::Answer;
+use crate::http::body::body_of;
+use crate::http::sse;
 use crate::service::execution;
+use crate::service::pipeline::{self, Input, Work};
 use crate::SharedState;
 
 /// `GET /v1/executions/{id}`: the caller's own records only.
@@ -30,5 +35,18 @@ pub(crate) async fn execute(
     req: Request,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    execution::execute(&state, &caller.0, request_id, req).await
+    let stream = sse::wanted(req.headers());
+    let request = pipeline::Request {
+        caller: caller.0,
+        request_id,
+        work: Work::Execute(Input::Body(body_of(req))),
+        received: None,
+        stream,
+        form: Form::Json,
+    };
+    let outcome = pipeline::run(&state, request, |finished, share| {
+        Answer::json(&finished, share)
+    })
+    .await?;
+    Ok(sse::respond(&state, outcome))
 }

@@ -11,7 +11,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::caller::{Caller, RequestId};
-use crate::error::{Error, REQUEST_ID};
+use crate::error::{Error, Kind};
+use crate::http::error::REQUEST_ID;
 use crate::keys::{random_id, Key};
 use crate::metrics::event;
 use crate::SharedState;
@@ -42,7 +43,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     req.extensions_mut().insert(RequestId(log.rid.clone()));
 
     let mut caller = None;
-    // Errors made while answering carry the request's id (`error::REQUEST_ID`).
+    // Errors made while answering carry the request's id (`http::error::REQUEST_ID`).
     let answered = REQUEST_ID.scope(log.rid.clone(), async {
         match check(&state, &log.route, &mut req) {
             Ok(Some(early)) => early,
@@ -56,7 +57,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     });
     let response = answered.await;
     // The answer's memory counts until it is written out.
-    let mut response = crate::answer::count(&state, caller.as_deref(), response);
+    let mut response = crate::http::answer::count(&state, caller.as_deref(), response);
 
     add_cors_headers(&state, origin, &mut response);
     if let Ok(v) = HeaderValue::from_str(&log.rid) {
@@ -145,11 +146,11 @@ fn check_host(state: &SharedState, headers: &HeaderMap) -> Result<(), Error> {
     let shown: String = host.chars().take(100).collect();
     tracing::warn!(host = ?shown, "refused a request for a foreign Host");
     Err(Error::new(
-        StatusCode::MISDIRECTED_REQUEST,
+        Kind::Misdirected,
         "misdirected_request",
         "this server does not answer for that Host (add it to allowed_hosts)",
     )
-    .close())
+    .ends_connection())
 }
 
 /// The host part of a Host header: `name`, `name:port`, `[v6]` or `[v6]:port`. Anything

@@ -6,6 +6,7 @@ use axum::{Extension, Json};
 use crate::caller::{require, Caller};
 use crate::config::Scope;
 use crate::error::Error;
+use crate::http::body::body_of;
 use crate::service::pickle;
 use crate::SharedState;
 
@@ -15,5 +16,7 @@ pub(crate) async fn scan(
     req: Request,
 ) -> Result<Json<serde_json::Value>, Error> {
     require(&caller, Scope::Execute)?;
-    pickle::from_body(&state, &caller.0, req).await.map(Json)
+    pickle::from_body(&state, &caller.0, body_of(req))
+        .await
+        .map(Json)
 }

@@ -7,9 +7,14 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
+use crate::answer::Form;
 use crate::caller::{require, Caller, RequestId};
 use crate::config::Scope;
 use crate::error::Error;
+use crate::http::answer::Answer;
+use crate::http::body::body_of;
+use crate::http::sse;
+use crate::service::pipeline::{self, Input, Work};
 use crate::service::sessions;
 use crate::SharedState;
 
@@ -20,7 +25,7 @@ pub(crate) async fn create(
     req: Request,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    let info = sessions::create(&state, &caller.0, req).await?;
+    let info = pipeline::open_session(&state, &caller.0, Input::Body(body_of(req)), None).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
@@ -64,7 +69,23 @@ pub(crate) async fn execute(
     req: Request,
 ) -> Result<Response, Error> {
     require(&caller, Scope::Execute)?;
-    sessions::execute(&state, &caller.0, request_id, &id, req).await
+    let stream = sse::wanted(req.headers());
+    let request = pipeline::Request {
+        caller: caller.0,
+        request_id,
+        work: Work::Cell {
+            session: id,
+            input: Input::Body(body_of(req)),
+        },
+        received: None,
+        stream,
+        form: Form::Json,
+    };
+    let outcome = pipeline::run(&state, request, |finished, share| {
+        Answer::json(&finished, share)
+    })
+    .await?;
+    Ok(sse::respond(&state, outcome))
 }
 
 /// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
@@ -75,7 +96,7 @@ pub(crate) async fn put_file(
     req: Request,
 ) -> Result<StatusCode, Error> {
     require(&caller, Scope::Execute)?;
-    sessions::put_file(&state, &caller.0, &id, path, req).await?;
+    sessions::put_file(&state, &caller.0, &id, path, body_of(req)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 
 use crate::caller::{require, Caller};
 use crate::config::Scope;
-use crate::error::Error;
+use crate::error::{Error, Kind};
 use crate::service::status;
 use crate::SharedState;
 
@@ -18,7 +18,7 @@ pub(crate) async fn not_found() -> Error {
 
 pub(crate) async fn method_not_allowed() -> Error {
     Error::new(
-        StatusCode::METHOD_NOT_ALLOWED,
+        Kind::MethodNotAllowed,
         "method_not_allowed",
         "this route does not take that method",
     )

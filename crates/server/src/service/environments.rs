@@ -1,15 +1,13 @@
 //! The environment service: named environments listed, built (from a request or the
 //! config's `[environments.define]`), deleted, and resolved for the request that names one.
 
-use axum::extract::Request;
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use airlock_engine::environments::{EnvError, EnvMount, EnvironmentInfo};
 
-use crate::error::Error;
+use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body};
+use crate::service::body::{parse_json, read_body, Body};
 use crate::SharedState;
 
 /// `POST /v1/environments`.
@@ -35,19 +33,13 @@ pub struct Created {
 pub(crate) fn env_error(e: EnvError) -> Error {
     match e {
         EnvError::Unknown(_) | EnvError::Invalid(_) => Error::invalid("environment", e.to_string()),
-        EnvError::Busy(_) => Error::new(StatusCode::CONFLICT, "conflict", e.to_string()),
-        EnvError::BuildFailed { .. } => Error::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "build_failed",
-            e.to_string(),
-        ),
+        EnvError::Busy(_) => Error::new(Kind::Conflict, "conflict", e.to_string()),
+        EnvError::BuildFailed { .. } => {
+            Error::new(Kind::Unprocessable, "build_failed", e.to_string())
+        }
         EnvError::Corrupt { .. } | EnvError::Io { .. } => {
             tracing::error!(error = %e, "environment store");
-            Error::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            )
+            Error::new(Kind::Unavailable, "unavailable", e.to_string())
         }
     }
 }
@@ -126,8 +118,8 @@ pub(crate) fn get(state: &SharedState, name: &str) -> Result<EnvironmentInfo, Er
 }
 
 /// Builds (or reuses) and names the environment a request body asks for; done when built.
-pub(crate) async fn create(state: &SharedState, key: &Key, req: Request) -> Result<Created, Error> {
-    let body = read_body(state, key, req).await?;
+pub(crate) async fn create(state: &SharedState, key: &Key, body: Body) -> Result<Created, Error> {
+    let body = read_body(state, key, body).await?;
     let asked: CreateEnvironment = parse_json(state, &body.bytes)?;
     drop(body);
     build(state, asked.name, asked.requirements).await

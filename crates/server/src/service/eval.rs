@@ -3,23 +3,22 @@
 //! a bounded number at once.
 
 use airlock_api::{EvalError, EvalRequest, EvalResponse};
-use axum::extract::Request;
 
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, ReadBody};
+use crate::service::body::{parse_json, read_body, Body, ReadBody};
 use crate::SharedState;
 
 /// Evaluates the expression a request body holds (`POST /v1/eval`).
 pub(crate) async fn from_body(
     state: &SharedState,
     key: &Key,
-    req: Request,
+    body: Body,
 ) -> Result<EvalResponse, Error> {
     if state.is_shutting_down() {
         return Err(Error::shutting_down());
     }
-    let ReadBody { bytes, share } = read_body(state, key, req).await?;
+    let ReadBody { bytes, share } = read_body(state, key, body).await?;
     let st = state.clone();
     let response = evaluate_with(state, move || {
         let request: EvalRequest = parse_json(&st, &bytes)?;

@@ -1,9 +1,9 @@
-//! The execution service: what every execution goes through, whichever adapter it came
-//! from. Limits and jobs
-//! ([`job_from`]), admission ([`rejection`]), the answer's reservation ([`reserve_answer`]),
-//! the audit log ([`audit_start`]), the engine, the record ([`finish`]); run to the end
-//! ([`run_job`]) or streamed ([`stream_execution`]); and the record read back ([`record`]).
-//! Sessions' cells go through the same steps ([`super::sessions`]).
+//! The execution service: what each step of an execution does, whichever adapter it came
+//! from; the order is the pipeline's (`pipeline.rs`). Limits within the key's ceilings
+//! ([`resolve_limits`]) and jobs ([`job_from`]), refusals ([`refuse_if_unavailable`],
+//! [`rejection`]), the answer's reservation ([`reserve_answer`]), the audit log's `started`
+//! line ([`audit_start`]), the record, metrics and log line ([`finish`]); and the record read
+//! back ([`record`]).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -12,22 +12,16 @@ use airlock_api::{
     ExecuteRequest, ExecuteResponse, ExecutionRecord, Limits, LimitsRequest, Status,
 };
 use airlock_engine::{
-    check_entrypoint, Cancel, Discard, EngineError, Entrypoint, Execution, InputFile, Job,
-    LimitError, Stdin,
+    check_entrypoint, EngineError, Entrypoint, Execution, InputFile, Job, LimitError, Stdin,
 };
-use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::response::Response;
 use base64::Engine as _;
 
 use crate::admission::Rejection;
-use crate::answer::{answer_bytes, over_budget, Answer, Form};
+use crate::answer::{answer_bytes, over_budget, Form};
 use crate::budget::Share;
-use crate::error::Error;
+use crate::error::{Error, Kind};
 use crate::keys::Key;
 use crate::metrics::event;
-use crate::service::body::{parse_json, read_body, ReadBody};
-use crate::service::stream;
 use crate::AppState;
 use crate::SharedState;
 
@@ -72,7 +66,7 @@ pub(crate) fn resolve_limits(
         if let Some(v) = value.filter(|v| *v > ceiling) {
             state.metrics.security_events.add(&[event::REJECTED_INPUT]);
             return Err(Error::new(
-                StatusCode::BAD_REQUEST,
+                Kind::Invalid,
                 "limit_above_ceiling",
                 format!("limits.{name} = {v} is above the ceiling of {ceiling} for this key"),
             )
@@ -193,25 +187,25 @@ pub(crate) fn entrypoint_from(
 pub(crate) fn rejection(r: Rejection) -> Error {
     match r {
         Rejection::RateLimited(secs) => Error::new(
-            StatusCode::TOO_MANY_REQUESTS,
+            Kind::RateLimited,
             "rate_limited",
             "this key's rate limit is reached",
         )
         .retry_after(secs),
         Rejection::KeyBusy => Error::new(
-            StatusCode::TOO_MANY_REQUESTS,
+            Kind::RateLimited,
             "rate_limited",
             "this key already runs and queues as many executions as it may",
         )
         .retry_after(1),
         Rejection::Overloaded => Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Unavailable,
             "overloaded",
             "every slot and the queue are full",
         )
         .retry_after(1),
         Rejection::QueueTimeout => Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Unavailable,
             "overloaded",
             "waited too long for a free slot",
         )
@@ -248,15 +242,7 @@ impl Context {
     /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
     pub fn for_job(state: &AppState, key: &Key, request_id: String, job: &Job) -> Context {
-        let sha = airlock_api::sha256_hex(job.code.as_bytes());
-        let ctx = Context::new(
-            state.held_id("ex_"),
-            key,
-            request_id,
-            sha,
-            job.code.len() as u64,
-            &job.limits,
-        );
+        let ctx = Context::for_code(state, key, request_id, &job.code, &job.limits);
         if let Some(tools) = &job.tools {
             tools.bind(&ctx.id);
         }
@@ -266,8 +252,27 @@ impl Context {
         ctx
     }
 
-    /// A new execution of `code` by `key`, starting now.
-    pub fn new(
+    /// A new execution of `code` by `key` under `limits`, starting now (hashes the code).
+    pub fn for_code(
+        state: &AppState,
+        key: &Key,
+        request_id: String,
+        code: &str,
+        limits: &Limits,
+    ) -> Context {
+        let sha = airlock_api::sha256_hex(code.as_bytes());
+        Context::new(
+            state.held_id("ex_"),
+            key,
+            request_id,
+            sha,
+            code.len() as u64,
+            limits,
+        )
+    }
+
+    /// A new execution of `key`, starting now.
+    fn new(
         id: String,
         key: &Key,
         request_id: String,
@@ -288,18 +293,6 @@ impl Context {
     }
 }
 
-/// Cancels the execution if the request is dropped before it is answered (the client went
-/// away): its sandbox is killed at once.
-pub(crate) struct CancelOnDrop(pub Option<Cancel>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if let Some(cancel) = self.0.take() {
-            cancel.cancel();
-        }
-    }
-}
-
 /// Reserves what an execution's answer can hold (429 or 503 when it does not fit the key's
 /// share or everyone's), before it queues: what a key has in flight and unread never holds
 /// more than its share.
@@ -315,7 +308,7 @@ pub(crate) fn reserve_answer(
         // It would never fit, however long the client waited (a session's cells at 64 MiB
         // of output, over MCP): say what to change.
         return Err(Error::new(
-            StatusCode::BAD_REQUEST,
+            Kind::Invalid,
             "limit_above_ceiling",
             format!(
                 "limits.output_bytes = {} makes an answer that may hold {bytes} bytes, more than \
@@ -334,54 +327,9 @@ pub(crate) fn reserve_answer(
     })
 }
 
-/// Runs a checked job to its end, not streamed: a running slot (`held` is let go once it is
-/// had), the audit log, the engine, the record, then `present` makes the answer from the
-/// response and the answer's reservation (off the async workers). Dropping the future (the
-/// client went away) kills the sandbox; the slot is still held until it is gone, and the
-/// record still written.
-pub(crate) async fn run_job<H, T: Send + 'static>(
-    state: &SharedState,
-    key: &Arc<Key>,
-    request_id: String,
-    mut job: Job,
-    held: H,
-    answer: Share,
-    present: impl FnOnce(ExecuteResponse, Share) -> T + Send + 'static,
-) -> Result<T, Error> {
-    let admitted = state.admission.admit(key).await.map_err(rejection)?;
-    // The job leaves the queue for its sandbox: its memory no longer waits here.
-    drop(held);
-    refuse_if_unavailable(state)?; // shutdown may have begun while this request waited
-    let cancel = Cancel::default();
-    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
-    let tracked = state.track(cancel.clone());
-    job.cancel = Some(cancel);
-    let (st, key) = (state.clone(), key.clone());
-    // Everything from here runs to its end even if the caller goes away: the sandbox is then
-    // killed (on_drop), but the slot is held until it is gone, and the audit record, the log
-    // line and the metrics are still written.
-    let done = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_job(&st, &key, request_id, &job);
-        // Nothing runs that the audit log has not heard of.
-        audit_start(&st, &ctx, &job.limits)?;
-        let ran = st.engine.execute(job, &mut Discard);
-        drop(admitted);
-        drop(tracked);
-        finish(&st, ctx, ran).map(|r| present(r, answer))
-    })
-    .await
-    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))?;
-    on_drop.0 = None; // answered: nothing to cancel
-    done
-}
-
 /// The audit log's `started` line; when it cannot be written, the execution is refused and
 /// so is every later one.
-pub(crate) fn audit_start(
-    state: &SharedState,
-    ctx: &Context,
-    limits: &Limits,
-) -> Result<(), Error> {
+pub(crate) fn audit_start(state: &SharedState, ctx: &Context) -> Result<(), Error> {
     use std::borrow::Cow::Borrowed;
     let started = crate::audit_lines::StartedLine {
         event: Borrowed("started"),
@@ -392,7 +340,7 @@ pub(crate) fn audit_start(
         started_at: Borrowed(&ctx.started_at),
         code_sha256: Borrowed(&ctx.code_sha256),
         code_bytes: ctx.code_bytes,
-        limits: Borrowed(limits),
+        limits: Borrowed(&ctx.limits),
     };
     state.audit.append_started(&started).map_err(|e| {
         tracing::warn!(request_id = %ctx.request_id, error = %e, "refused: the audit log cannot be written");
@@ -404,7 +352,7 @@ pub(crate) fn audit_start(
 /// requests that ask, the store by its writer).
 fn audit_unavailable(why: &str) -> Error {
     Error::new(
-        StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Unavailable,
         "unavailable",
         format!("executions are refused while the audit log cannot be written: {why}"),
     )
@@ -419,11 +367,7 @@ fn engine_error(ctx: &Context, e: EngineError) -> Error {
         // named, and worth a retry.
         e @ (EngineError::Spawn(_) | EngineError::Io { .. }) => {
             tracing::error!(request_id = %ctx.request_id, error = %e, "cannot start a sandbox");
-            Error::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            )
+            Error::new(Kind::Unavailable, "unavailable", e.to_string())
         }
         EngineError::Invalid(r) => refusal(r),
         e => {
@@ -435,7 +379,7 @@ fn engine_error(ctx: &Context, e: EngineError) -> Error {
 
 /// The final record of an execution that never ran (refused by the engine, cancelled before
 /// its sandbox started, or a sandbox that could not start): `internal_error`, nothing used.
-fn record_unrun(state: &SharedState, ctx: &Context) {
+pub(crate) fn record_unrun(state: &SharedState, ctx: &Context) {
     tracing::warn!(
         request_id = %ctx.request_id,
         execution = %ctx.id,
@@ -566,7 +510,7 @@ const READ_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 fn store_unreadable(why: &str) -> Error {
     tracing::warn!(error = %why, "cannot read a record");
     Error::new(
-        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        Kind::Unavailable,
         "unavailable",
         format!("the record cannot be read now: {why}"),
     )
@@ -597,82 +541,6 @@ pub(crate) async fn record(
         Some(record) if record.key_fingerprint == key.fingerprint() => Ok(record),
         // With a shared store every replica holds every record: a miss is just a miss.
         _ if state.config.store.url.is_some() => Err(Error::not_found()),
-        _ => Err(crate::service::not_here(state, id, "execution")),
+        _ => Err(super::not_here(state, id, "execution")),
     }
-}
-
-/// One execution from a request body (`POST /v1/execute`): its admission, body, job and
-/// answer's reservation, then run to its end (JSON) or streamed (`Accept: text/event-stream`).
-pub(crate) async fn execute(
-    state: &SharedState,
-    key: &Arc<Key>,
-    request_id: String,
-    req: Request,
-) -> Result<Response, Error> {
-    refuse_if_unavailable(state)?;
-    let streamed = stream::wanted(req.headers());
-    let entered = state.admission.enter(key).map_err(rejection)?;
-    let ReadBody { bytes, share } = read_body(state, key, req).await?;
-    // Parsing and checking a large body is CPU work: not on the async workers.
-    let (st, k) = (state.clone(), key.clone());
-    let job = tokio::task::spawn_blocking(move || {
-        let request: ExecuteRequest = parse_json(&st, &bytes)?;
-        job_from(&st, &k, request)
-    })
-    .await
-    .map_err(|e| Error::internal(format!("preparing the request: {e}")))??;
-    // The most its answer can hold, from now until it is written out.
-    let answer = reserve_answer(state, key, &job.limits, Form::Json)?;
-    if streamed {
-        let admitted = state.admission.admit(key).await.map_err(rejection)?;
-        drop(share); // as in run_job
-        refuse_if_unavailable(state)?;
-        let guards = (entered, admitted);
-        let key = key.clone();
-        return stream_execution(state.clone(), key, request_id, job, guards, answer).await;
-    }
-    let response = run_job(state, key, request_id, job, share, answer, |r, share| {
-        Answer::json(&r, share)
-    })
-    .await;
-    drop(entered);
-    response
-}
-
-/// `Accept: text/event-stream`: the audit line first (its failure is still a plain error
-/// response), then a 200 whose body carries the output as it comes and the result last. The
-/// guards travel with the execution, which a client that leaves or stops reading cancels.
-pub(crate) async fn stream_execution<G: Send + 'static>(
-    state: SharedState,
-    key: Arc<Key>,
-    request_id: String,
-    mut job: Job,
-    guards: G,
-    answer: Share,
-) -> Result<Response, Error> {
-    let cancel = Cancel::default();
-    let mut on_drop = CancelOnDrop(Some(cancel.clone()));
-    let tracked = state.track(cancel.clone());
-    job.cancel = Some(cancel.clone());
-    job.stream = true; // line-buffered: print() reaches the client as it happens
-    let st = state.clone();
-    let (ctx, job) = tokio::task::spawn_blocking(move || {
-        let ctx = Context::for_job(&st, &key, request_id, &job);
-        audit_start(&st, &ctx, &job.limits).map(|()| (ctx, job))
-    })
-    .await
-    .map_err(|e| Error::internal(format!("the execution task failed: {e}")))??;
-    let keep_alive = Duration::from_millis(state.config.http.sse_keep_alive_ms);
-    let (response, mut events) =
-        stream::channel(Arc::new(move || cancel.cancel()), answer, keep_alive);
-    on_drop.0 = None; // from here the stream's own sender cancels
-    tokio::task::spawn_blocking(move || {
-        let ran = state.engine.execute(job, &mut events);
-        drop((guards, tracked));
-        events.end(finish(&state, ctx, ran).map(|mut r| {
-            stream::without_output(&mut r.result);
-            r
-        }));
-    });
-    Ok(response)
 }

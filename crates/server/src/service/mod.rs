@@ -1,7 +1,10 @@
 //! The services: what an execution, a session, an evaluation, a scan, an environment and a
 //! tool listing are, once, whichever adapter asks (the HTTP handlers in [`crate::http`], the
-//! MCP tools in [`crate::mcp`]). They check, admit, audit and call the engine; they know
-//! nothing of routes or transports.
+//! MCP tools in [`crate::mcp`]). They check, admit, audit and call the engine, in the order
+//! the pipeline owns for everything that runs code ([`pipeline`]); they take transport-free
+//! requests and bodies ([`body::Body`]) and give back transport-free outcomes, event streams
+//! ([`stream`]) and errors ([`crate::error::Error`]): no route, status code or response.
+//! `tests/layers.rs` fails on a path of axum, http, hyper or rmcp here.
 
 pub(crate) mod body;
 pub(crate) mod egress;
@@ -9,14 +12,13 @@ pub(crate) mod environments;
 pub(crate) mod eval;
 pub(crate) mod execution;
 pub(crate) mod pickle;
+pub(crate) mod pipeline;
 pub(crate) mod sessions;
 pub(crate) mod status;
 pub(crate) mod stream;
 pub(crate) mod tools;
 
-use axum::http::StatusCode;
-
-use crate::error::Error;
+use crate::error::{Error, Kind};
 use crate::AppState;
 
 /// A 404 for what this server does not hold; one that names another replica says so, for
@@ -29,5 +31,5 @@ pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
         ),
         _ => format!("no such {what}"),
     };
-    Error::new(StatusCode::NOT_FOUND, "not_found", message)
+    Error::new(Kind::NotFound, "not_found", message)
 }

@@ -1,23 +1,21 @@
 //! The pickle scan service: a pickle or a ZIP archive of them, scanned without being run, a
 //! bounded number at once (`[pickle]`).
 
-use axum::extract::Request;
-
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::body::{read_body_as, ReadBody};
+use crate::service::body::{read_body_as, Body, ReadBody};
 use crate::SharedState;
 
 /// The report on the file a request body holds, any content type (`POST /v1/pickle/scan`).
 pub(crate) async fn from_body(
     state: &SharedState,
     key: &Key,
-    req: Request,
+    body: Body,
 ) -> Result<serde_json::Value, Error> {
     if state.is_shutting_down() {
         return Err(Error::shutting_down());
     }
-    let ReadBody { bytes, share } = read_body_as(state, key, req, false).await?;
+    let ReadBody { bytes, share } = read_body_as(state, key, body, false).await?;
     // A bounded number at once: a scan may hold much more memory than its body.
     let turn = state.pickle_slots.acquire().await;
     let _turn = turn.map_err(|_| Error::shutting_down())?;

@@ -1,9 +1,11 @@
 //! The session service: the registry of open sessions ([`Sessions`]), opening one
-//! ([`open`]), its cells ([`cell`], [`execute`]), its files, closing it ([`close`]) and the
-//! [`reaper`]. A session belongs to the key that made it (by the key's fingerprint): any other key gets 404. Its
-//! limits cover the whole session; each cell goes through admission like an execution, and
-//! is audited like one. Idle and expired sessions are closed by a reaper, and every session
-//! is closed at shutdown.
+//! ([`prepare_open`], [`start`]), its cells ([`prepare_cell`], [`PreparedCell`]), its files,
+//! closing it ([`close`]) and the [`reaper`]. The order of a session's opening and of each
+//! cell is the pipeline's (`pipeline.rs`); what each step does to a session is here. A
+//! session belongs to the key that made it (by the key's fingerprint): any other key gets
+//! 404. Its limits cover the whole session; each cell goes through admission like an
+//! execution, and is audited like one. Idle and expired sessions are closed by a reaper, and
+//! every session is closed at shutdown.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,24 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use airlock_api::{
-    CellRequest, CellResponse, ExecuteRequest, FileEntry, FileList, SessionInfo, SessionList,
-    SessionRequest, Status,
+    CellRequest, ExecuteRequest, FileEntry, FileList, SessionInfo, SessionList, SessionRequest,
+    Status,
 };
 use airlock_engine::{Cell, CellResult, Execution, Session, SessionError};
-use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::response::Response;
 
-use crate::answer::{Answer, Form};
-use crate::budget::Share;
-use crate::error::Error;
+use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, read_body_as};
-use crate::service::execution::{
-    audit_start, entrypoint_from, finish, job_from, refuse_if_unavailable, rejection,
-    reserve_answer, resolve_limits, Context,
-};
-use crate::service::{stream, tools};
+use crate::service::body::{read_body_as, Body};
+use crate::service::execution::{entrypoint_from, job_from, refuse_if_unavailable, resolve_limits};
+use crate::service::tools;
 use crate::{AppState, SharedState};
 
 /// How often the reaper looks for idle and expired sessions.
@@ -160,7 +154,7 @@ pub struct Reaped {
 
 /// The caller's session `id`; 410 `session_lost` for one of its sessions the server lost
 /// when it stopped; otherwise 404 (also when it is another key's).
-fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error> {
+pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error> {
     let fingerprint = key.fingerprint();
     if let Some(entry) = state
         .sessions
@@ -172,7 +166,7 @@ fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error
     }
     if state.audit.session_lost(id, &fingerprint) {
         return Err(Error::new(
-            StatusCode::GONE,
+            Kind::Gone,
             "session_lost",
             "the server stopped since this session was opened, and a session does not survive a restart: start another",
         ));
@@ -193,14 +187,14 @@ fn room_for_one(
         .count();
     if mine >= cfg.max_open_per_key {
         return Err(Error::new(
-            StatusCode::TOO_MANY_REQUESTS,
+            Kind::RateLimited,
             "rate_limited",
             format!("this key has {mine} sessions open, its most; close one first"),
         ));
     }
     if live().count() >= cfg.max_open {
         return Err(Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Unavailable,
             "overloaded",
             "the server has as many sessions open as it may",
         )
@@ -231,6 +225,11 @@ pub async fn reaper(state: SharedState) {
 }
 
 impl OpenSession {
+    /// Destroys the session's sandbox now: a cell cut short leaves its state unknown.
+    pub(crate) fn destroy(&self) {
+        self.session.close();
+    }
+
     fn info(&self) -> SessionInfo {
         let rfc = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
         SessionInfo {
@@ -249,22 +248,18 @@ impl OpenSession {
     /// Marks the session busy for one request, or says it is.
     fn take(self: &Arc<Self>) -> Result<InUse, Error> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Error::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such session",
-            ));
+            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
         }
         if let Some(status) = *lock(&self.ended) {
             return Err(Error::new(
-                StatusCode::CONFLICT,
+                Kind::Conflict,
                 "session_ended",
                 format!("the session has ended ({status}); close it and start another"),
             ));
         }
         if self.busy.swap(true, Ordering::AcqRel) {
             return Err(Error::new(
-                StatusCode::CONFLICT,
+                Kind::Conflict,
                 "session_busy",
                 "the session is running another request",
             ));
@@ -272,11 +267,7 @@ impl OpenSession {
         let busy = InUse(self.clone());
         // Closed between the check and the claim: give it back.
         if self.closed.load(Ordering::Acquire) {
-            return Err(Error::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no such session",
-            ));
+            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
         }
         *lock(&self.last_used) = Instant::now();
         Ok(busy)
@@ -298,22 +289,17 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
         SessionError::Ended(status) => {
             *lock(&entry.ended) = Some(status);
             Error::new(
-                StatusCode::CONFLICT,
+                Kind::Conflict,
                 "session_ended",
                 format!("the session has ended ({status}); close it and start another"),
             )
         }
         SessionError::File { kind, message } => {
-            let status = match kind.as_str() {
-                "FileNotFoundError" => StatusCode::NOT_FOUND,
-                _ => StatusCode::BAD_REQUEST,
+            let (error_kind, code) = match kind.as_str() {
+                "FileNotFoundError" => (Kind::NotFound, "not_found"),
+                _ => (Kind::Invalid, "invalid_request"),
             };
-            let code = if status == StatusCode::NOT_FOUND {
-                "not_found"
-            } else {
-                "invalid_request"
-            };
-            Error::new(status, code, format!("{kind}: {message}")).field("path")
+            Error::new(error_kind, code, format!("{kind}: {message}")).field("path")
         }
         SessionError::Engine(airlock_engine::EngineError::Invalid(r)) => {
             crate::service::execution::refusal(r)
@@ -322,25 +308,25 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
     }
 }
 
-/// A session from a request body (`POST /v1/sessions`), through admission.
-pub(crate) async fn create(
-    state: &SharedState,
-    key: &Key,
-    req: Request,
-) -> Result<SessionInfo, Error> {
-    refuse_if_unavailable(state)?;
-    let _entered = state.admission.enter(key).map_err(rejection)?;
-    let body = read_body(state, key, req).await?;
-    let asked: SessionRequest = parse_json(state, &body.bytes)?;
-    open(state, key, asked).await
+/// A session asked for, checked and ready to start ([`prepare_open`], then [`start`]).
+pub(crate) struct Opening {
+    id: String,
+    job: airlock_engine::Job,
+    per_cell: airlock_api::Limits,
+    idle: u64,
+    lifetime: u64,
+    tools: Option<Arc<airlock_tools::ToolSet>>,
+    egress: Option<Arc<airlock_egress::Leash>>,
 }
 
-/// Starts a session owned by `key` (the caller holds its admission `enter`).
-pub(crate) async fn open(
+/// Checks a session's request: its timeouts within the configured ones, its cells' limits
+/// within the key's ceilings, its job as an execution's (`job_from`), and room for one more
+/// (CPU work: called off the async workers).
+pub(crate) fn prepare_open(
     state: &SharedState,
     key: &Key,
     asked: SessionRequest,
-) -> Result<SessionInfo, Error> {
+) -> Result<Opening, Error> {
     let cfg = &state.config.sessions;
     let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
     let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
@@ -387,20 +373,41 @@ pub(crate) async fn open(
     job.limits.timeout_ms = lifetime;
     job.filename = "session.py".into();
     job.stream = true;
-    {
-        room_for_one(&state.sessions.lock(), key, cfg)?;
-    }
+    room_for_one(&state.sessions.lock(), key, cfg)?;
+    Ok(Opening {
+        id,
+        job,
+        per_cell,
+        idle,
+        lifetime,
+        tools,
+        egress,
+    })
+}
+
+/// Starts a session owned by `key` (on a blocking thread), registers it if there is still
+/// room, and writes its audit line.
+pub(crate) async fn start(
+    state: &SharedState,
+    key: &Key,
+    opening: Opening,
+) -> Result<SessionInfo, Error> {
+    let Opening {
+        id,
+        job,
+        per_cell,
+        idle,
+        lifetime,
+        tools,
+        egress,
+    } = opening;
     let st = state.clone();
     let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job, &per_cell))
         .await
         .map_err(|e| Error::internal(format!("starting a session: {e}")))?
         .map_err(|e| {
             tracing::error!(error = %e, "cannot start a session");
-            Error::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                e.to_string(),
-            )
+            Error::new(Kind::Unavailable, "unavailable", e.to_string())
         })?;
     let entry = Arc::new(OpenSession {
         id,
@@ -422,7 +429,7 @@ pub(crate) async fn open(
     {
         let mut open = state.sessions.lock();
         // Checked again under the lock: two creations may have raced past the first check.
-        if let Err(e) = room_for_one(&open, key, cfg) {
+        if let Err(e) = room_for_one(&open, key, &state.config.sessions) {
             entry.session.close();
             return Err(e);
         }
@@ -472,98 +479,23 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
     Ok(())
 }
 
-/// One cell of `key`'s session `id` from a request body (`POST /v1/sessions/{id}/execute`),
-/// run to its end (JSON) or streamed (`Accept: text/event-stream`).
-pub(crate) async fn execute(
-    state: &SharedState,
-    key: &Key,
-    request_id: String,
-    id: &str,
-    req: Request,
-) -> Result<Response, Error> {
-    refuse_if_unavailable(state)?;
-    let entry = find(state, key, id)?;
-    let streamed = stream::wanted(req.headers());
-    let entered = state.admission.enter(key).map_err(rejection)?;
-    let body = read_body(state, key, req).await?;
-    let asked: CellRequest = parse_json(state, &body.bytes)?;
-    let limits = entry.session.cell_limits();
-    let answer = reserve_answer(state, key, &limits, Form::Json)?;
-    let started = start_cell(state, key, request_id, entry, asked, body.share).await?;
-    if streamed {
-        let StartedCell {
-            entry,
-            busy,
-            admitted,
-            ctx,
-            cell,
-            mut on_close,
-        } = started;
-        let (gone, answered) = (entry.clone(), Arc::new(AtomicBool::new(false)));
-        let answered2 = answered.clone();
-        // A client gone mid-cell closes the session; one gone after the cell ended does not.
-        let on_gone = Arc::new(move || {
-            if !answered2.load(Ordering::Acquire) {
-                gone.session.close();
-            }
-        });
-        let keep_alive = Duration::from_millis(state.config.http.sse_keep_alive_ms);
-        let (response, mut events) = stream::channel(on_gone, answer, keep_alive);
-        on_close.0 = None; // from here the stream's own sender closes it
-        let state = state.clone();
-        tokio::task::spawn_blocking(move || {
-            let done = run_cell(&state, &entry, ctx, cell, &mut events);
-            answered.store(true, Ordering::Release);
-            drop((admitted, busy, entered));
-            events.end(done.map(|mut r| {
-                stream::without_output(&mut r.result);
-                r
-            }));
-        });
-        return Ok(response);
-    }
-    let done = finish_cell(state, started, answer, |r, share| Answer::json(&r, share)).await;
-    drop(entered);
-    done
-}
-
-/// One cell of `key`'s session `id`, not streamed (the caller holds its admission `enter`),
-/// and the reservation of memory its answer, sent as `form`, holds.
-pub(crate) async fn cell<H: Send + 'static>(
-    state: &SharedState,
-    key: &Key,
-    request_id: String,
-    id: &str,
-    asked: CellRequest,
-    held: H,
-    form: Form,
-) -> Result<(CellResponse, Share), Error> {
-    let entry = find(state, key, id)?;
-    let answer = reserve_answer(state, key, &entry.session.cell_limits(), form)?;
-    let started = start_cell(state, key, request_id, entry, asked, held).await?;
-    finish_cell(state, started, answer, |r, share| (r, share)).await
-}
-
-/// A cell that holds its session and a running slot, and is in the audit log.
-struct StartedCell {
+/// A cell checked, holding its session for itself until it is dropped ([`prepare_cell`]).
+pub(crate) struct PreparedCell {
     entry: Arc<OpenSession>,
-    busy: InUse,
-    admitted: crate::admission::Admitted,
-    ctx: Context,
-    cell: Cell,
-    on_close: CloseIfDropped,
+    _busy: InUse,
+    code: String,
+    entrypoint: Option<airlock_engine::Entrypoint>,
+    limits: airlock_api::Limits,
 }
 
-/// Checks a cell, takes its session and a running slot (`held` is let go once it is had) and
-/// writes its audit line.
-async fn start_cell<H>(
+/// Checks a cell of `key`'s session (its code's size, its entrypoint, its timeout within the
+/// key's ceilings) and claims the session for it: another request gets 409 meanwhile.
+pub(crate) fn prepare_cell(
     state: &SharedState,
     key: &Key,
-    request_id: String,
     entry: Arc<OpenSession>,
     asked: CellRequest,
-    held: H,
-) -> Result<StartedCell, Error> {
+) -> Result<PreparedCell, Error> {
     let cfg = state.engine.config();
     if asked.code.len() as u64 > cfg.max_code_bytes {
         return Err(Error::too_large(
@@ -585,110 +517,68 @@ async fn start_cell<H>(
         limits.timeout_ms = ceiling.timeout_ms;
     }
     let busy = entry.take()?;
-    let admitted = state.admission.admit(key).await.map_err(rejection)?;
-    drop(held);
-    let sha = airlock_api::sha256_hex(asked.code.as_bytes());
-    let ctx = Context::new(
-        state.held_id("ex_"),
-        key,
-        request_id,
-        sha,
-        asked.code.len() as u64,
-        &limits,
-    );
-    if let Some(tools) = &entry.tools {
-        tools.begin(&key.grants, &ctx.id);
-    }
-    let cell = Cell {
-        execution_id: ctx.id.clone(),
+    Ok(PreparedCell {
+        entry,
+        _busy: busy,
         code: asked.code,
         entrypoint,
-        timeout: Duration::from_millis(limits.timeout_ms),
-    };
-    // The session is destroyed if the client leaves mid-cell: its state is unknown then.
-    let on_close = CloseIfDropped(Some(entry.clone()));
-    let st = state.clone();
-    let ctx = tokio::task::spawn_blocking(move || audit_start(&st, &ctx, &limits).map(|()| ctx))
-        .await
-        .map_err(|e| Error::internal(format!("the cell failed: {e}")))??;
-    Ok(StartedCell {
-        entry,
-        busy,
-        admitted,
-        ctx,
-        cell,
-        on_close,
+        limits,
     })
 }
 
-/// Runs a started cell to its end, then `present` makes the answer from the response and
-/// the answer's reservation (off the async workers); dropping the future closes the session.
-async fn finish_cell<T: Send + 'static>(
-    state: &SharedState,
-    started: StartedCell,
-    answer: Share,
-    present: impl FnOnce(CellResponse, Share) -> T + Send + 'static,
-) -> Result<T, Error> {
-    let StartedCell {
-        entry,
-        busy,
-        admitted,
-        ctx,
-        cell,
-        mut on_close,
-    } = started;
-    let st = state.clone();
-    let e2 = entry.clone();
-    let done = tokio::task::spawn_blocking(move || {
-        let done = run_cell(&st, &e2, ctx, cell, &mut airlock_engine::Discard);
-        drop(admitted);
-        done.map(|r| present(r, answer))
-    })
-    .await
-    .map_err(|e| Error::internal(format!("the cell failed: {e}")))?;
-    on_close.0 = None;
-    drop(busy);
-    done
-}
-
-/// Runs one cell and records it (audit, metrics, log) like an execution.
-fn run_cell(
-    state: &SharedState,
-    entry: &OpenSession,
-    ctx: Context,
-    cell: Cell,
-    sink: &mut dyn airlock_engine::OutputSink,
-) -> Result<CellResponse, Error> {
-    let CellResult { result, ended } = entry
-        .session
-        .execute(cell, sink)
-        .map_err(|e| session_error(e, entry))?;
-    if ended {
-        *lock(&entry.ended) = Some(result.status);
+impl PreparedCell {
+    /// The cell's limits: the session's, with its own wall clock.
+    pub(crate) fn limits(&self) -> &airlock_api::Limits {
+        &self.limits
     }
-    entry.cells.fetch_add(1, Ordering::Relaxed);
-    let execution = Execution {
-        result,
-        sandbox_ready: None,
-        pooled: false,
-        forked: false,
-        setup_failed: false,
-    };
-    finish(state, ctx, Ok(execution)).map(|r| CellResponse {
-        id: r.id,
-        session_ended: ended,
-        result: r.result,
-    })
-}
 
-/// Closes the session if the request is dropped before its cell is answered.
-struct CloseIfDropped(Option<Arc<OpenSession>>);
+    pub(crate) fn code(&self) -> &str {
+        &self.code
+    }
 
-impl Drop for CloseIfDropped {
-    fn drop(&mut self) {
-        if let Some(entry) = self.0.take() {
-            entry.session.close();
+    /// Its session.
+    pub(crate) fn session(&self) -> Arc<OpenSession> {
+        self.entry.clone()
+    }
+
+    /// Code mode: the session's tools, with the key's grants as they are now, under the
+    /// cell's execution id.
+    pub(crate) fn begin(&self, key: &Key, execution_id: &str) {
+        if let Some(tools) = &self.entry.tools {
+            tools.begin(&key.grants, execution_id);
         }
+    }
+
+    /// Runs the cell in its session's interpreter, as execution `execution_id`; what it did,
+    /// as an execution, and whether it ended the session.
+    pub(crate) fn execute(
+        &mut self,
+        execution_id: &str,
+        sink: &mut dyn airlock_engine::OutputSink,
+    ) -> Result<(Execution, bool), Error> {
+        let cell = Cell {
+            execution_id: execution_id.to_owned(),
+            code: std::mem::take(&mut self.code),
+            entrypoint: self.entrypoint.take(),
+            timeout: Duration::from_millis(self.limits.timeout_ms),
+        };
+        let entry = &self.entry;
+        let CellResult { result, ended } = entry
+            .session
+            .execute(cell, sink)
+            .map_err(|e| session_error(e, entry))?;
+        if ended {
+            *lock(&entry.ended) = Some(result.status);
+        }
+        entry.cells.fetch_add(1, Ordering::Relaxed);
+        let execution = Execution {
+            result,
+            sandbox_ready: None,
+            pooled: false,
+            forked: false,
+            setup_failed: false,
+        };
+        Ok((execution, ended))
     }
 }
 
@@ -717,12 +607,12 @@ pub(crate) async fn put_file(
     key: &Key,
     id: &str,
     path: String,
-    req: Request,
+    body: Body,
 ) -> Result<(), Error> {
     refuse_if_unavailable(state)?;
     find(state, key, id)?; // 404 before the body is read
     airlock_engine::check_relative_path(&path).map_err(|m| Error::invalid("path", m))?;
-    let body = read_body_as(state, key, req, false).await?;
+    let body = read_body_as(state, key, body, false).await?;
     file_op(state, key, id, "writing a file", move |s| {
         s.put_file(&path, &body.bytes)
     })

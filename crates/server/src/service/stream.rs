@@ -1,7 +1,7 @@
-//! Server-sent events for `Accept: text/event-stream`: the program's output as it is
-//! produced, then the result.
+//! A streamed execution's events: the program's output as it is produced, then the result,
+//! queued for whichever transport sends them (over HTTP, server-sent events: `http/sse.rs`).
 //!
-//! Events, each one line of JSON in `data`:
+//! Events, each with one line of JSON as its data:
 //! - `stdout` / `stderr`: `{"text": "..."}`, UTF-8 (a character split between two reads is
 //!   held until it is whole; invalid bytes become U+FFFD, as in the result);
 //! - `truncated`: `{"stream": "stdout", "limit": N}`, once, when a stream reaches the output
@@ -12,66 +12,83 @@
 //! - `error`: `{"error": {...}}` instead of `result` when airlock itself failed.
 //!
 //! The events wait for the client in a queue of at most [`QUEUE_BYTES`]; the stream holds
-//! its execution's answer reservation (`budget.rs`) until it is written out or dropped.
-//! After `http.sse_keep_alive_ms` without an event the body sends a comment line
-//! (`: keep-alive`), which clients ignore and proxies count as traffic. (axum's `Sse` does the
-//! same; this body is our own because it counts its queue in the memory budget.)
-
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+//! its execution's answer reservation (`budget.rs`) until it is written out or dropped. A
+//! client that goes away, or leaves events unread for [`STALLED`], stops the work at once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use airlock_api::ExecutionResult;
 use airlock_engine::{OutputSink, Stream};
-use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::Response;
 use tokio::sync::mpsc;
 
 use crate::budget::Share;
+use crate::error::Error;
 
 /// How long a client may leave events unread before its execution is cancelled: the same
 /// bound as for a client that will not read a plain answer.
-const STALLED: Duration = Duration::from_secs(10);
+pub const STALLED: Duration = Duration::from_secs(10);
 const QUEUE: usize = 64;
-/// Bytes of events that may wait for the client (one larger event may wait alone).
+/// Bytes of events (names and data) that may wait for the client (one larger event may wait
+/// alone).
 pub const QUEUE_BYTES: usize = 1 << 20;
 
-/// Whether the request asked for a stream.
-pub fn wanted(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|v| v.split(';').next().unwrap_or("").trim() == "text/event-stream")
+/// One event: its name, and its data, one line of JSON.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Event {
+    pub name: &'static str,
+    pub data: String,
+}
+
+impl Event {
+    /// What it counts for in the queue.
+    fn size(&self) -> usize {
+        self.name.len() + self.data.len()
+    }
 }
 
 /// The sending half, used from the execution's blocking thread.
 pub struct Events {
-    tx: mpsc::Sender<Bytes>,
-    /// Bytes in the queue, not yet taken by the body.
+    tx: mpsc::Sender<Event>,
+    /// Bytes in the queue, not yet taken by the transport.
     queued: Arc<AtomicUsize>,
     /// What to stop when the client is gone: the execution, or the session.
     on_gone: OnGone,
     /// Bytes of an unfinished UTF-8 character, per stream.
     pending: [Vec<u8>; 2],
     gone: bool,
-    /// Dropped with the events: stops the watcher, whose sender would keep the body open.
+    /// Dropped with the events: stops the watcher, whose sender would keep the stream open.
     _done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Stops what a stream's client was waiting for.
 pub type OnGone = Arc<dyn Fn() + Send + Sync>;
 
-/// A response whose body is the stream, and the sender that feeds it. A client that goes
-/// away stops the work at once (`on_gone`), even while the program prints nothing. The body
-/// holds `share` until it is dropped.
-pub fn channel(on_gone: OnGone, share: Share, keep_alive: Duration) -> (Response, Events) {
+/// The receiving half, for the transport: the events as they come, until the execution drops
+/// its sender. It holds the execution's answer reservation until it is dropped.
+pub struct EventStream {
+    rx: mpsc::Receiver<Event>,
+    queued: Arc<AtomicUsize>,
+    _share: Share,
+}
+
+impl EventStream {
+    /// The next event; `None` once the execution has sent its last.
+    pub fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(event)) = &polled {
+            self.queued.fetch_sub(event.size(), Ordering::AcqRel);
+        }
+        polled
+    }
+}
+
+/// A stream and the sender that feeds it. A client that goes away (the stream dropped) stops
+/// the work at once (`on_gone`), even while the program prints nothing. The stream holds
+/// `share` until it is dropped. Called on the async runtime, which watches for the client.
+pub fn channel(on_gone: OnGone, share: Share) -> (EventStream, Events) {
     let (tx, rx) = mpsc::channel(QUEUE);
     let queued = Arc::new(AtomicUsize::new(0));
     let (watched, on_close) = (tx.clone(), on_gone.clone());
@@ -79,26 +96,14 @@ pub fn channel(on_gone: OnGone, share: Share, keep_alive: Duration) -> (Response
     tokio::spawn(async move {
         tokio::select! {
             () = watched.closed() => on_close(),
-            _ = finished => {} // the execution is over: let the body end
+            _ = finished => {} // the execution is over: let the stream end
         }
     });
-    let body = EventBody {
+    let stream = EventStream {
         rx,
         queued: queued.clone(),
-        keep_alive: (!keep_alive.is_zero())
-            .then(|| (keep_alive, Box::pin(tokio::time::sleep(keep_alive)))),
         _share: share,
     };
-    let mut response = Response::new(Body::new(body));
-    response.extensions_mut().insert(crate::answer::Counted);
-    *response.status_mut() = StatusCode::OK;
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     let events = Events {
         tx,
         queued,
@@ -107,33 +112,36 @@ pub fn channel(on_gone: OnGone, share: Share, keep_alive: Duration) -> (Response
         gone: false,
         _done: Some(done),
     };
-    (response, events)
+    (stream, events)
 }
 
 impl Events {
     /// Sends one event; a client that went away or stopped reading cancels the execution.
-    pub fn send(&mut self, event: &str, data: &serde_json::Value) {
+    pub fn send(&mut self, name: &'static str, data: &serde_json::Value) {
         if self.gone {
             return;
         }
-        let mut bytes = Bytes::from(format!("event: {event}\ndata: {data}\n\n"));
-        let len = bytes.len();
+        let mut event = Event {
+            name,
+            data: data.to_string(),
+        };
+        let len = event.size();
         let deadline = Instant::now() + STALLED;
         loop {
             let queued = self.queued.load(Ordering::Acquire);
             let room = queued == 0 || queued + len <= QUEUE_BYTES;
             let sent = if room {
                 self.queued.fetch_add(len, Ordering::AcqRel);
-                self.tx.try_send(bytes).inspect_err(|_| {
+                self.tx.try_send(event).inspect_err(|_| {
                     self.queued.fetch_sub(len, Ordering::AcqRel);
                 })
             } else {
-                Err(mpsc::error::TrySendError::Full(bytes))
+                Err(mpsc::error::TrySendError::Full(event))
             };
             match sent {
                 Ok(()) => return,
                 Err(mpsc::error::TrySendError::Full(back)) if Instant::now() < deadline => {
-                    bytes = back;
+                    event = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err(_) => {
@@ -162,8 +170,8 @@ impl Events {
     }
 
     /// The last events: what is still held, then the answer (whose output the events
-    /// carried: see [`without_output`]) or the error's body.
-    pub fn end<T: serde::Serialize>(mut self, done: Result<T, crate::error::Error>) {
+    /// carried: see [`without_output`]) or the error's body, with the request's id.
+    pub fn end<T: serde::Serialize>(mut self, done: Result<T, Error>, request_id: &str) {
         self.flush();
         let (event, value) = match done {
             Ok(answer) => {
@@ -173,7 +181,10 @@ impl Events {
                 }
                 ("result", value)
             }
-            Err(e) => ("error", serde_json::to_value(e.body()).unwrap_or_default()),
+            Err(e) => (
+                "error",
+                serde_json::to_value(e.body(Some(request_id.to_owned()))).unwrap_or_default(),
+            ),
         };
         self.send(event, &value);
     }
@@ -218,113 +229,57 @@ impl OutputSink for Events {
     }
 }
 
-/// The response body: events as the execution sends them, until it drops its sender.
-struct EventBody {
-    rx: mpsc::Receiver<Bytes>,
-    queued: Arc<AtomicUsize>,
-    /// How long the stream may be silent, and when it next speaks if nothing comes.
-    keep_alive: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
-    _share: Share,
-}
-
-/// What a silent stream sends: an SSE comment, which clients skip.
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
-
-impl http_body::Body for EventBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        let polled = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(bytes)) = &polled {
-            self.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
-        }
-        if let Some((every, sleep)) = &mut self.keep_alive {
-            // Polling the timer registers its waker: a silent stream is woken at the deadline.
-            let silent_too_long = polled.is_pending() && sleep.as_mut().poll(cx).is_ready();
-            if polled.is_ready() || silent_too_long {
-                sleep.as_mut().reset(tokio::time::Instant::now() + *every);
-            }
-            if silent_too_long {
-                // The caller polls again after a frame, which arms the timer anew.
-                let comment = Bytes::from_static(KEEP_ALIVE);
-                return Poll::Ready(Some(Ok(http_body::Frame::data(comment))));
-            }
-        }
-        polled.map(|event| event.map(|bytes| Ok(http_body::Frame::data(bytes))))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn drain(rx: &mut mpsc::Receiver<Bytes>) -> String {
-        let mut all = String::new();
-        while let Ok(b) = rx.try_recv() {
-            all.push_str(std::str::from_utf8(&b).unwrap());
+    fn events(on_gone: OnGone) -> (mpsc::Receiver<Event>, Events) {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let events = Events {
+            tx,
+            queued: Arc::default(),
+            on_gone,
+            pending: [Vec::new(), Vec::new()],
+            gone: false,
+            _done: None,
+        };
+        (rx, events)
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<Event>) -> Vec<(&'static str, String)> {
+        let mut all = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            all.push((e.name, e.data));
         }
         all
     }
 
     #[test]
-    fn accept_headers_are_read_as_lists() {
-        let mut h = HeaderMap::new();
-        assert!(!wanted(&h));
-        h.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream;q=0.9"),
-        );
-        assert!(wanted(&h));
-        h.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("text/event-streams"),
-        );
-        assert!(!wanted(&h));
-    }
-
-    #[test]
     fn characters_split_between_reads_arrive_whole() {
-        let (tx, mut rx) = mpsc::channel(QUEUE);
-        let mut events = Events {
-            tx,
-            queued: Arc::default(),
-            on_gone: Arc::new(|| {}),
-            pending: [Vec::new(), Vec::new()],
-            gone: false,
-            _done: None,
-        };
+        let (mut rx, mut events) = events(Arc::new(|| {}));
         let euro = "€".as_bytes();
         events.output(Stream::Stdout, &[b'a', euro[0]]);
         events.output(Stream::Stdout, &euro[1..]);
         events.output(Stream::Stderr, b"\xff!");
         events.output(Stream::Stdout, &euro[..2]);
         events.flush();
+        let text = |t: &str| serde_json::json!({ "text": t }).to_string();
         assert_eq!(
             drain(&mut rx),
-            "event: stdout\ndata: {\"text\":\"a\"}\n\n\
-             event: stdout\ndata: {\"text\":\"€\"}\n\n\
-             event: stderr\ndata: {\"text\":\"\u{fffd}!\"}\n\n\
-             event: stdout\ndata: {\"text\":\"\u{fffd}\"}\n\n"
+            [
+                ("stdout", text("a")),
+                ("stdout", text("€")),
+                ("stderr", text("\u{fffd}!")),
+                ("stdout", text("\u{fffd}")),
+            ]
         );
     }
 
     #[test]
     fn a_client_that_went_away_cancels_the_execution() {
-        let (tx, rx) = mpsc::channel(QUEUE);
         let cancel = airlock_engine::Cancel::default();
         let stop = cancel.clone();
-        let mut events = Events {
-            tx,
-            queued: Arc::default(),
-            on_gone: Arc::new(move || stop.cancel()),
-            pending: [Vec::new(), Vec::new()],
-            gone: false,
-            _done: None,
-        };
+        let (rx, mut events) = events(Arc::new(move || stop.cancel()));
         drop(rx);
         events.output(Stream::Stdout, b"x");
         assert!(cancel.is_cancelled());

@@ -1,0 +1,455 @@
+//! The execution pipeline: the one owner of the order every execution-like request takes,
+//! whichever transport brought it and whatever it runs (a one-shot execution, function mode,
+//! a session's cell; a session's opening takes the steps that apply to it):
+//!
+//! 1. **enter**: refused while shutting down or while the audit log cannot be written; a
+//!    cell's session found (404 before a byte of body); a place among the key's requests in
+//!    flight and under its rate limit (`Admission::enter`), before a byte of body;
+//! 2. **body**: read within its size, its time and the memory budget for bodies, whose share
+//!    it holds until it is admitted to run;
+//! 3. **job**: parsed and checked on a blocking thread (big bodies are CPU work): limits
+//!    within the key's ceilings, then `Engine::check` (`execution::job_from`), or a cell's
+//!    checks and its session claimed (`sessions::prepare_cell`);
+//! 4. **reserve**: the most its answer can hold, before it queues (`reserve_answer`);
+//! 5. **admit**: a running slot (`Admission::admit`); the body's share goes back;
+//! 6. **audit**: the `started` line: nothing runs that the audit log has not heard of;
+//! 7. **engine**: the sandbox runs, to its end even if the client goes (it is then cancelled,
+//!    or the session closed, at once); the slot is held until the sandbox is gone;
+//! 8. **finish**: metrics, the final record, the log line; the answer made within its
+//!    reservation, or the stream's last event.
+//!
+//! Steps 6 to 8 run on one blocking thread that nothing cancels, so that every `started`
+//! line gets its record. The pipeline takes a transport-free [`Request`] and yields a
+//! transport-free [`Outcome`] or an [`Error`]; the adapters map them (HTTP: statuses and
+//! server-sent events; MCP: tool results). A transport that must take in a whole message
+//! before it knows the work it holds (MCP over HTTP) takes steps 1 and 2 for it with
+//! [`receive`], and hands the result over ([`Received`]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use airlock_api::{
+    CellRequest, CellResponse, ExecuteRequest, ExecuteResponse, Limits, SessionInfo, SessionRequest,
+};
+use airlock_engine::{Cancel, Discard, Job, OutputSink};
+
+use crate::admission::{Admitted, Entered};
+use crate::answer::Form;
+use crate::budget::Share;
+use crate::error::Error;
+use crate::keys::Key;
+use crate::service::body::{parse_json, read_body, Body};
+use crate::service::execution::{
+    audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection, reserve_answer,
+    Context,
+};
+use crate::service::sessions::{self, OpenSession, PreparedCell};
+use crate::service::stream::{self, EventStream};
+use crate::{SharedState, Tracked};
+
+/// An execution-like request, as the transport hands it over.
+pub(crate) struct Request {
+    pub caller: Arc<Key>,
+    pub request_id: String,
+    pub work: Work,
+    /// Steps 1 and 2, when the transport took them ([`receive`]); the pipeline takes them
+    /// otherwise.
+    pub received: Option<Received>,
+    /// Whether the caller takes the output as it comes ([`Outcome::Streamed`]).
+    pub stream: bool,
+    /// How the answer is made, which decides the most it can hold.
+    pub form: Form,
+}
+
+/// What a request asks to run.
+pub(crate) enum Work {
+    /// A one-shot execution (function mode when it names an entrypoint).
+    Execute(Input<ExecuteRequest>),
+    /// A cell of one of the caller's sessions.
+    Cell {
+        session: String,
+        input: Input<CellRequest>,
+    },
+}
+
+/// Where the request's arguments are.
+pub(crate) enum Input<T> {
+    /// In a JSON body still to be read (step 2).
+    Body(Body),
+    /// Already parsed by the transport (MCP's tool arguments).
+    Given(T),
+}
+
+/// What a request holds from steps 1 and 2: its place among its key's requests in flight,
+/// held until it is answered, and its body's memory, held until it is admitted to run.
+pub(crate) struct Received {
+    _entered: Entered,
+    body: Option<Share>,
+}
+
+/// What came of a request.
+pub(crate) enum Outcome<T> {
+    /// It ran to its end: its answer, made by the transport's `present`.
+    Done(T),
+    /// It runs on: its events as they come, the result last. The stream holds the answer's
+    /// reservation; dropping it stops the work.
+    Streamed(EventStream),
+}
+
+/// What an execution-like request ran to: the record of one execution or of one cell.
+pub(crate) enum Finished {
+    Execution(ExecuteResponse),
+    Cell(CellResponse),
+}
+
+impl Finished {
+    fn result_mut(&mut self) -> &mut airlock_api::ExecutionResult {
+        match self {
+            Finished::Execution(r) => &mut r.result,
+            Finished::Cell(r) => &mut r.result,
+        }
+    }
+}
+
+impl serde::Serialize for Finished {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Finished::Execution(r) => r.serialize(s),
+            Finished::Cell(r) => r.serialize(s),
+        }
+    }
+}
+
+/// Steps 1 (but the refusals, which are each piece of work's) and 2 for a whole message whose
+/// work is not known yet: a place among the key's requests in flight, then the body.
+pub(crate) async fn receive(
+    state: &SharedState,
+    key: &Key,
+    body: Body,
+) -> Result<(Received, Vec<u8>), Error> {
+    let mut received = enter(state, key)?;
+    let read = read_body(state, key, body).await?;
+    received.body = Some(read.share);
+    Ok((received, read.bytes))
+}
+
+/// A place among the key's requests in flight, within its rate limit.
+fn enter(state: &SharedState, key: &Key) -> Result<Received, Error> {
+    let entered = state.admission.enter(key).map_err(rejection)?;
+    Ok(Received {
+        _entered: entered,
+        body: None,
+    })
+}
+
+/// Steps 1 and 2: the place taken here unless the transport took it, then the body if the
+/// arguments are in one.
+async fn arrive<T>(
+    state: &SharedState,
+    key: &Key,
+    received: Option<Received>,
+    input: Input<T>,
+) -> Result<(Received, Arguments<T>), Error> {
+    let mut received = match received {
+        Some(received) => received,
+        None => enter(state, key)?,
+    };
+    let arguments = match input {
+        Input::Body(body) => {
+            let read = read_body(state, key, body).await?;
+            received.body = Some(read.share);
+            Arguments::Json(read.bytes)
+        }
+        Input::Given(given) => Arguments::Given(given),
+    };
+    Ok((received, arguments))
+}
+
+/// A request's arguments after step 2: JSON to parse, or parsed.
+enum Arguments<T> {
+    Json(Vec<u8>),
+    Given(T),
+}
+
+impl<T: serde::de::DeserializeOwned> Arguments<T> {
+    fn parse(self, state: &SharedState) -> Result<T, Error> {
+        match self {
+            Arguments::Json(bytes) => parse_json(state, &bytes),
+            Arguments::Given(given) => Ok(given),
+        }
+    }
+}
+
+/// Runs `f` on a blocking thread: CPU work (parsing, checking, hashing) off the async
+/// workers.
+async fn blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> Result<T, Error> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::internal(format!("{what}: {e}")))?
+}
+
+/// The work checked and ready to run (step 3). One lives per request, moved a few times:
+/// boxing the job would buy nothing.
+#[allow(clippy::large_enum_variant)]
+enum Ready {
+    Execute(Job),
+    Cell(PreparedCell),
+}
+
+impl Ready {
+    fn limits(&self) -> &Limits {
+        match self {
+            Ready::Execute(job) => &job.limits,
+            Ready::Cell(cell) => cell.limits(),
+        }
+    }
+}
+
+/// Runs `request` through every step in order. `present` makes the answer of work that ran
+/// to its end from what it finished with and the answer's reservation, on the blocking
+/// thread (serializing a large answer is CPU work); a streamed request's answer is its
+/// events.
+pub(crate) async fn run<T: Send + 'static>(
+    state: &SharedState,
+    request: Request,
+    present: impl FnOnce(Finished, Share) -> T + Send + 'static,
+) -> Result<Outcome<T>, Error> {
+    let Request {
+        caller,
+        request_id,
+        work,
+        received,
+        stream,
+        form,
+    } = request;
+    // 1. enter, and 2. the body.
+    refuse_if_unavailable(state)?;
+    let (mut received, ready) = match work {
+        Work::Execute(input) => {
+            let (received, arguments) = arrive(state, &caller, received, input).await?;
+            // 3. the job.
+            let (st, key) = (state.clone(), caller.clone());
+            let job = blocking("preparing the request", move || {
+                job_from(&st, &key, arguments.parse(&st)?)
+            })
+            .await?;
+            (received, Ready::Execute(job))
+        }
+        Work::Cell { session, input } => {
+            let entry = sessions::find(state, &caller, &session)?;
+            let (received, arguments) = arrive(state, &caller, received, input).await?;
+            // 3. the cell's checks, and its session claimed.
+            let (st, key) = (state.clone(), caller.clone());
+            let cell = blocking("preparing the cell", move || {
+                sessions::prepare_cell(&st, &key, entry, arguments.parse(&st)?)
+            })
+            .await?;
+            (received, Ready::Cell(cell))
+        }
+    };
+    // 4. reserve: the most its answer can hold, from now until it is written out.
+    let answer = reserve_answer(state, &caller, ready.limits(), form)?;
+    // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
+    let admitted = state.admission.admit(&caller).await.map_err(rejection)?;
+    received.body = None;
+    refuse_if_unavailable(state)?; // shutdown may have begun while this request waited
+                                   // What stops the work if its client goes: the sandbox killed, or the session closed.
+    let answered = Arc::new(AtomicBool::new(false));
+    let (ready, stop, tracked) = match ready {
+        Ready::Execute(mut job) => {
+            let cancel = Cancel::default();
+            job.cancel = Some(cancel.clone());
+            // Line-buffered when streamed: print() reaches the client as it happens.
+            job.stream = stream;
+            let tracked = state.track(cancel.clone());
+            (Ready::Execute(job), Stop::Cancel(cancel), Some(tracked))
+        }
+        Ready::Cell(cell) => {
+            let session = cell.session();
+            (Ready::Cell(cell), Stop::Session(session), None)
+        }
+    };
+    let stopper = Stopper {
+        stop,
+        answered: answered.clone(),
+    };
+    let mut on_drop = StopOnDrop(Some(stopper.clone()));
+    // A stream's place travels with its execution; a plain answer's is held here.
+    let (travelling, waiting) = if stream {
+        (Some(received), None)
+    } else {
+        (None, Some(received))
+    };
+    // Steps 6 to 8 on one blocking thread, to their end even if the client goes: a `started`
+    // line always gets its record.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let st = state.clone();
+    let task = tokio::task::spawn_blocking(move || {
+        let state = &st;
+        // 6. audit.
+        let ctx = match &ready {
+            Ready::Execute(job) => Context::for_job(state, &caller, request_id, job),
+            Ready::Cell(cell) => {
+                let ctx = Context::for_code(state, &caller, request_id, cell.code(), cell.limits());
+                cell.begin(&caller, &ctx.id);
+                ctx
+            }
+        };
+        if let Err(e) = audit_start(state, &ctx) {
+            let _ = started_tx.send(Err(e));
+            return None;
+        }
+        if stream {
+            let gone = stopper.clone();
+            let (events, mut sink) = stream::channel(Arc::new(move || gone.stop()), answer);
+            // A client gone meanwhile drops the stream, which stops the work: it still gets
+            // its record.
+            let _ = started_tx.send(Ok(Some(events)));
+            let request_id = ctx.request_id.clone();
+            let done =
+                engine_and_finish(state, ctx, ready, &mut sink, admitted, tracked, &answered);
+            drop(travelling);
+            sink.end(
+                done.map(|mut finished| {
+                    stream::without_output(finished.result_mut());
+                    finished
+                }),
+                &request_id,
+            );
+            None
+        } else {
+            let _ = started_tx.send(Ok(None));
+            let done = engine_and_finish(
+                state,
+                ctx,
+                ready,
+                &mut Discard,
+                admitted,
+                tracked,
+                &answered,
+            );
+            Some(done.map(|finished| present(finished, answer)))
+        }
+    });
+    let outcome = match started_rx.await {
+        Err(_) => Err(Error::internal("the execution task failed")),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(Some(events))) => Ok(Outcome::Streamed(events)),
+        Ok(Ok(None)) => match task.await {
+            Ok(Some(done)) => done.map(Outcome::Done),
+            Ok(None) => Err(Error::internal("the execution task failed")),
+            Err(e) => Err(Error::internal(format!("the execution task failed: {e}"))),
+        },
+    };
+    // Answered, refused by the audit log, or handed to its stream (whose end stops it).
+    on_drop.0 = None;
+    drop(waiting);
+    outcome
+}
+
+/// Steps 7 and 8: the engine runs the work to its end; the slot is given back once the
+/// sandbox is gone; then the metrics, the final record and the log line.
+fn engine_and_finish(
+    state: &SharedState,
+    ctx: Context,
+    ready: Ready,
+    sink: &mut dyn OutputSink,
+    admitted: Admitted,
+    tracked: Option<Tracked>,
+    answered: &AtomicBool,
+) -> Result<Finished, Error> {
+    // 7. the engine.
+    let (ran, cell) = match ready {
+        Ready::Execute(job) => (Ran::Execution(state.engine.execute(job, sink)), None),
+        Ready::Cell(mut cell) => (Ran::Cell(cell.execute(&ctx.id, sink)), Some(cell)),
+    };
+    answered.store(true, Ordering::Release);
+    drop((admitted, tracked));
+    // 8. finish.
+    let done = match ran {
+        Ran::Execution(ran) => finish(state, ctx, ran).map(Finished::Execution),
+        Ran::Cell(Ok((execution, ended))) => finish(state, ctx, Ok(execution)).map(|r| {
+            Finished::Cell(CellResponse {
+                id: r.id,
+                session_ended: ended,
+                result: r.result,
+            })
+        }),
+        Ran::Cell(Err(e)) => {
+            // Its `started` line is written: it gets a final record all the same.
+            record_unrun(state, &ctx);
+            Err(e)
+        }
+    };
+    // The session is free for its next request once this cell is recorded.
+    drop(cell);
+    done
+}
+
+/// What the engine gave back.
+enum Ran {
+    Execution(Result<airlock_engine::Execution, airlock_engine::EngineError>),
+    Cell(Result<(airlock_engine::Execution, bool), Error>),
+}
+
+/// What a client that goes away stops: its execution's sandbox, or its session mid-cell
+/// (whose state is unknown then). Nothing once the work is done.
+#[derive(Clone)]
+struct Stopper {
+    stop: Stop,
+    answered: Arc<AtomicBool>,
+}
+
+#[derive(Clone)]
+enum Stop {
+    Cancel(Cancel),
+    Session(Arc<OpenSession>),
+}
+
+impl Stopper {
+    fn stop(&self) {
+        if self.answered.load(Ordering::Acquire) {
+            return;
+        }
+        match &self.stop {
+            Stop::Cancel(cancel) => cancel.cancel(),
+            Stop::Session(session) => session.destroy(),
+        }
+    }
+}
+
+/// Stops the work if the request is dropped before it is answered (its client went away).
+struct StopOnDrop(Option<Stopper>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(stopper) = self.0.take() {
+            stopper.stop();
+        }
+    }
+}
+
+/// A session opened: steps 1 and 2, its job checked on a blocking thread (3), its sandbox
+/// started (7), then it is registered and audited (8). A session takes no running slot and
+/// no `started` line: its opening and closing are audit lines of their own, and each of its
+/// cells goes through [`run`].
+pub(crate) async fn open_session(
+    state: &SharedState,
+    caller: &Arc<Key>,
+    input: Input<SessionRequest>,
+    received: Option<Received>,
+) -> Result<SessionInfo, Error> {
+    refuse_if_unavailable(state)?;
+    let (received, arguments) = arrive(state, caller, received, input).await?;
+    let (st, key) = (state.clone(), caller.clone());
+    let opening = blocking("preparing the session", move || {
+        sessions::prepare_open(&st, &key, arguments.parse(&st)?)
+    })
+    .await?;
+    let info = sessions::start(state, caller, opening).await;
+    drop(received);
+    info
+}
