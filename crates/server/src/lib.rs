@@ -2,20 +2,32 @@
 //! engine; and the same operations as MCP tools, over HTTP or stdio.
 //!
 //! # Layers
-//! Each module belongs to one layer and imports only from its own layer or the ones below;
-//! `tests/layers.rs` reads every `crate::` path and fails on one that points up (or from one
-//! adapter into another):
+//! Each module belongs to one layer and imports only from its own layer or the ones below.
+//! `tests/layers.rs` reads every `crate::` and `super::` path and fails on one that points up,
+//! on an import between adapters other than `http` → `mcp`, on a circle among the top-level
+//! modules or among the submodules of `service/` and `http/`, and on any path of axum, http,
+//! hyper, rmcp or tower in `service/`:
 //!
-//! 1. **Start-up** ([`serve`], [`stdio`], [`routes`]): builds the state, the route table
-//!    (paths only), the listeners and the signals.
-//! 2. **Adapters** ([`http`] handlers and their [`guard`](http::guard), the [`mcp`] tools):
-//!    turn a transport's request into a service call and its result into an answer; a scope
-//!    check, nothing more. One adapter never imports another.
+//! 1. **Start-up** ([`serve`], [`stdio`]): builds the state, the listeners and the signals,
+//!    and mounts the adapters on them.
+//! 2. **Adapters** ([`http`], [`mcp`]): turn a transport's request into a service call and
+//!    its outcome into an answer. `http` holds the one route table (`http::routes`: each
+//!    route's method, path, handler, OpenAPI operation and scope, from which the router, the
+//!    OpenAPI document and the guard's scope checks are made), the guard, the handlers, the
+//!    HTTP form of errors (`http::error`, the one place an [`Error`] becomes a status),
+//!    answers, bodies and server-sent events, and MCP's streamable HTTP transport, which
+//!    mounts [`mcp`]'s tools: the one import between adapters. [`mcp`] turns tool calls into
+//!    service calls and results into tool results.
 //! 3. **Services** ([`service`]): executions, sessions, evaluation, pickle scans,
-//!    environments, tools and egress, each written once for every adapter.
-//! 4. **Foundation**: configuration, keys and the [`caller`], admission, memory budgets and
-//!    answers, the audit log and its store, metrics, errors, the connection layer ([`wire`])
-//!    and sizing. They know no layer above.
+//!    environments, tools and egress, each written once for every adapter. Everything that
+//!    runs code goes through the one pipeline (`service::pipeline`), which owns the order of
+//!    its steps. They take transport-free requests and bodies and give back transport-free
+//!    outcomes, event streams and [`Error`]s.
+//! 4. **Foundation**: configuration (which imports no other module), keys and the
+//!    [`caller`], admission, memory budgets and the size of answers, the audit log, its lines
+//!    and its store, metrics, the one error type ([`Error`]: a kind, a code, a message, the
+//!    field, when to come back; no status), the connection layer ([`wire`]), sizing and the
+//!    OpenAPI descriptions. They know no layer above.
 //!
 //! Below them all is the engine ([`airlock_engine`]), which knows nothing of this crate.
 //! [`AppState`], at the crate root, is the shared state every layer reads.
@@ -33,7 +45,6 @@
 #![forbid(unsafe_code)]
 
 // Start-up.
-mod routes;
 mod serve;
 mod stdio;
 
@@ -67,8 +78,8 @@ use std::sync::{Arc, Mutex};
 use airlock_engine::{Cancel, Engine};
 
 pub use error::Error;
-pub use openapi::{openapi, ROUTES};
-pub use routes::app;
+pub use http::app;
+pub use http::routes::{openapi, ROUTES};
 pub use serve::{init_logging, run, Reload, ServeError, Started};
 pub use stdio::run_stdio;
 

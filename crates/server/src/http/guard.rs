@@ -1,6 +1,7 @@
 //! What every request passes before a handler sees it, in this order: a request id; the Host
-//! allow-list (against DNS rebinding); CORS and foreign origins; authentication. Then one log
-//! line and the request metrics.
+//! allow-list (against DNS rebinding); CORS and foreign origins; authentication and the
+//! route's scope, as the route table says (`routes.rs`). Then one log line and the request
+//! metrics.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,9 +11,10 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::caller::{Caller, RequestId};
+use crate::caller::{require, Caller, RequestId};
 use crate::error::{Error, Kind};
 use crate::http::error::REQUEST_ID;
+use crate::http::routes::{self, Access};
 use crate::keys::{random_id, Key};
 use crate::metrics::event;
 use crate::SharedState;
@@ -22,14 +24,12 @@ use crate::SharedState;
 #[derive(Clone, Debug)]
 pub struct Authenticated(pub Arc<std::sync::atomic::AtomicBool>);
 
-/// Routes that need no key and answer any Host: what they say is the same for everyone.
-const PUBLIC: &[&str] = &["/healthz", "/openapi.json"];
-
 pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
-    let route = req
+    let matched = req
         .extensions()
         .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+        .map(|p| p.as_str().to_owned());
+    let route = matched.clone().unwrap_or_else(|| "unmatched".to_owned());
     let mut log = RequestLog {
         state: state.clone(),
         rid: random_id("rq_"),
@@ -45,13 +45,13 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     let mut caller = None;
     // Errors made while answering carry the request's id (`http::error::REQUEST_ID`).
     let answered = REQUEST_ID.scope(log.rid.clone(), async {
-        match check(&state, &log.route, &mut req) {
+        let checked = check(&state, matched.as_deref(), &mut req);
+        // A key without the route's scope is named in the log line, as any other.
+        caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
+        log.key = caller.as_ref().map(|k| k.name().to_owned());
+        match checked {
             Ok(Some(early)) => early,
-            Ok(None) => {
-                caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
-                log.key = caller.as_ref().map(|k| k.name().to_owned());
-                next.run(req).await
-            }
+            Ok(None) => next.run(req).await,
             Err(e) => e.into_response(),
         }
     });
@@ -107,27 +107,39 @@ impl Drop for RequestLog {
 }
 
 /// `Ok(Some(response))` answers the request here (a CORS preflight); `Ok(None)` lets it on.
-fn check(state: &SharedState, route: &str, req: &mut Request) -> Result<Option<Response>, Error> {
-    let public = PUBLIC.contains(&route);
-    let metrics_open = route == "/metrics" && !state.config.metrics.require_auth;
-    // A probe without a key learns ready or not; anyone presenting a key is checked.
-    let probe_open = route == "/readyz"
-        && state.config.http.readyz_without_key
-        && !req.headers().contains_key(header::AUTHORIZATION);
+/// Who may call the route is the route table's to say (`routes::access`): no key for public
+/// routes and those the configuration opens, else a valid key with the route's scope.
+fn check(
+    state: &SharedState,
+    matched: Option<&str>,
+    req: &mut Request,
+) -> Result<Option<Response>, Error> {
+    let access = routes::access(matched, req.method());
+    let keyless = match access {
+        Access::Public => true,
+        Access::Key { open, .. } => open.is_some_and(|open| open(&state.config, req.headers())),
+    };
     // Keyless reads answer any Host: the kubelet and Prometheus send the pod's address, and
     // a page that rebinds a name to the server learns only what any client could.
-    if !public && !metrics_open && !probe_open {
+    if !keyless {
         check_host(state, req.headers())?;
     }
     if let Some(response) = cors(state, req)? {
         return Ok(Some(response));
     }
-    if !public && !metrics_open && !probe_open {
+    if !keyless {
         let key = authenticate(state, req.headers())?;
         if let Some(Authenticated(flag)) = req.extensions().get::<Authenticated>() {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         }
-        req.extensions_mut().insert(Caller(key));
+        let caller = Caller(key);
+        req.extensions_mut().insert(caller.clone());
+        if let Access::Key {
+            scope: Some(scope), ..
+        } = access
+        {
+            require(&caller, scope)?;
+        }
     }
     Ok(None)
 }

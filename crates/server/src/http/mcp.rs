@@ -12,8 +12,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
 use crate::answer::Reserved;
-use crate::caller::{require, Caller};
-use crate::config::Scope;
+use crate::caller::Caller;
 use crate::error::Error;
 use crate::http::body::from_parts;
 use crate::http::error::kind_of;
@@ -51,7 +50,6 @@ pub(crate) async fn route(
     Extension(service): Extension<StreamableHttpService<Tools, NeverSessionManager>>,
     req: Request,
 ) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
     if req.method() != axum::http::Method::POST {
         // rmcp answers the rest (405: stateless, no GET stream, nothing to DELETE).
         return Ok(transport_error(service.handle(req).await.into_response()).await);

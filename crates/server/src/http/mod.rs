@@ -1,8 +1,9 @@
-//! The HTTP adapter: the guard every request passes ([`guard`]), then one handler per
-//! route, each a scope check and a call into [`crate::service`]; what HTTP alone knows: the
+//! The HTTP adapter: the route table ([`routes`]: every route once, with its handler,
+//! OpenAPI operation and scope), the guard every request passes ([`guard`]), then one
+//! handler per route, each a call into [`crate::service`]; what HTTP alone knows: the
 //! status of each error ([`error`]), answers written out and counted ([`answer`]), bodies
 //! handed to the services ([`body`]), server-sent events ([`sse`]), and MCP's streamable
-//! HTTP transport ([`mcp`]). The route table that maps paths to them is [`crate::routes`].
+//! HTTP transport ([`mcp`]).
 
 pub(crate) mod answer;
 pub(crate) mod body;
@@ -13,7 +14,25 @@ pub(crate) mod executions;
 pub(crate) mod guard;
 pub(crate) mod mcp;
 pub(crate) mod pickle;
+pub(crate) mod routes;
 pub(crate) mod sessions;
 pub(crate) mod sse;
 pub(crate) mod status;
 pub(crate) mod tools;
+
+use axum::Router;
+
+use crate::SharedState;
+
+/// The HTTP service: the routes of the table ([`routes`]), the answers for unknown paths and
+/// methods, all behind the guard.
+pub fn app(state: SharedState) -> Router {
+    routes::router(&state)
+        .fallback(status::not_found)
+        .method_not_allowed_fallback(status::method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
+        .with_state(state)
+}

@@ -3,8 +3,7 @@
 use axum::extract::{Request, State};
 use axum::{Extension, Json};
 
-use crate::caller::{require, Caller};
-use crate::config::Scope;
+use crate::caller::Caller;
 use crate::error::Error;
 use crate::http::body::body_of;
 use crate::service::pickle;
@@ -15,7 +14,6 @@ pub(crate) async fn scan(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Result<Json<serde_json::Value>, Error> {
-    require(&caller, Scope::Execute)?;
     pickle::from_body(&state, &caller.0, body_of(req))
         .await
         .map(Json)

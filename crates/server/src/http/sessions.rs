@@ -8,8 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use crate::answer::Form;
-use crate::caller::{require, Caller, RequestId};
-use crate::config::Scope;
+use crate::caller::{Caller, RequestId};
 use crate::error::Error;
 use crate::http::answer::Answer;
 use crate::http::body::body_of;
@@ -24,7 +23,6 @@ pub(crate) async fn create(
     Extension(caller): Extension<Caller>,
     req: Request,
 ) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
     let info = pipeline::open_session(&state, &caller.0, Input::Body(body_of(req)), None).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
@@ -34,7 +32,6 @@ pub(crate) async fn list(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<SessionList>, Error> {
-    require(&caller, Scope::Execute)?;
     Ok(Json(sessions::list(&state, &caller.0)))
 }
 
@@ -44,7 +41,6 @@ pub(crate) async fn get(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, Error> {
-    require(&caller, Scope::Execute)?;
     sessions::info(&state, &caller.0, &id).map(Json)
 }
 
@@ -55,7 +51,6 @@ pub(crate) async fn delete(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, Error> {
-    require(&caller, Scope::Execute)?;
     sessions::close(&state, &caller.0, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -68,7 +63,6 @@ pub(crate) async fn execute(
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
     let stream = sse::wanted(req.headers());
     let request = pipeline::Request {
         caller: caller.0,
@@ -95,7 +89,6 @@ pub(crate) async fn put_file(
     Path((id, path)): Path<(String, String)>,
     req: Request,
 ) -> Result<StatusCode, Error> {
-    require(&caller, Scope::Execute)?;
     sessions::put_file(&state, &caller.0, &id, path, body_of(req)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -106,7 +99,6 @@ pub(crate) async fn get_file(
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Error> {
-    require(&caller, Scope::Execute)?;
     let data = sessions::read_file(&state, &caller.0, &id, path).await?;
     let mut response = Response::new(Body::from(data));
     response.headers_mut().insert(
@@ -122,6 +114,5 @@ pub(crate) async fn list_files(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<FileList>, Error> {
-    require(&caller, Scope::Execute)?;
     Ok(Json(sessions::files(&state, &caller.0, &id).await?))
 }

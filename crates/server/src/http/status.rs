@@ -1,12 +1,12 @@
-//! What the server says of itself: health, readiness, metrics, the OpenAPI document, and the
-//! answers for unknown paths and methods.
+//! What the server says of itself: health, readiness, metrics, and the answers for unknown
+//! paths and methods (the OpenAPI document is the route table's: `routes.rs`).
 
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::caller::{require, Caller};
+use crate::caller::Caller;
 use crate::config::Scope;
 use crate::error::{Error, Kind};
 use crate::service::status;
@@ -73,21 +73,12 @@ pub(crate) async fn readyz(
     response
 }
 
-pub(crate) async fn metrics(
-    State(state): State<SharedState>,
-    caller: Option<Extension<Caller>>,
-) -> Result<Response, Error> {
-    if let Some(Extension(caller)) = caller {
-        require(&caller, Scope::Metrics)?;
-    }
+/// Prometheus' text (the route's scope is `metrics`, unless the configuration opens it).
+pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
     let mut response = status::metrics_text(&state).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
-    Ok(response)
-}
-
-pub(crate) async fn openapi() -> Json<serde_json::Value> {
-    Json(crate::openapi())
+    response
 }

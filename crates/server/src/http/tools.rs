@@ -3,8 +3,7 @@
 use axum::extract::State;
 use axum::{Extension, Json};
 
-use crate::caller::{require, Caller};
-use crate::config::Scope;
+use crate::caller::Caller;
 use crate::error::Error;
 use crate::service::tools;
 use crate::SharedState;
@@ -13,6 +12,5 @@ pub(crate) async fn list(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<airlock_api::ToolsResponse>, Error> {
-    require(&caller, Scope::Execute)?;
     Ok(Json(tools::listing(&state, &caller.0)))
 }
