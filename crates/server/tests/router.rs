@@ -21,6 +21,7 @@ use tower::ServiceExt;
 const KEY: &str = "router-test-key-with-every-scope";
 const READER: &str = "router-test-key-that-may-only-read";
 const SLOW: &str = "router-test-key-with-one-request-a-minute";
+const NO_SCOPE: &str = "router-test-key-with-no-scope-at-all";
 
 /// A state directory removed with the server.
 struct Server {
@@ -55,7 +56,17 @@ fn server(tweak: impl FnOnce(&mut Config)) -> Server {
         rate_per_minute: 1,
         ..KeyConfig::new("slow", hash_key(SLOW))
     };
-    let keys = KeyStore::new(vec![KeyConfig::new("full", hash_key(KEY)), reader, slow]).unwrap();
+    let none = KeyConfig {
+        scopes: Vec::new(),
+        ..KeyConfig::new("none", hash_key(NO_SCOPE))
+    };
+    let keys = KeyStore::new(vec![
+        KeyConfig::new("full", hash_key(KEY)),
+        reader,
+        slow,
+        none,
+    ])
+    .unwrap();
     let engine = airlock_engine::Engine::new(config.engine.clone()).unwrap();
     let (audit, _) = AuditLog::open(&config).unwrap();
     let environments = Arc::new(airlock_engine::environments::Environments::open(&dir).unwrap());
@@ -202,6 +213,42 @@ async fn keys_decide_who_gets_in_and_what_they_may_do() {
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert_eq!(error(&body).0, "forbidden");
+    assert_eq!(s.audit_lines(), 0);
+}
+
+#[tokio::test]
+async fn every_route_but_the_open_ones_refuses_a_key_without_its_scope() {
+    // The route table names each route's scope once: a key with none is refused on every
+    // route that names one, before its handler reads a byte, and nothing reaches the engine.
+    let s = server(|_| {});
+    let mut refused = 0;
+    for (method, path) in airlock_server::ROUTES {
+        let path = path
+            .replace("{id}", "se_x")
+            .replace("{name}", "x")
+            .replace("{path}", "x");
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let (status, _, body) = s
+            .send(request(
+                method.clone(),
+                &path,
+                Some(NO_SCOPE),
+                Some(json!({"code": "1"})),
+            ))
+            .await;
+        match path.as_str() {
+            // Public, or open to any valid key.
+            "/healthz" | "/openapi.json" | "/readyz" => {
+                assert_ne!(status, StatusCode::FORBIDDEN, "{method} {path}: {body}")
+            }
+            _ => {
+                assert_eq!(status, StatusCode::FORBIDDEN, "{method} {path}: {body}");
+                assert_eq!(error(&body).0, "forbidden", "{method} {path}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, airlock_server::ROUTES.len() - 3);
     assert_eq!(s.audit_lines(), 0);
 }
 
