@@ -1,7 +1,8 @@
 //! Who a request comes from, as every layer sees it: the key that authenticated it
 //! ([`Caller`]), the id its answer and log lines carry ([`RequestId`]), and the scope check
-//! every operation makes first ([`require`]). The HTTP guard and the MCP transports make
-//! them; services only read them.
+//! ([`require`]), which the HTTP guard makes once per request with the scope the route table
+//! names (over stdio the one local key has every scope). The HTTP guard and the MCP
+//! transports make them; services only read them.
 
 use std::sync::Arc;
 
