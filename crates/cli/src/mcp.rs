@@ -4,10 +4,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_server::config;
 use clap::Args;
-
-use crate::EXIT_USAGE;
 
 const AFTER_HELP: &str = "\
 Speaks the Model Context Protocol on stdin and stdout; logs go to stderr. The tools are
@@ -32,13 +29,11 @@ pub struct McpArgs {
 
 pub fn main(args: McpArgs) -> ExitCode {
     let env = crate::serve::settings_env();
-    let config = match config::load(args.config.as_deref(), &env, None, args.state_dir) {
-        Ok(c) => c,
-        Err(e) => {
-            errln!("airlock: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
+    let config =
+        match crate::serve::serving_config(args.config.as_deref(), &env, None, args.state_dir) {
+            Ok(c) => c,
+            Err(status) => return status,
+        };
     airlock_server::init_logging(config.log_format);
     crate::serve::run_to_end(airlock_server::run_stdio(config))
 }

@@ -71,19 +71,37 @@ pub(crate) fn run_to_end<E: std::fmt::Display>(
     }
 }
 
+/// The configuration a server (`airlock serve`, `airlock mcp`) runs with: loaded, and able to
+/// admit an execution at the ceilings (`sizing::check`); else the usage error's status.
+pub(crate) fn serving_config(
+    file: Option<&std::path::Path>,
+    env: &BTreeMap<String, String>,
+    listen: Option<std::net::SocketAddr>,
+    state_dir: Option<std::path::PathBuf>,
+) -> Result<airlock_server::config::Config, ExitCode> {
+    let loaded = config::load(file, env, listen, state_dir).map_err(|e| e.to_string());
+    loaded
+        .and_then(|c| {
+            airlock_server::sizing::check(&c)
+                .map(|()| c)
+                .map_err(|e| format!("invalid configuration: {e}"))
+        })
+        .map_err(|e| {
+            errln!("airlock: {e}");
+            ExitCode::from(EXIT_USAGE)
+        })
+}
+
 pub fn main(args: ServeArgs) -> ExitCode {
     let env = settings_env();
-    let config = match config::load(
+    let config = match serving_config(
         args.config.as_deref(),
         &env,
         args.listen,
         args.state_dir.clone(),
     ) {
         Ok(c) => c,
-        Err(e) => {
-            errln!("airlock: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Err(status) => return status,
     };
     if args.print_config {
         out!("{}", config.to_toml());

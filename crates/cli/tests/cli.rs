@@ -486,6 +486,18 @@ fn doctor_states_the_worst_case_memory_of_a_configuration() {
         failed.contains("max_buffered_bytes_per_key = 33554432 is less than"),
         "{failed}"
     );
+    // A server refuses to start on it, as on any invalid configuration: the usage status.
+    for command in ["serve", "mcp"] {
+        let r = invoke(&[command, "--config", bad.to_str().unwrap()], b"");
+        assert_eq!(r.exit, 2, "{command}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("invalid configuration: ")
+                && r.stderr
+                    .contains("max_buffered_bytes_per_key = 33554432 is less than"),
+            "{command}: {}",
+            r.stderr
+        );
+    }
 }
 
 /// The airlock binary, copied where an unprivileged user can run it.
