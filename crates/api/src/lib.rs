@@ -368,8 +368,11 @@ pub struct SessionRequest {
     #[serde(default)]
     pub limits: LimitsRequest,
     /// Close the session after this long without a request (at most the server's setting).
+    #[schemars(range(min = 1))]
     pub idle_timeout_ms: Option<u64>,
-    /// Close the session this long after it started (at most the server's setting).
+    /// Close the session this long after it started (at most the server's setting; at least
+    /// a second, which its interpreter needs to start).
+    #[schemars(range(min = 1000))]
     pub max_lifetime_ms: Option<u64>,
     /// Environment variables for the whole session.
     #[serde(default)]

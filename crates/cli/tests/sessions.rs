@@ -468,6 +468,18 @@ fn a_key_s_sessions_are_bounded() {
         Some(&json!({"idle_timeout_ms": 999_999_999})),
     );
     assert_eq!(r.status, 400);
+    // A lifetime too short for its interpreter to start is the request's error, not a 503.
+    let r = server.call("POST", "/v1/sessions", Some(&json!({"max_lifetime_ms": 2})));
+    assert_eq!(
+        (
+            r.status,
+            r.error_code(),
+            r.json()["error"]["field"].as_str()
+        ),
+        (400, "invalid_request".into(), Some("max_lifetime_ms")),
+        "{}",
+        r.text()
+    );
     let r = server.call(
         "POST",
         "/v1/sessions",

@@ -718,6 +718,13 @@ impl Config {
                 ));
             }
         }
+        if self.sessions.max_lifetime_ms < 1000 || self.sessions.idle_timeout_ms == 0 {
+            return bad(
+                "sessions.max_lifetime_ms must be at least 1000 (a session's interpreter starts \
+                 within it) and sessions.idle_timeout_ms at least 1"
+                    .into(),
+            );
+        }
         let c = &self.concurrency;
         if c.max_running == 0 {
             return bad("concurrency.max_running must be at least 1".into());
@@ -895,6 +902,28 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert!(c.cors.allowed_origins.is_empty());
         assert!(c.metrics.require_auth);
+    }
+
+    #[test]
+    fn a_session_lifetime_too_short_to_start_in_is_refused() {
+        for (var, value) in [
+            ("AIRLOCK_SESSIONS__MAX_LIFETIME_MS", "999"),
+            ("AIRLOCK_SESSIONS__IDLE_TIMEOUT_MS", "0"),
+        ] {
+            let e = load(None, &env(&[(var, value)]), None, None).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("sessions.max_lifetime_ms must be at least 1000"),
+                "{e}"
+            );
+        }
+        load(
+            None,
+            &env(&[("AIRLOCK_SESSIONS__MAX_LIFETIME_MS", "1000")]),
+            None,
+            None,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -330,14 +330,15 @@ pub(crate) fn prepare_open(
     let cfg = &state.config.sessions;
     let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
     let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
-    for (field, v, most) in [
-        ("idle_timeout_ms", idle, cfg.idle_timeout_ms),
-        ("max_lifetime_ms", lifetime, cfg.max_lifetime_ms),
+    // A sandbox that lives less than a second may be gone before its interpreter is ready.
+    for (field, v, least, most) in [
+        ("idle_timeout_ms", idle, 1, cfg.idle_timeout_ms),
+        ("max_lifetime_ms", lifetime, 1000, cfg.max_lifetime_ms),
     ] {
-        if v == 0 || v > most {
+        if v < least || v > most {
             return Err(Error::invalid(
                 field,
-                format!("{field} must be between 1 and {most}"),
+                format!("{field} must be between {least} and {most}"),
             ));
         }
     }
