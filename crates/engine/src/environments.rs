@@ -429,7 +429,7 @@ impl Environments {
                 source: bounded.bind_source(),
                 writable: true,
             };
-            let dir = builds.join(random_name());
+            let dir = builds.join(random_name().map_err(io_err("naming a build in", &builds))?);
             let result = build(&mount, &log).and_then(|()| {
                 take_over(&bounded.path(), &dir, max_bytes)
                     .and_then(|()| seal(&dir, &hash, requirements, python, max_bytes))
@@ -477,7 +477,8 @@ impl Environments {
             packages: manifest.packages,
         };
         let path = self.name_file(name);
-        let tmp = path.with_extension(format!("json.{}", random_name()));
+        let tmp = random_name().map_err(io_err("naming a new version of", &path))?;
+        let tmp = path.with_extension(format!("json.{tmp}"));
         let write = || -> io::Result<()> {
             let mut f = fs::File::create(&tmp)?;
             f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
@@ -524,17 +525,13 @@ fn lock_file(path: &Path, how: nix::fcntl::FlockArg) -> Result<NameLock, nix::er
         .map_err(|(_, e)| e)
 }
 
-fn random_name() -> String {
+/// 16 random hexadecimal digits, a name no other build or write takes at the same time: from
+/// the kernel (`getrandom(2)`), or an error.
+fn random_name() -> io::Result<String> {
     let mut bytes = [0u8; 8];
-    getrandom(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn getrandom(buf: &mut [u8]) {
-    use std::io::Read;
-    if let Ok(mut f) = fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(buf);
-    }
+    getrandom::fill(&mut bytes)
+        .map_err(|e| io::Error::other(format!("the kernel gave no random bytes: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn read_manifest(dir: &Path) -> Result<Manifest, String> {
@@ -824,6 +821,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn names_are_random_even_where_dev_urandom_gives_nothing() {
+        use nix::mount::{mount, MsFlags};
+        // In a mount namespace of this thread's own, where /dev/urandom reads as /dev/null
+        // (empty): a name made of what it gave would be all zeros, the same every time.
+        let names = std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+                .expect("a mount namespace of its own (the tests run as root)");
+            let none: Option<&str> = None;
+            mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+                .expect("mounts made private to this namespace");
+            mount(
+                Some("/dev/null"),
+                "/dev/urandom",
+                none,
+                MsFlags::MS_BIND,
+                none,
+            )
+            .expect("/dev/null bound over /dev/urandom");
+            assert!(fs::read("/dev/urandom").unwrap().is_empty());
+            [random_name(), random_name()]
+        })
+        .join()
+        .unwrap();
+        let [a, b] = names.map(|n| n.expect("a random name"));
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, "0".repeat(16));
+        assert_ne!(a, b);
+    }
+
+    #[test]
     fn requirements_are_specifiers_only_sorted() {
         assert_eq!(
             parse_requirements(
@@ -922,7 +949,7 @@ mod tests {
 
     #[test]
     fn a_tampered_tree_changes_its_digest() {
-        let dir = std::env::temp_dir().join(format!("airlock-envtest-{}", random_name()));
+        let dir = std::env::temp_dir().join(format!("airlock-envtest-{}", random_name().unwrap()));
         fs::create_dir_all(dir.join("lib")).unwrap();
         fs::write(dir.join("lib/x.py"), "x = 1").unwrap();
         let (d1, size) = tree_digest(&dir).unwrap();
