@@ -7,7 +7,8 @@
 # scripts/miniz-reader.sh, and by zipfile and tarfile, and whatever they would load from an
 # archive scanned `safe` must have been scanned as they read it).
 # A fourth, channel, reads what a sandbox sends the host as the host does: a program's response
-# (result or error, outputs, files), its captured output, and its tool channel's frames.
+# (result or error, outputs, files), its captured output, its tool channel's frames, and frames
+# read whole and in pieces (as a session reads them), which must agree.
 # Usage: scripts/fuzz.sh [--dev] [SECONDS] (default 90, split between the four).
 # A crash leaves its input under fuzz/artifacts/<target>/ and fails the script.
 set -euo pipefail
@@ -59,8 +60,9 @@ for args in (["archives.py"], ["mutations.py", "11", "300"]):
 PY
 export AIRLOCK_TEST_MINIZ_READER="$PWD/target/fuzz-readers/miniz_read"
 bash scripts/miniz-reader.sh "$AIRLOCK_TEST_MINIZ_READER"
-# The channel: what a sandbox sends the host. The first byte picks the reader (0 a response,
-# 1 captured output, 2 tool-call frames), as in fuzz_targets/channel.rs.
+# The channel: what a sandbox sends the host. The first byte picks the reader modulo 4 (0 a
+# response, 1 captured output, 2 tool-call frames, 3 frames whole and in pieces of its upper six
+# bits plus one), as in fuzz_targets/channel.rs.
 mkdir -p fuzz/corpus/channel
 /usr/bin/python3 - fuzz/corpus/channel <<'PY'
 import json, os, struct, sys
@@ -78,6 +80,7 @@ calls = [{"id": 1, "server": "crm", "tool": "find", "arguments": {"customer_id":
          {"id": 2, "server": "crm", "tool": "list", "arguments": {}}]
 frames = b"".join(struct.pack("<I", len(b)) + b for b in (json.dumps(c).encode() for c in calls))
 seeds += [b"\x02" + frames, b"\x02" + struct.pack("<I", 1 << 31)]
+seeds += [b"\x03" + frames, b"\x0b" + frames[:-1], b"\x07" + frames + b"\x01\x00"]
 for i, seed in enumerate(seeds):
     open(os.path.join(out, f"seed-{i}"), "wb").write(seed)
 PY

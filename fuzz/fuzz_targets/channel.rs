@@ -1,6 +1,7 @@
 //! What a sandbox sends the host, as the host reads it: a program's response (result or
-//! error, outputs, files), its captured output, and the frames of its tool channel. Any bytes:
-//! an answer or a refusal, never a panic, a hang or an allocation the input merely claims.
+//! error, outputs, files), its captured output, and the frames of its channels (the tool
+//! channel's calls, and frames read whole and in pieces, which must agree). Any bytes: an
+//! answer or a refusal, never a panic, a hang or an allocation the input merely claims.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    match selector % 3 {
+    match selector % 4 {
         0 => {
             let _ = airlock_engine::fuzzing::response(rest, 1 << 20);
         }
@@ -17,10 +18,17 @@ fuzz_target!(|data: &[u8]| {
             let len = airlock_engine::fuzzing::output(rest, selector & 0x80 != 0);
             assert!(len <= rest.len());
         }
-        _ => {
+        2 => {
             // A frame announcing more than the cap is refused before anything is allocated.
             let (calls, _breach) = airlock_tools::fuzzing::frames(rest, 4096);
             assert!(calls <= rest.len() / 4);
+        }
+        _ => {
+            // A session reads its channel in whatever pieces the socket gives.
+            let piece = usize::from(selector >> 2) + 1;
+            let (frames, agree) = airlock_engine::fuzzing::frames(rest, 4096, piece);
+            assert!(agree, "frames read in pieces of {piece} differ from frames read whole");
+            assert!(frames <= rest.len() / 4);
         }
     }
 });

@@ -8,6 +8,7 @@
 //! comes from the kernel (see `verdict`).
 #![forbid(unsafe_code)]
 
+pub mod channel;
 mod compiled;
 mod config;
 pub mod environments;
@@ -32,6 +33,18 @@ pub mod fuzzing {
     /// Captured output as the result holds it: its length in bytes.
     pub fn output(bytes: &[u8], truncated: bool) -> usize {
         crate::pump::decode_output(bytes.to_vec(), truncated).len()
+    }
+
+    /// `bytes` read as a channel's frames of at most `cap` bytes, whole (as the tool broker
+    /// reads) and in pieces of `piece` bytes (as a session reads): the frames read before the
+    /// end or the first broken one, and whether the two readers agree.
+    pub fn frames(bytes: &[u8], cap: u64, piece: usize) -> (usize, bool) {
+        let (whole, pieces) = crate::channel::read_both(bytes, cap, piece);
+        let data = whole
+            .iter()
+            .filter(|f| matches!(f, crate::channel::Frame::Data(_)))
+            .count();
+        (data, whole == pieces)
     }
 }
 mod zygotes;

@@ -57,14 +57,18 @@ def encode(payload, limit):
     return data if len(data) <= limit else None
 
 
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[posix.write(fd, view):]
+
+
 def send(payload, limit):
     data = encode(payload, limit)
     if data is None:
         return False
-    view = memoryview(data)
     try:
-        while view:
-            view = view[posix.write(CHANNEL, view):]
+        write_all(CHANNEL, data)
         posix.close(CHANNEL)
     except OSError:
         pass  # the code closed or replaced the channel: there is no result to give
@@ -455,28 +459,34 @@ def main():
         sys.exit(1)
 
 
-# Sessions: one interpreter, many requests. Each travels as a frame (4-byte little-endian
-# length, then marshal from the host or JSON from here) on the same descriptor.
+# Frames: a session's requests and answers (descriptor 3) and code mode's tool calls and
+# answers (descriptor 4), each a 4-byte little-endian length, then marshal from the host or
+# JSON from here.
 
 
-def read_exact(n):
+def read_exact(fd, n):
     chunks, left = [], n
     while left:
-        chunk = posix.read(CHANNEL, left)
+        chunk = posix.read(fd, left)
         if not chunk:
             if left == n:
                 return None
-            raise EOFError("the host closed the channel mid-request")
+            raise EOFError("the host closed the channel in the middle of a frame")
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
 
 
-def read_frame():
-    head = read_exact(4)
+def read_frame(fd):
+    """The host's next message on `fd`; None where the channel ends between frames."""
+    head = read_exact(fd, 4)
     if head is None:
         return None
-    return marshal.loads(read_exact(int.from_bytes(head, "little")) or b"")
+    return marshal.loads(read_exact(fd, int.from_bytes(head, "little")) or b"")
+
+
+def write_frame(fd, data):
+    write_all(fd, len(data).to_bytes(4, "little") + data)
 
 
 # A sandbox that waits for its work (the warm pool, a session) loads `os` meanwhile, as a
@@ -503,7 +513,7 @@ def __zygote_start__():
     if sys.argv[1:] == ["warm"]:
         posix.write(CHANNEL, b"R")
     if sys.argv[1:] == ["session"]:
-        REQUEST = read_frame()
+        REQUEST = read_frame(CHANNEL)
         more()["session"](REQUEST)
     else:
         main()

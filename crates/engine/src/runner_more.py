@@ -316,13 +316,11 @@ def write_files(files):
 
 
 
-def write_frame(payload, limit):
+def answer_frame(payload, limit):
     data = encode(payload, limit)
     if data is None:
         return False
-    view = memoryview(len(data).to_bytes(4, "little") + data)
-    while view:
-        view = view[os.write(CHANNEL, view):]
+    write_frame(CHANNEL, data)
     return True
 
 
@@ -428,9 +426,9 @@ def session(request):
     sys.exit() ends the session, as it would end the interpreter."""
     namespace = setup(request)
     limit = request["result_limit"]
-    write_frame({"result": None}, limit)
+    answer_frame({"result": None}, limit)
     while True:
-        op = read_frame()
+        op = read_frame(CHANNEL)
         if op is None:
             return
         if op["op"] == "exec":
@@ -441,15 +439,15 @@ def session(request):
             import importlib
             importlib.invalidate_caches()
             run(namespace, op["filename"], op["code"], op["entrypoint"], op["inputs"],
-                lambda payload: write_frame(payload, limit), False)
+                lambda payload: answer_frame(payload, limit), False)
             continue
         try:
             reply = session_op(op, limit)
         except Exception as exc:
             message, _ = capped_text(lambda: str(exc), "str()", 8192)
             reply = {"error": {"type": type_name(exc), "message": message, "traceback": None}}
-        if not write_frame(reply, limit):
-            write_frame({"error": {"type": "ValueError", "message": "the answer is over the limit", "traceback": None}}, limit)
+        if not answer_frame(reply, limit):
+            answer_frame({"error": {"type": "ValueError", "message": "the answer is over the limit", "traceback": None}}, limit)
 
 
 # Code mode: `import tools` gives the operator's tools this execution may call, built from the
@@ -633,14 +631,11 @@ def call_frame(target, pairs, more, reply):
             _thread.start_new_thread(read_answers, ())
     head = '{"id":%d,"server":%s,"tool":%s,"arguments":' % (
         call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]))
-    frame = head.encode("utf-8") + data + b"}"
-    view = memoryview(len(frame).to_bytes(4, "little") + frame)
     # Frames are written whole under a lock of their own: the reader thread never waits for
     # a write (the host may be waiting for it to take answers before it reads more calls).
     with WRITE_LOCK:
         try:
-            while view:
-                view = view[os.write(TOOLS_FD, view):]
+            write_frame(TOOLS_FD, head.encode("utf-8") + data + b"}")
         except OSError as exc:
             with TOOLS_LOCK:
                 TOOLS["pending"].pop(call_id, None)
@@ -653,26 +648,14 @@ TOOLS_LOCK = _thread.allocate_lock()
 WRITE_LOCK = _thread.allocate_lock()
 
 
-def read_exact_from(fd, n):
-    chunks, left = [], n
-    while left:
-        chunk = os.read(fd, left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
 def read_answers():
-    """The reader thread: hands each answer to the call waiting for it."""
+    """The reader thread: hands each answer to the call waiting for it, until the channel
+    ends (or breaks: a frame cut short, one that is not marshal)."""
     try:
         while True:
-            head = read_exact_from(TOOLS_FD, 4)
-            body = head and read_exact_from(TOOLS_FD, int.from_bytes(head, "little"))
-            if body is None:
+            answer = read_frame(TOOLS_FD)
+            if answer is None:
                 break
-            answer = marshal.loads(body)
             with TOOLS_LOCK:
                 reply = TOOLS["pending"].pop(answer["id"], None)
             if reply is not None:

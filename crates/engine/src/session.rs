@@ -2,8 +2,8 @@
 //! notebook kernel. Variables, imports and files persist between cells; the sandbox's limits
 //! (memory, pids, disk, CPU) cover the whole session; each cell has its own wall clock.
 //!
-//! The runner (`session` mode) reads frames from the host on its channel: a 4-byte
-//! little-endian length, then marshal (host to runner) or JSON (runner to host). A cell's
+//! The runner (`session` mode) reads frames (see `channel`) from the host on its channel:
+//! marshal from the host, JSON from the runner. A cell's
 //! output is what reaches stdout and stderr while it runs: the runner flushes both before it
 //! answers, and the host then reads what the pipes hold.
 //!
@@ -21,6 +21,7 @@ use airlock_api::{ExecutionResult, Limits, Status};
 use airlock_sandbox::{KillReason, Killer, Outcome, Probe, SetOnce};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
+use crate::channel::{self, Assembler, Broken, Frame};
 use crate::marshal::{self, Value};
 use crate::pump::{self, Captured, OutputSink, Progress, Stream};
 use crate::verdict::{self, Response};
@@ -120,8 +121,7 @@ impl Session {
         engine.check(&setup)?;
         let policy = engine.job_policy(&setup);
         let egress = setup.egress.clone();
-        let mut request = engine.runner_request(&setup)?;
-        frame(&mut request);
+        let request = framed(engine.runner_request(&setup)?)?;
         let end = Arc::new(End::default());
         let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| io_error("pipe2", e.into()))?;
@@ -303,9 +303,9 @@ impl Session {
         if self.tools.is_some() {
             fields.push(("tools", marshal::tools_field(package.as_ref())));
         }
-        let mut request = marshal::encode(&Value::Dict(fields))
+        let request = marshal::encode(&Value::Dict(fields))
             .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
-        frame(&mut request);
+        let request = framed(request)?;
         let calls_before = self.tools.as_ref().map_or(0, |t| t.calls());
 
         // Connections belong to this cell from here until its answer is in, then to the
@@ -512,9 +512,9 @@ impl Session {
         if let Some(status) = io.final_status {
             return Err(SessionError::Ended(status));
         }
-        let mut request = marshal::encode(op)
+        let request = marshal::encode(op)
             .map_err(|e| io_error("encoding a file operation", std::io::Error::other(e)))?;
-        frame(&mut request);
+        let request = framed(request)?;
         // Output of background work in the meantime belongs to no cell: dropped.
         let mut discard = pump::Discard;
         let ex = exchange(
@@ -588,10 +588,9 @@ pub(crate) enum Mode {
     Session,
 }
 
-/// Prefixes a request with its length.
-fn frame(request: &mut Vec<u8>) {
-    let len = (request.len() as u32).to_le_bytes();
-    request.splice(0..0, len);
+/// A request (marshal) as the runner reads it: one frame.
+fn framed(request: Vec<u8>) -> Result<Vec<u8>, EngineError> {
+    channel::frame(&request).map_err(|e| io_error("framing a request", std::io::Error::other(e)))
 }
 
 /// What one request/answer exchange on a session's channel gave.
@@ -626,7 +625,7 @@ fn exchange(
         let _ = pump::set_nonblocking(fd);
     }
     let mut sent = 0usize;
-    let mut answer: Vec<u8> = Vec::new();
+    let mut answer = Assembler::new(response_limit);
     let mut buf = vec![0u8; 64 * 1024];
     let mut open = [true, true]; // stdout, stderr
     loop {
@@ -665,35 +664,32 @@ fn exchange(
                     None => break, // the runner is gone
                 }
             }
-            let mut closed = false;
-            loop {
+            let frame = loop {
                 match pump::read_some(&mut io.control, &mut buf) {
-                    Progress::Data(n) => answer.extend_from_slice(&buf[..n]),
-                    Progress::Eof => {
-                        closed = true;
-                        break;
+                    Progress::Data(n) => {
+                        answer.push(&buf[..n]);
+                        if let Some(frame) = answer.frame() {
+                            break Some(frame);
+                        }
                     }
-                    Progress::Blocked => break,
+                    Progress::Eof => break Some(answer.end()),
+                    Progress::Blocked => break None,
                 }
-                if answer.len() as u64 > response_limit + 4 {
+            };
+            match frame {
+                Some(Frame::Data(reply)) => {
+                    ex.reply = Some(reply);
+                    drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, true);
                     break;
                 }
-            }
-            if answer.len() >= 4 {
-                let len = u32::from_le_bytes([answer[0], answer[1], answer[2], answer[3]]) as u64;
-                if len > response_limit {
+                Some(Frame::Broken(Broken::TooLarge { .. })) => {
                     ex.overflow = true;
                     ex.reply = Some(Vec::new());
                     break;
                 }
-                if answer.len() as u64 >= 4 + len {
-                    ex.reply = Some(answer[4..4 + len as usize].to_vec());
-                    drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, true);
-                    break;
-                }
-            }
-            if closed {
-                break;
+                // The runner closed its channel, with no whole answer on it.
+                Some(Frame::End | Frame::Broken(Broken::Cut)) => break,
+                None => {}
             }
         }
         if ended {

@@ -45,9 +45,8 @@ impl ToolValue {
     }
 }
 
-/// One answer on the tool channel, framed as the runner reads it (a 4-byte little-endian
-/// length, then marshal): `{"id", "value"}`, or `{"id", "error", "kind"}` for a call that
-/// raises `tools.ToolError`.
+/// One answer on the tool channel, a frame ([`crate::channel`]) of marshal: `{"id", "value"}`,
+/// or `{"id", "error", "kind"}` for a call that raises `tools.ToolError`.
 pub fn tool_answer(id: u64, answer: Result<&ToolValue, (&str, &str)>) -> Result<Vec<u8>, String> {
     use crate::marshal::Value;
     let id = serde_json::Value::from(id);
@@ -60,10 +59,7 @@ pub fn tool_answer(id: u64, answer: Result<&ToolValue, (&str, &str)>) -> Result<
         }
     }
     let body = crate::marshal::encode(&Value::Dict(fields))?;
-    let len = u32::try_from(body.len()).map_err(|_| "an answer over 4 GiB".to_owned())?;
-    let mut framed = len.to_le_bytes().to_vec();
-    framed.extend_from_slice(&body);
-    Ok(framed)
+    crate::channel::frame(&body).map_err(|e| e.to_string())
 }
 
 /// Why a sandbox's tool channel was cut, once the code broke its protocol.

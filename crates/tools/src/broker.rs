@@ -6,12 +6,13 @@
 //! and its answer dropped.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use airlock_engine::channel::{self, Broken, Frame};
 use airlock_engine::{tool_answer, ToolBridge, ToolValue};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -403,14 +404,13 @@ impl ToolBridge for ToolSet {
             let mut reader = std::io::BufReader::new(&channel);
             loop {
                 while tasks.try_join_next().is_some() {}
-                let frame = match read_frame(&mut reader, cap) {
-                    Ok(Some(frame)) => frame,
-                    Ok(None) => break,
-                    Err(Some(why)) => {
-                        breach(why);
+                let frame = match channel::read(&mut reader, cap) {
+                    Frame::Data(frame) => frame,
+                    Frame::End => break,
+                    Frame::Broken(broken) => {
+                        breach(breach_message(broken));
                         break;
                     }
-                    Err(None) => break,
                 };
                 let call: CallFrame = match serde_json::from_slice(&frame) {
                     Ok(call) => call,
@@ -497,26 +497,14 @@ fn sandbox_gone(channel: &UnixStream) -> bool {
     }
 }
 
-/// One frame: a 4-byte little-endian length, then that many bytes. `Ok(None)` at the end of
-/// the channel; `Err(Some(why))` for a frame that breaks the protocol.
-fn read_frame(reader: &mut impl Read, cap: u64) -> Result<Option<Vec<u8>>, Option<String>> {
-    let mut head = [0u8; 4];
-    match reader.read_exact(&mut head) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(_) => return Err(None),
+/// The execution's error for a call frame that broke the protocol.
+fn breach_message(broken: Broken) -> String {
+    match broken {
+        Broken::TooLarge { len, cap } => {
+            format!("the code sent a tool call frame of {len} bytes, over the limit of {cap} bytes")
+        }
+        Broken::Cut => "the tool channel closed in the middle of a call frame".to_owned(),
     }
-    let len = u64::from(u32::from_le_bytes(head));
-    if len > cap {
-        return Err(Some(format!(
-            "the code sent a tool call frame of {len} bytes, over the limit of {cap} bytes"
-        )));
-    }
-    let mut body = vec![0u8; len as usize];
-    reader
-        .read_exact(&mut body)
-        .map_err(|_| Some("the tool channel closed in the middle of a call frame".to_owned()))?;
-    Ok(Some(body))
 }
 
 /// The calls in `bytes` read as the broker's loop reads a channel (for the fuzz target): how
@@ -524,13 +512,13 @@ fn read_frame(reader: &mut impl Read, cap: u64) -> Result<Option<Vec<u8>>, Optio
 pub(crate) fn read_calls(mut bytes: &[u8], cap: u64) -> (usize, bool) {
     let mut calls = 0;
     loop {
-        match read_frame(&mut bytes, cap) {
-            Ok(Some(frame)) => match serde_json::from_slice::<CallFrame>(&frame) {
+        match channel::read(&mut bytes, cap) {
+            Frame::Data(frame) => match serde_json::from_slice::<CallFrame>(&frame) {
                 Ok(_) => calls += 1,
                 Err(_) => return (calls, true),
             },
-            Ok(None) => return (calls, false),
-            Err(_) => return (calls, true),
+            Frame::End => return (calls, false),
+            Frame::Broken(_) => return (calls, true),
         }
     }
 }
@@ -982,17 +970,22 @@ mod tests {
     #[test]
     fn frames_are_bounded() {
         let mut ok = &b"\x02\x00\x00\x00{}"[..];
-        assert_eq!(read_frame(&mut ok, 10), Ok(Some(b"{}".to_vec())));
-        assert_eq!(read_frame(&mut ok, 10), Ok(None));
-        let mut big = &b"\xff\xff\xff\x7f"[..];
-        assert!(read_frame(&mut big, 10)
-            .unwrap_err()
-            .unwrap()
-            .contains("over the limit"));
-        let mut cut = &b"\x05\x00\x00\x00{}"[..];
-        assert!(read_frame(&mut cut, 10)
-            .unwrap_err()
-            .unwrap()
-            .contains("middle"));
+        assert_eq!(channel::read(&mut ok, 10), Frame::Data(b"{}".to_vec()));
+        assert_eq!(channel::read(&mut ok, 10), Frame::End);
+        let breach = |mut bytes: &[u8]| match channel::read(&mut bytes, 10) {
+            Frame::Broken(broken) => breach_message(broken),
+            other => panic!("not a breach: {other:?}"),
+        };
+        assert!(breach(b"\xff\xff\xff\x7f").contains("over the limit"));
+        assert!(breach(b"\x05\x00\x00\x00{}").contains("middle"));
+        // What the broker's loop makes of a channel: calls up to the first breach.
+        let call = br#"{"id":1,"server":"s","tool":"t","arguments":{}}"#;
+        let framed = channel::frame(call).unwrap();
+        assert_eq!(read_calls(&framed, 100), (1, false));
+        assert_eq!(
+            read_calls(&[&framed[..], b"\x02\x00\x00\x00{}"].concat(), 100),
+            (1, true)
+        );
+        assert_eq!(read_calls(&framed, 10), (0, true));
     }
 }
