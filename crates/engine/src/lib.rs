@@ -560,7 +560,6 @@ impl Engine {
             let command = command.arg("warm");
             return match zygotes.spawn(command, policy, preload, sys_path) {
                 Ok(child) => {
-                    let child = child?;
                     if let Some(child) = ready_or_gone(child, &control) {
                         return Ok((child, control));
                     }
@@ -571,7 +570,7 @@ impl Engine {
             };
         }
         match zygotes.spawn(command, policy, preload, sys_path) {
-            Ok(child) => Ok((child?, control)),
+            Ok(child) => Ok((child, control)),
             Err(command) => Ok((self.spawn_cold(command, policy)?, control)),
         }
     }

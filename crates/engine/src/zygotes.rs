@@ -419,14 +419,14 @@ impl Zygotes {
     }
 
     /// A sandbox for `command` as a zygote's child; `Err(command)` (given back) when it must
-    /// start cold.
+    /// start cold, a zygote's failure to make the child included.
     pub(crate) fn spawn(
         &self,
         command: Command,
         policy: &Policy,
         preload: bool,
         sys_path: impl FnOnce() -> Vec<String>,
-    ) -> Result<Result<Child, SpawnError>, Command> {
+    ) -> Result<Child, Command> {
         let zygote = match self.zygote_for(&command, policy, preload, sys_path) {
             Ok(zygote) => zygote,
             Err(reason) => {
@@ -441,7 +441,7 @@ impl Zygotes {
         match zygote.spawn(command, policy) {
             Ok(child) => {
                 self.spawned.fetch_add(1, Ordering::Relaxed);
-                Ok(Ok(child))
+                Ok(child)
             }
             Err(e) => {
                 tracing::debug!(error = %e, "a zygote could not make a child; starting cold");
