@@ -68,6 +68,7 @@ pub use pump::{Discard, OutputSink, Stdin, Stream};
 use session::Mode;
 pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
 pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
+use verdict::Verdict;
 pub use zygotes::{ZygoteConfig, ZygoteStatus};
 
 /// The runner, passed to `python3 -c`: how a sandbox's Python ends as a zygote's children do
@@ -1013,40 +1014,18 @@ impl Engine {
         if let Some(c) = &cancel {
             c.detach();
         }
-        let mut io = io.map_err(|_| EngineError::Io {
+        let io = io.map_err(|_| EngineError::Io {
             what: "output pump",
             source: std::io::Error::other("panicked"),
         })?;
-        let stdout = pump::decode_output(std::mem::take(&mut io.stdout.data), io.stdout.truncated);
-        let stderr = pump::decode_output(std::mem::take(&mut io.stderr.data), io.stderr.truncated);
-        let truncated = io.stdout.truncated || io.stderr.truncated;
-
         let outcome = match waited {
             Ok(outcome) => outcome,
             Err(e) => {
-                let mut isolation = planned_isolation(&policy);
-                with_egress(&mut isolation, job.egress.as_deref());
-                let result = ExecutionResult {
-                    status: Status::InternalError,
-                    exit_code: None,
-                    signal: None,
-                    stdout,
-                    stderr,
-                    stdout_truncated: io.stdout.truncated,
-                    stderr_truncated: io.stderr.truncated,
-                    result: None,
-                    error: Some(airlock_api::ErrorInfo {
-                        kind: "SandboxError".into(),
-                        message: e.to_string(),
-                        traceback: None,
-                    }),
-                    outputs: Vec::new(),
-                    files: Vec::new(),
-                    usage: airlock_api::Usage::default(),
-                    limits: job.limits,
-                    limits_hit: Vec::new(),
-                    isolation,
-                };
+                let mut iso = planned_isolation(&policy);
+                with_egress(&mut iso, job.egress.as_deref());
+                let usage = airlock_api::Usage::default();
+                let result = Verdict::setup_failed(e.to_string())
+                    .into_result(io.streams, usage, job.limits, iso);
                 return Ok(Execution {
                     result,
                     sandbox_ready: None,
@@ -1057,39 +1036,22 @@ impl Engine {
             }
         };
         let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
-        let mut v = verdict::verdict(&outcome, response, &job.limits, truncated);
+        let mut v = verdict::verdict(&outcome, response, &job.limits, io.streams.truncated());
         breach.explain(outcome.killed, &mut v);
-        let result = ExecutionResult {
-            status: v.status,
-            exit_code: v.exit_code,
-            signal: v.signal,
-            stdout,
-            stderr,
-            stdout_truncated: io.stdout.truncated,
-            stderr_truncated: io.stderr.truncated,
-            result: v.result,
-            error: v.error,
-            outputs: v.outputs,
-            files: v.files,
-            usage: airlock_api::Usage {
-                wall_ms: outcome.usage.wall.as_millis() as u64,
-                cpu_ms: outcome
-                    .usage
-                    .cpu
-                    .or(outcome.usage.program_cpu)
-                    .map(|d| d.as_millis() as u64),
-                memory_peak_bytes: outcome.usage.memory_peak_bytes,
-                tool_calls,
-                egress,
-            },
-            limits: job.limits,
-            limits_hit: v.limits_hit,
-            isolation: {
-                let mut iso = isolation(&outcome.isolation);
-                with_egress(&mut iso, job.egress.as_deref());
-                iso
-            },
+        let usage = airlock_api::Usage {
+            wall_ms: outcome.usage.wall.as_millis() as u64,
+            cpu_ms: outcome
+                .usage
+                .cpu
+                .or(outcome.usage.program_cpu)
+                .map(|d| d.as_millis() as u64),
+            memory_peak_bytes: outcome.usage.memory_peak_bytes,
+            tool_calls,
+            egress,
         };
+        let mut iso = isolation(&outcome.isolation);
+        with_egress(&mut iso, job.egress.as_deref());
+        let result = v.into_result(io.streams, usage, job.limits, iso);
         Ok(Execution {
             result,
             sandbox_ready: taken.or(outcome.ready_after),

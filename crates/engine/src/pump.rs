@@ -65,10 +65,30 @@ pub(crate) fn discard_budget(limit: u64) -> u64 {
     limit.saturating_mul(DISCARD_FACTOR).max(MIN_DISCARD)
 }
 
+/// What a program wrote on its two streams, as kept.
 #[derive(Debug, Default)]
-pub(crate) struct Collected {
+pub(crate) struct Streams {
     pub stdout: Captured,
     pub stderr: Captured,
+}
+
+impl Streams {
+    pub fn of(&mut self, stream: Stream) -> &mut Captured {
+        match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        }
+    }
+
+    /// Either stream was cut at its limit.
+    pub fn truncated(&self) -> bool {
+        self.stdout.truncated || self.stderr.truncated
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    pub streams: Streams,
     pub response: Vec<u8>,
     /// The program sent more on the control channel than a response may hold.
     pub response_overflow: bool,
@@ -225,8 +245,8 @@ impl Pump<'_> {
                 }
             }
             // Reads are non-blocking: a spurious pass costs nothing.
-            self.drain(Stream::Stdout, &mut buf, &mut out.stdout, stopping);
-            self.drain(Stream::Stderr, &mut buf, &mut out.stderr, stopping);
+            self.drain(Stream::Stdout, &mut buf, &mut out.streams.stdout, stopping);
+            self.drain(Stream::Stderr, &mut buf, &mut out.streams.stderr, stopping);
             if response_open {
                 loop {
                     match read_some(&mut self.control, &mut buf) {

@@ -23,8 +23,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::channel::{self, Assembler, Broken, Frame};
 use crate::marshal::{self, Value};
-use crate::pump::{self, Captured, OutputSink, Progress, Stream};
-use crate::verdict::{self, Response};
+use crate::pump::{self, OutputSink, Progress, Stream, Streams};
+use crate::verdict::{self, Response, Verdict};
 use crate::{Engine, EngineError, Entrypoint, Job};
 
 /// How long a new session may take to be ready, and a file operation to be answered.
@@ -320,7 +320,7 @@ impl Session {
         let mut limits = self.cell_limits();
         limits.timeout_ms = cell.timeout.as_millis() as u64;
         let output_limit = limits.output_bytes;
-        let mut ex = exchange(
+        let ex = exchange(
             &mut io,
             &request,
             started + cell.timeout,
@@ -328,9 +328,7 @@ impl Session {
             output_limit,
             self.response_limit,
         );
-        let truncated = ex.stdout.truncated || ex.stderr.truncated;
-        let stdout = pump::decode_output(std::mem::take(&mut ex.stdout.data), ex.stdout.truncated);
-        let stderr = pump::decode_output(std::mem::take(&mut ex.stderr.data), ex.stderr.truncated);
+        let truncated = ex.streams.truncated();
         let parsed = ex
             .reply
             .as_deref()
@@ -353,28 +351,7 @@ impl Session {
                 limits_hit.push(airlock_api::LimitKind::Pids);
             }
             limits_hit.sort();
-            let mut v = verdict::Verdict {
-                status: Status::Error,
-                exit_code: None,
-                signal: None,
-                result: None,
-                error: None,
-                outputs: Vec::new(),
-                files: Vec::new(),
-                limits_hit,
-            };
-            match parsed {
-                Ok(Some(reply)) => {
-                    v.outputs = reply.outputs;
-                    match reply.answer {
-                        Response::Result(r) => (v.status, v.result) = (Status::Ok, Some(r)),
-                        Response::Error(e) => v.error = Some(e),
-                    }
-                }
-                Ok(None) => v.error = Some(verdict::result_error("no answer".into())),
-                Err(why) => v.error = Some(verdict::result_error(why)),
-            }
-            v
+            Verdict::answered(parsed, limits_hit)
         } else {
             // The sandbox ended (or must: a timeout, a broken channel): the kernel's verdict.
             let mut broken = false;
@@ -402,6 +379,8 @@ impl Session {
                 .saturating_sub(before.pids_limit_hits);
             let mut v = verdict::verdict(&outcome, parsed, &limits, truncated);
             self.breach.explain(outcome.killed, &mut v);
+            // A cell collects no files (its ./outputs is the session's, read as files).
+            v.files = Vec::new();
             if broken {
                 // The code's own doing, not airlock's failure.
                 v.status = Status::Error;
@@ -419,37 +398,20 @@ impl Session {
         }
         let stats = self.probe.as_ref().map(Probe::stats);
         let cpu_now = stats.as_ref().and_then(|s| s.cpu);
-        let result = ExecutionResult {
-            status: v.status,
-            exit_code: v.exit_code,
-            signal: v.signal,
-            stdout,
-            stderr,
-            stdout_truncated: ex.stdout.truncated,
-            stderr_truncated: ex.stderr.truncated,
-            result: v.result,
-            error: v.error,
-            outputs: v.outputs,
-            files: Vec::new(),
-            usage: airlock_api::Usage {
-                wall_ms: started.elapsed().as_millis() as u64,
-                cpu_ms: match (cpu_now, before.cpu) {
-                    (Some(now), Some(before)) => {
-                        Some(now.saturating_sub(before).as_millis() as u64)
-                    }
-                    _ => None,
-                },
-                memory_peak_bytes: stats.and_then(|s| s.memory_peak_bytes),
-                tool_calls: self
-                    .tools
-                    .as_ref()
-                    .map_or(0, |t| t.calls().saturating_sub(calls_before)),
-                egress: self.egress.as_ref().map(|l| l.end_cell()),
+        let usage = airlock_api::Usage {
+            wall_ms: started.elapsed().as_millis() as u64,
+            cpu_ms: match (cpu_now, before.cpu) {
+                (Some(now), Some(before)) => Some(now.saturating_sub(before).as_millis() as u64),
+                _ => None,
             },
-            limits,
-            limits_hit: v.limits_hit,
-            isolation: self.isolation.clone(),
+            memory_peak_bytes: stats.and_then(|s| s.memory_peak_bytes),
+            tool_calls: self
+                .tools
+                .as_ref()
+                .map_or(0, |t| t.calls().saturating_sub(calls_before)),
+            egress: self.egress.as_ref().map(|l| l.end_cell()),
         };
+        let result = v.into_result(ex.streams, usage, limits, self.isolation.clone());
         Ok(CellResult { result, ended })
     }
 
@@ -599,8 +561,7 @@ struct Exchange {
     reply: Option<Vec<u8>>,
     /// The answer announced more than an answer may hold.
     overflow: bool,
-    stdout: Captured,
-    stderr: Captured,
+    streams: Streams,
     timed_out: bool,
 }
 
@@ -617,8 +578,7 @@ fn exchange(
     let mut ex = Exchange {
         reply: None,
         overflow: false,
-        stdout: Captured::default(),
-        stderr: Captured::default(),
+        streams: Streams::default(),
         timed_out: false,
     };
     for fd in [io.control.as_fd(), io.stdout.as_fd(), io.stderr.as_fd()] {
@@ -730,11 +690,7 @@ fn drain(
                 }
                 Progress::Blocked => break,
             };
-            let cap = if i == 0 {
-                &mut ex.stdout
-            } else {
-                &mut ex.stderr
-            };
+            let cap = ex.streams.of(stream);
             let room = (limit as usize).saturating_sub(cap.data.len());
             let keep = n.min(room);
             if keep > 0 {

@@ -1,12 +1,19 @@
 //! Turns what the kernel reported (exit, signal, cgroup counters, the host's own kills) and the
-//! program's response into one status. The response can only ever supply `result` and
-//! `error`; it can never turn a kill, a limit or a non-zero exit into anything else.
+//! program's response into one status, and that into the result every surface answers with
+//! (`Verdict::into_result`, for executions and cells alike). The response can only ever
+//! supply `result` and `error`; it can never turn a kill, a limit or a non-zero exit into
+//! anything else.
 
-use airlock_api::{ErrorInfo, LimitKind, Limits, Output, OutputFile, Status, OUTPUT_TYPES};
+use airlock_api::{
+    ErrorInfo, ExecutionResult, Isolation, LimitKind, Limits, Output, OutputFile, Status, Usage,
+    OUTPUT_TYPES,
+};
 use airlock_sandbox::{Exit, KillReason, Outcome};
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::pump::{decode_output, Streams};
 
 /// What the runner sends back: exactly one of the two.
 #[derive(Debug, PartialEq)]
@@ -155,6 +162,86 @@ pub(crate) struct Verdict {
     pub outputs: Vec<Output>,
     pub files: Vec<OutputFile>,
     pub limits_hit: Vec<LimitKind>,
+}
+
+impl Verdict {
+    /// A sandbox that could not be built: airlock's error, nothing of the program's.
+    pub(crate) fn setup_failed(message: String) -> Verdict {
+        Verdict {
+            status: Status::InternalError,
+            exit_code: None,
+            signal: None,
+            result: None,
+            error: Some(ErrorInfo {
+                kind: "SandboxError".into(),
+                message,
+                traceback: None,
+            }),
+            outputs: Vec::new(),
+            files: Vec::new(),
+            limits_hit: Vec::new(),
+        }
+    }
+
+    /// A session's cell answered and the sandbox lives on: its answer, parsed, is its verdict
+    /// (`limits_hit`: what the host saw it reach meanwhile). A cell collects no files.
+    pub(crate) fn answered(
+        response: Result<Option<Reply>, String>,
+        limits_hit: Vec<LimitKind>,
+    ) -> Verdict {
+        let mut v = Verdict {
+            status: Status::Error,
+            exit_code: None,
+            signal: None,
+            result: None,
+            error: None,
+            outputs: Vec::new(),
+            files: Vec::new(),
+            limits_hit,
+        };
+        match response {
+            Ok(Some(reply)) => {
+                v.outputs = reply.outputs;
+                match reply.answer {
+                    Response::Result(r) => (v.status, v.result) = (Status::Ok, Some(r)),
+                    Response::Error(e) => v.error = Some(e),
+                }
+            }
+            Ok(None) => v.error = Some(result_error("no answer".into())),
+            Err(why) => v.error = Some(result_error(why)),
+        }
+        v
+    }
+
+    /// The result of an execution or a cell: this verdict, what the program wrote (as it was
+    /// kept), what it used, the limits it ran under and the isolation it had.
+    pub(crate) fn into_result(
+        self,
+        streams: Streams,
+        usage: Usage,
+        limits: Limits,
+        isolation: Isolation,
+    ) -> ExecutionResult {
+        let Streams { stdout, stderr } = streams;
+        let (stdout_truncated, stderr_truncated) = (stdout.truncated, stderr.truncated);
+        ExecutionResult {
+            status: self.status,
+            exit_code: self.exit_code,
+            signal: self.signal,
+            stdout: decode_output(stdout.data, stdout_truncated),
+            stderr: decode_output(stderr.data, stderr_truncated),
+            stdout_truncated,
+            stderr_truncated,
+            result: self.result,
+            error: self.error,
+            outputs: self.outputs,
+            files: self.files,
+            usage,
+            limits,
+            limits_hit: self.limits_hit,
+            isolation,
+        }
+    }
 }
 
 /// The error of an answer that could not be taken (airlock's own kind, never the code's).
@@ -501,5 +588,46 @@ mod tests {
             }) => assert_eq!(e.message.len(), MAX_MESSAGE),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn executions_and_cells_make_their_results_alike() {
+        // What the program wrote, as kept: a character cut by the limit is dropped.
+        let mut streams = Streams::default();
+        streams.stdout.data = "a\u{20ac}".as_bytes()[..3].to_vec();
+        streams.stdout.truncated = true;
+        streams.stderr.data = b"err".to_vec();
+        let iso = crate::isolation(&outcome(Some(Exit::Code(0)), None, 0).isolation);
+        let usage = airlock_api::Usage {
+            wall_ms: 5,
+            ..airlock_api::Usage::default()
+        };
+        let answered = Verdict::answered(result(json!(7)), vec![LimitKind::Output]);
+        let r = answered.into_result(streams, usage.clone(), limits(), iso.clone());
+        assert_eq!((r.status, r.result), (Status::Ok, Some(json!(7))));
+        assert_eq!((r.stdout, r.stdout_truncated), ("a".into(), true));
+        assert_eq!((r.stderr, r.stderr_truncated), ("err".into(), false));
+        assert_eq!(r.limits_hit, [LimitKind::Output]);
+        assert_eq!((r.usage, r.limits, r.isolation), (usage, limits(), iso));
+
+        // A cell's answer that is none, or not one, is airlock's `ResultError`; a sandbox that
+        // could not be built is its `SandboxError`, with nothing of a program's.
+        let none = Verdict::answered(Ok(None), Vec::new());
+        assert_eq!(none.status, Status::Error);
+        assert_eq!(none.error.map(|e| e.kind).as_deref(), Some("ResultError"));
+        let bad = Verdict::answered(Err("the response is not valid".into()), Vec::new());
+        assert_eq!(
+            bad.error.map(|e| e.message).as_deref(),
+            Some("the response is not valid")
+        );
+        let failed = Verdict::setup_failed("a path it mounts is gone".into());
+        assert_eq!(failed.status, Status::InternalError);
+        assert_eq!(
+            failed.error.map(|e| e.kind).as_deref(),
+            Some("SandboxError")
+        );
+        assert!(
+            failed.exit_code.is_none() && failed.result.is_none() && failed.limits_hit.is_empty()
+        );
     }
 }
