@@ -13,6 +13,7 @@ mod compiled;
 mod config;
 pub mod environments;
 mod interpreter;
+mod launcher;
 mod marshal;
 mod pool;
 mod pump;
@@ -57,15 +58,13 @@ use std::time::Duration;
 use airlock_api::{ExecutionResult, Limits, Status};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use airlock_sandbox::{
-    spawn, Command, Enforcement, KillReason, Killer, Policy, Scratch, SpawnError,
-};
+use airlock_sandbox::{Enforcement, KillReason, Killer, Policy, Scratch, SpawnError};
 
 pub use config::{EngineConfig, LimitError, Mechanism};
 pub use interpreter::{Interpreter, InterpreterError};
+use launcher::{Launcher, Mode};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
-use session::Mode;
 pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
 pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
 use verdict::Verdict;
@@ -273,19 +272,14 @@ pub struct Execution {
 #[derive(Clone, Debug)]
 pub struct Engine {
     config: EngineConfig,
-    interpreter: Interpreter,
+    /// What starts sandboxes, the pools' too (see `launcher`).
+    launcher: Launcher,
     pool: Option<Arc<Pool>>,
     /// Children of the preloading zygote, ready (see [`PoolConfig::preloaded`]).
     preloaded_pool: Option<Arc<Pool>>,
     /// Pools per environment, started when one is first asked for (see `env_pool`).
     env_pools: Option<Arc<EnvPools>>,
-    /// Fresh sandboxes as forks of a zygote, where one serves them (see `zygotes`).
-    zygotes: Option<Arc<zygotes::Zygotes>>,
     defer_cleanup: bool,
-    /// The runner compiled once, for cold sandboxes (see `use_compiled_runner`).
-    compiled: Option<compiled::CompiledRunner>,
-    /// An init started ahead for the next cold sandbox (see `use_prestarted`).
-    prestarted: Arc<Mutex<Option<airlock_sandbox::Prestarted>>>,
 }
 
 /// Warm pools for environments in demand: one per stored environment, started by the first
@@ -305,14 +299,11 @@ impl Engine {
         let interpreter = Interpreter::detect(&config.python)?;
         Ok(Engine {
             config,
-            interpreter,
+            launcher: Launcher::new(interpreter),
             pool: None,
             preloaded_pool: None,
             env_pools: None,
-            zygotes: None,
             defer_cleanup: false,
-            compiled: None,
-            prestarted: Arc::default(),
         })
     }
 
@@ -320,52 +311,31 @@ impl Engine {
     /// source, kept in `cache_dir` (made if missing). On failure they keep the source.
     pub fn use_compiled_runner(&mut self, cache_dir: &Path) -> Result<(), String> {
         let policy = self.policy(&self.config.defaults);
-        let runner =
-            compiled::CompiledRunner::load(&self.interpreter.path, runner(), &policy, cache_dir)?;
-        self.compiled = Some(runner);
+        let python = &self.launcher.interpreter.path;
+        let runner = compiled::CompiledRunner::load(python, runner(), &policy, cache_dir)?;
+        self.launcher.compiled = Some(runner);
         Ok(())
     }
 
     /// The next cold sandbox starts with `init`, an init started ahead (see
     /// [`airlock_sandbox::Prestarted`]); one never used is killed with the engine.
     pub fn use_prestarted(&self, init: airlock_sandbox::Prestarted) {
-        *self.prestarted.lock().unwrap_or_else(|e| e.into_inner()) = Some(init);
-    }
-
-    /// Starts `command`, a runner's, cold: with the compiled runner when there is one.
-    fn spawn_cold(
-        &self,
-        mut command: Command,
-        policy: &Policy,
-    ) -> Result<airlock_sandbox::Child, SpawnError> {
-        if let Some(compiled) = &self.compiled {
-            if let Ok(fd) = compiled.descriptor() {
-                let boot = compiled.boot(3 + command.passed_fds());
-                if command.replace_arg(runner(), boot) {
-                    command = command.pass_fd(fd);
-                }
-            }
-        }
-        let init = self
+        *self
+            .launcher
             .prestarted
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(init) = init {
-            command = command.prestarted(init);
-        }
-        spawn(command, policy)
+            .unwrap_or_else(|e| e.into_inner()) = Some(init);
     }
 
     /// Makes fresh sandboxes forks of zygotes from now on, where a zygote serves them (this
     /// engine and its clones made from now on). Start before the pool, so that it uses them.
     pub fn start_zygotes(&mut self, config: ZygoteConfig) {
-        self.zygotes = Some(zygotes::Zygotes::new(config));
+        self.launcher.zygotes = Some(zygotes::Zygotes::new(config));
     }
 
     /// What the zygotes do; [`None`] when they were never started.
     pub fn zygote_status(&self) -> Option<ZygoteStatus> {
-        self.zygotes.as_ref().map(|z| z.status())
+        self.launcher.zygotes.as_ref().map(|z| z.status())
     }
 
     /// Answers as soon as a sandbox's processes are gone, leaving the removal of its empty
@@ -380,7 +350,7 @@ impl Engine {
     pub fn start_pool(&mut self, config: PoolConfig) -> Result<Arc<Pool>, String> {
         let pool = Arc::new(Pool::start(self, config.clone())?);
         self.pool = Some(pool.clone());
-        let preloads = self.zygotes.as_ref().is_some_and(|z| z.preloads());
+        let preloads = self.launcher.zygotes.as_ref().is_some_and(|z| z.preloads());
         if config.size > 0 && config.preloaded > 0 && preloads {
             // Children of the preloading zygote, for code that names its packages: they
             // have no fork and jail to wait for, as the lean ones.
@@ -391,7 +361,8 @@ impl Engine {
                 ..config.clone()
             };
             let policy = self.policy(&self.config.defaults);
-            self.preloaded_pool = Some(Arc::new(Pool::start_for(self, preloaded, policy, true)?));
+            let pool = Pool::start_for(&self.launcher, preloaded, policy, true)?;
+            self.preloaded_pool = Some(Arc::new(pool));
         }
         if config.size > 0 {
             // An environment keeps one sandbox ready once asked for, more while in demand.
@@ -441,7 +412,8 @@ impl Engine {
                     // Built for the default limits, like the main pool's.
                     let mut policy = self.policy(&self.config.defaults);
                     with_environment(&mut policy, env);
-                    if let Ok(pool) = Pool::start_for(self, pools.config.clone(), policy, false) {
+                    let config = pools.config.clone();
+                    if let Ok(pool) = Pool::start_for(&self.launcher, config, policy, false) {
                         map.insert(env.hash.clone(), (Arc::new(pool), now));
                     }
                     // This execution goes cold; the next finds a sandbox ready.
@@ -497,7 +469,7 @@ impl Engine {
         for pool in [&self.pool, &self.preloaded_pool].into_iter().flatten() {
             pool.close();
         }
-        if let Some(zygotes) = &self.zygotes {
+        if let Some(zygotes) = &self.launcher.zygotes {
             zygotes.close();
         }
     }
@@ -511,170 +483,12 @@ impl Engine {
         self.preloaded_pool.as_ref()
     }
 
-    /// Starts a sandbox running the runner, and returns it with the host's end of the
-    /// runner's channel. A warm runner reports ready on the channel before it reads; a
-    /// session's serves requests until the channel closes.
-    fn start_sandbox(
-        &self,
-        policy: &Policy,
-        mode: Mode,
-        tools: Option<OwnedFd>,
-    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
-        self.start_sandbox_for(policy, mode, tools, mode == Mode::Session)
-    }
-
-    /// As `start_sandbox`; `preload` asks for a child of the zygote that preloads modules
-    /// (see `zygotes`).
-    fn start_sandbox_for(
-        &self,
-        policy: &Policy,
-        mode: Mode,
-        tools: Option<OwnedFd>,
-        preload: bool,
-    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
-        let (control, theirs) = socket_pair()?;
-        let tools_passed = tools.is_some();
-        let mut command = self.runner_command(policy, theirs, tools);
-        match mode {
-            Mode::Cold => {}
-            // Built ahead of need: in the background until taken.
-            Mode::Warm => command = command.arg("warm").background(),
-            Mode::Session => command = command.arg("session"),
-        }
-        let Some(zygotes) = &self.zygotes else {
-            return Ok((self.spawn_cold(command, policy)?, control));
-        };
-        let sys_path = || self.policy_sys_path(policy);
-        if mode == Mode::Warm && preload {
-            return match zygotes.spawn_preloaded(command, policy, sys_path) {
-                Some(child) => Ok((child?, control)),
-                None => Err(EngineError::ZygoteNotReady),
-            };
-        }
-        if mode == Mode::Cold {
-            if tools_passed {
-                zygotes.count_cold("tools");
-                return Ok((self.spawn_cold(command, policy)?, control));
-            }
-            // Says it is ready first, so that a child that never started (its zygote died
-            // meanwhile) is noticed before the request is sent, and the job starts cold.
-            let command = command.arg("warm");
-            return match zygotes.spawn(command, policy, preload, sys_path) {
-                Ok(child) => {
-                    if let Some(child) = ready_or_gone(child, &control) {
-                        return Ok((child, control));
-                    }
-                    zygotes.count_cold("child_lost");
-                    self.start_cold(policy)
-                }
-                Err(_) => self.start_cold(policy),
-            };
-        }
-        match zygotes.spawn(command, policy, preload, sys_path) {
-            Ok(child) => Ok((child, control)),
-            Err(command) => Ok((self.spawn_cold(command, policy)?, control)),
-        }
-    }
-
-    /// The runner's command for a sandbox with `policy`, its channel at descriptor 3 (and the
-    /// tool channel at 4, when given).
-    fn runner_command(
-        &self,
-        policy: &Policy,
-        theirs: UnixStream,
-        tools: Option<OwnedFd>,
-    ) -> Command {
-        let mut command = Command::new(self.interpreter.path.clone())
-            .args(["-I", "-S", "-B", "-c", runner()])
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", WORKDIR)
-            .env("LANG", "C.UTF-8")
-            .env("TMPDIR", "/tmp")
-            // Headless charts; matplotlib's caches in /tmp, not in the working directory, and
-            // its settings from its data (Debian's build looks only in /etc otherwise).
-            .env("MPLBACKEND", "Agg")
-            .env("MPLCONFIGDIR", "/tmp/matplotlib")
-            .env("MATPLOTLIBRC", "/usr/share/matplotlib/mpl-data")
-            // `pip install` goes to the sandbox's own scratch (on sys.path; pip's check for a
-            // system-managed interpreter does not apply to a target directory).
-            .env("PIP_TARGET", PIP_TARGET)
-            .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-            .env("PIP_NO_CACHE_DIR", "1")
-            .pass_fd(OwnedFd::from(theirs));
-        if let Some(fd) = tools {
-            command = command.pass_fd(fd); // TOOLS_FD
-        }
-        if policy
-            .root
-            .iter()
-            .any(|e| e.path() == Path::new(environments::ENV_MOUNT))
-        {
-            command = command
-                .env(
-                    "PATH",
-                    format!("{}/bin:/usr/bin:/bin", environments::ENV_MOUNT),
-                )
-                .env("VIRTUAL_ENV", environments::ENV_MOUNT);
-        }
-        if let Some(port) = policy.egress_port {
-            // What pip, requests, httpx, urllib and curl all read.
-            let proxy = format!("http://127.0.0.1:{port}");
-            for name in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
-                command = command.env(name, proxy.clone());
-            }
-            if policy.root.iter().any(|e| e.path() == Path::new(CA_BUNDLE)) {
-                for name in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT"] {
-                    command = command.env(name, CA_BUNDLE);
-                }
-            }
-        }
-        command
-    }
-
     /// Waits until the zygote that would make `job`'s sandbox is ready (starting it if need
     /// be), for a caller that wants its one execution to be a zygote's child (`airlock run
     /// --zygote`). Errors say why it cannot be.
     pub fn wait_for_zygote(&self, job: &Job, within: Duration) -> Result<(), String> {
-        let zygotes = self.zygotes.as_ref().ok_or("zygotes are not started")?;
         let policy = self.job_policy(job);
-        let (_control, theirs) = socket_pair().map_err(|e| e.to_string())?;
-        let command = self.runner_command(&policy, theirs, None).arg("warm");
-        let preload = zygotes.wants_preloads(&job.code);
-        zygotes.wait_ready(
-            &command,
-            &policy,
-            preload,
-            || self.policy_sys_path(&policy),
-            within,
-        )
-    }
-
-    /// As `start_sandbox` in [`Mode::Cold`], with no zygote.
-    fn start_cold(
-        &self,
-        policy: &Policy,
-    ) -> Result<(airlock_sandbox::Child, UnixStream), EngineError> {
-        let engine = Engine {
-            zygotes: None,
-            ..self.clone()
-        };
-        engine.start_sandbox(policy, Mode::Cold, None)
-    }
-
-    /// `sys.path` for a sandbox with `policy`'s root, as `sys_path` gives it for a job.
-    fn policy_sys_path(&self, policy: &Policy) -> Vec<String> {
-        let mut path = Vec::new();
-        if policy
-            .root
-            .iter()
-            .any(|e| e.path() == Path::new(environments::ENV_MOUNT))
-        {
-            path.push(environments::EnvMount::site_packages(
-                &self.interpreter.version,
-            ));
-        }
-        path.extend(self.interpreter.extra_sys_path.iter().cloned());
-        path
+        self.launcher.wait_for_zygote(&policy, &job.code, within)
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -690,7 +504,7 @@ impl Engine {
     }
 
     pub fn interpreter(&self) -> &Interpreter {
-        &self.interpreter
+        &self.launcher.interpreter
     }
 
     /// Checks a job before anything runs.
@@ -794,7 +608,7 @@ impl Engine {
         };
         let disk = limits.disk_mb * MIB;
         Policy {
-            root: self.interpreter.root.clone(),
+            root: self.launcher.interpreter.root.clone(),
             scratch: Scratch {
                 size_bytes: disk,
                 // Enough for real work, not for millions of empty files.
@@ -834,27 +648,16 @@ impl Engine {
         policy
     }
 
-    /// `sys.path` after the standard library: the environment's site-packages first, then
-    /// the interpreter's own packages, then where `pip install` puts packages in a sandbox.
-    fn sys_path(&self, job: &Job) -> Vec<String> {
-        let mut path = Vec::new();
-        if job.environment.is_some() {
-            path.push(environments::EnvMount::site_packages(
-                &self.interpreter.version,
-            ));
-        }
-        path.extend(self.interpreter.extra_sys_path.iter().cloned());
-        path.push(PIP_TARGET.to_owned());
-        path
-    }
-
-    /// The runner's request for `job` (see `marshal`).
-    fn runner_request(&self, job: &Job) -> Result<Vec<u8>, EngineError> {
+    /// The runner's request for `job`, whose sandbox has `policy` (see `marshal`).
+    fn runner_request(&self, job: &Job, policy: &Policy) -> Result<Vec<u8>, EngineError> {
         use marshal::Value;
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
         let int = |n: u64| Value::Int(n.min(i32::MAX as u64) as i32);
-        let sys_path = self.sys_path(job);
+        // After the standard library: the environment's and the interpreter's packages, then
+        // where `pip install` puts packages in a sandbox.
+        let mut sys_path = self.launcher.sys_path(policy);
+        sys_path.push(PIP_TARGET.to_owned());
         let mut fields = vec![
             ("code", Value::Str(&job.code)),
             ("filename", Value::Str(&job.filename)),
@@ -901,60 +704,134 @@ impl Engine {
         })
     }
 
+    /// The most a runner's response may hold: the result limit, and room for an error's
+    /// message and traceback.
+    fn response_limit(&self) -> u64 {
+        self.config.max_result_bytes + RESPONSE_OVERHEAD
+    }
+
     /// Runs one job in a fresh sandbox. Errors mean nothing ran (bad input, or a host that
     /// cannot enforce the policy); anything that happens once the sandbox exists is a result.
-    pub fn execute(&self, job: Job, sink: &mut dyn OutputSink) -> Result<Execution, EngineError> {
+    pub fn execute(
+        &self,
+        mut job: Job,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Execution, EngineError> {
         self.check(&job)?;
         let policy = self.job_policy(&job);
-        let request = self.runner_request(&job)?;
-
-        let cancel = job.cancel.clone();
-        if cancel.as_ref().is_some_and(Cancel::is_cancelled) {
+        let request = self.runner_request(&job, &policy)?;
+        if job.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             return Err(EngineError::Cancelled);
         }
         let asked = std::time::Instant::now();
-        // A pooled sandbox has no tool channel and no egress listener: a job with tools or
-        // egress starts its own.
-        let tools = match &job.tools {
-            Some(bridge) => Some((bridge.clone(), socket_pair()?)),
-            None => None,
-        };
-        // Pooled sandboxes are lean zygotes' children (or cold): code that names a preloaded
-        // package takes a child of the zygote that has it loaded instead.
-        let preload = self
-            .zygotes
-            .as_ref()
-            .is_some_and(|z| z.wants_preloads(&job.code));
-        let warm = match (&tools, &job.egress, &job.environment) {
-            (None, None, None) if preload => {
-                self.preloaded_pool.as_ref().and_then(|p| p.take(&policy))
+        // A job with tools has a channel of its own, the sandbox's end at descriptor 4.
+        let (tools, tools_theirs) = match &job.tools {
+            Some(bridge) => {
+                let (ours, theirs) = socket_pair()?;
+                (Some((bridge.clone(), ours)), Some(OwnedFd::from(theirs)))
             }
-            _ if preload => None,
-            (None, None, None) => self.pool.as_ref().and_then(|p| p.take(&policy)),
-            (None, None, Some(env)) if !env.writable => {
-                self.env_pool(env).and_then(|p| p.take(&policy))
-            }
-            _ => None,
-        };
-        let pooled = warm.is_some();
-        let (tools, tools_theirs) = match tools {
-            Some((bridge, (ours, theirs))) => (Some((bridge, ours)), Some(OwnedFd::from(theirs))),
             None => (None, None),
         };
-        let (mut child, control, _in_use) = match warm {
-            Some((w, in_use)) => {
-                let mut child = w.child;
-                child.restart_clock(policy.limits.wall_time);
-                (child, w.control, Some(in_use))
-            }
-            None => {
-                let (child, control) =
-                    self.start_sandbox_for(&policy, Mode::Cold, tools_theirs, preload)?;
-                (child, control, None)
+        // Held until the execution ends: the pool counts its sandbox in use meanwhile.
+        let (sandbox, in_use) = self.sandbox_for(&job, &policy, tools_theirs)?;
+        let pooled = in_use.is_some();
+        let taken = pooled.then(|| asked.elapsed());
+        let forked = sandbox.child.is_zygote_child();
+        let stdin = std::mem::replace(&mut job.stdin, Stdin::Empty);
+        let ran = self.run(sandbox, &job, stdin, request, tools, sink)?;
+        let io = ran.io;
+        let outcome = match ran.waited {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let mut iso = planned_isolation(&policy);
+                with_egress(&mut iso, job.egress.as_deref());
+                let usage = airlock_api::Usage::default();
+                let result = Verdict::setup_failed(e.to_string())
+                    .into_result(io.streams, usage, job.limits, iso);
+                drop(in_use);
+                return Ok(Execution {
+                    result,
+                    sandbox_ready: None,
+                    pooled,
+                    forked,
+                    setup_failed: true,
+                });
             }
         };
-        let taken = pooled.then(|| asked.elapsed());
-        let forked = child.is_zygote_child();
+        let response =
+            verdict::parse_response(&io.response, io.response_overflow, self.response_limit());
+        let mut v = verdict::verdict(&outcome, response, &job.limits, io.streams.truncated());
+        ran.breach.explain(outcome.killed, &mut v);
+        let usage = airlock_api::Usage {
+            wall_ms: outcome.usage.wall.as_millis() as u64,
+            cpu_ms: outcome
+                .usage
+                .cpu
+                .or(outcome.usage.program_cpu)
+                .map(|d| d.as_millis() as u64),
+            memory_peak_bytes: outcome.usage.memory_peak_bytes,
+            tool_calls: ran.tool_calls,
+            egress: ran.egress,
+        };
+        let mut iso = isolation(&outcome.isolation);
+        with_egress(&mut iso, job.egress.as_deref());
+        let result = v.into_result(io.streams, usage, job.limits, iso);
+        drop(in_use);
+        Ok(Execution {
+            result,
+            sandbox_ready: taken.or(outcome.ready_after),
+            pooled,
+            forked,
+            setup_failed: false,
+        })
+    }
+
+    /// A sandbox for `job`: one from a pool that holds one built alike (with its count of
+    /// sandboxes in use), or one started now (with `tools`, the tool channel's end, when the
+    /// job has tools).
+    fn sandbox_for(
+        &self,
+        job: &Job,
+        policy: &Policy,
+        tools: Option<OwnedFd>,
+    ) -> Result<(Sandbox, Option<pool::InUse>), EngineError> {
+        // Pooled sandboxes are lean zygotes' children (or cold): code that names a preloaded
+        // package takes a child of the zygote that has it loaded instead.
+        let preload = self.launcher.wants_preloads(&job.code);
+        // A pooled sandbox has no tool channel and no egress listener: a job with tools or
+        // egress starts its own.
+        let pool = match (&tools, &job.egress, &job.environment) {
+            (None, None, None) if preload => self.preloaded_pool.clone(),
+            _ if preload => None,
+            (None, None, None) => self.pool.clone(),
+            (None, None, Some(env)) if !env.writable => self.env_pool(env),
+            _ => None,
+        };
+        if let Some((warm, in_use)) = pool.and_then(|p| p.take(policy)) {
+            let mut child = warm.child;
+            child.restart_clock(policy.limits.wall_time);
+            let sandbox = Sandbox {
+                child,
+                control: warm.control,
+            };
+            return Ok((sandbox, Some(in_use)));
+        }
+        let (child, control) = self.launcher.start(policy, Mode::Cold, tools, preload)?;
+        Ok((Sandbox { child, control }, None))
+    }
+
+    /// Runs `sandbox` to its end: the request in, the output and the response out (`pump`),
+    /// with the egress proxy and the tool bridge beside it and the job's cancel attached.
+    fn run(
+        &self,
+        sandbox: Sandbox,
+        job: &Job,
+        stdin: Stdin,
+        request: Vec<u8>,
+        tools: Option<(Arc<dyn ToolBridge>, UnixStream)>,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Ran, EngineError> {
+        let Sandbox { mut child, control } = sandbox;
         if self.defer_cleanup {
             child.defer_cleanup();
         }
@@ -967,7 +844,7 @@ impl Engine {
             }
             _ => None,
         };
-        if let Some(c) = &cancel {
+        if let Some(c) = &job.cancel {
             c.attach(child.killer());
         }
         let (stop_r, stop_w) =
@@ -975,10 +852,9 @@ impl Engine {
                 what: "pipe2",
                 source: e.into(),
             })?;
-        let response_limit = self.config.max_result_bytes + RESPONSE_OVERHEAD;
         let pump = pump::Pump {
             stdin: child.take_stdin(),
-            stdin_source: job.stdin,
+            stdin_source: stdin,
             stdin_limit: self.config.max_stdin_bytes,
             control,
             request,
@@ -986,7 +862,7 @@ impl Engine {
             stderr: child.take_stderr(),
             stop: stop_r,
             output_limit: job.limits.output_bytes,
-            response_limit,
+            response_limit: self.response_limit(),
             sink,
         };
         let killer = child.killer();
@@ -1011,55 +887,38 @@ impl Engine {
         });
         let tool_calls = tools.as_ref().map_or(0, |(bridge, _)| bridge.calls());
         let egress = serving.map(airlock_egress::Serving::finish);
-        if let Some(c) = &cancel {
+        if let Some(c) = &job.cancel {
             c.detach();
         }
         let io = io.map_err(|_| EngineError::Io {
             what: "output pump",
             source: std::io::Error::other("panicked"),
         })?;
-        let outcome = match waited {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                let mut iso = planned_isolation(&policy);
-                with_egress(&mut iso, job.egress.as_deref());
-                let usage = airlock_api::Usage::default();
-                let result = Verdict::setup_failed(e.to_string())
-                    .into_result(io.streams, usage, job.limits, iso);
-                return Ok(Execution {
-                    result,
-                    sandbox_ready: None,
-                    pooled,
-                    forked,
-                    setup_failed: true,
-                });
-            }
-        };
-        let response = verdict::parse_response(&io.response, io.response_overflow, response_limit);
-        let mut v = verdict::verdict(&outcome, response, &job.limits, io.streams.truncated());
-        breach.explain(outcome.killed, &mut v);
-        let usage = airlock_api::Usage {
-            wall_ms: outcome.usage.wall.as_millis() as u64,
-            cpu_ms: outcome
-                .usage
-                .cpu
-                .or(outcome.usage.program_cpu)
-                .map(|d| d.as_millis() as u64),
-            memory_peak_bytes: outcome.usage.memory_peak_bytes,
+        Ok(Ran {
+            waited,
+            io,
             tool_calls,
             egress,
-        };
-        let mut iso = isolation(&outcome.isolation);
-        with_egress(&mut iso, job.egress.as_deref());
-        let result = v.into_result(io.streams, usage, job.limits, iso);
-        Ok(Execution {
-            result,
-            sandbox_ready: taken.or(outcome.ready_after),
-            pooled,
-            forked,
-            setup_failed: false,
+            breach,
         })
     }
+}
+
+/// A sandbox whose runner waits for its request on `control`.
+struct Sandbox {
+    child: airlock_sandbox::Child,
+    control: UnixStream,
+}
+
+/// What running a sandbox to its end gave.
+struct Ran {
+    /// How it ended, or why that is unknown (it could not be built).
+    waited: Result<airlock_sandbox::Outcome, airlock_sandbox::WaitError>,
+    io: pump::Collected,
+    tool_calls: u64,
+    egress: Option<airlock_egress::Usage>,
+    /// Why the tool channel was cut, if the code broke its protocol.
+    breach: tools::Breach,
 }
 
 impl Engine {
@@ -1249,31 +1108,6 @@ fn isolation(iso: &airlock_sandbox::Isolation) -> airlock_api::Isolation {
 fn planned_isolation(policy: &Policy) -> airlock_api::Isolation {
     isolation(&airlock_sandbox::Isolation::planned(policy, None))
 }
-
-/// Waits for a warm runner's ready byte; [`None`] (the sandbox killed and gone) if it never
-/// comes.
-fn ready_or_gone(
-    child: airlock_sandbox::Child,
-    control: &UnixStream,
-) -> Option<airlock_sandbox::Child> {
-    use std::io::Read;
-    let mut byte = [0u8; 1];
-    let ready = control.set_read_timeout(Some(READY_TIMEOUT)).is_ok()
-        && matches!((&*control).read(&mut byte), Ok(1))
-        && byte[0] == b'R'
-        && control.set_read_timeout(None).is_ok();
-    if ready {
-        return Some(child);
-    }
-    child.killer().kill(KillReason::Cancelled);
-    if let Err(e) = child.wait() {
-        tracing::debug!(error = %e, "a zygote's child never started");
-    }
-    None
-}
-
-/// How long a sandbox's runner may take to say it is ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -16,7 +16,6 @@
 //! without such a miss.
 
 use std::collections::VecDeque;
-use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,10 +26,8 @@ use std::time::{Duration, Instant};
 use airlock_sandbox::{Child, Policy};
 use serde::{Deserialize, Serialize};
 
+use crate::launcher::{said_ready, Launcher, Mode};
 use crate::{Engine, EngineError};
-
-/// How long a pooled sandbox may take to say it is ready.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -154,7 +151,7 @@ struct State {
 }
 
 struct Shared {
-    engine: Engine,
+    launcher: Launcher,
     policy: Policy,
     /// Its sandboxes are children of the preloading zygote.
     preload: bool,
@@ -203,29 +200,24 @@ impl Drop for InUse {
 }
 
 impl Pool {
-    /// Starts filling a pool for `engine` (whose own pool, if any, is not used).
+    /// Starts filling a pool of sandboxes for `engine`'s default limits, started as its
+    /// own are (see `launcher`).
     pub fn start(engine: &Engine, config: PoolConfig) -> Result<Pool, String> {
         let policy = engine.policy(&engine.config.defaults);
-        Self::start_for(engine, config, policy, false)
+        Self::start_for(&engine.launcher, config, policy, false)
     }
 
     /// Starts filling a pool of sandboxes built from `policy` (an environment's, or the
     /// defaults'); with `preload`, children of the preloading zygote.
     pub(crate) fn start_for(
-        engine: &Engine,
+        launcher: &Launcher,
         config: PoolConfig,
         policy: Policy,
         preload: bool,
     ) -> Result<Pool, String> {
         config.validate()?;
-        let engine = Engine {
-            pool: None,
-            preloaded_pool: None,
-            env_pools: None,
-            ..engine.clone()
-        };
         let shared = Arc::new(Shared {
-            engine,
+            launcher: launcher.clone(),
             policy,
             preload,
             state: Mutex::new(State {
@@ -465,7 +457,7 @@ fn refill(s: &Arc<Shared>) {
             drop(excess);
             continue;
         }
-        let started = start_warm(&s.engine, &s.policy, s.preload);
+        let started = start_warm(&s.launcher, &s.policy, s.preload);
         let mut state = s.state();
         state.starting -= 1;
         // A take may be waiting for this one (`wait_for_refill`), added or failed.
@@ -531,16 +523,9 @@ fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
 }
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
-fn start_warm(engine: &Engine, policy: &Policy, preload: bool) -> Result<Warm, EngineError> {
-    let (child, mut control) =
-        engine.start_sandbox_for(policy, crate::session::Mode::Warm, None, preload)?;
-    let io = |what: &'static str| move |source| EngineError::Io { what, source };
-    control
-        .set_read_timeout(Some(READY_TIMEOUT))
-        .map_err(io("pool: setting a timeout"))?;
-    let mut byte = [0u8; 1];
-    let got = control.read(&mut byte);
-    if !matches!(got, Ok(1)) || byte[0] != b'R' {
+fn start_warm(launcher: &Launcher, policy: &Policy, preload: bool) -> Result<Warm, EngineError> {
+    let (child, control) = launcher.start(policy, Mode::Warm, None, preload)?;
+    if !said_ready(&control) {
         // Its own report says what went wrong, when it has one.
         child.killer().kill(airlock_sandbox::KillReason::Cancelled);
         let why = match child.wait() {
@@ -564,9 +549,6 @@ fn start_warm(engine: &Engine, policy: &Policy, preload: bool) -> Result<Warm, E
             source: std::io::Error::other(why),
         });
     }
-    control
-        .set_read_timeout(None)
-        .map_err(io("pool: clearing a timeout"))?;
     Ok(Warm { child, control })
 }
 

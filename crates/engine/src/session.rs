@@ -22,6 +22,7 @@ use airlock_sandbox::{KillReason, Killer, Outcome, Probe, SetOnce};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::channel::{self, Assembler, Broken, Frame};
+use crate::launcher::Mode;
 use crate::marshal::{self, Value};
 use crate::pump::{self, OutputSink, Progress, Stream, Streams};
 use crate::verdict::{self, Response, Verdict};
@@ -121,12 +122,12 @@ impl Session {
         engine.check(&setup)?;
         let policy = engine.job_policy(&setup);
         let egress = setup.egress.clone();
-        let request = framed(engine.runner_request(&setup)?)?;
+        let request = framed(engine.runner_request(&setup, &policy)?)?;
         let end = Arc::new(End::default());
         let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| io_error("pipe2", e.into()))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let (engine2, end2) = (engine.clone(), end.clone());
+        let (launcher, end2) = (engine.launcher.clone(), end.clone());
         let tools = match &setup.tools {
             Some(bridge) => Some((bridge.clone(), crate::socket_pair()?)),
             None => None,
@@ -140,8 +141,9 @@ impl Session {
                     Some((bridge, (ours, theirs))) => (Some((bridge, ours)), Some(theirs.into())),
                     None => (None, None),
                 };
+                // Where zygotes serve it, a child of the preloading one.
                 let (mut child, control) =
-                    match engine2.start_sandbox(&policy, Mode::Session, theirs) {
+                    match launcher.start(&policy, Mode::Session, theirs, true) {
                         Ok(started) => started,
                         Err(e) => {
                             let _ = tx.send(Err(e));
@@ -198,7 +200,7 @@ impl Session {
                 std::io::Error::other("no output pipes"),
             ));
         };
-        let response_limit = engine.config.max_result_bytes + crate::RESPONSE_OVERHEAD;
+        let response_limit = engine.response_limit();
         let mut io = Io {
             control,
             stdout,
@@ -537,17 +539,6 @@ fn bad_answer(what: &str) -> SessionError {
 
 fn io_error(what: &'static str, source: std::io::Error) -> EngineError {
     EngineError::Io { what, source }
-}
-
-/// How the runner of a new sandbox starts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// Reads its request at once.
-    Cold,
-    /// Says it is ready, then waits for its request (the warm pool).
-    Warm,
-    /// Serves frames until the channel closes.
-    Session,
 }
 
 /// A request (marshal) as the runner reads it: one frame.
