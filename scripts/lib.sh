@@ -88,7 +88,7 @@ ensure_schemathesis() {
 }
 
 # kubernetes-validate (PyPI): the Kubernetes API's schemas, offline, for the manifests'
-# test (crates/cli/tests/deploy.rs); and kubectl for `kubectl kustomize` (Debian's
+# test (crates/cli/tests/it/deploy.rs); and kubectl for `kubectl kustomize` (Debian's
 # kubernetes-client where the machine has no kubectl).
 KUBERNETES_VALIDATE_VENV=target/kubernetes-validate
 KUBERNETES_VALIDATE_VERSION=1.37.0
@@ -123,7 +123,7 @@ ensure_mcp_client() {
 }
 
 # The MCP reference server (@modelcontextprotocol/server-everything) from the npm registry, a
-# tool source for crates/cli/tests/tools.rs besides the Python SDK's.
+# tool source for crates/cli/tests/it/tools.rs besides the Python SDK's.
 MCP_EVERYTHING_DIR=target/mcp-everything
 MCP_EVERYTHING_VERSION=2026.8.31
 

@@ -28,15 +28,15 @@ deny_build=$!
 if [ "${CI:-}" = "true" ]; then
     export CARGO_INCREMENTAL=0
 fi
-# The official Python MCP SDK, the client of crates/cli/tests/mcp.rs and the tool servers of
+# The official Python MCP SDK, the client of crates/cli/tests/it/mcp.rs and the tool servers of
 # tools.rs; the MCP reference server, another tool source of tools.rs.
 ensure_mcp_client
 ensure_mcp_everything
 # pytest and mypy for the Python client (clients/python).
 ensure_python_client
-# schemathesis, the API fuzzer of crates/cli/tests/openapi.rs.
+# schemathesis, the API fuzzer of crates/cli/tests/it/openapi.rs.
 ensure_schemathesis
-# kubectl kustomize and kubernetes-validate, for deploy/kubernetes (crates/cli/tests/deploy.rs).
+# kubectl kustomize and kubernetes-validate, for deploy/kubernetes (crates/cli/tests/it/deploy.rs).
 ensure_kubernetes_tools
 
 step "cargo fmt --check"
@@ -69,8 +69,8 @@ step "the Python client: pytest, mypy --strict"
 step "the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
 scripts/soak.sh --short
 step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
-TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test jail --test kernel --test limits \
-    --test results --test outputs --test function
+TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test it -- jail:: kernel:: limits:: \
+    results:: outputs:: function::
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh). A
 # short run of unoptimised targets (overflow checks on): their build takes half the time.

@@ -318,7 +318,7 @@ DATE = b"\x80\x02cdatetime\ndate\nM\xe8\x07K\x01K\x02\x87R."
 
 @pytest.fixture
 def cli_files(tmp_path: pathlib.Path) -> Iterator[dict[str, pathlib.Path]]:
-    """crates/cli/tests/pickle.rs's files, made the same way."""
+    """crates/cli/tests/it/pickle.rs's files, made the same way."""
     canary = tmp_path / "payload-ran"
     evil = pickle.dumps(Reduce(os.system, f"touch {canary}"), protocol=2)
     files = {
@@ -398,7 +398,7 @@ def test_the_report_is_the_cli_s_json(cli_files: dict[str, pathlib.Path]) -> Non
 
 
 def test_size_is_bounded(tmp_path: pathlib.Path) -> None:
-    # crates/cli/tests/pickle.rs: 5 000 bytes of BINBYTES8 against a bound of 4 096.
+    # crates/cli/tests/it/pickle.rs: 5 000 bytes of BINBYTES8 against a bound of 4 096.
     data = b"\x80\x04\x8e" + (5000).to_bytes(8, "little") + bytes(5000) + b"."
     report = safe_pickle.scan(data, max_bytes=4096)
     assert report.verdict == "malformed"

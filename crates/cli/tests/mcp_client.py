@@ -1,4 +1,4 @@
-"""An MCP client for crates/cli/tests/mcp.rs, on the official Python SDK (`mcp`).
+"""An MCP client for crates/cli/tests/it/mcp.rs, on the official Python SDK (`mcp`).
 
 It drives `airlock mcp` (stdio) or `airlock serve`'s /mcp (streamable HTTP) through a scenario
 and prints one JSON object of what it saw, step by step; the Rust test judges it. Nothing is

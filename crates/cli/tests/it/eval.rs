@@ -1,7 +1,7 @@
 //! `airlock eval` and `POST /v1/eval`: Python literal expressions evaluated natively, through
 //! the real binary and the real server on loopback.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! Limits, tried by programs that try hard to exceed them. THREAT-MODEL: processes and time,
 //! memory and disk. Every run also checks that nothing is left on the host afterwards.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Stdio;

@@ -8,7 +8,7 @@
 //! `entrypoint`, the files' total size, and a JSON Schema `integer` includes `1.0`, which a
 //! limit refuses.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! `Accept: text/event-stream` on `POST /v1/execute`, against the real server: output arrives
 //! while the program still runs, limits and truncation hold on the stream, the result is last.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

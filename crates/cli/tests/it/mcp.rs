@@ -4,7 +4,7 @@
 //! every judgement is here. Also, with raw HTTP: who may reach `/mcp` at all (keys, scopes,
 //! Origin, Host), and that one key's session is not another's.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Command;

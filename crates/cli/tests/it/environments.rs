@@ -4,7 +4,7 @@
 //! mounted read-only, refused when unknown or tampered with; a hostile package's build code
 //! gains nothing; `pip install` in a session lands in the session's own scratch.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! real server and `airlock run`. The return value is converted to JSON inside the sandbox;
 //! nothing is ever pickled, and inputs arrive as plain data.
 
-mod common;
+use crate::common;
 
 use common::http::Server;
 use common::*;

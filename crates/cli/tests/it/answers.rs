@@ -3,7 +3,7 @@
 //! answer counts in its key's share until it is written out, answers are streamed from the
 //! captured bytes (never built whole as escaped JSON), and slow readers are cut off.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

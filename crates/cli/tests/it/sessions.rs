@@ -2,7 +2,7 @@
 //! session, verdicts that end it clearly, reaping, files in and out without following what the
 //! sandbox planted, and nothing left on the host.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

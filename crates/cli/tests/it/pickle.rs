@@ -1,7 +1,7 @@
 //! `airlock pickle` and `POST /v1/pickle/scan` through the real binary and the real server:
 //! verdicts and exit codes, decoded data, and a payload that is never run.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

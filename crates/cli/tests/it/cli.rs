@@ -1,7 +1,7 @@
 //! `airlock run` and `airlock doctor` as a user meets them: options, bad input, exit codes,
 //! streaming, and failing closed on a host that cannot enforce the policy.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

@@ -4,7 +4,7 @@
 //! says to. Sessions and records work through the balancer; a replica killed with SIGKILL and
 //! started again loses no record.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! docs/deploying.md says, and airlock works under the capability bounding set and no_new_privs it
 //! gives (no systemd runs here as PID 1, so the server runs under setpriv with the same).
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

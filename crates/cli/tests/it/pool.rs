@@ -3,7 +3,7 @@
 //! With zygotes on, these keep no children of the preloading zygote (`preloaded = 0`), so
 //! that they count the lean pool's sandboxes alone; `zygote.rs` tests those.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

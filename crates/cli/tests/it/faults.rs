@@ -2,7 +2,7 @@
 //! touches, `/readyz` says why, and the server recovers by itself once the fault is gone.
 //! (A full or read-only state directory: `server.rs`; a tool server that dies: `tools.rs`.)
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! The jail, probed from inside by real programs: namespaces, the file system, the network and
 //! the process's own attributes. THREAT-MODEL: reading the host, writing the host, network.
 
-mod common;
+use crate::common;
 
 use std::net::{TcpListener, UdpSocket};
 use std::os::unix::net::UnixListener;

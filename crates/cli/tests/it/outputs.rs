@@ -1,7 +1,7 @@
 //! Rich outputs: matplotlib figures and `display()` through the real server, headless, with
 //! Debian's matplotlib inside the sandbox. The host checks every output it is handed.
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use common::http::Server;

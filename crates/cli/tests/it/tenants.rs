@@ -1,7 +1,7 @@
 //! Between executions: nothing persists from one to the next, and two at once share nothing.
 //! THREAT-MODEL: persistence between runs (planted sitecustomize.py/.pth), between tenants.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

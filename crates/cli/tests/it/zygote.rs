@@ -4,7 +4,7 @@
 //! (The jail, kernel and limits tests run once more through `airlock run --zygote`, see
 //! `scripts/test.sh`; the sandbox crate's own `tests/zygote.rs` checks what children leave.)
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

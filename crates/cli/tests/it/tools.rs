@@ -4,7 +4,7 @@
 //! granted, every bound, upstream faults, cancellation, audit and metrics, sessions, MCP to
 //! airlock to MCP, and that the tool server's secrets never reach the sandbox.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! `airlock serve`, started for real on a loopback port and driven over HTTP: results, every
 //! hardening item, concurrency overflow and shutdown. THREAT-MODEL: HTTP; seed 003's HTTP items.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::time::{Duration, Instant};

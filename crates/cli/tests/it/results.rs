@@ -1,7 +1,7 @@
 //! The result channel: values, exceptions, and programs that try to forge or break what comes
 //! back. THREAT-MODEL: the result channel (spoofed framing, invalid UTF-8, NaN, deep nesting).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::{json, Value};

@@ -1,7 +1,7 @@
 //! The kernel surface: the seccomp filter and Landlock, tried from inside with raw system calls
 //! (ctypes), with the real kernel as the oracle. THREAT-MODEL: kernel surface, network.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

@@ -3,7 +3,7 @@
 //! (and the operator's explicit range for loopback) allows, within its budgets, with every
 //! connection in the audit log and metrics. The hostile cases speak to the proxy directly.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
