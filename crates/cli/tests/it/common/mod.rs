@@ -323,10 +323,11 @@ fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default()
 }
 
-/// `pid` and its ancestors, up to (not including) PID 1.
+/// `pid` and its ancestors, PID 1 included (the test binary is PID 1 where the pod test
+/// runs it in a container).
 fn lineage(pid: u32) -> Vec<u32> {
     let mut chain = vec![pid];
-    while let Some(parent) = ppid(*chain.last().unwrap()).filter(|&p| p > 1) {
+    while let Some(parent) = ppid(*chain.last().unwrap()).filter(|&p| p > 0) {
         if chain.len() > 256 || chain.contains(&parent) {
             break;
         }
