@@ -114,13 +114,14 @@ found
             "run {i} saw what an earlier run left"
         );
     }
+    // Read once the last take's replacement is ready: a refill counts when it is made.
+    wait_idle(&server, 1);
     let pool = pool_status(&server);
     assert_eq!(pool["takes"].as_u64().unwrap() - takes, runs, "{pool}");
     // Every take was replaced by a new sandbox: none ever went back.
     assert!(pool["refills"].as_u64().unwrap() > runs, "{pool}");
     // Used sandboxes are gone while the server runs (their cgroups are removed in the
     // background): what is left is the one idle sandbox.
-    wait_idle(&server, 1);
     // Zygotes' own cgroups (`airlock-<pid>-zygote-<n>`) live as long as the server.
     let names = |dirs: &[std::path::PathBuf]| {
         dirs.iter()
