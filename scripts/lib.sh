@@ -2,11 +2,11 @@
 
 # step NAME: announces a step with the seconds since the outermost script started, so that a
 # log says where the time went (a script another one runs, fuzz.sh under test.sh, counts on
-# from its caller's clock instead of from zero).
-if [ -n "${AIRLOCK_STEP_CLOCK:-}" ]; then
-    SECONDS=$(($(date +%s) - AIRLOCK_STEP_CLOCK))
+# from its caller's clock instead of from zero). Not AIRLOCK_*: airlock reads those as settings.
+if [ -n "${SCRIPTS_STEP_CLOCK:-}" ]; then
+    SECONDS=$(($(date +%s) - SCRIPTS_STEP_CLOCK))
 else
-    export AIRLOCK_STEP_CLOCK=$(($(date +%s) - SECONDS))
+    export SCRIPTS_STEP_CLOCK=$(($(date +%s) - SECONDS))
 fi
 step() {
     printf '==> [%5ss] %s\n' "$SECONDS" "$*"
