@@ -601,8 +601,15 @@ impl SandboxCgroup {
             (CgroupVersion::V2, true) => ("cpu.weight", "1"),
             (CgroupVersion::V2, false) => ("cpu.weight", "100"),
         };
-        let path = self.file(name).unwrap_or_else(|| self.dirs[0].join(name));
-        write(&path, value)
+        // Said as the controller's own directory answered, if no other has the file.
+        let mut first_error = None;
+        for dir in self.by_controller(name) {
+            match write(&dir.join(name), value) {
+                Ok(()) => return Ok(()),
+                Err(e) => drop(first_error.get_or_insert(e)),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// The same directories, read-only: dropping the view removes nothing.
@@ -623,21 +630,31 @@ impl SandboxCgroup {
         Ok(())
     }
 
-    /// v1 keeps each controller's files in that controller's hierarchy.
-    fn file(&self, name: &str) -> Option<PathBuf> {
-        self.dirs.iter().map(|d| d.join(name)).find(|p| p.exists())
+    /// A counter file's text. Opened at once, first in the directory whose path names the
+    /// file's controller (`memory.peak`: `.../memory/...`), then in the others: no `stat` of
+    /// each candidate first, as counters are read several times an execution.
+    fn read_file(&self, name: &str) -> Option<String> {
+        self.by_controller(name)
+            .into_iter()
+            .find_map(|d| fs::read_to_string(d.join(name)).ok())
+    }
+
+    /// The directories, those whose path names the controller of file `name` first (v1 keeps
+    /// each controller's files in that controller's hierarchy).
+    fn by_controller(&self, name: &str) -> Vec<&PathBuf> {
+        let controller = format!("/{}", name.split('.').next().unwrap_or(name));
+        let named = |d: &&PathBuf| d.to_str().is_some_and(|s| s.contains(&controller));
+        let (mut first, rest): (Vec<&PathBuf>, Vec<&PathBuf>) = self.dirs.iter().partition(named);
+        first.extend(rest);
+        first
     }
 
     fn read_value(&self, name: &str) -> Option<u64> {
-        fs::read_to_string(self.file(name)?)
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        self.read_file(name)?.trim().parse().ok()
     }
 
     fn read_keyed(&self, name: &str, key: &str) -> Option<u64> {
-        let text = fs::read_to_string(self.file(name)?).ok()?;
+        let text = self.read_file(name)?;
         text.lines().find_map(|l| {
             let (k, v) = l.split_once(' ')?;
             (k == key).then(|| v.trim().parse().ok()).flatten()
@@ -719,10 +736,14 @@ impl SandboxCgroup {
 
     /// Kills what is left and removes the directories.
     pub fn remove(mut self) -> Result<(), CgroupError> {
-        self.remove_dirs()
+        self.remove_dirs(0)
     }
 
-    fn remove_dirs(&mut self) -> Result<(), CgroupError> {
+    /// Removes the directories, retrying while they are busy; from the `kill_from`th try on
+    /// (and every tenth after), kills what is left first. A cgroup whose last process is on
+    /// its way out (its PID namespace's teardown) needs no kill, only a few more tries:
+    /// `kill_all` reads every hierarchy's process list each millisecond meanwhile.
+    fn remove_dirs(&mut self, kill_from: usize) -> Result<(), CgroupError> {
         if self.removed {
             return Ok(());
         }
@@ -739,7 +760,7 @@ impl SandboxCgroup {
             if last.is_none() {
                 break;
             }
-            if attempt % 10 == 0 {
+            if attempt >= kill_from && attempt % 10 == kill_from % 10 {
                 self.kill_all();
             }
             std::thread::sleep(Duration::from_millis(2));
@@ -758,7 +779,7 @@ impl SandboxCgroup {
 
 impl Drop for SandboxCgroup {
     fn drop(&mut self) {
-        let _ = self.remove_dirs();
+        let _ = self.remove_dirs(0);
     }
 }
 
@@ -777,6 +798,9 @@ struct JanitorState {
     pending: usize,
 }
 
+/// How many times the background tries to remove a cgroup before it kills what is inside.
+const RETRIES_BEFORE_KILL: usize = 10;
+
 /// Beyond this many waiting removals, removal happens in line again (back-pressure).
 const MAX_PENDING_REMOVALS: usize = 64;
 
@@ -794,8 +818,10 @@ fn janitor() -> &'static Janitor {
         let spawned = std::thread::Builder::new()
             .name("airlock-cgroup-janitor".into())
             .spawn(move || {
-                for cg in rx {
-                    if cg.remove().is_err() {
+                for mut cg in rx {
+                    // Only empty cgroups, or ones whose last process is already killed,
+                    // come here: killing is for one still busy after ~10 tries (20 ms).
+                    if cg.remove_dirs(RETRIES_BEFORE_KILL).is_err() {
                         CLEANUP_FAILURES.fetch_add(1, Ordering::Relaxed);
                     }
                     let j = janitor();
@@ -877,7 +903,7 @@ pub fn remove_leftovers(layout: &Layout) -> Vec<PathBuf> {
                 tree: None,
                 removed: false,
             };
-            if cg.remove_dirs().is_ok() {
+            if cg.remove_dirs(0).is_ok() {
                 removed.push(entry.path());
             }
         }

@@ -73,10 +73,11 @@ fn parse_hash(hash: &str) -> Option<[u8; 32]> {
     (hex.len() == 64).then_some(out)
 }
 
-/// `n` bytes from the kernel's random source.
+/// `n` bytes from the kernel's random source (getrandom(2): ids are made several times a
+/// request, and need no file opened each time).
 pub fn random_bytes(n: usize) -> std::io::Result<Vec<u8>> {
     let mut buf = vec![0u8; n];
-    std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut buf)?;
+    getrandom::fill(&mut buf).map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(buf)
 }
 
@@ -88,7 +89,7 @@ pub fn generate_key() -> std::io::Result<String> {
 /// A random identifier with a prefix, for executions and requests.
 pub fn random_id(prefix: &str) -> String {
     let bytes = random_bytes(12).unwrap_or_else(|_| {
-        // /dev/urandom cannot be missing on a host that runs sandboxes; keep ids unique anyway.
+        // getrandom(2) cannot fail on a host that runs sandboxes; keep ids unique anyway.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
