@@ -367,8 +367,9 @@ pub struct SessionRequest {
     /// is each cell's default wall clock, `output_bytes` each cell's output.
     #[serde(default)]
     pub limits: LimitsRequest,
-    /// Close the session after this long without a request (at most the server's setting).
-    #[schemars(range(min = 1))]
+    /// Close the session after this long without a request (at most the server's setting;
+    /// at least a second, or it could end before its next request arrives).
+    #[schemars(range(min = 1000))]
     pub idle_timeout_ms: Option<u64>,
     /// Close the session this long after it started (at most the server's setting; at least
     /// a second, which its interpreter needs to start).

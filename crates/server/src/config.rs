@@ -718,10 +718,11 @@ impl Config {
                 ));
             }
         }
-        if self.sessions.max_lifetime_ms < 1000 || self.sessions.idle_timeout_ms == 0 {
+        if self.sessions.max_lifetime_ms < 1000 || self.sessions.idle_timeout_ms < 1000 {
             return bad(
                 "sessions.max_lifetime_ms must be at least 1000 (a session's interpreter starts \
-                 within it) and sessions.idle_timeout_ms at least 1"
+                 within it) and sessions.idle_timeout_ms at least 1000 (a session lives until \
+                 the request after its creation)"
                     .into(),
             );
         }
@@ -909,6 +910,7 @@ mod tests {
         for (var, value) in [
             ("AIRLOCK_SESSIONS__MAX_LIFETIME_MS", "999"),
             ("AIRLOCK_SESSIONS__IDLE_TIMEOUT_MS", "0"),
+            ("AIRLOCK_SESSIONS__IDLE_TIMEOUT_MS", "999"),
         ] {
             let e = load(None, &env(&[(var, value)]), None, None).unwrap_err();
             assert!(

@@ -203,10 +203,10 @@ fn idle_and_expired_sessions_are_closed_and_their_sandboxes_destroyed() {
     let _g = serial();
     let before = HostState::now();
     let server = Server::start("", &[]);
-    let idle = create(&server, json!({"idle_timeout_ms": 300}));
+    let idle = create(&server, json!({"idle_timeout_ms": 1000}));
     let old = create(
         &server,
-        json!({"max_lifetime_ms": 1500, "idle_timeout_ms": 60000}),
+        json!({"max_lifetime_ms": 3000, "idle_timeout_ms": 60000}),
     );
     // Kept busy, the second still dies at its lifetime.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -468,18 +468,26 @@ fn a_key_s_sessions_are_bounded() {
         Some(&json!({"idle_timeout_ms": 999_999_999})),
     );
     assert_eq!(r.status, 400);
-    // A lifetime too short for its interpreter to start is the request's error, not a 503.
-    let r = server.call("POST", "/v1/sessions", Some(&json!({"max_lifetime_ms": 2})));
-    assert_eq!(
-        (
-            r.status,
-            r.error_code(),
-            r.json()["error"]["field"].as_str()
-        ),
-        (400, "invalid_request".into(), Some("max_lifetime_ms")),
-        "{}",
-        r.text()
-    );
+    // A lifetime too short for its interpreter to start is the request's error, not a 503;
+    // so is an idle timeout that could end it before the request after its creation
+    // (schemathesis made one of 1 ms, then found the session gone).
+    for (field, ms) in [
+        ("max_lifetime_ms", 2),
+        ("idle_timeout_ms", 1),
+        ("idle_timeout_ms", 999),
+    ] {
+        let r = server.call("POST", "/v1/sessions", Some(&json!({ field: ms })));
+        assert_eq!(
+            (
+                r.status,
+                r.error_code(),
+                r.json()["error"]["field"].as_str()
+            ),
+            (400, "invalid_request".into(), Some(field)),
+            "{}",
+            r.text()
+        );
+    }
     let r = server.call(
         "POST",
         "/v1/sessions",

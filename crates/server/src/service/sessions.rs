@@ -330,9 +330,10 @@ pub(crate) fn prepare_open(
     let cfg = &state.config.sessions;
     let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
     let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
-    // A sandbox that lives less than a second may be gone before its interpreter is ready.
+    // A sandbox that lives less than a second may be gone before its interpreter is ready;
+    // one idle for less may be gone before the request that follows its creation.
     for (field, v, least, most) in [
-        ("idle_timeout_ms", idle, 1, cfg.idle_timeout_ms),
+        ("idle_timeout_ms", idle, 1000, cfg.idle_timeout_ms),
         ("max_lifetime_ms", lifetime, 1000, cfg.max_lifetime_ms),
     ] {
         if v < least || v > most {
