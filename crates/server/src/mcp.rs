@@ -153,6 +153,54 @@ struct FileRead {
     shown_as: String,
 }
 
+/// `create_session`'s structured content: the session as `GET /v1/sessions/{id}` gives it,
+/// its id named `session_id`, as the text and every other session tool name it.
+#[derive(Debug, Serialize, JsonSchema)]
+struct CreatedSession {
+    /// What `run_in_session`, `list_session_files`, `read_session_file` and `close_session`
+    /// take.
+    session_id: String,
+    /// RFC 3339.
+    created_at: String,
+    /// When it will be closed at the latest, RFC 3339.
+    expires_at: String,
+    idle_timeout_ms: u64,
+    max_lifetime_ms: u64,
+    /// Cells run so far.
+    cells: u64,
+    /// `null` while it can run cells; else the status of the cell that ended it.
+    ended: Option<Status>,
+    limits: airlock_api::Limits,
+}
+
+impl From<airlock_api::SessionInfo> for CreatedSession {
+    fn from(info: airlock_api::SessionInfo) -> Self {
+        // A new session has had no time between cells: `egress_between_cells` is for
+        // `GET /v1/sessions/{id}` later.
+        let airlock_api::SessionInfo {
+            id,
+            created_at,
+            expires_at,
+            idle_timeout_ms,
+            max_lifetime_ms,
+            cells,
+            ended,
+            limits,
+            egress_between_cells: _,
+        } = info;
+        CreatedSession {
+            session_id: id,
+            created_at,
+            expires_at,
+            idle_timeout_ms,
+            max_lifetime_ms,
+            cells,
+            ended,
+            limits,
+        }
+    }
+}
+
 /// `close_session`'s structured content.
 #[derive(Debug, Serialize, JsonSchema)]
 struct Closed {
@@ -347,7 +395,7 @@ impl Tools {
                 ),
                 true,
             ),
-            tool::<CreateSession, airlock_api::SessionInfo>(
+            tool::<CreateSession, CreatedSession>(
                 "create_session",
                 "Start a Python session",
                 format!(
@@ -584,7 +632,7 @@ impl Tools {
             l.pids,
             l.disk_mb
         ))]);
-        Ok(with_structured(result, &info))
+        Ok(with_structured(result, &CreatedSession::from(info)))
     }
 
     async fn run_in_session(

@@ -263,7 +263,14 @@ fn check_session(seen: &Value) {
     for (step, result) in seen.as_object().unwrap() {
         assert!(result.get("schema_error").is_none(), "{step}: {result}");
     }
-    assert_eq!(seen["create"]["structured"]["id"], seen["session_id"]);
+    // One name for the id: the text's, the other tools' arguments' and the structured
+    // content's.
+    assert_eq!(
+        seen["create"]["structured"]["session_id"],
+        seen["session_id"]
+    );
+    assert_eq!(seen["create"]["structured"].get("id"), None, "{seen:#}");
+    assert_eq!(seen["create"]["structured"]["cells"], json!(0));
     assert_eq!(seen["cell2"]["structured"]["session_ended"], json!(false));
     assert_eq!(
         seen["files"]["structured"]["files"][1]["path"],
