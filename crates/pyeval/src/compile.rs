@@ -285,8 +285,8 @@ impl Compiler<'_> {
                 ErrorKind::SyntaxError,
                 format!(
                     "Exceeds the limit (4300 digits) for integer string conversion: value has {} digits; \
-                     use sys.set_int_max_str_digits() to increase the limit - Consider hexadecimal \
-                     for huge integer literals to avoid decimal conversion limits.",
+                     a decimal literal has at most 4300 digits here (CPython's default, which an \
+                     expression cannot change); a hexadecimal literal has no such limit",
                     digits.len()
                 ),
             ));

@@ -34,6 +34,9 @@ pub use error::{Error, ErrorKind};
 /// For the test that checks it against the installed CPython.
 #[doc(hidden)]
 pub use eval::INTERNED_AT_STARTUP;
+/// What airlock says where CPython advises `sys.set_int_max_str_digits()` (the differential
+/// test reads CPython's message with it).
+pub use repr::INT_DIGITS_LIMIT;
 
 use budget::Budget;
 use value::Value;
@@ -156,7 +159,11 @@ fn evaluate_here(source: &str, limits: &Limits) -> Result<(Value, String), Error
     let parsed = ruff_python_parser::parse_expression(expr).map_err(|e| {
         Error::new(
             ErrorKind::SyntaxError,
-            format!("{} (at offset {})", e.error, e.location.start().to_usize()),
+            format!(
+                "{} (at offset {}); {ACCEPTED}",
+                e.error,
+                e.location.start().to_usize()
+            ),
         )
     })?;
     // The parser takes U+FEFF for whitespace; CPython refuses it outside a string.
@@ -201,6 +208,10 @@ fn evaluate_here(source: &str, limits: &Limits) -> Result<(Value, String), Error
     let repr = repr::repr(&value, &mut budget)?;
     Ok((value, repr))
 }
+
+/// What a syntax error says is accepted: a statement (an assignment to another name, an
+/// import) is not an expression.
+const ACCEPTED: &str = "one expression is evaluated, or `result = <expression>`";
 
 /// `result = <expr>` is accepted as `<expr>` (the form seed 001's fix used).
 fn strip_result_assignment(source: &str) -> &str {

@@ -14,12 +14,17 @@ use crate::value::Value;
 /// CPython's default `sys.get_int_max_str_digits()`.
 pub(crate) const INT_MAX_STR_DIGITS: usize = 4300;
 
+/// CPython's words, but for its advice to call `sys.set_int_max_str_digits()`, which no
+/// expression can: the limit is said instead ([`INT_DIGITS_LIMIT`]).
 pub(crate) fn int_digits_error() -> Error {
-    value_error(
-        "Exceeds the limit (4300 digits) for integer string conversion; \
-         use sys.set_int_max_str_digits() to increase the limit",
-    )
+    value_error(format!(
+        "Exceeds the limit (4300 digits) for integer string conversion; {INT_DIGITS_LIMIT}"
+    ))
 }
+
+/// Why an int's decimal form stops at 4300 digits here.
+pub const INT_DIGITS_LIMIT: &str =
+    "an int is written with at most 4300 decimal digits (CPython's default, which an expression cannot change)";
 
 pub(crate) fn int_repr(n: &BigInt) -> Result<String> {
     // Decimal digits are at most bits*log10(2)+1: refuse before converting.

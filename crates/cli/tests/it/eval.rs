@@ -68,6 +68,42 @@ fn the_cli_prints_str_or_the_error_and_exits_accordingly() {
 }
 
 #[test]
+fn errors_say_what_is_accepted_and_the_limit_an_expression_cannot_raise() {
+    // A statement: the error says what would have been evaluated.
+    let (code, out, err) = eval_cli(&["x = 1 + 1"], None);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(
+        err,
+        "SyntaxError: Unexpected token at the end of an expression (at offset 2); one \
+         expression is evaluated, or `result = <expression>`\n"
+    );
+    // An int too long to write: the limit, not advice no expression can follow.
+    let (code, _, err) = eval_cli(&["10**5000"], None);
+    assert_eq!(code, 1);
+    assert_eq!(
+        err,
+        "ValueError: Exceeds the limit (4300 digits) for integer string conversion; an int \
+         is written with at most 4300 decimal digits (CPython's default, which an expression \
+         cannot change)\n"
+    );
+    let literal = "9".repeat(4301);
+    let (code, _, err) = eval_cli(&[&literal], None);
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("SyntaxError: Exceeds the limit (4300 digits)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("a hexadecimal literal has no such limit"),
+        "{err}"
+    );
+    assert!(!err.contains("set_int_max_str_digits"), "{err}");
+    // Which a hexadecimal literal indeed is not held to.
+    let hex = format!("0x{} > 0", "f".repeat(4400));
+    assert_eq!(eval_cli(&[&hex], None), (0, "True\n".into(), String::new()));
+}
+
+#[test]
 fn the_cli_evaluates_one_expression_per_line_in_batch_mode() {
     let (code, out, err) = eval_cli(&[], Some("1 + 1\n{'a': 1}['b']\n[1, 2][::-1]\n"));
     assert_eq!(
