@@ -11,6 +11,10 @@ use airlock_engine::environments::{parse_requirements, EnvironmentInfo, Environm
 
 use crate::{EXIT_AIRLOCK, EXIT_USAGE};
 
+/// `env create`'s exit status when pip refused the requirements (the build ran): the
+/// caller's to change, unlike 125 (airlock or the host failed).
+pub const EXIT_REQUIREMENTS: u8 = 1;
+
 #[derive(Args, Debug)]
 pub struct EnvArgs {
     #[command(subcommand)]
@@ -74,11 +78,11 @@ pub fn main(args: EnvArgs) -> ExitCode {
             Ok(list) => {
                 for info in list {
                     outln!(
-                        "{}\t{}\t{} packages\t{} MB\t{}",
+                        "{}\t{}\t{} packages\t{}\t{}",
                         info.name,
                         &info.hash[..12],
                         info.packages.len(),
-                        info.size_bytes >> 20,
+                        crate::units::human_size(info.size_bytes),
                         info.requirements.join(" ")
                     );
                 }
@@ -144,7 +148,7 @@ pub fn main(args: EnvArgs) -> ExitCode {
             match built {
                 Ok((info, fresh)) => {
                     errln!(
-                        "airlock: {} {:?} ({} packages, {} MB) in {:.1}s; log: {}",
+                        "airlock: {} {:?} ({} packages, {}) in {:.1}s; log: {}",
                         if fresh {
                             "built"
                         } else {
@@ -152,12 +156,16 @@ pub fn main(args: EnvArgs) -> ExitCode {
                         },
                         info.name,
                         info.packages.len(),
-                        info.size_bytes >> 20,
+                        crate::units::human_size(info.size_bytes),
                         started.elapsed().as_secs_f64(),
                         store.log_path(&info.hash).display()
                     );
                     print(&info);
                     ExitCode::SUCCESS
+                }
+                Err(e @ airlock_engine::environments::EnvError::Requirements { .. }) => {
+                    errln!("airlock: {e}");
+                    ExitCode::from(EXIT_REQUIREMENTS)
                 }
                 Err(e) => failed(e),
             }

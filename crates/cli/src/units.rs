@@ -79,9 +79,41 @@ pub fn parse_mib(text: &str) -> Result<u64, String> {
     Ok(bytes >> 20)
 }
 
+/// A size for people to read, in the binary units `doctor` uses: `812 bytes`, `257 KiB`,
+/// `1.5 MiB`, `12 MiB`, `2.0 GiB` (one decimal below ten, none above).
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[unit])
+    } else {
+        format!("{value:.0} {}", UNITS[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human_size(812), "812 bytes");
+        assert_eq!(human_size(257 << 10), "257 KiB");
+        assert_eq!(human_size(263_168), "257 KiB");
+        assert_eq!(human_size(1536 << 10), "1.5 MiB");
+        assert_eq!(human_size(12 << 20), "12 MiB");
+        assert_eq!(human_size(2 << 30), "2.0 GiB");
+        assert_eq!(human_size(1023), "1023 bytes");
+        assert_eq!(human_size(1024), "1.0 KiB");
+    }
 
     #[test]
     fn durations() {

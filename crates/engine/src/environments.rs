@@ -53,6 +53,14 @@ pub enum EnvError {
         why: String,
         log: PathBuf,
     },
+    /// pip ran and refused the requirements (one not found, a conflict, a package's own
+    /// build failing): the caller's to change, with the end of pip's output to say why.
+    #[error("building environment {name:?} failed on its requirements: {why} (log: {log})")]
+    Requirements {
+        name: String,
+        why: String,
+        log: PathBuf,
+    },
     #[error("{what} {path:?}: {source}")]
     Io {
         what: &'static str,
@@ -401,7 +409,7 @@ impl Environments {
         requirements: &[String],
         python: &str,
         max_bytes: u64,
-        build: &dyn Fn(&EnvMount, &Path) -> Result<(), String>,
+        build: &dyn Fn(&EnvMount, &Path) -> Result<(), BuildError>,
     ) -> Result<(EnvironmentInfo, bool), EnvError> {
         check_name(name)?;
         let _lock = self.lock(name)?;
@@ -433,15 +441,15 @@ impl Environments {
             let result = build(&mount, &log).and_then(|()| {
                 take_over(&bounded.path(), &dir, max_bytes)
                     .and_then(|()| seal(&dir, &hash, requirements, python, max_bytes))
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| BuildError::Failed(e.to_string()))
             });
             drop(bounded);
-            if let Err(why) = result {
+            if let Err(e) = result {
                 let _ = remove_tree(&dir);
-                return Err(EnvError::BuildFailed {
-                    name: name.to_owned(),
-                    why,
-                    log,
+                let name = name.to_owned();
+                return Err(match e {
+                    BuildError::Requirements(why) => EnvError::Requirements { name, why, log },
+                    BuildError::Failed(why) => EnvError::BuildFailed { name, why, log },
                 });
             }
             built = Some(dir);
@@ -1053,6 +1061,27 @@ step([sys.executable, "-m", "pip", "install", "--no-input", "--progress-bar", "o
 print("built", flush=True)
 "#;
 
+/// Why a build did not give an environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BuildError {
+    /// pip exited with an error: the requirements' fault. Its message ends with the end of
+    /// pip's output.
+    Requirements(String),
+    /// Anything else: the sandbox, its limits, the host.
+    Failed(String),
+}
+
+impl std::fmt::Display for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BuildError::Requirements(why) | BuildError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+/// How many of the build's last lines a failure on the requirements quotes.
+const TAIL_LINES: usize = 12;
+
 /// The operator's proxy settings for a build, and who hears of its connections.
 #[derive(Debug)]
 pub struct BuildEgress {
@@ -1064,8 +1093,8 @@ pub struct BuildEgress {
 struct BuildLog<'a> {
     file: fs::File,
     line: Vec<u8>,
-    /// The last line that was not empty, to say why a build failed.
-    last: String,
+    /// The last lines that were not empty, to say why a build failed.
+    tail: std::collections::VecDeque<String>,
     /// A line said ENOSPC: the build filled its file system (or its scratch).
     full: bool,
     progress: &'a mut (dyn FnMut(&str) + Send),
@@ -1080,7 +1109,10 @@ impl crate::OutputSink for BuildLog<'_> {
                 (self.progress)(&line);
                 self.full |= line.contains("No space left on device");
                 if !line.trim().is_empty() {
-                    self.last = line;
+                    if self.tail.len() == TAIL_LINES {
+                        self.tail.pop_front();
+                    }
+                    self.tail.push_back(line);
                 }
                 self.line.clear();
             } else if self.line.len() < 4096 {
@@ -1106,19 +1138,20 @@ impl crate::Engine {
         egress: BuildEgress,
         log: &Path,
         progress: &mut (dyn FnMut(&str) + Send),
-    ) -> Result<(), String> {
-        let file = fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    ) -> Result<(), BuildError> {
+        let failed = |e: &dyn std::fmt::Display| BuildError::Failed(e.to_string());
+        let file = fs::File::create(log).map_err(|e| failed(&format!("{}: {e}", log.display())))?;
         let mut sink = BuildLog {
             file,
             line: Vec::new(),
-            last: String::new(),
+            tail: std::collections::VecDeque::new(),
             full: false,
             progress,
         };
         let limits = self
             .config()
             .resolve_limits(&airlock_api::LimitsRequest::default())
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| failed(&e))?;
         let limits = airlock_api::Limits {
             timeout_ms: settings.timeout_ms,
             cpu_ms: settings.timeout_ms,
@@ -1163,27 +1196,40 @@ impl crate::Engine {
             egress: Some(Arc::new(egress)),
             environment: Some(mount.clone()),
         };
-        let done = self.execute(job, &mut sink).map_err(|e| e.to_string())?;
+        let done = self.execute(job, &mut sink).map_err(|e| failed(&e))?;
         let r = done.result;
         let _ = writeln!(
             sink.file,
             "[airlock: the build ended with status {}]",
             r.status
         );
-        if r.status != airlock_api::Status::Ok {
-            let why = match r.error {
-                Some(e) if e.kind != "SystemExit" => format!("{}: {}", e.kind, e.message),
-                _ => format!("{} ({})", r.status, sink.last.trim()),
-            };
-            if sink.full {
-                return Err(format!(
-                    "it ran out of space (No space left on device): an environment and the \
-                     build's scratch may hold {} MiB each (environments.build.disk_mb); {why}",
-                    settings.disk_mb
-                ));
-            }
-            return Err(why);
+        if r.status == airlock_api::Status::Ok {
+            return Ok(());
         }
-        Ok(())
+        let last = sink.tail.back().map_or("", |l| l.trim());
+        let why = match &r.error {
+            Some(e) if e.kind != "SystemExit" => format!("{}: {}", e.kind, e.message),
+            _ => format!("{} ({last})", r.status),
+        };
+        if sink.full {
+            return Err(BuildError::Failed(format!(
+                "it ran out of space (No space left on device): an environment and the \
+                 build's scratch may hold {} MiB each (environments.build.disk_mb); {why}",
+                settings.disk_mb
+            )));
+        }
+        // BUILD_CODE's own words when pip itself failed: the requirements are at fault.
+        // (`SystemExit` with a message: the exit status 1, no exception reported.)
+        let pip = r.status == airlock_api::Status::Error
+            && r.error.as_ref().is_none_or(|e| e.kind == "SystemExit")
+            && last.starts_with("pip exited with ");
+        if pip {
+            let tail: Vec<&str> = sink.tail.iter().map(|l| l.trim_end()).collect();
+            return Err(BuildError::Requirements(format!(
+                "{last}; the end of its output:\n{}",
+                tail[..tail.len() - 1].join("\n")
+            )));
+        }
+        Err(BuildError::Failed(why))
     }
 }

@@ -621,6 +621,71 @@ fn pip_install_in_a_session_is_importable_in_the_next_cell() {
     assert!(used["usage"]["egress"]["connections"] == 0);
 }
 
+/// Issue 51: a build pip refuses is the requirements' fault: `airlock env create` exits 1
+/// (125 is airlock's own failure) with the end of pip's output; `env list` gives sizes as
+/// `doctor` does (a 257 KiB environment was listed as `0 MB`).
+#[test]
+fn the_cli_says_a_refused_build_is_the_requirements_fault_and_lists_readable_sizes() {
+    let _serial = common::serial();
+    let dir = scratch_dir("cli-pip");
+    let state = dir.join("state");
+    let other = Served::start(&dir);
+    let index = local_index(&dir.join("index"), &dir, other.port, 0.0);
+    let file = dir.join("airlock.toml");
+    std::fs::write(&file, config(index.port)).unwrap();
+    let reqs = dir.join("requirements.txt");
+    let env = |args: &[&str]| {
+        common::airlock()
+            .arg("env")
+            .args(args)
+            .arg("--config")
+            .arg(&file)
+            .arg("--state-dir")
+            .arg(&state)
+            .output()
+            .unwrap()
+    };
+    std::fs::write(&reqs, "no-such-package==9\n").unwrap();
+    let out = env(&["create", "broken", "-r", reqs.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let said = stderr.lines().last().unwrap_or_default();
+    assert!(
+        stderr.contains(
+            "airlock: building environment \"broken\" failed on its requirements: pip exited \
+             with 1; the end of its output:\n"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.split("the end of its output:").nth(1).is_some_and(
+            |tail| tail.contains("No matching distribution found for no-such-package==9")
+        ),
+        "{stderr}"
+    );
+    assert!(said.contains("(log: "), "{said}");
+    assert!(out.stdout.is_empty());
+
+    std::fs::write(&reqs, "tinyenv-pkg==1.0\n").unwrap();
+    let out = env(&["create", "tiny", "-r", reqs.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let bytes = info["size_bytes"].as_u64().unwrap();
+    assert!(bytes < 1 << 20, "{info}");
+    let list = String::from_utf8(env(&["list"]).stdout).unwrap();
+    let fields: Vec<&str> = list.trim_end().split('\t').collect();
+    assert_eq!(fields[0], "tiny", "{list}");
+    assert_eq!(
+        fields[3],
+        format!("{} KiB", (bytes as f64 / 1024.0).round()),
+        "{list}"
+    );
+}
+
 #[test]
 fn the_cli_builds_an_environment_from_the_real_package_index() {
     let _serial = common::serial();

@@ -34,7 +34,7 @@ pub(crate) fn env_error(e: EnvError) -> Error {
     match e {
         EnvError::Unknown(_) | EnvError::Invalid(_) => Error::invalid("environment", e.to_string()),
         EnvError::Busy(_) => Error::new(Kind::Conflict, "conflict", e.to_string()),
-        EnvError::BuildFailed { .. } => {
+        EnvError::BuildFailed { .. } | EnvError::Requirements { .. } => {
             Error::new(Kind::Unprocessable, "build_failed", e.to_string())
         }
         EnvError::Corrupt { .. } | EnvError::Io { .. } => {
