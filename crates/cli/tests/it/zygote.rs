@@ -295,6 +295,53 @@ fn zygote_pythons() -> Vec<i32> {
     pids
 }
 
+/// Issue 51: `ps` shows a zygote and each of its children as `python3 -I -S -B
+/// /.zygote/zygote.py [preloads]`: their command line held the zygote's whole Python source
+/// and the runner's (~50 KB).
+#[test]
+fn a_zygote_s_command_line_is_short_and_says_what_it_is() {
+    let _g = serial();
+    let server = Server::start(NO_POOL, &[]);
+    let code = "[a.decode() for a in open('/proc/self/cmdline', 'rb').read().split(b'\\0')[:-1]]";
+    let child = from_a_zygote(&server, code);
+    let argv: Vec<&str> = child["result"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{child}"))
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        argv[1..],
+        ["-I", "-S", "-B", "/.zygote/zygote.py"],
+        "a lean zygote's child: {argv:?}"
+    );
+    assert!(argv[0].ends_with("python3"), "{argv:?}");
+    // The zygotes themselves, as the host's `ps` reads them; the preloading one names what
+    // it preloads.
+    let code = "import pandas\n1";
+    assert_eq!(from_a_zygote(&server, code)["result"], 1);
+    let pythons = zygote_pythons();
+    assert_eq!(pythons.len(), 2, "{pythons:?}");
+    let mut preloads = Vec::new();
+    for pid in pythons {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(cmdline.len() < 256, "{}", String::from_utf8_lossy(&cmdline));
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert_eq!(args[4], "/.zygote/zygote.py", "{args:?}");
+        preloads.push(args.get(5).cloned().unwrap_or_default());
+    }
+    preloads.sort();
+    assert_eq!(preloads[0], "", "{preloads:?}");
+    assert!(
+        preloads[1].split(',').any(|p| p == "pandas"),
+        "{preloads:?}"
+    );
+    drop(server);
+}
+
 #[test]
 fn a_zygote_that_dies_is_replaced_and_executions_keep_running() {
     let _g = serial();

@@ -56,6 +56,13 @@ const ZYGOTE_PY: &str = concat!(include_str!("finish.py"), include_str!("zygote.
 pub const FINISH_PY: &str = include_str!("finish.py");
 /// Where the zygote finds airlock's library inside its template (children never see it).
 const LIBRARY_TARGET: &str = "/.zygote/libairlock_sandbox.so";
+/// The zygote's Python, a file in its template's root: on its command line it was the ~50 KB
+/// that `ps` showed for the zygote and each of its children.
+const SCRIPT_TARGET: &str = "/.zygote/zygote.py";
+/// Its arguments but the preloads (which stay on its command line, to tell zygotes apart in
+/// `ps`), NUL-separated: the library, the program, the preloads' `sys.path`, whether to
+/// prepare, what more to run then, the warm-up (`zygote.py` reads them).
+const ARGUMENTS_TARGET: &str = "/.zygote/arguments";
 /// The library's file name, as cargo builds it next to the binaries.
 pub const LIBRARY_NAME: &str = "libairlock_sandbox.so";
 /// How long a zygote may take to load its modules.
@@ -168,11 +175,35 @@ impl Zygote {
             what: "the zygote library",
             source,
         })?;
+        let arguments = [
+            LIBRARY_TARGET,
+            &spec.code,
+            &spec.sys_path.join("\n"),
+            if spec.prepare { "1" } else { "0" },
+            &spec.prepare_more,
+            &spec.warm_up,
+        ];
+        if arguments.iter().any(|a| a.contains('\0')) {
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: "its program, preload path, preparation or warm-up holds a NUL byte".into(),
+            });
+        }
         let mut template = policy.clone();
-        template.root.push(RootEntry::ReadOnly {
-            source: spec.library.clone(),
-            target: LIBRARY_TARGET.into(),
-        });
+        template.root.extend([
+            RootEntry::ReadOnly {
+                source: spec.library.clone(),
+                target: LIBRARY_TARGET.into(),
+            },
+            RootEntry::File {
+                path: SCRIPT_TARGET.into(),
+                contents: ZYGOTE_PY.to_owned(),
+            },
+            RootEntry::File {
+                path: ARGUMENTS_TARGET.into(),
+                contents: arguments.join("\0"),
+            },
+        ]);
         // The zygote lives until retired; what it may use is its own, apart from children's.
         template.limits.wall_time = Duration::from_secs(400 * 24 * 3600);
         template.limits.cpu_time = template.limits.wall_time;
@@ -185,19 +216,12 @@ impl Zygote {
         let mut argv = vec![spec.python.to_string_lossy().into_owned()];
         argv.extend(spec.flags.iter().cloned());
         argv.extend(["-c".to_owned(), spec.code.clone()]);
+        // `ps` shows `python3 -I -S -B /.zygote/zygote.py numpy,pandas,...` (or no preloads:
+        // the lean zygote), for the zygote and each of its children.
+        let preloads = (!spec.preload.is_empty()).then(|| spec.preload.join(","));
         let mut command = Command::new(spec.python.clone())
             .args(spec.flags.iter().cloned())
-            .args([
-                "-c".to_owned(),
-                ZYGOTE_PY.to_owned(),
-                LIBRARY_TARGET.to_owned(),
-                spec.preload.join(","),
-                spec.code.clone(),
-                spec.sys_path.join("\n"),
-                if spec.prepare { "1" } else { "0" }.to_owned(),
-                spec.prepare_more.clone(),
-                spec.warm_up.clone(),
-            ])
+            .args(std::iter::once(SCRIPT_TARGET.to_owned()).chain(preloads))
             .pass_fd(theirs);
         for (key, value) in &spec.env {
             command = command.env(key.clone(), value.clone());

@@ -1,5 +1,8 @@
 # airlock's zygote: started once, inside a template jail, as
-#   python -I -S -B -c <this file> <library> <preloads> <program code> <sys.path for preloads> <prepare> <more> <warm-up>
+#   python -I -S -B /.zygote/zygote.py <preloads>
+# with its other arguments in /.zygote/arguments (NUL-separated; the command line is what `ps`
+# shows of the zygote and each child): <library> <program code> <sys.path for preloads>
+# <prepare> <more> <warm-up>.
 # With <prepare> 1, the program, run here with the one argument `--zygote`, only defines
 # things and a function `__zygote_start__`, which each child calls (airlock's runner is such
 # a program), and <more> then runs in its namespace; with 0, each child runs the whole program.
@@ -132,7 +135,16 @@ def mt19937_key(bg):
     return key
 
 
+def arguments():
+    # As the positional arguments they were: <library> <preloads> <program code> <sys.path
+    # for preloads> <prepare> <more> <warm-up>.
+    with open("/.zygote/arguments", "rb") as f:
+        library, code, path, prepare, more, warm = f.read().decode("utf-8", "surrogateescape").split("\0")
+    return [sys.argv[0], library, sys.argv[1] if len(sys.argv) > 1 else "", code, path, prepare, more, warm]
+
+
 def serve():
+    sys.argv = arguments()
     before = set(sys.modules)
     import ctypes
 
@@ -235,7 +247,7 @@ def serve():
 
 
 CODE, PREPARED, SPEC, HELPERS, _LOADED, _FLUSH_C = serve()
-del serve
+del serve, arguments
 for _name in HELPERS:
     sys.modules.pop(_name, None)
 _LOADED -= len(HELPERS)
