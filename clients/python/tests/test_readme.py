@@ -35,7 +35,7 @@ def test_the_readme_quick_start(server: Server) -> None:
 def test_the_client_readme_quick_start(server: Server) -> None:
     lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Quick start\n"), server)
     assert lines[:4] == ["ok hello", " 42", "42", "11"]
-    # Output events (a print may share one with the next), then the Execution.
-    assert lines[4].startswith("OutputEvent(stream='stdout', text='0\\n")
-    assert all(line.startswith("OutputEvent(stream='stdout'") for line in lines[4:-1])
-    assert lines[-1].startswith("Execution(") and "stdout='0\\n1\\n2\\n'" in lines[-1]
+    # One output event per print half a second apart, as the comment says, then the Execution.
+    assert lines[4:7] == [f"OutputEvent(stream='stdout', text='{i}\\n')" for i in range(3)], lines
+    assert len(lines) == 8, lines
+    assert lines[7].startswith("Execution(") and "stdout='0\\n1\\n2\\n'" in lines[7]
