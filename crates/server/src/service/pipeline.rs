@@ -255,8 +255,9 @@ pub(crate) async fn run<T: Send + 'static>(
     // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
     let admitted = state.admission.admit(&caller).await.map_err(rejection)?;
     received.body = None;
-    refuse_if_unavailable(state)?; // shutdown may have begun while this request waited
-                                   // What stops the work if its client goes: the sandbox killed, or the session closed.
+    // Shutdown may have begun while this request waited.
+    refuse_if_unavailable(state)?;
+    // What stops the work if its client goes: the sandbox killed, or the session closed.
     let answered = Arc::new(AtomicBool::new(false));
     let (ready, stop, tracked) = match ready {
         Ready::Execute(mut job) => {
