@@ -946,33 +946,24 @@ fn install_sh_puts_airlock_and_its_zygote_library_on_path() {
         stdout.contains(&format!("installed {}/airlock", bin.display())),
         "{stdout}"
     );
-    let out = std::process::Command::new(bin.join("airlock"))
-        .args(["doctor", "--json"])
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    let zygote = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "zygote")
-        .unwrap_or_else(|| panic!("{report:#}"));
+    // The installed binary's doctor: its zygote check, which starts a zygote.
+    let zygote_check = || -> Value {
+        let out = std::process::Command::new(bin.join("airlock"))
+            .args(["doctor", "--json"])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let checks = report["checks"].as_array().unwrap();
+        let zygote = checks.iter().find(|c| c["name"] == "zygote");
+        zygote.unwrap_or_else(|| panic!("{report:#}")).clone()
+    };
+    let zygote = zygote_check();
     assert_eq!(zygote["ok"], true, "{zygote}");
     // Without the library beside it, the same binary's zygote cannot start: the check above
     // is the library's doing.
     std::fs::remove_file(bin.join("libairlock_sandbox.so")).unwrap();
-    let out = std::process::Command::new(bin.join("airlock"))
-        .args(["doctor", "--json"])
-        .output()
-        .unwrap();
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let zygote = report["checks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "zygote")
-        .unwrap();
+    let zygote = zygote_check();
     assert_eq!(zygote["ok"], false, "{zygote}");
 }
 

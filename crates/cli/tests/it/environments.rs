@@ -621,6 +621,16 @@ fn pip_install_in_a_session_is_importable_in_the_next_cell() {
     assert!(used["usage"]["egress"]["connections"] == 0);
 }
 
+/// `airlock env ARGS` on the state directory `state`, with a configuration file if given.
+fn env_cli(args: &[&str], state: &Path, config: Option<&Path>) -> std::process::Output {
+    let mut command = common::airlock();
+    command.arg("env").args(args).arg("--state-dir").arg(state);
+    if let Some(file) = config {
+        command.arg("--config").arg(file);
+    }
+    command.output().unwrap()
+}
+
 /// Issue 51: a build pip refuses is the requirements' fault: `airlock env create` exits 1
 /// (125 is airlock's own failure) with the end of pip's output; `env list` gives sizes as
 /// `doctor` does (a 257 KiB environment was listed as `0 MB`).
@@ -634,17 +644,7 @@ fn the_cli_says_a_refused_build_is_the_requirements_fault_and_lists_readable_siz
     let file = dir.join("airlock.toml");
     std::fs::write(&file, config(index.port)).unwrap();
     let reqs = dir.join("requirements.txt");
-    let env = |args: &[&str]| {
-        common::airlock()
-            .arg("env")
-            .args(args)
-            .arg("--config")
-            .arg(&file)
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap()
-    };
+    let env = |args: &[&str]| env_cli(args, &state, Some(&file));
     std::fs::write(&reqs, "no-such-package==9\n").unwrap();
     let out = env(&["create", "broken", "-r", reqs.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -693,15 +693,7 @@ fn the_cli_builds_an_environment_from_the_real_package_index() {
     let reqs = dir.join("requirements.txt");
     std::fs::write(&reqs, "tabulate\nrequests\nhttpx\n").unwrap();
     let state = dir.join("state");
-    let env = |args: &[&str]| {
-        common::airlock()
-            .arg("env")
-            .args(args)
-            .arg("--state-dir")
-            .arg(&state)
-            .output()
-            .unwrap()
-    };
+    let env = |args: &[&str]| env_cli(args, &state, None);
     let out = env(&["create", "web", "-r", reqs.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
