@@ -32,18 +32,34 @@ pub(crate) async fn execute(
     Extension(RequestId(request_id)): Extension<RequestId>,
     req: Request,
 ) -> Result<Response, Error> {
+    run(&state, caller, request_id, req, |body| {
+        Work::Execute(Input::Body(body))
+    })
+    .await
+}
+
+/// Runs the execution-like work whose arguments are `req`'s body through the pipeline: its
+/// answer as JSON, or its events when the client asked for a stream (`POST /v1/execute`, a
+/// session's cell).
+pub(crate) async fn run(
+    state: &SharedState,
+    caller: Caller,
+    request_id: String,
+    req: Request,
+    work: impl FnOnce(crate::service::body::Body) -> Work,
+) -> Result<Response, Error> {
     let stream = sse::wanted(req.headers());
     let request = pipeline::Request {
         caller: caller.0,
         request_id,
-        work: Work::Execute(Input::Body(body_of(req))),
+        work: work(body_of(req)),
         received: None,
         stream,
         form: Form::Json,
     };
-    let outcome = pipeline::run(&state, request, |finished, share| {
+    let outcome = pipeline::run(state, request, |finished, share| {
         Answer::json(&finished, share)
     })
     .await?;
-    Ok(sse::respond(&state, outcome))
+    Ok(sse::respond(state, outcome))
 }

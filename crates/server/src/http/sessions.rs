@@ -7,12 +7,10 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::answer::Form;
 use crate::caller::{Caller, RequestId};
 use crate::error::Error;
-use crate::http::answer::Answer;
 use crate::http::body::body_of;
-use crate::http::sse;
+use crate::http::executions;
 use crate::service::pipeline::{self, Input, Work};
 use crate::service::sessions;
 use crate::SharedState;
@@ -63,23 +61,11 @@ pub(crate) async fn execute(
     Path(id): Path<String>,
     req: Request,
 ) -> Result<Response, Error> {
-    let stream = sse::wanted(req.headers());
-    let request = pipeline::Request {
-        caller: caller.0,
-        request_id,
-        work: Work::Cell {
-            session: id,
-            input: Input::Body(body_of(req)),
-        },
-        received: None,
-        stream,
-        form: Form::Json,
-    };
-    let outcome = pipeline::run(&state, request, |finished, share| {
-        Answer::json(&finished, share)
+    executions::run(&state, caller, request_id, req, |body| Work::Cell {
+        session: id,
+        input: Input::Body(body),
     })
-    .await?;
-    Ok(sse::respond(&state, outcome))
+    .await
 }
 
 /// `PUT /v1/sessions/{id}/files/{*path}`: the body, as the file's contents.
