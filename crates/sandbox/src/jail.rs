@@ -36,8 +36,6 @@ pub(crate) const INIT_PROCESSES: u32 = 2;
 /// Directory of the host that the new root is assembled on. The mount happens in the new
 /// mount namespace only; the host's own directory is untouched.
 const NEW_ROOT: &str = "/tmp";
-const OLD_ROOT: &str = ".oldroot";
-const SCRATCH_STAGING: &str = ".scratch";
 const DEV_NODES: [(&str, bool); 5] = [
     ("null", true),
     ("zero", true),
@@ -139,16 +137,83 @@ pub(crate) fn reap_until(main: i32) -> Report {
     }
 }
 
-/// Assembles the new root on a small tmpfs, pivots into it (the old root detached) and
-/// makes it read-only: bind mounts of the policy's entries (from `sources`, when the host
-/// opened them, else by path), a fresh `/proc`, a minimal `/dev`, and one tmpfs for the
-/// writable directories.
+/// Assembles the new root at [`NEW_ROOT`] and pivots into it (the old root detached): its
+/// shared, read-only part ([`build_skeleton`]), then what is each sandbox's own
+/// ([`enter_root`]).
 pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
-    let none = None::<&str>;
+    make_mounts_private()?;
     let root = Path::new(NEW_ROOT);
-    // Nothing we mount may propagate back to the host.
+    build_skeleton(root, policy, sources)?;
+    enter_root(root, policy)
+}
+
+/// Enters a root whose read-only part a zygote's template built once for every jail of
+/// `policy` ([`build_skeleton`] at [`NEW_ROOT`], in the mount namespace this one is a copy
+/// of): a recursive bind of that copy onto itself (the copy is locked to this user namespace,
+/// read-only; the bind on top is what this jail pivots into), then [`enter_root`].
+pub(crate) fn enter_skeleton(policy: &Policy) -> Result<(), InitError> {
+    make_mounts_private()?;
+    let root = Path::new(NEW_ROOT);
+    mount(
+        Some(root),
+        root,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(path_errno("bind mount", root))?;
+    enter_root(root, policy)
+}
+
+/// In a zygote's template, in the mount namespace of its own that each jail's is a copy of:
+/// the skeleton that jails of `policy` enter ([`enter_skeleton`]), built by path at
+/// [`NEW_ROOT`]. If it cannot be built, what was is detached.
+pub(crate) fn build_jails_skeleton(policy: &Policy) -> Result<(), InitError> {
+    let root = Path::new(NEW_ROOT);
+    let sources: Vec<Option<OwnedFd>> = policy.root.iter().map(|_| None).collect();
+    let built = build_skeleton(root, policy, &sources);
+    if built.is_err() {
+        let _ = umount2(root, MntFlags::MNT_DETACH);
+    }
+    built
+}
+
+/// What a skeleton built from one policy may serve: a jail of a policy with the same root,
+/// the same scratch mount points and the same working directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SkeletonKey {
+    root: Vec<RootEntry>,
+    mounts: Vec<PathBuf>,
+    workdir: PathBuf,
+}
+
+impl SkeletonKey {
+    pub(crate) fn of(policy: &Policy) -> SkeletonKey {
+        SkeletonKey {
+            root: policy.root.clone(),
+            mounts: policy.scratch.mounts.clone(),
+            workdir: policy.workdir.clone(),
+        }
+    }
+}
+
+/// Nothing we mount may propagate back to the host (or to the template).
+pub(crate) fn make_mounts_private() -> Result<(), InitError> {
+    let none = None::<&str>;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
-        .map_err(sys_err("mount(/, MS_REC|MS_PRIVATE)"))?;
+        .map_err(sys_err("mount(/, MS_REC|MS_PRIVATE)"))
+}
+
+/// The part of a root that holds nothing of one sandbox's, made read-only at `root`: a small
+/// tmpfs with bind mounts of the policy's entries (from `sources`, when the host opened them,
+/// else by path), a minimal `/dev`, and the empty directories that [`enter_root`] mounts a
+/// fresh `/proc` and the scratch file system on.
+pub(crate) fn build_skeleton(
+    root: &Path,
+    policy: &Policy,
+    sources: &[Option<OwnedFd>],
+) -> Result<(), InitError> {
+    let none = None::<&str>;
     mount_tmpfs(root, "size=4m,nr_inodes=4096,mode=0755", MsFlags::empty())?;
 
     for (entry, fd) in policy.root.iter().zip(sources) {
@@ -191,20 +256,7 @@ pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result
             }
         }
     }
-
-    // A fresh /proc for our PID namespace, with only the per-process entries (no /proc/sys,
-    // /proc/kcore, /proc/sysrq-trigger, ...).
-    let proc = root.join("proc");
-    make_mount_point(&proc, true)?;
-    let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount(
-        Some("proc"),
-        &proc,
-        Some("proc"),
-        proc_flags,
-        Some("subset=pid"),
-    )
-    .map_err(path_errno("mount proc", &proc))?;
+    make_mount_point(&root.join("proc"), true)?;
 
     // A minimal /dev: a few harmless character devices bound from the host, and links.
     let dev = root.join("dev");
@@ -232,49 +284,80 @@ pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result
         let path = dev.join(link);
         symlink(target, &path).map_err(path_err("symlink", &path))?;
     }
-
-    // One tmpfs carries every writable directory, so one size and inode budget covers them all.
-    let staging = root.join(SCRATCH_STAGING);
-    make_mount_point(&staging, true)?;
-    let opts = format!(
-        "size={},nr_inodes={},mode=0755",
-        policy.scratch.size_bytes, policy.scratch.inodes
-    );
-    mount_tmpfs(&staging, &opts, MsFlags::MS_NOEXEC)?;
-    for (i, mount_point) in policy.scratch.mounts.iter().enumerate() {
-        let dir = staging.join(i.to_string());
-        fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&dir)
-            .map_err(path_err("mkdir", &dir))?;
-        let target = inside(root, mount_point);
-        make_mount_point(&target, true)?;
-        mount(Some(dir.as_path()), &target, none, MsFlags::MS_BIND, none)
-            .map_err(path_errno("bind mount", &target))?;
+    for mount_point in &policy.scratch.mounts {
+        make_mount_point(&inside(root, mount_point), true)?;
     }
-    umount2(&staging, MntFlags::MNT_DETACH).map_err(path_errno("umount", &staging))?;
-    fs::remove_dir(&staging).map_err(path_err("rmdir", &staging))?;
-    let workdir = inside(root, &policy.workdir);
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&workdir)
-        .map_err(path_err("mkdir", &workdir))?;
-
-    // pivot_root(2) with the old root detached, so not even a path to the host remains.
-    let old = root.join(OLD_ROOT);
-    make_mount_point(&old, true)?;
-    unistd::pivot_root(root, &old).map_err(sys_err("pivot_root"))?;
-    unistd::chdir("/").map_err(sys_err("chdir /"))?;
-    let old = Path::new("/").join(OLD_ROOT);
-    umount2(&old, MntFlags::MNT_DETACH).map_err(path_errno("umount", &old))?;
-    fs::remove_dir(&old).map_err(path_err("rmdir", &old))?;
+    // A working directory on no scratch mount is the skeleton's (one below one is made on it).
+    if !policy
+        .scratch
+        .mounts
+        .iter()
+        .any(|m| policy.workdir.starts_with(m))
+    {
+        let workdir = inside(root, &policy.workdir);
+        make_dirs(&workdir)?;
+    }
 
     let ro = libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
-    for path in ["/dev", "/"] {
-        sys::mount_setattr(Path::new(path), false, ro)
-            .map_err(path_err("mount_setattr", Path::new(path)))?;
+    for path in [dev.as_path(), root] {
+        sys::mount_setattr(path, false, ro).map_err(path_err("mount_setattr", path))?;
     }
+    Ok(())
+}
+
+/// What is one sandbox's own in a root whose skeleton is at `root`, then the pivot into it: a
+/// fresh `/proc` for our PID namespace, with only the per-process entries (no /proc/sys,
+/// /proc/kcore, /proc/sysrq-trigger, ...); one new tmpfs for every writable directory, so
+/// that one size and inode budget covers them all; then `pivot_root(2)` with the old root
+/// detached, so not even a path to the host remains.
+pub(crate) fn enter_root(root: &Path, policy: &Policy) -> Result<(), InitError> {
+    let proc = root.join("proc");
+    let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        proc_flags,
+        Some("subset=pid"),
+    )
+    .map_err(path_errno("mount proc", &proc))?;
+
+    // Detached (`fsmount`), so that it needs no directory of its own in the read-only root.
+    let scratch = (|| {
+        let fs = sys::fsopen("tmpfs")?;
+        sys::fsconfig(&fs, "size", Some(&policy.scratch.size_bytes.to_string()))?;
+        sys::fsconfig(&fs, "nr_inodes", Some(&policy.scratch.inodes.to_string()))?;
+        sys::fsconfig(&fs, "mode", Some("0755"))?;
+        sys::fsmount_detached(
+            &fs,
+            libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOEXEC,
+        )
+    })()
+    .map_err(|source| InitError::Sys {
+        call: "mount tmpfs (scratch)",
+        source,
+    })?;
+    for (i, mount_point) in policy.scratch.mounts.iter().enumerate() {
+        let dir = i.to_string();
+        nix::sys::stat::mkdirat(
+            &scratch,
+            dir.as_str(),
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )
+        .map_err(sys_err("mkdirat (scratch)"))?;
+        let target = inside(root, mount_point);
+        sys::open_tree_clone_at(scratch.as_fd(), &dir)
+            .and_then(|tree| sys::move_mount_to(&tree, &target))
+            .map_err(path_err("bind mount", &target))?;
+    }
+    drop(scratch);
+    make_dirs(&inside(root, &policy.workdir))?;
+
+    unistd::chdir(root).map_err(path_errno("chdir", root))?;
+    unistd::pivot_root(".", ".").map_err(sys_err("pivot_root"))?;
+    // The old root is stacked on the new one now; detaching it leaves the new one.
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys_err("umount (old root)"))?;
+    unistd::chdir("/").map_err(sys_err("chdir /"))?;
     Ok(())
 }
 
@@ -290,13 +373,17 @@ fn mount_tmpfs(target: &Path, options: &str, extra: MsFlags) -> Result<(), InitE
 
 fn make_parent(path: &Path) -> Result<(), InitError> {
     match path.parent() {
-        Some(parent) => fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(parent)
-            .map_err(path_err("mkdir", parent)),
+        Some(parent) => make_dirs(parent),
         None => Ok(()),
     }
+}
+
+fn make_dirs(path: &Path) -> Result<(), InitError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
+        .map_err(path_err("mkdir", path))
 }
 
 fn make_mount_point(path: &Path, dir: bool) -> Result<(), InitError> {

@@ -396,16 +396,20 @@ const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
 /// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | AT_RECURSIVE)`: a detached copy of the mount
 /// tree at `path`, opened with the caller's rights, to attach later in another namespace.
 pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    let c = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    open_tree_clone_from(libc::AT_FDCWD, path.as_os_str().as_bytes())
+}
+
+/// The same, of the directory `name` under `dir` (a detached mount's, as `fsmount` gives).
+pub fn open_tree_clone_at(dir: BorrowedFd, name: &str) -> io::Result<OwnedFd> {
+    open_tree_clone_from(dir.as_raw_fd(), name.as_bytes())
+}
+
+fn open_tree_clone_from(dir: RawFd, path: &[u8]) -> io::Result<OwnedFd> {
+    let c = CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
-    // SAFETY: a NUL-terminated path that lives across the call, and plain integers.
-    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+    // SAFETY: a descriptor or AT_FDCWD, a NUL-terminated path that lives across the call, and
+    // plain integers.
+    owned_fd(unsafe { libc::syscall(libc::SYS_open_tree, dir, c.as_ptr(), flags) })
 }
 
 /// `move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attaches a detached

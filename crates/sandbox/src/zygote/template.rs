@@ -30,8 +30,8 @@ use nix::unistd::{self, Gid, Uid};
 use super::ids::ZYGOTE_IDS;
 use super::messages::{JailBuilt, JailReply, JailRequest, JAIL_NAMESPACES};
 use crate::jail::{
-    build_root, close_from_except, exec_strings, fail, join_cgroup, path_err, reap_until, sys_err,
-    InitError, FIRST_EXTRA_FD,
+    build_jails_skeleton, build_root, close_from_except, enter_skeleton, exec_strings, fail,
+    join_cgroup, path_err, reap_until, sys_err, InitError, SkeletonKey, FIRST_EXTRA_FD,
 };
 use crate::policy::Policy;
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
@@ -62,6 +62,11 @@ pub(crate) fn template_init(req: &InitRequest, status: &OwnedFd) -> Result<Infal
             let n = req.extra_fds as RawFd;
             let _ = sys::close_range(0, 2);
             let _ = sys::close_range(FIRST_EXTRA_FD, FIRST_EXTRA_FD + n - 1);
+            // A mount namespace of our own (the zygote keeps the template's), where the
+            // jails' skeleton is built, and which each jail's is a copy of.
+            nix::sched::unshare(CloneFlags::CLONE_NEWNS)
+                .map_err(sys_err("unshare(CLONE_NEWNS)"))?;
+            crate::jail::make_mounts_private()?;
             serve_jails(child.as_raw(), ours, status)
         }
     }
@@ -176,6 +181,7 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
         sys::exit_immediately(1)
     };
     let mut slots = Slots::new();
+    let mut skeleton: Option<SkeletonKey> = None;
     let mut jails: Vec<Jail> = Vec::new();
     let mut building: VecDeque<Building> = VecDeque::new();
     let mut requests_open = true;
@@ -277,7 +283,15 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
             building.push_back(Building::Refused(error));
             continue;
         };
-        match start_jail(&req.policy, join, req.into_cgroup, slot) {
+        let on_skeleton = match skeleton_for(&mut skeleton, &req.policy) {
+            Ok(on) => on,
+            Err(e) => {
+                slots.give_back(slot);
+                building.push_back(Building::Refused(e.to_string()));
+                continue;
+            }
+        };
+        match start_jail(&req.policy, join, req.into_cgroup, slot, on_skeleton) {
             Ok(started) => building.push_back(started),
             Err(e) => {
                 slots.give_back(slot);
@@ -285,6 +299,19 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
             }
         }
     }
+}
+
+/// Whether a jail of `policy` can enter the skeleton built in this namespace, built now from
+/// `policy` if there is none yet: the first jail's policy makes it, and a jail whose root,
+/// scratch mount points or working directory differ builds a root of its own.
+fn skeleton_for(built: &mut Option<SkeletonKey>, policy: &Policy) -> Result<bool, InitError> {
+    let key = SkeletonKey::of(policy);
+    if let Some(built) = built {
+        return Ok(*built == key);
+    }
+    build_jails_skeleton(policy)?;
+    *built = Some(key);
+    Ok(true)
 }
 
 /// Starts one child's jail: its init cloned into new namespaces (and with `into_cgroup`, into
@@ -295,6 +322,7 @@ fn start_jail(
     join: Vec<OwnedFd>,
     into_cgroup: bool,
     slot: u32,
+    on_skeleton: bool,
 ) -> Result<Building, InitError> {
     let into = match (into_cgroup, join.as_slice()) {
         (false, _) => None,
@@ -321,7 +349,7 @@ fn start_jail(
         drop((go_w, done_r));
         // Already in its cgroup when cloned into it.
         let join = if into_cgroup { Vec::new() } else { join };
-        jail_init(policy, join, go_r, done_w)
+        jail_init(policy, on_skeleton, join, go_r, done_w)
     };
     drop((go_r, done_w, join));
     let jail = Jail { pid, pidfd, slot };
@@ -420,7 +448,13 @@ fn end_jail(jail: &Jail) {
 /// not), then only reaps: the child, a fork of the zygote, is not its child, but every orphan in the
 /// namespace is. It dies with the template's init, or when the zygote kills it after the
 /// child ended, which takes whatever the child left behind.
-fn jail_init(policy: &Policy, join: Vec<OwnedFd>, go: OwnedFd, done: OwnedFd) -> ! {
+fn jail_init(
+    policy: &Policy,
+    on_skeleton: bool,
+    join: Vec<OwnedFd>,
+    go: OwnedFd,
+    done: OwnedFd,
+) -> ! {
     let built = (|| {
         prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys_err("prctl(PR_SET_PDEATHSIG)"))?;
         join_cgroup(&join)?;
@@ -441,8 +475,12 @@ fn jail_init(policy: &Policy, join: Vec<OwnedFd>, go: OwnedFd, done: OwnedFd) ->
         unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
         let uid = Uid::from_raw(policy.uid);
         unistd::setresuid(uid, uid, uid).map_err(sys_err("setresuid"))?;
-        let sources: Vec<Option<OwnedFd>> = policy.root.iter().map(|_| None).collect();
-        build_root(policy, &sources)?;
+        if on_skeleton {
+            enter_skeleton(policy)?;
+        } else {
+            let sources: Vec<Option<OwnedFd>> = policy.root.iter().map(|_| None).collect();
+            build_root(policy, &sources)?;
+        }
         unistd::sethostname(&policy.hostname).map_err(sys_err("sethostname"))?;
         let cgroup_ns: OwnedFd = fs::File::open("/proc/self/ns/cgroup")
             .map_err(path_err("open", Path::new("/proc/self/ns/cgroup")))?
