@@ -1,6 +1,7 @@
 //! The steps of a jail that every init takes, whichever builds it: a cold sandbox's (`init`)
 //! and a zygote's template and child (`zygote::template`, `zygote::child`). The root assembled
-//! and pivoted into ([`build_root`]), the program's process confined ([`confine`]: a new
+//! and pivoted into ([`build_root`]: its read-only skeleton, [`build_skeleton`], which a
+//! zygote's template builds once for all its jails, then each one's own part, [`enter_root`]), the program's process confined ([`confine`]: a new
 //! session, the OOM killer's first choice, rlimits, `no_new_privs`, no capabilities, Landlock;
 //! seccomp comes after, last, from the caller), its descriptors kept ([`close_from_except`]),
 //! its exec's strings ([`exec_strings`]), and the error type they share. The order the steps

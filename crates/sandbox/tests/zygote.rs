@@ -63,7 +63,11 @@ fn run(zygote: &Zygote, script: &str) -> (Outcome, String, String) {
 }
 
 fn run_command(zygote: &Zygote, command: Command) -> (Outcome, String, String) {
-    let mut child = zygote.spawn(command, &policy()).expect("spawn");
+    run_with(zygote, command, &policy())
+}
+
+fn run_with(zygote: &Zygote, command: Command, policy: &Policy) -> (Outcome, String, String) {
+    let mut child = zygote.spawn(command, policy).expect("spawn");
     let mut out = child.take_stdout().unwrap();
     let mut err = child.take_stderr().unwrap();
     drop(child.take_stdin());
@@ -219,6 +223,61 @@ fn nothing_of_one_child_reaches_the_next() {
         4,
         "children drew the same random numbers: {draws:?}"
     );
+}
+
+/// What a child's root is made of: the file system (its device) of `/`, `/dev` and each
+/// writable place, when `/` was made (device numbers are reused, times are not), whether `/` takes a new file, how many `/proc`s are mounted, and whether
+/// `/tmp` is empty of what the last child left there.
+const ROOT_PARTS: &str = r#"
+import json, os
+devices = {p: os.stat(p).st_dev for p in ['/', '/dev', '/tmp', '/work', '/dev/shm'] if os.path.isdir(p)}
+try:
+    open('/planted', 'w')
+    root = 'written'
+except OSError as e:
+    root = os.strerror(e.errno)
+procs = sum(1 for line in open('/proc/self/mountinfo') if line.split(' - ')[1].split()[0] == 'proc')
+fresh = not os.path.exists('/tmp/mine')
+open('/tmp/mine', 'w').write('x')
+print(json.dumps({'devices': devices, 'root': root, 'procs': procs, 'cwd': os.getcwd(), 'fresh': fresh,
+                  'root_made': os.stat('/').st_ctime_ns}))
+"#;
+
+fn jails_share_one_read_only_skeleton_and_a_policy_that_differs_gets_a_root_of_its_own() {
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let parts = |policy: &Policy| {
+        let (o, out, err) = run_with(&zygote, command(ROOT_PARTS), policy);
+        assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let first = parts(&policy());
+    let other = parts(&policy_with_work());
+    let again = parts(&policy());
+    for (name, seen) in [("first", &first), ("other", &other), ("again", &again)] {
+        assert_eq!(seen["root"], "Read-only file system", "{name}: {seen}");
+        assert_eq!(
+            seen["procs"], 1,
+            "{name}: one /proc, the jail's own: {seen}"
+        );
+        assert_eq!(seen["fresh"], true, "{name}: {seen}");
+    }
+    // The read-only parts are one file system for every jail of the zygote's policy...
+    assert_eq!(first["devices"]["/"], again["devices"]["/"]);
+    assert_eq!(first["root_made"], again["root_made"]);
+    assert_eq!(first["devices"]["/dev"], again["devices"]["/dev"]);
+    // ...and the scratch is each jail's own (`fresh` above: device numbers are reused).
+    assert_ne!(first["devices"]["/tmp"], first["devices"]["/"]);
+    // Other scratch mounts and working directory: a root built for that jail alone.
+    assert_ne!(other["devices"]["/"], first["devices"]["/"]);
+    assert_ne!(other["root_made"], first["root_made"]);
+    assert_eq!(other["cwd"], "/work");
+    for place in ["/work", "/dev/shm"] {
+        assert_eq!(other["devices"][place], other["devices"]["/tmp"], "{other}");
+        assert!(
+            first["devices"].get(place).is_none() || place == "/work",
+            "{first}"
+        );
+    }
 }
 
 /// Scans every readable mapping of the child's own memory (read in place: a sandbox is not
@@ -962,6 +1021,10 @@ fn main() {
             what_a_child_leaves_goes_with_its_cgroup_after_the_wait,
         ),
         ("limits_hold_in_a_child", limits_hold_in_a_child),
+        (
+            "jails_share_one_read_only_skeleton_and_a_policy_that_differs_gets_a_root_of_its_own",
+            jails_share_one_read_only_skeleton_and_a_policy_that_differs_gets_a_root_of_its_own,
+        ),
         (
             "a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it",
             a_prepared_program_runs_once_in_the_zygote_and_its_more_with_it,

@@ -1,7 +1,8 @@
 //! Zygotes: one interpreter started once, with its modules loaded, whose forks become fresh
 //! sandboxes. Each child gets its own jail, built by the same code as a cold sandbox (`jail`):
-//! new user, PID, mount, network, IPC, UTS and cgroup namespaces, a uid of its own, a fresh
-//! root with its own scratch tmpfs, its own cgroup, rlimits, `no_new_privs`, no capabilities,
+//! new user, PID, mount, network, IPC, UTS and cgroup namespaces, a uid of its own, a root
+//! (its read-only part built once per template and shared, its `/proc` and scratch tmpfs its
+//! own), its own cgroup, rlimits, `no_new_privs`, no capabilities,
 //! Landlock and seccomp.
 //!
 //! This module is the host's side ([`Zygote`]). The inside, in the order one child comes to

@@ -7,9 +7,11 @@
 //!    of itself, small, cloned into new user, mount, PID, network, IPC, UTS and cgroup
 //!    namespaces, whose uid is a host id of the block that no sibling has.
 //! 2. **jail init** ([`jail_init`]): PID 1 of the child's PID namespace. It joins the child's
-//!    cgroup (v1; on v2 it is cloned into it), builds the child's root with the same
-//!    [`build_root`] as a cold sandbox, drops every capability, and reaps orphans until it is
-//!    killed.
+//!    cgroup (v1; on v2 it is cloned into it), enters the child's root: the read-only
+//!    skeleton that the template built once ([`skeleton_for`]) with its own `/proc` and
+//!    scratch added by the same `enter_root` as a cold sandbox's (or, for a policy the
+//!    skeleton does not fit, the whole [`build_root`]), drops every capability, and reaps
+//!    orphans until it is killed.
 //!
 //! The zygote itself is `state`, the child `child`.
 
