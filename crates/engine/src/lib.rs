@@ -648,8 +648,15 @@ impl Engine {
         policy
     }
 
-    /// The runner's request for `job`, whose sandbox has `policy` (see `marshal`).
-    fn runner_request(&self, job: &Job, policy: &Policy) -> Result<Vec<u8>, EngineError> {
+    /// The runner's request for `job`, whose sandbox has `policy` (see `marshal`); with the
+    /// runner's on-demand part (`more`) unless its sandbox is a zygote's child, whose zygote
+    /// has defined it once for all its children.
+    fn runner_request(
+        &self,
+        job: &Job,
+        policy: &Policy,
+        more: bool,
+    ) -> Result<Vec<u8>, EngineError> {
         use marshal::Value;
         // A limit past what one marshal integer holds is no limit anyway: no single answer
         // can be that large.
@@ -690,7 +697,7 @@ impl Engine {
                 "sys_path",
                 Value::List(sys_path.iter().map(|p| Value::Str(p)).collect()),
             ),
-            ("more", Value::Str(RUNNER_MORE)),
+            ("more", Value::Str(if more { RUNNER_MORE } else { "" })),
             ("result_limit", int(self.config.max_result_bytes)),
             ("repr_limit", int(REPR_LIMIT as u64)),
             ("max_depth", int(MAX_DEPTH as u64)),
@@ -719,7 +726,9 @@ impl Engine {
     ) -> Result<Execution, EngineError> {
         self.check(&job)?;
         let policy = self.job_policy(&job);
-        let request = self.runner_request(&job, &policy)?;
+        // Encoded before a sandbox is taken, so that a request that cannot be is refused
+        // without one; again with the runner's on-demand part for a cold sandbox.
+        let mut request = self.runner_request(&job, &policy, false)?;
         if job.cancel.as_ref().is_some_and(Cancel::is_cancelled) {
             return Err(EngineError::Cancelled);
         }
@@ -737,6 +746,9 @@ impl Engine {
         let pooled = in_use.is_some();
         let taken = pooled.then(|| asked.elapsed());
         let forked = sandbox.child.is_zygote_child();
+        if !forked {
+            request = self.runner_request(&job, &policy, true)?;
+        }
         let stdin = std::mem::replace(&mut job.stdin, Stdin::Empty);
         let ran = self.run(sandbox, &job, stdin, request, tools, sink)?;
         let io = ran.io;

@@ -122,7 +122,7 @@ impl Session {
         engine.check(&setup)?;
         let policy = engine.job_policy(&setup);
         let egress = setup.egress.clone();
-        let request = framed(engine.runner_request(&setup, &policy)?)?;
+        let request = framed(engine.runner_request(&setup, &policy, true)?)?;
         let end = Arc::new(End::default());
         let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| io_error("pipe2", e.into()))?;

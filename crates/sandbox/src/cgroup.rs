@@ -559,16 +559,17 @@ impl SandboxCgroup {
         write(&memory.join("memory.limit_in_bytes"), &mem)?;
         // Swap off: memory+swap capped at the memory limit. Without swap accounting,
         // swappiness 0 keeps anonymous memory out of swap.
+        // Whether the kernel accounts swap is the same for every cgroup: looked up once.
+        static SWAP_ACCOUNTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         let memsw = memory.join("memory.memsw.limit_in_bytes");
-        if memsw.exists() {
+        if *SWAP_ACCOUNTED.get_or_init(|| memsw.exists()) {
             write(&memsw, &mem)?;
         } else {
             write(&memory.join("memory.swappiness"), "0")?;
         }
         write(&here(pids_dir).join("pids.max"), &pids)?;
-        let cpu = here(cpu);
-        write(&cpu.join("cpu.cfs_period_us"), "100000")?;
-        write(&cpu.join("cpu.cfs_quota_us"), &quota.to_string())?;
+        // The period is a new cgroup's default, 100 ms (`limit_values` counts on it).
+        write(&here(cpu).join("cpu.cfs_quota_us"), &quota.to_string())?;
         Ok(())
     }
 
@@ -1103,6 +1104,35 @@ mod tests {
             .to_string();
         assert!(err.contains("no cgroup2 mount"), "{err}");
         assert!(err.contains("pids, cpu, cpuacct"), "{err}");
+    }
+
+    #[test]
+    fn v1_limits_are_what_this_host_s_kernel_reads_back() {
+        // The real hierarchies, where there are v1 ones and we may make cgroups in them.
+        let Ok(layout @ Layout::V1 { .. }) = detect() else {
+            return;
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let limits = Limits {
+            memory_bytes: 64 << 20,
+            pids: 10,
+            cpu_millicores: 1500,
+            ..Limits::default()
+        };
+        let cg = SandboxCgroup::create(&layout, &limits, 2).unwrap();
+        let read = |name: &str| {
+            cg.read_file(name)
+                .unwrap_or_else(|| panic!("{name} unreadable"))
+                .trim()
+                .to_owned()
+        };
+        assert_eq!(read("memory.limit_in_bytes"), (64u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "12");
+        // 1.5 CPUs: 150 ms of every 100 ms period (the period is a new cgroup's default).
+        assert_eq!(read("cpu.cfs_quota_us"), "150000");
+        assert_eq!(read("cpu.cfs_period_us"), "100000");
     }
 
     /// A directory laid out like a cgroup v2 node: the controller files the kernel would have.

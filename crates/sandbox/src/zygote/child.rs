@@ -127,8 +127,9 @@ fn within_budget(
     })
 }
 
-/// The program's arguments and environment as `zygote.py` reads them: NUL-separated, the
-/// number of arguments, the arguments, then `KEY=VALUE` entries. One that holds a NUL itself
+/// The program's arguments (those after the zygote's own command line) and environment as
+/// `zygote.py` reads them: NUL-separated, the number of arguments, the arguments, then
+/// `KEY=VALUE` entries. One that holds a NUL itself
 /// is refused, as `execve` refuses it to a cold sandbox's program (`exec_strings`).
 fn encode_program(request: &ChildRequest) -> Result<Vec<u8>, InitError> {
     let mut strings = request

@@ -32,6 +32,9 @@ pub(crate) const JAIL_NAMESPACES: [(&str, CloneFlags); 6] = [
 #[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct ChildRequest {
     pub policy: Policy,
+    /// The program's arguments after the zygote's own `python <flags> -c <code>` (which
+    /// [`Zygote::serves`](super::Zygote::serves) found the same): the code is not sent
+    /// again with every child.
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// cgroup v1 `tasks` files opened for writing, or (with `into_cgroup`) the one directory

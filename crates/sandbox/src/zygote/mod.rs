@@ -440,7 +440,7 @@ impl Zygote {
         }
         let request = ChildRequest {
             policy: child_policy,
-            args: command.args,
+            args: command.args[self.argv.len()..].to_vec(),
             env: command.env.into_iter().collect(),
             join_cgroup: joins.len() as u32,
             into_cgroup,

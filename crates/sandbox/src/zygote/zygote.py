@@ -261,9 +261,11 @@ for _entry in _fields[1 + _argc:]:
 # What a fresh interpreter adds to its environment (PEP 538's locale coercion).
 if "LC_ALL" not in os.environ and (os.environ.get("LC_CTYPE") or os.environ.get("LANG") or "C") in ("C", "POSIX"):
     os.environ["LC_CTYPE"] = "C.UTF-8"
-# As `python <flags> -c <code> <args>` would have them.
-sys.orig_argv = _args
-sys.argv = ["-c"] + _args[_args.index("-c") + 2:]
+# As `python <flags> -c <code> <args>` would have them: the host sends only the arguments
+# after the code, the rest being the zygote's own command line (its interpreter and flags,
+# before this file's path) and its program.
+sys.orig_argv = sys.orig_argv[:sys.orig_argv.index("/.zygote/zygote.py")] + ["-c", CODE] + _args
+sys.argv = ["-c"] + _args
 _prepared = PREPARED is not None
 if PREPARED is None:
     _main = type(sys)("__main__")
