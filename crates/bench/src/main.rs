@@ -38,6 +38,8 @@ struct Args {
     /// Only `print(1)` from this many closed-loop clients for `seconds` (a load to profile).
     load: Option<usize>,
     seconds: u64,
+    /// How many times the load and floor.py's take turns.
+    turns: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -49,6 +51,7 @@ fn parse_args() -> Result<Args, String> {
         eval_only: false,
         load: None,
         seconds: 10,
+        turns: 3,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -65,8 +68,9 @@ fn parse_args() -> Result<Args, String> {
             "--seconds" => {
                 args.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?
             }
+            "--turns" => args.turns = value("--turns")?.parse().map_err(|e| format!("{e}"))?,
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S]]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -159,20 +163,46 @@ fn run(args: &Args) -> Result<(), String> {
         client.execute("print(1)", None)?;
     }
     if let Some(clients) = args.load {
-        let secs = Duration::from_secs(args.seconds);
-        load(&server, clients, secs)?;
-        // The same load without airlock, its server stopped first: the least a fresh sandbox
-        // can cost here (floor.py), and a bare fork of the same Python doing the same work.
-        drop(server);
         if !nix::unistd::geteuid().is_root() {
+            load(&server, clients, Duration::from_secs(args.seconds))?;
             eprintln!(
                 "airlock-bench: floor.py needs root (it makes cgroups and maps a uid); not run"
             );
             return Ok(());
         }
-        for skip in ["", "cgroup,netns,mounts,confine,namespaces,intermediate"] {
-            floor(clients, secs, skip)?;
+        // airlock's load and floor.py's take turns (this machine's speed drifts by a fifth
+        // within minutes), each on a quiet machine: what the kernel does later for one load
+        // (network namespaces and cgroups freed by its workers) is not counted in the next.
+        // airlock's server stays up, idle, while floor.py runs.
+        let secs = Duration::from_secs(args.seconds);
+        let mut ratios = Vec::new();
+        for turn in 1..=args.turns.max(1) {
+            let ours = load(&server, clients, secs)?;
+            settle();
+            let theirs = floor(clients, secs, "")?;
+            settle();
+            ratios.push(ours / theirs);
+            println!(
+                "turn {turn}: airlock {ours:.0}/s, floor.py {theirs:.0}/s: {:.2}",
+                ours / theirs
+            );
         }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "airlock's rate against floor.py's, {} turns: median {:.2} (from {:.2} to {:.2})",
+            ratios.len(),
+            ratios[ratios.len() / 2],
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
+        // A bare fork of the same Python doing the same work, airlock's server stopped.
+        drop(server);
+        settle();
+        floor(
+            clients,
+            secs,
+            "cgroup,netns,mounts,confine,namespaces,intermediate",
+        )?;
         return Ok(());
     }
     // Measured once the pool is full again: refills wait for executions to end.
@@ -567,11 +597,12 @@ fn block(
 
 /// `print(1)` from `clients` closed-loop clients for `secs`: the rate, and the machine's
 /// busy CPU time per execution (all processes, from `/proc/stat`), to run under a profiler.
-fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
+fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> {
     let mut conns = (0..clients)
         .map(|_| server.connect())
         .collect::<Result<Vec<_>, _>>()?;
     std::thread::sleep(Duration::from_secs(2));
+    settle();
     let busy = || -> Result<f64, String> {
         let f = cpu_stat().ok_or("/proc/stat unreadable")?;
         // user nice system idle iowait irq softirq steal: busy is all but idle and iowait.
@@ -605,12 +636,13 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<(), String> {
         n as f64 / wall,
         cpu * 1000.0 / n.max(1) as f64
     );
-    Ok(())
+    Ok(n as f64 / wall)
 }
 
 /// The least work a fresh sandbox can cost on this machine, measured by `floor.py` (see
-/// there) with `clients` workers for `secs`, the steps in `skip` left out. Needs root.
-fn floor(clients: usize, secs: Duration, skip: &str) -> Result<(), String> {
+/// there) with `clients` workers for `secs`, the steps in `skip` left out: its rate. Needs
+/// root.
+fn floor(clients: usize, secs: Duration, skip: &str) -> Result<f64, String> {
     let out = Command::new(PYTHON)
         .args(["-I", "-S", "-c", include_str!("../floor.py")])
         .args([
@@ -627,8 +659,12 @@ fn floor(clients: usize, secs: Duration, skip: &str) -> Result<(), String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    Ok(())
+    let said = String::from_utf8_lossy(&out.stdout);
+    print!("{said}");
+    // "floor, 8 workers, 8.0 s: 2411 executions, 301/s, ..."
+    said.split(", ")
+        .find_map(|part| part.strip_suffix("/s")?.parse().ok())
+        .ok_or_else(|| format!("floor.py said no rate: {said}"))
 }
 
 /// Memory figures, and how long a zygote takes to make a sandbox.
@@ -860,6 +896,28 @@ fn cpu_stat() -> Option<Vec<u64>> {
             .filter_map(|v| v.parse().ok())
             .collect(),
     )
+}
+
+/// Waits (up to 20 s) until the machine is quiet: at most 2 % of its CPU busy over 300 ms, so
+/// that work the kernel deferred from one load (network namespaces and cgroups freed by its
+/// workers) is not counted in the next.
+fn settle() {
+    let busy_share = || -> Option<f64> {
+        let before = cpu_stat()?;
+        std::thread::sleep(Duration::from_millis(300));
+        let after = cpu_stat()?;
+        let d: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        let total: u64 = d.iter().sum();
+        let idle = d.get(3).unwrap_or(&0) + d.get(4).unwrap_or(&0);
+        Some((total - idle) as f64 / total.max(1) as f64)
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        match busy_share() {
+            Some(share) if share > 0.02 => continue,
+            _ => return,
+        }
+    }
 }
 
 /// All CPU ticks so far and those stolen by the hypervisor.

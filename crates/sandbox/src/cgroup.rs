@@ -356,6 +356,21 @@ fn limit_values(limits: &Limits, extra_pids: u32) -> (String, String, u64) {
     (limits.memory_bytes.to_string(), pids, quota)
 }
 
+/// A small file's text, read without the `stat` that `fs::read_to_string` makes first to size
+/// its buffer (a cgroup file's size is 0 anyway).
+fn read_small(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut file = fs::File::open(path)?;
+    let (mut text, mut chunk) = (Vec::new(), [0u8; 512]);
+    loop {
+        match file.read(&mut chunk)? {
+            0 => break,
+            n => text.extend_from_slice(&chunk[..n]),
+        }
+    }
+    String::from_utf8(text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
 /// What the kernel counted for one sandbox.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -637,7 +652,7 @@ impl SandboxCgroup {
     fn read_file(&self, name: &str) -> Option<String> {
         self.by_controller(name)
             .into_iter()
-            .find_map(|d| fs::read_to_string(d.join(name)).ok())
+            .find_map(|d| read_small(&d.join(name)).ok())
     }
 
     /// The directories, those whose path names the controller of file `name` first (v1 keeps

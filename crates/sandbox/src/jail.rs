@@ -553,15 +553,16 @@ fn apply_landlock(policy: &Policy) -> Result<LandlockReport, InitError> {
         ruleset = ruleset.add_rule(NetPort::new(port, AccessNet::ConnectTcp))?;
     }
     for (path, mut access) in rules {
-        let meta = fs::metadata(&path).map_err(path_err("stat", &path))?;
-        if !meta.is_dir() {
-            access &= file_rights;
-        }
         let fd = PathFd::new(&path).map_err(|e| InitError::Path {
             call: "open",
             path: path.clone(),
             source: io::Error::other(e),
         })?;
+        // Of the descriptor, not the path again: one lookup a rule.
+        let stat = nix::sys::stat::fstat(fd.as_fd()).map_err(path_errno("stat", &path))?;
+        if stat.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            access &= file_rights;
+        }
         ruleset = ruleset.add_rule(PathBeneath::new(fd, access))?;
     }
     let status = ruleset.restrict_self()?;
