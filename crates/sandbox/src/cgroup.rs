@@ -1121,6 +1121,16 @@ mod tests {
         assert!(err.contains("pids, cpu, cpuacct"), "{err}");
     }
 
+    /// 64 MiB, 10 processes (12 with the two of the sandbox's own), 1.5 CPUs.
+    fn test_limits() -> Limits {
+        Limits {
+            memory_bytes: 64 << 20,
+            pids: 10,
+            cpu_millicores: 1500,
+            ..Limits::default()
+        }
+    }
+
     #[test]
     fn v1_limits_are_what_this_host_s_kernel_reads_back() {
         // The real hierarchies, where there are v1 ones and we may make cgroups in them.
@@ -1130,12 +1140,7 @@ mod tests {
         if !nix::unistd::geteuid().is_root() {
             return;
         }
-        let limits = Limits {
-            memory_bytes: 64 << 20,
-            pids: 10,
-            cpu_millicores: 1500,
-            ..Limits::default()
-        };
+        let limits = test_limits();
         let cg = SandboxCgroup::create(&layout, &limits, 2).unwrap();
         let read = |name: &str| {
             cg.read_file(name)
@@ -1167,12 +1172,7 @@ mod tests {
         let layout = Layout::V2 {
             dir: parent.clone(),
         };
-        let limits = Limits {
-            memory_bytes: 64 << 20,
-            pids: 10,
-            cpu_millicores: 1500,
-            ..Limits::default()
-        };
+        let limits = test_limits();
         // A real cgroup directory comes with its files; create the sandbox node the same way.
         let cg = SandboxCgroup::create(&layout, &limits, 2).unwrap();
         let dir = cg.dirs[0].clone();
