@@ -33,7 +33,8 @@ use super::ids::ZYGOTE_IDS;
 use super::messages::{JailBuilt, JailReply, JailRequest, JAIL_NAMESPACES};
 use crate::jail::{
     build_jails_skeleton, build_root, close_from_except, enter_skeleton, exec_strings, fail,
-    join_cgroup, path_err, reap_until, sys_err, InitError, SkeletonKey, FIRST_EXTRA_FD,
+    join_cgroup, make_mounts_private, path_err, reap_until, sys_err, InitError, SkeletonKey,
+    FIRST_EXTRA_FD,
 };
 use crate::policy::Policy;
 use crate::proto::{self, InitRequest, LandlockReport, LandlockState, Report};
@@ -68,7 +69,7 @@ pub(crate) fn template_init(req: &InitRequest, status: &OwnedFd) -> Result<Infal
             // jails' skeleton is built, and which each jail's is a copy of.
             nix::sched::unshare(CloneFlags::CLONE_NEWNS)
                 .map_err(sys_err("unshare(CLONE_NEWNS)"))?;
-            crate::jail::make_mounts_private()?;
+            make_mounts_private()?;
             serve_jails(child.as_raw(), ours, status)
         }
     }
