@@ -859,11 +859,19 @@ impl Engine {
         if let Some(c) = &job.cancel {
             c.attach(child.killer());
         }
-        let (stop_r, stop_w) =
-            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| EngineError::Io {
-                what: "pipe2",
-                source: e.into(),
-            })?;
+        // The output is pumped by the thread that waits for the sandbox, unless the sink may
+        // block (a slow reader must never hold up the limits' enforcement): then by a thread
+        // of its own, told by `stop` that the sandbox is gone.
+        let stop = if sink.may_block() {
+            Some(
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| EngineError::Io {
+                    what: "pipe2",
+                    source: e.into(),
+                })?,
+            )
+        } else {
+            None
+        };
         let pump = pump::Pump {
             stdin: child.take_stdin(),
             stdin_source: stdin,
@@ -872,7 +880,6 @@ impl Engine {
             request,
             stdout: child.take_stdout(),
             stderr: child.take_stderr(),
-            stop: stop_r,
             output_limit: job.limits.output_bytes,
             response_limit: self.response_limit(),
             sink,
@@ -880,13 +887,23 @@ impl Engine {
         let killer = child.killer();
         let breach = tools::Breach::default();
         let (waited, io) = std::thread::scope(|s| {
-            let io = s.spawn(|| pump.run());
             let served = tools.as_ref().map(|(bridge, channel)| {
                 let (breach, killer) = (&breach, &killer);
                 s.spawn(move || breach.serve(bridge.as_ref(), channel.try_clone(), killer))
             });
-            let waited = child.wait();
-            let _ = nix::unistd::write(&stop_w, &[1]);
+            let (waited, pumped) = match stop {
+                Some((stop_r, stop_w)) => {
+                    let io = s.spawn(move || pump.run(stop_r));
+                    let waited = child.wait();
+                    let _ = nix::unistd::write(&stop_w, &[1]);
+                    (waited, Err(io))
+                }
+                None => {
+                    let mut pumping = pump.start();
+                    let waited = child.wait_beside(&mut pumping);
+                    (waited, Ok(pumping.finish()))
+                }
+            };
             if let Some(served) = served {
                 // The sandbox is gone: the bridge reads the end of its channel and cancels
                 // what is still running upstream.
@@ -895,7 +912,7 @@ impl Engine {
                 }
                 let _ = served.join();
             }
-            (waited, io.join())
+            (waited, pumped.or_else(|io| io.join().map_err(drop)))
         });
         let tool_calls = tools.as_ref().map_or(0, |(bridge, _)| bridge.calls());
         let egress = serving.map(airlock_egress::Serving::finish);

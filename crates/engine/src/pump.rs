@@ -24,6 +24,11 @@ pub trait OutputSink: Send {
     fn output(&mut self, stream: Stream, chunk: &[u8]);
     /// The stream reached its limit; what follows is discarded.
     fn truncated(&mut self, stream: Stream, limit: u64);
+    /// Whether `output` may wait (for a slow reader): then the output is pumped on a thread
+    /// of its own, never on the one that enforces the sandbox's limits.
+    fn may_block(&self) -> bool {
+        true
+    }
 }
 
 /// A sink that keeps nothing (the result carries the output anyway).
@@ -33,6 +38,9 @@ pub struct Discard;
 impl OutputSink for Discard {
     fn output(&mut self, _: Stream, _: &[u8]) {}
     fn truncated(&mut self, _: Stream, _: u64) {}
+    fn may_block(&self) -> bool {
+        false
+    }
 }
 
 /// Where the program's standard input comes from.
@@ -102,7 +110,6 @@ pub(crate) struct Pump<'a> {
     pub request: Vec<u8>,
     pub stdout: Option<ChildStdout>,
     pub stderr: Option<ChildStderr>,
-    pub stop: OwnedFd,
     pub output_limit: u64,
     pub response_limit: u64,
     pub sink: &'a mut dyn OutputSink,
@@ -145,18 +152,25 @@ pub(crate) fn write_some(w: &mut impl Write, data: &[u8]) -> Option<usize> {
     }
 }
 
-impl Pump<'_> {
-    /// Runs until the sandbox has closed every stream, or until `stop` is readable (the
-    /// sandbox is gone); then drains what is left and returns.
-    pub fn run(mut self) -> Collected {
-        let mut out = Collected::default();
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut request_at = 0usize;
-        let mut request_open = true;
-        let mut response_open = true;
+/// A pump under way: what it has collected, and how far each direction has got. Driven by
+/// [`Pump::run`] on a thread of its own, or by the thread that waits for the sandbox (as its
+/// [`airlock_sandbox::Beside`]); [`Pumping::finish`] takes what is left once it is gone.
+pub(crate) struct Pumping<'a> {
+    pump: Pump<'a>,
+    out: Collected,
+    buf: Vec<u8>,
+    request_at: usize,
+    request_open: bool,
+    response_open: bool,
+    stdin_buf: Vec<u8>,
+    stdin_at: usize,
+    stdin_sent: u64,
+}
+
+impl<'a> Pump<'a> {
+    /// Every descriptor made non-blocking, standard input's source taken.
+    pub fn start(mut self) -> Pumping<'a> {
         let mut stdin_buf: Vec<u8> = Vec::new();
-        let mut stdin_at = 0usize;
-        let mut stdin_sent = 0u64;
         match std::mem::replace(&mut self.stdin_source, Stdin::Empty) {
             Stdin::Empty => self.stdin = None, // EOF right away
             Stdin::Bytes(bytes) => stdin_buf = bytes,
@@ -176,111 +190,174 @@ impl Pump<'_> {
         if let Some(s) = &self.stderr {
             let _ = set_nonblocking(s);
         }
-
-        let mut stopping = false;
-        loop {
-            if self.stdout.is_none() && self.stderr.is_none() && !response_open {
-                break;
-            }
-            if !stopping {
-                let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(5);
-                let mut slots = [usize::MAX; 5];
-                let mut ctl = PollFlags::empty();
-                if request_open {
-                    ctl |= PollFlags::POLLOUT;
-                }
-                if response_open {
-                    ctl |= PollFlags::POLLIN;
-                }
-                let wanted = [
-                    self.stdout.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
-                    self.stderr.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
-                    // Once both directions are done the socket must leave the set: a hung-up
-                    // descriptor is always ready, and the loop would spin until the program
-                    // ends (a program that closes the channel and sleeps would burn a core).
-                    (!ctl.is_empty()).then(|| (self.control.as_fd(), ctl)),
-                    match (&self.stdin, &self.stdin_source) {
-                        (None, _) => None,
-                        (Some(s), _) if stdin_at < stdin_buf.len() => {
-                            Some((s.as_fd(), PollFlags::POLLOUT))
-                        }
-                        (Some(_), Stdin::File(f)) => Some((f.as_fd(), PollFlags::POLLIN)),
-                        (Some(s), _) => Some((s.as_fd(), PollFlags::POLLOUT)),
-                    },
-                    Some((self.stop.as_fd(), PollFlags::POLLIN)),
-                ];
-                for (slot, entry) in wanted.into_iter().enumerate() {
-                    if let Some((fd, events)) = entry {
-                        slots[slot] = fds.len();
-                        fds.push(PollFd::new(fd, events));
-                    }
-                }
-                match poll(&mut fds, PollTimeout::NONE) {
-                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                    Err(_) => stopping = true,
-                }
-                let ready = |slot: usize| {
-                    slots[slot] != usize::MAX
-                        && fds[slots[slot]].revents().is_some_and(|r| !r.is_empty())
-                };
-                if ready(4) {
-                    // The sandbox is gone; take what is buffered and finish.
-                    stopping = true;
-                }
-                let write_ready = ready(3);
-                let ctl_ready = ready(2);
-                drop(fds);
-                if write_ready {
-                    self.feed_stdin(&mut stdin_buf, &mut stdin_at, &mut stdin_sent);
-                }
-                if ctl_ready && request_open {
-                    match write_some(&mut self.control, &self.request[request_at..]) {
-                        Some(n) => request_at += n,
-                        None => request_at = self.request.len(),
-                    }
-                    if request_at >= self.request.len() {
-                        request_open = false;
-                        let _ = self.control.shutdown(std::net::Shutdown::Write);
-                    }
-                }
-            }
-            // Reads are non-blocking: a spurious pass costs nothing.
-            self.drain(Stream::Stdout, &mut buf, &mut out.streams.stdout, stopping);
-            self.drain(Stream::Stderr, &mut buf, &mut out.streams.stderr, stopping);
-            if response_open {
-                loop {
-                    match read_some(&mut self.control, &mut buf) {
-                        Progress::Data(n) => {
-                            let room =
-                                (self.response_limit as usize).saturating_sub(out.response.len());
-                            out.response.extend_from_slice(&buf[..n.min(room)]);
-                            if n > room {
-                                out.response_overflow = true;
-                            }
-                            if !stopping {
-                                break;
-                            }
-                        }
-                        Progress::Eof => {
-                            response_open = false;
-                            break;
-                        }
-                        Progress::Blocked => {
-                            if stopping {
-                                response_open = false;
-                            }
-                            break;
-                        }
-                    }
-                }
-            }
-            if stopping {
-                break;
-            }
+        Pumping {
+            pump: self,
+            out: Collected::default(),
+            buf: vec![0u8; 64 * 1024],
+            request_at: 0,
+            request_open: true,
+            response_open: true,
+            stdin_buf,
+            stdin_at: 0,
+            stdin_sent: 0,
         }
-        out
     }
 
+    /// Runs until the sandbox has closed every stream, or until `stop` is readable (the
+    /// sandbox is gone); then drains what is left and returns.
+    pub fn run(self, stop: OwnedFd) -> Collected {
+        let mut p = self.start();
+        loop {
+            if p.done() {
+                return p.out;
+            }
+            let wanted = p.interest();
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(5);
+            for (fd, events) in wanted.iter().flatten() {
+                fds.push(PollFd::new(*fd, *events));
+            }
+            fds.push(PollFd::new(stop.as_fd(), PollFlags::POLLIN));
+            let polled = poll(&mut fds, PollTimeout::NONE);
+            let events: Vec<PollFlags> = fds
+                .iter()
+                .map(|f| f.revents().unwrap_or(PollFlags::empty()))
+                .collect();
+            drop(fds);
+            let present = wanted.map(|w| w.is_some());
+            match polled {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => return p.finish(),
+            }
+            if events.last().is_some_and(|e| !e.is_empty()) {
+                // The sandbox is gone; take what is buffered and finish.
+                return p.finish();
+            }
+            p.step(present, &events);
+        }
+    }
+}
+
+impl Pumping<'_> {
+    /// Every stream closed and the response read to its end.
+    fn done(&self) -> bool {
+        self.pump.stdout.is_none() && self.pump.stderr.is_none() && !self.response_open
+    }
+
+    /// The descriptors to wait on, and for what: stdout, stderr, the control channel,
+    /// standard input (or its source).
+    fn interest(&self) -> [Option<(std::os::fd::BorrowedFd<'_>, PollFlags)>; 4] {
+        let mut ctl = PollFlags::empty();
+        if self.request_open {
+            ctl |= PollFlags::POLLOUT;
+        }
+        if self.response_open {
+            ctl |= PollFlags::POLLIN;
+        }
+        let p = &self.pump;
+        [
+            p.stdout.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
+            p.stderr.as_ref().map(|s| (s.as_fd(), PollFlags::POLLIN)),
+            // Once both directions are done the socket must leave the set: a hung-up
+            // descriptor is always ready, and the loop would spin until the program
+            // ends (a program that closes the channel and sleeps would burn a core).
+            (!ctl.is_empty()).then(|| (p.control.as_fd(), ctl)),
+            match (&p.stdin, &p.stdin_source) {
+                (None, _) => None,
+                (Some(s), _) if self.stdin_at < self.stdin_buf.len() => {
+                    Some((s.as_fd(), PollFlags::POLLOUT))
+                }
+                (Some(_), Stdin::File(f)) => Some((f.as_fd(), PollFlags::POLLIN)),
+                (Some(s), _) => Some((s.as_fd(), PollFlags::POLLOUT)),
+            },
+        ]
+    }
+
+    /// One pass after a poll: `present` says which of [`interest`](Self::interest)'s
+    /// descriptors were polled, `events` what each of those (in order) had. Reads are
+    /// non-blocking: a spurious pass costs nothing.
+    fn step(&mut self, present: [bool; 4], events: &[PollFlags]) {
+        let mut ready = [false; 4];
+        let mut at = 0;
+        for (slot, polled) in present.iter().enumerate() {
+            if *polled {
+                ready[slot] = events.get(at).is_some_and(|e| !e.is_empty());
+                at += 1;
+            }
+        }
+        if ready[3] {
+            self.pump.feed_stdin(
+                &mut self.stdin_buf,
+                &mut self.stdin_at,
+                &mut self.stdin_sent,
+            );
+        }
+        if ready[2] && self.request_open {
+            let p = &mut self.pump;
+            match write_some(&mut p.control, &p.request[self.request_at..]) {
+                Some(n) => self.request_at += n,
+                None => self.request_at = p.request.len(),
+            }
+            if self.request_at >= p.request.len() {
+                self.request_open = false;
+                let _ = p.control.shutdown(std::net::Shutdown::Write);
+            }
+        }
+        self.collect(false);
+    }
+
+    /// What is left once the sandbox is gone: every stream and the response read to its end.
+    pub fn finish(mut self) -> Collected {
+        self.collect(true);
+        self.out
+    }
+
+    /// Output and response read as far as they go now (`all`: to their end).
+    fn collect(&mut self, all: bool) {
+        let (p, buf) = (&mut self.pump, &mut self.buf);
+        p.drain(Stream::Stdout, buf, &mut self.out.streams.stdout, all);
+        p.drain(Stream::Stderr, buf, &mut self.out.streams.stderr, all);
+        if !self.response_open {
+            return;
+        }
+        loop {
+            match read_some(&mut p.control, buf) {
+                Progress::Data(n) => {
+                    let room = (p.response_limit as usize).saturating_sub(self.out.response.len());
+                    self.out.response.extend_from_slice(&buf[..n.min(room)]);
+                    if n > room {
+                        self.out.response_overflow = true;
+                    }
+                    if !all {
+                        break;
+                    }
+                }
+                Progress::Eof => {
+                    self.response_open = false;
+                    break;
+                }
+                Progress::Blocked => {
+                    if all {
+                        self.response_open = false;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl airlock_sandbox::Beside for Pumping<'_> {
+    fn fds(&self) -> Vec<(std::os::fd::BorrowedFd<'_>, PollFlags)> {
+        self.interest().into_iter().flatten().collect()
+    }
+
+    fn polled(&mut self, events: &[PollFlags]) {
+        let present = self.interest().map(|w| w.is_some());
+        self.step(present, events);
+    }
+}
+
+impl Pump<'_> {
     /// Moves standard input along: refills the buffer from the source when it is empty
     /// (never blocking), writes what the program will take, closes its stdin at the end.
     fn feed_stdin(&mut self, buf: &mut Vec<u8>, at: &mut usize, sent: &mut u64) {

@@ -65,7 +65,7 @@ pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
 pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
 pub use proto::{LandlockReport, LandlockState};
 pub use spawn::{
-    spawn, Child, Command, Exit, Isolation, KillReason, Killer, Outcome, Prestarted, Probe,
+    spawn, Beside, Child, Command, Exit, Isolation, KillReason, Killer, Outcome, Prestarted, Probe,
     SetOnce, SpawnError, Usage, WaitError, NAMESPACES,
 };
 pub use zygote::{library_beside, Zygote, ZygoteSpec, FINISH_PY, LIBRARY_NAME};

@@ -1,7 +1,7 @@
 //! The host side: start a sandbox from a [`Command`] and a [`Policy`], supervise it, and turn what
 //! the kernel reports into an [`Outcome`].
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{ChildStderr, ChildStdin, ChildStdout, Stdio};
@@ -396,6 +396,16 @@ impl<T: Clone> SetOnce<T> {
         *self.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
         self.set.notify_all();
     }
+}
+
+/// Work a thread does while it waits for a sandbox ([`Child::wait_beside`]): moving its
+/// input and output. Its descriptors go into the same poll as the sandbox's status, so it
+/// must never block.
+pub trait Beside {
+    /// The descriptors to poll next, with the events wanted.
+    fn fds(&self) -> Vec<(BorrowedFd<'_>, PollFlags)>;
+    /// What that poll found, for each of them in order (none ready, on a timeout).
+    fn polled(&mut self, events: &[PollFlags]);
 }
 
 /// Reads a sandbox's cgroup counters while it runs (CPU so far, peak memory); reads nothing
@@ -916,10 +926,16 @@ impl Child {
     /// CPU time) by killing it, collects the program's exit and the cgroup's counters, and
     /// removes the cgroup. Nothing of the sandbox exists when this returns.
     pub fn wait(mut self) -> Result<Outcome, WaitError> {
-        self.finish()
+        self.finish(None)
     }
 
-    fn finish(&mut self) -> Result<Outcome, WaitError> {
+    /// As [`wait`](Self::wait), doing `beside`'s work on this thread meanwhile: its
+    /// descriptors are polled with the sandbox's own (it must never block).
+    pub fn wait_beside(mut self, beside: &mut dyn Beside) -> Result<Outcome, WaitError> {
+        self.finish(Some(beside))
+    }
+
+    fn finish(&mut self, mut beside: Option<&mut dyn Beside>) -> Result<Outcome, WaitError> {
         let deadline = self.started + self.limits.wall_time;
         let max_cpu = self
             .limits
@@ -960,14 +976,22 @@ impl Child {
                 timeout = timeout.max(Duration::from_millis(1)).min(left);
             }
             let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-            let mut fds = [
+            let theirs = beside.as_ref().map(|b| b.fds()).unwrap_or_default();
+            let mut fds = vec![
                 PollFd::new(self.status.as_fd(), PollFlags::POLLIN),
                 PollFd::new(self.wake.as_fd(), PollFlags::POLLIN),
             ];
-            match poll(
+            fds.extend(theirs.iter().map(|(fd, events)| PollFd::new(*fd, *events)));
+            let polled = poll(
                 &mut fds,
                 PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-            ) {
+            );
+            let events: Vec<PollFlags> = fds
+                .iter()
+                .map(|f| f.revents().unwrap_or(PollFlags::empty()))
+                .collect();
+            drop((fds, theirs));
+            match polled {
                 Ok(_) | Err(nix::errno::Errno::EINTR) => {}
                 Err(e) => {
                     failure = Some(WaitError::Protocol(format!("poll: {e}")));
@@ -975,12 +999,14 @@ impl Child {
                     continue;
                 }
             }
-            let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
-            if ready(&fds[1]) {
+            if let Some(b) = beside.as_mut() {
+                b.polled(&events[2..]);
+            }
+            if !events[1].is_empty() {
                 let mut buf = [0u8; 64];
                 let _ = nix::unistd::read(&self.wake, &mut buf);
             }
-            if !ready(&fds[0]) {
+            if events[0].is_empty() {
                 continue;
             }
             match proto::recv_msg_with_fd::<Report>(&self.status) {
@@ -1082,7 +1108,7 @@ impl Drop for Child {
     fn drop(&mut self) {
         if self.running {
             self.killer.kill(KillReason::Cancelled);
-            let _ = self.finish();
+            let _ = self.finish(None);
         }
     }
 }

@@ -2,23 +2,49 @@
 //!
 //! Every sandbox a test binary starts goes through [`run`], which holds [`SERIAL`] and compares
 //! the host before and after: no process of a sandbox uid, no sandbox cgroup, no mount, no SysV
-//! IPC object and no file owned by a sandbox uid may be left behind.
+//! IPC object and no file owned by a sandbox uid may be left behind. [`invoke`], which checks
+//! nothing, shares [`SERIAL`] with other such calls, so that none of its sandboxes is running
+//! while a test that holds it compares the host.
 #![allow(dead_code)]
 
 pub mod http;
 
+use std::cell::Cell;
 use std::fs;
 use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use serde_json::Value;
 
-pub static SERIAL: Mutex<()> = Mutex::new(());
+/// Held alone by a test that compares the host before and after ([`serial`]), shared by the
+/// calls that start sandboxes without comparing ([`invoke`]).
+pub static SERIAL: RwLock<()> = RwLock::new(());
 
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+thread_local! {
+    /// This thread holds [`SERIAL`] alone: its own calls need no share of it.
+    static HOLDS_SERIAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`SERIAL`], held alone until dropped.
+pub struct Serial(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        HOLDS_SERIAL.with(|h| h.set(false));
+    }
+}
+
+pub fn serial() -> Serial {
+    let guard = SERIAL.write().unwrap_or_else(|e| e.into_inner());
+    HOLDS_SERIAL.with(|h| h.set(true));
+    Serial(guard)
+}
+
+/// A share of [`SERIAL`] for a call that starts sandboxes, unless this thread holds it alone.
+fn shared() -> Option<RwLockReadGuard<'static, ()>> {
+    (!HOLDS_SERIAL.with(Cell::get)).then(|| SERIAL.read().unwrap_or_else(|e| e.into_inner()))
 }
 
 /// A key as `[[keys]]` stores it: `sha256:` and its hex SHA-256.
@@ -145,6 +171,7 @@ pub fn invoke(args: &[&str], stdin: &[u8]) -> Run {
 
 /// As [`invoke`], with these environment variables set for airlock.
 pub fn invoke_env(args: &[&str], stdin: &[u8], env: &[(&str, &std::ffi::OsStr)]) -> Run {
+    let _shared = shared();
     let mut child = piped_env(args, env);
     let mut input = child.stdin.take().expect("stdin");
     let data = stdin.to_vec();
