@@ -181,7 +181,7 @@ pub(crate) fn build_jails_skeleton(policy: &Policy) -> Result<(), InitError> {
 
 /// What a skeleton built from one policy may serve: a jail of a policy with the same root,
 /// the same scratch mount points and the same working directory.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) struct SkeletonKey {
     root: Vec<RootEntry>,
     mounts: Vec<PathBuf>,
@@ -195,6 +195,14 @@ impl SkeletonKey {
             mounts: policy.scratch.mounts.clone(),
             workdir: policy.workdir.clone(),
         }
+    }
+
+    /// Whether a jail of `policy` fits the skeleton built from this key's policy (compared in
+    /// place: asked once a jail, nothing is copied).
+    pub(crate) fn fits(&self, policy: &Policy) -> bool {
+        self.root == policy.root
+            && self.mounts == policy.scratch.mounts
+            && self.workdir == policy.workdir
     }
 }
 

@@ -308,12 +308,11 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
 /// `policy` if there is none yet: the first jail's policy makes it, and a jail whose root,
 /// scratch mount points or working directory differ builds a root of its own.
 fn skeleton_for(built: &mut Option<SkeletonKey>, policy: &Policy) -> Result<bool, InitError> {
-    let key = SkeletonKey::of(policy);
     if let Some(built) = built {
-        return Ok(*built == key);
+        return Ok(built.fits(policy));
     }
     build_jails_skeleton(policy)?;
-    *built = Some(key);
+    *built = Some(SkeletonKey::of(policy));
     Ok(true)
 }
 
