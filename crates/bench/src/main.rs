@@ -613,6 +613,7 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> 
                 .flatten()
                 .unwrap_or(100) as f64)
     };
+    let pool0 = pool_counters(&mut conns[0]);
     let stop = Instant::now() + secs;
     let cpu0 = busy()?;
     let start = Instant::now();
@@ -636,7 +637,27 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> 
         n as f64 / wall,
         cpu * 1000.0 / n.max(1) as f64
     );
+    // Where the executions' sandboxes came from: taken ready, waited for, or made then.
+    if let (Some(before), Some(after)) = (pool0, pool_counters(&mut conns[0])) {
+        let said: Vec<String> = POOL_COUNTERS
+            .iter()
+            .zip(before.iter().zip(&after))
+            .map(|(name, (b, a))| format!("{name} {}", a.saturating_sub(*b)))
+            .collect();
+        println!("  the pool: {}", said.join(", "));
+    }
     Ok(n as f64 / wall)
+}
+
+/// The pool's counters `load` reports, as `/readyz` names them.
+const POOL_COUNTERS: [&str; 4] = ["takes", "waits", "misses_empty", "refills"];
+
+fn pool_counters(client: &mut Client) -> Option<Vec<u64>> {
+    let ready = client.get("/readyz").ok()?;
+    POOL_COUNTERS
+        .iter()
+        .map(|name| ready["pool"][name].as_u64())
+        .collect()
 }
 
 /// The least work a fresh sandbox can cost on this machine, measured by `floor.py` (see
