@@ -283,8 +283,9 @@ impl Zygotes {
         spec.warm_up = WARM_UP.to_owned();
         // One BLAS thread: a pool of them would be stopped and started again around every
         // fork (OpenBLAS's fork handlers), and a sandbox has one core's worth of CPU anyway.
+        // Read as the preloads load; the children's environment is the one they are given.
         for name in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"] {
-            spec.env.insert(name.into(), "1".into());
+            spec.preload_env.insert(name.into(), "1".into());
         }
         let start = Start {
             key,

@@ -44,6 +44,7 @@ fn spec(preload: &[&str]) -> ZygoteSpec {
         preload: preload.iter().map(|s| s.to_string()).collect(),
         warm_up: String::new(),
         env: [("PATH".to_string(), "/usr/bin".to_string())].into(),
+        preload_env: Default::default(),
         library: library(),
         sys_path: vec!["/usr/lib/python3/dist-packages".into()],
         prepare: false,
@@ -135,6 +136,7 @@ print(json.dumps({
     'rlimits': {n: resource.getrlimit(getattr(resource, n)) for n in ['RLIMIT_CPU', 'RLIMIT_NOFILE', 'RLIMIT_FSIZE', 'RLIMIT_CORE']},
     'env': sorted(os.environ.items()),
     'argv': sys.argv,
+    'orig_argv': sys.orig_argv,
     'fds': sorted(os.listdir('/proc/self/fd')),
     'cgroup': open('/proc/self/cgroup').read(),
 }, sort_keys=True))
@@ -155,6 +157,63 @@ fn a_child_is_the_same_sandbox_as_a_cold_one() {
         );
     }
     assert_eq!(o.isolation, co.isolation);
+}
+
+/// What a program's environment is: as it sees it (in its order), as a process it starts
+/// inherits it (the C library's), and what the zygote's warm-up saw.
+const ENVIRONMENT: &str = r#"
+import json, os, subprocess, sys
+inherited = subprocess.run([sys.executable, '-I', '-S', '-c', 'import os; print(sorted(os.environ.items()))'],
+                           capture_output=True, text=True).stdout
+print(json.dumps({'env': list(os.environ.items()), 'inherited': inherited, 'seen': getattr(json, 'seen', None)}))
+"#;
+
+/// The preloads' environment is theirs: the warm-up sees it, no child does. Each child's
+/// environment is the one it is spawned with, in its order, as a cold sandbox's is: the
+/// zygote's own (nothing to change), one value changed, a variable more, the same keys in
+/// another order than the zygote's, none at all.
+fn the_preloads_environment_is_theirs_and_each_child_gets_the_one_it_is_given() {
+    let mut spec = spec(&[]);
+    spec.preload_env
+        .insert("AIRLOCK_TEST_PRELOAD".into(), "for the preloads".into());
+    spec.warm_up = "import json, os\njson.seen = os.environ.get('AIRLOCK_TEST_PRELOAD')\n".into();
+    let zygote = Zygote::start(&spec, &policy()).expect("zygote");
+    let with = |env: &[(&str, &str)]| {
+        env.iter().fold(
+            Command::new(PYTHON)
+                .args(FLAGS)
+                .args(["-c", PROGRAM, ENVIRONMENT]),
+            |command, (key, value)| command.env(*key, *value),
+        )
+    };
+    let environments: [&[(&str, &str)]; 5] = [
+        &[("PATH", "/usr/bin")],
+        &[("PATH", "/usr/bin:/bin")],
+        &[("LANG", "C.UTF-8"), ("PATH", "/usr/bin")],
+        // The zygote's interpreter added LC_CTYPE after PATH (its locale coercion).
+        &[("LC_CTYPE", "C.UTF-8"), ("PATH", "/usr/bin")],
+        &[],
+    ];
+    for env in environments {
+        let (o, out, err) = run_command(&zygote, with(env));
+        assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
+        let mut cold = spawn(with(env), &policy()).expect("spawn");
+        let mut cold_out = String::new();
+        cold.take_stdout()
+            .unwrap()
+            .read_to_string(&mut cold_out)
+            .unwrap();
+        assert_eq!(cold.wait().unwrap().exit, Some(Exit::Code(0)));
+        let child: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let cold: serde_json::Value = serde_json::from_str(&cold_out).unwrap();
+        assert_eq!(child["env"], cold["env"], "spawned with {env:?}");
+        assert_eq!(
+            child["inherited"], cold["inherited"],
+            "spawned with {env:?}"
+        );
+        assert!(!out.contains("AIRLOCK_TEST_PRELOAD"), "{out}");
+        assert_eq!(child["seen"], "for the preloads");
+    }
 }
 
 /// Each run looks for what an earlier child left, then leaves all it can: files in every
@@ -1044,6 +1103,10 @@ fn main() {
         (
             "a_zygote_that_dies_is_noticed",
             a_zygote_that_dies_is_noticed,
+        ),
+        (
+            "the_preloads_environment_is_theirs_and_each_child_gets_the_one_it_is_given",
+            the_preloads_environment_is_theirs_and_each_child_gets_the_one_it_is_given,
         ),
     ];
     support::run_tests(tests);

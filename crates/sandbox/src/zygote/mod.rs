@@ -86,8 +86,12 @@ pub struct ZygoteSpec {
     /// defines runs again, before the program's own, in the fork the zygote surveys (see
     /// [`Zygote::prefault_bytes`]). One that raises is logged, and its rehearsal skipped.
     pub warm_up: String,
-    /// The zygote's environment (each child gets the one it is spawned with).
+    /// The zygote's environment (each child gets the one it is spawned with; one spawned with
+    /// this one has nothing to change).
     pub env: BTreeMap<String, String>,
+    /// More environment for the zygote's preloads, warm-up and preparation only (what a
+    /// library reads as it loads: its thread counts), unset before its first child.
+    pub preload_env: BTreeMap<String, String>,
     /// airlock's library on the host ([`LIBRARY_NAME`], built from this crate).
     pub library: PathBuf,
     /// Directories on `sys.path` while the preloads are imported (and only then: the program
@@ -120,6 +124,7 @@ impl ZygoteSpec {
             preload,
             warm_up: String::new(),
             env: command.env.clone(),
+            preload_env: BTreeMap::new(),
             library,
             sys_path,
             prepare: false,
@@ -176,6 +181,20 @@ impl Zygote {
             what: "the zygote library",
             source,
         })?;
+        if let Some(name) = spec.preload_env.keys().find(|name| {
+            name.is_empty() || name.contains(['=', '\n', '\0']) || spec.env.contains_key(*name)
+        }) {
+            return Err(SpawnError::Setup {
+                stage: "zygote".into(),
+                error: format!("{name:?} cannot be a variable of the preloads' environment"),
+            });
+        }
+        let preload_env = spec
+            .preload_env
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n");
         let arguments = [
             LIBRARY_TARGET,
             &spec.code,
@@ -183,6 +202,7 @@ impl Zygote {
             if spec.prepare { "1" } else { "0" },
             &spec.prepare_more,
             &spec.warm_up,
+            &preload_env,
         ];
         if arguments.iter().any(|a| a.contains('\0')) {
             return Err(SpawnError::Setup {
@@ -224,7 +244,7 @@ impl Zygote {
             .args(spec.flags.iter().cloned())
             .args(std::iter::once(SCRIPT_TARGET.to_owned()).chain(preloads))
             .pass_fd(theirs);
-        for (key, value) in &spec.env {
+        for (key, value) in spec.env.iter().chain(&spec.preload_env) {
             command = command.env(key.clone(), value.clone());
         }
         command.zygote = true;

@@ -2,7 +2,7 @@
 #   python -I -S -B /.zygote/zygote.py <preloads>
 # with its other arguments in /.zygote/arguments (NUL-separated; the command line is what `ps`
 # shows of the zygote and each child): <library> <program code> <sys.path for preloads>
-# <prepare> <more> <warm-up>.
+# <prepare> <more> <warm-up> <the preloads' environment variables, unset before any child>.
 # With <prepare> 1, the program, run here with the one argument `--zygote`, only defines
 # things and a function `__zygote_start__`, which each child calls (airlock's runner is such
 # a program), and <more> then runs in its namespace; with 0, each child runs the whole program.
@@ -137,10 +137,10 @@ def mt19937_key(bg):
 
 def arguments():
     # As the positional arguments they were: <library> <preloads> <program code> <sys.path
-    # for preloads> <prepare> <more> <warm-up>.
+    # for preloads> <prepare> <more> <warm-up> <the preloads' own environment variables>.
     with open("/.zygote/arguments", "rb") as f:
-        library, code, path, prepare, more, warm = f.read().decode("utf-8", "surrogateescape").split("\0")
-    return [sys.argv[0], library, sys.argv[1] if len(sys.argv) > 1 else "", code, path, prepare, more, warm]
+        library, code, path, prepare, more, warm, env = f.read().decode("utf-8", "surrogateescape").split("\0")
+    return [sys.argv[0], library, sys.argv[1] if len(sys.argv) > 1 else "", code, path, prepare, more, warm, env]
 
 
 def serve():
@@ -160,7 +160,8 @@ def serve():
     # The seccomp filters the children inherit, before anything else runs here.
     if lib.airlock_zygote_start() != 0:
         os._exit(1)
-    code = compile(sys.argv[3], "<string>", "exec")
+    source = sys.argv[3]
+    code = compile(source, "<string>", "exec")
     preload = list(filter(None, sys.argv[2].split(",")))
     path = list(sys.path)
     sys.path.extend(filter(None, sys.argv[4].split("\n")))
@@ -200,6 +201,9 @@ def serve():
         if not callable(main.__dict__.get("__zygote_start__")):
             print("airlock zygote: the program defines no __zygote_start__", file=sys.stderr, flush=True)
             os._exit(1)
+    # What the preloads read as they loaded is theirs, not the children's.
+    for name in filter(None, sys.argv[8].split("\n")):
+        os.environ.pop(name, None)
     gc.collect()
     try:
         reseed = reseeder()
@@ -208,6 +212,11 @@ def serve():
         os._exit(1)
     if reseed is not None:
         os.register_at_fork(after_in_child=reseed)
+    # What ctypes was loaded for here is done (the reseeder found its addresses): the modules
+    # its import added leave sys.modules now, once, not in each child (every object a child
+    # touches costs it a copy of its page); `lib` keeps what the children call.
+    for name in helpers:
+        sys.modules.pop(name, None)
     gc.freeze()
     if main is not None:
         rehearsals.append(main.__dict__.get("__zygote_rehearse__"))
@@ -237,55 +246,76 @@ def serve():
     # order of insertion), and telling them apart must not touch the zygote's (every object a
     # child touches costs it a copy of its page).
     loaded = len(sys.modules)
+    # The environment as the host sends a child's (`KEY=VALUE` entries, in its order): a child
+    # whose environment is the zygote's own, in the same order, leaves it as it is.
+    own_env = b"\0".join(b"%s=%s" % item for item in os.environb.items())
     # The library waits for requests and forks each child as os.fork() would (the
     # interpreter's hooks around the fork): no Python runs here between two children.
     got = lib.airlock_zygote_serve()
     if got != 1:
         os._exit(0 if got == 0 else 1)
     size = lib.airlock_zygote_child(buf, len(buf))
-    return code, main, buf.raw[:size], helpers, loaded, flush_c
+    # The child goes on from here and never returns (its end is `_finish`'s `_exit`): what
+    # this frame holds is never freed, as each object freed, or whose count drops, is a write
+    # to a page the child shares with the zygote. `string_at`: only what was written (`raw`
+    # would copy the whole buffer, 64 new pages).
+    child(code, source, main, ctypes.string_at(buf, size), own_env, loaded, flush_c)
 
 
-CODE, PREPARED, SPEC, HELPERS, _LOADED, _FLUSH_C = serve()
-del serve, arguments
-for _name in HELPERS:
-    sys.modules.pop(_name, None)
-_LOADED -= len(HELPERS)
-_fields = SPEC.split(b"\0")
-_argc = int(_fields[0])
-_args = [f.decode("utf-8", "surrogateescape") for f in _fields[1:1 + _argc]]
-os.environ.clear()
-for _entry in _fields[1 + _argc:]:
-    _key, _, _value = _entry.partition(b"=")
-    os.environ[_key.decode("utf-8", "surrogateescape")] = _value.decode("utf-8", "surrogateescape")
-# What a fresh interpreter adds to its environment (PEP 538's locale coercion).
-if "LC_ALL" not in os.environ and (os.environ.get("LC_CTYPE") or os.environ.get("LANG") or "C") in ("C", "POSIX"):
-    os.environ["LC_CTYPE"] = "C.UTF-8"
-# As `python <flags> -c <code> <args>` would have them: the host sends only the arguments
-# after the code, the rest being the zygote's own command line (its interpreter and flags,
-# before this file's path) and its program.
-sys.orig_argv = sys.orig_argv[:sys.orig_argv.index("/.zygote/zygote.py")] + ["-c", CODE] + _args
-sys.argv = ["-c"] + _args
-_prepared = PREPARED is not None
-if PREPARED is None:
-    _main = type(sys)("__main__")
-    _main.__builtins__ = __builtins__
-else:
-    _main = PREPARED
-sys.modules["__main__"] = _main
-for _n in ["_fields", "_argc", "_args", "_entry", "_key", "_value", "_name", "SPEC", "HELPERS", "PREPARED"]:
-    globals().pop(_n, None)
-del _n
-
-
-try:
-    if _prepared:
-        _main.__zygote_start__()
+def environment(entries):
+    # The child's environment where it is not the zygote's, in the host's order: made in place
+    # when the zygote's has the child's keys in that order (each key set is a write to pages
+    # the child shares with the zygote), made anew otherwise.
+    wanted = {}
+    for entry in entries:
+        key, _, value = entry.partition(b"=")
+        wanted[key] = value
+    env = os.environb
+    if [key for key in env if key in wanted] == list(wanted):
+        for key in [key for key in env if key not in wanted]:
+            del env[key]
+        for key, value in wanted.items():
+            if env[key] != value:
+                env[key] = value
     else:
-        exec(CODE, _main.__dict__)
-except SystemExit as e:
-    _finish(_exit_status(e.code), _LOADED, _FLUSH_C)
-except BaseException:
-    sys.excepthook(*sys.exc_info())
-    _finish(1, _LOADED, _FLUSH_C)
-_finish(0, _LOADED, _FLUSH_C)
+        env.clear()
+        env.update(wanted)
+    # What a fresh interpreter adds to its environment (PEP 538's locale coercion).
+    if "LC_ALL" not in os.environ and (os.environ.get("LC_CTYPE") or os.environ.get("LANG") or "C") in ("C", "POSIX"):
+        os.environ["LC_CTYPE"] = "C.UTF-8"
+
+
+def child(code, source, main, spec, own_env, loaded, flush_c):
+    # The program's arguments and environment as `python -c <code> <args>` would have them.
+    fields = spec.split(b"\0")
+    argc = int(fields[0])
+    args = [f.decode("utf-8", "surrogateescape") for f in fields[1:1 + argc]]
+    if b"\0".join(fields[1 + argc:]) != own_env:
+        environment(fields[1 + argc:])
+    # The host sends only the arguments after the code, the rest being the zygote's own
+    # command line (its interpreter and flags, before this file's path) and its program.
+    sys.orig_argv = sys.orig_argv[:sys.orig_argv.index("/.zygote/zygote.py")] + ["-c", source] + args
+    sys.argv = ["-c"] + args
+    if main is None:
+        program = type(sys)("__main__")
+        program.__builtins__ = __builtins__
+    else:
+        program = main
+    sys.modules["__main__"] = program
+    del fields, argc, args, spec
+    try:
+        if main is not None:
+            program.__zygote_start__()
+        else:
+            exec(code, program.__dict__)
+    except SystemExit as e:
+        _finish(_exit_status(e.code), loaded, flush_c)
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        _finish(1, loaded, flush_c)
+    _finish(0, loaded, flush_c)
+
+
+serve()
+# Only the zygote returns, and only to end: it exits in `serve`.
+os._exit(1)
