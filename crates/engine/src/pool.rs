@@ -157,7 +157,12 @@ struct Shared {
     preload: bool,
     config: PoolConfig,
     state: Mutex<State>,
-    wake: Condvar,
+    /// Where the refill workers wait for work: a take, a sandbox given back, a close.
+    work: Condvar,
+    /// Where takes that found the pool empty wait for a refill's sandbox. Apart from `work`,
+    /// so that neither wakes the other's waiters for nothing (each wake-up is a context
+    /// switch, and they wait many at a time under load).
+    ready: Condvar,
     in_use: AtomicU64,
     takes: AtomicU64,
     waits: AtomicU64,
@@ -195,7 +200,7 @@ impl Drop for InUse {
         // Under the lock, so that a worker deciding to defer cannot miss the wake-up.
         let _state = self.0.state();
         self.0.in_use.fetch_sub(1, Ordering::Relaxed);
-        self.0.wake.notify_all();
+        self.0.work.notify_all();
     }
 }
 
@@ -231,7 +236,8 @@ impl Pool {
                 last_error: None,
             }),
             config: config.clone(),
-            wake: Condvar::new(),
+            work: Condvar::new(),
+            ready: Condvar::new(),
             in_use: AtomicU64::new(0),
             takes: AtomicU64::new(0),
             waits: AtomicU64::new(0),
@@ -277,7 +283,7 @@ impl Pool {
                     // starts if none is under way.
                     state.target = (state.target + 1).min(s.config.max_size);
                     state.last_miss = Instant::now();
-                    s.wake.notify_all();
+                    s.work.notify_all();
                     // The sandbox a refill is making is ready sooner than one made from
                     // nothing, which would also take the CPU that one needs: wait for it, a
                     // while.
@@ -295,7 +301,7 @@ impl Pool {
             // Counted in use before the workers hear of the take (see `defer_refill`).
             state.last_take = Instant::now();
             s.in_use.fetch_add(1, Ordering::Relaxed);
-            s.wake.notify_all();
+            s.work.notify_all();
             drop(state);
             let in_use = InUse(s.clone());
             // A runner that wrote anything more, or whose end closed, is not a ready runner.
@@ -362,7 +368,8 @@ impl Pool {
         // its own orderly kill and clean-up.
         drop(idle);
         self.shared.state().stop = true;
-        self.shared.wake.notify_all();
+        self.shared.work.notify_all();
+        self.shared.ready.notify_all();
         let workers: Vec<_> =
             std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
         for w in workers {
@@ -405,7 +412,7 @@ fn wait_for_refill<'a>(
     // the last start failed and they back off: then the wait ends at its limit.
     let wait = Duration::from_millis(s.config.wait_for_refill_ms);
     let (mut state, _) = s
-        .wake
+        .ready
         .wait_timeout_while(state, wait, |st| st.idle.is_empty() && !st.closed)
         .unwrap_or_else(|e| e.into_inner());
     let warm = if state.closed {
@@ -439,7 +446,7 @@ fn refill(s: &Arc<Shared>) {
                             break Vec::new();
                         }
                         state = s
-                            .wake
+                            .work
                             .wait_timeout(state, wait)
                             .unwrap_or_else(|e| e.into_inner())
                             .0;
@@ -447,7 +454,7 @@ fn refill(s: &Arc<Shared>) {
                     }
                 }
                 state = s
-                    .wake
+                    .work
                     .wait_timeout(state, Duration::from_secs(1))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
@@ -460,8 +467,6 @@ fn refill(s: &Arc<Shared>) {
         let started = start_warm(&s.launcher, &s.policy, s.preload);
         let mut state = s.state();
         state.starting -= 1;
-        // A take may be waiting for this one (`wait_for_refill`), added or failed.
-        s.wake.notify_all();
         match started {
             Ok(warm) if state.closed => {
                 // Destroyed here, by the thread it would die with.
@@ -472,18 +477,22 @@ fn refill(s: &Arc<Shared>) {
                 backoff = BACKOFF;
                 s.refills.fetch_add(1, Ordering::Relaxed);
                 state.idle.push_back(warm);
+                // One take may be waiting for it (`wait_for_refill`).
+                s.ready.notify_one();
             }
             Err(EngineError::ZygoteNotReady) => {
                 // Not a failure: the zygote starts (or cannot, which its own status says).
                 let _ = s
-                    .wake
+                    .work
                     .wait_timeout_while(state, ZYGOTE_WAIT, |st| !st.closed);
             }
             Err(e) => {
                 s.failures.fetch_add(1, Ordering::Relaxed);
                 state.last_error = Some(e.to_string());
-                // Wait, but wake for close.
-                let _ = s.wake.wait_timeout_while(state, backoff, |st| !st.closed);
+                // The other workers may start what this one could not; this one waits, but
+                // wakes for close. (A take waiting for it waits out its own limit.)
+                s.work.notify_all();
+                let _ = s.work.wait_timeout_while(state, backoff, |st| !st.closed);
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }

@@ -7,9 +7,10 @@
 //!    flight and under its rate limit (`Admission::enter`), before a byte of body;
 //! 2. **body**: read within its size, its time and the memory budget for bodies, whose share
 //!    it holds until it is admitted to run;
-//! 3. **job**: parsed and checked on a blocking thread (big bodies are CPU work): limits
-//!    within the key's ceilings, then `Engine::check` (`execution::job_from`), or a cell's
-//!    checks and its session claimed (`sessions::prepare_cell`);
+//! 3. **job**: parsed and checked, on a blocking thread unless the body is small (big bodies
+//!    are CPU work): limits within the key's ceilings, then `Engine::check`
+//!    (`execution::job_from`), or a cell's checks and its session claimed
+//!    (`sessions::prepare_cell`);
 //! 4. **reserve**: the most its answer can hold, before it queues (`reserve_answer`);
 //! 5. **admit**: a running slot (`Admission::admit`); the body's share goes back;
 //! 6. **audit**: the `started` line: nothing runs that the audit log has not heard of;
@@ -180,6 +181,37 @@ impl<T: serde::de::DeserializeOwned> Arguments<T> {
     }
 }
 
+/// Bodies up to this size are parsed and checked on the async worker: a blocking thread's
+/// hand-off (two threads woken, four context switches) costs more than that work does.
+const INLINE_BYTES: usize = 16 << 10;
+
+/// Step 3: `f` makes the work from the parsed arguments, on the async worker for a small body
+/// that `on_disk` says reads nothing from the disk, else on a blocking thread (big bodies are
+/// CPU work, and arguments the transport parsed may hold large files to decode).
+async fn prepare<T, R>(
+    state: &SharedState,
+    what: &str,
+    arguments: Arguments<T>,
+    on_disk: impl FnOnce(&T) -> bool,
+    f: impl FnOnce(&SharedState, T) -> Result<R, Error> + Send + 'static,
+) -> Result<R, Error>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+    R: Send + 'static,
+{
+    let st = state.clone();
+    match arguments {
+        Arguments::Json(bytes) if bytes.len() <= INLINE_BYTES => {
+            let parsed = parse_json(state, &bytes)?;
+            if !on_disk(&parsed) {
+                return f(state, parsed);
+            }
+            blocking(what, move || f(&st, parsed)).await
+        }
+        arguments => blocking(what, move || f(&st, arguments.parse(&st)?)).await,
+    }
+}
+
 /// Runs `f` on a blocking thread: CPU work (parsing, checking, hashing) off the async
 /// workers.
 async fn blocking<T: Send + 'static>(
@@ -230,11 +262,15 @@ pub(crate) async fn run<T: Send + 'static>(
     let (mut received, ready) = match work {
         Work::Execute(input) => {
             let (received, arguments) = arrive(state, &caller, received, input).await?;
-            // 3. the job.
-            let (st, key) = (state.clone(), caller.clone());
-            let job = blocking("preparing the request", move || {
-                job_from(&st, &key, arguments.parse(&st)?)
-            })
+            // 3. the job (a named environment is looked up on the disk).
+            let key = caller.clone();
+            let job = prepare(
+                state,
+                "preparing the request",
+                arguments,
+                |req: &ExecuteRequest| req.environment.is_some(),
+                move |st, req| job_from(st, &key, req),
+            )
             .await?;
             (received, Ready::Execute(job))
         }
@@ -242,10 +278,14 @@ pub(crate) async fn run<T: Send + 'static>(
             let entry = sessions::find(state, &caller, &session)?;
             let (received, arguments) = arrive(state, &caller, received, input).await?;
             // 3. the cell's checks, and its session claimed.
-            let (st, key) = (state.clone(), caller.clone());
-            let cell = blocking("preparing the cell", move || {
-                sessions::prepare_cell(&st, &key, entry, arguments.parse(&st)?)
-            })
+            let key = caller.clone();
+            let cell = prepare(
+                state,
+                "preparing the cell",
+                arguments,
+                |_: &CellRequest| false,
+                move |st, req| sessions::prepare_cell(st, &key, entry, req),
+            )
             .await?;
             (received, Ready::Cell(cell))
         }
