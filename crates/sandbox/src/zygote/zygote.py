@@ -218,6 +218,12 @@ def serve():
     for name in helpers:
         sys.modules.pop(name, None)
     gc.freeze()
+    # The heap's free pages go back to the kernel (glibc's; another C library has no such call):
+    # a fork copies no page table entry for them, a child's exit has none to tear down, and a
+    # child that allocates there gets a zeroed page instead of a copy of ours.
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
     if main is not None:
         rehearsals.append(main.__dict__.get("__zygote_rehearse__"))
     rehearsals = [r for r in rehearsals if callable(r)]
