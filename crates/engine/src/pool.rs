@@ -108,6 +108,9 @@ impl PoolConfig {
 pub(crate) struct Warm {
     pub child: Child,
     pub control: UnixStream,
+    /// Built with the lowest CPU weight (nothing waited for it then): the default weight is
+    /// given back when it is taken.
+    pub background: bool,
 }
 
 /// What the pool is doing, for metrics, `/readyz` and `airlock doctor`.
@@ -140,6 +143,8 @@ pub struct PoolStatus {
 struct State {
     idle: VecDeque<Warm>,
     starting: usize,
+    /// Takes waiting for a refill's sandbox (`wait_for_refill`).
+    waiting: usize,
     target: usize,
     last_miss: Instant,
     last_take: Instant,
@@ -228,6 +233,7 @@ impl Pool {
             state: Mutex::new(State {
                 idle: VecDeque::new(),
                 starting: 0,
+                waiting: 0,
                 target: config.size,
                 last_miss: Instant::now(),
                 last_take: Instant::now(),
@@ -305,13 +311,15 @@ impl Pool {
             drop(state);
             let in_use = InUse(s.clone());
             // A runner that wrote anything more, or whose end closed, is not a ready runner.
-            // It waited in the background; it runs with the CPU weight of a cold one.
+            // One built in the background runs with the CPU weight of a cold one.
             let unfit = if readable(&warm.control) {
                 Some("a pooled sandbox was found dead".to_owned())
-            } else {
+            } else if warm.background {
                 (warm.child.foreground())
                     .err()
                     .map(|e| format!("giving a pooled sandbox its CPU weight: {e}"))
+            } else {
+                None
             };
             if let Some(why) = unfit {
                 s.failures.fetch_add(1, Ordering::Relaxed);
@@ -411,10 +419,13 @@ fn wait_for_refill<'a>(
     // starting` is below the target, at least 1, and defer none while none is idle), unless
     // the last start failed and they back off: then the wait ends at its limit.
     let wait = Duration::from_millis(s.config.wait_for_refill_ms);
+    let mut state = state;
+    state.waiting += 1;
     let (mut state, _) = s
         .ready
         .wait_timeout_while(state, wait, |st| st.idle.is_empty() && !st.closed)
         .unwrap_or_else(|e| e.into_inner());
+    state.waiting -= 1;
     let warm = if state.closed {
         None
     } else {
@@ -428,7 +439,7 @@ fn refill(s: &Arc<Shared>) {
     let mut backoff = BACKOFF;
     loop {
         // Wait for work: sandboxes to shed, or one to start.
-        let excess = {
+        let (excess, background) = {
             let mut state = s.state();
             loop {
                 if state.stop {
@@ -437,13 +448,14 @@ fn refill(s: &Arc<Shared>) {
                 if !state.closed {
                     let excess = shrink(s, &mut state);
                     if !excess.is_empty() {
-                        break excess;
+                        break (excess, true);
                     }
                     if state.idle.len() + state.starting < state.target {
                         let wait = defer_refill(s, &state);
                         if wait.is_zero() {
                             state.starting += 1;
-                            break Vec::new();
+                            // Built for a take that waits: at the weight it runs with.
+                            break (Vec::new(), state.waiting == 0);
                         }
                         state = s
                             .work
@@ -464,7 +476,7 @@ fn refill(s: &Arc<Shared>) {
             drop(excess);
             continue;
         }
-        let started = start_warm(&s.launcher, &s.policy, s.preload);
+        let started = start_warm(&s.launcher, &s.policy, s.preload, background);
         let mut state = s.state();
         state.starting -= 1;
         match started {
@@ -532,8 +544,14 @@ fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
 }
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
-fn start_warm(launcher: &Launcher, policy: &Policy, preload: bool) -> Result<Warm, EngineError> {
-    let (child, control) = launcher.start(policy, Mode::Warm, None, preload)?;
+fn start_warm(
+    launcher: &Launcher,
+    policy: &Policy,
+    preload: bool,
+    background: bool,
+) -> Result<Warm, EngineError> {
+    let mode = Mode::Warm { background };
+    let (child, control) = launcher.start(policy, mode, None, preload)?;
     if !said_ready(&control) {
         // Its own report says what went wrong, when it has one.
         child.killer().kill(airlock_sandbox::KillReason::Cancelled);
@@ -558,7 +576,11 @@ fn start_warm(launcher: &Launcher, policy: &Policy, preload: bool) -> Result<War
             source: std::io::Error::other(why),
         });
     }
-    Ok(Warm { child, control })
+    Ok(Warm {
+        child,
+        control,
+        background,
+    })
 }
 
 #[cfg(test)]
