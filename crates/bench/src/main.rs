@@ -419,6 +419,14 @@ fn run(args: &Args) -> Result<(), String> {
     drop(client);
     drop(server);
     let _ = std::fs::remove_dir_all(&state);
+    // The same closed loop with nothing but a sandbox's steps, no server (needs root): the
+    // least this machine allows today, against the same bare starts.
+    let floor_closed = if nix::unistd::geteuid().is_root() {
+        settle();
+        Some(floor_closed_loop(args.requests)?)
+    } else {
+        None
+    };
 
     report(
         args,
@@ -452,6 +460,9 @@ fn run(args: &Args) -> Result<(), String> {
         &running,
         &eval_report,
     );
+    if let Some(floor) = &floor_closed {
+        closed_loop_floor(&bare, &conc[0], floor);
+    }
     placements(args.rounds);
     Ok(())
 }
@@ -686,6 +697,83 @@ fn floor(clients: usize, secs: Duration, skip: &str) -> Result<f64, String> {
     said.split(", ")
         .find_map(|part| part.strip_suffix("/s")?.parse().ok())
         .ok_or_else(|| format!("floor.py said no rate: {said}"))
+}
+
+/// What `floor.py closed` measured: the p50 and p99 of its closed loop, and the p50 of the
+/// bare python starts it timed around it.
+struct FloorClosed {
+    p50: Duration,
+    p99: Duration,
+    bare: Duration,
+}
+
+/// `floor.py closed REQUESTS` (see there): every step of a fresh sandbox for each request of
+/// one client, no server. Needs root.
+fn floor_closed_loop(requests: usize) -> Result<FloorClosed, String> {
+    let out = Command::new(PYTHON)
+        .args(["-I", "-S", "-c", include_str!("../floor.py")])
+        .args(["closed", &requests.to_string()])
+        .output()
+        .map_err(|e| format!("{PYTHON}: {e}"))?;
+    let said = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "floor.py closed failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    // "floor, closed loop, 400 requests, 8 made ahead: p50 2.77 ms, p99 5.50 ms; bare python
+    // 6.13 ms (p50 of 80, ...": the first three figures in ms.
+    let figures: Vec<f64> = said
+        .split(" ms")
+        .filter_map(|part| part.rsplit(' ').next()?.parse().ok())
+        .collect();
+    match figures[..] {
+        [p50, p99, bare, ..] => Ok(FloorClosed {
+            p50: Duration::from_secs_f64(p50 / 1000.0),
+            p99: Duration::from_secs_f64(p99 / 1000.0),
+            bare: Duration::from_secs_f64(bare / 1000.0),
+        }),
+        _ => Err(format!(
+            "floor.py closed said no p50, p99 and bare start: {said}"
+        )),
+    }
+}
+
+/// Issue 47's closed-loop targets (p50 ≤ 0.4 ×, p99 ≤ 1 × a bare python start) beside the
+/// least the machine allows with a sandbox's steps: floor.py's closed loop in the same run.
+fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed) {
+    let base = bare.quantile(0.5).as_secs_f64();
+    let ratio = |d: Duration| d.as_secs_f64() / base;
+    let own = |d: Duration| d.as_secs_f64() / floor.bare.as_secs_f64();
+    println!("\n## The closed loop against its floor (issue 47)\n");
+    println!(
+        "| closed loop, one client, `print(1)` | p50 ms | p99 ms | p50 ÷ bare | p99 ÷ bare p50 |"
+    );
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| airlock, HTTP (target: ≤ 0.4 × / ≤ 1 ×) | {} | {} | {:.2} | {:.2} |",
+        ms(closed.quantile(0.5)),
+        ms(closed.quantile(0.99)),
+        ratio(closed.quantile(0.5)),
+        ratio(closed.quantile(0.99))
+    );
+    println!(
+        "| `floor.py closed`: a sandbox's steps and nothing else, no server | {} | {} | {:.2} | {:.2} |",
+        ms(floor.p50),
+        ms(floor.p99),
+        ratio(floor.p50),
+        ratio(floor.p99)
+    );
+    println!(
+        "\nfloor.py's own bare starts, timed around its loop: {} ms (its p50 {:.2} ×, p99 {:.2} × those). airlock's closed loop is {:.2} × floor.py's at the p50 and {:.2} × at the p99.",
+        ms(floor.bare),
+        own(floor.p50),
+        own(floor.p99),
+        closed.quantile(0.5).as_secs_f64() / floor.p50.as_secs_f64(),
+        closed.quantile(0.99).as_secs_f64() / floor.p99.as_secs_f64()
+    );
 }
 
 /// Memory figures, and how long a zygote takes to make a sandbox.
