@@ -24,9 +24,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) enum Mode {
     /// Reads its request at once.
     Cold,
-    /// Says it is ready, then waits for its request (the warm pool): `background`, with the
-    /// lowest CPU weight until it is taken, unless a take already waits for it.
-    Warm { background: bool },
+    /// Says it is ready, then waits for its request (the warm pool).
+    Warm,
     /// Serves frames until the channel closes.
     Session,
 }
@@ -78,15 +77,14 @@ impl Launcher {
         match mode {
             Mode::Cold => {}
             // Built ahead of need: in the background until taken.
-            Mode::Warm { background: true } => command = command.arg("warm").background(),
-            Mode::Warm { background: false } => command = command.arg("warm"),
+            Mode::Warm => command = command.arg("warm").background(),
             Mode::Session => command = command.arg("session"),
         }
         let Some(zygotes) = &self.zygotes else {
             return Ok((self.spawn_cold(command, policy)?, control));
         };
         let sys_path = || self.sys_path(policy);
-        if matches!(mode, Mode::Warm { .. }) && preload {
+        if mode == Mode::Warm && preload {
             return match zygotes.spawn_preloaded(command, policy, sys_path) {
                 Some(child) => Ok((child?, control)),
                 None => Err(EngineError::ZygoteNotReady),

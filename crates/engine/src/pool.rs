@@ -108,9 +108,6 @@ impl PoolConfig {
 pub(crate) struct Warm {
     pub child: Child,
     pub control: UnixStream,
-    /// Built with the lowest CPU weight (nothing waited for it then): the default weight is
-    /// given back when it is taken.
-    pub background: bool,
 }
 
 /// What the pool is doing, for metrics, `/readyz` and `airlock doctor`.
@@ -143,8 +140,6 @@ pub struct PoolStatus {
 struct State {
     idle: VecDeque<Warm>,
     starting: usize,
-    /// Takes waiting for a refill's sandbox (`wait_for_refill`).
-    waiting: usize,
     target: usize,
     last_miss: Instant,
     last_take: Instant,
@@ -233,7 +228,6 @@ impl Pool {
             state: Mutex::new(State {
                 idle: VecDeque::new(),
                 starting: 0,
-                waiting: 0,
                 target: config.size,
                 last_miss: Instant::now(),
                 last_take: Instant::now(),
@@ -311,15 +305,13 @@ impl Pool {
             drop(state);
             let in_use = InUse(s.clone());
             // A runner that wrote anything more, or whose end closed, is not a ready runner.
-            // One built in the background runs with the CPU weight of a cold one.
+            // It waited in the background; it runs with the CPU weight of a cold one.
             let unfit = if readable(&warm.control) {
                 Some("a pooled sandbox was found dead".to_owned())
-            } else if warm.background {
+            } else {
                 (warm.child.foreground())
                     .err()
                     .map(|e| format!("giving a pooled sandbox its CPU weight: {e}"))
-            } else {
-                None
             };
             if let Some(why) = unfit {
                 s.failures.fetch_add(1, Ordering::Relaxed);
@@ -419,13 +411,10 @@ fn wait_for_refill<'a>(
     // starting` is below the target, at least 1, and defer none while none is idle), unless
     // the last start failed and they back off: then the wait ends at its limit.
     let wait = Duration::from_millis(s.config.wait_for_refill_ms);
-    let mut state = state;
-    state.waiting += 1;
     let (mut state, _) = s
         .ready
         .wait_timeout_while(state, wait, |st| st.idle.is_empty() && !st.closed)
         .unwrap_or_else(|e| e.into_inner());
-    state.waiting -= 1;
     let warm = if state.closed {
         None
     } else {
@@ -439,7 +428,7 @@ fn refill(s: &Arc<Shared>) {
     let mut backoff = BACKOFF;
     loop {
         // Wait for work: sandboxes to shed, or one to start.
-        let (excess, background) = {
+        let excess = {
             let mut state = s.state();
             loop {
                 if state.stop {
@@ -448,14 +437,13 @@ fn refill(s: &Arc<Shared>) {
                 if !state.closed {
                     let excess = shrink(s, &mut state);
                     if !excess.is_empty() {
-                        break (excess, true);
+                        break excess;
                     }
                     if state.idle.len() + state.starting < state.target {
                         let wait = defer_refill(s, &state);
                         if wait.is_zero() {
                             state.starting += 1;
-                            // Built for a take that waits: at the weight it runs with.
-                            break (Vec::new(), state.waiting == 0);
+                            break Vec::new();
                         }
                         state = s
                             .work
@@ -476,7 +464,7 @@ fn refill(s: &Arc<Shared>) {
             drop(excess);
             continue;
         }
-        let started = start_warm(&s.launcher, &s.policy, s.preload, background);
+        let started = start_warm(&s.launcher, &s.policy, s.preload);
         let mut state = s.state();
         state.starting -= 1;
         match started {
@@ -544,14 +532,8 @@ fn shrink(s: &Shared, state: &mut State) -> Vec<Warm> {
 }
 
 /// Starts a sandbox for `policy` whose runner reports ready, then waits for its request.
-fn start_warm(
-    launcher: &Launcher,
-    policy: &Policy,
-    preload: bool,
-    background: bool,
-) -> Result<Warm, EngineError> {
-    let mode = Mode::Warm { background };
-    let (child, control) = launcher.start(policy, mode, None, preload)?;
+fn start_warm(launcher: &Launcher, policy: &Policy, preload: bool) -> Result<Warm, EngineError> {
+    let (child, control) = launcher.start(policy, Mode::Warm, None, preload)?;
     if !said_ready(&control) {
         // Its own report says what went wrong, when it has one.
         child.killer().kill(airlock_sandbox::KillReason::Cancelled);
@@ -576,11 +558,7 @@ fn start_warm(
             source: std::io::Error::other(why),
         });
     }
-    Ok(Warm {
-        child,
-        control,
-        background,
-    })
+    Ok(Warm { child, control })
 }
 
 #[cfg(test)]
