@@ -22,8 +22,10 @@ ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}"
 ensure_python_client
 if [ "${1:-}" = "--short" ]; then
     shift
-    # airlock-sandbox too: its cdylib is what zygotes load (libairlock_sandbox.so, beside the binary).
-    cargo build --locked -p airlock -p airlock-sandbox
+    # airlock-sandbox too: its cdylib is what zygotes load (libairlock_sandbox.so, beside the
+    # binary). The workspace's features, as scripts/test.sh builds them, so that its build is
+    # reused (the Python pickle guard, which changes no one else's features, is left out).
+    cargo build --locked --workspace --exclude airlock-pyguard
     set -- --airlock target/debug/airlock --executions 600 --kills 1 --out target/soak-short.md "$@"
 else
     echo "==> building (release)"

@@ -63,6 +63,9 @@ step "cargo doc: a doc link to a renamed or private item fails the build"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
 step "cargo test"
 # Built first: servers under test find the zygote's library (libairlock_sandbox.so) beside them.
+# Every build below names the whole workspace, so each resolves the same features (the bench's
+# own feature of airlock-sandbox included) and none rebuilds what another built: a binary's or
+# a cdylib's file has no per-feature name, and each rebuild of the five crates costs 20-30 s.
 cargo build --workspace --locked
 # The server and egress tests run below instead, beside another airlock.
 cargo test --workspace --locked -- --skip server:: --skip egress::
@@ -84,7 +87,7 @@ for _ in $(seq 300); do
     sleep 0.1
 done
 grep -q "listening on" "$beside_log" || { cat "$beside_log" >&2; echo "the airlock beside never listened" >&2; exit 1; }
-cargo test --locked -p airlock --test it -- server:: egress::
+cargo test --workspace --locked --test it -- server:: egress::
 kill -0 "$beside" 2>/dev/null || { cat "$beside_log" >&2; echo "the airlock beside the tests died" >&2; exit 1; }
 stop_beside
 trap - EXIT
@@ -94,7 +97,7 @@ step "the Python client: pytest, mypy --strict"
 step "the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
 scripts/soak.sh --short
 step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
-TEST_VIA_ZYGOTE=1 cargo test --locked -p airlock --test it -- jail:: kernel:: limits:: \
+TEST_VIA_ZYGOTE=1 cargo test --workspace --locked --test it -- jail:: kernel:: limits:: \
     results:: outputs:: function::
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh). A
