@@ -24,10 +24,7 @@ fi
 seconds="${1:-90}"
 
 command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup first" >&2; exit 1; }
-if ! cargo fuzz --version >/dev/null 2>&1; then
-    step "installing cargo-fuzz"
-    cargo install --locked cargo-fuzz
-fi
+ensure_cargo_fuzz
 mkdir -p fuzz/corpus/eval
 n=0
 while IFS= read -r line; do

@@ -147,6 +147,14 @@ ensure_mcp_everything() {
         "@modelcontextprotocol/server-everything@$MCP_EVERYTHING_VERSION"
 }
 
+# ensure_cargo_fuzz: cargo-fuzz (scripts/fuzz.sh), built from crates.io.
+ensure_cargo_fuzz() {
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        step "installing cargo-fuzz"
+        cargo install --locked cargo-fuzz
+    fi
+}
+
 # ensure_cargo_deny: cargo-deny (the dependency policy in deny.toml), built from crates.io.
 # A debug build: 1.5 min instead of 4.5, and a check still takes seconds.
 CARGO_DENY_VERSION=0.20.2
