@@ -40,6 +40,9 @@ struct Args {
     seconds: u64,
     /// How many times the load and floor.py's take turns.
     turns: usize,
+    /// Only the closed loop (one client, this many requests back to back) and floor.py's,
+    /// taking `turns` turns, each against bare starts timed in the same turn.
+    closed: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -52,6 +55,7 @@ fn parse_args() -> Result<Args, String> {
         load: None,
         seconds: 10,
         turns: 3,
+        closed: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -69,8 +73,11 @@ fn parse_args() -> Result<Args, String> {
                 args.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?
             }
             "--turns" => args.turns = value("--turns")?.parse().map_err(|e| format!("{e}"))?,
+            "--closed" => {
+                args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
+            }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -205,16 +212,13 @@ fn run(args: &Args) -> Result<(), String> {
         )?;
         return Ok(());
     }
-    // Measured once the pool is full again: refills wait for executions to end.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let pool = client.get("/readyz")?["pool"].clone();
-        let full = pool["idle"].as_u64() >= pool["size"].as_u64() && pool["starting"] == 0;
-        if full || Instant::now() > deadline {
-            break;
+    if let Some(requests) = args.closed {
+        if !nix::unistd::geteuid().is_root() {
+            return Err("--closed runs floor.py's closed loop, which needs root".into());
         }
-        std::thread::sleep(Duration::from_millis(50));
+        return closed_turns(&server, &mut client, requests, args.turns.max(1));
     }
+    pool_full(&mut client)?;
     // The data-science series once first: it starts the zygote that preloads them.
     client.execute(DATA_SCIENCE, None)?;
     wait_zygotes(&mut client)?;
@@ -467,6 +471,84 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Waits (up to 20 s) for the pool to be full: refills wait for executions to end.
+fn pool_full(client: &mut Client) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pool = client.get("/readyz")?["pool"].clone();
+        let full = pool["idle"].as_u64() >= pool["size"].as_u64() && pool["starting"] == 0;
+        if full || Instant::now() > deadline {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 47's closed loop alone, `turns` times: bare starts, airlock's closed loop of
+/// `requests` on one connection from a full pool, then floor.py's (which times its own bare
+/// starts), each on a quiet machine; each turn's ratios and their medians.
+fn closed_turns(
+    server: &Server,
+    client: &mut Client,
+    requests: usize,
+    turns: usize,
+) -> Result<(), String> {
+    let mut ours = (Vec::new(), Vec::new());
+    let mut theirs = (Vec::new(), Vec::new());
+    for turn in 1..=turns {
+        settle();
+        let mut bare = Series::new("bare");
+        for _ in 0..40 {
+            bare.samples.push(time_command(
+                Command::new(PYTHON).args(["-I", "-S", "-c", "pass"]),
+            )?);
+        }
+        pool_full(client)?;
+        settle();
+        let mut closed = Series::new("closed");
+        let conn = std::sync::Mutex::new(server.connect()?);
+        block(&mut closed, 1, requests, |_| {
+            conn.lock().unwrap().execute("print(1)", None).map(drop)
+        })?;
+        settle();
+        let floor = floor_closed_loop(requests)?;
+        let base = bare.quantile(0.5).as_secs_f64();
+        let (p50, p99) = (
+            closed.quantile(0.5).as_secs_f64() / base,
+            closed.quantile(0.99).as_secs_f64() / base,
+        );
+        let own = floor.bare.as_secs_f64();
+        let (f50, f99) = (floor.p50.as_secs_f64() / own, floor.p99.as_secs_f64() / own);
+        println!(
+            "turn {turn}: bare {} ms; airlock p50 {} ms, p99 {} ms ({p50:.2} x, {p99:.2} x), {:.0}/s; floor.py p50 {} ms, p99 {} ms ({f50:.2} x, {f99:.2} x its own bare starts, {} ms), {}",
+            ms(bare.quantile(0.5)),
+            ms(closed.quantile(0.5)),
+            ms(closed.quantile(0.99)),
+            closed.rate(),
+            ms(floor.p50),
+            ms(floor.p99),
+            ms(floor.bare),
+            floor_rate(&floor),
+        );
+        ours.0.push(p50);
+        ours.1.push(p99);
+        theirs.0.push(f50);
+        theirs.1.push(f99);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "closed loop, {turns} turns of {requests}, medians: airlock p50 {:.2} x, p99 {:.2} x a bare start (target: <= 0.4 x, <= 1 x); floor.py p50 {:.2} x, p99 {:.2} x",
+        median(&mut ours.0),
+        median(&mut ours.1),
+        median(&mut theirs.0),
+        median(&mut theirs.1)
+    );
+    Ok(())
+}
+
 /// How a new process comes to be in its cgroup on cgroup v2, measured on this host's cgroup2
 /// mount (which needs no controller for it): what a zygote's child pays to be in its own.
 fn placements(rounds: usize) {
@@ -706,6 +788,8 @@ struct FloorClosed {
     p50: Duration,
     p99: Duration,
     bare: Duration,
+    /// Requests a second over the whole loop, its work off the clock included.
+    rate: Option<f64>,
 }
 
 /// `floor.py closed REQUESTS` (see there): every step of a fresh sandbox for each request of
@@ -735,11 +819,17 @@ fn parse_floor_closed(said: &str) -> Option<FloorClosed> {
         .split(" ms")
         .filter_map(|part| part.rsplit(' ').next()?.parse().ok())
         .collect();
+    let rate = said
+        .split("/s")
+        .next()
+        .filter(|_| said.contains("/s"))
+        .and_then(|head| head.rsplit(' ').next()?.parse().ok());
     match figures[..] {
         [p50, p99, bare, ..] => Some(FloorClosed {
             p50: Duration::from_secs_f64(p50 / 1000.0),
             p99: Duration::from_secs_f64(p99 / 1000.0),
             bare: Duration::from_secs_f64(bare / 1000.0),
+            rate,
         }),
         _ => None,
     }
@@ -771,13 +861,23 @@ fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed) {
         ratio(floor.p99)
     );
     println!(
-        "\nfloor.py's own bare starts, timed around its loop: {} ms (its p50 {:.2} ×, p99 {:.2} × those). airlock's closed loop is {:.2} × floor.py's at the p50 and {:.2} × at the p99.",
+        "\nfloor.py's own bare starts, timed around its loop: {} ms (its p50 {:.2} ×, p99 {:.2} × those). airlock's closed loop is {:.2} × floor.py's at the p50 and {:.2} × at the p99. The loops' rates: airlock {:.0}/s, floor.py {}.",
         ms(floor.bare),
         own(floor.p50),
         own(floor.p99),
         closed.quantile(0.5).as_secs_f64() / floor.p50.as_secs_f64(),
-        closed.quantile(0.99).as_secs_f64() / floor.p99.as_secs_f64()
+        closed.quantile(0.99).as_secs_f64() / floor.p99.as_secs_f64(),
+        closed.rate(),
+        floor_rate(floor),
     );
+}
+
+/// floor.py's closed loop's own rate, its work off the clock included (it forks each
+/// replacement, and removes each cgroup, between two requests).
+fn floor_rate(floor: &FloorClosed) -> String {
+    floor.rate.map_or("(not said)".into(), |r| {
+        format!("{r:.0}/s with the replacements' forks and cgroups between requests")
+    })
 }
 
 /// Memory figures, and how long a zygote takes to make a sandbox.
@@ -1492,7 +1592,20 @@ mod tests {
             Some(FloorClosed {
                 p50: ms(2.77),
                 p99: ms(5.50),
-                bare: ms(6.13)
+                bare: ms(6.13),
+                rate: None,
+            })
+        );
+        let said = "floor, closed loop, 400 requests, 8 made ahead: p50 5.30 ms, p99 9.96 ms; \
+                    bare python 13.29 ms (p50 of 80, before and after): p50 0.40 x, p99 0.75 x; \
+                    the loop, the work off the clock included, 131/s\n";
+        assert_eq!(
+            parse_floor_closed(said),
+            Some(FloorClosed {
+                p50: ms(5.30),
+                p99: ms(9.96),
+                bare: ms(13.29),
+                rate: Some(131.0),
             })
         );
         assert_eq!(parse_floor_closed("floor.py: needs root\n"), None);
