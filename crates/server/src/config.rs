@@ -146,8 +146,9 @@ impl Default for McpConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
-    /// `background`: lines are synced to disk as soon as they are written, and nothing waits
-    /// for it; `answer`: an execution's answer also waits for its record to be on disk.
+    /// `background`: lines are synced to disk as they are written (at most one sync every
+    /// 10 ms, which the lines written meanwhile share), and nothing waits for it; `answer`:
+    /// each sync at once, and an execution's answer waits for its record to be on disk.
     pub sync: AuditSync,
     /// The audit log's file (see [`Config::audit_path`] for where it goes by default).
     pub path: Option<PathBuf>,
@@ -157,10 +158,12 @@ pub struct AuditConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuditSync {
-    /// Synced as soon as written, on the syncer's thread; nothing waits for it.
+    /// Synced as written, on the syncer's thread, at most one sync every 10 ms; nothing
+    /// waits for it.
     #[default]
     Background,
-    /// Likewise, and an execution's answer waits for its record to be on disk.
+    /// Synced as soon as written, and an execution's answer waits for its record to be on
+    /// disk.
     Answer,
 }
 
