@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes the native evaluator (crates/pyeval), the pickle scanner (crates/pickle) and the
-# host's reading of a sandbox's channel (crates/engine, crates/tools) with cargo fuzz on the
+# host's reading of a sandbox's channel (crates/engine: its frames, responses, outputs and
+# tool calls) with cargo fuzz on the
 # stable toolchain (libFuzzer coverage, no sanitizer: the code fuzzed is safe Rust). Targets: eval (seeds from the evaluator's differential corpus), pickle
 # (pickles CPython writes) and zip_readers (the archives the scanner's tests make, headers
 # mutated: each input is also read by miniz, built from its C source by

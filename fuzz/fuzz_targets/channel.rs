@@ -20,7 +20,7 @@ fuzz_target!(|data: &[u8]| {
         }
         2 => {
             // A frame announcing more than the cap is refused before anything is allocated.
-            let (calls, _breach) = airlock_tools::fuzzing::frames(rest, 4096);
+            let (calls, _breach) = airlock_engine::fuzzing::calls(rest, 4096);
             assert!(calls <= rest.len() / 4);
         }
         _ => {

@@ -36,6 +36,13 @@ pub mod fuzzing {
         crate::pump::decode_output(bytes.to_vec(), truncated).len()
     }
 
+    /// Reads `bytes` as a tool channel's frames, each at most `cap` bytes, as the tool broker
+    /// does: the calls parsed before the end or the first breach of the protocol, and whether
+    /// there was one.
+    pub fn calls(bytes: &[u8], cap: u64) -> (usize, bool) {
+        crate::tools::read_calls(bytes, cap)
+    }
+
     /// `bytes` read as a channel's frames of at most `cap` bytes, whole (as the tool broker
     /// reads) and in pieces of `piece` bytes (as a session reads): the frames read before the
     /// end or the first broken one, and whether the two readers agree.
@@ -66,7 +73,7 @@ use launcher::{Launcher, Mode};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
 pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
-pub use tools::{tool_answer, ToolBridge, ToolValue, TOOLS_FD};
+pub use tools::{tool_answer, ToolBridge, ToolCall, ToolValue, TOOLS_FD};
 use verdict::Verdict;
 pub use zygotes::{ZygoteConfig, ZygoteStatus};
 

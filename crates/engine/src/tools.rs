@@ -8,6 +8,35 @@ use std::os::unix::net::UnixStream;
 /// Where the runner finds the tool channel.
 pub const TOOLS_FD: i32 = 4;
 
+/// A call as the runner sends it on the tool channel: one JSON frame, read by the host's
+/// bridge. Here beside the runner that writes it, so that the fuzz target of the channel reads
+/// calls without building the bridge's crate (its HTTP and MCP clients).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    pub id: u64,
+    pub server: String,
+    pub tool: String,
+    pub arguments: Box<serde_json::value::RawValue>,
+}
+
+/// The calls in `bytes` read as a bridge reads its channel (for the fuzz target): how many,
+/// and whether a frame broke the protocol.
+pub(crate) fn read_calls(mut bytes: &[u8], cap: u64) -> (usize, bool) {
+    use crate::channel::{self, Frame};
+    let mut calls = 0;
+    loop {
+        match channel::read(&mut bytes, cap) {
+            Frame::Data(frame) => match serde_json::from_slice::<ToolCall>(&frame) {
+                Ok(_) => calls += 1,
+                Err(_) => return (calls, true),
+            },
+            Frame::End => return (calls, false),
+            Frame::Broken(_) => return (calls, true),
+        }
+    }
+}
+
 /// The host's side of one execution's tool channel.
 pub trait ToolBridge: Send + Sync + std::fmt::Debug {
     /// The `tools` package the runner builds (plain data: servers, functions, parameters,
@@ -102,5 +131,30 @@ impl Breach {
                 traceback: None,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_channel_s_calls_are_read_up_to_the_first_breach() {
+        let call = br#"{"id":1,"server":"s","tool":"t","arguments":{}}"#;
+        let framed = crate::channel::frame(call).unwrap();
+        assert_eq!(read_calls(&framed, 100), (1, false));
+        // A frame that is not a call (`{}` lacks every field) ends it as a breach, as does
+        // one over the cap.
+        assert_eq!(
+            read_calls(&[&framed[..], b"\x02\x00\x00\x00{}"].concat(), 100),
+            (1, true)
+        );
+        assert_eq!(read_calls(&framed, 10), (0, true));
+        // A field the runner never sends is refused, not ignored.
+        let extra = br#"{"id":1,"server":"s","tool":"t","arguments":{},"as":"root"}"#;
+        assert_eq!(
+            read_calls(&crate::channel::frame(extra).unwrap(), 100),
+            (0, true)
+        );
     }
 }

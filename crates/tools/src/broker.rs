@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use airlock_engine::channel::{self, Broken, Frame};
-use airlock_engine::{tool_answer, ToolBridge, ToolValue};
-use serde::Deserialize;
+use airlock_engine::{tool_answer, ToolBridge, ToolCall as CallFrame, ToolValue};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -317,16 +316,6 @@ impl Inner {
     }
 }
 
-/// A call as the sandbox sends it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CallFrame {
-    id: u64,
-    server: String,
-    tool: String,
-    arguments: Box<serde_json::value::RawValue>,
-}
-
 /// A call's answer, and what to audit of it.
 struct Answer {
     value: Result<ToolValue, (&'static str, String)>,
@@ -504,22 +493,6 @@ fn breach_message(broken: Broken) -> String {
             format!("the code sent a tool call frame of {len} bytes, over the limit of {cap} bytes")
         }
         Broken::Cut => "the tool channel closed in the middle of a call frame".to_owned(),
-    }
-}
-
-/// The calls in `bytes` read as the broker's loop reads a channel (for the fuzz target): how
-/// many, and whether a frame broke the protocol.
-pub(crate) fn read_calls(mut bytes: &[u8], cap: u64) -> (usize, bool) {
-    let mut calls = 0;
-    loop {
-        match channel::read(&mut bytes, cap) {
-            Frame::Data(frame) => match serde_json::from_slice::<CallFrame>(&frame) {
-                Ok(_) => calls += 1,
-                Err(_) => return (calls, true),
-            },
-            Frame::End => return (calls, false),
-            Frame::Broken(_) => return (calls, true),
-        }
     }
 }
 
@@ -978,14 +951,5 @@ mod tests {
         };
         assert!(breach(b"\xff\xff\xff\x7f").contains("over the limit"));
         assert!(breach(b"\x05\x00\x00\x00{}").contains("middle"));
-        // What the broker's loop makes of a channel: calls up to the first breach.
-        let call = br#"{"id":1,"server":"s","tool":"t","arguments":{}}"#;
-        let framed = channel::frame(call).unwrap();
-        assert_eq!(read_calls(&framed, 100), (1, false));
-        assert_eq!(
-            read_calls(&[&framed[..], b"\x02\x00\x00\x00{}"].concat(), 100),
-            (1, true)
-        );
-        assert_eq!(read_calls(&framed, 10), (0, true));
     }
 }

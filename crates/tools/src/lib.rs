@@ -14,18 +14,6 @@ mod package;
 mod slots;
 mod source;
 
-/// Entry points for the fuzz targets (`fuzz/`, cargo fuzz): the broker's reading of a
-/// sandbox's tool channel. Not an API.
-#[doc(hidden)]
-pub mod fuzzing {
-    /// Reads `bytes` as a tool channel's frames, each at most `cap` bytes, as the broker does:
-    /// the calls parsed before the end or the first breach of the protocol, and whether there
-    /// was one.
-    pub fn frames(bytes: &[u8], cap: u64) -> (usize, bool) {
-        crate::broker::read_calls(bytes, cap)
-    }
-}
-
 pub use broker::{CallRecord, NoObserver, Observer, Outcome, Registry, ToolSet};
 pub use config::{Secret, SourceConfig, ToolsConfig};
 pub use grants::Grants;
