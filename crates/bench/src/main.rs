@@ -790,6 +790,8 @@ struct FloorClosed {
     bare: Duration,
     /// Requests a second over the whole loop, its work off the clock included.
     rate: Option<f64>,
+    /// The time from one request's start to the next's, p50 and p99.
+    period: Option<(Duration, Duration)>,
 }
 
 /// `floor.py closed REQUESTS` (see there): every step of a fresh sandbox for each request of
@@ -824,12 +826,17 @@ fn parse_floor_closed(said: &str) -> Option<FloorClosed> {
         .next()
         .filter(|_| said.contains("/s"))
         .and_then(|head| head.rsplit(' ').next()?.parse().ok());
+    let ms = |m: f64| Duration::from_secs_f64(m / 1000.0);
     match figures[..] {
-        [p50, p99, bare, ..] => Some(FloorClosed {
-            p50: Duration::from_secs_f64(p50 / 1000.0),
-            p99: Duration::from_secs_f64(p99 / 1000.0),
-            bare: Duration::from_secs_f64(bare / 1000.0),
+        [p50, p99, bare, ref more @ ..] => Some(FloorClosed {
+            p50: ms(p50),
+            p99: ms(p99),
+            bare: ms(bare),
             rate,
+            period: match more {
+                [p50, p99, ..] => Some((ms(*p50), ms(*p99))),
+                _ => None,
+            },
         }),
         _ => None,
     }
@@ -875,9 +882,19 @@ fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed) {
 /// floor.py's closed loop's own rate, its work off the clock included (it forks each
 /// replacement, and removes each cgroup, between two requests).
 fn floor_rate(floor: &FloorClosed) -> String {
-    floor.rate.map_or("(not said)".into(), |r| {
+    let rate = floor.rate.map_or("(not said)".into(), |r| {
         format!("{r:.0}/s with the replacements' forks and cgroups between requests")
-    })
+    });
+    match floor.period {
+        Some((p50, p99)) => format!(
+            "{rate}, a request every p50 {} ms, p99 {} ms ({:.2} x, {:.2} x its bare starts)",
+            ms(p50),
+            ms(p99),
+            p50.as_secs_f64() / floor.bare.as_secs_f64(),
+            p99.as_secs_f64() / floor.bare.as_secs_f64()
+        ),
+        None => rate,
+    }
 }
 
 /// Memory figures, and how long a zygote takes to make a sandbox.
@@ -1594,11 +1611,13 @@ mod tests {
                 p99: ms(5.50),
                 bare: ms(6.13),
                 rate: None,
+                period: None,
             })
         );
         let said = "floor, closed loop, 400 requests, 8 made ahead: p50 5.30 ms, p99 9.96 ms; \
                     bare python 13.29 ms (p50 of 80, before and after): p50 0.40 x, p99 0.75 x; \
-                    the loop, the work off the clock included, 131/s\n";
+                    the loop, the work off the clock included, 131/s, a request every p50 \
+                    7.62 ms, p99 12.40 ms\n";
         assert_eq!(
             parse_floor_closed(said),
             Some(FloorClosed {
@@ -1606,6 +1625,7 @@ mod tests {
                 p99: ms(9.96),
                 bare: ms(13.29),
                 rate: Some(131.0),
+                period: Some((ms(7.62), ms(12.40))),
             })
         );
         assert_eq!(parse_floor_closed("floor.py: needs root\n"), None);
