@@ -8,14 +8,15 @@
 //! Lines are synced (`fdatasync`) on a thread of their own as they are written, at most one
 //! sync every 10 ms, whose lines share it: a quiet server's `started` line is on disk about a
 //! millisecond after the execution starts, a busy one's within about 10 ms, so a power cut
-//! loses at most that last moment, and the executions it stopped are found at the next start. With `audit.sync = "answer"` an
-//! execution's answer also waits for its record to be on disk (about 1 ms more per execution
-//! here): while the disk works, a power cut then never loses the record of an answered
-//! execution. (While it does not, answers still go out, their records kept in memory; and a
-//! failed `fdatasync` may have lost lines written before it, which Linux reports only once.) A write that fails (the disk is full
-//! or read-only) stops new executions; the lines it could not write (records, sessions, tool
-//! calls) are kept in memory and written first, with an `audit_resumed` line, as soon as a
-//! write works again: the server recovers by itself and the log loses nothing.
+//! loses at most that last moment, and the executions it stopped are found at the next start.
+//! With `audit.sync = "answer"` an execution's answer also waits for its record to be on disk
+//! (about 1 ms more per execution here), and syncs are not spaced: while the disk works, a
+//! power cut then never loses the record of an answered execution. (While it does not,
+//! answers still go out, their records kept in memory; and a failed `fdatasync` may have lost
+//! lines written before it, which Linux reports only once.) A write that fails (the disk is
+//! full or read-only) stops new executions; the lines it could not write (records, sessions,
+//! tool calls) are kept in memory and written first, with an `audit_resumed` line, as soon as
+//! a write works again: the server recovers by itself and the log loses nothing.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
