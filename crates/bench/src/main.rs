@@ -822,10 +822,8 @@ fn parse_floor_closed(said: &str) -> Option<FloorClosed> {
         .filter_map(|part| part.rsplit(' ').next()?.parse().ok())
         .collect();
     let rate = said
-        .split("/s")
-        .next()
-        .filter(|_| said.contains("/s"))
-        .and_then(|head| head.rsplit(' ').next()?.parse().ok());
+        .split_once("/s")
+        .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok());
     let ms = |m: f64| Duration::from_secs_f64(m / 1000.0);
     match figures[..] {
         [p50, p99, bare, ref more @ ..] => Some(FloorClosed {
