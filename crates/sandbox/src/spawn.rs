@@ -561,32 +561,14 @@ fn ahead_parts(
         stage: "outer".into(),
         error: e.to_string(),
     })?;
-    let joins = match cgroup.and_then(SandboxCgroup::self_join_files) {
-        Some(files) => open_for_joining(&files)?,
-        None => Vec::new(),
+    let joins = match cgroup {
+        Some(cg) if cg.version() == crate::cgroup::CgroupVersion::V1 => cg.open_for_joining()?,
+        _ => Vec::new(),
     };
     if program_fds + sources.iter().flatten().count() + joins.len() > proto::MAX_FDS {
         return Ok(None);
     }
     Ok(init.into_parts().map(|parts| (parts, sources, joins)))
-}
-
-/// `files` of a sandbox's cgroup opened for writing, by the host, for a process that joins it
-/// by writing `0` to each without the rights to open them.
-pub(crate) fn open_for_joining(files: &[std::path::PathBuf]) -> Result<Vec<OwnedFd>, SpawnError> {
-    files
-        .iter()
-        .map(|path| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map(OwnedFd::from)
-                .map_err(|source| SpawnError::Io {
-                    what: "opening the sandbox's cgroup",
-                    source,
-                })
-        })
-        .collect()
 }
 
 /// Starts an outer init (this binary again, see `run_if_init`) with `status` as its status

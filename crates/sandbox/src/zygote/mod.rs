@@ -433,12 +433,7 @@ impl Zygote {
         // lock (a stall for everything else that takes it).
         let (joins, into_cgroup): (Vec<OwnedFd>, bool) = match &cgroup {
             Some(cg) if cg.tree().is_some() => (vec![cg.open_dir()?], true),
-            Some(cg) => (
-                crate::spawn::open_for_joining(
-                    &cg.self_join_files().unwrap_or_else(|| cg.procs_files()),
-                )?,
-                false,
-            ),
+            Some(cg) => (cg.open_for_joining()?, false),
             None => (Vec::new(), false),
         };
         let (status, theirs) = proto::seqpacket_pair().map_err(|source| SpawnError::Io {
