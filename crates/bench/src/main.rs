@@ -4,8 +4,11 @@
 //! `bwrap` (Debian's bubblewrap), `airlock run` one-shot, and `print(1)` over the HTTP API.
 //! Then HTTP at concurrency 1, 2, 4 and 8 (and bare python starts on every core, for the
 //! process-start ceiling), repeated in alternating blocks; then cost curves over code size and
-//! output size; then the idle memory of the server and of each pooled sandbox. Everything is
-//! reported as a ratio to bare python measured in the same run, because machines are noisy.
+//! output size; then the idle memory of the server and of each pooled sandbox; as root, the
+//! closed loop and eight clients each against `floor.py` (a sandbox's steps and nothing else,
+//! no server), eight clients and floor.py's eight workers taking `--turns` turns of
+//! `--seconds`. Everything is reported as a ratio to a baseline measured in the same run
+//! (bare python, or floor.py), because machines are noisy.
 //!
 //! Usage: `airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]`
 //! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
@@ -37,8 +40,9 @@ struct Args {
     eval_only: bool,
     /// Only `print(1)` from this many closed-loop clients for `seconds` (a load to profile).
     load: Option<usize>,
+    /// How long each turn of a load lasts (`--load`, and the full run's eight clients).
     seconds: u64,
-    /// How many times the load and floor.py's take turns.
+    /// How many times a load and floor.py's take turns (`--load`, `--closed`, the full run).
     turns: usize,
     /// Only the closed loop (one client, this many requests back to back) and floor.py's,
     /// taking `turns` turns, each against bare starts timed in the same turn.
@@ -177,30 +181,12 @@ fn run(args: &Args) -> Result<(), String> {
             );
             return Ok(());
         }
-        // airlock's load and floor.py's take turns (this machine's speed drifts by a fifth
-        // within minutes), each on a quiet machine: what the kernel does later for one load
-        // (network namespaces and cgroups freed by its workers) is not counted in the next.
-        // airlock's server stays up, idle, while floor.py runs.
         let secs = Duration::from_secs(args.seconds);
-        let mut ratios = Vec::new();
-        for turn in 1..=args.turns.max(1) {
-            let ours = load(&server, clients, secs)?;
-            settle();
-            let theirs = floor(clients, secs, "")?;
-            settle();
-            ratios.push(ours / theirs);
-            println!(
-                "turn {turn}: airlock {ours:.0}/s, floor.py {theirs:.0}/s: {:.2}",
-                ours / theirs
-            );
-        }
-        ratios.sort_by(f64::total_cmp);
+        let turns = load_turns(&server, clients, secs, args.turns)?;
+        let (median, low, high) = turns.median();
         println!(
-            "airlock's rate against floor.py's, {} turns: median {:.2} (from {:.2} to {:.2})",
-            ratios.len(),
-            ratios[ratios.len() / 2],
-            ratios[0],
-            ratios[ratios.len() - 1]
+            "airlock's rate against floor.py's, {} turns: median {median:.2} (from {low:.2} to {high:.2})",
+            turns.0.len(),
         );
         // A bare fork of the same Python doing the same work, airlock's server stopped.
         drop(server);
@@ -421,6 +407,19 @@ fn run(args: &Args) -> Result<(), String> {
     let status = client.get("/readyz")?;
     let eval_report = eval::measure((args.rounds / 10).max(3), &mut client, &airlock)?;
     drop(client);
+    // Issue 47's throughput: eight clients against floor.py's eight workers, in turns (needs
+    // root, as floor.py does).
+    let eight_turns = if nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "airlock-bench: 8 clients against floor.py's 8 workers, {} turns of {} s",
+            args.turns.max(1),
+            args.seconds
+        );
+        let secs = Duration::from_secs(args.seconds);
+        Some(load_turns(&server, 8, secs, args.turns)?)
+    } else {
+        None
+    };
     drop(server);
     let _ = std::fs::remove_dir_all(&state);
     // The same closed loop with nothing but a sandbox's steps, no server (needs root): the
@@ -467,6 +466,9 @@ fn run(args: &Args) -> Result<(), String> {
     if let Some(floor) = &floor_closed {
         closed_loop_floor(&bare, &conc[0], floor);
     }
+    if let Some(turns) = &eight_turns {
+        throughput_against_floor(turns);
+    }
     placements(args.rounds);
     Ok(())
 }
@@ -506,6 +508,7 @@ fn closed_turns(
         pool_full(client)?;
         settle();
         let mut closed = Series::new("closed");
+        let pool0 = pool_counters(client);
         let conn = std::sync::Mutex::new(server.connect()?);
         block(&mut closed, 1, requests, |_| {
             conn.lock().unwrap().execute("print(1)", None).map(drop)
@@ -530,6 +533,7 @@ fn closed_turns(
             ms(floor.bare),
             floor_rate(&floor),
         );
+        pool_said(pool0, client);
         ours.0.push(p50);
         ours.1.push(p99);
         theirs.0.push(f50);
@@ -688,6 +692,64 @@ fn block(
     Ok(())
 }
 
+/// Each turn's rates, airlock's and floor.py's (executions a second).
+struct Turns(Vec<(f64, f64)>);
+
+impl Turns {
+    /// airlock's rate over floor.py's: the turns' median, lowest and highest.
+    fn median(&self) -> (f64, f64, f64) {
+        let mut ratios: Vec<f64> = self.0.iter().map(|(ours, theirs)| ours / theirs).collect();
+        ratios.sort_by(f64::total_cmp);
+        match ratios.as_slice() {
+            [] => (0.0, 0.0, 0.0),
+            r => (r[r.len() / 2], r[0], r[r.len() - 1]),
+        }
+    }
+}
+
+/// airlock's load from `clients` clients and floor.py's with as many workers, `secs` each,
+/// taking `turns` turns (this machine's speed drifts by a fifth within minutes), each on a
+/// quiet machine: what the kernel does later for one load (network namespaces and cgroups
+/// freed by its workers) is not counted in the next. airlock's server stays up, idle, while
+/// floor.py runs. Needs root.
+fn load_turns(
+    server: &Server,
+    clients: usize,
+    secs: Duration,
+    turns: usize,
+) -> Result<Turns, String> {
+    let mut rates = Vec::new();
+    for turn in 1..=turns.max(1) {
+        let ours = load(server, clients, secs)?;
+        settle();
+        let theirs = floor(clients, secs, "")?;
+        settle();
+        rates.push((ours, theirs));
+        println!(
+            "turn {turn}: airlock {ours:.0}/s, floor.py {theirs:.0}/s: {:.2}",
+            ours / theirs
+        );
+    }
+    Ok(Turns(rates))
+}
+
+/// Issue 47's throughput target against what this run reached.
+fn throughput_against_floor(turns: &Turns) {
+    let (median, low, high) = turns.median();
+    let list = |pick: fn(&(f64, f64)) -> f64| {
+        let rates: Vec<String> = turns.0.iter().map(|t| format!("{:.0}", pick(t))).collect();
+        rates.join(", ")
+    };
+    println!("\n## Eight clients against floor.py's eight workers (issue 47)\n");
+    println!("| what | target | reached |\n|---|---|---|");
+    println!(
+        "| HTTP `print(1)`, 8 clients, rate ÷ floor.py's with 8 workers in the same turn, median of {} turns | ≥ 0.9 | {median:.2} (from {low:.2} to {high:.2}; airlock {} /s, floor.py {} /s) |",
+        turns.0.len(),
+        list(|t| t.0),
+        list(|t| t.1),
+    );
+}
+
 /// `print(1)` from `clients` closed-loop clients for `secs`: the rate, and the machine's
 /// busy CPU time per execution (all processes, from `/proc/stat`), to run under a profiler.
 fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> {
@@ -730,8 +792,17 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> 
         n as f64 / wall,
         cpu * 1000.0 / n.max(1) as f64
     );
-    // Where the executions' sandboxes came from: taken ready, waited for, or made then.
-    if let (Some(before), Some(after)) = (pool0, pool_counters(&mut conns[0])) {
+    pool_said(pool0, &mut conns[0]);
+    Ok(n as f64 / wall)
+}
+
+/// The pool's counters `load` reports, as `/readyz` names them.
+const POOL_COUNTERS: [&str; 4] = ["takes", "waits", "misses_empty", "refills"];
+
+/// Where the executions' sandboxes came from since `before`: taken ready, waited for, or
+/// made then.
+fn pool_said(before: Option<Vec<u64>>, client: &mut Client) {
+    if let (Some(before), Some(after)) = (before, pool_counters(client)) {
         let said: Vec<String> = POOL_COUNTERS
             .iter()
             .zip(before.iter().zip(&after))
@@ -739,11 +810,7 @@ fn load(server: &Server, clients: usize, secs: Duration) -> Result<f64, String> 
             .collect();
         println!("  the pool: {}", said.join(", "));
     }
-    Ok(n as f64 / wall)
 }
-
-/// The pool's counters `load` reports, as `/readyz` names them.
-const POOL_COUNTERS: [&str; 4] = ["takes", "waits", "misses_empty", "refills"];
 
 fn pool_counters(client: &mut Client) -> Option<Vec<u64>> {
     let ready = client.get("/readyz").ok()?;
