@@ -154,6 +154,11 @@ struct State {
     /// The workers may exit: every sandbox they started is gone.
     stop: bool,
     last_error: Option<String>,
+    /// After a failed start no worker starts another before this (one pause for the whole
+    /// pool: a start that fails for one worker fails for the others too).
+    retry_at: Option<Instant>,
+    /// The next pause after a failure: `BACKOFF`, doubled by each, back after a success.
+    backoff: Duration,
 }
 
 struct Shared {
@@ -240,6 +245,8 @@ impl Pool {
                 closed: false,
                 stop: false,
                 last_error: None,
+                retry_at: None,
+                backoff: BACKOFF,
             }),
             config: config.clone(),
             work: Condvar::new(),
@@ -431,7 +438,6 @@ fn wait_for_refill<'a>(
 
 /// One refill worker: keeps `idle + starting` at the target until the pool closes.
 fn refill(s: &Arc<Shared>) {
-    let mut backoff = BACKOFF;
     loop {
         // Wait for work: sandboxes to shed, or one to start.
         let excess = {
@@ -448,7 +454,7 @@ fn refill(s: &Arc<Shared>) {
                     let running = s.in_use.load(Ordering::Relaxed) as usize;
                     let room = state.starting < refills_at_once(running, s.config.workers);
                     if room && state.idle.len() + state.starting < state.target {
-                        let wait = defer_refill(s, &state);
+                        let wait = retry_wait(&state).max(defer_refill(s, &state));
                         if wait.is_zero() {
                             state.starting += 1;
                             break Vec::new();
@@ -482,7 +488,7 @@ fn refill(s: &Arc<Shared>) {
                 drop(warm);
             }
             Ok(warm) => {
-                backoff = BACKOFF;
+                state.backoff = BACKOFF;
                 s.refills.fetch_add(1, Ordering::Relaxed);
                 state.idle.push_back(warm);
                 // One take may be waiting for it (`wait_for_refill`).
@@ -497,11 +503,13 @@ fn refill(s: &Arc<Shared>) {
             Err(e) => {
                 s.failures.fetch_add(1, Ordering::Relaxed);
                 state.last_error = Some(e.to_string());
-                // The other workers may start what this one could not; this one waits, but
-                // wakes for close. (A take waiting for it waits out its own limit.)
-                s.work.notify_all();
-                let _ = s.work.wait_timeout_while(state, backoff, |st| !st.closed);
-                backoff = (backoff * 2).min(MAX_BACKOFF);
+                // The first failure since the last pause starts the next; the others under
+                // way at the time fail for the same reason and add none.
+                let now = Instant::now();
+                if state.retry_at.is_none_or(|t| t <= now) {
+                    state.retry_at = Some(now + state.backoff);
+                    state.backoff = (state.backoff * 2).min(MAX_BACKOFF);
+                }
             }
         }
     }
@@ -526,6 +534,13 @@ fn defer_refill(s: &Shared, state: &State) -> Duration {
 /// 7.7-10.3 ms with two at once, 8.4-12.0 ms with four, here).
 fn refills_at_once(in_use: usize, workers: usize) -> usize {
     in_use.max(MIN_REFILLS_AT_ONCE).min(workers)
+}
+
+/// How long the pool's pause after a failed start still lasts.
+fn retry_wait(state: &State) -> Duration {
+    state.retry_at.map_or(Duration::ZERO, |t| {
+        t.saturating_duration_since(Instant::now())
+    })
 }
 
 fn refill_wait(idle: usize, in_use: usize, since_take: Duration) -> Duration {
