@@ -464,7 +464,7 @@ fn run(args: &Args) -> Result<(), String> {
         &eval_report,
     );
     if let Some(floor) = &floor_closed {
-        closed_loop_floor(&bare, &conc[0], floor);
+        closed_loop_floor(&bare, &conc[0], floor, eight_turns.as_ref());
     }
     if let Some(turns) = &eight_turns {
         throughput_against_floor(turns);
@@ -692,8 +692,9 @@ fn block(
     Ok(())
 }
 
-/// Each turn's rates, airlock's and floor.py's (executions a second).
-struct Turns(Vec<(f64, f64)>);
+/// Each turn's rates, airlock's and floor.py's (executions a second), and floor.py's busy CPU
+/// an execution (ms) where it said it.
+struct Turns(Vec<(f64, f64)>, Vec<f64>);
 
 impl Turns {
     /// airlock's rate over floor.py's: the turns' median, lowest and highest.
@@ -718,19 +719,23 @@ fn load_turns(
     secs: Duration,
     turns: usize,
 ) -> Result<Turns, String> {
-    let mut rates = Vec::new();
+    let (mut rates, mut busy) = (Vec::new(), Vec::new());
     for turn in 1..=turns.max(1) {
         let ours = load(server, clients, secs)?;
         settle();
-        let theirs = floor(clients, secs, "")?;
+        let FloorLoad {
+            rate: theirs,
+            busy_ms,
+        } = floor(clients, secs, "")?;
         settle();
         rates.push((ours, theirs));
+        busy.extend(busy_ms);
         println!(
             "turn {turn}: airlock {ours:.0}/s, floor.py {theirs:.0}/s: {:.2}",
             ours / theirs
         );
     }
-    Ok(Turns(rates))
+    Ok(Turns(rates, busy))
 }
 
 /// Issue 47's throughput target against what this run reached.
@@ -821,9 +826,8 @@ fn pool_counters(client: &mut Client) -> Option<Vec<u64>> {
 }
 
 /// The least work a fresh sandbox can cost on this machine, measured by `floor.py` (see
-/// there) with `clients` workers for `secs`, the steps in `skip` left out: its rate. Needs
-/// root.
-fn floor(clients: usize, secs: Duration, skip: &str) -> Result<f64, String> {
+/// there) with `clients` workers for `secs`, the steps in `skip` left out. Needs root.
+fn floor(clients: usize, secs: Duration, skip: &str) -> Result<FloorLoad, String> {
     let out = Command::new(PYTHON)
         .args(["-I", "-S", "-c", include_str!("../floor.py")])
         .args([
@@ -842,10 +846,28 @@ fn floor(clients: usize, secs: Duration, skip: &str) -> Result<f64, String> {
     }
     let said = String::from_utf8_lossy(&out.stdout);
     print!("{said}");
-    // "floor, 8 workers, 8.0 s: 2411 executions, 301/s, ..."
-    said.split(", ")
-        .find_map(|part| part.strip_suffix("/s")?.parse().ok())
-        .ok_or_else(|| format!("floor.py said no rate: {said}"))
+    parse_floor_load(&said).ok_or_else(|| format!("floor.py said no rate: {said}"))
+}
+
+/// What `floor.py WORKERS SECONDS` measured.
+#[derive(Debug, PartialEq)]
+struct FloorLoad {
+    /// Executions a second.
+    rate: f64,
+    /// The machine's busy CPU an execution (all processes), in ms.
+    busy_ms: Option<f64>,
+}
+
+/// floor.py's line: "floor, 8 workers, 8.0 s: 2411 executions, 301/s, 6.52 ms of busy CPU
+/// each (all processes; ...": its rate and busy CPU.
+fn parse_floor_load(said: &str) -> Option<FloorLoad> {
+    let rate = said
+        .split(", ")
+        .find_map(|part| part.trim_end().strip_suffix("/s")?.parse().ok())?;
+    let busy_ms = said
+        .split_once(" ms of busy CPU")
+        .and_then(|(head, _)| head.rsplit(' ').next()?.parse().ok());
+    Some(FloorLoad { rate, busy_ms })
 }
 
 /// What `floor.py closed` measured: the p50 and p99 of its closed loop, and the p50 of the
@@ -909,7 +931,7 @@ fn parse_floor_closed(said: &str) -> Option<FloorClosed> {
 
 /// Issue 47's closed-loop targets (p50 ≤ 0.4 ×, p99 ≤ 1 × a bare python start) beside the
 /// least the machine allows with a sandbox's steps: floor.py's closed loop in the same run.
-fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed) {
+fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed, eight: Option<&Turns>) {
     let base = bare.quantile(0.5).as_secs_f64();
     let ratio = |d: Duration| d.as_secs_f64() / base;
     let own = |d: Duration| d.as_secs_f64() / floor.bare.as_secs_f64();
@@ -942,6 +964,43 @@ fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed) {
         closed.rate(),
         floor_rate(floor),
     );
+    if let Some(least) = eight.and_then(|t| two_core_bound(&t.1, base)) {
+        println!(
+            "\nOne client back to back needs a sandbox made and one torn down for each request: on {} cores at least the busy CPU of an execution ÷ {} between two requests, on average. floor.py's eight workers in this run: {:.2} ms of busy CPU an execution (median of {} turns), so at least {:.2} ms a request, {:.2} × this run's bare start (the p50 target: 0.4 ×). airlock's closed loop: a request every {:.2} ms on average.",
+            least.cores,
+            least.cores,
+            least.busy_ms,
+            eight.map_or(0, |t| t.1.len()),
+            least.period_ms,
+            least.of_bare,
+            1000.0 / closed.rate(),
+        );
+    }
+}
+
+/// The least mean time between two requests of one client back to back, each needing a
+/// sandbox made and one torn down, on this machine's cores: the median busy CPU an execution
+/// that floor.py measured, over the cores; `base` a bare start (s).
+#[derive(Debug, PartialEq)]
+struct Bound {
+    cores: usize,
+    busy_ms: f64,
+    period_ms: f64,
+    of_bare: f64,
+}
+
+fn two_core_bound(busy_ms: &[f64], base: f64) -> Option<Bound> {
+    let mut busy = busy_ms.to_vec();
+    busy.sort_by(f64::total_cmp);
+    let busy_ms = *busy.get(busy.len() / 2)?;
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let period_ms = busy_ms / cores as f64;
+    Some(Bound {
+        cores,
+        busy_ms,
+        period_ms,
+        of_bare: period_ms / (base * 1000.0),
+    })
 }
 
 /// floor.py's closed loop's own rate, its work off the clock included (it forks each
@@ -1694,5 +1753,37 @@ mod tests {
             })
         );
         assert_eq!(parse_floor_closed("floor.py: needs root\n"), None);
+    }
+
+    #[test]
+    fn floor_py_s_load_line_gives_its_rate_and_busy_cpu() {
+        let said = "floor, 8 workers, 10.0 s: 2411 executions, 241/s, 8.61 ms of busy CPU each \
+                    (all processes; user 1.55, system 7.06), 600 page faults each (the forks)\n";
+        assert_eq!(
+            parse_floor_load(said),
+            Some(FloorLoad {
+                rate: 241.0,
+                busy_ms: Some(8.61),
+            })
+        );
+        let bare = "floor, 8 workers, 8.0 s: 2411 executions, 301/s\n";
+        assert_eq!(
+            parse_floor_load(bare),
+            Some(FloorLoad {
+                rate: 301.0,
+                busy_ms: None,
+            })
+        );
+        assert_eq!(parse_floor_load("floor: 2 workers failed\n"), None);
+    }
+
+    #[test]
+    fn the_closed_loop_s_bound_is_the_median_busy_cpu_over_the_cores() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
+        let b = two_core_bound(&[9.0, 8.0, 12.0], 0.010).unwrap();
+        assert_eq!(b.busy_ms, 9.0);
+        assert!((b.period_ms - 9.0 / cores).abs() < 1e-9);
+        assert!((b.of_bare - 9.0 / cores / 10.0).abs() < 1e-9);
+        assert_eq!(two_core_bound(&[], 0.010), None);
     }
 }
