@@ -964,7 +964,7 @@ fn closed_loop_floor(bare: &Series, closed: &Series, floor: &FloorClosed, eight:
         closed.rate(),
         floor_rate(floor),
     );
-    if let Some(least) = eight.and_then(|t| two_core_bound(&t.1, base)) {
+    if let Some(least) = eight.and_then(|t| closed_loop_bound(&t.1, base)) {
         println!(
             "\nOne client back to back needs a sandbox made and one torn down for each request: on {} cores at least the busy CPU of an execution ÷ {} between two requests, on average. floor.py's eight workers in this run: {:.2} ms of busy CPU an execution (median of {} turns), so at least {:.2} ms a request, {:.2} × this run's bare start (the p50 target: 0.4 ×). airlock's closed loop: a request every {:.2} ms on average.",
             least.cores,
@@ -989,7 +989,7 @@ struct Bound {
     of_bare: f64,
 }
 
-fn two_core_bound(busy_ms: &[f64], base: f64) -> Option<Bound> {
+fn closed_loop_bound(busy_ms: &[f64], base: f64) -> Option<Bound> {
     let mut busy = busy_ms.to_vec();
     busy.sort_by(f64::total_cmp);
     let busy_ms = *busy.get(busy.len() / 2)?;
@@ -1780,10 +1780,10 @@ mod tests {
     #[test]
     fn the_closed_loop_s_bound_is_the_median_busy_cpu_over_the_cores() {
         let cores = std::thread::available_parallelism().map_or(1, usize::from) as f64;
-        let b = two_core_bound(&[9.0, 8.0, 12.0], 0.010).unwrap();
+        let b = closed_loop_bound(&[9.0, 8.0, 12.0], 0.010).unwrap();
         assert_eq!(b.busy_ms, 9.0);
         assert!((b.period_ms - 9.0 / cores).abs() < 1e-9);
         assert!((b.of_bare - 9.0 / cores / 10.0).abs() < 1e-9);
-        assert_eq!(two_core_bound(&[], 0.010), None);
+        assert_eq!(closed_loop_bound(&[], 0.010), None);
     }
 }
