@@ -37,6 +37,9 @@ pub(crate) const INIT_PROCESSES: u32 = 2;
 /// Directory of the host that the new root is assembled on. The mount happens in the new
 /// mount namespace only; the host's own directory is untouched.
 const NEW_ROOT: &str = "/tmp";
+/// A directory of the old root (every host has one, as every root airlock builds) where the
+/// scratch file system's own mount waits to leave with the old root (see [`enter_root`]).
+const PARKED_SCRATCH: &str = "/proc";
 const DEV_NODES: [(&str, bool); 5] = [
     ("null", true),
     ("zero", true),
@@ -359,6 +362,13 @@ pub(crate) fn enter_root(root: &Path, policy: &Policy) -> Result<(), InitError> 
             .and_then(|tree| sys::move_mount_to(&tree, &target))
             .map_err(path_err("bind mount", &target))?;
     }
+    // Its own mount, parked on the old root's /proc, leaves with the old root in the one
+    // unmount below: closed detached, it would be unmounted apart, and each unmount waits
+    // for an expedited RCU grace period.
+    sys::move_mount_to(&scratch, Path::new(PARKED_SCRATCH)).map_err(path_err(
+        "park the scratch mount",
+        Path::new(PARKED_SCRATCH),
+    ))?;
     drop(scratch);
     make_dirs(&inside(root, &policy.workdir))?;
 
