@@ -600,102 +600,6 @@ fn pid_ns(pid: i32) -> String {
         .into_owned()
 }
 
-/// What a child sees of its network namespace: which one it is (its cookie: unlike its inode
-/// number, never another's, even once it is freed), the protocol counter that a
-/// send without a route moves (`Ip: OutNoRoutes`), its UDP sockets in use; with `send`, it
-/// then sends a datagram to loopback (which is down: no route); with `hand_out`, it binds a
-/// UDP socket and sends it over descriptor 3 (a unix socket whose other end the test holds
-/// unread), so that the socket outlives the sandbox.
-fn net_seen(
-    zygote: &Zygote,
-    send: bool,
-    hand_out: Option<std::os::fd::OwnedFd>,
-) -> serde_json::Value {
-    const SEEN: &str = r#"
-import array, json, os, socket, sys
-snmp = [line.split() for line in open('/proc/self/net/snmp') if line.startswith('Ip:')]
-udp = [line.split() for line in open('/proc/self/net/sockstat') if line.startswith('UDP:')][0]
-pair = socket.socketpair()
-SO_NETNS_COOKIE = 71
-cookie = int.from_bytes(pair[0].getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8), 'little')
-pair[0].close(); pair[1].close()
-seen = {'ns': cookie, 'no_routes': int(snmp[1][snmp[0].index('OutNoRoutes')]),
-        'udp_in_use': int(udp[udp.index('inuse') + 1]), 'sent': None}
-if 'send' in sys.argv:
-    try:
-        socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', 9))
-    except OSError as e:
-        seen['sent'] = e.errno
-if 'hand_out' in sys.argv:
-    kept = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    kept.bind(('0.0.0.0', 0))
-    chan = socket.socket(fileno=3)
-    chan.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [kept.fileno()]))])
-print(json.dumps(seen))
-"#;
-    let mut cmd = command(SEEN);
-    if send {
-        cmd = cmd.arg("send");
-    }
-    if let Some(fd) = hand_out {
-        cmd = cmd.arg("hand_out").pass_fd(fd);
-    }
-    let (o, out, err) = run_command(zygote, cmd);
-    assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
-    // Time for the template to reap the jail's init, whose namespace is then handed on or not.
-    std::thread::sleep(Duration::from_millis(20));
-    serde_json::from_str(&out).unwrap()
-}
-
-/// A network namespace goes from one child's jail to a later one's only as it was made: a
-/// child that left it untouched hands it on (children see namespaces earlier ones had, each
-/// with its counters at zero and no socket in use); one whose send moved a counter, or whose
-/// socket outlives it (sent over a unix socket and never read), leaves it to no one, while
-/// the others' namespaces still go round.
-fn a_network_namespace_goes_to_the_next_child_only_as_it_was_made() {
-    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
-    let fresh = |seen: &serde_json::Value| {
-        assert_eq!(
-            (&seen["no_routes"], &seen["udp_in_use"]),
-            (&serde_json::json!(0), &serde_json::json!(0)),
-            "a namespace that is not as made: {seen}"
-        );
-    };
-    let mut had = std::collections::BTreeSet::new();
-    let mut handed_on = 0;
-    for _ in 0..40 {
-        let seen = net_seen(&zygote, false, None);
-        fresh(&seen);
-        handed_on += usize::from(!had.insert(seen["ns"].as_u64().unwrap()));
-        if handed_on >= 3 {
-            break;
-        }
-    }
-    assert!(
-        handed_on >= 3,
-        "no namespace went to a later child: {had:?}"
-    );
-
-    let sent = net_seen(&zygote, true, None);
-    assert_eq!(sent["sent"], libc::ENETUNREACH, "{sent}");
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-    let held = net_seen(&zygote, false, Some(theirs.into()));
-    let left = [sent["ns"].as_u64().unwrap(), held["ns"].as_u64().unwrap()];
-    let mut handed_on = 0;
-    for _ in 0..20 {
-        let seen = net_seen(&zygote, false, None);
-        fresh(&seen);
-        let ns = seen["ns"].as_u64().unwrap();
-        assert!(
-            !left.contains(&ns),
-            "namespace {ns} was handed on as it was left"
-        );
-        handed_on += usize::from(!had.insert(ns));
-    }
-    assert!(handed_on > 0, "namespaces stopped going round");
-    drop(ours);
-}
-
 /// Requests sent together have their jails built side by side (the template's init takes the
 /// next while earlier ones build their roots): each child must still get the jail made for its
 /// own request, the one whose init joined its cgroup.
@@ -1166,10 +1070,6 @@ fn main() {
         (
             "no_child_finds_another_s_request_in_its_memory",
             no_child_finds_another_s_request_in_its_memory,
-        ),
-        (
-            "a_network_namespace_goes_to_the_next_child_only_as_it_was_made",
-            a_network_namespace_goes_to_the_next_child_only_as_it_was_made,
         ),
         (
             "children_asked_for_together_each_get_their_own_jail",

@@ -14,16 +14,14 @@ use crate::policy::Policy;
 pub(crate) const HOST_FD: RawFd = 3;
 pub(crate) const JAILS_FD: RawFd = 4;
 
-/// The namespaces of a child's jail, in the order the child enters them: the network one
-/// first, which is the template's (`nets`: entering it takes the rights the child still has in
-/// the template's user namespace), then the user one, which gives the rights over the rest.
-/// The jail's init makes the cgroup namespace itself, once in the child's cgroup, so that the
-/// namespace's root is that cgroup; the others come with it. So the cgroup namespace is last:
-/// its descriptor comes after the others' (see [`JailReply`]).
+/// The namespaces of a child's jail, in the order the child enters them (user first: it gives
+/// the rights over the others). The jail's init makes the cgroup namespace itself, once in the
+/// child's cgroup, so that the namespace's root is that cgroup; the others come with it. So
+/// the cgroup namespace is last: its descriptor comes after the others' (see [`JailReply`]).
 pub(crate) const JAIL_NAMESPACES: [(&str, CloneFlags); 6] = [
-    ("net", CloneFlags::CLONE_NEWNET),
     ("user", CloneFlags::CLONE_NEWUSER),
     ("mnt", CloneFlags::CLONE_NEWNS),
+    ("net", CloneFlags::CLONE_NEWNET),
     ("ipc", CloneFlags::CLONE_NEWIPC),
     ("uts", CloneFlags::CLONE_NEWUTS),
     ("cgroup", CloneFlags::CLONE_NEWCGROUP),
@@ -137,14 +135,12 @@ mod tests {
     }
 
     #[test]
-    fn a_jail_s_namespaces_are_entered_network_then_user_first_and_cgroup_last() {
-        // The network one first: it is the template's, entered with the rights the child has
-        // in the template's user namespace until it enters its jail's. Then user: it gives
-        // the rights over the others. Cgroup last: the template's init opens the others from
-        // /proc and appends the cgroup one its jail's init sends, and the child enters them in
-        // the order they came.
+    fn a_jail_s_namespaces_are_entered_user_first_and_cgroup_last() {
+        // User first: it gives the rights over the others. Cgroup last: the template's init
+        // opens the others from /proc and appends the cgroup one its jail's init sends, and
+        // the child enters them in the order they came.
         let names: Vec<&str> = JAIL_NAMESPACES.iter().map(|(n, _)| *n).collect();
-        assert_eq!(names, ["net", "user", "mnt", "ipc", "uts", "cgroup"]);
+        assert_eq!(names, ["user", "mnt", "net", "ipc", "uts", "cgroup"]);
         let all = JAIL_NAMESPACES
             .iter()
             .fold(CloneFlags::empty(), |all, (_, f)| all | *f);

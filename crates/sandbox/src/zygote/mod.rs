@@ -14,8 +14,7 @@
 //!    it (its Python, `zygote.py`, calls in through `sys::abi`);
 //! 3. `child`: the child, which enters its jail and confines itself.
 //!
-//! `messages` is what they say to one another; `nets`, the template's network namespaces,
-//! which a jail gets only as the last one that had it left it.
+//! `messages` is what they say to one another.
 //!
 //! What children share by construction, being forks of one process: the address-space layout
 //! (ASLR is per zygote, not per child), the stack canary, the hash seed and the preloads' state,
@@ -27,7 +26,6 @@
 pub(crate) mod child;
 pub(crate) mod ids;
 mod messages;
-mod nets;
 pub(crate) mod state;
 pub(crate) mod template;
 

@@ -4,9 +4,8 @@
 //!    sandbox's init (`init`: the same outer, the same root) but keeping its privileges inside
 //!    the template's user namespace, which maps a block of host ids (`ids`). It starts the
 //!    zygote, then builds one jail per child on the zygote's request ([`serve_jails`]): a fork
-//!    of itself, small, cloned into new user, mount, PID, IPC and UTS namespaces and into a
-//!    network namespace of the template's (`nets`: new, or one an earlier jail left as it
-//!    was made), whose uid is a host id of the block that no sibling has.
+//!    of itself, small, cloned into new user, mount, PID, network, IPC, UTS and cgroup
+//!    namespaces, whose uid is a host id of the block that no sibling has.
 //! 2. **jail init** ([`jail_init`]): PID 1 of the child's PID namespace. It joins the child's
 //!    cgroup (v1; on v2 it is cloned into it), enters the child's root: the read-only
 //!    skeleton that the template built once ([`skeleton_for`]) with its own `/proc` and
@@ -32,7 +31,6 @@ use nix::unistd::{self, Gid, Uid};
 
 use super::ids::ZYGOTE_IDS;
 use super::messages::{JailBuilt, JailReply, JailRequest, JAIL_NAMESPACES};
-use super::nets::{Net, Nets};
 use crate::jail::{
     build_jails_skeleton, build_root, close_from_except, enter_skeleton, exec_strings, fail,
     join_cgroup, make_mounts_private, path_err, reap_until, sys_err, InitError, SkeletonKey,
@@ -149,12 +147,11 @@ impl Slots {
 }
 
 /// What a jail's init is cloned into: a new PID namespace and each of `JAIL_NAMESPACES` but
-/// the cgroup one, which it makes itself once in the child's cgroup, and the network one,
-/// which is the template's ([`Nets`]: the init is cloned from inside it).
+/// the cgroup one, which it makes itself once in the child's cgroup.
 fn jail_clone_flags() -> CloneFlags {
     JAIL_NAMESPACES
         .iter()
-        .filter(|(_, flag)| ![CloneFlags::CLONE_NEWCGROUP, CloneFlags::CLONE_NEWNET].contains(flag))
+        .filter(|(_, flag)| *flag != CloneFlags::CLONE_NEWCGROUP)
         .fold(CloneFlags::CLONE_NEWPID, |all, (_, flag)| all | *flag)
 }
 
@@ -162,7 +159,6 @@ struct Jail {
     pid: i32,
     pidfd: OwnedFd,
     slot: u32,
-    net: Net,
 }
 
 /// A jail asked for and not yet answered: its init builds its root, or it is refused.
@@ -184,11 +180,6 @@ enum Building {
 /// answered in the order asked.
 fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
     let Ok(zygote_fd) = sys::pidfd_open(zygote) else {
-        let _ = sys::wait_child(zygote);
-        sys::exit_immediately(1)
-    };
-    let Ok(mut nets) = Nets::new() else {
-        let _ = sys::pidfd_send_signal(&zygote_fd, libc::SIGKILL);
         let _ = sys::wait_child(zygote);
         sys::exit_immediately(1)
     };
@@ -246,20 +237,16 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
             let _ = proto::send_msg(status, &report);
             sys::exit_immediately(0)
         }
-        // Jails whose init died: reap, and their slot is free again, their network namespace
-        // too if they left it as it was made.
+        // Jails whose init died: reap, and their slot is free again.
         let mut i = 0;
-        let (ended, live): (Vec<Jail>, Vec<Jail>) =
-            std::mem::take(&mut jails).into_iter().partition(|j| {
-                let done = ready[3 + i] && matches!(sys::wait_child_nohang(j.pid), Ok(Some(_)));
-                i += 1;
-                done
-            });
-        jails = live;
-        for jail in ended {
-            slots.give_back(jail.slot);
-            nets.give_back(jail.net);
-        }
+        jails.retain(|j| {
+            let done = ready[3 + i] && matches!(sys::wait_child_nohang(j.pid), Ok(Some(_)));
+            i += 1;
+            if done {
+                slots.give_back(j.slot);
+            }
+            !done
+        });
         // The oldest jail's init has said how its root went: the zygote waits for it.
         if ready[2] {
             if let Some(Building::Started {
@@ -307,14 +294,7 @@ fn serve_jails(zygote: i32, requests: OwnedFd, status: &OwnedFd) -> ! {
                 continue;
             }
         };
-        match start_jail(
-            &req.policy,
-            join,
-            req.into_cgroup,
-            slot,
-            on_skeleton,
-            &mut nets,
-        ) {
+        match start_jail(&req.policy, join, req.into_cgroup, slot, on_skeleton) {
             Ok(started) => building.push_back(started),
             Err(e) => {
                 slots.give_back(slot);
@@ -336,16 +316,15 @@ fn skeleton_for(built: &mut Option<SkeletonKey>, policy: &Policy) -> Result<bool
     Ok(true)
 }
 
-/// Starts one child's jail: its init cloned into new namespaces and one of `nets` (and with
-/// `into_cgroup`, into the child's cgroup, whose directory `join` holds), its uid mapped, told
-/// to build its root (which it does by itself; see [`finish_jail`]).
+/// Starts one child's jail: its init cloned into new namespaces (and with `into_cgroup`, into
+/// the child's cgroup, whose directory `join` holds), its uid mapped, told to build its root
+/// (which it does by itself; see [`finish_jail`]).
 fn start_jail(
     policy: &Policy,
     join: Vec<OwnedFd>,
     into_cgroup: bool,
     slot: u32,
     on_skeleton: bool,
-    nets: &mut Nets,
 ) -> Result<Building, InitError> {
     let into = match (into_cgroup, join.as_slice()) {
         (false, _) => None,
@@ -361,42 +340,22 @@ fn start_jail(
         call: "socketpair",
         source,
     })?;
-    // Entered after the descriptors above are made (a socket belongs to the network
-    // namespace it is made in), and left right after the clone.
-    let net = nets.enter().map_err(|source| InitError::Sys {
-        call: "a network namespace",
-        source,
-    })?;
-    let forked = sys::fork_into_namespaces(jail_clone_flags().bits() as u64, into);
-    if let Ok(None) = forked {
-        drop((go_w, done_r, net));
+    let forked =
+        sys::fork_into_namespaces(jail_clone_flags().bits() as u64, into).map_err(|source| {
+            InitError::Sys {
+                call: "clone3",
+                source,
+            }
+        })?;
+    let Some((pid, pidfd)) = forked else {
+        drop((go_w, done_r));
         // Already in its cgroup when cloned into it.
         let join = if into_cgroup { Vec::new() } else { join };
         jail_init(policy, on_skeleton, join, go_r, done_w)
-    }
-    let left = nets.leave();
-    let (pid, pidfd) = match forked {
-        Ok(Some(forked)) => forked,
-        Ok(None) => unreachable!("the jail's init does not return"),
-        Err(source) => {
-            return Err(InitError::Sys {
-                call: "clone3",
-                source,
-            })
-        }
     };
     drop((go_r, done_w, join));
-    let jail = Jail {
-        pid,
-        pidfd,
-        slot,
-        net,
-    };
+    let jail = Jail { pid, pidfd, slot };
     let opened = (|| {
-        left.map_err(|source| InitError::Sys {
-            call: "setns(net)",
-            source,
-        })?;
         let proc = Path::new("/proc").join(pid.to_string());
         // Its namespaces, opened while the jail's init is still as we are (it makes itself
         // undumpable once its root is built, which hides them).
@@ -588,22 +547,20 @@ mod tests {
         assert_eq!(slots.take(), None);
     }
 
-    /// The cgroup namespace is made by the init itself, and the network one is the template's
-    /// (`Nets`), which the init is cloned from inside.
     #[test]
-    fn a_jail_s_init_is_cloned_into_every_namespace_but_the_cgroup_and_network_ones() {
+    fn a_jail_s_init_is_cloned_into_every_namespace_but_the_cgroup_one() {
         let flags = jail_clone_flags();
         for flag in [
             CloneFlags::CLONE_NEWUSER,
             CloneFlags::CLONE_NEWNS,
             CloneFlags::CLONE_NEWPID,
+            CloneFlags::CLONE_NEWNET,
             CloneFlags::CLONE_NEWIPC,
             CloneFlags::CLONE_NEWUTS,
         ] {
             assert!(flags.contains(flag), "{flag:?}");
         }
         assert!(!flags.contains(CloneFlags::CLONE_NEWCGROUP));
-        assert!(!flags.contains(CloneFlags::CLONE_NEWNET));
-        assert_eq!(flags.bits().count_ones(), 5);
+        assert_eq!(flags.bits().count_ones(), 6);
     }
 }
