@@ -600,6 +600,31 @@ fn pid_ns(pid: i32) -> String {
         .into_owned()
 }
 
+/// Each child's network namespace is new, never one an earlier child had: a namespace that
+/// outlives its sandbox keeps what no check can list (IPv6 flow labels linger a minute with
+/// an address of the caller's choosing, a multicast join moves counters after the fact).
+/// Told apart by cookie (`SO_NETNS_COOKIE`), which unlike an inode number is never reused.
+fn every_child_has_a_network_namespace_no_earlier_child_had() {
+    const COOKIE: &str = r#"
+import socket
+pair = socket.socketpair()
+print(int.from_bytes(pair[0].getsockopt(socket.SOL_SOCKET, 71, 8), 'little'))
+"#;
+    let zygote = Zygote::start(&spec(&[]), &policy()).expect("zygote");
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let (o, out, err) = run(&zygote, COOKIE);
+        assert_eq!(o.exit, Some(Exit::Code(0)), "{err}\n{}", zygote.log_tail());
+        let cookie: u64 = out.trim().parse().unwrap();
+        assert!(
+            seen.insert(cookie),
+            "child {i} has an earlier child's network namespace"
+        );
+        // Time for the template to reap the last jail's init before the next is asked for.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Requests sent together have their jails built side by side (the template's init takes the
 /// next while earlier ones build their roots): each child must still get the jail made for its
 /// own request, the one whose init joined its cgroup.
@@ -1070,6 +1095,10 @@ fn main() {
         (
             "no_child_finds_another_s_request_in_its_memory",
             no_child_finds_another_s_request_in_its_memory,
+        ),
+        (
+            "every_child_has_a_network_namespace_no_earlier_child_had",
+            every_child_has_a_network_namespace_no_earlier_child_had,
         ),
         (
             "children_asked_for_together_each_get_their_own_jail",
