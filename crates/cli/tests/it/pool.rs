@@ -205,11 +205,12 @@ fn at_once(server: &Server, n: usize, seconds: f64) {
     });
 }
 
-/// Three executions at once against a pool of one that waits `wait_ms` for a refill: how much
-/// each of the pool's counters grew, and how many sandboxes were made on the spot.
-fn three_against_one(wait_ms: u64) -> (impl Fn(&str) -> u64, u64) {
+/// Three executions at once against a pool of one that waits `wait_ms` for a refill (and
+/// `more` configuration): how much each of the pool's counters grew, and how many sandboxes
+/// were made on the spot.
+fn three_against_one(wait_ms: u64, more: &str) -> (impl Fn(&str) -> u64, u64) {
     let server = Server::start(
-        &format!("[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = {wait_ms}\n"),
+        &format!("[pool]\nsize = 1\nmax_size = 1\nwait_for_refill_ms = {wait_ms}\n{more}"),
         &[],
     );
     wait_idle(&server, 1);
@@ -231,14 +232,27 @@ fn three_against_one(wait_ms: u64) -> (impl Fn(&str) -> u64, u64) {
 }
 
 #[test]
-fn an_execution_that_finds_the_pool_empty_gets_the_sandbox_a_refill_is_making() {
+fn an_execution_that_finds_the_pool_empty_gets_the_sandbox_a_refill_is_making_for_it() {
     let _g = serial();
-    // A wait longer than any refill here: none of the three makes a sandbox of its own.
-    let (grew, made) = three_against_one(10_000);
-    assert_eq!((grew("takes"), grew("misses_empty"), made), (3, 0, 0));
+    // A wait longer than any refill here, and a pool of one: one refill under way at a time.
+    // The first takes the idle sandbox, the second waits for the refill's; the third makes
+    // its own if it finds that one waited for, or, come once the second has it, waits for the
+    // next: never more waiting than refills under way, none made but by a miss.
+    let (grew, made) = three_against_one(10_000, "");
     assert!(grew("waits") >= 1);
+    assert_eq!(grew("takes"), 1 + grew("waits"));
+    assert_eq!(grew("takes") + grew("misses_empty"), 3);
+    assert!(grew("misses_empty") <= 1);
+    assert_eq!(made, grew("misses_empty"));
+    // Refills of cold sandboxes (zygotes off) take longer than the three take to come: the
+    // third always finds the one refill waited for.
+    let (grew, made) = three_against_one(10_000, "[zygote]\nenabled = false\n");
+    assert_eq!(
+        (grew("takes"), grew("waits"), grew("misses_empty"), made),
+        (2, 1, 1, 1)
+    );
     // Without the wait, those that find it empty make their own.
-    let (grew, made) = three_against_one(0);
+    let (grew, made) = three_against_one(0, "");
     assert_eq!(grew("waits"), 0);
     assert!(grew("misses_empty") >= 1);
     assert_eq!(made, grew("misses_empty"));
