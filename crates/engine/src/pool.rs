@@ -132,8 +132,8 @@ pub struct PoolStatus {
     pub takes: u64,
     /// Of those, the ones that found the pool empty and waited for a refill's sandbox.
     pub waits: u64,
-    /// Executions that found the pool empty and got no refill's sandbox in time (they start
-    /// one of their own).
+    /// Executions that found the pool empty and got no refill's sandbox: none came in time, or
+    /// every refill under way was already waited for (they start one of their own).
     pub misses_empty: u64,
     /// Executions whose limits differ from the pool's (they always start cold).
     pub misses_limits: u64,
@@ -304,7 +304,8 @@ impl Pool {
                     // The sandbox a refill is making is ready sooner than one made from
                     // nothing, which would also take the CPU that one needs: wait for it, a
                     // while, unless every refill under way is already waited for.
-                    if !waits_for_a_refill(state.waiting, state.starting) {
+                    let backing_off = !retry_wait(&state).is_zero();
+                    if !waits_for_a_refill(state.waiting, state.starting, backing_off) {
                         s.misses_empty.fetch_add(1, Ordering::Relaxed);
                         return None;
                     }
@@ -539,13 +540,14 @@ fn defer_refill(s: &Shared, state: &State) -> Duration {
 
 /// Whether a take that finds the pool empty waits for a refill's sandbox, `waiting` takes
 /// already doing so while `starting` refills are under way: one for each, and the first in
-/// any case (a refill is then due, if not yet begun). Takes beyond them make their sandbox
-/// themselves: queued for the refills instead, eight clients found the pool empty 99 times
-/// in 100 and left 10-12 % of two cores idle between the refills' steps, where making the
-/// rest on the spot gave 8-13 % more executions a second (pool off: 440-459/s, against
-/// 390-416 with the pool, same machine, same hour).
-fn waits_for_a_refill(waiting: usize, starting: usize) -> bool {
-    waiting < starting.max(1)
+/// any case (a refill is then due, if not yet begun), unless the pool pauses after a failed
+/// start (`backing_off`: nothing comes in time). Takes beyond them make their sandbox
+/// themselves: queued for the refills instead, eight clients found the pool empty in 3281 of
+/// 3317 takes and left 10-12 % of two cores idle between the refills' steps (390-416/s; the
+/// pool off, 440-459/s; this rule, 420-431/s; same machine, same hour: BENCHMARKS.md,
+/// "Executions beyond the refills make their own").
+fn waits_for_a_refill(waiting: usize, starting: usize, backing_off: bool) -> bool {
+    !backing_off && waiting < starting.max(1)
 }
 
 /// How many refills may be under way at once: as many as executions running (each will want
@@ -659,14 +661,17 @@ mod tests {
     #[test]
     fn a_take_waits_for_a_refill_only_where_one_is_under_way_for_it() {
         // The first waits, even before its refill has begun.
-        assert!(waits_for_a_refill(0, 0));
-        assert!(waits_for_a_refill(0, 2));
-        assert!(waits_for_a_refill(1, 2));
+        assert!(waits_for_a_refill(0, 0, false));
+        assert!(waits_for_a_refill(0, 2, false));
+        assert!(waits_for_a_refill(1, 2, false));
         // Every refill under way is waited for: the next makes its own.
-        assert!(!waits_for_a_refill(1, 0));
-        assert!(!waits_for_a_refill(1, 1));
-        assert!(!waits_for_a_refill(2, 2));
-        assert!(!waits_for_a_refill(7, 4));
+        assert!(!waits_for_a_refill(1, 0, false));
+        assert!(!waits_for_a_refill(1, 1, false));
+        assert!(!waits_for_a_refill(2, 2, false));
+        assert!(!waits_for_a_refill(7, 4, false));
+        // While the pool pauses after a failed start, none waits.
+        assert!(!waits_for_a_refill(0, 0, true));
+        assert!(!waits_for_a_refill(0, 2, true));
     }
 
     #[test]

@@ -236,16 +236,17 @@ fn an_execution_that_finds_the_pool_empty_gets_the_sandbox_a_refill_is_making_fo
     let _g = serial();
     // A wait longer than any refill here, and a pool of one: one refill under way at a time.
     // The first takes the idle sandbox, the second waits for the refill's; the third makes
-    // its own if it finds that one waited for, or, come once the second has it, waits for the
-    // next: never more waiting than refills under way, none made but by a miss.
+    // its own if it finds that one waited for, or, come once the refill is done, takes its
+    // sandbox or waits for the next: never more waiting than refills under way, none made
+    // but by a miss.
     let (grew, made) = three_against_one(10_000, "");
     assert!(grew("waits") >= 1);
-    assert_eq!(grew("takes"), 1 + grew("waits"));
+    assert!(grew("takes") > grew("waits"));
     assert_eq!(grew("takes") + grew("misses_empty"), 3);
     assert!(grew("misses_empty") <= 1);
     assert_eq!(made, grew("misses_empty"));
-    // Refills of cold sandboxes (zygotes off) take longer than the three take to come: the
-    // third always finds the one refill waited for.
+    // A refill of a cold sandbox (zygotes off: 15-25 ms here) outlasts the three requests'
+    // coming (a millisecond or two apart): the third finds the one refill waited for.
     let (grew, made) = three_against_one(10_000, "[zygote]\nenabled = false\n");
     assert_eq!(
         (grew("takes"), grew("waits"), grew("misses_empty"), made),
