@@ -239,6 +239,11 @@ except OSError as e:
 out["cwd"] = os.getcwd()
 out["mounts"] = [l.split()[4] + " " + l.split()[5] for l in open("/proc/self/mountinfo")
                  if l.split()[4] in ("/tmp", "/work", "/dev/shm")]
+# Every mount of the scratch file system, wherever it is: its own (parked on the old root's
+# /proc while the root was built) must have left with the old root.
+scratch = [l.split()[2] for l in open("/proc/self/mountinfo") if l.split()[4] == "/tmp"][0]
+out["scratch_mounts"] = sorted(l.split()[3] + " " + l.split()[4] for l in open("/proc/self/mountinfo")
+                               if l.split()[2] == scratch)
 print(json.dumps(out))
 "#,
         &["--disk", "32M"],
@@ -258,6 +263,11 @@ print(json.dumps(out))
     );
     assert_eq!(out["cwd"], "/work");
     assert_eq!(out["mounts"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        out["scratch_mounts"],
+        serde_json::json!(["/0 /tmp", "/1 /work", "/2 /dev/shm"]),
+        "the scratch file system is mounted elsewhere too"
+    );
     for m in out["mounts"].as_array().unwrap() {
         let opts = m.as_str().unwrap();
         for flag in ["nosuid", "nodev", "noexec"] {
