@@ -1378,18 +1378,28 @@ fn executions_a_killed_server_was_running_get_their_final_record_at_the_next_sta
         .collect();
     server.wait_running(3);
     let audit = server.dir.join("state").join("audit.jsonl");
+    let started_ids = || -> Vec<String> {
+        std::fs::read_to_string(&audit)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| v["event"] == "started")
+            .map(|v| v["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Admission counts an execution as running a step before its `started` line is
+    // written: the kill waits for the lines.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while started_ids().len() < 4 {
+        assert!(Instant::now() < deadline, "{:?}", started_ids());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let dir = server.kill_keeping_state();
     for t in running {
         // The connection dies with the server: no response (the request helper panics).
         assert!(t.join().is_err());
     }
-    let started: Vec<String> = std::fs::read_to_string(&audit)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["event"] == "started")
-        .map(|v| v["id"].as_str().unwrap().to_owned())
-        .collect();
+    let started = started_ids();
     assert_eq!(started.len(), 4, "{started:?}");
 
     let server = Server::start_in(dir, "", &[], Some(KEY));
