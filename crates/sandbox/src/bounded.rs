@@ -23,6 +23,8 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use nix::fcntl::Flock;
+
 use crate::sys;
 
 const LOOP_CONTROL: &str = "/dev/loop-control";
@@ -94,6 +96,8 @@ pub enum BoundedError {
     Mkfs(String),
     #[error("a bounded file system needs at least one byte and one entry")]
     Empty,
+    #[error("{0:?} is mounted elsewhere (another process, or a mount not yet gone)")]
+    Busy(PathBuf),
 }
 
 fn sys_err(call: &'static str) -> impl FnOnce(io::Error) -> BoundedError {
@@ -106,6 +110,8 @@ fn sys_err(call: &'static str) -> impl FnOnce(io::Error) -> BoundedError {
 pub struct BoundedDir {
     mount: OwnedFd,
     kind: BoundedKind,
+    /// A kept image, locked (`flock`) while this is open: one mount of it at a time.
+    _image: Option<Flock<File>>,
 }
 
 impl BoundedDir {
@@ -141,16 +147,80 @@ impl BoundedDir {
                     .map_err(sys_err("fsmount(tmpfs)"))?
             }
         };
-        let dir = BoundedDir { mount, kind };
-        let root = dir.path();
-        fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).map_err(|source| {
-            BoundedError::Path {
-                call: "chmod",
-                path: root.clone(),
-                source,
-            }
-        })?;
+        let dir = BoundedDir {
+            mount,
+            kind,
+            _image: None,
+        };
+        chmod_root(&dir)?;
         Ok(dir)
+    }
+
+    /// A bounded file system kept in the file `image`, made now (of `bytes` and `inodes`; the
+    /// file must not exist) and mounted: a volume's, which outlives this process. Always ext4
+    /// on a loop device, with a journal, so that a host that lost power finds it whole.
+    pub fn create_image(image: &Path, bytes: u64, inodes: u64) -> Result<BoundedDir, BoundedError> {
+        if bytes == 0 || inodes == 0 {
+            return Err(BoundedError::Empty);
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(image)
+            .map_err(|source| BoundedError::Path {
+                call: "create",
+                path: image.to_owned(),
+                source,
+            })?;
+        let made = (|| {
+            let file = lock_image(file, image)?;
+            file.set_len(bytes).map_err(sys_err("sizing the image"))?;
+            let (device, path) = loop_device(&file)?;
+            mkfs(&path, inodes, true)?;
+            let mount = mount_ext4(&path, device)?;
+            let dir = BoundedDir {
+                mount,
+                kind: BoundedKind::Ext4Loop,
+                _image: Some(file),
+            };
+            remove_lost_found(&dir)?;
+            chmod_root(&dir)?;
+            Ok(dir)
+        })();
+        if made.is_err() {
+            let _ = fs::remove_file(image);
+        }
+        made
+    }
+
+    /// The bounded file system kept in `image` (made by [`BoundedDir::create_image`]), mounted
+    /// again. [`BoundedError::Busy`] while it is mounted anywhere else: by another holder of
+    /// its lock, or through a loop device still backed by it (a mount that has not yet gone).
+    pub fn open_image(image: &Path) -> Result<BoundedDir, BoundedError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(image)
+            .map_err(|source| BoundedError::Path {
+                call: "open",
+                path: image.to_owned(),
+                source,
+            })?;
+        let file = lock_image(file, image)?;
+        if backs_a_loop_device(image) {
+            return Err(BoundedError::Busy(image.to_owned()));
+        }
+        let (device, path) = loop_device(&file)?;
+        let mount = mount_ext4(&path, device)?;
+        Ok(BoundedDir {
+            mount,
+            kind: BoundedKind::Ext4Loop,
+            _image: Some(file),
+        })
     }
 
     pub fn kind(&self) -> BoundedKind {
@@ -177,10 +247,24 @@ impl BoundedDir {
 
 /// ext4 on a fresh loop device over an unlinked sparse image of `bytes` in `image_dir`.
 fn ext4_on_loop(image_dir: &Path, bytes: u64, inodes: u64) -> Result<OwnedFd, BoundedError> {
-    let mkfs =
-        mkfs_ext4().ok_or_else(|| BoundedError::Mkfs("mkfs.ext4 is not installed".into()))?;
     let image = image_file(image_dir)?;
     image.set_len(bytes).map_err(sys_err("sizing the image"))?;
+    let (device, path) = loop_device(&image)?;
+    drop(image);
+    mkfs(&path, inodes, false)?;
+    let mount = mount_ext4(&path, device)?;
+    let lost = PathBuf::from(format!("/proc/self/fd/{}/lost+found", mount.as_raw_fd()));
+    fs::remove_dir(&lost).map_err(|source| BoundedError::Path {
+        call: "rmdir",
+        path: lost,
+        source,
+    })?;
+    Ok(mount)
+}
+
+/// A free loop device attached to `image`, detached by the kernel once nothing holds it
+/// (`LO_FLAGS_AUTOCLEAR`), with its path.
+fn loop_device(image: &File) -> Result<(File, PathBuf), BoundedError> {
     let control = OpenOptions::new()
         .read(true)
         .write(true)
@@ -192,42 +276,50 @@ fn ext4_on_loop(image_dir: &Path, bytes: u64, inodes: u64) -> Result<OwnedFd, Bo
             source,
         })?;
     // Another process may take the free device between the two calls: ask again.
-    let (device, path) = {
-        let mut tries = 0;
-        loop {
-            let n = sys::loop_get_free(&control).map_err(sys_err("LOOP_CTL_GET_FREE"))?;
-            let path = PathBuf::from(format!("/dev/loop{n}"));
-            let device = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&path)
-                .map_err(|source| BoundedError::Path {
-                    call: "open",
-                    path: path.clone(),
+    let mut tries = 0;
+    loop {
+        let n = sys::loop_get_free(&control).map_err(sys_err("LOOP_CTL_GET_FREE"))?;
+        let path = PathBuf::from(format!("/dev/loop{n}"));
+        let device = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|source| BoundedError::Path {
+                call: "open",
+                path: path.clone(),
+                source,
+            })?;
+        match sys::loop_configure_autoclear(&device, image) {
+            Ok(()) => return Ok((device, path)),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 16 => tries += 1,
+            Err(source) => {
+                return Err(BoundedError::Path {
+                    call: "LOOP_CONFIGURE",
+                    path,
                     source,
-                })?;
-            match sys::loop_configure_autoclear(&device, &image) {
-                Ok(()) => break (device, path),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 16 => tries += 1,
-                Err(source) => {
-                    return Err(BoundedError::Path {
-                        call: "LOOP_CONFIGURE",
-                        path,
-                        source,
-                    })
-                }
+                })
             }
         }
-    };
-    drop(image);
-    // No reserved blocks (the sandbox's uid is not root), `inodes` entries, no journal (the
-    // tree is copied out or thrown away), no discards at creation (the image is sparse).
-    let out = Command::new(&mkfs)
+    }
+}
+
+/// `mkfs.ext4` on `device`: no reserved blocks (the sandbox's uid is not root), `inodes`
+/// entries, no discards at creation (the image is sparse); a journal only for a file system
+/// that is kept (a build's is copied out or thrown away).
+fn mkfs(device: &Path, inodes: u64, journal: bool) -> Result<(), BoundedError> {
+    let mkfs =
+        mkfs_ext4().ok_or_else(|| BoundedError::Mkfs("mkfs.ext4 is not installed".into()))?;
+    let mut command = Command::new(&mkfs);
+    command
         .args(["-q", "-F", "-m", "0", "-N"])
-        .arg(inodes.to_string())
-        .args(["-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=1"])
-        .arg(&path)
+        .arg(inodes.to_string());
+    if !journal {
+        command.args(["-O", "^has_journal"]);
+    }
+    let out = command
+        .args(["-E", "nodiscard,lazy_itable_init=1"])
+        .arg(device)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -240,23 +332,71 @@ fn ext4_on_loop(image_dir: &Path, bytes: u64, inodes: u64) -> Result<OwnedFd, Bo
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
+    Ok(())
+}
+
+/// The ext4 file system on `device`, mounted detached; the mount holds the device from then
+/// on, so that with ours closed its end detaches it.
+fn mount_ext4(device: &Path, held: File) -> Result<OwnedFd, BoundedError> {
     let fs = sys::fsopen("ext4").map_err(sys_err("fsopen(ext4)"))?;
-    sys::fsconfig(&fs, "source", Some(&path.to_string_lossy()))
+    sys::fsconfig(&fs, "source", Some(&device.to_string_lossy()))
         .map_err(sys_err("fsconfig(ext4, source)"))?;
     // The inode tables stay as mkfs left them (not zeroed in the background): what they
     // hold is known from the group descriptors.
     sys::fsconfig(&fs, "noinit_itable", None).map_err(sys_err("fsconfig(ext4, noinit_itable)"))?;
     let mount = sys::fsmount_detached(&fs, libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV)
         .map_err(sys_err("fsmount(ext4)"))?;
-    // The mount holds the device now; with ours closed, its end detaches it.
-    drop(device);
-    let lost = PathBuf::from(format!("/proc/self/fd/{}/lost+found", mount.as_raw_fd()));
+    drop(held);
+    Ok(mount)
+}
+
+fn remove_lost_found(dir: &BoundedDir) -> Result<(), BoundedError> {
+    let lost = dir.path().join("lost+found");
     fs::remove_dir(&lost).map_err(|source| BoundedError::Path {
         call: "rmdir",
         path: lost,
         source,
-    })?;
-    Ok(mount)
+    })
+}
+
+/// The root, mode 0777: the sandbox's uid owns nothing of a build's (a volume's root is the
+/// caller's to give its owner).
+fn chmod_root(dir: &BoundedDir) -> Result<(), BoundedError> {
+    let root = dir.path();
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).map_err(|source| {
+        BoundedError::Path {
+            call: "chmod",
+            path: root.clone(),
+            source,
+        }
+    })
+}
+
+/// An exclusive `flock` on a kept image, held as long as the returned file is open.
+fn lock_image(file: File, image: &Path) -> Result<Flock<File>, BoundedError> {
+    match Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(locked) => Ok(locked),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(BoundedError::Busy(image.to_owned())),
+        Err((_, e)) => Err(BoundedError::Path {
+            call: "flock",
+            path: image.to_owned(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// Whether a loop device is still attached to `image` (its mount not yet gone).
+fn backs_a_loop_device(image: &Path) -> bool {
+    let Ok(image) = fs::canonicalize(image) else {
+        return false;
+    };
+    let Ok(devices) = fs::read_dir("/sys/block") else {
+        return false;
+    };
+    devices.flatten().any(|d| {
+        fs::read_to_string(d.path().join("loop/backing_file"))
+            .is_ok_and(|f| Path::new(f.trim_end()) == image)
+    })
 }
 
 /// A new file in `dir` that no path names: `O_TMPFILE`, or a named file unlinked at once

@@ -109,7 +109,10 @@ pub(crate) fn serve_forked(fds: [OwnedFd; 4], parent: i32) -> ! {
 /// them (the host asks first, `Prestarted::serves`, and the init checks again).
 pub(crate) fn served_ahead(policy: &Policy) -> bool {
     let ahead = Policy::default();
-    policy.die_with_parent && (policy.uid, policy.gid) == (ahead.uid, ahead.gid)
+    // A volume's idmapped tree is made as root on the host, which such an init no longer is.
+    policy.die_with_parent
+        && (policy.uid, policy.gid) == (ahead.uid, ahead.gid)
+        && policy.volumes.is_empty()
 }
 
 /// What an init started ahead does before its request, while the host prepares the rest:
@@ -254,7 +257,8 @@ fn outer(status: &OwnedFd, ahead: Option<Result<(), InitError>>) -> Result<Infal
         // Bind-mount sources are opened with the caller's rights, before those are dropped:
         // the mounts then use these descriptors, not paths an unprivileged uid must be able
         // to reach (and not paths that could be swapped meanwhile).
-        let sources = open_sources(&req.policy)?;
+        let mut sources = open_sources(&req.policy)?;
+        sources.extend(open_volumes(&req.policy)?);
         // A zygote's template maps a block of host ids (one per child), which only a process
         // that stays root on the host can write: a helper forked before we drop root.
         let host_ids = if req.zygote {
@@ -365,7 +369,7 @@ fn drop_host_root() -> Result<(u32, u32), InitError> {
     if !euid.is_root() {
         return Ok((euid.as_raw(), unistd::getegid().as_raw()));
     }
-    let id = HOST_ID_BASE + unistd::getpid().as_raw() as u32;
+    let id = own_host_id();
     unistd::setgroups(&[]).map_err(sys_err("setgroups"))?;
     let gid = Gid::from_raw(id);
     unistd::setresgid(gid, gid, gid).map_err(sys_err("setresgid"))?;
@@ -375,6 +379,97 @@ fn drop_host_root() -> Result<(u32, u32), InitError> {
     // root. Nothing outside can reach this process: its uid is unique and unused.
     prctl::set_dumpable(true).map_err(sys_err("prctl(PR_SET_DUMPABLE)"))?;
     Ok((id, id))
+}
+
+/// The host uid and gid a sandbox whose outer init we are gets, when the host is root.
+fn own_host_id() -> u32 {
+    HOST_ID_BASE + unistd::getpid().as_raw() as u32
+}
+
+/// Each volume's tree (`open_tree`), made `nosuid`, `nodev`, `noexec` (and read-only where
+/// asked) and idmapped so that the policy's uid and gid on the volume's file system are this
+/// sandbox's host ids: every sandbox sees the files as its own, and writes them as the
+/// policy's ids. Done as root on the host (the kernel allows idmapping a file system only to
+/// whoever may administer the namespace it was mounted in), before we drop it.
+fn open_volumes(policy: &Policy) -> Result<Vec<Option<OwnedFd>>, InitError> {
+    if policy.volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !unistd::geteuid().is_root() {
+        return Err(InitError::Volumes(
+            "mounting a volume needs airlock to run as root on the host (each sandbox sees \
+             its files as its own through an idmapped mount)"
+                .into(),
+        ));
+    }
+    let id = own_host_id();
+    let userns = mapping_namespace(policy.uid, policy.gid, id, id)?;
+    policy
+        .volumes
+        .iter()
+        .map(|volume| {
+            let tree = sys::open_tree_clone(&volume.source)
+                .map_err(path_err("open_tree (volume)", &volume.source))?;
+            let mut attrs =
+                libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOEXEC;
+            if volume.read_only {
+                attrs |= libc::MOUNT_ATTR_RDONLY;
+            }
+            sys::mount_setattr_tree(&tree, attrs, Some(userns.as_fd()))
+                .map_err(path_err("idmapping a volume", &volume.source))?;
+            Ok(Some(tree))
+        })
+        .collect()
+}
+
+/// A user namespace whose one mapping is `uid` to `host_uid` and `gid` to `host_gid`: a
+/// child unshares it and waits while we (root on the host) write its maps and open it.
+fn mapping_namespace(
+    uid: u32,
+    gid: u32,
+    host_uid: u32,
+    host_gid: u32,
+) -> Result<OwnedFd, InitError> {
+    let pipe = || unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(sys_err("pipe2"));
+    let (ready_r, ready_w) = pipe()?;
+    let (hold_r, hold_w) = pipe()?;
+    match sys::fork().map_err(sys_err("fork"))? {
+        ForkResult::Child => {
+            drop((ready_r, hold_w));
+            let made = unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+            let _ = unistd::write(&ready_w, &[u8::from(made)]);
+            // Until the parent is done with us (or gone).
+            let _ = unistd::read(&hold_r, &mut [0u8; 1]);
+            sys::exit_immediately(0)
+        }
+        ForkResult::Parent { child } => {
+            drop((ready_w, hold_r));
+            let opened = (|| {
+                let mut made = [0u8; 1];
+                if unistd::read(&ready_r, &mut made).map_err(sys_err("read"))? != 1 || made[0] != 1
+                {
+                    return Err(InitError::Volumes(
+                        "a user namespace for the volumes' idmapping could not be made".into(),
+                    ));
+                }
+                let proc = Path::new("/proc").join(child.as_raw().to_string());
+                for (file, line) in [
+                    ("uid_map", format!("{uid} {host_uid} 1\n")),
+                    ("gid_map", format!("{gid} {host_gid} 1\n")),
+                ] {
+                    let path = proc.join(file);
+                    fs::write(&path, line).map_err(path_err("write", &path))?;
+                }
+                let ns = proc.join("ns/user");
+                fs::File::open(&ns)
+                    .map(OwnedFd::from)
+                    .map_err(path_err("open", &ns))
+            })();
+            drop(hold_w);
+            let _ = sys::wait_child(child.as_raw());
+            opened
+        }
+    }
 }
 
 /// Maps exactly one uid and gid: the policy's, onto our host ids. `setgroups` is denied so

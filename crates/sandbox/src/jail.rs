@@ -81,6 +81,8 @@ pub(crate) enum InitError {
     Seccomp(#[from] SeccompError),
     #[error("execve {program:?}: {source}")]
     Exec { program: PathBuf, source: io::Error },
+    #[error("volumes: {0}")]
+    Volumes(String),
 }
 
 pub(crate) fn sys_err(call: &'static str) -> impl FnOnce(Errno) -> InitError {
@@ -144,11 +146,14 @@ pub(crate) fn reap_until(main: i32) -> Report {
 /// Assembles the new root at [`NEW_ROOT`] and pivots into it (the old root detached): its
 /// shared, read-only part ([`build_skeleton`]), then what is each sandbox's own
 /// ([`enter_root`]).
+/// `sources` holds the root entries' sources, then the volumes' idmapped trees (see
+/// `init::open_volumes`).
 pub(crate) fn build_root(policy: &Policy, sources: &[Option<OwnedFd>]) -> Result<(), InitError> {
     make_mounts_private()?;
     let root = Path::new(NEW_ROOT);
-    build_skeleton(root, policy, sources)?;
-    enter_root(root, policy)
+    let (entries, volumes) = sources.split_at(policy.root.len().min(sources.len()));
+    build_skeleton(root, policy, entries)?;
+    enter_root(root, policy, volumes)
 }
 
 /// Enters a root whose read-only part a zygote's template built once for every jail of
@@ -166,7 +171,7 @@ pub(crate) fn enter_skeleton(policy: &Policy) -> Result<(), InitError> {
         None::<&str>,
     )
     .map_err(path_errno("bind mount", root))?;
-    enter_root(root, policy)
+    enter_root(root, policy, &[])
 }
 
 /// In a zygote's template, in the mount namespace of its own that each jail's is a copy of:
@@ -322,7 +327,20 @@ pub(crate) fn build_skeleton(
 /// /proc/kcore, /proc/sysrq-trigger, ...); one new tmpfs for every writable directory, so
 /// that one size and inode budget covers them all; then `pivot_root(2)` with the old root
 /// detached, so not even a path to the host remains.
-pub(crate) fn enter_root(root: &Path, policy: &Policy) -> Result<(), InitError> {
+pub(crate) fn enter_root(
+    root: &Path,
+    policy: &Policy,
+    volumes: &[Option<OwnedFd>],
+) -> Result<(), InitError> {
+    // Only a cold sandbox's init, root on the host until its user namespace exists, makes
+    // the idmapped trees a volume needs: a jail without them never starts.
+    if volumes.len() != policy.volumes.len() || volumes.iter().any(Option::is_none) {
+        return Err(InitError::Volumes(
+            "no idmapped mount was made for the volumes (only a cold sandbox of a host \
+             running as root mounts volumes)"
+                .into(),
+        ));
+    }
     let proc = root.join("proc");
     let proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount(
@@ -361,6 +379,12 @@ pub(crate) fn enter_root(root: &Path, policy: &Policy) -> Result<(), InitError> 
         sys::open_tree_clone_at(scratch.as_fd(), &dir)
             .and_then(|tree| sys::move_mount_to(&tree, &target))
             .map_err(path_err("bind mount", &target))?;
+    }
+    // On the scratch file system, which holds their mount points.
+    for (volume, tree) in policy.volumes.iter().zip(volumes.iter().flatten()) {
+        let target = inside(root, &volume.target);
+        make_dirs(&target)?;
+        sys::move_mount_to(tree, &target).map_err(path_err("mount a volume", &target))?;
     }
     // Its own mount, parked on the old root's /proc, leaves with the old root in the one
     // unmount below: closed detached, it would be unmounted apart, and each unmount waits

@@ -62,7 +62,7 @@ pub use cgroup::{
 pub use cgroup::{time_v2_placements, Placement};
 pub use host::{host_support, own_exe, unmask_proc, HostSupport, ProcMasks};
 pub use init::{run_if_init, HOST_ID_BASE, INIT_ARG};
-pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch};
+pub use policy::{Enforcement, Limits, Policy, PolicyError, RootEntry, Scratch, VolumeMount};
 pub use proto::{LandlockReport, LandlockState};
 pub use spawn::{
     spawn, Beside, Child, Command, Exit, Isolation, KillReason, Killer, Outcome, Prestarted, Probe,

@@ -36,6 +36,11 @@ pub struct Policy {
     /// it (the egress proxy). Landlock then allows TCP connects to this port only. [`None`]:
     /// loopback stays down and no TCP connect is allowed at all.
     pub egress_port: Option<u16>,
+    /// Host directories (each the root of a file system of its own: a volume) mounted below a
+    /// scratch mount point, after it. Their files belong to `uid` and `gid` on that file
+    /// system; each sandbox sees them as its own through an idmapped mount, which only a host
+    /// running as root can make.
+    pub volumes: Vec<VolumeMount>,
 }
 
 impl Default for Policy {
@@ -53,8 +58,21 @@ impl Default for Policy {
             cgroups: Enforcement::Required,
             die_with_parent: true,
             egress_port: None,
+            volumes: Vec::new(),
         }
     }
+}
+
+/// A volume's mount: the host directory `source` at `target`, read-only or writable, always
+/// `nosuid`, `nodev` and `noexec`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    pub source: PathBuf,
+    /// Strictly below one of the scratch mount points, and neither below nor above another
+    /// volume's target.
+    pub target: PathBuf,
+    pub read_only: bool,
 }
 
 /// One entry of the sandbox's root file system.
@@ -173,6 +191,10 @@ pub enum PolicyError {
     Workdir(PathBuf),
     #[error("the egress port must not be 0")]
     EgressPort,
+    #[error(
+        "volume mount {0:?} must be below a scratch mount point and apart from every other volume"
+    )]
+    VolumeTarget(PathBuf),
 }
 
 impl Policy {
@@ -214,6 +236,22 @@ impl Policy {
             return Err(PolicyError::Workdir(self.workdir.clone()));
         }
         check_path("workdir", &self.workdir)?;
+        for (i, volume) in self.volumes.iter().enumerate() {
+            check_path("volume source", &volume.source)?;
+            check_path("volume mount", &volume.target)?;
+            let below_scratch = self
+                .scratch
+                .mounts
+                .iter()
+                .any(|m| volume.target.starts_with(m) && volume.target != *m);
+            let apart = self.volumes[..i].iter().all(|other| {
+                !other.target.starts_with(&volume.target)
+                    && !volume.target.starts_with(&other.target)
+            });
+            if !below_scratch || !apart {
+                return Err(PolicyError::VolumeTarget(volume.target.clone()));
+            }
+        }
         if self.uid == 0 || self.gid == 0 {
             return Err(PolicyError::RootInside);
         }

@@ -405,6 +405,98 @@ fn a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries() {
     std::fs::remove_dir(&dir).unwrap();
 }
 
+/// Issue 48: a volume is a bounded file system kept in an image file, mounted by one holder at
+/// a time; each sandbox (a host uid of its own) sees its files as its own through an idmapped
+/// mount, writes them as uid 1000 on the volume, cannot exec from it, is stopped at its bytes
+/// and entries, and cannot write it when it is mounted read-only. What was written is there
+/// when the image is mounted again.
+fn a_volume_is_kept_bounded_and_each_sandbox_sees_its_files_as_its_own() {
+    use airlock_sandbox::{BoundedDir, BoundedError, PolicyError, VolumeMount};
+    use std::os::unix::fs::MetadataExt;
+    const MIB: u64 = 1 << 20;
+    let dir = std::env::temp_dir().join(format!("airlock-volume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("image");
+    let volume = BoundedDir::create_image(&image, 8 * MIB, 64).unwrap();
+    std::os::unix::fs::chown(volume.path(), Some(1000), Some(1000)).unwrap();
+    assert!(
+        matches!(BoundedDir::open_image(&image), Err(BoundedError::Busy(_))),
+        "a second mount of an open image"
+    );
+    let policy_with = |read_only: bool| {
+        let mut policy = support::usr_policy();
+        policy.volumes.push(VolumeMount {
+            source: volume.bind_source(),
+            target: "/tmp/data".into(),
+            read_only,
+        });
+        policy
+    };
+    let run = |script: &str, read_only: bool| {
+        let mut child = spawn(sh(script), &policy_with(read_only)).unwrap();
+        let out = support::stdout_of(&mut child);
+        assert_eq!(child.wait().unwrap().exit, Some(Exit::Code(0)), "{out}");
+        out
+    };
+    let first = run(
+        "cd /tmp/data && echo one > a && mkdir d && echo two > d/b && chmod 600 a && \
+         stat -c '%u:%g %a' a",
+        false,
+    );
+    assert_eq!(first.trim(), "1000:1000 600");
+    // Another sandbox, another host uid: the files are its own.
+    let second = run(
+        "cd /tmp/data && cat a && echo three >> a && rm d/b && rmdir d && \
+         cp /usr/bin/true t && ./t; echo exec=$?; \
+         head -c 12582912 /dev/zero > big; echo big=$?; rm big; i=0; \
+         while [ $i -lt 1000 ] && touch f$i 2>/dev/null; do i=$((i+1)); done; echo files=$i; \
+         rm -f f* t",
+        false,
+    );
+    assert!(second.starts_with("one\n"), "{second}");
+    assert!(second.contains("exec=126"), "noexec: {second}");
+    assert!(second.contains("big=1"), "bounded in bytes: {second}");
+    let files: u64 = second
+        .lines()
+        .find_map(|l| l.strip_prefix("files="))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!((16..64).contains(&files), "bounded in entries: {second}");
+    let ro = run(
+        "cat /tmp/data/a; (echo x > /tmp/data/new) 2>/dev/null && echo wrote; \
+         rm /tmp/data/a 2>/dev/null && echo removed; echo done",
+        true,
+    );
+    assert_eq!(ro, "one\nthree\ndone\n", "read-only");
+    // On the volume's own file system the owner is the policy's uid, not the host's.
+    let meta = std::fs::metadata(volume.path().join("a")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (1000, 1000));
+    // A target that is not below a scratch mount point is refused before anything starts.
+    let mut outside = policy_with(false);
+    outside.volumes[0].target = "/usr/data".into();
+    assert!(matches!(
+        spawn(sh("true"), &outside),
+        Err(SpawnError::Policy(PolicyError::VolumeTarget(_)))
+    ));
+    drop(volume);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let again = loop {
+        match BoundedDir::open_image(&image) {
+            Err(BoundedError::Busy(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => break other.unwrap(),
+        }
+    };
+    assert_eq!(
+        std::fs::read_to_string(again.path().join("a")).unwrap(),
+        "one\nthree\n"
+    );
+    drop(again);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn main() {
     run_if_init();
     let tests: &[(&str, fn())] = &[
@@ -451,6 +543,10 @@ fn main() {
         (
             "a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries",
             a_bounded_dir_stops_a_sandbox_s_writes_at_its_bytes_and_entries,
+        ),
+        (
+            "a_volume_is_kept_bounded_and_each_sandbox_sees_its_files_as_its_own",
+            a_volume_is_kept_bounded_and_each_sandbox_sees_its_files_as_its_own,
         ),
     ];
     support::run_tests(tests);

@@ -168,6 +168,45 @@ pub fn mount_setattr(path: &Path, recursive: bool, attr_set: u64) -> io::Result<
     }
 }
 
+/// `mount_setattr(2)` on a detached tree (from [`open_tree_clone`]), recursively: sets
+/// `attr_set` and, with `idmap`, the user namespace whose mapping the tree's ids go through
+/// (`MOUNT_ATTR_IDMAP`; the caller needs `CAP_SYS_ADMIN` where the file system was mounted).
+pub fn mount_setattr_tree(
+    tree: &OwnedFd,
+    attr_set: u64,
+    idmap: Option<BorrowedFd>,
+) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set: attr_set
+            | if idmap.is_some() {
+                libc::MOUNT_ATTR_IDMAP
+            } else {
+                0
+            },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: idmap.map_or(0, |fd| fd.as_raw_fd() as u64),
+    };
+    let flags = libc::AT_EMPTY_PATH | libc::AT_RECURSIVE;
+    // SAFETY: a valid descriptor, an empty NUL-terminated path, and a valid mount_attr whose
+    // size we pass; the kernel reads them only during the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            flags as libc::c_uint,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// The Landlock ABI version of the running kernel, or why there is none.
 pub fn landlock_abi() -> Result<u32, io::Error> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
