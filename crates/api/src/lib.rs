@@ -298,6 +298,9 @@ pub struct ExecuteRequest {
     /// A named environment (`airlock env create`): its packages are importable.
     #[serde(default)]
     pub environment: Option<String>,
+    /// The caller's volumes to mount (`POST /v1/volumes`), each below `/work` or `/tmp`.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountRequest>,
     /// Function mode: the name of a function the code defines (`name`, or `Class.method`),
     /// called once the code has run, with `inputs` as keyword arguments; its return value
     /// becomes `result`. An `async def` is run to completion.
@@ -388,6 +391,23 @@ pub struct SessionRequest {
     /// A named environment for the session's sandbox.
     #[serde(default)]
     pub environment: Option<String>,
+    /// The caller's volumes the session's sandbox mounts, for as long as it lives.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountRequest>,
+}
+
+/// A volume an execution or a session mounts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMountRequest {
+    /// The volume's name.
+    pub name: String,
+    /// Where it appears: an absolute path below `/work` or `/tmp` (e.g. `/work/data`).
+    pub path: String,
+    /// Mounted read-only: any number of readers at once. Writable (the default): one
+    /// writer at a time, and a second gets 409 naming the holder.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// A session, as its owner sees it.

@@ -496,6 +496,7 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
             Some(name) => Some(environment(name, args.config.as_deref())?),
             None => None,
         },
+        volumes: Vec::new(),
     };
     engine.check(&job).map_err(|e| e.to_string())?;
     if args.zygote {

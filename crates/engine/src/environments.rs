@@ -1195,6 +1195,7 @@ impl crate::Engine {
             tools: None,
             egress: Some(Arc::new(egress)),
             environment: Some(mount.clone()),
+            volumes: Vec::new(),
         };
         let done = self.execute(job, &mut sink).map_err(|e| failed(&e))?;
         let r = done.result;

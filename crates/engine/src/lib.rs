@@ -20,6 +20,7 @@ mod pump;
 mod session;
 mod tools;
 mod verdict;
+pub mod volumes;
 
 /// Entry points for the fuzz targets (`fuzz/`, cargo fuzz): the host's parsing of what a
 /// sandbox sends it. Not an API.
@@ -89,7 +90,7 @@ const RUNNER_MORE: &str = include_str!("runner_more.py");
 pub const WORKDIR: &str = "/work";
 /// Writable directories, all on one tmpfs of `disk_mb`.
 pub const SCRATCH_MOUNTS: [&str; 3] = ["/tmp", WORKDIR, "/dev/shm"];
-const SANDBOX_UID: u32 = 1000;
+pub(crate) const SANDBOX_UID: u32 = 1000;
 /// Where the egress proxy listens on a sandbox's loopback (`HTTP_PROXY` points there).
 pub const EGRESS_PORT: u16 = 3128;
 /// Where `pip install` inside a sandbox puts packages (on the scratch file system).
@@ -155,6 +156,8 @@ pub struct Job {
     /// A named environment mounted at `/env` (read-only; writable only for its own build),
     /// its site-packages ahead of the interpreter's.
     pub environment: Option<environments::EnvMount>,
+    /// Volumes mounted into the sandbox, each with its lease, held until the sandbox is gone.
+    pub volumes: Vec<volumes::JobVolume>,
 }
 
 /// Cancels a running execution from another thread, e.g. on SIGINT. Cancelling before the
@@ -640,6 +643,7 @@ impl Engine {
             cgroups: enforce(Mechanism::Cgroups),
             die_with_parent: true,
             egress_port: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -652,6 +656,7 @@ impl Engine {
         if let Some(env) = &job.environment {
             with_environment(&mut policy, env);
         }
+        policy.volumes = job.volumes.iter().map(volumes::JobVolume::mount).collect();
         policy
     }
 
@@ -819,7 +824,9 @@ impl Engine {
         let preload = self.launcher.wants_preloads(&job.code);
         // A pooled sandbox has no tool channel and no egress listener: a job with tools or
         // egress starts its own.
+        // Nor volumes.
         let pool = match (&tools, &job.egress, &job.environment) {
+            _ if !job.volumes.is_empty() => None,
             (None, None, None) if preload => self.preloaded_pool.clone(),
             _ if preload => None,
             (None, None, None) => self.pool.clone(),
@@ -986,6 +993,7 @@ impl Engine {
             tools: None,
             egress: None,
             environment: None,
+            volumes: Vec::new(),
         })
     }
 
@@ -1172,6 +1180,7 @@ mod tests {
             tools: None,
             egress: None,
             environment: None,
+            volumes: Vec::new(),
         };
         let refused = |j: Job| match engine.check(&j) {
             Err(EngineError::Invalid(r)) => r.message,

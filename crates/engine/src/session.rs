@@ -118,9 +118,15 @@ impl Session {
     /// Starts a session whose sandbox has the job's limits (their `timeout_ms` is the
     /// session's lifetime), environment and files (the job's code is not run). Cells run with
     /// `per_cell`'s `timeout_ms` and `output_bytes` by default.
-    pub fn start(engine: &Engine, setup: Job, per_cell: &Limits) -> Result<Session, EngineError> {
+    pub fn start(
+        engine: &Engine,
+        mut setup: Job,
+        per_cell: &Limits,
+    ) -> Result<Session, EngineError> {
         engine.check(&setup)?;
         let policy = engine.job_policy(&setup);
+        // Held by the thread that waits for the sandbox, until it is gone.
+        let volumes = std::mem::take(&mut setup.volumes);
         let egress = setup.egress.clone();
         let request = framed(engine.runner_request(&setup, &policy, true)?)?;
         let end = Arc::new(End::default());
@@ -186,6 +192,7 @@ impl Session {
                 if let Some(served) = served {
                     let _ = served.join();
                 }
+                drop(volumes);
                 end2.set(outcome);
                 let _ = nix::unistd::write(&wake_w, &[1]);
             })

@@ -324,6 +324,10 @@ impl Zygotes {
         if policy.egress_port.is_some() {
             return Err("egress");
         }
+        // A volume's idmapped mount is made as root on the host, which a zygote is not.
+        if !policy.volumes.is_empty() {
+            return Err("volumes");
+        }
         if !policy.seccomp.is_required() {
             return Err("seccomp_downgraded");
         }

@@ -234,6 +234,12 @@ impl BoundedDir {
         PathBuf::from(format!("/proc/self/fd/{}/", self.mount.as_raw_fd()))
     }
 
+    /// The root, as a descriptor (the mount's own) to resolve paths beneath.
+    pub fn root(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.mount.as_fd()
+    }
+
     /// The root as a bind-mount source for a sandbox of this process: `/proc/<pid>/fd/<mount>`,
     /// which its init clones (`open_tree`) before it leaves the host's namespaces.
     pub fn bind_source(&self) -> PathBuf {

@@ -77,6 +77,8 @@ pub struct Config {
     pub egress: airlock_egress::Settings,
     /// Named environments: how they are built, and those the server builds at start.
     pub environments: EnvironmentsConfig,
+    /// Volumes: named directories owned by a key, kept across restarts.
+    pub volumes: VolumesConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -88,6 +90,42 @@ pub struct EnvironmentsConfig {
     pub build: airlock_engine::environments::BuildSettings,
     /// Environments built at start when missing or different: name to requirements.
     pub define: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// `[volumes]`: what one key's volumes may take. A volume's size is counted in full against
+/// its key's quota from its creation (its image may grow to it), whatever it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VolumesConfig {
+    /// The sum of the sizes of one key's volumes.
+    pub max_bytes_per_key: u64,
+    pub max_volumes_per_key: usize,
+    /// Largest single volume.
+    pub max_size_bytes: u64,
+    /// Most entries (files, directories, links) a volume may be made with.
+    pub max_entries: u64,
+}
+
+impl Default for VolumesConfig {
+    fn default() -> Self {
+        VolumesConfig {
+            max_bytes_per_key: 4 << 30,
+            max_volumes_per_key: 16,
+            max_size_bytes: 2 << 30,
+            max_entries: 1 << 20,
+        }
+    }
+}
+
+impl VolumesConfig {
+    pub fn quota(&self) -> airlock_engine::volumes::Quota {
+        airlock_engine::volumes::Quota {
+            max_bytes_per_key: self.max_bytes_per_key,
+            max_volumes_per_key: self.max_volumes_per_key,
+            max_size_bytes: self.max_size_bytes,
+            max_entries: self.max_entries,
+        }
+    }
 }
 
 impl Default for Config {
@@ -115,6 +153,7 @@ impl Default for Config {
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
             environments: EnvironmentsConfig::default(),
+            volumes: VolumesConfig::default(),
             keys: Vec::new(),
         }
     }

@@ -125,6 +125,8 @@ pub struct AppState {
     pub egress: Arc<airlock_egress::Settings>,
     /// Named environments, stored under the state directory.
     pub environments: Arc<airlock_engine::environments::Environments>,
+    /// Volumes, stored under the state directory.
+    pub volumes: Arc<airlock_engine::volumes::Volumes>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -160,9 +162,14 @@ impl AppState {
             config.http.max_buffered_bytes_per_key,
             &keys.keys(),
         );
+        let volumes = Arc::new(airlock_engine::volumes::Volumes::open(&config.state_dir()));
+        if let Some(why) = volumes.unavailable() {
+            tracing::info!(why, "volumes are not available");
+        }
         AppState {
             egress: Arc::new(config.egress.clone()),
             environments,
+            volumes,
             config,
             engine,
             keys,

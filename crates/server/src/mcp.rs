@@ -550,6 +550,7 @@ impl Tools {
             inputs: None,
             egress: None,
             environment: a.environment,
+            volumes: Vec::new(),
         };
         let request = pipeline::Request {
             caller: key.clone(),

@@ -108,6 +108,25 @@ fn environment_schema() -> Value {
     }})
 }
 
+/// A volume as `/v1/volumes` gives it.
+fn volume_schema(usage: bool) -> Value {
+    let mut v = json!({"type": "object", "required": ["name", "size_bytes", "max_entries", "created_at"], "properties": {
+        "name": {"type": "string"},
+        "size_bytes": {"type": "integer", "description": "The most its files may hold, bounded while they are written; counted in full against the key's quota."},
+        "max_entries": {"type": "integer", "description": "The most files, directories and links it may hold."},
+        "created_at": {"type": "string"},
+    }});
+    if usage {
+        v["properties"]["used_bytes"] = json!({"type": "integer"});
+        v["properties"]["used_entries"] = json!({"type": "integer"});
+    }
+    v
+}
+
+fn volume_path_param() -> Value {
+    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the volume's root; may contain `/`; no link is followed on the way.", "schema": {"type": "string"}})
+}
+
 fn path_param() -> Value {
     json!({"name": "path", "in": "path", "required": true, "description": "Relative to the working directory; may contain `/`.", "schema": {"type": "string"}})
 }
@@ -264,6 +283,65 @@ pub(crate) fn document() -> Value {
                     "parameters": [id_param(), path_param()],
                     "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
                     "responses": with(errors(&[400, 401, 403, 404, 410, 409, 413, 421]), "204", json!({"description": "Written."})),
+                },
+            },
+            "/v1/volumes": {
+                "post": {
+                    "summary": "Make a volume: a named directory of this key's, bounded in bytes and entries while it is written, kept across restarts",
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                        "type": "object", "additionalProperties": false, "required": ["name", "size_bytes"],
+                        "properties": {
+                            "name": {"type": "string", "description": "1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit."},
+                            "size_bytes": {"type": "integer", "description": "At least 8 MiB, at most `volumes.max_size_bytes`."},
+                            "max_entries": {"type": "integer", "description": "Default one per 16 KiB of its size, at least 1024."},
+                        }}}}},
+                    "responses": with(with(with(errors(&[400, 401, 403, 413, 415, 421, 429, 503]), "409",
+                        json!({"description": "A volume of this name exists."})), "422",
+                        json!({"description": "Volumes are not available on this host (`volumes_unavailable`: not root, or no loop devices)."})), "201",
+                        json!({"description": "The volume (413 `quota_exceeded` when it would pass the key's quota).", "content": {"application/json": {"schema": volume_schema(false)}}})),
+                },
+                "get": {
+                    "summary": "This key's volumes",
+                    "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
+                        json!({"description": "`volumes`: each of this key's volumes.", "content": {"application/json": {"schema": {"type": "object", "properties": {"volumes": {"type": "array", "items": volume_schema(false)}}}}}})),
+                },
+            },
+            "/v1/volumes/{name}": {
+                "get": {
+                    "summary": "One of this key's volumes, with what it holds now",
+                    "parameters": [name_param()],
+                    "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
+                        json!({"description": "The volume, `used_bytes` and `used_entries`.", "content": {"application/json": {"schema": volume_schema(true)}}})),
+                },
+                "delete": {
+                    "summary": "Delete a volume and everything in it; refused (409 `volume_in_use`, naming the holders) while an execution, a session or a file request holds it",
+                    "parameters": [name_param()],
+                    "responses": with(errors(&[401, 403, 404, 409, 421]), "204", json!({"description": "Deleted."})),
+                },
+            },
+            "/v1/volumes/{name}/files": {"get": {
+                "summary": "Every entry of the volume (links are listed, never followed)",
+                "parameters": [name_param()],
+                "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
+                    json!({"description": "`files`: `path`, `type` (`file`, `dir`, `link`, `other`) and `size` of each.", "content": json_body(&files)})),
+            }},
+            "/v1/volumes/{name}/files/{path}": {
+                "get": {
+                    "summary": "A regular file of the volume; no link is followed on the way",
+                    "parameters": [name_param(), volume_path_param()],
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 421, 429, 503]), "200",
+                        json!({"description": "Its contents.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+                },
+                "put": {
+                    "summary": "Write a file of the volume (missing directories are made), as the volume's one writer; a link in the way is refused",
+                    "parameters": [name_param(), volume_path_param()],
+                    "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written (413 `volume_full` when the volume has no room; nothing of it is left)."})),
+                },
+                "delete": {
+                    "summary": "Remove a file, a link (never its target) or an empty directory of the volume",
+                    "parameters": [name_param(), volume_path_param()],
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 421]), "204", json!({"description": "Removed."})),
                 },
             },
             "/mcp": {"post": {

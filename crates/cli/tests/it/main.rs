@@ -31,4 +31,5 @@ mod sessions;
 mod streaming;
 mod tenants;
 mod tools;
+mod volumes;
 mod zygote;

@@ -19,6 +19,7 @@ pub(crate) mod sessions;
 pub(crate) mod sse;
 pub(crate) mod status;
 pub(crate) mod tools;
+pub(crate) mod volumes;
 
 use axum::Router;
 

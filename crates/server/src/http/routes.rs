@@ -9,7 +9,7 @@ use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Scope};
-use crate::http::{environments, eval, executions, mcp, pickle, sessions, status, tools};
+use crate::http::{environments, eval, executions, mcp, pickle, sessions, status, tools, volumes};
 use crate::SharedState;
 
 /// One route.
@@ -242,6 +242,78 @@ pub(crate) const TABLE: &[Route] = &[
         access: key(Scope::Execute),
         served: always,
         handler: |m, _| on(m, sessions::put_file),
+    },
+    Route {
+        method: Method::Post,
+        path: "/v1/volumes",
+        operation_id: "createVolume",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::create),
+    },
+    Route {
+        method: Method::Get,
+        path: "/v1/volumes",
+        operation_id: "listVolumes",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::list),
+    },
+    Route {
+        method: Method::Get,
+        path: "/v1/volumes/{name}",
+        operation_id: "getVolume",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::get),
+    },
+    Route {
+        method: Method::Delete,
+        path: "/v1/volumes/{name}",
+        operation_id: "deleteVolume",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::delete),
+    },
+    Route {
+        method: Method::Get,
+        path: "/v1/volumes/{name}/files",
+        operation_id: "listVolumeFiles",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::list_files),
+    },
+    Route {
+        method: Method::Get,
+        path: "/v1/volumes/{name}/files/{path}",
+        operation_id: "getVolumeFile",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::get_file),
+    },
+    Route {
+        method: Method::Put,
+        path: "/v1/volumes/{name}/files/{path}",
+        operation_id: "putVolumeFile",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::put_file),
+    },
+    Route {
+        method: Method::Delete,
+        path: "/v1/volumes/{name}/files/{path}",
+        operation_id: "deleteVolumeFile",
+        tag: "volumes",
+        access: key(Scope::Execute),
+        served: always,
+        handler: |m, _| on(m, volumes::delete_file),
     },
     Route {
         method: Method::Post,

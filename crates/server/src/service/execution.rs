@@ -89,8 +89,15 @@ pub(crate) fn resolve_limits(
     })
 }
 
-/// Turns a request into a job, naming the field at fault for anything wrong with it.
-pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> Result<Job, Error> {
+/// Turns a request into a job, naming the field at fault for anything wrong with it; the
+/// volumes it names are leased last, for `holder`, once nothing else can refuse it.
+pub(crate) fn job_from(
+    state: &SharedState,
+    key: &Key,
+    mut req: ExecuteRequest,
+    holder: &str,
+) -> Result<Job, Error> {
+    let asked_volumes = std::mem::take(&mut req.volumes);
     let cfg = state.engine.config();
     let reject = |e: Error| {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);
@@ -129,7 +136,7 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
         };
         files.push(InputFile { path: f.path, data });
     }
-    let job = Job {
+    let mut job = Job {
         code: req.code,
         filename: "main.py".into(),
         stdin: Stdin::Bytes(req.stdin.into_bytes()),
@@ -145,11 +152,13 @@ pub(crate) fn job_from(state: &SharedState, key: &Key, req: ExecuteRequest) -> R
             .map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
         egress,
         environment,
+        volumes: Vec::new(),
     };
     state.engine.check(&job).map_err(|e| match e {
         EngineError::Invalid(r) => reject(refusal(r)),
         e => Error::internal(e.to_string()),
     })?;
+    job.volumes = crate::service::volumes::mounts(state, key, holder, &asked_volumes)?;
     Ok(job)
 }
 

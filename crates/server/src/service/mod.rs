@@ -1,4 +1,4 @@
-//! The services: what an execution, a session, an evaluation, a scan, an environment and a
+//! The services: what an execution, a session, an evaluation, a scan, an environment, a volume and a
 //! tool listing are, once, whichever adapter asks (the HTTP handlers in [`crate::http`], the
 //! MCP tools in [`crate::mcp`]). They check, admit, audit and call the engine, in the order
 //! the pipeline owns for everything that runs code ([`pipeline`]); they take transport-free
@@ -17,6 +17,7 @@ pub(crate) mod sessions;
 pub(crate) mod status;
 pub(crate) mod stream;
 pub(crate) mod tools;
+pub(crate) mod volumes;
 
 use crate::error::{Error, Kind};
 use crate::AppState;

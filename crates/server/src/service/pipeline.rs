@@ -62,7 +62,9 @@ pub(crate) struct Request {
     pub form: Form,
 }
 
-/// What a request asks to run.
+/// What a request asks to run. One lives per request, moved once or twice: boxing the
+/// larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Work {
     /// A one-shot execution (function mode when it names an entrypoint).
     Execute(Input<ExecuteRequest>),
@@ -262,14 +264,15 @@ pub(crate) async fn run<T: Send + 'static>(
     let (mut received, ready) = match work {
         Work::Execute(input) => {
             let (received, arguments) = arrive(state, &caller, received, input).await?;
-            // 3. the job (a named environment is looked up on the disk).
+            // 3. the job (a named environment is looked up on the disk, a volume mounted).
             let key = caller.clone();
+            let holder = format!("the execution of request {request_id}");
             let job = prepare(
                 state,
                 "preparing the request",
                 arguments,
-                |req: &ExecuteRequest| req.environment.is_some(),
-                move |st, req| job_from(st, &key, req),
+                |req: &ExecuteRequest| req.environment.is_some() || !req.volumes.is_empty(),
+                move |st, req| job_from(st, &key, req, &holder),
             )
             .await?;
             (received, Ready::Execute(job))

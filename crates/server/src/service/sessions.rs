@@ -345,6 +345,7 @@ pub(crate) fn prepare_open(
     }
     // The cells' default wall clock and output, checked against the key's ceilings.
     let per_cell = resolve_limits(state, key, &asked.limits)?;
+    let id = state.held_id("se_");
     let mut job = job_from(
         state,
         key,
@@ -359,9 +360,10 @@ pub(crate) fn prepare_open(
             inputs: None,
             egress: asked.egress,
             environment: asked.environment,
+            volumes: asked.volumes,
         },
+        &format!("session {id}"),
     )?;
-    let id = state.held_id("se_");
     let egress = job.egress.clone();
     if let Some(leash) = &egress {
         // Connections made while no cell runs are the session's from the start.

@@ -1,0 +1,403 @@
+//! Volumes (issue 48): named directories owned by a key, bounded in bytes and entries while
+//! they are written, mounted by executions and sessions (one writer at a time), reached by
+//! file routes without a sandbox, never through a link, audited, and kept across restarts.
+
+use crate::common;
+
+use common::http::{call_as, request, Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+
+const OTHER_KEY: &str = "other-key-for-volumes-0123456789";
+
+fn other_key_toml(extra: &str) -> String {
+    format!(
+        "[[keys]]\nname = \"other\"\nhash = \"{}\"\n{extra}\n",
+        key_hash(OTHER_KEY)
+    )
+}
+
+fn create(server: &Server, name: &str, size_bytes: u64) -> common::http::Response {
+    server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": name, "size_bytes": size_bytes})),
+    )
+}
+
+fn put(server: &Server, volume: &str, path: &str, data: &[u8]) -> common::http::Response {
+    request(
+        server.addr,
+        "PUT",
+        &format!("/v1/volumes/{volume}/files/{path}"),
+        &[("Authorization".into(), format!("Bearer {KEY}"))],
+        Some(data),
+    )
+}
+
+fn mounting(code: &str, volumes: Value) -> Value {
+    json!({"code": code, "volumes": volumes})
+}
+
+fn audit_events(server: &Server, event: &str) -> Vec<Value> {
+    std::fs::read_to_string(server.state_dir().join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["event"] == event)
+        .collect()
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_volume_is_written_by_routes_and_sandboxes_alike_and_is_its_key_s_alone() {
+    let _g = serial();
+    let server = Server::start(&other_key_toml(""), &[]);
+    let made = create(&server, "data", 32 * MIB);
+    assert_eq!(made.status, 201, "{}", made.text());
+    assert_eq!(made.json()["size_bytes"], 32 * MIB);
+    assert_eq!(create(&server, "data", 32 * MIB).status, 409);
+    let bad = create(&server, "../x", 32 * MIB);
+    assert_eq!(
+        (bad.status, bad.json()["error"]["field"].clone()),
+        (400, json!("name"))
+    );
+    let small = create(&server, "small", MIB);
+    assert_eq!(
+        (small.status, small.json()["error"]["field"].clone()),
+        (400, json!("size_bytes"))
+    );
+
+    assert_eq!(
+        put(&server, "data", "in/greeting.txt", b"hello").status,
+        204
+    );
+    let code = "import os\n\
+                got = open('/work/data/in/greeting.txt').read()\n\
+                open('/work/data/out.txt', 'w').write('from the sandbox')\n\
+                os.makedirs('/work/data/deep/er')\n\
+                [got, os.stat('/work/data/out.txt').st_uid, os.stat('/work/data/in').st_uid]";
+    let r = server.execute(mounting(
+        code,
+        json!([{"name": "data", "path": "/work/data"}]),
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["result"],
+        json!(["hello", 1000, 1000]),
+        "{}",
+        r.text()
+    );
+    let got = server.call("GET", "/v1/volumes/data/files/out.txt", None);
+    assert_eq!((got.status, got.text()), (200, "from the sandbox".into()));
+    let listed = server.call("GET", "/v1/volumes/data/files", None).json();
+    let paths: Vec<&str> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        ["deep", "deep/er", "in", "in/greeting.txt", "out.txt"]
+    );
+    let shown = server.call("GET", "/v1/volumes/data", None).json();
+    assert_eq!(shown["used_entries"], 5, "{shown}");
+    assert_eq!(
+        server.call("GET", "/v1/volumes", None).json()["volumes"][0]["name"],
+        "data"
+    );
+
+    // Another key sees none of it, and cannot mount it.
+    for path in ["/v1/volumes/data", "/v1/volumes/data/files/out.txt"] {
+        assert_eq!(
+            call_as(server.addr, OTHER_KEY, "GET", path, None).status,
+            404
+        );
+    }
+    assert_eq!(
+        call_as(server.addr, OTHER_KEY, "GET", "/v1/volumes", None).json()["volumes"],
+        json!([])
+    );
+    let theirs = call_as(
+        server.addr,
+        OTHER_KEY,
+        "POST",
+        "/v1/execute",
+        Some(&mounting(
+            "1",
+            json!([{"name": "data", "path": "/work/data"}]),
+        )),
+    );
+    assert_eq!(
+        (theirs.status, theirs.json()["error"]["field"].clone()),
+        (404, json!("volumes[0].name")),
+        "{}",
+        theirs.text()
+    );
+
+    // A session holds it writable: a second writer gets 409 naming the session; readers
+    // see what the session wrote; it cannot be deleted meanwhile.
+    let session = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"volumes": [{"name": "data", "path": "/work/data"}]})),
+    );
+    assert_eq!(session.status, 201, "{}", session.text());
+    let sid = session.json()["id"].as_str().unwrap().to_owned();
+    let cell = server.call(
+        "POST",
+        &format!("/v1/sessions/{sid}/execute"),
+        Some(&json!({"code": "open('/work/data/session.txt', 'w').write('kept')\n'ok'"})),
+    );
+    assert_eq!(cell.json()["result"], "ok", "{}", cell.text());
+    let second = server.execute(mounting(
+        "1",
+        json!([{"name": "data", "path": "/work/data"}]),
+    ));
+    assert_eq!(
+        (second.status, second.error_code()),
+        (409, "volume_busy".into())
+    );
+    assert!(second.text().contains(&sid), "{}", second.text());
+    assert_eq!(put(&server, "data", "x", b"x").status, 409);
+    let reader = server.execute(mounting(
+        "import os\nopen('/work/v/session.txt').read()",
+        json!([{"name": "data", "path": "/work/v", "read_only": true}]),
+    ));
+    assert_eq!(reader.json()["result"], "kept", "{}", reader.text());
+    let deleting = server.call("DELETE", "/v1/volumes/data", None);
+    assert_eq!(
+        (deleting.status, deleting.error_code()),
+        (409, "volume_in_use".into())
+    );
+    assert!(deleting.text().contains(&sid), "{}", deleting.text());
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{sid}"), None)
+            .status,
+        204
+    );
+    assert_eq!(put(&server, "data", "x", b"x").status, 204);
+    assert_eq!(server.call("DELETE", "/v1/volumes/data", None).status, 204);
+    assert_eq!(server.call("GET", "/v1/volumes/data", None).status, 404);
+    assert!(std::fs::read_dir(server.state_dir().join("volumes"))
+        .unwrap()
+        .flatten()
+        .all(|owner| std::fs::read_dir(owner.path()).unwrap().next().is_none()));
+
+    // Each of it audited.
+    assert_eq!(audit_events(&server, "volume_created").len(), 1);
+    assert_eq!(audit_events(&server, "volume_deleted").len(), 1);
+    let mounted = audit_events(&server, "volume_mounted");
+    assert_eq!(mounted.len(), 3, "{mounted:?}");
+    assert!(mounted
+        .iter()
+        .any(|m| m["holder"] == format!("session {sid}") && m["read_only"] == false));
+    assert_eq!(audit_events(&server, "volume_file_written").len(), 2);
+}
+
+#[test]
+fn a_volume_is_bounded_while_written_and_never_followed_through_a_link() {
+    let _g = serial();
+    let server = Server::start(
+        "[volumes]\nmax_bytes_per_key = 33554432\nmax_volumes_per_key = 3\n",
+        &[],
+    );
+    assert_eq!(
+        server
+            .call(
+                "POST",
+                "/v1/volumes",
+                Some(&json!({"name": "v", "size_bytes": 8 * MIB, "max_entries": 64}))
+            )
+            .status,
+        201
+    );
+    // Bytes and entries, refused while written.
+    let code = "import errno\n\
+                out = {}\n\
+                try:\n    open('/work/v/big', 'wb').write(b'0' * (12 << 20))\n\
+                except OSError as e:\n    out['big'] = errno.errorcode[e.errno]\n\
+                import os\nos.remove('/work/v/big')\n\
+                n = 0\n\
+                try:\n    \
+                    while n < 1000:\n        open(f'/work/v/f{n}', 'w').close(); n += 1\n\
+                except OSError as e:\n    out['files'] = [n, errno.errorcode[e.errno]]\n\
+                for i in range(n): os.remove(f'/work/v/f{i}')\n\
+                out";
+    let r = server.execute(mounting(code, json!([{"name": "v", "path": "/work/v"}])));
+    let result = r.json()["result"].clone();
+    assert_eq!(result["big"], "ENOSPC", "{}", r.text());
+    let files = result["files"][0].as_u64().unwrap();
+    assert!((16..64).contains(&files), "{result}");
+    assert_eq!(result["files"][1], "ENOSPC");
+    // An upload that does not fit leaves nothing behind.
+    let big = put(&server, "v", "big", &vec![7u8; (12 * MIB) as usize]);
+    assert_eq!((big.status, big.error_code()), (413, "volume_full".into()));
+    assert_eq!(
+        server.call("GET", "/v1/volumes/v/files", None).json()["files"],
+        json!([])
+    );
+
+    // The key's quota: 32 MiB and three volumes.
+    assert_eq!(create(&server, "w", 16 * MIB).status, 201);
+    let over = create(&server, "x", 16 * MIB);
+    assert_eq!(
+        (over.status, over.error_code()),
+        (413, "quota_exceeded".into())
+    );
+    assert_eq!(create(&server, "x", 8 * MIB).status, 201);
+    let many = create(&server, "y", 8 * MIB);
+    assert_eq!(
+        (many.status, many.error_code()),
+        (413, "quota_exceeded".into())
+    );
+
+    // Links planted by code are listed, never followed: not by a download, an upload, a
+    // removal or a listing.
+    let plant = "import os\n\
+                 os.symlink('/etc/passwd', '/work/v/passwd')\n\
+                 os.symlink('/', '/work/v/root')\n\
+                 os.mkdir('/work/v/d')\n\
+                 os.symlink('../..', '/work/v/d/up')\n\
+                 os.mkfifo('/work/v/fifo')\n\
+                 'planted'";
+    let r = server.execute(mounting(plant, json!([{"name": "v", "path": "/work/v"}])));
+    assert_eq!(r.json()["result"], "planted", "{}", r.text());
+    for path in ["passwd", "root/etc/passwd", "d/up/etc/passwd", "fifo"] {
+        let got = server.call("GET", &format!("/v1/volumes/v/files/{path}"), None);
+        assert_eq!(got.status, 400, "{path}: {}", got.text());
+        assert!(!got.text().contains("root:x:0:0"), "{path}");
+    }
+    for path in ["root/tmp/planted-by-a-volume", "d/up/x", "passwd"] {
+        let r = put(&server, "v", path, b"x");
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+    }
+    assert!(!std::path::Path::new("/tmp/planted-by-a-volume").exists());
+    assert_ne!(std::fs::read("/etc/passwd").unwrap(), b"x");
+    let listed = server.call("GET", "/v1/volumes/v/files", None).json();
+    let kinds: Vec<(String, String)> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let pair = |p: &str, k: &str| (p.to_owned(), k.to_owned());
+    assert_eq!(
+        kinds,
+        [
+            pair("d", "dir"),
+            pair("d/up", "link"),
+            pair("fifo", "other"),
+            pair("passwd", "link"),
+            pair("root", "link")
+        ]
+    );
+    // Removing a link removes the link.
+    assert_eq!(
+        server
+            .call("DELETE", "/v1/volumes/v/files/root", None)
+            .status,
+        204
+    );
+    assert!(std::path::Path::new("/etc/passwd").exists());
+    // Mounted in another sandbox, a link leads within that sandbox's own view (`d/up` is
+    // `/tmp`, where the volume is `m`).
+    let r = server.execute(mounting(
+        "import os\n[os.readlink('/tmp/m/passwd'), \
+         open('/tmp/m/passwd').read() == open('/etc/passwd').read(), os.listdir('/tmp/m/d/up')]",
+        json!([{"name": "v", "path": "/tmp/m", "read_only": true}]),
+    ));
+    assert_eq!(
+        r.json()["result"],
+        json!(["/etc/passwd", true, ["m"]]),
+        "{}",
+        r.text()
+    );
+
+    // Read-only means read-only; paths are checked.
+    let r = server.execute(mounting(
+        "import errno\ntry:\n    open('/work/v/new', 'w')\n    r = 'wrote'\n\
+         except OSError as e:\n    r = errno.errorcode[e.errno]\nr",
+        json!([{"name": "v", "path": "/work/v", "read_only": true}]),
+    ));
+    assert_eq!(r.json()["result"], "EROFS", "{}", r.text());
+    for (volumes, field) in [
+        (json!([{"name": "v", "path": "/usr/v"}]), "volumes[0].path"),
+        (json!([{"name": "v", "path": "/work"}]), "volumes[0].path"),
+        (
+            json!([{"name": "v", "path": "/work/a/../b"}]),
+            "volumes[0].path",
+        ),
+        (
+            json!([{"name": "v", "path": "/work/a"}, {"name": "w", "path": "/work/a/b"}]),
+            "volumes[1].path",
+        ),
+        (
+            json!([{"name": "v", "path": "/work/a"}, {"name": "v", "path": "/work/b"}]),
+            "volumes[1].name",
+        ),
+    ] {
+        let r = server.execute(mounting("1", volumes.clone()));
+        assert_eq!(
+            (r.status, r.json()["error"]["field"].clone()),
+            (400, json!(field)),
+            "{volumes}: {}",
+            r.text()
+        );
+    }
+}
+
+#[test]
+fn volumes_outlive_a_server_killed_while_a_session_writes_them() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "kept", 16 * MIB).status, 201);
+    let r = server.execute(mounting(
+        "open('/work/k/a.txt', 'w').write('written before')",
+        json!([{"name": "kept", "path": "/work/k"}]),
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let session = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"volumes": [{"name": "kept", "path": "/work/k"}]})),
+    );
+    let sid = session.json()["id"].as_str().unwrap().to_owned();
+    let cell = server.call(
+        "POST",
+        &format!("/v1/sessions/{sid}/execute"),
+        Some(&json!({"code": "open('/work/k/b.txt', 'w').write('written by the session')"})),
+    );
+    assert_eq!(cell.status, 200, "{}", cell.text());
+    let dir = server.kill_keeping_state();
+
+    let server = Server::start_in(dir, "", &[], Some(KEY));
+    assert_eq!(
+        server.call("GET", "/v1/volumes", None).json()["volumes"][0]["name"],
+        "kept"
+    );
+    // Writable again at once: the killed server's mount went with its sandboxes.
+    let r = server.execute(mounting(
+        "import os\n[open('/work/k/a.txt').read(), open('/work/k/b.txt').read()]",
+        json!([{"name": "kept", "path": "/work/k"}]),
+    ));
+    assert_eq!(
+        r.json()["result"],
+        json!(["written before", "written by the session"]),
+        "{}",
+        r.text()
+    );
+    assert_eq!(put(&server, "kept", "c.txt", b"after").status, 204);
+    let dir = server.stop_keeping_state();
+    let server = Server::start_in(dir, "", &[], Some(KEY));
+    let got = server.call("GET", "/v1/volumes/kept/files/c.txt", None);
+    assert_eq!((got.status, got.text()), (200, "after".into()));
+}

@@ -1,0 +1,811 @@
+//! Volumes: named directories owned by a key that outlive executions, sessions and restarts.
+//! Each is a file system of its own in an image file ([`airlock_sandbox::BoundedDir`]), so
+//! its bytes and entries are bounded by the kernel while they are written (ENOSPC inside the
+//! sandbox), never by a check afterwards, and never by the host's disk filling.
+//!
+//! Layout of `<state>/volumes/<owner>/` (the owner is the key's fingerprint):
+//! - `<name>.img`: the ext4 image, sparse, of the volume's size;
+//! - `<name>.json`: its manifest, written last (atomically): a volume without one does not
+//!   exist, and an image without one (a creation cut short) is removed at start.
+//!
+//! A volume is mounted (on the host, detached) while something holds a [`Lease`] on it: a
+//! sandbox that mounts it, or a file route that reads or writes it. One mount at a time:
+//! every lease shares it, and a new one waits out a mount that has not yet gone. At most one
+//! writer holds it at a time; readers any number. Its files belong to uid 1000 on its own file
+//! system, which each sandbox sees as itself (an idmapped mount); the host reaches them only
+//! by `openat2` beneath its root, never following a link.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use airlock_sandbox::{BoundedDir, BoundedError, VolumeMount};
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use serde::{Deserialize, Serialize};
+
+/// Who owns the files on a volume's file system: the sandbox's uid and gid.
+pub const OWNER_ID: u32 = crate::SANDBOX_UID;
+/// Longest volume name.
+pub const MAX_NAME: usize = 64;
+/// Smallest volume: room for ext4's journal and a few files.
+pub const MIN_BYTES: u64 = 8 << 20;
+/// How long a new lease waits for a mount of the same volume that has not yet gone.
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("no volume named {0:?}")]
+    Unknown(String),
+    #[error("{message}")]
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
+    #[error("a volume named {0:?} already exists")]
+    Exists(String),
+    #[error("{0}")]
+    Quota(String),
+    #[error("volume {name:?} is being written by {holder}; one writer at a time")]
+    Busy { name: String, holder: String },
+    #[error("volume {name:?} is in use by {holders}")]
+    InUse { name: String, holders: String },
+    #[error("volumes are not available on this host: {0}")]
+    Unavailable(String),
+    #[error("no file {0:?} in the volume")]
+    NoFile(String),
+    #[error("{path:?} is a symbolic link or not a {wanted}; links in a volume are never followed")]
+    NotA { path: String, wanted: &'static str },
+    #[error("the volume is full (its bytes or its entries)")]
+    Full,
+    #[error("{what} {path:?}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VolumeError + 'a {
+    move |source| VolumeError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// A volume's manifest, and what `GET /v1/volumes/{name}` shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeInfo {
+    pub name: String,
+    pub size_bytes: u64,
+    pub max_entries: u64,
+    pub created_at: String,
+}
+
+/// How much of a volume is used, read from its mounted file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    pub used_bytes: u64,
+    pub used_entries: u64,
+}
+
+/// Bounds on one key's volumes (the server's `[volumes]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Quota {
+    /// The sum of the sizes of one key's volumes.
+    pub max_bytes_per_key: u64,
+    pub max_volumes_per_key: usize,
+    /// Largest single volume.
+    pub max_size_bytes: u64,
+    /// Most entries a volume may be made with.
+    pub max_entries: u64,
+}
+
+/// One file of a volume's listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeFile {
+    pub path: String,
+    /// `file`, `dir`, `link` (never followed) or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+}
+
+/// Read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// The volumes under a state directory.
+#[derive(Debug)]
+pub struct Volumes {
+    dir: PathBuf,
+    /// Why volumes cannot be had here, when they cannot (no loop devices, not root).
+    unavailable: Option<String>,
+    /// Volumes mounted now, by owner and name. Creating, deleting and leasing hold this lock,
+    /// so a volume is never deleted between a check and a lease.
+    open: Mutex<HashMap<(String, String), Weak<Open>>>,
+}
+
+/// A mounted volume and who holds it.
+#[derive(Debug)]
+struct Open {
+    dir: BoundedDir,
+    holders: Mutex<Holders>,
+}
+
+#[derive(Debug, Default)]
+struct Holders {
+    writer: Option<String>,
+    readers: Vec<String>,
+}
+
+/// A hold on a mounted volume: while any exists, the volume stays mounted (one mount for
+/// all). A writer's lease is the only writer's. Dropped only once whatever mounted it (a
+/// sandbox) is gone.
+#[derive(Debug)]
+pub struct Lease {
+    open: Arc<Open>,
+    access: Access,
+    holder: String,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut holders = self.open.holders.lock().unwrap_or_else(|e| e.into_inner());
+        match self.access {
+            Access::Write => holders.writer = None,
+            Access::Read => {
+                if let Some(i) = holders.readers.iter().position(|h| *h == self.holder) {
+                    holders.readers.swap_remove(i);
+                }
+            }
+        }
+    }
+}
+
+/// A volume a job mounts: its lease (held as long as the job's sandbox lives) and where.
+#[derive(Debug)]
+pub struct JobVolume {
+    pub lease: Lease,
+    pub target: PathBuf,
+}
+
+impl JobVolume {
+    pub(crate) fn mount(&self) -> VolumeMount {
+        VolumeMount {
+            source: self.lease.open.dir.bind_source(),
+            target: self.target.clone(),
+            read_only: self.lease.access == Access::Read,
+        }
+    }
+}
+
+/// Whether `name` may name a volume: 1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a
+/// letter or digit.
+pub fn check_name(name: &str) -> Result<(), VolumeError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(VolumeError::Invalid {
+            field: "name",
+            message: format!(
+                "invalid volume name {name:?}: 1 to {MAX_NAME} of a-z, 0-9, '-', '_' and '.', \
+                 starting with a letter or a digit"
+            ),
+        })
+    }
+}
+
+/// Whether `owner` (a key's fingerprint) may name a directory.
+fn check_owner(owner: &str) -> Result<(), VolumeError> {
+    if !owner.is_empty() && owner.len() <= 128 && owner.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        Ok(())
+    } else {
+        Err(VolumeError::Invalid {
+            field: "owner",
+            message: "invalid volume owner".into(),
+        })
+    }
+}
+
+impl Volumes {
+    /// The volumes under `<state>/volumes`, made if missing; images left without a manifest
+    /// (a creation cut short) are removed. Where the directory cannot be made, volumes are
+    /// unavailable, and say why.
+    pub fn open(state: &Path) -> Volumes {
+        let dir = state.join("volumes");
+        let made = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()));
+        for owner in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let Ok(files) = fs::read_dir(owner.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let path = file.path();
+                let orphan = path.extension().is_some_and(|e| e == "img")
+                    && !path.with_extension("json").exists();
+                let temporary = path.extension().is_some_and(|e| e == "tmp");
+                if orphan || temporary {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
+        Volumes {
+            dir,
+            unavailable: made.err().or_else(unavailable),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Why volumes cannot be had here, if they cannot.
+    pub fn unavailable(&self) -> Option<&str> {
+        self.unavailable.as_deref()
+    }
+
+    fn available(&self) -> Result<(), VolumeError> {
+        match &self.unavailable {
+            Some(why) => Err(VolumeError::Unavailable(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn owner_dir(&self, owner: &str) -> Result<PathBuf, VolumeError> {
+        check_owner(owner)?;
+        Ok(self.dir.join(owner))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Weak<Open>>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`.
+    pub fn create(
+        &self,
+        owner: &str,
+        name: &str,
+        size_bytes: u64,
+        max_entries: u64,
+        quota: &Quota,
+        now: &str,
+    ) -> Result<VolumeInfo, VolumeError> {
+        check_name(name)?;
+        self.available()?;
+        if size_bytes < MIN_BYTES || size_bytes > quota.max_size_bytes {
+            return Err(VolumeError::Invalid {
+                field: "size_bytes",
+                message: format!(
+                    "size_bytes must be between {MIN_BYTES} and {} (volumes.max_size_bytes)",
+                    quota.max_size_bytes
+                ),
+            });
+        }
+        if max_entries < 16 || max_entries > quota.max_entries {
+            return Err(VolumeError::Invalid {
+                field: "max_entries",
+                message: format!(
+                    "max_entries must be between 16 and {} (volumes.max_entries)",
+                    quota.max_entries
+                ),
+            });
+        }
+        let dir = self.owner_dir(owner)?;
+        let _open = self.lock();
+        let existing = self.list(owner)?;
+        if existing.iter().any(|v| v.name == name) {
+            return Err(VolumeError::Exists(name.into()));
+        }
+        if existing.len() >= quota.max_volumes_per_key {
+            return Err(VolumeError::Quota(format!(
+                "this key has {} volumes, the most it may have (volumes.max_volumes_per_key)",
+                existing.len()
+            )));
+        }
+        let used: u64 = existing.iter().map(|v| v.size_bytes).sum();
+        if used.saturating_add(size_bytes) > quota.max_bytes_per_key {
+            return Err(VolumeError::Quota(format!(
+                "this key's volumes hold {used} bytes; {size_bytes} more would pass its quota \
+                 of {} (volumes.max_bytes_per_key)",
+                quota.max_bytes_per_key
+            )));
+        }
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err("create", &dir))?;
+        let image = dir.join(format!("{name}.img"));
+        // An image without a manifest is a creation cut short: this one replaces it.
+        let _ = fs::remove_file(&image);
+        let bounded = BoundedDir::create_image(&image, size_bytes, max_entries)
+            .map_err(|e| bounded_error(e, name))?;
+        let root = bounded.path();
+        std::os::unix::fs::chown(&root, Some(OWNER_ID), Some(OWNER_ID))
+            .and_then(|()| fs::set_permissions(&root, fs::Permissions::from_mode(0o755)))
+            .map_err(io_err("chown", &root))?;
+        drop(bounded);
+        let info = VolumeInfo {
+            name: name.into(),
+            size_bytes,
+            max_entries,
+            created_at: now.into(),
+        };
+        let manifest = dir.join(format!("{name}.json"));
+        let made = write_atomically(&manifest, &serde_json::to_vec_pretty(&info).expect("json"));
+        if let Err(e) = made {
+            let _ = fs::remove_file(&image);
+            return Err(e);
+        }
+        Ok(info)
+    }
+
+    /// `owner`'s volumes, by name.
+    pub fn list(&self, owner: &str) -> Result<Vec<VolumeInfo>, VolumeError> {
+        let dir = self.owner_dir(owner)?;
+        let entries = match fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("read", &dir)(e)),
+        };
+        let mut volumes: Vec<VolumeInfo> = entries
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter_map(|e| serde_json::from_slice(&fs::read(e.path()).ok()?).ok())
+            .collect();
+        volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(volumes)
+    }
+
+    /// One of `owner`'s volumes.
+    pub fn get(&self, owner: &str, name: &str) -> Result<VolumeInfo, VolumeError> {
+        check_name(name).map_err(|_| VolumeError::Unknown(name.into()))?;
+        let manifest = self.owner_dir(owner)?.join(format!("{name}.json"));
+        match fs::read(&manifest) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| VolumeError::Io {
+                what: "parse",
+                path: manifest,
+                source: io::Error::other(e),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(VolumeError::Unknown(name.into())),
+            Err(e) => Err(io_err("read", &manifest)(e)),
+        }
+    }
+
+    /// Who holds `owner`'s volume `name` now, if anyone: for [`VolumeError::InUse`].
+    fn holders_of(
+        open: &HashMap<(String, String), Weak<Open>>,
+        owner: &str,
+        name: &str,
+    ) -> Option<String> {
+        let open = open.get(&(owner.to_owned(), name.to_owned()))?.upgrade()?;
+        let holders = open.holders.lock().unwrap_or_else(|e| e.into_inner());
+        let all: Vec<&str> = holders
+            .writer
+            .iter()
+            .chain(holders.readers.iter())
+            .map(String::as_str)
+            .collect();
+        (!all.is_empty()).then(|| all.join(", "))
+    }
+
+    /// Deletes a volume nothing holds; [`VolumeError::InUse`] naming its holders otherwise.
+    pub fn delete(&self, owner: &str, name: &str) -> Result<VolumeInfo, VolumeError> {
+        let info = self.get(owner, name)?;
+        let dir = self.owner_dir(owner)?;
+        let open = self.lock();
+        if let Some(holders) = Self::holders_of(&open, owner, name) {
+            return Err(VolumeError::InUse {
+                name: name.into(),
+                holders,
+            });
+        }
+        let manifest = dir.join(format!("{name}.json"));
+        fs::remove_file(&manifest).map_err(io_err("remove", &manifest))?;
+        let image = dir.join(format!("{name}.img"));
+        fs::remove_file(&image).map_err(io_err("remove", &image))?;
+        Ok(info)
+    }
+
+    /// A lease on `owner`'s volume `name` for `holder` (an execution or session id, or a file
+    /// route's request): one writer at a time ([`VolumeError::Busy`] names the one there is).
+    pub fn lease(
+        &self,
+        owner: &str,
+        name: &str,
+        access: Access,
+        holder: &str,
+    ) -> Result<Lease, VolumeError> {
+        self.get(owner, name)?;
+        self.available()?;
+        let key = (owner.to_owned(), name.to_owned());
+        let mut open = self.lock();
+        let mounted = match open.get(&key).and_then(Weak::upgrade) {
+            Some(mounted) => mounted,
+            None => {
+                let image = self.owner_dir(owner)?.join(format!("{name}.img"));
+                let mounted = Arc::new(Open {
+                    dir: mount_when_free(&image, name)?,
+                    holders: Mutex::new(Holders::default()),
+                });
+                open.retain(|_, weak| weak.strong_count() > 0);
+                open.insert(key, Arc::downgrade(&mounted));
+                mounted
+            }
+        };
+        {
+            let mut holders = mounted.holders.lock().unwrap_or_else(|e| e.into_inner());
+            match access {
+                Access::Write => {
+                    if let Some(writer) = &holders.writer {
+                        return Err(VolumeError::Busy {
+                            name: name.into(),
+                            holder: writer.clone(),
+                        });
+                    }
+                    holders.writer = Some(holder.to_owned());
+                }
+                Access::Read => holders.readers.push(holder.to_owned()),
+            }
+        }
+        Ok(Lease {
+            open: mounted,
+            access,
+            holder: holder.to_owned(),
+        })
+    }
+
+    /// How much of `owner`'s volume `name` is used (mounting it for a moment if nothing
+    /// holds it).
+    pub fn usage(&self, owner: &str, name: &str) -> Result<Usage, VolumeError> {
+        let lease = self.lease(owner, name, Access::Read, "a usage query")?;
+        let root = lease.open.dir.path();
+        let st =
+            nix::sys::statvfs::statvfs(&root).map_err(|e| io_err("statvfs", &root)(e.into()))?;
+        let block = st.fragment_size();
+        Ok(Usage {
+            used_bytes: (st.blocks() - st.blocks_free()) * block,
+            // ext4 keeps inodes 1 to 10 (the root is inode 2) for itself.
+            used_entries: (st.files() - st.files_free()).saturating_sub(10),
+        })
+    }
+}
+
+/// Mounts the image at `image`, waiting (a while) for a mount of it that has not yet gone.
+fn mount_when_free(image: &Path, name: &str) -> Result<BoundedDir, VolumeError> {
+    let deadline = Instant::now() + BUSY_WAIT;
+    loop {
+        match BoundedDir::open_image(image) {
+            Err(BoundedError::Busy(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other.map_err(|e| bounded_error(e, name)),
+        }
+    }
+}
+
+fn bounded_error(e: BoundedError, name: &str) -> VolumeError {
+    match e {
+        BoundedError::Busy(_) => VolumeError::InUse {
+            name: name.into(),
+            holders: "a mount that has not yet gone (a previous run's)".into(),
+        },
+        e => VolumeError::Io {
+            what: "mount",
+            path: PathBuf::from(name),
+            source: io::Error::other(e.to_string()),
+        },
+    }
+}
+
+/// Why volumes cannot be had on this host, if they cannot: they need ext4 on loop devices,
+/// and an idmapped mount, which only root can make.
+fn unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("airlock does not run as root (a volume is an idmapped ext4 mount)".into());
+    }
+    match airlock_sandbox::BoundedKind::here() {
+        (airlock_sandbox::BoundedKind::Ext4Loop, _) => None,
+        (_, why) => Some(format!("a volume needs ext4 on a loop device; here: {why}")),
+    }
+}
+
+/// Writes `bytes` to `path` by a temporary file renamed over it, synced.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
+    let tmp = path.with_extension("tmp");
+    let written = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    written.map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err("write", path)(e)
+    })
+}
+
+// ---- the host's file routes: beneath the root, never through a link ----------------------
+
+/// `openat2` beneath `dir`: no `..` out, no symbolic link (nor magic link) anywhere on the
+/// way, no other mount.
+fn open_beneath(dir: impl AsFd, path: &str, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .mode(mode)
+        .resolve(
+            ResolveFlag::RESOLVE_BENEATH
+                | ResolveFlag::RESOLVE_NO_SYMLINKS
+                | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                | ResolveFlag::RESOLVE_NO_XDEV,
+        );
+    nix::fcntl::openat2(dir, path, how)
+}
+
+fn kind_of(st: &FileStat) -> &'static str {
+    match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
+        SFlag::S_IFREG => "file",
+        SFlag::S_IFDIR => "dir",
+        SFlag::S_IFLNK => "link",
+        _ => "other",
+    }
+}
+
+fn file_error<'a>(
+    path: &'a str,
+    wanted: &'static str,
+) -> impl FnOnce(nix::Error) -> VolumeError + 'a {
+    move |e| match e {
+        nix::Error::ENOENT => VolumeError::NoFile(path.into()),
+        nix::Error::ELOOP | nix::Error::ENOTDIR | nix::Error::EXDEV => VolumeError::NotA {
+            path: path.into(),
+            wanted,
+        },
+        nix::Error::ENOSPC | nix::Error::EDQUOT => VolumeError::Full,
+        e => VolumeError::Io {
+            what: "open",
+            path: PathBuf::from(path),
+            source: e.into(),
+        },
+    }
+}
+
+impl Lease {
+    /// The volume's root, as a descriptor to resolve beneath.
+    fn root(&self) -> BorrowedFd<'_> {
+        self.open.dir.root()
+    }
+
+    /// The regular file at `path`, at most `max_bytes` of it (more is an error).
+    pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VolumeError> {
+        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+            field: "path",
+            message,
+        })?;
+        let root = self.root();
+        // Non-blocking, so that a FIFO left there cannot hold the request.
+        let fd = open_beneath(
+            root,
+            path,
+            OFlag::O_RDONLY | OFlag::O_NONBLOCK,
+            Mode::empty(),
+        )
+        .map_err(file_error(path, "file"))?;
+        let st = nix::sys::stat::fstat(&fd).map_err(file_error(path, "file"))?;
+        if kind_of(&st) != "file" {
+            return Err(VolumeError::NotA {
+                path: path.into(),
+                wanted: "file",
+            });
+        }
+        if st.st_size as u64 > max_bytes {
+            return Err(VolumeError::Invalid {
+                field: "path",
+                message: format!(
+                    "{path:?} is {} bytes, more than the {max_bytes} a download may hold",
+                    st.st_size
+                ),
+            });
+        }
+        let mut data = Vec::with_capacity(st.st_size as usize);
+        fs::File::from(fd)
+            .take(max_bytes + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| io_err("read", Path::new(path))(e))?;
+        if data.len() as u64 > max_bytes {
+            return Err(VolumeError::Invalid {
+                field: "path",
+                message: format!("{path:?} grew past the {max_bytes} a download may hold"),
+            });
+        }
+        Ok(data)
+    }
+
+    /// Writes `data` to `path` (its directories made as needed), owned by the sandbox's uid;
+    /// a write the volume has no room for is [`VolumeError::Full`] and leaves no part behind.
+    pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), VolumeError> {
+        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+            field: "path",
+            message,
+        })?;
+        let root = self.root();
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((parent, name)) => (Some(parent), name),
+            None => (None, path),
+        };
+        let mut dir = open_beneath(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
+            .map_err(file_error(".", "directory"))?;
+        if let Some(parent) = parent {
+            for part in parent.split('/') {
+                match nix::sys::stat::mkdirat(&dir, part, Mode::from_bits_truncate(0o755)) {
+                    Ok(()) => {
+                        nix::unistd::fchownat(
+                            &dir,
+                            part,
+                            Some(OWNER_ID.into()),
+                            Some(OWNER_ID.into()),
+                            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                        )
+                        .map_err(file_error(path, "directory"))?;
+                    }
+                    Err(nix::Error::EEXIST) => {}
+                    Err(e) => return Err(file_error(path, "directory")(e)),
+                }
+                dir = open_beneath(
+                    &dir,
+                    part,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )
+                .map_err(file_error(path, "directory"))?;
+            }
+        }
+        let fd = open_beneath(
+            &dir,
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NONBLOCK,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map_err(file_error(path, "file"))?;
+        let st = nix::sys::stat::fstat(&fd).map_err(file_error(path, "file"))?;
+        if kind_of(&st) != "file" {
+            return Err(VolumeError::NotA {
+                path: path.into(),
+                wanted: "file",
+            });
+        }
+        nix::unistd::fchown(&fd, Some(OWNER_ID.into()), Some(OWNER_ID.into()))
+            .map_err(file_error(path, "file"))?;
+        let mut file = fs::File::from(fd);
+        let written = file.write_all(data).and_then(|()| file.sync_data());
+        if let Err(e) = written {
+            let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+            return Err(match e.raw_os_error() {
+                Some(libc::ENOSPC | libc::EDQUOT) => VolumeError::Full,
+                _ => io_err("write", Path::new(path))(e),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes the file, link or empty directory at `path` (a link itself, never its target).
+    pub fn remove(&self, path: &str) -> Result<(), VolumeError> {
+        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+            field: "path",
+            message,
+        })?;
+        let root = self.root();
+        let (dir, name) = match path.rsplit_once('/') {
+            Some((parent, name)) => (
+                open_beneath(
+                    root,
+                    parent,
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )
+                .map_err(file_error(path, "directory"))?,
+                name,
+            ),
+            None => (
+                open_beneath(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
+                    .map_err(file_error(path, "directory"))?,
+                path,
+            ),
+        };
+        let st = nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(file_error(path, "file"))?;
+        let how = if kind_of(&st) == "dir" {
+            nix::unistd::UnlinkatFlags::RemoveDir
+        } else {
+            nix::unistd::UnlinkatFlags::NoRemoveDir
+        };
+        nix::unistd::unlinkat(&dir, name, how).map_err(|e| match e {
+            nix::Error::ENOTEMPTY => VolumeError::Invalid {
+                field: "path",
+                message: format!("{path:?} is a directory that is not empty"),
+            },
+            e => file_error(path, "file")(e),
+        })
+    }
+
+    /// Every entry of the volume (at most `max`), depth first, links listed and never
+    /// followed.
+    pub fn list_files(&self, max: usize) -> Result<Vec<VolumeFile>, VolumeError> {
+        let root = self.root();
+        let mut out = Vec::new();
+        let mut stack = vec![String::new()];
+        while let Some(prefix) = stack.pop() {
+            let at = if prefix.is_empty() { "." } else { &prefix };
+            let fd = open_beneath(
+                root,
+                at,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            )
+            .map_err(file_error(at, "directory"))?;
+            // Each entry is looked at from its own directory's descriptor: a directory
+            // swapped for a link meanwhile leads nowhere.
+            let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
+            let mut names: Vec<String> = fs::read_dir(&listing)
+                .map_err(|e| io_err("read", Path::new(at))(e))?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            for name in names {
+                let path = if prefix.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{prefix}/{name}")
+                };
+                let Ok(st) = nix::sys::stat::fstatat(
+                    &fd,
+                    name.as_str(),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                ) else {
+                    continue;
+                };
+                let kind = kind_of(&st);
+                if kind == "dir" {
+                    stack.push(path.clone());
+                }
+                out.push(VolumeFile {
+                    path,
+                    kind: kind.into(),
+                    size: if kind == "file" { st.st_size as u64 } else { 0 },
+                });
+                if out.len() >= max {
+                    return Ok(out);
+                }
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+}
