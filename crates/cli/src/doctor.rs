@@ -288,6 +288,13 @@ pub fn main(args: DoctorArgs) -> ExitCode {
              CAP_SYS_ADMIN: ext4 on a loop device (/dev/loop-control and mkfs.ext4, from e2fsprogs), \
              else a tmpfs",
         ));
+        checks.push(check(
+            "volumes",
+            trial_volume(engine),
+            "a volume is an ext4 image on a loop device, mounted into each sandbox through an \
+             idmapped mount: airlock must run as root with CAP_SYS_ADMIN, /dev/loop-control and \
+             mkfs.ext4 (e2fsprogs)",
+        ));
     }
     if enforced.is_empty() {
         enforced.push("nothing: airlock run refuses to start on this host".into());
@@ -495,6 +502,67 @@ fn trial_bounded_dir(root: bool) -> Result<String, String> {
     let _ = std::fs::remove_dir(&dir);
     made.map(|_| format!("bounded while they write by {how}"))
         .map_err(|e| e.to_string())
+}
+
+/// Makes a volume in a directory of its own, has a sandbox write a file into it and reads the
+/// file back as the file routes do (`docs/volumes.md`). Where volumes cannot be had, says why
+/// (nothing else needs them).
+fn trial_volume(engine: &Engine) -> Result<String, String> {
+    use airlock_engine::volumes::{Access, JobVolume, Quota, Volumes};
+    let dir = std::env::temp_dir().join(format!("airlock-doctor-volume-{}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tried = (|| {
+        let volumes = Volumes::open(&dir);
+        if let Some(why) = volumes.unavailable() {
+            return Ok(format!(
+                "unavailable: {why}; POST /v1/volumes answers 422 volumes_unavailable"
+            ));
+        }
+        let quota = Quota {
+            max_bytes_per_key: 8 << 20,
+            max_volumes_per_key: 1,
+            max_size_bytes: 8 << 20,
+            max_entries: 64,
+        };
+        let e = |e: airlock_engine::volumes::VolumeError| e.to_string();
+        volumes
+            .create("doctor", "trial", 8 << 20, 64, &quota, "now")
+            .map_err(e)?;
+        let lease = volumes
+            .lease("doctor", "trial", Access::Write, "airlock doctor")
+            .map_err(e)?;
+        let mut job = engine.self_test_job()?;
+        job.code = "import os\nopen('/work/v/written', 'w').write('by a sandbox')\n\
+                    os.stat('/work/v/written').st_uid"
+            .into();
+        job.volumes = vec![JobVolume {
+            lease,
+            target: "/work/v".into(),
+        }];
+        let ran = engine
+            .execute(job, &mut airlock_engine::Discard)
+            .map_err(|e| e.to_string())?;
+        if ran.result.result != Some(serde_json::json!(1000)) {
+            return Err(format!(
+                "a sandbox could not write a volume as its own uid: {:?} {}",
+                ran.result.status,
+                ran.result.stderr
+            ));
+        }
+        let lease = volumes
+            .lease("doctor", "trial", Access::Read, "airlock doctor")
+            .map_err(e)?;
+        let read = lease.read_file("written", 64).map_err(e)?;
+        if read != b"by a sandbox" {
+            return Err("the file a sandbox wrote did not read back".into());
+        }
+        Ok("a sandbox wrote a volume through an idmapped ext4 mount, read back on the host".into())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    tried
 }
 
 fn mib(bytes: u64) -> String {

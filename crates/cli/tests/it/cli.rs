@@ -333,9 +333,13 @@ fn doctor_reports_full_enforcement_on_this_host() {
             "sandbox",
             "warm pool",
             "zygote",
-            "environment builds"
+            "environment builds",
+            "volumes"
         ]
     );
+    // Volumes too: a sandbox writes one through an idmapped mount (docs/volumes.md).
+    let volumes = report["checks"][9]["detail"].as_str().unwrap();
+    assert!(volumes.starts_with("a sandbox wrote a volume"), "{volumes}");
     // This host has loop devices and e2fsprogs (docs/environments.md).
     let builds = report["checks"][8]["detail"].as_str().unwrap();
     assert!(

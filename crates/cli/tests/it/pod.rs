@@ -352,6 +352,20 @@ fn in_a_container_with_a_pod_s_defaults_doctor_names_each_missing_relaxation() {
             .starts_with("bounded while they write by a tmpfs: no loop devices")),
         "{report:#}"
     );
+    // Volumes need loop devices (an image kept on disk): unavailable, and said so.
+    let volumes = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "volumes");
+    assert!(
+        volumes.is_some_and(|c| c["ok"] == true
+            && c["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("unavailable: a volume needs ext4 on a loop device")),
+        "{report:#}"
+    );
     let proc = report["checks"]
         .as_array()
         .unwrap()
