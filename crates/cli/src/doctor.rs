@@ -548,8 +548,7 @@ fn trial_volume(engine: &Engine) -> Result<String, String> {
         if ran.result.result != Some(serde_json::json!(1000)) {
             return Err(format!(
                 "a sandbox could not write a volume as its own uid: {:?} {}",
-                ran.result.status,
-                ran.result.stderr
+                ran.result.status, ran.result.stderr
             ));
         }
         let lease = volumes

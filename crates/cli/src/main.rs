@@ -13,6 +13,7 @@ mod pickle;
 mod run;
 mod serve;
 mod units;
+mod volume;
 
 use std::process::ExitCode;
 
@@ -39,6 +40,8 @@ enum Commands {
     Mcp(mcp::McpArgs),
     /// Named Python environments: build, list, show, delete.
     Env(env::EnvArgs),
+    /// A key's volumes: create, list, show, list files, delete, copy files in and out.
+    Volume(volume::VolumeArgs),
     /// Print a shell's completion script: `source <(airlock completions bash)`.
     Completions {
         shell: clap_complete::Shell,
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
         Commands::Pickle(args) => pickle::main(args),
         Commands::Mcp(args) => mcp::main(args),
         Commands::Env(args) => env::main(args),
+        Commands::Volume(args) => volume::main(args),
         Commands::Completions { shell } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "airlock", &mut out);

@@ -309,6 +309,13 @@ impl Volumes {
         }
         let dir = self.owner_dir(owner)?;
         let _open = self.lock();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err("create", &dir))?;
+        // Another process (the CLI beside the server) counts the same quota.
+        let _owner = lock_owner(&dir)?;
         let existing = self.list(owner)?;
         if existing.iter().any(|v| v.name == name) {
             return Err(VolumeError::Exists(name.into()));
@@ -327,11 +334,6 @@ impl Volumes {
                 quota.max_bytes_per_key
             )));
         }
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(io_err("create", &dir))?;
         let image = dir.join(format!("{name}.img"));
         // An image without a manifest is a creation cut short: this one replaces it.
         let _ = fs::remove_file(&image);
@@ -417,9 +419,21 @@ impl Volumes {
                 holders,
             });
         }
+        let _owner = lock_owner(&dir)?;
+        // Mounted by another process (the server, while the CLI deletes): its lock says so.
+        let image = dir.join(format!("{name}.img"));
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&image)
+            .map_err(io_err("open", &image))?;
+        let _locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|_| VolumeError::InUse {
+                name: name.into(),
+                holders: "another process (a server or a command that has it mounted)".into(),
+            })?;
         let manifest = dir.join(format!("{name}.json"));
         fs::remove_file(&manifest).map_err(io_err("remove", &manifest))?;
-        let image = dir.join(format!("{name}.img"));
         fs::remove_file(&image).map_err(io_err("remove", &image))?;
         Ok(info)
     }
@@ -486,6 +500,22 @@ impl Volumes {
             used_entries: (st.files() - st.files_free()).saturating_sub(10),
         })
     }
+}
+
+/// An exclusive lock on one owner's volumes (`<owner>/.lock`), for as long as it is held:
+/// creating and deleting take it, in whichever process.
+fn lock_owner(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, VolumeError> {
+    let path = dir.join(".lock");
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(io_err("open", &path))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| io_err("flock", &path)(e.into()))
 }
 
 /// Mounts the image at `image`, waiting (a while) for a mount of it that has not yet gone.

@@ -59,6 +59,10 @@ struct RunPython {
     timeout_seconds: Option<u64>,
     /// A named environment whose packages the code may import (the operator lists them).
     environment: Option<String>,
+    /// Your volumes to mount (directories that outlive the call), each below /work or /tmp:
+    /// `[{"name": "data", "path": "/work/data", "read_only": false}]`.
+    #[serde(default)]
+    volumes: Vec<airlock_api::VolumeMountRequest>,
 }
 
 /// `eval_expression`'s arguments.
@@ -75,6 +79,9 @@ struct EvalExpression {
 struct CreateSession {
     /// A named environment for the session (the operator lists them).
     environment: Option<String>,
+    /// Your volumes the session mounts while it lives, each below /work or /tmp.
+    #[serde(default)]
+    volumes: Vec<airlock_api::VolumeMountRequest>,
 }
 
 /// `run_in_session`'s arguments.
@@ -324,9 +331,24 @@ impl Tools {
                 environments.join(", ")
             )
         };
+        let volumes: Vec<String> = caller
+            .and_then(|k| self.state.volumes.list(&k.fingerprint()).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| format!("{} ({} MiB)", v.name, v.size_bytes >> 20))
+            .collect();
+        let volumes = if volumes.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " Your volumes, directories that outlive every call (the volumes argument \
+                 mounts them; one writer at a time): {}.",
+                volumes.join(", ")
+            )
+        };
         let sandbox = format!(
             "It runs in a fresh Linux sandbox: {network}, none of the host's files, an \
-             unprivileged user, a private writable working directory.{environments}"
+             unprivileged user, a private writable working directory.{environments}{volumes}"
         );
         let verdicts = "The answer says the status (ok, error, timeout, memory_limit, \
                         cpu_limit, policy_violation, crashed), stdout, stderr, the value of a \
@@ -465,8 +487,11 @@ impl Tools {
             "run_python" => Call::RunPython(arguments(args)?),
             "eval_expression" => Call::Eval(arguments(args)?),
             "create_session" => {
-                let CreateSession { environment } = arguments(args)?;
-                Call::CreateSession(environment)
+                let CreateSession {
+                    environment,
+                    volumes,
+                } = arguments(args)?;
+                Call::CreateSession(environment, volumes)
             }
             "run_in_session" => Call::RunInSession(arguments(args)?),
             "list_session_files" => Call::ListFiles(arguments(args)?),
@@ -505,8 +530,9 @@ impl Tools {
         Ok(match call {
             Call::RunPython(a) => self.run_python(&key, request_id, received, slot, a).await,
             Call::Eval(a) => self.eval_expression(received, a).await,
-            Call::CreateSession(environment) => {
-                self.create_session(&key, received, environment).await
+            Call::CreateSession(environment, volumes) => {
+                self.create_session(&key, received, environment, volumes)
+                    .await
             }
             Call::RunInSession(a) => {
                 self.run_in_session(&key, request_id, received, slot, a)
@@ -550,7 +576,7 @@ impl Tools {
             inputs: None,
             egress: None,
             environment: a.environment,
-            volumes: Vec::new(),
+            volumes: a.volumes,
         };
         let request = pipeline::Request {
             caller: key.clone(),
@@ -613,9 +639,11 @@ impl Tools {
         key: &Arc<Key>,
         received: Option<Received>,
         environment: Option<String>,
+        volumes: Vec<airlock_api::VolumeMountRequest>,
     ) -> Result<CallToolResult, Error> {
         let asked = SessionRequest {
             environment,
+            volumes,
             ..SessionRequest::default()
         };
         let info = pipeline::open_session(&self.state, key, Input::Given(asked), received).await?;
@@ -735,7 +763,7 @@ const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 enum Call {
     RunPython(RunPython),
     Eval(EvalExpression),
-    CreateSession(Option<String>),
+    CreateSession(Option<String>, Vec<airlock_api::VolumeMountRequest>),
     RunInSession(RunInSession),
     ListFiles(SessionId),
     ReadFile(ReadSessionFile),

@@ -511,6 +511,103 @@ fn a_session_made_with_one_key_is_not_found_with_another() {
     HostState::now().assert_same_as(&before, &"cross-key session");
 }
 
+/// Issue 48: run_python and create_session mount the caller's volumes; the tools' description
+/// names them; another key's volume is refused as not found.
+#[test]
+fn run_python_and_sessions_mount_the_caller_s_volumes() {
+    let _g = serial();
+    let server = Server::start(&key_toml("other", OTHER_KEY, "[\"execute\"]"), &[]);
+    let made = server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": "notes", "size_bytes": 16 << 20})),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    let listed = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
+    )
+    .json();
+    let run_python = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "run_python")
+        .unwrap()
+        .clone();
+    assert!(
+        run_python["description"]
+            .as_str()
+            .unwrap()
+            .contains("Your volumes, directories that outlive every call (the volumes argument mounts them; one writer at a time): notes (16 MiB)."),
+        "{run_python}"
+    );
+    assert!(run_python["inputSchema"]["properties"]["volumes"].is_object());
+    let mount = json!([{"name": "notes", "path": "/work/notes"}]);
+    let wrote = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call(
+            "run_python",
+            json!({"code": "open('/work/notes/n.txt', 'w').write('kept')", "volumes": mount}),
+        ),
+    )
+    .json();
+    assert_eq!(wrote["result"]["isError"], json!(false), "{wrote}");
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call("create_session", json!({"volumes": mount})),
+    );
+    let t = r.json()["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let id = t
+        .lines()
+        .find_map(|l| l.strip_prefix("session_id: "))
+        .unwrap()
+        .to_owned();
+    let read = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call(
+            "run_in_session",
+            json!({"session_id": id, "code": "open('/work/notes/n.txt').read()"}),
+        ),
+    )
+    .json();
+    assert_eq!(read["result"]["isError"], json!(false), "{read}");
+    assert!(text(&read["result"]).contains("result: \"kept\""), "{read}");
+    // The session is the one writer now.
+    let busy = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call("run_python", json!({"code": "1", "volumes": mount})),
+    )
+    .json();
+    assert_eq!(busy["result"]["isError"], json!(true), "{busy}");
+    assert!(text(&busy["result"]).starts_with("volume_busy: "), "{busy}");
+    let theirs = rpc(
+        &server,
+        Some(OTHER_KEY),
+        &[],
+        &tool_call("run_python", json!({"code": "1", "volumes": mount})),
+    )
+    .json();
+    assert_eq!(theirs["result"]["isError"], json!(true), "{theirs}");
+    assert!(
+        text(&theirs["result"]).starts_with("not_found: no volume named"),
+        "{theirs}"
+    );
+}
+
 #[test]
 fn mcp_can_be_turned_off() {
     let _g = serial();

@@ -182,10 +182,14 @@ fn a_volume_is_written_by_routes_and_sandboxes_alike_and_is_its_key_s_alone() {
     assert_eq!(put(&server, "data", "x", b"x").status, 204);
     assert_eq!(server.call("DELETE", "/v1/volumes/data", None).status, 204);
     assert_eq!(server.call("GET", "/v1/volumes/data", None).status, 404);
+    // Nothing of it is left but its owner's lock file.
     assert!(std::fs::read_dir(server.state_dir().join("volumes"))
         .unwrap()
         .flatten()
-        .all(|owner| std::fs::read_dir(owner.path()).unwrap().next().is_none()));
+        .all(|owner| std::fs::read_dir(owner.path())
+            .unwrap()
+            .flatten()
+            .all(|f| f.file_name() == ".lock")));
 
     // Each of it audited.
     assert_eq!(audit_events(&server, "volume_created").len(), 1);
@@ -400,4 +404,86 @@ fn volumes_outlive_a_server_killed_while_a_session_writes_them() {
     let server = Server::start_in(dir, "", &[], Some(KEY));
     let got = server.call("GET", "/v1/volumes/kept/files/c.txt", None);
     assert_eq!((got.status, got.text()), (200, "after".into()));
+}
+
+/// `airlock volume` on the state directory the server uses: the same volumes, rules and quota,
+/// and refused while the server holds a volume mounted.
+#[test]
+fn the_cli_makes_fills_and_empties_the_volumes_the_server_serves() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let state = server.state_dir();
+    let cli = |args: &[&str], stdin: &[u8]| {
+        use std::io::Write;
+        let mut child = airlock()
+            .arg("volume")
+            .arg("--state-dir")
+            .arg(&state)
+            .args(args)
+            .env("AIRLOCK_API_KEY", KEY)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = cli(&["create", "notes", "--size", "16M"], b"");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["size_bytes"],
+        16 * MIB
+    );
+    assert_eq!(
+        cli(&["cp", "-", "notes:a/b.txt"], b"from the cli").0,
+        Some(0)
+    );
+    // The server serves what the CLI wrote, to the same key.
+    let got = server.call("GET", "/v1/volumes/notes/files/a/b.txt", None);
+    assert_eq!((got.status, got.text()), (200, "from the cli".into()));
+    let r = server.execute(mounting(
+        "open('/work/n/c.txt', 'w').write('from a sandbox')",
+        json!([{"name": "notes", "path": "/work/n"}]),
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (code, out, _) = cli(&["cp", "notes:c.txt", "-"], b"");
+    assert_eq!((code, out.as_str()), (Some(0), "from a sandbox"));
+    let (_, listed, _) = cli(&["files", "notes"], b"");
+    assert_eq!(listed, "dir\t0\ta\nfile\t12\ta/b.txt\nfile\t14\tc.txt\n");
+    assert!(cli(&["ls"], b"").1.starts_with("notes\t16"));
+    let (_, shown, _) = cli(&["show", "notes"], b"");
+    assert_eq!(
+        serde_json::from_str::<Value>(&shown).unwrap()["used_entries"],
+        3
+    );
+    // Bad names and quota are the caller's (2); the quota is the server's configuration.
+    assert_eq!(cli(&["create", "../x", "--size", "16M"], b"").0, Some(2));
+    let (code, _, err) = cli(&["create", "huge", "--size", "64G"], b"");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("size_bytes"), "{err}");
+    // While a session of the server holds it, the CLI neither writes nor deletes it.
+    let session = server.call(
+        "POST",
+        "/v1/sessions",
+        Some(&json!({"volumes": [{"name": "notes", "path": "/work/n"}]})),
+    );
+    assert_eq!(session.status, 201, "{}", session.text());
+    let (code, _, err) = cli(&["rm", "notes"], b"");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("in use"), "{err}");
+    let sid = session.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{sid}"), None)
+            .status,
+        204
+    );
+    assert_eq!(cli(&["rm", "notes"], b"").0, Some(0));
+    assert_eq!(server.call("GET", "/v1/volumes/notes", None).status, 404);
 }
