@@ -1,6 +1,7 @@
 """A real `airlock serve` on a loopback port for the client's tests, with the keys they need:
 `KEY` (every scope but admin, the crm tools of tool_server.py), `EXECUTE_ONLY` (no `read`),
-`SLOW` (one request a minute, for 429 and `Retry-After`)."""
+`SLOW` (one request a minute, for 429 and `Retry-After`); each key's volumes hold at most
+`VOLUME_QUOTA` bytes."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = "client-test-key-0123456789abcdef"
 EXECUTE_ONLY = "client-execute-only-0123456789ab"
 SLOW = "client-slow-key-0123456789abcdef"
+# Each key's volumes may hold this many bytes in all: small, so that a test passes it.
+VOLUME_QUOTA = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +71,9 @@ scopes = ["execute"]
 name = "slow"
 hash = "{_hash(SLOW)}"
 rate_per_minute = 1
+
+[volumes]
+max_bytes_per_key = {VOLUME_QUOTA}
 """
 
 

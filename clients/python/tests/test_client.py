@@ -22,7 +22,9 @@ import pytest
 from airlock_client import (
     Airlock,
     AsyncAirlock,
+    AsyncVolume,
     BadRequest,
+    Conflict,
     DataFrame,
     Environment,
     EvalError,
@@ -40,6 +42,7 @@ from airlock_client import (
     OutputEvent,
     OutputFile,
     PayloadTooLarge,
+    QuotaExceeded,
     RateLimited,
     Repr,
     Series,
@@ -53,8 +56,15 @@ from airlock_client import (
     TruncatedEvent,
     Unauthorized,
     Usage,
+    Volume,
+    VolumeBusy,
+    VolumeFull,
+    VolumeInfo,
+    VolumeInUse,
+    VolumesUnavailable,
 )
-from conftest import EXECUTE_ONLY, KEY, SLOW, Server, launch, stop
+from airlock_client.errors import error_for
+from conftest import EXECUTE_ONLY, KEY, SLOW, VOLUME_QUOTA, Server, launch, stop
 
 
 @pytest.fixture
@@ -482,6 +492,178 @@ def test_environments(client: Airlock) -> None:
         client.delete_environment("numpy-extra")
 
 
+MIB = 1 << 20
+
+
+def test_volumes_keep_files_across_executions_and_file_routes(client: Airlock) -> None:
+    data = client.create_volume("client-data", 16 * MIB)
+    assert isinstance(data, Volume) and data.name == "client-data" and repr(data) == "Volume('client-data')"
+    with pytest.raises(Conflict) as exists:
+        client.create_volume("client-data", 16 * MIB)
+    assert exists.value.code == "conflict" and type(exists.value) is Conflict
+    [listed] = [v for v in client.volumes() if v.name == "client-data"]
+    assert (listed.size_bytes, listed.max_entries, listed.used_bytes) == (16 * MIB, 1024, None) and listed.created_at
+
+    data.upload("in/greeting.txt", "héllo")
+    data.upload("raw.bin", b"\x00\xff")
+    code = (
+        "import os\n"
+        "got = open('/work/data/in/greeting.txt').read()\n"
+        "open('/work/data/out.txt', 'w').write('from the sandbox')\n"
+        "[got, open('/work/data/raw.bin', 'rb').read().hex(), os.stat('/work/data/out.txt').st_uid]"
+    )
+    e = client.run(code, volumes=[data.mount("/work/data")])
+    assert e.ok, e
+    assert e.result == ["héllo", "00ff", 1000]
+    # Written by the sandbox, read by the file routes; a handle made by name is the same volume.
+    assert data.download("out.txt") == b"from the sandbox"
+    assert client.volume("client-data").download("in/greeting.txt") == "héllo".encode()
+    entries = {f.path: f for f in data.files()}
+    assert list(entries) == ["in", "in/greeting.txt", "out.txt", "raw.bin"]
+    assert entries["in"].type == "dir" and entries["raw.bin"] == FileEntry("raw.bin", "file", 2)
+    info = data.info()
+    assert (info.name, info.size_bytes, info.max_entries, info.used_entries) == ("client-data", 16 * MIB, 1024, 4)
+    assert info.used_bytes is not None and info.used_bytes > 0
+
+    # Streams and function mode mount volumes too; read-only is read-only.
+    reading = [data.mount("/tmp/ro", read_only=True)]
+    assert data.mount("/tmp/ro", read_only=True) == {"name": "client-data", "path": "/tmp/ro", "read_only": True}
+    with client.stream("print(open('/tmp/ro/out.txt').read(), flush=True)", volumes=reading) as events:
+        assert events.finish().stdout == "from the sandbox\n"
+    refused = client.run(
+        "import errno\ntry:\n    open('/tmp/ro/new', 'w')\n    r = 'wrote'\n"
+        "except OSError as e:\n    r = errno.errorcode[e.errno]\nr",
+        volumes=reading,
+    )
+    assert refused.result == "EROFS", refused
+    size = "def size(path):\n    import os\n    return os.path.getsize(path)"
+    called = client.run(size, entrypoint="size", inputs={"path": "/work/d/out.txt"}, volumes=[data.mount("/work/d")])
+    assert called.raise_for_status().result == 16
+
+    data.remove("raw.bin")
+    with pytest.raises(NotFound):
+        data.download("raw.bin")
+    assert [f.path for f in data.files()] == ["in", "in/greeting.txt", "out.txt"]
+    data.delete()
+    assert "client-data" not in [v.name for v in client.volumes()]
+
+
+def test_a_volume_has_one_writer_and_is_not_deleted_while_held(client: Airlock) -> None:
+    shared = client.create_volume("client-shared", 8 * MIB, max_entries=64)
+    assert shared.info().max_entries == 64
+    with client.session(volumes=[shared.mount("/work/shared")]) as s:
+        assert s.run("open('/work/shared/by-session.txt', 'w').write('kept')").ok
+        # A second writer, by a run, a stream, a session or an upload, is refused naming the holder.
+        with pytest.raises(VolumeBusy) as busy:
+            client.run("1", volumes=[shared.mount("/work/shared")])
+        assert (busy.value.status, busy.value.code, busy.value.field) == (409, "volume_busy", "volumes[0].name")
+        assert s.id in busy.value.message and isinstance(busy.value, Conflict)
+        with pytest.raises(VolumeBusy):
+            client.stream("1", volumes=[shared.mount("/tmp/x")])
+        with pytest.raises(VolumeBusy):
+            client.session(volumes=[shared.mount("/work/shared")])
+        with pytest.raises(VolumeBusy):
+            shared.upload("x.txt", "x")
+        # Readers share it with its writer.
+        reader = client.run("open('/work/v/by-session.txt').read()", volumes=[shared.mount("/work/v", read_only=True)])
+        assert reader.result == "kept", reader
+        with pytest.raises(VolumeInUse) as in_use:
+            shared.delete()
+        assert (in_use.value.status, in_use.value.code) == (409, "volume_in_use") and s.id in in_use.value.message
+    # Closed, the session holds it no more.
+    shared.upload("x.txt", "x")
+    assert shared.download("by-session.txt") == b"kept"
+    shared.delete()
+    with pytest.raises(NotFound):
+        shared.info()
+
+
+def test_volume_refusals(client: Airlock) -> None:
+    with pytest.raises(QuotaExceeded) as over:
+        client.create_volume("client-huge", VOLUME_QUOTA + 8 * MIB)
+    assert (over.value.status, over.value.code) == (413, "quota_exceeded") and isinstance(over.value, PayloadTooLarge)
+    with pytest.raises(BadRequest) as small:
+        client.create_volume("client-small", MIB)
+    assert small.value.field == "size_bytes"
+    with pytest.raises(BadRequest) as named:
+        client.create_volume("Not A Name", 8 * MIB)
+    assert named.value.field == "name"
+    assert not {"client-huge", "client-small"} & {v.name for v in client.volumes()}
+
+    missing = client.volume("client-missing")
+    for use in (missing.info, missing.files, missing.delete, lambda: missing.download("a"), lambda: missing.upload("a", "")):
+        with pytest.raises(NotFound):
+            use()
+    with pytest.raises(NotFound) as unknown:
+        client.run("1", volumes=[missing.mount("/work/m")])
+    assert unknown.value.field == "volumes[0].name"
+
+    tiny = client.create_volume("client-tiny", 8 * MIB)
+    try:
+        with pytest.raises(VolumeFull) as full:
+            tiny.upload("big.bin", b"0" * (12 * MIB))
+        assert (full.value.status, full.value.code) == (413, "volume_full")
+        assert tiny.files() == []  # nothing of it left
+        with pytest.raises(BadRequest) as outside:
+            client.run("1", volumes=[tiny.mount("/usr/t")])
+        assert outside.value.field == "volumes[0].path"
+        # Refused here, before any request.
+        with pytest.raises(ValueError):
+            tiny.download("../etc/passwd")
+        with pytest.raises(ValueError):
+            client.volume("..")
+        with pytest.raises(TypeError):
+            client.run("1", volumes=tiny.mount("/work/t"))  # type: ignore[arg-type]
+    finally:
+        tiny.delete()
+
+
+def test_volume_error_codes_have_their_exceptions() -> None:
+    json_type = {"content-type": "application/json"}
+    for status, code, kind in [
+        (409, "volume_busy", VolumeBusy),
+        (409, "volume_in_use", VolumeInUse),
+        (413, "volume_full", VolumeFull),
+        (413, "quota_exceeded", QuotaExceeded),
+        (422, "volumes_unavailable", VolumesUnavailable),
+    ]:
+        body = json.dumps({"error": {"code": code, "message": "m"}}).encode()
+        error = error_for(status, json_type, body)
+        assert type(error) is kind and (error.status, error.code) == (status, code)
+
+
+def test_the_async_client_s_volumes(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncAirlock(server.url, KEY) as c:
+            vol = await c.create_volume("client-async", 8 * MIB)
+            assert isinstance(vol, AsyncVolume) and c.volume("client-async").name == vol.name
+            assert "client-async" in [v.name for v in await c.volumes()]
+            await vol.upload("a.txt", "A")
+            code = "p = '/work/a/a.txt'\ntext = open(p).read()\nopen(p, 'a').write('B')\ntext"
+            e = await c.run(code, volumes=[vol.mount("/work/a")])
+            assert e.result == "A", e
+            assert await vol.download("a.txt") == b"AB"
+            assert await vol.files() == [FileEntry("a.txt", "file", 2)]
+            assert (await vol.info()).used_entries == 1
+            stream = await c.stream("print(open('/tmp/a/a.txt').read())", volumes=[vol.mount("/tmp/a", read_only=True)])
+            assert (await stream.finish()).stdout == "AB\n"
+            async with await c.session(volumes=[vol.mount("/work/a")]) as s:
+                assert (await s.run("open('/work/a/b.txt', 'w').write('s')")).ok
+                with pytest.raises(VolumeBusy):
+                    await c.run("1", volumes=[vol.mount("/work/a")])
+                with pytest.raises(VolumeInUse):
+                    await vol.delete()
+            assert await vol.download("b.txt") == b"s"
+            await vol.remove("a.txt")
+            await vol.remove("b.txt")
+            assert await vol.files() == []
+            await vol.delete()
+            with pytest.raises(NotFound):
+                await vol.info()
+
+    asyncio.run(main())
+
+
 def test_the_models_cover_the_openapi_document(server: Server) -> None:
     """Every property the server's own OpenAPI document gives a response type is a field of
     the client's model of it, and every required one is read: a field added or renamed on the
@@ -490,6 +672,8 @@ def test_the_models_cover_the_openapi_document(server: Server) -> None:
     schemas = doc["components"]["schemas"]
     env_path = doc["paths"]["/v1/environments/{name}"]["get"]["responses"]["200"]
     schemas["Environment"] = env_path["content"]["application/json"]["schema"]
+    volume_path = doc["paths"]["/v1/volumes/{name}"]["get"]["responses"]["200"]
+    schemas["Volume"] = volume_path["content"]["application/json"]["schema"]
     models: dict[str, type] = {
         "ExecuteResponse": Execution,
         "CellResponse": Execution,
@@ -506,6 +690,7 @@ def test_the_models_cover_the_openapi_document(server: Server) -> None:
         "EvalError": EvalError,
         "ToolApi": Tool,
         "Environment": Environment,
+        "Volume": VolumeInfo,
     }
     # JSON names the models keep under another name.
     renamed = {("OutputFile", "base64"): "content"}

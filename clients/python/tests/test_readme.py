@@ -1,5 +1,5 @@
-"""The quick starts of README.md ("Python") and of the client's own README run as written
-against the test server, and print what their comments say."""
+"""The quick starts of README.md ("Python") and of the client's own README, and its volumes
+example, run as written against the test server, and print what their comments say."""
 
 from __future__ import annotations
 
@@ -39,3 +39,8 @@ def test_the_client_readme_quick_start(server: Server) -> None:
     assert lines[4:7] == [f"OutputEvent(stream='stdout', text='{i}\\n')" for i in range(3)], lines
     assert len(lines) == 8, lines
     assert lines[7].startswith("Execution(") and "stdout='0\\n1\\n2\\n'" in lines[7]
+
+
+def test_the_client_readme_volumes_example(server: Server) -> None:
+    lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Volumes\n"), server)
+    assert lines == ["6 b'6'", "['in', 'in/numbers.txt', 'total.txt']", "volume_busy", "6", "3"]

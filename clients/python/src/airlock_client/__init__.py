@@ -5,8 +5,8 @@ values; every exception the clients raise derives from `AirlockError` (see
 `airlock_client.errors`); `airlock_client.pickle`, which needs no server, raises `PickleError`."""
 
 from airlock_client import pickle
-from airlock_client.aio import AsyncAirlock, AsyncSession, AsyncStream
-from airlock_client.client import Airlock, Session, Stream
+from airlock_client.aio import AsyncAirlock, AsyncSession, AsyncStream, AsyncVolume
+from airlock_client.client import Airlock, Session, Stream, Volume
 from airlock_client.decode import DataFrame, DecodeError, Repr, Series, decode
 from airlock_client.errors import (
     AirlockError,
@@ -23,6 +23,7 @@ from airlock_client.errors import (
     NotFound,
     PayloadTooLarge,
     ProtocolError,
+    QuotaExceeded,
     RateLimited,
     RequestTimeout,
     ServiceUnavailable,
@@ -32,6 +33,10 @@ from airlock_client.errors import (
     TransportError,
     Unauthorized,
     UnsupportedMediaType,
+    VolumeBusy,
+    VolumeFull,
+    VolumeInUse,
+    VolumesUnavailable,
     raise_for_status,
 )
 from airlock_client.models import (
@@ -54,6 +59,7 @@ from airlock_client.models import (
     ToolList,
     TruncatedEvent,
     Usage,
+    VolumeInfo,
 )
 
 __all__ = [
@@ -63,6 +69,7 @@ __all__ = [
     "AsyncAirlock",
     "AsyncSession",
     "AsyncStream",
+    "AsyncVolume",
     "BadRequest",
     "BuildFailed",
     "Conflict",
@@ -89,6 +96,7 @@ __all__ = [
     "OutputFile",
     "PayloadTooLarge",
     "ProtocolError",
+    "QuotaExceeded",
     "RateLimited",
     "Repr",
     "RequestTimeout",
@@ -109,6 +117,12 @@ __all__ = [
     "Unauthorized",
     "UnsupportedMediaType",
     "Usage",
+    "Volume",
+    "VolumeBusy",
+    "VolumeFull",
+    "VolumeInUse",
+    "VolumeInfo",
+    "VolumesUnavailable",
     "decode",
     "raise_for_status",
 ]

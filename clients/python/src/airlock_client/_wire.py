@@ -12,7 +12,7 @@ import re
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Callable, Generic, Mapping, TypeVar
+from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 import httpx
 
@@ -28,9 +28,11 @@ from airlock_client.models import (
     StreamEvent,
     ToolList,
     TruncatedEvent,
+    VolumeInfo,
     read_environments,
     read_files,
     read_sessions,
+    read_volumes,
 )
 
 _T = TypeVar("_T", covariant=True)
@@ -50,6 +52,9 @@ USER_AGENT = "airlock-client/0.1.0"
 
 Files = Mapping[str, "bytes | str"]
 Limits = Mapping[str, int]
+# The volumes an execution or a session mounts: `{"name", "path", "read_only"}` each, as
+# `Volume.mount` makes them.
+Mounts = Sequence[Mapping[str, object]]
 
 
 _KEY = re.compile(r"[\x21-\x7e]{1,4096}")
@@ -151,12 +156,13 @@ def segment(value: str, what: str) -> str:
     return urllib.parse.quote(value, safe="")
 
 
-def file_path(path: str) -> str:
-    """A path below a session's working directory as the server takes it: relative, no `..`,
-    `.` or empty parts (refused here too, so that no URL normalisation can change it)."""
+def file_path(path: str, what: str = "a session file path") -> str:
+    """A path below a session's working directory or a volume's root as the server takes it:
+    relative, no `..`, `.` or empty parts (refused here too, so that no URL normalisation can
+    change it)."""
     parts = path.split("/")
     if not path or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"a session file path is relative, without '..', '.' or empty parts: {path!r}")
+        raise ValueError(f"{what} is relative, without '..', '.' or empty parts: {path!r}")
     return "/".join(urllib.parse.quote(p, safe="") for p in parts)
 
 
@@ -226,6 +232,7 @@ def execute_body(
     egress: Mapping[str, object] | None,
     entrypoint: str | None,
     inputs: Mapping[str, object] | None,
+    volumes: Mounts | None,
 ) -> dict[str, object]:
     body: dict[str, object] = {"code": code}
     if limits:
@@ -240,7 +247,26 @@ def execute_body(
         body["environment"] = environment
     if egress is not None:
         body["egress"] = dict(egress)
+    if volumes:
+        body["volumes"] = mounts(volumes)
     return function(body, entrypoint, inputs)
+
+
+def mounts(volumes: Mounts) -> list[dict[str, object]]:
+    """The `volumes` of a request: a mapping each (`Volume.mount` makes them)."""
+    if isinstance(volumes, (str, bytes, Mapping)):
+        raise TypeError("volumes is a list of mounts: [volume.mount('/work/data'), ...]")
+    out: list[dict[str, object]] = []
+    for v in volumes:
+        if not isinstance(v, Mapping):
+            raise TypeError(f"a volume mount is a mapping (volume.mount('/work/data')), not {type(v).__name__}")
+        out.append(dict(v))
+    return out
+
+
+def mount(name: str, path: str, read_only: bool) -> dict[str, object]:
+    """A volume mount for `volumes=`: `path` is absolute, below `/work` or `/tmp`."""
+    return {"name": name, "path": path, "read_only": read_only}
 
 
 def function(
@@ -264,10 +290,11 @@ def session_body(
     egress: Mapping[str, object] | None,
     idle_timeout_ms: int | None,
     max_lifetime_ms: int | None,
+    volumes: Mounts | None,
 ) -> dict[str, object]:
     body = execute_body(
         "", limits=limits, files=files, env=env, stdin=None, environment=environment,
-        egress=egress, entrypoint=None, inputs=None,
+        egress=egress, entrypoint=None, inputs=None, volumes=volumes,
     )
     del body["code"]
     if idle_timeout_ms is not None:
@@ -507,6 +534,46 @@ def create_environment(name: str, requirements: list[str]) -> Request[Environmen
 
 def delete_environment(name: str) -> Request[None]:
     return Request("DELETE", f"/v1/environments/{segment(name, 'environment name')}", nothing, ok=(204,))
+
+
+def create_volume(name: str, size_bytes: int, max_entries: int | None) -> Request[VolumeInfo]:
+    body: dict[str, object] = {"name": name, "size_bytes": size_bytes}
+    if max_entries is not None:
+        body["max_entries"] = max_entries
+    return Request("POST", "/v1/volumes", lambda a: VolumeInfo._read(read_json(a)), json=body, ok=(201,))
+
+
+def volumes() -> Request[list[VolumeInfo]]:
+    return Request("GET", "/v1/volumes", lambda a: read_volumes(read_json(a)))
+
+
+def volume_info(name: str) -> Request[VolumeInfo]:
+    return Request("GET", f"/v1/volumes/{segment(name, 'volume name')}", lambda a: VolumeInfo._read(read_json(a)))
+
+
+def delete_volume(name: str) -> Request[None]:
+    return Request("DELETE", f"/v1/volumes/{segment(name, 'volume name')}", nothing, ok=(204,))
+
+
+def volume_files(name: str) -> Request[list[FileEntry]]:
+    return Request("GET", f"/v1/volumes/{segment(name, 'volume name')}/files", lambda a: read_files(read_json(a)))
+
+
+def _volume_file(name: str, path: str) -> str:
+    return f"/v1/volumes/{segment(name, 'volume name')}/files/{file_path(path, 'a volume file path')}"
+
+
+def volume_download(name: str, path: str) -> Request[bytes]:
+    return Request("GET", _volume_file(name, path), raw)
+
+
+def volume_upload(name: str, path: str, data: bytes | str) -> Request[None]:
+    content = data.encode() if isinstance(data, str) else bytes(data)
+    return Request("PUT", _volume_file(name, path), nothing, content=content, ok=(204,))
+
+
+def volume_remove(name: str, path: str) -> Request[None]:
+    return Request("DELETE", _volume_file(name, path), nothing, ok=(204,))
 
 
 def scan_pickle(data: bytes) -> Request[dict[str, object]]:

@@ -10,7 +10,7 @@ from typing import AsyncIterator, Mapping, TypeVar
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
 from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
     Environment,
@@ -21,9 +21,10 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeInfo,
 )
 
-__all__ = ["AsyncAirlock", "AsyncSession", "AsyncStream"]
+__all__ = ["AsyncAirlock", "AsyncSession", "AsyncStream", "AsyncVolume"]
 
 _T = TypeVar("_T")
 
@@ -72,12 +73,15 @@ class AsyncAirlock:
         egress: Mapping[str, object] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
     ) -> Execution:
         """Runs `code` in a fresh sandbox. Every ending is an Execution (see its `status`);
-        only refusals raise. `files` maps paths below the working directory to contents."""
+        only refusals raise. `files` maps paths below the working directory to contents;
+        `volumes` lists the volumes to mount (`[volume.mount("/work/data")]`). With an
+        `entrypoint`, function mode: `call` with these options."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs,
+            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
         return await self._do(_wire.run(body))
 
@@ -98,13 +102,14 @@ class AsyncAirlock:
         egress: Mapping[str, object] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
     ) -> AsyncStream:
         """As `run`, with the output as it is written: iterate the Stream for OutputEvents
         (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
         raise here, before any event."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs,
+            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
         return await self._stream(_wire.run(body, stream=True))
 
@@ -126,12 +131,13 @@ class AsyncAirlock:
         egress: Mapping[str, object] | None = None,
         idle_timeout_ms: int | None = None,
         max_lifetime_ms: int | None = None,
+        volumes: Mounts | None = None,
     ) -> AsyncSession:
         """Starts a session (one sandbox and interpreter for many cells); close it, or use it
-        as a context manager."""
+        as a context manager. Its `volumes` stay mounted (a writable one held) until it ends."""
         body = _wire.session_body(
             limits=limits, files=files, env=env, environment=environment, egress=egress,
-            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms, volumes=volumes,
         )
         return AsyncSession(self, await self._do(_wire.open_session(body)))
 
@@ -156,6 +162,19 @@ class AsyncAirlock:
 
     async def delete_environment(self, name: str) -> None:
         await self._do(_wire.delete_environment(name))
+
+    async def create_volume(self, name: str, size_bytes: int, *, max_entries: int | None = None) -> AsyncVolume:
+        """Makes a volume (see `Airlock.create_volume`)."""
+        await self._do(_wire.create_volume(name, size_bytes, max_entries))
+        return AsyncVolume(self, name)
+
+    async def volumes(self) -> list[VolumeInfo]:
+        """This key's volumes (without their usage: see `AsyncVolume.info`)."""
+        return await self._do(_wire.volumes())
+
+    def volume(self, name: str) -> AsyncVolume:
+        """A handle on the volume `name`; nothing is asked of the server until it is used."""
+        return AsyncVolume(self, name)
 
     async def scan_pickle(self, data: bytes) -> dict[str, object]:
         """The server's scan report of a pickle (or a ZIP of pickles); never loads it."""
@@ -351,3 +370,37 @@ class AsyncSession:
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+class AsyncVolume:
+    """A volume of an AsyncAirlock (see `Volume`)."""
+
+    def __init__(self, client: AsyncAirlock, name: str) -> None:
+        _wire.segment(name, "volume name")
+        self._client = client
+        self.name = name
+
+    def mount(self, path: str, read_only: bool = False) -> dict[str, object]:
+        """The mount for `volumes=`: the volume at `path`, absolute, below `/work` or `/tmp`."""
+        return _wire.mount(self.name, path, read_only)
+
+    async def info(self) -> VolumeInfo:
+        return await self._client._do(_wire.volume_info(self.name))
+
+    async def upload(self, path: str, data: bytes | str) -> None:
+        await self._client._do(_wire.volume_upload(self.name, path, data))
+
+    async def download(self, path: str) -> bytes:
+        return await self._client._do(_wire.volume_download(self.name, path))
+
+    async def files(self) -> list[FileEntry]:
+        return await self._client._do(_wire.volume_files(self.name))
+
+    async def remove(self, path: str) -> None:
+        await self._client._do(_wire.volume_remove(self.name, path))
+
+    async def delete(self) -> None:
+        await self._client._do(_wire.delete_volume(self.name))
+
+    def __repr__(self) -> str:
+        return f"AsyncVolume({self.name!r})"

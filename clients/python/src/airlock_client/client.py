@@ -10,7 +10,7 @@ from typing import Iterator, Mapping, TypeVar
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Budget, Events, Files, Limits, Request, Settings
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
 from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
     Environment,
@@ -21,9 +21,10 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeInfo,
 )
 
-__all__ = ["Airlock", "Session", "Stream"]
+__all__ = ["Airlock", "Session", "Stream", "Volume"]
 
 _T = TypeVar("_T")
 
@@ -73,12 +74,15 @@ class Airlock:
         egress: Mapping[str, object] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
     ) -> Execution:
         """Runs `code` in a fresh sandbox. Every ending is an Execution (see its `status`);
-        only refusals raise. `files` maps paths below the working directory to contents."""
+        only refusals raise. `files` maps paths below the working directory to contents;
+        `volumes` lists the volumes to mount (`[volume.mount("/work/data")]`). With an
+        `entrypoint`, function mode: `call` with these options."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs,
+            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
         return self._do(_wire.run(body))
 
@@ -99,13 +103,14 @@ class Airlock:
         egress: Mapping[str, object] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
     ) -> Stream:
         """As `run`, with the output as it is written: iterate the Stream for OutputEvents
         (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
         raise here, before any event."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs,
+            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
         return self._stream(_wire.run(body, stream=True))
 
@@ -127,12 +132,13 @@ class Airlock:
         egress: Mapping[str, object] | None = None,
         idle_timeout_ms: int | None = None,
         max_lifetime_ms: int | None = None,
+        volumes: Mounts | None = None,
     ) -> Session:
         """Starts a session (one sandbox and interpreter for many cells); close it, or use it
-        as a context manager."""
+        as a context manager. Its `volumes` stay mounted (a writable one held) until it ends."""
         body = _wire.session_body(
             limits=limits, files=files, env=env, environment=environment, egress=egress,
-            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms,
+            idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms, volumes=volumes,
         )
         return Session(self, self._do(_wire.open_session(body)))
 
@@ -157,6 +163,22 @@ class Airlock:
 
     def delete_environment(self, name: str) -> None:
         self._do(_wire.delete_environment(name))
+
+    def create_volume(self, name: str, size_bytes: int, *, max_entries: int | None = None) -> Volume:
+        """Makes a volume: a directory of this key's that executions and sessions mount, kept
+        across restarts, of at most `size_bytes` (8 MiB or more) and `max_entries` files,
+        directories and links (the server's default: one per 16 KiB). Raises Conflict when
+        it exists, QuotaExceeded past the key's quota."""
+        self._do(_wire.create_volume(name, size_bytes, max_entries))
+        return Volume(self, name)
+
+    def volumes(self) -> list[VolumeInfo]:
+        """This key's volumes (without their usage: see `Volume.info`)."""
+        return self._do(_wire.volumes())
+
+    def volume(self, name: str) -> Volume:
+        """A handle on the volume `name`; nothing is asked of the server until it is used."""
+        return Volume(self, name)
 
     def scan_pickle(self, data: bytes) -> dict[str, object]:
         """The server's scan report of a pickle (or a ZIP of pickles); never loads it."""
@@ -364,3 +386,48 @@ class Session:
         self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class Volume:
+    """A handle on one of this key's volumes, by `name`: its files are read and written here
+    without a sandbox, and `mount(path)` makes what `run`, `stream` and `session` take as
+    `volumes=` to mount it. A writable mount or a write here is the volume's one writer at a
+    time (VolumeBusy names the holder); `read_only` mounts share it."""
+
+    def __init__(self, client: Airlock, name: str) -> None:
+        _wire.segment(name, "volume name")
+        self._client = client
+        self.name = name
+
+    def mount(self, path: str, read_only: bool = False) -> dict[str, object]:
+        """The mount for `volumes=`: the volume at `path`, absolute, below `/work` or `/tmp`."""
+        return _wire.mount(self.name, path, read_only)
+
+    def info(self) -> VolumeInfo:
+        """The volume as the server holds it, with `used_bytes` and `used_entries`."""
+        return self._client._do(_wire.volume_info(self.name))
+
+    def upload(self, path: str, data: bytes | str) -> None:
+        """Writes a file of the volume (`str` as UTF-8; missing directories are made). Raises
+        VolumeBusy while another writer holds it, VolumeFull when it does not fit."""
+        self._client._do(_wire.volume_upload(self.name, path, data))
+
+    def download(self, path: str) -> bytes:
+        """A regular file's contents (links are refused, never followed)."""
+        return self._client._do(_wire.volume_download(self.name, path))
+
+    def files(self) -> list[FileEntry]:
+        """Everything in the volume (links listed, never followed)."""
+        return self._client._do(_wire.volume_files(self.name))
+
+    def remove(self, path: str) -> None:
+        """Removes a file, a link (never its target) or an empty directory of the volume."""
+        self._client._do(_wire.volume_remove(self.name, path))
+
+    def delete(self) -> None:
+        """Deletes the volume and everything in it. Raises VolumeInUse while an execution, a
+        session or a file request holds it."""
+        self._client._do(_wire.delete_volume(self.name))
+
+    def __repr__(self) -> str:
+        return f"Volume({self.name!r})"

@@ -28,6 +28,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "ProtocolError",
+    "QuotaExceeded",
     "RateLimited",
     "RequestTimeout",
     "ServiceUnavailable",
@@ -37,6 +38,10 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",
+    "VolumeBusy",
+    "VolumeFull",
+    "VolumeInUse",
+    "VolumesUnavailable",
     "error_for",
     "raise_for_status",
 ]
@@ -103,7 +108,7 @@ class Forbidden(APIError):
 
 
 class NotFound(APIError):
-    """404: no such execution, session, environment or file for this key."""
+    """404: no such execution, session, environment, volume or file for this key."""
 
 
 class MethodNotAllowed(APIError):
@@ -126,6 +131,16 @@ class SessionEnded(Conflict):
     """409 `session_ended`: a cell ended the session (its answer said `session_ended`)."""
 
 
+class VolumeBusy(Conflict):
+    """409 `volume_busy`: another execution, session or file request writes the volume (one
+    writer at a time); the `message` names the holder. Mount it `read_only`, or wait."""
+
+
+class VolumeInUse(Conflict):
+    """409 `volume_in_use`: the volume cannot be deleted while an execution, a session or a
+    file request holds it; the `message` names the holders."""
+
+
 class SessionLost(APIError):
     """410 `session_lost`: the session was open when the server stopped (was restarted or
     killed); sessions do not survive a restart. Start another."""
@@ -133,6 +148,16 @@ class SessionLost(APIError):
 
 class PayloadTooLarge(APIError):
     """413: a body, a file or inputs over the server's limits."""
+
+
+class VolumeFull(PayloadTooLarge):
+    """413 `volume_full`: the upload does not fit in the volume's bytes or entries; nothing of
+    it was left."""
+
+
+class QuotaExceeded(PayloadTooLarge):
+    """413 `quota_exceeded`: a new volume would pass the key's quota (its total bytes or its
+    number of volumes)."""
 
 
 class UnsupportedMediaType(APIError):
@@ -145,6 +170,11 @@ class MisdirectedRequest(APIError):
 
 class BuildFailed(APIError):
     """422 `build_failed`: an environment's packages did not install."""
+
+
+class VolumesUnavailable(APIError):
+    """422 `volumes_unavailable`: this server cannot make or mount volumes (it does not run as
+    root, or the host has no loop devices); the `message` says why."""
 
 
 class RateLimited(APIError):
@@ -220,11 +250,16 @@ STATUS_OF_CODE: dict[str, int] = {
     "conflict": 409,
     "session_busy": 409,
     "session_ended": 409,
+    "volume_busy": 409,
+    "volume_in_use": 409,
     "session_lost": 410,
     "payload_too_large": 413,
+    "volume_full": 413,
+    "quota_exceeded": 413,
     "unsupported_media_type": 415,
     "misdirected_request": 421,
     "build_failed": 422,
+    "volumes_unavailable": 422,
     "rate_limited": 429,
     "internal": 500,
     "overloaded": 503,
@@ -235,6 +270,11 @@ STATUS_OF_CODE: dict[str, int] = {
 _BY_CODE: dict[str, type[APIError]] = {
     "session_busy": SessionBusy,
     "session_ended": SessionEnded,
+    "volume_busy": VolumeBusy,
+    "volume_in_use": VolumeInUse,
+    "volume_full": VolumeFull,
+    "quota_exceeded": QuotaExceeded,
+    "volumes_unavailable": VolumesUnavailable,
 }
 
 

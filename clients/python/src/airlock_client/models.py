@@ -32,6 +32,7 @@ __all__ = [
     "ToolList",
     "TruncatedEvent",
     "Usage",
+    "VolumeInfo",
 ]
 
 # The result vocabulary: how an execution ended.
@@ -428,8 +429,8 @@ class SessionInfo:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """An entry below a session's working directory: `type` is `file`, `dir`, `link` or
-    `other` (links are listed, never followed)."""
+    """An entry below a session's working directory or of a volume: `type` is `file`, `dir`,
+    `link` or `other` (links are listed, never followed)."""
 
     path: str
     type: str
@@ -551,6 +552,33 @@ class Environment:
         )
 
 
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A volume of this key's: a named directory kept across executions, sessions and server
+    restarts, bounded while it is written to `size_bytes` (all of it counted against the key's
+    quota) and `max_entries` files, directories and links. `used_bytes` and `used_entries`
+    (what it holds now) are given by `Volume.info()` only; None in a listing."""
+
+    name: str
+    size_bytes: int
+    max_entries: int
+    created_at: str
+    used_bytes: int | None = None
+    used_entries: int | None = None
+
+    @classmethod
+    def _read(cls, value: object, where: str = "$") -> VolumeInfo:
+        r = _Reader(value, where)
+        return cls(
+            r.text("name"),
+            r.integer("size_bytes"),
+            r.integer("max_entries"),
+            r.text("created_at"),
+            r.opt_integer("used_bytes"),
+            r.opt_integer("used_entries"),
+        )
+
+
 def read_environments(value: object) -> list[Environment]:
     if not isinstance(value, list):
         raise ProtocolError(f"$: expected a list, got {type(value).__name__}")
@@ -564,3 +592,8 @@ def read_files(value: object) -> list[FileEntry]:
 def read_sessions(value: object) -> list[SessionInfo]:
     r = _Reader(value, "$")
     return [SessionInfo._read(s.obj, s.where) for s in r.each("sessions")]
+
+
+def read_volumes(value: object) -> list[VolumeInfo]:
+    r = _Reader(value, "$")
+    return [VolumeInfo._read(v.obj, v.where) for v in r.each("volumes")]
