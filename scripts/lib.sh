@@ -30,7 +30,7 @@ ensure_debian_packages() {
 # needed by the Agg backend), from Debian so they match /usr/bin/python3.
 # pip, venv, setuptools and wheel build environments (airlock env create) and `pip install` in
 # sandboxes; the CA bundle lets code with egress verify TLS servers itself.
-SANDBOX_PYTHON_PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pip python3-venv python3-setuptools python3-wheel ca-certificates)
+SANDBOX_PYTHON_PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pip python3-venv python3-setuptools python3-wheel python3-cloudpickle ca-certificates)
 
 # ensure_rust_components COMPONENT...: rustup component add what the toolchain lacks.
 ensure_rust_components() {

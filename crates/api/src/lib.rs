@@ -431,9 +431,34 @@ pub struct SessionInfo {
     /// budget of `[egress]` for all of it. Absent without an egress policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_between_cells: Option<airlock_egress::Usage>,
+    /// Present while the session is paused: its state is a snapshot on disk, and its next
+    /// request brings it back in a fresh sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<SnapshotInfo>,
+    /// Present in the answer that brought the session back (a resume, a fork): what came
+    /// back, and what could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<SnapshotInfo>,
 }
 
-/// `GET /v1/sessions`: the caller's own sessions.
+/// A session's snapshot: its size, and what it holds (as the session's own sandbox said).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotInfo {
+    /// When it was taken, RFC 3339.
+    pub taken_at: String,
+    /// The cells the session had run when it was taken.
+    pub cells: u64,
+    /// On disk, compressed.
+    pub stored_bytes: u64,
+    /// As the sandbox wrote it.
+    pub state_bytes: u64,
+    /// The variables it holds.
+    pub variables: Vec<String>,
+    /// The variables that could not be kept (a lock, a generator, an open socket, a C
+    /// object that refuses), each with why: they are gone from the session that comes back.
+    pub not_kept: std::collections::BTreeMap<String, String>,
+}
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionList {
     pub sessions: Vec<SessionInfo>,
@@ -460,6 +485,10 @@ pub struct CellRequest {
 pub struct CellResponse {
     pub id: String,
     pub session_ended: bool,
+    /// Present when this cell brought a paused session back first (what came back, and
+    /// what could not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<SnapshotInfo>,
     #[serde(flatten)]
     pub result: ExecutionResult,
 }

@@ -18,6 +18,7 @@ mod marshal;
 mod pool;
 mod pump;
 mod session;
+pub mod snapshot;
 mod tools;
 mod verdict;
 pub mod volumes;
@@ -73,7 +74,10 @@ pub use interpreter::{Interpreter, InterpreterError};
 use launcher::{Launcher, Mode};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
-pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
+pub use session::{
+    Cell, CellResult, ListedFile, Session, SessionError, SnapshotError, SnapshotReport,
+    MAX_LIST_ENTRIES,
+};
 pub use tools::{tool_answer, ToolBridge, ToolCall, ToolValue, TOOLS_FD};
 use verdict::Verdict;
 pub use zygotes::{ZygoteConfig, ZygoteStatus};

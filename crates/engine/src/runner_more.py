@@ -431,6 +431,9 @@ def session(request):
         op = read_frame(CHANNEL)
         if op is None:
             return
+        if op["op"] in ("snapshot", "restore"):
+            snapshot_op(op, namespace, limit)
+            continue
         if op["op"] == "exec":
             if "tools" in op:
                 install_tools(op["tools"])
@@ -448,6 +451,311 @@ def session(request):
             reply = {"error": {"type": type_name(exc), "message": message, "traceback": None}}
         if not answer_frame(reply, limit):
             answer_frame({"error": {"type": "ValueError", "message": "the answer is over the limit", "traceback": None}}, limit)
+
+
+# Snapshots: a session's state written out (`snapshot`) for the host to keep as opaque bytes,
+# and read back into a fresh session (`restore`). Both run here, inside a sandbox of the
+# session's own key; the host never parses them. The stream: a magic line, then records (a
+# tag byte, an 8-byte little-endian length, the payload): `T` the files of the scratch file
+# system (/work, /tmp, /dev/shm, volumes left out) as one tar stream cut into records, `P`
+# the variables as one cloudpickle (protocol 5), `B` each out-of-band buffer it took (numpy's
+# and pandas' data, never copied), `M` what was left out and why. Sent to the host as binary
+# frames ended by an empty one; received as marshal byte frames ended by an empty one.
+SNAPSHOT_MAGIC = b"airlock-snapshot-1\n"
+SNAPSHOT_CHUNK = 1 << 20
+SCRATCH = ("/work", "/tmp", "/dev/shm")
+
+
+class FrameSink:
+    """A file to write the snapshot to: binary frames of SNAPSHOT_CHUNK bytes on the channel."""
+
+    def __init__(self):
+        self.buffer = bytearray()
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        if len(self.buffer) + len(data) < SNAPSHOT_CHUNK:
+            self.buffer += data
+            return len(data)
+        if self.buffer:
+            self.flush()
+        for start in range(0, len(data), SNAPSHOT_CHUNK):
+            write_frame(CHANNEL, bytes(data[start:start + SNAPSHOT_CHUNK]))
+        return len(data)
+
+    def record(self, tag, payload):
+        payload = memoryview(payload).cast("B")
+        self.write(tag + len(payload).to_bytes(8, "little"))
+        self.write(payload)
+
+    def flush(self):
+        if self.buffer:
+            write_frame(CHANNEL, bytes(self.buffer))
+            self.buffer = bytearray()
+
+    def end(self):
+        self.flush()
+        write_frame(CHANNEL, b"")
+
+
+class TarRecords:
+    """What tarfile writes, as `T` records."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def write(self, data):
+        self.sink.record(b"T", data)
+        return len(data)
+
+
+class FrameSource:
+    """The snapshot as the host sends it: marshal byte frames until an empty one."""
+
+    def __init__(self):
+        self.pending = memoryview(b"")
+        self.done = False
+
+    def read(self, n):
+        out = bytearray()
+        while len(out) < n:
+            if not self.pending:
+                if self.done:
+                    break
+                frame = read_frame(CHANNEL)
+                if not frame:
+                    self.done = True
+                    break
+                self.pending = memoryview(frame)
+            take = self.pending[:n - len(out)]
+            out += take
+            self.pending = self.pending[len(take):]
+        return bytes(out)
+
+    def exactly(self, n):
+        data = self.read(n)
+        if len(data) != n:
+            raise ValueError("the snapshot ends early")
+        return data
+
+    def drain(self):
+        while self.read(SNAPSHOT_CHUNK):
+            pass
+
+
+class Records:
+    """The records of a snapshot, one at a time (`peek` looks at the next tag)."""
+
+    def __init__(self, source):
+        self.source = source
+        self.head = None
+
+    def peek(self):
+        if self.head is None:
+            tag = self.source.read(1)
+            length = int.from_bytes(self.source.exactly(8), "little") if tag else 0
+            self.head = (tag, length)
+        return self.head[0]
+
+    def take(self):
+        self.peek()
+        tag, length = self.head
+        self.head = None
+        return tag, self.source.exactly(length) if length else b""
+
+
+class TarSource:
+    """The `T` records, read as one file by tarfile."""
+
+    def __init__(self, records):
+        self.records = records
+        self.pending = b""
+
+    def read(self, n=-1):
+        out = bytearray()
+        while n < 0 or len(out) < n:
+            if not self.pending:
+                if self.records.peek() != b"T":
+                    break
+                self.pending = self.records.take()[1]
+            take = self.pending if n < 0 else self.pending[:n - len(out)]
+            out += take
+            self.pending = self.pending[len(take):]
+        return bytes(out)
+
+
+def scratch_files(tar):
+    """Adds the scratch file system's files to `tar`: below each scratch mount, never crossing
+    into another file system (a volume), never following a link."""
+    device = os.lstat(WORKDIR).st_dev
+    for top in SCRATCH:
+        try:
+            if os.lstat(top).st_dev != device:
+                continue
+        except OSError:
+            continue
+        for root, dirs, files in os.walk(top):
+            kept = []
+            for name in sorted(dirs):
+                path = os.path.join(root, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(st.st_mode) and st.st_dev != device:
+                    continue  # a volume's mount: kept apart, mounted again on resume
+                tar.add(path, arcname=path.lstrip("/"), recursive=False)
+                if stat.S_ISDIR(st.st_mode):
+                    kept.append(name)
+            dirs[:] = kept
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                try:
+                    st = os.lstat(path)
+                    if stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                        tar.add(path, arcname=path.lstrip("/"), recursive=False)
+                except OSError:
+                    continue
+
+
+def why_not(exc):
+    message, _ = capped_text(lambda: str(exc), "str()", 512)
+    return "%s: %s" % (type_name(exc), message)
+
+
+def dump_variables(values):
+    """The variables as one pickle and its out-of-band buffers."""
+    import cloudpickle
+
+    buffers = []
+    data = cloudpickle.dumps(values, protocol=5, buffer_callback=buffers.append)
+    return data, buffers
+
+
+def take_snapshot(namespace, sink):
+    import tarfile
+
+    sink.write(SNAPSHOT_MAGIC)
+    with tarfile.open(fileobj=TarRecords(sink), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        scratch_files(tar)
+    names = [n for n in namespace if not (n.startswith("__") and n.endswith("__"))]
+    values = {n: namespace[n] for n in names}
+    not_kept = {}
+    try:
+        data, buffers = dump_variables(values)
+    except Exception:
+        # Find the ones that cannot be kept, one by one; the others go in one pickle, so
+        # that what refers to the same object still does when it comes back.
+        for name in names:
+            try:
+                dump_variables({name: values[name]})
+            except Exception as exc:
+                not_kept[name] = why_not(exc)
+                del values[name]
+        try:
+            data, buffers = dump_variables(values)
+        except Exception as exc:
+            for name in list(values):
+                not_kept[name] = why_not(exc)
+            values = {}
+            data, buffers = dump_variables(values)
+    sink.record(b"P", data)
+    for buffer in buffers:
+        sink.record(b"B", buffer.raw())
+    import json
+
+    manifest = {"variables": sorted(values), "not_kept": not_kept}
+    sink.record(b"M", json.dumps(manifest).encode())
+    return sorted(values), not_kept
+
+
+def rebind(value, namespace, foreign):
+    """A function the snapshot made with a globals dict of its own (cloudpickle's), made again
+    on the session's namespace, so that it sees what later cells define."""
+    import types
+
+    if isinstance(value, types.FunctionType) and value.__globals__ is foreign:
+        fresh = types.FunctionType(value.__code__, namespace, value.__name__,
+                                   value.__defaults__, value.__closure__)
+        fresh.__kwdefaults__ = value.__kwdefaults__
+        fresh.__qualname__ = value.__qualname__
+        fresh.__dict__.update(value.__dict__)
+        fresh.__annotations__ = value.__annotations__
+        fresh.__doc__ = value.__doc__
+        fresh.__module__ = value.__module__
+        return fresh
+    if isinstance(value, type) and value.__module__ == "__main__":
+        for key, member in list(vars(value).items()):
+            if isinstance(member, (staticmethod, classmethod)):
+                inner = rebind(member.__func__, namespace, foreign)
+                if inner is not member.__func__:
+                    setattr(value, key, type(member)(inner))
+            elif isinstance(member, property):
+                parts = [rebind(f, namespace, foreign) if f is not None else None
+                         for f in (member.fget, member.fset, member.fdel)]
+                setattr(value, key, property(*parts, member.__doc__))
+            else:
+                fresh = rebind(member, namespace, foreign)
+                if fresh is not member:
+                    setattr(value, key, fresh)
+    return value
+
+
+def restore_snapshot(namespace, source):
+    import importlib
+    import json
+    import pickle
+    import tarfile
+
+    if source.exactly(len(SNAPSHOT_MAGIC)) != SNAPSHOT_MAGIC:
+        raise ValueError("not a snapshot")
+    records = Records(source)
+    if records.peek() == b"T":
+        with tarfile.open(fileobj=TarSource(records), mode="r|") as tar:
+            tar.extractall("/")
+    importlib.invalidate_caches()
+    tag, data = records.take()
+    if tag != b"P":
+        raise ValueError("a snapshot without its variables")
+    buffers = []
+    while records.peek() == b"B":
+        buffers.append(bytearray(records.take()[1]))
+    tag, meta = records.take()
+    if tag != b"M":
+        raise ValueError("a snapshot without its manifest")
+    meta = json.loads(meta)
+    values = pickle.loads(data, buffers=buffers)
+    foreign = None
+    for value in values.values():
+        glob = getattr(value, "__globals__", None)
+        if isinstance(glob, dict) and glob is not namespace and getattr(value, "__module__", None) == "__main__":
+            foreign = glob
+            break
+    for name, value in values.items():
+        namespace[name] = rebind(value, namespace, foreign) if foreign is not None else value
+    return sorted(values), meta["not_kept"]
+
+
+def snapshot_op(op, namespace, limit):
+    """`snapshot`: the state out as binary frames, an empty one, then the answer. `restore`:
+    the state in, then the answer. A failure is the answer's error; the session lives on."""
+    if op["op"] == "snapshot":
+        sink = FrameSink()
+        try:
+            kept, not_kept = take_snapshot(namespace, sink)
+            reply = {"result": {"variables": kept, "not_kept": not_kept}}
+        except BaseException as exc:
+            reply = {"error": {"type": type_name(exc), "message": why_not(exc), "traceback": None}}
+        sink.end()
+    else:
+        source = FrameSource()
+        try:
+            kept, not_kept = restore_snapshot(namespace, source)
+            reply = {"result": {"variables": kept, "not_kept": not_kept}}
+        except BaseException as exc:
+            reply = {"error": {"type": type_name(exc), "message": why_not(exc), "traceback": None}}
+        source.drain()
+    answer_frame(reply, limit)
 
 
 # Code mode: `import tools` gives the operator's tools this execution may call, built from the

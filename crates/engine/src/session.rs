@@ -522,6 +522,335 @@ impl Session {
     }
 }
 
+/// What a snapshot holds (or a restore brought back), as the runner says: the names of the
+/// variables, and those that could not be kept, each with why. Untrusted, and bounded.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotReport {
+    pub variables: Vec<String>,
+    pub not_kept: std::collections::BTreeMap<String, String>,
+}
+
+/// Why a snapshot or a restore did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The state is larger than it may be: nothing was kept, the session lives on.
+    #[error("the session's state is over {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// The runner refused (a snapshot it could not read, a file it could not write): the
+    /// session lives on.
+    #[error("{kind}: {message}")]
+    Refused { kind: String, message: String },
+    /// Where the snapshot goes, or comes from, failed.
+    #[error("the snapshot's file: {0}")]
+    Store(std::io::Error),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+}
+
+impl From<EngineError> for SnapshotError {
+    fn from(e: EngineError) -> Self {
+        SnapshotError::Session(SessionError::Engine(e))
+    }
+}
+
+/// The largest binary frame of a snapshot (the runner's are 1 MiB).
+const SNAPSHOT_FRAME: u64 = 4 << 20;
+/// Most variables a report may name, and bytes of each name and reason.
+const MAX_REPORTED: usize = 10_000;
+
+impl Session {
+    /// Writes the session's state (its variables, functions, classes and imported modules,
+    /// and the files of its scratch file system) to `sink`, as opaque bytes that only a
+    /// session's runner reads ([`Session::restore`]); at most `max_bytes` of them. The
+    /// session goes on as it was.
+    pub fn snapshot(
+        &self,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+        max_bytes: u64,
+        within: Duration,
+    ) -> Result<(SnapshotReport, u64), SnapshotError> {
+        let mut io = self.io();
+        if let Some(status) = io.final_status {
+            return Err(SessionError::Ended(status).into());
+        }
+        let request = framed(
+            marshal::encode(&Value::Dict(vec![("op", Value::Str("snapshot"))]))
+                .map_err(|e| io_error("encoding a snapshot", std::io::Error::other(e)))?,
+        )?;
+        let mut first = Some(request);
+        let mut bytes = 0u64;
+        let mut failed: Option<SnapshotError> = None;
+        let mut chunks_done = false;
+        let mut reply = None;
+        let end = stream_exchange(
+            &mut io,
+            &mut || Ok(first.take()),
+            &mut |frame| {
+                if chunks_done {
+                    reply = Some(frame);
+                    return Flow::Done;
+                }
+                if frame.is_empty() {
+                    chunks_done = true;
+                    return Flow::More;
+                }
+                // Past the limit, or once the sink failed, the rest is read and dropped: the
+                // session lives on, and answers.
+                bytes += frame.len() as u64;
+                if failed.is_none() {
+                    if bytes > max_bytes {
+                        failed = Some(SnapshotError::TooLarge { limit: max_bytes });
+                    } else if let Err(e) = sink(&frame) {
+                        failed = Some(SnapshotError::Store(e));
+                    }
+                }
+                Flow::More
+            },
+            Instant::now() + within,
+            SNAPSHOT_FRAME.max(self.response_limit),
+        );
+        let report = self.settle(&mut io, end, reply)?;
+        match failed {
+            Some(e) => Err(e),
+            None => Ok((report, bytes)),
+        }
+    }
+
+    /// Reads a state [`Session::snapshot`] wrote from `source` into this session (a fresh
+    /// one), files first, then the variables. What the snapshot could not keep is in the
+    /// report.
+    pub fn restore(
+        &self,
+        source: &mut dyn std::io::Read,
+        within: Duration,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let mut io = self.io();
+        if let Some(status) = io.final_status {
+            return Err(SessionError::Ended(status).into());
+        }
+        let request = framed(
+            marshal::encode(&Value::Dict(vec![("op", Value::Str("restore"))]))
+                .map_err(|e| io_error("encoding a restore", std::io::Error::other(e)))?,
+        )?;
+        let mut first = Some(request);
+        let mut finished = false;
+        let mut chunk = vec![0u8; 1 << 20];
+        let mut reply = None;
+        let mut read_failed = None;
+        let end = stream_exchange(
+            &mut io,
+            &mut || {
+                if let Some(first) = first.take() {
+                    return Ok(Some(first));
+                }
+                if finished {
+                    return Ok(None);
+                }
+                let n = match read_full(source, &mut chunk) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        // The runner gets the end it waits for; the error is ours.
+                        read_failed = Some(e);
+                        0
+                    }
+                };
+                if n == 0 {
+                    finished = true;
+                }
+                let encoded =
+                    marshal::encode(&Value::Bytes(&chunk[..n])).map_err(std::io::Error::other)?;
+                channel::frame(&encoded)
+                    .map(Some)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+            },
+            &mut |frame| {
+                reply = Some(frame);
+                Flow::Done
+            },
+            Instant::now() + within,
+            self.response_limit,
+        );
+        let report = self.settle(&mut io, end, reply)?;
+        match read_failed {
+            Some(e) => Err(SnapshotError::Store(e)),
+            None => Ok(report),
+        }
+    }
+
+    /// The runner's answer to a snapshot or a restore; a session that gave none cannot be
+    /// trusted to go on, and is ended.
+    fn settle(
+        &self,
+        io: &mut Io,
+        end: StreamEnd,
+        reply: Option<Vec<u8>>,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let parsed = match (end, reply) {
+            (StreamEnd::Done, Some(reply)) => {
+                verdict::parse_response(&reply, false, self.response_limit)
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
+        };
+        let Some(parsed) = parsed else {
+            self.killer.kill(KillReason::Cancelled);
+            let status = match self.end.wait(Duration::from_secs(30)) {
+                Some(Ok(o)) => verdict::verdict(&o, Ok(None), &self.limits, false).status,
+                _ => Status::InternalError,
+            };
+            io.final_status = Some(status);
+            return Err(SessionError::Ended(status).into());
+        };
+        match parsed.answer {
+            Response::Result(v) => {
+                let report: SnapshotReport = serde_json::from_value(v)
+                    .map_err(|_| SnapshotError::from(bad_answer("a snapshot")))?;
+                if report.variables.len() + report.not_kept.len() > MAX_REPORTED {
+                    return Err(bad_answer("a snapshot").into());
+                }
+                Ok(report)
+            }
+            Response::Error(e) => Err(SnapshotError::Refused {
+                kind: e.kind,
+                message: e.message,
+            }),
+        }
+    }
+}
+
+/// Reads until `buf` is full or the source ends.
+fn read_full(source: &mut dyn std::io::Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match source.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Whether a streamed exchange wants more frames.
+enum Flow {
+    More,
+    Done,
+}
+
+/// How a streamed exchange ended.
+#[derive(Debug)]
+enum StreamEnd {
+    /// The receiver had what it wanted.
+    Done,
+    TimedOut,
+    /// The sandbox ended, closed its channel or broke a frame.
+    Gone,
+    /// What was to be sent could not be made.
+    SourceFailed,
+}
+
+/// Sends what `outgoing` gives (until it gives [`None`]) while handing each frame that comes
+/// back to `incoming`, until it says [`Flow::Done`], the deadline passes or the sandbox ends.
+/// Output the sandbox writes meanwhile belongs to no cell: read and dropped.
+fn stream_exchange(
+    io: &mut Io,
+    outgoing: &mut dyn FnMut() -> std::io::Result<Option<Vec<u8>>>,
+    incoming: &mut dyn FnMut(Vec<u8>) -> Flow,
+    deadline: Instant,
+    frame_cap: u64,
+) -> StreamEnd {
+    for fd in [io.control.as_fd(), io.stdout.as_fd(), io.stderr.as_fd()] {
+        let _ = pump::set_nonblocking(fd);
+    }
+    let mut pending: Vec<u8> = Vec::new();
+    let mut sent = 0usize;
+    let mut more_to_send = true;
+    let mut frames = Assembler::new(frame_cap);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut open = [true, true];
+    loop {
+        if sent == pending.len() && more_to_send {
+            match outgoing() {
+                Ok(Some(next)) => {
+                    pending = next;
+                    sent = 0;
+                }
+                Ok(None) => more_to_send = false,
+                Err(_) => return StreamEnd::SourceFailed,
+            }
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return StreamEnd::TimedOut;
+        }
+        let mut ctl = PollFlags::POLLIN;
+        if sent < pending.len() {
+            ctl |= PollFlags::POLLOUT;
+        }
+        let mut fds = vec![
+            PollFd::new(io.control.as_fd(), ctl),
+            PollFd::new(io.ended.as_fd(), PollFlags::POLLIN),
+        ];
+        if open[0] {
+            fds.push(PollFd::new(io.stdout.as_fd(), PollFlags::POLLIN));
+        }
+        if open[1] {
+            fds.push(PollFd::new(io.stderr.as_fd(), PollFlags::POLLIN));
+        }
+        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let _ = poll(
+            &mut fds,
+            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+        );
+        let ended = fds[1].revents().is_some_and(|r| !r.is_empty());
+        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
+        drop(fds);
+        for (i, open) in open.iter_mut().enumerate() {
+            if !*open {
+                continue;
+            }
+            let got = if i == 0 {
+                pump::read_some(&mut io.stdout, &mut buf)
+            } else {
+                pump::read_some(&mut io.stderr, &mut buf)
+            };
+            if matches!(got, Progress::Eof) {
+                *open = false;
+            }
+        }
+        if control_ready {
+            if sent < pending.len() {
+                match pump::write_some(&mut io.control, &pending[sent..]) {
+                    Some(n) => sent += n,
+                    None => return StreamEnd::Gone,
+                }
+            }
+            loop {
+                match pump::read_some(&mut io.control, &mut buf) {
+                    Progress::Data(n) => frames.push(&buf[..n]),
+                    Progress::Eof => return StreamEnd::Gone,
+                    Progress::Blocked => break,
+                }
+                while let Some(frame) = frames.frame() {
+                    match frame {
+                        Frame::Data(payload) => {
+                            if let Flow::Done = incoming(payload) {
+                                return StreamEnd::Done;
+                            }
+                        }
+                        _ => return StreamEnd::Gone,
+                    }
+                }
+            }
+        }
+        if ended {
+            return StreamEnd::Gone;
+        }
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         self.close();

@@ -314,6 +314,18 @@ pub struct SessionsConfig {
     pub idle_timeout_ms: u64,
     /// No session lives longer (a request may ask for less).
     pub max_lifetime_ms: u64,
+    /// Where paused sessions are kept, their snapshots and records (default
+    /// `<state_dir>/sessions`). Replicas that share it resume each other's paused sessions.
+    pub snapshot_dir: Option<PathBuf>,
+    /// Largest state one snapshot may hold, as the sandbox writes it; it also counts against
+    /// the key's storage (`volumes.max_bytes_per_key`).
+    pub max_snapshot_bytes: u64,
+    /// When set, a session unused for this long is paused instead of closed (its idle
+    /// timeout no longer closes it), so that it can live for days at the cost of its
+    /// snapshot on disk.
+    pub pause_after_idle_ms: Option<u64>,
+    /// How long a paused session is kept before it is deleted.
+    pub paused_retention_ms: u64,
 }
 
 impl Default for SessionsConfig {
@@ -323,6 +335,10 @@ impl Default for SessionsConfig {
             max_open_per_key: 4,
             idle_timeout_ms: 600_000,
             max_lifetime_ms: 3_600_000,
+            snapshot_dir: None,
+            max_snapshot_bytes: 2 << 30,
+            pause_after_idle_ms: None,
+            paused_retention_ms: 7 * 24 * 3_600_000,
         }
     }
 }

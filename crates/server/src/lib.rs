@@ -43,6 +43,8 @@
 //!   connections, `Transfer-Encoding` with `Content-Length` refused.
 //! - Global and per-key concurrency with bounded queues, per-key rate limits and ceilings.
 #![forbid(unsafe_code)]
+// The OpenAPI document is one `json!` literal, deeper than the default allows.
+#![recursion_limit = "256"]
 
 // Start-up.
 mod serve;
@@ -127,6 +129,8 @@ pub struct AppState {
     pub environments: Arc<airlock_engine::environments::Environments>,
     /// Volumes, stored under the state directory.
     pub volumes: Arc<airlock_engine::volumes::Volumes>,
+    /// Paused sessions, stored in `sessions.snapshot_dir`.
+    pub paused: service::snapshots::Paused,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -166,10 +170,17 @@ impl AppState {
         if let Some(why) = volumes.unavailable() {
             tracing::info!(why, "volumes are not available");
         }
+        let snapshot_dir = config
+            .sessions
+            .snapshot_dir
+            .clone()
+            .unwrap_or_else(|| config.state_dir().join("sessions"));
+        let paused = service::snapshots::Paused::open(&snapshot_dir);
         AppState {
             egress: Arc::new(config.egress.clone()),
             environments,
             volumes,
+            paused,
             config,
             engine,
             keys,

@@ -194,6 +194,8 @@ impl From<airlock_api::SessionInfo> for CreatedSession {
             ended,
             limits,
             egress_between_cells: _,
+            paused: _,
+            resumed: _,
         } = info;
         CreatedSession {
             session_id: id,
@@ -692,7 +694,11 @@ impl Tools {
         self.execute(request, slot).await
     }
 
-    async fn list_session_files(&self, key: &Key, a: SessionId) -> Result<CallToolResult, Error> {
+    async fn list_session_files(
+        &self,
+        key: &Arc<Key>,
+        a: SessionId,
+    ) -> Result<CallToolResult, Error> {
         let list = sessions::files(&self.state, key, &a.session_id).await?;
         let text = if list.files.is_empty() {
             "(no files)".to_owned()
@@ -709,7 +715,7 @@ impl Tools {
 
     async fn read_session_file(
         &self,
-        key: &Key,
+        key: &Arc<Key>,
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
         let path = a.path.clone();

@@ -28,6 +28,7 @@ mod replicas;
 mod results;
 mod server;
 mod sessions;
+mod snapshots;
 mod streaming;
 mod tenants;
 mod tools;

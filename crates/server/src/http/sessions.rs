@@ -102,3 +102,35 @@ pub(crate) async fn list_files(
 ) -> Result<Json<FileList>, Error> {
     Ok(Json(sessions::files(&state, &caller.0, &id).await?))
 }
+
+/// `POST /v1/sessions/{id}/pause`.
+pub(crate) async fn pause(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, Error> {
+    crate::service::snapshots::pause_session(&state, &caller.0, id)
+        .await
+        .map(Json)
+}
+
+/// `POST /v1/sessions/{id}/resume`.
+pub(crate) async fn resume(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionInfo>, Error> {
+    crate::service::snapshots::resume_session(&state, &caller.0, id)
+        .await
+        .map(Json)
+}
+
+/// `POST /v1/sessions/{id}/fork`.
+pub(crate) async fn fork(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    let info = crate::service::snapshots::fork_session(&state, &caller.0, id).await?;
+    Ok((StatusCode::CREATED, Json(info)).into_response())
+}

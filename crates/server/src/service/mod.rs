@@ -14,6 +14,7 @@ pub(crate) mod execution;
 pub(crate) mod pickle;
 pub(crate) mod pipeline;
 pub(crate) mod sessions;
+pub(crate) mod snapshots;
 pub(crate) mod status;
 pub(crate) mod stream;
 pub(crate) mod tools;

@@ -278,7 +278,8 @@ pub(crate) async fn run<T: Send + 'static>(
             (received, Ready::Execute(job))
         }
         Work::Cell { session, input } => {
-            let entry = sessions::find(state, &caller, &session)?;
+            // A paused session comes back first (before a byte of body is read).
+            let (entry, resumed) = sessions::find_or_resume(state, &caller, &session).await?;
             let (received, arguments) = arrive(state, &caller, received, input).await?;
             // 3. the cell's checks, and its session claimed.
             let key = caller.clone();
@@ -289,7 +290,8 @@ pub(crate) async fn run<T: Send + 'static>(
                 |_: &CellRequest| false,
                 move |st, req| sessions::prepare_cell(st, &key, entry, req),
             )
-            .await?;
+            .await?
+            .resumed(resumed);
             (received, Ready::Cell(cell))
         }
     };
@@ -410,6 +412,7 @@ fn engine_and_finish(
         Ready::Execute(job) => (Ran::Execution(state.engine.execute(job, sink)), None),
         Ready::Cell(mut cell) => (Ran::Cell(cell.execute(&ctx.id, sink)), Some(cell)),
     };
+    let resumed = cell.as_ref().and_then(|c| c.take_resumed());
     answered.store(true, Ordering::Release);
     drop((admitted, tracked));
     // 8. finish.
@@ -419,6 +422,7 @@ fn engine_and_finish(
             Finished::Cell(CellResponse {
                 id: r.id,
                 session_ended: ended,
+                resumed,
                 result: r.result,
             })
         }),

@@ -40,6 +40,13 @@ pub struct OpenSession {
     key_fingerprint: String,
     created_at: SystemTime,
     created: Instant,
+    /// When its sandbox's lifetime ends (from its start, or its latest resume).
+    expires_at: SystemTime,
+    /// Paused, not closed, when idle (`sessions.pause_after_idle_ms`).
+    pauses_when_idle: bool,
+    /// What it was opened with (its files aside: they are in its scratch file system), for
+    /// the sandbox a resume or a fork makes.
+    request: SessionRequest,
     idle_timeout: Duration,
     max_lifetime: Duration,
     last_used: Mutex<Instant>,
@@ -74,6 +81,11 @@ impl Sessions {
         self.lock().len()
     }
 
+    /// Every open session.
+    pub(crate) fn all(&self) -> Vec<Arc<OpenSession>> {
+        self.lock().values().cloned().collect()
+    }
+
     /// Open sessions and sessions started so far, in Prometheus text.
     pub fn render_metrics(&self) -> String {
         format!(
@@ -106,8 +118,8 @@ impl Sessions {
                 .values()
                 .filter(|e| {
                     let idle = now.duration_since(*lock(&e.last_used));
-                    let due =
-                        idle >= e.idle_timeout || now.duration_since(e.created) >= e.max_lifetime;
+                    let due = (idle >= e.idle_timeout && !e.pauses_when_idle)
+                        || now.duration_since(e.created) >= e.max_lifetime;
                     // Claimed as busy for good, so that no request starts on it meanwhile;
                     // a session in use now is reaped when it is done (or killed at its
                     // lifetime by its own sandbox's clock).
@@ -174,6 +186,35 @@ pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSess
     Err(crate::service::not_here(state, id, "session"))
 }
 
+/// The caller's session `id`, brought back first if it is paused (what came back, then).
+pub(crate) async fn find_or_resume(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: &str,
+) -> Result<(Arc<OpenSession>, Option<airlock_api::SnapshotInfo>), Error> {
+    match find(state, key, id) {
+        Ok(entry) => Ok((entry, None)),
+        Err(e) if state.paused.holds(id, &key.fingerprint()) => {
+            let (st, k, i) = (state.clone(), key.clone(), id.to_owned());
+            let resumed =
+                tokio::task::spawn_blocking(move || crate::service::snapshots::resume(&st, &k, &i))
+                    .await
+                    .map_err(|e| Error::internal(format!("resuming a session: {e}")))?;
+            match resumed {
+                Ok((entry, info)) => Ok((entry, Some(info))),
+                Err(resume_error) if resume_error.code == "session_busy" => {
+                    // Another request brought it back meanwhile.
+                    find(state, key, id)
+                        .map(|entry| (entry, None))
+                        .map_err(|_| e)
+                }
+                Err(resume_error) => Err(resume_error),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
 /// that have ended count for neither.
 fn room_for_one(
@@ -215,6 +256,21 @@ pub async fn reaper(state: SharedState) {
             () = tokio::time::sleep(REAP_EVERY) => {}
             _ = shutdown.changed() => return,
         }
+        if let Some(after) = state.config.sessions.pause_after_idle_ms {
+            let st = state.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::service::snapshots::pause_idle(&st, Duration::from_millis(after))
+            })
+            .await;
+        }
+        let st = state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let retention = Duration::from_millis(st.config.sessions.paused_retention_ms);
+            for (id, owner) in st.paused.expire(retention) {
+                audit_session(&st, &id, &owner, Some("expired"));
+            }
+        })
+        .await;
         let st = state.clone();
         if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
             for r in reaped {
@@ -230,18 +286,61 @@ impl OpenSession {
         self.session.close();
     }
 
-    fn info(&self) -> SessionInfo {
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub(crate) fn request(&self) -> &SessionRequest {
+        &self.request
+    }
+
+    /// Whether it has been unused for `idle` and can be claimed (not ended, not busy).
+    pub(crate) fn idle_for(&self, idle: Duration) -> bool {
+        lock(&self.ended).is_none()
+            && !self.busy.load(Ordering::Acquire)
+            && lock(&self.last_used).elapsed() >= idle
+    }
+
+    /// Counts as used now (a pause that failed is not tried again at once).
+    pub(crate) fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    pub(crate) fn owner(&self) -> &str {
+        &self.key_fingerprint
+    }
+
+    pub(crate) fn cells(&self) -> u64 {
+        self.cells.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn created_at(&self) -> SystemTime {
+        self.created_at
+    }
+
+    pub(crate) fn engine_session(&self) -> &Session {
+        &self.session
+    }
+
+    /// Claims the session for one request (409 while another runs).
+    pub(crate) fn claim(self: &Arc<Self>) -> Result<impl Drop, Error> {
+        self.take()
+    }
+
+    pub(crate) fn info(&self) -> SessionInfo {
         let rfc = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
         SessionInfo {
             id: self.id.clone(),
             created_at: rfc(self.created_at),
-            expires_at: rfc(self.created_at + self.max_lifetime),
+            expires_at: rfc(self.expires_at),
             idle_timeout_ms: self.idle_timeout.as_millis() as u64,
             max_lifetime_ms: self.max_lifetime.as_millis() as u64,
             cells: self.cells.load(Ordering::Relaxed),
             ended: *lock(&self.ended),
             limits: self.session.cell_limits(),
             egress_between_cells: self.egress.as_ref().and_then(|l| l.between_cells()),
+            paused: None,
+            resumed: None,
         }
     }
 
@@ -311,6 +410,7 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
 /// A session asked for, checked and ready to start ([`prepare_open`], then [`start`]).
 pub(crate) struct Opening {
     id: String,
+    request: SessionRequest,
     job: airlock_engine::Job,
     per_cell: airlock_api::Limits,
     idle: u64,
@@ -327,7 +427,21 @@ pub(crate) fn prepare_open(
     key: &Key,
     asked: SessionRequest,
 ) -> Result<Opening, Error> {
+    prepare_open_as(state, key, asked, state.held_id("se_"))
+}
+
+/// As [`prepare_open`], for a session of the id given (a paused one coming back, a fork).
+pub(crate) fn prepare_open_as(
+    state: &SharedState,
+    key: &Key,
+    asked: SessionRequest,
+    id: String,
+) -> Result<Opening, Error> {
     let cfg = &state.config.sessions;
+    let request = SessionRequest {
+        files: Vec::new(),
+        ..asked.clone()
+    };
     let idle = asked.idle_timeout_ms.unwrap_or(cfg.idle_timeout_ms);
     let lifetime = asked.max_lifetime_ms.unwrap_or(cfg.max_lifetime_ms);
     // A sandbox that lives less than a second may be gone before its interpreter is ready;
@@ -345,7 +459,6 @@ pub(crate) fn prepare_open(
     }
     // The cells' default wall clock and output, checked against the key's ceilings.
     let per_cell = resolve_limits(state, key, &asked.limits)?;
-    let id = state.held_id("se_");
     let mut job = job_from(
         state,
         key,
@@ -380,6 +493,7 @@ pub(crate) fn prepare_open(
     room_for_one(&state.sessions.lock(), key, cfg)?;
     Ok(Opening {
         id,
+        request,
         job,
         per_cell,
         idle,
@@ -396,8 +510,25 @@ pub(crate) async fn start(
     key: &Key,
     opening: Opening,
 ) -> Result<SessionInfo, Error> {
+    let st = state.clone();
+    let fingerprint = key.fingerprint();
+    let entry = tokio::task::spawn_blocking(move || launch(&st, &fingerprint, opening))
+        .await
+        .map_err(|e| Error::internal(format!("starting a session: {e}")))??;
+    let info = entry.info();
+    register(state, key, entry)?;
+    Ok(info)
+}
+
+/// Starts an opening's sandbox (blocking): the session, not yet registered.
+pub(crate) fn launch(
+    state: &SharedState,
+    key_fingerprint: &str,
+    opening: Opening,
+) -> Result<Arc<OpenSession>, Error> {
     let Opening {
         id,
+        request,
         job,
         per_cell,
         idle,
@@ -405,19 +536,19 @@ pub(crate) async fn start(
         tools,
         egress,
     } = opening;
-    let st = state.clone();
-    let session = tokio::task::spawn_blocking(move || Session::start(&st.engine, job, &per_cell))
-        .await
-        .map_err(|e| Error::internal(format!("starting a session: {e}")))?
-        .map_err(|e| {
-            tracing::error!(error = %e, "cannot start a session");
-            Error::new(Kind::Unavailable, "unavailable", e.to_string())
-        })?;
-    let entry = Arc::new(OpenSession {
+    let session = Session::start(&state.engine, job, &per_cell).map_err(|e| {
+        tracing::error!(error = %e, "cannot start a session");
+        Error::new(Kind::Unavailable, "unavailable", e.to_string())
+    })?;
+    let now = SystemTime::now();
+    Ok(Arc::new(OpenSession {
         id,
-        key_fingerprint: key.fingerprint(),
-        created_at: SystemTime::now(),
+        key_fingerprint: key_fingerprint.to_owned(),
+        created_at: now,
         created: Instant::now(),
+        expires_at: now + Duration::from_millis(lifetime),
+        pauses_when_idle: state.config.sessions.pause_after_idle_ms.is_some(),
+        request,
         idle_timeout: Duration::from_millis(idle),
         max_lifetime: Duration::from_millis(lifetime),
         last_used: Mutex::new(Instant::now()),
@@ -428,8 +559,28 @@ pub(crate) async fn start(
         session,
         tools,
         egress,
-    });
-    let info = entry.info();
+    }))
+}
+
+impl OpenSession {
+    /// The same session, as it comes back from a snapshot: its creation time and count of
+    /// cells as they were.
+    pub(crate) fn resumed_as(self: Arc<Self>, created_at: SystemTime, cells: u64) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut entry) => {
+                entry.created_at = created_at;
+                entry.cells = AtomicU64::new(cells);
+                Arc::new(entry)
+            }
+            Err(shared) => shared,
+        }
+    }
+}
+
+/// Registers a started session if there is still room (else closes it), and writes its
+/// audit line.
+pub(crate) fn register(state: &AppState, key: &Key, entry: Arc<OpenSession>) -> Result<(), Error> {
+    let id = entry.id.clone();
     {
         let mut open = state.sessions.lock();
         // Checked again under the lock: two creations may have raced past the first check.
@@ -440,18 +591,29 @@ pub(crate) async fn start(
         open.insert(entry.id.clone(), entry);
         state.sessions.started.fetch_add(1, Ordering::Relaxed);
     }
-    audit_session(state, &info.id, &key.fingerprint(), None);
-    Ok(info)
+    audit_session(state, &id, &key.fingerprint(), None);
+    Ok(())
+}
+
+/// Takes a session out of the open ones (it is paused, or closed), with its audit line;
+/// its sandbox is closed and waited for.
+pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
+    if let Some(e) = state.sessions.lock().remove(&entry.id) {
+        e.closed.store(true, Ordering::Release);
+        audit_session(state, &e.id, &e.key_fingerprint, Some(why));
+    }
+    entry.session.close();
+    entry.session.wait_ended(Duration::from_secs(10));
 }
 
 /// A session's opening or closing in the audit log (a later start tells the sessions it lost
 /// from those closed). A line that cannot be written is kept until it can, and executions
 /// are refused meanwhile.
-fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<&str>) {
+pub(crate) fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<&str>) {
     let _ = state.audit.append_session(id, key_fingerprint, why);
 }
 
-/// `key`'s open sessions, oldest first.
+/// `key`'s sessions, open and paused, oldest first.
 pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
     let mut sessions: Vec<SessionInfo> = state
         .sessions
@@ -460,19 +622,49 @@ pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
         .filter(|e| e.key_fingerprint == key.fingerprint())
         .map(|e| e.info())
         .collect();
+    let retention = Duration::from_millis(state.config.sessions.paused_retention_ms);
+    sessions.extend(
+        state
+            .paused
+            .records_of(&key.fingerprint())
+            .iter()
+            .map(|r| crate::service::snapshots::paused_info(r, retention)),
+    );
     sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     SessionList { sessions }
 }
 
-/// What `key`'s session `id` is.
+/// What `key`'s session `id` is, open or paused.
 pub(crate) fn info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
-    Ok(find(state, key, id)?.info())
+    match find(state, key, id) {
+        Ok(entry) => Ok(entry.info()),
+        Err(e) => match state.paused.record(id, &key.fingerprint()) {
+            Some(record) => Ok(crate::service::snapshots::paused_info(
+                &record,
+                Duration::from_millis(state.config.sessions.paused_retention_ms),
+            )),
+            None => Err(e),
+        },
+    }
 }
 
 /// Closes `key`'s session `id` and waits for its sandbox to be gone (a running cell goes with
 /// it).
 pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<(), Error> {
-    let entry = find(state, key, id)?;
+    let entry = match find(state, key, id) {
+        Ok(entry) => entry,
+        Err(e) if state.paused.holds(id, &key.fingerprint()) => {
+            // A paused session: its snapshot and record go.
+            let (st, id, fingerprint) = (state.clone(), id.to_owned(), key.fingerprint());
+            return tokio::task::spawn_blocking(move || {
+                crate::service::snapshots::delete(&st, &id, &fingerprint)
+            })
+            .await
+            .map_err(|e| Error::internal(format!("deleting a paused session: {e}")))?
+            .map_err(|_| e);
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some("closed"));
@@ -486,6 +678,8 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
 /// A cell checked, holding its session for itself until it is dropped ([`prepare_cell`]).
 pub(crate) struct PreparedCell {
     entry: Arc<OpenSession>,
+    /// What came back, when this cell's request brought a paused session back.
+    resumed: Mutex<Option<airlock_api::SnapshotInfo>>,
     _busy: InUse,
     code: String,
     entrypoint: Option<airlock_engine::Entrypoint>,
@@ -523,6 +717,7 @@ pub(crate) fn prepare_cell(
     let busy = entry.take()?;
     Ok(PreparedCell {
         entry,
+        resumed: Mutex::new(None),
         _busy: busy,
         code: asked.code,
         entrypoint,
@@ -531,6 +726,16 @@ pub(crate) fn prepare_cell(
 }
 
 impl PreparedCell {
+    /// Says what came back, when the request brought its paused session back.
+    pub(crate) fn resumed(self, resumed: Option<airlock_api::SnapshotInfo>) -> Self {
+        *lock(&self.resumed) = resumed;
+        self
+    }
+
+    pub(crate) fn take_resumed(&self) -> Option<airlock_api::SnapshotInfo> {
+        lock(&self.resumed).take()
+    }
+
     /// The cell's limits: the session's, with its own wall clock.
     pub(crate) fn limits(&self) -> &airlock_api::Limits {
         &self.limits
@@ -590,12 +795,12 @@ impl PreparedCell {
 /// session held busy meanwhile.
 async fn file_op<T: Send + 'static>(
     state: &SharedState,
-    key: &Key,
+    key: &Arc<Key>,
     id: &str,
     what: &'static str,
     op: impl FnOnce(&Session) -> Result<T, SessionError> + Send + 'static,
 ) -> Result<T, Error> {
-    let entry = find(state, key, id)?;
+    let (entry, _) = find_or_resume(state, key, id).await?;
     let busy = entry.take()?;
     let e2 = entry.clone();
     let done = tokio::task::spawn_blocking(move || op(&e2.session))
@@ -608,7 +813,7 @@ async fn file_op<T: Send + 'static>(
 /// Writes a request body, any content type, as `path` in `key`'s session `id`.
 pub(crate) async fn put_file(
     state: &SharedState,
-    key: &Key,
+    key: &Arc<Key>,
     id: &str,
     path: String,
     body: Body,
@@ -626,7 +831,7 @@ pub(crate) async fn put_file(
 /// The contents of `path` in `key`'s session `id`, up to `http.max_body_bytes`.
 pub(crate) async fn read_file(
     state: &SharedState,
-    key: &Key,
+    key: &Arc<Key>,
     id: &str,
     path: String,
 ) -> Result<Vec<u8>, Error> {
@@ -640,7 +845,11 @@ pub(crate) async fn read_file(
 }
 
 /// Everything below the working directory of `key`'s session `id`.
-pub(crate) async fn files(state: &SharedState, key: &Key, id: &str) -> Result<FileList, Error> {
+pub(crate) async fn files(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: &str,
+) -> Result<FileList, Error> {
     refuse_if_unavailable(state)?;
     let entries = file_op(state, key, id, "listing files", |s| s.list_files()).await?;
     let files = entries

@@ -1,0 +1,412 @@
+//! Session snapshots (issue 48): a session paused (its state written to a snapshot by its own
+//! sandbox, the sandbox freed), brought back in a fresh sandbox, forked, found again after a
+//! restart; snapshots that are altered, cut, swapped or replayed refused.
+
+use crate::common;
+
+use common::http::{call_as, Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+
+const OTHER_KEY: &str = "other-key-for-snapshots-0123456789";
+
+fn other_key_toml(extra: &str) -> String {
+    format!(
+        "{extra}\n[[keys]]\nname = \"other\"\nhash = \"{}\"\n",
+        key_hash(OTHER_KEY)
+    )
+}
+
+fn open(server: &Server, body: Value) -> String {
+    let r = server.call("POST", "/v1/sessions", Some(&body));
+    assert_eq!(r.status, 201, "{}", r.text());
+    r.json()["id"].as_str().unwrap().to_owned()
+}
+
+fn cell(server: &Server, id: &str, code: &str) -> Value {
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({"code": code})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["status"], "ok", "{v}");
+    v
+}
+
+fn post(server: &Server, id: &str, what: &str) -> common::http::Response {
+    server.call("POST", &format!("/v1/sessions/{id}/{what}"), None)
+}
+
+/// A wheel of one module, made in the sandbox and installed there by pip (no index).
+const PIP_INSTALL: &str = r#"import zipfile, subprocess, sys
+with zipfile.ZipFile('/work/tinypkg-1.0-py3-none-any.whl', 'w') as z:
+    z.writestr('tinypkg/__init__.py', 'ANSWER = 42\n')
+    z.writestr('tinypkg-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n')
+    z.writestr('tinypkg-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n')
+    z.writestr('tinypkg-1.0.dist-info/RECORD', '')
+done = subprocess.run([sys.executable, '-m', 'pip', 'install', '--no-index', '--no-deps',
+    '--no-cache-dir', '--disable-pip-version-check', '--target', '/tmp/packages',
+    '/work/tinypkg-1.0-py3-none-any.whl'], capture_output=True, text=True)
+assert done.returncode == 0, done.stderr
+import importlib
+importlib.invalidate_caches()
+import tinypkg
+tinypkg.ANSWER"#;
+
+/// The session's state, as one cell sees it: every kind the issue names.
+const STATE: &str = r#"import numpy as np, pandas as pd, threading, json as js
+df = pd.DataFrame({'a': np.arange(100_000), 'b': np.linspace(0, 1, 100_000)})
+arr = np.arange(12).reshape(3, 4) * 1.5
+x = 42
+def f(n):
+    return n + x
+class Point:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+    def norm(self):
+        return f(self.a * self.a + self.b * self.b)
+p = Point(3, 4)
+twice = lambda v: v * 2 + x
+shared = [1, 2]
+alias = shared
+lock = threading.Lock()
+gen = (i for i in range(3))
+open('/work/notes.txt', 'w').write('in work')
+open('/tmp/scratch.txt', 'w').write('in tmp')
+'ready'"#;
+
+/// What the state gives back; `x` set again first, so functions must see the session's
+/// globals as they are now.
+const CHECK: &str = r#"x = 43
+import tinypkg
+[int(df['a'].sum()), float(df['b'].iloc[-1]), arr.tolist(), f(1), p.norm(), twice(1),
+ alias is shared, js.dumps([1]), tinypkg.ANSWER, open('/work/notes.txt').read(),
+ open('/tmp/scratch.txt').read(), 'lock' in globals(), 'gen' in globals()]"#;
+
+fn expected() -> Value {
+    json!([
+        4999950000u64,
+        1.0,
+        [
+            [0.0, 1.5, 3.0, 4.5],
+            [6.0, 7.5, 9.0, 10.5],
+            [12.0, 13.5, 15.0, 16.5]
+        ],
+        44,
+        68,
+        45,
+        true,
+        "[1]",
+        42,
+        "in work",
+        "in tmp",
+        false,
+        false
+    ])
+}
+
+#[test]
+fn a_paused_session_comes_back_whole_in_a_fresh_jail_and_a_fork_goes_its_own_way() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let id = open(&server, json!({}));
+    assert_eq!(cell(&server, &id, PIP_INSTALL)["result"], 42);
+    assert_eq!(cell(&server, &id, STATE)["result"], "ready");
+    let fresh_isolation = cell(&server, &id, "1")["isolation"].clone();
+
+    let paused = post(&server, &id, "pause");
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    let snapshot = paused.json()["paused"].clone();
+    assert_eq!(snapshot["cells"], 3);
+    for name in ["df", "arr", "f", "Point", "p", "twice", "np", "pd", "x"] {
+        assert!(
+            snapshot["variables"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(name)),
+            "{name}: {snapshot}"
+        );
+    }
+    // What cannot come back is named, per variable.
+    let not_kept = &snapshot["not_kept"];
+    assert!(
+        not_kept["lock"].as_str().unwrap().contains("lock"),
+        "{not_kept}"
+    );
+    assert!(
+        not_kept["gen"].as_str().unwrap().contains("generator"),
+        "{not_kept}"
+    );
+    assert!(snapshot["stored_bytes"].as_u64().unwrap() > 0);
+    // Its sandbox is gone; it is listed, paused.
+    assert_eq!(server.metric("airlock_sessions_open"), 0.0);
+    let shown = server
+        .call("GET", &format!("/v1/sessions/{id}"), None)
+        .json();
+    assert_eq!(shown["paused"]["cells"], 3, "{shown}");
+    let listed = server.call("GET", "/v1/sessions", None).json();
+    assert_eq!(listed["sessions"][0]["id"], id.as_str());
+
+    // The next cell brings it back: every value equal, functions on the live globals.
+    let back = cell(&server, &id, CHECK);
+    assert_eq!(back["result"], expected(), "{back}");
+    assert_eq!(back["resumed"]["not_kept"], *not_kept);
+    // Jailed exactly as a fresh session: every field of `isolation`.
+    assert_eq!(back["isolation"], fresh_isolation);
+    assert_eq!(server.metric("airlock_sessions_open"), 1.0);
+
+    // A fork: the same state, then each its own way.
+    let forked = post(&server, &id, "fork");
+    assert_eq!(forked.status, 201, "{}", forked.text());
+    let fork = forked.json()["id"].as_str().unwrap().to_owned();
+    assert_ne!(fork, id);
+    assert_eq!(cell(&server, &fork, CHECK)["result"], expected());
+    cell(
+        &server,
+        &fork,
+        "x = 1000\nshared.append(3)\nopen('/work/notes.txt', 'w').write('fork')",
+    );
+    cell(&server, &id, "x = 43");
+    assert_eq!(
+        cell(
+            &server,
+            &id,
+            "[f(1), shared, open('/work/notes.txt').read()]"
+        )["result"],
+        json!([44, [1, 2], "in work"])
+    );
+    assert_eq!(
+        cell(
+            &server,
+            &fork,
+            "[f(1), shared, open('/work/notes.txt').read()]"
+        )["result"],
+        json!([1001, [1, 2, 3], "fork"])
+    );
+    // A paused session forks too, and stays paused.
+    assert_eq!(post(&server, &id, "pause").status, 200);
+    let second = post(&server, &id, "fork");
+    assert_eq!(second.status, 201, "{}", second.text());
+    let second = second.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(cell(&server, &second, CHECK)["result"], expected());
+    let still = server
+        .call("GET", &format!("/v1/sessions/{id}"), None)
+        .json();
+    assert!(still["paused"].is_object(), "{still}");
+    // `resume` brings it back without a cell.
+    let resumed = post(&server, &id, "resume");
+    assert_eq!(resumed.status, 200, "{}", resumed.text());
+    assert!(resumed.json()["resumed"].is_object());
+    assert_eq!(cell(&server, &id, CHECK)["result"], expected());
+    // The audit log: closed as paused, opened again.
+    let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
+    assert!(audit.contains("\"why\":\"paused\""), "{audit}");
+}
+
+#[test]
+fn snapshots_altered_cut_swapped_replayed_or_over_quota_are_refused() {
+    let _g = serial();
+    let server = Server::start(
+        &other_key_toml("[volumes]\nmax_bytes_per_key = 50000000\n"),
+        &[],
+    );
+    let dir = server.state_dir().join("sessions");
+    let paused_one = |marker: &str| {
+        let id = open(&server, json!({}));
+        cell(&server, &id, &format!("marker = {marker:?}"));
+        assert_eq!(post(&server, &id, "pause").status, 200);
+        id
+    };
+    let refused = |id: &str, why: &str| {
+        let open_before = server.metric("airlock_sessions_open");
+        let r = server.call(
+            "POST",
+            &format!("/v1/sessions/{id}/execute"),
+            Some(&json!({"code": "marker"})),
+        );
+        assert_eq!(
+            (r.status, r.error_code()),
+            (422, "snapshot_invalid".into()),
+            "{why}: {}",
+            r.text()
+        );
+        // Nothing of it runs: no session came back.
+        assert_eq!(server.metric("airlock_sessions_open"), open_before, "{why}");
+    };
+    let snap = |id: &str| dir.join(format!("{id}.snap"));
+
+    // One byte altered.
+    let a = paused_one("a");
+    let mut bytes = std::fs::read(snap(&a)).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(snap(&a), &bytes).unwrap();
+    refused(&a, "altered");
+    bytes[middle] ^= 0x40;
+    std::fs::write(snap(&a), &bytes).unwrap();
+    assert_eq!(
+        cell(&server, &a, "marker")["result"],
+        "a",
+        "restored, it comes back"
+    );
+    // Cut short.
+    let b = paused_one("b");
+    let whole = std::fs::read(snap(&b)).unwrap();
+    std::fs::write(snap(&b), &whole[..whole.len() - 7]).unwrap();
+    refused(&b, "truncated");
+    std::fs::write(snap(&b), &whole).unwrap();
+    // Swapped between two sessions of one key: both files, or only the snapshot.
+    let c = paused_one("c");
+    let d = paused_one("d");
+    let (c_snap, d_snap) = (
+        std::fs::read(snap(&c)).unwrap(),
+        std::fs::read(snap(&d)).unwrap(),
+    );
+    std::fs::write(snap(&c), &d_snap).unwrap();
+    refused(&c, "another session's snapshot");
+    std::fs::write(snap(&c), &c_snap).unwrap();
+    // Another key's session: its snapshot in this key's session's place.
+    let theirs = call_as(
+        server.addr,
+        OTHER_KEY,
+        "POST",
+        "/v1/sessions",
+        Some(&json!({})),
+    );
+    let theirs = theirs.json()["id"].as_str().unwrap().to_owned();
+    call_as(
+        server.addr,
+        OTHER_KEY,
+        "POST",
+        &format!("/v1/sessions/{theirs}/execute"),
+        Some(&json!({"code": "marker = 'theirs'"})),
+    );
+    let r = call_as(
+        server.addr,
+        OTHER_KEY,
+        "POST",
+        &format!("/v1/sessions/{theirs}/pause"),
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    std::fs::copy(snap(&theirs), snap(&d)).unwrap();
+    refused(&d, "another key's snapshot");
+    std::fs::write(snap(&d), &d_snap).unwrap();
+    // Another key cannot resume, read or delete this key's paused session.
+    for (method, path) in [
+        ("GET", format!("/v1/sessions/{d}")),
+        ("POST", format!("/v1/sessions/{d}/resume")),
+        ("POST", format!("/v1/sessions/{d}/fork")),
+        ("DELETE", format!("/v1/sessions/{d}")),
+    ] {
+        let r = call_as(server.addr, OTHER_KEY, method, &path, None);
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.text());
+    }
+    // Replayed after its session was deleted: its files copied back are never taken.
+    let (d_record, d_bytes) = (
+        std::fs::read(dir.join(format!("{d}.json"))).unwrap(),
+        std::fs::read(snap(&d)).unwrap(),
+    );
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{d}"), None)
+            .status,
+        204
+    );
+    assert_eq!(
+        server
+            .call("GET", &format!("/v1/sessions/{d}"), None)
+            .status,
+        404
+    );
+    std::fs::write(dir.join(format!("{d}.json")), &d_record).unwrap();
+    std::fs::write(snap(&d), &d_bytes).unwrap();
+    let dir_kept = server.stop_keeping_state();
+    let server = Server::start_in(
+        dir_kept,
+        &other_key_toml("[volumes]\nmax_bytes_per_key = 50000000\n"),
+        &[],
+        Some(KEY),
+    );
+    assert_eq!(
+        server
+            .call("GET", &format!("/v1/sessions/{d}"), None)
+            .status,
+        404
+    );
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{d}/execute"),
+        Some(&json!({"code": "marker"})),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    // The others are still there after the restart.
+    assert_eq!(cell(&server, &c, "marker")["result"], "c");
+
+    // Code whose state is past the key's storage: refused at pause, the session running on.
+    let big = open(&server, json!({"limits": {"memory_mb": 512}}));
+    cell(
+        &server,
+        &big,
+        "import os\nblob = os.urandom(60_000_000)\nkept = 'yes'",
+    );
+    let r = post(&server, &big, "pause");
+    assert_eq!(
+        (r.status, r.error_code()),
+        (413, "quota_exceeded".into()),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        cell(&server, &big, "[kept, len(blob)]")["result"],
+        json!(["yes", 60_000_000])
+    );
+    assert!(!snap(&big).exists());
+    assert!(std::fs::read_dir(server.state_dir().join("sessions"))
+        .unwrap()
+        .flatten()
+        .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+}
+
+#[test]
+fn paused_sessions_outlive_a_killed_server_and_idle_ones_pause_by_themselves() {
+    let _g = serial();
+    let config = "[sessions]\npause_after_idle_ms = 1500\n";
+    let server = Server::start(config, &[]);
+    let quiet = open(&server, json!({}));
+    cell(
+        &server,
+        &quiet,
+        "import numpy as np\nv = np.arange(10) ** 2\nnote = 'quiet'",
+    );
+    let busy = open(&server, json!({}));
+    cell(&server, &busy, "total = sum(range(10))");
+    assert_eq!(post(&server, &busy, "pause").status, 200);
+    // Left idle, it is paused, not closed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let shown = server
+            .call("GET", &format!("/v1/sessions/{quiet}"), None)
+            .json();
+        if shown["paused"].is_object() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{shown}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let dir = server.kill_keeping_state();
+
+    let server = Server::start_in(dir, config, &[], Some(KEY));
+    assert_eq!(
+        cell(&server, &quiet, "[v.tolist(), note]")["result"],
+        json!([[0, 1, 4, 9, 16, 25, 36, 49, 64, 81], "quiet"])
+    );
+    assert_eq!(cell(&server, &busy, "total")["result"], 45);
+    // A graceful restart too.
+    assert_eq!(post(&server, &busy, "pause").status, 200);
+    let dir = server.stop_keeping_state();
+    let server = Server::start_in(dir, config, &[], Some(KEY));
+    assert_eq!(cell(&server, &busy, "total * 2")["result"], 90);
+}

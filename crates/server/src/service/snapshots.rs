@@ -1,0 +1,712 @@
+//! Paused sessions: a session's state written to a snapshot by its own sandbox, its sandbox
+//! freed, and brought back in a fresh sandbox by its next request, or forked into a new
+//! session. The snapshot is made and read only inside sandboxes of the session's key; to
+//! the server it is opaque bytes, compressed and bound to the session and key by a MAC
+//! (`airlock_engine::snapshot`). Paused sessions live on disk, in `sessions.snapshot_dir`:
+//! `<id>.snap` (the snapshot) and `<id>.json` (its record: the key's fingerprint, what the
+//! session was opened with, the MAC, what it holds), so a restart, graceful or not, finds
+//! them. In memory each is an entry of an index (id, key, size).
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
+use airlock_engine::snapshot::{open_verified, Binding, Sealed, SnapshotKey, SnapshotWriter};
+use airlock_engine::{SessionError, SnapshotError, SnapshotReport};
+
+use crate::error::{Error, Kind};
+use crate::keys::Key;
+use crate::service::sessions::{self, OpenSession};
+use crate::{AppState, SharedState};
+
+/// How long a snapshot or a restore may take.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A paused session's record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PausedRecord {
+    pub id: String,
+    pub key_fingerprint: String,
+    /// When the session was first opened, RFC 3339.
+    pub created_at: String,
+    pub idle_timeout_ms: u64,
+    pub max_lifetime_ms: u64,
+    /// What it was opened with, its files aside (they are in the snapshot).
+    pub request: SessionRequest,
+    /// Its cells' limits, as `GET /v1/sessions/{id}` shows them.
+    pub limits: airlock_api::Limits,
+    pub sealed: Sealed,
+    pub snapshot: SnapshotInfo,
+}
+
+/// The paused sessions of a snapshot directory.
+pub struct Paused {
+    dir: PathBuf,
+    key: Result<SnapshotKey, String>,
+    /// Id to (key fingerprint, bytes on disk).
+    index: Mutex<HashMap<String, (String, u64)>>,
+    /// Ids being paused, resumed or forked by this process.
+    claimed: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Paused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Paused").field("dir", &self.dir).finish()
+    }
+}
+
+/// Whether `id` may name files of the snapshot directory (the server's ids always may).
+fn valid_id(id: &str) -> bool {
+    id.starts_with("se_")
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn rfc(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+impl Paused {
+    /// The paused sessions in `dir` (made if missing, private), and the key of their MACs
+    /// (`dir/.key`); leftovers of a pause cut short are removed. Where the directory or the
+    /// key cannot be had, pausing is unavailable and says why.
+    pub fn open(dir: &Path) -> Paused {
+        let made = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("{}: {e}", dir.display()));
+        let key = made.and_then(|()| {
+            SnapshotKey::load_or_create(&dir.join(".key"))
+                .map_err(|e| format!("{}: {e}", dir.join(".key").display()))
+        });
+        let mut index = HashMap::new();
+        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") {
+                let _ = fs::remove_file(&path);
+                continue;
+            }
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let record = fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<PausedRecord>(&b).ok());
+            let deleted = dir.join(format!("{id}.deleted")).exists();
+            match record {
+                Some(_) if deleted => {
+                    tracing::warn!(path = %path.display(), "a deleted session's record is back; it is never resumed");
+                }
+                Some(r) if r.id == id && valid_id(id) => {
+                    index.insert(r.id, (r.key_fingerprint, r.sealed.stored_bytes));
+                }
+                _ => {
+                    tracing::warn!(path = %path.display(), "a paused session's record cannot be read; left as it is")
+                }
+            }
+        }
+        Paused {
+            dir: dir.to_path_buf(),
+            key,
+            index: Mutex::new(index),
+            claimed: Mutex::new(HashSet::new()),
+        }
+    }
+
+    fn key(&self) -> Result<&SnapshotKey, Error> {
+        self.key.as_ref().map_err(|why| {
+            Error::new(
+                Kind::Unprocessable,
+                "snapshots_unavailable",
+                format!("sessions cannot be paused here: {why}"),
+            )
+        })
+    }
+
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, u64)>> {
+        self.index.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn snap_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.snap"))
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Whether `id` is a paused session of the key with `fingerprint`.
+    pub fn holds(&self, id: &str, fingerprint: &str) -> bool {
+        self.index()
+            .get(id)
+            .is_some_and(|(owner, _)| owner == fingerprint)
+    }
+
+    /// How many sessions are paused, all keys together.
+    pub fn count(&self) -> usize {
+        self.index().len()
+    }
+
+    /// The bytes on disk of the key's paused sessions.
+    pub fn stored_bytes_of(&self, fingerprint: &str) -> u64 {
+        self.index()
+            .values()
+            .filter(|(owner, _)| owner == fingerprint)
+            .map(|(_, bytes)| bytes)
+            .sum()
+    }
+
+    /// The record of paused session `id`, if it is the key's.
+    pub fn record(&self, id: &str, fingerprint: &str) -> Option<PausedRecord> {
+        if !valid_id(id) || !self.holds(id, fingerprint) || self.deleted(id) {
+            return None;
+        }
+        let record: PausedRecord =
+            serde_json::from_slice(&fs::read(self.record_path(id)).ok()?).ok()?;
+        (record.id == id && record.key_fingerprint == fingerprint).then_some(record)
+    }
+
+    /// The key's paused sessions.
+    pub fn records_of(&self, fingerprint: &str) -> Vec<PausedRecord> {
+        let ids: Vec<String> = self
+            .index()
+            .iter()
+            .filter(|(_, (owner, _))| owner == fingerprint)
+            .map(|(id, _)| id.clone())
+            .collect();
+        ids.iter()
+            .filter_map(|id| self.record(id, fingerprint))
+            .collect()
+    }
+
+    /// Claims `id` for one pause, resume or fork in this process, and, with an exclusive
+    /// `flock` on `<id>.lock`, against other replicas sharing the directory.
+    fn claim(&self, id: &str) -> Result<Claim<'_>, Error> {
+        let busy = || {
+            Error::new(
+                Kind::Conflict,
+                "session_busy",
+                "the session is being paused, resumed or forked by another request",
+            )
+        };
+        if !self
+            .claimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned())
+        {
+            return Err(busy());
+        }
+        let mut claim = Claim {
+            paused: self,
+            id: id.to_owned(),
+            lock: None,
+        };
+        let path = self.dir.join(format!("{id}.lock"));
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => {
+                claim.lock = Some(lock);
+                Ok(claim)
+            }
+            Err(_) => Err(busy()),
+        }
+    }
+
+    fn save(&self, record: &PausedRecord) -> Result<(), Error> {
+        let path = self.record_path(&record.id);
+        let tmp = self.dir.join(format!("{}.json.tmp", record.id));
+        let written = (|| {
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)?;
+            fs::File::open(&self.dir)?.sync_all()
+        })();
+        written.map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            Error::internal(format!("writing {}: {e}", path.display()))
+        })?;
+        self.index().insert(
+            record.id.clone(),
+            (record.key_fingerprint.clone(), record.sealed.stored_bytes),
+        );
+        Ok(())
+    }
+
+    /// Deletes paused session `id` for good: a tombstone (`<id>.deleted`, kept) first, so
+    /// that its record and snapshot, copied back, are never taken again; then both.
+    pub fn delete(&self, id: &str) -> Result<(), Error> {
+        if !valid_id(id) {
+            return Ok(());
+        }
+        let tombstone = self.dir.join(format!("{id}.deleted"));
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&tombstone)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::internal(format!("{}: {e}", tombstone.display())))?;
+        self.remove(id);
+        Ok(())
+    }
+
+    fn deleted(&self, id: &str) -> bool {
+        self.dir.join(format!("{id}.deleted")).exists()
+    }
+
+    /// Forgets paused session `id`: its record, then its snapshot.
+    pub fn remove(&self, id: &str) {
+        if !valid_id(id) {
+            return;
+        }
+        self.index().remove(id);
+        let _ = fs::remove_file(self.record_path(id));
+        let _ = fs::remove_file(self.snap_path(id));
+        let _ = fs::remove_file(self.dir.join(format!("{id}.lock")));
+    }
+
+    /// Paused sessions kept longer than `retention`: removed; their ids and keys.
+    pub fn expire(&self, retention: Duration) -> Vec<(String, String)> {
+        let now = SystemTime::now();
+        let ids: Vec<(String, String)> = self
+            .index()
+            .iter()
+            .map(|(id, (owner, _))| (id.clone(), owner.clone()))
+            .collect();
+        let mut gone = Vec::new();
+        for (id, owner) in ids {
+            let old = fs::metadata(self.record_path(&id))
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > retention);
+            if old {
+                if let Ok(_claim) = self.claim(&id) {
+                    self.remove(&id);
+                    gone.push((id, owner));
+                }
+            }
+        }
+        gone
+    }
+}
+
+/// A claim on one session id ([`Paused::claim`]).
+struct Claim<'a> {
+    paused: &'a Paused,
+    id: String,
+    lock: Option<nix::fcntl::Flock<fs::File>>,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        drop(self.lock.take());
+        self.paused
+            .claimed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+fn snapshot_error(e: SnapshotError) -> Error {
+    match e {
+        SnapshotError::TooLarge { limit } => Error::new(
+            Kind::TooLarge,
+            "quota_exceeded",
+            format!(
+                "the session's state is over {limit} bytes, the most its snapshot may hold \
+                 (sessions.max_snapshot_bytes, and the key's storage, volumes.max_bytes_per_key); \
+                 nothing was kept and the session runs on"
+            ),
+        ),
+        SnapshotError::Refused { kind, message } => Error::new(
+            Kind::Unprocessable,
+            "snapshot_failed",
+            format!("the session's sandbox could not take or read its snapshot: {kind}: {message}"),
+        ),
+        SnapshotError::Store(e) => Error::internal(format!("a snapshot's file: {e}")),
+        SnapshotError::Session(SessionError::Ended(status)) => Error::new(
+            Kind::Conflict,
+            "session_ended",
+            format!("the session has ended ({status}); close it and start another"),
+        ),
+        SnapshotError::Session(e) => Error::internal(e.to_string()),
+    }
+}
+
+/// How many state bytes a snapshot of the key's may hold now: the configured most, within
+/// what its storage has left after its volumes and its other paused sessions.
+fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
+    let volumes: u64 = state
+        .volumes
+        .list(owner)
+        .unwrap_or_default()
+        .iter()
+        .map(|v| v.size_bytes)
+        .sum();
+    let used = volumes + state.paused.stored_bytes_of(owner);
+    state
+        .config
+        .sessions
+        .max_snapshot_bytes
+        .min(state.config.volumes.max_bytes_per_key.saturating_sub(used))
+}
+
+/// Writes `entry`'s state to a snapshot bound to `binding` at `path` (which must not exist).
+fn take(
+    state: &AppState,
+    owner: &str,
+    entry: &OpenSession,
+    path: &Path,
+    binding: Binding,
+) -> Result<(Sealed, SnapshotInfo), Error> {
+    let mut writer = SnapshotWriter::create(path, state.paused.key()?, binding)
+        .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
+    let max = room_for_snapshot(state, owner);
+    let taken =
+        entry
+            .engine_session()
+            .snapshot(&mut |chunk| writer.write(chunk), max, SNAPSHOT_TIMEOUT);
+    let (report, _) = match taken {
+        Ok(taken) => taken,
+        Err(e) => {
+            drop(writer);
+            let _ = fs::remove_file(path);
+            return Err(snapshot_error(e));
+        }
+    };
+    let sealed = writer.finish().map_err(|e| {
+        let _ = fs::remove_file(path);
+        Error::internal(format!("{}: {e}", path.display()))
+    })?;
+    let info = snapshot_info(&sealed, entry.cells(), report);
+    Ok((sealed, info))
+}
+
+fn snapshot_info(sealed: &Sealed, cells: u64, report: SnapshotReport) -> SnapshotInfo {
+    SnapshotInfo {
+        taken_at: rfc(SystemTime::now()),
+        cells,
+        stored_bytes: sealed.stored_bytes,
+        state_bytes: sealed.state_bytes,
+        variables: report.variables,
+        not_kept: report.not_kept,
+    }
+}
+
+/// Pauses `key`'s live session `id` (blocking): its state to a snapshot, then its sandbox
+/// closed. Refused, the session running on, when the state is over what may be kept.
+pub(crate) fn pause(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+    let entry = sessions::find(state, key, id)?;
+    pause_entry(state, &entry)
+}
+
+/// Pauses the open sessions unused for `idle` (the reaper, with `pause_after_idle_ms`); one
+/// that cannot be paused runs on, and is tried again after another `idle`.
+pub(crate) fn pause_idle(state: &SharedState, idle: Duration) {
+    for entry in state.sessions.all() {
+        if !entry.idle_for(idle) {
+            continue;
+        }
+        if let Err(e) = pause_entry(state, &entry) {
+            tracing::warn!(session = entry.id(), error = %e.message, "an idle session could not be paused");
+            entry.touch();
+        }
+    }
+}
+
+fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionInfo, Error> {
+    let id = entry.id().to_owned();
+    let id = id.as_str();
+    let owner = entry.owner().to_owned();
+    let claim = state.paused.claim(id)?;
+    let busy = entry.claim()?;
+    let binding = Binding {
+        key_fingerprint: &owner,
+        session_id: id,
+    };
+    let tmp = state.paused.dir.join(format!("{id}.snap.tmp"));
+    let _ = fs::remove_file(&tmp);
+    let (sealed, info) = take(state, &owner, entry, &tmp, binding)?;
+    let mut session_info = entry.info();
+    let record = PausedRecord {
+        id: id.to_owned(),
+        key_fingerprint: owner.clone(),
+        created_at: rfc(entry.created_at()),
+        idle_timeout_ms: session_info.idle_timeout_ms,
+        max_lifetime_ms: session_info.max_lifetime_ms,
+        request: entry.request().clone(),
+        limits: session_info.limits.clone(),
+        sealed,
+        snapshot: info.clone(),
+    };
+    fs::rename(&tmp, state.paused.snap_path(id)).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        Error::internal(format!("keeping a snapshot: {e}"))
+    })?;
+    state.paused.save(&record)?;
+    drop(busy);
+    sessions::unregister(state, entry, "paused");
+    drop(claim);
+    tracing::info!(
+        session = id,
+        stored_bytes = record.sealed.stored_bytes,
+        state_bytes = record.sealed.state_bytes,
+        not_kept = record.snapshot.not_kept.len(),
+        "paused a session"
+    );
+    session_info.paused = Some(info);
+    Ok(session_info)
+}
+
+fn entry_info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+    sessions::info(state, key, id)
+}
+
+/// Brings `key`'s paused session `id` back in a fresh sandbox (blocking): jailed as a new
+/// session opened with the same request, the snapshot checked whole, then read in there.
+/// The session is open again under its id; its snapshot is gone.
+pub(crate) fn resume(
+    state: &SharedState,
+    key: &Key,
+    id: &str,
+) -> Result<(Arc<OpenSession>, SnapshotInfo), Error> {
+    let fingerprint = key.fingerprint();
+    let claim = state.paused.claim(id)?;
+    // Resumed meanwhile by another request (which held the claim): it is open now.
+    if let Ok(entry) = sessions::find(state, key, id) {
+        drop(claim);
+        return Err(already_open(entry));
+    }
+    let record = state
+        .paused
+        .record(id, &fingerprint)
+        .ok_or_else(|| crate::service::not_here(state, id, "session"))?;
+    let binding = Binding {
+        key_fingerprint: &fingerprint,
+        session_id: id,
+    };
+    let (entry, report) = bring_back(
+        state,
+        key,
+        &record,
+        id,
+        &state.paused.snap_path(id),
+        binding,
+    )?;
+    let created_at = humantime::parse_rfc3339(&record.created_at).unwrap_or(SystemTime::now());
+    let entry = entry.resumed_as(created_at, record.snapshot.cells);
+    sessions::register(state, key, entry.clone())?;
+    state.paused.remove(id);
+    drop(claim);
+    let mut info = record.snapshot;
+    info.variables = report.variables;
+    info.not_kept.extend(report.not_kept);
+    tracing::info!(session = id, "resumed a session");
+    Ok((entry, info))
+}
+
+/// A resume that found the session open: the caller goes on with it.
+fn already_open(_entry: Arc<OpenSession>) -> Error {
+    Error::new(
+        Kind::Conflict,
+        "session_busy",
+        "the session was resumed by another request meanwhile; send this one again",
+    )
+}
+
+/// A fresh session of `record`'s request under `id`, with the snapshot at `path` (bound to
+/// `binding`) read into it; not yet registered.
+fn bring_back(
+    state: &SharedState,
+    key: &Key,
+    record: &PausedRecord,
+    id: &str,
+    path: &Path,
+    binding: Binding,
+) -> Result<(Arc<OpenSession>, SnapshotReport), Error> {
+    let mut request = record.request.clone();
+    request.idle_timeout_ms = Some(record.idle_timeout_ms);
+    request.max_lifetime_ms = Some(record.max_lifetime_ms);
+    let opening = sessions::prepare_open_as(state, key, request, id.to_owned())?;
+    let mut source =
+        open_verified(path, state.paused.key()?, binding, &record.sealed).map_err(|e| match e {
+            airlock_engine::snapshot::VerifyError::Forged => Error::new(
+                Kind::Unprocessable,
+                "snapshot_invalid",
+                "the session's snapshot was altered, cut short, or is not this session's: \
+                 it is refused, and nothing of it runs",
+            ),
+            airlock_engine::snapshot::VerifyError::Io(e) => {
+                Error::internal(format!("reading a snapshot: {e}"))
+            }
+        })?;
+    let entry = sessions::launch(state, &key.fingerprint(), opening)?;
+    match entry
+        .engine_session()
+        .restore(&mut source, SNAPSHOT_TIMEOUT)
+    {
+        Ok(report) => Ok((entry, report)),
+        Err(e) => {
+            entry.destroy();
+            Err(snapshot_error(e))
+        }
+    }
+}
+
+/// A new session of `key`'s with the state of its session `id`, live or paused (blocking);
+/// `id` goes on as it was.
+pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+    let fingerprint = key.fingerprint();
+    let new_id = state.held_id("se_");
+    let claim = state.paused.claim(id)?;
+    let (record, path, binding_id, temporary) = match sessions::find(state, key, id) {
+        Ok(entry) => {
+            let busy = entry.claim()?;
+            let tmp = state.paused.dir.join(format!("{new_id}.snap.tmp"));
+            let binding = Binding {
+                key_fingerprint: &fingerprint,
+                session_id: &new_id,
+            };
+            let (sealed, info) = take(state, &fingerprint, &entry, &tmp, binding)?;
+            drop(busy);
+            let info_now = entry_info(state, key, id)?;
+            let record = PausedRecord {
+                id: new_id.clone(),
+                key_fingerprint: fingerprint.clone(),
+                created_at: rfc(SystemTime::now()),
+                idle_timeout_ms: info_now.idle_timeout_ms,
+                max_lifetime_ms: info_now.max_lifetime_ms,
+                request: entry.request().clone(),
+                limits: info_now.limits.clone(),
+                sealed,
+                snapshot: info,
+            };
+            (record, tmp, new_id.clone(), true)
+        }
+        Err(_) => {
+            let record = state
+                .paused
+                .record(id, &fingerprint)
+                .ok_or_else(|| crate::service::not_here(state, id, "session"))?;
+            (record, state.paused.snap_path(id), id.to_owned(), false)
+        }
+    };
+    let binding = Binding {
+        key_fingerprint: &fingerprint,
+        session_id: &binding_id,
+    };
+    let brought = bring_back(state, key, &record, &new_id, &path, binding);
+    if temporary {
+        let _ = fs::remove_file(&path);
+    }
+    drop(claim);
+    let (entry, report) = brought?;
+    let entry = entry.resumed_as(SystemTime::now(), record.snapshot.cells);
+    sessions::register(state, key, entry.clone())?;
+    let mut info = entry_info(state, key, &new_id)?;
+    let mut snapshot = record.snapshot;
+    snapshot.variables = report.variables;
+    snapshot.not_kept.extend(report.not_kept);
+    info.resumed = Some(snapshot);
+    Ok(info)
+}
+
+/// A paused session as `GET /v1/sessions/{id}` shows it: it is kept until `retention` after
+/// its snapshot was taken.
+pub(crate) fn paused_info(record: &PausedRecord, retention: Duration) -> SessionInfo {
+    let expires = humantime::parse_rfc3339(&record.snapshot.taken_at)
+        .map(|t| rfc(t + retention))
+        .unwrap_or_default();
+    SessionInfo {
+        id: record.id.clone(),
+        created_at: record.created_at.clone(),
+        expires_at: expires,
+        idle_timeout_ms: record.idle_timeout_ms,
+        max_lifetime_ms: record.max_lifetime_ms,
+        cells: record.snapshot.cells,
+        ended: None,
+        limits: record.limits.clone(),
+        egress_between_cells: None,
+        paused: Some(record.snapshot.clone()),
+        resumed: None,
+    }
+}
+
+/// Deletes paused session `id` of the key with `fingerprint` (blocking): its snapshot and
+/// record; an audit line says so.
+pub(crate) fn delete(state: &SharedState, id: &str, fingerprint: &str) -> Result<(), Error> {
+    let _claim = state.paused.claim(id)?;
+    if !state.paused.holds(id, fingerprint) {
+        return Err(crate::service::not_here(state, id, "session"));
+    }
+    state.paused.delete(id)?;
+    sessions::audit_session(state, id, fingerprint, Some("deleted"));
+    Ok(())
+}
+
+/// `POST /v1/sessions/{id}/pause`.
+pub(crate) async fn pause_session(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: String,
+) -> Result<SessionInfo, Error> {
+    crate::service::execution::refuse_if_unavailable(state)?;
+    let (st, key) = (state.clone(), key.clone());
+    tokio::task::spawn_blocking(move || pause(&st, &key, &id))
+        .await
+        .map_err(|e| Error::internal(format!("pausing a session: {e}")))?
+}
+
+/// `POST /v1/sessions/{id}/resume`: a paused session brought back (one already open is
+/// answered as it is).
+pub(crate) async fn resume_session(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: String,
+) -> Result<SessionInfo, Error> {
+    crate::service::execution::refuse_if_unavailable(state)?;
+    let (entry, resumed) = sessions::find_or_resume(state, key, &id).await?;
+    let mut info = sessions::info(state, key, entry.id())?;
+    info.resumed = resumed;
+    Ok(info)
+}
+
+/// `POST /v1/sessions/{id}/fork`.
+pub(crate) async fn fork_session(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: String,
+) -> Result<SessionInfo, Error> {
+    crate::service::execution::refuse_if_unavailable(state)?;
+    let (st, key) = (state.clone(), key.clone());
+    tokio::task::spawn_blocking(move || fork(&st, &key, &id))
+        .await
+        .map_err(|e| Error::internal(format!("forking a session: {e}")))?
+}
