@@ -173,11 +173,14 @@ pub fn main(args: VolumeArgs) -> ExitCode {
         VolumeCommand::Files { name } => {
             let listed = volumes
                 .lease(&owner, &name, Access::Read, "airlock volume files")
-                .and_then(|lease| lease.list_files(config.volumes.max_entries as usize));
+                .and_then(|lease| lease.list_files(1_000_000, 256 << 20));
             match listed {
-                Ok(files) => {
-                    for f in files {
+                Ok(listing) => {
+                    for f in listing.files {
                         outln!("{}\t{}\t{}", f.kind, f.size, f.path);
+                    }
+                    if listing.truncated {
+                        errln!("airlock: more entries than a listing holds (1,000,000, or 256 MiB of paths)");
                     }
                     ExitCode::SUCCESS
                 }

@@ -83,6 +83,10 @@ pub struct Session {
     /// The session's egress: each cell is an account of its own (`Leash::begin`), and the
     /// time between cells the session's (`Leash::for_session`, which the caller names).
     egress: Option<Arc<airlock_egress::Leash>>,
+    /// The volumes its sandbox mounts, with their leases: let go once the sandbox is gone
+    /// and its channel holds nothing more (a descriptor passed on it would keep a volume's
+    /// mount), or with the session (after `io`, which closes the channel).
+    volumes: Mutex<Vec<crate::volumes::JobVolume>>,
 }
 
 /// One cell.
@@ -192,7 +196,6 @@ impl Session {
                 if let Some(served) = served {
                     let _ = served.join();
                 }
-                drop(volumes);
                 end2.set(outcome);
                 let _ = nix::unistd::write(&wake_w, &[1]);
             })
@@ -264,7 +267,33 @@ impl Session {
             tools: setup.tools,
             breach,
             egress: setup.egress,
+            volumes: Mutex::new(volumes),
         })
+    }
+
+    /// Once the sandbox has ended: what its channel still holds is read and dropped (with
+    /// any descriptor the code passed on it), then its volumes are let go. Nothing while it
+    /// runs, or while a request uses the session.
+    pub fn release_if_ended(&self) {
+        if !self.end.is_set() {
+            return;
+        }
+        let mut volumes = self.volumes.lock().unwrap_or_else(|e| e.into_inner());
+        if volumes.is_empty() {
+            return;
+        }
+        let Ok(mut io) = self.io.try_lock() else {
+            return;
+        };
+        let _ = pump::set_nonblocking(io.control.as_fd());
+        let mut buf = vec![0u8; 64 * 1024];
+        for _ in 0..4096 {
+            match pump::read_some(&mut io.control, &mut buf) {
+                Progress::Data(_) => {}
+                Progress::Eof | Progress::Blocked => break,
+            }
+        }
+        volumes.clear();
     }
 
     fn io(&self) -> MutexGuard<'_, Io> {

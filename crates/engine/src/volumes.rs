@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -116,6 +117,17 @@ pub struct VolumeFile {
     #[serde(rename = "type")]
     pub kind: String,
     pub size: u64,
+    /// Its name (or a directory's on its path) is not UTF-8: shown with U+FFFD, and not
+    /// reachable by the file routes (a sandbox can rename or remove it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lossy: bool,
+}
+
+/// A volume's listing: its entries, and whether there were more than it may hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listing {
+    pub files: Vec<VolumeFile>,
+    pub truncated: bool,
 }
 
 /// Read or write.
@@ -131,10 +143,15 @@ pub struct Volumes {
     dir: PathBuf,
     /// Why volumes cannot be had here, when they cannot (no loop devices, not root).
     unavailable: Option<String>,
-    /// Volumes mounted now, by owner and name. Creating, deleting and leasing hold this lock,
-    /// so a volume is never deleted between a check and a lease.
-    open: Mutex<HashMap<(String, String), Weak<Open>>>,
+    /// Volumes mounted now, by owner and name: one slot each, whose own lock a lease (which
+    /// may wait for a mount to go) and a deletion hold, so that neither waits behind another
+    /// volume, and a volume is never deleted between a check and a lease.
+    open: Mutex<HashMap<(String, String), Slot>>,
+    /// Held while a volume is made (its quota counted).
+    making: Mutex<()>,
 }
+
+type Slot = Arc<Mutex<Weak<Open>>>;
 
 /// A mounted volume and who holds it.
 #[derive(Debug)]
@@ -253,6 +270,7 @@ impl Volumes {
             dir,
             unavailable: made.err().or_else(unavailable),
             open: Mutex::new(HashMap::new()),
+            making: Mutex::new(()),
         }
     }
 
@@ -273,8 +291,15 @@ impl Volumes {
         Ok(self.dir.join(owner))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Weak<Open>>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    /// The slot of `owner`'s volume `name`; slots of volumes nobody holds go meanwhile.
+    fn slot(&self, owner: &str, name: &str) -> Slot {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|_, slot| {
+            Arc::strong_count(slot) > 1 || slot.lock().map(|w| w.strong_count() > 0).unwrap_or(true)
+        });
+        open.entry((owner.to_owned(), name.to_owned()))
+            .or_default()
+            .clone()
     }
 
     /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`.
@@ -298,17 +323,19 @@ impl Volumes {
                 ),
             });
         }
-        if max_entries < 16 || max_entries > quota.max_entries {
+        // ext4 needs a few blocks per inode table: at most one entry per 4 KiB of size.
+        if max_entries < 16 || max_entries > quota.max_entries || max_entries > size_bytes / 4096 {
             return Err(VolumeError::Invalid {
                 field: "max_entries",
                 message: format!(
-                    "max_entries must be between 16 and {} (volumes.max_entries)",
-                    quota.max_entries
+                    "max_entries must be between 16 and {} (volumes.max_entries, and one per \
+                     4 KiB of size_bytes)",
+                    quota.max_entries.min(size_bytes / 4096)
                 ),
             });
         }
         let dir = self.owner_dir(owner)?;
-        let _open = self.lock();
+        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -391,13 +418,8 @@ impl Volumes {
         }
     }
 
-    /// Who holds `owner`'s volume `name` now, if anyone: for [`VolumeError::InUse`].
-    fn holders_of(
-        open: &HashMap<(String, String), Weak<Open>>,
-        owner: &str,
-        name: &str,
-    ) -> Option<String> {
-        let open = open.get(&(owner.to_owned(), name.to_owned()))?.upgrade()?;
+    /// Who holds a mounted volume, if anyone: for [`VolumeError::InUse`].
+    fn holders_of(open: &Open) -> Option<String> {
         let holders = open.holders.lock().unwrap_or_else(|e| e.into_inner());
         let all: Vec<&str> = holders
             .writer
@@ -412,16 +434,25 @@ impl Volumes {
     pub fn delete(&self, owner: &str, name: &str) -> Result<VolumeInfo, VolumeError> {
         let info = self.get(owner, name)?;
         let dir = self.owner_dir(owner)?;
-        let open = self.lock();
-        if let Some(holders) = Self::holders_of(&open, owner, name) {
+        let slot = self.slot(owner, name);
+        let mounted = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(open) = mounted.upgrade() {
             return Err(VolumeError::InUse {
                 name: name.into(),
-                holders,
+                holders: Self::holders_of(&open).unwrap_or_else(|| "a request".into()),
             });
         }
         let _owner = lock_owner(&dir)?;
-        // Mounted by another process (the server, while the CLI deletes): its lock says so.
         let image = dir.join(format!("{name}.img"));
+        // A mount that outlived its holders (a descriptor a sandbox passed on, not yet
+        // closed): its blocks would stay taken after the quota let them go.
+        if BoundedDir::image_in_use(&image) {
+            return Err(VolumeError::InUse {
+                name: name.into(),
+                holders: "a mount that has not yet gone".into(),
+            });
+        }
+        // Mounted by another process (the server, while the CLI deletes): its lock says so.
         let file = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
@@ -449,21 +480,24 @@ impl Volumes {
     ) -> Result<Lease, VolumeError> {
         self.get(owner, name)?;
         self.available()?;
-        let key = (owner.to_owned(), name.to_owned());
-        let mut open = self.lock();
-        let mounted = match open.get(&key).and_then(Weak::upgrade) {
+        let slot = self.slot(owner, name);
+        // Only this volume's leases wait here (for a mount of it that has not yet gone).
+        let mut mounted_now = slot.lock().unwrap_or_else(|e| e.into_inner());
+        let mounted = match mounted_now.upgrade() {
             Some(mounted) => mounted,
             None => {
+                // Deleted meanwhile, by a request that held the slot.
+                self.get(owner, name)?;
                 let image = self.owner_dir(owner)?.join(format!("{name}.img"));
                 let mounted = Arc::new(Open {
                     dir: mount_when_free(&image, name)?,
                     holders: Mutex::new(Holders::default()),
                 });
-                open.retain(|_, weak| weak.strong_count() > 0);
-                open.insert(key, Arc::downgrade(&mounted));
+                *mounted_now = Arc::downgrade(&mounted);
                 mounted
             }
         };
+        drop(mounted_now);
         {
             let mut holders = mounted.holders.lock().unwrap_or_else(|e| e.into_inner());
             match access {
@@ -585,7 +619,12 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
 
 /// `openat2` beneath `dir`: no `..` out, no symbolic link (nor magic link) anywhere on the
 /// way, no other mount.
-fn open_beneath(dir: impl AsFd, path: &str, flags: OFlag, mode: Mode) -> nix::Result<OwnedFd> {
+fn open_beneath<P: ?Sized + nix::NixPath>(
+    dir: impl AsFd,
+    path: &P,
+    flags: OFlag,
+    mode: Mode,
+) -> nix::Result<OwnedFd> {
     let how = OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
         .mode(mode)
@@ -613,7 +652,13 @@ fn file_error<'a>(
 ) -> impl FnOnce(nix::Error) -> VolumeError + 'a {
     move |e| match e {
         nix::Error::ENOENT => VolumeError::NoFile(path.into()),
-        nix::Error::ELOOP | nix::Error::ENOTDIR | nix::Error::EXDEV => VolumeError::NotA {
+        nix::Error::ELOOP
+        | nix::Error::ENOTDIR
+        | nix::Error::EXDEV
+        | nix::Error::ENXIO
+        | nix::Error::ENODEV
+        | nix::Error::EISDIR
+        | nix::Error::EWOULDBLOCK => VolumeError::NotA {
             path: path.into(),
             wanted,
         },
@@ -784,58 +829,76 @@ impl Lease {
         })
     }
 
-    /// Every entry of the volume (at most `max`), depth first, links listed and never
-    /// followed.
-    pub fn list_files(&self, max: usize) -> Result<Vec<VolumeFile>, VolumeError> {
+    /// Entries of the volume, depth first, links listed and never followed: at most `max`
+    /// of them and `max_bytes` of paths (each directory read as it goes, never whole), then
+    /// `truncated`. A name that is not UTF-8 is listed with U+FFFD in its place and `lossy`.
+    pub fn list_files(&self, max: usize, max_bytes: usize) -> Result<Listing, VolumeError> {
         let root = self.root();
         let mut out = Vec::new();
-        let mut stack = vec![String::new()];
-        while let Some(prefix) = stack.pop() {
-            let at = if prefix.is_empty() { "." } else { &prefix };
+        let mut bytes = 0usize;
+        let mut stack: Vec<(Vec<u8>, String, bool)> = vec![(Vec::new(), String::new(), false)];
+        let mut truncated = false;
+        'walk: while let Some((raw_prefix, prefix, prefix_lossy)) = stack.pop() {
+            let at: &[u8] = if raw_prefix.is_empty() {
+                b"."
+            } else {
+                &raw_prefix
+            };
+            let at_os = std::ffi::OsStr::from_bytes(at);
             let fd = open_beneath(
                 root,
-                at,
+                at_os,
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY,
                 Mode::empty(),
             )
-            .map_err(file_error(at, "directory"))?;
+            .map_err(file_error(&prefix, "directory"))?;
             // Each entry is looked at from its own directory's descriptor: a directory
             // swapped for a link meanwhile leads nowhere.
             let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
-            let mut names: Vec<String> = fs::read_dir(&listing)
-                .map_err(|e| io_err("read", Path::new(at))(e))?
-                .flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect();
-            names.sort();
-            for name in names {
+            let entries =
+                fs::read_dir(&listing).map_err(|e| io_err("read", Path::new(&prefix))(e))?;
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let lossy = prefix_lossy || name.to_str().is_none();
+                let shown = name.to_string_lossy();
                 let path = if prefix.is_empty() {
-                    name.clone()
+                    shown.to_string()
                 } else {
-                    format!("{prefix}/{name}")
+                    format!("{prefix}/{shown}")
                 };
+                let mut raw = raw_prefix.clone();
+                if !raw.is_empty() {
+                    raw.push(b'/');
+                }
+                raw.extend_from_slice(name.as_bytes());
                 let Ok(st) = nix::sys::stat::fstatat(
                     &fd,
-                    name.as_str(),
+                    name.as_os_str(),
                     nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
                 ) else {
                     continue;
                 };
+                if out.len() >= max || bytes + path.len() > max_bytes {
+                    truncated = true;
+                    break 'walk;
+                }
+                bytes += path.len();
                 let kind = kind_of(&st);
                 if kind == "dir" {
-                    stack.push(path.clone());
+                    stack.push((raw, path.clone(), lossy));
                 }
                 out.push(VolumeFile {
                     path,
                     kind: kind.into(),
                     size: if kind == "file" { st.st_size as u64 } else { 0 },
+                    lossy,
                 });
-                if out.len() >= max {
-                    return Ok(out);
-                }
             }
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
+        Ok(Listing {
+            files: out,
+            truncated,
+        })
     }
 }

@@ -223,6 +223,12 @@ impl BoundedDir {
         })
     }
 
+    /// Whether a loop device is still attached to the kept image at `image`: a mount of it
+    /// that has not yet gone, whoever holds it.
+    pub fn image_in_use(image: &Path) -> bool {
+        backs_a_loop_device(image)
+    }
+
     pub fn kind(&self) -> BoundedKind {
         self.kind
     }

@@ -487,3 +487,107 @@ fn the_cli_makes_fills_and_empties_the_volumes_the_server_serves() {
     assert_eq!(cli(&["rm", "notes"], b"").0, Some(0));
     assert_eq!(server.call("GET", "/v1/volumes/notes", None).status, 404);
 }
+
+/// The hostile review's findings: a listing is bounded however many names code made (hard
+/// links take no entries); a descriptor passed on a session's channel by code that then
+/// ends its sandbox does not keep the volume's mount (nor its lease) once the sandbox is
+/// gone; names that are not UTF-8 are listed, not hidden; special files and impossible
+/// sizes are the caller's errors, not the server's.
+#[test]
+fn a_volume_holds_up_against_pinning_link_floods_and_odd_names() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 64 * MIB).status, 201);
+    let mount = json!([{"name": "v", "path": "/work/v"}]);
+    let flood = "import os\n\
+                 open('/work/v/one', 'w').close()\n\
+                 for i in range(12000):\n    os.link('/work/v/one', f'/work/v/l{i:05}')\n\
+                 os.mkdir(b'/work/v/\\xff')\n\
+                 open(b'/work/v/\\xff/inner', 'w').close()\n\
+                 os.mkfifo('/work/v/fifo')\n\
+                 'made'";
+    let r = server.execute(mounting(flood, mount.clone()));
+    assert_eq!(r.json()["result"], "made", "{}", r.text());
+    let listed = server.call("GET", "/v1/volumes/v/files", None).json();
+    assert_eq!(listed["files"].as_array().unwrap().len(), 10_000, "bounded");
+    assert_eq!(listed["truncated"], true);
+    // Odd names are listed (with U+FFFD, and `lossy`), not hidden.
+    let r = server.execute(mounting(
+        "import os\nfor n in os.listdir('/work/v'):\n    \
+         n.startswith('l') and os.remove('/work/v/' + n)\n'ok'",
+        mount.clone(),
+    ));
+    assert_eq!(r.json()["result"], "ok", "{}", r.text());
+    let listed = server.call("GET", "/v1/volumes/v/files", None).json();
+    let lossy: Vec<&Value> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["lossy"] == true)
+        .collect();
+    assert_eq!(lossy.len(), 2, "{listed}");
+    assert!(
+        lossy.iter().any(|f| f["path"] == "\u{fffd}/inner"),
+        "{listed}"
+    );
+    assert_eq!(listed["truncated"], false);
+    // A FIFO in the way of an upload is a 400; so is a volume of more entries than its size holds.
+    assert_eq!(put(&server, "v", "fifo", b"x").status, 400);
+    let r = server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": "tiny", "size_bytes": 8 * MIB, "max_entries": 1 << 20})),
+    );
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].clone()),
+        (400, json!("max_entries"))
+    );
+
+    // A session whose code passes a descriptor of the volume on its channel, then ends its
+    // own sandbox.
+    let session = server.call("POST", "/v1/sessions", Some(&json!({"volumes": mount})));
+    let sid = session.json()["id"].as_str().unwrap().to_owned();
+    let pin = "import os, socket, threading, time\n\
+               def later():\n    time.sleep(0.5)\n    \
+               fd = os.open('/work/v/one', os.O_RDONLY)\n    \
+               s = socket.socket(fileno=3)\n    \
+               s.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fd.to_bytes(4, 'little'))])\n    \
+               os._exit(0)\n\
+               threading.Thread(target=later).start()\n'armed'";
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{sid}/execute"),
+        Some(&json!({"code": pin})),
+    );
+    assert_eq!(r.json()["result"], "armed", "{}", r.text());
+    // Once the sandbox is gone, the volume is free again: a new writer mounts it, and it
+    // can be deleted (its blocks with it).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = server.execute(mounting("'free'", mount.clone()));
+        if r.status == 200 && r.json()["result"] == "free" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", r.text());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let loops = || {
+        std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter(|d| {
+                std::fs::read_to_string(d.path().join("loop/backing_file"))
+                    .is_ok_and(|f| f.contains(&*server.state_dir().to_string_lossy()))
+            })
+            .count()
+    };
+    assert_eq!(server.call("DELETE", "/v1/volumes/v", None).status, 204);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while loops() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a loop device outlived the volume"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -109,8 +109,12 @@ impl Sessions {
         }
     }
 
-    /// Closes the sessions idle or alive for too long; returns them.
+    /// Closes the sessions idle or alive for too long; returns them. The volumes of sessions
+    /// whose sandbox has ended are let go.
     pub fn reap(&self) -> Vec<Reaped> {
+        for entry in self.all() {
+            entry.session.release_if_ended();
+        }
         let now = Instant::now();
         let expired: Vec<Arc<OpenSession>> = {
             let mut open = self.lock();

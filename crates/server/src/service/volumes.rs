@@ -46,10 +46,16 @@ pub struct VolumeShown {
     pub usage: Usage,
 }
 
+/// Entries a listing holds at most, and bytes of their paths.
+const MAX_LISTED: usize = 10_000;
+const MAX_LISTED_BYTES: usize = 4 << 20;
+
 /// `GET /v1/volumes/{name}/files`.
 #[derive(Debug, Serialize)]
 pub struct VolumeFiles {
     pub files: Vec<VolumeFile>,
+    /// There were more entries than a listing holds (10,000, or 4 MiB of paths).
+    pub truncated: bool,
 }
 
 #[derive(Serialize)]
@@ -284,9 +290,13 @@ pub(crate) async fn files(
             .volumes
             .lease(&owner, &name, Access::Read, "a file request")
             .map_err(volume_error)?;
-        let max = state.config.volumes.max_entries as usize;
-        let files = lease.list_files(max).map_err(volume_error)?;
-        Ok(VolumeFiles { files })
+        let listing = lease
+            .list_files(MAX_LISTED, MAX_LISTED_BYTES)
+            .map_err(volume_error)?;
+        Ok(VolumeFiles {
+            files: listing.files,
+            truncated: listing.truncated,
+        })
     })
     .await
 }
