@@ -14,6 +14,7 @@
 //! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
 
 mod eval;
+mod snapshots;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -47,6 +48,11 @@ struct Args {
     /// Only the closed loop (one client, this many requests back to back) and floor.py's,
     /// taking `turns` turns, each against bare starts timed in the same turn.
     closed: Option<usize>,
+    /// Only sessions paused, resumed and forked (`--rounds` of them), with 1 GB of state
+    /// (`--one-gb`) and this many paused at once (`--paused`).
+    snapshots: bool,
+    one_gb: bool,
+    paused: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -60,6 +66,9 @@ fn parse_args() -> Result<Args, String> {
         seconds: 10,
         turns: 3,
         closed: None,
+        snapshots: false,
+        one_gb: false,
+        paused: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -72,6 +81,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--blocks" => args.blocks = value("--blocks")?.parse().map_err(|e| format!("{e}"))?,
             "--eval-only" => args.eval_only = true,
+            "--snapshots" => args.snapshots = true,
+            "--one-gb" => args.one_gb = true,
+            "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
             "--seconds" => {
                 args.seconds = value("--seconds")?.parse().map_err(|e| format!("{e}"))?
@@ -81,7 +93,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -172,6 +184,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
     for _ in 0..10 {
         client.execute("print(1)", None)?;
+    }
+    if args.snapshots {
+        return snapshots::measure(&server, args.rounds, args.paused, args.one_gb);
     }
     if let Some(clients) = args.load {
         if !nix::unistd::geteuid().is_root() {

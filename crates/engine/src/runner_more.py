@@ -480,7 +480,7 @@ class FrameSink:
         if self.buffer:
             self.flush()
         for start in range(0, len(data), SNAPSHOT_CHUNK):
-            write_frame(CHANNEL, bytes(data[start:start + SNAPSHOT_CHUNK]))
+            write_frame_view(data[start:start + SNAPSHOT_CHUNK])
         return len(data)
 
     def record(self, tag, payload):
@@ -498,6 +498,16 @@ class FrameSink:
         write_frame(CHANNEL, b"")
 
 
+def write_frame_view(view):
+    """A frame of `view`'s bytes, written from where they are (an array's data, uncopied)."""
+    head = len(view).to_bytes(4, "little")
+    done = posix.writev(CHANNEL, [head, view])
+    if done < 4:
+        write_all(CHANNEL, head[done:])
+        done = 4
+    write_all(CHANNEL, view[done - 4:])
+
+
 class TarRecords:
     """What tarfile writes, as `T` records."""
 
@@ -510,27 +520,36 @@ class TarRecords:
 
 
 class FrameSource:
-    """The snapshot as the host sends it: marshal byte frames until an empty one."""
+    """The snapshot as the host sends it: frames each holding one marshalled bytes object,
+    until an empty one; read straight from the channel into where the bytes go."""
 
     def __init__(self):
-        self.pending = memoryview(b"")
+        self.left = 0  # bytes of the current frame not read yet
         self.done = False
+
+    def next_frame(self):
+        head = read_exact(CHANNEL, 4)
+        if head is None:
+            raise EOFError("the host closed the channel in the middle of a snapshot")
+        length = int.from_bytes(head, "little")
+        prefix = read_exact(CHANNEL, 5) if length >= 5 else None
+        # marshal's bytes: a type byte ('s', with or without its reference flag), a length.
+        if prefix is None or prefix[0] & 0x7F != ord("s") or int.from_bytes(prefix[1:], "little") != length - 5:
+            raise ValueError("the host sent something else than the snapshot's bytes")
+        self.left = length - 5
+        if not self.left:
+            self.done = True
 
     def read(self, n):
         out = bytearray()
-        while len(out) < n:
-            if not self.pending:
-                if self.done:
-                    break
-                frame = read_frame(CHANNEL)
-                if not frame:
-                    self.done = True
-                    break
-                self.pending = memoryview(frame)
-            take = self.pending[:n - len(out)]
-            out += take
-            self.pending = self.pending[len(take):]
-        return bytes(out)
+        while len(out) < n and not self.done:
+            if not self.left:
+                self.next_frame()
+                continue
+            chunk = read_exact(CHANNEL, min(self.left, n - len(out)))
+            self.left -= len(chunk)
+            out += chunk
+        return out
 
     def exactly(self, n):
         data = self.read(n)
@@ -538,9 +557,30 @@ class FrameSource:
             raise ValueError("the snapshot ends early")
         return data
 
+    def buffer(self, n):
+        """`n` bytes into a new bytearray, read into it in place (an array's data)."""
+        out = bytearray(n)
+        view = memoryview(out)
+        filled = 0
+        while filled < n:
+            if self.done:
+                raise ValueError("the snapshot ends early")
+            if not self.left:
+                self.next_frame()
+                continue
+            got = posix.readv(CHANNEL, [view[filled:filled + min(self.left, n - filled)]])
+            if not got:
+                raise EOFError("the host closed the channel in the middle of a snapshot")
+            filled += got
+            self.left -= got
+        return out
+
     def drain(self):
-        while self.read(SNAPSHOT_CHUNK):
-            pass
+        while not self.done:
+            if not self.left:
+                self.next_frame()
+                continue
+            self.left -= len(read_exact(CHANNEL, min(self.left, SNAPSHOT_CHUNK)))
 
 
 class Records:
@@ -562,6 +602,13 @@ class Records:
         tag, length = self.head
         self.head = None
         return tag, self.source.exactly(length) if length else b""
+
+    def take_buffer(self):
+        """The next record's payload as a bytearray of its own (an out-of-band buffer)."""
+        self.peek()
+        _, length = self.head
+        self.head = None
+        return self.source.buffer(length)
 
 
 class TarSource:
@@ -636,7 +683,8 @@ def take_snapshot(namespace, sink):
     import tarfile
 
     sink.write(SNAPSHOT_MAGIC)
-    with tarfile.open(fileobj=TarRecords(sink), mode="w|", format=tarfile.PAX_FORMAT) as tar:
+    with tarfile.open(fileobj=TarRecords(sink), mode="w|", format=tarfile.PAX_FORMAT,
+                      bufsize=SNAPSHOT_CHUNK) as tar:
         scratch_files(tar)
     names = [n for n in namespace if not (n.startswith("__") and n.endswith("__"))]
     values = {n: namespace[n] for n in names}
@@ -719,7 +767,7 @@ def restore_snapshot(namespace, source):
         raise ValueError("a snapshot without its variables")
     buffers = []
     while records.peek() == b"B":
-        buffers.append(bytearray(records.take()[1]))
+        buffers.append(records.take_buffer())
     tag, meta = records.take()
     if tag != b"M":
         raise ValueError("a snapshot without its manifest")
@@ -754,7 +802,11 @@ def snapshot_op(op, namespace, limit):
             reply = {"result": {"variables": kept, "not_kept": not_kept}}
         except BaseException as exc:
             reply = {"error": {"type": type_name(exc), "message": why_not(exc), "traceback": None}}
-        source.drain()
+        try:
+            source.drain()
+        except BaseException:
+            # The channel no longer makes sense: the session ends, and the host says so.
+            posix._exit(1)
     answer_frame(reply, limit)
 
 

@@ -584,6 +584,10 @@ impl From<EngineError> for SnapshotError {
 
 /// The largest binary frame of a snapshot (the runner's are 1 MiB).
 const SNAPSHOT_FRAME: u64 = 4 << 20;
+/// A restore's frames: the snapshot in pieces of 1 MiB, each after a frame's length and
+/// marshal's bytes header.
+const RESTORE_CHUNK: usize = 1 << 20;
+const RESTORE_HEAD: usize = 4 + 5;
 /// Most variables a report may name, and bytes of each name and reason.
 const MAX_REPORTED: usize = 10_000;
 
@@ -594,7 +598,7 @@ impl Session {
     /// session goes on as it was.
     pub fn snapshot(
         &self,
-        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+        sink: &mut dyn FnMut(Vec<u8>) -> std::io::Result<()>,
         max_bytes: u64,
         within: Duration,
     ) -> Result<(SnapshotReport, u64), SnapshotError> {
@@ -616,7 +620,7 @@ impl Session {
             &mut || Ok(first.take()),
             &mut |frame| {
                 if chunks_done {
-                    reply = Some(frame);
+                    reply = Some(frame.to_vec());
                     return Flow::Done;
                 }
                 if frame.is_empty() {
@@ -629,7 +633,7 @@ impl Session {
                 if failed.is_none() {
                     if bytes > max_bytes {
                         failed = Some(SnapshotError::TooLarge { limit: max_bytes });
-                    } else if let Err(e) = sink(&frame) {
+                    } else if let Err(e) = sink(std::mem::take(frame)) {
                         failed = Some(SnapshotError::Store(e));
                     }
                 }
@@ -663,7 +667,6 @@ impl Session {
         )?;
         let mut first = Some(request);
         let mut finished = false;
-        let mut chunk = vec![0u8; 1 << 20];
         let mut reply = None;
         let mut read_failed = None;
         let end = stream_exchange(
@@ -675,7 +678,10 @@ impl Session {
                 if finished {
                     return Ok(None);
                 }
-                let n = match read_full(source, &mut chunk) {
+                // A frame of one marshalled bytes object (`s`, its length, the bytes), the
+                // snapshot read straight into it.
+                let mut frame = vec![0u8; RESTORE_HEAD + RESTORE_CHUNK];
+                let n = match read_full(source, &mut frame[RESTORE_HEAD..]) {
                     Ok(n) => n,
                     Err(e) => {
                         // The runner gets the end it waits for; the error is ours.
@@ -686,14 +692,14 @@ impl Session {
                 if n == 0 {
                     finished = true;
                 }
-                let encoded =
-                    marshal::encode(&Value::Bytes(&chunk[..n])).map_err(std::io::Error::other)?;
-                channel::frame(&encoded)
-                    .map(Some)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
+                frame.truncate(RESTORE_HEAD + n);
+                frame[..4].copy_from_slice(&((n + 5) as u32).to_le_bytes());
+                frame[4] = b's';
+                frame[5..9].copy_from_slice(&(n as u32).to_le_bytes());
+                Ok(Some(frame))
             },
             &mut |frame| {
-                reply = Some(frame);
+                reply = Some(frame.to_vec());
                 Flow::Done
             },
             Instant::now() + within,
@@ -786,7 +792,7 @@ enum StreamEnd {
 fn stream_exchange(
     io: &mut Io,
     outgoing: &mut dyn FnMut() -> std::io::Result<Option<Vec<u8>>>,
-    incoming: &mut dyn FnMut(Vec<u8>) -> Flow,
+    incoming: &mut dyn FnMut(&mut Vec<u8>) -> Flow,
     deadline: Instant,
     frame_cap: u64,
 ) -> StreamEnd {
@@ -796,8 +802,14 @@ fn stream_exchange(
     let mut pending: Vec<u8> = Vec::new();
     let mut sent = 0usize;
     let mut more_to_send = true;
-    let mut frames = Assembler::new(frame_cap);
-    let mut buf = vec![0u8; 256 * 1024];
+    // Frames are read straight into `payload` (no copy but the kernel's): a 4-byte length,
+    // then that many bytes.
+    let mut head = [0u8; 4];
+    let mut head_got = 0usize;
+    let mut payload: Vec<u8> = Vec::new();
+    let mut payload_got = 0usize;
+    let mut in_payload = false;
+    let mut buf = vec![0u8; 64 * 1024];
     let mut open = [true, true];
     loop {
         if sent == pending.len() && more_to_send {
@@ -857,19 +869,36 @@ fn stream_exchange(
                 }
             }
             loop {
-                match pump::read_some(&mut io.control, &mut buf) {
-                    Progress::Data(n) => frames.push(&buf[..n]),
+                let target: &mut [u8] = if in_payload {
+                    &mut payload[payload_got..]
+                } else {
+                    &mut head[head_got..]
+                };
+                let n = match pump::read_some(&mut io.control, target) {
+                    Progress::Data(n) => n,
                     Progress::Eof => return StreamEnd::Gone,
                     Progress::Blocked => break,
+                };
+                if in_payload {
+                    payload_got += n;
+                } else {
+                    head_got += n;
+                    if head_got < head.len() {
+                        continue;
+                    }
+                    let len = u32::from_le_bytes(head) as u64;
+                    if len > frame_cap {
+                        return StreamEnd::Gone;
+                    }
+                    payload.resize(len as usize, 0);
+                    payload_got = 0;
+                    in_payload = true;
                 }
-                while let Some(frame) = frames.frame() {
-                    match frame {
-                        Frame::Data(payload) => {
-                            if let Flow::Done = incoming(payload) {
-                                return StreamEnd::Done;
-                            }
-                        }
-                        _ => return StreamEnd::Gone,
+                if in_payload && payload_got == payload.len() {
+                    in_payload = false;
+                    head_got = 0;
+                    if let Flow::Done = incoming(&mut payload) {
+                        return StreamEnd::Done;
                     }
                 }
             }

@@ -21,7 +21,7 @@ type HmacSha256 = hmac::Hmac<Sha256>;
 const DOMAIN: &[u8] = b"airlock-snapshot-1\0";
 /// zstd's level: the fastest of the normal ones (state is mostly numbers, which compress
 /// little; the time is the user's).
-const LEVEL: i32 = 1;
+const LEVEL: i32 = -4;
 
 /// The server's key for snapshot MACs.
 pub struct SnapshotKey([u8; 32]);

@@ -326,6 +326,19 @@ pub struct SessionsConfig {
     pub pause_after_idle_ms: Option<u64>,
     /// How long a paused session is kept before it is deleted.
     pub paused_retention_ms: u64,
+    /// `each_cell`: a session's state is written to its snapshot after each cell, so that a
+    /// server killed (or restarted) while it is open brings it back from its last cell;
+    /// `none` (the default): only a pause keeps it.
+    pub checkpoint: Checkpoint,
+}
+
+/// When an open session's state is written to its snapshot (`sessions.checkpoint`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Checkpoint {
+    #[default]
+    None,
+    EachCell,
 }
 
 impl Default for SessionsConfig {
@@ -339,6 +352,7 @@ impl Default for SessionsConfig {
             max_snapshot_bytes: 2 << 30,
             pause_after_idle_ms: None,
             paused_retention_ms: 7 * 24 * 3_600_000,
+            checkpoint: Checkpoint::None,
         }
     }
 }

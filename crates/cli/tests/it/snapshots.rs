@@ -410,3 +410,52 @@ fn paused_sessions_outlive_a_killed_server_and_idle_ones_pause_by_themselves() {
     let server = Server::start_in(dir, config, &[], Some(KEY));
     assert_eq!(cell(&server, &busy, "total * 2")["result"], 90);
 }
+
+/// `sessions.checkpoint = "each_cell"`: an open session's state is kept after each cell, so
+/// a killed server brings it back from its last cell (and says which); a session closed for
+/// good leaves nothing behind.
+#[test]
+fn checkpointed_sessions_come_back_from_their_last_cell_after_a_kill() {
+    let _g = serial();
+    let config = "[sessions]\ncheckpoint = \"each_cell\"\n";
+    let server = Server::start(config, &[]);
+    let kept = open(&server, json!({}));
+    cell(&server, &kept, "import numpy as np\nsteps = ['one']");
+    cell(&server, &kept, "steps.append('two')\narr = np.ones(4)");
+    // While it is open, it is listed once, open.
+    let listed = server.call("GET", "/v1/sessions", None).json();
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 1, "{listed}");
+    assert!(listed["sessions"][0]["paused"].is_null());
+    let closed = open(&server, json!({}));
+    cell(&server, &closed, "gone = True");
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{closed}"), None)
+            .status,
+        204
+    );
+    let dir = server.kill_keeping_state();
+    assert!(!dir
+        .join("state/sessions")
+        .join(format!("{closed}.snap"))
+        .exists());
+
+    let server = Server::start_in(dir, config, &[], Some(KEY));
+    let back = cell(
+        &server,
+        &kept,
+        "steps.append('three')\n[steps, arr.tolist()]",
+    );
+    assert_eq!(
+        back["result"],
+        json!([["one", "two", "three"], [1.0, 1.0, 1.0, 1.0]])
+    );
+    // The answer says which cell it came back from.
+    assert_eq!(back["resumed"]["cells"], 2, "{back}");
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{closed}/execute"),
+        Some(&json!({"code": "gone"})),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+}

@@ -418,14 +418,21 @@ fn engine_and_finish(
     // 8. finish.
     let done = match ran {
         Ran::Execution(ran) => finish(state, ctx, ran).map(Finished::Execution),
-        Ran::Cell(Ok((execution, ended))) => finish(state, ctx, Ok(execution)).map(|r| {
-            Finished::Cell(CellResponse {
-                id: r.id,
-                session_ended: ended,
-                resumed,
-                result: r.result,
+        Ran::Cell(Ok((execution, ended))) => {
+            if !ended && state.config.sessions.checkpoint == crate::config::Checkpoint::EachCell {
+                if let Some(cell) = &cell {
+                    crate::service::snapshots::checkpoint(state, &cell.session());
+                }
+            }
+            finish(state, ctx, Ok(execution)).map(|r| {
+                Finished::Cell(CellResponse {
+                    id: r.id,
+                    session_ended: ended,
+                    resumed,
+                    result: r.result,
+                })
             })
-        }),
+        }
         Ran::Cell(Err(e)) => {
             // Its `started` line is written: it gets a final record all the same.
             record_unrun(state, &ctx);

@@ -278,6 +278,7 @@ pub async fn reaper(state: SharedState) {
         let st = state.clone();
         if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
             for r in reaped {
+                state.paused.remove(&r.id);
                 audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
             }
         }
@@ -606,6 +607,10 @@ pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some(why));
     }
+    if why != "paused" {
+        // Closed for good: its checkpoint goes too.
+        state.paused.remove(&entry.id);
+    }
     entry.session.close();
     entry.session.wait_ended(Duration::from_secs(10));
 }
@@ -627,11 +632,14 @@ pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
         .map(|e| e.info())
         .collect();
     let retention = Duration::from_millis(state.config.sessions.paused_retention_ms);
+    let open: std::collections::HashSet<String> = sessions.iter().map(|s| s.id.clone()).collect();
     sessions.extend(
         state
             .paused
             .records_of(&key.fingerprint())
             .iter()
+            // An open session's checkpoint is not a paused session.
+            .filter(|r| !open.contains(&r.id))
             .map(|r| crate::service::snapshots::paused_info(r, retention)),
     );
     sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
@@ -673,6 +681,8 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some("closed"));
     }
+    // Its checkpoint, if it has one, goes too.
+    state.paused.remove(&entry.id);
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
         .await;

@@ -389,19 +389,37 @@ fn take(
     let mut writer = SnapshotWriter::create(path, state.paused.key()?, binding)
         .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
     let max = room_for_snapshot(state, owner);
-    let taken =
-        entry
-            .engine_session()
-            .snapshot(&mut |chunk| writer.write(chunk), max, SNAPSHOT_TIMEOUT);
+    // Compressed, MACed and written by a thread of its own while the channel is read.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
+    let writing = std::thread::Builder::new()
+        .name("airlock-snapshot".into())
+        .spawn(move || -> std::io::Result<SnapshotWriter> {
+            for chunk in rx {
+                writer.write(&chunk)?;
+            }
+            Ok(writer)
+        })
+        .map_err(|e| Error::internal(format!("a snapshot's writer: {e}")))?;
+    let taken = entry.engine_session().snapshot(
+        &mut |chunk| {
+            tx.send(chunk)
+                .map_err(|_| std::io::Error::other("the snapshot's writer stopped"))
+        },
+        max,
+        SNAPSHOT_TIMEOUT,
+    );
+    drop(tx);
+    let written = writing
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the snapshot's writer failed")));
     let (report, _) = match taken {
         Ok(taken) => taken,
         Err(e) => {
-            drop(writer);
             let _ = fs::remove_file(path);
             return Err(snapshot_error(e));
         }
     };
-    let sealed = writer.finish().map_err(|e| {
+    let sealed = written.and_then(SnapshotWriter::finish).map_err(|e| {
         let _ = fs::remove_file(path);
         Error::internal(format!("{}: {e}", path.display()))
     })?;
@@ -487,6 +505,42 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
 
 fn entry_info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     sessions::info(state, key, id)
+}
+
+/// Writes an open session's state to its snapshot after a cell (`sessions.checkpoint =
+/// "each_cell"`), the cell still holding the session: a server killed later brings it back
+/// from here. One that cannot be written (over the quota, say) is logged; the one before
+/// stays.
+pub(crate) fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
+    let id = entry.id().to_owned();
+    let owner = entry.owner().to_owned();
+    let tmp = state.paused.dir.join(format!("{id}.snap.tmp"));
+    let _ = fs::remove_file(&tmp);
+    let binding = Binding {
+        key_fingerprint: &owner,
+        session_id: &id,
+    };
+    let kept = take(state, &owner, entry, &tmp, binding).and_then(|(sealed, info)| {
+        let session = entry.info();
+        let record = PausedRecord {
+            id: id.clone(),
+            key_fingerprint: owner.clone(),
+            created_at: rfc(entry.created_at()),
+            idle_timeout_ms: session.idle_timeout_ms,
+            max_lifetime_ms: session.max_lifetime_ms,
+            request: entry.request().clone(),
+            limits: session.limits,
+            sealed,
+            snapshot: info,
+        };
+        fs::rename(&tmp, state.paused.snap_path(&id))
+            .map_err(|e| Error::internal(format!("keeping a checkpoint: {e}")))?;
+        state.paused.save(&record)
+    });
+    if let Err(e) = kept {
+        let _ = fs::remove_file(&tmp);
+        tracing::warn!(session = %id, error = %e.message, "a session's checkpoint could not be written; its last one stays");
+    }
 }
 
 /// Brings `key`'s paused session `id` back in a fresh sandbox (blocking): jailed as a new
