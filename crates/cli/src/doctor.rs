@@ -529,7 +529,7 @@ fn trial_volume(engine: &Engine) -> Result<String, String> {
         };
         let e = |e: airlock_engine::volumes::VolumeError| e.to_string();
         volumes
-            .create("doctor", "trial", 8 << 20, 64, &quota, "now")
+            .create("doctor", "trial", 8 << 20, 64, &quota, "now", &|_| 0)
             .map_err(e)?;
         let lease = volumes
             .lease("doctor", "trial", Access::Write, "airlock doctor")

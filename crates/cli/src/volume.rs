@@ -130,7 +130,11 @@ pub fn main(args: VolumeArgs) -> ExitCode {
                 .unwrap_or((size / (16 << 10)).max(1024))
                 .min(quota.max_entries);
             let now = humantime_now();
-            match volumes.create(&owner, &name, size, entries, &quota, &now) {
+            // The key's paused sessions count too, as the server counts them.
+            let paused = airlock_server::paused_bytes(&config);
+            match volumes.create(&owner, &name, size, entries, &quota, &now, &|owner| {
+                paused(owner)
+            }) {
                 Ok(info) => {
                     print_json(&info);
                     ExitCode::SUCCESS

@@ -784,6 +784,31 @@ def restore_snapshot(namespace, source):
     return sorted(values), meta["not_kept"]
 
 
+def bounded_report(kept, not_kept):
+    """What the answer says of a snapshot, within what the host takes: names of at most 200
+    characters, 5000 of each kind, 150,000 characters of each kind in all."""
+    def short(text, most):
+        return text if len(text) <= most else text[:most - 3] + "..."
+
+    names, size = [], 0
+    for name in kept:
+        name = short(name, 200)
+        size += len(name)
+        if size > 150_000 or len(names) >= 5000:
+            names.append("... and %d more" % (len(kept) - len(names)))
+            break
+        names.append(name)
+    failed, size = {}, 0
+    for name, why in not_kept.items():
+        name, why = short(name, 200), short(why, 600)
+        size += len(name) + len(why)
+        if size > 150_000 or len(failed) >= 5000:
+            failed["..."] = "and %d more" % (len(not_kept) - len(failed))
+            break
+        failed[name] = why
+    return {"variables": names, "not_kept": failed}
+
+
 def snapshot_op(op, namespace, limit):
     """`snapshot`: the state out as binary frames, an empty one, then the answer. `restore`:
     the state in, then the answer. A failure is the answer's error; the session lives on."""
@@ -791,7 +816,7 @@ def snapshot_op(op, namespace, limit):
         sink = FrameSink()
         try:
             kept, not_kept = take_snapshot(namespace, sink)
-            reply = {"result": {"variables": kept, "not_kept": not_kept}}
+            reply = {"result": bounded_report(kept, not_kept)}
         except BaseException as exc:
             reply = {"error": {"type": type_name(exc), "message": why_not(exc), "traceback": None}}
         sink.end()
@@ -799,7 +824,7 @@ def snapshot_op(op, namespace, limit):
         source = FrameSource()
         try:
             kept, not_kept = restore_snapshot(namespace, source)
-            reply = {"result": {"variables": kept, "not_kept": not_kept}}
+            reply = {"result": bounded_report(kept, not_kept)}
         except BaseException as exc:
             reply = {"error": {"type": type_name(exc), "message": why_not(exc), "traceback": None}}
         try:

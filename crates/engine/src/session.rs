@@ -588,8 +588,11 @@ const SNAPSHOT_FRAME: u64 = 4 << 20;
 /// marshal's bytes header.
 const RESTORE_CHUNK: usize = 1 << 20;
 const RESTORE_HEAD: usize = 4 + 5;
-/// Most variables a report may name, and bytes of each name and reason.
+/// Most variables a report may name, bytes of each name and reason, and in all.
 const MAX_REPORTED: usize = 10_000;
+const MAX_NAME: usize = 256;
+const MAX_WHY: usize = 1024;
+const MAX_REPORT_BYTES: usize = 256 << 10;
 
 impl Session {
     /// Writes the session's state (its variables, functions, classes and imported modules,
@@ -728,6 +731,12 @@ impl Session {
             }
             _ => None,
         };
+        // A report out of bounds is as bad as none.
+        let parsed = parsed.filter(|p| match &p.answer {
+            Response::Result(v) => serde_json::from_value::<SnapshotReport>(v.clone())
+                .is_ok_and(|r| report_in_bounds(&r)),
+            Response::Error(_) => true,
+        });
         let Some(parsed) = parsed else {
             self.killer.kill(KillReason::Cancelled);
             let status = match self.end.wait(Duration::from_secs(30)) {
@@ -741,9 +750,6 @@ impl Session {
             Response::Result(v) => {
                 let report: SnapshotReport = serde_json::from_value(v)
                     .map_err(|_| SnapshotError::from(bad_answer("a snapshot")))?;
-                if report.variables.len() + report.not_kept.len() > MAX_REPORTED {
-                    return Err(bad_answer("a snapshot").into());
-                }
                 Ok(report)
             }
             Response::Error(e) => Err(SnapshotError::Refused {
@@ -752,6 +758,22 @@ impl Session {
             }),
         }
     }
+}
+
+/// Whether what the sandbox says of a snapshot fits what is kept in the session's record and
+/// shown.
+fn report_in_bounds(report: &SnapshotReport) -> bool {
+    let names = report
+        .variables
+        .iter()
+        .chain(report.not_kept.keys())
+        .map(String::len);
+    let bytes: usize =
+        names.clone().sum::<usize>() + report.not_kept.values().map(String::len).sum::<usize>();
+    report.variables.len() + report.not_kept.len() <= MAX_REPORTED
+        && names.clone().all(|n| n <= MAX_NAME)
+        && report.not_kept.values().all(|w| w.len() <= MAX_WHY)
+        && bytes <= MAX_REPORT_BYTES
 }
 
 /// Reads until `buf` is full or the source ends.
@@ -868,7 +890,8 @@ fn stream_exchange(
                     None => return StreamEnd::Gone,
                 }
             }
-            loop {
+            // A bounded number of reads before the deadline is looked at again.
+            for _ in 0..1024 {
                 let target: &mut [u8] = if in_payload {
                     &mut payload[payload_got..]
                 } else {

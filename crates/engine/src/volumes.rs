@@ -274,6 +274,12 @@ impl Volumes {
         }
     }
 
+    /// Held while a key's storage is counted and taken (a volume made, a snapshot kept), so
+    /// that two at once never both fit where only one does.
+    pub fn storage_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.making.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Why volumes cannot be had here, if they cannot.
     pub fn unavailable(&self) -> Option<&str> {
         self.unavailable.as_deref()
@@ -302,7 +308,10 @@ impl Volumes {
             .clone()
     }
 
-    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`.
+    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`, which
+    /// also counts `elsewhere(owner)`: the key's other storage (its paused sessions), asked
+    /// under [`Volumes::storage_lock`].
+    #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
         owner: &str,
@@ -311,6 +320,7 @@ impl Volumes {
         max_entries: u64,
         quota: &Quota,
         now: &str,
+        elsewhere: &dyn Fn(&str) -> u64,
     ) -> Result<VolumeInfo, VolumeError> {
         check_name(name)?;
         self.available()?;
@@ -353,11 +363,11 @@ impl Volumes {
                 existing.len()
             )));
         }
-        let used: u64 = existing.iter().map(|v| v.size_bytes).sum();
+        let used: u64 = existing.iter().map(|v| v.size_bytes).sum::<u64>() + elsewhere(owner);
         if used.saturating_add(size_bytes) > quota.max_bytes_per_key {
             return Err(VolumeError::Quota(format!(
-                "this key's volumes hold {used} bytes; {size_bytes} more would pass its quota \
-                 of {} (volumes.max_bytes_per_key)",
+                "this key's storage (its volumes and paused sessions) holds {used} bytes; \
+                 {size_bytes} more would pass its quota of {} (volumes.max_bytes_per_key)",
                 quota.max_bytes_per_key
             )));
         }

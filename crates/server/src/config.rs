@@ -326,6 +326,10 @@ pub struct SessionsConfig {
     pub pause_after_idle_ms: Option<u64>,
     /// How long a paused session is kept before it is deleted.
     pub paused_retention_ms: u64,
+    /// Paused sessions one key may have at once (each also counts against its storage).
+    pub max_paused_per_key: usize,
+    /// How long a snapshot (or a restore) may take before the session is ended.
+    pub snapshot_timeout_ms: u64,
     /// `each_cell`: a session's state is written to its snapshot after each cell, so that a
     /// server killed (or restarted) while it is open brings it back from its last cell;
     /// `none` (the default): only a pause keeps it.
@@ -352,6 +356,8 @@ impl Default for SessionsConfig {
             max_snapshot_bytes: 2 << 30,
             pause_after_idle_ms: None,
             paused_retention_ms: 7 * 24 * 3_600_000,
+            max_paused_per_key: 10_000,
+            snapshot_timeout_ms: 120_000,
             checkpoint: Checkpoint::None,
         }
     }

@@ -85,6 +85,18 @@ pub use http::routes::{openapi, ROUTES};
 pub use serve::{init_logging, run, Reload, ServeError, Started};
 pub use stdio::run_stdio;
 
+/// The bytes each key's paused sessions take in the snapshot directory `config` names, as
+/// the server counts them against the key's storage (for `airlock volume create`).
+pub fn paused_bytes(config: &config::Config) -> impl Fn(&str) -> u64 {
+    let dir = config
+        .sessions
+        .snapshot_dir
+        .clone()
+        .unwrap_or_else(|| config.state_dir().join("sessions"));
+    let paused = service::snapshots::Paused::open(&dir);
+    move |owner| paused.stored_bytes_of(owner)
+}
+
 use crate::admission::Admission;
 use crate::audit::AuditLog;
 use crate::config::Config;

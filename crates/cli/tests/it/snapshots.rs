@@ -459,3 +459,147 @@ fn checkpointed_sessions_come_back_from_their_last_cell_after_a_kill() {
     );
     assert_eq!(r.status, 404, "{}", r.text());
 }
+
+/// The hostile review's findings: ids that are paths touch nothing; a fork or a pause that
+/// fails leaves nothing behind; a snapshot that never ends is cut at its deadline (the
+/// session ended); a forged, oversized report is refused (the session ended, nothing kept);
+/// volumes and snapshots share the key's storage, also when pauses race; requests that find
+/// a session being brought back wait for it rather than answer 404.
+#[test]
+fn snapshots_hold_up_against_paths_floods_forged_reports_and_races() {
+    let _g = serial();
+    let config = "[sessions]\nsnapshot_timeout_ms = 3000\nmax_open_per_key = 8\n\
+                  [volumes]\nmax_bytes_per_key = 60000000\n";
+    let server = Server::start(config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let leftovers = || -> Vec<String> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp") || n.ends_with(".lock"))
+            .collect()
+    };
+    // An id that is a path, for each route that takes one.
+    for what in ["fork", "pause", "resume"] {
+        let r = server.call(
+            "POST",
+            &format!("/v1/sessions/..%2F..%2F..%2Ftmp%2Fairlock-pwned-{what}/{what}"),
+            None,
+        );
+        assert_eq!(r.status, 404, "{what}: {}", r.text());
+        assert!(!std::path::Path::new(&format!("/tmp/airlock-pwned-{what}.lock")).exists());
+        assert_eq!(post(&server, "se_nosuchsession", what).status, 404);
+    }
+    assert!(leftovers().is_empty(), "{:?}", leftovers());
+
+    // A snapshot that never ends: cut at its deadline, the session ended, nothing kept.
+    let flood = open(&server, json!({}));
+    cell(
+        &server,
+        &flood,
+        "import os\nclass Flood:\n    def __reduce__(self):\n        \
+         chunk = b'\\x01\\x00\\x00\\x00X' * 50000\n        \
+         while True:\n            os.write(3, chunk)\nflood = Flood()",
+    );
+    let started = std::time::Instant::now();
+    let r = post(&server, &flood, "pause");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(r.error_code(), "session_ended", "{}", r.text());
+    // A forged report, far over what a record may hold: refused, the session ended.
+    let forged = open(&server, json!({}));
+    cell(
+        &server,
+        &forged,
+        "import os, json, time\nclass Liar:\n    def __reduce__(self):\n        \
+         os.write(3, b'\\x00\\x00\\x00\\x00')\n        \
+         reply = json.dumps({'result': {'variables': ['v' * 100 + str(i) for i in range(9999)], 'not_kept': {}}}).encode()\n        \
+         os.write(3, len(reply).to_bytes(4, 'little') + reply)\n        \
+         time.sleep(30)\nliar = Liar()",
+    );
+    let r = post(&server, &forged, "pause");
+    assert_eq!(r.error_code(), "session_ended", "{}", r.text());
+    assert_eq!(server.metric("airlock_sessions_paused"), 0.0);
+    assert!(leftovers().is_empty(), "{:?}", leftovers());
+
+    // Volumes and snapshots share the key's storage (60 MB): a 30 MB snapshot, then a
+    // 32 MiB volume does not fit.
+    let big = open(&server, json!({}));
+    cell(&server, &big, "import os\nblob = os.urandom(30_000_000)");
+    assert_eq!(post(&server, &big, "pause").status, 200);
+    let r = server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": "v", "size_bytes": 32 << 20})),
+    );
+    assert_eq!(r.error_code(), "quota_exceeded", "{}", r.text());
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{big}"), None)
+            .status,
+        204
+    );
+    // Four pauses of 20 MB at once in 60 MB: never all four.
+    let ids: Vec<String> = (0..4)
+        .map(|_| {
+            let id = open(&server, json!({}));
+            cell(&server, &id, "import os\nblob = os.urandom(20_000_000)");
+            id
+        })
+        .collect();
+    let addr = server.addr;
+    let answers: Vec<u16> = ids
+        .iter()
+        .map(|id| {
+            let path = format!("/v1/sessions/{id}/pause");
+            std::thread::spawn(move || call_as(addr, KEY, "POST", &path, None).status)
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let kept = answers.iter().filter(|s| **s == 200).count();
+    assert!((1..=2).contains(&kept), "{answers:?}");
+    assert!(
+        answers.iter().all(|s| *s == 200 || *s == 413),
+        "{answers:?}"
+    );
+    assert!(server.metric("airlock_sessions_paused_bytes") <= 60_000_000.0);
+
+    // Three requests at once for one paused session: none is told it is gone.
+    let paused: Vec<&String> = ids
+        .iter()
+        .zip(&answers)
+        .filter(|(_, s)| **s == 200)
+        .map(|(id, _)| id)
+        .collect();
+    let id = paused[0].clone();
+    let statuses: Vec<u16> = (0..3)
+        .map(|_| {
+            let path = format!("/v1/sessions/{id}/execute");
+            std::thread::spawn(move || {
+                call_as(
+                    addr,
+                    KEY,
+                    "POST",
+                    &path,
+                    Some(&json!({"code": "len(blob)"})),
+                )
+                .status
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    assert!(statuses.contains(&200), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 409),
+        "{statuses:?}"
+    );
+    assert!(leftovers().is_empty(), "{:?}", leftovers());
+}

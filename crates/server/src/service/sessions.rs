@@ -190,32 +190,34 @@ pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSess
     Err(crate::service::not_here(state, id, "session"))
 }
 
-/// The caller's session `id`, brought back first if it is paused (what came back, then).
+/// The caller's session `id`, brought back first if it is paused (what came back, then). A
+/// request that finds another bringing it back waits for it.
 pub(crate) async fn find_or_resume(
     state: &SharedState,
     key: &Arc<Key>,
     id: &str,
 ) -> Result<(Arc<OpenSession>, Option<airlock_api::SnapshotInfo>), Error> {
-    match find(state, key, id) {
-        Ok(entry) => Ok((entry, None)),
-        Err(e) if state.paused.holds(id, &key.fingerprint()) => {
-            let (st, k, i) = (state.clone(), key.clone(), id.to_owned());
-            let resumed =
-                tokio::task::spawn_blocking(move || crate::service::snapshots::resume(&st, &k, &i))
-                    .await
-                    .map_err(|e| Error::internal(format!("resuming a session: {e}")))?;
-            match resumed {
-                Ok((entry, info)) => Ok((entry, Some(info))),
-                Err(resume_error) if resume_error.code == "session_busy" => {
-                    // Another request brought it back meanwhile.
-                    find(state, key, id)
-                        .map(|entry| (entry, None))
-                        .map_err(|_| e)
-                }
-                Err(resume_error) => Err(resume_error),
-            }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let missing = match find(state, key, id) {
+            Ok(entry) => return Ok((entry, None)),
+            Err(e) => e,
+        };
+        if !state.paused.holds(id, &key.fingerprint()) {
+            return Err(missing);
         }
-        Err(e) => Err(e),
+        let (st, k, i) = (state.clone(), key.clone(), id.to_owned());
+        let resumed =
+            tokio::task::spawn_blocking(move || crate::service::snapshots::resume(&st, &k, &i))
+                .await
+                .map_err(|e| Error::internal(format!("resuming a session: {e}")))?;
+        match resumed {
+            Ok((entry, info)) => return Ok((entry, Some(info))),
+            Err(e) if e.code == "session_busy" && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -261,11 +263,7 @@ pub async fn reaper(state: SharedState) {
             _ = shutdown.changed() => return,
         }
         if let Some(after) = state.config.sessions.pause_after_idle_ms {
-            let st = state.clone();
-            let _ = tokio::task::spawn_blocking(move || {
-                crate::service::snapshots::pause_idle(&st, Duration::from_millis(after))
-            })
-            .await;
+            crate::service::snapshots::pause_idle(&state, Duration::from_millis(after));
         }
         let st = state.clone();
         let _ = tokio::task::spawn_blocking(move || {
@@ -278,7 +276,7 @@ pub async fn reaper(state: SharedState) {
         let st = state.clone();
         if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
             for r in reaped {
-                state.paused.remove(&r.id);
+                state.paused.forget(&r.id);
                 audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
             }
         }
@@ -309,6 +307,11 @@ impl OpenSession {
     /// Counts as used now (a pause that failed is not tried again at once).
     pub(crate) fn touch(&self) {
         *lock(&self.last_used) = Instant::now();
+    }
+
+    /// Removed from the open sessions (closed, reaped, paused).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     pub(crate) fn owner(&self) -> &str {
@@ -609,7 +612,7 @@ pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
     }
     if why != "paused" {
         // Closed for good: its checkpoint goes too.
-        state.paused.remove(&entry.id);
+        state.paused.forget(&entry.id);
     }
     entry.session.close();
     entry.session.wait_ended(Duration::from_secs(10));
@@ -636,11 +639,10 @@ pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
     sessions.extend(
         state
             .paused
-            .records_of(&key.fingerprint())
-            .iter()
+            .listed_of(&key.fingerprint(), retention)
+            .into_iter()
             // An open session's checkpoint is not a paused session.
-            .filter(|r| !open.contains(&r.id))
-            .map(|r| crate::service::snapshots::paused_info(r, retention)),
+            .filter(|info| !open.contains(&info.id)),
     );
     sessions.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
     SessionList { sessions }
@@ -681,8 +683,8 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some("closed"));
     }
-    // Its checkpoint, if it has one, goes too.
-    state.paused.remove(&entry.id);
+    // Its checkpoint (or what a pause in flight kept), if it has one, goes for good.
+    state.paused.forget(&entry.id);
     entry.session.close();
     let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
         .await;

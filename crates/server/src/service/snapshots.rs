@@ -26,8 +26,10 @@ use crate::keys::Key;
 use crate::service::sessions::{self, OpenSession};
 use crate::{AppState, SharedState};
 
-/// How long a snapshot or a restore may take.
-const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a snapshot or a restore may take (`sessions.snapshot_timeout_ms`).
+fn snapshot_timeout(state: &AppState) -> Duration {
+    Duration::from_millis(state.config.sessions.snapshot_timeout_ms)
+}
 
 /// A paused session's record.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -51,8 +53,9 @@ pub struct PausedRecord {
 pub struct Paused {
     dir: PathBuf,
     key: Result<SnapshotKey, String>,
-    /// Id to (key fingerprint, bytes on disk).
-    index: Mutex<HashMap<String, (String, u64)>>,
+    /// Id to what the index keeps of each: its key, its bytes on disk (snapshot and record),
+    /// and the session as a listing shows it (without the names of its variables).
+    index: Mutex<HashMap<String, Indexed>>,
     /// Ids being paused, resumed or forked by this process.
     claimed: Mutex<HashSet<String>>,
 }
@@ -60,6 +63,29 @@ pub struct Paused {
 impl std::fmt::Debug for Paused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Paused").field("dir", &self.dir).finish()
+    }
+}
+
+/// A paused session as the index holds it.
+#[derive(Clone, Debug)]
+struct Indexed {
+    owner: String,
+    bytes: u64,
+    listed: SessionInfo,
+}
+
+impl Indexed {
+    fn of(record: &PausedRecord, record_bytes: u64) -> Indexed {
+        let mut listed = paused_info(record, Duration::ZERO);
+        if let Some(p) = listed.paused.as_mut() {
+            p.variables = Vec::new();
+            p.not_kept = Default::default();
+        }
+        Indexed {
+            owner: record.key_fingerprint.clone(),
+            bytes: record.sealed.stored_bytes + record_bytes,
+            listed,
+        }
     }
 }
 
@@ -101,16 +127,18 @@ impl Paused {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
-            let record = fs::read(&path)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<PausedRecord>(&b).ok());
+            let bytes = fs::read(&path).ok();
+            let record = bytes
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<PausedRecord>(b).ok());
+            let record_bytes = bytes.map_or(0, |b| b.len() as u64);
             let deleted = dir.join(format!("{id}.deleted")).exists();
             match record {
                 Some(_) if deleted => {
                     tracing::warn!(path = %path.display(), "a deleted session's record is back; it is never resumed");
                 }
                 Some(r) if r.id == id && valid_id(id) => {
-                    index.insert(r.id, (r.key_fingerprint, r.sealed.stored_bytes));
+                    index.insert(r.id.clone(), Indexed::of(&r, record_bytes));
                 }
                 _ => {
                     tracing::warn!(path = %path.display(), "a paused session's record cannot be read; left as it is")
@@ -135,7 +163,7 @@ impl Paused {
         })
     }
 
-    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, u64)>> {
+    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, Indexed>> {
         self.index.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -149,9 +177,7 @@ impl Paused {
 
     /// Whether `id` is a paused session of the key with `fingerprint`.
     pub fn holds(&self, id: &str, fingerprint: &str) -> bool {
-        self.index()
-            .get(id)
-            .is_some_and(|(owner, _)| owner == fingerprint)
+        self.index().get(id).is_some_and(|e| e.owner == fingerprint)
     }
 
     /// How many sessions are paused, all keys together.
@@ -159,13 +185,32 @@ impl Paused {
         self.index().len()
     }
 
-    /// The bytes on disk of the key's paused sessions.
+    /// The bytes on disk of the key's paused sessions (snapshots and records).
     pub fn stored_bytes_of(&self, fingerprint: &str) -> u64 {
         self.index()
             .values()
-            .filter(|(owner, _)| owner == fingerprint)
-            .map(|(_, bytes)| bytes)
+            .filter(|e| e.owner == fingerprint)
+            .map(|e| e.bytes)
             .sum()
+    }
+
+    /// The bytes on disk of paused session `id`, if there is one.
+    fn bytes_of(&self, id: &str) -> Option<u64> {
+        self.index().get(id).map(|e| e.bytes)
+    }
+
+    /// How many paused sessions the key has.
+    pub fn count_of(&self, fingerprint: &str) -> usize {
+        self.index()
+            .values()
+            .filter(|e| e.owner == fingerprint)
+            .count()
+    }
+
+    /// Paused sessions and their bytes on disk, all keys together (for `/metrics`).
+    pub fn totals(&self) -> (usize, u64) {
+        let index = self.index();
+        (index.len(), index.values().map(|e| e.bytes).sum())
     }
 
     /// The record of paused session `id`, if it is the key's.
@@ -178,22 +223,34 @@ impl Paused {
         (record.id == id && record.key_fingerprint == fingerprint).then_some(record)
     }
 
-    /// The key's paused sessions.
-    pub fn records_of(&self, fingerprint: &str) -> Vec<PausedRecord> {
-        let ids: Vec<String> = self
-            .index()
-            .iter()
-            .filter(|(_, (owner, _))| owner == fingerprint)
-            .map(|(id, _)| id.clone())
-            .collect();
-        ids.iter()
-            .filter_map(|id| self.record(id, fingerprint))
+    /// The key's paused sessions as a listing shows them (from memory: the names of their
+    /// variables are for `GET /v1/sessions/{id}`), each kept until `retention` after it was
+    /// paused.
+    pub fn listed_of(&self, fingerprint: &str, retention: Duration) -> Vec<SessionInfo> {
+        self.index()
+            .values()
+            .filter(|e| e.owner == fingerprint)
+            .map(|e| {
+                let mut info = e.listed.clone();
+                if let Some(taken) = info
+                    .paused
+                    .as_ref()
+                    .and_then(|p| humantime::parse_rfc3339(&p.taken_at).ok())
+                {
+                    info.expires_at = rfc(taken + retention);
+                }
+                info
+            })
             .collect()
     }
 
     /// Claims `id` for one pause, resume or fork in this process, and, with an exclusive
     /// `flock` on `<id>.lock`, against other replicas sharing the directory.
     fn claim(&self, id: &str) -> Result<Claim<'_>, Error> {
+        // Never a path of the caller's making.
+        if !valid_id(id) {
+            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
+        }
         let busy = || {
             Error::new(
                 Kind::Conflict,
@@ -213,8 +270,10 @@ impl Paused {
             paused: self,
             id: id.to_owned(),
             lock: None,
+            path: None,
         };
         let path = self.dir.join(format!("{id}.lock"));
+        claim.path = Some(path.clone());
         let file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -242,19 +301,19 @@ impl Paused {
                 .truncate(true)
                 .mode(0o600)
                 .open(&tmp)?;
-            f.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
+            let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+            f.write_all(&bytes)?;
             f.sync_all()?;
             fs::rename(&tmp, &path)?;
-            fs::File::open(&self.dir)?.sync_all()
+            fs::File::open(&self.dir)?.sync_all()?;
+            Ok::<u64, std::io::Error>(bytes.len() as u64)
         })();
-        written.map_err(|e| {
+        let record_bytes = written.map_err(|e| {
             let _ = fs::remove_file(&tmp);
             Error::internal(format!("writing {}: {e}", path.display()))
         })?;
-        self.index().insert(
-            record.id.clone(),
-            (record.key_fingerprint.clone(), record.sealed.stored_bytes),
-        );
+        self.index()
+            .insert(record.id.clone(), Indexed::of(record, record_bytes));
         Ok(())
     }
 
@@ -281,6 +340,14 @@ impl Paused {
         self.dir.join(format!("{id}.deleted")).exists()
     }
 
+    /// Deletes `id`'s snapshot for good if it has one (a session closed for good: its
+    /// checkpoint).
+    pub fn forget(&self, id: &str) {
+        if self.index().contains_key(id) {
+            let _ = self.delete(id);
+        }
+    }
+
     /// Forgets paused session `id`: its record, then its snapshot.
     pub fn remove(&self, id: &str) {
         if !valid_id(id) {
@@ -289,7 +356,6 @@ impl Paused {
         self.index().remove(id);
         let _ = fs::remove_file(self.record_path(id));
         let _ = fs::remove_file(self.snap_path(id));
-        let _ = fs::remove_file(self.dir.join(format!("{id}.lock")));
     }
 
     /// Paused sessions kept longer than `retention`: removed; their ids and keys.
@@ -298,7 +364,7 @@ impl Paused {
         let ids: Vec<(String, String)> = self
             .index()
             .iter()
-            .map(|(id, (owner, _))| (id.clone(), owner.clone()))
+            .map(|(id, e)| (id.clone(), e.owner.clone()))
             .collect();
         let mut gone = Vec::new();
         for (id, owner) in ids {
@@ -307,8 +373,9 @@ impl Paused {
                 .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > retention);
             if old {
                 if let Ok(_claim) = self.claim(&id) {
-                    self.remove(&id);
-                    gone.push((id, owner));
+                    if self.delete(&id).is_ok() {
+                        gone.push((id, owner));
+                    }
                 }
             }
         }
@@ -321,10 +388,15 @@ struct Claim<'a> {
     paused: &'a Paused,
     id: String,
     lock: Option<nix::fcntl::Flock<fs::File>>,
+    /// The lock's file: removed while still locked, so none is left behind.
+    path: Option<PathBuf>,
 }
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
+        if let (Some(path), Some(_)) = (&self.path, &self.lock) {
+            let _ = fs::remove_file(path);
+        }
         drop(self.lock.take());
         self.paused
             .claimed
@@ -378,6 +450,56 @@ fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
         .min(state.config.volumes.max_bytes_per_key.saturating_sub(used))
 }
 
+/// Room a record takes beside its snapshot, counted before it is written.
+const RECORD_ROOM: u64 = 1 << 20;
+
+/// Keeps the snapshot written at `tmp` as `record`'s: within the key's storage and its most
+/// paused sessions, counted under the storage lock (two at once never both fit where one
+/// does); else it is removed, and the answer says why.
+fn keep(state: &AppState, tmp: &Path, record: &PausedRecord) -> Result<(), Error> {
+    let temporary = Temporary(Some(tmp.to_path_buf()));
+    let _storage = state.volumes.storage_lock();
+    let owner = &record.key_fingerprint;
+    let replaced = state.paused.bytes_of(&record.id);
+    let volumes: u64 = state
+        .volumes
+        .list(owner)
+        .unwrap_or_default()
+        .iter()
+        .map(|v| v.size_bytes)
+        .sum();
+    let used =
+        (volumes + state.paused.stored_bytes_of(owner)).saturating_sub(replaced.unwrap_or(0));
+    let needed = record.sealed.stored_bytes + RECORD_ROOM;
+    let quota = state.config.volumes.max_bytes_per_key;
+    if used.saturating_add(needed) > quota {
+        return Err(Error::new(
+            Kind::TooLarge,
+            "quota_exceeded",
+            format!(
+                "this key's storage (its volumes and paused sessions) holds {used} bytes; this \
+                 snapshot's {needed} more would pass its quota of {quota} \
+                 (volumes.max_bytes_per_key); nothing was kept, and the session runs on"
+            ),
+        ));
+    }
+    let most = state.config.sessions.max_paused_per_key;
+    if replaced.is_none() && state.paused.count_of(owner) >= most {
+        return Err(Error::new(
+            Kind::TooLarge,
+            "quota_exceeded",
+            format!(
+                "this key has {most} paused sessions, its most (sessions.max_paused_per_key); \
+                 nothing was kept, and the session runs on"
+            ),
+        ));
+    }
+    fs::rename(tmp, state.paused.snap_path(&record.id))
+        .map_err(|e| Error::internal(format!("keeping a snapshot: {e}")))?;
+    temporary.keep();
+    state.paused.save(record)
+}
+
 /// Writes `entry`'s state to a snapshot bound to `binding` at `path` (which must not exist).
 fn take(
     state: &AppState,
@@ -406,7 +528,7 @@ fn take(
                 .map_err(|_| std::io::Error::other("the snapshot's writer stopped"))
         },
         max,
-        SNAPSHOT_TIMEOUT,
+        snapshot_timeout(state),
     );
     drop(tx);
     let written = writing
@@ -445,17 +567,23 @@ pub(crate) fn pause(state: &SharedState, key: &Key, id: &str) -> Result<SessionI
     pause_entry(state, &entry)
 }
 
-/// Pauses the open sessions unused for `idle` (the reaper, with `pause_after_idle_ms`); one
-/// that cannot be paused runs on, and is tried again after another `idle`.
+/// Pauses the open sessions unused for `idle` (the reaper, with `pause_after_idle_ms`), each
+/// on a blocking thread of its own so that none waits for another (nor the reaper for any);
+/// one that cannot be paused runs on, and is tried again after another `idle`.
 pub(crate) fn pause_idle(state: &SharedState, idle: Duration) {
     for entry in state.sessions.all() {
         if !entry.idle_for(idle) {
             continue;
         }
-        if let Err(e) = pause_entry(state, &entry) {
-            tracing::warn!(session = entry.id(), error = %e.message, "an idle session could not be paused");
-            entry.touch();
-        }
+        // Not idle for the next rounds while this one is under way.
+        entry.touch();
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = pause_entry(&st, &entry) {
+                tracing::warn!(session = entry.id(), error = %e.message, "an idle session could not be paused");
+                entry.touch();
+            }
+        });
     }
 }
 
@@ -484,11 +612,12 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
         sealed,
         snapshot: info.clone(),
     };
-    fs::rename(&tmp, state.paused.snap_path(id)).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        Error::internal(format!("keeping a snapshot: {e}"))
-    })?;
-    state.paused.save(&record)?;
+    keep(state, &tmp, &record)?;
+    // Closed meanwhile (a DELETE does not wait for a pause): what was kept goes.
+    if entry.is_closed() {
+        let _ = state.paused.delete(id);
+        return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
+    }
     drop(busy);
     sessions::unregister(state, entry, "paused");
     drop(claim);
@@ -501,10 +630,6 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
     );
     session_info.paused = Some(info);
     Ok(session_info)
-}
-
-fn entry_info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
-    sessions::info(state, key, id)
 }
 
 /// Writes an open session's state to its snapshot after a cell (`sessions.checkpoint =
@@ -533,9 +658,7 @@ pub(crate) fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
             sealed,
             snapshot: info,
         };
-        fs::rename(&tmp, state.paused.snap_path(&id))
-            .map_err(|e| Error::internal(format!("keeping a checkpoint: {e}")))?;
-        state.paused.save(&record)
+        keep(state, &tmp, &record)
     });
     if let Err(e) = kept {
         let _ = fs::remove_file(&tmp);
@@ -566,13 +689,21 @@ pub(crate) fn resume(
         key_fingerprint: &fingerprint,
         session_id: id,
     };
+    let opening = opening_for(
+        state,
+        key,
+        &record.request,
+        record.idle_timeout_ms,
+        record.max_lifetime_ms,
+        id,
+    )?;
     let (entry, report) = bring_back(
         state,
         key,
-        &record,
-        id,
+        opening,
         &state.paused.snap_path(id),
         binding,
+        &record.sealed,
     )?;
     let created_at = humantime::parse_rfc3339(&record.created_at).unwrap_or(SystemTime::now());
     let entry = entry.resumed_as(created_at, record.snapshot.cells);
@@ -595,22 +726,34 @@ fn already_open(_entry: Arc<OpenSession>) -> Error {
     )
 }
 
-/// A fresh session of `record`'s request under `id`, with the snapshot at `path` (bound to
-/// `binding`) read into it; not yet registered.
+/// The opening of a session for `record`'s request under `id` (its volumes leased now: a
+/// writer the source still is gets 409 before any state is taken).
+fn opening_for(
+    state: &SharedState,
+    key: &Key,
+    request: &SessionRequest,
+    idle_timeout_ms: u64,
+    max_lifetime_ms: u64,
+    id: &str,
+) -> Result<sessions::Opening, Error> {
+    let mut request = request.clone();
+    request.idle_timeout_ms = Some(idle_timeout_ms);
+    request.max_lifetime_ms = Some(max_lifetime_ms);
+    sessions::prepare_open_as(state, key, request, id.to_owned())
+}
+
+/// A fresh session from `opening`, with the snapshot at `path` (bound to `binding`, sealed
+/// as `sealed`) checked whole, then read into it; not yet registered.
 fn bring_back(
     state: &SharedState,
     key: &Key,
-    record: &PausedRecord,
-    id: &str,
+    opening: sessions::Opening,
     path: &Path,
     binding: Binding,
+    sealed: &Sealed,
 ) -> Result<(Arc<OpenSession>, SnapshotReport), Error> {
-    let mut request = record.request.clone();
-    request.idle_timeout_ms = Some(record.idle_timeout_ms);
-    request.max_lifetime_ms = Some(record.max_lifetime_ms);
-    let opening = sessions::prepare_open_as(state, key, request, id.to_owned())?;
     let mut source =
-        open_verified(path, state.paused.key()?, binding, &record.sealed).map_err(|e| match e {
+        open_verified(path, state.paused.key()?, binding, sealed).map_err(|e| match e {
             airlock_engine::snapshot::VerifyError::Forged => Error::new(
                 Kind::Unprocessable,
                 "snapshot_invalid",
@@ -624,7 +767,7 @@ fn bring_back(
     let entry = sessions::launch(state, &key.fingerprint(), opening)?;
     match entry
         .engine_session()
-        .restore(&mut source, SNAPSHOT_TIMEOUT)
+        .restore(&mut source, snapshot_timeout(state))
     {
         Ok(report) => Ok((entry, report)),
         Err(e) => {
@@ -634,61 +777,105 @@ fn bring_back(
     }
 }
 
-/// A new session of `key`'s with the state of its session `id`, live or paused (blocking);
+/// Removes a file when dropped, unless kept.
+struct Temporary(Option<PathBuf>);
+
+impl Temporary {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Temporary {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = fs::remove_file(path);
+        }
+    }
+}
+
+/// A new session of `key`'s with the state of its session `id`, open or paused (blocking);
 /// `id` goes on as it was.
 pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     let fingerprint = key.fingerprint();
+    // The source is the caller's, open or paused, before anything is touched.
+    let live = sessions::find(state, key, id).ok();
+    if live.is_none() && !state.paused.holds(id, &fingerprint) {
+        return Err(crate::service::not_here(state, id, "session"));
+    }
     let new_id = state.held_id("se_");
     let claim = state.paused.claim(id)?;
-    let (record, path, binding_id, temporary) = match sessions::find(state, key, id) {
-        Ok(entry) => {
+    let (opening, record, path, binding_id, temporary) = match live {
+        Some(entry) => {
             let busy = entry.claim()?;
+            let now = entry.info();
+            let opening = opening_for(
+                state,
+                key,
+                entry.request(),
+                now.idle_timeout_ms,
+                now.max_lifetime_ms,
+                &new_id,
+            )?;
             let tmp = state.paused.dir.join(format!("{new_id}.snap.tmp"));
+            let temporary = Temporary(Some(tmp.clone()));
             let binding = Binding {
                 key_fingerprint: &fingerprint,
                 session_id: &new_id,
             };
             let (sealed, info) = take(state, &fingerprint, &entry, &tmp, binding)?;
             drop(busy);
-            let info_now = entry_info(state, key, id)?;
             let record = PausedRecord {
                 id: new_id.clone(),
                 key_fingerprint: fingerprint.clone(),
                 created_at: rfc(SystemTime::now()),
-                idle_timeout_ms: info_now.idle_timeout_ms,
-                max_lifetime_ms: info_now.max_lifetime_ms,
+                idle_timeout_ms: now.idle_timeout_ms,
+                max_lifetime_ms: now.max_lifetime_ms,
                 request: entry.request().clone(),
-                limits: info_now.limits.clone(),
+                limits: now.limits,
                 sealed,
                 snapshot: info,
             };
-            (record, tmp, new_id.clone(), true)
+            (opening, record, tmp, new_id.clone(), Some(temporary))
         }
-        Err(_) => {
+        None => {
             let record = state
                 .paused
                 .record(id, &fingerprint)
                 .ok_or_else(|| crate::service::not_here(state, id, "session"))?;
-            (record, state.paused.snap_path(id), id.to_owned(), false)
+            let opening = opening_for(
+                state,
+                key,
+                &record.request,
+                record.idle_timeout_ms,
+                record.max_lifetime_ms,
+                &new_id,
+            )?;
+            (
+                opening,
+                record,
+                state.paused.snap_path(id),
+                id.to_owned(),
+                None,
+            )
         }
     };
     let binding = Binding {
         key_fingerprint: &fingerprint,
         session_id: &binding_id,
     };
-    let brought = bring_back(state, key, &record, &new_id, &path, binding);
-    if temporary {
-        let _ = fs::remove_file(&path);
-    }
+    let brought = bring_back(state, key, opening, &path, binding, &record.sealed);
+    drop(temporary);
     drop(claim);
     let (entry, report) = brought?;
     let entry = entry.resumed_as(SystemTime::now(), record.snapshot.cells);
     sessions::register(state, key, entry.clone())?;
-    let mut info = entry_info(state, key, &new_id)?;
+    let mut info = entry.info();
     let mut snapshot = record.snapshot;
     snapshot.variables = report.variables;
     snapshot.not_kept.extend(report.not_kept);
     info.resumed = Some(snapshot);
+    tracing::info!(session = %new_id, from = id, "forked a session");
     Ok(info)
 }
 

@@ -94,6 +94,13 @@ pub(crate) fn metrics_text(state: &AppState) -> String {
         &state.engine.environment_pools(),
     ));
     text.push_str(&state.sessions.render_metrics());
+    let (paused, paused_bytes) = state.paused.totals();
+    text.push_str(&format!(
+        "# HELP airlock_sessions_paused Sessions paused now, their state in snapshots on disk.\n\
+         # TYPE airlock_sessions_paused gauge\nairlock_sessions_paused {paused}\n\
+         # HELP airlock_sessions_paused_bytes Bytes the paused sessions take on disk.\n\
+         # TYPE airlock_sessions_paused_bytes gauge\nairlock_sessions_paused_bytes {paused_bytes}\n"
+    ));
     if let Some(tools) = &state.tools {
         text.push_str(&crate::metrics::render_tools(&tools.statuses()));
     }

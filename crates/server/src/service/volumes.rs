@@ -156,6 +156,7 @@ pub(crate) async fn create(
                 entries,
                 &state.config.volumes.quota(),
                 &now(),
+                &|owner| state.paused.stored_bytes_of(owner),
             )
             .map_err(volume_error)?;
         let details = Details {
