@@ -51,6 +51,9 @@ from airlock_client import (
     Session,
     SessionInfo,
     SessionLost,
+    Snapshot,
+    SnapshotFailed,
+    SnapshotInvalid,
     Tool,
     TransportError,
     TruncatedEvent,
@@ -63,6 +66,7 @@ from airlock_client import (
     VolumeInUse,
     VolumesUnavailable,
 )
+from airlock_client._wire import Events
 from airlock_client.errors import error_for
 from conftest import EXECUTE_ONLY, KEY, SLOW, VOLUME_QUOTA, Server, launch, stop
 
@@ -366,6 +370,229 @@ def test_a_busy_session_answers_409(client: Airlock) -> None:
             s.run("1")
         assert busy.value.status == 409 and busy.value.code == "session_busy"
         assert slow.finish().result == "slept"
+
+
+# A session's state as the snapshot tests use it: data, a function and a class defined in
+# cells, an alias, and what cannot be kept (a lock, a generator).
+SNAPSHOT_STATE = """import threading, json as js
+x = 42
+rows = [1, 2, 3]
+alias = rows
+def f(n):
+    return n + x
+class Point:
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+    def norm(self):
+        return f(self.a * self.a + self.b * self.b)
+p = Point(3, 4)
+lock = threading.Lock()
+gen = (i for i in range(3))
+open('/work/notes.txt', 'w').write('in work')
+'ready'"""
+SNAPSHOT_CHECK = """[x, rows, alias is rows, f(1), p.norm(), js.dumps([1]), open('/work/notes.txt').read(),
+ 'lock' in globals(), 'gen' in globals()]"""
+
+
+def test_a_paused_session_comes_back_with_its_values(server: Server, client: Airlock) -> None:
+    with client.session() as s:
+        assert s.run(SNAPSHOT_STATE).result == "ready"
+        before = s.run(SNAPSHOT_CHECK).result
+        assert before == [42, [1, 2, 3], True, 43, 67, "[1]", "in work", True, True]
+        info = s.pause()
+        assert info is s.info and info.id == s.id and info.resumed is None
+        snapshot = info.paused
+        assert isinstance(snapshot, Snapshot) and snapshot.cells == 2
+        assert {"x", "rows", "alias", "f", "Point", "p", "js", "threading"} <= set(snapshot.variables)
+        # What cannot come back is named, per variable, with why.
+        assert set(snapshot.not_kept) == {"lock", "gen"}, snapshot.not_kept
+        assert "lock" in snapshot.not_kept["lock"] and "generator" in snapshot.not_kept["gen"]
+        assert snapshot.stored_bytes > 0 and snapshot.state_bytes > 0 and snapshot.taken_at
+        assert (server.state / "sessions" / f"{s.id}.snap").is_file()
+        # Shown and listed paused; the listing without the names.
+        assert s.refresh().paused == snapshot
+        listed = {i.id: i for i in client.sessions()}
+        assert s.id in listed
+        shown = listed[s.id].paused
+        assert shown is not None and shown.cells == 2 and shown.variables == [] and shown.not_kept == {}
+        # The next cell brings it back: every value equal but what could not be kept.
+        back = s.run(SNAPSHOT_CHECK)
+        assert back.ok and back.result == before[:-2] + [False, False], back
+        assert back.resumed is not None and back.resumed.not_kept == snapshot.not_kept
+        assert back.resumed.cells == 2 and back.resumed.variables == snapshot.variables
+        assert s.refresh().paused is None and s.info.cells == 3
+        # A cell of an open session brought nothing back; nor does `resume` of an open one.
+        assert s.run("x").resumed is None and s.resume().resumed is None
+        # `resume` brings a paused one back without a cell.
+        s.pause()
+        resumed = s.resume()
+        assert resumed.paused is None and resumed.resumed is not None and resumed.resumed.cells == 4
+        assert s.run("[x, f(1)]").result == [42, 43]
+
+
+def test_a_fork_goes_its_own_way(client: Airlock) -> None:
+    with client.session() as s:
+        s.run(SNAPSHOT_STATE)
+        with s.fork() as fork:
+            assert isinstance(fork, Session) and fork.id != s.id and not fork.closed
+            assert fork.info.resumed is not None and "rows" in fork.info.resumed.variables
+            assert fork.info.paused is None
+            assert fork.run("[x, rows, f(1)]").result == [42, [1, 2, 3], 43]
+            fork.run("x = 1000\nrows.append(4)\nopen('/work/notes.txt', 'w').write('fork')")
+            assert s.run("[f(1), rows, open('/work/notes.txt').read()]").result == [43, [1, 2, 3], "in work"]
+            assert fork.run("[f(1), alias, open('/work/notes.txt').read()]").result == [1001, [1, 2, 3, 4], "fork"]
+        assert fork.closed
+        with pytest.raises(NotFound):
+            fork.refresh()
+        assert s.run("x").result == 42
+        # A paused session forks too, and stays paused.
+        s.pause()
+        with s.fork() as second:
+            assert second.run("rows").result == [1, 2, 3]
+            assert s.refresh().paused is not None
+        assert s.run("rows").result == [1, 2, 3]
+
+
+def test_a_paused_session_is_found_by_id_and_deleted(server: Server, client: Airlock) -> None:
+    s = client.session()
+    s.run("kept = 'yes'")
+    s.pause()
+    same = client.session_by_id(s.id)
+    assert isinstance(same, Session) and same.id == s.id
+    assert same.info.paused is not None and same.info.paused.variables == ["kept"]
+    snap = server.state / "sessions" / f"{s.id}.snap"
+    assert snap.is_file()
+    same.close()
+    assert same.closed and not snap.exists()
+    with pytest.raises(NotFound):
+        client.session_by_id(s.id)
+    with pytest.raises(NotFound):
+        s.run("kept")
+    assert s.id not in [i.id for i in client.sessions()]
+    s.close()  # already deleted: not an error
+    with pytest.raises(NotFound):
+        client.session_by_id("se_nosuchsession")
+    with pytest.raises(ValueError):
+        client.session_by_id("..")
+
+
+def test_snapshot_refusals(server: Server, client: Airlock) -> None:
+    # An altered snapshot is refused, and nothing of it runs; put back, it comes back.
+    with client.session() as s:
+        s.run("marker = 'a'")
+        s.pause()
+        snap = server.state / "sessions" / f"{s.id}.snap"
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        snap.write_bytes(bytes(data))
+        with pytest.raises(SnapshotInvalid) as invalid:
+            s.run("marker")
+        assert (invalid.value.status, invalid.value.code) == (422, "snapshot_invalid")
+        with pytest.raises(SnapshotInvalid):
+            s.resume()
+        data[len(data) // 2] ^= 0x40
+        snap.write_bytes(bytes(data))
+        assert s.run("marker").result == "a"
+    # A busy session is not paused; an ended one neither.
+    with client.session() as s:
+        slow = s.stream("import time\nprint('go', flush=True)\ntime.sleep(1.5)\n'slept'")
+        assert next(iter(slow)) == OutputEvent("stdout", "go\n")
+        with pytest.raises(SessionBusy):
+            s.pause()
+        assert slow.finish().result == "slept"
+        assert s.run("import sys\nsys.exit(0)").session_ended
+        with pytest.raises(SessionEnded):
+            s.pause()
+    # A state past the key's storage (its volumes' and paused sessions' bytes): refused at
+    # pause, and the session runs on as it was.
+    used = sum(v.size_bytes for v in client.volumes())
+    used += sum(i.paused.stored_bytes for i in client.sessions() if i.paused is not None)
+    filler = client.create_volume("client-snapshot-filler", VOLUME_QUOTA - used - 4 * MIB)
+    try:
+        with client.session() as s:
+            s.run("import os\nblob = os.urandom(16_000_000)\nkept = 'yes'")
+            with pytest.raises(QuotaExceeded) as over:
+                s.pause()
+            assert (over.value.status, over.value.code) == (413, "quota_exceeded")
+            assert s.refresh().paused is None
+            assert s.run("[kept, len(blob)]").result == ["yes", 16_000_000]
+            assert not (server.state / "sessions" / f"{s.id}.snap").exists()
+            # Small enough, it is kept.
+            s.run("del blob")
+            assert s.pause().paused is not None
+    finally:
+        filler.delete()
+
+
+def test_snapshot_error_codes_have_their_exceptions() -> None:
+    json_type = {"content-type": "application/json"}
+    for status, code, kind in [
+        (422, "snapshot_invalid", SnapshotInvalid),
+        (422, "snapshot_failed", SnapshotFailed),
+        (413, "quota_exceeded", QuotaExceeded),
+        (409, "session_busy", SessionBusy),
+    ]:
+        body = json.dumps({"error": {"code": code, "message": "m"}}).encode()
+        error = error_for(status, json_type, body)
+        assert type(error) is kind and (error.status, error.code) == (status, code)
+    # A stream's `error` event carries only the code: its status comes from it.
+    events = Events(1 << 20)
+    with pytest.raises(SnapshotInvalid) as invalid:
+        events.feed(b'event: error\ndata: {"error": {"code": "snapshot_invalid", "message": "m"}}\n\n')
+    assert invalid.value.status == 422
+
+
+def test_a_paused_session_survives_a_restart(tmp_path: pathlib.Path) -> None:
+    proc, url = launch(tmp_path)
+    try:
+        with Airlock(url, KEY) as c:
+            s = c.session()
+            s.run(SNAPSHOT_STATE)
+            s.pause()
+    finally:
+        stop(proc)
+    proc, url = launch(tmp_path)
+    try:
+        with Airlock(url, KEY) as c:
+            with c.session_by_id(s.id) as same:
+                assert same.info.paused is not None and same.info.paused.cells == 1
+                back = same.run("[x, rows, f(1), p.norm()]")
+                assert back.result == [42, [1, 2, 3], 43, 67], back
+                assert back.resumed is not None and set(back.resumed.not_kept) == {"lock", "gen"}
+            with pytest.raises(NotFound):
+                c.session_by_id(s.id)
+    finally:
+        stop(proc)
+
+
+def test_the_async_client_s_paused_sessions(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncAirlock(server.url, KEY) as c:
+            async with await c.session() as s:
+                await s.run("rows = [1, 2, 3]")
+                info = await s.pause()
+                assert info is s.info and info.paused is not None and info.paused.variables == ["rows"]
+                assert s.id in [i.id for i in await c.sessions() if i.paused is not None]
+                same = await c.session_by_id(s.id)
+                assert same.id == s.id and same.info.paused == info.paused
+                back = await s.run("sum(rows)")
+                assert back.result == 6 and back.resumed is not None and back.resumed.cells == 1
+                async with await s.fork() as fork:
+                    assert fork.id != s.id and fork.info.resumed is not None
+                    await fork.run("rows.append(4)")
+                    assert (await fork.run("rows")).result == [1, 2, 3, 4]
+                    assert (await s.run("rows")).result == [1, 2, 3]
+                assert fork.closed
+                await s.pause()
+                resumed = await s.resume()
+                assert resumed.paused is None and resumed.resumed is not None
+                await s.pause()
+            # Closing a paused session deletes it.
+            assert s.closed
+            with pytest.raises(NotFound):
+                await c.session_by_id(s.id)
+
+    asyncio.run(main())
 
 
 def test_tools_are_listed_and_callable(client: Airlock) -> None:
@@ -691,6 +918,7 @@ def test_the_models_cover_the_openapi_document(server: Server) -> None:
         "ToolApi": Tool,
         "Environment": Environment,
         "Volume": VolumeInfo,
+        "SnapshotInfo": Snapshot,
     }
     # JSON names the models keep under another name.
     renamed = {("OutputFile", "base64"): "content"}

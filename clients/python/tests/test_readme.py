@@ -44,3 +44,8 @@ def test_the_client_readme_quick_start(server: Server) -> None:
 def test_the_client_readme_volumes_example(server: Server) -> None:
     lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Volumes\n"), server)
     assert lines == ["6 b'6'", "['in', 'in/numbers.txt', 'total.txt']", "volume_busy", "6", "3"]
+
+
+def test_the_client_readme_paused_sessions_example(server: Server) -> None:
+    lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Paused sessions\n"), server)
+    assert lines == ["['rows', 'threading'] ['lock']", "6 True", "[1, 2, 3, 4] [1, 2, 3]", "True True"]

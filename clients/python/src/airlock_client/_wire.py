@@ -494,6 +494,21 @@ def sessions() -> Request[list[SessionInfo]]:
     return Request("GET", "/v1/sessions", lambda a: read_sessions(read_json(a)))
 
 
+def pause(session_id: str) -> Request[SessionInfo]:
+    path = f"/v1/sessions/{segment(session_id, 'session id')}/pause"
+    return Request("POST", path, lambda a: SessionInfo._read(read_json(a)))
+
+
+def resume(session_id: str) -> Request[SessionInfo]:
+    path = f"/v1/sessions/{segment(session_id, 'session id')}/resume"
+    return Request("POST", path, lambda a: SessionInfo._read(read_json(a)))
+
+
+def fork(session_id: str) -> Request[SessionInfo]:
+    path = f"/v1/sessions/{segment(session_id, 'session id')}/fork"
+    return Request("POST", path, lambda a: SessionInfo._read(read_json(a)), ok=(201,))
+
+
 def close_session(session_id: str) -> Request[None]:
     return Request("DELETE", f"/v1/sessions/{segment(session_id, 'session id')}", nothing, ok=(204,))
 

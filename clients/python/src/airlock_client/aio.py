@@ -141,8 +141,13 @@ class AsyncAirlock:
         )
         return AsyncSession(self, await self._do(_wire.open_session(body)))
 
+    async def session_by_id(self, session_id: str) -> AsyncSession:
+        """A handle on this key's session `session_id`, open or paused (see
+        `Airlock.session_by_id`); raises NotFound when there is none."""
+        return AsyncSession(self, await self._do(_wire.session_info(session_id)))
+
     async def sessions(self) -> list[SessionInfo]:
-        """This key's open sessions."""
+        """This key's sessions, open and paused (see `Airlock.sessions`)."""
         return await self._do(_wire.sessions())
 
     async def tools(self) -> ToolList:
@@ -353,6 +358,20 @@ class AsyncSession:
     async def refresh(self) -> SessionInfo:
         self.info = await self._client._do(_wire.session_info(self.id))
         return self.info
+
+    async def pause(self) -> SessionInfo:
+        """Writes the session's state to a snapshot and frees its sandbox (see `Session.pause`)."""
+        self.info = await self._client._do(_wire.pause(self.id))
+        return self.info
+
+    async def resume(self) -> SessionInfo:
+        """Brings a paused session back (see `Session.resume`)."""
+        self.info = await self._client._do(_wire.resume(self.id))
+        return self.info
+
+    async def fork(self) -> AsyncSession:
+        """A new session with this one's state (see `Session.fork`); `async with` closes it."""
+        return AsyncSession(self._client, await self._client._do(_wire.fork(self.id)))
 
     async def close(self) -> None:
         if self.closed:

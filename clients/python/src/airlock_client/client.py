@@ -142,8 +142,15 @@ class Airlock:
         )
         return Session(self, self._do(_wire.open_session(body)))
 
+    def session_by_id(self, session_id: str) -> Session:
+        """A handle on this key's session `session_id`, open or paused (a paused one is kept
+        across server restarts): its `info` as the server holds it now. Raises NotFound when
+        there is none. Its first cell, file request or `resume` brings a paused one back."""
+        return Session(self, self._do(_wire.session_info(session_id)))
+
     def sessions(self) -> list[SessionInfo]:
-        """This key's open sessions."""
+        """This key's sessions, open and paused (a paused one's `paused.variables` and
+        `paused.not_kept` are empty here: `Session.refresh` has them)."""
         return self._do(_wire.sessions())
 
     def tools(self) -> ToolList:
@@ -327,7 +334,9 @@ class Stream:
 
 class Session:
     """One sandbox and interpreter kept for many cells: variables, imports and files persist.
-    Closing it (or leaving its `with` block) destroys the sandbox before returning."""
+    Closing it (or leaving its `with` block) destroys the sandbox before returning, or the
+    snapshot of a paused one. `pause` frees its sandbox and keeps its state; `fork` makes
+    another session with the same state."""
 
     def __init__(self, client: Airlock, info: SessionInfo) -> None:
         self._client = client
@@ -336,7 +345,8 @@ class Session:
         self.closed = False
 
     def run(self, code: str, *, timeout_ms: int | None = None) -> Execution:
-        """Runs a cell. Its `session_ended` says whether the cell ended the session."""
+        """Runs a cell. Its `session_ended` says whether the cell ended the session; its
+        `resumed`, whether it brought the paused session back first."""
         body = _wire.cell_body(code, timeout_ms=timeout_ms, entrypoint=None, inputs=None)
         return self._client._do(_wire.cell(self.id, body))
 
@@ -368,9 +378,36 @@ class Session:
         self.info = self._client._do(_wire.session_info(self.id))
         return self.info
 
+    def pause(self) -> SessionInfo:
+        """Writes the session's state (variables, functions, classes, imported modules, the
+        files of `/work` and `/tmp`) to a snapshot in its own sandbox, then frees the sandbox;
+        its next cell, file request or `resume` brings it back in a fresh one. `paused` says
+        what the snapshot holds, and in `not_kept` what could not be kept (a lock, a
+        generator, an open file), per variable with why. Raises QuotaExceeded when the state
+        is over what the key may keep (nothing was, and the session runs on as it was),
+        SessionBusy while another request of it runs, SnapshotFailed when its sandbox could
+        not write the snapshot."""
+        self.info = self._client._do(_wire.pause(self.id))
+        return self.info
+
+    def resume(self) -> SessionInfo:
+        """Brings a paused session back in a fresh sandbox (its next cell would too):
+        `resumed` says what came back and what could not; None when it was open. Raises
+        SnapshotInvalid when its snapshot was altered or is not this session's (nothing of
+        it ran)."""
+        self.info = self._client._do(_wire.resume(self.id))
+        return self.info
+
+    def fork(self) -> Session:
+        """A new session with this one's state (open or paused; this one goes on as it was,
+        and a paused one stays paused): a handle of its own, to close or use as a context
+        manager. Its `info.resumed` says what it holds."""
+        return Session(self._client, self._client._do(_wire.fork(self.id)))
+
     def close(self) -> None:
-        """Destroys the sandbox. Closing twice, or a session the server already closed
-        (idle, expired) or lost (it was restarted), is not an error."""
+        """Destroys the sandbox, or deletes a paused session's snapshot. Closing twice, or a
+        session the server already closed (idle, expired) or lost (it was restarted while
+        open), is not an error."""
         if self.closed:
             return
         try:

@@ -35,6 +35,8 @@ __all__ = [
     "SessionBusy",
     "SessionEnded",
     "SessionLost",
+    "SnapshotFailed",
+    "SnapshotInvalid",
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",
@@ -124,7 +126,8 @@ class Conflict(APIError):
 
 
 class SessionBusy(Conflict):
-    """409 `session_busy`: another request of the session is running."""
+    """409 `session_busy`: another request of the session is running (a cell, or a pause,
+    resume or fork)."""
 
 
 class SessionEnded(Conflict):
@@ -143,7 +146,8 @@ class VolumeInUse(Conflict):
 
 class SessionLost(APIError):
     """410 `session_lost`: the session was open when the server stopped (was restarted or
-    killed); sessions do not survive a restart. Start another."""
+    killed); open sessions do not survive a restart (paused ones do: `Session.pause`).
+    Start another."""
 
 
 class PayloadTooLarge(APIError):
@@ -156,8 +160,9 @@ class VolumeFull(PayloadTooLarge):
 
 
 class QuotaExceeded(PayloadTooLarge):
-    """413 `quota_exceeded`: a new volume would pass the key's quota (its total bytes or its
-    number of volumes)."""
+    """413 `quota_exceeded`: a new volume, or a session's snapshot at `pause`, would pass the
+    key's quota (its total bytes, its number of volumes or of paused sessions). A session
+    refused a pause runs on as it was."""
 
 
 class UnsupportedMediaType(APIError):
@@ -175,6 +180,16 @@ class BuildFailed(APIError):
 class VolumesUnavailable(APIError):
     """422 `volumes_unavailable`: this server cannot make or mount volumes (it does not run as
     root, or the host has no loop devices); the `message` says why."""
+
+
+class SnapshotFailed(APIError):
+    """422 `snapshot_failed`: the session's sandbox could not take or read its snapshot; the
+    `message` says why."""
+
+
+class SnapshotInvalid(APIError):
+    """422 `snapshot_invalid`: a paused session's snapshot was altered, cut short or is not
+    this session's; it was refused, and nothing of it ran."""
 
 
 class RateLimited(APIError):
@@ -260,6 +275,8 @@ STATUS_OF_CODE: dict[str, int] = {
     "misdirected_request": 421,
     "build_failed": 422,
     "volumes_unavailable": 422,
+    "snapshot_failed": 422,
+    "snapshot_invalid": 422,
     "rate_limited": 429,
     "internal": 500,
     "overloaded": 503,
@@ -275,6 +292,8 @@ _BY_CODE: dict[str, type[APIError]] = {
     "volume_full": VolumeFull,
     "quota_exceeded": QuotaExceeded,
     "volumes_unavailable": VolumesUnavailable,
+    "snapshot_failed": SnapshotFailed,
+    "snapshot_invalid": SnapshotInvalid,
 }
 
 

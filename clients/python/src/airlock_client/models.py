@@ -26,6 +26,7 @@ __all__ = [
     "OutputEvent",
     "OutputFile",
     "SessionInfo",
+    "Snapshot",
     "Status",
     "StreamEvent",
     "Tool",
@@ -108,6 +109,11 @@ class _Reader:
 
     def each(self, name: str, default: list[object] | None = None) -> list[_Reader]:
         return [_Reader(v, f"{self.where}.{name}[{i}]") for i, v in enumerate(self.array(name, default))]
+
+    def snapshot(self, name: str) -> Snapshot | None:
+        """An optional `Snapshot` field (`paused`, `resumed`)."""
+        value = self.opt_object(name)
+        return None if value is None else Snapshot._read(_Reader(value, f"{self.where}.{name}"))
 
 
 def _name(kind: type | tuple[type, ...]) -> str:
@@ -252,11 +258,44 @@ class OutputFile:
 
 
 @dataclass(frozen=True)
+class Snapshot:
+    """A session's snapshot (docs/sessions.md): when it was `taken_at` (RFC 3339), after how
+    many `cells`, its size on disk (`stored_bytes`, compressed) and as the sandbox wrote it
+    (`state_bytes`), the `variables` it holds, and those it could not keep (a lock, a
+    generator, an open file or socket), each with why: `not_kept` are gone from the session
+    that comes back. In a listing of sessions, `variables` and `not_kept` are empty."""
+
+    taken_at: str
+    cells: int
+    stored_bytes: int
+    state_bytes: int
+    variables: list[str]
+    not_kept: dict[str, str]
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Snapshot:
+        not_kept = r.child("not_kept")
+        for name, why in not_kept.obj.items():
+            if not isinstance(why, str):
+                raise ProtocolError(f"{not_kept.where}.{name[:40]}: expected str, got {type(why).__name__}")
+        return cls(
+            r.text("taken_at"),
+            r.integer("cells"),
+            r.integer("stored_bytes"),
+            r.integer("state_bytes"),
+            r.texts("variables"),
+            dict(not_kept.obj),  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
 class Execution:
     """One execution's outcome, every field of the result vocabulary. `result` is the value
     decoded into Python (`result_json` as sent); `id` is None for a session's cell when the
     server gave none. `output_streamed` is true when stdout and stderr came as events (the
-    client put them back together here). `session_ended` is set for a session's cells."""
+    client put them back together here). `session_ended` is set for a session's cells;
+    `resumed` when the cell brought its paused session back first (what came back, and what
+    could not)."""
 
     id: str | None
     status: Status
@@ -277,6 +316,7 @@ class Execution:
     isolation: Isolation
     output_streamed: bool = False
     session_ended: bool | None = None
+    resumed: Snapshot | None = None
 
     @property
     def ok(self) -> bool:
@@ -321,6 +361,7 @@ class Execution:
             isolation=Isolation._read(r.child("isolation")),
             output_streamed=r.flag("output_streamed", False),
             session_ended=r.flag("session_ended") if session_ended is not None else None,
+            resumed=r.snapshot("resumed"),
         )
 
 
@@ -396,7 +437,9 @@ class Evaluation:
 class SessionInfo:
     """A session as the server holds it. `ended` is the status of the cell that ended it;
     `egress_between_cells` the proxy's account of connections made while no cell ran (threads
-    a cell left running), with an egress policy."""
+    a cell left running), with an egress policy. `paused` is its snapshot while it is paused
+    (its next request brings it back); `resumed` is set in the answer that brought it back
+    (`Session.resume`, `Session.fork`)."""
 
     id: str
     created_at: str
@@ -407,6 +450,8 @@ class SessionInfo:
     ended: Status | None
     limits: Limits
     egress_between_cells: dict[str, object] | None = None
+    paused: Snapshot | None = None
+    resumed: Snapshot | None = None
 
     @classmethod
     def _read(cls, value: object, where: str = "$") -> SessionInfo:
@@ -424,6 +469,8 @@ class SessionInfo:
             ended,  # type: ignore[arg-type]
             Limits._read(r.child("limits")),
             r.opt_object("egress_between_cells"),
+            r.snapshot("paused"),
+            r.snapshot("resumed"),
         )
 
 
