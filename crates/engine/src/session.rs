@@ -615,12 +615,21 @@ impl Session {
         )?;
         let mut first = Some(request);
         let mut bytes = 0u64;
+        let mut send_first = |buf: &mut Vec<u8>| -> std::io::Result<bool> {
+            match first.take() {
+                Some(request) => {
+                    *buf = request;
+                    Ok(true)
+                }
+                None => Ok(false),
+            }
+        };
         let mut failed: Option<SnapshotError> = None;
         let mut chunks_done = false;
         let mut reply = None;
         let end = stream_exchange(
             &mut io,
-            &mut || Ok(first.take()),
+            &mut send_first,
             &mut |frame| {
                 if chunks_done {
                     reply = Some(frame.to_vec());
@@ -674,16 +683,18 @@ impl Session {
         let mut read_failed = None;
         let end = stream_exchange(
             &mut io,
-            &mut || {
+            &mut |frame: &mut Vec<u8>| {
                 if let Some(first) = first.take() {
-                    return Ok(Some(first));
+                    *frame = first;
+                    return Ok(true);
                 }
                 if finished {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 // A frame of one marshalled bytes object (`s`, its length, the bytes), the
-                // snapshot read straight into it.
-                let mut frame = vec![0u8; RESTORE_HEAD + RESTORE_CHUNK];
+                // snapshot read straight into it; the buffer is the last frame's, so only
+                // what it lacks is zeroed.
+                frame.resize(RESTORE_HEAD + RESTORE_CHUNK, 0);
                 let n = match read_full(source, &mut frame[RESTORE_HEAD..]) {
                     Ok(n) => n,
                     Err(e) => {
@@ -699,7 +710,7 @@ impl Session {
                 frame[..4].copy_from_slice(&((n + 5) as u32).to_le_bytes());
                 frame[4] = b's';
                 frame[5..9].copy_from_slice(&(n as u32).to_le_bytes());
-                Ok(Some(frame))
+                Ok(true)
             },
             &mut |frame| {
                 reply = Some(frame.to_vec());
@@ -808,12 +819,13 @@ enum StreamEnd {
     SourceFailed,
 }
 
-/// Sends what `outgoing` gives (until it gives [`None`]) while handing each frame that comes
+/// Sends what `outgoing` puts in the buffer it is given (its last one, to fill again; until
+/// it says there is no more) while handing each frame that comes
 /// back to `incoming`, until it says [`Flow::Done`], the deadline passes or the sandbox ends.
 /// Output the sandbox writes meanwhile belongs to no cell: read and dropped.
 fn stream_exchange(
     io: &mut Io,
-    outgoing: &mut dyn FnMut() -> std::io::Result<Option<Vec<u8>>>,
+    outgoing: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<bool>,
     incoming: &mut dyn FnMut(&mut Vec<u8>) -> Flow,
     deadline: Instant,
     frame_cap: u64,
@@ -835,12 +847,13 @@ fn stream_exchange(
     let mut open = [true, true];
     loop {
         if sent == pending.len() && more_to_send {
-            match outgoing() {
-                Ok(Some(next)) => {
-                    pending = next;
+            match outgoing(&mut pending) {
+                Ok(true) => sent = 0,
+                Ok(false) => {
+                    more_to_send = false;
+                    pending.clear();
                     sent = 0;
                 }
-                Ok(None) => more_to_send = false,
                 Err(_) => return StreamEnd::SourceFailed,
             }
         }

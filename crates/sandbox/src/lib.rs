@@ -57,6 +57,9 @@ pub use bounded::{BoundedDir, BoundedError, BoundedKind};
 pub use cgroup::{
     cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
 };
+/// Starts writing a range of a file to disk without waiting (snapshots use it so that their
+/// final sync waits for the last piece only).
+pub use sys::start_writeback;
 // For airlock-bench alone (the `bench` feature): how long each way into a cgroup v2 takes.
 #[cfg(feature = "bench")]
 pub use cgroup::{time_v2_placements, Placement};

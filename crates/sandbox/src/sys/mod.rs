@@ -861,6 +861,25 @@ pub fn populate_write(start: usize, len: usize) -> io::Result<()> {
     }
 }
 
+/// `sync_file_range(fd, offset, len, SYNC_FILE_RANGE_WRITE)`: starts writing that range of
+/// the file to disk, without waiting and without dropping it from the page cache.
+pub fn start_writeback(fd: BorrowedFd, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: a valid descriptor and plain integers; the kernel reads nothing of ours.
+    let rc = unsafe {
+        libc::sync_file_range(
+            fd.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 /// Whether `fd` has something to read (or its writer is gone) right now.
 pub fn readable_now(fd: RawFd) -> bool {
     let mut pfd = libc::pollfd {
