@@ -85,6 +85,31 @@ import tinypkg
  alias is shared, js.dumps([1]), tinypkg.ANSWER, open('/work/notes.txt').read(),
  open('/tmp/scratch.txt').read(), 'lock' in globals(), 'gen' in globals()]"#;
 
+/// What a session's sandbox is, seen from inside, field by field: ids, capabilities,
+/// `no_new_privs`, seccomp (mode and filters), rlimits, hostname, mounts (without their ids
+/// and the sandbox's own host uid), its processes, what it may reach.
+const PROBE: &str = r#"import os, re, resource, socket
+keys = ('Uid', 'Gid', 'Groups', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb',
+        'NoNewPrivs', 'Seccomp', 'Seccomp_filters')
+status = {l.split(':')[0]: l.split(':', 1)[1].strip() for l in open('/proc/self/status')
+          if l.split(':')[0] in keys}
+limits = {n: resource.getrlimit(getattr(resource, n)) for n in
+          ('RLIMIT_NOFILE', 'RLIMIT_NPROC', 'RLIMIT_FSIZE', 'RLIMIT_CPU', 'RLIMIT_CORE',
+           'RLIMIT_AS', 'RLIMIT_STACK')}
+# Each sandbox is a host uid of its own (the rule): the mounts' owner is that uid.
+mounts = sorted(re.sub(r'(uid|gid)=[0-9]+', r'\1=N', ' '.join(l.split()[3:]))
+                for l in open('/proc/self/mountinfo'))
+def refused(f):
+    try:
+        f()
+        return 'allowed'
+    except OSError as e:
+        return type(e).__name__
+reach = [refused(lambda: socket.create_connection(('127.0.0.1', 22), timeout=1)),
+         refused(lambda: open('/etc/shadow')), refused(lambda: open('/usr/x', 'w'))]
+[status, limits, socket.gethostname(), mounts, sorted(os.listdir('/proc'))[:3], reach,
+ os.getcwd(), sorted(os.environ)]"#;
+
 fn expected() -> Value {
     json!([
         4999950000u64,
@@ -115,11 +140,12 @@ fn a_paused_session_comes_back_whole_in_a_fresh_jail_and_a_fork_goes_its_own_way
     assert_eq!(cell(&server, &id, PIP_INSTALL)["result"], 42);
     assert_eq!(cell(&server, &id, STATE)["result"], "ready");
     let fresh_isolation = cell(&server, &id, "1")["isolation"].clone();
+    let fresh_probe = cell(&server, &id, PROBE)["result"].clone();
 
     let paused = post(&server, &id, "pause");
     assert_eq!(paused.status, 200, "{}", paused.text());
     let snapshot = paused.json()["paused"].clone();
-    assert_eq!(snapshot["cells"], 3);
+    assert_eq!(snapshot["cells"], 4);
     for name in ["df", "arr", "f", "Point", "p", "twice", "np", "pd", "x"] {
         assert!(
             snapshot["variables"]
@@ -145,7 +171,7 @@ fn a_paused_session_comes_back_whole_in_a_fresh_jail_and_a_fork_goes_its_own_way
     let shown = server
         .call("GET", &format!("/v1/sessions/{id}"), None)
         .json();
-    assert_eq!(shown["paused"]["cells"], 3, "{shown}");
+    assert_eq!(shown["paused"]["cells"], 4, "{shown}");
     let listed = server.call("GET", "/v1/sessions", None).json();
     assert_eq!(listed["sessions"][0]["id"], id.as_str());
 
@@ -153,8 +179,10 @@ fn a_paused_session_comes_back_whole_in_a_fresh_jail_and_a_fork_goes_its_own_way
     let back = cell(&server, &id, CHECK);
     assert_eq!(back["result"], expected(), "{back}");
     assert_eq!(back["resumed"]["not_kept"], *not_kept);
-    // Jailed exactly as a fresh session: every field of `isolation`.
+    // Jailed exactly as a fresh session: every field of `isolation`, and field by field
+    // from inside.
     assert_eq!(back["isolation"], fresh_isolation);
+    assert_eq!(cell(&server, &id, PROBE)["result"], fresh_probe);
     assert_eq!(server.metric("airlock_sessions_open"), 1.0);
 
     // A fork: the same state, then each its own way.
@@ -602,4 +630,37 @@ fn snapshots_hold_up_against_paths_floods_forged_reports_and_races() {
         "{statuses:?}"
     );
     assert!(leftovers().is_empty(), "{:?}", leftovers());
+}
+
+/// Replicas that share `sessions.snapshot_dir`: a session paused by one is brought back by
+/// the other (the lock lets only one do it), and is then gone from the directory.
+#[test]
+fn a_session_paused_by_one_replica_is_resumed_by_another_sharing_the_directory() {
+    let _g = serial();
+    let shared =
+        std::env::temp_dir().join(format!("airlock-shared-snapshots-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&shared);
+    let config = format!(
+        "[sessions]\nsnapshot_dir = {:?}\n",
+        shared.display().to_string()
+    );
+    let first = Server::start(&config, &[]);
+    let second = Server::start(&config, &[]);
+    let id = open(&first, json!({}));
+    cell(
+        &first,
+        &id,
+        "where = 'first'\nimport numpy as np\nv = np.arange(5)",
+    );
+    assert_eq!(post(&first, &id, "pause").status, 200);
+    // The second replica started before the pause: it finds the session on disk.
+    let back = cell(&second, &id, "[where, v.tolist()]");
+    assert_eq!(back["result"], json!(["first", [0, 1, 2, 3, 4]]));
+    assert!(back["resumed"].is_object(), "{back}");
+    assert!(!shared.join(format!("{id}.snap")).exists());
+    // The first no longer holds it paused.
+    let r = post(&first, &id, "resume");
+    assert_eq!(r.status, 404, "{}", r.text());
+    drop((first, second));
+    let _ = std::fs::remove_dir_all(&shared);
 }

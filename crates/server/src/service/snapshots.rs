@@ -177,7 +177,26 @@ impl Paused {
 
     /// Whether `id` is a paused session of the key with `fingerprint`.
     pub fn holds(&self, id: &str, fingerprint: &str) -> bool {
-        self.index().get(id).is_some_and(|e| e.owner == fingerprint)
+        if let Some(e) = self.index().get(id) {
+            return e.owner == fingerprint;
+        }
+        // Paused by another replica sharing the directory since this one started: taken
+        // into the index from its record.
+        if !valid_id(id) || self.deleted(id) {
+            return false;
+        }
+        let Ok(bytes) = fs::read(self.record_path(id)) else {
+            return false;
+        };
+        match serde_json::from_slice::<PausedRecord>(&bytes) {
+            Ok(r) if r.id == id => {
+                let owned = r.key_fingerprint == fingerprint;
+                self.index()
+                    .insert(r.id.clone(), Indexed::of(&r, bytes.len() as u64));
+                owned
+            }
+            _ => false,
+        }
     }
 
     /// How many sessions are paused, all keys together.
@@ -218,8 +237,12 @@ impl Paused {
         if !valid_id(id) || !self.holds(id, fingerprint) || self.deleted(id) {
             return None;
         }
-        let record: PausedRecord =
-            serde_json::from_slice(&fs::read(self.record_path(id)).ok()?).ok()?;
+        let Ok(bytes) = fs::read(self.record_path(id)) else {
+            // Resumed or deleted by another replica sharing the directory.
+            self.index().remove(id);
+            return None;
+        };
+        let record: PausedRecord = serde_json::from_slice(&bytes).ok()?;
         (record.id == id && record.key_fingerprint == fingerprint).then_some(record)
     }
 
