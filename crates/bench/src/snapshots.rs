@@ -48,6 +48,15 @@ fn expect(got: (u16, Value), want: u16, what: &str) -> Result<Value, String> {
     Ok(got.1)
 }
 
+/// `POST /v1/sessions/{id}/{what}`, answered `want`.
+fn act(client: &mut Client, id: &str, what: &str, want: u16, label: &str) -> Result<Value, String> {
+    expect(
+        call(client, "POST", &format!("/v1/sessions/{id}/{what}"), None)?,
+        want,
+        label,
+    )
+}
+
 fn open(client: &mut Client, body: Value) -> Result<String, String> {
     let v = expect(
         call(client, "POST", "/v1/sessions", Some(&body))?,
@@ -116,18 +125,7 @@ pub fn measure(server: &Server, rounds: usize, paused: usize, one_gb: bool) -> R
 
         let id = open(&mut client, json!({}))?;
         cell(&mut client, &id, TEN_MB)?;
-        let (v, t) = timed(|| {
-            expect(
-                call(
-                    &mut client,
-                    "POST",
-                    &format!("/v1/sessions/{id}/pause"),
-                    None,
-                )?,
-                200,
-                "pause",
-            )
-        })?;
+        let (v, t) = timed(|| act(&mut client, &id, "pause", 200, "pause"))?;
         pause.samples.push(t);
         stored = v["paused"]["stored_bytes"].as_u64().unwrap_or(0);
         let (v, t) = timed(|| cell(&mut client, &id, "[len(df), f(1)]"))?;
@@ -135,18 +133,7 @@ pub fn measure(server: &Server, rounds: usize, paused: usize, one_gb: bool) -> R
             return Err(format!("resumed wrongly: {v}"));
         }
         resume.samples.push(t);
-        let (v, t) = timed(|| {
-            expect(
-                call(
-                    &mut client,
-                    "POST",
-                    &format!("/v1/sessions/{id}/fork"),
-                    None,
-                )?,
-                201,
-                "fork",
-            )
-        })?;
+        let (v, t) = timed(|| act(&mut client, &id, "fork", 201, "fork"))?;
         fork.samples.push(t);
         let forked = v["id"].as_str().unwrap_or_default().to_owned();
         call(
@@ -173,18 +160,7 @@ pub fn measure(server: &Server, rounds: usize, paused: usize, one_gb: bool) -> R
             json!({"limits": {"memory_mb": 4096, "timeout_ms": 120000}}),
         )?;
         cell(&mut client, &id, ONE_GB)?;
-        let (v, t_pause) = timed(|| {
-            expect(
-                call(
-                    &mut client,
-                    "POST",
-                    &format!("/v1/sessions/{id}/pause"),
-                    None,
-                )?,
-                200,
-                "pause 1 GB",
-            )
-        })?;
+        let (v, t_pause) = timed(|| act(&mut client, &id, "pause", 200, "pause 1 GB"))?;
         let state = v["paused"]["state_bytes"].as_u64().unwrap_or(0);
         let (_, t_resume) = timed(|| cell(&mut client, &id, "big.size"))?;
         call(&mut client, "DELETE", &format!("/v1/sessions/{id}"), None)?;
@@ -218,16 +194,7 @@ fn many_paused(server: &Server, n: usize) -> Result<(), String> {
                 while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
                     let id = open(&mut client, json!({}))?;
                     cell(&mut client, &id, "import os\nmine = os.urandom(16).hex()")?;
-                    expect(
-                        call(
-                            &mut client,
-                            "POST",
-                            &format!("/v1/sessions/{id}/pause"),
-                            None,
-                        )?,
-                        200,
-                        "pause",
-                    )?;
+                    act(&mut client, &id, "pause", 200, "pause")?;
                     ids.lock().unwrap().push(id);
                 }
                 Ok(())

@@ -861,28 +861,7 @@ fn stream_exchange(
         if left.is_zero() {
             return StreamEnd::TimedOut;
         }
-        let mut ctl = PollFlags::POLLIN;
-        if sent < pending.len() {
-            ctl |= PollFlags::POLLOUT;
-        }
-        let mut fds = vec![
-            PollFd::new(io.control.as_fd(), ctl),
-            PollFd::new(io.ended.as_fd(), PollFlags::POLLIN),
-        ];
-        if open[0] {
-            fds.push(PollFd::new(io.stdout.as_fd(), PollFlags::POLLIN));
-        }
-        if open[1] {
-            fds.push(PollFd::new(io.stderr.as_fd(), PollFlags::POLLIN));
-        }
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-        let _ = poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        );
-        let ended = fds[1].revents().is_some_and(|r| !r.is_empty());
-        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        drop(fds);
+        let (control_ready, ended) = wait(io, sent < pending.len(), open, left);
         for (i, open) in open.iter_mut().enumerate() {
             if !*open {
                 continue;
@@ -1015,28 +994,7 @@ fn exchange(
             ex.timed_out = true;
             break;
         }
-        let mut ctl = PollFlags::POLLIN;
-        if sent < request.len() {
-            ctl |= PollFlags::POLLOUT;
-        }
-        let mut fds = vec![
-            PollFd::new(io.control.as_fd(), ctl),
-            PollFd::new(io.ended.as_fd(), PollFlags::POLLIN),
-        ];
-        if open[0] {
-            fds.push(PollFd::new(io.stdout.as_fd(), PollFlags::POLLIN));
-        }
-        if open[1] {
-            fds.push(PollFd::new(io.stderr.as_fd(), PollFlags::POLLIN));
-        }
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
-        let _ = poll(
-            &mut fds,
-            PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
-        );
-        let ended = fds[1].revents().is_some_and(|r| !r.is_empty());
-        let control_ready = fds[0].revents().is_some_and(|r| !r.is_empty());
-        drop(fds);
+        let (control_ready, ended) = wait(io, sent < request.len(), open, left);
         drain(io, &mut buf, &mut ex, &mut open, sink, output_limit, false);
         if control_ready {
             if sent < request.len() {
@@ -1079,6 +1037,33 @@ fn exchange(
         }
     }
     ex
+}
+
+/// Waits (at most `left`) for the channel to be readable (or writable, with `sending`), the
+/// sandbox to end or an open output stream to be readable: whether the channel is ready, and
+/// whether the sandbox has ended.
+fn wait(io: &Io, sending: bool, open: [bool; 2], left: Duration) -> (bool, bool) {
+    let mut ctl = PollFlags::POLLIN;
+    if sending {
+        ctl |= PollFlags::POLLOUT;
+    }
+    let mut fds = vec![
+        PollFd::new(io.control.as_fd(), ctl),
+        PollFd::new(io.ended.as_fd(), PollFlags::POLLIN),
+    ];
+    if open[0] {
+        fds.push(PollFd::new(io.stdout.as_fd(), PollFlags::POLLIN));
+    }
+    if open[1] {
+        fds.push(PollFd::new(io.stderr.as_fd(), PollFlags::POLLIN));
+    }
+    let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+    let _ = poll(
+        &mut fds,
+        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+    );
+    let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+    (ready(0), ready(1))
 }
 
 /// Reads from stdout and stderr, keeping what fits the output limit: one read each while the

@@ -458,6 +458,16 @@ fn snapshot_error(e: SnapshotError) -> Error {
 /// How many state bytes a snapshot of the key's may hold now: the configured most, within
 /// what its storage has left after its volumes and its other paused sessions.
 fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
+    let used = storage_used(state, owner);
+    state
+        .config
+        .sessions
+        .max_snapshot_bytes
+        .min(state.config.volumes.max_bytes_per_key.saturating_sub(used))
+}
+
+/// What the key's storage holds: its volumes' sizes and its paused sessions' bytes.
+fn storage_used(state: &AppState, owner: &str) -> u64 {
     let volumes: u64 = state
         .volumes
         .list(owner)
@@ -465,12 +475,7 @@ fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
         .iter()
         .map(|v| v.size_bytes)
         .sum();
-    let used = volumes + state.paused.stored_bytes_of(owner);
-    state
-        .config
-        .sessions
-        .max_snapshot_bytes
-        .min(state.config.volumes.max_bytes_per_key.saturating_sub(used))
+    volumes + state.paused.stored_bytes_of(owner)
 }
 
 /// Room a record takes beside its snapshot, counted before it is written.
@@ -484,15 +489,7 @@ fn keep(state: &AppState, tmp: &Path, record: &PausedRecord) -> Result<(), Error
     let _storage = state.volumes.storage_lock();
     let owner = &record.key_fingerprint;
     let replaced = state.paused.bytes_of(&record.id);
-    let volumes: u64 = state
-        .volumes
-        .list(owner)
-        .unwrap_or_default()
-        .iter()
-        .map(|v| v.size_bytes)
-        .sum();
-    let used =
-        (volumes + state.paused.stored_bytes_of(owner)).saturating_sub(replaced.unwrap_or(0));
+    let used = storage_used(state, owner).saturating_sub(replaced.unwrap_or(0));
     let needed = record.sealed.stored_bytes + RECORD_ROOM;
     let quota = state.config.volumes.max_bytes_per_key;
     if used.saturating_add(needed) > quota {
@@ -941,11 +938,7 @@ pub(crate) async fn pause_session(
     key: &Arc<Key>,
     id: String,
 ) -> Result<SessionInfo, Error> {
-    crate::service::execution::refuse_if_unavailable(state)?;
-    let (st, key) = (state.clone(), key.clone());
-    tokio::task::spawn_blocking(move || pause(&st, &key, &id))
-        .await
-        .map_err(|e| Error::internal(format!("pausing a session: {e}")))?
+    blocking(state, key, id, "pausing a session", pause).await
 }
 
 /// `POST /v1/sessions/{id}/resume`: a paused session brought back (one already open is
@@ -968,9 +961,20 @@ pub(crate) async fn fork_session(
     key: &Arc<Key>,
     id: String,
 ) -> Result<SessionInfo, Error> {
+    blocking(state, key, id, "forking a session", fork).await
+}
+
+/// `f` for `key`'s session `id` on a blocking thread, unless the server refuses work now.
+async fn blocking(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: String,
+    what: &'static str,
+    f: fn(&SharedState, &Key, &str) -> Result<SessionInfo, Error>,
+) -> Result<SessionInfo, Error> {
     crate::service::execution::refuse_if_unavailable(state)?;
     let (st, key) = (state.clone(), key.clone());
-    tokio::task::spawn_blocking(move || fork(&st, &key, &id))
+    tokio::task::spawn_blocking(move || f(&st, &key, &id))
         .await
-        .map_err(|e| Error::internal(format!("forking a session: {e}")))?
+        .map_err(|e| Error::internal(format!("{what}: {e}")))?
 }
