@@ -699,6 +699,7 @@ impl Tools {
         key: &Arc<Key>,
         a: SessionId,
     ) -> Result<CallToolResult, Error> {
+        crate::service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
         let list = sessions::files(&self.state, key, &a.session_id).await?;
         let text = if list.files.is_empty() {
             "(no files)".to_owned()
@@ -719,6 +720,7 @@ impl Tools {
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
         let path = a.path.clone();
+        crate::service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
         let data = sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
         let bytes = data.len() as u64;
         let (content, shown_as) = if data.starts_with(PNG_SIGNATURE) {

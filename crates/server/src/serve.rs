@@ -329,7 +329,7 @@ async fn serve(
     let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
-    tokio::spawn(crate::service::sessions::reaper(state.clone()));
+    tokio::spawn(crate::service::snapshots::reaper(state.clone()));
 
     loop {
         tokio::select! {

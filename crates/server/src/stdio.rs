@@ -52,7 +52,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
         environments,
     ));
     let key = state.keys.keys()[0].clone();
-    tokio::spawn(crate::service::sessions::reaper(state.clone()));
+    tokio::spawn(crate::service::snapshots::reaper(state.clone()));
     let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
     tracing::info!(state_dir = %state_dir.display(), "serving MCP on stdio");

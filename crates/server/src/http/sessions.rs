@@ -75,6 +75,7 @@ pub(crate) async fn put_file(
     Path((id, path)): Path<(String, String)>,
     req: Request,
 ) -> Result<StatusCode, Error> {
+    crate::service::snapshots::bring_back_if_paused(&state, &caller.0, &id).await?;
     sessions::put_file(&state, &caller.0, &id, path, body_of(req)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -85,6 +86,7 @@ pub(crate) async fn get_file(
     Extension(caller): Extension<Caller>,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, Error> {
+    crate::service::snapshots::bring_back_if_paused(&state, &caller.0, &id).await?;
     let data = sessions::read_file(&state, &caller.0, &id, path).await?;
     let mut response = Response::new(Body::from(data));
     response.headers_mut().insert(
@@ -100,6 +102,7 @@ pub(crate) async fn list_files(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<FileList>, Error> {
+    crate::service::snapshots::bring_back_if_paused(&state, &caller.0, &id).await?;
     Ok(Json(sessions::files(&state, &caller.0, &id).await?))
 }
 

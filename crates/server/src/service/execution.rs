@@ -223,16 +223,7 @@ pub(crate) fn rejection(r: Rejection) -> Error {
     }
 }
 
-/// No new executions while shutting down, or while the audit log cannot be written.
-pub(crate) fn refuse_if_unavailable(state: &SharedState) -> Result<(), Error> {
-    if state.is_shutting_down() {
-        return Err(Error::shutting_down());
-    }
-    if let Some(why) = state.audit.retry_soon() {
-        return Err(audit_unavailable(&why));
-    }
-    Ok(())
-}
+pub(crate) use super::refuse_if_unavailable;
 
 /// What the audit record needs besides the result.
 pub(crate) struct Context {
@@ -353,19 +344,8 @@ pub(crate) fn audit_start(state: &SharedState, ctx: &Context) -> Result<(), Erro
     };
     state.audit.append_started(&started).map_err(|e| {
         tracing::warn!(request_id = %ctx.request_id, error = %e, "refused: the audit log cannot be written");
-        audit_unavailable(&e.to_string())
+        super::audit_unavailable(&e.to_string())
     })
-}
-
-/// Worth a retry a second later: the audit log is tried again each second (the file by the
-/// requests that ask, the store by its writer).
-fn audit_unavailable(why: &str) -> Error {
-    Error::new(
-        Kind::Unavailable,
-        "unavailable",
-        format!("executions are refused while the audit log cannot be written: {why}"),
-    )
-    .retry_after(crate::audit_lines::RETRY_EVERY.as_secs())
 }
 
 /// Why an execution the audit log has a `started` line for did not run, as the client hears it.

@@ -35,3 +35,25 @@ pub(crate) fn not_here(state: &AppState, id: &str, what: &str) -> Error {
     };
     Error::new(Kind::NotFound, "not_found", message)
 }
+
+/// No new executions while shutting down, or while the audit log cannot be written.
+pub(crate) fn refuse_if_unavailable(state: &crate::SharedState) -> Result<(), Error> {
+    if state.is_shutting_down() {
+        return Err(Error::shutting_down());
+    }
+    if let Some(why) = state.audit.retry_soon() {
+        return Err(audit_unavailable(&why));
+    }
+    Ok(())
+}
+
+/// Worth a retry a second later: the audit log is tried again each second (the file by the
+/// requests that ask, the store by its writer).
+pub(crate) fn audit_unavailable(why: &str) -> Error {
+    Error::new(
+        Kind::Unavailable,
+        "unavailable",
+        format!("executions are refused while the audit log cannot be written: {why}"),
+    )
+    .retry_after(crate::audit_lines::RETRY_EVERY.as_secs())
+}

@@ -279,7 +279,8 @@ pub(crate) async fn run<T: Send + 'static>(
         }
         Work::Cell { session, input } => {
             // A paused session comes back first (before a byte of body is read).
-            let (entry, resumed) = sessions::find_or_resume(state, &caller, &session).await?;
+            let (entry, resumed) =
+                crate::service::snapshots::find_or_resume(state, &caller, &session).await?;
             let (received, arguments) = arrive(state, &caller, received, input).await?;
             // 3. the cell's checks, and its session claimed.
             let key = caller.clone();

@@ -1,6 +1,7 @@
 //! The session service: the registry of open sessions ([`Sessions`]), opening one
 //! ([`prepare_open`], [`start`]), its cells ([`prepare_cell`], [`PreparedCell`]), its files,
-//! closing it ([`close`]) and the [`reaper`]. The order of a session's opening and of each
+//! closing it ([`close`]) and what the reaper closes ([`Sessions::reap`]; the reaper itself,
+//! which also pauses idle sessions, is `snapshots::reaper`). The order of a session's opening and of each
 //! cell is the pipeline's (`pipeline.rs`); what each step does to a session is here. A
 //! session belongs to the key that made it (by the key's fingerprint): any other key gets
 //! 404. Its limits cover the whole session; each cell goes through admission like an
@@ -26,7 +27,7 @@ use crate::service::tools;
 use crate::{AppState, SharedState};
 
 /// How often the reaper looks for idle and expired sessions.
-const REAP_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const REAP_EVERY: Duration = Duration::from_millis(500);
 
 /// Every open session.
 #[derive(Default)]
@@ -190,37 +191,6 @@ pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSess
     Err(crate::service::not_here(state, id, "session"))
 }
 
-/// The caller's session `id`, brought back first if it is paused (what came back, then). A
-/// request that finds another bringing it back waits for it.
-pub(crate) async fn find_or_resume(
-    state: &SharedState,
-    key: &Arc<Key>,
-    id: &str,
-) -> Result<(Arc<OpenSession>, Option<airlock_api::SnapshotInfo>), Error> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let missing = match find(state, key, id) {
-            Ok(entry) => return Ok((entry, None)),
-            Err(e) => e,
-        };
-        if !state.paused.holds(id, &key.fingerprint()) {
-            return Err(missing);
-        }
-        let (st, k, i) = (state.clone(), key.clone(), id.to_owned());
-        let resumed =
-            tokio::task::spawn_blocking(move || crate::service::snapshots::resume(&st, &k, &i))
-                .await
-                .map_err(|e| Error::internal(format!("resuming a session: {e}")))?;
-        match resumed {
-            Ok((entry, info)) => return Ok((entry, Some(info))),
-            Err(e) if e.code == "session_busy" && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
 /// that have ended count for neither.
 fn room_for_one(
@@ -252,35 +222,6 @@ fn room_for_one(
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs the reaper until shutdown.
-pub async fn reaper(state: SharedState) {
-    let mut shutdown = state.shutdown_signal();
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(REAP_EVERY) => {}
-            _ = shutdown.changed() => return,
-        }
-        if let Some(after) = state.config.sessions.pause_after_idle_ms {
-            crate::service::snapshots::pause_idle(&state, Duration::from_millis(after));
-        }
-        let st = state.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            let retention = Duration::from_millis(st.config.sessions.paused_retention_ms);
-            for (id, owner) in st.paused.expire(retention) {
-                audit_session(&st, &id, &owner, Some("expired"));
-            }
-        })
-        .await;
-        let st = state.clone();
-        if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
-            for r in reaped {
-                state.paused.forget(&r.id);
-                audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
-            }
-        }
-    }
 }
 
 impl OpenSession {
@@ -653,10 +594,9 @@ pub(crate) fn info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo,
     match find(state, key, id) {
         Ok(entry) => Ok(entry.info()),
         Err(e) => match state.paused.record(id, &key.fingerprint()) {
-            Some(record) => Ok(crate::service::snapshots::paused_info(
-                &record,
-                Duration::from_millis(state.config.sessions.paused_retention_ms),
-            )),
+            Some(record) => Ok(record.info(Duration::from_millis(
+                state.config.sessions.paused_retention_ms,
+            ))),
             None => Err(e),
         },
     }
@@ -668,10 +608,12 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
     let entry = match find(state, key, id) {
         Ok(entry) => entry,
         Err(e) if state.paused.holds(id, &key.fingerprint()) => {
-            // A paused session: its snapshot and record go.
+            // A paused session: its snapshot and record go, for good.
             let (st, id, fingerprint) = (state.clone(), id.to_owned(), key.fingerprint());
             return tokio::task::spawn_blocking(move || {
-                crate::service::snapshots::delete(&st, &id, &fingerprint)
+                st.paused.delete_owned(&id, &fingerprint)?;
+                audit_session(&st, &id, &fingerprint, Some("deleted"));
+                Ok::<(), Error>(())
             })
             .await
             .map_err(|e| Error::internal(format!("deleting a paused session: {e}")))?
@@ -816,7 +758,7 @@ async fn file_op<T: Send + 'static>(
     what: &'static str,
     op: impl FnOnce(&Session) -> Result<T, SessionError> + Send + 'static,
 ) -> Result<T, Error> {
-    let (entry, _) = find_or_resume(state, key, id).await?;
+    let entry = find(state, key, id)?;
     let busy = entry.take()?;
     let e2 = entry.clone();
     let done = tokio::task::spawn_blocking(move || op(&e2.session))

@@ -371,6 +371,15 @@ impl Paused {
         }
     }
 
+    /// Deletes the key's paused session `id` for good (blocking), holding it meanwhile.
+    pub fn delete_owned(&self, id: &str, fingerprint: &str) -> Result<(), Error> {
+        let _claim = self.claim(id)?;
+        if !self.holds(id, fingerprint) {
+            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
+        }
+        self.delete(id)
+    }
+
     /// Forgets paused session `id`: its record, then its snapshot.
     pub fn remove(&self, id: &str) {
         if !valid_id(id) {
@@ -899,6 +908,13 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
     Ok(info)
 }
 
+impl PausedRecord {
+    /// The session as `GET /v1/sessions/{id}` shows it while paused.
+    pub(crate) fn info(&self, retention: Duration) -> SessionInfo {
+        paused_info(self, retention)
+    }
+}
+
 /// A paused session as `GET /v1/sessions/{id}` shows it: it is kept until `retention` after
 /// its snapshot was taken.
 pub(crate) fn paused_info(record: &PausedRecord, retention: Duration) -> SessionInfo {
@@ -920,18 +936,6 @@ pub(crate) fn paused_info(record: &PausedRecord, retention: Duration) -> Session
     }
 }
 
-/// Deletes paused session `id` of the key with `fingerprint` (blocking): its snapshot and
-/// record; an audit line says so.
-pub(crate) fn delete(state: &SharedState, id: &str, fingerprint: &str) -> Result<(), Error> {
-    let _claim = state.paused.claim(id)?;
-    if !state.paused.holds(id, fingerprint) {
-        return Err(crate::service::not_here(state, id, "session"));
-    }
-    state.paused.delete(id)?;
-    sessions::audit_session(state, id, fingerprint, Some("deleted"));
-    Ok(())
-}
-
 /// `POST /v1/sessions/{id}/pause`.
 pub(crate) async fn pause_session(
     state: &SharedState,
@@ -949,7 +953,7 @@ pub(crate) async fn resume_session(
     id: String,
 ) -> Result<SessionInfo, Error> {
     crate::service::execution::refuse_if_unavailable(state)?;
-    let (entry, resumed) = sessions::find_or_resume(state, key, &id).await?;
+    let (entry, resumed) = find_or_resume(state, key, &id).await?;
     let mut info = sessions::info(state, key, entry.id())?;
     info.resumed = resumed;
     Ok(info)
@@ -977,4 +981,72 @@ async fn blocking(
     tokio::task::spawn_blocking(move || f(&st, &key, &id))
         .await
         .map_err(|e| Error::internal(format!("{what}: {e}")))?
+}
+
+/// The caller's session `id`, brought back first if it is paused (what came back, then). A
+/// request that finds another bringing it back waits for it.
+pub(crate) async fn find_or_resume(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: &str,
+) -> Result<(Arc<OpenSession>, Option<airlock_api::SnapshotInfo>), Error> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let missing = match sessions::find(state, key, id) {
+            Ok(entry) => return Ok((entry, None)),
+            Err(e) => e,
+        };
+        if !state.paused.holds(id, &key.fingerprint()) {
+            return Err(missing);
+        }
+        let (st, k, i) = (state.clone(), key.clone(), id.to_owned());
+        let resumed = tokio::task::spawn_blocking(move || resume(&st, &k, &i))
+            .await
+            .map_err(|e| Error::internal(format!("resuming a session: {e}")))?;
+        match resumed {
+            Ok((entry, info)) => return Ok((entry, Some(info))),
+            Err(e) if e.code == "session_busy" && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Brings `key`'s session `id` back if it is paused (for the routes that then use it).
+pub(crate) async fn bring_back_if_paused(
+    state: &SharedState,
+    key: &Arc<Key>,
+    id: &str,
+) -> Result<(), Error> {
+    find_or_resume(state, key, id).await.map(drop)
+}
+
+/// Runs the reaper until shutdown.
+pub async fn reaper(state: SharedState) {
+    let mut shutdown = state.shutdown_signal();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(sessions::REAP_EVERY) => {}
+            _ = shutdown.changed() => return,
+        }
+        if let Some(after) = state.config.sessions.pause_after_idle_ms {
+            pause_idle(&state, Duration::from_millis(after));
+        }
+        let st = state.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            let retention = Duration::from_millis(st.config.sessions.paused_retention_ms);
+            for (id, owner) in st.paused.expire(retention) {
+                sessions::audit_session(&st, &id, &owner, Some("expired"));
+            }
+        })
+        .await;
+        let st = state.clone();
+        if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
+            for r in reaped {
+                state.paused.forget(&r.id);
+                sessions::audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
+            }
+        }
+    }
 }

@@ -14,7 +14,7 @@ use airlock_engine::volumes::{
 use crate::error::{Error, Kind};
 use crate::keys::Key;
 use crate::service::body::{parse_json, read_body, read_body_as, Body};
-use crate::service::execution::refuse_if_unavailable;
+use crate::service::refuse_if_unavailable;
 use crate::SharedState;
 
 /// Most volumes one execution or session mounts.
