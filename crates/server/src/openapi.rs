@@ -260,9 +260,10 @@ pub(crate) fn document() -> Value {
                 "summary": "Run a cell in the session's interpreter (streams with Accept: text/event-stream, as /v1/execute)",
                 "parameters": [id_param()],
                 "requestBody": {"required": true, "content": json_body(&cell_request)},
-                "responses": with(with(errors(&[400, 401, 403, 404, 410, 413, 415, 421, 429, 503]), "409",
-                    json!({"description": "The session is running another request (`session_busy`) or has ended (`session_ended`)."})), "200",
-                    json!({"description": "The cell's result; `session_ended` when it ended the session.",
+                "responses": with(with(with(errors(&[400, 401, 403, 404, 410, 413, 415, 421, 429, 503]), "409",
+                    json!({"description": "The session is running another request (`session_busy`) or has ended (`session_ended`)."})), "422",
+                    json!({"description": "The session was paused and its snapshot is refused (`snapshot_invalid`)."})), "200",
+                    json!({"description": "The cell's result; `session_ended` when it ended the session; `resumed` when it brought a paused session back first.",
                            "content": with(json_body(&cell_response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
             }},
             "/v1/sessions/{id}/pause": {"post": {
@@ -292,21 +293,24 @@ pub(crate) fn document() -> Value {
             "/v1/sessions/{id}/files": {"get": {
                 "summary": "Everything below the session's working directory (links are listed, never followed)",
                 "parameters": [id_param()],
-                "responses": with(errors(&[401, 403, 404, 410, 409, 421, 429, 503]), "200",
-                    json!({"description": "The entries.", "content": json_body(&files)})),
+                "responses": with(with(errors(&[401, 403, 404, 410, 409, 413, 421, 429, 503]), "422",
+                    json!({"description": "The session was paused and its snapshot is refused (`snapshot_invalid`)."})), "200",
+                    json!({"description": "The entries (a paused session is brought back first).", "content": json_body(&files)})),
             }},
             "/v1/sessions/{id}/files/{path}": {
                 "get": {
                     "summary": "A regular file below the working directory; no link is followed on the way",
                     "parameters": [id_param(), path_param()],
-                    "responses": with(errors(&[400, 401, 403, 404, 410, 409, 421, 429, 503]), "200",
-                        json!({"description": "Its contents.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
+                    "responses": with(with(errors(&[400, 401, 403, 404, 410, 409, 413, 421, 429, 503]), "422",
+                        json!({"description": "The session was paused and its snapshot is refused (`snapshot_invalid`)."})), "200",
+                        json!({"description": "Its contents (a paused session is brought back first).", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}})),
                 },
                 "put": {
                     "summary": "Write a file below the working directory (missing directories are made); a link in the way is refused",
                     "parameters": [id_param(), path_param()],
                     "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": with(errors(&[400, 401, 403, 404, 410, 409, 413, 421]), "204", json!({"description": "Written."})),
+                    "responses": with(with(errors(&[400, 401, 403, 404, 410, 409, 413, 421, 429, 503]), "422",
+                        json!({"description": "The session was paused and its snapshot is refused (`snapshot_invalid`)."})), "204", json!({"description": "Written (a paused session is brought back first)."})),
                 },
             },
             "/v1/volumes": {
