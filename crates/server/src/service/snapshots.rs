@@ -630,17 +630,7 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
     let _ = fs::remove_file(&tmp);
     let (sealed, info) = take(state, &owner, entry, &tmp, binding)?;
     let mut session_info = entry.info();
-    let record = PausedRecord {
-        id: id.to_owned(),
-        key_fingerprint: owner.clone(),
-        created_at: rfc(entry.created_at()),
-        idle_timeout_ms: session_info.idle_timeout_ms,
-        max_lifetime_ms: session_info.max_lifetime_ms,
-        request: entry.request().clone(),
-        limits: session_info.limits.clone(),
-        sealed,
-        snapshot: info.clone(),
-    };
+    let record = PausedRecord::of_open(entry, id, entry.created_at(), sealed, info.clone());
     keep(state, &tmp, &record)?;
     // Closed meanwhile (a DELETE does not wait for a pause): what was kept goes.
     if entry.is_closed() {
@@ -675,18 +665,7 @@ pub(crate) fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
         session_id: &id,
     };
     let kept = take(state, &owner, entry, &tmp, binding).and_then(|(sealed, info)| {
-        let session = entry.info();
-        let record = PausedRecord {
-            id: id.clone(),
-            key_fingerprint: owner.clone(),
-            created_at: rfc(entry.created_at()),
-            idle_timeout_ms: session.idle_timeout_ms,
-            max_lifetime_ms: session.max_lifetime_ms,
-            request: entry.request().clone(),
-            limits: session.limits,
-            sealed,
-            snapshot: info,
-        };
+        let record = PausedRecord::of_open(entry, &id, entry.created_at(), sealed, info);
         keep(state, &tmp, &record)
     });
     if let Err(e) = kept {
@@ -854,17 +833,7 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
             };
             let (sealed, info) = take(state, &fingerprint, &entry, &tmp, binding)?;
             drop(busy);
-            let record = PausedRecord {
-                id: new_id.clone(),
-                key_fingerprint: fingerprint.clone(),
-                created_at: rfc(SystemTime::now()),
-                idle_timeout_ms: now.idle_timeout_ms,
-                max_lifetime_ms: now.max_lifetime_ms,
-                request: entry.request().clone(),
-                limits: now.limits,
-                sealed,
-                snapshot: info,
-            };
+            let record = PausedRecord::of_open(&entry, &new_id, SystemTime::now(), sealed, info);
             (opening, record, tmp, new_id.clone(), Some(temporary))
         }
         None => {
@@ -909,6 +878,29 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
 }
 
 impl PausedRecord {
+    /// The record of open session `entry`'s state, sealed as `sealed`, kept as session `id`
+    /// (its own, or a fork's) first opened at `created_at`.
+    fn of_open(
+        entry: &OpenSession,
+        id: &str,
+        created_at: SystemTime,
+        sealed: Sealed,
+        snapshot: SnapshotInfo,
+    ) -> PausedRecord {
+        let now = entry.info();
+        PausedRecord {
+            id: id.to_owned(),
+            key_fingerprint: entry.owner().to_owned(),
+            created_at: rfc(created_at),
+            idle_timeout_ms: now.idle_timeout_ms,
+            max_lifetime_ms: now.max_lifetime_ms,
+            request: entry.request().clone(),
+            limits: now.limits,
+            sealed,
+            snapshot,
+        }
+    }
+
     /// The session as `GET /v1/sessions/{id}` shows it while paused.
     pub(crate) fn info(&self, retention: Duration) -> SessionInfo {
         paused_info(self, retention)
@@ -917,7 +909,7 @@ impl PausedRecord {
 
 /// A paused session as `GET /v1/sessions/{id}` shows it: it is kept until `retention` after
 /// its snapshot was taken.
-pub(crate) fn paused_info(record: &PausedRecord, retention: Duration) -> SessionInfo {
+fn paused_info(record: &PausedRecord, retention: Duration) -> SessionInfo {
     let expires = humantime::parse_rfc3339(&record.snapshot.taken_at)
         .map(|t| rfc(t + retention))
         .unwrap_or_default();
