@@ -29,8 +29,9 @@ ensure_debian_packages() {
 # The Python packages code in the sandbox can import (headless: no display libraries are
 # needed by the Agg backend), from Debian so they match /usr/bin/python3.
 # pip, venv, setuptools and wheel build environments (airlock env create) and `pip install` in
-# sandboxes; the CA bundle lets code with egress verify TLS servers itself.
-SANDBOX_PYTHON_PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pip python3-venv python3-setuptools python3-wheel python3-cloudpickle ca-certificates)
+# sandboxes; the CA bundle lets code with egress verify TLS servers itself; requests, httpx,
+# aiohttp and curl are the HTTP clients code with egress (and credentials) is tested with.
+SANDBOX_PYTHON_PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pip python3-venv python3-setuptools python3-wheel python3-cloudpickle python3-requests python3-httpx python3-aiohttp curl ca-certificates)
 
 # ensure_rust_components COMPONENT...: rustup component add what the toolchain lacks.
 ensure_rust_components() {

@@ -295,6 +295,10 @@ pub struct ExecuteRequest {
     /// which applies when this is absent.
     #[serde(default)]
     pub egress: Option<airlock_egress::EgressPolicy>,
+    /// Credentials the proxy may set on the code's requests to their hosts (names from
+    /// the key's `credentials`, which all apply when this is absent; `[]` for none).
+    #[serde(default)]
+    pub credentials: Option<Vec<String>>,
     /// A named environment (`airlock env create`): its packages are importable.
     #[serde(default)]
     pub environment: Option<String>,
@@ -388,6 +392,10 @@ pub struct SessionRequest {
     /// package index, say); never wider than the key's policy, which applies when absent.
     #[serde(default)]
     pub egress: Option<airlock_egress::EgressPolicy>,
+    /// Credentials the proxy may set on the session's requests to their hosts (names from
+    /// the key's `credentials`, which all apply when this is absent; `[]` for none).
+    #[serde(default)]
+    pub credentials: Option<Vec<String>>,
     /// A named environment for the session's sandbox.
     #[serde(default)]
     pub environment: Option<String>,

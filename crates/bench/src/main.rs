@@ -13,6 +13,7 @@
 //! Usage: `airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]`
 //! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
 
+mod credentials;
 mod eval;
 mod snapshots;
 
@@ -53,6 +54,8 @@ struct Args {
     snapshots: bool,
     one_gb: bool,
     paused: usize,
+    /// Only what a credential adds to a request through the egress proxy.
+    credentials: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -69,6 +72,7 @@ fn parse_args() -> Result<Args, String> {
         snapshots: false,
         one_gb: false,
         paused: 0,
+        credentials: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -82,6 +86,7 @@ fn parse_args() -> Result<Args, String> {
             "--blocks" => args.blocks = value("--blocks")?.parse().map_err(|e| format!("{e}"))?,
             "--eval-only" => args.eval_only = true,
             "--snapshots" => args.snapshots = true,
+            "--credentials" => args.credentials = true,
             "--one-gb" => args.one_gb = true,
             "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
@@ -93,7 +98,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -160,6 +165,9 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<(), String> {
+    if args.credentials {
+        return credentials::measure(args.rounds.max(100));
+    }
     let airlock = std::fs::canonicalize(&args.airlock).map_err(|e| {
         format!(
             "{}: {e} (build it with cargo build --release)",

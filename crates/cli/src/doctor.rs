@@ -322,6 +322,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
                 ));
             }
             checks.extend(tool_servers(&config));
+            checks.extend(credentials(&config));
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {
                 // The file read: named, or found in the user's or the system's place.
@@ -631,6 +632,35 @@ fn tool_servers(config: &airlock_server::config::Config) -> Vec<Check> {
     registry.shutdown();
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     checks
+}
+
+/// Reads each credential's values and CA certificates as `airlock serve` would: one check
+/// per credential, naming where a value was looked for, never the value.
+fn credentials(config: &airlock_server::config::Config) -> Vec<Check> {
+    config
+        .credentials
+        .iter()
+        .map(|(name, c)| {
+            let detail = airlock_server::read_credential(name, c).map(|cred| {
+                let hosts: Vec<String> = cred
+                    .hosts
+                    .iter()
+                    .map(|h| format!("{}:{:?}", h.host, h.ports))
+                    .collect();
+                let headers: Vec<&str> = cred.headers.iter().map(|h| h.name.as_str()).collect();
+                format!(
+                    "credential {name}: sets {} on {}",
+                    headers.join(", "),
+                    hosts.join(", ")
+                )
+            });
+            check(
+                "credential",
+                detail.map_err(|e| format!("credential {name}: {e}")),
+                "set the variable or create the file in the environment `airlock serve` runs                  in; `airlock serve` does not start without it",
+            )
+        })
+        .collect()
 }
 
 fn print_report(r: &Report) {

@@ -14,8 +14,12 @@
 //! The default policy allows nothing.
 #![forbid(unsafe_code)]
 
+pub mod credentials;
 mod framing;
+pub mod intercept;
 pub mod proxy;
+pub use credentials::{Credential, CredentialRecord, SetHeader};
+pub use intercept::Interception;
 pub use proxy::{ConnectionRecord, Leash, Observer, Serving, Settings, Usage};
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -237,7 +241,7 @@ fn host_matches(rule: &str, name: &str) -> bool {
 }
 
 /// Whether rule `ours` allows every name rule `theirs` does.
-fn host_rule_covers(ours: &str, theirs: &str) -> bool {
+pub fn host_rule_covers(ours: &str, theirs: &str) -> bool {
     match (ours.strip_prefix("*."), theirs.strip_prefix("*.")) {
         (_, None) => host_matches(ours, theirs),
         (Some(base), Some(their_base)) => base == their_base || host_matches(ours, their_base),

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::credentials::{Credential, CredentialRecord};
 use crate::framing::{self, Body};
+use crate::intercept::{self, Interception, Meter, Prefixed, Relay, Side, Stop};
 use crate::{Denied, EgressPolicy, Target};
 
 /// Largest request head the proxy reads (request line and headers).
@@ -123,6 +125,13 @@ pub struct ConnectionRecord {
     pub bytes_out: u64,
     pub bytes_in: u64,
     pub duration_ms: u64,
+    /// The credential the proxy set on this connection's requests (it ended the code's TLS
+    /// and opened its own): each request has an audit line of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// Requests relayed on a connection that carried a credential.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests: Option<u64>,
 }
 
 /// Told about every connection once it ends.
@@ -133,6 +142,9 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
     /// execution (which [`Observer::connection`] was told): counted, never recorded one by
     /// one, so that a loop of connections cannot flood the audit log.
     fn budget_refusal(&self) {}
+
+    /// A request that carried a credential, once its answer was relayed (or cut).
+    fn credential(&self, _record: &CredentialRecord) {}
 }
 
 /// One execution's use of the network, as the result reports it.
@@ -147,6 +159,14 @@ pub struct Usage {
     pub denied: u64,
     pub bytes_out: u64,
     pub bytes_in: u64,
+    /// Requests that carried a credential (set by the proxy, never seen by the code);
+    /// absent when none did.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub credential_requests: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What one account (an execution, a session's cell, or a session's time between cells)
@@ -161,6 +181,7 @@ struct Tally {
     denied: AtomicU64,
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
+    credential_requests: AtomicU64,
 }
 
 impl Tally {
@@ -170,6 +191,7 @@ impl Tally {
             denied: self.denied.load(Ordering::Relaxed),
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            credential_requests: self.credential_requests.load(Ordering::Relaxed),
         }
     }
 }
@@ -196,6 +218,8 @@ pub struct Leash {
     /// Connections open now (each holds threads on the host), across a session's cells.
     live: AtomicU64,
     observer: Option<Arc<dyn Observer>>,
+    /// The credentials its connections may carry, with the CA that ends their TLS.
+    interception: Option<Arc<Interception>>,
 }
 
 impl Leash {
@@ -216,7 +240,19 @@ impl Leash {
             between_cells: OnceLock::new(),
             live: AtomicU64::new(0),
             observer,
+            interception: None,
         }
+    }
+
+    /// Lets this leash's connections to a credential's hosts carry it (see
+    /// [`crate::intercept`]).
+    pub fn with_interception(mut self, interception: Arc<Interception>) -> Self {
+        self.interception = Some(interception);
+        self
+    }
+
+    pub fn interception(&self) -> Option<&Arc<Interception>> {
+        self.interception.as_ref()
     }
 
     pub fn policy(&self) -> &EgressPolicy {
@@ -488,6 +524,23 @@ impl Refusal {
             detail,
         }
     }
+
+    /// The HTTP answer the code reads.
+    fn answer(&self) -> String {
+        let body = format!(
+            "airlock egress {}: {} ({})\n",
+            self.outcome, self.detail, self.reason
+        );
+        format!(
+            "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+             X-Airlock-Egress: {}; reason={}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            self.status,
+            self.outcome,
+            self.reason,
+            body.len()
+        )
+    }
 }
 
 struct Connection<'a> {
@@ -521,6 +574,8 @@ impl<'a> Connection<'a> {
                 bytes_out: 0,
                 bytes_in: 0,
                 duration_ms: 0,
+                credential: None,
+                requests: None,
             },
             ids: Vec::new(),
             tally: owner.tally,
@@ -538,19 +593,7 @@ impl<'a> Connection<'a> {
                 if refusal.outcome == "denied" {
                     self.tally.denied.fetch_add(1, Ordering::Relaxed);
                 }
-                let body = format!(
-                    "airlock egress {}: {} ({})\n",
-                    refusal.outcome, refusal.detail, refusal.reason
-                );
-                let answer = format!(
-                    "HTTP/1.1 {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
-                     X-Airlock-Egress: {}; reason={}\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{body}",
-                    refusal.status,
-                    refusal.outcome,
-                    refusal.reason,
-                    body.len()
-                );
+                let answer = refusal.answer();
                 let _ = client.write_all(answer.as_bytes());
                 self.record.outcome = refusal.outcome;
                 self.record.reason = Some(refusal.reason);
@@ -587,6 +630,9 @@ impl<'a> Connection<'a> {
             .check_target(&request.host, request.port)
             .map_err(|d| Refusal::denied(&d))?;
         let upstream = self.connect(&target, request.port)?;
+        // Bytes go on as they come: a relay must not add Nagle's wait to the code's own.
+        let _ = upstream.set_nodelay(true);
+        let _ = client.set_nodelay(true);
         self.tally.connections.fetch_add(1, Ordering::Relaxed);
         self.record.outcome = "allowed";
         let Some(id) = self.shared.register(&upstream) else {
@@ -594,6 +640,23 @@ impl<'a> Connection<'a> {
             return Ok(());
         };
         self.ids.push(id);
+        let credential = match (&target, leash.interception.as_ref()) {
+            (Target::Name(name), Some(ix)) if request.plain.is_none() => ix
+                .credential_for(name, request.port)
+                .map(|c| (name.clone(), ix.clone(), c.clone())),
+            _ => None,
+        };
+        if let Some((name, ix, credential)) = credential {
+            return self.intercept(
+                client,
+                upstream,
+                &ix,
+                &credential,
+                &name,
+                request.port,
+                &request.rest,
+            );
+        }
         match request.plain {
             None => {
                 client
@@ -641,6 +704,157 @@ impl<'a> Connection<'a> {
             }
         }
         Ok(())
+    }
+
+    /// A `CONNECT` to a credential's host: TLS to the upstream first (a certificate that
+    /// is not the checked name's is a 502 the code reads), then the tunnel's answer, the
+    /// code's TLS ended with this leash's certificate, and its requests relayed one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn intercept(
+        &mut self,
+        client: &mut TcpStream,
+        upstream: TcpStream,
+        ix: &Arc<Interception>,
+        credential: &Arc<Credential>,
+        name: &str,
+        port: u16,
+        rest: &[u8],
+    ) -> Result<(), Refusal> {
+        self.record.credential = Some(credential.name.clone());
+        let settings = self.settings().clone();
+        let handshake = Some(Duration::from_millis(settings.connect_timeout_ms));
+        let idle = Some(Duration::from_millis(settings.idle_timeout_ms));
+        let _ = upstream.set_read_timeout(handshake);
+        let _ = upstream.set_write_timeout(handshake);
+        let upstream_tcp = upstream
+            .try_clone()
+            .map_err(|e| Refusal::failed("502 Bad Gateway", "connect_failed", e.to_string()))?;
+        let up = intercept::open_upstream(credential, name, upstream).map_err(|e| {
+            Refusal::failed(
+                "502 Bad Gateway",
+                "upstream_tls",
+                format!("TLS to {name}:{port}: {e}"),
+            )
+        })?;
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .map_err(|e| {
+                Refusal::failed("500 Internal Server Error", "client_gone", e.to_string())
+            })?;
+        let client_tcp = client.try_clone().map_err(|e| {
+            Refusal::failed("500 Internal Server Error", "client_gone", e.to_string())
+        })?;
+        let _ = client_tcp.set_read_timeout(Some(HEAD_TIMEOUT));
+        let _ = client_tcp.set_write_timeout(idle);
+        let down =
+            match intercept::accept_client(ix, name, Prefixed::new(rest.to_vec(), client_tcp)) {
+                Ok(down) => down,
+                Err(stop) => {
+                    self.stopped(stop);
+                    return Ok(());
+                }
+            };
+        for socket in [&down.sock.stream, &upstream_tcp] {
+            let _ = socket.set_read_timeout(idle);
+            let _ = socket.set_write_timeout(idle);
+        }
+        let tally = self.tally.clone();
+        let mut meter = Meter {
+            bytes_out: &tally.bytes_out,
+            bytes_in: &tally.bytes_in,
+            max_out: settings.max_bytes_out,
+            max_in: settings.max_bytes_in,
+            out: 0,
+            inn: 0,
+        };
+        let observer = self.shared.leash.observer.clone();
+        let mut requests = 0u64;
+        let mut told = |record: CredentialRecord| {
+            requests += 1;
+            tally.credential_requests.fetch_add(1, Ordering::Relaxed);
+            if let Some(observer) = &observer {
+                observer.credential(&record);
+            }
+        };
+        let mut relay = Relay {
+            credential,
+            host: name,
+            port,
+            record: &mut told,
+            template: CredentialRecord {
+                event: "credential",
+                execution_id: self.record.execution_id.clone(),
+                session_id: self.record.session_id.clone(),
+                key: self.record.key.clone(),
+                credential: credential.name.clone(),
+                host: name.to_owned(),
+                port,
+                method: String::new(),
+                path: String::new(),
+                status: None,
+                scrubbed: 0,
+                bytes_out: 0,
+                bytes_in: 0,
+            },
+        };
+        let mut down = Side::new(down);
+        let mut up = Side::new(up);
+        let result = relay.run(&mut down, &mut up, &mut meter);
+        self.record.bytes_out = meter.out;
+        self.record.bytes_in = meter.inn;
+        drop(relay);
+        self.record.requests = Some(requests);
+        if let Err(stop) = result {
+            if let Stop::Reply {
+                status,
+                denied,
+                reason,
+                detail,
+            } = &stop
+            {
+                let refusal = Refusal {
+                    status,
+                    outcome: if *denied { "denied" } else { "failed" },
+                    reason,
+                    detail: detail.clone(),
+                };
+                let _ = down.io.write_all(refusal.answer().as_bytes());
+            }
+            self.stopped(stop);
+        }
+        down.io.conn.send_close_notify();
+        let _ = down.io.flush();
+        up.io.conn.send_close_notify();
+        let _ = up.io.flush();
+        Ok(())
+    }
+
+    /// Records why an intercepted connection stopped early.
+    fn stopped(&mut self, stop: Stop) {
+        let (denied, reason, detail) = match stop {
+            Stop::Reply {
+                denied,
+                reason,
+                detail,
+                ..
+            } => (denied, reason, Some(detail)),
+            Stop::Cut {
+                denied,
+                reason,
+                detail,
+            } => (denied, reason, detail),
+        };
+        if reason == "closed" {
+            return;
+        }
+        self.record.reason = Some(reason);
+        self.record.detail = detail;
+        if denied {
+            self.record.outcome = "denied";
+            self.tally.denied.fetch_add(1, Ordering::Relaxed);
+        } else if reason != "idle_timeout" {
+            self.record.outcome = "failed";
+        }
     }
 
     /// Resolves (the proxy's own resolver, or the operator's fixed answers), checks each

@@ -100,7 +100,9 @@ pub const EGRESS_PORT: u16 = 3128;
 /// Where `pip install` inside a sandbox puts packages (on the scratch file system).
 const PIP_TARGET: &str = "/tmp/packages";
 /// The host's CA certificates (Debian's bundle), mounted for sandboxes with egress.
-const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+const CA_BUNDLE: &str = airlock_egress::intercept::SYSTEM_BUNDLE;
+/// Mounted for sandboxes with egress when the host has it.
+const CURL: &str = "/usr/bin/curl";
 const HOSTNAME: &str = "airlock";
 const REPR_LIMIT: usize = 4096;
 const MAX_DEPTH: usize = 64;
@@ -654,8 +656,8 @@ impl Engine {
     /// The policy for `job`: its limits, and the egress listener and environment it asks for.
     fn job_policy(&self, job: &Job) -> Policy {
         let mut policy = self.policy(&job.limits);
-        if job.egress.is_some() {
-            with_egress_port(&mut policy);
+        if let Some(leash) = &job.egress {
+            with_egress_port(&mut policy, leash);
         }
         if let Some(env) = &job.environment {
             with_environment(&mut policy, env);
@@ -1090,15 +1092,27 @@ pub fn check_relative_path(path: &str) -> Result<(), String> {
 }
 
 /// A sandbox with egress gets the proxy's port and the host's CA certificates (public data:
-/// TLS through the proxy is end to end, so the code verifies servers itself).
-pub(crate) fn with_egress_port(policy: &mut Policy) {
+/// TLS through the proxy is end to end, so the code verifies servers itself); one whose
+/// requests may carry a credential gets them with its leash's own CA certificate added,
+/// since the proxy ends TLS to those hosts itself.
+pub(crate) fn with_egress_port(policy: &mut Policy, leash: &airlock_egress::Leash) {
     policy.egress_port = Some(EGRESS_PORT);
-    if Path::new(CA_BUNDLE).is_file() {
+    // curl, for code that shells out to it (its libraries are the interpreter's already).
+    if Path::new(CURL).is_file() {
         policy.root.push(airlock_sandbox::RootEntry::ReadOnly {
-            source: PathBuf::from(CA_BUNDLE),
-            target: PathBuf::from(CA_BUNDLE),
+            source: PathBuf::from(CURL),
+            target: PathBuf::from(CURL),
         });
     }
+    let source = match leash.interception() {
+        Some(ix) => ix.trust_bundle().to_owned(),
+        None if Path::new(CA_BUNDLE).is_file() => PathBuf::from(CA_BUNDLE),
+        None => return,
+    };
+    policy.root.push(airlock_sandbox::RootEntry::ReadOnly {
+        source,
+        target: PathBuf::from(CA_BUNDLE),
+    });
 }
 
 /// Mounts `env` at `/env`: read-only, or writable for its own build.

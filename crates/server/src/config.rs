@@ -75,11 +75,125 @@ pub struct Config {
     /// The egress proxy's budgets per execution and fixed name answers (each key's `egress`
     /// says where its code may connect; default nowhere).
     pub egress: airlock_egress::Settings,
+    /// Credentials the egress proxy sets on requests to their hosts, by name; a key's
+    /// `credentials` says which its code's requests may carry. Their values stay on the host.
+    pub credentials: std::collections::BTreeMap<String, CredentialConfig>,
     /// Named environments: how they are built, and those the server builds at start.
     pub environments: EnvironmentsConfig,
     /// Volumes: named directories owned by a key, kept across restarts.
     pub volumes: VolumesConfig,
     pub keys: Vec<KeyConfig>,
+}
+
+impl Config {
+    /// What can be checked of `[credentials]` without reading a value.
+    fn validate_credentials(&self) -> Result<(), String> {
+        for (name, c) in &self.credentials {
+            let whose = format!("credentials.{name}");
+            let ok_name = !name.is_empty()
+                && name.len() <= 64
+                && name.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !ok_name {
+                return Err(format!(
+                    "{whose}: a name of lower-case letters, digits, `_` and `-`"
+                ));
+            }
+            if c.hosts.is_empty() {
+                return Err(format!("{whose}: list the hosts it applies to"));
+            }
+            airlock_egress::EgressPolicy {
+                hosts: c.hosts.clone(),
+                ranges: Vec::new(),
+            }
+            .validate()
+            .map_err(|m| format!("{whose}: {m}"))?;
+            if c.headers.is_empty() {
+                return Err(format!("{whose}: name the header(s) it sets"));
+            }
+            for (header, value) in &c.headers {
+                if value.env.is_some() == value.file.is_some() {
+                    return Err(format!(
+                        "{whose}.headers.{header}: give `env` or `file` (values are never \
+                         written in the configuration)"
+                    ));
+                }
+                if value.format.matches("{}").count() != 1 {
+                    return Err(format!(
+                        "{whose}.headers.{header}: `format` must have one `{{}}` (where the \
+                         secret goes)"
+                    ));
+                }
+            }
+        }
+        let names: Vec<&String> = self.credentials.keys().collect();
+        for (i, a) in names.iter().enumerate() {
+            for b in &names[i + 1..] {
+                let (ca, cb) = (&self.credentials[*a], &self.credentials[*b]);
+                let overlap = ca.hosts.iter().any(|x| {
+                    cb.hosts.iter().any(|y| {
+                        x.ports.iter().any(|p| y.ports.contains(p))
+                            && (airlock_egress::host_rule_covers(&x.host, &y.host)
+                                || airlock_egress::host_rule_covers(&y.host, &x.host))
+                    })
+                });
+                if overlap {
+                    return Err(format!(
+                        "credentials `{a}` and `{b}` apply to the same host and port: one \
+                         request can carry one credential"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[credentials.NAME]`: the hosts a credential applies to and the headers the proxy sets
+/// on every request to them. Values are never written here: each names a host environment
+/// variable or a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    /// Host names (exact, or `*.` and one) with their ports.
+    pub hosts: Vec<airlock_egress::HostRule>,
+    /// Header name to where its value comes from.
+    pub headers: std::collections::BTreeMap<String, CredentialValue>,
+    /// PEM certificates that verify these hosts' servers instead of the host's CA bundle
+    /// (an internal service's own CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// One header's value: the secret from `env` or `file` (exactly one), put in `format`
+/// where `{}` is (default: the secret alone).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialValue {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+    #[serde(default = "secret_alone")]
+    pub format: String,
+}
+
+fn secret_alone() -> String {
+    "{}".into()
+}
+
+impl CredentialValue {
+    /// The header's value and the secret in it, read now; errors name the source, never
+    /// the value.
+    pub fn read(&self) -> Result<(String, String), String> {
+        let secret = airlock_tools::Secret {
+            env: self.env.clone(),
+            file: self.file.clone(),
+        }
+        .read()?;
+        Ok((self.format.replacen("{}", &secret, 1), secret))
+    }
 }
 
 /// `[environments]`.
@@ -152,6 +266,7 @@ impl Default for Config {
             mcp: McpConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
+            credentials: std::collections::BTreeMap::new(),
             environments: EnvironmentsConfig::default(),
             volumes: VolumesConfig::default(),
             keys: Vec::new(),
@@ -519,6 +634,10 @@ pub struct KeyConfig {
         skip_serializing_if = "airlock_egress::EgressPolicy::allows_nothing"
     )]
     pub egress: airlock_egress::EgressPolicy,
+    /// Credentials (`[credentials.NAME]`) the proxy may set on its code's requests to their
+    /// hosts, which its `egress` must allow. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
 }
 
 fn all_scopes() -> Vec<Scope> {
@@ -538,6 +657,7 @@ impl KeyConfig {
             ceilings: LimitsRequest::default(),
             tools: Vec::new(),
             egress: airlock_egress::EgressPolicy::default(),
+            credentials: Vec::new(),
         }
     }
 }
@@ -752,12 +872,33 @@ impl Config {
                 return bad(format!("environments.define.{name}: {e}"));
             }
         }
+        if let Err(m) = self.validate_credentials() {
+            return bad(m);
+        }
         for key in &self.keys {
             if let Err(m) = airlock_tools::Grants::parse(&key.tools) {
                 return bad(format!("keys `{}`: {m}", key.name));
             }
             if let Err(m) = key.egress.validate() {
                 return bad(format!("keys `{}`: {m}", key.name));
+            }
+            for name in &key.credentials {
+                let Some(credential) = self.credentials.get(name) else {
+                    return bad(format!(
+                        "keys `{}`: credentials: {name:?} is not a [credentials.NAME] section",
+                        key.name
+                    ));
+                };
+                let hosts = airlock_egress::EgressPolicy {
+                    hosts: credential.hosts.clone(),
+                    ranges: Vec::new(),
+                };
+                if let Err(m) = key.egress.covers(&hosts) {
+                    return bad(format!(
+                        "keys `{}`: credential `{name}`'s hosts must be in its egress: {m}",
+                        key.name
+                    ));
+                }
             }
         }
         if let Err(m) = self.pool.validate() {

@@ -83,6 +83,7 @@ pub use error::Error;
 pub use http::app;
 pub use http::routes::{openapi, ROUTES};
 pub use serve::{init_logging, run, Reload, ServeError, Started};
+pub use service::credentials::{read as read_credential, Credentials};
 pub use stdio::run_stdio;
 
 /// The bytes each key's paused sessions take in the snapshot directory `config` names, as
@@ -143,6 +144,8 @@ pub struct AppState {
     pub volumes: Arc<airlock_engine::volumes::Volumes>,
     /// Paused sessions, stored in `sessions.snapshot_dir`.
     pub paused: service::snapshots::Paused,
+    /// `[credentials]`, read at start ([`AppState::with_credentials`]).
+    pub credentials: Credentials,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -211,7 +214,14 @@ impl AppState {
             tools,
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),
+            credentials: Credentials::default(),
         }
+    }
+
+    /// With `[credentials]` read (their values and CA certificates).
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     pub fn is_shutting_down(&self) -> bool {

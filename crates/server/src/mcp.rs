@@ -577,6 +577,7 @@ impl Tools {
             entrypoint: None,
             inputs: None,
             egress: None,
+            credentials: None,
             environment: a.environment,
             volumes: a.volumes,
         };

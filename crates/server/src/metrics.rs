@@ -231,6 +231,7 @@ pub struct Metrics {
     pub tool_call_seconds: Histogram,
     pub egress_connections: Counters,
     pub egress_bytes: Counters,
+    pub credential_requests: Counters,
 }
 
 impl Default for Metrics {
@@ -253,6 +254,7 @@ impl Default for Metrics {
             tool_call_seconds: Histogram::new(DURATION_BOUNDS),
             egress_connections: Counters::default(),
             egress_bytes: Counters::default(),
+            credential_requests: Counters::default(),
         };
         // The series an alert or a dashboard watches exist before their first event.
         for kind in event::ALL {
@@ -378,6 +380,12 @@ impl Metrics {
             "airlock_egress_bytes_total",
             "Bytes relayed by the egress proxy, by direction (out: from the sandbox).",
             &["direction"],
+        );
+        self.credential_requests.render(
+            &mut out,
+            "airlock_credential_requests_total",
+            "Requests the egress proxy set a credential on, by credential and the answer's status class (none: no answer).",
+            &["credential", "status"],
         );
         out
     }

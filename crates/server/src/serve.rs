@@ -68,6 +68,8 @@ pub enum ServeError {
     Mcp(String),
     #[error("tools: {0}")]
     Tools(String),
+    #[error("{0}")]
+    Credentials(String),
     #[error("environments: {0}")]
     Environments(#[from] airlock_engine::environments::EnvError),
 }
@@ -107,20 +109,18 @@ pub async fn run(
     if let airlock_sandbox::ProcMasks::Removed(covers) = airlock_sandbox::unmask_proc() {
         tracing::info!(covers = %covers.join(","), "uncovered /proc in airlock's own mount namespace, for sandboxes to mount theirs");
     }
+    let credentials = crate::Credentials::load(&config, &state_dir.join("trust"))
+        .map_err(ServeError::Credentials)?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::service::tools::start(&config, &resolved.store)
         .await
         .map_err(ServeError::Tools)?;
     let environments = open_environments(&state_dir)?;
     let listen = config.listen;
-    let state: SharedState = Arc::new(AppState::new(
-        config,
-        engine,
-        resolved.store,
-        audit,
-        tools,
-        environments,
-    ));
+    let state: SharedState = Arc::new(
+        AppState::new(config, engine, resolved.store, audit, tools, environments)
+            .with_credentials(credentials),
+    );
     let worst: u64 = crate::sizing::worst_case(&state.config)
         .iter()
         .map(|p| p.bytes)

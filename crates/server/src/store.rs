@@ -1222,6 +1222,8 @@ mod tests {
                 bytes_out: 0,
                 bytes_in: 0,
                 duration_ms: 0,
+                credential: None,
+                requests: None,
             };
             // The line as the file holds it, then as a row.
             Row::of(1, None, line_of(&record).unwrap()).unwrap()

@@ -8,6 +8,7 @@ mod common;
 
 mod answers;
 mod cli;
+mod credentials;
 mod deploy;
 mod docs;
 mod egress;

@@ -3,18 +3,21 @@
 
 use std::sync::{Arc, Weak};
 
-use airlock_egress::{ConnectionRecord, EgressPolicy, Leash, Observer};
+use airlock_egress::{ConnectionRecord, CredentialRecord, EgressPolicy, Leash, Observer};
 
 use crate::error::Error;
 use crate::keys::Key;
 use crate::AppState;
 
-/// The leash for one execution or session of `key`; [`None`] when it may reach nothing.
+/// The leash for one execution or session of `key`, with the credentials its requests may
+/// carry; [`None`] when it may reach nothing.
 pub(crate) fn for_request(
     state: &Arc<AppState>,
     key: &Key,
     asked: Option<EgressPolicy>,
+    asked_credentials: Option<Vec<String>>,
 ) -> Result<Option<Arc<Leash>>, Error> {
+    let credentials = crate::service::credentials::for_request(state, key, asked_credentials)?;
     let allowed = &key.config.egress;
     let policy = match asked {
         None => allowed.clone(),
@@ -29,12 +32,19 @@ pub(crate) fn for_request(
     if policy.allows_nothing() {
         return Ok(None);
     }
-    Ok(Some(Arc::new(Leash::new(
+    let mut leash = Leash::new(
         policy,
         state.egress.clone(),
         key.name(),
         Some(observer(state)),
-    ))))
+    );
+    if !credentials.is_empty() {
+        leash = leash.with_interception(crate::service::credentials::interception(
+            state,
+            credentials,
+        )?);
+    }
+    Ok(Some(Arc::new(leash)))
 }
 
 /// What writes a connection's audit line and counts it.
@@ -74,6 +84,21 @@ impl Observer for ConnectionAudit {
             bytes_in = record.bytes_in,
             "egress connection"
         );
+    }
+
+    fn credential(&self, record: &CredentialRecord) {
+        let Some(state) = self.0.upgrade() else {
+            return;
+        };
+        let class = match record.status {
+            Some(s @ 100..=599) => ["1xx", "2xx", "3xx", "4xx", "5xx"][usize::from(s / 100 - 1)],
+            _ => "none",
+        };
+        state
+            .metrics
+            .credential_requests
+            .add(&[record.credential.as_str(), class]);
+        let _ = state.audit.append_event(record);
     }
 
     fn budget_refusal(&self) {

@@ -110,7 +110,8 @@ pub(crate) fn job_from(
         .map_err(|r| reject(refusal(r)))?;
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
     let limits = resolve_limits(state, key, &req.limits)?;
-    let egress = crate::service::egress::for_request(state, key, req.egress).map_err(reject)?;
+    let egress = crate::service::egress::for_request(state, key, req.egress, req.credentials)
+        .map_err(reject)?;
     let environment = crate::service::environments::for_request(state, req.environment.as_deref())?;
     // What only a request can get wrong (its encoding, a path given twice) is checked here;
     // sizes, counts, names and paths are the engine's to check (`Engine::check`).

@@ -7,6 +7,7 @@
 //! `tests/layers.rs` fails on a path of axum, http, hyper or rmcp here.
 
 pub(crate) mod body;
+pub(crate) mod credentials;
 pub(crate) mod egress;
 pub(crate) mod environments;
 pub(crate) mod eval;

@@ -421,6 +421,7 @@ pub(crate) fn prepare_open_as(
             entrypoint: None,
             inputs: None,
             egress: asked.egress,
+            credentials: asked.credentials,
             environment: asked.environment,
             volumes: asked.volumes,
         },

@@ -1,0 +1,185 @@
+"""HTTPS upstreams for the credential tests, on the host's loopback.
+
+Usage: credential_server.py DIR TOKEN
+
+Makes a test CA and two certificates with openssl in DIR, then serves:
+- "good": a certificate for api.test and other.test (from the test CA). Every answer
+  echoes the request back: its headers as JSON, and the Authorization header again in many
+  forms (base64 at every alignment, base64url, percent-encoded, hex, JSON-escaped), in
+  answer headers too, framed and coded as `?mode=` asks: plain, chunked (5-byte chunks),
+  gzip, gzip-chunked, deflate, or br (a coding the proxy cannot scan). /redirect?to=URL
+  answers 302; /simple/ and /files/ are a package index that needs `Bearer TOKEN`.
+- "wrong": a certificate for evil.test only (from the same CA).
+Prints the two ports, then DIR/ca.pem's path, one per line.
+"""
+
+import base64
+import gzip
+import io
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+import urllib.parse
+import zipfile
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+DIR, TOKEN = sys.argv[1], sys.argv[2]
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def certificates():
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    p = lambda name: os.path.join(DIR, name)
+    openssl("req", "-x509", *ec, "-days", "2", "-subj", "/CN=airlock test CA",
+            "-keyout", p("ca.key"), "-out", p("ca.pem"),
+            "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    for name, sans in [("good", "DNS:api.test,DNS:other.test"), ("wrong", "DNS:evil.test")]:
+        ext = p(name + ".ext")
+        with open(ext, "w") as f:
+            f.write(f"subjectAltName={sans}\nbasicConstraints=CA:FALSE\n"
+                    "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n")
+        openssl("req", *ec, "-subj", "/CN=" + sans.split(",")[0][4:],
+                "-keyout", p(name + ".key"), "-out", p(name + ".csr"))
+        openssl("x509", "-req", "-in", p(name + ".csr"), "-CA", p("ca.pem"), "-CAkey", p("ca.key"),
+                "-CAcreateserial", "-days", "2", "-out", p(name + ".pem"), "-extfile", ext)
+
+
+def wheel():
+    """A wheel of one module, `airlock_probe`, that says it was installed."""
+    buf = io.BytesIO()
+    info = "airlock_probe-1.0.dist-info/"
+    files = {
+        "airlock_probe.py": "INSTALLED = 'through the credential proxy'\n",
+        info + "METADATA": "Metadata-Version: 2.1\nName: airlock-probe\nVersion: 1.0\n",
+        info + "WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "".join(f"{n},,\n" for n in files) + info + "RECORD,,\n"
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+        z.writestr(info + "RECORD", record)
+    return buf.getvalue()
+
+
+WHEEL = wheel()
+WHEEL_NAME = "airlock_probe-1.0-py3-none-any.whl"
+
+
+def forms(value):
+    raw = value.encode()
+    out = {
+        "url": urllib.parse.quote(value, safe=""),
+        "url_lower": urllib.parse.quote(value, safe="").lower(),
+        "hex": raw.hex(),
+        "json": json.dumps(value).replace("/", "\\/"),
+        "b64url": base64.urlsafe_b64encode(raw).decode(),
+    }
+    for i, prefix in enumerate([b"", b"x", b"xy"]):
+        out[f"b64_{i}"] = base64.b64encode(prefix + raw + b"!").decode()
+    return out
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.handle_any()
+
+    def do_POST(self):
+        self.handle_any()
+
+    def do_HEAD(self):
+        self.handle_any()
+
+    def send(self, status, body, headers=(), chunks=None):
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        if chunks is None:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        else:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), chunks):
+                piece = body[i:i + chunks]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\nX-Trailer: " + body[:16].replace(b"\r", b"").replace(b"\n", b"") + b"\r\n\r\n")
+        self.wfile.flush()
+
+    def handle_any(self):
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        auth = self.headers.get("Authorization", "")
+        length = int(self.headers.get("Content-Length") or 0)
+        body_in = self.rfile.read(length) if length else b""
+        if url.path == "/redirect":
+            return self.send(302, b"", [("Location", query["to"])])
+        if url.path.startswith(("/simple/", "/files/")):
+            if auth != "Bearer " + TOKEN:
+                return self.send(401, b"no\n", [("WWW-Authenticate", "Bearer")])
+            if url.path.startswith("/files/"):
+                return self.send(200, WHEEL, [("Content-Type", "application/octet-stream")])
+            page = f'<html><body><a href="/files/{WHEEL_NAME}">{WHEEL_NAME}</a></body></html>'
+            return self.send(200, page.encode(), [("Content-Type", "text/html")])
+        echo = {
+            "method": self.command,
+            "path": self.path,
+            "host": self.headers.get("Host"),
+            "sni": getattr(self.connection, "server_hostname", None),
+            "headers": dict(self.headers.items()),
+            "body": body_in.decode(errors="replace"),
+            "forms": forms(auth) if auth else {},
+            "auth_ok": auth == "Bearer " + TOKEN,
+        }
+        body = json.dumps(echo).encode()
+        headers = [("Content-Type", "application/json"), ("X-Echo-Authorization", auth),
+                   ("Set-Cookie", "seen=" + base64.b64encode(auth.encode()).decode())]
+        mode = query.get("mode", "plain")
+        if mode in ("gzip", "gzip-chunked"):
+            body = gzip.compress(body)
+            headers.append(("Content-Encoding", "gzip"))
+        elif mode == "deflate":
+            body = zlib.compress(body)
+            headers.append(("Content-Encoding", "deflate"))
+        elif mode == "br":
+            headers.append(("Content-Encoding", "br"))
+        chunks = 5 if mode in ("chunked", "gzip-chunked") else None
+        self.send(200, body, headers, chunks)
+
+
+def serve(cert, key):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+
+    def sni(sock, name, _ctx):
+        sock.server_hostname = name
+
+    ctx.sni_callback = sni
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server.server_address[1]
+
+
+certificates()
+good = serve(os.path.join(DIR, "good.pem"), os.path.join(DIR, "good.key"))
+wrong = serve(os.path.join(DIR, "wrong.pem"), os.path.join(DIR, "wrong.key"))
+print(good, flush=True)
+print(wrong, flush=True)
+print(os.path.join(DIR, "ca.pem"), flush=True)
+sys.stdin.read()
