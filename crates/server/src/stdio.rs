@@ -37,6 +37,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
             config.mcp.stdio_tools.clone()
         },
         egress: Default::default(),
+        approves: Vec::new(),
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::service::tools::start(&config, &keys)
