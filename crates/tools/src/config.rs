@@ -394,6 +394,53 @@ mod tests {
     }
 
     #[test]
+    fn approval_is_required_none_or_names_and_patterns() {
+        #[derive(serde::Deserialize)]
+        struct S {
+            approval: ApprovalRule,
+        }
+        let rule = |v: serde_json::Value| {
+            serde_json::from_value::<S>(serde_json::json!({ "approval": v }))
+                .map(|s| s.approval)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(rule("required".into()), Ok(ApprovalRule::All));
+        assert_eq!(rule("none".into()), Ok(ApprovalRule::None));
+        let some = rule(serde_json::json!(["update_ticket", "delete_*"])).unwrap();
+        assert!(some.requires("update_ticket") && some.requires("delete_row"));
+        assert!(!some.requires("update_tickets") && !some.requires("Update_ticket"));
+        assert!(ApprovalRule::All.requires("anything") && !ApprovalRule::None.requires("x"));
+        assert!(rule("maybe".into())
+            .unwrap_err()
+            .contains("\"required\", \"none\""));
+        assert!(rule(serde_json::json!(true)).is_err());
+        let with = |approval| ToolsConfig {
+            servers: [(
+                "crm".to_owned(),
+                SourceConfig {
+                    approval,
+                    ..stdio()
+                },
+            )]
+            .into(),
+            ..ToolsConfig::default()
+        };
+        assert!(with(ApprovalRule::Tools(vec![]))
+            .validate()
+            .unwrap_err()
+            .contains("empty list"));
+        assert!(with(ApprovalRule::Tools(vec!["".into()]))
+            .validate()
+            .is_err());
+        assert!(with(some).validate().is_ok());
+        let zero = ToolsConfig {
+            approval_timeout_ms: 0,
+            ..ToolsConfig::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("approval_timeout_ms"));
+    }
+
+    #[test]
     fn a_quarter_of_a_servers_slots_is_reserved_unless_set() {
         let with = |total, reserved| ToolsConfig {
             max_concurrent_per_server: total,
