@@ -1,7 +1,8 @@
 """A real `airlock serve` on a loopback port for the client's tests, with the keys they need:
 `KEY` (every scope but admin, the crm tools of tool_server.py), `EXECUTE_ONLY` (no `read`),
-`SLOW` (one request a minute, for 429 and `Retry-After`); each key's volumes hold at most
-`VOLUME_QUOTA` bytes."""
+`SLOW` (one request a minute, for 429 and `Retry-After`), `APPROVER` (scope `approve`, for
+the calls of `EXECUTE_ONLY`, whose code may call `crm.write_note`, which needs an approval);
+each key's volumes hold at most `VOLUME_QUOTA` bytes."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 KEY = "client-test-key-0123456789abcdef"
 EXECUTE_ONLY = "client-execute-only-0123456789ab"
 SLOW = "client-slow-key-0123456789abcdef"
+APPROVER = "client-approver-0123456789abcdef"
 # Each key's volumes may hold this many bytes in all: small, so that a test passes it.
 VOLUME_QUOTA = 256 << 20
 
@@ -51,7 +53,7 @@ def _tools_config() -> str:
     if not python.exists():
         raise RuntimeError(f"{python} is missing: run `. scripts/lib.sh && ensure_mcp_client`")
     script = ROOT / "crates" / "cli" / "tests" / "tool_server.py"
-    return f'[tools.servers.crm]\ncommand = "{python}"\nargs = ["{script}", "stdio"]\n'
+    return f'[tools.servers.crm]\ncommand = "{python}"\nargs = ["{script}", "stdio"]\napproval = ["write_note"]\n'
 
 
 def config() -> str:
@@ -66,6 +68,13 @@ tools = ["crm.*"]
 name = "execute-only"
 hash = "{_hash(EXECUTE_ONLY)}"
 scopes = ["execute"]
+tools = ["crm.write_note"]
+
+[[keys]]
+name = "approver"
+hash = "{_hash(APPROVER)}"
+scopes = ["approve"]
+approves = ["execute-only"]
 
 [[keys]]
 name = "slow"

@@ -21,6 +21,7 @@ import pytest
 
 from airlock_client import (
     Airlock,
+    Approval,
     AsyncAirlock,
     AsyncVolume,
     BadRequest,
@@ -68,7 +69,7 @@ from airlock_client import (
 )
 from airlock_client._wire import Events
 from airlock_client.errors import error_for
-from conftest import EXECUTE_ONLY, KEY, SLOW, VOLUME_QUOTA, Server, launch, stop
+from conftest import APPROVER, EXECUTE_ONLY, KEY, SLOW, VOLUME_QUOTA, Server, launch, stop
 
 
 @pytest.fixture
@@ -603,6 +604,54 @@ def test_tools_are_listed_and_callable(client: Airlock) -> None:
     assert add.read_only and "a" in str(add.input_schema) and "def add" in listing.python
     e = client.run("import tools\ntools.crm.add(a=40, b=2)")
     assert e.ok and e.result == 42 and e.usage.tool_calls == 1
+
+
+def test_approvals_are_listed_decided_once_and_announced_by_a_stream(server: Server) -> None:
+    code = (
+        "import tools\ntry:\n    out = ['ok', tools.crm.write_note(text=%r)]\n"
+        "except tools.ToolError as e:\n    out = [e.kind, str(e)]\nout"
+    )
+    with Airlock(server.url, EXECUTE_ONLY) as agent, Airlock(server.url, APPROVER) as boss:
+        with pytest.raises(Forbidden):
+            agent.approvals()
+        # A stream's on_approval is called as the call starts waiting; another key decides.
+        seen: list[Approval] = []
+
+        def on_approval(a: Approval) -> None:
+            seen.append(a)
+            decided = boss.approve(a.id, "fine")
+            assert decided.decision == "approve" and decided.decided_by == "approver"
+
+        with agent.stream(code % "streamed", on_approval=on_approval) as stream:
+            events = list(stream)
+        assert [a.arguments for a in seen] == [{"text": "streamed"}]
+        assert seen[0].key == "execute-only" and seen[0].tool == "write_note" and seen[0].line == 3
+        assert any(isinstance(e, Approval) for e in events)
+        assert stream.execution is not None and stream.execution.result == ["ok", "written"]
+        with pytest.raises(NotFound):
+            boss.approve(seen[0].id)
+        # Denied, from another thread while run() waits.
+        done: list[Execution] = []
+        runner = threading.Thread(target=lambda: done.append(agent.run(code % "denied")))
+        runner.start()
+        deadline = time.monotonic() + 20
+        while not (waiting := boss.approvals()):
+            assert time.monotonic() < deadline, "no call waited"
+            time.sleep(0.05)
+        assert waiting[0].arguments == {"text": "denied"}
+        boss.deny(waiting[0].id, "not today")
+        runner.join()
+        result = done[0].result
+        assert isinstance(result, list) and result[0] == "denied" and "not today" in result[1]
+        assert boss.approvals() == []
+
+    async def main() -> None:
+        async with AsyncAirlock(server.url, APPROVER) as c:
+            assert await c.approvals() == []
+            with pytest.raises(NotFound):
+                await c.deny("ap_0123", "gone")
+
+    asyncio.run(main())
 
 
 def test_error_mapping(server: Server, client: Airlock) -> None:

@@ -9,11 +9,16 @@ checked here, so a wrong answer is reported as it came, not hidden.
 
 Scenarios: `code_mode` (list_tool_apis, and run_python calling an upstream tool), `tools` (initialize, list the tools, run_python, charts, timeouts, eval_expression,
 protocol errors), `session` (a session's round trip), `abandon` (a session left open),
-`connect` (initialize only).
+`connect` (initialize only), `approval` (run_python calling a tool that needs an approval,
+which this client's user gives by elicitation once, then declines), `approval_unasked` (the
+same from a client that does not take elicitations).
+
+Over stdio, `AIRLOCK_CONFIG` and `TEST_TOOL_*` of this process's environment reach airlock.
 """
 
 import base64
 import json
+import os
 import sys
 from contextlib import asynccontextmanager
 
@@ -168,7 +173,8 @@ async def connect(argv):
         params = StdioServerParameters(
             command=binary,
             args=["mcp", "--state-dir", state_dir],
-            env={"AIRLOCK_POOL__SIZE": "0"},
+            env={"AIRLOCK_POOL__SIZE": "0",
+                 **{k: v for k, v in os.environ.items() if k == "AIRLOCK_CONFIG" or k.startswith("TEST_TOOL_")}},
         )
         async with stdio_client(params) as (read, write):
             yield read, write
@@ -180,12 +186,38 @@ async def connect(argv):
                 yield read, write
 
 
+ELICITED = []
+
+
+async def answer_elicitation(context, params):
+    """The host's user: approves the first call it is asked about, declines the next."""
+    import mcp_types
+
+    schema = params.requested_schema
+    if not isinstance(schema, dict):
+        schema = schema.model_dump(by_alias=True, exclude_none=True)
+    ELICITED.append({"message": params.message, "schema": schema})
+    if len(ELICITED) == 1:
+        return mcp_types.ElicitResult(action="accept", content={"approve": True, "reason": "looks fine"})
+    return mcp_types.ElicitResult(action="decline")
+
+
+async def approval(session):
+    seen = {}
+    code = "import tools\ntry:\n    out = ['ok', tools.crm.write_note(text=%r)]\nexcept tools.ToolError as e:\n    out = [e.kind, str(e)]\nprint(out)"
+    seen["first"] = await call(session, "run_python", {"code": code % "by elicitation"})
+    seen["second"] = await call(session, "run_python", {"code": code % "declined"})
+    seen["elicited"] = ELICITED
+    return seen
+
+
 async def main(argv):
     scenario = argv[3]
     out = {}
+    callback = answer_elicitation if scenario == "approval" else None
     try:
         async with connect(argv) as (read, write):
-            async with ClientSession(read, write) as session:
+            async with ClientSession(read, write, elicitation_callback=callback) as session:
                 init = await session.initialize()
                 out["server"] = {"name": init.server_info.name, "instructions": init.instructions}
                 out["protocol_version"] = init.protocol_version
@@ -195,6 +227,8 @@ async def main(argv):
                     out.update(await code_mode(session))
                 elif scenario == "session":
                     out.update(await session_round_trip(session))
+                elif scenario in ("approval", "approval_unasked"):
+                    out.update(await approval(session))
                 elif scenario == "abandon":
                     # A session left open when the client goes.
                     out["create"] = await call(session, "create_session", {})

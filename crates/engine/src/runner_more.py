@@ -992,6 +992,18 @@ def not_json(value):
                     "not %s" % type_name(value))
 
 
+def code_line():
+    """The line of the code (not the runner's, not the tools package's) that made this call,
+    for the person asked to approve it; None when the code's frame is not on the stack."""
+    filename = sys.argv[0] if sys.argv else None
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename == filename and frame.f_globals is not globals():
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
 def call_frame(target, pairs, more, reply):
     """Sends one call; `reply` gets its answer (from the reader thread)."""
     arguments = tool_arguments(pairs, more)
@@ -1014,8 +1026,10 @@ def call_frame(target, pairs, more, reply):
         if not TOOLS["reader"]:
             TOOLS["reader"] = True
             _thread.start_new_thread(read_answers, ())
-    head = '{"id":%d,"server":%s,"tool":%s,"arguments":' % (
-        call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]))
+    line = code_line()
+    head = '{"id":%d,"server":%s,"tool":%s,%s"arguments":' % (
+        call_id, _json.encode_basestring(target[0]), _json.encode_basestring(target[1]),
+        '"line":%d,' % line if line is not None else "")
     # Frames are written whole under a lock of their own: the reader thread never waits for
     # a write (the host may be waiting for it to take answers before it reads more calls).
     with WRITE_LOCK:

@@ -18,6 +18,10 @@ pub struct ToolCall {
     pub server: String,
     pub tool: String,
     pub arguments: Box<serde_json::value::RawValue>,
+    /// The line of the code that made the call, as the runner saw it (shown to approvers;
+    /// the code is not trusted, so it only says where to look).
+    #[serde(default)]
+    pub line: Option<u64>,
 }
 
 /// The calls in `bytes` read as a bridge reads its channel (for the fuzz target): how many,

@@ -594,6 +594,9 @@ pub enum Scope {
     Metrics,
     /// Building and deleting environments. Never given by default: list it explicitly.
     Admin,
+    /// Seeing and deciding tool calls that wait for an approval, of the keys named in
+    /// `approves` (docs/approvals.md). Never given by default.
+    Approve,
 }
 
 impl Scope {
@@ -638,6 +641,10 @@ pub struct KeyConfig {
     /// hosts, which its `egress` must allow. Default: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<String>,
+    /// With the `approve` scope: the keys whose tool calls it may see and decide, by name, or
+    /// `"*"` for every key. Never its own calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approves: Vec<String>,
 }
 
 fn all_scopes() -> Vec<Scope> {
@@ -658,6 +665,7 @@ impl KeyConfig {
             tools: Vec::new(),
             egress: airlock_egress::EgressPolicy::default(),
             credentials: Vec::new(),
+            approves: Vec::new(),
         }
     }
 }
@@ -731,6 +739,36 @@ pub fn load(
     }
     config.validate()?;
     Ok(config)
+}
+
+/// A key's `approves` goes with the `approve` scope, and names keys that exist (a typo would
+/// leave a key's calls with nobody to decide them).
+fn check_approves(
+    key: &KeyConfig,
+    names: &std::collections::BTreeSet<String>,
+) -> Result<(), String> {
+    let scoped = key.scopes.contains(&Scope::Approve);
+    if scoped && key.approves.is_empty() {
+        return Err(
+            "the approve scope needs `approves`: the names of the keys whose calls it decides, \
+             or [\"*\"] for every key"
+                .into(),
+        );
+    }
+    if !scoped && !key.approves.is_empty() {
+        return Err("`approves` needs the approve scope in `scopes`".into());
+    }
+    for name in &key.approves {
+        if name == &key.name {
+            return Err(
+                "a key never decides its own calls: remove its own name from `approves`".into(),
+            );
+        }
+        if name != "*" && !names.contains(name) {
+            return Err(format!("`approves` names no configured key {name:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// A Kubernetes pod name or a host name's first label: what a balancer can route on.
@@ -993,6 +1031,11 @@ impl Config {
                     "keys.{}: max_concurrency must be at least 1",
                     key.name
                 ));
+            }
+        }
+        for key in &self.keys {
+            if let Err(m) = check_approves(key, &names) {
+                return bad(format!("keys.{}: {m}", key.name));
             }
         }
         Ok(())

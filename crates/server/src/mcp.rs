@@ -36,7 +36,7 @@ use crate::error::Error;
 use crate::keys::{random_id, Key};
 use crate::service::execution::refuse_if_unavailable;
 use crate::service::pipeline::{self, Finished, Input, Received, Work};
-use crate::service::{eval, sessions, tools};
+use crate::service::{approvals, eval, sessions, tools};
 use crate::SharedState;
 
 /// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
@@ -253,6 +253,45 @@ impl Tools {
             state,
             local: Some(key),
         }
+    }
+
+    /// What asks the host's user, by MCP elicitation, about each of the execution's tool
+    /// calls that waits for an approval: only over stdio (the HTTP transport is stateless,
+    /// with no way back to the client in the middle of a call) and only when the host said
+    /// it takes form elicitations. None otherwise: the call waits for a key's decision over
+    /// HTTP (`GET /v1/approvals`), and `airlock mcp`, which has none, refuses it at once.
+    fn elicitation(&self, context: &RequestContext<RoleServer>) -> Option<airlock_tools::Watcher> {
+        use rmcp::service::ElicitationMode;
+        self.local.as_ref()?;
+        let peer = context.peer.clone();
+        if !peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return None;
+        }
+        let wait = std::time::Duration::from_millis(self.state.config.tools.approval_timeout_ms);
+        Some(Arc::new(move |approvals, approval| {
+            let (peer, approvals, approval) = (peer.clone(), approvals.clone(), approval.clone());
+            tokio::spawn(async move {
+                let asked = elicit(&approval);
+                // Bounded by the approval's own time: past it the call failed as a timeout,
+                // and a late answer decides nothing.
+                match peer
+                    .create_elicitation_with_timeout(asked, Some(wait))
+                    .await
+                {
+                    Ok(answer) => {
+                        let (decision, reason) = host_decision(&answer);
+                        approvals::decide_for_host(&approvals, &approval.id, decision, reason);
+                    }
+                    Err(e) => {
+                        // The call waits on until it times out or its execution ends.
+                        tracing::warn!(approval = %approval.id, "the MCP host did not answer an elicitation: {e}");
+                    }
+                }
+            });
+        }))
     }
 
     /// The caller and a request id: the HTTP request's, or the local key's.
@@ -530,14 +569,19 @@ impl Tools {
         let received = handed_over(context);
         let slot = answer_slot(context);
         Ok(match call {
-            Call::RunPython(a) => self.run_python(&key, request_id, received, slot, a).await,
+            Call::RunPython(a) => {
+                let asks = self.elicitation(context);
+                self.run_python(&key, request_id, received, slot, a, asks)
+                    .await
+            }
             Call::Eval(a) => self.eval_expression(received, a).await,
             Call::CreateSession(environment, volumes) => {
                 self.create_session(&key, received, environment, volumes)
                     .await
             }
             Call::RunInSession(a) => {
-                self.run_in_session(&key, request_id, received, slot, a)
+                let asks = self.elicitation(context);
+                self.run_in_session(&key, request_id, received, slot, a, asks)
                     .await
             }
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
@@ -563,6 +607,7 @@ impl Tools {
         received: Option<Received>,
         slot: Option<Reserved>,
         a: RunPython,
+        asks: Option<airlock_tools::Watcher>,
     ) -> Result<CallToolResult, Error> {
         let asked = ExecuteRequest {
             code: a.code,
@@ -588,6 +633,7 @@ impl Tools {
             received,
             stream: false,
             form: Form::Mcp,
+            approvals: asks,
         };
         self.execute(request, slot).await
     }
@@ -674,6 +720,7 @@ impl Tools {
         received: Option<Received>,
         slot: Option<Reserved>,
         a: RunInSession,
+        asks: Option<airlock_tools::Watcher>,
     ) -> Result<CallToolResult, Error> {
         let asked = CellRequest {
             code: a.code,
@@ -691,6 +738,7 @@ impl Tools {
             received,
             stream: false,
             form: Form::Mcp,
+            approvals: asks,
         };
         self.execute(request, slot).await
     }
@@ -1074,5 +1122,64 @@ impl ServerHandler for Tools {
             }
         };
         Ok(result.unwrap_or_else(refusal).into())
+    }
+}
+
+/// The elicitation that asks the host's user whether one waiting call may run: what the
+/// code asks, the arguments as the approval shows them (bounded), and a form of one required
+/// yes/no and an optional reason.
+fn elicit(approval: &airlock_api::Approval) -> rmcp::model::ElicitRequestParams {
+    use rmcp::model::{ElicitRequestParams, ElicitationSchema};
+    let arguments = match (&approval.arguments, &approval.arguments_preview) {
+        (Some(a), _) => a.to_string(),
+        (None, Some(p)) => format!(
+            "{p}... ({} bytes in all, SHA-256 {})",
+            approval.arguments_bytes, approval.arguments_sha256
+        ),
+        (None, None) => String::new(),
+    };
+    let line = approval
+        .line
+        .map(|l| format!(" (line {l} of the code)"))
+        .unwrap_or_default();
+    let message = format!(
+        "The sandboxed code of execution {} wants to call the tool `{}.{}`{line} with the \
+         arguments {arguments}. Approve this one call?",
+        approval.execution_id, approval.server, approval.tool
+    );
+    let schema = ElicitationSchema::builder()
+        .required_bool("approve")
+        .optional_string("reason")
+        .build()
+        .unwrap_or_else(|_| ElicitationSchema::new(Default::default()));
+    ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message,
+        requested_schema: schema,
+    }
+}
+
+/// What the host's answer decides: approved only when its user accepted the form with
+/// `approve` true; declined, cancelled or anything else is a denial.
+fn host_decision(answer: &rmcp::model::ElicitResult) -> (airlock_api::Decision, Option<String>) {
+    use rmcp::model::ElicitationAction;
+    let content = answer.content.as_ref();
+    let reason = content
+        .and_then(|c| c.get("reason"))
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_owned);
+    let approved = answer.action == ElicitationAction::Accept
+        && content.and_then(|c| c.get("approve")) == Some(&serde_json::Value::Bool(true));
+    match (approved, &answer.action) {
+        (true, _) => (airlock_api::Decision::Approve, reason),
+        (false, ElicitationAction::Accept) => (airlock_api::Decision::Deny, reason),
+        (false, ElicitationAction::Decline) => (
+            airlock_api::Decision::Deny,
+            reason.or(Some("the MCP host's user declined".into())),
+        ),
+        (false, _) => (
+            airlock_api::Decision::Deny,
+            reason.or(Some("the MCP host's user cancelled".into())),
+        ),
     }
 }

@@ -227,6 +227,8 @@ pub struct Metrics {
     pub evaluations: Counters,
     pub evaluations_waiting: Gauge,
     pub pickle_scans: Counters,
+    /// Steps of tool calls' approvals, by outcome (docs/approvals.md).
+    pub tool_approvals: Counters,
     pub tool_calls: Counters,
     pub tool_call_seconds: Histogram,
     pub egress_connections: Counters,
@@ -250,6 +252,7 @@ impl Default for Metrics {
             evaluations: Counters::default(),
             evaluations_waiting: Gauge::default(),
             pickle_scans: Counters::default(),
+            tool_approvals: Counters::default(),
             tool_calls: Counters::default(),
             tool_call_seconds: Histogram::new(DURATION_BOUNDS),
             egress_connections: Counters::default(),
@@ -357,6 +360,12 @@ impl Metrics {
             "airlock_pickle_scans_total",
             "Files scanned by POST /v1/pickle/scan, by verdict.",
             &["verdict"],
+        );
+        self.tool_approvals.render(
+            &mut out,
+            "airlock_tool_approvals_total",
+            "Steps of tool calls that wait for an approval, by outcome (requested, approved, denied, timed_out, withdrawn).",
+            &["outcome"],
         );
         self.tool_calls.render(
             &mut out,

@@ -150,6 +150,9 @@ pub(crate) fn document() -> Value {
     let eval_request = generator.subschema_for::<EvalRequest>();
     let eval_response = generator.subschema_for::<EvalResponse>();
     let tools = generator.subschema_for::<ToolsResponse>();
+    let approvals = generator.subschema_for::<airlock_api::ApprovalList>();
+    let decision = generator.subschema_for::<airlock_api::DecisionRequest>();
+    let decided = generator.subschema_for::<airlock_api::Decided>();
     generator.subschema_for::<ErrorBody>();
     let schemas = generator.definitions().clone();
     let json_body = |schema: &schemars::Schema| json!({"application/json": {"schema": schema}});
@@ -175,6 +178,20 @@ pub(crate) fn document() -> Value {
                 "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
                     json!({"description": "One entry per tool granted to the key whose server is up: `tools.<server>.<function>(...)` inside the sandbox, its signature, description and input schema; `python` has them all as stubs.",
                            "content": json_body(&tools)})),
+            }},
+            "/v1/approvals": {"get": {
+                "summary": "Tool calls waiting for an approval that this key may decide (the calls of the keys its `approves` names, never its own); scope `approve`",
+                "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
+                    json!({"description": "The waiting calls, oldest first: execution, key, tool, arguments (at most `tools.approval_shown_bytes` of them), the code's line, and when each times out.",
+                           "content": json_body(&approvals)})),
+            }},
+            "/v1/approvals/{id}": {"post": {
+                "summary": "Approve or deny one waiting tool call, once; scope `approve`",
+                "parameters": [id_param()],
+                "requestBody": {"required": true, "content": json_body(&decision)},
+                "responses": with(errors(&[400, 401, 403, 404, 408, 413, 415, 421, 429, 503]), "200",
+                    json!({"description": "Decided: an approved call runs now, a denied one raises `ToolError(kind=\"denied\")` in the sandbox. 404 for an id unknown, decided already, timed out, withdrawn (its execution ended) or not this key's to decide.",
+                           "content": json_body(&decided)})),
             }},
             "/v1/eval": {"post": {
                 "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",

@@ -115,6 +115,10 @@ pub async fn run(
     let tools = crate::service::tools::start(&config, &resolved.store)
         .await
         .map_err(ServeError::Tools)?;
+    // Keys with the approve scope decide waiting calls over HTTP (`airlock mcp` has none).
+    if let Some(registry) = &tools {
+        registry.approvals().serve_http();
+    }
     let environments = open_environments(&state_dir)?;
     let listen = config.listen;
     let state: SharedState = Arc::new(

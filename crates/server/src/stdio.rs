@@ -38,6 +38,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
         },
         egress: Default::default(),
         credentials: Vec::new(),
+        approves: Vec::new(),
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::service::tools::start(&config, &keys)

@@ -19,7 +19,8 @@ use tokio::runtime::Handle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ToolsConfig;
+use crate::approvals::{self, Approvals, NoApprover, Opened, Resolution};
+use crate::config::{ApprovalRule, ToolsConfig};
 use crate::grants::Grants;
 use crate::package::{self, Granted, ToolApi};
 use crate::slots::Slots;
@@ -95,6 +96,30 @@ pub struct CallRecord {
 /// Where call records go: the server's audit log and metrics.
 pub trait Observer: Send + Sync + std::fmt::Debug {
     fn call(&self, record: &CallRecord);
+
+    /// A step of a call's approval: asked, decided, timed out, withdrawn.
+    fn approval(&self, _record: &ApprovalRecord) {}
+}
+
+/// One step of a call's approval, as it is audited (never the arguments: their hash).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ApprovalRecord {
+    pub event: &'static str,
+    pub approval_id: String,
+    pub execution_id: String,
+    pub key: String,
+    pub server: String,
+    pub tool: String,
+    pub arguments_sha256: String,
+    /// `requested`, `approved`, `denied`, `timed_out` or `withdrawn`.
+    pub outcome: &'static str,
+    /// Who decided: the approving key's name, or `mcp_host`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Milliseconds since the call asked.
+    pub waited_ms: u64,
 }
 
 /// Drops every record (the CLI without an audit log).
@@ -119,6 +144,7 @@ pub struct Registry {
     runtime: Handle,
     shutdown: CancellationToken,
     rates: Mutex<HashMap<String, Bucket>>,
+    approvals: Arc<Approvals>,
 }
 
 impl Registry {
@@ -152,7 +178,44 @@ impl Registry {
             runtime,
             shutdown,
             rates: Mutex::new(HashMap::new()),
+            approvals: Approvals::new(),
         })
+    }
+
+    /// The calls waiting for an approval.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
+    }
+
+    /// Checks each server's `approval` against its tools: a name that is not a tool is an
+    /// error (a typo would leave a tool that writes unguarded); a pattern that matches
+    /// nothing is a warning.
+    pub fn check_approvals(&self) -> Result<Vec<String>, String> {
+        let mut warnings = Vec::new();
+        for (name, source) in &self.sources {
+            let ApprovalRule::Tools(patterns) = &source.config.approval else {
+                continue;
+            };
+            let tools = source.last_tools();
+            for p in patterns {
+                let matched = tools.iter().any(|t| crate::grants::glob(p, &t.name));
+                if p.contains('*') {
+                    if !matched {
+                        warnings.push(format!(
+                            "tools.servers.{name}.approval: `{p}` matches no tool"
+                        ));
+                    }
+                } else if !matched {
+                    let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+                    return Err(format!(
+                        "tools.servers.{name}.approval: server `{name}` has no tool `{p}` \
+                         (it has: {}; name tools without the server's name)",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+        Ok(warnings)
     }
 
     /// Waits until every server has been tried once; the error names each that failed.
@@ -436,8 +499,9 @@ impl ToolBridge for ToolSet {
                             (inner.clone(), tx.clone(), stop.clone(), probe.clone());
                         tasks.spawn_on(
                             async move {
-                                let (answer, permit) =
-                                    inner.run(&call, &checked, &stop, &probe).await;
+                                let (answer, permit) = inner
+                                    .run(&call, &checked, &execution_id, &stop, &probe)
+                                    .await;
                                 let _ = tx.send(Done {
                                     call,
                                     answer,
@@ -499,9 +563,20 @@ fn breach_message(broken: Broken) -> String {
 /// A call that passed the host's checks, to be sent upstream.
 struct Checked {
     granted: Granted,
+    /// The server's `approval` names the tool: the call waits for one before it is sent.
+    approval: bool,
     arguments: serde_json::Map<String, serde_json::Value>,
     /// The arguments, for the audit log, when the operator asked for them.
     audit_args: Option<serde_json::Value>,
+}
+
+/// What came of waiting for an approval.
+enum Approved {
+    Yes,
+    /// Denied, timed out, withdrawn with its cell, or nobody to ask: this is its answer.
+    No(Answer),
+    /// The execution ended: nobody waits for an answer.
+    Gone,
 }
 
 /// A call refused by the host's checks.
@@ -619,8 +694,14 @@ impl Inner {
         let serde_json::Value::Object(arguments) = instance else {
             unreachable!("built as an object above")
         };
+        let approval = self
+            .registry
+            .sources
+            .get(&call.server)
+            .is_some_and(|s| s.config.approval.requires(&granted.tool.name));
         Ok(Checked {
             granted,
+            approval,
             arguments,
             audit_args,
         })
@@ -632,6 +713,7 @@ impl Inner {
         &self,
         call: &CallFrame,
         checked: &Checked,
+        execution_id: &str,
         stop: &CancellationToken,
         channel: &UnixStream,
     ) -> (Answer, Option<OwnedSemaphorePermit>) {
@@ -653,6 +735,16 @@ impl Inner {
         let Some(permit) = permit else {
             return (cancelled(false), None);
         };
+        // An approval is waited for under the execution's own permit (so one execution has at
+        // most `max_concurrent` calls waiting) and before the server's slot: a call waiting
+        // for a person holds nothing another key needs.
+        if checked.approval {
+            match self.approve(call, checked, execution_id, stop).await {
+                Approved::Yes => {}
+                Approved::No(answer) => return (answer, Some(permit)),
+                Approved::Gone => return (cancelled(false), None),
+            }
+        }
         let unavailable =
             |message: String| Answer::refuse(Outcome::Error, "unavailable", "unavailable", message);
         // Granted tools are those of configured servers; this is only for completeness.
@@ -730,6 +822,173 @@ impl Inner {
             }
         };
         (answer, Some(permit))
+    }
+
+    /// Waits until the call is approved, denied, withdrawn or out of time. It is in the
+    /// table of waiting calls from the moment it is audited as `requested` until one of
+    /// those takes it out; whichever comes first decides, once.
+    async fn approve(
+        &self,
+        call: &CallFrame,
+        checked: &Checked,
+        execution_id: &str,
+        stop: &CancellationToken,
+    ) -> Approved {
+        let config = &self.registry.config;
+        let function = format!("{}.{}", call.server, checked.granted.function);
+        let raw = call.arguments.get();
+        let shown = usize::try_from(config.approval_shown_bytes).unwrap_or(usize::MAX);
+        let (arguments, preview) = if raw.len() <= shown {
+            (
+                Some(serde_json::Value::Object(checked.arguments.clone())),
+                None,
+            )
+        } else {
+            let mut cut = shown;
+            while !raw.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            (None, Some(raw[..cut].to_owned()))
+        };
+        let timeout = Duration::from_millis(config.approval_timeout_ms);
+        let now = std::time::SystemTime::now();
+        let Some(id) = approvals::new_id() else {
+            let message = format!("`{function}` needs an approval, which cannot be asked now");
+            return Approved::No(Answer::refuse(
+                Outcome::Error,
+                "unavailable",
+                "unavailable",
+                message,
+            ));
+        };
+        let approval = airlock_api::Approval {
+            id,
+            execution_id: execution_id.to_owned(),
+            key: self.key.clone(),
+            server: call.server.clone(),
+            tool: checked.granted.tool.name.clone(),
+            arguments,
+            arguments_preview: preview,
+            arguments_bytes: raw.len() as u64,
+            arguments_sha256: hex(&Sha256::digest(raw.as_bytes())),
+            line: call.line,
+            requested_at: humantime::format_rfc3339_millis(now).to_string(),
+            expires_at: humantime::format_rfc3339_millis(now + timeout).to_string(),
+        };
+        let hub = &self.registry.approvals;
+        let Opened {
+            approval,
+            mut resolution,
+            watcher,
+        } = match hub.open(approval) {
+            Ok(opened) => opened,
+            Err(NoApprover) => {
+                let message = format!(
+                    "`{function}` needs an approval, and nobody can give one here (no HTTP \
+                     approvals, and the MCP host does not support elicitation)"
+                );
+                return Approved::No(Answer::refuse(
+                    Outcome::Denied,
+                    "no_approver",
+                    "denied",
+                    message,
+                ));
+            }
+        };
+        let asked = Instant::now();
+        let record = |outcome, by: Option<String>, reason: Option<String>| ApprovalRecord {
+            event: "tool_approval",
+            approval_id: approval.id.clone(),
+            execution_id: approval.execution_id.clone(),
+            key: approval.key.clone(),
+            server: approval.server.clone(),
+            tool: approval.tool.clone(),
+            arguments_sha256: approval.arguments_sha256.clone(),
+            outcome,
+            by,
+            reason,
+            waited_ms: asked.elapsed().as_millis() as u64,
+        };
+        self.observer.approval(&record("requested", None, None));
+        if let Some(watcher) = watcher {
+            watcher(hub, &approval);
+        }
+        enum Ended {
+            Resolved(Resolution),
+            TimedOut,
+            Stopped,
+        }
+        let ended = tokio::select! {
+            r = &mut resolution => Ended::Resolved(r.unwrap_or(Resolution::Withdrawn)),
+            _ = tokio::time::sleep(timeout) => Ended::TimedOut,
+            _ = stop.cancelled() => Ended::Stopped,
+        };
+        // A timeout or the end that finds the call gone from the table lost to a decision or
+        // a withdrawal, sent (or being sent) on `resolution`.
+        let stopped = matches!(ended, Ended::Stopped) || stop.is_cancelled();
+        let ended = match ended {
+            Ended::TimedOut | Ended::Stopped if !hub.close(&approval.id) => {
+                Ended::Resolved(resolution.await.unwrap_or(Resolution::Withdrawn))
+            }
+            ended => ended,
+        };
+        match ended {
+            Ended::Resolved(Resolution::Decided {
+                decision,
+                by,
+                reason,
+            }) => {
+                let approved = decision == airlock_api::Decision::Approve;
+                let outcome = if approved { "approved" } else { "denied" };
+                self.observer
+                    .approval(&record(outcome, Some(by), reason.clone()));
+                if stopped {
+                    Approved::Gone
+                } else if approved {
+                    Approved::Yes
+                } else {
+                    let message = match reason {
+                        Some(reason) => format!("`{function}` was denied: {reason}"),
+                        None => format!("`{function}` was denied"),
+                    };
+                    Approved::No(Answer::refuse(
+                        Outcome::Denied,
+                        "approval_denied",
+                        "denied",
+                        message,
+                    ))
+                }
+            }
+            Ended::TimedOut => {
+                self.observer.approval(&record("timed_out", None, None));
+                let message = format!(
+                    "nobody approved `{function}` within {} ms",
+                    timeout.as_millis()
+                );
+                Approved::No(Answer::refuse(
+                    Outcome::Error,
+                    "approval_timeout",
+                    "timeout",
+                    message,
+                ))
+            }
+            Ended::Resolved(Resolution::Withdrawn) | Ended::Stopped => {
+                self.observer.approval(&record("withdrawn", None, None));
+                if stopped {
+                    Approved::Gone
+                } else {
+                    // Its cell is over but the session's sandbox lives on: the thread that
+                    // made the call gets its answer rather than waiting forever.
+                    let message = format!("`{function}` was withdrawn: its cell ended");
+                    Approved::No(Answer::refuse(
+                        Outcome::Cancelled,
+                        "not_sent",
+                        "cancelled",
+                        message,
+                    ))
+                }
+            }
+        }
     }
 
     /// The answer's frame (a result over the limit becomes a `ToolError`); audits the call.

@@ -43,6 +43,12 @@ pub struct ToolsConfig {
     /// Also write each call's arguments and result in the audit log (off: only their hash
     /// and sizes).
     pub audit_arguments: bool,
+    /// Time a call that needs an approval (a server's `approval`) waits for one; past it the
+    /// call fails as `ToolError(kind="timeout")`. The execution's wall clock runs meanwhile.
+    pub approval_timeout_ms: u64,
+    /// The most of a call's arguments (JSON bytes) an approval shows whole; larger ones are
+    /// shown as their start, their size and their SHA-256.
+    pub approval_shown_bytes: u64,
 }
 
 impl Default for ToolsConfig {
@@ -60,6 +66,8 @@ impl Default for ToolsConfig {
             rate_per_minute: 600,
             start_timeout_ms: 15_000,
             audit_arguments: false,
+            approval_timeout_ms: 120_000,
+            approval_shown_bytes: 16 * 1024,
         }
     }
 }
@@ -88,6 +96,79 @@ pub struct SourceConfig {
     /// Time for one call to this server; default `call_timeout_ms`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_timeout_ms: Option<u64>,
+    /// Which of its tools wait for an approval before each call: `"required"` (every tool),
+    /// `"none"` (the default), or a list of tool names and `*` patterns.
+    #[serde(skip_serializing_if = "ApprovalRule::is_none")]
+    pub approval: ApprovalRule,
+}
+
+/// A server's `approval`: which of its tools need an approval before each call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ApprovalRule {
+    #[default]
+    None,
+    /// Every tool of the server.
+    All,
+    /// The tools named, or matched by a `*` pattern (names compared exactly).
+    Tools(Vec<String>),
+}
+
+impl ApprovalRule {
+    pub fn is_none(&self) -> bool {
+        *self == ApprovalRule::None
+    }
+
+    /// Whether a call to `tool` waits for an approval.
+    pub fn requires(&self, tool: &str) -> bool {
+        match self {
+            ApprovalRule::None => false,
+            ApprovalRule::All => true,
+            ApprovalRule::Tools(patterns) => patterns.iter().any(|p| crate::grants::glob(p, tool)),
+        }
+    }
+}
+
+impl Serialize for ApprovalRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            ApprovalRule::None => s.serialize_str("none"),
+            ApprovalRule::All => s.serialize_str("required"),
+            ApprovalRule::Tools(patterns) => patterns.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ApprovalRule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Rule;
+        const EXPECTED: &str = "\"required\", \"none\", or a list of tool names and `*` patterns";
+        impl<'de> serde::de::Visitor<'de> for Rule {
+            type Value = ApprovalRule;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(EXPECTED)
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ApprovalRule, E> {
+                match v {
+                    "required" => Ok(ApprovalRule::All),
+                    "none" => Ok(ApprovalRule::None),
+                    other => Err(E::custom(format!(
+                        "approval {other:?}: expected {EXPECTED}"
+                    ))),
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<ApprovalRule, A::Error> {
+                let mut patterns = Vec::new();
+                while let Some(p) = seq.next_element::<String>()? {
+                    patterns.push(p);
+                }
+                Ok(ApprovalRule::Tools(patterns))
+            }
+        }
+        d.deserialize_any(Rule)
+    }
 }
 
 /// Where a value comes from: a host environment variable, or a file (its contents, without
@@ -178,6 +259,12 @@ impl ToolsConfig {
         }
         // An MCP message over stdio is one line of at most 16 MiB (rmcp drops longer ones),
         // and JSON may double a result's bytes.
+        if self.approval_timeout_ms == 0 {
+            return Err("tools.approval_timeout_ms must be at least 1".into());
+        }
+        if !(1..=1 << 20).contains(&self.approval_shown_bytes) {
+            return Err("tools.approval_shown_bytes must be between 1 and 1048576".into());
+        }
         if self.max_argument_bytes > 8 << 20 || self.max_result_bytes > 8 << 20 {
             return Err(
                 "tools.max_argument_bytes and tools.max_result_bytes are at most 8 MiB".into(),
@@ -230,6 +317,20 @@ impl ToolsConfig {
             }
             if source.call_timeout_ms == Some(0) {
                 return Err(format!("{at}.call_timeout_ms must be at least 1"));
+            }
+            if let ApprovalRule::Tools(patterns) = &source.approval {
+                if patterns.is_empty() {
+                    return Err(format!(
+                        "{at}.approval: an empty list requires nothing; write \"none\" if \
+                         that is meant, or name the tools"
+                    ));
+                }
+                if patterns.iter().any(String::is_empty) {
+                    return Err(format!(
+                        "{at}.approval: an empty name; list the tools' own names (`*` \
+                         matches any characters)"
+                    ));
+                }
             }
         }
         Ok(())
@@ -290,6 +391,53 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("reserved_per_server"));
+    }
+
+    #[test]
+    fn approval_is_required_none_or_names_and_patterns() {
+        #[derive(serde::Deserialize)]
+        struct S {
+            approval: ApprovalRule,
+        }
+        let rule = |v: serde_json::Value| {
+            serde_json::from_value::<S>(serde_json::json!({ "approval": v }))
+                .map(|s| s.approval)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(rule("required".into()), Ok(ApprovalRule::All));
+        assert_eq!(rule("none".into()), Ok(ApprovalRule::None));
+        let some = rule(serde_json::json!(["update_ticket", "delete_*"])).unwrap();
+        assert!(some.requires("update_ticket") && some.requires("delete_row"));
+        assert!(!some.requires("update_tickets") && !some.requires("Update_ticket"));
+        assert!(ApprovalRule::All.requires("anything") && !ApprovalRule::None.requires("x"));
+        assert!(rule("maybe".into())
+            .unwrap_err()
+            .contains("\"required\", \"none\""));
+        assert!(rule(serde_json::json!(true)).is_err());
+        let with = |approval| ToolsConfig {
+            servers: [(
+                "crm".to_owned(),
+                SourceConfig {
+                    approval,
+                    ..stdio()
+                },
+            )]
+            .into(),
+            ..ToolsConfig::default()
+        };
+        assert!(with(ApprovalRule::Tools(vec![]))
+            .validate()
+            .unwrap_err()
+            .contains("empty list"));
+        assert!(with(ApprovalRule::Tools(vec!["".into()]))
+            .validate()
+            .is_err());
+        assert!(with(some).validate().is_ok());
+        let zero = ToolsConfig {
+            approval_timeout_ms: 0,
+            ..ToolsConfig::default()
+        };
+        assert!(zero.validate().unwrap_err().contains("approval_timeout_ms"));
     }
 
     #[test]

@@ -100,7 +100,7 @@ fn matches(s: &str, t: &str, server: &str, tool: &str, read_only: bool) -> bool 
 }
 
 /// `*` matches any run of characters (none included); everything else matches itself.
-fn glob(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob(pattern: &str, name: &str) -> bool {
     let parts: Vec<&str> = pattern.split('*').collect();
     if parts.len() == 1 {
         return pattern == name;

@@ -7,6 +7,7 @@
 //! may call), and the host's side of the channel its calls arrive on.
 #![forbid(unsafe_code)]
 
+mod approvals;
 mod broker;
 mod config;
 mod grants;
@@ -14,8 +15,9 @@ mod package;
 mod slots;
 mod source;
 
-pub use broker::{CallRecord, NoObserver, Observer, Outcome, Registry, ToolSet};
-pub use config::{Secret, SourceConfig, ToolsConfig};
+pub use approvals::{Approvals, Resolution, Watch, Watcher};
+pub use broker::{ApprovalRecord, CallRecord, NoObserver, Observer, Outcome, Registry, ToolSet};
+pub use config::{ApprovalRule, Secret, SourceConfig, ToolsConfig};
 pub use grants::Grants;
 pub use package::{python_stubs, Granted, ToolApi};
 pub use source::{SourceState, SourceStatus, ToolInfo};

@@ -42,6 +42,8 @@ from airlock_client.errors import (
     raise_for_status,
 )
 from airlock_client.models import (
+    Approval,
+    Decided,
     Environment,
     EvalError,
     Evaluation,
@@ -66,6 +68,8 @@ from airlock_client.models import (
 )
 
 __all__ = [
+    "Approval",
+    "Decided",
     "APIError",
     "AirlockError",
     "Airlock",

@@ -18,6 +18,8 @@ import httpx
 
 from airlock_client.errors import STATUS_OF_CODE, APIError, ProtocolError, TransportError, error_for
 from airlock_client.models import (
+    Approval,
+    Decided,
     Environment,
     Evaluation,
     Execution,
@@ -29,6 +31,8 @@ from airlock_client.models import (
     ToolList,
     TruncatedEvent,
     VolumeInfo,
+    _Reader,
+    read_approvals,
     read_environments,
     read_files,
     read_sessions,
@@ -340,9 +344,10 @@ def nothing(answer: Answer) -> None:
 
 class Events:
     """Server-sent events in, StreamEvents out: the output events as they come, then the
-    Execution with the streamed output put back into its stdout and stderr. Bounded: one
-    stream carries at most `limit` bytes in all; anything but airlock's five events, or a
-    stream that ends without its result, is a ProtocolError."""
+    Execution with the streamed output put back into its stdout and stderr; an Approval for
+    each `approval_requested`. Bounded: one stream carries at most `limit` bytes in all;
+    anything but airlock's six events, or a stream that ends without its result, is a
+    ProtocolError."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -414,6 +419,8 @@ class Events:
             if stream not in ("stdout", "stderr") or not isinstance(limit, int) or isinstance(limit, bool):
                 raise ProtocolError("a truncated event is {\"stream\": \"stdout\"|\"stderr\", \"limit\": int}")
             return TruncatedEvent(stream, limit)
+        if event == "approval_requested":
+            return Approval._read(_Reader(body, "$(approval_requested event)"))
         if event == "result":
             self.done = True
             result = Execution._read(body, "$(result event)")
@@ -531,6 +538,18 @@ def upload(session_id: str, path: str, data: bytes | str) -> Request[None]:
 
 def tools() -> Request[ToolList]:
     return Request("GET", "/v1/tools", lambda a: ToolList._read(read_json(a)))
+
+
+def approvals() -> Request[list[Approval]]:
+    return Request("GET", "/v1/approvals", lambda a: read_approvals(read_json(a)))
+
+
+def decide(approval_id: str, decision: str, reason: str | None) -> Request[Decided]:
+    body: dict[str, object] = {"decision": decision}
+    if reason is not None:
+        body["reason"] = reason
+    path = f"/v1/approvals/{segment(approval_id, 'approval id')}"
+    return Request("POST", path, lambda a: Decided._read(read_json(a)), json=body)
 
 
 def environments() -> Request[list[Environment]]:

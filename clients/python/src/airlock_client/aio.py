@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from types import TracebackType
-from typing import AsyncIterator, Mapping, TypeVar
+from typing import Callable, AsyncIterator, Mapping, TypeVar
 
 import httpx
 
@@ -13,6 +13,8 @@ from airlock_client import _wire
 from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
 from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
+    Approval,
+    Decided,
     Environment,
     Evaluation,
     Execution,
@@ -103,6 +105,7 @@ class AsyncAirlock:
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
+        on_approval: Callable[[Approval], object] | None = None,
     ) -> AsyncStream:
         """As `run`, with the output as it is written: iterate the Stream for OutputEvents
         (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
@@ -111,7 +114,7 @@ class AsyncAirlock:
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
             egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
-        return await self._stream(_wire.run(body, stream=True))
+        return await self._stream(_wire.run(body, stream=True), on_approval)
 
     async def eval(self, expression: str) -> Evaluation:
         """Evaluates a Python literal expression natively on the server (no sandbox)."""
@@ -153,6 +156,21 @@ class AsyncAirlock:
     async def tools(self) -> ToolList:
         """The operator's tools this key's code may call, with their Python signatures."""
         return await self._do(_wire.tools())
+
+    async def approvals(self) -> list[Approval]:
+        """Tool calls waiting for an approval that this key (scope `approve`) may decide:
+        those of the keys its `approves` names, never its own; oldest first."""
+        return await self._do(_wire.approvals())
+
+    async def approve(self, approval_id: str, reason: str | None = None) -> Decided:
+        """Lets the one waiting call `approval_id` run. Raises NotFound when it waits no more
+        (decided, timed out, withdrawn) or is not this key's to decide."""
+        return await self._do(_wire.decide(approval_id, "approve", reason))
+
+    async def deny(self, approval_id: str, reason: str | None = None) -> Decided:
+        """Fails the one waiting call `approval_id`: the code gets ToolError(kind="denied")
+        with `reason`. Raises NotFound as `approve` does."""
+        return await self._do(_wire.decide(approval_id, "deny", reason))
 
     async def environments(self) -> list[Environment]:
         """The named environments."""
@@ -208,11 +226,13 @@ class AsyncAirlock:
             return await asyncio.to_thread(request.parse, answer)
         return request.parse(answer)
 
-    async def _stream(self, request: Request[object]) -> AsyncStream:
+    async def _stream(
+        self, request: Request[object], on_approval: Callable[[Approval], object] | None = None
+    ) -> AsyncStream:
         budget = Budget(self._settings)
         response = await self._exchange(request, budget)
         assert isinstance(response, httpx.Response)
-        return AsyncStream(response, budget, self._settings)
+        return AsyncStream(response, budget, self._settings, on_approval)
 
     async def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
         """As `Airlock._exchange`."""
@@ -265,8 +285,15 @@ class AsyncAirlock:
 class AsyncStream:
     """The events of one streamed execution, iterated with `async for` (see `Stream`)."""
 
-    def __init__(self, response: httpx.Response, budget: Budget, settings: Settings) -> None:
+    def __init__(
+        self,
+        response: httpx.Response,
+        budget: Budget,
+        settings: Settings,
+        on_approval: Callable[[Approval], object] | None = None,
+    ) -> None:
         self._response = response
+        self._on_approval = on_approval
         self._chunks = response.aiter_raw()
         self._budget = budget
         self._settings = settings
@@ -302,6 +329,9 @@ class AsyncStream:
         event = self._pending.popleft()
         if isinstance(event, Execution):
             self.execution = event
+        elif isinstance(event, Approval) and self._on_approval is not None:
+            # Called as the event is read: a call waits, and another key may decide it now.
+            self._on_approval(event)
         return event
 
     async def finish(self) -> Execution:

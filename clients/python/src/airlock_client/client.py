@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import time
 from types import TracebackType
-from typing import Iterator, Mapping, TypeVar
+from typing import Callable, Iterator, Mapping, TypeVar
 
 import httpx
 
@@ -13,6 +13,8 @@ from airlock_client import _wire
 from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
 from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
 from airlock_client.models import (
+    Approval,
+    Decided,
     Environment,
     Evaluation,
     Execution,
@@ -104,6 +106,7 @@ class Airlock:
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
+        on_approval: Callable[[Approval], object] | None = None,
     ) -> Stream:
         """As `run`, with the output as it is written: iterate the Stream for OutputEvents
         (and a TruncatedEvent when a stream reaches its limit), the Execution last. Refusals
@@ -112,7 +115,7 @@ class Airlock:
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
             egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
         )
-        return self._stream(_wire.run(body, stream=True))
+        return self._stream(_wire.run(body, stream=True), on_approval)
 
     def eval(self, expression: str) -> Evaluation:
         """Evaluates a Python literal expression natively on the server (no sandbox)."""
@@ -156,6 +159,21 @@ class Airlock:
     def tools(self) -> ToolList:
         """The operator's tools this key's code may call, with their Python signatures."""
         return self._do(_wire.tools())
+
+    def approvals(self) -> list[Approval]:
+        """Tool calls waiting for an approval that this key (scope `approve`) may decide:
+        those of the keys its `approves` names, never its own; oldest first."""
+        return self._do(_wire.approvals())
+
+    def approve(self, approval_id: str, reason: str | None = None) -> Decided:
+        """Lets the one waiting call `approval_id` run. Raises NotFound when it waits no more
+        (decided, timed out, withdrawn) or is not this key's to decide."""
+        return self._do(_wire.decide(approval_id, "approve", reason))
+
+    def deny(self, approval_id: str, reason: str | None = None) -> Decided:
+        """Fails the one waiting call `approval_id`: the code gets ToolError(kind="denied")
+        with `reason`. Raises NotFound as `approve` does."""
+        return self._do(_wire.decide(approval_id, "deny", reason))
 
     def environments(self) -> list[Environment]:
         """The named environments."""
@@ -211,11 +229,13 @@ class Airlock:
         assert isinstance(answer, Answer)
         return request.parse(answer)
 
-    def _stream(self, request: Request[object]) -> Stream:
+    def _stream(
+        self, request: Request[object], on_approval: Callable[[Approval], object] | None = None
+    ) -> Stream:
         budget = Budget(self._settings)
         response = self._exchange(request, budget)
         assert isinstance(response, httpx.Response)
-        return Stream(response, budget, self._settings)
+        return Stream(response, budget, self._settings, on_approval)
 
     def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
         """The answer, read whole, or for a stream the open response; refusals raise, or are
@@ -268,12 +288,20 @@ class Airlock:
 
 class Stream:
     """The events of one streamed execution: OutputEvents as the program writes, a
-    TruncatedEvent when a stream reaches its limit, and the Execution last (its stdout and
-    stderr put back together from the events). Closing it early (leaving a `with` block,
+    TruncatedEvent when a stream reaches its limit, an Approval when one of its tool calls
+    waits for one (`on_approval` is called with it as it is read), and the Execution last
+    (its stdout and stderr put back together from the events). Closing it early (leaving a `with` block,
     `close()`) disconnects, which kills the sandbox."""
 
-    def __init__(self, response: httpx.Response, budget: Budget, settings: Settings) -> None:
+    def __init__(
+        self,
+        response: httpx.Response,
+        budget: Budget,
+        settings: Settings,
+        on_approval: Callable[[Approval], object] | None = None,
+    ) -> None:
         self._response = response
+        self._on_approval = on_approval
         self._chunks = response.iter_raw()
         self._budget = budget
         self._settings = settings
@@ -309,6 +337,9 @@ class Stream:
         event = self._pending.popleft()
         if isinstance(event, Execution):
             self.execution = event
+        elif isinstance(event, Approval) and self._on_approval is not None:
+            # Called as the event is read: a call waits, and another key may decide it now.
+            self._on_approval(event)
         return event
 
     def finish(self) -> Execution:

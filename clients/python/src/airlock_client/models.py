@@ -13,6 +13,8 @@ from airlock_client.decode import DecodeError, decode
 from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolError
 
 __all__ = [
+    "Approval",
+    "Decided",
     "Environment",
     "Evaluation",
     "EvalError",
@@ -381,8 +383,60 @@ class TruncatedEvent:
     limit: int
 
 
-# What a stream yields: output events as they come, the Execution last.
-StreamEvent = Union[OutputEvent, TruncatedEvent, Execution]
+@dataclass(frozen=True)
+class Approval:
+    """A tool call waiting for an approval (docs/approvals.md): as `approvals()` lists it, and
+    as a stream's `approval_requested` event says one of its calls waits. `arguments` is None
+    when they are larger than the server shows whole; `arguments_preview` has their start.
+    `line` is the code's line as the sandbox reported it (where to look, not a proof)."""
+
+    id: str
+    execution_id: str
+    key: str
+    server: str
+    tool: str
+    arguments: dict[str, object] | None
+    arguments_bytes: int
+    arguments_sha256: str
+    line: int | None
+    requested_at: str
+    expires_at: str
+    arguments_preview: str | None = None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Approval:
+        return cls(
+            r.text("id"), r.text("execution_id"), r.text("key"), r.text("server"), r.text("tool"),
+            r.opt_object("arguments"), r.integer("arguments_bytes"), r.text("arguments_sha256"),
+            r.opt_integer("line"), r.text("requested_at"), r.text("expires_at"),
+            r.opt_text("arguments_preview"),
+        )
+
+
+@dataclass(frozen=True)
+class Decided:
+    """A decision made: the call as it was shown, `approve` or `deny`, and the deciding key."""
+
+    approval: Approval
+    decision: Literal["approve", "deny"]
+    decided_by: str
+
+    @classmethod
+    def _read(cls, value: object) -> Decided:
+        r = _Reader(value, "$")
+        decision = r.text("decision")
+        if decision not in ("approve", "deny"):
+            raise ProtocolError(f"$.decision: expected approve or deny, got {decision[:40]!r}")
+        return cls(Approval._read(r.child("approval")), decision, r.text("decided_by"))  # type: ignore[arg-type]
+
+
+def read_approvals(value: object) -> list[Approval]:
+    return [Approval._read(a) for a in _Reader(value, "$").each("approvals")]
+
+
+# What a stream yields: output events as they come, an Approval when one of its tool calls
+# waits for one, the Execution last.
+StreamEvent = Union[OutputEvent, TruncatedEvent, Approval, Execution]
 
 
 @dataclass(frozen=True)

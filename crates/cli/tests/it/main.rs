@@ -7,6 +7,7 @@
 mod common;
 
 mod answers;
+mod approvals;
 mod cli;
 mod credentials;
 mod deploy;

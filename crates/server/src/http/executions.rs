@@ -56,6 +56,7 @@ pub(crate) async fn run(
         received: None,
         stream,
         form: Form::Json,
+        approvals: None,
     };
     let outcome = pipeline::run(state, request, |finished, share| {
         Answer::json(&finished, share)

@@ -6,6 +6,7 @@
 //! HTTP transport ([`mcp`]).
 
 pub(crate) mod answer;
+pub(crate) mod approvals;
 pub(crate) mod body;
 pub(crate) mod environments;
 pub(crate) mod error;

@@ -9,7 +9,9 @@ use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
 use crate::config::{Config, Scope};
-use crate::http::{environments, eval, executions, mcp, pickle, sessions, status, tools, volumes};
+use crate::http::{
+    approvals, environments, eval, executions, mcp, pickle, sessions, status, tools, volumes,
+};
 use crate::SharedState;
 
 /// One route.
@@ -125,6 +127,24 @@ pub(crate) const TABLE: &[Route] = &[
         access: key(Scope::Execute),
         served: always,
         handler: |m, _| on(m, tools::list),
+    },
+    Route {
+        method: Method::Get,
+        path: "/v1/approvals",
+        operation_id: "listApprovals",
+        tag: "tools",
+        access: key(Scope::Approve),
+        served: always,
+        handler: |m, _| on(m, approvals::list),
+    },
+    Route {
+        method: Method::Post,
+        path: "/v1/approvals/{id}",
+        operation_id: "decideApproval",
+        tag: "tools",
+        access: key(Scope::Approve),
+        served: always,
+        handler: |m, _| on(m, approvals::decide),
     },
     Route {
         method: Method::Get,

@@ -6,6 +6,7 @@
 //! ([`stream`]) and errors ([`crate::error::Error`]): no route, status code or response.
 //! `tests/layers.rs` fails on a path of axum, http, hyper or rmcp here.
 
+pub(crate) mod approvals;
 pub(crate) mod body;
 pub(crate) mod credentials;
 pub(crate) mod egress;

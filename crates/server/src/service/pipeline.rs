@@ -60,6 +60,9 @@ pub(crate) struct Request {
     pub stream: bool,
     /// How the answer is made, which decides the most it can hold.
     pub form: Form,
+    /// Told of each of its tool calls that waits for an approval (an MCP host asked by
+    /// elicitation); a stream's client gets an `approval_requested` event anyway.
+    pub approvals: Option<airlock_tools::Watcher>,
 }
 
 /// What a request asks to run. One lives per request, moved once or twice: boxing the
@@ -258,6 +261,7 @@ pub(crate) async fn run<T: Send + 'static>(
         received,
         stream,
         form,
+        approvals: watcher,
     } = request;
     // 1. enter, and 2. the body.
     refuse_if_unavailable(state)?;
@@ -349,15 +353,27 @@ pub(crate) async fn run<T: Send + 'static>(
             let _ = started_tx.send(Err(e));
             return None;
         }
+        let execution_id = ctx.id.clone();
+        let watch = |watcher: Option<airlock_tools::Watcher>| {
+            watcher.and_then(|w| crate::service::approvals::watch(state, &execution_id, w))
+        };
         if stream {
             let gone = stopper.clone();
             let (events, mut sink) = stream::channel(Arc::new(move || gone.stop()), answer);
+            let aside = sink.aside();
+            let event: airlock_tools::Watcher = Arc::new(move |_, approval| {
+                let data = serde_json::to_value(&**approval).unwrap_or_default();
+                aside.send("approval_requested", &data);
+            });
+            // Dropped before the last event: its sender would keep the stream open.
+            let watching = watch(Some(event));
             // A client gone meanwhile drops the stream, which stops the work: it still gets
             // its record.
             let _ = started_tx.send(Ok(Some(events)));
             let request_id = ctx.request_id.clone();
             let done =
                 engine_and_finish(state, ctx, ready, &mut sink, admitted, tracked, &answered);
+            drop(watching);
             drop(travelling);
             sink.end(
                 done.map(|mut finished| {
@@ -369,6 +385,7 @@ pub(crate) async fn run<T: Send + 'static>(
             None
         } else {
             let _ = started_tx.send(Ok(None));
+            let _watching = watch(watcher);
             let done = engine_and_finish(
                 state,
                 ctx,
@@ -414,6 +431,9 @@ fn engine_and_finish(
         Ready::Cell(mut cell) => (Ran::Cell(cell.execute(&ctx.id, sink)), Some(cell)),
     };
     let resumed = cell.as_ref().and_then(|c| c.take_resumed());
+    // A cell's calls still waiting are withdrawn with it (a one-shot execution's went with
+    // its sandbox already): no call waits on past its execution.
+    crate::service::approvals::withdraw(state, &ctx.id);
     answered.store(true, Ordering::Release);
     drop((admitted, tracked));
     // 8. finish.

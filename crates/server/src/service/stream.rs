@@ -9,7 +9,9 @@
 //! - `result`: the same object a plain request gets, last, but for the output the events
 //!   already carried: `result.stdout` and `result.stderr` are empty, and
 //!   `"output_streamed": true` says so (each byte reaches the client once);
-//! - `error`: `{"error": {...}}` instead of `result` when airlock itself failed.
+//! - `error`: `{"error": {...}}` instead of `result` when airlock itself failed;
+//! - `approval_requested`: a tool call of the execution waits for an approval (the object
+//!   `GET /v1/approvals` lists, docs/approvals.md), sent from the call's side ([`Aside`]).
 //!
 //! The events wait for the client in a queue of at most [`QUEUE_BYTES`]; the stream holds
 //! its execution's answer reservation (`budget.rs`) until it is written out or dropped. A
@@ -196,6 +198,50 @@ impl Events {
             if !held.is_empty() {
                 let text = String::from_utf8_lossy(&held).into_owned();
                 self.send(name(stream), &serde_json::json!({ "text": text }));
+            }
+        }
+    }
+}
+
+/// Sends events from beside the execution's thread (a tool call that waits for an approval),
+/// into the same queue; the stream ends only once these are dropped too.
+pub struct Aside {
+    tx: mpsc::Sender<Event>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Events {
+    /// A sender of events from elsewhere than the execution's thread.
+    pub fn aside(&self) -> Aside {
+        Aside {
+            tx: self.tx.clone(),
+            queued: self.queued.clone(),
+        }
+    }
+}
+
+impl Aside {
+    /// Sends one event without blocking its caller (an async task): a full queue is waited
+    /// for on a task of its own. A client that stopped reading is the execution's to notice.
+    pub fn send(&self, name: &'static str, data: &serde_json::Value) {
+        let event = Event {
+            name,
+            data: data.to_string(),
+        };
+        let len = event.size();
+        self.queued.fetch_add(len, Ordering::AcqRel);
+        match self.tx.try_send(event) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(event)) => {
+                let (tx, queued) = (self.tx.clone(), self.queued.clone());
+                tokio::spawn(async move {
+                    if tx.send(event).await.is_err() {
+                        queued.fetch_sub(len, Ordering::AcqRel);
+                    }
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                self.queued.fetch_sub(len, Ordering::AcqRel);
             }
         }
     }

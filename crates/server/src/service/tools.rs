@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Weak};
 
-use airlock_tools::{CallRecord, Observer, Registry, ToolSet};
+use airlock_tools::{ApprovalRecord, CallRecord, Observer, Registry, ToolSet};
 
 use crate::config::Config;
 use crate::keys::{Key, KeyStore};
@@ -28,6 +28,13 @@ pub(crate) async fn start(
     if let Err(e) = check_grants(Some(&registry), &keys.keys()) {
         registry.shutdown();
         return Err(e);
+    }
+    match registry.check_approvals() {
+        Ok(warnings) => warnings.iter().for_each(|w| tracing::warn!("{w}")),
+        Err(e) => {
+            registry.shutdown();
+            return Err(e);
+        }
     }
     for s in registry.statuses() {
         tracing::info!(server = %s.name, transport = s.transport, tools = s.tools, "tool server started");
@@ -74,6 +81,12 @@ pub(crate) fn for_key(state: &SharedState, key: &Key) -> Option<Arc<ToolSet>> {
 struct ToolCallAudit(Weak<AppState>);
 
 impl Observer for ToolCallAudit {
+    fn approval(&self, record: &ApprovalRecord) {
+        if let Some(state) = self.0.upgrade() {
+            crate::service::approvals::record(&state, record);
+        }
+    }
+
     fn call(&self, record: &CallRecord) {
         let Some(state) = self.0.upgrade() else {
             return;
