@@ -768,6 +768,18 @@ def test_environments(client: Airlock) -> None:
         client.delete_environment("numpy-extra")
 
 
+def test_credentials_are_asked_for_by_name_and_only_those_granted(client: Airlock) -> None:
+    # The test key is granted none: asking for one is a 403 naming the field, `[]` is fine.
+    with pytest.raises(Forbidden) as refused:
+        client.run("print(1)", credentials=["github"])
+    assert refused.value.field == "credentials"
+    assert client.run("print(1)", credentials=[]).stdout == "1\n"
+    with pytest.raises(Forbidden):
+        client.session(credentials=["github"])
+    with pytest.raises(TypeError):
+        client.run("print(1)", credentials="github")
+
+
 MIB = 1 << 20
 
 

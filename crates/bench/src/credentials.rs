@@ -220,8 +220,9 @@ pub fn measure(rounds: usize) -> Result<(), String> {
         Arc::new(airlock_egress::intercept::upstream_config(roots)?),
     )?;
     let dir = std::env::temp_dir();
+    let credential = Arc::new(credential);
     let interception =
-        Arc::new(Interception::new(vec![Arc::new(credential)], &dir).map_err(|e| e.to_string())?);
+        Arc::new(Interception::new(vec![credential.clone()], &dir).map_err(|e| e.to_string())?);
     // The CA the sandbox would trust: the last certificate of its bundle.
     let bundle = std::fs::read_to_string(interception.trust_bundle()).map_err(|e| e.to_string())?;
     let ca_pem = bundle
@@ -297,6 +298,20 @@ pub fn measure(rounds: usize) -> Result<(), String> {
             added(0.99)
         );
     }
+    // What a credential adds to an execution's start: its leash's CA and trust bundle.
+    let mut made = Series::new("a leash's CA and trust bundle");
+    for _ in 0..100 {
+        let started = Instant::now();
+        let ix = Interception::new(vec![credential.clone()], &dir).map_err(|e| e.to_string())?;
+        made.samples.push(started.elapsed());
+        drop(ix);
+    }
+    println!(
+        "a leash's CA and trust bundle, made once per execution with a credential: p50 {} ms, \
+         p99 {} ms",
+        crate::ms(made.quantile(0.5)),
+        crate::ms(made.quantile(0.99))
+    );
     let usage = credential_leash.usage();
     println!(
         "requests that carried the credential: {}",

@@ -156,7 +156,9 @@ class Handler(BaseHTTPRequestHandler):
             body = zlib.compress(body)
             headers.append(("Content-Encoding", "deflate"))
         elif mode == "br":
-            headers.append(("Content-Encoding", "br"))
+            # A coding the proxy cannot scan, naming the secret too (an error detail quoting
+            # it must not carry it back).
+            headers.append(("Content-Encoding", "br, " + auth))
         chunks = 5 if mode in ("chunked", "gzip-chunked") else None
         self.send(200, body, headers, chunks)
 

@@ -95,6 +95,14 @@ impl Credential {
                     h.name
                 ));
             }
+            // An upstream reads a header's value without the spaces around it: a secret
+            // with its own would be echoed without them, and no form of it would match.
+            if h.secret.trim_matches([' ', '\t']) != h.secret {
+                return Err(format!(
+                    "{whose}.headers.{}: the secret starts or ends with whitespace",
+                    h.name
+                ));
+            }
             if h.secret.len() < MIN_SECRET || !h.value.contains(&h.secret) {
                 return Err(format!(
                     "{whose}.headers.{}: the secret must be at least {MIN_SECRET} bytes and \
@@ -163,50 +171,118 @@ pub struct CredentialRecord {
 }
 
 /// Takes every form of a set of secrets out of a stream of bytes, in any ASCII case: the
-/// secret as it is, percent-encoded (reserved bytes or all of them, `+` for space),
-/// JSON-escaped (up to three levels of quoting), in hex, and inside base64 or base64url text
-/// at any of the three alignments (the characters that depend on the secret alone). Each
-/// occurrence becomes as many `*`, so lengths (and a `Content-Length`) stay true. An
-/// upstream that transforms what it echoes otherwise (hashes, reverses, encrypts it) is
-/// beyond it.
+/// secret as it is; each byte other than letters and digits either as it is or escaped as
+/// percent-encoding, JSON (`\u00XX`, `\/`, `\"`), HTML entities (`&#43;`, `&#x2b;`) or `+`
+/// for a space, in every combination (an encoder escapes its own set); JSON quoted up to three
+/// times; hex; and inside base64 or base64url text at any of the three alignments, with or
+/// without one line break anywhere in it (MIME's and GitHub's wrapped base64). Each
+/// occurrence becomes as many `*` (a base64 one with the character on each side, which holds
+/// bits of the secret), so lengths (and a `Content-Length`) stay true. An upstream that
+/// transforms what it echoes otherwise (hashes, reverses, encrypts it) is beyond it.
 #[derive(Debug)]
 pub struct Scrubber {
     finder: AhoCorasick,
-    /// The longest pattern, less one: what a stream holds back, since a pattern may go on
-    /// in the bytes that come next.
-    hold: usize,
+    /// Which patterns are base64 text (by pattern index).
+    base64: Vec<bool>,
+    /// Every pattern, lower-case and sorted: what a stream's last bytes may be the start of.
+    sorted: Vec<Vec<u8>>,
+    /// The longest pattern.
+    longest: usize,
+}
+
+/// What a match found in one pass over a buffer.
+struct Masked {
+    found: u64,
+    /// A base64 match ends at the buffer's end: the byte that comes next holds bits of the
+    /// secret too.
+    mask_next: bool,
+}
+
+fn base64_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"+/-_".contains(&b)
 }
 
 impl Scrubber {
     pub fn new<'a>(secrets: impl IntoIterator<Item = &'a [u8]>) -> Scrubber {
-        let mut patterns: Vec<Vec<u8>> = Vec::new();
+        let mut patterns: Vec<(Vec<u8>, bool)> = Vec::new();
         for secret in secrets {
             patterns.extend(forms(secret));
         }
-        patterns.retain(|p| p.len() >= 4);
+        patterns.retain(|(p, _)| p.len() >= 4);
+        for (p, _) in &mut patterns {
+            p.make_ascii_lowercase();
+        }
         patterns.sort();
-        patterns.dedup();
-        let hold = patterns.iter().map(Vec::len).max().unwrap_or(1) - 1;
+        patterns.dedup_by(|a, b| a.0 == b.0);
+        let longest = patterns.iter().map(|(p, _)| p.len()).max().unwrap_or(1);
         // ASCII case is ignored: an echo may upper- or lower-case what it quotes (hex and
         // percent-encoding come in both cases anyway).
         let finder = AhoCorasick::builder()
             .match_kind(MatchKind::Standard)
             .ascii_case_insensitive(true)
-            .build(&patterns)
+            .build(patterns.iter().map(|(p, _)| p))
             .unwrap_or_else(|_| AhoCorasick::new(Vec::<Vec<u8>>::new()).expect("empty"));
-        Scrubber { finder, hold }
+        Scrubber {
+            finder,
+            base64: patterns.iter().map(|(_, b)| *b).collect(),
+            sorted: patterns.into_iter().map(|(p, _)| p).collect(),
+            longest,
+        }
     }
 
     /// Masks every occurrence in `data` (overlapping ones too); how many there were.
     pub fn mask(&self, data: &mut [u8]) -> u64 {
+        self.mask_in(data).found
+    }
+
+    /// `text` with every occurrence masked.
+    pub fn masked(&self, text: &str) -> String {
+        let mut bytes = text.as_bytes().to_vec();
+        self.mask(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn mask_in(&self, data: &mut [u8]) -> Masked {
         let mut spans = Vec::new();
+        let mut mask_next = false;
         for m in self.finder.find_overlapping_iter(&*data) {
-            spans.push(m.range());
+            let (mut start, mut end) = (m.start(), m.end());
+            if self.base64[m.pattern().as_usize()] {
+                if start > 0 && base64_char(data[start - 1]) {
+                    start -= 1;
+                }
+                if end < data.len() {
+                    if base64_char(data[end]) {
+                        end += 1;
+                    }
+                } else {
+                    mask_next = true;
+                }
+            }
+            spans.push(start..end);
         }
         for span in &spans {
             data[span.clone()].fill(b'*');
         }
-        spans.len() as u64
+        Masked {
+            found: spans.len() as u64,
+            mask_next,
+        }
+    }
+
+    /// How many of `data`'s last bytes could be the start of an occurrence that goes on in
+    /// the bytes to come.
+    fn open_tail(&self, data: &[u8]) -> usize {
+        for k in (1..self.longest.min(data.len() + 1)).rev() {
+            let tail = data[data.len() - k..].to_ascii_lowercase();
+            let at = self
+                .sorted
+                .partition_point(|p| p.as_slice() < tail.as_slice());
+            if self.sorted.get(at).is_some_and(|p| p.starts_with(&tail)) {
+                return k;
+            }
+        }
+        0
     }
 
     /// A stream's scrubbing, across reads.
@@ -214,104 +290,173 @@ impl Scrubber {
         ScrubStream {
             scrubber: self.clone(),
             held: Vec::new(),
+            mask_next: false,
             found: 0,
         }
     }
 }
 
-/// Scrubs a stream given in pieces: a secret split across two pieces is found whole.
+/// Scrubs a stream given in pieces: a secret split across two pieces is found whole. Only
+/// what could still be the start of one is held back, so a stream of small events (an
+/// LLM's tokens) goes on as it comes.
 #[derive(Debug)]
 pub struct ScrubStream {
     scrubber: Arc<Scrubber>,
     held: Vec<u8>,
+    /// The first byte to come follows a base64 match.
+    mask_next: bool,
     pub found: u64,
 }
 
 impl ScrubStream {
-    /// Appends `data` and returns what may go on now (all but the last bytes, which a
-    /// secret could still be starting in).
+    /// Appends `data` and returns what may go on now.
     pub fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        let from = self.held.len();
         self.held.extend_from_slice(data);
+        if self.mask_next && from < self.held.len() {
+            if base64_char(self.held[from]) {
+                self.held[from] = b'*';
+            }
+            self.mask_next = false;
+        }
         // Masks found now are kept in what is held; a masked byte never matches again.
-        self.found += self.scrubber.mask(&mut self.held);
-        let keep = self.scrubber.hold.min(self.held.len());
+        let masked = self.scrubber.mask_in(&mut self.held);
+        self.found += masked.found;
+        self.mask_next |= masked.mask_next;
+        let open = self.scrubber.open_tail(&self.held);
+        // With the byte before an open tail (a base64 match's neighbour), or a last byte of
+        // base64 text that a match in the next piece would start right after.
+        let keep = match open {
+            0 if self.held.last().is_some_and(|&b| base64_char(b)) => 1,
+            0 => 0,
+            k => (k + 1).min(self.held.len()),
+        };
         let rest = self.held.split_off(self.held.len() - keep);
         std::mem::replace(&mut self.held, rest)
     }
 
     /// The stream ended: the rest.
     pub fn finish(&mut self) -> Vec<u8> {
-        self.found += self.scrubber.mask(&mut self.held);
+        self.found += self.scrubber.mask_in(&mut self.held).found;
         std::mem::take(&mut self.held)
     }
 }
 
-/// The forms of `secret` a reply may carry.
-fn forms(secret: &[u8]) -> Vec<Vec<u8>> {
-    let mut out = vec![secret.to_vec()];
-    let unreserved = |b: u8| b.is_ascii_alphanumeric() || b"-._~".contains(&b);
-    for upper in [true, false] {
-        let hex = |b: u8| {
-            if upper {
-                format!("%{b:02X}")
-            } else {
-                format!("%{b:02x}")
-            }
-        };
-        let mut reserved = String::new();
-        let mut form = String::new();
-        let mut all = String::new();
-        for &b in secret {
-            if unreserved(b) {
-                reserved.push(b as char);
-                form.push(b as char);
-            } else {
-                reserved.push_str(&hex(b));
-                form.push_str(&if b == b' ' { "+".into() } else { hex(b) });
-            }
-            all.push_str(&hex(b));
-        }
-        out.extend([reserved, form, all].map(String::into_bytes));
-        out.push(
-            secret
-                .iter()
-                .map(|b| {
-                    if upper {
-                        format!("{b:02X}")
-                    } else {
-                        format!("{b:02x}")
-                    }
-                })
-                .collect::<String>()
-                .into_bytes(),
-        );
+/// How a byte other than a letter or a digit may be written: as it is, percent-encoded,
+/// JSON-escaped, as an HTML entity (decimal, hex), and the escapes of its own.
+fn spellings(b: u8) -> Vec<Vec<u8>> {
+    let mut out = vec![
+        vec![b],
+        format!("%{b:02X}").into_bytes(),
+        format!("\\u{b:04x}").into_bytes(),
+        format!("&#{b};").into_bytes(),
+        format!("&#x{b:x};").into_bytes(),
+    ];
+    match b {
+        b'/' | b'"' | b'\\' => out.push(vec![b'\\', b]),
+        b' ' => out.push(b"+".to_vec()),
+        b'\n' => out.push(b"\\n".to_vec()),
+        b'\t' => out.push(b"\\t".to_vec()),
+        _ => {}
     }
-    if let Ok(text) = std::str::from_utf8(secret) {
-        // JSON as encoders write it: `/` escaped by some, controls and non-ASCII as \u.
-        let mut json = String::new();
-        for c in text.chars() {
-            match c {
-                '"' => json.push_str("\\\""),
-                '\\' => json.push_str("\\\\"),
-                '/' => json.push_str("\\/"),
-                c if (c as u32) < 0x20 || !c.is_ascii() => {
-                    let mut units = [0u16; 2];
-                    for u in c.encode_utf16(&mut units) {
-                        json.push_str(&format!("\\u{u:04x}"));
-                    }
-                }
-                c => json.push(c),
+    out
+}
+
+/// Most spellings of one secret (each of its bytes other than letters and digits written
+/// one of its ways); past it, the uniform ones and percent-encoding of any subset.
+const MAX_SPELLINGS: usize = 4096;
+
+/// The secret spelled every way [`spellings`] allows its bytes, consistently per byte.
+fn spelled(secret: &[u8]) -> Vec<Vec<u8>> {
+    let mut special: Vec<u8> = secret
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_alphanumeric())
+        .collect();
+    special.sort_unstable();
+    special.dedup();
+    let ways: Vec<Vec<Vec<u8>>> = special.iter().map(|&b| spellings(b)).collect();
+    let total = ways
+        .iter()
+        .try_fold(1usize, |n, w| n.checked_mul(w.len()))
+        .unwrap_or(usize::MAX);
+    let write = |choice: &dyn Fn(usize) -> usize| -> Vec<u8> {
+        let mut out = Vec::with_capacity(secret.len() * 2);
+        for &b in secret {
+            match special.binary_search(&b) {
+                Ok(i) => out.extend_from_slice(&ways[i][choice(i)]),
+                Err(_) => out.push(b),
             }
         }
-        // Quoted again (JSON inside a JSON string, as an error body quoting a request may
-        // be): each level escapes the backslashes of the one before.
-        let mut level = json;
+        out
+    };
+    let mut out = Vec::new();
+    if total <= MAX_SPELLINGS {
+        for n in 0..total {
+            // `n` in mixed radix: one digit (a spelling) per special byte.
+            let digits: Vec<usize> = {
+                let mut rest = n;
+                ways.iter()
+                    .map(|w| {
+                        let d = rest % w.len();
+                        rest /= w.len();
+                        d
+                    })
+                    .collect()
+            };
+            out.push(write(&|i| digits[i]));
+        }
+    } else {
+        for way in 0..5 {
+            out.push(write(&|_| way));
+        }
+        if special.len() <= 10 {
+            for set in 0..1usize << special.len() {
+                out.push(write(&|i| usize::from(set >> i & 1 == 1)));
+            }
+        }
+    }
+    out
+}
+
+/// The forms of `secret` a reply may carry, each with whether it is base64 text.
+fn forms(secret: &[u8]) -> Vec<(Vec<u8>, bool)> {
+    let mut out: Vec<(Vec<u8>, bool)> = spelled(secret).into_iter().map(|f| (f, false)).collect();
+    // JSON quoted again (JSON inside a JSON string, as an error body quoting a request may
+    // be): each level escapes the backslashes and quotes of the one before.
+    let json: Vec<Vec<u8>> = [secret.to_vec(), {
+        let mut escaped = Vec::new();
+        for &b in secret {
+            match b {
+                b'"' | b'\\' | b'/' => escaped.extend_from_slice(&[b'\\', b]),
+                b => escaped.push(b),
+            }
+        }
+        escaped
+    }]
+    .into();
+    for base in json {
+        let mut level = base;
         for _ in 0..3 {
-            let next = level.replace('\\', "\\\\").replace('"', "\\\"");
-            out.push(level.into_bytes());
+            let mut next = Vec::with_capacity(level.len() * 2);
+            for &b in &level {
+                if b == b'\\' || b == b'"' {
+                    next.push(b'\\');
+                }
+                next.push(b);
+            }
+            out.push((next.clone(), false));
             level = next;
         }
     }
+    out.push((
+        secret
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+            .into_bytes(),
+        false,
+    ));
     for engine in [
         &base64::engine::general_purpose::STANDARD_NO_PAD,
         &base64::engine::general_purpose::URL_SAFE_NO_PAD,
@@ -324,8 +469,21 @@ fn forms(secret: &[u8]) -> Vec<Vec<u8>> {
             // (when the length is not a multiple of three) the bytes after it.
             let skip = [0, 2, 3][offset];
             let end = text.len() - usize::from(bytes.len() % 3 != 0);
-            if end > skip {
-                out.push(text.as_bytes()[skip..end].to_vec());
+            if end <= skip {
+                continue;
+            }
+            let middle = &text.as_bytes()[skip..end];
+            out.push((middle.to_vec(), true));
+            // Wrapped base64 (MIME at 76 characters, GitHub's at 60): one break anywhere.
+            if middle.len() <= 120 {
+                for at in 1..middle.len() {
+                    for brk in [&b"\n"[..], b"\r\n"] {
+                        let mut wrapped = middle[..at].to_vec();
+                        wrapped.extend_from_slice(brk);
+                        wrapped.extend_from_slice(&middle[at..]);
+                        out.push((wrapped, true));
+                    }
+                }
             }
         }
     }
@@ -372,7 +530,24 @@ mod tests {
             "S3CR3T%2FTOK%2BEN%3D42".into(),
             "s3cr3t\\\\/Tok+en=42".into(),
             SECRET.bytes().map(|b| format!("{b:02x}")).collect(),
+            // Encoders that escape their own sets: Python's quote (keeps `/`), Go's
+            // PathEscape, .NET's JSON, Go's html/template, HTML hex entities.
+            "s3cr3t/Tok%2Ben%3D42".into(),
+            "s3cr3t%2FTok+en=42".into(),
+            "s3cr3t/Tok\\u002Ben=42".into(),
+            "s3cr3t/Tok&#43;en=42".into(),
+            "s3cr3t&#x2F;Tok&#x2B;en&#x3D;42".into(),
         ];
+        // Wrapped base64 (GitHub's at 60, MIME's at 76): wherever a break falls.
+        let many = b64.encode(format!("Authorization: Bearer {SECRET}\r\n").repeat(3));
+        for (width, brk) in [(60, "\n"), (76, "\r\n")] {
+            cases.push(
+                many.as_bytes()
+                    .chunks(width)
+                    .map(|c| String::from_utf8_lossy(c).into_owned() + brk)
+                    .collect(),
+            );
+        }
         // Base64 of the secret inside longer values, at each alignment.
         for prefix in ["", "B", "Be", "Bearer ", "user:"] {
             cases.push(b64.encode(format!("{prefix}{SECRET}")));
@@ -391,6 +566,25 @@ mod tests {
         let (out, found) = scrub(b"nothing to see here, not even s3cr3t/Tok");
         assert_eq!(found, 0);
         assert_eq!(out, b"nothing to see here, not even s3cr3t/Tok");
+        // The base64 characters on each side of a match carry bits of the secret: masked.
+        let text = b64.encode(format!("xy{SECRET}!?"));
+        let (out, _) = scrub(text.as_bytes());
+        let out = String::from_utf8(out).unwrap();
+        let stars = out.find('*').unwrap();
+        assert_eq!(&out[..stars], &text[..stars]);
+        assert!(
+            stars <= 2 && out[stars..].trim_start_matches('*').len() <= 3,
+            "{text} -> {out}"
+        );
+        // A secret with a quote and a slash, as JSON encoders that leave `/` alone write it.
+        let s = Arc::new(Scrubber::new([&b"pa\"ss/word9"[..]]));
+        for echo in [
+            "{\"v\": \"pa\\\"ss/word9\"}",
+            "\"{\\\"v\\\": \\\"pa\\\\\\\"ss/word9\\\"}\"",
+        ] {
+            let mut data = echo.as_bytes().to_vec();
+            assert_eq!(s.mask(&mut data), 1, "{echo}");
+        }
     }
 
     #[test]
@@ -444,6 +638,14 @@ mod tests {
                 vec![header("A", "abcdefgh12\r\nX: 1", "abcdefgh12")],
             ),
             (vec![host("a.b")], vec![header("A", "short", "short")]),
+            (
+                vec![host("a.b")],
+                vec![header("A", "abcdefgh12 ", "abcdefgh12 ")],
+            ),
+            (
+                vec![host("a.b")],
+                vec![header("A", "x \tabcdefgh12", "\tabcdefgh12")],
+            ),
             (
                 vec![host("a.b")],
                 vec![header("A", "Bearer x", "abcdefgh12")],

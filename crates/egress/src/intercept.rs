@@ -37,6 +37,8 @@ const MAX_ANSWER_HEADERS: usize = 128;
 /// Longest chunk-size or trailer line of an answer.
 const MAX_LINE: usize = 4096;
 const BUFFER: usize = 32 * 1024;
+/// The pieces a decoded answer goes on in.
+const CODED_UNIT: usize = 16 * 1024;
 /// How long the certificates of a leash's CA are valid: past any session's life.
 const VALIDITY: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -652,7 +654,7 @@ impl Relay<'_> {
                     .map_err(Stop::io)?;
             }
             let mut record = self.template.clone();
-            record.method = head.first.clone();
+            record.method = head.first.chars().take(32).collect();
             record.path = path;
             let before = (meter.out, meter.inn);
             let result = self.exchange(down, up, meter, &head, out_head, &mut body, &mut record);
@@ -750,17 +752,6 @@ impl Relay<'_> {
         } else {
             !connection.iter().any(|t| t == "close")
         };
-        // What the proxy can take the secret out of: gzip and deflate, or nothing.
-        let accepted: Vec<String> = head
-            .tokens("accept-encoding")
-            .into_iter()
-            .filter_map(|t| {
-                let coding = t.split(';').next().unwrap_or("").trim().to_owned();
-                ["gzip", "x-gzip", "deflate"]
-                    .contains(&coding.as_str())
-                    .then_some(coding)
-            })
-            .collect();
         let authority_text = if self.port == 443 {
             self.host.to_owned()
         } else {
@@ -768,6 +759,8 @@ impl Relay<'_> {
         };
         let mut out =
             format!("{method} {path} HTTP/1.1\r\nHost: {authority_text}\r\n").into_bytes();
+        // Headers the code's `Connection` names are this hop's, never relayed.
+        let named = head.tokens("connection");
         for (name, value) in &head.headers {
             let set_here = self
                 .credential
@@ -775,6 +768,7 @@ impl Relay<'_> {
                 .iter()
                 .any(|h| h.name.eq_ignore_ascii_case(name));
             let dropped = set_here
+                || named.iter().any(|n| name.eq_ignore_ascii_case(n))
                 || name.eq_ignore_ascii_case("accept-encoding")
                 || name.eq_ignore_ascii_case("expect")
                 || (HOP_BY_HOP.iter().any(|n| name.eq_ignore_ascii_case(n))
@@ -790,12 +784,10 @@ impl Relay<'_> {
         for h in &self.credential.headers {
             out.extend_from_slice(format!("{}: {}\r\n", h.name, h.value).as_bytes());
         }
-        let encodings = if accepted.is_empty() {
-            "identity".to_owned()
-        } else {
-            accepted.join(", ")
-        };
-        out.extend_from_slice(format!("Accept-Encoding: {encodings}\r\n").as_bytes());
+        // Answers uncompressed: how well an answer that echoes the secret beside the code's
+        // guesses compresses would tell the code the secret (BREACH), in its size and in
+        // the pieces it comes in. One compressed anyway is decoded before it is scanned.
+        out.extend_from_slice(b"Accept-Encoding: identity\r\n");
         if !keep {
             out.extend_from_slice(b"Connection: close\r\n");
         }
@@ -1028,65 +1020,170 @@ fn answer_head(answer: &Head, plan: &Plan, client_chunked: bool) -> (Vec<u8>, Ou
     (out, framing)
 }
 
-/// Decodes a content coding as its bytes come.
-enum Decoder {
-    Identity,
-    Gzip(flate2::write::GzDecoder<Vec<u8>>),
-    Zlib(flate2::write::ZlibDecoder<Vec<u8>>),
-    Raw(flate2::write::DeflateDecoder<Vec<u8>>),
-    /// Deflate before its first bytes tell zlib from raw.
-    Deflate,
+/// Where an answer's decoded bytes go, as they come: counted (when the answer was coded: the
+/// decoded bytes count against the bytes-in budget, not the compressed ones), scrubbed and
+/// framed for the code. A decoder writes at most its buffer's worth at a time, so an answer
+/// that inflates a thousandfold is never held whole.
+struct Emitter<'a, D> {
+    down: &'a mut Side<D>,
+    scrub: ScrubStream,
+    framing: OutFraming,
+    /// The execution's bytes-in account and budget, for a coded answer's decoded bytes.
+    counted: Option<(&'a AtomicU64, u64)>,
+    decoded: u64,
+    /// A coded answer goes on in pieces of this size only (the last one excepted): how a
+    /// compressed stream's pieces inflate would tell how well the secret beside the code's
+    /// guesses compresses.
+    unit: Option<usize>,
+    pending: Vec<u8>,
+    /// Why writing stopped (the decoder sees only an `io::Error`).
+    stop: Option<Stop>,
 }
 
-impl Decoder {
-    fn feed(&mut self, data: &[u8]) -> io::Result<Vec<u8>> {
-        if let Decoder::Deflate = self {
-            if data.is_empty() {
-                return Ok(Vec::new());
+impl<D: Read + Write> Emitter<'_, D> {
+    fn send(&mut self, clean: Vec<u8>, last: bool) -> Result<(), Stop> {
+        let clean = match self.unit {
+            Some(unit) => {
+                self.pending.extend_from_slice(&clean);
+                let whole = if last {
+                    self.pending.len()
+                } else {
+                    self.pending.len() / unit * unit
+                };
+                let rest = self.pending.split_off(whole);
+                std::mem::replace(&mut self.pending, rest)
             }
-            // A zlib stream starts with a header whose check bits make it a multiple of 31.
-            let zlib = data.len() >= 2
-                && data[0] & 0x0f == 8
-                && (u16::from(data[0]) << 8 | u16::from(data[1])) % 31 == 0;
-            *self = if zlib {
-                Decoder::Zlib(flate2::write::ZlibDecoder::new(Vec::new()))
-            } else {
-                Decoder::Raw(flate2::write::DeflateDecoder::new(Vec::new()))
-            };
-        }
-        let out = match self {
-            Decoder::Identity | Decoder::Deflate => return Ok(data.to_vec()),
-            Decoder::Gzip(d) => {
-                d.write_all(data)?;
-                std::mem::take(d.get_mut())
-            }
-            Decoder::Zlib(d) => {
-                d.write_all(data)?;
-                std::mem::take(d.get_mut())
-            }
-            Decoder::Raw(d) => {
-                d.write_all(data)?;
-                std::mem::take(d.get_mut())
-            }
+            None => clean,
         };
-        Ok(out)
+        let mut out = Vec::with_capacity(clean.len() + 16);
+        if self.framing == OutFraming::Chunked {
+            if !clean.is_empty() {
+                out.extend_from_slice(format!("{:x}\r\n", clean.len()).as_bytes());
+                out.extend_from_slice(&clean);
+                out.extend_from_slice(b"\r\n");
+            }
+            if last {
+                out.extend_from_slice(b"0\r\n\r\n");
+            }
+        } else {
+            out = clean;
+        }
+        if !out.is_empty() {
+            self.down.io.write_all(&out).map_err(Stop::io)?;
+            // What may be all of a streamed event goes now, not with the next one.
+            self.down.io.flush().map_err(Stop::io)?;
+        }
+        Ok(())
     }
 
-    fn finish(&mut self) -> io::Result<Vec<u8>> {
+    fn take(&mut self, data: &[u8]) -> Result<(), Stop> {
+        let n = data.len() as u64;
+        self.decoded += n;
+        if let Some((account, max)) = self.counted {
+            if account.fetch_add(n, Ordering::Relaxed) + n > max {
+                return Err(Stop::Cut {
+                    denied: true,
+                    reason: "bytes_in_budget",
+                    detail: Some("the decoded answer is over the bytes-in budget".into()),
+                });
+            }
+        }
+        let clean = self.scrub.feed(data);
+        self.send(clean, false)
+    }
+
+    /// The answer ended: the rest, and the last chunk.
+    fn end(&mut self) -> Result<(), Stop> {
+        let clean = self.scrub.finish();
+        self.send(clean, true)
+    }
+}
+
+impl<D: Read + Write> Write for Emitter<'_, D> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.stop.is_some() {
+            return Err(io::Error::other("stopped"));
+        }
+        match self.take(data) {
+            Ok(()) => Ok(data.len()),
+            Err(stop) => {
+                self.stop = Some(stop);
+                Err(io::Error::other("stopped"))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Decodes a content coding into `W` as its bytes come.
+enum Decoder<W: Write> {
+    Identity(W),
+    Gzip(flate2::write::MultiGzDecoder<W>),
+    Zlib(flate2::write::ZlibDecoder<W>),
+    Raw(flate2::write::DeflateDecoder<W>),
+    /// Deflate before its first two bytes tell zlib from raw.
+    Deflate(Vec<u8>, Option<W>),
+}
+
+impl<W: Write> Decoder<W> {
+    fn new(coding: Coding, sink: W) -> Self {
+        match coding {
+            Coding::Identity => Decoder::Identity(sink),
+            Coding::Gzip => Decoder::Gzip(flate2::write::MultiGzDecoder::new(sink)),
+            Coding::Deflate => Decoder::Deflate(Vec::new(), Some(sink)),
+        }
+    }
+
+    fn sink(&mut self) -> &mut W {
         match self {
-            Decoder::Identity | Decoder::Deflate => Ok(Vec::new()),
-            Decoder::Gzip(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
+            Decoder::Identity(w) => w,
+            Decoder::Gzip(d) => d.get_mut(),
+            Decoder::Zlib(d) => d.get_mut(),
+            Decoder::Raw(d) => d.get_mut(),
+            Decoder::Deflate(_, w) => w.as_mut().expect("the sink until decided"),
+        }
+    }
+
+    fn feed(&mut self, data: &[u8]) -> io::Result<()> {
+        if let Decoder::Deflate(first, sink) = self {
+            first.extend_from_slice(data);
+            if first.len() < 2 {
+                return Ok(());
             }
-            Decoder::Zlib(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Raw(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
+            // A zlib stream starts with a header whose check bits make it a multiple of 31.
+            let zlib =
+                first[0] & 0x0f == 8 && (u16::from(first[0]) << 8 | u16::from(first[1])) % 31 == 0;
+            let first = std::mem::take(first);
+            let sink = sink.take().expect("the sink until decided");
+            *self = if zlib {
+                Decoder::Zlib(flate2::write::ZlibDecoder::new(sink))
+            } else {
+                Decoder::Raw(flate2::write::DeflateDecoder::new(sink))
+            };
+            return self.feed(&first);
+        }
+        match self {
+            Decoder::Identity(w) => w.write_all(data),
+            Decoder::Gzip(d) => d.write_all(data),
+            Decoder::Zlib(d) => d.write_all(data),
+            Decoder::Raw(d) => d.write_all(data),
+            Decoder::Deflate(..) => unreachable!("decided above"),
+        }
+    }
+
+    /// The coded stream ended; `fed`: whether it had any byte (an empty body is empty
+    /// whatever its coding says).
+    fn finish(&mut self, fed: bool) -> io::Result<()> {
+        match self {
+            _ if !fed => Ok(()),
+            Decoder::Identity(_) => Ok(()),
+            Decoder::Gzip(d) => d.try_finish(),
+            Decoder::Zlib(d) => d.try_finish(),
+            Decoder::Raw(d) => d.try_finish(),
+            Decoder::Deflate(..) => Err(io::Error::other("a deflate stream of one byte")),
         }
     }
 }
@@ -1108,127 +1205,339 @@ fn relay_body<D: Read + Write, U: Read + Write>(
     else {
         return Ok(0);
     };
-    let mut decoder = match coding {
-        Coding::Identity => Decoder::Identity,
-        Coding::Gzip => Decoder::Gzip(flate2::write::GzDecoder::new(Vec::new())),
-        Coding::Deflate => Decoder::Deflate,
+    let coded = *coding != Coding::Identity;
+    let emitter = Emitter {
+        down,
+        scrub: scrubber.stream(),
+        framing,
+        counted: coded.then_some((meter.bytes_in, meter.max_in)),
+        decoded: 0,
+        unit: coded.then_some(CODED_UNIT),
+        pending: Vec::new(),
+        stop: None,
     };
-    let mut scrub: ScrubStream = scrubber.stream();
-    // Decoded bytes count against the same budget as bytes received: a small answer that
-    // inflates to gigabytes is cut like a large one.
-    let mut decoded_total = 0u64;
-    let max_decoded = meter.max_in;
-    let mut emit = |down: &mut Side<D>, data: &[u8], last: bool| -> Result<(), Stop> {
-        let mut out = Vec::with_capacity(data.len() + 16);
-        let clean = if last {
-            let mut v = scrub.feed(data);
-            v.extend(scrub.finish());
-            v
-        } else {
-            scrub.feed(data)
-        };
-        if framing == OutFraming::Chunked {
-            if !clean.is_empty() {
-                out.extend_from_slice(format!("{:x}\r\n", clean.len()).as_bytes());
-                out.extend_from_slice(&clean);
-                out.extend_from_slice(b"\r\n");
-            }
-            if last {
-                out.extend_from_slice(b"0\r\n\r\n");
-            }
-        } else {
-            out = clean;
-        }
-        if !out.is_empty() {
-            down.io.write_all(&out).map_err(Stop::io)?;
-        }
-        Ok(())
-    };
-    let mut decode = |data: &[u8], decoded_total: &mut u64| -> Result<Vec<u8>, Stop> {
-        let out = decoder
-            .feed(data)
-            .map_err(|e| Stop::cut("bad_answer", format!("decoding the answer: {e}")))?;
-        *decoded_total += out.len() as u64;
-        if *decoded_total > max_decoded {
-            return Err(Stop::Cut {
-                denied: true,
-                reason: "bytes_in_budget",
-                detail: Some("the decoded answer is over the bytes-in budget".into()),
-            });
-        }
-        Ok(out)
-    };
-    match *in_framing {
-        InFraming::Length(mut left) => {
-            while left > 0 {
-                if up.pending().is_empty() {
-                    let n = up.fill().map_err(Stop::io)?;
-                    if n == 0 {
-                        return Err(Stop::cut(
-                            "connection_lost",
-                            "the answer's body was cut short",
-                        ));
-                    }
-                    meter.received(n)?;
-                }
-                let n = (up.pending().len() as u64).min(left) as usize;
-                let piece = up.pending()[..n].to_vec();
-                up.consume(n);
-                left -= n as u64;
-                let data = decode(&piece, &mut decoded_total)?;
-                emit(down, &data, false)?;
-            }
-        }
-        InFraming::UntilClose => loop {
-            if up.pending().is_empty() {
-                let n = up.fill().map_err(Stop::io)?;
-                if n == 0 {
-                    break;
-                }
+    let mut decoder = Decoder::new(*coding, emitter);
+    let mut fed = false;
+    let result = (|| -> Result<(), Stop> {
+        // A coded answer's compressed bytes are not counted: its decoded ones are.
+        let fill = |up: &mut Side<U>, meter: &mut Meter<'_>| -> Result<usize, Stop> {
+            let n = up.fill().map_err(Stop::io)?;
+            if coded {
+                meter.inn += n as u64;
+            } else {
                 meter.received(n)?;
             }
-            let piece = up.pending().to_vec();
-            up.consume(piece.len());
-            let data = decode(&piece, &mut decoded_total)?;
-            emit(down, &data, false)?;
-        },
-        InFraming::Chunked => loop {
-            let line = up.line(Some(meter))?;
-            let size_text = String::from_utf8_lossy(&line);
-            let size_text = size_text.split(';').next().unwrap_or("").trim();
-            let mut left = u64::from_str_radix(size_text, 16)
-                .map_err(|_| Stop::cut("bad_answer", format!("a chunk size {size_text:?}")))?;
-            if left == 0 {
-                // Trailers are dropped: the code gets the body, re-framed.
-                while !up.line(Some(meter))?.is_empty() {}
-                break;
-            }
-            while left > 0 {
-                if up.pending().is_empty() {
-                    let n = up.fill().map_err(Stop::io)?;
-                    if n == 0 {
+            Ok(n)
+        };
+        let mut pass =
+            |decoder: &mut Decoder<Emitter<'_, D>>, piece: &[u8]| -> Result<(), Stop> {
+                fed |= !piece.is_empty();
+                decoder.feed(piece).map_err(|e| {
+                    decoder.sink().stop.take().unwrap_or_else(|| {
+                        Stop::cut("bad_answer", format!("decoding the answer: {e}"))
+                    })
+                })
+            };
+        match *in_framing {
+            InFraming::Length(mut left) => {
+                while left > 0 {
+                    if up.pending().is_empty() && fill(up, meter)? == 0 {
                         return Err(Stop::cut(
                             "connection_lost",
                             "the answer's body was cut short",
                         ));
                     }
-                    meter.received(n)?;
+                    let n = (up.pending().len() as u64).min(left) as usize;
+                    pass(&mut decoder, &up.pending()[..n])?;
+                    up.consume(n);
+                    left -= n as u64;
                 }
-                let n = (up.pending().len() as u64).min(left) as usize;
-                let piece = up.pending()[..n].to_vec();
+            }
+            InFraming::UntilClose => loop {
+                if up.pending().is_empty() && fill(up, meter)? == 0 {
+                    break;
+                }
+                let n = up.pending().len();
+                pass(&mut decoder, &up.pending()[..n])?;
                 up.consume(n);
-                left -= n as u64;
-                let data = decode(&piece, &mut decoded_total)?;
-                emit(down, &data, false)?;
-            }
-            if !up.line(Some(meter))?.is_empty() {
-                return Err(Stop::cut("bad_answer", "a chunk not followed by CRLF"));
-            }
-        },
+            },
+            InFraming::Chunked => loop {
+                let line = up.line(Some(meter))?;
+                let text = String::from_utf8_lossy(&line);
+                let size = text.split(';').next().unwrap_or("").trim();
+                let mut left = u64::from_str_radix(size, 16)
+                    .map_err(|_| Stop::cut("bad_answer", "a chunk size that is not hex"))?;
+                if left == 0 {
+                    // Trailers are dropped: the code gets the body, re-framed.
+                    while !up.line(Some(meter))?.is_empty() {}
+                    break;
+                }
+                while left > 0 {
+                    if up.pending().is_empty() && fill(up, meter)? == 0 {
+                        return Err(Stop::cut(
+                            "connection_lost",
+                            "the answer's body was cut short",
+                        ));
+                    }
+                    let n = (up.pending().len() as u64).min(left) as usize;
+                    pass(&mut decoder, &up.pending()[..n])?;
+                    up.consume(n);
+                    left -= n as u64;
+                }
+                if !up.line(Some(meter))?.is_empty() {
+                    return Err(Stop::cut("bad_answer", "a chunk not followed by CRLF"));
+                }
+            },
+        }
+        decoder.finish(fed).map_err(|e| {
+            decoder
+                .sink()
+                .stop
+                .take()
+                .unwrap_or_else(|| Stop::cut("bad_answer", format!("decoding the answer: {e}")))
+        })?;
+        decoder.sink().end()
+    })();
+    let found = decoder.sink().scrub.found;
+    result.map(|()| found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::credentials::SetHeader;
+
+    const SECRET: &str = "s3cr3t/Tok+en=42";
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: api.test\r\nAccept-Encoding: gzip, br\r\n\r\n";
+
+    /// A peer that gives its bytes `step` at a time and keeps (the start of) what it is sent.
+    struct Peer {
+        input: Vec<u8>,
+        at: usize,
+        step: usize,
+        output: Vec<u8>,
+        largest_write: usize,
     }
-    let rest = decoder
-        .finish()
-        .map_err(|e| Stop::cut("bad_answer", format!("decoding the answer: {e}")))?;
-    emit(down, &rest, true)?;
-    Ok(scrub.found)
+
+    impl Read for Peer {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = (self.input.len() - self.at).min(buf.len()).min(self.step);
+            buf[..n].copy_from_slice(&self.input[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    impl Write for Peer {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if self.output.len() < 1 << 20 {
+                self.output.extend_from_slice(buf);
+            }
+            self.largest_write = self.largest_write.max(buf.len());
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn peer(input: &[u8], step: usize) -> Side<Peer> {
+        Side::new(Peer {
+            input: input.to_vec(),
+            at: 0,
+            step,
+            output: Vec::new(),
+            largest_write: 0,
+        })
+    }
+
+    fn credential() -> Credential {
+        let upstream = upstream_config(rustls::RootCertStore::empty()).unwrap();
+        Credential::new(
+            "api",
+            vec![crate::HostRule {
+                host: "api.test".into(),
+                ports: vec![443],
+            }],
+            vec![SetHeader {
+                name: "Authorization".into(),
+                value: format!("Bearer {SECRET}"),
+                secret: SECRET.into(),
+            }],
+            Arc::new(upstream),
+        )
+        .unwrap()
+    }
+
+    struct Relayed {
+        code: Side<Peer>,
+        upstream: Side<Peer>,
+        result: Result<(), Stop>,
+        counted_in: u64,
+    }
+
+    /// The code sends `requests`, the upstream answers `answers`, each `step` bytes a read.
+    fn relay(requests: &[u8], answers: &[u8], step: usize, max_in: u64) -> Relayed {
+        let credential = credential();
+        let mut told = |_: CredentialRecord| {};
+        let (out, inn) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut meter = Meter {
+            bytes_out: &out,
+            bytes_in: &inn,
+            max_out: u64::MAX,
+            max_in,
+            out: 0,
+            inn: 0,
+        };
+        let mut code = peer(requests, step);
+        let mut upstream = peer(answers, step);
+        let result = Relay {
+            credential: &credential,
+            host: "api.test",
+            port: 443,
+            record: &mut told,
+            template: CredentialRecord {
+                event: "credential",
+                execution_id: None,
+                session_id: None,
+                key: "k".into(),
+                credential: "api".into(),
+                host: "api.test".into(),
+                port: 443,
+                method: String::new(),
+                path: String::new(),
+                status: None,
+                scrubbed: 0,
+                bytes_out: 0,
+                bytes_in: 0,
+            },
+        }
+        .run(&mut code, &mut upstream, &mut meter);
+        Relayed {
+            code,
+            upstream,
+            result,
+            counted_in: inn.load(Ordering::Relaxed),
+        }
+    }
+
+    fn answer(coding: &str, body: &[u8]) -> Vec<u8> {
+        let mut a = format!(
+            "HTTP/1.1 200 OK\r\nContent-Encoding: {coding}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        a.extend_from_slice(body);
+        a
+    }
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// The body the code got, de-chunked.
+    fn body(code: &[u8]) -> Vec<u8> {
+        let text = code.split(|&b| b == 0).next().unwrap();
+        let at = text.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let mut rest = &text[at..];
+        let mut out = Vec::new();
+        loop {
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap(), 16).unwrap();
+            if size == 0 {
+                return out;
+            }
+            out.extend_from_slice(&rest[line_end + 2..line_end + 2 + size]);
+            rest = &rest[line_end + 2 + size + 2..];
+        }
+    }
+
+    #[test]
+    fn the_upstream_is_asked_for_answers_it_need_not_compress() {
+        let r = relay(GET, &answer("identity", b"ok"), 1 << 15, 1 << 30);
+        r.result.unwrap();
+        let sent = String::from_utf8(r.upstream.io.output).unwrap();
+        assert!(sent.contains("Accept-Encoding: identity\r\n"), "{sent}");
+        assert!(!sent.contains("gzip"), "{sent}");
+        assert!(sent.contains(&format!("Authorization: Bearer {SECRET}\r\n")));
+    }
+
+    #[test]
+    fn a_coded_answer_inflates_in_bounded_pieces_counted_as_decoded() {
+        // 64 MiB of zeros in 65 KB of gzip: never held whole, counted as what the code gets.
+        let zeros = gzip(&vec![0u8; 64 << 20]);
+        let r = relay(GET, &answer("gzip", &zeros), 1 << 15, 1 << 30);
+        r.result.unwrap();
+        assert!(
+            r.code.io.largest_write <= 64 << 10,
+            "{}",
+            r.code.io.largest_write
+        );
+        assert!(r.counted_in >= 64 << 20, "{}", r.counted_in);
+        // Past the budget, decoded bytes cut the connection.
+        let r = relay(GET, &answer("gzip", &zeros), 1 << 15, 8 << 20);
+        assert!(
+            matches!(
+                r.result,
+                Err(Stop::Cut {
+                    reason: "bytes_in_budget",
+                    ..
+                })
+            ),
+            "{:?}",
+            r.result
+        );
+    }
+
+    #[test]
+    fn every_valid_coding_is_relayed_whole() {
+        let mut two = gzip(b"first member, ");
+        two.extend(gzip(b"second member"));
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        z.write_all(b"zlib, a byte at a time").unwrap();
+        let zlib = z.finish().unwrap();
+        let mut d = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+        d.write_all(b"raw deflate").unwrap();
+        let raw = d.finish().unwrap();
+        for (coding, coded, plain, step) in [
+            ("gzip", two, &b"first member, second member"[..], 1 << 15),
+            ("deflate", zlib, b"zlib, a byte at a time", 1),
+            ("deflate", raw, b"raw deflate", 1 << 15),
+            ("gzip", Vec::new(), b"", 1 << 15),
+        ] {
+            let r = relay(GET, &answer(coding, &coded), step, 1 << 30);
+            assert!(r.result.is_ok(), "{coding}: {:?}", r.result);
+            assert_eq!(body(&r.code.io.output), plain, "{coding}");
+        }
+    }
+
+    #[test]
+    fn a_secret_in_a_coded_or_streamed_answer_is_masked_and_events_are_not_held() {
+        let echo = format!("{{\"authorization\": \"Bearer {SECRET}\"}}");
+        let r = relay(GET, &answer("gzip", &gzip(echo.as_bytes())), 3, 1 << 30);
+        r.result.unwrap();
+        let got = String::from_utf8(body(&r.code.io.output)).unwrap();
+        assert_eq!(
+            got,
+            format!(
+                "{{\"authorization\": \"Bearer {}\"}}",
+                "*".repeat(SECRET.len())
+            )
+        );
+        // An event of a stream goes on whole as it comes, though shorter than the secret's
+        // longest form.
+        let scrubber = credential().scrubber().clone();
+        let mut stream = scrubber.stream();
+        assert_eq!(stream.feed(b"data: hi\n\n"), b"data: hi\n\n");
+        // What may be the start of the secret waits, with the byte before it.
+        assert_eq!(stream.feed(b"data: s3c"), b"data:");
+        assert_eq!(
+            stream.feed(b"r3t/Tok+en=42 ok\n\n"),
+            b" **************** ok\n\n"
+        );
+    }
 }

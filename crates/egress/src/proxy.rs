@@ -804,7 +804,17 @@ impl<'a> Connection<'a> {
         self.record.bytes_in = meter.inn;
         drop(relay);
         self.record.requests = Some(requests);
-        if let Err(stop) = result {
+        if let Err(mut stop) = result {
+            // A detail may quote the upstream (a coding's name, a framing it sent): what the
+            // code and the audit log read of it is scanned like an answer.
+            if let Stop::Reply { detail, .. }
+            | Stop::Cut {
+                detail: Some(detail),
+                ..
+            } = &mut stop
+            {
+                *detail = credential.scrubber().masked(detail);
+            }
             if let Stop::Reply {
                 status,
                 denied,

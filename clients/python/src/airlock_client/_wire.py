@@ -234,6 +234,7 @@ def execute_body(
     stdin: str | None,
     environment: str | None,
     egress: Mapping[str, object] | None,
+    credentials: Sequence[str] | None,
     entrypoint: str | None,
     inputs: Mapping[str, object] | None,
     volumes: Mounts | None,
@@ -251,6 +252,10 @@ def execute_body(
         body["environment"] = environment
     if egress is not None:
         body["egress"] = dict(egress)
+    if credentials is not None:
+        if isinstance(credentials, (str, bytes)):
+            raise TypeError("credentials is a list of names: ['github']")
+        body["credentials"] = list(credentials)
     if volumes:
         body["volumes"] = mounts(volumes)
     return function(body, entrypoint, inputs)
@@ -292,13 +297,14 @@ def session_body(
     env: Mapping[str, str] | None,
     environment: str | None,
     egress: Mapping[str, object] | None,
+    credentials: Sequence[str] | None,
     idle_timeout_ms: int | None,
     max_lifetime_ms: int | None,
     volumes: Mounts | None,
 ) -> dict[str, object]:
     body = execute_body(
         "", limits=limits, files=files, env=env, stdin=None, environment=environment,
-        egress=egress, entrypoint=None, inputs=None, volumes=volumes,
+        egress=egress, credentials=credentials, entrypoint=None, inputs=None, volumes=volumes,
     )
     del body["code"]
     if idle_timeout_ms is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from types import TracebackType
-from typing import Callable, AsyncIterator, Mapping, TypeVar
+from typing import Callable, AsyncIterator, Mapping, Sequence, TypeVar
 
 import httpx
 
@@ -73,6 +73,7 @@ class AsyncAirlock:
         stdin: str | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
@@ -83,7 +84,8 @@ class AsyncAirlock:
         `entrypoint`, function mode: `call` with these options."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
         )
         return await self._do(_wire.run(body))
 
@@ -102,6 +104,7 @@ class AsyncAirlock:
         stdin: str | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
@@ -112,7 +115,8 @@ class AsyncAirlock:
         raise here, before any event."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
         )
         return await self._stream(_wire.run(body, stream=True), on_approval)
 
@@ -132,6 +136,7 @@ class AsyncAirlock:
         env: Mapping[str, str] | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         idle_timeout_ms: int | None = None,
         max_lifetime_ms: int | None = None,
         volumes: Mounts | None = None,
@@ -140,6 +145,7 @@ class AsyncAirlock:
         as a context manager. Its `volumes` stay mounted (a writable one held) until it ends."""
         body = _wire.session_body(
             limits=limits, files=files, env=env, environment=environment, egress=egress,
+            credentials=credentials,
             idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms, volumes=volumes,
         )
         return AsyncSession(self, await self._do(_wire.open_session(body)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import time
 from types import TracebackType
-from typing import Callable, Iterator, Mapping, TypeVar
+from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 
 import httpx
 
@@ -74,6 +74,7 @@ class Airlock:
         stdin: str | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
@@ -84,7 +85,8 @@ class Airlock:
         `entrypoint`, function mode: `call` with these options."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
         )
         return self._do(_wire.run(body))
 
@@ -103,6 +105,7 @@ class Airlock:
         stdin: str | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         entrypoint: str | None = None,
         inputs: Mapping[str, object] | None = None,
         volumes: Mounts | None = None,
@@ -113,7 +116,8 @@ class Airlock:
         raise here, before any event."""
         body = _wire.execute_body(
             code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
-            egress=egress, entrypoint=entrypoint, inputs=inputs, volumes=volumes,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
         )
         return self._stream(_wire.run(body, stream=True), on_approval)
 
@@ -133,6 +137,7 @@ class Airlock:
         env: Mapping[str, str] | None = None,
         environment: str | None = None,
         egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
         idle_timeout_ms: int | None = None,
         max_lifetime_ms: int | None = None,
         volumes: Mounts | None = None,
@@ -141,6 +146,7 @@ class Airlock:
         as a context manager. Its `volumes` stay mounted (a writable one held) until it ends."""
         body = _wire.session_body(
             limits=limits, files=files, env=env, environment=environment, egress=egress,
+            credentials=credentials,
             idle_timeout_ms=idle_timeout_ms, max_lifetime_ms=max_lifetime_ms, volumes=volumes,
         )
         return Session(self, self._do(_wire.open_session(body)))
