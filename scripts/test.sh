@@ -46,8 +46,6 @@ ensure_kubernetes_tools
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy"
-cargo clippy --workspace --all-targets --locked -- -D warnings
 if ! wait "$deny_build"; then
     cat "$deny_log" >&2
     exit 1
@@ -64,14 +62,35 @@ if cargo deny fetch db >/dev/null 2>&1; then
 else
     echo "cargo deny: RustSec's advisory database cannot be fetched here (github.com); advisories not checked"
 fi
-step "cargo doc: a doc link to a renamed or private item fails the build"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items --locked
-step "cargo test"
+step "cargo build, and the tests' build"
 # Built first: servers under test find the zygote's library (libairlock_sandbox.so) beside them.
 # Every build below names the whole workspace, so each resolves the same features (the bench's
 # own feature of airlock-sandbox included) and none rebuilds what another built: a binary's or
 # a cdylib's file has no per-feature name, and each rebuild of the five crates costs 20-30 s.
 cargo build --workspace --locked
+cargo test --workspace --locked --no-run
+# Clippy, the docs and the fuzz targets' build take the CPU the tests leave: most end-to-end
+# tests run one at a time and wait on sandboxes (the suite used 1.15 cores of 2). In the
+# background, at a lower priority, in target directories of their own (one cargo holds its
+# target directory's lock while its tests run); their results are checked after the tests.
+lint_log=$(mktemp)
+(
+    set -e
+    export CARGO_TARGET_DIR="$PWD/target/lint"
+    step "cargo clippy"
+    nice -n 10 cargo clippy --workspace --all-targets --locked -- -D warnings
+    step "cargo doc: a doc link to a renamed or private item fails the build"
+    RUSTDOCFLAGS="-D warnings" nice -n 10 cargo doc --workspace --no-deps --document-private-items --locked
+    unset CARGO_TARGET_DIR
+    # Once cargo-fuzz is built (its build is the main shell's child: waited for by polling).
+    while kill -0 "$fuzz_tool_build" 2>/dev/null; do sleep 1; done
+    if cargo fuzz --version >/dev/null 2>&1; then
+        step "cargo fuzz build (the fuzz run's targets, ahead)"
+        (cd fuzz && nice -n 10 cargo fuzz build --dev --sanitizer none)
+    fi
+) >"$lint_log" 2>&1 &
+lints=$!
+step "cargo test"
 # The server and egress tests run below instead, beside another airlock.
 cargo test --workspace --locked -- --skip server:: --skip egress::
 step "the server and egress tests beside a running airlock (its embedded configuration, as start.sh runs it)"
@@ -96,14 +115,33 @@ cargo test --workspace --locked --test it -- server:: egress::
 kill -0 "$beside" 2>/dev/null || { cat "$beside_log" >&2; echo "the airlock beside the tests died" >&2; exit 1; }
 stop_beside
 trap - EXIT
-step "the Python client: pytest, mypy --strict"
+step "the lints and docs (built beside the tests)"
+if ! wait "$lints"; then
+    cat "$lint_log" >&2
+    echo "clippy, the docs or the fuzz targets' build failed (above)" >&2
+    exit 1
+fi
+grep '^==>' "$lint_log" || true
+rm -f "$lint_log"
+step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child; the Python client beside them"
+# The client's tests run their own server: the end-to-end tests count only the sandboxes
+# their own servers made, so the two run side by side.
+pytest_log=$(mktemp)
 (cd clients/python && "../../$PYTHON_CLIENT_VENV/bin/python" -m pytest -q -p no:cacheprovider tests \
-    && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests)
-step "the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
-scripts/soak.sh --short
-step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
+    && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests) \
+    >"$pytest_log" 2>&1 &
+pytest=$!
 TEST_VIA_ZYGOTE=1 cargo test --workspace --locked --test it -- jail:: kernel:: limits:: \
     results:: outputs:: function::
+step "the Python client: pytest, mypy --strict"
+if ! wait "$pytest"; then
+    cat "$pytest_log" >&2
+    exit 1
+fi
+tail -n 3 "$pytest_log"
+rm -f "$pytest_log"
+step "the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
+scripts/soak.sh --short
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
 # input, and the scan must see what miniz, zipfile and tarfile extract (scripts/fuzz.sh). A
 # short run of unoptimised targets (overflow checks on): their build takes half the time.
