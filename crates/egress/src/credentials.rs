@@ -170,6 +170,35 @@ pub struct CredentialRecord {
     pub bytes_in: u64,
 }
 
+impl CredentialRecord {
+    /// The record of one request on a connection to `host`:`port` that carries
+    /// `credential`, before its request and answer fill it in.
+    pub fn template(
+        execution_id: Option<String>,
+        session_id: Option<String>,
+        key: &str,
+        credential: &str,
+        host: &str,
+        port: u16,
+    ) -> Self {
+        CredentialRecord {
+            event: "credential",
+            execution_id,
+            session_id,
+            key: key.to_owned(),
+            credential: credential.to_owned(),
+            host: host.to_owned(),
+            port,
+            method: String::new(),
+            path: String::new(),
+            status: None,
+            scrubbed: 0,
+            bytes_out: 0,
+            bytes_in: 0,
+        }
+    }
+}
+
 /// Takes every form of a set of secrets out of a stream of bytes, in any ASCII case: the
 /// secret as it is; each byte other than letters and digits either as it is or escaped as
 /// percent-encoding, JSON (`\u00XX`, `\/`, `\"`), HTML entities (`&#43;`, `&#x2b;`) or `+`

@@ -1397,21 +1397,7 @@ mod tests {
             host: "api.test",
             port: 443,
             record: &mut told,
-            template: CredentialRecord {
-                event: "credential",
-                execution_id: None,
-                session_id: None,
-                key: "k".into(),
-                credential: "api".into(),
-                host: "api.test".into(),
-                port: 443,
-                method: String::new(),
-                path: String::new(),
-                status: None,
-                scrubbed: 0,
-                bytes_out: 0,
-                bytes_in: 0,
-            },
+            template: CredentialRecord::template(None, None, "k", "api", "api.test", 443),
         }
         .run(&mut code, &mut upstream, &mut meter);
         Relayed {

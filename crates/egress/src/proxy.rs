@@ -781,21 +781,14 @@ impl<'a> Connection<'a> {
             host: name,
             port,
             record: &mut told,
-            template: CredentialRecord {
-                event: "credential",
-                execution_id: self.record.execution_id.clone(),
-                session_id: self.record.session_id.clone(),
-                key: self.record.key.clone(),
-                credential: credential.name.clone(),
-                host: name.to_owned(),
+            template: CredentialRecord::template(
+                self.record.execution_id.clone(),
+                self.record.session_id.clone(),
+                &self.record.key,
+                &credential.name,
+                name,
                 port,
-                method: String::new(),
-                path: String::new(),
-                status: None,
-                scrubbed: 0,
-                bytes_out: 0,
-                bytes_in: 0,
-            },
+            ),
         };
         let mut down = Side::new(down);
         let mut up = Side::new(up);
