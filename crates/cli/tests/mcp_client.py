@@ -20,6 +20,7 @@ import base64
 import json
 import os
 import sys
+import time
 from contextlib import asynccontextmanager
 
 import anyio
@@ -202,6 +203,33 @@ async def answer_elicitation(context, params):
     return mcp_types.ElicitResult(action="decline")
 
 
+async def answer_late(context, params):
+    """A host's user who takes long: the dialog stays open until answered or cancelled."""
+    import mcp_types
+
+    entry = {"message": params.message, "cancelled": True}
+    ELICITED.append(entry)
+    try:
+        await anyio.sleep(8)
+        entry["cancelled"] = False
+        return mcp_types.ElicitResult(action="accept", content={"approve": True})
+    finally:
+        entry["ended_after"] = round(time.monotonic() - STARTED[0], 1)
+
+
+STARTED = [0.0]
+
+
+async def approval_stale(session):
+    """A call withdrawn with its execution (killed at 2 s) while its dialog is open."""
+    STARTED[0] = time.monotonic()
+    code = "import tools\ntools.crm.write_note(text='stale')"
+    seen = {"run": await call(session, "run_python", {"code": code, "timeout_seconds": 2})}
+    await anyio.sleep(3)
+    seen["elicited"] = ELICITED
+    return seen
+
+
 async def approval(session):
     seen = {}
     code = "import tools\ntry:\n    out = ['ok', tools.crm.write_note(text=%r)]\nexcept tools.ToolError as e:\n    out = [e.kind, str(e)]\nprint(out)"
@@ -214,7 +242,7 @@ async def approval(session):
 async def main(argv):
     scenario = argv[3]
     out = {}
-    callback = answer_elicitation if scenario == "approval" else None
+    callback = {"approval": answer_elicitation, "approval_stale": answer_late}.get(scenario)
     try:
         async with connect(argv) as (read, write):
             async with ClientSession(read, write, elicitation_callback=callback) as session:
@@ -229,6 +257,8 @@ async def main(argv):
                     out.update(await session_round_trip(session))
                 elif scenario in ("approval", "approval_unasked"):
                     out.update(await approval(session))
+                elif scenario == "approval_stale":
+                    out.update(await approval_stale(session))
                 elif scenario == "abandon":
                     # A session left open when the client goes.
                     out["create"] = await call(session, "create_session", {})

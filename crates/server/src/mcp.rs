@@ -274,20 +274,42 @@ impl Tools {
         Some(Arc::new(move |approvals, approval| {
             let (peer, approvals, approval) = (peer.clone(), approvals.clone(), approval.clone());
             tokio::spawn(async move {
-                let asked = elicit(&approval);
+                use rmcp::model::{ClientResult, ElicitRequest, ServerRequest};
+                // Gone from the table already (decided, withdrawn): nothing to ask.
+                let Some(finished) = approvals.finished(&approval.id) else {
+                    return;
+                };
+                let request = ServerRequest::ElicitRequest(ElicitRequest::new(elicit(&approval)));
                 // Bounded by the approval's own time: past it the call failed as a timeout,
                 // and a late answer decides nothing.
-                match peer
-                    .create_elicitation_with_timeout(asked, Some(wait))
-                    .await
-                {
-                    Ok(answer) => {
-                        let (decision, reason) = host_decision(&answer);
-                        approvals::decide_for_host(&approvals, &approval.id, decision, reason);
-                    }
+                let options = rmcp::service::PeerRequestOptions::with_timeout(wait);
+                let handle = match peer.send_request_with_option(request, options).await {
+                    Ok(handle) => handle,
                     Err(e) => {
+                        tracing::warn!(approval = %approval.id, "the MCP host could not be asked: {e}");
+                        return;
+                    }
+                };
+                let id = handle.id.clone();
+                tokio::select! {
+                    answer = handle.await_response() => match answer {
+                        Ok(ClientResult::ElicitResult(answer)) => {
+                            let (decision, reason) = host_decision(&answer);
+                            approvals::decide_for_host(&approvals, &approval.id, decision, reason);
+                        }
+                        Ok(_) => tracing::warn!(approval = %approval.id, "the MCP host answered an elicitation with something else"),
                         // The call waits on until it times out or its execution ends.
-                        tracing::warn!(approval = %approval.id, "the MCP host did not answer an elicitation: {e}");
+                        Err(e) => tracing::warn!(approval = %approval.id, "the MCP host did not answer an elicitation: {e}"),
+                    },
+                    // Decided over HTTP, withdrawn with its execution, or out of time: the
+                    // host's dialog is closed, not left open to be answered for nothing.
+                    () = finished.cancelled() => {
+                        let _ = peer
+                            .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                                Some(id),
+                                Some("the call was decided, withdrawn or timed out".into()),
+                            ))
+                            .await;
                     }
                 }
             });
@@ -1125,6 +1147,19 @@ impl ServerHandler for Tools {
     }
 }
 
+/// `text` with every character but printable ASCII written as `\u{...}`.
+fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        }
+    }
+    out
+}
+
 /// The elicitation that asks the host's user whether one waiting call may run: what the
 /// code asks, the arguments as the approval shows them (bounded), and a form of one required
 /// yes/no and an optional reason.
@@ -1138,9 +1173,12 @@ fn elicit(approval: &airlock_api::Approval) -> rmcp::model::ElicitRequestParams 
         ),
         (None, None) => String::new(),
     };
+    // The arguments come from the code: nothing but printable ASCII reaches the dialog (a
+    // right-to-left mark or a line break could make them read as something else).
+    let arguments = printable(&arguments);
     let line = approval
         .line
-        .map(|l| format!(" (line {l} of the code)"))
+        .map(|l| format!(" (at line {l} of its code, as the sandbox says)"))
         .unwrap_or_default();
     let message = format!(
         "The sandboxed code of execution {} wants to call the tool `{}.{}`{line} with the \
@@ -1181,5 +1219,17 @@ fn host_decision(answer: &rmcp::model::ElicitResult) -> (airlock_api::Decision, 
             airlock_api::Decision::Deny,
             reason.or(Some("the MCP host's user cancelled".into())),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_printable_ascii_reaches_a_dialog() {
+        assert_eq!(
+            super::printable("ok \u{202e}x\r\n"),
+            "ok \\u{202e}x\\u{d}\\u{a}"
+        );
+        assert_eq!(super::printable("{\"a\": 1}"), "{\"a\": 1}");
     }
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use airlock_api::{Approval, Decision};
 use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// What became of a waiting call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,12 +37,18 @@ pub type Watcher = Arc<dyn Fn(&Arc<Approvals>, &Arc<Approval>) + Send + Sync>;
 struct Waiting {
     approval: Arc<Approval>,
     resolve: oneshot::Sender<Resolution>,
+    /// Cancelled once the call leaves the table, however: what asks a person about it (an
+    /// MCP host's dialog) stops asking.
+    done: CancellationToken,
 }
 
 /// The calls waiting for an approval, on this server.
 pub struct Approvals {
     waiting: Mutex<HashMap<String, Waiting>>,
     watchers: Mutex<HashMap<String, Watcher>>,
+    /// The executions (and session cells) running now: only their calls may wait. A call a
+    /// session's thread makes after its cell ended has no execution to wait within.
+    live: Mutex<std::collections::HashSet<String>>,
     /// Whether keys can decide over HTTP (`airlock serve`). Without it (`airlock run`,
     /// `airlock mcp`) a call nobody watches is refused at once: nobody could approve it.
     over_http: AtomicBool,
@@ -89,6 +96,7 @@ impl Approvals {
         Arc::new(Approvals {
             waiting: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
+            live: Mutex::new(std::collections::HashSet::new()),
             over_http: AtomicBool::new(false),
         })
     }
@@ -151,12 +159,35 @@ impl Approvals {
             reason,
         };
         // A waiter gone at this very moment (its execution ended) audits itself as withdrawn.
+        waiting.done.cancel();
         waiting.resolve.send(resolution).ok()?;
         Some(waiting.approval)
     }
 
-    /// Withdraws every call of `execution_id` still waiting; how many.
+    fn live(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `execution_id` runs: its calls may wait, until [`Approvals::withdraw_execution`].
+    pub(crate) fn admit(&self, execution_id: &str) {
+        self.live().insert(execution_id.to_owned());
+    }
+
+    pub(crate) fn is_live(&self, execution_id: &str) -> bool {
+        self.live().contains(execution_id)
+    }
+
+    /// What is cancelled once call `id` is decided, withdrawn or out of time; [`None`] when
+    /// it is already.
+    pub fn finished(&self, id: &str) -> Option<CancellationToken> {
+        self.lock().get(id).map(|w| w.done.clone())
+    }
+
+    /// Withdraws every call of `execution_id` still waiting, and any it would make from now
+    /// on; how many were waiting. (A call that enters the table after this finds its
+    /// execution gone and takes itself out: [`Approvals::is_live`] is asked after the insert.)
     pub fn withdraw_execution(&self, execution_id: &str) -> usize {
+        self.live().remove(execution_id);
         let gone: Vec<Waiting> = {
             let mut table = self.lock();
             let ids: Vec<String> = table
@@ -168,6 +199,7 @@ impl Approvals {
         };
         let n = gone.len();
         for w in gone {
+            w.done.cancel();
             let _ = w.resolve.send(Resolution::Withdrawn);
         }
         n
@@ -192,6 +224,7 @@ impl Approvals {
             Waiting {
                 approval: approval.clone(),
                 resolve,
+                done: CancellationToken::new(),
             },
         );
         Ok(Opened {
@@ -204,7 +237,7 @@ impl Approvals {
     /// Takes `id` out of the table if it still waits (its waiter timed out or is gone): true
     /// then; false when a decision or a withdrawal took it first.
     pub(crate) fn close(&self, id: &str) -> bool {
-        self.lock().remove(id).is_some()
+        self.lock().remove(id).map(|w| w.done.cancel()).is_some()
     }
 }
 

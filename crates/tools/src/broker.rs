@@ -293,6 +293,7 @@ impl Registry {
         observer: Arc<dyn Observer>,
     ) -> Arc<ToolSet> {
         let granted = self.granted(grants);
+        self.approvals.admit(execution_id);
         Arc::new(ToolSet {
             inner: Arc::new(Inner {
                 registry: self.clone(),
@@ -364,6 +365,7 @@ impl ToolSet {
     /// budget.
     pub fn begin(&self, grants: &Grants, execution_id: &str) {
         let granted = self.inner.registry.granted(grants);
+        self.inner.registry.approvals.admit(execution_id);
         let mut current = self.inner.current();
         *current = Current {
             execution_id: execution_id.to_owned(),
@@ -407,7 +409,11 @@ impl ToolBridge for ToolSet {
     }
 
     fn bind(&self, execution_id: &str) {
-        self.inner.current().execution_id = execution_id.to_owned();
+        let approvals = &self.inner.registry.approvals;
+        let mut current = self.inner.current();
+        approvals.withdraw_execution(&current.execution_id);
+        approvals.admit(execution_id);
+        current.execution_id = execution_id.to_owned();
     }
 
     fn serve(&self, channel: UnixStream, breach: &(dyn Fn(String) + Sync)) {
@@ -836,20 +842,19 @@ impl Inner {
     ) -> Approved {
         let config = &self.registry.config;
         let function = format!("{}.{}", call.server, checked.granted.function);
-        let raw = call.arguments.get();
+        // What is shown, sized and hashed is what is sent: the arguments as parsed (a key
+        // given twice once, the code's spacing gone), never the code's own text.
+        let sent = serde_json::to_string(&checked.arguments).unwrap_or_default();
         let shown = usize::try_from(config.approval_shown_bytes).unwrap_or(usize::MAX);
-        let (arguments, preview) = if raw.len() <= shown {
+        let (arguments, preview) = if sent.len() <= shown {
             (
                 Some(serde_json::Value::Object(checked.arguments.clone())),
                 None,
             )
         } else {
-            let mut cut = shown;
-            while !raw.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            (None, Some(raw[..cut].to_owned()))
+            (None, Some(preview(&checked.arguments, shown)))
         };
+        let raw = sent.as_str();
         let timeout = Duration::from_millis(config.approval_timeout_ms);
         let now = std::time::SystemTime::now();
         let Some(id) = approvals::new_id() else {
@@ -895,6 +900,18 @@ impl Inner {
                 ));
             }
         };
+        // Asked after the call entered the table: an execution that ended before finds it
+        // there and withdraws it, one that ends after is seen here (a session's thread that
+        // calls once its cell is over has no execution to wait within).
+        if !hub.is_live(execution_id) && hub.close(&approval.id) {
+            let message = format!("`{function}` was not sent: no cell of the session is running");
+            return Approved::No(Answer::refuse(
+                Outcome::Cancelled,
+                "not_sent",
+                "cancelled",
+                message,
+            ));
+        }
         let asked = Instant::now();
         let record = |outcome, by: Option<String>, reason: Option<String>| ApprovalRecord {
             event: "tool_approval",
@@ -1210,5 +1227,47 @@ mod tests {
         };
         assert!(breach(b"\xff\xff\xff\x7f").contains("over the limit"));
         assert!(breach(b"\x05\x00\x00\x00{}").contains("middle"));
+    }
+}
+
+/// Arguments too large to show whole, shown so that no part of them can hide another: every
+/// top-level key, each value (as JSON) cut to an even share of `shown` bytes, with how much
+/// of it was left out.
+fn preview(arguments: &serde_json::Map<String, serde_json::Value>, shown: usize) -> String {
+    let share = (shown / arguments.len().max(1)).max(64);
+    let mut out = String::from("{");
+    for (i, (name, value)) in arguments.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&serde_json::to_string(name).unwrap_or_default());
+        out.push_str(": ");
+        let value = value.to_string();
+        if value.len() <= share {
+            out.push_str(&value);
+        } else {
+            let mut cut = share;
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            out.push_str(&value[..cut]);
+            out.push_str(&format!("… ({} more bytes)", value.len() - cut));
+        }
+    }
+    out.push('}');
+    out
+}
+
+#[cfg(test)]
+mod preview_tests {
+    #[test]
+    fn a_preview_shows_every_key_of_what_is_sent() {
+        let args: serde_json::Value = serde_json::from_str(
+            r#"{"body": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "to": "attacker@example.com"}"#,
+        )
+        .unwrap();
+        let shown = super::preview(args.as_object().unwrap(), 128);
+        assert!(shown.contains(r#""to": "attacker@example.com""#), "{shown}");
+        assert!(shown.contains("more bytes)"), "{shown}");
     }
 }

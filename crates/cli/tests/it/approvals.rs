@@ -355,6 +355,38 @@ fn an_execution_that_ends_withdraws_its_waiting_calls_and_they_never_run() {
         "a withdrawn call ran: {:?}",
         notes(&dir)
     );
+
+    // A session's thread that calls once its cell is over: no execution to wait within, so
+    // the call never waits for (or runs on) anyone's approval; the thread gets `cancelled`.
+    let created = call(&server, AGENT, "POST", "/v1/sessions", Some(&json!({})));
+    let session = created.json()["id"].as_str().unwrap().to_owned();
+    let cell = |code: &str| {
+        let r = call(
+            &server,
+            AGENT,
+            "POST",
+            &format!("/v1/sessions/{session}/execute"),
+            Some(&json!({"code": code})),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    let first = cell(
+        "import threading, time, tools\nout = []\ndef later():\n    time.sleep(1.0)\n    try:\n        out.append(['ok', tools.crm.write_note(text='between cells')])\n    except tools.ToolError as e:\n        out.append([e.kind, str(e)])\nthreading.Thread(target=later).start()\n'started'",
+    );
+    assert_eq!(first["status"], "ok", "{first:#}");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        pending(&server, BOSS).is_empty(),
+        "a call waits between cells"
+    );
+    let second = cell("out");
+    assert_eq!(second["result"][0][0], "cancelled", "{second:#}");
+    assert!(
+        second["result"][0][1].as_str().unwrap().contains("no cell"),
+        "{second:#}"
+    );
+    assert!(notes(&dir).is_empty(), "{:?}", notes(&dir));
 }
 
 #[test]
@@ -525,6 +557,27 @@ fn an_mcp_host_decides_by_elicitation_and_one_without_it_is_refused_at_once() {
     );
     assert!(started.elapsed() < Duration::from_secs(60));
     assert!(lines.is_empty(), "{lines:?}");
+    assert!(notes(&dir).is_empty());
+
+    // A call withdrawn with its execution (killed at 2 s) while the host's dialog is open:
+    // the dialog is cancelled then, not left to be answered for nothing; the call never ran.
+    let dir = scratch_dir("approvals-mcp-stale");
+    let (seen, lines) = over_stdio(&dir, "approval_stale", "");
+    let elicited = seen["elicited"].as_array().unwrap();
+    assert_eq!(elicited.len(), 1, "{seen:#}");
+    assert_eq!(elicited[0]["cancelled"], true, "{seen:#}");
+    let ended = elicited[0]["ended_after"].as_f64().unwrap();
+    assert!(ended < 6.0, "the dialog stayed open {ended} s: {seen:#}");
+    // The code's text reaches the dialog as printable ASCII, the line as the sandbox's word.
+    let message = elicited[0]["message"].as_str().unwrap();
+    assert!(
+        message.is_ascii() && message.contains("as the sandbox says"),
+        "{message}"
+    );
+    assert!(
+        lines.iter().any(|l| l["outcome"] == "withdrawn"),
+        "{lines:?}"
+    );
     assert!(notes(&dir).is_empty());
 }
 
