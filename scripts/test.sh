@@ -71,22 +71,23 @@ cargo build --workspace --locked
 cargo test --workspace --locked --no-run
 # Clippy, the docs and the fuzz targets' build take the CPU the tests leave: most end-to-end
 # tests run one at a time and wait on sandboxes (the suite used 1.15 cores of 2). In the
-# background, at a lower priority, in target directories of their own (one cargo holds its
-# target directory's lock while its tests run); their results are checked after the tests.
+# background, at the lowest priority (the tests keep their CPU when they want it), in target
+# directories of their own (one cargo holds its target directory's lock while its tests
+# run); their results are checked after the tests.
 lint_log=$(mktemp)
 (
     set -e
     export CARGO_TARGET_DIR="$PWD/target/lint"
     step "cargo clippy"
-    nice -n 10 cargo clippy --workspace --all-targets --locked -- -D warnings
+    nice -n 19 cargo clippy --workspace --all-targets --locked -- -D warnings
     step "cargo doc: a doc link to a renamed or private item fails the build"
-    RUSTDOCFLAGS="-D warnings" nice -n 10 cargo doc --workspace --no-deps --document-private-items --locked
+    RUSTDOCFLAGS="-D warnings" nice -n 19 cargo doc --workspace --no-deps --document-private-items --locked
     unset CARGO_TARGET_DIR
     # Once cargo-fuzz is built (its build is the main shell's child: waited for by polling).
     while kill -0 "$fuzz_tool_build" 2>/dev/null; do sleep 1; done
     if cargo fuzz --version >/dev/null 2>&1; then
         step "cargo fuzz build (the fuzz run's targets, ahead)"
-        (cd fuzz && nice -n 10 cargo fuzz build --dev --sanitizer none)
+        (cd fuzz && nice -n 19 cargo fuzz build --dev --sanitizer none)
     fi
 ) >"$lint_log" 2>&1 &
 lints=$!
