@@ -306,6 +306,10 @@ impl Reload_ {
             tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
             return;
         }
+        if let Err(e) = state.credentials.check_grants(&keys) {
+            tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
+            return;
+        }
         let mut others = config.clone();
         others.keys.clone_from(&state.config.keys);
         if others != state.config {

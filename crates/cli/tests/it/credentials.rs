@@ -562,6 +562,31 @@ print(json.dumps(requests.get(f"{API}/echo", verify="/tmp/both.pem", timeout=20)
     assert_eq!(r.status, 403, "{}", r.text());
     assert_eq!(r.json()["error"]["field"], "credentials", "{}", r.text());
     assert!(audit(&server, "credential").is_empty());
+
+    // SIGHUP reads keys only: a key granted a credential added with it keeps the keys as
+    // they were (the credential's values were never read).
+    let added = up.config().replacen(
+        "credentials = [\"api\"]",
+        &format!(
+            "credentials = [\"api\"]\n\n[credentials.other]\nhosts = [{{ host = \"other.test\", \
+             ports = [{}] }}]\n[credentials.other.headers]\nX-Token = {{ env = \
+             \"AIRLOCK_TEST_OTHER_TOKEN\" }}\n",
+            up.good
+        ),
+        1,
+    );
+    let added = added.replacen(
+        "name = \"ungranted\"",
+        "name = \"ungranted\"\ncredentials = [\"other\"]",
+        1,
+    );
+    std::fs::write(server.dir.join("airlock.toml"), added).unwrap();
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGHUP).unwrap();
+    let stayed = server.wait_log_lines("keys stay as they were", 1);
+    assert!(stayed[0].contains("needs a restart"), "{stayed:?}");
+    let r = call(&server, UNGRANTED, &json!({"code": "print(1)"}));
+    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 #[test]

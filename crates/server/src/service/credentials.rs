@@ -44,6 +44,26 @@ impl Credentials {
     pub fn is_empty(&self) -> bool {
         self.by_name.is_empty()
     }
+
+    /// Whether every credential `keys` are granted was read at start (a reload reads keys
+    /// only: a credential added with it needs a restart).
+    pub(crate) fn check_grants(&self, keys: &[Arc<Key>]) -> Result<(), String> {
+        for key in keys {
+            if let Some(name) = key
+                .config
+                .credentials
+                .iter()
+                .find(|n| !self.by_name.contains_key(*n))
+            {
+                return Err(format!(
+                    "key `{}` is granted credential {name:?}, which was not read at start \
+                     (a new [credentials.NAME] needs a restart)",
+                    key.name()
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One credential, read.
