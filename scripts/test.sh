@@ -79,15 +79,15 @@ lint_log=$(mktemp)
     set -e
     export CARGO_TARGET_DIR="$PWD/target/lint"
     step "cargo clippy"
-    nice -n 19 cargo clippy --workspace --all-targets --locked -- -D warnings
+    nice -n 19 ionice -c 3 cargo clippy --workspace --all-targets --locked -- -D warnings
     step "cargo doc: a doc link to a renamed or private item fails the build"
-    RUSTDOCFLAGS="-D warnings" nice -n 19 cargo doc --workspace --no-deps --document-private-items --locked
+    RUSTDOCFLAGS="-D warnings" nice -n 19 ionice -c 3 cargo doc --workspace --no-deps --document-private-items --locked
     unset CARGO_TARGET_DIR
     # Once cargo-fuzz is built (its build is the main shell's child: waited for by polling).
     while kill -0 "$fuzz_tool_build" 2>/dev/null; do sleep 1; done
     if cargo fuzz --version >/dev/null 2>&1; then
         step "cargo fuzz build (the fuzz run's targets, ahead)"
-        (cd fuzz && nice -n 19 cargo fuzz build --dev --sanitizer none)
+        (cd fuzz && nice -n 19 ionice -c 3 cargo fuzz build --dev --sanitizer none)
     fi
 ) >"$lint_log" 2>&1 &
 lints=$!

@@ -260,6 +260,8 @@ print(json.dumps(out))
 
 #[test]
 fn a_credential_reaches_its_host_and_never_the_sandbox() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
     let up = Upstreams::start();
     let server = up.server();
     let (out, result) = run(&server, &up, GRANTED, CLIENTS);
@@ -438,6 +440,8 @@ print(json.dumps(out))
 
 #[test]
 fn hostile_requests_never_carry_the_credential_elsewhere() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
     let up = Upstreams::start();
     let server = up.server();
     let (out, _) = run(&server, &up, GRANTED, HOSTILE);
@@ -529,6 +533,8 @@ fn hostile_requests_never_carry_the_credential_elsewhere() {
 
 #[test]
 fn only_a_granted_key_gets_the_credential_and_a_request_may_drop_it() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
     let up = Upstreams::start();
     let server = up.server();
     let echo = r#"
@@ -591,6 +597,8 @@ print(json.dumps(requests.get(f"{API}/echo", verify="/tmp/both.pem", timeout=20)
 
 #[test]
 fn a_missing_secret_stops_the_server_and_doctor_names_it() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
     let up = Upstreams::start();
     let dir = std::env::temp_dir().join(format!("airlock-cred-cfg-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -308,17 +308,12 @@ fn the_pool_shows_in_metrics_and_readiness_and_goes_with_the_server() {
         server.metric("airlock_sandbox_made_duration_seconds_count"),
         made + 1.0
     );
-    // The log says which executions ran in a pooled sandbox.
-    let log = server.log_lines();
-    let executions: Vec<&String> = log.iter().filter(|l| l.contains(" execution ")).collect();
-    assert!(
-        executions.iter().any(|l| l.contains("pooled=true")),
-        "{log:#?}"
-    );
-    assert!(
-        executions.iter().any(|l| l.contains("pooled=false")),
-        "{log:#?}"
-    );
+    // The log says which executions ran in a pooled sandbox (its lines are read as they
+    // come: waited for).
+    for pooled in ["pooled=true", "pooled=false"] {
+        let lines = server.wait_log_lines(pooled, 1);
+        assert!(!lines.is_empty(), "no {pooled}: {:#?}", server.log_lines());
+    }
     wait_idle(&server, 2);
     // A refill runs on its own: the pool may show two idle (it had more) before it counts.
     let deadline = Instant::now() + Duration::from_secs(20);
