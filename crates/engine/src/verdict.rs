@@ -254,8 +254,9 @@ pub(crate) fn result_error(message: String) -> ErrorInfo {
 }
 
 /// How far under the CPU limit the program's reported time may be for a SIGXCPU to be the
-/// kernel's (see `cpu_reached`).
-const CPU_SLACK: std::time::Duration = std::time::Duration::from_millis(20);
+/// kernel's (see `cpu_reached`): on a busy host the reported times have read 34 ms under a
+/// 1 s limit the kernel had counted to (CI, with a build beside the tests).
+const CPU_SLACK: std::time::Duration = std::time::Duration::from_millis(100);
 
 pub(crate) fn verdict(
     outcome: &Outcome,
@@ -472,12 +473,16 @@ mod tests {
             verdict(&o, Ok(None), &limits(), false).status,
             Status::CpuLimit
         );
-        // wait4 may read a little under the runtime the kernel checked (998 ms seen here).
-        o.usage.program_cpu = Some(Duration::from_millis(998));
-        assert_eq!(
-            verdict(&o, Ok(None), &limits(), false).status,
-            Status::CpuLimit
-        );
+        // wait4 may read under the runtime the kernel checked (998 ms seen here, 966 ms on a
+        // busy host).
+        for ms in [998, 966] {
+            o.usage.program_cpu = Some(Duration::from_millis(ms));
+            assert_eq!(
+                verdict(&o, Ok(None), &limits(), false).status,
+                Status::CpuLimit,
+                "{ms} ms"
+            );
+        }
         o.usage.program_cpu = Some(Duration::from_millis(10));
         assert_eq!(
             verdict(&o, Ok(None), &limits(), false).status,
