@@ -124,23 +124,12 @@ if ! wait "$lints"; then
 fi
 grep '^==>' "$lint_log" || true
 rm -f "$lint_log"
-step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child; the Python client beside them"
-# The client's tests run their own server: the end-to-end tests count only the sandboxes
-# their own servers made, so the two run side by side.
-pytest_log=$(mktemp)
+step "the Python client: pytest, mypy --strict"
 (cd clients/python && "../../$PYTHON_CLIENT_VENV/bin/python" -m pytest -q -p no:cacheprovider tests \
-    && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests) \
-    >"$pytest_log" 2>&1 &
-pytest=$!
+    && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests)
+step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
 TEST_VIA_ZYGOTE=1 cargo test --workspace --locked --test it -- jail:: kernel:: limits:: \
     results:: outputs:: function::
-step "the Python client: pytest, mypy --strict"
-if ! wait "$pytest"; then
-    cat "$pytest_log" >&2
-    exit 1
-fi
-tail -n 3 "$pytest_log"
-rm -f "$pytest_log"
 step "the soak, short: hostile executions, sessions and streams, a kill -9 (scripts/soak.sh)"
 scripts/soak.sh --short
 # The evaluator and the pickle scanner must never panic, hang or overflow their stack on any
