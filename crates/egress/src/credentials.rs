@@ -64,15 +64,7 @@ impl Credential {
         upstream: Arc<rustls::ClientConfig>,
     ) -> Result<Credential, String> {
         let whose = format!("credentials.{name}");
-        if hosts.is_empty() {
-            return Err(format!("{whose}: list the hosts it applies to"));
-        }
-        crate::EgressPolicy {
-            hosts: hosts.clone(),
-            ranges: Vec::new(),
-        }
-        .validate()
-        .map_err(|m| format!("{whose}: {m}"))?;
+        check_hosts(&whose, &hosts)?;
         if headers.is_empty() {
             return Err(format!("{whose}: name the header(s) it sets"));
         }
@@ -131,6 +123,19 @@ impl Credential {
     pub(crate) fn scrubber(&self) -> &Arc<Scrubber> {
         &self.scrubber
     }
+}
+
+/// Checks a credential's hosts (`whose` names it in the error): some, each a valid rule.
+pub fn check_hosts(whose: &str, hosts: &[HostRule]) -> Result<(), String> {
+    if hosts.is_empty() {
+        return Err(format!("{whose}: list the hosts it applies to"));
+    }
+    crate::EgressPolicy {
+        hosts: hosts.to_vec(),
+        ranges: Vec::new(),
+    }
+    .validate()
+    .map_err(|m| format!("{whose}: {m}"))
 }
 
 /// Headers that describe one hop, never set by a credential (nor relayed as they are).

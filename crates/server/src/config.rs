@@ -100,15 +100,7 @@ impl Config {
                     "{whose}: a name of lower-case letters, digits, `_` and `-`"
                 ));
             }
-            if c.hosts.is_empty() {
-                return Err(format!("{whose}: list the hosts it applies to"));
-            }
-            airlock_egress::EgressPolicy {
-                hosts: c.hosts.clone(),
-                ranges: Vec::new(),
-            }
-            .validate()
-            .map_err(|m| format!("{whose}: {m}"))?;
+            airlock_egress::credentials::check_hosts(&whose, &c.hosts)?;
             if c.headers.is_empty() {
                 return Err(format!("{whose}: name the header(s) it sets"));
             }

@@ -14,16 +14,13 @@ use common::http::{call_as, request, Response, Server};
 use common::key_hash as hash;
 use common::mcp_python;
 use common::scratch_dir;
+use common::tool_server_script as script;
 use serde_json::{json, Value};
 
 const AGENT: &str = "agent-key-0123456789abcdef";
 const BOSS: &str = "boss-key-0123456789abcdef";
 /// Has the approve scope, for another key's calls only.
 const ELSEWHERE: &str = "elsewhere-key-0123456789abcdef";
-
-fn script() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
-}
 
 /// `crm` from tool_server.py over stdio, `write_note` and `slow` needing an approval; the
 /// agent may call them, the boss decides the agent's calls, `elsewhere` only the boss's.

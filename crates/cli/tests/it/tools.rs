@@ -13,6 +13,7 @@ use common::http::{call_as, request, Response, Server};
 use common::key_hash as hash;
 use common::mcp_python;
 use common::scratch_dir;
+use common::tool_server_script as script;
 use serde_json::{json, Value};
 
 const AGENT: &str = "agent-key-0123456789abcdef";
@@ -20,10 +21,6 @@ const WRITER: &str = "writer-key-0123456789abcdef";
 const NOBODY: &str = "nobody-key-0123456789abcdef";
 /// The tests look for its middle part, which nothing else contains.
 const CANARY: &str = "canary-4f1c9b7e-secret";
-
-fn script() -> &'static str {
-    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
-}
 
 /// The config of a server whose `crm` tools come from tool_server.py over stdio, with
 /// `settings` in `[tools]`: the agent key gets every read-only tool, the writer also

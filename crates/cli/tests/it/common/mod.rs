@@ -576,6 +576,11 @@ pub fn with_stdout_gone(
 /// The Python of the venv with the official MCP SDK (AIRLOCK_TEST_MCP_PYTHON overrides it): the
 /// client of mcp.rs and the tool servers of tools.rs.
 #[allow(dead_code)] // not every test binary speaks MCP
+/// The MCP tool server the tools and approvals tests start (`crm`, over stdio or HTTP).
+pub fn tool_server_script() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tool_server.py")
+}
+
 pub fn mcp_python() -> PathBuf {
     if let Some(p) = std::env::var_os("AIRLOCK_TEST_MCP_PYTHON") {
         return p.into();
