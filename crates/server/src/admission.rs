@@ -245,6 +245,35 @@ impl Admission {
         })
     }
 
+    /// Waits for a running slot as long as it takes, outside the queues' bounds: for
+    /// background work, whose own bounds (`[background]`) were met before it waits here.
+    /// Only closing (shutdown) refuses it.
+    pub async fn admit_waiting(&self, key: &Key) -> Result<Admitted, Rejection> {
+        let gate = self.gate(key)?;
+        let key_permit = match &gate.running {
+            None => None,
+            Some(running) => Some(
+                running
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| Rejection::ShuttingDown)?,
+            ),
+        };
+        let global = self
+            .global
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Rejection::ShuttingDown)?;
+        self.metrics.running.inc();
+        Ok(Admitted {
+            _key: key_permit,
+            _global: global,
+            metrics: self.metrics.clone(),
+        })
+    }
+
     fn take_token(&self, key: &Key, gate: &KeyGate) -> Result<(), Rejection> {
         let rate = f64::from(key.config.rate_per_minute);
         if rate == 0.0 {

@@ -82,6 +82,8 @@ pub struct Config {
     pub environments: EnvironmentsConfig,
     /// Volumes: named directories owned by a key, kept across restarts.
     pub volumes: VolumesConfig,
+    /// Background executions (`POST /v1/executions`).
+    pub background: BackgroundConfig,
     pub keys: Vec<KeyConfig>,
 }
 
@@ -234,6 +236,46 @@ impl VolumesConfig {
     }
 }
 
+/// `[background]`: executions that outlive their request (`POST /v1/executions`). They take
+/// the same running slots as every execution (`[concurrency]`), at most `max_running` of them
+/// at once so that requests answered in place always find some.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackgroundConfig {
+    /// Ceiling of `limits.timeout_ms` and `limits.cpu_ms` for background work (the engine's
+    /// ceilings hold for every other limit).
+    pub max_timeout_ms: u64,
+    /// `limits.timeout_ms` and `limits.cpu_ms` when a submission leaves them out.
+    pub default_timeout_ms: u64,
+    /// Background executions running at once, all keys together; at most
+    /// `concurrency.max_running`.
+    pub max_running: usize,
+    /// Per key, unless the key sets `max_background_running`.
+    pub max_running_per_key: usize,
+    /// Submitted and not yet running, per key, unless the key sets `max_background_queued`;
+    /// past it a submission is 429.
+    pub max_queued_per_key: usize,
+    /// Ended executions kept per key; past it a submission is 429 until some are deleted or
+    /// expire.
+    pub max_kept_per_key: usize,
+    /// How long an ended execution's result and events are kept.
+    pub retention_ms: u64,
+}
+
+impl Default for BackgroundConfig {
+    fn default() -> Self {
+        BackgroundConfig {
+            max_timeout_ms: 4 * 3600 * 1000,
+            default_timeout_ms: 3600 * 1000,
+            max_running: 1,
+            max_running_per_key: 1,
+            max_queued_per_key: 16,
+            max_kept_per_key: 100,
+            retention_ms: 24 * 3600 * 1000,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -261,6 +303,7 @@ impl Default for Config {
             credentials: std::collections::BTreeMap::new(),
             environments: EnvironmentsConfig::default(),
             volumes: VolumesConfig::default(),
+            background: BackgroundConfig::default(),
             keys: Vec::new(),
         }
     }
@@ -637,6 +680,13 @@ pub struct KeyConfig {
     /// `"*"` for every key. Never its own calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approves: Vec<String>,
+    /// Its background executions running at once; absent: `background.max_running_per_key`.
+    /// 0 with `max_background_queued = 0` keeps it from submitting any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_background_running: Option<usize>,
+    /// Its background executions waiting at once; absent: `background.max_queued_per_key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_background_queued: Option<usize>,
 }
 
 fn all_scopes() -> Vec<Scope> {
@@ -658,6 +708,8 @@ impl KeyConfig {
             egress: airlock_egress::EgressPolicy::default(),
             credentials: Vec::new(),
             approves: Vec::new(),
+            max_background_running: None,
+            max_background_queued: None,
         }
     }
 }
@@ -978,6 +1030,18 @@ impl Config {
         let c = &self.concurrency;
         if c.max_running == 0 {
             return bad("concurrency.max_running must be at least 1".into());
+        }
+        let b = &self.background;
+        if b.max_running > c.max_running
+            || b.default_timeout_ms == 0
+            || b.default_timeout_ms > b.max_timeout_ms
+            || b.retention_ms < 1000
+        {
+            return bad(
+                "background: max_running must be at most concurrency.max_running, \
+                 0 < default_timeout_ms <= max_timeout_ms, and retention_ms at least 1000"
+                    .into(),
+            );
         }
         let h = &self.http;
         if h.max_connections == 0 || h.max_body_bytes == 0 {

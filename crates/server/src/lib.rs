@@ -146,6 +146,8 @@ pub struct AppState {
     pub paused: service::snapshots::Paused,
     /// `[credentials]`, read at start ([`AppState::with_credentials`]).
     pub credentials: Credentials,
+    /// Background executions, stored under the state directory.
+    pub(crate) background: service::background::Background,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -191,7 +193,17 @@ impl AppState {
             .clone()
             .unwrap_or_else(|| config.state_dir().join("sessions"));
         let paused = service::snapshots::Paused::open(&snapshot_dir);
+        let (background, interrupted) =
+            service::background::Background::open(&config.state_dir(), config.background.clone());
+        if !interrupted.is_empty() {
+            tracing::warn!(
+                count = interrupted.len(),
+                executions = %interrupted.join(","),
+                "background executions the server stopped while they waited or ran are interrupted"
+            );
+        }
         AppState {
+            background,
             egress: Arc::new(config.egress.clone()),
             environments,
             volumes,

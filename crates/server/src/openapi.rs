@@ -131,6 +131,21 @@ fn path_param() -> Value {
     json!({"name": "path", "in": "path", "required": true, "description": "Relative to the working directory; may contain `/`.", "schema": {"type": "string"}})
 }
 
+/// A background execution as `/v1/executions` gives it (its result follows once it has one).
+fn background_schema() -> Value {
+    let time = json!({"type": "string", "description": "RFC 3339, UTC."});
+    json!({"type": "object", "required": ["id", "background", "state", "submitted_at", "limits", "events"], "properties": {
+        "id": {"type": "string"},
+        "background": {"const": true},
+        "state": {"enum": ["queued", "running", "finished", "failed", "cancelled", "interrupted"]},
+        "submitted_at": time, "started_at": time, "ended_at": time,
+        "limits": {"type": "object"},
+        "events": {"type": "string", "description": "The path of its events."},
+        "error": {"type": "object", "description": "Why it ended without a result (`failed`, `cancelled` before it ran, `interrupted`): `code`, `message`."},
+        "result": {"type": "object", "description": "The result, output and all, once it ran."},
+    }})
+}
+
 /// The document without each operation's id, tag and security, which the route table
 /// (`http/routes.rs`) adds.
 pub(crate) fn document() -> Value {
@@ -207,11 +222,38 @@ pub(crate) fn document() -> Value {
                     json!({"description": "The execution's result, whatever its status. With `Accept: text/event-stream`, server-sent events instead: `stdout` and `stderr` (`{\"text\"}`) as the program writes, `truncated` (`{\"stream\", \"limit\"}`) at the output limit, then `result` (this object, but for the output the events carried: `stdout` and `stderr` empty, `output_streamed` true) or `error` (an error body). The JSON answer has a `Content-Length`; its `stdout` and `stderr` are at most `output_bytes` bytes as written, up to 6 times that sent (a control character is `\\u00XX`, an invalid byte U+FFFD). A client that takes it more slowly than `http.answer_min_bytes_per_second` is cut off.",
                            "content": with(json_body(&response), "text/event-stream", json!({"schema": {"type": "string"}}))})),
             }},
-            "/v1/executions/{id}": {"get": {
-                "summary": "The audit record of one of this key's executions",
-                "parameters": [{"name": "id", "in": "path", "required": true, "schema": {"type": "string"}}],
-                "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
-                    json!({"description": "The record.", "content": json_body(&record)})),
+            "/v1/executions": {"post": {
+                "summary": "Submit code to run in the background: answered 202 at once, run to its end whether or not anyone listens",
+                "requestBody": {"required": true, "content": json_body(&request)},
+                "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 429, 503]), "202",
+                    json!({"description": "Taken: the execution's state (`queued`), with `Location: /v1/executions/{id}`. `limits.timeout_ms` and `limits.cpu_ms` may reach `background.max_timeout_ms` (default 4 h; `background.default_timeout_ms` when left out). 429 when the key already has `background.max_queued_per_key` waiting or keeps `background.max_kept_per_key`.",
+                           "content": {"application/json": {"schema": background_schema()}}})),
+            }},
+            "/v1/executions/{id}": {
+                "get": {
+                    "summary": "One of this key's executions: a background execution's state and, once it has one, its result; any other execution's audit record",
+                    "parameters": [id_param()],
+                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                        json!({"description": "A background execution (`background` true): `state` (`queued`, `running`, `finished`, `failed`, `cancelled`, `interrupted`), its times, and `result` (output and all, read from the disk) once it ran, or `error`. Any other execution: its audit record.",
+                               "content": {"application/json": {"schema": {"oneOf": [background_schema(), record]}}}})),
+                },
+                "delete": {
+                    "summary": "Delete a background execution: cancelled if it is queued or running, then removed (its result and events); read what you need first",
+                    "parameters": [id_param()],
+                    "responses": with(with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                        json!({"description": "Removed: its last state (`cancelled` if it was queued or running). It is then 404.", "content": {"application/json": {"schema": background_schema()}}})), "202",
+                        json!({"description": "Cancelled and still ending after 10 s: removed once it ends.", "content": {"application/json": {"schema": background_schema()}}})),
+                },
+            },
+            "/v1/executions/{id}/events": {"get": {
+                "summary": "A background execution's events as server-sent events, from its start or after the event `Last-Event-ID` names, followed while it runs",
+                "parameters": [id_param(), {"name": "Last-Event-ID", "in": "header", "required": false, "description": "The `id` of the last event received: the stream resumes after it (each byte of output is sent once). 400 when it is not one of the execution's event ids.", "schema": {"type": "string"}}],
+                "responses": with(errors(&[400, 401, 403, 404, 421, 429, 503]), "200",
+                    json!({"description": "`stdout`, `stderr` (`{\"text\"}`), `truncated`, `approval_requested`, then `result` (the result without its output, `output_streamed` true) or `error`; each with an `id:`. The stream ends after the last event; while the execution is quiet a comment is sent every `http.sse_keep_alive_ms`.",
+                           "content": {"text/event-stream": {"schema": {"type": "object", "required": ["id", "event", "data"], "properties": {
+                               "id": {"type": "string", "description": "The byte offset just past this event in the execution's log: send it as `Last-Event-ID` to resume after it."},
+                               "event": {"enum": ["stdout", "stderr", "truncated", "approval_requested", "result", "error"]},
+                               "data": {"type": "string", "description": "One line of JSON."}}}}}})),
             }},
             "/v1/environments": {
                 "get": {

@@ -324,6 +324,23 @@ impl Reload_ {
     }
 }
 
+/// Removes ended background executions once their retention has passed.
+async fn expire_background(state: SharedState) {
+    let mut shutdown = state.shutdown_signal();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(state.background.expire_every()) => {}
+            _ = shutdown.changed() => return,
+        }
+        let st = state.clone();
+        if let Ok(n) = tokio::task::spawn_blocking(move || st.background.expire()).await {
+            if n > 0 {
+                tracing::info!(count = n, "ended background executions expired");
+            }
+        }
+    }
+}
+
 async fn serve(
     listener: TcpListener,
     state: SharedState,
@@ -338,6 +355,7 @@ async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
     tokio::spawn(crate::service::snapshots::reaper(state.clone()));
+    tokio::spawn(expire_background(state.clone()));
 
     loop {
         tokio::select! {

@@ -39,6 +39,8 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
         egress: Default::default(),
         credentials: Vec::new(),
         approves: Vec::new(),
+        max_background_running: None,
+        max_background_queued: None,
     }])?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
     let tools = crate::service::tools::start(&config, &keys)

@@ -8,6 +8,7 @@ mod common;
 
 mod answers;
 mod approvals;
+mod background;
 mod cli;
 mod credentials;
 mod deploy;

@@ -246,6 +246,99 @@ impl http_body::Body for Held {
     }
 }
 
+/// The next piece of a body made as it is sent, and what makes the one after it.
+pub type Step<T> = Pin<Box<dyn std::future::Future<Output = Option<(Bytes, T)>> + Send + 'static>>;
+
+/// A body whose pieces come from an async source (a file read as it is sent, an events log
+/// followed while it grows): each call of `next` gives a piece and the source for the rest,
+/// or the end. It holds `share` (what a piece and the window take) until it ends.
+pub struct Unfolded<T> {
+    source: Option<T>,
+    step: Option<Step<T>>,
+    next: fn(T) -> Step<T>,
+    left: Option<u64>,
+    share: Share,
+}
+
+impl<T: Send + 'static> Unfolded<T> {
+    /// A response of `source`'s pieces, with an exact length when `len` is known; counted
+    /// by `share`.
+    pub fn response(source: T, next: fn(T) -> Step<T>, len: Option<u64>, share: Share) -> Response {
+        let body = Unfolded {
+            source: Some(source),
+            step: None,
+            next,
+            left: len,
+            share,
+        };
+        let mut response = Response::new(Body::new(body));
+        if let Some(len) = len {
+            response
+                .headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+        }
+        response.extensions_mut().insert(Counted);
+        response
+    }
+}
+
+// The source is moved in and out, never pinned.
+impl<T> Unpin for Unfolded<T> {}
+
+impl<T: Send + 'static> http_body::Body for Unfolded<T> {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.step.is_none() {
+            match this.source.take() {
+                Some(source) => this.step = Some((this.next)(source)),
+                None => return Poll::Ready(None),
+            }
+        }
+        let Some(step) = this.step.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match step.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                this.step = None;
+                this.share.set(0);
+                match this.left {
+                    // Cut short (the file changed under it): the client must not take it whole.
+                    Some(left) if left > 0 => Poll::Ready(Some(Err(std::io::Error::other(
+                        "the body ended before its length",
+                    )))),
+                    _ => Poll::Ready(None),
+                }
+            }
+            Poll::Ready(Some((piece, source))) => {
+                this.step = None;
+                this.source = Some(source);
+                if let Some(left) = &mut this.left {
+                    *left = left.saturating_sub(piece.len() as u64);
+                }
+                Poll::Ready(Some(Ok(Frame::data(piece))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == Some(0)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.left {
+            Some(left) => SizeHint::with_exact(left),
+            None => SizeHint::default(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,28 +1,44 @@
-//! `POST /v1/execute` (JSON or a stream of events) and `GET /v1/executions/{id}`, over the
-//! execution service.
+//! `POST /v1/execute` (JSON or a stream of events), background executions (`POST
+//! /v1/executions`, their events and their cancellation) and `GET /v1/executions/{id}`, over
+//! the execution service.
 
-use airlock_api::ExecutionRecord;
+use std::time::Duration;
+
+use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::response::Response;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::answer::Form;
+use crate::answer::{over_budget, Form, WINDOW};
+use crate::budget::Share;
 use crate::caller::{Caller, RequestId};
 use crate::error::Error;
-use crate::http::answer::Answer;
+use crate::http::answer::{Answer, Step, Unfolded};
 use crate::http::body::body_of;
 use crate::http::sse;
-use crate::service::execution;
+use crate::keys::Key;
+use crate::service::background::{self, Meta, Next, Stored, Tail};
 use crate::service::pipeline::{self, Input, Work};
+use crate::service::{execution, not_here};
 use crate::SharedState;
 
-/// `GET /v1/executions/{id}`: the caller's own records only.
+/// `GET /v1/executions/{id}`: the caller's own only. A background execution's state (and
+/// result, once it has one), or any other execution's audit record.
 pub(crate) async fn execution(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Json<ExecutionRecord>, Error> {
-    execution::record(&state, &caller.0, &id).await.map(Json)
+) -> Result<Response, Error> {
+    if state.background.holds(&id) {
+        return match state.background.get(&caller.0, &id) {
+            Some(meta) => background_view(&state, &caller.0, meta).await,
+            None => Err(Error::not_found()),
+        };
+    }
+    execution::record(&state, &caller.0, &id)
+        .await
+        .map(|record| Json(record).into_response())
 }
 
 /// `POST /v1/execute`.
@@ -64,3 +80,169 @@ pub(crate) async fn run(
     .await?;
     Ok(sse::respond(state, outcome))
 }
+
+/// `POST /v1/executions`: a background execution, answered `202` with its id at once.
+pub(crate) async fn submit(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
+    req: Request,
+) -> Result<Response, Error> {
+    let request = pipeline::Request {
+        caller: caller.0,
+        request_id,
+        work: Work::Execute(Input::Body(body_of(req))),
+        received: None,
+        stream: false,
+        form: Form::Json,
+        approvals: None,
+    };
+    let meta = pipeline::submit(&state, request).await?;
+    let mut response = (StatusCode::ACCEPTED, Json(meta.view())).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/executions/{}", meta.id)) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// A background execution's state, and its result once it has one: the result is read
+/// from the disk as it is sent, never held whole.
+async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<Response, Error> {
+    let view = serde_json::to_vec(&meta.view()).map_err(|e| Error::internal(e.to_string()))?;
+    let (st, m) = (state.clone(), meta.clone());
+    let stored = tokio::task::spawn_blocking(move || st.background.stored(&m))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
+    let Some(stored) = stored else {
+        return Ok(Json(meta.view()).into_response());
+    };
+    // The view without its closing brace, the result, the brace.
+    let mut head = view;
+    head.pop();
+    head.extend_from_slice(b",\"result\":");
+    let len = head.len() as u64 + stored.len + 1;
+    let share = reserve_window(state, key)?;
+    let source = Viewed {
+        head: Some(Bytes::from(head)),
+        stored: Some(stored),
+        tail: Some(Bytes::from_static(b"}")),
+    };
+    let mut response = Unfolded::response(source, Viewed::next, Some(len), share);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// What a body read from the disk holds at once: a piece and the window.
+fn reserve_window(state: &SharedState, key: &Key) -> Result<Share, Error> {
+    state
+        .memory
+        .reserve(key, background::CHUNK as u64 + WINDOW)
+        .map_err(|over| over_budget(over, "answers"))
+}
+
+/// The pieces of a background execution's view with its result.
+struct Viewed {
+    head: Option<Bytes>,
+    stored: Option<Stored>,
+    tail: Option<Bytes>,
+}
+
+impl Viewed {
+    fn next(mut self) -> Step<Viewed> {
+        Box::pin(async move {
+            if let Some(head) = self.head.take() {
+                return Some((head, self));
+            }
+            if let Some(stored) = self.stored.take() {
+                if let Some((piece, rest)) = stored.next().await {
+                    self.stored = Some(rest);
+                    return Some((Bytes::from(piece), self));
+                }
+            }
+            let tail = self.tail.take()?;
+            Some((tail, self))
+        })
+    }
+}
+
+/// `GET /v1/executions/{id}/events`: a background execution's events as server-sent events,
+/// from its start or after the event a `Last-Event-ID` names, following it while it runs.
+pub(crate) async fn events(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    let after = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                Error::invalid(
+                    "Last-Event-ID",
+                    "not the id of one of this execution's events",
+                )
+            })?,
+    };
+    let (st, key, wanted) = (state.clone(), caller.0.clone(), id.clone());
+    let tail = tokio::task::spawn_blocking(move || st.background.events(&key, &wanted, after))
+        .await
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| match e.kind {
+            crate::error::Kind::NotFound => not_here(&state, &id, "background execution"),
+            _ => e,
+        })?;
+    let share = reserve_window(&state, &caller.0)?;
+    let quiet = match state.config.http.sse_keep_alive_ms {
+        0 => Duration::from_secs(3600),
+        ms => Duration::from_millis(ms),
+    };
+    let mut response = Unfolded::response((tail, quiet), followed, None, share);
+    sse::event_stream_headers(&mut response);
+    Ok(response)
+}
+
+/// The next piece of an events log followed: its bytes, a keep-alive comment while it is
+/// quiet, nothing at its end.
+fn followed((mut tail, quiet): (Tail, Duration)) -> Step<(Tail, Duration)> {
+    Box::pin(async move {
+        match tail.next(quiet).await {
+            Ok(Next::Bytes(bytes)) => Some((Bytes::from(bytes), (tail, quiet))),
+            Ok(Next::Silent) => Some((Bytes::from_static(sse::KEEP_ALIVE), (tail, quiet))),
+            Ok(Next::End) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a background execution's events");
+                None
+            }
+        }
+    })
+}
+
+/// `DELETE /v1/executions/{id}`: cancels a background execution that is queued or running,
+/// and removes it (its result and events) once it ended: `200` with its last state, or `202`
+/// if it is still ending after a few seconds (it is removed when it ends).
+pub(crate) async fn delete(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    let meta = state
+        .background
+        .delete(&caller.0, &id, CANCEL_WAIT)
+        .await
+        .ok_or_else(|| not_here(&state, &id, "background execution"))?;
+    let status = if meta.state.ended() {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(meta.view())).into_response())
+}
+
+/// How long a `DELETE` waits for the execution it cancels to end.
+const CANCEL_WAIT: Duration = Duration::from_secs(10);

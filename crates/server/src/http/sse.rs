@@ -53,6 +53,12 @@ pub(crate) fn response(events: EventStream, keep_alive: Duration) -> Response {
     // The stream holds its execution's reservation: counted already.
     response.extensions_mut().insert(Counted);
     *response.status_mut() = StatusCode::OK;
+    event_stream_headers(&mut response);
+    response
+}
+
+/// The headers of a stream of events: its type, and neither cache nor proxy holds it back.
+pub(crate) fn event_stream_headers(response: &mut Response) {
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -60,7 +66,6 @@ pub(crate) fn response(events: EventStream, keep_alive: Duration) -> Response {
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
 }
 
 /// The response body: events as the execution sends them, until it drops its sender.
@@ -73,7 +78,7 @@ struct EventBody {
 }
 
 /// What a silent stream sends: an SSE comment, which clients skip.
-const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+pub(crate) const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
 
 impl http_body::Body for EventBody {
     type Data = Bytes;

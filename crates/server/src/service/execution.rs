@@ -89,6 +89,57 @@ pub(crate) fn resolve_limits(
     })
 }
 
+/// The limits of a background execution: its time and CPU within `[background]`'s ceiling
+/// (its default when left out, CPU defaulting to the time), every other limit as for any
+/// request. The key's own ceilings on time and CPU are for requests answered in place.
+pub(crate) fn resolve_background_limits(
+    state: &SharedState,
+    key: &Key,
+    asked: &LimitsRequest,
+) -> Result<Limits, Error> {
+    let b = &state.config.background;
+    for (name, value) in [("timeout_ms", asked.timeout_ms), ("cpu_ms", asked.cpu_ms)] {
+        match value {
+            Some(0) => {
+                return Err(Error::invalid(
+                    format!("limits.{name}"),
+                    format!("limit {name} must be greater than zero"),
+                ))
+            }
+            Some(v) if v > b.max_timeout_ms => {
+                state.metrics.security_events.add(&[event::REJECTED_INPUT]);
+                return Err(Error::new(
+                    Kind::Invalid,
+                    "limit_above_ceiling",
+                    format!(
+                        "limits.{name} = {v} is above the ceiling of {} for background \
+                         executions (background.max_timeout_ms)",
+                        b.max_timeout_ms
+                    ),
+                )
+                .field(format!("limits.{name}")));
+            }
+            _ => {}
+        }
+    }
+    let others = LimitsRequest {
+        timeout_ms: None,
+        cpu_ms: None,
+        ..asked.clone()
+    };
+    let mut limits = resolve_limits(state, key, &others)?;
+    limits.timeout_ms = asked.timeout_ms.unwrap_or(b.default_timeout_ms);
+    limits.cpu_ms = asked.cpu_ms.unwrap_or(limits.timeout_ms);
+    Ok(limits)
+}
+
+/// How long a job may run: as a request answered in place, or in the background.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lifetime {
+    Request,
+    Background,
+}
+
 /// Turns a request into a job, naming the field at fault for anything wrong with it; the
 /// volumes it names are leased last, for `holder`, once nothing else can refuse it.
 pub(crate) fn job_from(
@@ -96,6 +147,7 @@ pub(crate) fn job_from(
     key: &Key,
     mut req: ExecuteRequest,
     holder: &str,
+    lifetime: Lifetime,
 ) -> Result<Job, Error> {
     let asked_volumes = std::mem::take(&mut req.volumes);
     let cfg = state.engine.config();
@@ -109,7 +161,10 @@ pub(crate) fn job_from(
         .check_counts(req.env.len(), req.files.len())
         .map_err(|r| reject(refusal(r)))?;
     let entrypoint = entrypoint_from(req.entrypoint, req.inputs).map_err(reject)?;
-    let limits = resolve_limits(state, key, &req.limits)?;
+    let limits = match lifetime {
+        Lifetime::Request => resolve_limits(state, key, &req.limits)?,
+        Lifetime::Background => resolve_background_limits(state, key, &req.limits)?,
+    };
     let egress = crate::service::egress::for_request(state, key, req.egress, req.credentials)
         .map_err(reject)?;
     let environment = crate::service::environments::for_request(state, req.environment.as_deref())?;
@@ -243,7 +298,13 @@ impl Context {
     /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
     pub fn for_job(state: &AppState, key: &Key, request_id: String, job: &Job) -> Context {
-        let ctx = Context::for_code(state, key, request_id, &job.code, &job.limits);
+        Context::for_job_as(key, request_id, job, state.held_id("ex_"))
+    }
+
+    /// [`Context::for_job`] under an id given ahead (a background execution's).
+    pub fn for_job_as(key: &Key, request_id: String, job: &Job, id: String) -> Context {
+        let sha = airlock_api::sha256_hex(job.code.as_bytes());
+        let ctx = Context::new(id, key, request_id, sha, job.code.len() as u64, &job.limits);
         if let Some(tools) = &job.tools {
             tools.bind(&ctx.id);
         }
@@ -303,11 +364,23 @@ pub(crate) fn reserve_answer(
     limits: &Limits,
     form: Form,
 ) -> Result<Share, Error> {
+    let bytes = answer_size(state, limits, form)?;
+    state.memory.reserve(key, bytes).map_err(|over| {
+        state
+            .metrics
+            .security_events
+            .add(&[event::ANSWER_OVER_BUDGET]);
+        over_budget(over, "answers")
+    })
+}
+
+/// The most an answer under `limits` can hold; refused when that would never fit a key's
+/// share, however long the client waited (a session's cells at 64 MiB of output, over MCP):
+/// the error says what to change.
+pub(crate) fn answer_size(state: &SharedState, limits: &Limits, form: Form) -> Result<u64, Error> {
     let bytes = answer_bytes(state.engine.config(), limits, form);
     let share = state.config.http.max_buffered_bytes_per_key;
     if bytes > share {
-        // It would never fit, however long the client waited (a session's cells at 64 MiB
-        // of output, over MCP): say what to change.
         return Err(Error::new(
             Kind::Invalid,
             "limit_above_ceiling",
@@ -319,13 +392,7 @@ pub(crate) fn reserve_answer(
         )
         .field("limits.output_bytes"));
     }
-    state.memory.reserve(key, bytes).map_err(|over| {
-        state
-            .metrics
-            .security_events
-            .add(&[event::ANSWER_OVER_BUDGET]);
-        over_budget(over, "answers")
-    })
+    Ok(bytes)
 }
 
 /// The audit log's `started` line; when it cannot be written, the execution is refused and

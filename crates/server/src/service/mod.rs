@@ -7,6 +7,7 @@
 //! `tests/layers.rs` fails on a path of axum, http, hyper or rmcp here.
 
 pub(crate) mod approvals;
+pub(crate) mod background;
 pub(crate) mod body;
 pub(crate) mod credentials;
 pub(crate) mod egress;

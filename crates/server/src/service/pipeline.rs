@@ -39,10 +39,11 @@ use crate::answer::Form;
 use crate::budget::Share;
 use crate::error::Error;
 use crate::keys::Key;
+use crate::service::background::{self, Ended, Live};
 use crate::service::body::{parse_json, read_body, Body};
 use crate::service::execution::{
-    audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection, reserve_answer,
-    Context,
+    answer_size, audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection,
+    reserve_answer, Context, Lifetime,
 };
 use crate::service::sessions::{self, OpenSession, PreparedCell};
 use crate::service::stream::{self, EventStream};
@@ -263,43 +264,15 @@ pub(crate) async fn run<T: Send + 'static>(
         form,
         approvals: watcher,
     } = request;
-    // 1. enter, and 2. the body.
-    refuse_if_unavailable(state)?;
-    let (mut received, ready) = match work {
-        Work::Execute(input) => {
-            let (received, arguments) = arrive(state, &caller, received, input).await?;
-            // 3. the job (a named environment is looked up on the disk, a volume mounted).
-            let key = caller.clone();
-            let holder = format!("the execution of request {request_id}");
-            let job = prepare(
-                state,
-                "preparing the request",
-                arguments,
-                |req: &ExecuteRequest| req.environment.is_some() || !req.volumes.is_empty(),
-                move |st, req| job_from(st, &key, req, &holder),
-            )
-            .await?;
-            (received, Ready::Execute(job))
-        }
-        Work::Cell { session, input } => {
-            // A paused session comes back first (before a byte of body is read).
-            let (entry, resumed) =
-                crate::service::snapshots::find_or_resume(state, &caller, &session).await?;
-            let (received, arguments) = arrive(state, &caller, received, input).await?;
-            // 3. the cell's checks, and its session claimed.
-            let key = caller.clone();
-            let cell = prepare(
-                state,
-                "preparing the cell",
-                arguments,
-                |_: &CellRequest| false,
-                move |st, req| sessions::prepare_cell(st, &key, entry, req),
-            )
-            .await?
-            .resumed(resumed);
-            (received, Ready::Cell(cell))
-        }
-    };
+    let (mut received, ready) = arrive_and_prepare(
+        state,
+        &caller,
+        &request_id,
+        work,
+        received,
+        Lifetime::Request,
+    )
+    .await?;
     // 4. reserve: the most its answer can hold, from now until it is written out.
     let answer = reserve_answer(state, &caller, ready.limits(), form)?;
     // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
@@ -412,6 +385,198 @@ pub(crate) async fn run<T: Send + 'static>(
     on_drop.0 = None;
     drop(waiting);
     outcome
+}
+
+/// A background execution (`POST /v1/executions`): steps 1 to 3 while its client waits, then
+/// it is stored and answered at once; the rest runs on a task of its own, to its end whether or
+/// not anyone listens: its turn among background work (`[background]`), 4. its answer's
+/// reservation (waited for, not refused: nobody waits on it), 5. a slot (waited for as long as
+/// it takes), 6 to 8 as for any execution, its output into its events log. What it ran to is
+/// stored by `background::Background::end`.
+pub(crate) async fn submit(
+    state: &SharedState,
+    request: Request,
+) -> Result<background::Meta, Error> {
+    let Request {
+        caller,
+        request_id,
+        work,
+        received,
+        ..
+    } = request;
+    let (received, ready) = arrive_and_prepare(
+        state,
+        &caller,
+        &request_id,
+        work,
+        received,
+        Lifetime::Background,
+    )
+    .await?;
+    let Ready::Execute(job) = ready else {
+        return Err(Error::internal("only executions run in the background"));
+    };
+    let answer_bytes = answer_size(state, &job.limits, Form::Json)?;
+    let live = state
+        .background
+        .submit(&caller, state.held_id("ex_"), &request_id, &job.limits)?;
+    // Answered: its place among the key's requests and its body's memory are given back.
+    drop(received);
+    let meta = live.meta();
+    let st = state.clone();
+    tokio::spawn(async move {
+        in_background(&st, caller, request_id, job, &live, answer_bytes).await;
+    });
+    Ok(meta)
+}
+
+/// Waits until `live` is cancelled.
+async fn cancelled(live: &Live) {
+    while !live.is_cancelled() {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The steps of a background execution after its answer (see [`submit`]).
+async fn in_background(
+    state: &SharedState,
+    caller: Arc<Key>,
+    request_id: String,
+    mut job: Job,
+    live: &Arc<Live>,
+    answer_bytes: u64,
+) {
+    let bg = &state.background;
+    let stopped = |error: Error, had_turn: bool| {
+        bg.end(live, Ended::Not(error), state.is_shutting_down(), had_turn);
+    };
+    let turn = tokio::select! {
+        turn = bg.turn(&caller, live) => turn,
+        () = state.shutdown_begun() => None,
+    };
+    let Some(turn) = turn else {
+        return stopped(Error::shutting_down(), false);
+    };
+    // 4. reserve: the reservation waits for room; nobody is refused for it now.
+    let answer = loop {
+        if live.is_cancelled() || state.is_shutting_down() {
+            return stopped(Error::shutting_down(), true);
+        }
+        if let Ok(share) = state.memory.reserve(&caller, answer_bytes) {
+            break share;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    // 5. admit, as long as it takes.
+    let admitted = tokio::select! {
+        admitted = state.admission.admit_waiting(&caller) => admitted.map_err(rejection),
+        () = cancelled(live) => Err(Error::shutting_down()),
+    };
+    let admitted = match admitted.and_then(|a| refuse_if_unavailable(state).map(|()| a)) {
+        Ok(admitted) => admitted,
+        Err(e) => return stopped(e, true),
+    };
+    job.cancel = Some(live.cancel.clone());
+    // Line-buffered: print() reaches the log as it happens.
+    job.stream = true;
+    let tracked = state.track(live.cancel.clone());
+    let (st, live) = (state.clone(), live.clone());
+    let ran = tokio::task::spawn_blocking(move || {
+        let state = &st;
+        // 6. audit.
+        let ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
+        if let Err(e) = audit_start(state, &ctx) {
+            drop((admitted, tracked));
+            state
+                .background
+                .end(&live, Ended::Not(e), state.is_shutting_down(), true);
+            return;
+        }
+        live.running(&ctx.started_at);
+        let aside = live.clone();
+        let event: airlock_tools::Watcher = Arc::new(move |_, approval| {
+            let data = serde_json::to_value(&**approval).unwrap_or_default();
+            aside.event("approval_requested", &data);
+        });
+        let watching = crate::service::approvals::watch(state, &ctx.id, event);
+        let mut sink = live.sink();
+        let answered = AtomicBool::new(false);
+        // 7 and 8.
+        let done = engine_and_finish(
+            state,
+            ctx,
+            Ready::Execute(job),
+            &mut sink,
+            admitted,
+            Some(tracked),
+            &answered,
+        );
+        sink.flush();
+        drop(watching);
+        let ended = match done {
+            Ok(Finished::Execution(response)) => Ended::Ran(Box::new(response)),
+            Ok(Finished::Cell(_)) => Ended::Not(Error::internal("a cell ran in the background")),
+            Err(e) => Ended::Not(e),
+        };
+        state
+            .background
+            .end(&live, ended, state.is_shutting_down(), true);
+        // Stored: the answer's memory is free.
+        drop(answer);
+    })
+    .await;
+    if let Err(e) = ran {
+        tracing::error!(error = %e, "a background execution's task failed");
+    }
+    drop(turn);
+}
+
+/// Steps 1 to 3: enter, the body, the work checked and ready.
+async fn arrive_and_prepare(
+    state: &SharedState,
+    caller: &Arc<Key>,
+    request_id: &str,
+    work: Work,
+    received: Option<Received>,
+    lifetime: Lifetime,
+) -> Result<(Received, Ready), Error> {
+    // 1. enter, and 2. the body.
+    refuse_if_unavailable(state)?;
+    Ok(match work {
+        Work::Execute(input) => {
+            let (received, arguments) = arrive(state, caller, received, input).await?;
+            // 3. the job (a named environment is looked up on the disk, a volume mounted).
+            let key = caller.clone();
+            let holder = format!("the execution of request {request_id}");
+            let job = prepare(
+                state,
+                "preparing the request",
+                arguments,
+                |req: &ExecuteRequest| req.environment.is_some() || !req.volumes.is_empty(),
+                move |st, req| job_from(st, &key, req, &holder, lifetime),
+            )
+            .await?;
+            (received, Ready::Execute(job))
+        }
+        Work::Cell { session, input } => {
+            // A paused session comes back first (before a byte of body is read).
+            let (entry, resumed) =
+                crate::service::snapshots::find_or_resume(state, caller, &session).await?;
+            let (received, arguments) = arrive(state, caller, received, input).await?;
+            // 3. the cell's checks, and its session claimed.
+            let key = caller.clone();
+            let cell = prepare(
+                state,
+                "preparing the cell",
+                arguments,
+                |_: &CellRequest| false,
+                move |st, req| sessions::prepare_cell(st, &key, entry, req),
+            )
+            .await?
+            .resumed(resumed);
+            (received, Ready::Cell(cell))
+        }
+    })
 }
 
 /// Steps 7 and 8: the engine runs the work to its end; the slot is given back once the

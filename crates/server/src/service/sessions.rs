@@ -426,6 +426,7 @@ pub(crate) fn prepare_open_as(
             volumes: asked.volumes,
         },
         &format!("session {id}"),
+        crate::service::execution::Lifetime::Request,
     )?;
     let egress = job.egress.clone();
     if let Some(leash) = &egress {

@@ -101,6 +101,14 @@ pub(crate) fn metrics_text(state: &AppState) -> String {
          # HELP airlock_sessions_paused_bytes Bytes the paused sessions take on disk.\n\
          # TYPE airlock_sessions_paused_bytes gauge\nairlock_sessions_paused_bytes {paused_bytes}\n"
     ));
+    let (queued, running, kept) = state.background.counts();
+    text.push_str(&format!(
+        "# HELP airlock_background_executions Background executions by state: queued and running now, ended and kept on disk.\n\
+         # TYPE airlock_background_executions gauge\n\
+         airlock_background_executions{{state=\"queued\"}} {queued}\n\
+         airlock_background_executions{{state=\"running\"}} {running}\n\
+         airlock_background_executions{{state=\"ended\"}} {kept}\n"
+    ));
     if let Some(tools) = &state.tools {
         text.push_str(&crate::metrics::render_tools(&tools.statuses()));
     }

@@ -59,7 +59,7 @@ pub struct Events {
     /// What to stop when the client is gone: the execution, or the session.
     on_gone: OnGone,
     /// Bytes of an unfinished UTF-8 character, per stream.
-    pending: [Vec<u8>; 2],
+    pending: Whole,
     gone: bool,
     /// Dropped with the events: stops the watcher, whose sender would keep the stream open.
     _done: Option<tokio::sync::oneshot::Sender<()>>,
@@ -110,7 +110,7 @@ pub fn channel(on_gone: OnGone, share: Share) -> (EventStream, Events) {
         tx,
         queued,
         on_gone,
-        pending: [Vec::new(), Vec::new()],
+        pending: Whole::default(),
         gone: false,
         _done: Some(done),
     };
@@ -156,17 +156,7 @@ impl Events {
     }
 
     fn text(&mut self, stream: Stream, chunk: &[u8]) {
-        let held = &mut self.pending[stream as usize];
-        held.extend_from_slice(chunk);
-        // Keep back an incomplete character at the end (at most 3 bytes).
-        let cut = match std::str::from_utf8(held) {
-            Ok(_) => held.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(_) => held.len(),
-        };
-        let rest = held.split_off(cut);
-        let text = String::from_utf8_lossy(&std::mem::replace(held, rest)).into_owned();
-        if !text.is_empty() {
+        if let Some(text) = self.pending.text(stream, chunk) {
             self.send(name(stream), &serde_json::json!({ "text": text }));
         }
     }
@@ -194,12 +184,43 @@ impl Events {
     /// Whatever is still held (an incomplete character at the very end), as U+FFFD.
     pub fn flush(&mut self) {
         for stream in [Stream::Stdout, Stream::Stderr] {
-            let held = std::mem::take(&mut self.pending[stream as usize]);
-            if !held.is_empty() {
-                let text = String::from_utf8_lossy(&held).into_owned();
+            if let Some(text) = self.pending.rest(stream) {
                 self.send(name(stream), &serde_json::json!({ "text": text }));
             }
         }
+    }
+}
+
+/// Output held back while a UTF-8 character is split between two reads, per stream: each
+/// event's text is whole characters (invalid bytes become U+FFFD, as in the result).
+#[derive(Default)]
+pub struct Whole([Vec<u8>; 2]);
+
+impl Whole {
+    /// The text `chunk` completes, with what was held before it; an incomplete character at
+    /// its end (at most 3 bytes) is held.
+    pub fn text(&mut self, stream: Stream, chunk: &[u8]) -> Option<String> {
+        let held = &mut self.0[stream as usize];
+        held.extend_from_slice(chunk);
+        let cut = match std::str::from_utf8(held) {
+            Ok(_) => held.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => held.len(),
+        };
+        let rest = held.split_off(cut);
+        let text = String::from_utf8_lossy(&std::mem::replace(held, rest)).into_owned();
+        (!text.is_empty()).then_some(text)
+    }
+
+    /// What is still held (an incomplete character at the very end), as U+FFFD.
+    pub fn rest(&mut self, stream: Stream) -> Option<String> {
+        let held = std::mem::take(&mut self.0[stream as usize]);
+        (!held.is_empty()).then(|| String::from_utf8_lossy(&held).into_owned())
+    }
+
+    /// Forgets what is held: a character cut by the output limit is dropped whole.
+    pub fn cut(&mut self, stream: Stream) {
+        self.0[stream as usize].clear();
     }
 }
 
@@ -253,7 +274,8 @@ pub fn without_output(result: &mut ExecutionResult) {
     result.stderr = Default::default();
 }
 
-fn name(stream: Stream) -> &'static str {
+/// The event that carries `stream`'s output.
+pub fn name(stream: Stream) -> &'static str {
     match stream {
         Stream::Stdout => "stdout",
         Stream::Stderr => "stderr",
@@ -267,7 +289,7 @@ impl OutputSink for Events {
 
     fn truncated(&mut self, stream: Stream, limit: u64) {
         // A character cut by the limit is dropped whole, as in the result.
-        self.pending[stream as usize].clear();
+        self.pending.cut(stream);
         self.send(
             "truncated",
             &serde_json::json!({ "stream": name(stream), "limit": limit }),
@@ -285,7 +307,7 @@ mod tests {
             tx,
             queued: Arc::default(),
             on_gone,
-            pending: [Vec::new(), Vec::new()],
+            pending: Whole::default(),
             gone: false,
             _done: None,
         };

@@ -1,0 +1,505 @@
+//! Background executions against the real server (`POST /v1/executions`): they run without
+//! their client, their events are resumed after any event with every byte once, they are
+//! cancelled queued or running, their own ceilings hold, restarts keep what ended and
+//! interrupt what ran, their results are read back from the disk past the memory budget,
+//! and another key sees none of it.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::http::{call_as, Server, KEY};
+use common::*;
+use serde_json::{json, Value};
+
+const OTHER_KEY: &str = "other-key-for-background-0123456";
+
+fn other_key() -> String {
+    format!(
+        "[[keys]]\nname = \"other\"\nhash = \"{}\"\n",
+        key_hash(OTHER_KEY)
+    )
+}
+
+/// Submits `body`; its id (after checking the 202 and its `Location`).
+fn submit(server: &Server, body: &Value) -> String {
+    let r = server.call("POST", "/v1/executions", Some(body));
+    assert_eq!(r.status, 202, "{}", r.text());
+    let v = r.json();
+    let id = v["id"].as_str().unwrap().to_owned();
+    assert_eq!(v["background"], true);
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/v1/executions/{id}").as_str())
+    );
+    id
+}
+
+fn get(server: &Server, id: &str) -> Value {
+    let r = server.call("GET", &format!("/v1/executions/{id}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// Polls until the execution has ended (up to `within`).
+fn wait_ended(server: &Server, id: &str, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let v = get(server, id);
+        let state = v["state"].as_str().unwrap().to_owned();
+        if !["queued", "running"].contains(&state.as_str()) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "still {state}: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_state(server: &Server, id: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = get(server, id);
+        if v["state"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never {want}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An open events stream, read event by event from its chunked body.
+struct Events {
+    reader: BufReader<TcpStream>,
+    buffer: Vec<u8>,
+    pub status: u16,
+}
+
+/// One event: its id, name and data.
+#[derive(Debug)]
+struct Event {
+    id: u64,
+    name: String,
+    data: Value,
+}
+
+impl Events {
+    fn open(server: &Server, key: &str, id: &str, last: Option<u64>) -> Events {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let last = last.map_or(String::new(), |l| format!("Last-Event-ID: {l}\r\n"));
+        write!(
+            s,
+            "GET /v1/executions/{id}/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+             Accept: text/event-stream\r\n{last}Connection: close\r\n\r\n",
+            server.addr
+        )
+        .unwrap();
+        let mut reader = BufReader::new(s);
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        let status = status.split_whitespace().nth(1).unwrap().parse().unwrap();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line.trim_end().is_empty() {
+                break;
+            }
+        }
+        Events {
+            reader,
+            buffer: Vec::new(),
+            status,
+        }
+    }
+
+    fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let text = String::from_utf8(raw).expect("events are UTF-8");
+                if text.lines().all(|l| l.is_empty() || l.starts_with(':')) {
+                    continue;
+                }
+                let (mut id, mut name, mut data) = (None, String::new(), String::new());
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        id = Some(v.parse().unwrap());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        name = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                return Some(Event {
+                    id: id.expect("every event has an id"),
+                    name,
+                    data: serde_json::from_str(&data).unwrap(),
+                });
+            }
+            let mut size = String::new();
+            self.reader.read_line(&mut size).ok()?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                return None;
+            }
+            let mut chunk = vec![0; n + 2];
+            self.reader.read_exact(&mut chunk).ok()?;
+            self.buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// Waits for the first event of `id`, which must be output.
+fn first_output(server: &Server, id: &str) -> Event {
+    let event = Events::open(server, KEY, id, None).next().unwrap();
+    assert!(
+        ["stdout", "stderr"].contains(&event.name.as_str()),
+        "{event:?}"
+    );
+    event
+}
+
+#[test]
+fn output_is_resumed_after_any_event_with_every_byte_exactly_once() {
+    let _g = serial();
+    let server = Server::start(&other_key(), &[]);
+    // Both streams, characters of 1 to 4 bytes, lines written as the program goes.
+    let code = "import sys, time\n\
+        for i in range(40):\n\
+        \x20   print(f'out {i} é€😀', flush=True)\n\
+        \x20   if i % 3 == 0:\n\
+        \x20       sys.stderr.write(f'err {i}\\n'); sys.stderr.flush()\n\
+        \x20   time.sleep(0.05)\n\
+        'done'";
+    let id = submit(&server, &json!({"code": code}));
+    let expected_out: String = (0..40).map(|i| format!("out {i} é€😀\n")).collect();
+    let expected_err: String = (0..40)
+        .filter(|i| i % 3 == 0)
+        .map(|i| format!("err {i}\n"))
+        .collect();
+
+    // Read a few events, hang up, come back after the last one seen: again and again.
+    let (mut out, mut err, mut last, mut result) = (String::new(), String::new(), None, None);
+    let mut reconnects = 0;
+    'streams: loop {
+        let mut events = Events::open(&server, KEY, &id, last);
+        assert_eq!(events.status, 200);
+        for _ in 0..3 {
+            let Some(event) = events.next() else {
+                break 'streams;
+            };
+            assert!(last.is_none_or(|l| event.id > l), "ids grow: {event:?}");
+            last = Some(event.id);
+            match event.name.as_str() {
+                "stdout" => out.push_str(event.data["text"].as_str().unwrap()),
+                "stderr" => err.push_str(event.data["text"].as_str().unwrap()),
+                "result" => {
+                    result = Some(event.data);
+                    break 'streams;
+                }
+                other => panic!("unexpected event {other}: {:?}", event.data),
+            }
+        }
+        reconnects += 1;
+        drop(events);
+    }
+    assert!(reconnects >= 5, "only {reconnects} reconnections");
+    assert_eq!(out, expected_out);
+    assert_eq!(err, expected_err);
+    let result = result.expect("the result event");
+    assert_eq!(result["output_streamed"], true);
+    assert_eq!(
+        (result["status"].as_str(), &result["result"]),
+        (Some("ok"), &json!("done"))
+    );
+
+    // The record, with the output in full, read back as often as wanted.
+    let v = wait_ended(&server, &id, Duration::from_secs(10));
+    assert_eq!(v["state"], "finished");
+    assert_eq!(v["result"]["stdout"], expected_out.as_str());
+    assert_eq!(v["result"]["stderr"], expected_err.as_str());
+    assert!(v["started_at"].is_string() && v["ended_at"].is_string());
+
+    // From the start, after the end: the whole log once, then nothing.
+    let mut all = Events::open(&server, KEY, &id, None);
+    let mut n = 0;
+    let mut end = 0;
+    while let Some(e) = all.next() {
+        n += 1;
+        end = e.id;
+    }
+    assert!(n >= 41, "{n} events");
+    let mut after_end = Events::open(&server, KEY, &id, Some(end));
+    assert_eq!(after_end.status, 200);
+    assert!(after_end.next().is_none());
+    // An id that is not the end of an event is refused, naming the header.
+    let bad = Events::open(&server, KEY, &id, Some(end - 1));
+    assert_eq!(bad.status, 400);
+
+    // Another key sees none of it.
+    for (method, path) in [
+        ("GET", format!("/v1/executions/{id}")),
+        ("GET", format!("/v1/executions/{id}/events")),
+        ("DELETE", format!("/v1/executions/{id}")),
+    ] {
+        let r = call_as(server.addr, OTHER_KEY, method, &path, None);
+        assert_eq!(r.status, 404, "{method} {path}: {}", r.text());
+    }
+    assert_eq!(get(&server, &id)["state"], "finished", "still there");
+}
+
+#[test]
+fn cancelling_stops_a_running_execution_and_a_queued_one() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let running = submit(&server, &json!({"code": long}));
+    // One runs at a time (background.max_running = 1): the second waits.
+    let queued = submit(&server, &json!({"code": "print('never')"}));
+    first_output(&server, &running);
+    assert_eq!(get(&server, &queued)["state"], "queued");
+
+    let r = server.call("DELETE", &format!("/v1/executions/{queued}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["state"], "cancelled");
+    assert_eq!(v["error"]["code"], "cancelled");
+    assert!(v["started_at"].is_null(), "it never started: {v}");
+
+    // A follower of the running one sees its stream end when it is cancelled.
+    let mut events = Events::open(&server, KEY, &running, None);
+    assert_eq!(events.next().unwrap().name, "stdout");
+    let at = Instant::now();
+    let r = server.call("DELETE", &format!("/v1/executions/{running}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "cancelled");
+    assert!(at.elapsed() < Duration::from_secs(5));
+    let last = events.next().expect("its last event");
+    assert_eq!(last.name, "result");
+    assert_eq!(last.data["error"]["message"], "the execution was cancelled");
+    assert!(events.next().is_none());
+
+    // Deleted, it is gone: its state, result and events.
+    for path in [
+        format!("/v1/executions/{running}"),
+        format!("/v1/executions/{running}/events"),
+        format!("/v1/executions/{queued}"),
+    ] {
+        assert_eq!(server.call("GET", &path, None).status, 404, "{path}");
+    }
+    let dir = server.state_dir().join("background").join(&running);
+    assert!(!dir.join("events").exists() && !dir.join("result.json").exists());
+    drop(server);
+    HostState::now().assert_same_as(&before, &"after cancelling background executions");
+}
+
+#[test]
+fn background_ceilings_and_bounds_are_their_own() {
+    let _g = serial();
+    let config = format!(
+        "[background]\nmax_timeout_ms = 3000\ndefault_timeout_ms = 1500\n\
+         max_queued_per_key = 1\nmax_kept_per_key = 3\n\n\
+         {}max_background_queued = 0\nmax_background_running = 0\n",
+        other_key()
+    );
+    let server = Server::start(&config, &[]);
+    // Above the background ceiling: refused, naming the limit.
+    let r = server.call(
+        "POST",
+        "/v1/executions",
+        Some(&json!({"code": "1", "limits": {"timeout_ms": 5000}})),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["field"], "limits.timeout_ms");
+    assert_eq!(r.error_code(), "limit_above_ceiling");
+    // Left out, the background default applies, and the clock stops it.
+    let at = Instant::now();
+    let slow = submit(&server, &json!({"code": "import time\ntime.sleep(30)"}));
+    // One waits (max_queued_per_key = 1): the next is refused while it does.
+    let waiting = submit(&server, &json!({"code": "print(1)"}));
+    let r = server.call("POST", "/v1/executions", Some(&json!({"code": "2"})));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.header("retry-after").is_some());
+    let v = wait_ended(&server, &slow, Duration::from_secs(20));
+    assert!(at.elapsed() < Duration::from_secs(10));
+    assert_eq!(v["state"], "finished");
+    assert_eq!(v["result"]["status"], "timeout", "{v}");
+    assert_eq!(v["limits"]["timeout_ms"], 1500);
+    assert_eq!(v["limits"]["cpu_ms"], 1500);
+    wait_ended(&server, &waiting, Duration::from_secs(20));
+    // Three kept (max_kept_per_key = 3): one more, then none until one is deleted.
+    let third = submit(&server, &json!({"code": "3"}));
+    wait_ended(&server, &third, Duration::from_secs(20));
+    let r = server.call("POST", "/v1/executions", Some(&json!({"code": "4"})));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.text().contains("max_kept_per_key"), "{}", r.text());
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/executions/{slow}"), None)
+            .status,
+        200
+    );
+    submit(&server, &json!({"code": "5"}));
+    // A key allowed none.
+    let r = call_as(
+        server.addr,
+        OTHER_KEY,
+        "POST",
+        "/v1/executions",
+        Some(&json!({"code": "1"})),
+    );
+    assert_eq!(r.status, 429, "{}", r.text());
+}
+
+#[test]
+fn a_background_execution_may_run_past_the_ceiling_of_requests() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // 20 minutes: twice the engine's ceiling for requests answered in place.
+    let long =
+        json!({"code": "import time\ntime.sleep(1200)", "limits": {"timeout_ms": 1_200_000}});
+    let r = server.execute(long.clone());
+    assert_eq!(r.status, 400, "{}", r.text());
+    let id = submit(&server, &long);
+    let v = wait_state(&server, &id, "running");
+    assert_eq!(v["limits"]["timeout_ms"], 1_200_000);
+    assert_eq!(v["limits"]["cpu_ms"], 1_200_000);
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/executions/{id}"), None)
+            .status,
+        200
+    );
+}
+
+#[test]
+fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let done = submit(&server, &json!({"code": "print('kept')\n7"}));
+    wait_ended(&server, &done, Duration::from_secs(20));
+    let ran = submit(
+        &server,
+        &json!({"code": "import time\nprint('half', flush=True)\ntime.sleep(600)"}),
+    );
+    first_output(&server, &ran);
+    let waited = submit(&server, &json!({"code": "print('never')"}));
+    let dir = server.kill_keeping_state();
+
+    let server = Server::start_in(dir, "[background]\nretention_ms = 3000\n", &[], Some(KEY));
+    let v = get(&server, &done);
+    assert_eq!(v["state"], "finished");
+    assert_eq!(v["result"]["stdout"], "kept\n");
+    assert_eq!(v["result"]["result"], 7);
+    for (id, was) in [(&ran, "ran"), (&waited, "waited to run")] {
+        let v = get(&server, id);
+        assert_eq!(v["state"], "interrupted", "{v}");
+        assert_eq!(v["error"]["code"], "interrupted");
+        assert!(v["error"]["message"].as_str().unwrap().contains(was), "{v}");
+        // Its events end with the interruption.
+        let mut events = Events::open(&server, KEY, id, None);
+        let mut last = None;
+        while let Some(e) = events.next() {
+            last = Some(e);
+        }
+        let last = last.unwrap();
+        assert_eq!(
+            (last.name.as_str(), &last.data["error"]["code"]),
+            ("error", &json!("interrupted"))
+        );
+    }
+    // What ran before the kill printed what it printed.
+    let mut events = Events::open(&server, KEY, &ran, None);
+    let first = events.next().unwrap();
+    assert_eq!(
+        (first.name.as_str(), &first.data["text"]),
+        ("stdout", &json!("half\n"))
+    );
+    assert_eq!(
+        server.metric("airlock_background_executions{state=\"ended\"}"),
+        3.0
+    );
+    // Past their retention they are removed.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric("airlock_background_executions{state=\"ended\"}") > 0.0 {
+        assert!(Instant::now() < deadline, "never expired");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = server.call("GET", &format!("/v1/executions/{done}/events"), None);
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn results_larger_than_the_memory_budget_are_read_back_from_the_disk() {
+    let _g = serial();
+    // 32 MiB for every body and answer in memory: one execution with 6 MiB of each output
+    // reserves about 14.5 MiB while it runs, and three results of 12 MiB of output are more
+    // than the budget holds.
+    let config = "[http]\nmax_body_bytes = 1048576\nmax_buffered_bytes = 33554432\n\
+                  max_buffered_bytes_per_key = 33554432\n\
+                  [engine.ceilings]\ntimeout_ms = 600000\nmemory_mb = 8192\ncpu_ms = 600000\n\
+                  pids = 1024\ndisk_mb = 4096\noutput_bytes = 8388608\n";
+    let server = Server::start(config, &[]);
+    const SIZE: usize = 6 << 20;
+    let code = |c: char| {
+        format!(
+            "import sys\nsys.stdout.write('{c}' * {SIZE})\nsys.stderr.write('{}' * {SIZE})",
+            c.to_ascii_uppercase()
+        )
+    };
+    let ids: Vec<String> = ['a', 'b', 'c']
+        .iter()
+        .map(|c| {
+            submit(
+                &server,
+                &json!({"code": code(*c), "limits": {"output_bytes": SIZE}}),
+            )
+        })
+        .collect();
+    for id in &ids {
+        let v = wait_ended(&server, id, Duration::from_secs(60));
+        assert_eq!(v["state"], "finished", "{}", &v.to_string()[..300]);
+    }
+    assert!(server.metric("airlock_memory_held_bytes") < 1_000_000.0);
+    // All three asked for at once and left unread: 36 MiB of output, sent from the disk as
+    // the clients take it, each holding a piece and the window meanwhile.
+    let mut unread: Vec<TcpStream> = ids
+        .iter()
+        .map(|id| {
+            let mut s = server.connect_small(64 << 10);
+            write!(
+                s,
+                "GET /v1/executions/{id} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
+                 Connection: close\r\n\r\n",
+                server.addr
+            )
+            .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let held = server.metric("airlock_memory_held_bytes");
+    assert!(
+        held < 3.0 * 1_000_000.0,
+        "{held} bytes held for three unread answers"
+    );
+    let readers: Vec<_> = unread
+        .drain(..)
+        .map(|mut s| std::thread::spawn(move || common::http::read_response(&mut s).unwrap()))
+        .collect();
+    for (reader, c) in readers.into_iter().zip(['a', 'b', 'c']) {
+        let r = reader.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(v["result"]["stdout"].as_str().unwrap().len(), SIZE);
+        assert!(v["result"]["stdout"]
+            .as_str()
+            .unwrap()
+            .bytes()
+            .all(|b| b == c as u8));
+        assert_eq!(v["result"]["stderr"].as_str().unwrap().len(), SIZE);
+    }
+}

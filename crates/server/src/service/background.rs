@@ -1,0 +1,1038 @@
+//! Background executions (`POST /v1/executions`): answered at once with an id, then run to
+//! their end whether or not anyone listens. The order of their steps is the pipeline's
+//! (`pipeline::submit`); this module keeps what outlives the request, one directory each under
+//! `<state>/background/<id>/`:
+//! - `meta.json`: its state (`queued`, `running`, then `finished`, `failed`, `cancelled` or
+//!   `interrupted`) and times, replaced whole (written aside, synced, renamed) at each change;
+//! - `events`: its events as server-sent events, appended as they happen, each with an `id:`
+//!   that is the byte offset just past it, so a client resumes after any event it got
+//!   (`Last-Event-ID`) and is sent every byte of output exactly once. Its size follows from
+//!   the output limits (each stream's output once, JSON-escaped, in events of at least a
+//!   byte);
+//! - `result.json`: the result with its output, once it ran; read back from the disk, never
+//!   held in memory.
+//!
+//! What is queued or running is also in memory ([`Live`]): its cancel handle and a watch of
+//! how far its events log is written, which followers wait on. A restart finds those in
+//! `meta.json` still queued or running and marks them `interrupted` (the audit log's own
+//! repair marks their `started` line); ended ones stay readable until their retention
+//! (`[background] retention_ms`) has passed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use airlock_api::{ApiError, ExecuteResponse, Limits};
+use airlock_engine::{Cancel, OutputSink, Stream};
+use serde::{Deserialize, Serialize};
+
+use crate::config::BackgroundConfig;
+use crate::error::{Error, Kind};
+use crate::keys::Key;
+use crate::service::stream::{self, Whole};
+
+/// Where a background execution is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum State {
+    /// Waiting for its turn (`[background] max_running`, the key's own) and a slot.
+    Queued,
+    Running,
+    /// It ran to its end: `result` says how (an exception, a timeout... are results too).
+    Finished,
+    /// airlock could not run it (`error` says why).
+    Failed,
+    /// Cancelled by `DELETE`, before or while it ran.
+    Cancelled,
+    /// The server stopped while it was queued or running.
+    Interrupted,
+}
+
+impl State {
+    pub fn ended(self) -> bool {
+        !matches!(self, State::Queued | State::Running)
+    }
+}
+
+/// What `meta.json` holds.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub(crate) struct Meta {
+    pub id: String,
+    pub state: State,
+    pub key: String,
+    pub key_fingerprint: String,
+    pub request_id: String,
+    pub submitted_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// When it ended, in milliseconds since the epoch: its retention counts from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<u64>,
+    pub limits: Limits,
+    /// Why it ended without a result (failed, cancelled before it ran, interrupted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ApiError>,
+    /// Whether `result.json` holds its result.
+    #[serde(default)]
+    pub has_result: bool,
+    /// Deleted: its result and events are gone, and it is as absent as one that never was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+/// What `GET /v1/executions/{id}` says of a background execution (its result follows, from
+/// the disk, when it has one).
+#[derive(Serialize)]
+pub(crate) struct View<'a> {
+    pub id: &'a str,
+    pub background: bool,
+    pub state: State,
+    pub submitted_at: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<&'a str>,
+    pub limits: &'a Limits,
+    /// Where its events are (`GET`, with `Last-Event-ID` to resume).
+    pub events: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<&'a ApiError>,
+}
+
+impl Meta {
+    pub fn view(&self) -> View<'_> {
+        View {
+            id: &self.id,
+            background: true,
+            state: self.state,
+            submitted_at: &self.submitted_at,
+            started_at: self.started_at.as_deref(),
+            ended_at: self.ended_at.as_deref(),
+            limits: &self.limits,
+            events: format!("/v1/executions/{}/events", self.id),
+            error: self.error.as_ref(),
+        }
+    }
+}
+
+/// How many of one key's background executions wait, run, and are kept ended.
+#[derive(Default, Clone, Copy, Debug)]
+struct Counts {
+    queued: usize,
+    running: usize,
+    kept: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    live: HashMap<String, Arc<Live>>,
+    keys: HashMap<String, Counts>,
+    /// Ended ones: owner, when they ended (for their retention), and whether they were
+    /// deleted (what is left only says so).
+    ended: HashMap<String, (String, u64, bool)>,
+    running: usize,
+}
+
+/// Every background execution of this server.
+pub(crate) struct Background {
+    /// `<state>/background`; `None` when it could not be made (submissions are refused).
+    dir: Option<PathBuf>,
+    config: BackgroundConfig,
+    inner: Mutex<Inner>,
+    /// A turn given back, or one cancelled while it waits: waiters look again.
+    turns: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for Background {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Background")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now() -> (String, u64) {
+    let at = SystemTime::now();
+    let ms = at
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    (humantime::format_rfc3339_millis(at).to_string(), ms)
+}
+
+/// Ids are made by `keys::held_id`; anything else names nothing (and no path).
+fn well_formed(id: &str) -> bool {
+    id.len() <= 100
+        && id.starts_with("ex_")
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn write_meta(dir: &Path, meta: &Meta) -> std::io::Result<()> {
+    let tmp = dir.join("meta.json.tmp");
+    let mut f = private_file(&tmp)?;
+    f.write_all(&serde_json::to_vec(meta).map_err(std::io::Error::other)?)?;
+    f.sync_data()?;
+    std::fs::rename(tmp, dir.join("meta.json"))
+}
+
+/// A file only airlock reads, made anew.
+fn private_file(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+}
+
+fn read_meta(dir: &Path) -> Option<Meta> {
+    let bytes = std::fs::read(dir.join("meta.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// One server-sent event as the log holds it, `at` bytes into the log: its `id:` is the
+/// offset just past it.
+fn record(at: u64, name: &str, data: &str) -> Vec<u8> {
+    let body = format!("event: {name}\ndata: {data}\n\n");
+    let mut digits = 1;
+    let end = loop {
+        let end = at + 5 + digits + body.len() as u64;
+        if end.to_string().len() as u64 == digits {
+            break end;
+        }
+        digits += 1;
+    };
+    let mut out = format!("id: {end}\n").into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    debug_assert_eq!(at + out.len() as u64, end);
+    out
+}
+
+/// The events log being written.
+struct Log {
+    file: Option<File>,
+    len: u64,
+}
+
+/// A background execution that is queued or running.
+pub(crate) struct Live {
+    pub id: String,
+    fingerprint: String,
+    dir: PathBuf,
+    pub cancel: Cancel,
+    cancelled: AtomicBool,
+    /// Deleted while it ran: removed once it ends.
+    deleted: AtomicBool,
+    meta: Mutex<Meta>,
+    log: Mutex<Log>,
+    /// Why the events log could not be written, if it could not.
+    log_failed: Mutex<Option<String>>,
+    /// Bytes of the events log written whole, and whether the last event is among them.
+    written: tokio::sync::watch::Sender<(u64, bool)>,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("id", &self.id).finish()
+    }
+}
+
+impl Live {
+    /// Appends one event to the log. A log that cannot be written stops the execution: its
+    /// client would otherwise miss output without knowing.
+    pub fn event(&self, name: &str, data: &serde_json::Value) {
+        let mut log = lock(&self.log);
+        let bytes = record(log.len, name, &data.to_string());
+        let Some(file) = log.file.as_mut() else {
+            return;
+        };
+        match file.write_all(&bytes) {
+            Ok(()) => {
+                log.len += bytes.len() as u64;
+                let len = log.len;
+                drop(log);
+                self.written.send_modify(|w| w.0 = len);
+            }
+            Err(e) => {
+                log.file = None;
+                drop(log);
+                tracing::error!(execution = %self.id, error = %e, "a background execution's events cannot be written; it is stopped");
+                *lock(&self.log_failed) = Some(format!("its events could not be written: {e}"));
+                self.cancel.cancel();
+            }
+        }
+    }
+
+    /// What its output goes to while it runs.
+    pub fn sink(&self) -> Sink<'_> {
+        Sink {
+            live: self,
+            whole: Whole::default(),
+        }
+    }
+
+    /// Its sandbox is starting.
+    pub fn running(&self, started_at: &str) {
+        let mut meta = lock(&self.meta);
+        meta.state = State::Running;
+        meta.started_at = Some(started_at.to_owned());
+        if let Err(e) = write_meta(&self.dir, &meta) {
+            tracing::warn!(execution = %self.id, error = %e, "cannot write a background execution's state");
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    pub fn meta(&self) -> Meta {
+        lock(&self.meta).clone()
+    }
+}
+
+/// Output into the events log, as `stdout`/`stderr`/`truncated` events (those of a stream).
+pub(crate) struct Sink<'a> {
+    live: &'a Live,
+    whole: Whole,
+}
+
+impl Sink<'_> {
+    /// What is still held of a character split at the very end.
+    pub fn flush(&mut self) {
+        for s in [Stream::Stdout, Stream::Stderr] {
+            if let Some(text) = self.whole.rest(s) {
+                self.live
+                    .event(stream::name(s), &serde_json::json!({ "text": text }));
+            }
+        }
+    }
+}
+
+impl OutputSink for Sink<'_> {
+    fn output(&mut self, s: Stream, chunk: &[u8]) {
+        if let Some(text) = self.whole.text(s, chunk) {
+            self.live
+                .event(stream::name(s), &serde_json::json!({ "text": text }));
+        }
+    }
+
+    fn truncated(&mut self, s: Stream, limit: u64) {
+        self.whole.cut(s);
+        self.live.event(
+            "truncated",
+            &serde_json::json!({ "stream": stream::name(s), "limit": limit }),
+        );
+    }
+}
+
+/// A background execution's place among those running; given back when dropped.
+pub(crate) struct Turn<'a> {
+    bg: &'a Background,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        lock(&self.bg.inner).running -= 1;
+        self.bg.turns.notify_waiters();
+    }
+}
+
+/// How it ended.
+pub(crate) enum Ended {
+    /// It ran: its result (output and all).
+    Ran(Box<ExecuteResponse>),
+    /// It did not run to a result of its own.
+    Not(Error),
+}
+
+/// The limits of one key.
+fn key_limits(config: &BackgroundConfig, key: &Key) -> (usize, usize) {
+    (
+        key.config
+            .max_background_running
+            .unwrap_or(config.max_running_per_key),
+        key.config
+            .max_background_queued
+            .unwrap_or(config.max_queued_per_key),
+    )
+}
+
+impl Background {
+    /// The background executions under `state_dir`: those left queued or running by the last
+    /// run are marked interrupted (their ids are returned), ended ones are kept.
+    pub fn open(state_dir: &Path, config: BackgroundConfig) -> (Background, Vec<String>) {
+        let dir = state_dir.join("background");
+        let made = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        let mut inner = Inner::default();
+        let mut interrupted = Vec::new();
+        let dir = match made {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "background executions are not available");
+                None
+            }
+        };
+        let entries = dir.as_ref().and_then(|d| std::fs::read_dir(d).ok());
+        for entry in entries.into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Some(mut meta) = read_meta(&path) else {
+                // Never submitted whole (a crash between its directory and its state).
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            };
+            if !meta.state.ended() {
+                let (at, ms) = now();
+                let was = meta.state;
+                meta.state = State::Interrupted;
+                meta.ended_at = Some(at);
+                meta.ended_ms = Some(ms);
+                let error = interruption(was);
+                let body = error.body(Some(meta.request_id.clone()));
+                meta.error = Some(body.error.clone());
+                if let Ok(mut events) = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(path.join("events"))
+                {
+                    let len = events.metadata().map_or(0, |m| m.len());
+                    let data = serde_json::to_value(&body).unwrap_or_default();
+                    let _ = events.write_all(&record(len, "error", &data.to_string()));
+                }
+                let _ = write_meta(&path, &meta);
+                interrupted.push(meta.id.clone());
+            }
+            if !meta.deleted {
+                inner
+                    .keys
+                    .entry(meta.key_fingerprint.clone())
+                    .or_default()
+                    .kept += 1;
+            }
+            inner.ended.insert(
+                meta.id.clone(),
+                (
+                    meta.key_fingerprint.clone(),
+                    meta.ended_ms.unwrap_or(0),
+                    meta.deleted,
+                ),
+            );
+        }
+        let bg = Background {
+            dir,
+            config,
+            inner: Mutex::new(inner),
+            turns: tokio::sync::Notify::new(),
+        };
+        (bg, interrupted)
+    }
+
+    /// Takes a submission in: within the key's bounds (waiting, kept), its directory made.
+    pub fn submit(
+        &self,
+        key: &Key,
+        id: String,
+        request_id: &str,
+        limits: &Limits,
+    ) -> Result<Arc<Live>, Error> {
+        let Some(root) = &self.dir else {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                "background executions are not available: the state directory cannot hold them",
+            ));
+        };
+        let fingerprint = key.fingerprint();
+        let (_, max_queued) = key_limits(&self.config, key);
+        let mut inner = lock(&self.inner);
+        let counts = inner.keys.get(&fingerprint).copied().unwrap_or_default();
+        if counts.queued >= max_queued {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key already has {} background executions waiting, as many as it may",
+                    counts.queued
+                ),
+            )
+            .retry_after(1));
+        }
+        let held = counts.queued + counts.running + counts.kept;
+        if held >= self.config.max_kept_per_key {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key holds {held} background executions, as many as it may keep \
+                     (background.max_kept_per_key); delete ended ones (DELETE \
+                     /v1/executions/{{id}}) or wait for them to expire"
+                ),
+            )
+            .retry_after(60));
+        }
+        let dir = root.join(&id);
+        let (submitted_at, _) = now();
+        let meta = Meta {
+            id: id.clone(),
+            state: State::Queued,
+            key: key.name().to_owned(),
+            key_fingerprint: fingerprint.clone(),
+            request_id: request_id.to_owned(),
+            submitted_at,
+            started_at: None,
+            ended_at: None,
+            ended_ms: None,
+            limits: limits.clone(),
+            error: None,
+            has_result: false,
+            deleted: false,
+        };
+        let made = std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(dir.join("events"))
+            })
+            .and_then(|events| write_meta(&dir, &meta).map(|()| events));
+        let events = match made {
+            Ok(events) => events,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                tracing::warn!(error = %e, "cannot store a background execution");
+                return Err(Error::new(
+                    Kind::Unavailable,
+                    "unavailable",
+                    format!("the background execution cannot be stored: {e}"),
+                ));
+            }
+        };
+        let live = Arc::new(Live {
+            id: id.clone(),
+            fingerprint: fingerprint.clone(),
+            dir,
+            cancel: Cancel::default(),
+            cancelled: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            meta: Mutex::new(meta),
+            log: Mutex::new(Log {
+                file: Some(events),
+                len: 0,
+            }),
+            log_failed: Mutex::new(None),
+            written: tokio::sync::watch::Sender::new((0, false)),
+        });
+        inner.keys.entry(fingerprint).or_default().queued += 1;
+        inner.live.insert(id, live.clone());
+        Ok(live)
+    }
+
+    /// Waits for `live`'s turn to run: fewer than `max_running` background executions running,
+    /// and fewer than its key's own. `None` when it was cancelled meanwhile.
+    pub async fn turn(&self, key: &Key, live: &Live) -> Option<Turn<'_>> {
+        let (per_key, _) = key_limits(&self.config, key);
+        loop {
+            let notified = self.turns.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = lock(&self.inner);
+                if live.is_cancelled() {
+                    return None;
+                }
+                let mine = inner.keys.get(&live.fingerprint).map_or(0, |c| c.running);
+                if inner.running < self.config.max_running && mine < per_key {
+                    inner.running += 1;
+                    // Held for its key now, so a second of its executions waits.
+                    let c = inner.keys.entry(live.fingerprint.clone()).or_default();
+                    c.queued = c.queued.saturating_sub(1);
+                    c.running += 1;
+                    return Some(Turn { bg: self });
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Ends `live`: its result stored, its last event written, its state and counts moved.
+    pub fn end(&self, live: &Live, ended: Ended, shutting_down: bool, had_turn: bool) {
+        let (at, ms) = now();
+        let mut meta = lock(&live.meta).clone();
+        let failed_log = lock(&live.log_failed).take();
+        let (state, event, data) = match ended {
+            Ended::Ran(mut response) => {
+                let stored = private_file(&live.dir.join("result.json")).and_then(|f| {
+                    let mut w = std::io::BufWriter::new(f);
+                    serde_json::to_writer(&mut w, &response.result)
+                        .map_err(std::io::Error::other)?;
+                    w.into_inner().map_err(|e| e.into_error())?.sync_data()
+                });
+                match stored {
+                    Ok(()) => {
+                        meta.has_result = true;
+                        let state = if failed_log.is_some() {
+                            State::Failed
+                        } else if live.is_cancelled() {
+                            State::Cancelled
+                        } else if shutting_down
+                            && response.result.status == airlock_api::Status::InternalError
+                        {
+                            State::Interrupted
+                        } else {
+                            State::Finished
+                        };
+                        if let Some(why) = &failed_log {
+                            meta.error = Some(Error::internal(why.clone()).body(None).error);
+                        }
+                        stream::without_output(&mut response.result);
+                        let mut value = serde_json::to_value(&response).unwrap_or_default();
+                        if let Some(object) = value.as_object_mut() {
+                            object.insert("output_streamed".into(), true.into());
+                        }
+                        (state, "result", value)
+                    }
+                    Err(e) => {
+                        tracing::error!(execution = %live.id, error = %e, "cannot store a background execution's result");
+                        let error = Error::internal(format!("its result could not be stored: {e}"));
+                        let body = error.body(Some(meta.request_id.clone()));
+                        meta.error = Some(body.error.clone());
+                        (
+                            State::Failed,
+                            "error",
+                            serde_json::to_value(body).unwrap_or_default(),
+                        )
+                    }
+                }
+            }
+            Ended::Not(error) => {
+                let (state, error) = if live.is_cancelled() && failed_log.is_none() {
+                    (
+                        State::Cancelled,
+                        Error::new(
+                            Kind::Conflict,
+                            "cancelled",
+                            "it was cancelled before it ran",
+                        ),
+                    )
+                } else if let Some(why) = failed_log {
+                    (State::Failed, Error::internal(why))
+                } else if shutting_down {
+                    (State::Interrupted, interruption(meta.state))
+                } else {
+                    (State::Failed, error)
+                };
+                let body = error.body(Some(meta.request_id.clone()));
+                meta.error = Some(body.error.clone());
+                (
+                    state,
+                    "error",
+                    serde_json::to_value(body).unwrap_or_default(),
+                )
+            }
+        };
+        live.event(event, &data);
+        meta.state = state;
+        meta.ended_at = Some(at);
+        meta.ended_ms = Some(ms);
+        if let Err(e) = write_meta(&live.dir, &meta) {
+            tracing::warn!(execution = %live.id, error = %e, "cannot write a background execution's state");
+        }
+        *lock(&live.meta) = meta;
+        {
+            let mut inner = lock(&self.inner);
+            inner.live.remove(&live.id);
+            inner
+                .ended
+                .insert(live.id.clone(), (live.fingerprint.clone(), ms, false));
+            let c = inner.keys.entry(live.fingerprint.clone()).or_default();
+            if had_turn {
+                c.running = c.running.saturating_sub(1);
+            } else {
+                c.queued = c.queued.saturating_sub(1);
+            }
+            c.kept += 1;
+        }
+        lock(&live.log).file = None;
+        live.written.send_modify(|w| w.1 = true);
+        self.turns.notify_waiters();
+        if live.deleted.load(Ordering::Acquire) {
+            self.tombstone(&live.id);
+        }
+    }
+
+    /// `key`'s background execution `id`: what it is now. `None` when there is none of
+    /// `key`'s by that id.
+    pub fn get(&self, key: &Key, id: &str) -> Option<Meta> {
+        if !well_formed(id) {
+            return None;
+        }
+        let live = lock(&self.inner).live.get(id).cloned();
+        let meta = match live {
+            Some(live) => live.meta(),
+            None => read_meta(&self.dir.as_ref()?.join(id))?,
+        };
+        (meta.key_fingerprint == key.fingerprint() && !meta.deleted).then_some(meta)
+    }
+
+    /// Whether the server holds any background execution by that id (of any key).
+    pub fn holds(&self, id: &str) -> bool {
+        well_formed(id) && {
+            let inner = lock(&self.inner);
+            inner.live.contains_key(id) || inner.ended.contains_key(id)
+        }
+    }
+
+    /// Its stored result, when it has one.
+    pub fn result_path(&self, meta: &Meta) -> Option<PathBuf> {
+        meta.has_result
+            .then(|| {
+                self.dir
+                    .as_ref()
+                    .map(|d| d.join(&meta.id).join("result.json"))
+            })
+            .flatten()
+    }
+
+    /// Deletes `key`'s execution `id`: cancels it if it is queued or running (waiting up to
+    /// `wait` for it to end), and removes its result and events once it ended; from then on
+    /// it is as absent as one that never was. Its last state (not ended if it is still
+    /// ending: it is removed when it does).
+    pub async fn delete(&self, key: &Key, id: &str, wait: Duration) -> Option<Meta> {
+        let meta = self.get(key, id)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let Some(live) = live else {
+            self.tombstone(&meta.id);
+            return Some(meta);
+        };
+        live.deleted.store(true, Ordering::Release);
+        live.cancelled.store(true, Ordering::Release);
+        live.cancel.cancel();
+        self.turns.notify_waiters();
+        let mut written = live.written.subscribe();
+        let _ = tokio::time::timeout(wait, written.wait_for(|w| w.1)).await;
+        let meta = live.meta();
+        if meta.state.ended() {
+            self.tombstone(&meta.id);
+        }
+        Some(meta)
+    }
+
+    /// Removes an ended execution's result and events, and marks it deleted: what is left
+    /// of it (a small `meta.json`) only says it is gone, until its retention ends. Once.
+    fn tombstone(&self, id: &str) {
+        {
+            let mut inner = lock(&self.inner);
+            let Some((owner, _, deleted)) = inner.ended.get_mut(id) else {
+                return;
+            };
+            if *deleted {
+                return;
+            }
+            *deleted = true;
+            let owner = owner.clone();
+            let c = inner.keys.entry(owner).or_default();
+            c.kept = c.kept.saturating_sub(1);
+        }
+        let Some(dir) = self.dir.as_ref().map(|d| d.join(id)) else {
+            return;
+        };
+        let _ = std::fs::remove_file(dir.join("events"));
+        let _ = std::fs::remove_file(dir.join("result.json"));
+        if let Some(mut meta) = read_meta(&dir) {
+            meta.deleted = true;
+            meta.has_result = false;
+            if let Err(e) = write_meta(&dir, &meta) {
+                tracing::warn!(execution = id, error = %e, "cannot mark a background execution deleted");
+            }
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        if let Some(dir) = &self.dir {
+            if let Err(e) = std::fs::remove_dir_all(dir.join(id)) {
+                tracing::warn!(execution = id, error = %e, "cannot remove a background execution");
+            }
+        }
+        let mut inner = lock(&self.inner);
+        if let Some((owner, _, deleted)) = inner.ended.remove(id) {
+            if !deleted {
+                let c = inner.keys.entry(owner).or_default();
+                c.kept = c.kept.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Removes the ended executions older than the retention; how many.
+    pub fn expire(&self) -> usize {
+        let (_, now_ms) = now();
+        let retention = self.config.retention_ms;
+        let old: Vec<String> = lock(&self.inner)
+            .ended
+            .iter()
+            .filter(|(_, (_, at, _))| now_ms.saturating_sub(*at) >= retention)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &old {
+            self.remove(id);
+        }
+        old.len()
+    }
+
+    /// Queued, running, and ended ones kept, now.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let inner = lock(&self.inner);
+        inner.keys.values().fold((0, 0, 0), |(q, r, k), c| {
+            (q + c.queued, r + c.running, k + c.kept)
+        })
+    }
+
+    /// How often ended ones are looked at for their retention.
+    pub fn expire_every(&self) -> Duration {
+        Duration::from_millis((self.config.retention_ms / 4).clamp(250, 60_000))
+    }
+
+    /// A reader of `key`'s execution `id`'s events after `after` (a `Last-Event-ID`, or 0
+    /// for all). `Err` names a position that is not the end of an event.
+    pub fn events(&self, key: &Key, id: &str, after: u64) -> Result<Tail, Error> {
+        let meta = self.get(key, id).ok_or_else(Error::not_found)?;
+        let dir = self.dir.as_ref().ok_or_else(Error::not_found)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let path = dir.join(&meta.id).join("events");
+        let file =
+            File::open(&path).map_err(|e| Error::internal(format!("reading events: {e}")))?;
+        let (written, watch) = match &live {
+            Some(live) => {
+                let rx = live.written.subscribe();
+                let w = *rx.borrow();
+                (w, Some(rx))
+            }
+            None => ((file.metadata().map_or(0, |m| m.len()), true), None),
+        };
+        if after > written.0 || !at_event_end(&file, after, written.0) {
+            return Err(Error::invalid(
+                "Last-Event-ID",
+                format!("{after} is not the id of one of this execution's events"),
+            ));
+        }
+        Ok(Tail {
+            file: Arc::new(file),
+            at: after,
+            written,
+            watch,
+        })
+    }
+}
+
+/// Whether `at` is where an event of the log ends (or its start): the two bytes before it
+/// end an event, and an event (or the end) follows. An event's data is one line, so a blank
+/// line only ever ends one.
+fn at_event_end(file: &File, at: u64, len: u64) -> bool {
+    use std::os::unix::fs::FileExt;
+    if at == 0 {
+        return true;
+    }
+    if at < 2 {
+        return false;
+    }
+    let mut before = [0u8; 2];
+    if file.read_exact_at(&mut before, at - 2).is_err() || &before != b"\n\n" {
+        return false;
+    }
+    if at == len {
+        return true;
+    }
+    let mut next = [0u8; 4];
+    file.read_exact_at(&mut next, at).is_ok() && &next == b"id: "
+}
+
+/// Why it was interrupted, as its error says.
+fn interruption(was: State) -> Error {
+    let what = if was == State::Queued {
+        "waited to run"
+    } else {
+        "ran"
+    };
+    Error::new(
+        Kind::Unavailable,
+        "interrupted",
+        format!("the server stopped while it {what}; submit it again"),
+    )
+}
+
+/// An events log read from a position on, following it while its execution runs.
+pub(crate) struct Tail {
+    file: Arc<File>,
+    at: u64,
+    /// How far the log is written whole, and whether its last event is in.
+    written: (u64, bool),
+    watch: Option<tokio::sync::watch::Receiver<(u64, bool)>>,
+}
+
+/// Bytes of the log read at once.
+pub(crate) const CHUNK: usize = 32 << 10;
+
+/// What a [`Tail`] gives next.
+pub(crate) enum Next {
+    Bytes(Vec<u8>),
+    /// Nothing new for the time asked.
+    Silent,
+    End,
+}
+
+impl Tail {
+    /// The next bytes of whole events, waiting up to `quiet` for more while it runs.
+    pub async fn next(&mut self, quiet: Duration) -> std::io::Result<Next> {
+        loop {
+            if self.at < self.written.0 {
+                let want = (self.written.0 - self.at).min(CHUNK as u64) as usize;
+                let (file, at) = (self.file.clone(), self.at);
+                let read = tokio::task::spawn_blocking(move || {
+                    use std::os::unix::fs::FileExt;
+                    let mut buf = vec![0; want];
+                    file.read_exact_at(&mut buf, at).map(|()| buf)
+                })
+                .await
+                .map_err(std::io::Error::other)??;
+                self.at += read.len() as u64;
+                return Ok(Next::Bytes(read));
+            }
+            if self.written.1 {
+                return Ok(Next::End);
+            }
+            let Some(watch) = self.watch.as_mut() else {
+                return Ok(Next::End);
+            };
+            match tokio::time::timeout(quiet, watch.changed()).await {
+                Err(_) => return Ok(Next::Silent),
+                Ok(Err(_)) => {
+                    // Its writer is gone: what it wrote whole is all there is.
+                    self.written.1 = true;
+                    self.written.0 = self.file.metadata().map_or(self.written.0, |m| m.len());
+                }
+                Ok(Ok(())) => self.written = *watch.borrow_and_update(),
+            }
+        }
+    }
+}
+
+/// A stored result, read from the disk as it is sent.
+pub(crate) struct Stored {
+    file: Arc<File>,
+    at: u64,
+    pub len: u64,
+}
+
+impl Background {
+    /// `meta`'s stored result, if it has one.
+    pub fn stored(&self, meta: &Meta) -> Result<Option<Stored>, Error> {
+        let Some(path) = self.result_path(meta) else {
+            return Ok(None);
+        };
+        let file =
+            File::open(&path).map_err(|e| Error::internal(format!("reading a result: {e}")))?;
+        let len = file
+            .metadata()
+            .map_err(|e| Error::internal(format!("reading a result: {e}")))?
+            .len();
+        Ok(Some(Stored {
+            file: Arc::new(file),
+            at: 0,
+            len,
+        }))
+    }
+}
+
+impl Stored {
+    /// Its next piece (at most [`CHUNK`] bytes), and the rest; `None` at its end.
+    pub async fn next(mut self) -> Option<(Vec<u8>, Stored)> {
+        if self.at >= self.len {
+            return None;
+        }
+        let want = (self.len - self.at).min(CHUNK as u64) as usize;
+        let (file, at) = (self.file.clone(), self.at);
+        let read = tokio::task::spawn_blocking(move || {
+            use std::os::unix::fs::FileExt;
+            let mut buf = vec![0; want];
+            file.read_exact_at(&mut buf, at).map(|()| buf)
+        })
+        .await
+        .ok()?
+        .ok()?;
+        self.at += read.len() as u64;
+        Some((read, self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_event_s_id_is_the_offset_just_past_it() {
+        let mut log = Vec::new();
+        for (name, data) in [("stdout", "{\"text\":\"a\"}"), ("stderr", &"x".repeat(100))] {
+            let r = record(log.len() as u64, name, data);
+            log.extend_from_slice(&r);
+            let text = String::from_utf8(r).unwrap();
+            let id: u64 = text[4..text.find('\n').unwrap()].parse().unwrap();
+            assert_eq!(id, log.len() as u64);
+        }
+        // Across a change in the number of digits.
+        let r = record(9_990, "stdout", "{}");
+        let text = String::from_utf8(r.clone()).unwrap();
+        let id: u64 = text[4..text.find('\n').unwrap()].parse().unwrap();
+        assert_eq!(id, 9_990 + r.len() as u64);
+    }
+
+    #[test]
+    fn only_ends_of_events_are_positions_to_resume_from() {
+        let dir = std::env::temp_dir().join(format!("airlock-bg-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("events");
+        let mut log = record(0, "stdout", "{\"text\":\"a\\n\\nb\"}");
+        let first = log.len() as u64;
+        log.extend(record(first, "result", "{}"));
+        std::fs::write(&path, &log).unwrap();
+        let file = File::open(&path).unwrap();
+        let len = log.len() as u64;
+        assert!(at_event_end(&file, 0, len));
+        assert!(at_event_end(&file, first, len));
+        assert!(at_event_end(&file, len, len));
+        for bad in [1, 2, 5, first - 1, first + 1, len - 1] {
+            assert!(!at_event_end(&file, bad, len), "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn ids_that_are_not_execution_ids_name_nothing() {
+        assert!(well_formed("ex_abc123"));
+        assert!(well_formed("ex_r1_abc"));
+        for bad in [
+            "",
+            "ex_../x",
+            "se_abc",
+            "ex_a/b",
+            "ex_.",
+            &format!("ex_{}", "a".repeat(100)),
+        ] {
+            assert!(!well_formed(bad), "{bad}");
+        }
+    }
+}
