@@ -11,9 +11,13 @@ Scenarios: `code_mode` (list_tool_apis, and run_python calling an upstream tool)
 protocol errors), `session` (a session's round trip), `abandon` (a session left open),
 `connect` (initialize only), `approval` (run_python calling a tool that needs an approval,
 which this client's user gives by elicitation once, then declines), `approval_unasked` (the
-same from a client that does not take elicitations).
+same from a client that does not take elicitations), `progress` (a 30 s run_python with a
+progress callback: each notification with the time it came), `logs` (a call without a
+progress token, then the logging level set and the output as log messages, then a session's
+cell with a progress callback).
 
-Over stdio, `AIRLOCK_CONFIG` and `TEST_TOOL_*` of this process's environment reach airlock.
+Over stdio, `AIRLOCK_CONFIG`, `AIRLOCK_MCP__*` and `TEST_TOOL_*` of this process's environment
+reach airlock.
 """
 
 import base64
@@ -51,12 +55,12 @@ def content(result):
     return {"is_error": result.is_error, "content": blocks, "structured": result.structured_content}
 
 
-async def call(session, name, arguments):
+async def call(session, name, arguments, progress_callback=None):
     """A tool call's result, or the JSON-RPC error it got. The SDK checks a result's
     structured content against the tool's output schema; an error result is checked here too,
     and a mismatch is reported as `schema_error`."""
     try:
-        result = await session.call_tool(name, arguments)
+        result = await session.call_tool(name, arguments, progress_callback=progress_callback)
     except MCPError as e:
         return {"jsonrpc_error": {"code": e.code, "message": e.message}}
     except RuntimeError as e:
@@ -166,6 +170,83 @@ async def session_round_trip(session):
     return seen
 
 
+def progress_recorder(into):
+    """A progress callback that notes each notification and when it came (seconds since the
+    recorder was made, i.e. since just before the call)."""
+    started = time.monotonic()
+
+    async def on_progress(progress, total, message):
+        into.append(
+            {"at": round(time.monotonic() - started, 3), "progress": progress, "total": total, "message": message}
+        )
+
+    return on_progress, started
+
+
+# About 30 s: a line printed every 7.5 s, without flush (a pipe is block-buffered unless the
+# server line-buffers it).
+PROGRESS_CODE = "import time\nfor i in range(4):\n    print('line', i, 'x' * 100)\n    time.sleep(7.5)\n"
+
+
+async def progress(session):
+    seen = {"notifications": []}
+    on_progress, started = progress_recorder(seen["notifications"])
+    seen["run"] = await call(
+        session, "run_python", {"code": PROGRESS_CODE, "timeout_seconds": 90}, progress_callback=on_progress
+    )
+    seen["ended_at"] = round(time.monotonic() - started, 3)
+    seen["other_notifications"] = NOTIFIED
+    return seen
+
+
+NOTIFIED = []
+LOGGED = []
+
+
+async def note_message(message):
+    """Every notification the session surfaces besides progress callbacks (and any transport
+    error), by method."""
+    NOTIFIED.append(getattr(message, "method", type(message).__name__))
+
+
+async def note_log(params):
+    LOGGED.append({"level": params.level, "logger": params.logger, "data": params.data})
+
+
+async def logs(session):
+    seen = {}
+    # No progress callback (so no token) and no logging level yet: nothing should come.
+    seen["quiet"] = await call(session, "run_python", {"code": "import time\nprint('quiet')\ntime.sleep(2.5)"})
+    seen["quiet_notified"] = list(NOTIFIED)
+    seen["quiet_logged"] = list(LOGGED)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        await session.set_logging_level("info")
+    NOTIFIED.clear()
+    code = (
+        "import sys, time\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\ntime.sleep(1.5)\n"
+        "print('later ' + '\u00e9' * 3)\ntime.sleep(1.5)"
+    )
+    seen["logged_run"] = await call(session, "run_python", {"code": code})
+    seen["logged"] = list(LOGGED)
+    seen["create"] = await call(session, "create_session", {})
+    sid = seen["create"]["structured"]["session_id"]
+    notes = []
+    on_progress, started = progress_recorder(notes)
+    seen["cell"] = await call(
+        session,
+        "run_in_session",
+        {"session_id": sid, "code": "import time\nprint('cell')\ntime.sleep(3.5)"},
+        progress_callback=on_progress,
+    )
+    seen["cell_ended_at"] = round(time.monotonic() - started, 3)
+    seen["cell_progress"] = notes
+    seen["close"] = await call(session, "close_session", {"session_id": sid})
+    return seen
+
+
 @asynccontextmanager
 async def connect(argv):
     mode = argv[0]
@@ -175,7 +256,8 @@ async def connect(argv):
             command=binary,
             args=["mcp", "--state-dir", state_dir],
             env={"AIRLOCK_POOL__SIZE": "0",
-                 **{k: v for k, v in os.environ.items() if k == "AIRLOCK_CONFIG" or k.startswith("TEST_TOOL_")}},
+                 **{k: v for k, v in os.environ.items()
+                    if k == "AIRLOCK_CONFIG" or k.startswith(("TEST_TOOL_", "AIRLOCK_MCP__"))}},
         )
         async with stdio_client(params) as (read, write):
             yield read, write
@@ -245,7 +327,9 @@ async def main(argv):
     callback = {"approval": answer_elicitation, "approval_stale": answer_late}.get(scenario)
     try:
         async with connect(argv) as (read, write):
-            async with ClientSession(read, write, elicitation_callback=callback) as session:
+            async with ClientSession(
+                read, write, elicitation_callback=callback, message_handler=note_message, logging_callback=note_log
+            ) as session:
                 init = await session.initialize()
                 out["server"] = {"name": init.server_info.name, "instructions": init.instructions}
                 out["protocol_version"] = init.protocol_version
@@ -259,6 +343,10 @@ async def main(argv):
                     out.update(await approval(session))
                 elif scenario == "approval_stale":
                     out.update(await approval_stale(session))
+                elif scenario == "progress":
+                    out.update(await progress(session))
+                elif scenario == "logs":
+                    out.update(await logs(session))
                 elif scenario == "abandon":
                     # A session left open when the client goes.
                     out["create"] = await call(session, "create_session", {})

@@ -320,13 +320,22 @@ pub struct McpConfig {
     /// The tools the code of `airlock mcp` (stdio, one local user) may call: `server.tool`
     /// patterns as in a key's `tools`. Default: every read-only tool.
     pub stdio_tools: Vec<String>,
+    /// How often a `run_python` or `run_in_session` call whose host gave a progress token
+    /// sends `notifications/progress` while it runs, in ms (1 to 10000: hosts with short
+    /// timeouts wait on while they hear from the call at least every 10 s).
+    pub progress_interval_ms: u64,
 }
+
+/// The longest `mcp.progress_interval_ms`: the MCP hosts that give up on a silent call do so
+/// after tens of seconds, so every 10 s keeps them waiting.
+pub const MAX_PROGRESS_INTERVAL_MS: u64 = 10_000;
 
 impl Default for McpConfig {
     fn default() -> Self {
         McpConfig {
             enabled: true,
             stdio_tools: vec!["*.*".into()],
+            progress_interval_ms: 5000,
         }
     }
 }
@@ -1059,6 +1068,12 @@ impl Config {
         if h.answer_timeout_ms == 0 {
             return bad("http.answer_timeout_ms must be at least 1".into());
         }
+        if !(1..=MAX_PROGRESS_INTERVAL_MS).contains(&self.mcp.progress_interval_ms) {
+            return bad(format!(
+                "mcp.progress_interval_ms must be 1 to {MAX_PROGRESS_INTERVAL_MS} (a host hears \
+                 from a long call at least every 10 s)"
+            ));
+        }
         let mut names = std::collections::BTreeSet::new();
         for key in &self.keys {
             if key.name.is_empty()
@@ -1432,6 +1447,23 @@ mod tests {
         c.keys.pop();
         c.keys.push(KeyConfig::new("bob", "plaintext".into()));
         assert!(c.validate().unwrap_err().to_string().contains("64 hex"));
+    }
+
+    #[test]
+    fn the_mcp_progress_interval_is_at_least_1_ms_and_at_most_10_s() {
+        for (value, ok) in [("0", false), ("1", true), ("10000", true), ("10001", false)] {
+            let vars = env(&[("AIRLOCK_MCP__PROGRESS_INTERVAL_MS", value)]);
+            match load(None, &vars, None, None) {
+                Ok(c) => {
+                    assert!(ok, "{value} was taken");
+                    assert_eq!(c.mcp.progress_interval_ms.to_string(), value);
+                }
+                Err(e) => {
+                    assert!(!ok, "{value}: {e}");
+                    assert!(e.to_string().contains("mcp.progress_interval_ms"), "{e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! the ceiling, a busy session...) come back as tool results with `isError: true`, which the
 //! model reads; an unknown tool or arguments that do not fit the schema are JSON-RPC errors.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use airlock_api::{
@@ -39,12 +40,18 @@ use crate::service::pipeline::{self, Finished, Input, Received, Work};
 use crate::service::{approvals, eval, sessions, tools};
 use crate::SharedState;
 
+mod progress;
+
 /// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
 #[derive(Clone, Debug)]
 pub struct Tools {
     state: SharedState,
     /// The caller over stdio; over HTTP each request carries its own (and this is [`None`]).
     local: Option<Arc<Key>>,
+    /// Whether the host set a logging level that takes `info` (`logging/setLevel`, stdio
+    /// only: a stateless POST has no session to remember it): then the output of each call
+    /// is sent as log messages while it runs.
+    logs: Arc<AtomicBool>,
 }
 
 /// `run_python`'s arguments.
@@ -244,7 +251,11 @@ matplotlib where the host installed them. Close sessions you no longer need.";
 impl Tools {
     /// Tools for callers that the HTTP guard authenticated.
     pub fn for_http(state: SharedState) -> Tools {
-        Tools { state, local: None }
+        Tools {
+            state,
+            local: None,
+            logs: Arc::default(),
+        }
     }
 
     /// Tools for the one local caller of `airlock mcp`.
@@ -252,6 +263,7 @@ impl Tools {
         Tools {
             state,
             local: Some(key),
+            logs: Arc::default(),
         }
     }
 
@@ -590,11 +602,23 @@ impl Tools {
             .map_err(|e| ErrorData::internal_error(e.message, None))?;
         let received = handed_over(context);
         let slot = answer_slot(context);
+        // Progress and log messages, if the host asked, from now until the answer.
+        let every = std::time::Duration::from_millis(self.state.config.mcp.progress_interval_ms);
+        let watch = || progress::watch(context, every, self.logs.load(Ordering::Relaxed));
         Ok(match call {
             Call::RunPython(a) => {
-                let asks = self.elicitation(context);
-                self.run_python(&key, request_id, received, slot, a, asks)
-                    .await
+                let (output, reporter) = watch().unzip();
+                let told = Told {
+                    approvals: self.elicitation(context),
+                    output,
+                };
+                let result = self
+                    .run_python(&key, request_id, received, slot, a, told)
+                    .await;
+                if let Some(reporter) = reporter {
+                    reporter.finish().await;
+                }
+                result
             }
             Call::Eval(a) => self.eval_expression(received, a).await,
             Call::CreateSession(environment, volumes) => {
@@ -602,9 +626,18 @@ impl Tools {
                     .await
             }
             Call::RunInSession(a) => {
-                let asks = self.elicitation(context);
-                self.run_in_session(&key, request_id, received, slot, a, asks)
-                    .await
+                let (output, reporter) = watch().unzip();
+                let told = Told {
+                    approvals: self.elicitation(context),
+                    output,
+                };
+                let result = self
+                    .run_in_session(&key, request_id, received, slot, a, told)
+                    .await;
+                if let Some(reporter) = reporter {
+                    reporter.finish().await;
+                }
+                result
             }
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
@@ -629,7 +662,7 @@ impl Tools {
         received: Option<Received>,
         slot: Option<Reserved>,
         a: RunPython,
-        asks: Option<airlock_tools::Watcher>,
+        told: Told,
     ) -> Result<CallToolResult, Error> {
         let asked = ExecuteRequest {
             code: a.code,
@@ -655,7 +688,8 @@ impl Tools {
             received,
             stream: false,
             form: Form::Mcp,
-            approvals: asks,
+            approvals: told.approvals,
+            observer: told.output,
         };
         self.execute(request, slot).await
     }
@@ -742,7 +776,7 @@ impl Tools {
         received: Option<Received>,
         slot: Option<Reserved>,
         a: RunInSession,
-        asks: Option<airlock_tools::Watcher>,
+        told: Told,
     ) -> Result<CallToolResult, Error> {
         let asked = CellRequest {
             code: a.code,
@@ -760,7 +794,8 @@ impl Tools {
             received,
             stream: false,
             form: Form::Mcp,
-            approvals: asks,
+            approvals: told.approvals,
+            observer: told.output,
         };
         self.execute(request, slot).await
     }
@@ -837,6 +872,13 @@ impl Tools {
 }
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// What the host is told of while an execution or a cell runs: its tool calls that wait for
+/// an approval (by elicitation), and its output (progress and log messages).
+struct Told {
+    approvals: Option<airlock_tools::Watcher>,
+    output: Option<Box<dyn airlock_engine::OutputSink>>,
+}
 
 /// A tool call whose arguments fit the tool's schema.
 enum Call {
@@ -1107,7 +1149,14 @@ fn eval_result(r: EvalResponse) -> CallToolResult {
 
 impl ServerHandler for Tools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder().enable_tools();
+        // Log messages over stdio only: over stateless HTTP no level outlives its POST.
+        #[allow(deprecated)] // MCP's logging (SEP-2577); hosts still read it.
+        let capabilities = match self.local {
+            Some(_) => capabilities.enable_logging().build(),
+            None => capabilities.build(),
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }
@@ -1121,6 +1170,23 @@ impl ServerHandler for Tools {
         Ok(ListToolsResult::with_all_items(
             self.tools(caller.as_deref()),
         ))
+    }
+
+    /// Over stdio, a level of `debug` or `info` asks for the output of later calls as log
+    /// messages; a higher one, for none (airlock sends nothing else as a log message).
+    #[allow(deprecated)] // MCP's logging (SEP-2577); hosts still read it.
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        use rmcp::model::{LoggingLevel, SetLevelRequestMethod};
+        if self.local.is_none() {
+            return Err(ErrorData::method_not_found::<SetLevelRequestMethod>());
+        }
+        let wanted = matches!(request.level, LoggingLevel::Debug | LoggingLevel::Info);
+        self.logs.store(wanted, Ordering::Relaxed);
+        Ok(())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

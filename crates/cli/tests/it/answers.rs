@@ -394,6 +394,32 @@ fn an_unread_mcp_answer_is_counted_until_it_is_cut_off() {
     assert!(drain(&mut s, Duration::from_secs(10)).expect("closed") < 6 << 20);
 }
 
+/// The same over server-sent events (a call with a progress token that outlasts the
+/// interval): the stream holds the result's reservation until it is written or cut off.
+#[test]
+fn an_unread_mcp_answer_sent_as_events_is_counted_until_it_is_cut_off() {
+    let _g = serial();
+    let server = Server::start(
+        "[http]\nanswer_timeout_ms = 2000\n[mcp]\nprogress_interval_ms = 500\n",
+        &[],
+    );
+    let mut call = tool_call(
+        "run_python",
+        json!({"code": "import sys, time\ntime.sleep(1.5)\nsys.stdout.write(chr(1) * (1 << 20))"}),
+    );
+    call["params"]["_meta"] = json!({"progressToken": 1});
+    let mut s = server.connect_small(4096);
+    send(&mut s, KEY, "POST", "/mcp", Some(&call));
+    assert_eq!(peek_status(&s, Duration::from_secs(30)), Some(200));
+    server.wait_running(0);
+    let held = server.metric("airlock_memory_held_bytes");
+    assert!(held >= 6e6, "{held} bytes held for a 6 MiB answer");
+    wait_for("the unread answer cut off", Duration::from_secs(20), || {
+        server.metric("airlock_memory_held_bytes") == 0.0
+    });
+    assert!(drain(&mut s, Duration::from_secs(10)).expect("closed") < 6 << 20);
+}
+
 /// A stream whose program is silent for longer than the deadline owes nothing meanwhile: the
 /// client, reading all the while, is not cut off.
 #[test]

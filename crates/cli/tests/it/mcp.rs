@@ -19,10 +19,17 @@ const READER_KEY: &str = "reader-key-0123456789abcdef";
 
 /// Runs the client script with `args`; what it printed, as JSON.
 fn client(args: &[&str]) -> Value {
+    client_with(args, &[])
+}
+
+/// As [`client`], with `env` added to the client's environment (over stdio it passes
+/// `AIRLOCK_MCP__*` on to airlock).
+fn client_with(args: &[&str], env: &[(&str, &str)]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp_client.py");
     let out = Command::new(mcp_python())
         .arg(script)
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run the MCP client");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -36,14 +43,22 @@ fn client(args: &[&str]) -> Value {
 
 /// `airlock mcp` started by the client, with a state directory of its own.
 fn over_stdio(scenario: &str) -> Value {
+    over_stdio_with(scenario, &[])
+}
+
+/// As [`over_stdio`], with `env` (`AIRLOCK_MCP__*` settings) for airlock.
+fn over_stdio_with(scenario: &str, env: &[(&str, &str)]) -> Value {
     let dir = std::env::temp_dir().join(format!("airlock-mcp-{}-{scenario}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let seen = client(&[
-        "stdio",
-        env!("CARGO_BIN_EXE_airlock"),
-        dir.to_str().unwrap(),
-        scenario,
-    ]);
+    let seen = client_with(
+        &[
+            "stdio",
+            env!("CARGO_BIN_EXE_airlock"),
+            dir.to_str().unwrap(),
+            scenario,
+        ],
+        env,
+    );
     let audit = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
@@ -818,5 +833,256 @@ fn a_queued_call_holds_its_body_in_the_memory_budget() {
         let r = t.join().unwrap();
         let text = r.json()["result"]["content"].to_string();
         assert!(text.contains(&format!("result: {n}")), "{text}");
+    }
+}
+
+/// Progress notifications as the SDK client's callback saw them: seconds since the call, the
+/// progress value, and the bytes of output the message gives.
+fn progress_seen(notes: &Value) -> Vec<(f64, f64, u64)> {
+    notes
+        .as_array()
+        .unwrap_or_else(|| panic!("no notifications: {notes}"))
+        .iter()
+        .map(|n| {
+            let message = n["message"].as_str().unwrap_or_else(|| panic!("{n}"));
+            // "running for 12 s, 3456 bytes of output"
+            let bytes = message
+                .split(", ")
+                .nth(1)
+                .and_then(|b| b.strip_suffix(" bytes of output"))
+                .and_then(|b| b.parse().ok())
+                .unwrap_or_else(|| panic!("no output bytes in {message:?}"));
+            assert!(message.starts_with("running for "), "{message}");
+            assert!(n["total"].is_null(), "{n}");
+            (
+                n["at"].as_f64().unwrap(),
+                n["progress"].as_f64().unwrap(),
+                bytes,
+            )
+        })
+        .collect()
+}
+
+/// Progress only grows, and the host never waits more than `max_gap` seconds to hear from
+/// the call (from the call to the first notification, between two, from the last to the
+/// result).
+fn check_progress_timing(seen: &[(f64, f64, u64)], ended_at: f64, max_gap: f64, what: &str) {
+    for pair in seen.windows(2) {
+        assert!(
+            pair[1].1 > pair[0].1,
+            "{what}: progress must grow: {seen:?}"
+        );
+    }
+    let mut times = vec![0.0];
+    times.extend(seen.iter().map(|n| n.0));
+    times.push(ended_at);
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] <= max_gap,
+            "{what}: {} s without a notification: {seen:?} (ended at {ended_at})",
+            pair[1] - pair[0]
+        );
+    }
+}
+
+/// The `progress` scenario: a 30 s run_python that prints a line every 7.5 s.
+fn check_progress(seen: &Value, what: &str) {
+    assert!(seen.get("failed").is_none(), "{what}: {seen:#}");
+    let out = ok(&seen["run"]);
+    assert!(out.contains("line 3"), "{what}: {out}");
+    let notes = progress_seen(&seen["notifications"]);
+    let ended_at = seen["ended_at"].as_f64().unwrap();
+    assert!(ended_at >= 30.0, "{what}: the call took {ended_at} s");
+    // Every 5 s by default: 5, 10, 15, 20, 25 (and maybe 30) s.
+    assert!(notes.len() >= 3, "{what}: {notes:?}");
+    check_progress_timing(&notes, ended_at, 10.0, what);
+    // The output so far: the first line (printed at the start, not flushed: the server
+    // line-buffers an observed call) by the first notification, more after later prints.
+    let bytes: Vec<u64> = notes.iter().map(|n| n.2).collect();
+    assert!(bytes[0] > 0, "{what}: {notes:?}");
+    assert!(bytes.windows(2).all(|b| b[1] >= b[0]), "{what}: {notes:?}");
+    assert!(bytes.last() > bytes.first(), "{what}: {notes:?}");
+    // No logging level was set: no log messages.
+    let others = seen["other_notifications"].to_string();
+    assert!(
+        !others.contains("notifications/message"),
+        "{what}: {others}"
+    );
+}
+
+/// A long call with a progress token keeps its host hearing from it, over stdio and over
+/// streamable HTTP, run side by side (30 s for both).
+#[test]
+fn a_long_call_sends_progress_over_stdio_and_http() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let url = format!("http://{}/mcp", server.addr);
+    let http = std::thread::spawn(move || client(&["http", &url, KEY, "progress"]));
+    let stdio = over_stdio("progress");
+    let http = http.join().unwrap();
+    check_progress(&stdio, "stdio");
+    check_progress(&http, "http");
+    drop(server);
+    HostState::now().assert_same_as(&before, &(stdio, http));
+}
+
+/// Over stdio: no progress without a token, no log messages before the host sets a level;
+/// then each stream's output as `info` log messages, a character cut between two reads sent
+/// whole; and a session's cell sends progress too.
+#[test]
+fn stdio_sends_nothing_unasked_and_the_output_as_log_messages_once_asked() {
+    let _g = serial();
+    let before = HostState::now();
+    let seen = over_stdio_with("logs", &[("AIRLOCK_MCP__PROGRESS_INTERVAL_MS", "1000")]);
+    assert!(seen.get("failed").is_none(), "{seen:#}");
+    ok(&seen["quiet"]);
+    assert_eq!(seen["quiet_notified"], json!([]), "{seen:#}");
+    assert_eq!(seen["quiet_logged"], json!([]), "{seen:#}");
+    ok(&seen["logged_run"]);
+    let logged = seen["logged"].as_array().unwrap();
+    let of = |logger: &str| -> String {
+        logged
+            .iter()
+            .filter(|l| l["logger"] == logger)
+            .map(|l| {
+                assert_eq!(l["level"], "info", "{l}");
+                l["data"].as_str().unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(of("stdout"), "to stdout\nlater ééé\n", "{seen:#}");
+    assert_eq!(of("stderr"), "to stderr\n", "{seen:#}");
+    // Printed 1.5 s apart: two messages, not one at the end.
+    assert!(logged.len() >= 3, "{seen:#}");
+    assert!(ok(&seen["cell"]).contains("cell"));
+    let notes = progress_seen(&seen["cell_progress"]);
+    let ended_at = seen["cell_ended_at"].as_f64().unwrap();
+    assert!(notes.len() >= 2, "{seen:#}");
+    check_progress_timing(&notes, ended_at, 2.0, "cell");
+    assert!(
+        notes.iter().all(|n| n.2 == 5),
+        "'cell\\n' printed: {notes:?}"
+    );
+    HostState::now().assert_same_as(&before, &seen);
+}
+
+fn tool_call_with_token(name: &str, arguments: Value, token: &str) -> Value {
+    let mut call = tool_call(name, arguments);
+    call["params"]["_meta"] = json!({"progressToken": token});
+    call
+}
+
+/// The events of a server-sent events body, as JSON.
+fn events(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+/// Over HTTP a call answers as JSON unless it sends a notification first: a short call
+/// with a progress token and a long one without get JSON; a long one with a token gets
+/// server-sent events, progress then the result, whose reservation is given back once
+/// written. A client that leaves such a stream takes its sandbox with it.
+#[test]
+fn over_http_a_call_answers_with_events_only_when_it_sends_progress() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("[mcp]\nprogress_interval_ms = 1000\n", &[]);
+    let short = tool_call_with_token("run_python", json!({"code": "6 * 7"}), "tok-short");
+    let r = rpc(&server, Some(KEY), &[], &short);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(r.text().contains("result: 42"), "{}", r.text());
+
+    let long = json!({"code": "import time\nprint('a')\ntime.sleep(2.5)"});
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call("run_python", long.clone()),
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    assert!(!r.text().contains("notifications/"), "{}", r.text());
+
+    let r = rpc(
+        &server,
+        Some(KEY),
+        &[],
+        &tool_call_with_token("run_python", long, "tok-long"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let events = events(&r.text());
+    let (last, progress) = events.split_last().expect("events");
+    assert!(progress.len() >= 2, "{events:?}");
+    for p in progress {
+        assert_eq!(p["method"], "notifications/progress", "{p}");
+        assert_eq!(p["params"]["progressToken"], "tok-long", "{p}");
+        assert!(
+            p["params"]["message"]
+                .as_str()
+                .unwrap()
+                .ends_with(", 2 bytes of output"),
+            "{p}"
+        );
+    }
+    assert_eq!(last["id"], 2, "{last}");
+    assert!(
+        last["result"]["content"]
+            .to_string()
+            .contains("stdout:\\na"),
+        "{last}"
+    );
+    wait_for_memory_released(&server);
+
+    // Gone after the first notification: the sandbox goes too.
+    let mut s = server.connect();
+    let body = tool_call_with_token(
+        "run_python",
+        json!({"code": "import time\ntime.sleep(60)", "timeout_seconds": 120}),
+        "tok-gone",
+    )
+    .to_string();
+    write!(
+        s,
+        "POST /mcp HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut reader = BufReader::new(s);
+    let mut line = String::new();
+    while !line.contains("notifications/progress") {
+        line.clear();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "closed early");
+    }
+    drop(reader);
+    server.wait_running(0);
+    wait_for_memory_released(&server);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sandbox_processes().len() > before.sandbox_processes().len() && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(server);
+    HostState::now().assert_same_as(&before, &"after the MCP client left a stream");
+}
+
+/// The answers' memory budget holds nothing once every answer is written (or dropped).
+fn wait_for_memory_released(server: &Server) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.metric("airlock_memory_held_bytes") != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} bytes still held",
+            server.metric("airlock_memory_held_bytes")
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -185,8 +185,27 @@ pub fn count(state: &SharedState, key: Option<&Key>, mut response: Response) -> 
             inner,
             piece: Bytes::new(),
             share,
+            slot: None,
         })
     })
+}
+
+/// Holds an answer of unknown length whose handler leaves its reservation in `slot` while
+/// it is sent (an MCP call answered as server-sent events, its notifications first, its
+/// result when the call ends): the slot is kept, and the body handed to hyper in pieces,
+/// until its last piece is taken.
+pub fn hold_stream(state: &SharedState, key: &Key, response: Response, slot: Reserved) -> Response {
+    let share = state.memory.share(Some(key));
+    let mut response = response.map(|inner| {
+        Body::new(Held {
+            inner,
+            piece: Bytes::new(),
+            share,
+            slot: Some(slot),
+        })
+    });
+    response.extensions_mut().insert(Counted);
+    response
 }
 
 /// A body and the share of memory it holds until it is written out. Its frames go to hyper
@@ -197,6 +216,8 @@ struct Held {
     inner: Body,
     piece: Bytes,
     share: Share,
+    /// Where a stream's reservation is left, held as long as the share.
+    slot: Option<Reserved>,
 }
 
 impl http_body::Body for Held {
@@ -224,6 +245,7 @@ impl http_body::Body for Held {
             },
             Poll::Ready(None) => {
                 self.share.set(0);
+                drop(self.slot.take().and_then(|slot| slot.take()));
                 Poll::Ready(None)
             }
             other => other,
@@ -358,6 +380,7 @@ mod tests {
             inner: Body::from(vec![7u8; size]),
             piece: Bytes::new(),
             share,
+            slot: None,
         };
         assert_eq!(http_body::Body::size_hint(&body).exact(), Some(size as u64));
         let mut taken = 0;
@@ -369,6 +392,28 @@ mod tests {
             assert_eq!(budget.used_by("a"), size as u64);
         }
         assert_eq!((taken, budget.used_by("a")), (size, 0));
+    }
+
+    #[tokio::test]
+    async fn a_stream_holds_the_reservation_left_in_its_slot_until_it_ends() {
+        let store =
+            KeyStore::new(vec![KeyConfig::new("a", hash_key("key-for-tests-000a"))]).unwrap();
+        let budget = MemoryBudget::new(16 << 20, 8 << 20, &store.keys());
+        let slot = Reserved::default();
+        let mut body = Held {
+            inner: Body::from(vec![7u8; 3 * PIECE]),
+            piece: Bytes::new(),
+            share: budget.share(Some(&store.keys()[0])),
+            slot: Some(slot.clone()),
+        };
+        // Left by the handler after the response began, then the handler is done.
+        slot.keep(budget.reserve(&store.keys()[0], 1000).unwrap());
+        drop(slot);
+        while let Some(frame) = body.frame().await {
+            frame.unwrap();
+            assert_eq!(budget.used_by("a"), 1000);
+        }
+        assert_eq!(budget.used_by("a"), 0);
     }
 
     #[derive(serde::Serialize)]

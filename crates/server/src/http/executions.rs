@@ -73,6 +73,7 @@ pub(crate) async fn run(
         stream,
         form: Form::Json,
         approvals: None,
+        observer: None,
     };
     let outcome = pipeline::run(state, request, |finished, share| {
         Answer::json(&finished, share)

@@ -3,6 +3,7 @@
 //! refusals are answered in the API's one error shape.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -14,21 +15,26 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use crate::answer::Reserved;
 use crate::caller::Caller;
 use crate::error::Error;
+use crate::http::answer::hold_stream;
 use crate::http::body::from_parts;
 use crate::http::error::kind_of;
 use crate::mcp::{Handover, Tools};
 use crate::service::pipeline;
 use crate::SharedState;
 
-/// The streamable HTTP transport for `/mcp`. Stateless: each POST is answered on its own, as
-/// JSON, so no MCP session outlives its request or can be taken over by another key (airlock
-/// sessions are the tools' own, owned by the key). Host and Origin are the guard's to check.
+/// The streamable HTTP transport for `/mcp`. Stateless: each POST is answered on its own, so
+/// no MCP session outlives its request or can be taken over by another key (airlock sessions
+/// are the tools' own, owned by the key). Host and Origin are the guard's to check. The
+/// answer is JSON, unless the call sends a notification first (progress, when the client
+/// gave a token): rmcp then answers that POST with server-sent events, the notifications and
+/// the result, with a comment line after `http.sse_keep_alive_ms` of silence.
 pub(crate) fn service(state: SharedState) -> StreamableHttpService<Tools, NeverSessionManager> {
     let max_body = usize::try_from(state.config.http.max_body_bytes).unwrap_or(usize::MAX);
+    let keep_alive = state.config.http.sse_keep_alive_ms;
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
-        .with_sse_keep_alive(None)
+        .with_sse_keep_alive((keep_alive > 0).then(|| Duration::from_millis(keep_alive)))
         .with_sse_retry(None)
         .with_max_request_body_bytes(max_body)
         .disable_allowed_hosts()
@@ -65,6 +71,14 @@ pub(crate) async fn route(
     let mut response = transport_error(service.handle(req).await.into_response()).await;
     // Held until the message is answered when no call took it.
     drop(handover.take());
+    let events = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if events {
+        // The result comes after the response began: the body holds its reservation.
+        return Ok(hold_stream(&state, &caller.0, response, slot));
+    }
     response.extensions_mut().insert(slot);
     Ok(response)
 }

@@ -64,6 +64,10 @@ pub(crate) struct Request {
     /// Told of each of its tool calls that waits for an approval (an MCP host asked by
     /// elicitation); a stream's client gets an `approval_requested` event anyway.
     pub approvals: Option<airlock_tools::Watcher>,
+    /// Told of the output as it comes when the answer is not streamed (an MCP call's
+    /// progress), in place of [`Discard`]; it must not block. The program's stdout is then
+    /// line-buffered, as for a stream, so what it prints is seen as it is printed.
+    pub observer: Option<Box<dyn OutputSink>>,
 }
 
 /// What a request asks to run. One lives per request, moved once or twice: boxing the
@@ -263,6 +267,7 @@ pub(crate) async fn run<T: Send + 'static>(
         stream,
         form,
         approvals: watcher,
+        mut observer,
     } = request;
     let (mut received, ready) = arrive_and_prepare(
         state,
@@ -286,8 +291,8 @@ pub(crate) async fn run<T: Send + 'static>(
         Ready::Execute(mut job) => {
             let cancel = Cancel::default();
             job.cancel = Some(cancel.clone());
-            // Line-buffered when streamed: print() reaches the client as it happens.
-            job.stream = stream;
+            // Line-buffered when streamed or observed: print() is seen as it happens.
+            job.stream = stream || observer.is_some();
             let tracked = state.track(cancel.clone());
             (Ready::Execute(job), Stop::Cancel(cancel), Some(tracked))
         }
@@ -359,15 +364,11 @@ pub(crate) async fn run<T: Send + 'static>(
         } else {
             let _ = started_tx.send(Ok(None));
             let _watching = watch(watcher);
-            let done = engine_and_finish(
-                state,
-                ctx,
-                ready,
-                &mut Discard,
-                admitted,
-                tracked,
-                &answered,
-            );
+            let sink: &mut dyn OutputSink = match observer.as_deref_mut() {
+                Some(observer) => observer,
+                None => &mut Discard,
+            };
+            let done = engine_and_finish(state, ctx, ready, sink, admitted, tracked, &answered);
             Some(done.map(|finished| present(finished, answer)))
         }
     });
