@@ -97,6 +97,7 @@ pub(crate) async fn submit(
         stream: false,
         form: Form::Json,
         approvals: None,
+        observer: None,
     };
     let meta = pipeline::submit(&state, request).await?;
     let mut response = (StatusCode::ACCEPTED, Json(meta.view())).into_response();
