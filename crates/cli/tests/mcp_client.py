@@ -321,6 +321,23 @@ async def approval(session):
     return seen
 
 
+async def background(session):
+    """start_python, get_execution (at once, then waiting) and cancel_execution."""
+    seen = {}
+    code = "import time\nprint('begun', flush=True)\ntime.sleep(2)\nprint('done')\n6 * 7"
+    seen["start"] = await call(session, "start_python", {"code": code, "timeout_seconds": 1200})
+    eid = seen["start"]["structured"]["id"]
+    seen["now"] = await call(session, "get_execution", {"id": eid})
+    seen["waited"] = await call(session, "get_execution", {"id": eid, "wait_seconds": 30})
+    seen["long"] = await call(session, "start_python", {"code": "import time\ntime.sleep(600)"})
+    lid = seen["long"]["structured"]["id"]
+    seen["cancel"] = await call(session, "cancel_execution", {"id": lid})
+    seen["after_cancel"] = await call(session, "get_execution", {"id": lid})
+    seen["wait_too_long"] = await call(session, "get_execution", {"id": eid, "wait_seconds": 61})
+    seen["unknown"] = await call(session, "get_execution", {"id": "ex_0123"})
+    return seen
+
+
 async def main(argv):
     scenario = argv[3]
     out = {}
@@ -347,6 +364,8 @@ async def main(argv):
                     out.update(await progress(session))
                 elif scenario == "logs":
                     out.update(await logs(session))
+                elif scenario == "background":
+                    out.update(await background(session))
                 elif scenario == "abandon":
                     # A session left open when the client goes.
                     out["create"] = await call(session, "create_session", {})

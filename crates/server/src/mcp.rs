@@ -104,6 +104,43 @@ struct RunInSession {
     timeout_seconds: Option<u64>,
 }
 
+/// `get_execution`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GetExecution {
+    /// The id `start_python` returned.
+    id: String,
+    /// Wait up to this many seconds (at most 60) for it to end before answering; 0 or absent:
+    /// answer at once.
+    #[schemars(range(max = 60))]
+    wait_seconds: Option<u64>,
+}
+
+/// `cancel_execution`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ExecutionId {
+    /// The id `start_python` returned.
+    id: String,
+}
+
+/// What `start_python`, `get_execution` and `cancel_execution` say of a background execution.
+#[derive(Debug, Serialize, JsonSchema)]
+struct Background {
+    /// What `get_execution` and `cancel_execution` take.
+    id: String,
+    /// `queued`, `running`, `finished`, `failed`, `cancelled` or `interrupted`.
+    state: String,
+    /// RFC 3339.
+    submitted_at: String,
+    started_at: Option<String>,
+    ended_at: Option<String>,
+    /// Why it ended without a result (failed, cancelled, interrupted).
+    error: Option<OutcomeError>,
+    /// Once it ran: what `run_python` would have answered (the output is in the text).
+    outcome: Option<Outcome>,
+}
+
 /// Arguments naming a session only.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -511,6 +548,37 @@ impl Tools {
                 ),
                 false,
             ),
+            tool::<RunPython, Background>(
+                "start_python",
+                "Start Python 3 code in the background",
+                format!(
+                    "Start Python 3 code that may run long (training a model, a large join) \
+                     and return at once with its id; it runs to its end whether or not you \
+                     wait. Call get_execution with the id for its state and, once it ended, \
+                     its output and result as run_python gives them. timeout_seconds may reach \
+                     {} s here (default {} s). {sandbox} {verdicts}{code_mode}",
+                    (self.state.config.background.max_timeout_ms / 1000).max(1),
+                    secs(self.state.config.background.default_timeout_ms),
+                ),
+                false,
+            ),
+            tool::<GetExecution, Background>(
+                "get_execution",
+                "A background execution's state and result",
+                "The state of an execution start_python started (queued, running, finished, \
+                 failed, cancelled, interrupted) and, once it ran, its output and result. \
+                 wait_seconds (up to 60) waits for it to end first."
+                    .to_owned(),
+                true,
+            ),
+            tool::<ExecutionId, Background>(
+                "cancel_execution",
+                "Cancel a background execution",
+                "Cancel an execution start_python started, if it still runs, and remove it \
+                 with its output: read what you need first."
+                    .to_owned(),
+                false,
+            ),
             tool::<SessionId, airlock_api::FileList>(
                 "list_session_files",
                 "List a session's files",
@@ -569,6 +637,18 @@ impl Tools {
                 Call::CreateSession(environment, volumes)
             }
             "run_in_session" => Call::RunInSession(arguments(args)?),
+            "start_python" => Call::StartPython(arguments(args)?),
+            "get_execution" => {
+                let a: GetExecution = arguments(args)?;
+                if a.wait_seconds.is_some_and(|w| w > 60) {
+                    return Err(ErrorData::invalid_params(
+                        "invalid arguments: wait_seconds must be at most 60",
+                        None,
+                    ));
+                }
+                Call::GetExecution(a)
+            }
+            "cancel_execution" => Call::CancelExecution(arguments(args)?),
             "list_session_files" => Call::ListFiles(arguments(args)?),
             "read_session_file" => Call::ReadFile(arguments(args)?),
             "close_session" => Call::Close(arguments(args)?),
@@ -584,6 +664,9 @@ impl Tools {
             }
         };
         if let Call::RunPython(RunPython {
+            timeout_seconds, ..
+        })
+        | Call::StartPython(RunPython {
             timeout_seconds, ..
         })
         | Call::RunInSession(RunInSession {
@@ -639,6 +722,9 @@ impl Tools {
                 }
                 result
             }
+            Call::StartPython(a) => self.start_python(&key, request_id, received, a).await,
+            Call::GetExecution(a) => self.get_execution(&key, slot, a).await,
+            Call::CancelExecution(a) => self.cancel_execution(&key, a).await,
             Call::ListFiles(a) => self.list_session_files(&key, a).await,
             Call::ReadFile(a) => self.read_session_file(&key, a).await,
             Call::Close(a) => self.close_session(&key, a).await,
@@ -655,16 +741,9 @@ impl Tools {
         })
     }
 
-    async fn run_python(
-        &self,
-        key: &Arc<Key>,
-        request_id: String,
-        received: Option<Received>,
-        slot: Option<Reserved>,
-        a: RunPython,
-        told: Told,
-    ) -> Result<CallToolResult, Error> {
-        let asked = ExecuteRequest {
+    /// The request `run_python` and `start_python` make of their arguments.
+    fn python_request(a: RunPython) -> ExecuteRequest {
+        ExecuteRequest {
             code: a.code,
             language: Default::default(),
             stdin: String::new(),
@@ -680,7 +759,113 @@ impl Tools {
             credentials: None,
             environment: a.environment,
             volumes: a.volumes,
+        }
+    }
+
+    async fn start_python(
+        &self,
+        key: &Arc<Key>,
+        request_id: String,
+        received: Option<Received>,
+        a: RunPython,
+    ) -> Result<CallToolResult, Error> {
+        let request = pipeline::Request {
+            caller: key.clone(),
+            request_id,
+            work: Work::Execute(Input::Given(Self::python_request(a))),
+            received,
+            stream: false,
+            form: Form::Json,
+            approvals: None,
+            observer: None,
         };
+        let meta = pipeline::submit(&self.state, request).await?;
+        let text = format!(
+            "execution {} started in the background ({}). Call get_execution with this id \
+             (wait_seconds up to 60) for its state, and its output once it ended.",
+            meta.id,
+            state_name(meta.state)
+        );
+        Ok(background_result(&meta, text, None))
+    }
+
+    /// A background execution's state; once it ran, its outcome as `run_python` gives it,
+    /// read from the disk within the caller's memory budget.
+    async fn get_execution(
+        &self,
+        key: &Arc<Key>,
+        slot: Option<Reserved>,
+        a: GetExecution,
+    ) -> Result<CallToolResult, Error> {
+        let wait = std::time::Duration::from_secs(a.wait_seconds.unwrap_or(0));
+        let meta = self
+            .state
+            .background
+            .wait_ended(key, &a.id, wait)
+            .await
+            .ok_or_else(|| crate::service::not_here(&self.state, &a.id, "background execution"))?;
+        let head = match (&meta.error, meta.state) {
+            (Some(e), s) => format!("execution {} is {}: {}", meta.id, state_name(s), e.message),
+            (None, s) => format!("execution {} is {}", meta.id, state_name(s)),
+        };
+        let (st, m, k) = (self.state.clone(), meta.clone(), key.clone());
+        let stored = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let Some(path) = st.background.result_path(&m) else {
+                return Ok(None);
+            };
+            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+            // Whole in memory as text blocks and rmcp's JSON of them, as an MCP answer is.
+            let share = st
+                .memory
+                .reserve(
+                    &k,
+                    len.saturating_mul(7).saturating_add(crate::answer::WINDOW),
+                )
+                .map_err(|over| crate::answer::over_budget(over, "answers"))?;
+            let bytes = std::fs::read(&path)
+                .map_err(|e| Error::internal(format!("reading a result: {e}")))?;
+            let result: ExecutionResult = serde_json::from_slice(&bytes)
+                .map_err(|e| Error::internal(format!("reading a result: {e}")))?;
+            Ok(Some((result, share)))
+        })
+        .await
+        .map_err(|e| Error::internal(e.to_string()))??;
+        let Some((result, share)) = stored else {
+            return Ok(background_result(&meta, head, None));
+        };
+        let ran = execution_result(&meta.id, &result, None, "");
+        drop(result);
+        if let Some(slot) = &slot {
+            slot.keep(share);
+        }
+        Ok(background_result(&meta, head, Some(ran)))
+    }
+
+    async fn cancel_execution(&self, key: &Key, a: ExecutionId) -> Result<CallToolResult, Error> {
+        let meta = self
+            .state
+            .background
+            .delete(key, &a.id, std::time::Duration::from_secs(10))
+            .await
+            .ok_or_else(|| crate::service::not_here(&self.state, &a.id, "background execution"))?;
+        let text = format!(
+            "execution {} is {}; its result and output are removed",
+            meta.id,
+            state_name(meta.state)
+        );
+        Ok(background_result(&meta, text, None))
+    }
+
+    async fn run_python(
+        &self,
+        key: &Arc<Key>,
+        request_id: String,
+        received: Option<Received>,
+        slot: Option<Reserved>,
+        a: RunPython,
+        told: Told,
+    ) -> Result<CallToolResult, Error> {
+        let asked = Self::python_request(a);
         let request = pipeline::Request {
             caller: key.clone(),
             request_id,
@@ -873,6 +1058,60 @@ impl Tools {
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
+fn state_name(state: crate::service::background::State) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A background execution's tool result: its state in a text block, then `ran`'s blocks (the
+/// outcome of one that ran), with both as structured content.
+fn background_result(
+    meta: &crate::service::background::Meta,
+    head: String,
+    ran: Option<CallToolResult>,
+) -> CallToolResult {
+    let (mut content, outcome, is_error) = match ran {
+        Some(ran) => {
+            let outcome = ran
+                .structured_content
+                .and_then(|v| serde_json::from_value::<OutcomeValue>(v).ok());
+            (ran.content, outcome, ran.is_error.unwrap_or(false))
+        }
+        None => (
+            Vec::new(),
+            None,
+            matches!(
+                meta.state,
+                crate::service::background::State::Failed
+                    | crate::service::background::State::Interrupted
+            ),
+        ),
+    };
+    content.insert(0, ContentBlock::text(head));
+    let structured = serde_json::json!({
+        "id": meta.id,
+        "state": state_name(meta.state),
+        "submitted_at": meta.submitted_at,
+        "started_at": meta.started_at,
+        "ended_at": meta.ended_at,
+        "error": meta.error.as_ref().map(|e| serde_json::json!({"kind": e.code, "message": e.message})),
+        "outcome": outcome.map(|o| o.0),
+    });
+    let mut result = if is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    };
+    result.structured_content = Some(structured);
+    result
+}
+
+/// An outcome's structured content, passed on as it is.
+#[derive(Deserialize)]
+struct OutcomeValue(serde_json::Value);
+
 /// What the host is told of while an execution or a cell runs: its tool calls that wait for
 /// an approval (by elicitation), and its output (progress and log messages).
 struct Told {
@@ -886,6 +1125,9 @@ enum Call {
     Eval(EvalExpression),
     CreateSession(Option<String>, Vec<airlock_api::VolumeMountRequest>),
     RunInSession(RunInSession),
+    StartPython(RunPython),
+    GetExecution(GetExecution),
+    CancelExecution(ExecutionId),
     ListFiles(SessionId),
     ReadFile(ReadSessionFile),
     Close(SessionId),
@@ -967,7 +1209,7 @@ fn tool<T: JsonSchema, O: JsonSchema>(
     tool.annotations = Some(
         ToolAnnotations::with_title(title)
             .read_only(read)
-            .destructive(name == "close_session")
+            .destructive(name == "close_session" || name == "cancel_execution")
             .open_world(false),
     );
     tool

@@ -104,13 +104,16 @@ fn check_tools(seen: &Value) {
     assert_eq!(
         names,
         [
+            "cancel_execution",
             "close_session",
             "create_session",
             "eval_expression",
+            "get_execution",
             "list_session_files",
             "read_session_file",
             "run_in_session",
-            "run_python"
+            "run_python",
+            "start_python"
         ]
     );
     let run = &tools["run_python"];
@@ -355,6 +358,59 @@ fn http_session_keeps_variables_and_files_until_closed() {
     check_session(&seen);
     drop(server);
     HostState::now().assert_same_as(&before, &seen);
+}
+
+/// `start_python`, `get_execution` and `cancel_execution`, as the `background` scenario saw
+/// them.
+fn check_background(seen: &Value, how: &str) {
+    assert!(seen.get("failed").is_none(), "{how}: {seen:#}");
+    let started = ok(&seen["start"]);
+    assert!(started.contains("get_execution"), "{how}: {started}");
+    let state = &seen["start"]["structured"]["state"];
+    assert!(state == "queued" || state == "running", "{how}: {seen:#}");
+    let now = &seen["now"]["structured"]["state"];
+    assert!(now == "queued" || now == "running", "{how}: {seen:#}");
+    // Waited for: its output and value, as run_python gives them, with its state.
+    let waited = ok(&seen["waited"]);
+    assert_eq!(
+        seen["waited"]["structured"]["state"], "finished",
+        "{how}: {seen:#}"
+    );
+    assert_eq!(
+        seen["waited"]["structured"]["outcome"]["status"], "ok",
+        "{how}"
+    );
+    assert!(waited.contains("begun\ndone"), "{how}: {waited}");
+    assert!(waited.contains("42"), "{how}: {waited}");
+    assert_eq!(
+        seen["cancel"]["structured"]["state"], "cancelled",
+        "{how}: {seen:#}"
+    );
+    assert!(
+        failed(&seen["after_cancel"]).contains("no such"),
+        "{how}: {seen:#}"
+    );
+    assert!(
+        seen["wait_too_long"]["jsonrpc_error"].is_object(),
+        "{how}: {seen:#}"
+    );
+    assert!(
+        failed(&seen["unknown"]).contains("no such"),
+        "{how}: {seen:#}"
+    );
+}
+
+#[test]
+fn background_executions_are_started_polled_and_cancelled_over_stdio_and_http() {
+    let _g = serial();
+    let before = HostState::now();
+    let server = Server::start("", &[]);
+    let url = format!("http://{}/mcp", server.addr);
+    let http = std::thread::spawn(move || client(&["http", &url, KEY, "background"]));
+    check_background(&over_stdio("background"), "stdio");
+    check_background(&http.join().unwrap(), "http");
+    drop(server);
+    HostState::now().assert_same_as(&before, &"after background executions over MCP");
 }
 
 fn key_toml(name: &str, key: &str, scopes: &str) -> String {

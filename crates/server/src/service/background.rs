@@ -709,6 +709,18 @@ impl Background {
             .flatten()
     }
 
+    /// `key`'s execution `id` once it ended, or as it is after `wait`.
+    pub async fn wait_ended(&self, key: &Key, id: &str, wait: Duration) -> Option<Meta> {
+        let meta = self.get(key, id)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let Some(live) = live else {
+            return Some(meta);
+        };
+        let mut written = live.written.subscribe();
+        let _ = tokio::time::timeout(wait, written.wait_for(|w| w.1)).await;
+        Some(live.meta())
+    }
+
     /// Deletes `key`'s execution `id`: cancels it if it is queued or running (waiting up to
     /// `wait` for it to end), and removes its result and events once it ended; from then on
     /// it is as absent as one that never was. Its last state (not ended if it is still
