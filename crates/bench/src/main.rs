@@ -13,6 +13,7 @@
 //! Usage: `airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N]`
 //! (`scripts/bench.sh` builds release binaries, installs bubblewrap and runs it).
 
+mod background;
 mod credentials;
 mod eval;
 mod snapshots;
@@ -56,6 +57,8 @@ struct Args {
     paused: usize,
     /// Only what a credential adds to a request through the egress proxy.
     credentials: bool,
+    /// Only one background execution of this many minutes, followed with reconnections.
+    background: Option<u64>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -73,6 +76,7 @@ fn parse_args() -> Result<Args, String> {
         one_gb: false,
         paused: 0,
         credentials: false,
+        background: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -87,6 +91,9 @@ fn parse_args() -> Result<Args, String> {
             "--eval-only" => args.eval_only = true,
             "--snapshots" => args.snapshots = true,
             "--credentials" => args.credentials = true,
+            "--background" => {
+                args.background = Some(value("--background")?.parse().map_err(|e| format!("{e}"))?)
+            }
             "--one-gb" => args.one_gb = true,
             "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
@@ -98,7 +105,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--background MINUTES]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -195,6 +202,9 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if args.snapshots {
         return snapshots::measure(&server, args.rounds, args.paused, args.one_gb);
+    }
+    if let Some(minutes) = args.background {
+        return background::measure(&server, minutes);
     }
     if let Some(clients) = args.load {
         if !nix::unistd::geteuid().is_root() {

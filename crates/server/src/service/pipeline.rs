@@ -20,7 +20,10 @@
 //!    reservation, or the stream's last event.
 //!
 //! Steps 6 to 8 run on one blocking thread that nothing cancels, so that every `started`
-//! line gets its record. The pipeline takes a transport-free [`Request`] and yields a
+//! line gets its record. A background execution ([`submit`]) takes steps 1 to 3 while its
+//! client waits, is answered, and takes the rest on a task of its own: its turn among
+//! background work, then 4 (waited for rather than refused) to 8, its output into its events
+//! log (`background.rs`). The pipeline takes a transport-free [`Request`] and yields a
 //! transport-free [`Outcome`] or an [`Error`]; the adapters map them (HTTP: statuses and
 //! server-sent events; MCP: tool results). A transport that must take in a whole message
 //! before it knows the work it holds (MCP over HTTP) takes steps 1 and 2 for it with
