@@ -503,3 +503,37 @@ fn results_larger_than_the_memory_budget_are_read_back_from_the_disk() {
         assert_eq!(v["result"]["stderr"].as_str().unwrap().len(), SIZE);
     }
 }
+
+#[test]
+fn the_events_log_stays_near_the_size_of_the_output() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // 20,000 writes of two bytes, each flushed: one event each would make a log twenty
+    // times the output.
+    let code =
+        "import sys\nfor i in range(20000):\n    sys.stdout.write('x\\n'); sys.stdout.flush()";
+    let id = submit(&server, &json!({"code": code}));
+    let v = wait_ended(&server, &id, Duration::from_secs(30));
+    assert_eq!(v["state"], "finished");
+    let mut events = Events::open(&server, KEY, &id, None);
+    let mut text = String::new();
+    while let Some(e) = events.next() {
+        if e.name == "stdout" {
+            text.push_str(e.data["text"].as_str().unwrap());
+        }
+    }
+    assert_eq!(text, "x\n".repeat(20000));
+    let log = std::fs::metadata(
+        server
+            .state_dir()
+            .join("background")
+            .join(&id)
+            .join("events"),
+    )
+    .unwrap()
+    .len();
+    assert!(
+        log < 2 * 40_000 + 16_384,
+        "an events log of {log} bytes for 40,000 of output"
+    );
+}

@@ -148,6 +148,8 @@ pub(crate) struct Background {
     inner: Mutex<Inner>,
     /// A turn given back, or one cancelled while it waits: waiters look again.
     turns: tokio::sync::Notify,
+    /// Deletions, one at a time.
+    tombs: Mutex<()>,
 }
 
 impl std::fmt::Debug for Background {
@@ -239,6 +241,8 @@ pub(crate) struct Live {
     log: Mutex<Log>,
     /// Why the events log could not be written, if it could not.
     log_failed: Mutex<Option<String>>,
+    /// Output held back for the log: its stream and text.
+    held: Mutex<(Option<Stream>, String)>,
     /// Bytes of the events log written whole, and whether the last event is among them.
     written: tokio::sync::watch::Sender<(u64, bool)>,
 }
@@ -250,9 +254,54 @@ impl std::fmt::Debug for Live {
 }
 
 impl Live {
+    /// Appends one event to the log, after the output held back before it.
+    pub fn event(&self, name: &str, data: &serde_json::Value) {
+        self.flush_output();
+        self.append(name, data);
+    }
+
+    /// Output text for the log: held back and joined with what follows it on the same stream
+    /// until [`COALESCE_BYTES`] are held, the other stream writes, or the next
+    /// [`Live::flush_output`] (every [`FLUSH_EVERY`] while it runs). A program that flushes a
+    /// byte at a time makes a few events a second, not one per byte: the log stays within a
+    /// few times the output limits.
+    fn output(&self, s: Stream, text: &str) {
+        let mut held = lock(&self.held);
+        if held.0 != Some(s) && !held.1.is_empty() {
+            let (stream, text) = (held.0, std::mem::take(&mut held.1));
+            self.append_text(stream, &text);
+        }
+        held.0 = Some(s);
+        held.1.push_str(text);
+        if held.1.len() >= COALESCE_BYTES {
+            let text = std::mem::take(&mut held.1);
+            self.append_text(Some(s), &text);
+        }
+    }
+
+    /// Writes the output held back, if any.
+    pub fn flush_output(&self) {
+        let mut held = lock(&self.held);
+        if !held.1.is_empty() {
+            let (stream, text) = (held.0, std::mem::take(&mut held.1));
+            self.append_text(stream, &text);
+        }
+    }
+
+    fn append_text(&self, s: Option<Stream>, text: &str) {
+        if let Some(s) = s {
+            self.append(stream::name(s), &serde_json::json!({ "text": text }));
+        }
+    }
+
+    /// Whether its last event is written.
+    pub fn has_ended(&self) -> bool {
+        self.written.borrow().1
+    }
+
     /// Appends one event to the log. A log that cannot be written stops the execution: its
     /// client would otherwise miss output without knowing.
-    pub fn event(&self, name: &str, data: &serde_json::Value) {
+    fn append(&self, name: &str, data: &serde_json::Value) {
         let mut log = lock(&self.log);
         let bytes = record(log.len, name, &data.to_string());
         let Some(file) = log.file.as_mut() else {
@@ -309,22 +358,21 @@ pub(crate) struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// What is still held of a character split at the very end.
+    /// What is still held: a character split at the very end, the output held back.
     pub fn flush(&mut self) {
         for s in [Stream::Stdout, Stream::Stderr] {
             if let Some(text) = self.whole.rest(s) {
-                self.live
-                    .event(stream::name(s), &serde_json::json!({ "text": text }));
+                self.live.output(s, &text);
             }
         }
+        self.live.flush_output();
     }
 }
 
 impl OutputSink for Sink<'_> {
     fn output(&mut self, s: Stream, chunk: &[u8]) {
         if let Some(text) = self.whole.text(s, chunk) {
-            self.live
-                .event(stream::name(s), &serde_json::json!({ "text": text }));
+            self.live.output(s, &text);
         }
     }
 
@@ -436,6 +484,7 @@ impl Background {
             config,
             inner: Mutex::new(inner),
             turns: tokio::sync::Notify::new(),
+            tombs: Mutex::new(()),
         };
         (bg, interrupted)
     }
@@ -536,6 +585,7 @@ impl Background {
                 len: 0,
             }),
             log_failed: Mutex::new(None),
+            held: Mutex::new((None, String::new())),
             written: tokio::sync::watch::Sender::new((0, false)),
         });
         inner.keys.entry(fingerprint).or_default().queued += 1;
@@ -682,7 +732,14 @@ impl Background {
         if !well_formed(id) {
             return None;
         }
-        let live = lock(&self.inner).live.get(id).cloned();
+        let live = {
+            let inner = lock(&self.inner);
+            // Deleted: gone from the moment it is marked, before its files are.
+            if inner.ended.get(id).is_some_and(|e| e.2) {
+                return None;
+            }
+            inner.live.get(id).cloned()
+        };
         let meta = match live {
             Some(live) => live.meta(),
             None => read_meta(&self.dir.as_ref()?.join(id))?,
@@ -748,6 +805,8 @@ impl Background {
     /// Removes an ended execution's result and events, and marks it deleted: what is left
     /// of it (a small `meta.json`) only says it is gone, until its retention ends. Once.
     fn tombstone(&self, id: &str) {
+        // Held to the end: a second caller returns once the first is done.
+        let _one_at_a_time = lock(&self.tombs);
         {
             let mut inner = lock(&self.inner);
             let Some((owner, _, deleted)) = inner.ended.get_mut(id) else {
@@ -826,8 +885,7 @@ impl Background {
         let dir = self.dir.as_ref().ok_or_else(Error::not_found)?;
         let live = lock(&self.inner).live.get(id).cloned();
         let path = dir.join(&meta.id).join("events");
-        let file =
-            File::open(&path).map_err(|e| Error::internal(format!("reading events: {e}")))?;
+        let file = File::open(&path).map_err(|e| gone_or(e, "reading events"))?;
         let (written, watch) = match &live {
             Some(live) => {
                 let rx = live.written.subscribe();
@@ -873,6 +931,14 @@ fn at_event_end(file: &File, at: u64, len: u64) -> bool {
     file.read_exact_at(&mut next, at).is_ok() && &next == b"id: "
 }
 
+/// A file of an execution that cannot be opened: deleted meanwhile (404), or a fault.
+fn gone_or(e: std::io::Error, what: &str) -> Error {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Error::not_found(),
+        _ => Error::internal(format!("{what}: {e}")),
+    }
+}
+
 /// Why it was interrupted, as its error says.
 fn interruption(was: State) -> Error {
     let what = if was == State::Queued {
@@ -895,6 +961,11 @@ pub(crate) struct Tail {
     written: (u64, bool),
     watch: Option<tokio::sync::watch::Receiver<(u64, bool)>>,
 }
+
+/// Output held back for the log joins one event up to this many bytes.
+const COALESCE_BYTES: usize = 16 << 10;
+/// How often output held back is written while an execution runs.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Bytes of the log read at once.
 pub(crate) const CHUNK: usize = 32 << 10;
@@ -956,8 +1027,7 @@ impl Background {
         let Some(path) = self.result_path(meta) else {
             return Ok(None);
         };
-        let file =
-            File::open(&path).map_err(|e| Error::internal(format!("reading a result: {e}")))?;
+        let file = File::open(&path).map_err(|e| gone_or(e, "reading a result"))?;
         let len = file
             .metadata()
             .map_err(|e| Error::internal(format!("reading a result: {e}")))?

@@ -484,6 +484,14 @@ async fn in_background(
     // Line-buffered: print() reaches the log as it happens.
     job.stream = true;
     let tracked = state.track(live.cancel.clone());
+    // Output held back for the log is written a little later at most.
+    let flushing = live.clone();
+    let flusher = tokio::spawn(async move {
+        while !flushing.has_ended() {
+            tokio::time::sleep(background::FLUSH_EVERY).await;
+            flushing.flush_output();
+        }
+    });
     let (st, live) = (state.clone(), live.clone());
     let ran = tokio::task::spawn_blocking(move || {
         let state = &st;
@@ -532,6 +540,7 @@ async fn in_background(
     if let Err(e) = ran {
         tracing::error!(error = %e, "a background execution's task failed");
     }
+    flusher.abort();
     drop(turn);
 }
 
