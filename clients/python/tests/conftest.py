@@ -1,8 +1,9 @@
 """A real `airlock serve` on a loopback port for the client's tests, with the keys they need:
 `KEY` (every scope but admin, the crm tools of tool_server.py), `EXECUTE_ONLY` (no `read`),
 `SLOW` (one request a minute, for 429 and `Retry-After`), `APPROVER` (scope `approve`, for
-the calls of `EXECUTE_ONLY`, whose code may call `crm.write_note`, which needs an approval);
-each key's volumes hold at most `VOLUME_QUOTA` bytes."""
+the calls of `EXECUTE_ONLY`, whose code may call `crm.write_note`, which needs an approval),
+`OTHER` (a plain key, to see none of `KEY`'s); each key's volumes hold at most `VOLUME_QUOTA`
+bytes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ KEY = "client-test-key-0123456789abcdef"
 EXECUTE_ONLY = "client-execute-only-0123456789ab"
 SLOW = "client-slow-key-0123456789abcdef"
 APPROVER = "client-approver-0123456789abcdef"
+OTHER = "client-other-key-0123456789abcdef"
 # Each key's volumes may hold this many bytes in all: small, so that a test passes it.
 VOLUME_QUOTA = 256 << 20
 
@@ -75,6 +77,10 @@ name = "approver"
 hash = "{_hash(APPROVER)}"
 scopes = ["approve"]
 approves = ["execute-only"]
+
+[[keys]]
+name = "other"
+hash = "{_hash(OTHER)}"
 
 [[keys]]
 name = "slow"

@@ -24,6 +24,7 @@ from airlock_client import (
     Approval,
     AsyncAirlock,
     AsyncVolume,
+    BackgroundNotFinished,
     BadRequest,
     Conflict,
     DataFrame,
@@ -1000,6 +1001,10 @@ def test_after_a_crash_sessions_are_lost_and_running_executions_recorded_as_inte
         with Airlock(url, KEY) as c:
             s = c.session()
             s.run("x = 1")
+            background = c.submit("import time\nprint('started', flush=True)\ntime.sleep(600)")
+            with background.events() as events:
+                assert next(events) == OutputEvent("stdout", "started\n")
+                kept = events.last_event_id
             stream = c.stream("import time\nprint('running', flush=True)\ntime.sleep(60)")
             assert next(iter(stream)) == OutputEvent("stdout", "running\n")
             audit = (tmp_path / "state" / "audit.jsonl").read_text().splitlines()
@@ -1022,5 +1027,16 @@ def test_after_a_crash_sessions_are_lost_and_running_executions_recorded_as_inte
             record = c.execution(running)
             assert record.interrupted and record.status == "internal_error"
             assert record.error is not None and record.error.type == "Interrupted"
+            # A background execution is interrupted: its events end with the error, and
+            # wait() raises it.
+            again = c.background(background.id)
+            info = again.refresh()
+            assert info.state == "interrupted" and info.error is not None and info.result is None
+            assert list(again.events(after=kept)) == [info.error]
+            with pytest.raises(BackgroundNotFinished) as stopped:
+                again.wait()
+            assert stopped.value.state == "interrupted" and stopped.value.error == info.error
+            assert "interrupted" in str(stopped.value) and "submit it again" in str(stopped.value)
+            assert again.cancel().state == "interrupted"
     finally:
         stop(proc)

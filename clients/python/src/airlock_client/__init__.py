@@ -5,12 +5,20 @@ values; every exception the clients raise derives from `AirlockError` (see
 `airlock_client.errors`); `airlock_client.pickle`, which needs no server, raises `PickleError`."""
 
 from airlock_client import pickle
-from airlock_client.aio import AsyncAirlock, AsyncSession, AsyncStream, AsyncVolume
-from airlock_client.client import Airlock, Session, Stream, Volume
+from airlock_client.aio import (
+    AsyncAirlock,
+    AsyncBackgroundEvents,
+    AsyncBackgroundExecution,
+    AsyncSession,
+    AsyncStream,
+    AsyncVolume,
+)
+from airlock_client.client import Airlock, BackgroundEvents, BackgroundExecution, Session, Stream, Volume
 from airlock_client.decode import DataFrame, DecodeError, Repr, Series, decode
 from airlock_client.errors import (
     AirlockError,
     APIError,
+    BackgroundNotFinished,
     BadRequest,
     BuildFailed,
     Conflict,
@@ -39,10 +47,15 @@ from airlock_client.errors import (
     VolumeFull,
     VolumeInUse,
     VolumesUnavailable,
+    WaitTimeout,
     raise_for_status,
 )
 from airlock_client.models import (
     Approval,
+    BackgroundError,
+    BackgroundEvent,
+    BackgroundInfo,
+    BackgroundState,
     Decided,
     Environment,
     EvalError,
@@ -74,9 +87,18 @@ __all__ = [
     "AirlockError",
     "Airlock",
     "AsyncAirlock",
+    "AsyncBackgroundEvents",
+    "AsyncBackgroundExecution",
     "AsyncSession",
     "AsyncStream",
     "AsyncVolume",
+    "BackgroundError",
+    "BackgroundEvent",
+    "BackgroundEvents",
+    "BackgroundExecution",
+    "BackgroundInfo",
+    "BackgroundNotFinished",
+    "BackgroundState",
     "BadRequest",
     "BuildFailed",
     "Conflict",
@@ -133,6 +155,7 @@ __all__ = [
     "VolumeInUse",
     "VolumeInfo",
     "VolumesUnavailable",
+    "WaitTimeout",
     "decode",
     "raise_for_status",
 ]

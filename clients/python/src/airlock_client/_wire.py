@@ -16,9 +16,22 @@ from typing import Callable, Generic, Mapping, Sequence, TypeVar
 
 import httpx
 
-from airlock_client.errors import STATUS_OF_CODE, APIError, ProtocolError, TransportError, error_for
+from airlock_client.errors import (
+    STATUS_OF_CODE,
+    AirlockError,
+    APIError,
+    BackgroundNotFinished,
+    NotFound,
+    ProtocolError,
+    TransportError,
+    error_for,
+)
 from airlock_client.models import (
     Approval,
+    BackgroundError,
+    BackgroundEvent,
+    BackgroundInfo,
+    BackgroundState,
     Decided,
     Environment,
     Evaluation,
@@ -40,6 +53,7 @@ from airlock_client.models import (
 )
 
 _T = TypeVar("_T", covariant=True)
+_E = TypeVar("_E")
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 # An answer's bytes the client takes at most (the JSON of a result, a file, a whole stream).
@@ -130,9 +144,13 @@ class Request(Generic[_T]):
     # The statuses that answer this call (`/readyz` says why it is not ready in its 503);
     # any other below 400 (a redirect, a proxy's 200 for a 201) is a ProtocolError.
     ok: tuple[int, ...] = (200,)
+    # A background execution's events are resumed after this one's.
+    last_event_id: int | None = None
 
     def headers(self) -> dict[str, str]:
         h = {"Accept": "text/event-stream" if self.stream else "application/json"}
+        if self.last_event_id is not None:
+            h["Last-Event-ID"] = str(self.last_event_id)
         if self.json is not None:
             h["Content-Type"] = "application/json"
         elif self.content is not None:
@@ -348,29 +366,28 @@ def nothing(answer: Answer) -> None:
     return None
 
 
-class Events:
-    """Server-sent events in, StreamEvents out: the output events as they come, then the
-    Execution with the streamed output put back into its stdout and stderr; an Approval for
-    each `approval_requested`. Bounded: one stream carries at most `limit` bytes in all;
-    anything but airlock's six events, or a stream that ends without its result, is a
-    ProtocolError."""
+class _Fields(Generic[_E]):
+    """Server-sent events' lines in, each event read by `take` as its blank line comes (so
+    nothing may follow the last), bounded: `limit` bytes for the whole stream, or with
+    `per_event` for each event (a stream followed for hours)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, per_event: bool = False) -> None:
         self.limit = limit
+        self.per_event = per_event
         self.seen = 0
         self.buf = bytearray()
         self.event = ""
         self.data: list[str] = []
-        self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.id: str | None = None
         self.done = False
 
-    def feed(self, chunk: bytes) -> list[StreamEvent]:
-        self.seen += len(chunk)
-        if self.seen > self.limit:
-            raise ProtocolError(f"the stream is over the client's limit of {self.limit} bytes")
+    def feed(self, chunk: bytes) -> list[_E]:
+        if not self.per_event:
+            self.seen += len(chunk)
+            self.check(self.seen, "the stream")
         searched = len(self.buf)  # no newline before this: not searched again
         self.buf += chunk
-        events: list[StreamEvent] = []
+        out: list[_E] = []
         while True:
             end = self.buf.find(b"\n", searched)
             if end < 0:
@@ -378,16 +395,30 @@ class Events:
             searched = 0
             line = bytes(self.buf[:end]).rstrip(b"\r")
             del self.buf[: end + 1]
-            event = self.line(line)
-            if event is not None:
-                events.append(event)
-        return events
+            if self.per_event:
+                self.seen += end + 1
+                self.check(self.seen, "an event")
+            dispatched = self.line(line)
+            if dispatched is not None:
+                out.append(dispatched)
+            if self.per_event and (dispatched is not None or not line):
+                self.seen = 0
+        if self.per_event:
+            self.check(self.seen + len(self.buf), "an event")
+        return out
+
+    def check(self, size: int, what: str) -> None:
+        if size > self.limit:
+            raise ProtocolError(f"{what} is over the client's limit of {self.limit} bytes")
 
     def finish(self) -> None:
         if not self.done:
             raise ProtocolError("the stream ended before its result")
 
-    def line(self, line: bytes) -> StreamEvent | None:
+    def take(self, event: str, data: str, id: str | None) -> _E:
+        raise NotImplementedError
+
+    def line(self, line: bytes) -> _E | None:
         try:
             text = line.decode()
         except UnicodeDecodeError:
@@ -395,7 +426,11 @@ class Events:
         if self.done:
             raise ProtocolError("data after the stream's result")
         if text == "":
-            return self.dispatch()
+            if not self.data and not self.event:
+                return None
+            event, data = self.event or "message", "\n".join(self.data)
+            self.event, self.data = "", []
+            return self.take(event, data, self.id)
         if text.startswith(":"):
             return None
         name, _, value = text.partition(":")
@@ -404,29 +439,48 @@ class Events:
             self.event = value
         elif name == "data":
             self.data.append(value)
-        elif name not in ("id", "retry"):
+        elif name == "id":
+            self.id = value
+        elif name != "retry":
             raise ProtocolError(f"an unknown event field {name[:40]!r}")
         return None
 
-    def dispatch(self) -> StreamEvent | None:
-        if not self.data and not self.event:
-            return None
-        event, data = self.event or "message", "\n".join(self.data)
-        self.event, self.data = "", []
+
+def _output_event(event: str, body: dict[str, object]) -> OutputEvent | TruncatedEvent | Approval | None:
+    """The events of a stream before its last, read; None for any other."""
+    if event in ("stdout", "stderr"):
+        text = body.get("text")
+        if not isinstance(text, str) or set(body) != {"text"}:
+            raise ProtocolError(f"a {event} event is {{\"text\": str}}")
+        return OutputEvent(event, text)  # type: ignore[arg-type]
+    if event == "truncated":
+        stream, limit = body.get("stream"), body.get("limit")
+        if stream not in ("stdout", "stderr") or not isinstance(limit, int) or isinstance(limit, bool):
+            raise ProtocolError("a truncated event is {\"stream\": \"stdout\"|\"stderr\", \"limit\": int}")
+        return TruncatedEvent(stream, limit)
+    if event == "approval_requested":
+        return Approval._read(_Reader(body, "$(approval_requested event)"))
+    return None
+
+
+class Events(_Fields[StreamEvent]):
+    """Server-sent events in, StreamEvents out: the output events as they come, then the
+    Execution with the streamed output put back into its stdout and stderr; an Approval for
+    each `approval_requested`. Bounded: one stream carries at most `limit` bytes in all;
+    anything but airlock's six events, or a stream that ends without its result, is a
+    ProtocolError."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit)
+        self.out: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+    def take(self, event: str, data: str, id: str | None) -> StreamEvent:
         body = _event_json(data, event)
-        if event in ("stdout", "stderr"):
-            text = body.get("text")
-            if not isinstance(text, str) or set(body) != {"text"}:
-                raise ProtocolError(f"a {event} event is {{\"text\": str}}")
-            self.out[event].append(text)
-            return OutputEvent(event, text)  # type: ignore[arg-type]
-        if event == "truncated":
-            stream, limit = body.get("stream"), body.get("limit")
-            if stream not in ("stdout", "stderr") or not isinstance(limit, int) or isinstance(limit, bool):
-                raise ProtocolError("a truncated event is {\"stream\": \"stdout\"|\"stderr\", \"limit\": int}")
-            return TruncatedEvent(stream, limit)
-        if event == "approval_requested":
-            return Approval._read(_Reader(body, "$(approval_requested event)"))
+        read = _output_event(event, body)
+        if isinstance(read, OutputEvent):
+            self.out[read.stream].append(read.text)
+        if read is not None:
+            return read
         if event == "result":
             self.done = True
             result = Execution._read(body, "$(result event)")
@@ -444,6 +498,34 @@ class Events:
             code = error.get("code") if isinstance(error, dict) else None
             status = STATUS_OF_CODE.get(code, 500) if isinstance(code, str) else 500
             raise error_for(status, headers, data.encode())
+        raise ProtocolError(f"an unknown event {event[:40]!r}")
+
+
+class LogEvents(_Fields["tuple[BackgroundEvent, int]"]):
+    """A background execution's events log, read from the server-sent events of one
+    connection: each event with its id (the offset to resume after). Nothing is kept between
+    events (the output is the caller's), and each event may take `limit` bytes; the last is
+    the Execution as sent (without its output) or a BackgroundError."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit, per_event=True)
+
+    def take(self, event: str, data: str, id: str | None) -> tuple[BackgroundEvent, int]:
+        if id is None or not re.fullmatch(r"[0-9]{1,20}", id):
+            raise ProtocolError(f"a {event[:40]!r} event without an id that is a number")
+        return self.read(event, data), int(id)
+
+    def read(self, event: str, data: str) -> BackgroundEvent:
+        body = _event_json(data, event)
+        read = _output_event(event, body)
+        if read is not None:
+            return read
+        if event == "result":
+            self.done = True
+            return Execution._read(body, "$(result event)")
+        if event == "error":
+            self.done = True
+            return BackgroundError._read(_Reader(body, "$(error event)").child("error"))
         raise ProtocolError(f"an unknown event {event[:40]!r}")
 
 
@@ -466,6 +548,60 @@ def check_stream(headers: httpx.Headers) -> None:
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding != "identity":
         raise ProtocolError(f"a compressed stream ({encoding[:40]!r}), though none was asked for")
+
+
+# The pauses of a follower of a background execution's events before it connects: the first
+# time, again at once when a connection is lost, then longer while none brings an event
+# (the server restarting); past them, it raises.
+RECONNECT_PAUSES = (0.0, 0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+# After an execution's last event, the pauses between reads of its state until it says it
+# ended (it is written just after the event).
+ENDING_PAUSES = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 0.0)
+
+
+class Expired(Exception):
+    """A follower's time (`wait(timeout=...)`) is up; never seen by the caller."""
+
+
+def outcome(info: BackgroundInfo) -> Execution:
+    """The Execution of a background execution that ended: its result once `finished`;
+    BackgroundNotFinished for any other end."""
+    if info.state == "finished":
+        if info.result is None:
+            raise ProtocolError("$.result: missing where the state is finished")
+        # The stored result leaves out its id: the execution's.
+        return info.result if info.result.id is not None else dataclasses.replace(info.result, id=info.id)
+    if not info.ended:
+        raise ProtocolError(f"$.state: {info.state}, where it has ended")
+    raise BackgroundNotFinished(info.id, info.state, info.error, info.result)
+
+
+def deleted(info: BackgroundInfo) -> AirlockError:
+    """What `wait()` raises for an execution its own handle deleted (`cancel()`)."""
+    if info.state == "finished":
+        return NotFound(404, "not_found", f"{info.id} finished and was deleted by cancel(); its result is gone")
+    state: BackgroundState = info.state if info.ended else "cancelled"
+    return BackgroundNotFinished(info.id, state, info.error, info.result)
+
+
+def gone(execution_id: str, ending: BackgroundEvent | None, not_found: NotFound) -> AirlockError:
+    """What `wait()` raises when the execution whose events it followed to their end is no
+    longer there (deleted meanwhile): the end its last event told, or the NotFound."""
+    if isinstance(ending, BackgroundError):
+        state: BackgroundState = {"cancelled": "cancelled", "interrupted": "interrupted"}.get(  # type: ignore[assignment]
+            ending.code, "failed"
+        )
+        return BackgroundNotFinished(execution_id, state, ending)
+    return not_found
+
+
+def with_read_timeout(timeout: httpx.Timeout, read: float | None) -> httpx.Timeout:
+    """`timeout` with reads waiting at most `read` seconds."""
+    if read is None:
+        return timeout
+    most = read if timeout.read is None else min(timeout.read, read)
+    return httpx.Timeout(connect=timeout.connect, read=most, write=timeout.write, pool=timeout.pool)
 
 
 def refusal(answer: Answer) -> APIError:
@@ -493,6 +629,25 @@ def evaluate(expression: str) -> Request[Evaluation]:
 def record(execution_id: str) -> Request[ExecutionRecord]:
     path = f"/v1/executions/{segment(execution_id, 'execution id')}"
     return Request("GET", path, lambda a: ExecutionRecord._read(read_json(a)))
+
+
+def submit(body: dict[str, object]) -> Request[BackgroundInfo]:
+    return Request("POST", "/v1/executions", lambda a: BackgroundInfo._read(read_json(a)), json=body, ok=(202,))
+
+
+def background(execution_id: str) -> Request[BackgroundInfo]:
+    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
+    return Request("GET", path, lambda a: BackgroundInfo._read(read_json(a)))
+
+
+def background_events(execution_id: str, after: int | None) -> Request[None]:
+    path = f"/v1/executions/{segment(execution_id, 'execution id')}/events"
+    return Request("GET", path, nothing, stream=True, last_event_id=after)
+
+
+def cancel(execution_id: str) -> Request[BackgroundInfo]:
+    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
+    return Request("DELETE", path, lambda a: BackgroundInfo._read(read_json(a)), ok=(200, 202))
 
 
 def open_session(body: dict[str, object]) -> Request[SessionInfo]:

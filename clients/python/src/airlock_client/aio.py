@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from types import TracebackType
 from typing import Callable, AsyncIterator, Mapping, Sequence, TypeVar
 
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, LogEvents, Mounts, Request, Settings
+from airlock_client.errors import (
+    NotFound,
+    ProtocolError,
+    ServiceUnavailable,
+    SessionLost,
+    TransportError,
+    WaitTimeout,
+)
 from airlock_client.models import (
     Approval,
+    BackgroundEvent,
+    BackgroundInfo,
     Decided,
     Environment,
     Evaluation,
@@ -26,7 +36,14 @@ from airlock_client.models import (
     VolumeInfo,
 )
 
-__all__ = ["AsyncAirlock", "AsyncSession", "AsyncStream", "AsyncVolume"]
+__all__ = [
+    "AsyncAirlock",
+    "AsyncBackgroundEvents",
+    "AsyncBackgroundExecution",
+    "AsyncSession",
+    "AsyncStream",
+    "AsyncVolume",
+]
 
 _T = TypeVar("_T")
 
@@ -119,6 +136,34 @@ class AsyncAirlock:
             volumes=volumes,
         )
         return await self._stream(_wire.run(body, stream=True), on_approval)
+
+    async def submit(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
+    ) -> AsyncBackgroundExecution:
+        """As `run`, in the background: answered at once (see `Airlock.submit`)."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
+        )
+        info = await self._do(_wire.submit(body))
+        return AsyncBackgroundExecution(self, info.id, info)
+
+    def background(self, execution_id: str) -> AsyncBackgroundExecution:
+        """A handle on this key's background execution `execution_id`; no request yet."""
+        return AsyncBackgroundExecution(self, execution_id)
 
     async def eval(self, expression: str) -> Evaluation:
         """Evaluates a Python literal expression natively on the server (no sandbox)."""
@@ -240,11 +285,13 @@ class AsyncAirlock:
         assert isinstance(response, httpx.Response)
         return AsyncStream(response, budget, self._settings, on_approval)
 
-    async def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
+    async def _exchange(
+        self, request: Request[object], budget: Budget, read_timeout: float | None = None
+    ) -> Answer | httpx.Response:
         """As `Airlock._exchange`."""
         attempt = 0
         while True:
-            response = await self._open(request)
+            response = await self._open(request, read_timeout)
             if request.stream and response.status_code == 200:
                 try:
                     _wire.check_stream(response.headers)
@@ -265,12 +312,13 @@ class AsyncAirlock:
             await asyncio.sleep(wait)
             attempt += 1
 
-    async def _open(self, request: Request[object]) -> httpx.Response:
+    async def _open(self, request: Request[object], read_timeout: float | None = None) -> httpx.Response:
         built = self._http.build_request(
             request.method,
             self._settings.url + request.path,
             headers={**self._settings.headers(), **request.headers()},
             content=request.body(),
+            timeout=_wire.with_read_timeout(self._http.timeout, read_timeout),
         )
         try:
             return await self._http.send(built, stream=True)
@@ -353,6 +401,174 @@ class AsyncStream:
         await self._response.aclose()
 
     async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+class AsyncBackgroundExecution:
+    """A background execution of an AsyncAirlock (see `BackgroundExecution`)."""
+
+    def __init__(self, client: AsyncAirlock, execution_id: str, info: BackgroundInfo | None = None) -> None:
+        _wire.segment(execution_id, "execution id")
+        self._client = client
+        self.id = execution_id
+        self.info = info
+        self._deleted: BackgroundInfo | None = None
+
+    async def refresh(self) -> BackgroundInfo:
+        """Its state now, with the whole result once it has one."""
+        self.info = await self._client._do(_wire.background(self.id))
+        return self.info
+
+    def events(self, after: int | None = None) -> AsyncBackgroundEvents:
+        """Its events, followed with `async for` (see `BackgroundExecution.events`)."""
+        return AsyncBackgroundEvents(self._client, self.id, after)
+
+    async def wait(self, timeout: float | None = None) -> Execution:
+        """Follows it to its end and returns its Execution (see `BackgroundExecution.wait`)."""
+        if self._deleted is not None:
+            raise _wire.deleted(self._deleted)
+        until = None if timeout is None else time.monotonic() + timeout
+        info = await self.refresh()
+        if info.ended:
+            return _wire.outcome(info)
+        ending: BackgroundEvent | None = None
+        try:
+            async with AsyncBackgroundEvents(self._client, self.id, None, until) as events:
+                async for ending in events:
+                    pass
+        except _wire.Expired:
+            raise WaitTimeout(self.id, info.state, timeout or 0.0) from None
+        try:
+            # Its last event is written just before its state: read again until it ended.
+            for pause in _wire.ENDING_PAUSES:
+                info = await self.refresh()
+                if info.ended:
+                    break
+                await asyncio.sleep(pause)
+            return _wire.outcome(info)
+        except NotFound as e:
+            raise _wire.gone(self.id, ending, e) from None
+
+    async def cancel(self) -> BackgroundInfo:
+        """Cancels and deletes it (see `BackgroundExecution.cancel`)."""
+        if self._deleted is None:
+            self._deleted = await self._client._do(_wire.cancel(self.id))
+            self.info = self._deleted
+        return self._deleted
+
+    def __repr__(self) -> str:
+        return f"AsyncBackgroundExecution({self.id!r})"
+
+
+class AsyncBackgroundEvents:
+    """The events of a background execution, followed with `async for` and resumed by
+    itself after a dropped connection (see `BackgroundEvents`)."""
+
+    def __init__(self, client: AsyncAirlock, execution_id: str, after: int | None, until: float | None = None) -> None:
+        self._client = client
+        self.id = execution_id
+        self.last_event_id = after
+        self._read_id = after
+        self._until = until
+        self._response: httpx.Response | None = None
+        self._chunks: AsyncIterator[bytes] | None = None
+        self._budget = Budget(client._settings)
+        self._log = LogEvents(client._settings.max_response_bytes)
+        self._pending: collections.deque[tuple[BackgroundEvent, int]] = collections.deque()
+        self._quiet = 0
+        self._got = False  # whether this connection brought any event
+        self._closed = False
+        self.reconnections = 0
+
+    def __aiter__(self) -> AsyncIterator[BackgroundEvent]:
+        return self
+
+    async def __anext__(self) -> BackgroundEvent:
+        while not self._pending:
+            if self._log.done:
+                await self.close()
+                raise StopAsyncIteration
+            if self._closed:
+                raise TransportError("the events were closed before the last")
+            if self._response is None or self._chunks is None:
+                await self._connect()
+                continue
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                if not self._got:
+                    # Ended whole with nothing after the event it resumed after: there is
+                    # nothing more (the last event was given already).
+                    self._log.done = True
+                    continue
+                await self._lost()  # ended before the last event: a proxy's doing
+                continue
+            except (httpx.HTTPError, httpx.StreamError):
+                await self._lost()
+                continue
+            try:
+                events = self._log.feed(chunk)
+            except BaseException:
+                await self.close()
+                raise
+            if events:
+                self._got = True
+                self._quiet = 0
+                self._read_id = events[-1][1]
+                self._pending.extend(events)
+            if time.monotonic() > self._budget.ends:
+                await self._lost()  # one connection's deadline: the next has its own
+        event, self.last_event_id = self._pending.popleft()
+        return event
+
+    async def _connect(self) -> None:
+        while True:
+            if self._quiet >= len(_wire.RECONNECT_PAUSES):
+                await self.close()
+                raise TransportError(f"the events of {self.id} were lost, and reconnecting failed")
+            pause = _wire.RECONNECT_PAUSES[self._quiet]
+            if self._until is not None and time.monotonic() + pause >= self._until:
+                await self.close()
+                raise _wire.Expired()
+            await asyncio.sleep(pause)
+            read = None if self._until is None else max(self._until - time.monotonic(), 0.001)
+            budget = Budget(self._client._settings)
+            try:
+                response = await self._client._exchange(_wire.background_events(self.id, self._read_id), budget, read)
+            except (TransportError, ServiceUnavailable):
+                self._quiet += 1
+                continue
+            except BaseException:
+                await self.close()
+                raise
+            assert isinstance(response, httpx.Response)
+            self._response, self._chunks, self._budget = response, response.aiter_raw(), budget
+            self._got = False
+            # What a lost connection left of an event is read again, whole.
+            self._log = LogEvents(self._client._settings.max_response_bytes)
+            return
+
+    async def _lost(self) -> None:
+        if self._response is not None:
+            await self._response.aclose()
+        self._response = None
+        if self._until is not None and time.monotonic() >= self._until:
+            await self.close()
+            raise _wire.Expired()
+        self._quiet += 1
+        self.reconnections += 1
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._response is not None:
+            await self._response.aclose()
+
+    async def __aenter__(self) -> AsyncBackgroundEvents:
         return self
 
     async def __aexit__(

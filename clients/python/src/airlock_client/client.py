@@ -10,10 +10,19 @@ from typing import Callable, Iterator, Mapping, Sequence, TypeVar
 import httpx
 
 from airlock_client import _wire
-from airlock_client._wire import Answer, Budget, Events, Files, Limits, Mounts, Request, Settings
-from airlock_client.errors import NotFound, ProtocolError, SessionLost, TransportError
+from airlock_client._wire import Answer, Budget, Events, Files, Limits, LogEvents, Mounts, Request, Settings
+from airlock_client.errors import (
+    NotFound,
+    ProtocolError,
+    ServiceUnavailable,
+    SessionLost,
+    TransportError,
+    WaitTimeout,
+)
 from airlock_client.models import (
     Approval,
+    BackgroundEvent,
+    BackgroundInfo,
     Decided,
     Environment,
     Evaluation,
@@ -26,7 +35,7 @@ from airlock_client.models import (
     VolumeInfo,
 )
 
-__all__ = ["Airlock", "Session", "Stream", "Volume"]
+__all__ = ["Airlock", "BackgroundEvents", "BackgroundExecution", "Session", "Stream", "Volume"]
 
 _T = TypeVar("_T")
 
@@ -120,6 +129,37 @@ class Airlock:
             volumes=volumes,
         )
         return self._stream(_wire.run(body, stream=True), on_approval)
+
+    def submit(
+        self,
+        code: str,
+        *,
+        limits: Limits | None = None,
+        files: Files | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
+        environment: str | None = None,
+        egress: Mapping[str, object] | None = None,
+        credentials: Sequence[str] | None = None,
+        entrypoint: str | None = None,
+        inputs: Mapping[str, object] | None = None,
+        volumes: Mounts | None = None,
+    ) -> BackgroundExecution:
+        """As `run`, in the background: answered at once, and it runs on the server whether
+        or not anyone follows it (`limits.timeout_ms` up to the server's background ceiling,
+        4 hours by default). Refusals raise here, as `run`'s do."""
+        body = _wire.execute_body(
+            code, limits=limits, files=files, env=env, stdin=stdin, environment=environment,
+            egress=egress, credentials=credentials, entrypoint=entrypoint, inputs=inputs,
+            volumes=volumes,
+        )
+        info = self._do(_wire.submit(body))
+        return BackgroundExecution(self, info.id, info)
+
+    def background(self, execution_id: str) -> BackgroundExecution:
+        """A handle on this key's background execution `execution_id` (submitted here or
+        elsewhere); nothing is asked of the server until it is used."""
+        return BackgroundExecution(self, execution_id)
 
     def eval(self, expression: str) -> Evaluation:
         """Evaluates a Python literal expression natively on the server (no sandbox)."""
@@ -243,12 +283,14 @@ class Airlock:
         assert isinstance(response, httpx.Response)
         return Stream(response, budget, self._settings, on_approval)
 
-    def _exchange(self, request: Request[object], budget: Budget) -> Answer | httpx.Response:
+    def _exchange(
+        self, request: Request[object], budget: Budget, read_timeout: float | None = None
+    ) -> Answer | httpx.Response:
         """The answer, read whole, or for a stream the open response; refusals raise, or are
         sent again when the settings say so."""
         attempt = 0
         while True:
-            response = self._open(request)
+            response = self._open(request, read_timeout)
             if request.stream and response.status_code == 200:
                 try:
                     _wire.check_stream(response.headers)
@@ -269,12 +311,13 @@ class Airlock:
             time.sleep(wait)
             attempt += 1
 
-    def _open(self, request: Request[object]) -> httpx.Response:
+    def _open(self, request: Request[object], read_timeout: float | None = None) -> httpx.Response:
         built = self._http.build_request(
             request.method,
             self._settings.url + request.path,
             headers={**self._settings.headers(), **request.headers()},
             content=request.body(),
+            timeout=_wire.with_read_timeout(self._http.timeout, read_timeout),
         )
         try:
             return self._http.send(built, stream=True)
@@ -361,6 +404,192 @@ class Stream:
         self._response.close()
 
     def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class BackgroundExecution:
+    """A background execution of this key's, by `id` (`Airlock.submit`, `Airlock.background`):
+    it runs on the server whether or not anyone follows it. `info` is its state as last read
+    (None until then, for a handle made by id)."""
+
+    def __init__(self, client: Airlock, execution_id: str, info: BackgroundInfo | None = None) -> None:
+        _wire.segment(execution_id, "execution id")
+        self._client = client
+        self.id = execution_id
+        self.info = info
+        self._deleted: BackgroundInfo | None = None
+
+    def refresh(self) -> BackgroundInfo:
+        """Its state now (`GET /v1/executions/{id}`), with the whole result once it has one.
+        Raises NotFound when there is none of this key's (or it was deleted)."""
+        self.info = self._client._do(_wire.background(self.id))
+        return self.info
+
+    def events(self, after: int | None = None) -> BackgroundEvents:
+        """Its events, from the first or after the one whose id is `after` (a `last_event_id`
+        kept from an earlier follower, in any process), followed to its end: see
+        BackgroundEvents."""
+        return BackgroundEvents(self._client, self.id, after)
+
+    def wait(self, timeout: float | None = None) -> Execution:
+        """Follows it to its end and returns its Execution, as `run` would have (the whole
+        output, read once more at the end). Raises BackgroundNotFinished when it ended
+        `failed`, `cancelled` or `interrupted`, NotFound when it was deleted meanwhile, and
+        WaitTimeout after `timeout` seconds (the execution goes on)."""
+        if self._deleted is not None:
+            raise _wire.deleted(self._deleted)
+        until = None if timeout is None else time.monotonic() + timeout
+        info = self.refresh()
+        if info.ended:
+            return _wire.outcome(info)
+        ending: BackgroundEvent | None = None
+        try:
+            with BackgroundEvents(self._client, self.id, None, until) as events:
+                for ending in events:
+                    pass
+        except _wire.Expired:
+            raise WaitTimeout(self.id, info.state, timeout or 0.0) from None
+        try:
+            # Its last event is written just before its state: read again until it ended.
+            for pause in _wire.ENDING_PAUSES:
+                info = self.refresh()
+                if info.ended:
+                    break
+                time.sleep(pause)
+            return _wire.outcome(info)
+        except NotFound as e:
+            raise _wire.gone(self.id, ending, e) from None
+
+    def cancel(self) -> BackgroundInfo:
+        """Cancels it if it is queued or running (its sandbox is killed) and deletes it, its
+        result and events with it: read what you need first. Its last state: `cancelled`, or
+        how it had ended (`running` when it was still ending after 10 s; it is deleted once
+        it ends). Raises NotFound when there is none of this key's."""
+        if self._deleted is None:
+            self._deleted = self._client._do(_wire.cancel(self.id))
+            self.info = self._deleted
+        return self._deleted
+
+    def __repr__(self) -> str:
+        return f"BackgroundExecution({self.id!r})"
+
+
+class BackgroundEvents:
+    """The events of a background execution, from its log on the server: OutputEvents and
+    TruncatedEvents as its program wrote, an Approval when one of its tool calls waits for
+    one, and last the Execution (without its output, which came as events: `wait()` has it
+    whole) or, when it ended without a result, a BackgroundError. It follows the execution
+    while it runs, and after a dropped connection reconnects by itself with `Last-Event-ID`
+    (at once, then for a few seconds while nothing comes), so that each event comes exactly
+    once. `last_event_id` is the id of the last event given: `events(after=...)` resumes
+    there, from any process. Closing it only stops following."""
+
+    def __init__(self, client: Airlock, execution_id: str, after: int | None, until: float | None = None) -> None:
+        self._client = client
+        self.id = execution_id
+        self.last_event_id = after
+        self._read_id = after
+        self._until = until
+        self._response: httpx.Response | None = None
+        self._chunks: Iterator[bytes] = iter(())
+        self._budget = Budget(client._settings)
+        self._log = LogEvents(client._settings.max_response_bytes)
+        self._pending: collections.deque[tuple[BackgroundEvent, int]] = collections.deque()
+        self._quiet = 0
+        self._got = False  # whether this connection brought any event
+        self._closed = False
+        # Connections opened again after one was lost.
+        self.reconnections = 0
+
+    def __iter__(self) -> Iterator[BackgroundEvent]:
+        return self
+
+    def __next__(self) -> BackgroundEvent:
+        while not self._pending:
+            if self._log.done:
+                self.close()
+                raise StopIteration
+            if self._closed:
+                raise TransportError("the events were closed before the last")
+            if self._response is None:
+                self._connect()
+                continue
+            try:
+                chunk = next(self._chunks)
+            except StopIteration:
+                if not self._got:
+                    # Ended whole with nothing after the event it resumed after: there is
+                    # nothing more (the last event was given already).
+                    self._log.done = True
+                    continue
+                self._lost()  # ended before the last event: a proxy's doing
+                continue
+            except (httpx.HTTPError, httpx.StreamError):
+                self._lost()
+                continue
+            try:
+                events = self._log.feed(chunk)
+            except BaseException:
+                self.close()
+                raise
+            if events:
+                self._got = True
+                self._quiet = 0
+                self._read_id = events[-1][1]
+                self._pending.extend(events)
+            if time.monotonic() > self._budget.ends:
+                self._lost()  # one connection's deadline: the next has its own
+        event, self.last_event_id = self._pending.popleft()
+        return event
+
+    def _connect(self) -> None:
+        while True:
+            if self._quiet >= len(_wire.RECONNECT_PAUSES):
+                self.close()
+                raise TransportError(f"the events of {self.id} were lost, and reconnecting failed")
+            pause = _wire.RECONNECT_PAUSES[self._quiet]
+            if self._until is not None and time.monotonic() + pause >= self._until:
+                self.close()
+                raise _wire.Expired()
+            time.sleep(pause)
+            read = None if self._until is None else max(self._until - time.monotonic(), 0.001)
+            budget = Budget(self._client._settings)
+            try:
+                response = self._client._exchange(_wire.background_events(self.id, self._read_id), budget, read)
+            except (TransportError, ServiceUnavailable):
+                self._quiet += 1
+                continue
+            except BaseException:
+                self.close()
+                raise
+            assert isinstance(response, httpx.Response)
+            self._response, self._chunks, self._budget = response, response.iter_raw(), budget
+            self._got = False
+            # What a lost connection left of an event is read again, whole.
+            self._log = LogEvents(self._client._settings.max_response_bytes)
+            return
+
+    def _lost(self) -> None:
+        if self._response is not None:
+            self._response.close()
+        self._response = None
+        if self._until is not None and time.monotonic() >= self._until:
+            self.close()
+            raise _wire.Expired()
+        self._quiet += 1
+        self.reconnections += 1
+
+    def close(self) -> None:
+        self._closed = True
+        if self._response is not None:
+            self._response.close()
+
+    def __enter__(self) -> BackgroundEvents:
         return self
 
     def __exit__(

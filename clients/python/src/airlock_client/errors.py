@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Mapping
 if TYPE_CHECKING:
     import httpx
 
-    from airlock_client.models import Execution
+    from airlock_client.models import BackgroundError, BackgroundState, Execution
 
 __all__ = [
     "AirlockError",
     "APIError",
+    "BackgroundNotFinished",
     "BadRequest",
     "BuildFailed",
     "Conflict",
@@ -44,6 +45,7 @@ __all__ = [
     "VolumeFull",
     "VolumeInUse",
     "VolumesUnavailable",
+    "WaitTimeout",
     "error_for",
     "raise_for_status",
 ]
@@ -233,6 +235,46 @@ class ExecutionFailed(AirlockError):
         return f"{e.status} (exit code {e.exit_code}, signal {e.signal}, limits hit {e.limits_hit})"
 
 
+class BackgroundNotFinished(AirlockError):
+    """`wait()` on a background execution that ended without finishing: its `state`
+    (`failed`, `cancelled` or `interrupted`), the server's `error` (code and message) when it
+    gave one, and the `execution` when it was killed while it ran (a cancelled one)."""
+
+    def __init__(
+        self,
+        id: str,
+        state: BackgroundState,
+        error: BackgroundError | None,
+        execution: Execution | None = None,
+    ) -> None:
+        super().__init__(id, state, error)
+        self.id = id
+        self.state = state
+        self.error = error
+        self.execution = execution
+
+    def __str__(self) -> str:
+        why = ""
+        if self.error is not None:
+            why = f": {self.error.code}: {self.error.message}"
+        elif self.execution is not None and self.execution.error is not None:
+            why = f": {self.execution.status}: {self.execution.error.message}"
+        return f"background execution {self.id} {self.state}{why}"
+
+
+class WaitTimeout(AirlockError, TimeoutError):
+    """`wait(timeout=...)` passed its timeout; the execution goes on (`state` as last seen)."""
+
+    def __init__(self, id: str, state: str, timeout: float) -> None:
+        super().__init__(id, state, timeout)
+        self.id = id
+        self.state = state
+        self.timeout = timeout
+
+    def __str__(self) -> str:
+        return f"background execution {self.id} still {self.state} after {self.timeout:g} s (it goes on)"
+
+
 _BY_STATUS: dict[int, type[APIError]] = {
     400: BadRequest,
     401: Unauthorized,
@@ -265,6 +307,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "conflict": 409,
     "session_busy": 409,
     "session_ended": 409,
+    "cancelled": 409,
     "volume_busy": 409,
     "volume_in_use": 409,
     "session_lost": 410,
@@ -281,6 +324,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "internal": 500,
     "overloaded": 503,
     "shutting_down": 503,
+    "interrupted": 503,
     "unavailable": 503,
 }
 

@@ -14,6 +14,10 @@ from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolErr
 
 __all__ = [
     "Approval",
+    "BackgroundError",
+    "BackgroundEvent",
+    "BackgroundInfo",
+    "BackgroundState",
     "Decided",
     "Environment",
     "Evaluation",
@@ -437,6 +441,71 @@ def read_approvals(value: object) -> list[Approval]:
 # What a stream yields: output events as they come, an Approval when one of its tool calls
 # waits for one, the Execution last.
 StreamEvent = Union[OutputEvent, TruncatedEvent, Approval, Execution]
+
+# Where a background execution is: `queued`, `running`, then `finished` (it ran: its result
+# says how), `failed` (airlock could not run it), `cancelled` or `interrupted` (the server
+# stopped while it waited or ran).
+BackgroundState = Literal["queued", "running", "finished", "failed", "cancelled", "interrupted"]
+_BACKGROUND_STATES = frozenset(BackgroundState.__args__)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class BackgroundError:
+    """Why a background execution ended without a result, as the server says it: its `code`
+    (`cancelled`, `interrupted`, or the code of the refusal that stopped it) and `message`.
+    Also the last event of `events()` when it ended so."""
+
+    code: str
+    message: str
+    request_id: str | None = None
+
+    @classmethod
+    def _read(cls, r: _Reader) -> BackgroundError:
+        return cls(r.text("code"), r.text("message"), r.opt_text("request_id"))
+
+
+@dataclass(frozen=True)
+class BackgroundInfo:
+    """A background execution as the server holds it (`GET /v1/executions/{id}`): its `state`,
+    when it was submitted, started and ended (RFC 3339), its `limits`, the `error` when it
+    ended without a result, and the whole `result` (output and all) once it has one."""
+
+    id: str
+    state: BackgroundState
+    submitted_at: str
+    started_at: str | None
+    ended_at: str | None
+    limits: Limits
+    error: BackgroundError | None = None
+    result: Execution | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state not in ("queued", "running")
+
+    @classmethod
+    def _read(cls, value: object) -> BackgroundInfo:
+        r = _Reader(value, "$")
+        state = r.text("state")
+        if state not in _BACKGROUND_STATES:
+            raise ProtocolError(f"$.state: unknown state {state[:40]!r}")
+        error = r.opt_object("error")
+        result = r.opt_object("result")
+        return cls(
+            r.text("id"),
+            state,  # type: ignore[arg-type]
+            r.text("submitted_at"),
+            r.opt_text("started_at"),
+            r.opt_text("ended_at"),
+            Limits._read(r.child("limits")),
+            None if error is None else BackgroundError._read(_Reader(error, "$.error")),
+            None if result is None else Execution._read(result, "$.result"),
+        )
+
+
+# What `events()` of a background execution yields: its output and approval events, then the
+# Execution (without its output, which came as events) or a BackgroundError.
+BackgroundEvent = Union[OutputEvent, TruncatedEvent, Approval, Execution, BackgroundError]
 
 
 @dataclass(frozen=True)
