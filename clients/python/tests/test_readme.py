@@ -1,5 +1,6 @@
-"""The quick starts of README.md ("Python") and of the client's own README, and its volumes
-example, run as written against the test server, and print what their comments say."""
+"""The quick starts of README.md ("Python") and of the client's own README, its volumes and
+paused sessions examples and docs/python.md's background executions, run as written against
+the test server, and print what their comments say."""
 
 from __future__ import annotations
 
@@ -49,3 +50,11 @@ def test_the_client_readme_volumes_example(server: Server) -> None:
 def test_the_client_readme_paused_sessions_example(server: Server) -> None:
     lines = run(python_block(ROOT / "clients" / "python" / "README.md", "\n## Paused sessions\n"), server)
     assert lines == ["['rows', 'threading'] ['lock']", "6 True", "[1, 2, 3, 4] [1, 2, 3]", "True True"]
+
+
+def test_the_background_executions_example(server: Server) -> None:
+    lines = run(python_block(ROOT / "docs" / "python.md", "\n## Background executions\n"), server)
+    assert lines[:3] == ["queued", "0", "1"], lines
+    assert lines[3:5] == [f"OutputEvent(stream='stdout', text='{i}\\n')" for i in (2, 3)], lines
+    assert lines[5].startswith("Execution(") and "output_streamed=True" in lines[5]
+    assert lines[6:] == ["0", "1", "2", "3", " 42", "cancelled", "cancelled"], lines
