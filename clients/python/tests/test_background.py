@@ -150,6 +150,9 @@ def test_submit_then_wait_gives_what_run_gives(client: Airlock) -> None:
     info = h.refresh()
     assert info.state == "finished" and info.started_at and info.ended_at and info.error is None
     assert client.background(h.id).wait() == e
+    # The audit record's call names what the id is rather than misreading it.
+    with pytest.raises(ProtocolError, match="background execution"):
+        client.execution(h.id)
     # Refusals raise as run's do, before anything is kept.
     for submit in (client.run, client.submit):
         with pytest.raises(BadRequest) as bad:

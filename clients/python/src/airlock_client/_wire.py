@@ -628,7 +628,17 @@ def evaluate(expression: str) -> Request[Evaluation]:
 
 def record(execution_id: str) -> Request[ExecutionRecord]:
     path = f"/v1/executions/{segment(execution_id, 'execution id')}"
-    return Request("GET", path, lambda a: ExecutionRecord._read(read_json(a)))
+
+    def read(a: Answer) -> ExecutionRecord:
+        body = read_json(a)
+        if isinstance(body, dict) and body.get("background") is True:
+            raise ProtocolError(
+                f"{execution_id} is a background execution: its state and result come from "
+                "background(id).refresh()"
+            )
+        return ExecutionRecord._read(body)
+
+    return Request("GET", path, read)
 
 
 def submit(body: dict[str, object]) -> Request[BackgroundInfo]:
