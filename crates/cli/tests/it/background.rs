@@ -503,3 +503,59 @@ fn results_larger_than_the_memory_budget_are_read_back_from_the_disk() {
         assert_eq!(v["result"]["stderr"].as_str().unwrap().len(), SIZE);
     }
 }
+
+/// The error a key gets for `method path`: its status, code and message.
+fn refusal(server: &Server, key: &str, method: &str, path: &str) -> (u16, Value, Value) {
+    let r = call_as(server.addr, key, method, path, None);
+    let v: Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    (
+        r.status,
+        v["error"]["code"].clone(),
+        v["error"]["message"].clone(),
+    )
+}
+
+#[test]
+fn another_key_cannot_tell_a_background_execution_from_one_that_never_was() {
+    let _g = serial();
+    let server = Server::start(&other_key(), &[]);
+    let id = submit(&server, &json!({"code": "print(1)"}));
+    wait_ended(&server, &id, Duration::from_secs(20));
+    let deleted = submit(&server, &json!({"code": "print(2)"}));
+    wait_ended(&server, &deleted, Duration::from_secs(20));
+    let r = server.call("DELETE", &format!("/v1/executions/{deleted}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The same id with its last character changed: one that never was.
+    let mut never = id.clone();
+    let last = never.pop().unwrap();
+    never.push(if last == 'a' { 'b' } else { 'a' });
+    for (method, suffix) in [("GET", ""), ("GET", "/events"), ("DELETE", "")] {
+        let none = refusal(
+            &server,
+            OTHER_KEY,
+            method,
+            &format!("/v1/executions/{never}{suffix}"),
+        );
+        assert_eq!(none.0, 404);
+        let theirs = refusal(
+            &server,
+            OTHER_KEY,
+            method,
+            &format!("/v1/executions/{id}{suffix}"),
+        );
+        assert_eq!(theirs, none, "{method} {suffix}: another key's");
+        let gone = refusal(
+            &server,
+            KEY,
+            method,
+            &format!("/v1/executions/{deleted}{suffix}"),
+        );
+        let own_none = refusal(
+            &server,
+            KEY,
+            method,
+            &format!("/v1/executions/{never}{suffix}"),
+        );
+        assert_eq!(gone, own_none, "{method} {suffix}: a deleted one");
+    }
+}

@@ -682,7 +682,14 @@ impl Background {
         if !well_formed(id) {
             return None;
         }
-        let live = lock(&self.inner).live.get(id).cloned();
+        let live = {
+            let inner = lock(&self.inner);
+            // Deleted: gone from now on, even while its files are still being removed.
+            if inner.ended.get(id).is_some_and(|(_, _, deleted)| *deleted) {
+                return None;
+            }
+            inner.live.get(id).cloned()
+        };
         let meta = match live {
             Some(live) => live.meta(),
             None => read_meta(&self.dir.as_ref()?.join(id))?,
@@ -826,8 +833,7 @@ impl Background {
         let dir = self.dir.as_ref().ok_or_else(Error::not_found)?;
         let live = lock(&self.inner).live.get(id).cloned();
         let path = dir.join(&meta.id).join("events");
-        let file =
-            File::open(&path).map_err(|e| Error::internal(format!("reading events: {e}")))?;
+        let file = File::open(&path).map_err(|e| gone_or(e, "reading events"))?;
         let (written, watch) = match &live {
             Some(live) => {
                 let rx = live.written.subscribe();
@@ -871,6 +877,15 @@ fn at_event_end(file: &File, at: u64, len: u64) -> bool {
     }
     let mut next = [0u8; 4];
     file.read_exact_at(&mut next, at).is_ok() && &next == b"id: "
+}
+
+/// A file of an execution deleted meanwhile is as absent as the execution.
+fn gone_or(e: std::io::Error, doing: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::not_found()
+    } else {
+        Error::internal(format!("{doing}: {e}"))
+    }
 }
 
 /// Why it was interrupted, as its error says.
@@ -956,8 +971,7 @@ impl Background {
         let Some(path) = self.result_path(meta) else {
             return Ok(None);
         };
-        let file =
-            File::open(&path).map_err(|e| Error::internal(format!("reading a result: {e}")))?;
+        let file = File::open(&path).map_err(|e| gone_or(e, "reading a result"))?;
         let len = file
             .metadata()
             .map_err(|e| Error::internal(format!("reading a result: {e}")))?
