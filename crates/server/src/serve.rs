@@ -413,7 +413,11 @@ async fn serve(
         grace_ms = grace.as_millis() as u64,
         "shutting down"
     );
-    let drain = async { while connections.join_next().await.is_some() {} };
+    // Background executions hold no connection: they are waited for too.
+    let drain = async {
+        while connections.join_next().await.is_some() {}
+        state.background.settled().await;
+    };
     if tokio::time::timeout(grace, drain).await.is_err() {
         tracing::warn!(
             running = state.running_count(),
@@ -433,6 +437,15 @@ async fn serve(
             .is_err()
         {
             connections.abort_all();
+        }
+        // Killed, background executions store how they ended (interrupted).
+        if tokio::time::timeout(KILL_DEADLINE, state.background.settled())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "background executions still ending: the next start marks them interrupted"
+            );
         }
     }
     close_sessions_and_pool(&state).await;

@@ -31,10 +31,15 @@ pub(crate) async fn execution(
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     if state.background.holds(&id) {
-        return match state.background.get(&caller.0, &id) {
-            Some(meta) => background_view(&state, &caller.0, meta).await,
-            None => Err(Error::not_found()),
-        };
+        if let Some(meta) = state.background.get(&caller.0, &id) {
+            return background_view(&state, &caller.0, meta).await;
+        }
+        // Another key's, or deleted: answered as one that never was, after the same look-up
+        // (neither its words nor its time tell them apart), never with its audit record.
+        return Err(match execution::record(&state, &caller.0, &id).await {
+            Ok(_) => execution::no_record(&state, &id),
+            Err(e) => e,
+        });
     }
     execution::record(&state, &caller.0, &id)
         .await
@@ -114,7 +119,12 @@ async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<R
     let (st, m) = (state.clone(), meta.clone());
     let stored = tokio::task::spawn_blocking(move || st.background.stored(&m))
         .await
-        .map_err(|e| Error::internal(e.to_string()))??;
+        .map_err(|e| Error::internal(e.to_string()))?
+        .map_err(|e| match e.kind {
+            // Deleted meanwhile.
+            crate::error::Kind::NotFound => execution::no_record(state, &meta.id),
+            _ => e,
+        })?;
     let Some(stored) = stored else {
         return Ok(Json(meta.view()).into_response());
     };

@@ -137,6 +137,9 @@ struct Inner {
     /// Ended ones: owner, when they ended (for their retention), and whether they were
     /// deleted (what is left only says so).
     ended: HashMap<String, (String, u64, bool)>,
+    /// Ended ones whose `meta.json` could not be replaced (a full disk): what they are, until
+    /// it can be ([`Background::expire`] tries again).
+    unsaved: HashMap<String, Meta>,
     running: usize,
 }
 
@@ -700,12 +703,16 @@ impl Background {
         meta.state = state;
         meta.ended_at = Some(at);
         meta.ended_ms = Some(ms);
-        if let Err(e) = write_meta(&live.dir, &meta) {
+        let saved = write_meta(&live.dir, &meta);
+        if let Err(e) = &saved {
             tracing::warn!(execution = %live.id, error = %e, "cannot write a background execution's state");
         }
-        *lock(&live.meta) = meta;
+        *lock(&live.meta) = meta.clone();
         {
             let mut inner = lock(&self.inner);
+            if saved.is_err() {
+                inner.unsaved.insert(live.id.clone(), meta);
+            }
             inner.live.remove(&live.id);
             inner
                 .ended
@@ -732,17 +739,18 @@ impl Background {
         if !well_formed(id) {
             return None;
         }
-        let live = {
+        let (live, unsaved) = {
             let inner = lock(&self.inner);
-            // Deleted: gone from the moment it is marked, before its files are.
-            if inner.ended.get(id).is_some_and(|e| e.2) {
+            // Deleted: gone from now on, even while its files are still being removed.
+            if inner.ended.get(id).is_some_and(|(_, _, deleted)| *deleted) {
                 return None;
             }
-            inner.live.get(id).cloned()
+            (inner.live.get(id).cloned(), inner.unsaved.get(id).cloned())
         };
-        let meta = match live {
-            Some(live) => live.meta(),
-            None => read_meta(&self.dir.as_ref()?.join(id))?,
+        let meta = match (live, unsaved) {
+            (Some(live), _) => live.meta(),
+            (None, Some(meta)) => meta,
+            (None, None) => read_meta(&self.dir.as_ref()?.join(id))?,
         };
         (meta.key_fingerprint == key.fingerprint() && !meta.deleted).then_some(meta)
     }
@@ -823,14 +831,22 @@ impl Background {
         let Some(dir) = self.dir.as_ref().map(|d| d.join(id)) else {
             return;
         };
+        let unsaved = lock(&self.inner).unsaved.remove(id);
+        let Some(mut meta) = unsaved.or_else(|| read_meta(&dir)) else {
+            return;
+        };
+        if meta.started_at.is_none() {
+            // It never ran: no audit record to fall back on, so nothing needs to stay.
+            self.remove(id);
+            return;
+        }
         let _ = std::fs::remove_file(dir.join("events"));
         let _ = std::fs::remove_file(dir.join("result.json"));
-        if let Some(mut meta) = read_meta(&dir) {
-            meta.deleted = true;
-            meta.has_result = false;
-            if let Err(e) = write_meta(&dir, &meta) {
-                tracing::warn!(execution = id, error = %e, "cannot mark a background execution deleted");
-            }
+        meta.deleted = true;
+        meta.has_result = false;
+        if let Err(e) = write_meta(&dir, &meta) {
+            tracing::warn!(execution = id, error = %e, "cannot mark a background execution deleted");
+            lock(&self.inner).unsaved.insert(id.to_owned(), meta);
         }
     }
 
@@ -841,6 +857,7 @@ impl Background {
             }
         }
         let mut inner = lock(&self.inner);
+        inner.unsaved.remove(id);
         if let Some((owner, _, deleted)) = inner.ended.remove(id) {
             if !deleted {
                 let c = inner.keys.entry(owner).or_default();
@@ -849,8 +866,16 @@ impl Background {
         }
     }
 
-    /// Removes the ended executions older than the retention; how many.
+    /// Removes the ended executions older than the retention; how many. Stores the states
+    /// that could not be stored when they ended.
     pub fn expire(&self) -> usize {
+        if let Some(root) = &self.dir {
+            // Under the lock, so that a deletion meanwhile is not written over.
+            let mut inner = lock(&self.inner);
+            inner
+                .unsaved
+                .retain(|id, meta| write_meta(&root.join(id), meta).is_err());
+        }
         let (_, now_ms) = now();
         let retention = self.config.retention_ms;
         let old: Vec<String> = lock(&self.inner)
@@ -863,6 +888,20 @@ impl Background {
             self.remove(id);
         }
         old.len()
+    }
+
+    /// Resolves once no background execution is queued or running (at shutdown, once each
+    /// has stored how it ended).
+    pub async fn settled(&self) {
+        loop {
+            let notified = self.turns.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.inner).live.is_empty() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Queued, running, and ended ones kept, now.
@@ -931,11 +970,12 @@ fn at_event_end(file: &File, at: u64, len: u64) -> bool {
     file.read_exact_at(&mut next, at).is_ok() && &next == b"id: "
 }
 
-/// A file of an execution that cannot be opened: deleted meanwhile (404), or a fault.
-fn gone_or(e: std::io::Error, what: &str) -> Error {
-    match e.kind() {
-        std::io::ErrorKind::NotFound => Error::not_found(),
-        _ => Error::internal(format!("{what}: {e}")),
+/// A file of an execution deleted meanwhile is as absent as the execution.
+fn gone_or(e: std::io::Error, doing: &str) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::not_found()
+    } else {
+        Error::internal(format!("{doing}: {e}"))
     }
 }
 

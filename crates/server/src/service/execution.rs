@@ -596,8 +596,16 @@ pub(crate) async fn record(
     };
     match found {
         Some(record) if record.key_fingerprint == key.fingerprint() => Ok(record),
-        // With a shared store every replica holds every record: a miss is just a miss.
-        _ if state.config.store.url.is_some() => Err(Error::not_found()),
-        _ => Err(super::not_here(state, id, "execution")),
+        _ => Err(no_record(state, id)),
+    }
+}
+
+/// What [`record`] answers for an id it holds no record of for the caller.
+pub(crate) fn no_record(state: &SharedState, id: &str) -> Error {
+    // With a shared store every replica holds every record: a miss is just a miss.
+    if state.config.store.url.is_some() {
+        Error::not_found()
+    } else {
+        super::not_here(state, id, "execution")
     }
 }
