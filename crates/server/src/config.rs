@@ -247,8 +247,9 @@ pub struct BackgroundConfig {
     pub max_timeout_ms: u64,
     /// `limits.timeout_ms` and `limits.cpu_ms` when a submission leaves them out.
     pub default_timeout_ms: u64,
-    /// Background executions running at once, all keys together; at most
-    /// `concurrency.max_running`.
+    /// Background executions running at once, all keys together; below
+    /// `concurrency.max_running`, so that requests answered in place always find a slot
+    /// (with one slot in all, none runs in the background).
     pub max_running: usize,
     /// Per key, unless the key sets `max_background_running`.
     pub max_running_per_key: usize,
@@ -260,6 +261,9 @@ pub struct BackgroundConfig {
     pub max_kept_per_key: usize,
     /// How long an ended execution's result and events are kept.
     pub retention_ms: u64,
+    /// Bytes one key's background executions may store (their events and results); past
+    /// it a submission is 429, and one that runs is stopped.
+    pub max_bytes_per_key: u64,
 }
 
 impl Default for BackgroundConfig {
@@ -272,6 +276,7 @@ impl Default for BackgroundConfig {
             max_queued_per_key: 16,
             max_kept_per_key: 100,
             retention_ms: 24 * 3600 * 1000,
+            max_bytes_per_key: 4 << 30,
         }
     }
 }
@@ -1041,13 +1046,14 @@ impl Config {
             return bad("concurrency.max_running must be at least 1".into());
         }
         let b = &self.background;
-        if b.max_running > c.max_running
+        if (b.max_running >= c.max_running && c.max_running > 1)
             || b.default_timeout_ms == 0
             || b.default_timeout_ms > b.max_timeout_ms
             || b.retention_ms < 1000
         {
             return bad(
-                "background: max_running must be at most concurrency.max_running, \
+                "background: max_running must be below concurrency.max_running (requests \
+                 answered in place keep a slot), \
                  0 < default_timeout_ms <= max_timeout_ms, and retention_ms at least 1000"
                     .into(),
             );
@@ -1236,6 +1242,32 @@ mod tests {
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
         assert!(c.cors.allowed_origins.is_empty());
         assert!(c.metrics.require_auth);
+    }
+
+    #[test]
+    fn background_work_leaves_requests_answered_in_place_a_slot() {
+        let slots = |all: &str, background: &str| {
+            load(
+                None,
+                &env(&[
+                    ("AIRLOCK_CONCURRENCY__MAX_RUNNING", all),
+                    ("AIRLOCK_BACKGROUND__MAX_RUNNING", background),
+                ]),
+                None,
+                None,
+            )
+        };
+        for (all, background) in [("2", "2"), ("4", "5"), ("4", "4")] {
+            let e = slots(all, background).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains("max_running must be below concurrency.max_running"),
+                "{e}"
+            );
+        }
+        // One slot in all: taken, and no background work runs (the server says so).
+        assert!(slots("1", "1").is_ok());
+        assert!(slots("4", "3").is_ok());
     }
 
     #[test]

@@ -193,8 +193,11 @@ impl AppState {
             .clone()
             .unwrap_or_else(|| config.state_dir().join("sessions"));
         let paused = service::snapshots::Paused::open(&snapshot_dir);
-        let (background, interrupted) =
-            service::background::Background::open(&config.state_dir(), config.background.clone());
+        let (background, interrupted) = service::background::Background::open(
+            &config.state_dir(),
+            config.background.clone(),
+            config.concurrency.max_running,
+        );
         if !interrupted.is_empty() {
             tracing::warn!(
                 count = interrupted.len(),

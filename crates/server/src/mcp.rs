@@ -775,7 +775,8 @@ impl Tools {
             work: Work::Execute(Input::Given(Self::python_request(a))),
             received,
             stream: false,
-            form: Form::Json,
+            // get_execution answers it whole in memory, as run_python would.
+            form: Form::Mcp,
             approvals: None,
             observer: None,
         };
@@ -813,18 +814,18 @@ impl Tools {
             let Some(path) = st.background.result_path(&m) else {
                 return Ok(None);
             };
-            let len = std::fs::metadata(&path).map_or(0, |m| m.len());
-            // Whole in memory as text blocks and rmcp's JSON of them, as an MCP answer is.
+            // Whole in memory as text blocks and rmcp's JSON of them, as run_python's answer
+            // is, and reserved as it is (its limits are the execution's).
+            let bytes = crate::answer::answer_bytes(st.engine.config(), &m.limits, Form::Mcp);
             let share = st
                 .memory
-                .reserve(
-                    &k,
-                    len.saturating_mul(7).saturating_add(crate::answer::WINDOW),
-                )
+                .reserve(&k, bytes)
                 .map_err(|over| crate::answer::over_budget(over, "answers"))?;
-            let bytes = std::fs::read(&path)
-                .map_err(|e| Error::internal(format!("reading a result: {e}")))?;
-            let result: ExecutionResult = serde_json::from_slice(&bytes)
+            let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Error::not_found(),
+                _ => Error::internal(format!("reading a result: {e}")),
+            })?;
+            let result: ExecutionResult = serde_json::from_reader(std::io::BufReader::new(file))
                 .map_err(|e| Error::internal(format!("reading a result: {e}")))?;
             Ok(Some((result, share)))
         })

@@ -731,3 +731,44 @@ fn the_events_log_is_not_many_times_the_output() {
         "{log} bytes of events for {n} bytes of output"
     );
 }
+
+#[test]
+fn a_key_s_background_executions_store_no_more_than_their_bytes() {
+    let _g = serial();
+    let server = Server::start("[background]\nmax_bytes_per_key = 65536\n", &[]);
+    // 200 KB of output, line by line: stopped once its events pass the key's bytes.
+    let code = "import time\nfor i in range(2000):\n    print('y' * 99, flush=True)\n    time.sleep(0.0005)";
+    let id = submit(&server, &json!({"code": code}));
+    let v = wait_ended(&server, &id, Duration::from_secs(30));
+    assert_eq!(v["state"], "failed", "{v}");
+    assert_eq!(v["error"]["code"], "storage_full", "{v}");
+    let dir = server.state_dir().join("background").join(&id);
+    let stored = std::fs::metadata(dir.join("events")).unwrap().len()
+        + std::fs::metadata(dir.join("result.json")).map_or(0, |m| m.len());
+    assert!(stored < 65536 + 2 * 200_000, "{stored} bytes stored");
+    // Full: the next submission is refused until the key deletes what it keeps.
+    let r = server.call("POST", "/v1/executions", Some(&json!({"code": "1"})));
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert!(r.text().contains("max_bytes_per_key"), "{}", r.text());
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/executions/{id}"), None)
+            .status,
+        200
+    );
+    let again = submit(&server, &json!({"code": "print('room again')"}));
+    assert_eq!(
+        wait_ended(&server, &again, Duration::from_secs(30))["state"],
+        "finished"
+    );
+}
+
+#[test]
+fn with_one_slot_in_all_nothing_runs_in_the_background_and_the_refusal_says_why() {
+    let _g = serial();
+    let server = Server::start("[concurrency]\nmax_running = 1\n", &[]);
+    let r = server.call("POST", "/v1/executions", Some(&json!({"code": "1"})));
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("concurrency.max_running"), "{}", r.text());
+    assert_eq!(server.execute(json!({"code": "print(1)"})).status, 200);
+}

@@ -23,7 +23,7 @@ use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -140,7 +140,27 @@ struct Inner {
     /// Ended ones whose `meta.json` could not be replaced (a full disk): what they are, until
     /// it can be ([`Background::expire`] tries again).
     unsaved: HashMap<String, Meta>,
+    /// Bytes each key's background executions store (events and results), by fingerprint.
+    stored: HashMap<String, Arc<AtomicU64>>,
     running: usize,
+}
+
+impl Inner {
+    fn stored_of(&mut self, fingerprint: &str) -> Arc<AtomicU64> {
+        self.stored
+            .entry(fingerprint.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+/// Bytes an execution's directory stores: its events and its result.
+fn stored_size(dir: &Path) -> u64 {
+    ["events", "result.json"]
+        .iter()
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Every background execution of this server.
@@ -189,7 +209,9 @@ fn write_meta(dir: &Path, meta: &Meta) -> std::io::Result<()> {
     let mut f = private_file(&tmp)?;
     f.write_all(&serde_json::to_vec(meta).map_err(std::io::Error::other)?)?;
     f.sync_data()?;
-    std::fs::rename(tmp, dir.join("meta.json"))
+    std::fs::rename(tmp, dir.join("meta.json"))?;
+    // The rename itself outlives a power loss only once the directory is synced.
+    File::open(dir)?.sync_all()
 }
 
 /// A file only airlock reads, made anew.
@@ -243,7 +265,11 @@ pub(crate) struct Live {
     meta: Mutex<Meta>,
     log: Mutex<Log>,
     /// Why the events log could not be written, if it could not.
-    log_failed: Mutex<Option<String>>,
+    log_failed: Mutex<Option<Error>>,
+    /// Bytes its key's background executions store (their events and results), and the most
+    /// they may (`background.max_bytes_per_key`).
+    stored: Arc<AtomicU64>,
+    max_stored: u64,
     /// Output held back for the log: its stream and text.
     held: Mutex<(Option<Stream>, String)>,
     /// Bytes of the events log written whole, and whether the last event is among them.
@@ -297,6 +323,15 @@ impl Live {
         }
     }
 
+    /// Stops it for `why`, the first reason given.
+    fn stop(&self, why: Error) {
+        let mut failed = lock(&self.log_failed);
+        if failed.is_none() {
+            *failed = Some(why);
+            self.cancel.cancel();
+        }
+    }
+
     /// Whether its last event is written.
     pub fn has_ended(&self) -> bool {
         self.written.borrow().1
@@ -316,13 +351,27 @@ impl Live {
                 let len = log.len;
                 drop(log);
                 self.written.send_modify(|w| w.0 = len);
+                let n = bytes.len() as u64;
+                let stored = self.stored.fetch_add(n, Ordering::AcqRel) + n;
+                if stored > self.max_stored {
+                    self.stop(Error::new(
+                        Kind::TooLarge,
+                        "storage_full",
+                        format!(
+                            "its key's background executions store more than \
+                             background.max_bytes_per_key ({} bytes): it was stopped",
+                            self.max_stored
+                        ),
+                    ));
+                }
             }
             Err(e) => {
                 log.file = None;
                 drop(log);
                 tracing::error!(execution = %self.id, error = %e, "a background execution's events cannot be written; it is stopped");
-                *lock(&self.log_failed) = Some(format!("its events could not be written: {e}"));
-                self.cancel.cancel();
+                self.stop(Error::internal(format!(
+                    "its events could not be written: {e}"
+                )));
             }
         }
     }
@@ -423,7 +472,13 @@ fn key_limits(config: &BackgroundConfig, key: &Key) -> (usize, usize) {
 impl Background {
     /// The background executions under `state_dir`: those left queued or running by the last
     /// run are marked interrupted (their ids are returned), ended ones are kept.
-    pub fn open(state_dir: &Path, config: BackgroundConfig) -> (Background, Vec<String>) {
+    pub fn open(
+        state_dir: &Path,
+        mut config: BackgroundConfig,
+        slots: usize,
+    ) -> (Background, Vec<String>) {
+        // Requests answered in place always keep a slot: with one slot in all, none is left.
+        config.max_running = config.max_running.min(slots.saturating_sub(1));
         let dir = state_dir.join("background");
         let made = std::fs::DirBuilder::new()
             .recursive(true)
@@ -473,6 +528,9 @@ impl Background {
                     .or_default()
                     .kept += 1;
             }
+            inner
+                .stored_of(&meta.key_fingerprint)
+                .fetch_add(stored_size(&path), Ordering::AcqRel);
             inner.ended.insert(
                 meta.id.clone(),
                 (
@@ -507,6 +565,14 @@ impl Background {
                 "background executions are not available: the state directory cannot hold them",
             ));
         };
+        if self.config.max_running == 0 {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                "background executions need a running slot beside those of requests answered \
+                 in place: concurrency.max_running is 1; raise it",
+            ));
+        }
         let fingerprint = key.fingerprint();
         let (_, max_queued) = key_limits(&self.config, key);
         let mut inner = lock(&self.inner);
@@ -531,6 +597,21 @@ impl Background {
                     "this key holds {held} background executions, as many as it may keep \
                      (background.max_kept_per_key); delete ended ones (DELETE \
                      /v1/executions/{{id}}) or wait for them to expire"
+                ),
+            )
+            .retry_after(60));
+        }
+        let stored = inner.stored_of(&fingerprint);
+        let max_stored = self.config.max_bytes_per_key;
+        if stored.load(Ordering::Acquire) >= max_stored {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key's background executions store {} bytes of events and results, \
+                     as many as they may (background.max_bytes_per_key); delete ended ones \
+                     (DELETE /v1/executions/{{id}}) or wait for them to expire",
+                    stored.load(Ordering::Acquire)
                 ),
             )
             .retry_after(60));
@@ -588,6 +669,8 @@ impl Background {
                 len: 0,
             }),
             log_failed: Mutex::new(None),
+            stored,
+            max_stored,
             held: Mutex::new((None, String::new())),
             written: tokio::sync::watch::Sender::new((0, false)),
         });
@@ -639,6 +722,9 @@ impl Background {
                 match stored {
                     Ok(()) => {
                         meta.has_result = true;
+                        let size =
+                            std::fs::metadata(live.dir.join("result.json")).map_or(0, |m| m.len());
+                        live.stored.fetch_add(size, Ordering::AcqRel);
                         let state = if failed_log.is_some() {
                             State::Failed
                         } else if live.is_cancelled() {
@@ -651,7 +737,7 @@ impl Background {
                             State::Finished
                         };
                         if let Some(why) = &failed_log {
-                            meta.error = Some(Error::internal(why.clone()).body(None).error);
+                            meta.error = Some(why.body(None).error);
                         }
                         stream::without_output(&mut response.result);
                         let mut value = serde_json::to_value(&response).unwrap_or_default();
@@ -684,7 +770,7 @@ impl Background {
                         ),
                     )
                 } else if let Some(why) = failed_log {
-                    (State::Failed, Error::internal(why))
+                    (State::Failed, why)
                 } else if shutting_down {
                     (State::Interrupted, interruption(meta.state))
                 } else {
@@ -840,6 +926,7 @@ impl Background {
             self.remove(id);
             return;
         }
+        self.unstore(id, &dir);
         let _ = std::fs::remove_file(dir.join("events"));
         let _ = std::fs::remove_file(dir.join("result.json"));
         meta.deleted = true;
@@ -852,6 +939,7 @@ impl Background {
 
     fn remove(&self, id: &str) {
         if let Some(dir) = &self.dir {
+            self.unstore(id, &dir.join(id));
             if let Err(e) = std::fs::remove_dir_all(dir.join(id)) {
                 tracing::warn!(execution = id, error = %e, "cannot remove a background execution");
             }
@@ -863,6 +951,25 @@ impl Background {
                 let c = inner.keys.entry(owner).or_default();
                 c.kept = c.kept.saturating_sub(1);
             }
+        }
+    }
+
+    /// Takes what `dir` stores off its owner's count, before its files go.
+    fn unstore(&self, id: &str, dir: &Path) {
+        let owner = {
+            let inner = lock(&self.inner);
+            inner
+                .ended
+                .get(id)
+                .map(|e| e.0.clone())
+                .or_else(|| inner.live.get(id).map(|l| l.fingerprint.clone()))
+        };
+        if let Some(owner) = owner {
+            let n = stored_size(dir);
+            let stored = lock(&self.inner).stored_of(&owner);
+            let _ = stored.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(n))
+            });
         }
     }
 

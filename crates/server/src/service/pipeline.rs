@@ -406,6 +406,7 @@ pub(crate) async fn submit(
         request_id,
         work,
         received,
+        form,
         ..
     } = request;
     let (received, ready) = arrive_and_prepare(
@@ -420,6 +421,9 @@ pub(crate) async fn submit(
     let Ready::Execute(job) = ready else {
         return Err(Error::internal("only executions run in the background"));
     };
+    // What it holds while it runs is a JSON answer's; the form it will be read in (an MCP
+    // result, whole in memory) must fit the key's share too, or it could never be read.
+    answer_size(state, &job.limits, form)?;
     let answer_bytes = answer_size(state, &job.limits, Form::Json)?;
     let live = state
         .background
