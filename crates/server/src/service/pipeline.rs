@@ -269,6 +269,7 @@ pub(crate) async fn run<T: Send + 'static>(
         approvals: watcher,
         mut observer,
     } = request;
+    let trace = crate::telemetry::current();
     let (mut received, ready) = arrive_and_prepare(
         state,
         &caller,
@@ -281,7 +282,9 @@ pub(crate) async fn run<T: Send + 'static>(
     // 4. reserve: the most its answer can hold, from now until it is written out.
     let answer = reserve_answer(state, &caller, ready.limits(), form)?;
     // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
+    let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
     let admitted = state.admission.admit(&caller).await.map_err(rejection)?;
+    drop(waiting);
     received.body = None;
     // Shutdown may have begun while this request waited.
     refuse_if_unavailable(state)?;
@@ -331,6 +334,7 @@ pub(crate) async fn run<T: Send + 'static>(
             let _ = started_tx.send(Err(e));
             return None;
         }
+        let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
         let execution_id = ctx.id.clone();
         let watch = |watcher: Option<airlock_tools::Watcher>| {
             watcher.and_then(|w| crate::service::approvals::watch(state, &execution_id, w))
