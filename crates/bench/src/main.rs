@@ -16,6 +16,7 @@
 mod credentials;
 mod eval;
 mod snapshots;
+mod telemetry;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -56,6 +57,9 @@ struct Args {
     paused: usize,
     /// Only what a credential adds to a request through the egress proxy.
     credentials: bool,
+    /// Only executions with traces off, to a collector, to one down and to one that never
+    /// answers (`--turns` turns).
+    telemetry: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -73,6 +77,7 @@ fn parse_args() -> Result<Args, String> {
         one_gb: false,
         paused: 0,
         credentials: false,
+        telemetry: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -87,6 +92,7 @@ fn parse_args() -> Result<Args, String> {
             "--eval-only" => args.eval_only = true,
             "--snapshots" => args.snapshots = true,
             "--credentials" => args.credentials = true,
+            "--telemetry" => args.telemetry = true,
             "--one-gb" => args.one_gb = true,
             "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
@@ -98,7 +104,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--telemetry [--turns N]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -174,6 +180,9 @@ fn run(args: &Args) -> Result<(), String> {
             args.airlock.display()
         )
     })?;
+    if args.telemetry {
+        return telemetry::measure(&airlock, args.turns.max(1));
+    }
     let bwrap = which("bwrap");
     if bwrap.is_none() {
         eprintln!(
@@ -1429,12 +1438,18 @@ struct Server {
 
 impl Server {
     fn start(airlock: &Path, state: &Path) -> Result<Server, String> {
+        Self::start_with(airlock, state, &[])
+    }
+
+    /// As `start`, with more settings in the environment (`AIRLOCK_...`).
+    fn start_with(airlock: &Path, state: &Path, env: &[(&str, &str)]) -> Result<Server, String> {
         let mut child = Command::new(airlock)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .env("AIRLOCK_API_KEY", KEY)
             // One session per client at the highest concurrency level.
             .env("AIRLOCK_SESSIONS__MAX_OPEN_PER_KEY", "8")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

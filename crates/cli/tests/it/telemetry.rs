@@ -2,8 +2,8 @@
 //! receiver (`otlp_receiver.py`, OpenTelemetry's own protobuf classes from the venv
 //! `ensure_otlp_receiver` makes): a request continues the caller's `traceparent`, its phases
 //! are its children, a code-mode tool call and an egress connection are children of its run,
-//! the tool server (`tool_server.py`) is called with the tool call's trace context, and no span
-//! carries the code or a secret. With the collector down or not answering, executions run as
+//! the tool server (`tool_server.py`) is called with the tool call's trace context, a call over
+//! `/mcp` is traced as a REST one, and no span carries the code or a secret. With the collector down or not answering, executions run as
 //! before and the dropped spans are counted.
 
 use crate::common;
@@ -348,6 +348,39 @@ with urllib.request.urlopen("http://localhost:{port}/", timeout=10) as r:
         .iter()
         .filter(|s| s["name"] != "POST /v1/execute")
         .all(|s| s["parent_span_id"] == root["span_id"]));
+    // A call over `/mcp` (which rmcp runs in a task of its own) is traced the same way.
+    let mcp_trace = "5c0b8e3a2d1f4e6a9b7c8d0e1f2a3b4c";
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_python", "arguments": {"code": "3 * 7"}}});
+    let headers = [
+        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+        (
+            "Accept".to_owned(),
+            "application/json, text/event-stream".to_owned(),
+        ),
+        (
+            "traceparent".to_owned(),
+            format!("00-{mcp_trace}-{PARENT}-01"),
+        ),
+    ];
+    let body = call.to_string();
+    let r = request(server.addr, "POST", "/mcp", &headers, Some(body.as_bytes()));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let spans = receiver.wait(mcp_trace, |s| {
+        ["POST /mcp", "run", "answer_write"]
+            .iter()
+            .all(|n| s.iter().any(|s| s["name"] == *n))
+    });
+    let req = one(&spans, "POST /mcp");
+    assert_eq!(req["parent_span_id"], PARENT);
+    for phase in ["admission_wait", "sandbox_start", "run", "answer_write"] {
+        assert_eq!(
+            one(&spans, phase)["parent_span_id"],
+            req["span_id"],
+            "{phase}"
+        );
+    }
     // An unsampled caller: the context goes on, nothing is recorded.
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     let r = execute(

@@ -56,8 +56,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
             Err(e) => e.into_response(),
         }
     });
-    let current = span.as_ref().map(|s| s.context().clone());
-    let response = crate::telemetry::within(current, answered).await;
+    let response = answered.await;
     // The answer's memory counts until it is written out.
     let mut response = crate::http::answer::count(&state, caller.as_deref(), response);
 

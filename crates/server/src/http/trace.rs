@@ -1,6 +1,7 @@
 //! A request's span, for the guard: begun with the request (continuing the caller's W3C
-//! `traceparent`), current while its handler runs (`telemetry::within`), and ended once its
-//! answer is written out, with the `answer_write` phase from the handler's answer to there.
+//! `traceparent`), found by the request's id while its handler runs
+//! (`Telemetry::request_span`), and ended once its answer is written out, with the
+//! `answer_write` phase from the handler's answer to there.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -38,8 +39,8 @@ pub fn begin(state: &SharedState, req: &Request, route: &str, request_id: &str) 
     let method = req.method().as_str();
     let mut span = state.telemetry.request(
         format!("{method} {route}"),
-        traceparent,
-        tracestate.as_deref(),
+        request_id,
+        (traceparent, tracestate.as_deref()),
         vec![
             KeyValue::new("http.request.method", method.to_owned()),
             KeyValue::new("http.route", route.to_owned()),

@@ -269,7 +269,7 @@ pub(crate) async fn run<T: Send + 'static>(
         approvals: watcher,
         mut observer,
     } = request;
-    let trace = crate::telemetry::current();
+    let trace = state.telemetry.request_span(&request_id);
     let (mut received, ready) = arrive_and_prepare(
         state,
         &caller,

@@ -1,7 +1,8 @@
 //! OpenTelemetry traces (docs/telemetry.md), exported over OTLP when `[telemetry]
 //! otlp_endpoint` is set; otherwise nothing here is started and each hook is one check.
 //!
-//! A request's span (the HTTP adapter makes it, continuing the caller's `traceparent`) has a
+//! A request's span (the HTTP adapter makes it, continuing the caller's `traceparent`; the
+//! pipeline finds it by the request's id) has a
 //! child per phase of an execution: `admission_wait`, `sandbox_start`, `run`,
 //! `result_parsing`, `answer_write`; `run` has one per tool call (`tool_call`, whose context
 //! goes to the tool server in `_meta`) and per egress connection (`egress_connection`).
@@ -28,24 +29,6 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 use crate::config::TelemetryConfig;
 use crate::metrics::Metrics;
 
-tokio::task_local! {
-    /// The span of the request this task serves, for the steps it takes (the pipeline's).
-    static REQUEST: SpanContext;
-}
-
-/// Runs `f` with `request` as the current request's span ([`current`]).
-pub async fn within<F: std::future::Future>(request: Option<SpanContext>, f: F) -> F::Output {
-    match request {
-        Some(cx) => REQUEST.scope(cx, f).await,
-        None => f.await,
-    }
-}
-
-/// The span of the request this task serves, when it is traced.
-pub fn current() -> Option<SpanContext> {
-    REQUEST.try_with(SpanContext::clone).ok()
-}
-
 /// The traces of one server: off (`Default`), or a queue to the collector.
 #[derive(Debug, Default)]
 pub struct Telemetry {
@@ -57,6 +40,9 @@ struct Inner {
     queue: export::Queue,
     ids: RandomIdGenerator,
     scope: InstrumentationScope,
+    /// The spans of requests being served, by request id: the pipeline finds its request's
+    /// there whichever task runs it (rmcp runs each MCP call in one of its own).
+    requests: Mutex<HashMap<String, SpanContext>>,
     /// Executions running now, by id.
     running: Mutex<HashMap<String, Running>>,
 }
@@ -99,6 +85,7 @@ impl Telemetry {
                         scope: InstrumentationScope::builder("airlock")
                             .with_version(env!("CARGO_PKG_VERSION"))
                             .build(),
+                        requests: Mutex::default(),
                         running: Mutex::default(),
                     })),
                 }
@@ -114,18 +101,29 @@ impl Telemetry {
         self.inner.is_some()
     }
 
-    /// A request's span (a server span named `name`), a child of the caller's `traceparent`
-    /// when it sent a valid one, else the root of a new trace. Ends when dropped.
+    /// Request `request_id`'s span (a server span named `name`), a child of the caller's
+    /// `traceparent` when it sent a valid one, else the root of a new trace. Ends when
+    /// dropped; [`Telemetry::request_span`] finds it meanwhile.
     pub fn request(
         &self,
         name: String,
-        traceparent: Option<&str>,
-        tracestate: Option<&str>,
+        request_id: &str,
+        (traceparent, tracestate): (Option<&str>, Option<&str>),
         attributes: Vec<KeyValue>,
     ) -> Option<Span> {
         let inner = self.inner.as_ref()?;
         let parent = traceparent.and_then(|t| context::parse(t, tracestate));
-        Some(inner.start(parent.as_ref(), name.into(), SpanKind::Server, attributes))
+        let mut span = inner.start(parent.as_ref(), name.into(), SpanKind::Server, attributes);
+        inner
+            .requests()
+            .insert(request_id.to_owned(), span.context.clone());
+        span.request_id = Some(request_id.to_owned());
+        Some(span)
+    }
+
+    /// The span of request `request_id`, while it is served and traced.
+    pub fn request_span(&self, request_id: &str) -> Option<SpanContext> {
+        self.inner.as_ref()?.requests().get(request_id).cloned()
     }
 
     /// A phase timed from now until the span is dropped, under `parent`.
@@ -343,6 +341,10 @@ impl Drop for Registered {
 }
 
 impl Inner {
+    fn requests(&self) -> std::sync::MutexGuard<'_, HashMap<String, SpanContext>> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -388,6 +390,7 @@ impl Inner {
             inner: self.clone(),
             context,
             data,
+            request_id: None,
         }
     }
 
@@ -481,6 +484,8 @@ pub struct Span {
     context: SpanContext,
     /// None when its trace is not sampled.
     data: Option<SpanData>,
+    /// A request's span: its entry in [`Inner::requests`], removed with it.
+    request_id: Option<String>,
 }
 
 impl Span {
@@ -511,6 +516,9 @@ impl Span {
 
 impl Drop for Span {
     fn drop(&mut self) {
+        if let Some(id) = &self.request_id {
+            self.inner.requests().remove(id);
+        }
         if let Some(mut data) = self.data.take() {
             data.end_time = SystemTime::now();
             self.inner.queue.push(data);
