@@ -936,13 +936,14 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Settings that are optional (absent from the defaults' table) but may still be set.
-const OPTIONAL: [&[&str]; 6] = [
+const OPTIONAL: [&[&str]; 7] = [
     &["state_dir"],
     &["replica"],
     &["store", "url"],
     &["store", "password_file"],
     &["store", "ca_file"],
     &["tools", "reserved_per_server"],
+    &["telemetry", "otlp_endpoint"],
 ];
 
 fn has_path(tree: &toml::Table, path: &[String]) -> bool {
@@ -1374,6 +1375,7 @@ mod tests {
             ),
             ("AIRLOCK_STATE_DIR", "/srv/airlock"),
             ("AIRLOCK_TOOLS__RESERVED_PER_SERVER", "2"),
+            ("AIRLOCK_TELEMETRY__OTLP_ENDPOINT", "http://collector:4318"),
             ("AIRLOCK_LOG_FORMAT", "json"),
             ("AIRLOCK_API_KEY", "not a setting"),
             ("PATH", "/usr/bin"),
@@ -1391,6 +1393,10 @@ mod tests {
         assert_eq!(c.cors.allowed_origins, ["https://app.example"]);
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/airlock")));
         assert_eq!(c.tools.reserved_per_server, Some(2), "an optional setting");
+        assert_eq!(
+            c.telemetry.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.listen.port(), 9100, "the flag beats everything");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -1607,5 +1613,36 @@ mod tests {
         assert!(check_store_url("postgres://airlock:pw@127.0.0.1/db")
             .unwrap_err()
             .contains("password"));
+    }
+
+    #[test]
+    fn the_otlp_endpoint_is_a_url_with_a_host_and_no_password() {
+        let with = |endpoint: &str| TelemetryConfig {
+            otlp_endpoint: Some(endpoint.into()),
+            ..TelemetryConfig::default()
+        };
+        for bad in [
+            "collector:4318",
+            "ftp://collector",
+            "http://",
+            "http://user:secret@collector:4318",
+            "not a url",
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad} was taken");
+        }
+        let base = with("https://collector.example:4318/");
+        assert!(base.validate().is_ok());
+        assert_eq!(
+            base.traces_url().as_deref(),
+            Some("https://collector.example:4318/v1/traces")
+        );
+        let own = with("http://collector/custom/traces");
+        assert_eq!(
+            own.traces_url().as_deref(),
+            Some("http://collector/custom/traces")
+        );
+        assert_eq!(own.collector(), Some(("collector".into(), 80)));
+        assert!(TelemetryConfig::default().validate().is_ok());
+        assert_eq!(TelemetryConfig::default().traces_url(), None);
     }
 }

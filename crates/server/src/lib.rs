@@ -25,9 +25,9 @@
 //!    outcomes, event streams and [`Error`]s.
 //! 4. **Foundation**: configuration (which imports no other module), keys and the
 //!    [`caller`], admission, memory budgets and the size of answers, the audit log, its lines
-//!    and its store, metrics, traces ([`telemetry`]), the one error type ([`Error`]: a kind, a code, a message, the
-//!    field, when to come back; no status), the connection layer ([`wire`]), sizing and the
-//!    OpenAPI descriptions. They know no layer above.
+//!    and its store, metrics, traces ([`telemetry`]), the one error type ([`Error`]: a kind, a
+//!    code, a message, the field, when to come back; no status), the connection layer
+//!    ([`wire`]), sizing and the OpenAPI descriptions. They know no layer above.
 //!
 //! Below them all is the engine ([`airlock_engine`]), which knows nothing of this crate.
 //! [`AppState`], at the crate root, is the shared state every layer reads.
