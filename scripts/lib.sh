@@ -129,6 +129,17 @@ ensure_mcp_client() {
     ensure_pinned_venv "$MCP_CLIENT_VENV" mcp "$MCP_CLIENT_VERSION"
 }
 
+# The OTLP receiver of crates/cli/tests/it/telemetry.rs and airlock-bench --telemetry
+# (crates/cli/tests/otlp_receiver.py): OpenTelemetry's own protobuf classes, from PyPI, in a
+# venv under target/ (no collector is packaged by the registries the project uses).
+OTLP_RECEIVER_VENV=target/otlp-receiver
+OTLP_PROTO_VERSION=1.45.2
+
+# ensure_otlp_receiver: a venv in $OTLP_RECEIVER_VENV with opentelemetry-proto==$OTLP_PROTO_VERSION.
+ensure_otlp_receiver() {
+    ensure_pinned_venv "$OTLP_RECEIVER_VENV" opentelemetry-proto "$OTLP_PROTO_VERSION"
+}
+
 # The MCP reference server (@modelcontextprotocol/server-everything) from the npm registry, a
 # tool source for crates/cli/tests/it/tools.rs besides the Python SDK's.
 MCP_EVERYTHING_DIR=target/mcp-everything

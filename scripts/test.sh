@@ -37,6 +37,8 @@ fi
 # tools.rs; the MCP reference server, another tool source of tools.rs.
 ensure_mcp_client
 ensure_mcp_everything
+# opentelemetry-proto, the OTLP receiver of crates/cli/tests/it/telemetry.rs.
+ensure_otlp_receiver
 # pytest and mypy for the Python client (clients/python).
 ensure_python_client
 # schemathesis, the API fuzzer of crates/cli/tests/it/openapi.rs.

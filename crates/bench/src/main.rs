@@ -17,6 +17,7 @@ mod background;
 mod credentials;
 mod eval;
 mod snapshots;
+mod telemetry;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -59,6 +60,9 @@ struct Args {
     credentials: bool,
     /// Only one background execution of this many minutes, followed with reconnections.
     background: Option<u64>,
+    /// Only executions with traces off, to a collector, to one down and to one that never
+    /// answers (`--turns` turns).
+    telemetry: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -77,6 +81,7 @@ fn parse_args() -> Result<Args, String> {
         paused: 0,
         credentials: false,
         background: None,
+        telemetry: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -94,6 +99,7 @@ fn parse_args() -> Result<Args, String> {
             "--background" => {
                 args.background = Some(value("--background")?.parse().map_err(|e| format!("{e}"))?)
             }
+            "--telemetry" => args.telemetry = true,
             "--one-gb" => args.one_gb = true,
             "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
@@ -105,7 +111,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--background MINUTES]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--background MINUTES] [--telemetry [--turns N]]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -181,6 +187,9 @@ fn run(args: &Args) -> Result<(), String> {
             args.airlock.display()
         )
     })?;
+    if args.telemetry {
+        return telemetry::measure(&airlock, args.turns.max(1));
+    }
     let bwrap = which("bwrap");
     if bwrap.is_none() {
         eprintln!(
@@ -1439,12 +1448,18 @@ struct Server {
 
 impl Server {
     fn start(airlock: &Path, state: &Path) -> Result<Server, String> {
+        Self::start_with(airlock, state, &[])
+    }
+
+    /// As `start`, with more settings in the environment (`AIRLOCK_...`).
+    fn start_with(airlock: &Path, state: &Path, env: &[(&str, &str)]) -> Result<Server, String> {
         let mut child = Command::new(airlock)
             .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
             .arg(state)
             .env("AIRLOCK_API_KEY", KEY)
             // One session per client at the highest concurrency level.
             .env("AIRLOCK_SESSIONS__MAX_OPEN_PER_KEY", "8")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

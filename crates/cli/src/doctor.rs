@@ -323,6 +323,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
             }
             checks.extend(tool_servers(&config));
             checks.extend(credentials(&config));
+            checks.extend(traces(&config));
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {
                 // The file read: named, or found in the user's or the system's place.
@@ -661,6 +662,31 @@ fn credentials(config: &airlock_server::config::Config) -> Vec<Check> {
             )
         })
         .collect()
+}
+
+/// Where traces go, when they are on, and whether the collector takes a connection now. Never
+/// a failure: spans that cannot be sent are dropped and counted, executions run on.
+fn traces(config: &airlock_server::config::Config) -> Option<Check> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let t = &config.telemetry;
+    let url = t.traces_url()?;
+    let reached = t.collector().and_then(|(host, port)| {
+        let addr = (host.as_str(), port).to_socket_addrs().ok()?.next()?;
+        TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)).ok()
+    });
+    let now = if reached.is_some() {
+        "the collector takes connections"
+    } else {
+        "the collector cannot be reached now: spans are dropped (airlock_telemetry_spans_dropped_total) until it can"
+    };
+    Some(check(
+        "traces",
+        Ok(format!(
+            "OTLP/HTTP to {url} as service {}; {now}",
+            t.service_name
+        )),
+        "",
+    ))
 }
 
 fn print_report(r: &Report) {

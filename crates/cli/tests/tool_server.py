@@ -4,8 +4,8 @@
     tool_server.py http PORT       serves streamable HTTP on 127.0.0.1:PORT, and refuses any
                                    request whose X-Api-Key header is not $TOOL_HEADER_SECRET
 
-It writes what it saw to the JSON-lines file $TOOL_LOG (calls, cancellations), so that tests
-can check what reached it. $TOOL_CANARY is a secret only the server holds.
+It writes what it saw to the JSON-lines file $TOOL_LOG (calls, cancellations, the trace
+context `echo` was called with), so that tests can check what reached it. $TOOL_CANARY is a secret only the server holds.
 """
 
 import asyncio
@@ -17,7 +17,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 from mcp_types import ToolAnnotations
@@ -43,8 +43,11 @@ def add(a: int, b: int = 1) -> int:
 
 
 @server.tool(annotations=READ)
-def echo(value: object) -> dict:
+def echo(value: object, ctx: Context) -> dict:
     """Gives back what it was given, nested JSON included."""
+    # The trace context airlock sent in `_meta` (never the value).
+    meta = ctx.request_context.meta or {}
+    log(tool="echo", traceparent=meta.get("traceparent"), tracestate=meta.get("tracestate"))
     return {"value": value}
 
 

@@ -282,6 +282,22 @@ pub struct Execution {
     /// The sandbox could not be built (its `internal_error`, a `SandboxError`): the host's
     /// fault, such as a path it mounts gone, never the program's or its client's.
     pub setup_failed: bool,
+    /// When its steps ended, for the server's traces.
+    pub timings: Timings,
+}
+
+/// When an execution's steps ended (`None`: not taken, or not known), for the server's
+/// traces: the sandbox asked for, it was ready, the program was over, its response parsed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    /// A sandbox asked for: taken from a pool, forked by a zygote or started cold.
+    pub asked: Option<std::time::Instant>,
+    /// The program about to run.
+    pub ready: Option<std::time::Instant>,
+    /// The program ended, its output and response read.
+    pub ran: Option<std::time::Instant>,
+    /// The response parsed into the result.
+    pub parsed: Option<std::time::Instant>,
 }
 
 /// Runs jobs. Cheap to share between threads.
@@ -769,6 +785,11 @@ impl Engine {
         }
         let stdin = std::mem::replace(&mut job.stdin, Stdin::Empty);
         let ran = self.run(sandbox, &job, stdin, request, tools, sink)?;
+        let mut timings = Timings {
+            asked: Some(asked),
+            ran: Some(std::time::Instant::now()),
+            ..Timings::default()
+        };
         let io = ran.io;
         let outcome = match ran.waited {
             Ok(outcome) => outcome,
@@ -785,6 +806,7 @@ impl Engine {
                     pooled,
                     forked,
                     setup_failed: true,
+                    timings,
                 });
             }
         };
@@ -806,13 +828,17 @@ impl Engine {
         let mut iso = isolation(&outcome.isolation);
         with_egress(&mut iso, job.egress.as_deref());
         let result = v.into_result(io.streams, usage, job.limits, iso);
+        timings.parsed = Some(std::time::Instant::now());
         drop(in_use);
+        let sandbox_ready = taken.or(outcome.ready_after);
+        timings.ready = sandbox_ready.map(|d| asked + d);
         Ok(Execution {
             result,
-            sandbox_ready: taken.or(outcome.ready_after),
+            sandbox_ready,
             pooled,
             forked,
             setup_failed: false,
+            timings,
         })
     }
 

@@ -69,6 +69,8 @@ pub struct Config {
     pub store: StoreConfig,
     /// `/mcp`: the MCP tools over streamable HTTP.
     pub mcp: McpConfig,
+    /// OpenTelemetry traces over OTLP (docs/telemetry.md); off unless `otlp_endpoint` is set.
+    pub telemetry: TelemetryConfig,
     /// Code mode: the operator's MCP servers that sandboxed code may call (see each key's
     /// `tools` grants).
     pub tools: airlock_tools::ToolsConfig,
@@ -303,6 +305,7 @@ impl Default for Config {
             audit: AuditConfig::default(),
             store: StoreConfig::default(),
             mcp: McpConfig::default(),
+            telemetry: TelemetryConfig::default(),
             tools: airlock_tools::ToolsConfig::default(),
             egress: airlock_egress::Settings::default(),
             credentials: std::collections::BTreeMap::new(),
@@ -342,6 +345,94 @@ impl Default for McpConfig {
             stdio_tools: vec!["*.*".into()],
             progress_interval_ms: 5000,
         }
+    }
+}
+
+/// `[telemetry]`: traces exported over OTLP (HTTP/protobuf). Exporting never holds up an
+/// execution: spans wait in a bounded queue for one thread that sends them in batches, and
+/// those that find it full, or whose batch fails, are dropped and counted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP URL (`http://collector:4318`): spans go to its `/v1/traces`,
+    /// or to the URL as given when it has a path. None: no traces, and nothing is started.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of every span's resource.
+    pub service_name: String,
+    /// The most spans waiting to be sent; more are dropped (and counted).
+    pub max_queued_spans: usize,
+    /// The most spans one request to the collector carries.
+    pub max_batch_spans: usize,
+    /// How long a span may wait for its batch to fill before the batch is sent.
+    pub batch_interval_ms: u64,
+    /// How long one request to the collector may take; its spans are dropped after that.
+    pub export_timeout_ms: u64,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: None,
+            service_name: "airlock".into(),
+            max_queued_spans: 2048,
+            max_batch_spans: 512,
+            batch_interval_ms: 1000,
+            export_timeout_ms: 2000,
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// Where spans are sent: `otlp_endpoint`, with `/v1/traces` when it names no path.
+    pub fn traces_url(&self) -> Option<String> {
+        let endpoint = self.otlp_endpoint.as_deref()?;
+        let url = reqwest::Url::parse(endpoint).ok()?;
+        if url.path() == "/" || url.path().is_empty() {
+            Some(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+        } else {
+            Some(endpoint.to_owned())
+        }
+    }
+
+    /// The collector's host and port (`airlock doctor` tries to reach them).
+    pub fn collector(&self) -> Option<(String, u16)> {
+        let url = reqwest::Url::parse(self.otlp_endpoint.as_deref()?).ok()?;
+        Some((url.host_str()?.to_owned(), url.port_or_known_default()?))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if let Some(endpoint) = &self.otlp_endpoint {
+            let url = reqwest::Url::parse(endpoint)
+                .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
+            if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+                return Err(format!(
+                    "telemetry.otlp_endpoint {endpoint:?}: an http:// or https:// URL with a host"
+                ));
+            }
+            if !url.username().is_empty() || url.password().is_some() {
+                return Err(format!(
+                    "telemetry.otlp_endpoint: holds a user or password, which `--print-config` \
+                     would show ({})",
+                    url.host_str().unwrap_or("")
+                ));
+            }
+        }
+        if self.service_name.is_empty() {
+            return Err("telemetry.service_name must not be empty".into());
+        }
+        if self.max_queued_spans == 0 || self.max_batch_spans == 0 {
+            return Err(
+                "telemetry.max_queued_spans and telemetry.max_batch_spans must be at least 1"
+                    .into(),
+            );
+        }
+        if self.batch_interval_ms == 0 || self.export_timeout_ms == 0 {
+            return Err(
+                "telemetry.batch_interval_ms and telemetry.export_timeout_ms must be at least 1"
+                    .into(),
+            );
+        }
+        Ok(())
     }
 }
 
@@ -850,13 +941,14 @@ fn parse_env_value(raw: &str) -> toml::Value {
 }
 
 /// Settings that are optional (absent from the defaults' table) but may still be set.
-const OPTIONAL: [&[&str]; 6] = [
+const OPTIONAL: [&[&str]; 7] = [
     &["state_dir"],
     &["replica"],
     &["store", "url"],
     &["store", "password_file"],
     &["store", "ca_file"],
     &["tools", "reserved_per_server"],
+    &["telemetry", "otlp_endpoint"],
 ];
 
 fn has_path(tree: &toml::Table, path: &[String]) -> bool {
@@ -953,6 +1045,9 @@ impl Config {
             }
         }
         if let Err(m) = self.tools.validate() {
+            return bad(m);
+        }
+        if let Err(m) = self.telemetry.validate() {
             return bad(m);
         }
         if let Err(m) = self.egress.validate() {
@@ -1312,6 +1407,7 @@ mod tests {
             ),
             ("AIRLOCK_STATE_DIR", "/srv/airlock"),
             ("AIRLOCK_TOOLS__RESERVED_PER_SERVER", "2"),
+            ("AIRLOCK_TELEMETRY__OTLP_ENDPOINT", "http://collector:4318"),
             ("AIRLOCK_LOG_FORMAT", "json"),
             ("AIRLOCK_API_KEY", "not a setting"),
             ("PATH", "/usr/bin"),
@@ -1329,6 +1425,10 @@ mod tests {
         assert_eq!(c.cors.allowed_origins, ["https://app.example"]);
         assert_eq!(c.state_dir, Some(PathBuf::from("/srv/airlock")));
         assert_eq!(c.tools.reserved_per_server, Some(2), "an optional setting");
+        assert_eq!(
+            c.telemetry.traces_url().as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.listen.port(), 9100, "the flag beats everything");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -1545,5 +1645,36 @@ mod tests {
         assert!(check_store_url("postgres://airlock:pw@127.0.0.1/db")
             .unwrap_err()
             .contains("password"));
+    }
+
+    #[test]
+    fn the_otlp_endpoint_is_a_url_with_a_host_and_no_password() {
+        let with = |endpoint: &str| TelemetryConfig {
+            otlp_endpoint: Some(endpoint.into()),
+            ..TelemetryConfig::default()
+        };
+        for bad in [
+            "collector:4318",
+            "ftp://collector",
+            "http://",
+            "http://user:secret@collector:4318",
+            "not a url",
+        ] {
+            assert!(with(bad).validate().is_err(), "{bad} was taken");
+        }
+        let base = with("https://collector.example:4318/");
+        assert!(base.validate().is_ok());
+        assert_eq!(
+            base.traces_url().as_deref(),
+            Some("https://collector.example:4318/v1/traces")
+        );
+        let own = with("http://collector/custom/traces");
+        assert_eq!(
+            own.traces_url().as_deref(),
+            Some("http://collector/custom/traces")
+        );
+        assert_eq!(own.collector(), Some(("collector".into(), 80)));
+        assert!(TelemetryConfig::default().validate().is_ok());
+        assert_eq!(TelemetryConfig::default().traces_url(), None);
     }
 }

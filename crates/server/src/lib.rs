@@ -25,9 +25,9 @@
 //!    outcomes, event streams and [`Error`]s.
 //! 4. **Foundation**: configuration (which imports no other module), keys and the
 //!    [`caller`], admission, memory budgets and the size of answers, the audit log, its lines
-//!    and its store, metrics, the one error type ([`Error`]: a kind, a code, a message, the
-//!    field, when to come back; no status), the connection layer ([`wire`]), sizing and the
-//!    OpenAPI descriptions. They know no layer above.
+//!    and its store, metrics, traces ([`telemetry`]), the one error type ([`Error`]: a kind, a
+//!    code, a message, the field, when to come back; no status), the connection layer
+//!    ([`wire`]), sizing and the OpenAPI descriptions. They know no layer above.
 //!
 //! Below them all is the engine ([`airlock_engine`]), which knows nothing of this crate.
 //! [`AppState`], at the crate root, is the shared state every layer reads.
@@ -71,6 +71,7 @@ pub mod metrics;
 mod openapi;
 pub mod sizing;
 mod store;
+mod telemetry;
 mod wire;
 
 use std::collections::HashMap;
@@ -148,6 +149,8 @@ pub struct AppState {
     pub credentials: Credentials,
     /// Background executions, stored under the state directory.
     pub(crate) background: service::background::Background,
+    /// Traces over OTLP (`[telemetry]`), when configured.
+    pub telemetry: telemetry::Telemetry,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -174,6 +177,11 @@ impl AppState {
         environments: Arc<airlock_engine::environments::Environments>,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
+        let telemetry = telemetry::Telemetry::start(
+            &config.telemetry,
+            config.replica.as_deref(),
+            metrics.clone(),
+        );
         let admission = Admission::new(config.concurrency.clone(), &keys.keys(), metrics.clone());
         let allowed_hosts = allowed_hosts(&config);
         let eval_turns = eval_slots(&config);
@@ -230,6 +238,7 @@ impl AppState {
             running: Mutex::new(HashMap::new()),
             next_execution: AtomicU64::new(0),
             credentials: Credentials::default(),
+            telemetry,
         }
     }
 

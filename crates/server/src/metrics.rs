@@ -66,7 +66,11 @@ impl Counters {
                 .zip(values)
                 .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
                 .collect();
-            let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {n}");
+            } else {
+                let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+            }
         }
     }
 }
@@ -234,6 +238,11 @@ pub struct Metrics {
     pub egress_connections: Counters,
     pub egress_bytes: Counters,
     pub credential_requests: Counters,
+    /// Spans sent to the OTLP collector (`[telemetry]`).
+    pub telemetry_spans_exported: Counters,
+    /// Spans dropped: the queue was full (`queue_full`), or their batch was not taken
+    /// (`export_failed`).
+    pub telemetry_spans_dropped: Counters,
 }
 
 impl Default for Metrics {
@@ -258,6 +267,8 @@ impl Default for Metrics {
             egress_connections: Counters::default(),
             egress_bytes: Counters::default(),
             credential_requests: Counters::default(),
+            telemetry_spans_exported: Counters::default(),
+            telemetry_spans_dropped: Counters::default(),
         };
         // The series an alert or a dashboard watches exist before their first event.
         for kind in event::ALL {
@@ -270,6 +281,10 @@ impl Default for Metrics {
             m.pickle_scans.touch(&[verdict]);
         }
         m.evaluations.touch(&["ok"]);
+        m.telemetry_spans_exported.touch(&[]);
+        for reason in ["queue_full", "export_failed"] {
+            m.telemetry_spans_dropped.touch(&[reason]);
+        }
         m
     }
 }
@@ -395,6 +410,18 @@ impl Metrics {
             "airlock_credential_requests_total",
             "Requests the egress proxy set a credential on, by credential and the answer's status class (none: no answer).",
             &["credential", "status"],
+        );
+        self.telemetry_spans_exported.render(
+            &mut out,
+            "airlock_telemetry_spans_exported_total",
+            "Spans the OTLP collector took ([telemetry]).",
+            &[],
+        );
+        self.telemetry_spans_dropped.render(
+            &mut out,
+            "airlock_telemetry_spans_dropped_total",
+            "Spans dropped rather than wait: the queue was full (queue_full), or the collector did not take their batch in time (export_failed).",
+            &["reason"],
         );
         out
     }

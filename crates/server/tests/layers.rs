@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("openapi", FOUNDATION),
     ("sizing", FOUNDATION),
     ("store", FOUNDATION),
+    ("telemetry", FOUNDATION),
     ("wire", FOUNDATION),
 ];
 const START_UP: u8 = 3;

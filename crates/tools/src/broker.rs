@@ -91,11 +91,29 @@ pub struct CallRecord {
     pub arguments: Option<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// The trace context the call was sent upstream with ([`Observer::trace`]), if it was.
+    #[serde(skip)]
+    pub trace: Option<TraceContext>,
+}
+
+/// A call's place in a trace, as it goes upstream in the request's `_meta` (W3C Trace
+/// Context's `traceparent` and `tracestate`, as MCP's trace-context proposal, SEP-414, carries
+/// them), so that the tool server's own spans join the execution's trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
 }
 
 /// Where call records go: the server's audit log and metrics.
 pub trait Observer: Send + Sync + std::fmt::Debug {
     fn call(&self, record: &CallRecord);
+
+    /// A call of execution `execution_id` is about to be sent upstream: the trace context to
+    /// send with it, when its execution is traced. The record of the call carries it back.
+    fn trace(&self, _execution_id: &str) -> Option<TraceContext> {
+        None
+    }
 
     /// A step of a call's approval: asked, decided, timed out, withdrawn.
     fn approval(&self, _record: &ApprovalRecord) {}
@@ -386,6 +404,8 @@ struct Answer {
     value: Result<ToolValue, (&'static str, String)>,
     outcome: Outcome,
     reason: Option<&'static str>,
+    /// What the call was sent upstream with, to be recorded.
+    trace: Option<TraceContext>,
 }
 
 impl Answer {
@@ -394,6 +414,7 @@ impl Answer {
             value: Err((kind, message)),
             outcome,
             reason: Some(reason),
+            trace: None,
         }
     }
 }
@@ -790,8 +811,21 @@ impl Inner {
                 .call_timeout_ms
                 .unwrap_or(config.call_timeout_ms),
         );
-        let params = rmcp::model::CallToolRequestParams::new(checked.granted.tool.name.clone())
+        let mut params = rmcp::model::CallToolRequestParams::new(checked.granted.tool.name.clone())
             .with_arguments(checked.arguments.clone());
+        let trace = self.observer.trace(execution_id);
+        if let Some(trace) = &trace {
+            let mut meta = rmcp::model::RequestMetaObject::new();
+            meta.set_traceparent(trace.traceparent.clone());
+            if let Some(state) = &trace.tracestate {
+                meta.set_tracestate(state.clone());
+            }
+            params.meta = Some(meta);
+        }
+        let traced = |mut answer: Answer| {
+            answer.trace = trace.clone();
+            answer
+        };
         // Dropping the call's future (a timeout, or the sandbox gone) makes rmcp send
         // notifications/cancelled upstream.
         let answered = tokio::select! {
@@ -801,12 +835,13 @@ impl Inner {
                     "`{}.{}` did not answer within {} ms",
                     call.server, checked.granted.function, timeout.as_millis()
                 );
-                return (Answer::refuse(Outcome::Error, "timeout", "timeout", message), Some(permit));
+                let answer = Answer::refuse(Outcome::Error, "timeout", "timeout", message);
+                return (traced(answer), Some(permit));
             }
-            _ = stop.cancelled() => return (cancelled(true), None),
+            _ = stop.cancelled() => return (traced(cancelled(true)), None),
         };
         drop(slot);
-        let answer = match answered {
+        let answer = traced(match answered {
             Ok(result) => match serde_json::to_value(&result) {
                 Ok(v) => from_result(v, checked.granted.tool.wraps_result),
                 Err(e) => Answer::refuse(
@@ -826,7 +861,7 @@ impl Inner {
                     format!("the tool server `{}` failed the call", call.server),
                 )
             }
-        };
+        });
         (answer, Some(permit))
     }
 
@@ -1019,6 +1054,7 @@ impl Inner {
         audit: bool,
     ) -> Vec<u8> {
         let limit = self.registry.config.max_result_bytes;
+        let trace = answer.trace.take();
         let encode =
             |a: &Answer| tool_answer(call.id, a.value.as_ref().map_err(|(k, m)| (*k, m.as_str())));
         let mut frame = encode(&answer);
@@ -1066,6 +1102,7 @@ impl Inner {
                 reason: answer.reason,
                 arguments,
                 result,
+                trace,
             });
         }
         frame
@@ -1113,6 +1150,7 @@ fn from_result(result: serde_json::Value, wrapped: bool) -> Answer {
             value: Ok(ToolValue::Json(value.clone())),
             outcome: Outcome::Ok,
             reason: None,
+            trace: None,
         };
     }
     let decode = |data: &Value| {
@@ -1161,6 +1199,7 @@ fn from_result(result: serde_json::Value, wrapped: bool) -> Answer {
         value: Ok(value),
         outcome: Outcome::Ok,
         reason: None,
+        trace: None,
     }
 }
 

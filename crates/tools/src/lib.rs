@@ -16,7 +16,9 @@ mod slots;
 mod source;
 
 pub use approvals::{Approvals, Resolution, Watch, Watcher};
-pub use broker::{ApprovalRecord, CallRecord, NoObserver, Observer, Outcome, Registry, ToolSet};
+pub use broker::{
+    ApprovalRecord, CallRecord, NoObserver, Observer, Outcome, Registry, ToolSet, TraceContext,
+};
 pub use config::{ApprovalRule, Secret, SourceConfig, ToolsConfig};
 pub use grants::Grants;
 pub use package::{python_stubs, Granted, ToolApi};

@@ -33,6 +33,7 @@ mod server;
 mod sessions;
 mod snapshots;
 mod streaming;
+mod telemetry;
 mod tenants;
 mod tools;
 mod volumes;

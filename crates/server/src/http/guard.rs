@@ -1,7 +1,7 @@
 //! What every request passes before a handler sees it, in this order: a request id; the Host
 //! allow-list (against DNS rebinding); CORS and foreign origins; authentication and the
 //! route's scope, as the route table says (`routes.rs`). Then one log line and the request
-//! metrics.
+//! metrics, and the request's span when traces are on (`trace.rs`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,6 +41,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
     };
     let origin = req.headers().get(header::ORIGIN).cloned();
     req.extensions_mut().insert(RequestId(log.rid.clone()));
+    let span = crate::http::trace::begin(&state, &req, &log.route, &log.rid);
 
     let mut caller = None;
     // Errors made while answering carry the request's id (`http::error::REQUEST_ID`).
@@ -64,7 +65,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
         response.headers_mut().insert("x-request-id", v);
     }
     log.status = Some(response.status().as_u16());
-    response
+    crate::http::trace::answered(&state, span, response)
 }
 
 /// The request's log line and metric, written when the request ends, also when it ends

@@ -3,7 +3,7 @@
 //! handler per route, each a call into [`crate::service`]; what HTTP alone knows: the
 //! status of each error ([`error`]), answers written out and counted ([`answer`]), bodies
 //! handed to the services ([`body`]), server-sent events ([`sse`]), and MCP's streamable
-//! HTTP transport ([`mcp`]).
+//! HTTP transport ([`mcp`]); a request's span, when traces are on ([`trace`]).
 
 pub(crate) mod answer;
 pub(crate) mod approvals;
@@ -20,6 +20,7 @@ pub(crate) mod sessions;
 pub(crate) mod sse;
 pub(crate) mod status;
 pub(crate) mod tools;
+pub(crate) mod trace;
 pub(crate) mod volumes;
 
 use axum::Router;

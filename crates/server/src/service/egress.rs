@@ -1,5 +1,5 @@
 //! Egress on a leash: the policy an execution runs under (the request's, never wider than
-//! its key's, or the key's own), and the audit lines and metrics of its connections.
+//! its key's, or the key's own), and the audit lines, metrics and spans of its connections.
 
 use std::sync::{Arc, Weak};
 
@@ -61,6 +61,7 @@ impl Observer for ConnectionAudit {
         let Some(state) = self.0.upgrade() else {
             return;
         };
+        state.telemetry.connection(record);
         let reason = record.reason.unwrap_or("");
         state
             .metrics

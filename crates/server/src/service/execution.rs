@@ -516,6 +516,15 @@ pub(crate) fn finish(
     } else if execution.result.status != Status::InternalError {
         state.sandboxes_work();
     }
+    state.telemetry.executed(crate::telemetry::Executed {
+        id: &ctx.id,
+        status: execution.result.status.as_str(),
+        code_sha256: &ctx.code_sha256,
+        code_bytes: ctx.code_bytes,
+        pooled: execution.pooled,
+        forked: execution.forked,
+        timings: &execution.timings,
+    });
     let (result, pooled, forked) = (execution.result, execution.pooled, execution.forked);
     let m = &state.metrics;
     m.executions.add(&[result.status.as_str()]);

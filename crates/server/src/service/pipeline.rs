@@ -272,6 +272,7 @@ pub(crate) async fn run<T: Send + 'static>(
         approvals: watcher,
         mut observer,
     } = request;
+    let trace = state.telemetry.request_span(&request_id);
     let (mut received, ready) = arrive_and_prepare(
         state,
         &caller,
@@ -284,7 +285,9 @@ pub(crate) async fn run<T: Send + 'static>(
     // 4. reserve: the most its answer can hold, from now until it is written out.
     let answer = reserve_answer(state, &caller, ready.limits(), form)?;
     // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
+    let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
     let admitted = state.admission.admit(&caller).await.map_err(rejection)?;
+    drop(waiting);
     received.body = None;
     // Shutdown may have begun while this request waited.
     refuse_if_unavailable(state)?;
@@ -334,6 +337,7 @@ pub(crate) async fn run<T: Send + 'static>(
             let _ = started_tx.send(Err(e));
             return None;
         }
+        let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
         let execution_id = ctx.id.clone();
         let watch = |watcher: Option<airlock_tools::Watcher>| {
             watcher.and_then(|w| crate::service::approvals::watch(state, &execution_id, w))
@@ -432,8 +436,10 @@ pub(crate) async fn submit(
     drop(received);
     let meta = live.meta();
     let st = state.clone();
+    // Its spans join the submission's trace, after the 202.
+    let trace = state.telemetry.request_span(&request_id);
     tokio::spawn(async move {
-        in_background(&st, caller, request_id, job, &live, answer_bytes).await;
+        in_background(&st, caller, request_id, job, &live, answer_bytes, trace).await;
     });
     Ok(meta)
 }
@@ -453,6 +459,7 @@ async fn in_background(
     mut job: Job,
     live: &Arc<Live>,
     answer_bytes: u64,
+    trace: Option<crate::telemetry::Trace>,
 ) {
     let bg = &state.background;
     let stopped = |error: Error, had_turn: bool| {
@@ -476,10 +483,12 @@ async fn in_background(
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     };
     // 5. admit, as long as it takes.
+    let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
     let admitted = tokio::select! {
         admitted = state.admission.admit_waiting(&caller) => admitted.map_err(rejection),
         () = cancelled(live) => Err(Error::shutting_down()),
     };
+    drop(waiting);
     let admitted = match admitted.and_then(|a| refuse_if_unavailable(state).map(|()| a)) {
         Ok(admitted) => admitted,
         Err(e) => return stopped(e, true),
@@ -509,6 +518,7 @@ async fn in_background(
             return;
         }
         live.running(&ctx.started_at);
+        let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
         let aside = live.clone();
         let event: airlock_tools::Watcher = Arc::new(move |_, approval| {
             let data = serde_json::to_value(&**approval).unwrap_or_default();

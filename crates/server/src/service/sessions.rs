@@ -732,10 +732,17 @@ impl PreparedCell {
             timeout: Duration::from_millis(self.limits.timeout_ms),
         };
         let entry = &self.entry;
+        let ready = std::time::Instant::now();
         let CellResult { result, ended } = entry
             .session
             .execute(cell, sink)
             .map_err(|e| session_error(e, entry))?;
+        // A cell's sandbox is its session's: only its run is timed.
+        let timings = airlock_engine::Timings {
+            ready: Some(ready),
+            ran: Some(std::time::Instant::now()),
+            ..Default::default()
+        };
         if ended {
             *lock(&entry.ended) = Some(result.status);
         }
@@ -746,6 +753,7 @@ impl PreparedCell {
             pooled: false,
             forked: false,
             setup_failed: false,
+            timings,
         };
         Ok((execution, ended))
     }

@@ -1,6 +1,6 @@
 //! Code mode in the server: the tool servers started with it, a tool set for each execution
-//! of a key with grants, call records into the audit log and metrics, and the listing of
-//! what a key may call.
+//! of a key with grants, call records into the audit log, metrics and traces, and the listing
+//! of what a key may call.
 
 use std::sync::{Arc, Weak};
 
@@ -87,10 +87,20 @@ impl Observer for ToolCallAudit {
         }
     }
 
+    fn trace(&self, execution_id: &str) -> Option<airlock_tools::TraceContext> {
+        let state = self.0.upgrade()?;
+        let (traceparent, tracestate) = state.telemetry.tool_call_context(execution_id)?;
+        Some(airlock_tools::TraceContext {
+            traceparent,
+            tracestate,
+        })
+    }
+
     fn call(&self, record: &CallRecord) {
         let Some(state) = self.0.upgrade() else {
             return;
         };
+        state.telemetry.tool_call(record);
         let outcome = record.outcome.as_str();
         // Labels only from tools the servers list: names the sandbox made up are one series.
         let (server, tool) = if record.known {

@@ -1,0 +1,508 @@
+//! OpenTelemetry traces (docs/telemetry.md) through the real server, into a real OTLP/HTTP
+//! receiver (`otlp_receiver.py`, OpenTelemetry's own protobuf classes from the venv
+//! `ensure_otlp_receiver` makes): a request continues the caller's `traceparent`, its phases
+//! are its children, a code-mode tool call and an egress connection are children of its run,
+//! the tool server (`tool_server.py`) is called with the tool call's trace context, a call over
+//! `/mcp` is traced as a REST one, and no span carries the code or a secret. With the collector down or not answering, executions run as
+//! before and the dropped spans are counted.
+
+use crate::common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::http::{request, Response, Server};
+use common::key_hash as hash;
+use common::{mcp_python, scratch_dir, tool_server_script};
+use serde_json::{json, Value};
+
+const AGENT: &str = "agent-key-0123456789abcdef";
+/// In the code and in a tool call's arguments: never in a span.
+const SECRET: &str = "trace-canary-7d3e91a0-secret";
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const PARENT: &str = "00f067aa0ba902b7";
+
+/// The venv's Python with opentelemetry-proto (`ensure_otlp_receiver`).
+fn receiver_python() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/otlp-receiver/bin/python");
+    assert!(
+        p.exists(),
+        "{} is missing: run `bash -c '. scripts/lib.sh && ensure_otlp_receiver'`",
+        p.display()
+    );
+    p
+}
+
+/// `otlp_receiver.py`, writing the spans it receives to `out` as JSON lines.
+struct Receiver {
+    child: Child,
+    port: u16,
+    out: PathBuf,
+}
+
+impl Receiver {
+    fn start(dir: &Path) -> Receiver {
+        let out = dir.join("spans.jsonl");
+        let mut child = Command::new(receiver_python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/otlp_receiver.py"
+            ))
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().strip_prefix("listening on ").unwrap().parse();
+        Receiver {
+            child,
+            port: port.unwrap(),
+            out,
+        }
+    }
+
+    fn raw(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    fn spans(&self) -> Vec<Value> {
+        self.raw()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The spans of `trace`, once `until` holds of them (up to 20 s).
+    fn wait(&self, trace: &str, until: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let spans: Vec<Value> = self
+                .spans()
+                .into_iter()
+                .filter(|s| s["trace_id"] == trace)
+                .collect();
+            if until(&spans) {
+                return spans;
+            }
+            assert!(Instant::now() < deadline, "spans so far: {spans:#?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP server on loopback that answers every request with `hello`.
+fn hello_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = [0u8; 4096];
+            let _ = conn.read(&mut head);
+            let _ = conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    port
+}
+
+/// The agent may call `crm`'s read-only tools and reach localhost:`port`.
+fn config(telemetry: &str, port: u16) -> String {
+    format!(
+        r#"
+[telemetry]
+{telemetry}
+
+[tools.servers.crm]
+command = "{python}"
+args = ["{script}", "stdio"]
+env = {{ TOOL_LOG = {{ env = "TEST_TOOL_LOG" }} }}
+
+[[keys]]
+name = "agent"
+hash = "{agent}"
+tools = ["crm.*"]
+egress = {{ hosts = [{{ host = "localhost", ports = [{port}] }}], ranges = [{{ cidr = "127.0.0.0/8", ports = [{port}] }}] }}
+"#,
+        python = mcp_python().display(),
+        script = tool_server_script(),
+        agent = hash(AGENT),
+    )
+}
+
+/// For a server whose tool calls nobody looks at.
+const NO_LOG: &[(&str, &str)] = &[("TEST_TOOL_LOG", "/dev/null")];
+
+/// `body` executed as the agent, with extra headers.
+fn execute(server: &Server, body: &Value, headers: &[(&str, &str)]) -> Response {
+    let mut all = vec![
+        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+    ];
+    all.extend(
+        headers
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+    );
+    request(
+        server.addr,
+        "POST",
+        "/v1/execute",
+        &all,
+        Some(body.to_string().as_bytes()),
+    )
+}
+
+fn named<'a>(spans: &'a [Value], name: &str) -> Vec<&'a Value> {
+    spans.iter().filter(|s| s["name"] == name).collect()
+}
+
+fn one<'a>(spans: &'a [Value], name: &str) -> &'a Value {
+    let found = named(spans, name);
+    assert_eq!(found.len(), 1, "{name}: {spans:#?}");
+    found[0]
+}
+
+#[test]
+fn a_request_s_spans_continue_its_traceparent_down_to_tools_and_connections() {
+    let _serial = common::serial();
+    let dir = scratch_dir("telemetry");
+    let receiver = Receiver::start(&dir);
+    let port = hello_server();
+    let endpoint = format!(
+        "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 50",
+        receiver.port
+    );
+    let tool_log = dir.join("tool.log");
+    let server = Server::start(
+        &config(&endpoint, port),
+        &[("TEST_TOOL_LOG", tool_log.to_str().unwrap())],
+    );
+    let code = format!(
+        r#"
+import tools, urllib.request
+secret = "{SECRET}"
+echoed = tools.crm.echo(value=secret)["value"] == secret
+with urllib.request.urlopen("http://localhost:{port}/", timeout=10) as r:
+    body = r.read().decode()
+[echoed, body]
+"#
+    );
+    let traceparent = format!("00-{TRACE}-{PARENT}-01");
+    let r = execute(
+        &server,
+        &json!({"code": code}),
+        &[
+            ("traceparent", &traceparent),
+            ("tracestate", "vendor=opaque"),
+        ],
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answer = r.json();
+    assert_eq!(answer["status"], "ok", "{answer:#}");
+    assert_eq!(answer["result"], json!([true, "hello"]));
+
+    let names = [
+        "POST /v1/execute",
+        "admission_wait",
+        "sandbox_start",
+        "run",
+        "result_parsing",
+        "answer_write",
+        "tool_call",
+        "egress_connection",
+    ];
+    let spans = receiver.wait(TRACE, |spans| {
+        names.iter().all(|n| spans.iter().any(|s| s["name"] == *n))
+    });
+
+    // The request's span is the caller's span's child, in the caller's trace.
+    let req = one(&spans, "POST /v1/execute");
+    assert_eq!(req["parent_span_id"], PARENT);
+    assert_eq!(req["kind"], 2, "a server span");
+    assert_eq!(req["attributes"]["http.route"], "/v1/execute");
+    assert_eq!(req["attributes"]["http.request.method"], "POST");
+    assert_eq!(req["attributes"]["http.response.status_code"], 200);
+    assert_eq!(
+        req["attributes"]["airlock.request_id"],
+        r.header("x-request-id").unwrap()
+    );
+    assert_eq!(req["resource"]["service.name"], "airlock");
+    // Each phase is the request's child, and within it.
+    for phase in [
+        "admission_wait",
+        "sandbox_start",
+        "run",
+        "result_parsing",
+        "answer_write",
+    ] {
+        let s = one(&spans, phase);
+        assert_eq!(s["parent_span_id"], req["span_id"], "{phase}");
+        assert!(
+            s["start"].as_u64() >= req["start"].as_u64()
+                && s["end"].as_u64() <= req["end"].as_u64(),
+            "{phase} outside its request: {s:#} {req:#}"
+        );
+    }
+    let run = one(&spans, "run");
+    assert_eq!(run["attributes"]["airlock.execution.status"], "ok");
+    assert_eq!(run["attributes"]["airlock.execution.id"], answer["id"]);
+    assert_eq!(
+        run["attributes"]["airlock.code.bytes"],
+        code.len() as u64,
+        "{run:#}"
+    );
+    assert!(["pool", "zygote", "cold"].contains(
+        &one(&spans, "sandbox_start")["attributes"]["airlock.sandbox.source"]
+            .as_str()
+            .unwrap()
+    ));
+
+    // The tool call is the run's child; the tool server got its context in `_meta`.
+    let call = one(&spans, "tool_call");
+    assert_eq!(call["parent_span_id"], run["span_id"]);
+    assert_eq!(call["kind"], 3, "a client span");
+    let a = &call["attributes"];
+    assert_eq!(
+        (
+            &a["airlock.tool.server"],
+            &a["airlock.tool.name"],
+            &a["airlock.tool.outcome"]
+        ),
+        (&json!("crm"), &json!("echo"), &json!("ok"))
+    );
+    assert!(a["airlock.tool.arguments.bytes"].as_u64().unwrap() > SECRET.len() as u64);
+    assert_eq!(
+        a["airlock.tool.arguments.sha256"].as_str().unwrap().len(),
+        64
+    );
+    let seen: Vec<Value> = std::fs::read_to_string(&tool_log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|e: &Value| e["tool"] == "echo")
+        .collect();
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let sent = format!("00-{TRACE}-{}-01", call["span_id"].as_str().unwrap());
+    assert_eq!(seen[0]["traceparent"], sent.as_str());
+    assert_eq!(seen[0]["tracestate"], "vendor=opaque");
+
+    // The connection is the run's child, with its target and bytes.
+    let conn = one(&spans, "egress_connection");
+    assert_eq!(conn["parent_span_id"], run["span_id"]);
+    let a = &conn["attributes"];
+    assert_eq!(a["server.address"], "localhost");
+    assert_eq!(a["server.port"], port);
+    assert_eq!(a["airlock.egress.outcome"], "allowed");
+    assert!(
+        a["airlock.egress.bytes_out"].as_u64().unwrap() > 0,
+        "{conn:#}"
+    );
+    assert!(
+        a["airlock.egress.bytes_in"].as_u64().unwrap() > 0,
+        "{conn:#}"
+    );
+
+    // Nothing of the code, its secret or what the tool answered is in any span.
+    let raw = receiver.raw();
+    for never in [SECRET, "urlopen", "tools.crm.echo", "hello\""] {
+        assert!(!raw.contains(never), "a span holds {never:?}");
+    }
+
+    // Without a traceparent, a request starts a trace of its own.
+    let r = execute(&server, &json!({"code": "1 + 1"}), &[]);
+    assert_eq!(r.status, 200);
+    let rid = r.header("x-request-id").unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let root = loop {
+        let found = receiver
+            .spans()
+            .into_iter()
+            .find(|s| s["attributes"]["airlock.request_id"] == rid.as_str());
+        if let Some(found) = found {
+            break found;
+        }
+        assert!(Instant::now() < deadline, "no span for {rid}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(root["parent_span_id"], "");
+    assert_ne!(root["trace_id"], TRACE);
+    let own = receiver.wait(root["trace_id"].as_str().unwrap(), |s| {
+        s.iter().any(|s| s["name"] == "answer_write")
+    });
+    assert!(own
+        .iter()
+        .filter(|s| s["name"] != "POST /v1/execute")
+        .all(|s| s["parent_span_id"] == root["span_id"]));
+    // A call over `/mcp` (which rmcp runs in a task of its own) is traced the same way.
+    let mcp_trace = "5c0b8e3a2d1f4e6a9b7c8d0e1f2a3b4c";
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_python", "arguments": {"code": "3 * 7"}}});
+    let headers = [
+        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+        (
+            "Accept".to_owned(),
+            "application/json, text/event-stream".to_owned(),
+        ),
+        (
+            "traceparent".to_owned(),
+            format!("00-{mcp_trace}-{PARENT}-01"),
+        ),
+    ];
+    let body = call.to_string();
+    let r = request(server.addr, "POST", "/mcp", &headers, Some(body.as_bytes()));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let spans = receiver.wait(mcp_trace, |s| {
+        ["POST /mcp", "run", "answer_write"]
+            .iter()
+            .all(|n| s.iter().any(|s| s["name"] == *n))
+    });
+    let req = one(&spans, "POST /mcp");
+    assert_eq!(req["parent_span_id"], PARENT);
+    for phase in ["admission_wait", "sandbox_start", "run", "answer_write"] {
+        assert_eq!(
+            one(&spans, phase)["parent_span_id"],
+            req["span_id"],
+            "{phase}"
+        );
+    }
+    // A background execution's phases join its submission's trace, after the 202.
+    let bg_trace = "6d1c9f4b3e2a5f7b8c9d0e1f2a3b4c5d";
+    let headers = [
+        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+        (
+            "traceparent".to_owned(),
+            format!("00-{bg_trace}-{PARENT}-01"),
+        ),
+    ];
+    let body = json!({"code": "6 * 7"}).to_string();
+    let r = request(
+        server.addr,
+        "POST",
+        "/v1/executions",
+        &headers,
+        Some(body.as_bytes()),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let spans = receiver.wait(bg_trace, |s| {
+        ["POST /v1/executions", "admission_wait", "run"]
+            .iter()
+            .all(|n| s.iter().any(|s| s["name"] == *n))
+    });
+    let req = one(&spans, "POST /v1/executions");
+    assert_eq!(req["parent_span_id"], PARENT);
+    for phase in ["admission_wait", "run"] {
+        assert_eq!(
+            one(&spans, phase)["parent_span_id"],
+            req["span_id"],
+            "{phase}"
+        );
+    }
+    // An unsampled caller: the context goes on, nothing is recorded.
+    let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let r = execute(
+        &server,
+        &json!({"code": "2"}),
+        &[("traceparent", unsampled)],
+    );
+    assert_eq!(r.status, 200);
+    server.stop();
+    assert!(!receiver.raw().contains("0af7651916cd43dd8448eb211c80319c"));
+}
+
+/// Runs `n` executions one after another: how long they took, each `ok`.
+fn executions(server: &Server, n: usize) -> Duration {
+    let started = Instant::now();
+    for i in 0..n {
+        let r = execute(server, &json!({"code": format!("{i} * 2")}), &[]);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["status"], "ok");
+    }
+    started.elapsed()
+}
+
+#[test]
+fn with_the_collector_down_executions_run_and_the_dropped_spans_are_counted() {
+    let _serial = common::serial();
+    let port = hello_server();
+    // A port nothing listens on any more.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let telemetry = format!(
+        "otlp_endpoint = \"http://127.0.0.1:{closed}\"\nmax_queued_spans = 4\nbatch_interval_ms = 20"
+    );
+    let server = Server::start(&config(&telemetry, port), NO_LOG);
+    executions(&server, 10);
+    let dropped = |reason: &str| {
+        server.metric(&format!(
+            "airlock_telemetry_spans_dropped_total{{reason=\"{reason}\"}}"
+        ))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dropped("export_failed") + dropped("queue_full") < 10.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{}",
+            server.call("GET", "/metrics", None).text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(dropped("export_failed") > 0.0);
+    assert_eq!(server.metric("airlock_telemetry_spans_exported_total"), 0.0);
+}
+
+#[test]
+fn a_collector_that_never_answers_holds_up_no_execution() {
+    let _serial = common::serial();
+    let port = hello_server();
+    // Takes connections and reads nothing: every export waits out its timeout.
+    let hole = TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_port = hole.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let mut open = Vec::new();
+        for conn in hole.incoming().take(8) {
+            open.push(conn);
+        }
+        std::thread::sleep(Duration::from_secs(60));
+    });
+    let telemetry = format!(
+        "otlp_endpoint = \"http://127.0.0.1:{hole_port}\"\nmax_queued_spans = 8\n\
+         max_batch_spans = 4\nbatch_interval_ms = 10\nexport_timeout_ms = 60000"
+    );
+    let off = Server::start(&config("", port), NO_LOG);
+    executions(&off, 3);
+    let plain = executions(&off, 20);
+    drop(off);
+    let server = Server::start(&config(&telemetry, port), NO_LOG);
+    executions(&server, 3);
+    let traced = executions(&server, 20);
+    // The exporter is stuck on its first batch for a minute: the queue fills and the rest
+    // is dropped, and the executions run as they do without traces.
+    let full = server.metric("airlock_telemetry_spans_dropped_total{reason=\"queue_full\"}");
+    assert!(full > 0.0, "nothing dropped");
+    assert!(
+        traced < plain * 2 + Duration::from_secs(1),
+        "20 executions took {traced:?} traced against {plain:?} without"
+    );
+    drop(server);
+    drop(held);
+}
