@@ -772,3 +772,29 @@ fn with_one_slot_in_all_nothing_runs_in_the_background_and_the_refusal_says_why(
     assert!(r.text().contains("concurrency.max_running"), "{}", r.text());
     assert_eq!(server.execute(json!({"code": "print(1)"})).status, 200);
 }
+
+#[test]
+fn turns_go_in_the_order_of_submission() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // One runs at a time: each of these waits for those submitted before it.
+    let ids: Vec<String> = (0..6)
+        .map(|i| {
+            submit(
+                &server,
+                &json!({"code": format!("import time\ntime.sleep(0.05)\n{i}")}),
+            )
+        })
+        .collect();
+    let started: Vec<String> = ids
+        .iter()
+        .map(|id| {
+            let v = wait_ended(&server, id, Duration::from_secs(60));
+            assert_eq!(v["state"], "finished", "{v}");
+            v["started_at"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let mut sorted = started.clone();
+    sorted.sort();
+    assert_eq!(started, sorted, "started out of the order of submission");
+}

@@ -142,6 +142,10 @@ struct Inner {
     unsaved: HashMap<String, Meta>,
     /// Bytes each key's background executions store (events and results), by fingerprint.
     stored: HashMap<String, Arc<AtomicU64>>,
+    /// Those waiting for their turn, in the order they were submitted: their key and how
+    /// many of its executions may run at once.
+    waiting: std::collections::BTreeMap<u64, (String, usize)>,
+    next_ticket: u64,
     running: usize,
 }
 
@@ -257,6 +261,8 @@ struct Log {
 pub(crate) struct Live {
     pub id: String,
     fingerprint: String,
+    /// Its place in the order of submissions: turns go by it.
+    ticket: u64,
     dir: PathBuf,
     pub cancel: Cancel,
     cancelled: AtomicBool,
@@ -656,9 +662,12 @@ impl Background {
                 ));
             }
         };
+        let ticket = inner.next_ticket;
+        inner.next_ticket += 1;
         let live = Arc::new(Live {
             id: id.clone(),
             fingerprint: fingerprint.clone(),
+            ticket,
             dir,
             cancel: Cancel::default(),
             cancelled: AtomicBool::new(false),
@@ -674,15 +683,16 @@ impl Background {
             held: Mutex::new((None, String::new())),
             written: tokio::sync::watch::Sender::new((0, false)),
         });
-        inner.keys.entry(fingerprint).or_default().queued += 1;
+        inner.keys.entry(fingerprint.clone()).or_default().queued += 1;
+        let (per_key, _) = key_limits(&self.config, key);
+        inner.waiting.insert(ticket, (fingerprint, per_key));
         inner.live.insert(id, live.clone());
         Ok(live)
     }
 
     /// Waits for `live`'s turn to run: fewer than `max_running` background executions running,
     /// and fewer than its key's own. `None` when it was cancelled meanwhile.
-    pub async fn turn(&self, key: &Key, live: &Live) -> Option<Turn<'_>> {
-        let (per_key, _) = key_limits(&self.config, key);
+    pub async fn turn(&self, live: &Live) -> Option<Turn<'_>> {
         loop {
             let notified = self.turns.notified();
             tokio::pin!(notified);
@@ -692,8 +702,17 @@ impl Background {
                 if live.is_cancelled() {
                     return None;
                 }
-                let mine = inner.keys.get(&live.fingerprint).map_or(0, |c| c.running);
-                if inner.running < self.config.max_running && mine < per_key {
+                // The first submitted of those whose key has room goes first: one whose key
+                // is at its own bound does not hold up other keys.
+                let first = inner
+                    .waiting
+                    .iter()
+                    .find(|(_, (fingerprint, per_key))| {
+                        inner.keys.get(fingerprint).map_or(0, |c| c.running) < *per_key
+                    })
+                    .map(|(ticket, _)| *ticket);
+                if inner.running < self.config.max_running && first == Some(live.ticket) {
+                    inner.waiting.remove(&live.ticket);
                     inner.running += 1;
                     // Held for its key now, so a second of its executions waits.
                     let c = inner.keys.entry(live.fingerprint.clone()).or_default();
@@ -803,6 +822,7 @@ impl Background {
             inner
                 .ended
                 .insert(live.id.clone(), (live.fingerprint.clone(), ms, false));
+            inner.waiting.remove(&live.ticket);
             let c = inner.keys.entry(live.fingerprint.clone()).or_default();
             if had_turn {
                 c.running = c.running.saturating_sub(1);

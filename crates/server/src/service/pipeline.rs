@@ -466,7 +466,7 @@ async fn in_background(
         bg.end(live, Ended::Not(error), state.is_shutting_down(), had_turn);
     };
     let turn = tokio::select! {
-        turn = bg.turn(&caller, live) => turn,
+        turn = bg.turn(live) => turn,
         () = state.shutdown_begun() => None,
     };
     let Some(turn) = turn else {
