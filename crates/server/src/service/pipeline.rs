@@ -505,7 +505,8 @@ async fn in_background(
             flushing.flush_output();
         }
     });
-    let (st, live) = (state.clone(), live.clone());
+    let (st, after) = (state.clone(), live.clone());
+    let live = live.clone();
     let ran = tokio::task::spawn_blocking(move || {
         let state = &st;
         // 6. audit.
@@ -553,6 +554,13 @@ async fn in_background(
     .await;
     if let Err(e) = ran {
         tracing::error!(error = %e, "a background execution's task failed");
+        // It still ends, its counts given back, rather than stay `running` until a restart.
+        if !after.has_ended() {
+            let error = Error::internal("the execution failed inside airlock");
+            state
+                .background
+                .end(&after, Ended::Not(error), state.is_shutting_down(), true);
+        }
     }
     flusher.abort();
     drop(turn);
