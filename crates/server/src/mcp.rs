@@ -811,9 +811,9 @@ impl Tools {
         };
         let (st, m, k) = (self.state.clone(), meta.clone(), key.clone());
         let stored = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-            let Some(path) = st.background.result_path(&m) else {
+            if !m.has_result {
                 return Ok(None);
-            };
+            }
             // Whole in memory as text blocks and rmcp's JSON of them, as run_python's answer
             // is, and reserved as it is (its limits are the execution's).
             let bytes = crate::answer::answer_bytes(st.engine.config(), &m.limits, Form::Mcp);
@@ -821,13 +821,7 @@ impl Tools {
                 .memory
                 .reserve(&k, bytes)
                 .map_err(|over| crate::answer::over_budget(over, "answers"))?;
-            let file = std::fs::File::open(&path).map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => Error::not_found(),
-                _ => Error::internal(format!("reading a result: {e}")),
-            })?;
-            let result: ExecutionResult = serde_json::from_reader(std::io::BufReader::new(file))
-                .map_err(|e| Error::internal(format!("reading a result: {e}")))?;
-            Ok(Some((result, share)))
+            Ok(st.background.result(&m)?.map(|result| (result, share)))
         })
         .await
         .map_err(|e| Error::internal(e.to_string()))??;

@@ -1150,15 +1150,7 @@ impl Tail {
     pub async fn next(&mut self, quiet: Duration) -> std::io::Result<Next> {
         loop {
             if self.at < self.written.0 {
-                let want = (self.written.0 - self.at).min(CHUNK as u64) as usize;
-                let (file, at) = (self.file.clone(), self.at);
-                let read = tokio::task::spawn_blocking(move || {
-                    use std::os::unix::fs::FileExt;
-                    let mut buf = vec![0; want];
-                    file.read_exact_at(&mut buf, at).map(|()| buf)
-                })
-                .await
-                .map_err(std::io::Error::other)??;
+                let read = read_piece(&self.file, self.at, self.written.0).await?;
                 self.at += read.len() as u64;
                 return Ok(Next::Bytes(read));
             }
@@ -1179,6 +1171,20 @@ impl Tail {
             }
         }
     }
+}
+
+/// The piece of `file` from `at` (at most [`CHUNK`] bytes, none past `end`), read off the
+/// async workers.
+async fn read_piece(file: &Arc<File>, at: u64, end: u64) -> std::io::Result<Vec<u8>> {
+    let want = end.saturating_sub(at).min(CHUNK as u64) as usize;
+    let file = file.clone();
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0; want];
+        file.read_exact_at(&mut buf, at).map(|()| buf)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// A stored result, read from the disk as it is sent.
@@ -1207,22 +1213,27 @@ impl Background {
     }
 }
 
+impl Background {
+    /// `meta`'s stored result, parsed (held whole in memory: for an answer made whole, as
+    /// MCP's are, whose memory the caller reserved).
+    pub fn result(&self, meta: &Meta) -> Result<Option<airlock_api::ExecutionResult>, Error> {
+        let Some(path) = self.result_path(meta) else {
+            return Ok(None);
+        };
+        let file = File::open(&path).map_err(|e| gone_or(e, "reading a result"))?;
+        serde_json::from_reader(std::io::BufReader::new(file))
+            .map(Some)
+            .map_err(|e| Error::internal(format!("reading a result: {e}")))
+    }
+}
+
 impl Stored {
     /// Its next piece (at most [`CHUNK`] bytes), and the rest; `None` at its end.
     pub async fn next(mut self) -> Option<(Vec<u8>, Stored)> {
         if self.at >= self.len {
             return None;
         }
-        let want = (self.len - self.at).min(CHUNK as u64) as usize;
-        let (file, at) = (self.file.clone(), self.at);
-        let read = tokio::task::spawn_blocking(move || {
-            use std::os::unix::fs::FileExt;
-            let mut buf = vec![0; want];
-            file.read_exact_at(&mut buf, at).map(|()| buf)
-        })
-        .await
-        .ok()?
-        .ok()?;
+        let read = read_piece(&self.file, self.at, self.len).await.ok()?;
         self.at += read.len() as u64;
         Some((read, self))
     }
