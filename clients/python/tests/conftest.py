@@ -28,6 +28,8 @@ APPROVER = "client-approver-0123456789abcdef"
 OTHER = "client-other-key-0123456789abcdef"
 # Each key's volumes may hold this many bytes in all: small, so that a test passes it.
 VOLUME_QUOTA = 256 << 20
+# Each key's background executions may store this many bytes: a test fills it.
+BACKGROUND_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +91,10 @@ rate_per_minute = 1
 
 [volumes]
 max_bytes_per_key = {VOLUME_QUOTA}
+
+# What a key's background executions may store: room for every test's, and one that fills it.
+[background]
+max_bytes_per_key = {BACKGROUND_BYTES}
 """
 
 

@@ -330,3 +330,19 @@ def test_a_handle_by_id_asks_nothing_until_used(client: Airlock) -> None:
         client.background("..")
     with pytest.raises(NotFound):
         h.wait()
+
+
+def test_wait_on_one_that_failed_raises_with_the_server_s_reason(server: Server) -> None:
+    # 10 MiB of output against a key's 8 MiB of stored background work: stopped, `failed`.
+    with Airlock(server.url, OTHER) as other:
+        h = other.submit(
+            "import sys\nfor _ in range(160):\n    sys.stdout.write('z' * 65536); sys.stdout.flush()",
+            limits={"output_bytes": 16 << 20},
+        )
+        with pytest.raises(BackgroundNotFinished) as failed:
+            h.wait(timeout=60)
+        assert failed.value.state == "failed"
+        assert failed.value.error is not None and failed.value.error.code == "storage_full"
+        assert "max_bytes_per_key" in str(failed.value)
+        assert h.refresh().state == "failed"
+        h.cancel()
