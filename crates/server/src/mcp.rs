@@ -129,16 +129,17 @@ struct ExecutionId {
 struct Background {
     /// What `get_execution` and `cancel_execution` take.
     id: String,
-    /// `queued`, `running`, `finished`, `failed`, `cancelled` or `interrupted`.
-    state: String,
+    state: crate::service::background::State,
     /// RFC 3339.
     submitted_at: String,
     started_at: Option<String>,
     ended_at: Option<String>,
     /// Why it ended without a result (failed, cancelled, interrupted).
     error: Option<OutcomeError>,
-    /// Once it ran: what `run_python` would have answered (the output is in the text).
-    outcome: Option<Outcome>,
+    /// Once it ran: what `run_python` would have answered (the output is in the text),
+    /// passed on as that call made it.
+    #[schemars(with = "Option<Outcome>")]
+    outcome: Option<serde_json::Value>,
 }
 
 /// Arguments naming a session only.
@@ -785,7 +786,7 @@ impl Tools {
             "execution {} started in the background ({}). Call get_execution with this id \
              (wait_seconds up to 60) for its state, and its output once it ended.",
             meta.id,
-            state_name(meta.state)
+            meta.state.as_str()
         );
         Ok(background_result(&meta, text, None))
     }
@@ -806,8 +807,8 @@ impl Tools {
             .await
             .ok_or_else(|| crate::service::not_here(&self.state, &a.id, "background execution"))?;
         let head = match (&meta.error, meta.state) {
-            (Some(e), s) => format!("execution {} is {}: {}", meta.id, state_name(s), e.message),
-            (None, s) => format!("execution {} is {}", meta.id, state_name(s)),
+            (Some(e), s) => format!("execution {} is {}: {}", meta.id, s.as_str(), e.message),
+            (None, s) => format!("execution {} is {}", meta.id, s.as_str()),
         };
         let (st, m, k) = (self.state.clone(), meta.clone(), key.clone());
         let stored = tokio::task::spawn_blocking(move || -> Result<_, Error> {
@@ -846,7 +847,7 @@ impl Tools {
         let text = format!(
             "execution {} is {}; its result and output are removed",
             meta.id,
-            state_name(meta.state)
+            meta.state.as_str()
         );
         Ok(background_result(&meta, text, None))
     }
@@ -1053,13 +1054,6 @@ impl Tools {
 
 const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 
-fn state_name(state: crate::service::background::State) -> String {
-    serde_json::to_value(state)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
 /// A background execution's tool result: its state in a text block, then `ran`'s blocks (the
 /// outcome of one that ran), with both as structured content.
 fn background_result(
@@ -1068,12 +1062,11 @@ fn background_result(
     ran: Option<CallToolResult>,
 ) -> CallToolResult {
     let (mut content, outcome, is_error) = match ran {
-        Some(ran) => {
-            let outcome = ran
-                .structured_content
-                .and_then(|v| serde_json::from_value::<OutcomeValue>(v).ok());
-            (ran.content, outcome, ran.is_error.unwrap_or(false))
-        }
+        Some(ran) => (
+            ran.content,
+            ran.structured_content,
+            ran.is_error.unwrap_or(false),
+        ),
         None => (
             Vec::new(),
             None,
@@ -1085,27 +1078,25 @@ fn background_result(
         ),
     };
     content.insert(0, ContentBlock::text(head));
-    let structured = serde_json::json!({
-        "id": meta.id,
-        "state": state_name(meta.state),
-        "submitted_at": meta.submitted_at,
-        "started_at": meta.started_at,
-        "ended_at": meta.ended_at,
-        "error": meta.error.as_ref().map(|e| serde_json::json!({"kind": e.code, "message": e.message})),
-        "outcome": outcome.map(|o| o.0),
-    });
-    let mut result = if is_error {
+    let result = if is_error {
         CallToolResult::error(content)
     } else {
         CallToolResult::success(content)
     };
-    result.structured_content = Some(structured);
-    result
+    let state = Background {
+        id: meta.id.clone(),
+        state: meta.state,
+        submitted_at: meta.submitted_at.clone(),
+        started_at: meta.started_at.clone(),
+        ended_at: meta.ended_at.clone(),
+        error: meta.error.as_ref().map(|e| OutcomeError {
+            kind: e.code.clone(),
+            message: e.message.clone(),
+        }),
+        outcome,
+    };
+    with_structured(result, &state)
 }
-
-/// An outcome's structured content, passed on as it is.
-#[derive(Deserialize)]
-struct OutcomeValue(serde_json::Value);
 
 /// What the host is told of while an execution or a cell runs: its tool calls that wait for
 /// an approval (by elicitation), and its output (progress and log messages).

@@ -37,7 +37,7 @@ use crate::keys::Key;
 use crate::service::stream::{self, Whole};
 
 /// Where a background execution is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum State {
     /// Waiting for its turn (`[background] max_running`, the key's own) and a slot.
@@ -54,6 +54,18 @@ pub(crate) enum State {
 }
 
 impl State {
+    /// As the API writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Queued => "queued",
+            State::Running => "running",
+            State::Finished => "finished",
+            State::Failed => "failed",
+            State::Cancelled => "cancelled",
+            State::Interrupted => "interrupted",
+        }
+    }
+
     pub fn ended(self) -> bool {
         !matches!(self, State::Queued | State::Running)
     }
