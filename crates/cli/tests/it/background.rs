@@ -318,6 +318,8 @@ fn background_ceilings_and_bounds_are_their_own() {
     // Left out, the background default applies, and the clock stops it.
     let at = Instant::now();
     let slow = submit(&server, &json!({"code": "import time\ntime.sleep(30)"}));
+    // Until it has its turn it is itself the one waiting.
+    wait_state(&server, &slow, "running");
     // One waits (max_queued_per_key = 1): the next is refused while it does.
     let waiting = submit(&server, &json!({"code": "print(1)"}));
     let r = server.call("POST", "/v1/executions", Some(&json!({"code": "2"})));
