@@ -99,12 +99,30 @@ fn files_in_ram_count_against_memory() {
 fn swap_is_off_for_the_sandbox_cgroup() {
     let _guard = serial();
     let before = HostState::now();
+    // The program waits on its stdin, held open until the cgroup has been read: its cgroup is
+    // gone the moment it ends.
+    let script = temp_file(
+        "swap.py",
+        b"import sys\nprint('ready', flush=True)\nsys.stdin.read()\n",
+    );
     let mut live = start(
-        &["run", "--memory", "96M", "-"],
-        Some(b"import sys\nprint('ready', flush=True)\nsys.stdin.read()\n"),
+        &[
+            "run",
+            "--memory",
+            "96M",
+            "--stdin",
+            "-",
+            script.to_str().unwrap(),
+        ],
+        None,
     );
     assert_eq!(live.line(), "ready");
-    let cgroups = sandbox_cgroups();
+    // Only this run's own: another test's sandbox may end (its cgroup gone) while we read.
+    let own = format!("{}{}-", airlock_sandbox::SANDBOX_PREFIX, live.child.id());
+    let cgroups: Vec<_> = sandbox_cgroups()
+        .into_iter()
+        .filter(|d| d.file_name().unwrap().to_string_lossy().starts_with(&own))
+        .collect();
     let read = |name: &str| {
         cgroups
             .iter()
@@ -128,8 +146,10 @@ fn swap_is_off_for_the_sandbox_cgroup() {
         }
         _ => panic!("no memory cgroup among {cgroups:?}"),
     }
-    let status = live.child.wait().unwrap(); // stdin is closed: the program ends
+    drop(live.child.stdin.take()); // its stdin closed, the program ends
+    let status = live.child.wait().unwrap();
     assert!(status.success());
+    std::fs::remove_file(&script).unwrap();
     HostState::now().assert_same_as(&before, &status);
 }
 
