@@ -449,6 +449,17 @@ async fn serve(
         }
     }
     close_sessions_and_pool(&state).await;
+    // The spans of the last requests (and of the shutdown's own endings) go out before exit.
+    let telemetry = state.clone();
+    let flushed = tokio::task::spawn_blocking(move || telemetry.telemetry.flush(TRACES_DEADLINE))
+        .await
+        .unwrap_or(false);
+    if !flushed {
+        tracing::warn!(
+            deadline_ms = TRACES_DEADLINE.as_millis() as u64,
+            "traces: spans still queued at exit are lost (the collector did not take them in time)"
+        );
+    }
     if let Some(why) = state.audit.write_kept() {
         tracing::error!(error = %why, "stopped with audit lines that could not be written");
     }
@@ -458,6 +469,9 @@ async fn serve(
 
 /// Unsent bytes the kernel keeps queued on a connection (`TCP_NOTSENT_LOWAT`).
 const NOTSENT_LOWAT: u32 = 128 << 10;
+
+/// How long the spans still queued at shutdown get to reach the collector.
+const TRACES_DEADLINE: Duration = Duration::from_secs(3);
 
 /// How long killed sandboxes get to be gone after the grace period.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);

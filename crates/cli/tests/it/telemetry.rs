@@ -506,3 +506,45 @@ fn a_collector_that_never_answers_holds_up_no_execution() {
     drop(server);
     drop(held);
 }
+
+#[test]
+fn spans_still_queued_at_shutdown_reach_the_collector() {
+    let _serial = common::serial();
+    let dir = scratch_dir("telemetry-flush");
+    let receiver = Receiver::start(&dir);
+    // A batch waits a minute for more spans: only the shutdown's flush sends this one.
+    let telemetry = format!(
+        "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 60000",
+        receiver.port
+    );
+    let server = Server::start(&config(&telemetry, hello_server()), NO_LOG);
+    let traceparent = format!("00-{TRACE}-{PARENT}-01");
+    let r = execute(
+        &server,
+        &json!({"code": "6 * 7"}),
+        &[("traceparent", &traceparent)],
+    );
+    assert_eq!(r.json()["result"], 42, "{}", r.text());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(receiver.spans().is_empty(), "sent before the shutdown");
+    assert!(server.stop().success());
+    // Sent as the server stopped: there when it has exited.
+    let spans: Vec<Value> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s["trace_id"] == TRACE)
+        .collect();
+    let req = one(&spans, "POST /v1/execute");
+    assert_eq!(req["parent_span_id"], PARENT);
+    for phase in ["admission_wait", "run", "answer_write"] {
+        assert_eq!(
+            one(&spans, phase)["parent_span_id"],
+            req["span_id"],
+            "{phase}"
+        );
+    }
+    assert_eq!(
+        one(&spans, "run")["attributes"]["airlock.execution.status"],
+        "ok"
+    );
+}

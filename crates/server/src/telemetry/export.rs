@@ -3,9 +3,10 @@
 //!
 //! The SDK's `BatchSpanProcessor` also bounds its queue, but does not say how many it dropped;
 //! here a span that finds the queue full is counted (`airlock_telemetry_spans_dropped_total`),
-//! and so is each span of a batch the collector did not take in time.
+//! and so is each span of a batch the collector did not take in time. At shutdown the queue
+//! is flushed, within a deadline of its own: the spans of the last requests are not lost.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,21 +17,52 @@ use opentelemetry_sdk::Resource;
 use crate::config::TelemetryConfig;
 use crate::metrics::Metrics;
 
+/// What the exporter's thread is handed: a span, or a request to send what it holds now and
+/// say so (everything queued before it included: the queue is in order).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // nearly every message is a span: boxing would allocate for each
+enum Message {
+    Span(SpanData),
+    Flush(Sender<()>),
+}
+
 /// Where spans are handed over. Pushing never blocks.
 #[derive(Debug)]
 pub struct Queue {
-    tx: SyncSender<SpanData>,
+    tx: SyncSender<Message>,
     metrics: Arc<Metrics>,
 }
 
 impl Queue {
     pub fn push(&self, span: SpanData) {
-        match self.tx.try_send(span) {
+        match self.tx.try_send(Message::Span(span)) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.metrics.telemetry_spans_dropped.add(&["queue_full"]);
             }
         }
+    }
+
+    /// Blocks until every span pushed so far has been sent (or its batch failed, counted), or
+    /// `within` has passed; whether they were. For shutdown: a collector that does not answer
+    /// holds it up no longer than `within`.
+    pub fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let (ack, acked) = std::sync::mpsc::channel();
+        let mut message = Message::Flush(ack);
+        loop {
+            match self.tx.try_send(message) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    message = back;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return false,
+            }
+        }
+        acked
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
     }
 }
 
@@ -76,9 +108,9 @@ struct Batching {
 }
 
 /// The exporter's thread: a batch is what came within `interval` of its first span (or
-/// `max` spans), sent within `timeout`.
+/// `max` spans, or up to a flush), sent within `timeout`.
 fn send(
-    rx: Receiver<SpanData>,
+    rx: Receiver<Message>,
     exporter: opentelemetry_otlp::SpanExporter,
     batch: Batching,
     metrics: &Metrics,
@@ -91,8 +123,13 @@ fn send(
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %e, "traces: no runtime for the OTLP exporter; spans are dropped");
-            for _ in rx {
-                metrics.telemetry_spans_dropped.add(&["export_failed"]);
+            for message in rx {
+                match message {
+                    Message::Span(_) => metrics.telemetry_spans_dropped.add(&["export_failed"]),
+                    Message::Flush(ack) => {
+                        let _ = ack.send(());
+                    }
+                }
             }
             return;
         }
@@ -100,14 +137,25 @@ fn send(
     let mut failing = false;
     while let Ok(first) = rx.recv() {
         let mut spans = Vec::with_capacity(batch.max.min(64));
-        spans.push(first);
+        let mut flushed = None;
+        match first {
+            Message::Span(span) => spans.push(span),
+            Message::Flush(ack) => flushed = Some(ack),
+        }
         let until = Instant::now() + batch.interval;
-        while spans.len() < batch.max {
+        while flushed.is_none() && spans.len() < batch.max {
             let left = until.saturating_duration_since(Instant::now());
             match rx.recv_timeout(left) {
-                Ok(span) => spans.push(span),
+                Ok(Message::Span(span)) => spans.push(span),
+                Ok(Message::Flush(ack)) => flushed = Some(ack),
                 Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
             }
+        }
+        if spans.is_empty() {
+            if let Some(ack) = flushed {
+                let _ = ack.send(());
+            }
+            continue;
         }
         let n = spans.len() as u64;
         let sent = runtime
@@ -134,6 +182,10 @@ fn send(
                     );
                 }
             }
+        }
+        // The one flushing may have stopped waiting: nobody to tell is fine.
+        if let Some(ack) = flushed {
+            let _ = ack.send(());
         }
     }
 }
@@ -212,5 +264,30 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(metrics.telemetry_spans_exported.get(&[]), 0);
+    }
+
+    #[test]
+    fn a_flush_sends_the_batch_being_gathered_and_gives_up_at_its_deadline() {
+        let metrics = Arc::new(Metrics::default());
+        // A batch would wait a minute for more spans; the flush sends it now.
+        let config = TelemetryConfig {
+            otlp_endpoint: Some(closed_port()),
+            batch_interval_ms: 60_000,
+            ..TelemetryConfig::default()
+        };
+        let queue = start(&config, Resource::builder_empty().build(), metrics.clone()).unwrap();
+        for _ in 0..5 {
+            queue.push(span());
+        }
+        assert!(queue.flush(Duration::from_secs(30)));
+        // Sent (and, nobody listening, counted as dropped) before the flush returned.
+        assert_eq!(metrics.telemetry_spans_dropped.get(&["export_failed"]), 5);
+        assert!(queue.flush(Duration::from_secs(30)), "nothing left to send");
+
+        // Nothing empties this one: the flush cannot even be queued, and says so.
+        let (tx, _rx) = std::sync::mpsc::sync_channel(1);
+        let stuck = Queue { tx, metrics };
+        stuck.push(span());
+        assert!(!stuck.flush(Duration::from_millis(50)));
     }
 }

@@ -104,6 +104,12 @@ impl Telemetry {
         self.inner.is_some()
     }
 
+    /// At shutdown: sends the spans still queued, waiting at most `within`; whether all went
+    /// (true when traces are off).
+    pub fn flush(&self, within: std::time::Duration) -> bool {
+        self.inner.as_ref().is_none_or(|i| i.queue.flush(within))
+    }
+
     /// Request `request_id`'s span (a server span named `name`), a child of the caller's
     /// `traceparent` when it sent a valid one, else the root of a new trace. Ends when
     /// dropped; [`Telemetry::request_span`] finds it meanwhile.
