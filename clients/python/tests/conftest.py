@@ -98,16 +98,16 @@ max_bytes_per_key = {BACKGROUND_BYTES}
 """
 
 
-def launch(dir: pathlib.Path) -> tuple[subprocess.Popen[str], str]:
+def launch(dir: pathlib.Path, listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[str], str]:
     """`airlock serve` with its config and state in `dir` (which may hold an earlier server's
-    state); returns the process and its URL once it listens."""
+    state), on `listen`; returns the process and its URL once it listens."""
     (dir / "airlock.toml").write_text(config())
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRLOCK_")}
     # One warm sandbox and no zygote: enough for these tests, and quick to start.
     env["AIRLOCK_POOL__SIZE"] = "1"
     env["AIRLOCK_ZYGOTE__ENABLED"] = "false"
     proc = subprocess.Popen(
-        [str(_binary()), "serve", "--listen", "127.0.0.1:0", "--config", str(dir / "airlock.toml"),
+        [str(_binary()), "serve", "--listen", listen, "--config", str(dir / "airlock.toml"),
          "--state-dir", str(dir / "state")],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, text=True,
     )

@@ -1,11 +1,13 @@
 """Background executions against the real server (conftest.py): `submit` and `wait` give what
 `run` gives, `events()` resumes after dropped connections with every byte once (and from a
 kept id, elsewhere), `cancel` kills and deletes, and every other ending raises what it is
-(`interrupted` by a crash: test_client.py's crash test)."""
+(`interrupted` by a crash: test_client.py's crash test, and here a follower that goes on
+across it)."""
 
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import threading
 import time
 from typing import Any, AsyncIterator, Iterator
@@ -28,7 +30,7 @@ from airlock_client import (
     WaitTimeout,
 )
 from airlock_client._wire import LogEvents
-from conftest import KEY, OTHER, Server
+from conftest import KEY, OTHER, Server, launch, stop
 
 # 50 lines over about 2.5 s on stdout, every fifth echoed on stderr; characters of 1 to 4 bytes.
 CHATTY = (
@@ -346,3 +348,30 @@ def test_wait_on_one_that_failed_raises_with_the_server_s_reason(server: Server)
         assert "max_bytes_per_key" in str(failed.value)
         assert h.refresh().state == "failed"
         h.cancel()
+
+
+def test_a_follower_goes_on_across_a_crash_and_restart(tmp_path: pathlib.Path) -> None:
+    proc, url = launch(tmp_path)
+    try:
+        with Airlock(url, KEY) as c:
+            h = c.submit(LONG)
+            events = h.events()
+            assert next(events) == OutputEvent("stdout", "started\n")
+            kept = events.last_event_id
+            proc.kill()  # SIGKILL: the server cleans up nothing
+            proc.wait()
+            # Back on the same address, from the same state, before the follower reads on.
+            proc, again = launch(tmp_path, url.removeprefix("http://"))
+            assert again == url
+            # The same iterator: its connection lost, it reconnects after the last event it
+            # gave, and the execution's log ends with how it ended.
+            rest = list(events)
+            assert events.reconnections >= 1 and events.last_event_id != kept
+            [error] = rest
+            assert isinstance(error, BackgroundError) and error.code == "interrupted", rest
+            with pytest.raises(BackgroundNotFinished) as stopped:
+                h.wait()
+            assert stopped.value.state == "interrupted" and stopped.value.error == error
+    finally:
+        if proc.poll() is None:
+            stop(proc)
