@@ -706,7 +706,7 @@ impl Tools {
             }
             Call::Eval(a) => self.eval_expression(received, a).await,
             Call::CreateSession(environment, volumes) => {
-                self.create_session(&key, received, environment, volumes)
+                self.create_session(&key, &request_id, received, environment, volumes)
                     .await
             }
             Call::RunInSession(a) => {
@@ -923,6 +923,7 @@ impl Tools {
     async fn create_session(
         &self,
         key: &Arc<Key>,
+        request_id: &str,
         received: Option<Received>,
         environment: Option<String>,
         volumes: Vec<airlock_api::VolumeMountRequest>,
@@ -932,7 +933,9 @@ impl Tools {
             volumes,
             ..SessionRequest::default()
         };
-        let info = pipeline::open_session(&self.state, key, Input::Given(asked), received).await?;
+        let info =
+            pipeline::open_session(&self.state, key, request_id, Input::Given(asked), received)
+                .await?;
         let l = &info.limits;
         let result = CallToolResult::success(vec![ContentBlock::text(format!(
             "session_id: {}\nexpires_at: {}\nidle_timeout_seconds: {}\nper-cell limits: {} s \

@@ -149,6 +149,11 @@ const NO_LOG: &[(&str, &str)] = &[("TEST_TOOL_LOG", "/dev/null")];
 
 /// `body` executed as the agent, with extra headers.
 fn execute(server: &Server, body: &Value, headers: &[(&str, &str)]) -> Response {
+    execute_at(server, "/v1/execute", body, headers)
+}
+
+/// `body` POSTed to `path` as the agent, with extra headers.
+fn execute_at(server: &Server, path: &str, body: &Value, headers: &[(&str, &str)]) -> Response {
     let mut all = vec![
         ("Authorization".to_owned(), format!("Bearer {AGENT}")),
         ("Content-Type".to_owned(), "application/json".to_owned()),
@@ -161,10 +166,16 @@ fn execute(server: &Server, body: &Value, headers: &[(&str, &str)]) -> Response 
     request(
         server.addr,
         "POST",
-        "/v1/execute",
+        path,
         &all,
         Some(body.to_string().as_bytes()),
     )
+}
+
+/// POSTs `body` to `path` as the agent, under trace `trace` (the caller's span `PARENT`).
+fn post_traced(server: &Server, path: &str, trace: &str, body: &Value) -> Response {
+    let traceparent = format!("00-{trace}-{PARENT}-01");
+    execute_at(server, path, body, &[("traceparent", &traceparent)])
 }
 
 fn named<'a>(spans: &'a [Value], name: &str) -> Vec<&'a Value> {
@@ -383,21 +394,11 @@ with urllib.request.urlopen("http://localhost:{port}/", timeout=10) as r:
     }
     // A background execution's phases join its submission's trace, after the 202.
     let bg_trace = "6d1c9f4b3e2a5f7b8c9d0e1f2a3b4c5d";
-    let headers = [
-        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
-        ("Content-Type".to_owned(), "application/json".to_owned()),
-        (
-            "traceparent".to_owned(),
-            format!("00-{bg_trace}-{PARENT}-01"),
-        ),
-    ];
-    let body = json!({"code": "6 * 7"}).to_string();
-    let r = request(
-        server.addr,
-        "POST",
+    let r = post_traced(
+        &server,
         "/v1/executions",
-        &headers,
-        Some(body.as_bytes()),
+        bg_trace,
+        &json!({"code": "6 * 7"}),
     );
     assert_eq!(r.status, 202, "{}", r.text());
     let spans = receiver.wait(bg_trace, |s| {
@@ -414,6 +415,34 @@ with urllib.request.urlopen("http://localhost:{port}/", timeout=10) as r:
             "{phase}"
         );
     }
+    // A session's sandbox starts under its creation's request; its cells have no start.
+    let open_trace = "7e2d0a5c4f3b6a8c9d0e1f2a3b4c5d6e";
+    let r = post_traced(&server, "/v1/sessions", open_trace, &json!({}));
+    assert_eq!(r.status, 201, "{}", r.text());
+    let session = r.json()["id"].as_str().unwrap().to_owned();
+    let spans = receiver.wait(open_trace, |s| {
+        ["POST /v1/sessions", "sandbox_start", "answer_write"]
+            .iter()
+            .all(|n| s.iter().any(|s| s["name"] == *n))
+    });
+    let req = one(&spans, "POST /v1/sessions");
+    let start = one(&spans, "sandbox_start");
+    assert_eq!(start["parent_span_id"], req["span_id"]);
+    assert!(
+        start["start"].as_u64() >= req["start"].as_u64()
+            && start["end"].as_u64() <= req["end"].as_u64()
+    );
+    assert_eq!(start["status"], 0, "unset: it started");
+    let cell_trace = "8f3e1b6d5a4c7b9d0e1f2a3b4c5d6e7f";
+    let path = format!("/v1/sessions/{session}/execute");
+    let r = post_traced(&server, &path, cell_trace, &json!({"code": "6 * 7"}));
+    assert_eq!(r.json()["result"], 42, "{}", r.text());
+    let spans = receiver.wait(cell_trace, |s| {
+        ["run", "answer_write"]
+            .iter()
+            .all(|n| s.iter().any(|s| s["name"] == *n))
+    });
+    assert!(named(&spans, "sandbox_start").is_empty(), "{spans:#?}");
     // An unsampled caller: the context goes on, nothing is recorded.
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     let r = execute(

@@ -19,9 +19,11 @@ use crate::SharedState;
 pub(crate) async fn create(
     State(state): State<SharedState>,
     Extension(caller): Extension<Caller>,
+    Extension(RequestId(request_id)): Extension<RequestId>,
     req: Request,
 ) -> Result<Response, Error> {
-    let info = pipeline::open_session(&state, &caller.0, Input::Body(body_of(req)), None).await?;
+    let body = Input::Body(body_of(req));
+    let info = pipeline::open_session(&state, &caller.0, &request_id, body, None).await?;
     Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 

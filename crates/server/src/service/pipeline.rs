@@ -711,10 +711,12 @@ impl Drop for StopOnDrop {
 /// A session opened: steps 1 and 2, its job checked on a blocking thread (3), its sandbox
 /// started (7), then it is registered and audited (8). A session takes no running slot and
 /// no `started` line: its opening and closing are audit lines of their own, and each of its
-/// cells goes through [`run`].
+/// cells goes through [`run`]. Its sandbox's start is the `sandbox_start` phase of request
+/// `request_id`'s span.
 pub(crate) async fn open_session(
     state: &SharedState,
     caller: &Arc<Key>,
+    request_id: &str,
     input: Input<SessionRequest>,
     received: Option<Received>,
 ) -> Result<SessionInfo, Error> {
@@ -725,7 +727,12 @@ pub(crate) async fn open_session(
         sessions::prepare_open(&st, &key, arguments.parse(&st)?)
     })
     .await?;
+    let trace = state.telemetry.request_span(request_id);
+    let starting = state.telemetry.phase(trace.as_ref(), "sandbox_start");
     let info = sessions::start(state, caller, opening).await;
+    if let (Some(mut span), Err(e)) = (starting, &info) {
+        span.fail(e.code);
+    }
     drop(received);
     info
 }
