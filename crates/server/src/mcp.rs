@@ -20,6 +20,7 @@ use airlock_api::{
     Status,
 };
 use base64::Engine as _;
+use opentelemetry::KeyValue;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -684,12 +685,13 @@ impl Tools {
         let (key, request_id) = self
             .caller(context)
             .map_err(|e| ErrorData::internal_error(e.message, None))?;
+        let mut span = self.stdio_span(name, &request_id, context);
         let received = handed_over(context);
         let slot = answer_slot(context);
         // Progress and log messages, if the host asked, from now until the answer.
         let every = std::time::Duration::from_millis(self.state.config.mcp.progress_interval_ms);
         let watch = || progress::watch(context, every, self.logs.load(Ordering::Relaxed));
-        Ok(match call {
+        let result = match call {
             Call::RunPython(a) => {
                 let (output, reporter) = watch().unzip();
                 let told = Told {
@@ -739,7 +741,40 @@ impl Tools {
                 let result = CallToolResult::success(vec![ContentBlock::text(text)]);
                 Ok(with_structured(result, &listing))
             }
-        })
+        };
+        if let Some(span) = &mut span {
+            span.succeed();
+            if let Err(e) = &result {
+                span.fail(e.code);
+            }
+        }
+        Ok(result)
+    }
+
+    /// Over stdio, where no HTTP request carries one, the call's own span (a server span
+    /// named `tools/call <tool>`), continuing the trace context the host put in the call's
+    /// `_meta` (SEP-414); the pipeline finds it by `request_id`. Ends when dropped: failed
+    /// if the call is dropped unanswered (cancelled).
+    fn stdio_span(
+        &self,
+        tool: &str,
+        request_id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<crate::telemetry::Span> {
+        self.local.as_ref()?;
+        let meta = &context.meta;
+        let mut span = self.state.telemetry.request(
+            format!("tools/call {tool}"),
+            request_id,
+            (meta.get_traceparent(), meta.get_tracestate()),
+            vec![
+                KeyValue::new("mcp.method.name", "tools/call"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("airlock.request_id", request_id.to_owned()),
+            ],
+        )?;
+        span.fail("cancelled");
+        Some(span)
     }
 
     /// The request `run_python` and `start_python` make of their arguments.

@@ -449,17 +449,7 @@ async fn serve(
         }
     }
     close_sessions_and_pool(&state).await;
-    // The spans of the last requests (and of the shutdown's own endings) go out before exit.
-    let telemetry = state.clone();
-    let flushed = tokio::task::spawn_blocking(move || telemetry.telemetry.flush(TRACES_DEADLINE))
-        .await
-        .unwrap_or(false);
-    if !flushed {
-        tracing::warn!(
-            deadline_ms = TRACES_DEADLINE.as_millis() as u64,
-            "traces: spans still queued at exit are lost (the collector did not take them in time)"
-        );
-    }
+    flush_traces(&state).await;
     if let Some(why) = state.audit.write_kept() {
         tracing::error!(error = %why, "stopped with audit lines that could not be written");
     }
@@ -469,6 +459,20 @@ async fn serve(
 
 /// Unsent bytes the kernel keeps queued on a connection (`TCP_NOTSENT_LOWAT`).
 const NOTSENT_LOWAT: u32 = 128 << 10;
+
+/// At exit: the spans of the last requests (and of the shutdown's own endings) go out.
+pub(crate) async fn flush_traces(state: &SharedState) {
+    let st = state.clone();
+    let flushed = tokio::task::spawn_blocking(move || st.telemetry.flush(TRACES_DEADLINE))
+        .await
+        .unwrap_or(false);
+    if !flushed {
+        tracing::warn!(
+            deadline_ms = TRACES_DEADLINE.as_millis() as u64,
+            "traces: spans still queued at exit are lost (the collector did not take them in time)"
+        );
+    }
+}
 
 /// How long the spans still queued at shutdown get to reach the collector.
 const TRACES_DEADLINE: Duration = Duration::from_secs(3);

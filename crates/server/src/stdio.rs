@@ -7,7 +7,9 @@ use airlock_api::LimitsRequest;
 
 use crate::config::Scope;
 use crate::keys::KeyStore;
-use crate::serve::{make_state_dir, open_environments, start_engine, stop_everything, ServeError};
+use crate::serve::{
+    flush_traces, make_state_dir, open_environments, start_engine, stop_everything, ServeError,
+};
 use crate::SharedState;
 
 /// `airlock mcp`: serves the tools on stdin and stdout (nothing else is written to stdout;
@@ -75,6 +77,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
     };
     state.begin_shutdown();
     stop_everything(&state).await;
+    flush_traces(&state).await;
     tracing::info!("stopped");
     served
 }

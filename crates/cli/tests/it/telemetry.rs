@@ -577,3 +577,97 @@ fn spans_still_queued_at_shutdown_reach_the_collector() {
         "ok"
     );
 }
+
+#[test]
+fn stdio_mcp_continues_the_trace_a_host_puts_in_meta() {
+    let _serial = common::serial();
+    let dir = scratch_dir("telemetry-stdio");
+    let receiver = Receiver::start(&dir);
+    // A minute's batch interval: what arrives was sent as `airlock mcp` exited.
+    let telemetry = format!(
+        "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 60000",
+        receiver.port
+    );
+    let file = dir.join("airlock.toml");
+    std::fs::write(&file, config(&telemetry, hello_server())).unwrap();
+    let tool_log = dir.join("tool.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .arg("mcp")
+        .arg("--config")
+        .arg(&file)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env("AIRLOCK_POOL__SIZE", "0")
+        .env("TEST_TOOL_LOG", &tool_log)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut answer = |stdin: &mut std::process::ChildStdin, message: Value| {
+        writeln!(stdin, "{message}").unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        serde_json::from_str::<Value>(&line).unwrap()
+    };
+    let init = answer(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+    );
+    assert_eq!(init["result"]["serverInfo"]["name"], "airlock", "{init}");
+    writeln!(
+        stdin,
+        "{}",
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    )
+    .unwrap();
+    let code = format!("import tools\ntools.crm.echo(value='{SECRET}')['value'] == '{SECRET}'");
+    let called = answer(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "run_python", "arguments": {"code": code},
+            "_meta": {"traceparent": format!("00-{TRACE}-{PARENT}-01"),
+                      "tracestate": "vendor=opaque"}}}),
+    );
+    assert_eq!(
+        called["result"]["content"][1]["text"], "result: true",
+        "{called}"
+    );
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+
+    let spans: Vec<Value> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s["trace_id"] == TRACE)
+        .collect();
+    let call = one(&spans, "tools/call run_python");
+    assert_eq!(call["parent_span_id"], PARENT);
+    assert_eq!(call["kind"], 2, "a server span");
+    assert_eq!(call["attributes"]["gen_ai.tool.name"], "run_python");
+    assert_eq!(call["status"], 0, "unset: answered");
+    for phase in ["admission_wait", "sandbox_start", "run", "result_parsing"] {
+        assert_eq!(
+            one(&spans, phase)["parent_span_id"],
+            call["span_id"],
+            "{phase}"
+        );
+    }
+    // The tool server was called within the same trace, under the run.
+    let tool = one(&spans, "tool_call");
+    assert_eq!(tool["parent_span_id"], one(&spans, "run")["span_id"]);
+    let log = std::fs::read_to_string(&tool_log).unwrap();
+    let seen: Value = log
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["tool"] == "echo")
+        .unwrap();
+    let sent = format!("00-{TRACE}-{}-01", tool["span_id"].as_str().unwrap());
+    assert_eq!(seen["traceparent"], sent.as_str());
+    assert_eq!(seen["tracestate"], "vendor=opaque");
+    assert!(!receiver.raw().contains(SECRET), "a span holds the code");
+}
