@@ -390,6 +390,13 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
     first_output(&server, &ran);
     let waited = submit(&server, &json!({"code": "print('never')"}));
     let dir = server.kill_keeping_state();
+    // As a power loss may leave it: an event cut short at the end of the log.
+    let log = dir.join("state/background").join(&ran).join("events");
+    let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+    let whole = file.metadata().unwrap().len();
+    file.write_all(b"id: 99999\nevent: stdout\ndata: {\"text\":\"cut sh")
+        .unwrap();
+    drop(file);
 
     let server = Server::start_in(dir, "[background]\nretention_ms = 3000\n", &[], Some(KEY));
     let v = get(&server, &done);
@@ -413,13 +420,18 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
             ("error", &json!("interrupted"))
         );
     }
-    // What ran before the kill printed what it printed.
+    // What ran before the kill printed what it printed, and the event cut short is gone:
+    // the interruption follows the last whole event.
     let mut events = Events::open(&server, KEY, &ran, None);
     let first = events.next().unwrap();
     assert_eq!(
         (first.name.as_str(), &first.data["text"]),
         ("stdout", &json!("half\n"))
     );
+    let mut events = Events::open(&server, KEY, &ran, Some(whole));
+    let next = events.next().unwrap();
+    assert_eq!(next.name, "error", "{:?}", next.data);
+    assert!(events.next().is_none());
     assert_eq!(
         server.metric("airlock_background_executions{state=\"ended\"}"),
         3.0

@@ -359,7 +359,8 @@ impl Live {
     /// client would otherwise miss output without knowing.
     fn append(&self, name: &str, data: &serde_json::Value) {
         let mut log = lock(&self.log);
-        let bytes = record(log.len, name, &data.to_string());
+        let whole = log.len;
+        let bytes = record(whole, name, &data.to_string());
         let Some(file) = log.file.as_mut() else {
             return;
         };
@@ -384,6 +385,9 @@ impl Live {
                 }
             }
             Err(e) => {
+                // What part of the event went in is taken back (if the disk lets us), so
+                // that the log holds whole events only.
+                let _ = file.set_len(whole);
                 log.file = None;
                 drop(log);
                 tracing::error!(execution = %self.id, error = %e, "a background execution's events cannot be written; it is stopped");
@@ -529,10 +533,18 @@ impl Background {
                 let body = error.body(Some(meta.request_id.clone()));
                 meta.error = Some(body.error.clone());
                 if let Ok(mut events) = std::fs::OpenOptions::new()
+                    .read(true)
                     .append(true)
                     .open(path.join("events"))
                 {
-                    let len = events.metadata().map_or(0, |m| m.len());
+                    let written = events.metadata().map_or(0, |m| m.len());
+                    // An event cut short by the crash (events are not synced one by one) is
+                    // cut off, so that the interruption follows whole events.
+                    let len = whole_events_len(&events, written);
+                    if len < written {
+                        tracing::warn!(execution = %meta.id, cut = written - len, "a background execution's last event was cut short by the stop; it is removed");
+                        let _ = events.set_len(len);
+                    }
                     let data = serde_json::to_value(&body).unwrap_or_default();
                     let _ = events.write_all(&record(len, "error", &data.to_string()));
                 }
@@ -1109,6 +1121,31 @@ fn at_event_end(file: &File, at: u64, len: u64) -> bool {
     file.read_exact_at(&mut next, at).is_ok() && &next == b"id: "
 }
 
+/// The length of `file`'s first `len` bytes up to the end of its last whole event (0 when
+/// none is whole): past the last blank line, which only ever ends an event.
+fn whole_events_len(file: &File, len: u64) -> u64 {
+    use std::os::unix::fs::FileExt;
+    const STEP: u64 = 64 << 10;
+    let mut end = len;
+    let mut block = vec![0u8; STEP as usize + 1];
+    while end >= 2 {
+        // One byte of overlap, so that a blank line across two blocks is seen.
+        let start = end.saturating_sub(STEP + 1);
+        let piece = &mut block[..(end - start) as usize];
+        if file.read_exact_at(piece, start).is_err() {
+            return 0;
+        }
+        if let Some(i) = piece.windows(2).rposition(|w| w == b"\n\n") {
+            return start + i as u64 + 2;
+        }
+        if start == 0 {
+            break;
+        }
+        end = start + 1;
+    }
+    0
+}
+
 /// A file of an execution deleted meanwhile is as absent as the execution.
 fn gone_or(e: std::io::Error, doing: &str) -> Error {
     if e.kind() == std::io::ErrorKind::NotFound {
@@ -1288,6 +1325,30 @@ mod tests {
         assert!(at_event_end(&file, len, len));
         for bad in [1, 2, 5, first - 1, first + 1, len - 1] {
             assert!(!at_event_end(&file, bad, len), "{bad}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_log_cut_short_is_cut_back_to_its_last_whole_event() {
+        let dir = std::env::temp_dir().join(format!("airlock-bg-cut-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("events");
+        // Events larger than a block, so that the search crosses blocks.
+        let big = format!("{{\"text\":\"{}\"}}", "x".repeat(150 << 10));
+        let mut log = record(0, "stdout", &big);
+        let first = log.len() as u64;
+        log.extend(record(first, "stdout", &big));
+        let whole = log.len() as u64;
+        std::fs::write(&path, &log).unwrap();
+        let file = File::open(&path).unwrap();
+        assert_eq!(whole_events_len(&file, whole), whole);
+        // Every cut inside the second event goes back to the first's end.
+        for cut in [first + 1, first + 70_000, whole - 2, whole - 1] {
+            assert_eq!(whole_events_len(&file, cut), first, "{cut}");
+        }
+        for cut in [0, 1, 5, first - 1] {
+            assert_eq!(whole_events_len(&file, cut), 0, "{cut}");
         }
         let _ = std::fs::remove_dir_all(dir);
     }
