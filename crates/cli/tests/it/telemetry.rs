@@ -78,15 +78,28 @@ impl Receiver {
             .collect()
     }
 
+    /// The spans of `trace` received so far.
+    fn of(&self, trace: &str) -> Vec<Value> {
+        self.spans()
+            .into_iter()
+            .filter(|s| s["trace_id"] == trace)
+            .collect()
+    }
+
+    /// The `[telemetry]` lines that send it spans only in batches a minute apart, or when a
+    /// server exits: what it has then was sent at exit.
+    fn only_at_exit(&self) -> String {
+        format!(
+            "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 60000",
+            self.port
+        )
+    }
+
     /// The spans of `trace`, once `until` holds of them (up to 20 s).
     fn wait(&self, trace: &str, until: impl Fn(&[Value]) -> bool) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let spans: Vec<Value> = self
-                .spans()
-                .into_iter()
-                .filter(|s| s["trace_id"] == trace)
-                .collect();
+            let spans = self.of(trace);
             if until(&spans) {
                 return spans;
             }
@@ -541,12 +554,7 @@ fn spans_still_queued_at_shutdown_reach_the_collector() {
     let _serial = common::serial();
     let dir = scratch_dir("telemetry-flush");
     let receiver = Receiver::start(&dir);
-    // A batch waits a minute for more spans: only the shutdown's flush sends this one.
-    let telemetry = format!(
-        "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 60000",
-        receiver.port
-    );
-    let server = Server::start(&config(&telemetry, hello_server()), NO_LOG);
+    let server = Server::start(&config(&receiver.only_at_exit(), hello_server()), NO_LOG);
     let traceparent = format!("00-{TRACE}-{PARENT}-01");
     let r = execute(
         &server,
@@ -558,11 +566,7 @@ fn spans_still_queued_at_shutdown_reach_the_collector() {
     assert!(receiver.spans().is_empty(), "sent before the shutdown");
     assert!(server.stop().success());
     // Sent as the server stopped: there when it has exited.
-    let spans: Vec<Value> = receiver
-        .spans()
-        .into_iter()
-        .filter(|s| s["trace_id"] == TRACE)
-        .collect();
+    let spans = receiver.of(TRACE);
     let req = one(&spans, "POST /v1/execute");
     assert_eq!(req["parent_span_id"], PARENT);
     for phase in ["admission_wait", "run", "answer_write"] {
@@ -583,13 +587,8 @@ fn stdio_mcp_continues_the_trace_a_host_puts_in_meta() {
     let _serial = common::serial();
     let dir = scratch_dir("telemetry-stdio");
     let receiver = Receiver::start(&dir);
-    // A minute's batch interval: what arrives was sent as `airlock mcp` exited.
-    let telemetry = format!(
-        "otlp_endpoint = \"http://127.0.0.1:{}\"\nbatch_interval_ms = 60000",
-        receiver.port
-    );
     let file = dir.join("airlock.toml");
-    std::fs::write(&file, config(&telemetry, hello_server())).unwrap();
+    std::fs::write(&file, config(&receiver.only_at_exit(), hello_server())).unwrap();
     let tool_log = dir.join("tool.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
         .arg("mcp")
@@ -640,11 +639,8 @@ fn stdio_mcp_continues_the_trace_a_host_puts_in_meta() {
     drop(stdin);
     assert!(child.wait().unwrap().success());
 
-    let spans: Vec<Value> = receiver
-        .spans()
-        .into_iter()
-        .filter(|s| s["trace_id"] == TRACE)
-        .collect();
+    // Sent as `airlock mcp` exited.
+    let spans = receiver.of(TRACE);
     let call = one(&spans, "tools/call run_python");
     assert_eq!(call["parent_span_id"], PARENT);
     assert_eq!(call["kind"], 2, "a server span");

@@ -243,18 +243,25 @@ mod tests {
         assert_eq!(metrics.telemetry_spans_dropped.get(&["queue_full"]), 7);
     }
 
-    #[test]
-    fn spans_for_a_collector_that_is_down_are_dropped_and_counted() {
-        let metrics = Arc::new(Metrics::default());
+    /// A queue to a collector that is down, batching every `interval_ms`, with five spans
+    /// pushed.
+    fn five_spans_for_nobody(interval_ms: u64, metrics: &Arc<Metrics>) -> Queue {
         let config = TelemetryConfig {
             otlp_endpoint: Some(closed_port()),
-            batch_interval_ms: 10,
+            batch_interval_ms: interval_ms,
             ..TelemetryConfig::default()
         };
         let queue = start(&config, Resource::builder_empty().build(), metrics.clone()).unwrap();
         for _ in 0..5 {
             queue.push(span());
         }
+        queue
+    }
+
+    #[test]
+    fn spans_for_a_collector_that_is_down_are_dropped_and_counted() {
+        let metrics = Arc::new(Metrics::default());
+        let _queue = five_spans_for_nobody(10, &metrics);
         let deadline = Instant::now() + Duration::from_secs(10);
         while metrics.telemetry_spans_dropped.get(&["export_failed"]) < 5 {
             assert!(
@@ -270,15 +277,7 @@ mod tests {
     fn a_flush_sends_the_batch_being_gathered_and_gives_up_at_its_deadline() {
         let metrics = Arc::new(Metrics::default());
         // A batch would wait a minute for more spans; the flush sends it now.
-        let config = TelemetryConfig {
-            otlp_endpoint: Some(closed_port()),
-            batch_interval_ms: 60_000,
-            ..TelemetryConfig::default()
-        };
-        let queue = start(&config, Resource::builder_empty().build(), metrics.clone()).unwrap();
-        for _ in 0..5 {
-            queue.push(span());
-        }
+        let queue = five_spans_for_nobody(60_000, &metrics);
         assert!(queue.flush(Duration::from_secs(30)));
         // Sent (and, nobody listening, counted as dropped) before the flush returned.
         assert_eq!(metrics.telemetry_spans_dropped.get(&["export_failed"]), 5);
