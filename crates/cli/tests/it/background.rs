@@ -37,6 +37,16 @@ fn submit(server: &Server, body: &Value) -> String {
     id
 }
 
+/// Where the server stores execution `id`.
+fn stored_dir(server: &Server, id: &str) -> std::path::PathBuf {
+    server.state_dir().join("background").join(id)
+}
+
+/// The size of execution `id`'s stored `file` (0 when there is none).
+fn stored_bytes(server: &Server, id: &str, file: &str) -> u64 {
+    std::fs::metadata(stored_dir(server, id).join(file)).map_or(0, |m| m.len())
+}
+
 fn get(server: &Server, id: &str) -> Value {
     let r = server.call("GET", &format!("/v1/executions/{id}"), None);
     assert_eq!(r.status, 200, "{}", r.text());
@@ -290,7 +300,7 @@ fn cancelling_stops_a_running_execution_and_a_queued_one() {
     ] {
         assert_eq!(server.call("GET", &path, None).status, 404, "{path}");
     }
-    let dir = server.state_dir().join("background").join(&running);
+    let dir = stored_dir(&server, &running);
     assert!(!dir.join("events").exists() && !dir.join("result.json").exists());
     drop(server);
     HostState::now().assert_same_as(&before, &"after cancelling background executions");
@@ -537,17 +547,9 @@ fn the_events_log_stays_near_the_size_of_the_output() {
         }
     }
     assert_eq!(text, "x\n".repeat(20000));
-    let log = std::fs::metadata(
-        server
-            .state_dir()
-            .join("background")
-            .join(&id)
-            .join("events"),
-    )
-    .unwrap()
-    .len();
+    let log = stored_bytes(&server, &id, "events");
     assert!(
-        log < 2 * 40_000 + 16_384,
+        log > 0 && log < 2 * 40_000 + 16_384,
         "an events log of {log} bytes for 40,000 of output"
     );
 }
@@ -686,7 +688,7 @@ fn an_end_whose_state_cannot_be_stored_is_not_running_forever() {
     );
     first_output(&server, &id);
     // Its state can no longer be replaced (as on a full disk).
-    let dir = server.state_dir().join("background").join(&id);
+    let dir = stored_dir(&server, &id);
     std::fs::create_dir(dir.join("meta.json.tmp")).unwrap();
     let v = wait_ended(&server, &id, Duration::from_secs(20));
     assert_eq!(v["state"], "finished", "{v}");
@@ -721,24 +723,9 @@ fn the_events_log_is_not_many_times_the_output() {
     let id = submit(&server, &json!({"code": code}));
     let v = wait_ended(&server, &id, Duration::from_secs(60));
     assert_eq!(v["state"], "finished", "{v}");
-    let log = std::fs::metadata(
-        server
-            .state_dir()
-            .join("background")
-            .join(&id)
-            .join("events"),
-    )
-    .unwrap()
-    .len();
-    let result = std::fs::metadata(
-        server
-            .state_dir()
-            .join("background")
-            .join(&id)
-            .join("result.json"),
-    )
-    .unwrap()
-    .len();
+    let log = stored_bytes(&server, &id, "events");
+    let result = stored_bytes(&server, &id, "result.json");
+    assert!(log > 0 && result > 0, "nothing stored");
     eprintln!("{n} bytes of output: events log {log} bytes, result {result} bytes");
     assert!(
         log <= 8 * n,
@@ -756,9 +743,8 @@ fn a_key_s_background_executions_store_no_more_than_their_bytes() {
     let v = wait_ended(&server, &id, Duration::from_secs(30));
     assert_eq!(v["state"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "storage_full", "{v}");
-    let dir = server.state_dir().join("background").join(&id);
-    let stored = std::fs::metadata(dir.join("events")).unwrap().len()
-        + std::fs::metadata(dir.join("result.json")).map_or(0, |m| m.len());
+    let stored = stored_bytes(&server, &id, "events") + stored_bytes(&server, &id, "result.json");
+    assert!(stored > 0, "nothing stored");
     assert!(stored < 65536 + 2 * 200_000, "{stored} bytes stored");
     // Full: the next submission is refused until the key deletes what it keeps.
     let r = server.call("POST", "/v1/executions", Some(&json!({"code": "1"})));
