@@ -6,11 +6,11 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::http::{call_as, Server, KEY};
+use common::http::{call_as, EventStream, Server, SseEvent, KEY};
 use common::*;
 use serde_json::{json, Value};
 
@@ -79,91 +79,27 @@ fn wait_state(server: &Server, id: &str, want: &str) -> Value {
     }
 }
 
-/// An open events stream, read event by event from its chunked body.
-struct Events {
-    reader: BufReader<TcpStream>,
-    buffer: Vec<u8>,
-    pub status: u16,
+/// `key`'s stream of execution `id`'s events, after `last` (as `Last-Event-ID`) if given.
+fn follow(server: &Server, key: &str, id: &str, last: Option<u64>) -> EventStream {
+    let last = last.map_or(String::new(), |l| format!("Last-Event-ID: {l}\r\n"));
+    let request = format!(
+        "GET /v1/executions/{id}/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
+         Accept: text/event-stream\r\n{last}Connection: close\r\n\r\n",
+        server.addr
+    );
+    EventStream::send(server.addr, &request)
 }
 
-/// One event: its id, name and data.
-#[derive(Debug)]
-struct Event {
-    id: u64,
-    name: String,
-    data: Value,
-}
-
-impl Events {
-    fn open(server: &Server, key: &str, id: &str, last: Option<u64>) -> Events {
-        let mut s = TcpStream::connect(server.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let last = last.map_or(String::new(), |l| format!("Last-Event-ID: {l}\r\n"));
-        write!(
-            s,
-            "GET /v1/executions/{id}/events HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {key}\r\n\
-             Accept: text/event-stream\r\n{last}Connection: close\r\n\r\n",
-            server.addr
-        )
-        .unwrap();
-        let mut reader = BufReader::new(s);
-        let mut status = String::new();
-        reader.read_line(&mut status).unwrap();
-        let status = status.split_whitespace().nth(1).unwrap().parse().unwrap();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line.trim_end().is_empty() {
-                break;
-            }
-        }
-        Events {
-            reader,
-            buffer: Vec::new(),
-            status,
-        }
-    }
-
-    fn next(&mut self) -> Option<Event> {
-        loop {
-            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let text = String::from_utf8(raw).expect("events are UTF-8");
-                if text.lines().all(|l| l.is_empty() || l.starts_with(':')) {
-                    continue;
-                }
-                let (mut id, mut name, mut data) = (None, String::new(), String::new());
-                for line in text.lines() {
-                    if let Some(v) = line.strip_prefix("id: ") {
-                        id = Some(v.parse().unwrap());
-                    } else if let Some(v) = line.strip_prefix("event: ") {
-                        name = v.to_owned();
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        data.push_str(v);
-                    }
-                }
-                return Some(Event {
-                    id: id.expect("every event has an id"),
-                    name,
-                    data: serde_json::from_str(&data).unwrap(),
-                });
-            }
-            let mut size = String::new();
-            self.reader.read_line(&mut size).ok()?;
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            if n == 0 {
-                return None;
-            }
-            let mut chunk = vec![0; n + 2];
-            self.reader.read_exact(&mut chunk).ok()?;
-            self.buffer.extend_from_slice(&chunk[..n]);
-        }
-    }
+/// An event's id: every event of an execution has one.
+fn id_of(event: &SseEvent) -> u64 {
+    event
+        .id
+        .unwrap_or_else(|| panic!("an event without an id: {event:?}"))
 }
 
 /// Waits for the first event of `id`, which must be output.
-fn first_output(server: &Server, id: &str) -> Event {
-    let event = Events::open(server, KEY, id, None).next().unwrap();
+fn first_output(server: &Server, id: &str) -> SseEvent {
+    let event = follow(server, KEY, id, None).next().unwrap();
     assert!(
         ["stdout", "stderr"].contains(&event.name.as_str()),
         "{event:?}"
@@ -194,14 +130,15 @@ fn output_is_resumed_after_any_event_with_every_byte_exactly_once() {
     let (mut out, mut err, mut last, mut result) = (String::new(), String::new(), None, None);
     let mut reconnects = 0;
     'streams: loop {
-        let mut events = Events::open(&server, KEY, &id, last);
+        let mut events = follow(&server, KEY, &id, last);
         assert_eq!(events.status, 200);
         for _ in 0..3 {
             let Some(event) = events.next() else {
                 break 'streams;
             };
-            assert!(last.is_none_or(|l| event.id > l), "ids grow: {event:?}");
-            last = Some(event.id);
+            let event_id = id_of(&event);
+            assert!(last.is_none_or(|l| event_id > l), "ids grow: {event:?}");
+            last = Some(event_id);
             match event.name.as_str() {
                 "stdout" => out.push_str(event.data["text"].as_str().unwrap()),
                 "stderr" => err.push_str(event.data["text"].as_str().unwrap()),
@@ -233,19 +170,19 @@ fn output_is_resumed_after_any_event_with_every_byte_exactly_once() {
     assert!(v["started_at"].is_string() && v["ended_at"].is_string());
 
     // From the start, after the end: the whole log once, then nothing.
-    let mut all = Events::open(&server, KEY, &id, None);
+    let mut all = follow(&server, KEY, &id, None);
     let mut n = 0;
     let mut end = 0;
     while let Some(e) = all.next() {
         n += 1;
-        end = e.id;
+        end = id_of(&e);
     }
     assert!(n >= 41, "{n} events");
-    let mut after_end = Events::open(&server, KEY, &id, Some(end));
+    let mut after_end = follow(&server, KEY, &id, Some(end));
     assert_eq!(after_end.status, 200);
     assert!(after_end.next().is_none());
     // An id that is not the end of an event is refused, naming the header.
-    let bad = Events::open(&server, KEY, &id, Some(end - 1));
+    let bad = follow(&server, KEY, &id, Some(end - 1));
     assert_eq!(bad.status, 400);
 
     // Another key sees none of it.
@@ -280,7 +217,7 @@ fn cancelling_stops_a_running_execution_and_a_queued_one() {
     assert!(v["started_at"].is_null(), "it never started: {v}");
 
     // A follower of the running one sees its stream end when it is cancelled.
-    let mut events = Events::open(&server, KEY, &running, None);
+    let mut events = follow(&server, KEY, &running, None);
     assert_eq!(events.next().unwrap().name, "stdout");
     let at = Instant::now();
     let r = server.call("DELETE", &format!("/v1/executions/{running}"), None);
@@ -419,7 +356,7 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
         assert_eq!(v["error"]["code"], "interrupted");
         assert!(v["error"]["message"].as_str().unwrap().contains(was), "{v}");
         // Its events end with the interruption.
-        let mut events = Events::open(&server, KEY, id, None);
+        let mut events = follow(&server, KEY, id, None);
         let mut last = None;
         while let Some(e) = events.next() {
             last = Some(e);
@@ -432,15 +369,16 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
     }
     // What ran before the kill printed what it printed, and the event cut short is gone:
     // the interruption follows the last whole event.
-    let mut events = Events::open(&server, KEY, &ran, None);
+    let mut events = follow(&server, KEY, &ran, None);
     let first = events.next().unwrap();
     assert_eq!(
         (first.name.as_str(), &first.data["text"]),
         ("stdout", &json!("half\n"))
     );
-    let mut events = Events::open(&server, KEY, &ran, Some(whole));
+    let mut events = follow(&server, KEY, &ran, Some(whole));
     let next = events.next().unwrap();
     assert_eq!(next.name, "error", "{:?}", next.data);
+    assert!(id_of(&next) > whole, "{next:?}");
     assert!(events.next().is_none());
     assert_eq!(
         server.metric("airlock_background_executions{state=\"ended\"}"),
@@ -539,7 +477,7 @@ fn the_events_log_stays_near_the_size_of_the_output() {
     let id = submit(&server, &json!({"code": code}));
     let v = wait_ended(&server, &id, Duration::from_secs(30));
     assert_eq!(v["state"], "finished");
-    let mut events = Events::open(&server, KEY, &id, None);
+    let mut events = follow(&server, KEY, &id, None);
     let mut text = String::new();
     while let Some(e) = events.next() {
         if e.name == "stdout" {

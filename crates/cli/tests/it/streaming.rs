@@ -3,107 +3,28 @@
 
 use crate::common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use common::http::{Server, KEY};
+use common::http::{EventStream, Server, SseEvent, KEY};
 use common::*;
 use serde_json::{json, Value};
 
-/// A streamed response, read event by event from a chunked body.
-struct Events {
-    reader: BufReader<TcpStream>,
-    buffer: String,
-    /// Comment lines (`: keep-alive`) seen so far: clients skip them.
-    comments: usize,
-    pub status: u16,
-    pub content_type: String,
+/// `body` POSTed to `/v1/execute` for a stream of events.
+fn stream(server: &Server, body: &Value) -> EventStream {
+    stream_at(server, "/v1/execute", body)
 }
 
-impl Events {
-    fn open(server: &Server, body: &Value) -> Events {
-        Self::open_at(server, "/v1/execute", body)
-    }
-
-    fn open_at(server: &Server, path: &str, body: &Value) -> Events {
-        let mut s = TcpStream::connect(server.addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let body = body.to_string();
-        write!(
-            s,
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
-             Content-Type: application/json\r\nAccept: text/event-stream\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            server.addr,
-            body.len()
-        )
-        .unwrap();
-        let mut reader = BufReader::new(s);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line).unwrap();
-        let status = status_line
-            .split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse()
-            .unwrap();
-        let mut content_type = String::new();
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line).unwrap();
-            if line.trim_end().is_empty() {
-                break;
-            }
-            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-type:") {
-                content_type = v.trim().to_owned();
-            }
-        }
-        Events {
-            reader,
-            buffer: String::new(),
-            comments: 0,
-            status,
-            content_type,
-        }
-    }
-
-    /// The next event, `(name, data)`; `None` at the end of the body.
-    fn next(&mut self) -> Option<(String, Value)> {
-        loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let event: String = self.buffer.drain(..end + 2).collect();
-                if event
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .all(|l| l.starts_with(':'))
-                {
-                    self.comments += 1;
-                    continue;
-                }
-                let mut name = String::new();
-                let mut data = String::new();
-                for line in event.lines() {
-                    if let Some(v) = line.strip_prefix("event: ") {
-                        name = v.to_owned();
-                    } else if let Some(v) = line.strip_prefix("data: ") {
-                        data.push_str(v);
-                    }
-                }
-                return Some((name, serde_json::from_str(&data).unwrap()));
-            }
-            let mut size = String::new();
-            self.reader.read_line(&mut size).ok()?;
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            if n == 0 {
-                return None;
-            }
-            let mut chunk = vec![0; n + 2];
-            self.reader.read_exact(&mut chunk).ok()?;
-            self.buffer
-                .push_str(std::str::from_utf8(&chunk[..n]).expect("events are UTF-8"));
-        }
-    }
+/// `body` POSTed to `path` for a stream of events.
+fn stream_at(server: &Server, path: &str, body: &Value) -> EventStream {
+    let body = body.to_string();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nAccept: text/event-stream\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        server.addr,
+        body.len()
+    );
+    EventStream::send(server.addr, &request)
 }
 
 fn running(server: &Server) -> String {
@@ -119,14 +40,14 @@ fn output_arrives_while_the_program_runs_and_the_result_comes_last() {
     let _g = serial();
     let server = Server::start("", &[]);
     let code = "import sys, time\nprint('first')\nsys.stderr.write('oops\\n')\ntime.sleep(3)\nprint('second')\n'done'";
-    let mut events = Events::open(&server, &json!({"code": code}));
+    let mut events = stream(&server, &json!({"code": code}));
     assert_eq!(
         (events.status, events.content_type.as_str()),
         (200, "text/event-stream")
     );
-    let (name, data) = events.next().unwrap();
+    let first = events.next().unwrap();
     assert_eq!(
-        (name.as_str(), &data),
+        (first.name.as_str(), &first.data),
         ("stdout", &json!({"text": "first\n"}))
     );
     // The program is still sleeping: it has not finished, yet its output is here.
@@ -135,11 +56,11 @@ fn output_arrives_while_the_program_runs_and_the_result_comes_last() {
     while let Some(event) = events.next() {
         seen.push(event);
     }
-    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = seen.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["stderr", "stdout", "result"], "{seen:?}");
-    assert_eq!(seen[0].1, json!({"text": "oops\n"}));
-    assert_eq!(seen[1].1, json!({"text": "second\n"}));
-    let result = &seen[2].1;
+    assert_eq!(seen[0].data, json!({"text": "oops\n"}));
+    assert_eq!(seen[1].data, json!({"text": "second\n"}));
+    let result = &seen[2].data;
     // The output came in its events: the result does not repeat it, and says so.
     assert_eq!(
         (
@@ -168,22 +89,22 @@ fn a_silent_program_s_stream_carries_keep_alive_comments() {
     let _g = serial();
     let code = "import time\ntime.sleep(1.5)\nprint('late')";
     let server = Server::start("[http]\nsse_keep_alive_ms = 200\n", &[]);
-    let mut events = Events::open(&server, &json!({"code": code}));
-    let (name, data) = events.next().unwrap();
+    let mut events = stream(&server, &json!({"code": code}));
+    let late = events.next().unwrap();
     assert_eq!(
-        (name.as_str(), &data),
+        (late.name.as_str(), &late.data),
         ("stdout", &json!({"text": "late\n"}))
     );
     // 1.5 s of silence at one comment per 200 ms: some slack for the sandbox's start.
     assert!(events.comments >= 4, "{} comments", events.comments);
     let before = events.comments;
-    assert_eq!(events.next().unwrap().0, "result");
+    assert_eq!(events.next().unwrap().name, "result");
     assert!(events.next().is_none());
     assert!(events.comments <= before + 1);
     drop(server);
     // The default interval (15 s) says nothing during a short silence.
     let server = Server::start("", &[]);
-    let mut events = Events::open(&server, &json!({"code": code}));
+    let mut events = stream(&server, &json!({"code": code}));
     while events.next().is_some() {}
     assert_eq!(events.comments, 0);
 }
@@ -194,17 +115,17 @@ fn limits_and_truncation_hold_on_the_stream() {
     let server = Server::start("", &[]);
     let body = json!({"code": "print('é' * 100)\nimport time\ntime.sleep(60)",
                       "limits": {"output_bytes": 9, "timeout_ms": 1000}});
-    let mut events = Events::open(&server, &body);
+    let mut events = stream(&server, &body);
     let mut seen = Vec::new();
     while let Some(event) = events.next() {
         seen.push(event);
     }
-    let names: Vec<&str> = seen.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = seen.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(names, ["stdout", "truncated", "result"], "{seen:?}");
     // Nine bytes: four whole characters; the fifth, cut, is dropped whole.
-    assert_eq!(seen[0].1, json!({"text": "éééé"}));
-    assert_eq!(seen[1].1, json!({"stream": "stdout", "limit": 9}));
-    let result = &seen[2].1;
+    assert_eq!(seen[0].data, json!({"text": "éééé"}));
+    assert_eq!(seen[1].data, json!({"stream": "stdout", "limit": 9}));
+    let result = &seen[2].data;
     assert_eq!(result["status"], "timeout", "{result}");
     assert_eq!(result["stdout_truncated"], true);
     assert_eq!(result["limits_hit"], json!(["wall_time", "output"]));
@@ -214,15 +135,15 @@ fn limits_and_truncation_hold_on_the_stream() {
 fn refusals_stay_plain_errors_and_a_client_that_leaves_a_stream_kills_its_sandbox() {
     let _g = serial();
     let server = Server::start("", &[]);
-    let events = Events::open(&server, &json!({"code": 1}));
+    let events = stream(&server, &json!({"code": 1}));
     assert_eq!(events.status, 400);
     assert_eq!(events.content_type, "application/json");
     // A client that leaves mid-stream: its sandbox is killed, the slot freed.
-    let mut events = Events::open(
+    let mut events = stream(
         &server,
         &json!({"code": "print('x')\nimport time\ntime.sleep(60)"}),
     );
-    assert_eq!(events.next().unwrap().0, "stdout");
+    assert_eq!(events.next().unwrap().name, "stdout");
     drop(events);
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     while running(&server) != "airlock_running_sandboxes 0" {
@@ -242,20 +163,24 @@ fn a_session_cell_streams_too() {
     let id = r.json()["id"].as_str().unwrap().to_owned();
     let path = format!("/v1/sessions/{id}/execute");
     let code = "import time\nx = 7\nprint('first')\ntime.sleep(2)\nprint('second')\nx";
-    let mut events = Events::open_at(&server, &path, &json!({"code": code}));
+    let mut events = stream_at(&server, &path, &json!({"code": code}));
     assert_eq!(events.status, 200);
+    let first = events.next().unwrap();
     assert_eq!(
-        events.next().unwrap(),
-        ("stdout".to_owned(), json!({"text": "first\n"}))
+        (first.name.as_str(), &first.data),
+        ("stdout", &json!({"text": "first\n"}))
     );
     assert_eq!(running(&server), "airlock_running_sandboxes 1");
     let mut seen = Vec::new();
     while let Some(event) = events.next() {
         seen.push(event);
     }
-    assert_eq!(seen[0], ("stdout".to_owned(), json!({"text": "second\n"})));
-    let result = &seen[1].1;
-    assert_eq!(seen[1].0, "result");
+    assert_eq!(
+        (seen[0].name.as_str(), &seen[0].data),
+        ("stdout", &json!({"text": "second\n"}))
+    );
+    let result = &seen[1].data;
+    assert_eq!(seen[1].name, "result");
     assert_eq!(
         (
             &result["result"],
@@ -289,10 +214,10 @@ fn streaming_clients_get_each_byte_once() {
         "        sys.stderr.flush()",
     ]
     .join("\n");
-    let mut events = Events::open(&server, &json!({"code": code}));
+    let mut events = stream(&server, &json!({"code": code}));
     assert_eq!(events.status, 200);
     let (mut stdout, mut stderr, mut result) = (String::new(), String::new(), None);
-    while let Some((name, data)) = events.next() {
+    while let Some(SseEvent { name, data, .. }) = events.next() {
         match name.as_str() {
             "stdout" => stdout.push_str(data["text"].as_str().unwrap()),
             "stderr" => stderr.push_str(data["text"].as_str().unwrap()),

@@ -413,16 +413,8 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
         .get("transfer-encoding")
         .is_some_and(|v| v.contains("chunked"))
     {
-        loop {
-            let mut size = String::new();
-            reader.read_line(&mut size).ok()?;
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            if n == 0 {
-                break;
-            }
-            let mut chunk = vec![0; n + 2];
-            reader.read_exact(&mut chunk).ok()?;
-            body.extend_from_slice(&chunk[..n]);
+        while let Some(chunk) = read_chunk(&mut reader)? {
+            body.extend_from_slice(&chunk);
         }
     } else {
         let _ = reader.read_to_end(&mut body);
@@ -432,6 +424,106 @@ pub fn read_response(s: &mut impl Read) -> Option<Response> {
         headers,
         body,
     })
+}
+
+/// The next chunk of a chunked body: `Some(None)` at its last (empty) chunk, `None` when the
+/// body breaks off.
+fn read_chunk(reader: &mut impl BufRead) -> Option<Option<Vec<u8>>> {
+    let mut size = String::new();
+    reader.read_line(&mut size).ok()?;
+    let n = usize::from_str_radix(size.trim(), 16).ok()?;
+    if n == 0 {
+        return Some(None);
+    }
+    let mut chunk = vec![0; n + 2];
+    reader.read_exact(&mut chunk).ok()?;
+    chunk.truncate(n);
+    Some(Some(chunk))
+}
+
+/// A response of server-sent events, read event by event from its chunked body as it comes.
+pub struct EventStream {
+    reader: BufReader<TcpStream>,
+    buffer: Vec<u8>,
+    /// Comment-only blocks (`: keep-alive`) seen so far: clients skip them.
+    pub comments: usize,
+    pub status: u16,
+    pub content_type: String,
+}
+
+/// One event: its `id:` (if it had one), `event:` name and `data:` as JSON.
+#[derive(Debug, PartialEq)]
+pub struct SseEvent {
+    pub id: Option<u64>,
+    pub name: String,
+    pub data: Value,
+}
+
+impl EventStream {
+    /// Sends `request` (its head and body, whole) to `addr` and reads the answer's head.
+    pub fn send(addr: SocketAddr, request: &str) -> EventStream {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut reader = BufReader::new(s);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line).unwrap();
+        let status = status_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut content_type = String::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line.trim_end().is_empty() {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-type:") {
+                content_type = v.trim().to_owned();
+            }
+        }
+        EventStream {
+            reader,
+            buffer: Vec::new(),
+            comments: 0,
+            status,
+            content_type,
+        }
+    }
+
+    /// The next event; `None` at the end of the body.
+    pub fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let raw: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let text = String::from_utf8(raw).expect("events are UTF-8");
+                if text.lines().all(|l| l.is_empty() || l.starts_with(':')) {
+                    self.comments += 1;
+                    continue;
+                }
+                let (mut id, mut name, mut data) = (None, String::new(), String::new());
+                for line in text.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        id = Some(v.parse().unwrap());
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        name = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                return Some(SseEvent {
+                    id,
+                    name,
+                    data: serde_json::from_str(&data).unwrap(),
+                });
+            }
+            let chunk = read_chunk(&mut self.reader)??;
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
 }
 
 /// Whether the server closed `s` (EOF or reset) within `within`.
