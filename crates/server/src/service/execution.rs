@@ -101,10 +101,8 @@ pub(crate) fn resolve_background_limits(
     for (name, value) in [("timeout_ms", asked.timeout_ms), ("cpu_ms", asked.cpu_ms)] {
         match value {
             Some(0) => {
-                return Err(Error::invalid(
-                    format!("limits.{name}"),
-                    format!("limit {name} must be greater than zero"),
-                ))
+                let zero = LimitError::Zero { name };
+                return Err(Error::invalid(format!("limits.{name}"), zero.to_string()));
             }
             Some(v) if v > b.max_timeout_ms => {
                 state.metrics.security_events.add(&[event::REJECTED_INPUT]);
