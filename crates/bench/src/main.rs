@@ -581,16 +581,12 @@ fn closed_turns(
         theirs.0.push(f50);
         theirs.1.push(f99);
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
     println!(
         "closed loop, {turns} turns of {requests}, medians: airlock p50 {:.2} x, p99 {:.2} x a bare start (target: <= 0.4 x, <= 1 x); floor.py p50 {:.2} x, p99 {:.2} x",
-        median(&mut ours.0),
-        median(&mut ours.1),
-        median(&mut theirs.0),
-        median(&mut theirs.1)
+        median(&ours.0),
+        median(&ours.1),
+        median(&theirs.0),
+        median(&theirs.1)
     );
     Ok(())
 }
@@ -1750,21 +1746,30 @@ fn wait_zygotes(client: &mut Client) -> Result<(), String> {
 
 /// `(sum, count)` of a histogram of `/metrics`.
 fn histogram(client: &mut Client, name: &str) -> Result<(f64, u64), String> {
+    let text = metrics_text(client)?;
+    let value = |suffix: &str| series(&text, &format!("{name}{suffix}")).unwrap_or(0.0);
+    Ok((value("_sum"), value("_count") as u64))
+}
+
+/// The server's `/metrics`, as text.
+fn metrics_text(client: &mut Client) -> Result<String, String> {
     let head =
         format!("GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\n\r\n");
     let (_, body) = client.call(head.as_bytes(), b"")?;
-    let text = String::from_utf8_lossy(&body);
-    let value = |suffix: &str| -> f64 {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!("{name}{suffix} "))?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0.0)
-    };
-    Ok((value("_sum"), value("_count") as u64))
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The value of series `name` (labels included, if it has any) in `/metrics` text.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The middle value of `v` (0 for none).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 #[cfg(test)]

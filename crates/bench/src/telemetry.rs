@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{ms, Client, Series, Server};
+use crate::{median, metrics_text, ms, series, Client, Series, Server};
 
 const MODES: [&str; 4] = ["off", "collector up", "collector down", "black hole"];
 /// Back-to-back executions per turn, and the clients and seconds of the load.
@@ -86,19 +86,12 @@ fn closed_port() -> Result<u16, String> {
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
-/// The value of an unlabelled or labelled series in `/metrics`.
+/// The value of an unlabelled or labelled counter in `/metrics`.
 fn metric(client: &mut Client, name: &str) -> u64 {
-    let head = format!(
-        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\n\r\n",
-        crate::KEY
-    );
-    let Ok((_, text)) = client.call(head.as_bytes(), b"") else {
-        return 0;
-    };
-    String::from_utf8_lossy(&text)
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0)
+    metrics_text(client)
+        .ok()
+        .and_then(|text| series(&text, name))
+        .map_or(0, |v| v as u64)
 }
 
 struct Mode {
@@ -223,10 +216,4 @@ fn load(server: &Server) -> Result<f64, String> {
         }
     });
     Ok(done.into_inner() as f64 / start.elapsed().as_secs_f64())
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
