@@ -456,6 +456,26 @@ with urllib.request.urlopen("http://localhost:{port}/", timeout=10) as r:
             .all(|n| s.iter().any(|s| s["name"] == *n))
     });
     assert!(named(&spans, "sandbox_start").is_empty(), "{spans:#?}");
+    // An answer without a body (204) is written out all the same.
+    let close_trace = "9a4f2c7e6b5d8c0e1f2a3b4c5d6e7f80";
+    let headers = [
+        ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+        (
+            "traceparent".to_owned(),
+            format!("00-{close_trace}-{PARENT}-01"),
+        ),
+    ];
+    let r = request(
+        server.addr,
+        "DELETE",
+        &format!("/v1/sessions/{session}"),
+        &headers,
+        None,
+    );
+    assert_eq!(r.status, 204, "{}", r.text());
+    let spans = receiver.wait(close_trace, |s| !named(s, "answer_write").is_empty());
+    assert_eq!(one(&spans, "answer_write")["status"], 0, "{spans:#?}");
+    assert_eq!(one(&spans, "DELETE /v1/sessions/{id}")["status"], 0);
     // An unsampled caller: the context goes on, nothing is recorded.
     let unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
     let r = execute(
