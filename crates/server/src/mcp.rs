@@ -761,7 +761,9 @@ impl Tools {
         request_id: &str,
         context: &RequestContext<RoleServer>,
     ) -> Option<crate::telemetry::Span> {
-        self.local.as_ref()?;
+        if self.local.is_none() || !self.state.telemetry.enabled() {
+            return None;
+        }
         let meta = &context.meta;
         let mut span = self.state.telemetry.request(
             format!("tools/call {tool}"),
