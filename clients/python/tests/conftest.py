@@ -98,10 +98,11 @@ max_bytes_per_key = {BACKGROUND_BYTES}
 """
 
 
-def launch(dir: pathlib.Path, listen: str = "127.0.0.1:0") -> tuple[subprocess.Popen[str], str]:
-    """`airlock serve` with its config and state in `dir` (which may hold an earlier server's
-    state), on `listen`; returns the process and its URL once it listens."""
-    (dir / "airlock.toml").write_text(config())
+def launch(dir: pathlib.Path, listen: str = "127.0.0.1:0", extra: str = "") -> tuple[subprocess.Popen[str], str]:
+    """`airlock serve` with its config (and the TOML in `extra` before it) and state in `dir`
+    (which may hold an earlier server's state), on `listen`; returns the process and its URL
+    once it listens."""
+    (dir / "airlock.toml").write_text(extra + config())
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRLOCK_")}
     # One warm sandbox and no zygote: enough for these tests, and quick to start.
     env["AIRLOCK_POOL__SIZE"] = "1"

@@ -375,3 +375,38 @@ def test_a_follower_goes_on_across_a_crash_and_restart(tmp_path: pathlib.Path) -
     finally:
         if proc.poll() is None:
             stop(proc)
+
+
+def test_a_wait_s_timeout_holds_while_output_flows(client: Airlock) -> None:
+    h = client.submit("import time\nfor i in range(1200):\n    print(i, flush=True)\n    time.sleep(0.05)")
+    with pytest.raises(WaitTimeout):
+        h.wait(timeout=1.0)
+    # It gave up while the execution still ran (a minute of output), not at its end.
+    assert h.refresh().state == "running"
+    assert h.cancel().state == "cancelled"
+
+
+def test_a_follower_outlives_its_connections_deadlines_on_a_quiet_execution(tmp_path: pathlib.Path) -> None:
+    # Keep-alives every 100 ms, and each connection given 0.3 s: a silent execution of 11 s
+    # takes dozens of connections, none of them a failure.
+    proc, url = launch(tmp_path, extra="[http]\nsse_keep_alive_ms = 100\n")
+    try:
+        with Airlock(url, KEY, deadline=0.3) as c:
+            h = c.submit("import time\ntime.sleep(11)\nprint('late')")
+            with h.events() as events:
+                assert next(events) == OutputEvent("stdout", "late\n")
+                assert events.reconnections >= 20
+    finally:
+        stop(proc)
+
+
+def test_the_async_wait_s_timeout_holds_while_output_flows(server: Server) -> None:
+    async def main() -> None:
+        async with AsyncAirlock(server.url, KEY) as c:
+            h = await c.submit("import time\nfor i in range(1200):\n    print(i, flush=True)\n    time.sleep(0.05)")
+            with pytest.raises(WaitTimeout):
+                await h.wait(timeout=1.0)
+            assert (await h.refresh()).state == "running"
+            assert (await h.cancel()).state == "cancelled"
+
+    asyncio.run(main())

@@ -537,13 +537,16 @@ class BackgroundEvents:
             except BaseException:
                 self.close()
                 raise
+            self._quiet = 0  # the server is there: a keep-alive says so as well as an event
             if events:
                 self._got = True
-                self._quiet = 0
                 self._read_id = events[-1][1]
                 self._pending.extend(events)
+            if self._until is not None and time.monotonic() >= self._until:
+                self.close()  # a wait's timeout, however much still comes
+                raise _wire.Expired()
             if time.monotonic() > self._budget.ends:
-                self._lost()  # one connection's deadline: the next has its own
+                self._lost(failed=False)  # one connection's deadline: the next has its own
         event, self.last_event_id = self._pending.popleft()
         return event
 
@@ -574,14 +577,17 @@ class BackgroundEvents:
             self._log = LogEvents(self._client._settings.max_response_bytes)
             return
 
-    def _lost(self) -> None:
+    def _lost(self, failed: bool = True) -> None:
+        """The connection is gone; `failed` unless it reached its own deadline, which is no
+        sign of trouble and so does not bring the follower closer to giving up."""
         if self._response is not None:
             self._response.close()
         self._response = None
         if self._until is not None and time.monotonic() >= self._until:
             self.close()
             raise _wire.Expired()
-        self._quiet += 1
+        if failed:
+            self._quiet += 1
         self.reconnections += 1
 
     def close(self) -> None:
