@@ -277,8 +277,7 @@ pub(crate) struct Live {
     ticket: u64,
     dir: PathBuf,
     pub cancel: Cancel,
-    cancelled: AtomicBool,
-    /// Deleted while it ran: removed once it ends.
+    /// Deleted (so cancelled) while queued or running: removed once it ends.
     deleted: AtomicBool,
     meta: Mutex<Meta>,
     log: Mutex<Log>,
@@ -416,8 +415,9 @@ impl Live {
         }
     }
 
+    /// Whether it was cancelled: only a delete cancels one.
     pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
+        self.deleted.load(Ordering::Acquire)
     }
 
     pub fn meta(&self) -> Meta {
@@ -673,7 +673,9 @@ impl Background {
                     .mode(0o600)
                     .open(dir.join("events"))
             })
-            .and_then(|events| write_meta(&dir, &meta).map(|()| events));
+            .and_then(|events| write_meta(&dir, &meta).map(|()| events))
+            // Its directory's entry outlives a power loss once `background/` is synced.
+            .and_then(|events| File::open(root)?.sync_all().map(|()| events));
         let events = match made {
             Ok(events) => events,
             Err(e) => {
@@ -694,7 +696,6 @@ impl Background {
             ticket,
             dir,
             cancel: Cancel::default(),
-            cancelled: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
             meta: Mutex::new(meta),
             log: Mutex::new(Log {
@@ -756,17 +757,22 @@ impl Background {
         let failed_log = lock(&live.log_failed).take();
         let (state, event, data) = match ended {
             Ended::Ran(mut response) => {
-                let stored = private_file(&live.dir.join("result.json")).and_then(|f| {
+                let path = live.dir.join("result.json");
+                let stored = private_file(&path).and_then(|f| {
                     let mut w = std::io::BufWriter::new(f);
                     serde_json::to_writer(&mut w, &response.result)
                         .map_err(std::io::Error::other)?;
-                    w.into_inner().map_err(|e| e.into_error())?.sync_data()
+                    let f = w.into_inner().map_err(|e| e.into_error())?;
+                    f.sync_data()?;
+                    Ok(f.metadata()?.len())
                 });
+                if stored.is_err() {
+                    // Not counted in the key's bytes, so not left to be subtracted later.
+                    let _ = std::fs::remove_file(&path);
+                }
                 match stored {
-                    Ok(()) => {
+                    Ok(size) => {
                         meta.has_result = true;
-                        let size =
-                            std::fs::metadata(live.dir.join("result.json")).map_or(0, |m| m.len());
                         live.stored.fetch_add(size, Ordering::AcqRel);
                         let state = if failed_log.is_some() {
                             State::Failed
@@ -783,11 +789,7 @@ impl Background {
                             meta.error = Some(why.body(None).error);
                         }
                         stream::without_output(&mut response.result);
-                        let mut value = serde_json::to_value(&response).unwrap_or_default();
-                        if let Some(object) = value.as_object_mut() {
-                            object.insert("output_streamed".into(), true.into());
-                        }
-                        (state, "result", value)
+                        (state, "result", stream::streamed_result(&response))
                     }
                     Err(e) => {
                         tracing::error!(execution = %live.id, error = %e, "cannot store a background execution's result");
@@ -928,7 +930,6 @@ impl Background {
             return Some(meta);
         };
         live.deleted.store(true, Ordering::Release);
-        live.cancelled.store(true, Ordering::Release);
         live.cancel.cancel();
         self.turns.notify_waiters();
         let mut written = live.written.subscribe();

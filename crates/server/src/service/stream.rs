@@ -166,13 +166,7 @@ impl Events {
     pub fn end<T: serde::Serialize>(mut self, done: Result<T, Error>, request_id: &str) {
         self.flush();
         let (event, value) = match done {
-            Ok(answer) => {
-                let mut value = serde_json::to_value(answer).unwrap_or_default();
-                if let Some(object) = value.as_object_mut() {
-                    object.insert("output_streamed".into(), true.into());
-                }
-                ("result", value)
-            }
+            Ok(answer) => ("result", streamed_result(answer)),
             Err(e) => (
                 "error",
                 serde_json::to_value(e.body(Some(request_id.to_owned()))).unwrap_or_default(),
@@ -189,6 +183,15 @@ impl Events {
             }
         }
     }
+}
+
+/// A stream's `result` event: the answer (its output already sent as events), saying so.
+pub fn streamed_result(answer: impl serde::Serialize) -> serde_json::Value {
+    let mut value = serde_json::to_value(answer).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert("output_streamed".into(), true.into());
+    }
+    value
 }
 
 /// Output held back while a UTF-8 character is split between two reads, per stream: each
