@@ -115,7 +115,6 @@ pub(crate) async fn submit(
 /// A background execution's state, and its result once it has one: the result is read
 /// from the disk as it is sent, never held whole.
 async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<Response, Error> {
-    let view = serde_json::to_vec(&meta.view()).map_err(|e| Error::internal(e.to_string()))?;
     let (st, m) = (state.clone(), meta.clone());
     let stored = tokio::task::spawn_blocking(move || st.background.stored(&m))
         .await
@@ -129,7 +128,7 @@ async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<R
         return Ok(Json(meta.view()).into_response());
     };
     // The view without its closing brace, the result, the brace.
-    let mut head = view;
+    let mut head = serde_json::to_vec(&meta.view()).map_err(|e| Error::internal(e.to_string()))?;
     head.pop();
     head.extend_from_slice(b",\"result\":");
     let len = head.len() as u64 + stored.len + 1;
@@ -210,9 +209,10 @@ pub(crate) async fn events(
             _ => e,
         })?;
     let share = reserve_window(&state, &caller.0)?;
+    // 0: no keep-alives, as for every stream.
     let quiet = match state.config.http.sse_keep_alive_ms {
-        0 => Duration::from_secs(3600),
-        ms => Duration::from_millis(ms),
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
     };
     let mut response = Unfolded::response((tail, quiet), followed, None, share);
     sse::event_stream_headers(&mut response);
@@ -221,7 +221,7 @@ pub(crate) async fn events(
 
 /// The next piece of an events log followed: its bytes, a keep-alive comment while it is
 /// quiet, nothing at its end.
-fn followed((mut tail, quiet): (Tail, Duration)) -> Step<(Tail, Duration)> {
+fn followed((mut tail, quiet): (Tail, Option<Duration>)) -> Step<(Tail, Option<Duration>)> {
     Box::pin(async move {
         match tail.next(quiet).await {
             Ok(Next::Bytes(bytes)) => Some((Bytes::from(bytes), (tail, quiet))),

@@ -1196,8 +1196,8 @@ pub(crate) enum Next {
 }
 
 impl Tail {
-    /// The next bytes of whole events, waiting up to `quiet` for more while it runs.
-    pub async fn next(&mut self, quiet: Duration) -> std::io::Result<Next> {
+    /// The next bytes of whole events, waiting up to `quiet` (if any) for more while it runs.
+    pub async fn next(&mut self, quiet: Option<Duration>) -> std::io::Result<Next> {
         loop {
             if self.at < self.written.0 {
                 let read = read_piece(&self.file, self.at, self.written.0).await?;
@@ -1210,7 +1210,11 @@ impl Tail {
             let Some(watch) = self.watch.as_mut() else {
                 return Ok(Next::End);
             };
-            match tokio::time::timeout(quiet, watch.changed()).await {
+            let changed = match quiet {
+                Some(quiet) => tokio::time::timeout(quiet, watch.changed()).await,
+                None => Ok(watch.changed().await),
+            };
+            match changed {
                 Err(_) => return Ok(Next::Silent),
                 Ok(Err(_)) => {
                     // Its writer is gone: what it wrote whole is all there is.
