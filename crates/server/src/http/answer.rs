@@ -316,14 +316,12 @@ impl<T: Send + 'static> http_body::Body for Unfolded<T> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        if this.step.is_none() {
-            match this.source.take() {
-                Some(source) => this.step = Some((this.next)(source)),
+        let step = match &mut this.step {
+            Some(step) => step,
+            None => match this.source.take() {
+                Some(source) => this.step.insert((this.next)(source)),
                 None => return Poll::Ready(None),
-            }
-        }
-        let Some(step) = this.step.as_mut() else {
-            return Poll::Ready(None);
+            },
         };
         match step.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
