@@ -96,6 +96,18 @@ pub struct CallRecord {
     pub trace: Option<TraceContext>,
 }
 
+impl CallRecord {
+    /// The server and tool names to label it by: those a server lists, and `-` for names
+    /// the sandbox made up (so that they make one series, not as many as it likes).
+    pub fn labels(&self) -> (&str, &str) {
+        if self.known {
+            (&self.server, &self.tool)
+        } else {
+            ("-", "-")
+        }
+    }
+}
+
 /// A call's place in a trace, as it goes upstream in the request's `_meta` (W3C Trace
 /// Context's `traceparent` and `tracestate`, as MCP's trace-context proposal, SEP-414, carries
 /// them), so that the tool server's own spans join the execution's trace.

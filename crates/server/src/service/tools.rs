@@ -102,12 +102,7 @@ impl Observer for ToolCallAudit {
         };
         state.telemetry.tool_call(record);
         let outcome = record.outcome.as_str();
-        // Labels only from tools the servers list: names the sandbox made up are one series.
-        let (server, tool) = if record.known {
-            (record.server.as_str(), record.tool.as_str())
-        } else {
-            ("-", "-")
-        };
+        let (server, tool) = record.labels();
         state.metrics.tool_calls.add(&[server, tool, outcome]);
         state
             .metrics

@@ -230,16 +230,11 @@ impl Telemetry {
             .as_ref()
             .and_then(|t| context::parse(&t.traceparent, None))
             .map_or_else(|| inner.ids.new_span_id(), |cx| cx.span_id());
-        // Names the servers list; anything else the code made up is `-`.
-        let (server, tool) = if record.known {
-            (record.server.clone(), record.tool.clone())
-        } else {
-            ("-".to_owned(), "-".to_owned())
-        };
+        let (server, tool) = record.labels();
         let mut attributes = vec![
             KeyValue::new("mcp.method.name", "tools/call"),
-            KeyValue::new("airlock.tool.server", server),
-            KeyValue::new("airlock.tool.name", tool),
+            KeyValue::new("airlock.tool.server", server.to_owned()),
+            KeyValue::new("airlock.tool.name", tool.to_owned()),
             KeyValue::new("airlock.tool.outcome", record.outcome.as_str()),
             KeyValue::new("airlock.tool.arguments.bytes", record.bytes_in as i64),
             KeyValue::new(
