@@ -688,23 +688,12 @@ impl Tools {
         let mut span = self.stdio_span(name, &request_id, context);
         let received = handed_over(context);
         let slot = answer_slot(context);
-        // Progress and log messages, if the host asked, from now until the answer.
-        let every = std::time::Duration::from_millis(self.state.config.mcp.progress_interval_ms);
-        let watch = || progress::watch(context, every, self.logs.load(Ordering::Relaxed));
         let result = match call {
             Call::RunPython(a) => {
-                let (output, reporter) = watch().unzip();
-                let told = Told {
-                    approvals: self.elicitation(context),
-                    output,
-                };
-                let result = self
-                    .run_python(&key, request_id, received, slot, a, told)
-                    .await;
-                if let Some(reporter) = reporter {
-                    reporter.finish().await;
-                }
-                result
+                self.told(context, |told| {
+                    self.run_python(&key, request_id, received, slot, a, told)
+                })
+                .await
             }
             Call::Eval(a) => self.eval_expression(received, a).await,
             Call::CreateSession(environment, volumes) => {
@@ -712,18 +701,10 @@ impl Tools {
                     .await
             }
             Call::RunInSession(a) => {
-                let (output, reporter) = watch().unzip();
-                let told = Told {
-                    approvals: self.elicitation(context),
-                    output,
-                };
-                let result = self
-                    .run_in_session(&key, request_id, received, slot, a, told)
-                    .await;
-                if let Some(reporter) = reporter {
-                    reporter.finish().await;
-                }
-                result
+                self.told(context, |told| {
+                    self.run_in_session(&key, request_id, received, slot, a, told)
+                })
+                .await
             }
             Call::StartPython(a) => self.start_python(&key, request_id, received, a).await,
             Call::GetExecution(a) => self.get_execution(&key, slot, a).await,
@@ -749,6 +730,28 @@ impl Tools {
             }
         }
         Ok(result)
+    }
+
+    /// Runs a call that runs code (`run_python`, `run_in_session`) with its host told what it
+    /// asked for: progress and log messages from now until the answer, and approvals by
+    /// elicitation.
+    async fn told<F: std::future::Future>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        call: impl FnOnce(Told) -> F,
+    ) -> F::Output {
+        let every = std::time::Duration::from_millis(self.state.config.mcp.progress_interval_ms);
+        let logs = self.logs.load(Ordering::Relaxed);
+        let (output, reporter) = progress::watch(context, every, logs).unzip();
+        let told = Told {
+            approvals: self.elicitation(context),
+            output,
+        };
+        let result = call(told).await;
+        if let Some(reporter) = reporter {
+            reporter.finish().await;
+        }
+        result
     }
 
     /// Over stdio, where no HTTP request carries one, the call's own span (a server span
