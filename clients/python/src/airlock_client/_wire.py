@@ -626,8 +626,16 @@ def evaluate(expression: str) -> Request[Evaluation]:
     return Request("POST", "/v1/eval", lambda a: Evaluation._read(read_json(a)), json={"expression": expression})
 
 
+def _execution(execution_id: str) -> str:
+    return f"/v1/executions/{segment(execution_id, 'execution id')}"
+
+
+def _background_info(a: Answer) -> BackgroundInfo:
+    return BackgroundInfo._read(read_json(a))
+
+
 def record(execution_id: str) -> Request[ExecutionRecord]:
-    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
+    path = _execution(execution_id)
 
     def read(a: Answer) -> ExecutionRecord:
         body = read_json(a)
@@ -642,22 +650,19 @@ def record(execution_id: str) -> Request[ExecutionRecord]:
 
 
 def submit(body: dict[str, object]) -> Request[BackgroundInfo]:
-    return Request("POST", "/v1/executions", lambda a: BackgroundInfo._read(read_json(a)), json=body, ok=(202,))
+    return Request("POST", "/v1/executions", _background_info, json=body, ok=(202,))
 
 
 def background(execution_id: str) -> Request[BackgroundInfo]:
-    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
-    return Request("GET", path, lambda a: BackgroundInfo._read(read_json(a)))
+    return Request("GET", _execution(execution_id), _background_info)
 
 
 def background_events(execution_id: str, after: int | None) -> Request[None]:
-    path = f"/v1/executions/{segment(execution_id, 'execution id')}/events"
-    return Request("GET", path, nothing, stream=True, last_event_id=after)
+    return Request("GET", _execution(execution_id) + "/events", nothing, stream=True, last_event_id=after)
 
 
 def cancel(execution_id: str) -> Request[BackgroundInfo]:
-    path = f"/v1/executions/{segment(execution_id, 'execution id')}"
-    return Request("DELETE", path, lambda a: BackgroundInfo._read(read_json(a)), ok=(200, 202))
+    return Request("DELETE", _execution(execution_id), _background_info, ok=(200, 202))
 
 
 def open_session(body: dict[str, object]) -> Request[SessionInfo]:
