@@ -18,6 +18,7 @@ pub mod credentials;
 mod framing;
 pub mod intercept;
 pub mod proxy;
+pub mod scrub;
 pub use credentials::{Credential, CredentialRecord, SetHeader};
 pub use intercept::Interception;
 pub use proxy::{ConnectionRecord, Leash, Observer, Serving, Settings, Usage};

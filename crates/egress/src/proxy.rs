@@ -764,6 +764,7 @@ impl<'a> Connection<'a> {
             bytes_in: &tally.bytes_in,
             max_out: settings.max_bytes_out,
             max_in: settings.max_bytes_in,
+            idle: Duration::from_millis(settings.idle_timeout_ms),
             out: 0,
             inn: 0,
         };
