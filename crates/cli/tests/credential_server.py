@@ -9,20 +9,28 @@ Makes a test CA and two certificates with openssl in DIR, then serves:
   answer headers too, framed and coded as `?mode=` asks: plain, chunked (5-byte chunks),
   gzip, gzip-chunked, deflate, or br (a coding the proxy cannot scan). /redirect?to=URL
   answers 302; /simple/ and /files/ are a package index that needs `Bearer TOKEN`.
+  /tail?g=G&mode=length|chunked|close answers `hello G`, in one write, framed as asked.
+  /encoders?name=N answers the secret as Python's encoder N writes it; /encoders, the names
+  (and the request's headers), keeping the forms in DIR/encoders.json for the test to
+  compare, with what each encoder writes of an empty string.
+  /stream?id=N sends one event, then waits for /go?id=N before the second and the end.
 - "wrong": a certificate for evil.test only (from the same CA).
 Prints the two ports, then DIR/ca.pem's path, one per line.
 """
 
 import base64
 import gzip
+import html
 import io
 import json
 import os
 import ssl
 import subprocess
 import sys
+import textwrap
 import threading
 import urllib.parse
+import xml.sax.saxutils
 import zipfile
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,6 +95,48 @@ def forms(value):
     return out
 
 
+def encoders(secret):
+    """The secret as each of Python's encoders writes it (base64 also inside longer values
+    and wrapped as MIME, PEM and GitHub wrap it)."""
+    q = urllib.parse.quote
+    raw = secret.encode()
+    b64 = lambda b: base64.b64encode(b).decode()
+    wrap = lambda text, width: "\n".join(textwrap.wrap(text, width)) + "\n"
+    mime = base64.encodebytes(raw).decode()
+    return {
+        "html.escape": html.escape(secret),
+        "html.escape twice": html.escape(html.escape(secret)),
+        "xml escape": xml.sax.saxutils.escape(secret, {'"': "&quot;", "'": "&apos;"}),
+        "json": json.dumps(secret),
+        "json twice": json.dumps(json.dumps(secret)),
+        "json thrice": json.dumps(json.dumps(json.dumps(secret))),
+        "json of html": json.dumps(html.escape(secret)),
+        "html of json": html.escape(json.dumps(secret)),
+        "quote": q(secret),
+        "quote, nothing safe": q(secret, safe=""),
+        "quote_plus": urllib.parse.quote_plus(secret),
+        "quoted twice": q(q(secret, safe=""), safe=""),
+        "urlencode": urllib.parse.urlencode({"t": secret})[2:],
+        "quote of json": q(json.dumps(secret), safe=""),
+        "quote of html": q(html.escape(secret), safe=""),
+        "repr": repr(secret),
+        "repr of json": repr(json.dumps(secret)),
+        "unicode_escape of json": json.dumps(secret).encode("unicode_escape").decode(),
+        "hex": raw.hex(),
+        "base64": b64(raw),
+        "base64 after x": b64(b"x" + raw + b"!"),
+        "base64 after xy": b64(b"xy" + raw + b"!?"),
+        "urlsafe base64": base64.urlsafe_b64encode(b"u:" + raw).decode(),
+        "mime base64": mime,
+        "json of mime base64": json.dumps(mime),
+        "base64 wrapped at 64": wrap(b64(b"B" + raw), 64),
+        "base64 wrapped at 60": wrap(b64(b"Be" + raw), 60),
+    }
+
+
+TAILS = {}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -120,6 +170,30 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\nX-Trailer: " + body[:16].replace(b"\r", b"").replace(b"\n", b"") + b"\r\n\r\n")
         self.wfile.flush()
 
+    def tail(self, guess, mode):
+        """`hello GUESS` in one write: what an API that quotes the request looks like."""
+        body = ("hello " + guess).encode()
+        if mode == "length":
+            out = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        elif mode == "chunked":
+            out = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello \r\n%x\r\n%s\r\n0\r\n\r\n" % (
+                len(body) - 6, body[6:])
+        else:
+            out = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body
+            self.close_connection = True
+        self.wfile.write(out)
+        self.wfile.flush()
+
+    def stream(self, key):
+        """An event, then (once /go?id= came) another and the end."""
+        event = TAILS.setdefault(key, threading.Event())
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
+        self.wfile.write(b"b\r\ndata: one\n\n\r\n")
+        self.wfile.flush()
+        event.wait(60)
+        self.wfile.write(b"b\r\ndata: two\n\n\r\n0\r\n\r\n")
+        self.wfile.flush()
+
     def handle_any(self):
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
@@ -128,6 +202,21 @@ class Handler(BaseHTTPRequestHandler):
         body_in = self.rfile.read(length) if length else b""
         if url.path == "/redirect":
             return self.send(302, b"", [("Location", query["to"])])
+        if url.path == "/tail":
+            return self.tail(query["g"], query.get("mode", "length"))
+        if url.path == "/encoders":
+            written = encoders(auth[len("Bearer "):])
+            if "name" in query:
+                return self.send(200, written[query["name"]].encode(), [("Content-Type", "text/plain")])
+            with open(os.path.join(DIR, "encoders.json"), "w") as f:
+                json.dump({"forms": written, "empty": encoders("")}, f)
+            return self.send(200, json.dumps({"names": list(written), "headers": dict(self.headers.items())}).encode(),
+                             [("Content-Type", "application/json")])
+        if url.path == "/stream":
+            return self.stream(query["id"])
+        if url.path == "/go":
+            TAILS.setdefault(query["id"], threading.Event()).set()
+            return self.send(200, b"went\n")
         if url.path.startswith(("/simple/", "/files/")):
             if auth != "Bearer " + TOKEN:
                 return self.send(401, b"no\n", [("WWW-Authenticate", "Bearer")])

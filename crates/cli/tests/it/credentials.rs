@@ -23,6 +23,7 @@ const SECRET: &str = "tok_Zq9/x+Y=abc123SECRETvalue";
 /// `credential_server.py`: the good upstream (api.test, other.test) and the one whose
 /// certificate is for another name, with the test CA that signed both.
 struct Upstreams {
+    secret: &'static str,
     child: Child,
     good: u16,
     wrong: u16,
@@ -32,6 +33,10 @@ struct Upstreams {
 
 impl Upstreams {
     fn start() -> Upstreams {
+        Upstreams::with_secret(SECRET)
+    }
+
+    fn with_secret(secret: &'static str) -> Upstreams {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("airlock-cred-{}-{n}", std::process::id()));
@@ -43,7 +48,7 @@ impl Upstreams {
                 "/tests/credential_server.py"
             ))
             .arg(&dir)
-            .arg(SECRET)
+            .arg(secret)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -53,6 +58,7 @@ impl Upstreams {
         let (good, wrong) = (line().parse().unwrap(), line().parse().unwrap());
         let ca_pem = std::fs::read_to_string(line()).unwrap();
         Upstreams {
+            secret,
             child,
             good,
             wrong,
@@ -101,7 +107,7 @@ hash = "{ungranted}"
     }
 
     fn server(&self) -> Server {
-        Server::start(&self.config(), &[("AIRLOCK_TEST_API_TOKEN", SECRET)])
+        Server::start(&self.config(), &[("AIRLOCK_TEST_API_TOKEN", self.secret)])
     }
 }
 
@@ -642,4 +648,185 @@ fn a_missing_secret_stops_the_server_and_doctor_names_it() {
     );
     assert_no_trace("doctor's report", &present);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The code's attack on the scrubber's hold-back, from inside the sandbox: keep-alive
+/// requests over the proxy's TLS whose answers end with a guess (`hello GUESS`), reading the
+/// size of each TLS record of the body. A guess that is a prefix of the secret must look
+/// exactly like any other of its length, whatever the answer's framing.
+const GUESSES: &str = r#"
+import json, socket, ssl
+P = ("127.0.0.1", 3128)
+A = f"api.test:{GOOD}"
+
+def connect():
+    s = socket.create_connection(P, timeout=20)
+    s.sendall(f"CONNECT {A} HTTP/1.1\r\nHost: {A}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    assert b" 200 " in head.split(b"\r\n")[0], head
+    return ssl.create_default_context().wrap_socket(s, server_hostname="api.test")
+
+def pieces(t, guess, mode):
+    t.sendall(f"GET /tail?g={guess}&mode={mode} HTTP/1.1\r\nHost: {A}\r\n\r\n".encode())
+    got, sizes = b"", []
+    while True:
+        piece = t.recv(65536)  # one TLS record at most
+        if not piece:
+            break
+        if b"\r\n\r\n" in got or b"\r\n\r\n" in piece:
+            sizes.append(len(piece))
+        got += piece
+        body = got.split(b"\r\n\r\n", 1)[1] if b"\r\n\r\n" in got else b""
+        if mode == "length" and len(body) >= 6 + len(guess):
+            break
+        if mode == "chunked" and body.endswith(b"0\r\n\r\n"):
+            break
+    return sizes, got.decode(errors="replace")
+
+out = {}
+for mode in ["length", "chunked", "close"]:
+    for guess in GUESSES:
+        runs = []
+        t = connect()
+        for _ in range(3):
+            if mode == "close":
+                t.close()
+                t = connect()
+            runs.append(pieces(t, guess, mode))
+        t.close()
+        out[f"{mode} {guess}"] = runs
+print(json.dumps(out))
+"#;
+
+#[test]
+fn a_guess_s_pieces_tell_nothing_of_the_secret() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
+    let up = Upstreams::start();
+    let server = up.server();
+    let prefixes = [&SECRET[..4], &SECRET[..9]];
+    let others = ["zzzz", "zzzzzzzzz"];
+    let code = format!(
+        "GUESSES = {}\n{GUESSES}",
+        serde_json::to_string(&[prefixes[0], others[0], prefixes[1], others[1]]).unwrap()
+    );
+    let (out, _) = run(&server, &up, GRANTED, &code);
+    for mode in ["length", "chunked", "close"] {
+        for (prefix, other) in prefixes.iter().zip(others) {
+            let pattern = |guess: &str| -> Vec<Value> {
+                let runs = out[format!("{mode} {guess}")].as_array().unwrap();
+                for run in runs {
+                    assert!(
+                        run[1].as_str().unwrap().contains(&format!("hello {guess}")),
+                        "{mode}: {run}"
+                    );
+                }
+                runs.iter().map(|r| r[0].clone()).collect()
+            };
+            assert_eq!(
+                pattern(prefix),
+                pattern(other),
+                "{mode}: the pieces of an answer ending with a prefix of the secret ({prefix:?}) \
+                 differ from another guess's ({other:?})"
+            );
+        }
+    }
+}
+
+/// A secret with every printable symbol, in a GitHub fine-grained token's length.
+const SYMBOLS: &str =
+    "gh!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ Zq9xY0abcd1234EFGH5678ijkl90MNOPqrst12UVWXyz34ABCDef56GHIJk7LmN";
+
+/// Every encoder of Python's the upstream writes the secret with, read by the code: each
+/// form arrives masked whole (a base64 form but for the few characters that hold other
+/// bytes' bits). Requests' `Range` and `If-Range` never reach the upstream.
+#[test]
+fn every_encoder_s_form_of_a_secret_with_every_symbol_is_masked() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
+    assert_eq!(SYMBOLS.len(), 98);
+    let up = Upstreams::with_secret(SYMBOLS);
+    let server = up.server();
+    let code = r#"
+import json, requests
+open("/tmp/both.pem", "w").write(open("/etc/ssl/certs/ca-certificates.crt").read() + open("/work/test-ca.pem").read())
+s = requests.Session()
+s.verify = "/tmp/both.pem"
+r = s.get(f"{API}/encoders", headers={"Range": "bytes=0-9", "If-Range": "x"}, timeout=20)
+out = {"status": r.status_code, "headers": r.json()["headers"], "forms": {}}
+for name in r.json()["names"]:
+    out["forms"][name] = s.get(f"{API}/encoders", params={"name": name}, timeout=20).content.decode()
+print(json.dumps(out))
+"#;
+    let (out, _) = run(&server, &up, GRANTED, code);
+    assert_eq!(out["status"], 200, "{out}");
+    let seen = &out;
+    let headers = seen["headers"].as_object().unwrap();
+    assert!(
+        !headers
+            .keys()
+            .any(|k| k.eq_ignore_ascii_case("range") || k.eq_ignore_ascii_case("if-range")),
+        "{headers:?}"
+    );
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(up.dir.join("encoders.json")).unwrap())
+            .unwrap();
+    let forms = written["forms"].as_object().unwrap();
+    assert!(forms.len() >= 25, "{forms:?}");
+    for (name, form) in forms {
+        let form = form.as_str().unwrap();
+        let got = seen["forms"][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {seen}"));
+        assert_eq!(got.len(), form.len(), "{name}: lengths stay true");
+        let left = got.replace('*', "");
+        if name.contains("base64") {
+            // Left unmasked: the characters that carry the bytes on either side too,
+            // padding and line ends.
+            let left: String = left.chars().filter(|c| !"=\n\\\"".contains(*c)).collect();
+            assert!(
+                left.len() <= 6,
+                "{name}: {left:?} left of {form:?}, seen as {got:?}"
+            );
+        } else {
+            // All of the secret is masked, and only what the encoder wraps it in is left.
+            assert_eq!(
+                left,
+                written["empty"][name].as_str().unwrap(),
+                "{name}: {form:?} seen as {got:?}"
+            );
+        }
+    }
+    let scrubbed: u64 = audit(&server, "credential")
+        .iter()
+        .map(|l| l["scrubbed"].as_u64().unwrap())
+        .sum();
+    assert!(scrubbed >= forms.len() as u64, "{scrubbed}");
+}
+
+/// A streamed answer goes on while the upstream is quiet: the code reads the first event,
+/// and only then asks the upstream (on another connection) for the rest.
+#[test]
+fn a_streamed_answer_goes_on_while_the_upstream_waits() {
+    // Its servers' sandboxes would be someone else's to the tests that compare the host.
+    let _serial = common::serial();
+    let up = Upstreams::start();
+    let server = up.server();
+    let code = r#"
+import json, requests
+open("/tmp/both.pem", "w").write(open("/etc/ssl/certs/ca-certificates.crt").read() + open("/work/test-ca.pem").read())
+s = requests.Session()
+s.verify = "/tmp/both.pem"
+events = []
+with s.get(f"{API}/stream?id=one", stream=True, timeout=20) as r:
+    lines = r.iter_lines()
+    events.append(next(lines).decode())
+    requests.get(f"{API}/go?id=one", verify="/tmp/both.pem", timeout=20)
+    events.extend(l.decode() for l in lines if l)
+print(json.dumps(events))
+"#;
+    let (out, _) = run(&server, &up, GRANTED, code);
+    assert_eq!(out, json!(["data: one", "data: two"]));
 }
