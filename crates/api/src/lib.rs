@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 mod approvals;
 mod text;
 mod value;
-pub use approvals::{Approval, ApprovalList, Decided, Decision, DecisionRequest, MAX_REASON_CHARS};
+pub use approvals::{
+    Approval, ApprovalDetail, ApprovalList, Decided, Decision, DecisionRequest, Shown,
+    MAX_REASON_CHARS,
+};
 pub use text::{write_deferring_texts, Deferred, Text};
 pub use value::{value_text, ResultValue, MARK};
 

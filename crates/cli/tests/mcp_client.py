@@ -11,7 +11,8 @@ Scenarios: `code_mode` (list_tool_apis, and run_python calling an upstream tool)
 protocol errors), `session` (a session's round trip), `abandon` (a session left open),
 `connect` (initialize only), `approval` (run_python calling a tool that needs an approval,
 which this client's user gives by elicitation once, then declines), `approval_unasked` (the
-same from a client that does not take elicitations), `progress` (a 30 s run_python with a
+same from a client that does not take elicitations), `approval_hidden` (a call whose arguments
+hide a nested `to` behind a long note and hold a right-to-left override, approved), `progress` (a 30 s run_python with a
 progress callback: each notification with the time it came), `logs` (a call without a
 progress token, then the logging level set and the output as log messages, then a session's
 cell with a progress callback).
@@ -321,6 +322,16 @@ async def approval(session):
     return seen
 
 
+async def approval_hidden(session):
+    code = (
+        "import tools\nout = tools.crm.send_money(to='bob\\u202e', amount=1, "
+        "meta={'note': 'x' * 20000, 'to': 'mallory', 'amount': 1000000})\nprint(out)"
+    )
+    seen = {"first": await call(session, "run_python", {"code": code})}
+    seen["elicited"] = ELICITED
+    return seen
+
+
 async def background(session):
     """start_python, get_execution (at once, then waiting) and cancel_execution."""
     seen = {}
@@ -341,7 +352,9 @@ async def background(session):
 async def main(argv):
     scenario = argv[3]
     out = {}
-    callback = {"approval": answer_elicitation, "approval_stale": answer_late}.get(scenario)
+    callback = {"approval": answer_elicitation, "approval_hidden": answer_elicitation, "approval_stale": answer_late}.get(
+        scenario
+    )
     try:
         async with connect(argv) as (read, write):
             async with ClientSession(
@@ -358,6 +371,8 @@ async def main(argv):
                     out.update(await session_round_trip(session))
                 elif scenario in ("approval", "approval_unasked"):
                     out.update(await approval(session))
+                elif scenario == "approval_hidden":
+                    out.update(await approval_hidden(session))
                 elif scenario == "approval_stale":
                     out.update(await approval_stale(session))
                 elif scenario == "progress":

@@ -102,6 +102,13 @@ def write_note(text: str) -> str:
     return "written"
 
 
+@server.tool(annotations=WRITE)
+def send_money(to: str, amount: int, meta: dict | None = None) -> str:
+    """Sends money (a tool that writes, with nested arguments)."""
+    log(tool="send_money", to=to, amount=amount, meta=meta)
+    return "sent"
+
+
 @server.tool(annotations=READ)
 async def slow(seconds: float, tag: str = "") -> str:
     """Sleeps, then answers; says so in the log if it is cancelled first."""

@@ -1484,44 +1484,35 @@ impl ServerHandler for Tools {
     }
 }
 
-/// `text` with every character but printable ASCII written as `\u{...}`.
-fn printable(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c == ' ' || c.is_ascii_graphic() {
-            out.push(c);
-        } else {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        }
-    }
-    out
-}
-
 /// The elicitation that asks the host's user whether one waiting call may run: what the
-/// code asks, the arguments as the approval shows them (bounded), and a form of one required
-/// yes/no and an optional reason.
+/// code asks, the arguments as every approver is shown them (bounded, every key, escaped),
+/// and a form of one required yes/no and an optional reason.
 fn elicit(approval: &airlock_api::Approval) -> rmcp::model::ElicitRequestParams {
+    use airlock_api::Shown;
     use rmcp::model::{ElicitRequestParams, ElicitationSchema};
-    let arguments = match (&approval.arguments, &approval.arguments_preview) {
-        (Some(a), _) => a.to_string(),
-        (None, Some(p)) => format!(
-            "{p}... ({} bytes in all, SHA-256 {})",
-            approval.arguments_bytes, approval.arguments_sha256
+    let (bytes, sha256) = (approval.arguments_bytes, &approval.arguments_sha256);
+    let arguments = match approval.arguments_shown {
+        Shown::Whole => format!("the arguments {}", approval.arguments_preview),
+        Shown::Cut => format!(
+            "the arguments {} (long strings cut; {bytes} bytes in all, SHA-256 {sha256})",
+            approval.arguments_preview
         ),
-        (None, None) => String::new(),
+        // The preview names an HTTP route, which `airlock mcp` does not serve.
+        Shown::TooLarge => format!(
+            "arguments too large to show here ({bytes} bytes, SHA-256 {sha256}): their keys \
+             and short values alone are over what is shown"
+        ),
     };
-    // The arguments come from the code: nothing but printable ASCII reaches the dialog (a
-    // right-to-left mark or a line break could make them read as something else).
-    let arguments = printable(&arguments);
     let line = approval
         .line
         .map(|l| format!(" (at line {l} of its code, as the sandbox says)"))
         .unwrap_or_default();
-    let message = format!(
-        "The sandboxed code of execution {} wants to call the tool `{}.{}`{line} with the \
-         arguments {arguments}. Approve this one call?",
+    // What the code chose is escaped already; the tool's name is the tool server's.
+    let message = airlock_tools::printable(&format!(
+        "The sandboxed code of execution {} wants to call the tool `{}.{}`{line} with \
+         {arguments}. Approve this one call?",
         approval.execution_id, approval.server, approval.tool
-    );
+    ));
     let schema = ElicitationSchema::builder()
         .required_bool("approve")
         .optional_string("reason")
@@ -1561,12 +1552,49 @@ fn host_decision(answer: &rmcp::model::ElicitResult) -> (airlock_api::Decision, 
 
 #[cfg(test)]
 mod tests {
+    use airlock_api::{Approval, Shown};
+
+    fn message(preview: &str, shown: Shown) -> String {
+        let approval = Approval {
+            id: "ap_x".into(),
+            execution_id: "ex_x".into(),
+            key: "agent".into(),
+            server: "crm".into(),
+            tool: "send\u{202e}".into(),
+            arguments: None,
+            arguments_preview: preview.into(),
+            arguments_shown: shown,
+            arguments_escaped: true,
+            arguments_bytes: 70000,
+            arguments_sha256: "ab".into(),
+            line: Some(3),
+            requested_at: String::new(),
+            expires_at: String::new(),
+        };
+        match super::elicit(&approval) {
+            rmcp::model::ElicitRequestParams::FormElicitationParams { message, .. } => message,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
-    fn only_printable_ascii_reaches_a_dialog() {
-        assert_eq!(
-            super::printable("ok \u{202e}x\r\n"),
-            "ok \\u{202e}x\\u{d}\\u{a}"
+    fn a_dialog_shows_the_preview_every_approver_is_shown_and_nothing_raw() {
+        let m = message(r#"{"to":"bob\u{202e}"}"#, Shown::Whole);
+        assert!(m.contains(r#"`crm.send\u{202e}` (at line 3"#), "{m}");
+        assert!(
+            m.contains(r#"with the arguments {"to":"bob\u{202e}"}. Approve"#),
+            "{m}"
         );
-        assert_eq!(super::printable("{\"a\": 1}"), "{\"a\": 1}");
+        let m = message(r#"{"a":"xx"...(9 more bytes)}"#, Shown::Cut);
+        assert!(
+            m.contains("long strings cut; 70000 bytes in all, SHA-256 ab"),
+            "{m}"
+        );
+        // The preview's sentence names an HTTP route `airlock mcp` does not serve.
+        let m = message("(not shown: ... GET /v1/approvals/ap_x)", Shown::TooLarge);
+        assert!(
+            m.contains("too large to show here (70000 bytes") && !m.contains("GET"),
+            "{m}"
+        );
     }
 }

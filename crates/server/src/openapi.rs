@@ -166,6 +166,7 @@ pub(crate) fn document() -> Value {
     let eval_response = generator.subschema_for::<EvalResponse>();
     let tools = generator.subschema_for::<ToolsResponse>();
     let approvals = generator.subschema_for::<airlock_api::ApprovalList>();
+    let approval = generator.subschema_for::<airlock_api::ApprovalDetail>();
     let decision = generator.subschema_for::<airlock_api::DecisionRequest>();
     let decided = generator.subschema_for::<airlock_api::Decided>();
     generator.subschema_for::<ErrorBody>();
@@ -197,17 +198,26 @@ pub(crate) fn document() -> Value {
             "/v1/approvals": {"get": {
                 "summary": "Tool calls waiting for an approval that this key may decide (the calls of the keys its `approves` names, never its own); scope `approve`",
                 "responses": with(errors(&[401, 403, 421, 429, 503]), "200",
-                    json!({"description": "The waiting calls, oldest first: execution, key, tool, arguments (at most `tools.approval_shown_bytes` of them), the code's line, and when each times out.",
+                    json!({"description": "The waiting calls, oldest first: execution, key, tool, the arguments' preview (within `tools.approval_shown_bytes`, every key and every value but long strings, anything but printable ASCII written as `\\u{...}`), the arguments themselves when they are small and printable ASCII, the code's line, and when each times out.",
                            "content": json_body(&approvals)})),
             }},
-            "/v1/approvals/{id}": {"post": {
-                "summary": "Approve or deny one waiting tool call, once; scope `approve`",
-                "parameters": [id_param()],
-                "requestBody": {"required": true, "content": json_body(&decision)},
-                "responses": with(errors(&[400, 401, 403, 404, 408, 413, 415, 421, 429, 503]), "200",
-                    json!({"description": "Decided: an approved call runs now, a denied one raises `ToolError(kind=\"denied\")` in the sandbox. 404 for an id unknown, decided already, timed out, withdrawn (its execution ended) or not this key's to decide.",
-                           "content": json_body(&decided)})),
-            }},
+            "/v1/approvals/{id}": {
+                "get": {
+                    "summary": "One waiting tool call that this key may decide, with its arguments whole; scope `approve`",
+                    "parameters": [id_param()],
+                    "responses": with(errors(&[401, 403, 404, 421, 429, 503]), "200",
+                        json!({"description": "The call as `GET /v1/approvals` lists it (`approval`), and `arguments`: the JSON the call will send, byte for byte (its size and SHA-256 are the approval's). 404 for an id unknown, decided already, timed out, withdrawn (its execution ended) or not this key's to decide.",
+                               "content": json_body(&approval)})),
+                },
+                "post": {
+                    "summary": "Approve or deny one waiting tool call, once; scope `approve`",
+                    "parameters": [id_param()],
+                    "requestBody": {"required": true, "content": json_body(&decision)},
+                    "responses": with(errors(&[400, 401, 403, 404, 408, 413, 415, 421, 429, 503]), "200",
+                        json!({"description": "Decided: an approved call runs now, a denied one raises `ToolError(kind=\"denied\")` in the sandbox. 404 for an id unknown, decided already, timed out, withdrawn (its execution ended) or not this key's to decide.",
+                               "content": json_body(&decided)})),
+                },
+            },
             "/v1/eval": {"post": {
                 "summary": "Evaluate a Python literal expression natively (no sandbox, no interpreter)",
                 "requestBody": {"required": true, "content": json_body(&eval_request)},

@@ -5,10 +5,10 @@
 //! both win. The waiting call holds no slot of its server (`slots.rs`): it takes one only once
 //! approved.
 //!
-//! Who may decide is the server's business (it passes `may` to [`Approvals::pending`] and
-//! [`Approvals::decide`]); so is telling someone a call waits: a watcher per execution
-//! ([`Approvals::watch`]) hears of each of its calls (a stream's event, an MCP host's
-//! elicitation).
+//! Who may decide is the server's business (it passes `may` to [`Approvals::pending`],
+//! [`Approvals::get`] and [`Approvals::decide`]); so is telling someone a call waits: a
+//! watcher per execution ([`Approvals::watch`]) hears of each of its calls (a stream's event,
+//! an MCP host's elicitation).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,6 +36,8 @@ pub type Watcher = Arc<dyn Fn(&Arc<Approvals>, &Arc<Approval>) + Send + Sync>;
 
 struct Waiting {
     approval: Arc<Approval>,
+    /// The arguments' JSON, exactly as the call will send it.
+    arguments: Arc<str>,
     resolve: oneshot::Sender<Resolution>,
     /// Cancelled once the call leaves the table, however: what asks a person about it (an
     /// MCP host's dialog) stops asking.
@@ -135,6 +137,14 @@ impl Approvals {
         out
     }
 
+    /// The waiting call `id` and its arguments' JSON, if `may` lets the caller see it.
+    pub fn get(&self, id: &str, may: impl Fn(&Approval) -> bool) -> Option<(Approval, Arc<str>)> {
+        self.lock()
+            .get(id)
+            .filter(|w| may(&w.approval))
+            .map(|w| ((*w.approval).clone(), w.arguments.clone()))
+    }
+
     /// Decides the waiting call `id`, if it still waits and `may` lets the caller decide it;
     /// it is out of the table from then on. None otherwise: unknown, decided already, timed
     /// out, withdrawn, or not the caller's to see.
@@ -205,9 +215,13 @@ impl Approvals {
         n
     }
 
-    /// A call starts waiting; with its execution's watcher, to be told once the request is
-    /// audited. Refused when nobody could decide it.
-    pub(crate) fn open(self: &Arc<Self>, approval: Approval) -> Result<Opened, NoApprover> {
+    /// A call starts waiting, `arguments` the JSON it will send; with its execution's
+    /// watcher, to be told once the request is audited. Refused when nobody could decide it.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        approval: Approval,
+        arguments: Arc<str>,
+    ) -> Result<Opened, NoApprover> {
         let watcher = self
             .watchers
             .lock()
@@ -223,6 +237,7 @@ impl Approvals {
             approval.id.clone(),
             Waiting {
                 approval: approval.clone(),
+                arguments,
                 resolve,
                 done: CancellationToken::new(),
             },
@@ -261,7 +276,9 @@ mod tests {
             server: "crm".into(),
             tool: "write_note".into(),
             arguments: None,
-            arguments_preview: None,
+            arguments_preview: "{}".into(),
+            arguments_shown: airlock_api::Shown::Whole,
+            arguments_escaped: false,
             arguments_bytes: 2,
             arguments_sha256: String::new(),
             line: None,
@@ -273,15 +290,29 @@ mod tests {
     #[test]
     fn one_decision_per_call_and_only_for_who_may() {
         let hub = Approvals::new();
-        assert!(matches!(hub.open(approval("a", "ex1")), Err(NoApprover)));
+        assert!(matches!(
+            hub.open(approval("a", "ex1"), "{}".into()),
+            Err(NoApprover)
+        ));
         hub.serve_http();
-        let mut rx_a = hub.open(approval("a", "ex1")).unwrap().resolution;
-        let mut rx_b = hub.open(approval("b", "ex1")).unwrap().resolution;
-        let mut rx_c = hub.open(approval("c", "ex2")).unwrap().resolution;
+        let mut rx_a = hub
+            .open(approval("a", "ex1"), "{}".into())
+            .unwrap()
+            .resolution;
+        let mut rx_b = hub
+            .open(approval("b", "ex1"), "{}".into())
+            .unwrap()
+            .resolution;
+        let mut rx_c = hub
+            .open(approval("c", "ex2"), "{}".into())
+            .unwrap()
+            .resolution;
         assert!(hub
             .decide("a", |_| false, Decision::Approve, "x", None)
             .is_none());
         assert_eq!(hub.pending(|a| a.execution_id == "ex2").len(), 1);
+        assert!(hub.get("a", |_| false).is_none(), "seen only by who may");
+        assert_eq!(&*hub.get("a", |_| true).unwrap().1, "{}");
         assert!(hub
             .decide("a", |_| true, Decision::Deny, "boss", Some("no".into()))
             .is_some());
@@ -304,6 +335,7 @@ mod tests {
             rx_c.try_recv().is_err(),
             "another execution's call waits on"
         );
+        assert!(hub.get("a", |_| true).is_none(), "decided: gone");
         assert!(hub.close("c"));
         assert!(!hub.close("c"));
         assert!(hub.pending(|_| true).is_empty());

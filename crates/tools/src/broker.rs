@@ -23,6 +23,7 @@ use crate::approvals::{self, Approvals, NoApprover, Opened, Resolution};
 use crate::config::{ApprovalRule, ToolsConfig};
 use crate::grants::Grants;
 use crate::package::{self, Granted, ToolApi};
+use crate::shown;
 use crate::slots::Slots;
 use crate::source::{Source, SourceStatus};
 
@@ -892,16 +893,6 @@ impl Inner {
         // What is shown, sized and hashed is what is sent: the arguments as parsed (a key
         // given twice once, the code's spacing gone), never the code's own text.
         let sent = serde_json::to_string(&checked.arguments).unwrap_or_default();
-        let shown = usize::try_from(config.approval_shown_bytes).unwrap_or(usize::MAX);
-        let (arguments, preview) = if sent.len() <= shown {
-            (
-                Some(serde_json::Value::Object(checked.arguments.clone())),
-                None,
-            )
-        } else {
-            (None, Some(preview(&checked.arguments, shown)))
-        };
-        let raw = sent.as_str();
         let timeout = Duration::from_millis(config.approval_timeout_ms);
         let now = std::time::SystemTime::now();
         let Some(id) = approvals::new_id() else {
@@ -913,6 +904,11 @@ impl Inner {
                 message,
             ));
         };
+        let bound = usize::try_from(config.approval_shown_bytes).unwrap_or(usize::MAX);
+        let preview = shown::preview(&checked.arguments, bound, &id);
+        // Whole only when they read as they are: anything else is for the preview to show.
+        let arguments = (preview.shown == airlock_api::Shown::Whole && !preview.escaped)
+            .then(|| serde_json::Value::Object(checked.arguments.clone()));
         let approval = airlock_api::Approval {
             id,
             execution_id: execution_id.to_owned(),
@@ -920,9 +916,11 @@ impl Inner {
             server: call.server.clone(),
             tool: checked.granted.tool.name.clone(),
             arguments,
-            arguments_preview: preview,
-            arguments_bytes: raw.len() as u64,
-            arguments_sha256: hex(&Sha256::digest(raw.as_bytes())),
+            arguments_preview: preview.text,
+            arguments_shown: preview.shown,
+            arguments_escaped: preview.escaped,
+            arguments_bytes: sent.len() as u64,
+            arguments_sha256: hex(&Sha256::digest(sent.as_bytes())),
             line: call.line,
             requested_at: humantime::format_rfc3339_millis(now).to_string(),
             expires_at: humantime::format_rfc3339_millis(now + timeout).to_string(),
@@ -932,7 +930,7 @@ impl Inner {
             approval,
             mut resolution,
             watcher,
-        } = match hub.open(approval) {
+        } = match hub.open(approval, sent.into()) {
             Ok(opened) => opened,
             Err(NoApprover) => {
                 let message = format!(
@@ -1278,47 +1276,5 @@ mod tests {
         };
         assert!(breach(b"\xff\xff\xff\x7f").contains("over the limit"));
         assert!(breach(b"\x05\x00\x00\x00{}").contains("middle"));
-    }
-}
-
-/// Arguments too large to show whole, shown so that no part of them can hide another: every
-/// top-level key, each value (as JSON) cut to an even share of `shown` bytes, with how much
-/// of it was left out.
-fn preview(arguments: &serde_json::Map<String, serde_json::Value>, shown: usize) -> String {
-    let share = (shown / arguments.len().max(1)).max(64);
-    let mut out = String::from("{");
-    for (i, (name, value)) in arguments.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        out.push_str(&serde_json::to_string(name).unwrap_or_default());
-        out.push_str(": ");
-        let value = value.to_string();
-        if value.len() <= share {
-            out.push_str(&value);
-        } else {
-            let mut cut = share;
-            while !value.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            out.push_str(&value[..cut]);
-            out.push_str(&format!("… ({} more bytes)", value.len() - cut));
-        }
-    }
-    out.push('}');
-    out
-}
-
-#[cfg(test)]
-mod preview_tests {
-    #[test]
-    fn a_preview_shows_every_key_of_what_is_sent() {
-        let args: serde_json::Value = serde_json::from_str(
-            r#"{"body": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "to": "attacker@example.com"}"#,
-        )
-        .unwrap();
-        let shown = super::preview(args.as_object().unwrap(), 128);
-        assert!(shown.contains(r#""to": "attacker@example.com""#), "{shown}");
-        assert!(shown.contains("more bytes)"), "{shown}");
     }
 }

@@ -12,6 +12,7 @@ mod broker;
 mod config;
 mod grants;
 mod package;
+mod shown;
 mod slots;
 mod source;
 
@@ -22,4 +23,5 @@ pub use broker::{
 pub use config::{ApprovalRule, Secret, SourceConfig, ToolsConfig};
 pub use grants::Grants;
 pub use package::{python_stubs, Granted, ToolApi};
+pub use shown::printable;
 pub use source::{SourceState, SourceStatus, ToolInfo};

@@ -390,9 +390,12 @@ class TruncatedEvent:
 @dataclass(frozen=True)
 class Approval:
     """A tool call waiting for an approval (docs/approvals.md): as `approvals()` lists it, and
-    as a stream's `approval_requested` event says one of its calls waits. `arguments` is None
-    when they are larger than the server shows whole; `arguments_preview` has their start.
-    `line` is the code's line as the sandbox reported it (where to look, not a proof)."""
+    as a stream's `approval_requested` event says one of its calls waits. Show a person
+    `arguments_preview`: bounded, every key and every value but long strings, and nothing but
+    printable ASCII (anything else written `\\u{...}`). `arguments` is None unless that
+    preview is all of them and escapes nothing; the server's `GET /v1/approvals/{id}` has
+    them whole. `line` is the code's line as the sandbox reported it (where to look, not a
+    proof)."""
 
     id: str
     execution_id: str

@@ -22,7 +22,7 @@ const BOSS: &str = "boss-key-0123456789abcdef";
 /// Has the approve scope, for another key's calls only.
 const ELSEWHERE: &str = "elsewhere-key-0123456789abcdef";
 
-/// `crm` from tool_server.py over stdio, `write_note` and `slow` needing an approval; the
+/// `crm` from tool_server.py over stdio, `write_note`, `slow` and `send_money` needing an approval; the
 /// agent may call them, the boss decides the agent's calls, `elsewhere` only the boss's.
 fn config(settings: &str) -> String {
     format!(
@@ -33,12 +33,12 @@ fn config(settings: &str) -> String {
 command = "{python}"
 args = ["{script}", "stdio"]
 env = {{ TOOL_LOG = {{ env = "TEST_TOOL_LOG" }} }}
-approval = ["write_note", "sl*"]
+approval = ["write_note", "sl*", "send_money"]
 
 [[keys]]
 name = "agent"
 hash = "{agent}"
-tools = ["crm.*", "crm.write_note"]
+tools = ["crm.*", "crm.write_note", "crm.send_money"]
 
 [[keys]]
 name = "boss"
@@ -80,6 +80,20 @@ fn run_later(server: &Server, code: &str, timeout_ms: u64) -> std::thread::JoinH
         let r = call_as(addr, AGENT, "POST", "/v1/execute", Some(&body));
         assert_eq!(r.status, 200, "{}", r.text());
         r.json()
+    })
+}
+
+/// Runs `code` as the agent, streamed, on a thread of its own; the stream as it came.
+fn stream_later(server: &Server, code: &str) -> std::thread::JoinHandle<String> {
+    let addr = server.addr;
+    let body = json!({"code": code}).to_string();
+    std::thread::spawn(move || {
+        let headers = [
+            ("Authorization".to_owned(), format!("Bearer {AGENT}")),
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            ("Accept".to_owned(), "text/event-stream".to_owned()),
+        ];
+        request(addr, "POST", "/v1/execute", &headers, Some(body.as_bytes())).text()
     })
 }
 
@@ -154,13 +168,20 @@ fn wait_audited(server: &Server, id: &str, outcome: &str) -> Vec<Value> {
     }
 }
 
-/// What reached the tool server: the texts of its `write_note` calls.
-fn notes(dir: &Path) -> Vec<String> {
+/// What reached the tool server: its calls of `tool`, as it logged them.
+fn reached(dir: &Path, tool: &str) -> Vec<Value> {
     std::fs::read_to_string(dir.join("tool.log"))
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|e| e["tool"] == "write_note")
+        .filter(|e| e["tool"] == tool)
+        .collect()
+}
+
+/// What reached the tool server: the texts of its `write_note` calls.
+fn notes(dir: &Path) -> Vec<String> {
+    reached(dir, "write_note")
+        .iter()
         .map(|e| e["text"].as_str().unwrap().to_owned())
         .collect()
 }
@@ -429,22 +450,7 @@ fn a_stream_says_when_a_call_waits() {
     let _serial = common::serial();
     let dir = scratch_dir("approvals-stream");
     let server = start(&dir, "");
-    let addr = server.addr;
-    let body = json!({"code": attempt("tools.crm.write_note(text='streamed')")}).to_string();
-    let streaming = std::thread::spawn(move || {
-        request(
-            addr,
-            "POST",
-            "/v1/execute",
-            &[
-                ("Authorization".to_owned(), format!("Bearer {AGENT}")),
-                ("Content-Type".to_owned(), "application/json".to_owned()),
-                ("Accept".to_owned(), "text/event-stream".to_owned()),
-            ],
-            Some(body.as_bytes()),
-        )
-        .text()
-    });
+    let streaming = stream_later(&server, &attempt("tools.crm.write_note(text='streamed')"));
     let id = wait_pending(&server, 1)[0]["id"]
         .as_str()
         .unwrap()
@@ -472,7 +478,7 @@ fn a_stream_says_when_a_call_waits() {
 fn over_stdio(dir: &Path, scenario: &str, settings: &str) -> (Value, Vec<Value>) {
     let config = dir.join("airlock.toml");
     let toml = format!(
-        "[mcp]\nstdio_tools = [\"crm.write_note\"]\n{}",
+        "[mcp]\nstdio_tools = [\"crm.write_note\", \"crm.send_money\"]\n{}",
         config_for_stdio(settings)
     );
     std::fs::write(&config, toml).unwrap();
@@ -578,6 +584,150 @@ fn an_mcp_host_decides_by_elicitation_and_one_without_it_is_refused_at_once() {
     assert!(notes(&dir).is_empty());
 }
 
+/// A call whose long note would push a nested `to` and `amount` out of sight.
+const HIDDEN: &str = "tools.crm.send_money(to='bob', amount=1, meta={'note': 'x' * 20000, 'to': 'mallory', 'amount': 1000000})";
+
+#[test]
+fn an_approver_sees_every_nested_value_and_can_read_the_whole_arguments() {
+    let _serial = common::serial();
+    let dir = scratch_dir("approvals-leaves");
+    let server = start(&dir, "");
+    let running = run_later(&server, &attempt(HIDDEN), 60_000);
+    let a = wait_pending(&server, 1).remove(0);
+    let id = a["id"].as_str().unwrap().to_owned();
+    // Over `approval_shown_bytes` (16 KiB): not whole, but every key at every depth and
+    // every value but the long note is in the preview, which stays within the bound.
+    assert_eq!(a["arguments"], Value::Null, "{a}");
+    let preview = a["arguments_preview"].as_str().unwrap();
+    for leaf in [
+        r#""to":"mallory""#,
+        r#""amount":1000000"#,
+        r#"{"to":"bob","amount":1,"meta":{"note":"xxxx"#,
+    ] {
+        assert!(preview.contains(leaf), "{leaf} is not in {preview}");
+    }
+    assert!(preview.len() <= 16384, "{} bytes", preview.len());
+    assert!(preview.contains("\"...(3711 more bytes),"), "{preview}");
+    assert_eq!(a["arguments_shown"], "cut", "{a}");
+    // The whole arguments, exactly as the tool will get them, to a key that may decide.
+    let path = format!("/v1/approvals/{id}");
+    let whole = call(&server, BOSS, "GET", &path, None);
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let body = whole.json();
+    assert_eq!(body["approval"], a);
+    let sent = json!({"to": "bob", "amount": 1, "meta": {"note": "x".repeat(20000), "to": "mallory", "amount": 1000000}});
+    assert_eq!(body["arguments"], sent);
+    let text = whole.text();
+    let raw = text
+        .rsplit_once(r#","arguments":"#)
+        .and_then(|(_, raw)| raw.strip_suffix('}'))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(raw, sent.to_string(), "the bytes the tool gets");
+    assert_eq!(a["arguments_bytes"], raw.len());
+    // Anyone else gets what an id that never was gets; a key without the scope, 403.
+    let never = call(&server, BOSS, "GET", "/v1/approvals/ap_0123", None);
+    let elsewhere = call(&server, ELSEWHERE, "GET", &path, None);
+    assert_eq!((never.status, elsewhere.status), (404, 404));
+    let error = |r: &Response| {
+        (
+            r.json()["error"]["code"].clone(),
+            r.json()["error"]["message"].clone(),
+        )
+    };
+    assert_eq!(error(&never), error(&elsewhere));
+    assert_eq!(call(&server, AGENT, "GET", &path, None).status, 403);
+    assert_eq!(decide(&server, BOSS, &id, "approve", None).status, 200);
+    assert_eq!(call(&server, BOSS, "GET", &path, None).status, 404);
+    let r = running.join().unwrap();
+    assert_eq!(r["result"], json!(["ok", "sent"]), "{r:#}");
+    let paid = reached(&dir, "send_money");
+    assert_eq!(paid.len(), 1);
+    assert_eq!(
+        paid[0]["meta"]["to"], "mallory",
+        "what was shown is what ran"
+    );
+}
+
+/// Whether every byte is printable ASCII or a line break (of server-sent events).
+fn plain(text: &str) -> bool {
+    text.bytes()
+        .all(|b| b == b'\n' || (0x20..0x7f).contains(&b))
+}
+
+#[test]
+fn bidi_and_control_characters_reach_no_approver_raw() {
+    let _serial = common::serial();
+    let dir = scratch_dir("approvals-bidi");
+    let server = start(&dir, "");
+    // Two calls, of a streamed execution: one small enough to be shown whole, one not.
+    let code = format!(
+        "import tools\nout = []\nout.append(tools.crm.send_money(to='bob\\u202e', amount=1, \
+         meta={{'\\u2066k': 'a\\x1b[2Kb\\rc\\x7f\\u200bd\\u061c\\u00e9'}}))\nout.append({})\nout",
+        HIDDEN.replace("'mallory'", "'mallory\\u2067'")
+    );
+    let streaming = stream_later(&server, &code);
+    let mut previews = vec![];
+    for _ in 0..2 {
+        wait_pending(&server, 1);
+        let listed = call(&server, BOSS, "GET", "/v1/approvals", None);
+        assert!(
+            plain(&listed.text()),
+            "raw in the listing: {}",
+            listed.text()
+        );
+        let a = listed.json()["approvals"][0].clone();
+        assert_eq!(a["arguments"], Value::Null, "shown raw: {a}");
+        assert_eq!(a["arguments_escaped"], true, "{a}");
+        let id = a["id"].as_str().unwrap().to_owned();
+        // The whole arguments are exact JSON (the characters themselves); what is shown of
+        // them is not.
+        let whole = call(&server, BOSS, "GET", &format!("/v1/approvals/{id}"), None).json();
+        assert_eq!(whole["approval"], a);
+        previews.push((a["arguments_preview"].as_str().unwrap().to_owned(), whole));
+        assert_eq!(decide(&server, BOSS, &id, "approve", None).status, 200);
+    }
+    assert_eq!(
+        previews[0].0,
+        r#"{"to":"bob\u{202e}","amount":1,"meta":{"\u{2066}k":"a\u001b[2Kb\rc\u{7f}\u{200b}d\u{61c}\u{e9}"}}"#
+    );
+    assert_eq!(
+        previews[0].1["arguments"],
+        json!({"to": "bob\u{202e}", "amount": 1, "meta": {"\u{2066}k": "a\u{1b}[2Kb\rc\u{7f}\u{200b}d\u{61c}\u{e9}"}})
+    );
+    assert!(
+        previews[1]
+            .0
+            .contains(r#""to":"mallory\u{2067}","amount":1000000"#),
+        "{}",
+        previews[1].0
+    );
+    assert_eq!(previews[1].1["arguments"]["meta"]["to"], "mallory\u{2067}");
+    let text = streaming.join().unwrap();
+    assert_eq!(
+        text.matches("event: approval_requested").count(),
+        2,
+        "{text}"
+    );
+    assert!(plain(&text), "raw in the stream: {text}");
+    assert!(text.contains(r#"\\u{202e}"#), "{text}");
+
+    // An MCP host is shown the same text, every nested value in it.
+    let dir = scratch_dir("approvals-mcp-hidden");
+    let (seen, _) = over_stdio(&dir, "approval_hidden", "");
+    let elicited = seen["elicited"].as_array().unwrap();
+    assert_eq!(elicited.len(), 1, "{seen:#}");
+    let message = elicited[0]["message"].as_str().unwrap();
+    assert!(plain(message), "{message}");
+    for leaf in [
+        r#"{"to":"bob\u{202e}","amount":1,"meta":{"note":"xxxx"#,
+        r#""to":"mallory","amount":1000000}}"#,
+    ] {
+        assert!(message.contains(leaf), "{leaf} is not in {message}");
+    }
+    assert!(printed(&seen["first"]).contains("sent"), "{seen:#}");
+    assert_eq!(reached(&dir, "send_money")[0]["meta"]["to"], "mallory");
+}
+
 #[test]
 fn bad_approval_configs_are_refused_at_start() {
     let _serial = common::serial();
@@ -598,12 +748,12 @@ fn bad_approval_configs_are_refused_at_start() {
     };
     let base = config("");
     let e = serve(&base.replace(
-        "approval = [\"write_note\", \"sl*\"]",
+        "approval = [\"write_note\", \"sl*\", \"send_money\"]",
         "approval = [\"crm.write_note\"]",
     ));
     assert!(e.contains("has no tool `crm.write_note`"), "{e}");
     let e = serve(&base.replace(
-        "approval = [\"write_note\", \"sl*\"]",
+        "approval = [\"write_note\", \"sl*\", \"send_money\"]",
         "approval = \"maybe\"",
     ));
     assert!(e.contains("\"required\", \"none\""), "{e}");

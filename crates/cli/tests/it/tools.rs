@@ -1280,7 +1280,7 @@ fn airlock_doctor_starts_the_tool_servers_and_checks_the_grants() {
         ("TEST_TOOL_LOG", log.to_str().unwrap()),
     ]);
     assert!(
-        out.contains("tool server      crm: stdio, 17 tools"),
+        out.contains("tool server      crm: stdio, 18 tools"),
         "{out}"
     );
     assert_eq!(code, Some(0), "{out}");

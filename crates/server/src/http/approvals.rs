@@ -1,7 +1,7 @@
-//! `GET /v1/approvals` and `POST /v1/approvals/{id}` (keys with the `approve` scope, as the
-//! route table says), over the approvals service.
+//! `GET /v1/approvals`, `GET /v1/approvals/{id}` and `POST /v1/approvals/{id}` (keys with
+//! the `approve` scope, as the route table says), over the approvals service.
 
-use airlock_api::{ApprovalList, Decided};
+use airlock_api::{ApprovalDetail, ApprovalList, Decided};
 use axum::extract::{Path, Request, State};
 use axum::{Extension, Json};
 
@@ -17,6 +17,15 @@ pub(crate) async fn list(
     Extension(caller): Extension<Caller>,
 ) -> Json<ApprovalList> {
     Json(approvals::list(&state, &caller.0))
+}
+
+/// `GET /v1/approvals/{id}`.
+pub(crate) async fn get(
+    State(state): State<SharedState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<ApprovalDetail>, Error> {
+    approvals::get(&state, &caller.0, &id).map(Json)
 }
 
 /// `POST /v1/approvals/{id}`.

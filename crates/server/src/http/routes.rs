@@ -138,6 +138,15 @@ pub(crate) const TABLE: &[Route] = &[
         handler: |m, _| on(m, approvals::list),
     },
     Route {
+        method: Method::Get,
+        path: "/v1/approvals/{id}",
+        operation_id: "getApproval",
+        tag: "tools",
+        access: key(Scope::Approve),
+        served: always,
+        handler: |m, _| on(m, approvals::get),
+    },
+    Route {
         method: Method::Post,
         path: "/v1/approvals/{id}",
         operation_id: "decideApproval",

@@ -11,7 +11,9 @@
 
 use std::sync::Arc;
 
-use airlock_api::{Approval, ApprovalList, Decided, Decision, DecisionRequest, MAX_REASON_CHARS};
+use airlock_api::{
+    Approval, ApprovalDetail, ApprovalList, Decided, Decision, DecisionRequest, MAX_REASON_CHARS,
+};
 use airlock_tools::{ApprovalRecord, Approvals, Watch, Watcher};
 
 use crate::config::Scope;
@@ -41,6 +43,21 @@ pub(crate) fn list(state: &AppState, caller: &Key) -> ApprovalList {
         .map(|t| t.pending(|a| may_decide(caller, a)))
         .unwrap_or_default();
     ApprovalList { approvals }
+}
+
+/// `GET /v1/approvals/{id}`: one waiting call that `caller` may decide, as listed, with its
+/// arguments whole (the bytes the call will send).
+pub(crate) fn get(state: &AppState, caller: &Key, id: &str) -> Result<ApprovalDetail, Error> {
+    let found = table(state).and_then(|t| t.get(id, |a| may_decide(caller, a)));
+    let Some((approval, arguments)) = found else {
+        return Err(crate::service::not_here(state, id, "waiting tool call"));
+    };
+    let arguments = serde_json::value::RawValue::from_string(arguments.to_string())
+        .map_err(|_| Error::internal("the arguments could not be read back"))?;
+    Ok(ApprovalDetail {
+        approval,
+        arguments,
+    })
 }
 
 /// `POST /v1/approvals/{id}`: decides one waiting call, once.
