@@ -122,6 +122,9 @@ pub(crate) struct Zygotes {
     closed: std::sync::atomic::AtomicBool,
     /// Starts under way on the starter thread, which `close` waits for.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Kills the template of the zygote being started, which `close` ends rather than wait
+    /// for (a preloading zygote on a loaded host takes seconds).
+    starting: Mutex<Option<airlock_sandbox::Killer>>,
     /// Zygotes retired whose children may still run, which `close` ends too.
     retiring: Mutex<Vec<Arc<Zygote>>>,
 }
@@ -168,6 +171,7 @@ impl Zygotes {
             last_error: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
+            starting: Mutex::new(None),
             retiring: Mutex::new(Vec::new()),
         });
         let weak = Arc::downgrade(&zygotes);
@@ -189,7 +193,16 @@ impl Zygotes {
             return;
         }
         self.starts.fetch_add(1, Ordering::Relaxed);
-        let started = Zygote::start(&start.spec, &start.policy);
+        let started = Zygote::start_watched(&start.spec, &start.policy, |killer| {
+            let mut starting = self.starting();
+            // `close` sets `closed` before it looks here: either it finds this killer or
+            // this sees that it came.
+            if self.closed.load(Ordering::SeqCst) {
+                killer.kill(airlock_sandbox::KillReason::Cancelled);
+            }
+            *starting = Some(killer);
+        });
+        self.starting().take();
         let mut slots = self.slots();
         if self.closed.load(Ordering::SeqCst) {
             // Closed meanwhile: it goes now (dropping it kills it and waits), not at exit.
@@ -229,6 +242,10 @@ impl Zygotes {
 
     fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
         self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn starting(&self) -> std::sync::MutexGuard<'_, Option<airlock_sandbox::Killer>> {
+        self.starting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(crate) fn count_cold(&self, reason: &str) {
@@ -507,6 +524,10 @@ impl Zygotes {
     /// started, and starts no more: nothing of them is left when this returns.
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
+        // Killed, not waited for: its start fails at once and the starter thread drops it.
+        if let Some(killer) = self.starting().as_ref() {
+            killer.kill(airlock_sandbox::KillReason::Cancelled);
+        }
         let all = std::mem::take(&mut *self.slots());
         for slot in all.into_values() {
             if let Slot::Ready { zygote, .. } = slot {

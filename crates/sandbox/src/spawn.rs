@@ -851,6 +851,12 @@ impl Child {
         self.killer.clone()
     }
 
+    /// Readable once the sandbox has been killed (see [`Killer::kill`]): for a caller that
+    /// waits for something else before it calls `wait`, which carries the kill out.
+    pub(crate) fn wake_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.wake.as_fd()
+    }
+
     /// Restarts the wall clock with `wall_time`: for a sandbox started ahead of its work (a
     /// warm pool), whose clock should run from when the work is handed to it. CPU time keeps
     /// counting from the start, as for any sandbox, so the two are billed alike. Every other

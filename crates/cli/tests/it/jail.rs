@@ -463,13 +463,10 @@ fn sandboxes_run_as_a_host_uid_of_their_own_and_die_with_airlock() {
 
 #[test]
 fn a_sandbox_dies_even_when_airlock_is_killed_outright() {
-    use nix::sys::wait::{waitpid, WaitPidFlag};
-    use nix::unistd::Pid;
     let _guard = serial();
+    // Orphans of the killed airlock come to this process (see `common::own`), which
+    // reaps those that ended as it counts them: what is left is what still lives.
     let before = HostState::now();
-    // Orphans of the killed airlock come to us instead of the host's PID 1, which here never
-    // reaps them; we reap them below so that a zombie does not pass for a live sandbox.
-    nix::sys::prctl::set_child_subreaper(true).unwrap();
     let mut live = start(
         &["run", "--timeout", "60s", "-"],
         Some(b"import time\nprint('ready', flush=True)\ntime.sleep(60)\n"),
@@ -482,28 +479,108 @@ fn a_sandbox_dies_even_when_airlock_is_killed_outright() {
     live.child.kill().unwrap(); // SIGKILL: airlock cannot clean up anything
     live.child.wait().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        // Reap whatever of the sandbox was handed to us.
-        while let Ok(status) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
-            if status == nix::sys::wait::WaitStatus::StillAlive {
-                break;
-            }
-        }
-        let done = sandbox_processes() == before.sandbox_processes();
-        if done || std::time::Instant::now() > deadline {
-            break;
-        }
+    while sandbox_processes() != before.sandbox_processes() && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    nix::sys::prctl::set_child_subreaper(false).unwrap();
     assert_eq!(
         sandbox_processes(),
         before.sandbox_processes(),
         "the sandbox outlived airlock"
     );
     // Nothing could remove its cgroup; the next airlock sweeps it away.
-    assert!(sandbox_cgroups().len() > before.sandbox_cgroups().len());
+    let left: Vec<_> = sandbox_cgroups()
+        .into_iter()
+        .filter(|c| !before.sandbox_cgroups().contains(c))
+        .collect();
+    assert!(!left.is_empty(), "the killed airlock's cgroup is gone");
     let r = invoke(&["run", "--json"], b"1");
     assert_eq!(r.status(), "ok");
     HostState::now().assert_same_as(&before, &r);
+}
+
+/// The host check counts what this test left, whatever became of the airlock that made it,
+/// and nothing of another airlock's (one killed beside the suite, whose sandboxes die
+/// reparented and whose cgroups stay): a process of a sandbox uid whose parent ended is
+/// handed to this process and counts; on cgroup v1 a sandbox cgroup counts beneath this
+/// process's own pids cgroup and not beside it, where another airlock makes its.
+#[test]
+fn the_host_check_counts_this_test_s_leftovers_and_no_other_airlock_s() {
+    use nix::sys::signal::{kill, SIGKILL};
+    use nix::unistd::Pid;
+    use std::time::{Duration, Instant};
+    let _guard = serial();
+    let before = HostState::now();
+    // No sandbox has this uid: it is above every pid an outer init can have.
+    let uid = airlock_sandbox::HOST_ID_BASE + (1 << 22) + 1;
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "setpriv --reuid={uid} --regid={uid} --clear-groups sleep 600 \
+             </dev/null >/dev/null 2>&1 & echo $!"
+        ))
+        .output()
+        .unwrap();
+    let orphan: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    struct Killed(i32);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = kill(Pid::from_raw(self.0), SIGKILL);
+        }
+    }
+    let killed = Killed(orphan as i32);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = || std::fs::read_to_string(format!("/proc/{orphan}/status")).unwrap();
+    while !status().contains(&format!("\nUid:\t{uid}\t")) {
+        assert!(Instant::now() < deadline, "{}", status());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        status().contains(&format!("\nPPid:\t{}\n", std::process::id())),
+        "the orphan was not handed to this process: {}",
+        status()
+    );
+    let now = HostState::now();
+    let left = now.new_sandbox_processes(&before);
+    assert!(
+        left.iter()
+            .any(|p| p.starts_with(&format!("/proc/{orphan} "))),
+        "{left:?}"
+    );
+    if let Some(own) = own_pids_cgroup_dir() {
+        let layout = airlock_sandbox::host_support()
+            .cgroup
+            .clone()
+            .expect("cgroups");
+        // Named after this process, which no airlock sweeps away while it lives.
+        let ours = format!("airlock-{}-70", std::process::id());
+        let theirs = format!("airlock-{}-71", std::process::id());
+        let mut made = Vec::new();
+        for parent in layout.parents() {
+            // Where this test's airlocks make theirs, and where another airlock makes its.
+            let elsewhere = if parent == own {
+                own.parent().unwrap().to_owned()
+            } else {
+                parent.clone()
+            };
+            for dir in [parent.join(&ours), elsewhere.join(&theirs)] {
+                std::fs::create_dir(&dir).unwrap();
+                made.push(dir);
+            }
+        }
+        let found = sandbox_cgroups();
+        let count = |name: &str| found.iter().filter(|d| d.ends_with(name)).count();
+        let counted = (count(&ours), count(&theirs));
+        for dir in made.iter().rev() {
+            std::fs::remove_dir(dir).unwrap();
+        }
+        assert_eq!(counted, (layout.parents().len(), 0), "{found:#?}");
+    }
+    drop(killed);
+    // Its zombie is this process's to reap, which counting does.
+    while !HostState::now().new_sandbox_processes(&before).is_empty() {
+        assert!(Instant::now() < deadline, "{:?}", sandbox_processes());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    HostState::now().assert_same_as(&before, &"after the orphan");
 }

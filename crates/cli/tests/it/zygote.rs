@@ -487,3 +487,56 @@ for line in open("/proc/self/maps").read().splitlines():
         assert_eq!(r.json()["result"], json!([false, true]), "{}", r.text());
     }
 }
+
+/// How long a zygote is given to become ready before its start is given up (`START_WAIT_MS`
+/// in the sandbox crate): what a shutdown that waits for a start in progress may wait.
+const ZYGOTE_START_WAIT: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_zygote_still_starting_at_shutdown_is_killed_not_waited_for() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let _g = serial();
+    let before = HostState::now();
+    let mut server = Server::start(NO_POOL, &[]);
+    // The first session starts the preloading zygote (and is cold meanwhile).
+    let r = server.call("POST", "/v1/sessions", Some(&json!({})));
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Its Python, stopped before it is ready: the start cannot end by itself before its
+    // timeout, as a slow import on a loaded host holds it (`airlock mcp` is killed by an MCP
+    // host that waits 2 s for it to exit, leaving the zygote to die alone).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let python = loop {
+        let found = zygote_pythons().into_iter().find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.contains("numpy"))
+        });
+        if let Some(pid) = found {
+            break pid;
+        }
+        assert!(Instant::now() < deadline, "{}", zygote_status(&server));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    kill(Pid::from_raw(python), Signal::SIGSTOP).unwrap();
+    let status = zygote_status(&server);
+    assert_eq!(
+        status["starting"], 1,
+        "the zygote was ready before it could be stopped: {status}"
+    );
+    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGTERM).unwrap();
+    // Well within the start's own timeout: a server that waited for it would still be there.
+    let deadline = Instant::now() + ZYGOTE_START_WAIT / 2;
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server waits for the zygote it was starting"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "{exit:?}");
+    drop(server);
+    HostState::now().assert_same_as(&before, &"after a zygote still starting at shutdown");
+}

@@ -164,6 +164,17 @@ impl Zygote {
     /// Starts a zygote whose children will have `policy`'s root. Needs root on the host: the
     /// template maps a block of host ids, one per child.
     pub fn start(spec: &ZygoteSpec, policy: &Policy) -> Result<Zygote, SpawnError> {
+        Self::start_watched(spec, policy, |_| {})
+    }
+
+    /// As [`Zygote::start`], handing `started` the template's killer as soon as it runs:
+    /// whoever no longer wants the zygote (a server shutting down) can end its start, which
+    /// then fails, instead of waiting until it is ready or given up.
+    pub fn start_watched(
+        spec: &ZygoteSpec,
+        policy: &Policy,
+        started: impl FnOnce(crate::Killer),
+    ) -> Result<Zygote, SpawnError> {
         if !unistd::geteuid().is_root() {
             return Err(SpawnError::Missing {
                 mechanism: "zygote",
@@ -249,6 +260,7 @@ impl Zygote {
         }
         command.zygote = true;
         let mut child = spawn(command, &template)?;
+        started(child.killer());
         // On v2 the zygote clones each child into its cgroup by its own ids (the block's
         // first): the tree is theirs to move processes within, each child's cgroup too.
         let block = block_base(child.id() as i32);
@@ -264,16 +276,22 @@ impl Zygote {
         if let Some(err) = child.take_stderr() {
             keep_tail(err, Arc::clone(&log));
         }
-        // Ready once its modules are loaded; or it failed, and the template says why.
-        let mut fds = [PollFd::new(ours.as_fd(), PollFlags::POLLIN)];
+        // Ready once its modules are loaded; or it failed, and the template says why; or it
+        // was killed (`started`'s killer), which only `wait` carries out.
+        let mut fds = [
+            PollFd::new(ours.as_fd(), PollFlags::POLLIN),
+            PollFd::new(child.wake_fd(), PollFlags::POLLIN),
+        ];
         let waited = poll(&mut fds, PollTimeout::from(START_WAIT_MS));
+        let killed = fds[1].any().unwrap_or(false);
         let ready = match waited {
-            Ok(n) if n > 0 => proto::recv_msg::<ZygoteReady>(&ours).ok().flatten(),
+            Ok(n) if n > 0 && !killed => proto::recv_msg::<ZygoteReady>(&ours).ok().flatten(),
             _ => None,
         };
         let Some(ready) = ready else {
             child.killer().kill(crate::KillReason::Cancelled);
             let why = match child.wait() {
+                _ if killed => "killed before it was ready".to_owned(),
                 Err(crate::WaitError::Setup { stage, error }) => format!("{stage}: {error}"),
                 _ if waited == Ok(0) => "not ready in time".to_owned(),
                 _ => "ended before it was ready".to_owned(),

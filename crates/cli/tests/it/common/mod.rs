@@ -37,6 +37,7 @@ impl Drop for Serial {
 }
 
 pub fn serial() -> Serial {
+    own();
     let guard = SERIAL.write().unwrap_or_else(|e| e.into_inner());
     HOLDS_SERIAL.with(|h| h.set(true));
     Serial(guard)
@@ -53,6 +54,7 @@ pub fn key_hash(key: &str) -> String {
 }
 
 pub fn airlock() -> Command {
+    own();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_airlock"));
     cmd.env("HOST_SECRET_CANARY", "host-secret-value");
     cmd
@@ -331,45 +333,152 @@ fn uid_of_status(status: &str) -> Option<u32> {
     })
 }
 
-/// Another airlock's sandboxes (a server a user runs beside the suite, another test binary's)
-/// are not this test's to count: a process or cgroup is someone else's when a live `airlock`
-/// that this test process did not start made it. Everything else counts, orphans included:
-/// a leak outlives the airlock that made it.
-fn ppid(pid: u32) -> Option<u32> {
+/// What tells the sandboxes of the airlock processes this test process starts from another
+/// airlock's (see [`own`]).
+struct Own {
+    /// This process's own pids cgroup (cgroup v1), beneath which its airlocks make theirs.
+    pids: Option<PathBuf>,
+}
+
+/// A test counts only the sandboxes of the airlock processes it started, whatever becomes of
+/// another airlock's (a server beside the suite, one killed outright whose sandboxes are still
+/// dying, another test binary's). Before it starts anything ([`serial`], [`airlock`],
+/// [`HostState::now`]) this process makes sure the kernel keeps the difference:
+/// - processes: it becomes a child subreaper, so what a process it started leaves when it
+///   dies is handed to it instead of the host's PID 1. A process is this test's exactly when
+///   this process is among its ancestors: its airlocks' orphans always, another airlock's
+///   never.
+/// - cgroups, on v1: it moves into a pids cgroup of its own beneath the one it was in. An
+///   airlock makes its sandbox cgroups beneath its own, so those of the airlocks this process
+///   starts have their pids part there, whatever became of those airlocks, and no other
+///   airlock's has. Only `pids`, which only counts tasks: no limit, charge or CPU share
+///   changes. Where it cannot (v2, a container's read-only cgroups), a sandbox cgroup is
+///   someone else's while a live airlock this process did not start has it.
+fn own() -> &'static Own {
+    static OWN: std::sync::OnceLock<Own> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| {
+        nix::sys::prctl::set_child_subreaper(true).expect("prctl(PR_SET_CHILD_SUBREAPER)");
+        Own {
+            pids: own_pids_cgroup(),
+        }
+    })
+}
+
+/// Where [`own`] has this process move, beside its sandboxes' cgroups: `<prefix><pid>`.
+const OWN_PIDS_PREFIX: &str = "airlock_tests_";
+
+/// This process's own pids cgroup (see [`own`]), where it has one.
+pub fn own_pids_cgroup_dir() -> Option<&'static Path> {
+    own().pids.as_deref()
+}
+
+/// Moves this process into a pids cgroup of its own (see [`own`]) and returns it, where
+/// `pids` has a cgroup v1 hierarchy to itself and this process may write there.
+fn own_pids_cgroup() -> Option<PathBuf> {
+    let here = v1_pids_cgroup()?;
+    remove_stale_own_cgroups(&here);
+    let own = here.join(format!("{OWN_PIDS_PREFIX}{}", std::process::id()));
+    fs::create_dir(&own).ok()?;
+    if fs::write(own.join("cgroup.procs"), std::process::id().to_string()).is_err() {
+        let _ = fs::remove_dir(&own);
+        return None;
+    }
+    Some(own)
+}
+
+/// This process's directory in a cgroup v1 hierarchy of `pids` alone (one of the hierarchies
+/// airlock uses on v1, and the only one that holds it: on v2, none).
+fn v1_pids_cgroup() -> Option<PathBuf> {
+    // `<id>:<controllers>:<path>`: a v1 hierarchy names every controller it holds.
+    let path = fs::read_to_string("/proc/self/cgroup")
+        .ok()?
+        .lines()
+        .find_map(|l| Some(l.split_once(":pids:")?.1.to_owned()))?;
+    fs::read_to_string("/proc/self/mountinfo")
+        .ok()?
+        .lines()
+        .find_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let fs: Vec<&str> = fs.split(' ').collect();
+            let options = fs.get(2)?.split(',');
+            if fs[0] != "cgroup" || !options.clone().any(|o| o == "pids") {
+                return None;
+            }
+            let mount: Vec<&str> = mount.split(' ').collect();
+            let below = Path::new(&path).strip_prefix(mount.get(3)?).ok()?;
+            Some(Path::new(mount.get(4)?).join(below))
+        })
+}
+
+/// Removes what earlier test processes left of their own pids cgroups (no airlock works
+/// beneath them once they are gone): empty sandbox cgroups, then the directory. A live test
+/// process's stays, and so does a cgroup that still holds a process.
+fn remove_stale_own_cgroups(here: &Path) {
+    for entry in fs::read_dir(here).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix(OWN_PIDS_PREFIX) else {
+            continue;
+        };
+        let in_use = fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|c| {
+            c.lines()
+                .any(|l| l.contains(":pids:") && l.ends_with(&format!("/{name}")))
+        });
+        if in_use {
+            continue;
+        }
+        for sandbox in fs::read_dir(entry.path()).into_iter().flatten().flatten() {
+            if sandbox.path().is_dir() {
+                let _ = fs::remove_dir(sandbox.path());
+            }
+        }
+        let _ = fs::remove_dir(entry.path());
+    }
+}
+
+/// `pid`'s state (`R`, `S`, `Z`...) and parent, from /proc/<pid>/stat.
+fn state_and_parent(pid: u32) -> Option<(char, u32)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid ...`: the comm may hold spaces and parentheses.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+/// Whether this test process is among `pid`'s ancestors (it is PID 1 where the pod test runs
+/// it in a container).
+fn descends_from_here(pid: u32) -> bool {
+    let here = std::process::id();
+    // An ancestor that was reaped while the chain was read handed its children on (to this
+    // process or to their PID namespace's init) before it went: the chain is read again.
+    'again: for _ in 0..16 {
+        let mut at = pid;
+        for _ in 0..256 {
+            let Some((_, parent)) = state_and_parent(at) else {
+                if at == pid {
+                    return false;
+                }
+                continue 'again;
+            };
+            if parent == here {
+                return true;
+            }
+            if parent == 0 {
+                return false;
+            }
+            at = parent;
+        }
+        return false;
+    }
+    false
 }
 
 fn comm(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default()
 }
 
-/// `pid` and its ancestors, PID 1 included (the test binary is PID 1 where the pod test
-/// runs it in a container).
-fn lineage(pid: u32) -> Vec<u32> {
-    let mut chain = vec![pid];
-    while let Some(parent) = ppid(*chain.last().unwrap()).filter(|&p| p > 0) {
-        if chain.len() > 256 || chain.contains(&parent) {
-            break;
-        }
-        chain.push(parent);
-    }
-    chain
-}
-
-fn started_here(pid: u32) -> bool {
-    lineage(pid).contains(&std::process::id())
-}
-
 /// A live airlock this test process did not start.
 fn someone_elses_airlock(pid: u32) -> bool {
-    comm(pid) == "airlock\n" && !started_here(pid)
+    comm(pid) == "airlock\n" && !descends_from_here(pid)
 }
 
 /// The airlock that made a sandbox cgroup named `airlock-<pid>-...`.
@@ -381,31 +490,42 @@ fn cgroup_creator(name: &str) -> Option<u32> {
         .ok()
 }
 
-fn someone_elses_process(pid: u32) -> bool {
-    let chain = lineage(pid);
-    if chain.contains(&std::process::id()) {
-        return false;
-    }
-    // Below another airlock, or in a cgroup a live one made (an orphan of its own).
-    chain.iter().skip(1).any(|&p| comm(p) == "airlock\n")
-        || fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .unwrap_or_default()
-            .split(['/', '\n'])
-            .filter_map(cgroup_creator)
-            .any(someone_elses_airlock)
+fn sandbox_uid(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| uid_of_status(&s))
+        .is_some_and(|u| u >= SANDBOX_UID_MIN)
 }
 
+/// Reaps the ended sandbox processes that were handed to this process (see
+/// [`own`]), as the host's PID 1 would have. A sandbox's zombie whose own parent
+/// lives is that parent's to reap, and still counts. No test starts a process with a sandbox's
+/// uid itself, so none of these is a `Child` a test waits for.
+fn reap_handed_over() {
+    let here = std::process::id();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if state_and_parent(pid) == Some(('Z', here)) && sandbox_uid(pid) {
+            let pid = nix::unistd::Pid::from_raw(pid as i32);
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+    }
+}
+
+/// The processes of a sandbox uid that this test process's airlocks made (see
+/// [`own`]), as `/proc/<pid> <command line>`.
 pub fn sandbox_processes() -> Vec<String> {
+    own();
+    reap_handed_over();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let path = entry.path();
-        let Ok(status) = fs::read_to_string(path.join("status")) else {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let pid = entry.file_name().to_string_lossy().parse().unwrap_or(0);
-        if uid_of_status(&status).is_some_and(|u| u >= SANDBOX_UID_MIN)
-            && !someone_elses_process(pid)
-        {
+        if sandbox_uid(pid) && descends_from_here(pid) {
             let cmd = fs::read_to_string(path.join("cmdline"))
                 .unwrap_or_default()
                 .replace('\0', " ");
@@ -419,6 +539,8 @@ pub fn sandbox_processes() -> Vec<String> {
 /// Processes that are a sandbox's outer init (`airlock-sandbox __airlock-sandbox-init`), run
 /// as root on the host, so not among `sandbox_processes`.
 pub fn sandbox_inits() -> Vec<String> {
+    own();
+    reap_handed_over();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let cmd = fs::read_to_string(entry.path().join("cmdline")).unwrap_or_default();
@@ -426,7 +548,7 @@ pub fn sandbox_inits() -> Vec<String> {
         let pid = entry.file_name().to_string_lossy().parse().unwrap_or(0);
         // Executed as one, or forked ahead by `airlock run` and named so.
         if (cmd.split('\0').nth(1) == Some("__airlock-sandbox-init") || comm == "airlock-sandbox\n")
-            && !someone_elses_process(pid)
+            && descends_from_here(pid)
         {
             found.push(entry.path().display().to_string());
         }
@@ -435,21 +557,42 @@ pub fn sandbox_inits() -> Vec<String> {
     found
 }
 
-/// Every `airlock-<pid>-<n>` cgroup beneath the cgroups this test process runs in, but those
-/// of another live airlock (see [`someone_elses_process`]).
+/// The sandbox cgroups of the airlocks this test process started (see [`own`]): on v1 those
+/// whose pids part is beneath this process's own, in every hierarchy; elsewhere every
+/// `airlock-<pid>-<n>` beneath the cgroups this process runs in, but those of a live airlock it
+/// did not start.
 pub fn sandbox_cgroups() -> Vec<PathBuf> {
+    let own = own();
     let Ok(layout) = &airlock_sandbox::host_support().cgroup else {
         return Vec::new();
     };
+    let sandbox = |name: &str| {
+        name.starts_with(airlock_sandbox::SANDBOX_PREFIX) && name != "airlock-supervisor"
+    };
     let mut found = Vec::new();
-    for parent in layout.parents() {
-        for entry in fs::read_dir(&parent).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(airlock_sandbox::SANDBOX_PREFIX)
-                && name != "airlock-supervisor"
-                && !cgroup_creator(&name).is_some_and(someone_elses_airlock)
-            {
-                found.push(entry.path());
+    if let Some(pids) = &own.pids {
+        assert!(
+            layout.parents().contains(pids),
+            "the host was probed before this process moved to {}",
+            pids.display()
+        );
+        let names: Vec<String> = fs::read_dir(pids)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| sandbox(n))
+            .collect();
+        for parent in layout.parents() {
+            found.extend(names.iter().map(|n| parent.join(n)).filter(|d| d.is_dir()));
+        }
+    } else {
+        for parent in layout.parents() {
+            for entry in fs::read_dir(&parent).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if sandbox(&name) && !cgroup_creator(&name).is_some_and(someone_elses_airlock) {
+                    found.push(entry.path());
+                }
             }
         }
     }
@@ -480,6 +623,7 @@ impl HostState {
     }
 
     pub fn now() -> Self {
+        own();
         let sysv_ipc = ["shm", "sem", "msg"]
             .iter()
             .map(|k| {
@@ -504,23 +648,33 @@ impl HostState {
         }
     }
 
-    pub fn assert_same_as(&self, before: &HostState, context: &impl std::fmt::Debug) {
-        // Compared with the state before, not with nothing: a host whose PID 1 never reaps
-        // keeps the zombies of earlier runs, which are not this run's doing.
-        let new: Vec<&String> = self
-            .sandbox_processes
+    /// This test's sandbox processes now that were not there `before`.
+    pub fn new_sandbox_processes(&self, before: &HostState) -> Vec<&String> {
+        let was = &before.sandbox_processes;
+        self.sandbox_processes
             .iter()
-            .filter(|p| !before.sandbox_processes.contains(p))
-            .collect();
+            .filter(|p| !was.contains(p))
+            .collect()
+    }
+
+    /// This test's sandbox cgroups now that were not there `before`.
+    pub fn new_sandbox_cgroups(&self, before: &HostState) -> Vec<&PathBuf> {
+        let was = &before.sandbox_cgroups;
+        self.sandbox_cgroups
+            .iter()
+            .filter(|c| !was.contains(c))
+            .collect()
+    }
+
+    pub fn assert_same_as(&self, before: &HostState, context: &impl std::fmt::Debug) {
+        // Compared with the state before, not with nothing: only what came since is this
+        // test's doing.
+        let new = self.new_sandbox_processes(before);
         assert!(
             new.is_empty(),
             "sandbox processes left: {new:?}\n{context:#?}"
         );
-        let cgroups: Vec<&PathBuf> = self
-            .sandbox_cgroups
-            .iter()
-            .filter(|c| !before.sandbox_cgroups.contains(c))
-            .collect();
+        let cgroups = self.new_sandbox_cgroups(before);
         assert!(
             cgroups.is_empty(),
             "sandbox cgroups left: {cgroups:?}\n{context:#?}"
