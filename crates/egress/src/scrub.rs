@@ -693,7 +693,19 @@ impl Scan {
         // The reads that wait for a first value, all at once: the move from their set on
         // `c` is learnt once.
         let spawn = scrubber.starts[usize::from(c)];
-        if spawn || self.set != Learnt::EMPTY {
+        if self.set == Learnt::EMPTY && spawn && plain_byte(c) {
+            // The common case: a form begins with a byte as it is.
+            for &goal in &scrubber.first[usize::from(c)] {
+                keep(
+                    next,
+                    Thread {
+                        goal,
+                        decs: READY,
+                        start: at,
+                    },
+                );
+            }
+        } else if spawn || self.set != Learnt::EMPTY {
             let m = self.learnt.move_of(scrubber, self.set, c, spawn);
             let m = &self.learnt.moves[m];
             let begun = |s: u16| self.begun.get(usize::from(s)).copied().unwrap_or(at);
