@@ -13,7 +13,8 @@ Makes a test CA and two certificates with openssl in DIR, then serves:
   /encoders?name=N answers the secret as Python's encoder N writes it; /encoders, the names
   (and the request's headers), keeping the forms in DIR/encoders.json for the test to
   compare, with what each encoder writes of an empty string.
-  /stream?id=N sends one event, then waits for /go?id=N before the second and the end.
+  /stream?id=N sends one event, then waits for /go?id=N before the second and the end
+  (&mode=trickle: sending an event every 20 ms meanwhile).
 - "wrong": a certificate for evil.test only (from the same CA).
 Prints the two ports, then DIR/ca.pem's path, one per line.
 """
@@ -184,12 +185,16 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(out)
         self.wfile.flush()
 
-    def stream(self, key):
-        """An event, then (once /go?id= came) another and the end."""
+    def stream(self, key, trickle):
+        """An event, then (once /go?id= came) another and the end; with `trickle`, an event
+        every 20 ms until then."""
         event = TAILS.setdefault(key, threading.Event())
         self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n")
         self.wfile.write(b"b\r\ndata: one\n\n\r\n")
         self.wfile.flush()
+        while trickle and not event.wait(0.02):
+            self.wfile.write(b"c\r\ndata: tick\n\n\r\n")
+            self.wfile.flush()
         event.wait(60)
         self.wfile.write(b"b\r\ndata: two\n\n\r\n0\r\n\r\n")
         self.wfile.flush()
@@ -213,7 +218,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, json.dumps({"names": list(written), "headers": dict(self.headers.items())}).encode(),
                              [("Content-Type", "application/json")])
         if url.path == "/stream":
-            return self.stream(query["id"])
+            return self.stream(query["id"], query.get("mode") == "trickle")
         if url.path == "/go":
             TAILS.setdefault(query["id"], threading.Event()).set()
             return self.send(200, b"went\n")

@@ -1008,7 +1008,10 @@ impl ScrubStream {
             self.mask_next |= found.base64 && end == held.len();
         }
         self.arrivals.push_back((now, self.scan.at));
-        self.take(self.held.len().saturating_sub(HOLD))
+        // Past the hold at once; and what has waited long enough, though more keeps coming.
+        let mut out = self.take(self.held.len().saturating_sub(HOLD));
+        out.extend(self.due(now));
+        out
     }
 
     /// What has waited [`FLUSH_AFTER`] by `now`.
@@ -1451,6 +1454,13 @@ mod tests {
             assert_eq!(sent.len(), 100);
             assert_eq!(stream.feed(b"12345", t0).len(), 5);
         }
+        // A stream that never pauses goes on all the same, each piece when it is due.
+        let mut stream = s.stream();
+        let ms = Duration::from_millis;
+        assert!(stream.feed(b"data: 1\n\n", t0).is_empty());
+        assert!(stream.feed(b"data: 2\n\n", t0 + ms(30)).is_empty());
+        assert_eq!(stream.feed(b"data: 3\n\n", t0 + ms(60)), b"data: 1\n\n");
+        assert_eq!(stream.feed(b"data: 4\n\n", t0 + ms(90)), b"data: 2\n\n");
         // A secret whose start went on at its time is masked in what is still held.
         let mut stream = s.stream();
         assert!(stream.feed(b"s3cr3t/T", t0).is_empty());

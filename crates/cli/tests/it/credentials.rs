@@ -806,8 +806,9 @@ print(json.dumps(out))
     assert!(scrubbed >= forms.len() as u64, "{scrubbed}");
 }
 
-/// A streamed answer goes on while the upstream is quiet: the code reads the first event,
-/// and only then asks the upstream (on another connection) for the rest.
+/// A streamed answer goes on while the upstream is quiet, and while it never pauses for
+/// long: the code reads the first event, and only then asks the upstream (on another
+/// connection) for the rest.
 #[test]
 fn a_streamed_answer_goes_on_while_the_upstream_waits() {
     // Its servers' sandboxes would be someone else's to the tests that compare the host.
@@ -819,14 +820,31 @@ import json, requests
 open("/tmp/both.pem", "w").write(open("/etc/ssl/certs/ca-certificates.crt").read() + open("/work/test-ca.pem").read())
 s = requests.Session()
 s.verify = "/tmp/both.pem"
-events = []
-with s.get(f"{API}/stream?id=one", stream=True, timeout=20) as r:
-    lines = r.iter_lines()
-    events.append(next(lines).decode())
-    requests.get(f"{API}/go?id=one", verify="/tmp/both.pem", timeout=20)
-    events.extend(l.decode() for l in lines if l)
-print(json.dumps(events))
+out = {}
+for mode in ["quiet", "trickle"]:
+    events = []
+    with s.get(f"{API}/stream?id={mode}&mode={mode}", stream=True, timeout=20) as r:
+        lines = r.iter_lines(chunk_size=1)
+        events.append(next(lines).decode())
+        requests.get(f"{API}/go?id={mode}", verify="/tmp/both.pem", timeout=20)
+        events.extend(l.decode() for l in lines if l)
+    out[mode] = events
+print(json.dumps(out))
 "#;
     let (out, _) = run(&server, &up, GRANTED, code);
-    assert_eq!(out, json!(["data: one", "data: two"]));
+    assert_eq!(out["quiet"], json!(["data: one", "data: two"]));
+    let trickle: Vec<&str> = out["trickle"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert_eq!(trickle.first(), Some(&"data: one"), "{trickle:?}");
+    assert_eq!(trickle.last(), Some(&"data: two"), "{trickle:?}");
+    assert!(
+        trickle[1..trickle.len() - 1]
+            .iter()
+            .all(|e| *e == "data: tick"),
+        "{trickle:?}"
+    );
 }
