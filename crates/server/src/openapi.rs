@@ -379,8 +379,8 @@ pub(crate) fn document() -> Value {
                         "type": "object", "additionalProperties": false, "required": ["name", "size_bytes"],
                         "properties": {
                             "name": {"type": "string", "description": "1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit."},
-                            "size_bytes": {"type": "integer", "description": "At least 8 MiB, at most `volumes.max_size_bytes`."},
-                            "max_entries": {"type": "integer", "description": "Default one per 16 KiB of its size, at least 1024."},
+                            "size_bytes": {"type": "integer", "description": "At least 8 MiB, at most `volumes.max_size_bytes` (else 400 naming it)."},
+                            "max_entries": {"type": "integer", "description": "Default one per 16 KiB of its size, at least 1024; at most `volumes.max_entries` and one per 4 KiB of `size_bytes` (else 400 naming it)."},
                         }}}}},
                     "responses": with(with(with(errors(&[400, 401, 403, 413, 415, 421, 429, 503]), "409",
                         json!({"description": "A volume of this name exists."})), "422",
