@@ -121,6 +121,10 @@ pub struct VolumeFile {
     /// reachable by the file routes (a sandbox can rename or remove it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lossy: bool,
+    /// It could not be looked at, or (a directory) its entries could not be read: what it
+    /// holds is not listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreadable: bool,
 }
 
 /// A volume's listing: its entries, and whether there were more than it may hold.
@@ -627,24 +631,47 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
 
 // ---- the host's file routes: beneath the root, never through a link ----------------------
 
+/// The longest path given to the kernel at once, below `PATH_MAX` (4096 with its NUL): a
+/// longer one (a tree made deeper by a sandbox, a piece at a time) is resolved in pieces, each
+/// beneath the directory the last one reached.
+const PATH_PIECE: usize = 4000;
+
 /// `openat2` beneath `dir`: no `..` out, no symbolic link (nor magic link) anywhere on the
-/// way, no other mount.
-fn open_beneath<P: ?Sized + nix::NixPath>(
+/// way, no other mount; a path of any length.
+fn open_beneath(
     dir: impl AsFd,
-    path: &P,
+    path: impl AsRef<std::ffi::OsStr>,
     flags: OFlag,
     mode: Mode,
 ) -> nix::Result<OwnedFd> {
-    let how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
-        .mode(mode)
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-    nix::fcntl::openat2(dir, path, how)
+    let how = |flags: OFlag, mode: Mode| {
+        OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .mode(mode)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            )
+    };
+    let mut rest = path.as_ref().as_bytes();
+    let mut reached: Option<OwnedFd> = None;
+    while rest.len() > PATH_PIECE {
+        let cut = rest[..=PATH_PIECE]
+            .iter()
+            .rposition(|&b| b == b'/')
+            .filter(|&cut| cut > 0)
+            .ok_or(nix::Error::ENAMETOOLONG)?;
+        let piece = std::ffi::OsStr::from_bytes(&rest[..cut]);
+        let at = reached.as_ref().map_or(dir.as_fd(), |fd| fd.as_fd());
+        let directory = how(OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty());
+        let next = nix::fcntl::openat2(at, piece, directory)?;
+        reached = Some(next);
+        rest = &rest[cut + 1..];
+    }
+    let at = reached.as_ref().map_or(dir.as_fd(), |fd| fd.as_fd());
+    nix::fcntl::openat2(at, std::ffi::OsStr::from_bytes(rest), how(flags, mode))
 }
 
 fn kind_of(st: &FileStat) -> &'static str {
@@ -681,6 +708,13 @@ fn file_error<'a>(
     }
 }
 
+fn check_path(path: &str) -> Result<(), VolumeError> {
+    crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+        field: "path",
+        message,
+    })
+}
+
 impl Lease {
     /// The volume's root, as a descriptor to resolve beneath.
     fn root(&self) -> BorrowedFd<'_> {
@@ -689,10 +723,7 @@ impl Lease {
 
     /// The regular file at `path`, at most `max_bytes` of it (more is an error).
     pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
+        check_path(path)?;
         let root = self.root();
         // Non-blocking, so that a FIFO left there cannot hold the request.
         let fd = open_beneath(
@@ -735,10 +766,7 @@ impl Lease {
     /// Writes `data` to `path` (its directories made as needed), owned by the sandbox's uid;
     /// a write the volume has no room for is [`VolumeError::Full`] and leaves no part behind.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
+        check_path(path)?;
         let root = self.root();
         let (parent, name) = match path.rsplit_once('/') {
             Some((parent, name)) => (Some(parent), name),
@@ -801,10 +829,7 @@ impl Lease {
 
     /// Removes the file, link or empty directory at `path` (a link itself, never its target).
     pub fn remove(&self, path: &str) -> Result<(), VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
+        check_path(path)?;
         let root = self.root();
         let (dir, name) = match path.rsplit_once('/') {
             Some((parent, name)) => (
@@ -841,34 +866,52 @@ impl Lease {
 
     /// Entries of the volume, depth first, links listed and never followed: at most `max`
     /// of them and `max_bytes` of paths (each directory read as it goes, never whole), then
-    /// `truncated`. A name that is not UTF-8 is listed with U+FFFD in its place and `lossy`.
+    /// `truncated`. Paths of any length are listed (a deep tree is walked a piece at a time).
+    /// A name that is not UTF-8 is listed with U+FFFD in its place and `lossy`; an entry that
+    /// cannot be looked at, or a directory whose entries cannot be read, is listed
+    /// `unreadable` (and what it holds is not).
     pub fn list_files(&self, max: usize, max_bytes: usize) -> Result<Listing, VolumeError> {
         let root = self.root();
-        let mut out = Vec::new();
+        let mut out: Vec<VolumeFile> = Vec::new();
         let mut bytes = 0usize;
-        let mut stack: Vec<(Vec<u8>, String, bool)> = vec![(Vec::new(), String::new(), false)];
+        // Directories still to read: raw path, path shown, lossy, and their entry in `out`.
+        let mut stack: Vec<(Vec<u8>, String, bool, Option<usize>)> =
+            vec![(Vec::new(), String::new(), false, None)];
         let mut truncated = false;
-        'walk: while let Some((raw_prefix, prefix, prefix_lossy)) = stack.pop() {
+        'walk: while let Some((raw_prefix, prefix, prefix_lossy, entry)) = stack.pop() {
             let at: &[u8] = if raw_prefix.is_empty() {
                 b"."
             } else {
                 &raw_prefix
             };
-            let at_os = std::ffi::OsStr::from_bytes(at);
-            let fd = open_beneath(
+            let opened = open_beneath(
                 root,
-                at_os,
+                std::ffi::OsStr::from_bytes(at),
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY,
                 Mode::empty(),
-            )
-            .map_err(file_error(&prefix, "directory"))?;
+            );
             // Each entry is looked at from its own directory's descriptor: a directory
             // swapped for a link meanwhile leads nowhere.
-            let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
-            let entries =
-                fs::read_dir(&listing).map_err(|e| io_err("read", Path::new(&prefix))(e))?;
-            for entry in entries.flatten() {
-                let name = entry.file_name();
+            let entries = opened.map_err(io::Error::from).and_then(|fd| {
+                let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                fs::read_dir(listing).map(|entries| (fd, entries))
+            });
+            let (fd, entries) = match (entries, entry) {
+                (Ok(read), _) => read,
+                (Err(_), Some(i)) => {
+                    out[i].unreadable = true;
+                    continue;
+                }
+                (Err(e), None) => return Err(io_err("read", Path::new("."))(e)),
+            };
+            for read in entries {
+                let Ok(dirent) = read else {
+                    if let Some(i) = entry {
+                        out[i].unreadable = true;
+                    }
+                    break;
+                };
+                let name = dirent.file_name();
                 let lossy = prefix_lossy || name.to_str().is_none();
                 let shown = name.to_string_lossy();
                 let path = if prefix.is_empty() {
@@ -876,32 +919,40 @@ impl Lease {
                 } else {
                     format!("{prefix}/{shown}")
                 };
-                let mut raw = raw_prefix.clone();
-                if !raw.is_empty() {
-                    raw.push(b'/');
-                }
-                raw.extend_from_slice(name.as_bytes());
-                let Ok(st) = nix::sys::stat::fstatat(
+                let looked = nix::sys::stat::fstatat(
                     &fd,
                     name.as_os_str(),
                     nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) else {
-                    continue;
+                );
+                let st = match looked {
+                    Ok(st) => Some(st),
+                    // Removed meanwhile.
+                    Err(nix::Error::ENOENT) => continue,
+                    Err(_) => None,
                 };
                 if out.len() >= max || bytes + path.len() > max_bytes {
                     truncated = true;
                     break 'walk;
                 }
                 bytes += path.len();
-                let kind = kind_of(&st);
+                let kind = st.as_ref().map_or("other", kind_of);
                 if kind == "dir" {
-                    stack.push((raw, path.clone(), lossy));
+                    let mut raw = raw_prefix.clone();
+                    if !raw.is_empty() {
+                        raw.push(b'/');
+                    }
+                    raw.extend_from_slice(name.as_bytes());
+                    stack.push((raw, path.clone(), lossy, Some(out.len())));
                 }
                 out.push(VolumeFile {
                     path,
                     kind: kind.into(),
-                    size: if kind == "file" { st.st_size as u64 } else { 0 },
+                    size: match &st {
+                        Some(st) if kind == "file" => st.st_size as u64,
+                        _ => 0,
+                    },
                     lossy,
+                    unreadable: st.is_none(),
                 });
             }
         }

@@ -124,7 +124,21 @@ fn volume_schema(usage: bool) -> Value {
 }
 
 fn volume_path_param() -> Value {
-    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the volume's root; may contain `/`; no link is followed on the way.", "schema": {"type": "string"}})
+    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the volume's root; may contain `/`; each part at most 255 bytes (else 400); no link is followed on the way.", "schema": {"type": "string"}})
+}
+
+/// A volume's listing, as `/v1/volumes/{name}/files` gives it.
+fn volume_files_schema() -> Value {
+    json!({"type": "object", "required": ["files", "truncated"], "properties": {
+        "files": {"type": "array", "items": {"type": "object", "required": ["path", "type", "size"], "properties": {
+            "path": {"type": "string"},
+            "type": {"enum": ["file", "dir", "link", "other"]},
+            "size": {"type": "integer"},
+            "lossy": {"type": "boolean", "description": "A name on its path is not UTF-8 (shown with U+FFFD)."},
+            "unreadable": {"type": "boolean", "description": "It could not be looked at, or (a directory) its entries could not be read: what it holds is not listed."},
+        }}},
+        "truncated": {"type": "boolean"},
+    }})
 }
 
 fn path_param() -> Value {
@@ -410,7 +424,7 @@ pub(crate) fn document() -> Value {
                 "summary": "Every entry of the volume (links are listed, never followed)",
                 "parameters": [name_param()],
                 "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
-                    json!({"description": "`files`: `path`, `type` (`file`, `dir`, `link`, `other`) and `size` of each.", "content": json_body(&files)})),
+                    json!({"description": "`files`: `path`, `type` (`file`, `dir`, `link`, `other`) and `size` of each, however deep; `lossy` where a name on its path is not UTF-8 (shown with U+FFFD; the file routes cannot name it), `unreadable` where it could not be looked at or, a directory, its entries could not be read (what it holds is not listed). `truncated`: there were more than 10,000 entries or 4 MiB of paths.", "content": {"application/json": {"schema": volume_files_schema()}}})),
             }},
             "/v1/volumes/{name}/files/{path}": {
                 "get": {

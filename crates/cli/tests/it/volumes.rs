@@ -591,3 +591,157 @@ fn a_volume_holds_up_against_pinning_link_floods_and_odd_names() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+fn files_of(server: &Server, volume: &str) -> Value {
+    let r = server.call("GET", &format!("/v1/volumes/{volume}/files"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// The issue's reproduction: a sandbox makes 17 nested directories of 250-character names
+/// (paths past PATH_MAX, 4096 bytes); the volume still lists, whole, and the file routes
+/// reach its deepest file. A path part longer than a name may be (255 bytes) is a 400 on
+/// every route that takes a path.
+#[test]
+fn a_tree_deeper_than_a_path_may_be_long_lists_whole_and_long_names_are_the_caller_s() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 16 * MIB).status, 201);
+    let mount = json!([{"name": "v", "path": "/work/v"}]);
+    let deep = "import os\nos.chdir('/work/v')\n\
+                for i in range(17):\n    n = chr(97 + i) * 250\n    os.mkdir(n)\n    os.chdir(n)\n\
+                open('bottom.txt', 'w').write('deep down')\n'made'";
+    let r = server.execute(mounting(deep, mount.clone()));
+    assert_eq!(r.json()["result"], "made", "{}", r.text());
+    let listed = files_of(&server, "v");
+    let files = listed["files"].as_array().unwrap();
+    assert_eq!(files.len(), 18, "{listed}");
+    assert_eq!(listed["truncated"], false);
+    let dirs: Vec<String> = (0..17u8)
+        .map(|i| char::from(b'a' + i).to_string().repeat(250))
+        .collect();
+    let bottom = format!("{}/bottom.txt", dirs.join("/"));
+    assert!(bottom.len() > 4096);
+    let found = files
+        .iter()
+        .find(|f| f["path"] == bottom.as_str())
+        .unwrap_or_else(|| panic!("the deepest file is not listed"));
+    assert_eq!(
+        (found["type"].clone(), found["size"].clone()),
+        (json!("file"), json!(9))
+    );
+    assert!(
+        files.iter().all(|f| f.get("unreadable").is_none()),
+        "{listed}"
+    );
+
+    let route = format!("/v1/volumes/v/files/{bottom}");
+    let got = server.call("GET", &route, None);
+    assert_eq!((got.status, got.text()), (200, "deep down".into()));
+    assert_eq!(put(&server, "v", &bottom, b"replaced").status, 204);
+    assert_eq!(server.call("GET", &route, None).text(), "replaced");
+    assert_eq!(server.call("DELETE", &route, None).status, 204);
+    assert_eq!(server.call("GET", &route, None).status, 404);
+
+    // 255 bytes is a name; 256 is not, on any route.
+    let longest = "y".repeat(255);
+    assert_eq!(put(&server, "v", &longest, b"x").status, 204);
+    let long = "x".repeat(256);
+    for path in [long.clone(), format!("a/{long}"), format!("{long}/b")] {
+        let route = format!("/v1/volumes/v/files/{path}");
+        for r in [
+            server.call("GET", &route, None),
+            put(&server, "v", &path, b"x"),
+            server.call("DELETE", &route, None),
+        ] {
+            assert_eq!(
+                (r.status, r.json()["error"]["field"].clone()),
+                (400, json!("path")),
+                "{path}: {}",
+                r.text()
+            );
+        }
+    }
+    let r = server.execute(mounting(
+        "1",
+        json!([{"name": "v", "path": format!("/work/{long}")}]),
+    ));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].clone()),
+        (400, json!("volumes[0].path")),
+        "{}",
+        r.text()
+    );
+}
+
+/// Loop devices still backed by an image under `state`.
+fn loops_of(state: &std::path::Path) -> usize {
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter(|d| {
+            std::fs::read_to_string(d.path().join("loop/backing_file"))
+                .is_ok_and(|f| f.contains(&*state.to_string_lossy()))
+        })
+        .count()
+}
+
+/// The image of the key's volume `name`.
+fn image_of(server: &Server, name: &str) -> std::path::PathBuf {
+    let owners = server.state_dir().join("volumes");
+    let owner = std::fs::read_dir(&owners)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap();
+    owner.path().join(format!("{name}.img"))
+}
+
+/// A directory whose entries cannot be read (its block damaged on the disk) is listed,
+/// marked `unreadable`; the rest of the volume is listed as ever.
+#[test]
+fn a_directory_that_cannot_be_read_is_listed_marked_with_the_rest() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 16 * MIB).status, 201);
+    assert_eq!(put(&server, "v", "broken/inner.txt", b"x").status, 204);
+    assert_eq!(put(&server, "v", "fine/ok.txt", b"y").status, 204);
+    // Nothing holds it now: once its mount has gone, its image is ours to damage.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while loops_of(&server.state_dir()) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the volume stayed mounted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let zapped = std::process::Command::new("debugfs")
+        .args(["-w", "-R", "zap_block -f /broken 0"])
+        .arg(image_of(&server, "v"))
+        .output()
+        .expect("debugfs (e2fsprogs, which volumes need for mkfs.ext4)");
+    assert!(zapped.status.success(), "{zapped:?}");
+
+    let listed = files_of(&server, "v");
+    let entries: Vec<(String, bool)> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["unreadable"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("broken".to_owned(), true),
+            ("fine".to_owned(), false),
+            ("fine/ok.txt".to_owned(), false)
+        ],
+        "{listed}"
+    );
+    assert_eq!(listed["truncated"], false);
+}
