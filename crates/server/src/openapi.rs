@@ -437,7 +437,7 @@ pub(crate) fn document() -> Value {
                     "summary": "Write a file of the volume (missing directories are made), as the volume's one writer; a link in the way is refused",
                     "parameters": [name_param(), volume_path_param()],
                     "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written (413 `volume_full` when the volume has no room; nothing of it is left)."})),
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written whole: a file that was there is replaced, keeping its permissions. Refused or failed (413 `volume_full` when the volume has no room for it beside the file it replaces; 400 for the path), nothing of it is left: the old file is as it was, and no directory is made."})),
                 },
                 "delete": {
                     "summary": "Remove a file, a link (never its target) or an empty directory of the volume",
