@@ -6,18 +6,37 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-const AFTER_HELP: &str = "\
-Speaks the Model Context Protocol on stdin and stdout; logs go to stderr. The tools are
-run_python, eval_expression, create_session, run_in_session, list_session_files,
-read_session_file and close_session. Settings come from the same places as for `airlock
-serve` (--config, AIRLOCK_CONFIG, AIRLOCK_* variables): the engine's limits, concurrency,
-sessions and the evaluator's budgets apply; API keys do not (the caller is the local user).
-Executions are recorded in the state directory's audit log. The same tools are served over
-streamable HTTP at /mcp by `airlock serve`.";
+/// What `--help` says after the options: the tools, from the server's own table of them.
+fn after_help() -> String {
+    let width = airlock_server::mcp::TOOL_NAMES
+        .iter()
+        .map(|t| t.name.len())
+        .max()
+        .unwrap_or(0);
+    let mut tools = String::new();
+    for t in airlock_server::mcp::TOOL_NAMES {
+        let only = if t.code_mode {
+            " (where [tools] configures tool servers)"
+        } else {
+            ""
+        };
+        tools.push_str(&format!("  {:width$}  {}{only}\n", t.name, t.title));
+    }
+    format!(
+        "Speaks the Model Context Protocol on stdin and stdout; logs go to stderr. Settings come
+from the same places as for `airlock serve` (--config, AIRLOCK_CONFIG, AIRLOCK_* variables):
+the engine's limits, concurrency, sessions and the evaluator's budgets apply; API keys do not
+(the caller is the local user). Executions are recorded in the state directory's audit log.
+The same tools are served over streamable HTTP at /mcp by `airlock serve`.
+
+Tools:
+{tools}"
+    )
+}
 
 /// Serve the MCP tools over stdio.
 #[derive(Args, Debug)]
-#[command(after_help = AFTER_HELP)]
+#[command(after_help = after_help())]
 pub struct McpArgs {
     /// A TOML configuration file (see airlock.example.toml).
     #[arg(long, value_name = "FILE")]

@@ -182,6 +182,12 @@ pub fn main(args: VolumeArgs) -> ExitCode {
                 Ok(listing) => {
                     for f in listing.files {
                         outln!("{}\t{}\t{}", f.kind, f.size, f.path);
+                        if f.unreadable {
+                            errln!(
+                                "airlock: {} could not be read: what it holds is not listed",
+                                f.path
+                            );
+                        }
                     }
                     if listing.truncated {
                         errln!("airlock: more entries than a listing holds (1,000,000, or 256 MiB of paths)");

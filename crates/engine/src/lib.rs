@@ -1100,7 +1100,11 @@ pub fn check_entrypoint(entry: &Entrypoint) -> Result<(), (&'static str, String)
     Ok(())
 }
 
-/// `path` must stay inside the working directory: relative, normal components only.
+/// The most bytes one part of a path may have: the longest name Linux takes (`NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// `path` must stay inside the working directory: relative, normal components only, each a
+/// name a file system takes.
 pub fn check_relative_path(path: &str) -> Result<(), String> {
     let p = Path::new(path);
     let normal = !path.is_empty()
@@ -1108,12 +1112,18 @@ pub fn check_relative_path(path: &str) -> Result<(), String> {
         && !path.ends_with('/')
         && p.components().all(|c| matches!(c, Component::Normal(_)))
         && !path.split('/').any(|c| c.is_empty() || c == ".");
-    if normal {
-        Ok(())
-    } else {
-        Err(format!(
+    if !normal {
+        return Err(format!(
             "invalid file path {path:?}: must be relative, without `.`, `..` or empty parts"
-        ))
+        ));
+    }
+    match path.split('/').find(|c| c.len() > MAX_NAME_BYTES) {
+        Some(long) => Err(format!(
+            "invalid file path: a part of it is {} bytes long, more than the {MAX_NAME_BYTES} \
+             a file name may have",
+            long.len()
+        )),
+        None => Ok(()),
     }
 }
 
@@ -1280,8 +1290,19 @@ mod tests {
 
     #[test]
     fn relative_paths_only() {
-        for ok in ["a.txt", "data/x.csv", "a/b/c"] {
+        let longest = "n".repeat(MAX_NAME_BYTES);
+        for ok in [
+            "a.txt",
+            "data/x.csv",
+            "a/b/c",
+            &longest,
+            &format!("a/{longest}/b"),
+        ] {
             assert!(check_relative_path(ok).is_ok(), "{ok}");
+        }
+        let long = "n".repeat(MAX_NAME_BYTES + 1);
+        for bad in [&long, &format!("a/{long}"), &format!("{long}/a")] {
+            assert!(check_relative_path(bad).is_err(), "{bad}");
         }
         for bad in [
             "",

@@ -6,7 +6,10 @@
 //! Layout of `<state>/volumes/<owner>/` (the owner is the key's fingerprint):
 //! - `<name>.img`: the ext4 image, sparse, of the volume's size;
 //! - `<name>.json`: its manifest, written last (atomically): a volume without one does not
-//!   exist, and an image without one (a creation cut short) is removed at start.
+//!   exist, and an image without one (a creation cut short) is removed at start;
+//! - `<name>.upload`, while an upload changes the volume's tree (makes a directory, or puts a
+//!   file in place of another): what it is about to make ([`Pending`]). One left by a crash is
+//!   undone when the volume is next mounted, before anything reads or counts it.
 //!
 //! A volume is mounted (on the host, detached) while something holds a [`Lease`] on it: a
 //! sandbox that mounts it, or a file route that reads or writes it. One mount at a time:
@@ -22,7 +25,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use airlock_sandbox::{BoundedDir, BoundedError, VolumeMount};
@@ -121,6 +124,10 @@ pub struct VolumeFile {
     /// reachable by the file routes (a sandbox can rename or remove it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lossy: bool,
+    /// It could not be looked at, or (a directory) its entries could not be read: what it
+    /// holds is not listed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreadable: bool,
 }
 
 /// A volume's listing: its entries, and whether there were more than it may hold.
@@ -158,6 +165,11 @@ type Slot = Arc<Mutex<Weak<Open>>>;
 struct Open {
     dir: BoundedDir,
     holders: Mutex<Holders>,
+    /// Where an upload notes what it is about to make (`<name>.upload`).
+    pending: PathBuf,
+    /// Held to read (a listing's walk) and to write (an upload's file linked under its
+    /// temporary name and renamed over the old one): a listing never sees that name.
+    names: RwLock<()>,
 }
 
 #[derive(Debug, Default)]
@@ -258,7 +270,9 @@ impl Volumes {
             };
             for file in files.flatten() {
                 let path = file.path();
-                let orphan = path.extension().is_some_and(|e| e == "img")
+                let orphan = path
+                    .extension()
+                    .is_some_and(|e| e == "img" || e == "upload")
                     && !path.with_extension("json").exists();
                 let temporary = path.extension().is_some_and(|e| e == "tmp");
                 if orphan || temporary {
@@ -374,6 +388,7 @@ impl Volumes {
         let image = dir.join(format!("{name}.img"));
         // An image without a manifest is a creation cut short: this one replaces it.
         let _ = fs::remove_file(&image);
+        let _ = fs::remove_file(dir.join(format!("{name}.upload")));
         let bounded = BoundedDir::create_image(&image, size_bytes, max_entries)
             .map_err(|e| bounded_error(e, name))?;
         let root = bounded.path();
@@ -476,6 +491,7 @@ impl Volumes {
         let manifest = dir.join(format!("{name}.json"));
         fs::remove_file(&manifest).map_err(io_err("remove", &manifest))?;
         fs::remove_file(&image).map_err(io_err("remove", &image))?;
+        let _ = fs::remove_file(dir.join(format!("{name}.upload")));
         Ok(info)
     }
 
@@ -498,11 +514,15 @@ impl Volumes {
             None => {
                 // Deleted meanwhile, by a request that held the slot.
                 self.get(owner, name)?;
-                let image = self.owner_dir(owner)?.join(format!("{name}.img"));
+                let dir = self.owner_dir(owner)?;
                 let mounted = Arc::new(Open {
-                    dir: mount_when_free(&image, name)?,
+                    dir: mount_when_free(&dir.join(format!("{name}.img")), name)?,
                     holders: Mutex::new(Holders::default()),
+                    pending: dir.join(format!("{name}.upload")),
+                    names: RwLock::new(()),
                 });
+                // Before anything reads or counts it.
+                undo_pending(mounted.dir.root(), &mounted.pending);
                 *mounted_now = Arc::downgrade(&mounted);
                 mounted
             }
@@ -604,47 +624,79 @@ fn unavailable() -> Option<String> {
 /// Writes `bytes` to `path` by a temporary file renamed over it, synced.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
     let tmp = path.with_extension("tmp");
-    let written = (|| {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
+    let written = write_synced(&tmp, bytes)
+        .and_then(|()| fs::rename(&tmp, path))
+        .and_then(|()| sync_name_of(path));
     written.map_err(|e| {
         let _ = fs::remove_file(&tmp);
         io_err("write", path)(e)
     })
 }
 
+/// Writes `bytes` to the file `path` (made, mode 0600, if missing), synced.
+fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Syncs the directory that holds `path`: its name there is kept.
+fn sync_name_of(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(dir) => fs::File::open(dir)?.sync_all(),
+        None => Ok(()),
+    }
+}
+
 // ---- the host's file routes: beneath the root, never through a link ----------------------
 
+/// The longest path given to the kernel at once, below `PATH_MAX` (4096 with its NUL): a
+/// longer one (a tree made deeper by a sandbox, a piece at a time) is resolved in pieces, each
+/// beneath the directory the last one reached.
+const PATH_PIECE: usize = 4000;
+
 /// `openat2` beneath `dir`: no `..` out, no symbolic link (nor magic link) anywhere on the
-/// way, no other mount.
-fn open_beneath<P: ?Sized + nix::NixPath>(
+/// way, no other mount; a path of any length.
+fn open_beneath(
     dir: impl AsFd,
-    path: &P,
+    path: impl AsRef<std::ffi::OsStr>,
     flags: OFlag,
     mode: Mode,
 ) -> nix::Result<OwnedFd> {
-    let how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
-        .mode(mode)
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-    nix::fcntl::openat2(dir, path, how)
+    let how = |flags: OFlag, mode: Mode| {
+        OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+            .mode(mode)
+            .resolve(
+                ResolveFlag::RESOLVE_BENEATH
+                    | ResolveFlag::RESOLVE_NO_SYMLINKS
+                    | ResolveFlag::RESOLVE_NO_MAGICLINKS
+                    | ResolveFlag::RESOLVE_NO_XDEV,
+            )
+    };
+    let mut rest = path.as_ref().as_bytes();
+    let mut reached: Option<OwnedFd> = None;
+    while rest.len() > PATH_PIECE {
+        let cut = rest[..=PATH_PIECE]
+            .iter()
+            .rposition(|&b| b == b'/')
+            .filter(|&cut| cut > 0)
+            .ok_or(nix::Error::ENAMETOOLONG)?;
+        let piece = std::ffi::OsStr::from_bytes(&rest[..cut]);
+        let at = reached.as_ref().map_or(dir.as_fd(), |fd| fd.as_fd());
+        let directory = how(OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty());
+        let next = nix::fcntl::openat2(at, piece, directory)?;
+        reached = Some(next);
+        rest = &rest[cut + 1..];
+    }
+    let at = reached.as_ref().map_or(dir.as_fd(), |fd| fd.as_fd());
+    nix::fcntl::openat2(at, std::ffi::OsStr::from_bytes(rest), how(flags, mode))
 }
 
 fn kind_of(st: &FileStat) -> &'static str {
@@ -681,6 +733,112 @@ fn file_error<'a>(
     }
 }
 
+fn check_path(path: &str) -> Result<(), VolumeError> {
+    crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+        field: "path",
+        message,
+    })
+}
+
+/// What an upload is about to make, noted (`<name>.upload`, synced) before it makes any of
+/// it, and removed once it is done or undone: a crash between leaves this for the next mount
+/// to undo.
+#[derive(Debug, Serialize, Deserialize)]
+struct Pending {
+    /// The directory of the file, relative to the root (`""`: the root).
+    dir: String,
+    /// How many of `dir`'s parts were there before: the upload makes the rest.
+    existing: usize,
+    /// The name its file takes beside the one it replaces, until it is renamed over it.
+    temporary: Option<String>,
+}
+
+impl Pending {
+    fn parts(&self) -> Vec<&str> {
+        if self.dir.is_empty() {
+            Vec::new()
+        } else {
+            self.dir.split('/').collect()
+        }
+    }
+
+    fn note(&self, at: &Path) -> Result<(), VolumeError> {
+        write_synced(at, &serde_json::to_vec(self).expect("json"))
+            .and_then(|()| sync_name_of(at))
+            .map_err(io_err("write", at))
+    }
+}
+
+/// Undoes what the upload noted at `at` made, if it left a note (a crash cut it short): its
+/// file under its temporary name, then the directories it made, deepest first, while they
+/// are empty. A file it finished is kept, and so is any directory that holds one.
+fn undo_pending(root: BorrowedFd<'_>, at: &Path) {
+    let Ok(noted) = fs::read(at) else {
+        return;
+    };
+    // A note cut short was written before anything was made.
+    if let Ok(pending) = serde_json::from_slice::<Pending>(&noted) {
+        let parts = pending.parts();
+        let dir = |n: usize| match n {
+            0 => open_beneath(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()),
+            n => open_beneath(
+                root,
+                parts[..n].join("/"),
+                OFlag::O_PATH | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            ),
+        };
+        if pending.dir.is_empty() || crate::check_relative_path(&pending.dir).is_ok() {
+            if let (Some(name), Ok(fd)) = (&pending.temporary, dir(parts.len())) {
+                remove_file_named(&fd, name);
+            }
+            for n in (pending.existing..parts.len()).rev() {
+                let removed = dir(n).and_then(|fd| {
+                    nix::unistd::unlinkat(&fd, parts[n], nix::unistd::UnlinkatFlags::RemoveDir)
+                });
+                if removed.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = fs::remove_file(at);
+}
+
+/// Removes the regular file `name` of `dir`, if it is one.
+fn remove_file_named(dir: &OwnedFd, name: &str) {
+    let st = nix::sys::stat::fstatat(dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW);
+    if st.is_ok_and(|st| kind_of(&st) == "file") {
+        let _ = nix::unistd::unlinkat(dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    }
+}
+
+/// A name for an upload's file beside the one it replaces, free in `dir`: no listing shows
+/// it (see [`Open::names`]), and nothing but this upload writes the volume meanwhile.
+fn temporary_name(dir: &OwnedFd) -> Result<String, VolumeError> {
+    loop {
+        let mut random = [0u8; 16];
+        getrandom::fill(&mut random)
+            .map_err(|e| io_err("getrandom", Path::new("."))(io::Error::other(e.to_string())))?;
+        let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+        let name = format!(".airlock-upload-{hex}");
+        match nix::sys::stat::fstatat(dir, name.as_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
+            Err(nix::Error::ENOENT) => return Ok(name),
+            Ok(_) => continue,
+            Err(e) => return Err(file_error(".", "directory")(e)),
+        }
+    }
+}
+
+/// A write's error: no room is [`VolumeError::Full`].
+fn write_error(path: &str) -> impl FnOnce(io::Error) -> VolumeError + '_ {
+    move |e| match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => VolumeError::Full,
+        _ => io_err("write", Path::new(path))(e),
+    }
+}
+
 impl Lease {
     /// The volume's root, as a descriptor to resolve beneath.
     fn root(&self) -> BorrowedFd<'_> {
@@ -689,10 +847,7 @@ impl Lease {
 
     /// The regular file at `path`, at most `max_bytes` of it (more is an error).
     pub fn read_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
+        check_path(path)?;
         let root = self.root();
         // Non-blocking, so that a FIFO left there cannot hold the request.
         let fd = open_beneath(
@@ -732,79 +887,195 @@ impl Lease {
         Ok(data)
     }
 
-    /// Writes `data` to `path` (its directories made as needed), owned by the sandbox's uid;
-    /// a write the volume has no room for is [`VolumeError::Full`] and leaves no part behind.
+    /// Writes `data` to `path`, owned by the sandbox's uid: written whole into a file no
+    /// directory names (`O_TMPFILE`), then the missing directories made, then linked at `path`
+    /// or, where a file is, renamed over it (keeping its permissions). A write refused or
+    /// failed at any step ([`VolumeError::Full`] where the volume has no room) leaves the
+    /// volume as it was: the file it would replace, and no directory it made.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
-        let root = self.root();
+        check_path(path)?;
         let (parent, name) = match path.rsplit_once('/') {
-            Some((parent, name)) => (Some(parent), name),
-            None => (None, path),
+            Some((parent, name)) => (parent, name),
+            None => ("", path),
         };
-        let mut dir = open_beneath(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
-            .map_err(file_error(".", "directory"))?;
-        if let Some(parent) = parent {
-            for part in parent.split('/') {
-                match nix::sys::stat::mkdirat(&dir, part, Mode::from_bits_truncate(0o755)) {
-                    Ok(()) => {
-                        nix::unistd::fchownat(
-                            &dir,
-                            part,
-                            Some(OWNER_ID.into()),
-                            Some(OWNER_ID.into()),
-                            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                        )
-                        .map_err(file_error(path, "directory"))?;
-                    }
-                    Err(nix::Error::EEXIST) => {}
-                    Err(e) => return Err(file_error(path, "directory")(e)),
-                }
-                dir = open_beneath(
-                    &dir,
-                    part,
-                    OFlag::O_PATH | OFlag::O_DIRECTORY,
-                    Mode::empty(),
-                )
-                .map_err(file_error(path, "directory"))?;
+        let parts: Vec<&str> = parent.split('/').filter(|p| !p.is_empty()).collect();
+        // The directories there are; the rest are made once the bytes are written.
+        let mut dir = open_beneath(
+            self.root(),
+            ".",
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .map_err(file_error(".", "directory"))?;
+        let mut existing = 0;
+        for part in &parts {
+            match open_beneath(
+                &dir,
+                part,
+                OFlag::O_PATH | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            ) {
+                Ok(next) => dir = next,
+                Err(nix::Error::ENOENT) => break,
+                Err(e) => return Err(file_error(path, "directory")(e)),
             }
+            existing += 1;
         }
-        let fd = open_beneath(
+        // The file it replaces: a regular file only, never a link, a directory or a FIFO.
+        let replaced = if existing < parts.len() {
+            None
+        } else {
+            match nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) if kind_of(&st) == "file" => Some(st),
+                Ok(_) => {
+                    return Err(VolumeError::NotA {
+                        path: path.into(),
+                        wanted: "file",
+                    })
+                }
+                Err(nix::Error::ENOENT) => None,
+                Err(e) => return Err(file_error(path, "file")(e)),
+            }
+        };
+
+        let file = open_beneath(
             &dir,
-            name,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NONBLOCK,
+            ".",
+            OFlag::O_TMPFILE | OFlag::O_WRONLY,
             Mode::from_bits_truncate(0o644),
         )
         .map_err(file_error(path, "file"))?;
-        let st = nix::sys::stat::fstat(&fd).map_err(file_error(path, "file"))?;
-        if kind_of(&st) != "file" {
-            return Err(VolumeError::NotA {
-                path: path.into(),
-                wanted: "file",
-            });
-        }
-        nix::unistd::fchown(&fd, Some(OWNER_ID.into()), Some(OWNER_ID.into()))
+        nix::unistd::fchown(&file, Some(OWNER_ID.into()), Some(OWNER_ID.into()))
             .map_err(file_error(path, "file"))?;
-        let mut file = fs::File::from(fd);
-        let written = file.write_all(data).and_then(|()| file.sync_data());
-        if let Err(e) = written {
-            let _ = nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
-            return Err(match e.raw_os_error() {
-                Some(libc::ENOSPC | libc::EDQUOT) => VolumeError::Full,
-                _ => io_err("write", Path::new(path))(e),
-            });
+        if let Some(old) = &replaced {
+            // Its permission bits; never a set-id bit.
+            nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(old.st_mode & 0o777))
+                .map_err(file_error(path, "file"))?;
         }
-        Ok(())
+        let mut file = fs::File::from(file);
+        file.write_all(data)
+            .and_then(|()| file.sync_all())
+            .map_err(write_error(path))?;
+
+        let pending = Pending {
+            dir: parent.to_owned(),
+            existing,
+            temporary: replaced
+                .is_some()
+                .then(|| temporary_name(&dir))
+                .transpose()?,
+        };
+        // Only what leaves a name behind needs noting: a new file linked where its
+        // directory was is there whole or not at all.
+        let noted = existing < parts.len() || pending.temporary.is_some();
+        if noted {
+            pending.note(&self.open.pending)?;
+        }
+        let placed = self.place(&file, dir, &parts[existing..], name, &pending);
+        if noted {
+            let _ = fs::remove_file(&self.open.pending);
+        }
+        placed.map_err(|e| match e {
+            nix::Error::ENOSPC | nix::Error::EDQUOT => VolumeError::Full,
+            e => io_err("write", Path::new(path))(e.into()),
+        })
+    }
+
+    /// Makes the directories `missing` below `dir`, then links `file` there as `name` (by way
+    /// of its temporary name, renamed over the file it replaces, where there is one). On any
+    /// error, undoes what it made.
+    fn place(
+        &self,
+        file: &fs::File,
+        mut dir: OwnedFd,
+        missing: &[&str],
+        name: &str,
+        pending: &Pending,
+    ) -> nix::Result<()> {
+        let mut made: Vec<(OwnedFd, &str)> = Vec::new();
+        let undo = |made: &[(OwnedFd, &str)]| {
+            for (parent, part) in made.iter().rev() {
+                let removed =
+                    nix::unistd::unlinkat(parent, *part, nix::unistd::UnlinkatFlags::RemoveDir);
+                if removed.is_err() {
+                    break;
+                }
+            }
+        };
+        for part in missing {
+            let made_one = nix::sys::stat::mkdirat(&dir, *part, Mode::from_bits_truncate(0o755))
+                .and_then(|()| {
+                    let child = open_beneath(
+                        &dir,
+                        part,
+                        OFlag::O_PATH | OFlag::O_DIRECTORY,
+                        Mode::empty(),
+                    );
+                    nix::unistd::fchownat(
+                        &dir,
+                        *part,
+                        Some(OWNER_ID.into()),
+                        Some(OWNER_ID.into()),
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )
+                    .and(child)
+                });
+            match made_one {
+                Ok(child) => {
+                    made.push((dir, part));
+                    dir = child;
+                }
+                Err(e) => {
+                    // A directory made but not opened is still this upload's.
+                    let _ =
+                        nix::unistd::unlinkat(&dir, *part, nix::unistd::UnlinkatFlags::RemoveDir);
+                    undo(&made);
+                    return Err(e);
+                }
+            }
+        }
+        let unnamed = format!("/proc/self/fd/{}", file.as_raw_fd());
+        let link = |to: &str| {
+            nix::unistd::linkat(
+                nix::fcntl::AT_FDCWD,
+                unnamed.as_str(),
+                &dir,
+                to,
+                nix::fcntl::AtFlags::AT_SYMLINK_FOLLOW,
+            )
+        };
+        let linked = match &pending.temporary {
+            None => link(name),
+            Some(temporary) => {
+                let _listings_wait = self.open.names.write().unwrap_or_else(|e| e.into_inner());
+                link(temporary).and_then(|()| {
+                    nix::fcntl::renameat(&dir, temporary.as_str(), &dir, name).inspect_err(|_| {
+                        let _ = nix::unistd::unlinkat(
+                            &dir,
+                            temporary.as_str(),
+                            nix::unistd::UnlinkatFlags::NoRemoveDir,
+                        );
+                    })
+                })
+            }
+        };
+        if let Err(e) = linked {
+            undo(&made);
+            return Err(e);
+        }
+        // The new name, durable before the upload is said to be written.
+        open_beneath(
+            &dir,
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .and_then(|d| nix::unistd::fsync(&d))
     }
 
     /// Removes the file, link or empty directory at `path` (a link itself, never its target).
     pub fn remove(&self, path: &str) -> Result<(), VolumeError> {
-        crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
-            field: "path",
-            message,
-        })?;
+        check_path(path)?;
         let root = self.root();
         let (dir, name) = match path.rsplit_once('/') {
             Some((parent, name)) => (
@@ -841,34 +1112,53 @@ impl Lease {
 
     /// Entries of the volume, depth first, links listed and never followed: at most `max`
     /// of them and `max_bytes` of paths (each directory read as it goes, never whole), then
-    /// `truncated`. A name that is not UTF-8 is listed with U+FFFD in its place and `lossy`.
+    /// `truncated`. Paths of any length are listed (a deep tree is walked a piece at a time).
+    /// A name that is not UTF-8 is listed with U+FFFD in its place and `lossy`; an entry that
+    /// cannot be looked at, or a directory whose entries cannot be read, is listed
+    /// `unreadable` (and what it holds is not).
     pub fn list_files(&self, max: usize, max_bytes: usize) -> Result<Listing, VolumeError> {
+        let _no_upload_renames = self.open.names.read().unwrap_or_else(|e| e.into_inner());
         let root = self.root();
-        let mut out = Vec::new();
+        let mut out: Vec<VolumeFile> = Vec::new();
         let mut bytes = 0usize;
-        let mut stack: Vec<(Vec<u8>, String, bool)> = vec![(Vec::new(), String::new(), false)];
+        // Directories still to read: raw path, path shown, lossy, and their entry in `out`.
+        let mut stack: Vec<(Vec<u8>, String, bool, Option<usize>)> =
+            vec![(Vec::new(), String::new(), false, None)];
         let mut truncated = false;
-        'walk: while let Some((raw_prefix, prefix, prefix_lossy)) = stack.pop() {
+        'walk: while let Some((raw_prefix, prefix, prefix_lossy, entry)) = stack.pop() {
             let at: &[u8] = if raw_prefix.is_empty() {
                 b"."
             } else {
                 &raw_prefix
             };
-            let at_os = std::ffi::OsStr::from_bytes(at);
-            let fd = open_beneath(
+            let opened = open_beneath(
                 root,
-                at_os,
+                std::ffi::OsStr::from_bytes(at),
                 OFlag::O_RDONLY | OFlag::O_DIRECTORY,
                 Mode::empty(),
-            )
-            .map_err(file_error(&prefix, "directory"))?;
+            );
             // Each entry is looked at from its own directory's descriptor: a directory
             // swapped for a link meanwhile leads nowhere.
-            let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
-            let entries =
-                fs::read_dir(&listing).map_err(|e| io_err("read", Path::new(&prefix))(e))?;
-            for entry in entries.flatten() {
-                let name = entry.file_name();
+            let entries = opened.map_err(io::Error::from).and_then(|fd| {
+                let listing = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                fs::read_dir(listing).map(|entries| (fd, entries))
+            });
+            let (fd, entries) = match (entries, entry) {
+                (Ok(read), _) => read,
+                (Err(_), Some(i)) => {
+                    out[i].unreadable = true;
+                    continue;
+                }
+                (Err(e), None) => return Err(io_err("read", Path::new("."))(e)),
+            };
+            for read in entries {
+                let Ok(dirent) = read else {
+                    if let Some(i) = entry {
+                        out[i].unreadable = true;
+                    }
+                    break;
+                };
+                let name = dirent.file_name();
                 let lossy = prefix_lossy || name.to_str().is_none();
                 let shown = name.to_string_lossy();
                 let path = if prefix.is_empty() {
@@ -876,32 +1166,40 @@ impl Lease {
                 } else {
                     format!("{prefix}/{shown}")
                 };
-                let mut raw = raw_prefix.clone();
-                if !raw.is_empty() {
-                    raw.push(b'/');
-                }
-                raw.extend_from_slice(name.as_bytes());
-                let Ok(st) = nix::sys::stat::fstatat(
+                let looked = nix::sys::stat::fstatat(
                     &fd,
                     name.as_os_str(),
                     nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) else {
-                    continue;
+                );
+                let st = match looked {
+                    Ok(st) => Some(st),
+                    // Removed meanwhile.
+                    Err(nix::Error::ENOENT) => continue,
+                    Err(_) => None,
                 };
                 if out.len() >= max || bytes + path.len() > max_bytes {
                     truncated = true;
                     break 'walk;
                 }
                 bytes += path.len();
-                let kind = kind_of(&st);
+                let kind = st.as_ref().map_or("other", kind_of);
                 if kind == "dir" {
-                    stack.push((raw, path.clone(), lossy));
+                    let mut raw = raw_prefix.clone();
+                    if !raw.is_empty() {
+                        raw.push(b'/');
+                    }
+                    raw.extend_from_slice(name.as_bytes());
+                    stack.push((raw, path.clone(), lossy, Some(out.len())));
                 }
                 out.push(VolumeFile {
                     path,
                     kind: kind.into(),
-                    size: if kind == "file" { st.st_size as u64 } else { 0 },
+                    size: match &st {
+                        Some(st) if kind == "file" => st.st_size as u64,
+                        _ => 0,
+                    },
                     lossy,
+                    unreadable: st.is_none(),
                 });
             }
         }

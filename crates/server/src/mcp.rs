@@ -43,6 +43,42 @@ use crate::SharedState;
 
 mod progress;
 
+/// One of the tools: its name and title, and whether only a server with the operator's tools
+/// (`[tools]`) serves it.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolName {
+    pub name: &'static str,
+    pub title: &'static str,
+    pub code_mode: bool,
+}
+
+/// Every tool, in the order `tools/list` gives them. Each tool takes its title from here, and
+/// `airlock mcp --help` lists them from here, so the two name the same tools.
+pub const TOOL_NAMES: [ToolName; 11] = [
+    named("run_python", "Run Python 3 code"),
+    named("eval_expression", "Evaluate a Python literal expression"),
+    named("create_session", "Start a Python session"),
+    named("run_in_session", "Run code in a session"),
+    named("start_python", "Start Python 3 code in the background"),
+    named("get_execution", "A background execution's state and result"),
+    named("cancel_execution", "Cancel a background execution"),
+    named("list_session_files", "List a session's files"),
+    named("read_session_file", "Read a session's file"),
+    named("close_session", "Close a session"),
+    ToolName {
+        code_mode: true,
+        ..named("list_tool_apis", "List the tools code can call")
+    },
+];
+
+const fn named(name: &'static str, title: &'static str) -> ToolName {
+    ToolName {
+        name,
+        title,
+        code_mode: false,
+    }
+}
+
 /// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
 #[derive(Clone, Debug)]
 pub struct Tools {
@@ -506,7 +542,6 @@ impl Tools {
         let mut tools = vec![
             tool::<RunPython, Outcome>(
                 "run_python",
-                "Run Python 3 code",
                 format!(
                     "Run Python 3 code and get back its output. {sandbox} Each call starts from \
                      nothing: nothing is kept between calls (use a session for that). \
@@ -516,7 +551,6 @@ impl Tools {
             ),
             tool::<EvalExpression, EvalResponse>(
                 "eval_expression",
-                "Evaluate a Python literal expression",
                 format!(
                     "Evaluate one Python expression made only of literals (numbers, strings, \
                      bytes, lists, tuples, dicts, sets, True/False/None) and operators \
@@ -533,7 +567,6 @@ impl Tools {
             ),
             tool::<CreateSession, CreatedSession>(
                 "create_session",
-                "Start a Python session",
                 format!(
                     "Start a Python session and return its session_id. {session} {sandbox} \
                      {limits}"
@@ -542,7 +575,6 @@ impl Tools {
             ),
             tool::<RunInSession, Outcome>(
                 "run_in_session",
-                "Run code in a session",
                 format!(
                     "Run Python 3 code in a session's interpreter, like a notebook cell: it \
                      sees the variables, imports and files earlier cells left. {verdicts} A \
@@ -552,7 +584,6 @@ impl Tools {
             ),
             tool::<RunPython, Background>(
                 "start_python",
-                "Start Python 3 code in the background",
                 format!(
                     "Start Python 3 code that may run long (training a model, a large join) \
                      and return at once with its id; it runs to its end whether or not you \
@@ -566,7 +597,6 @@ impl Tools {
             ),
             tool::<GetExecution, Background>(
                 "get_execution",
-                "A background execution's state and result",
                 "The state of an execution start_python started (queued, running, finished, \
                  failed, cancelled, interrupted) and, once it ran, its output and result. \
                  wait_seconds (up to 60) waits for it to end first."
@@ -575,7 +605,6 @@ impl Tools {
             ),
             tool::<ExecutionId, Background>(
                 "cancel_execution",
-                "Cancel a background execution",
                 "Cancel an execution start_python started, if it still runs, and remove it \
                  with its output: read what you need first."
                     .to_owned(),
@@ -583,7 +612,6 @@ impl Tools {
             ),
             tool::<SessionId, airlock_api::FileList>(
                 "list_session_files",
-                "List a session's files",
                 "List the files and directories below a session's working directory, with \
                  their sizes."
                     .to_owned(),
@@ -591,7 +619,6 @@ impl Tools {
             ),
             tool::<ReadSessionFile, FileRead>(
                 "read_session_file",
-                "Read a session's file",
                 "Read one file of a session's working directory. Text (UTF-8) comes back as \
                  text, PNG as an image, anything else as base64."
                     .to_owned(),
@@ -599,7 +626,6 @@ impl Tools {
             ),
             tool::<SessionId, Closed>(
                 "close_session",
-                "Close a session",
                 "Close a session: its sandbox, variables and files are destroyed.".to_owned(),
                 false,
             ),
@@ -607,7 +633,6 @@ impl Tools {
         if self.state.tools.is_some() {
             tools.push(tool::<ListToolApis, airlock_api::ToolsResponse>(
                 "list_tool_apis",
-                "List the tools code can call",
                 "The Python API of the operator's tools that code run here may call \
                  (`import tools`, then tools.<server>.<function>(...)): each function's \
                  signature and docstring, as Python stubs. Read it before writing code that \
@@ -1225,12 +1250,12 @@ fn output_schema<O: JsonSchema>() -> JsonObject {
 
 /// A tool's description, its JSON Schema made from its argument type `T`, and its output
 /// schema from its structured result `O`.
-fn tool<T: JsonSchema, O: JsonSchema>(
-    name: &'static str,
-    title: &str,
-    description: String,
-    read: bool,
-) -> Tool {
+/// The tool `name` of [`TOOL_NAMES`], titled there.
+fn tool<T: JsonSchema, O: JsonSchema>(name: &'static str, description: String, read: bool) -> Tool {
+    let title = TOOL_NAMES
+        .iter()
+        .find(|t| t.name == name)
+        .map_or(name, |t| t.title);
     let mut tool = Tool::new(name, description, schema_of::<T>());
     tool.output_schema = Some(Arc::new(output_schema::<O>()));
     tool.title = Some(title.to_owned());

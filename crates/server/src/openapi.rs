@@ -124,7 +124,21 @@ fn volume_schema(usage: bool) -> Value {
 }
 
 fn volume_path_param() -> Value {
-    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the volume's root; may contain `/`; no link is followed on the way.", "schema": {"type": "string"}})
+    json!({"name": "path", "in": "path", "required": true, "description": "Relative to the volume's root; may contain `/`; each part at most 255 bytes (else 400); no link is followed on the way.", "schema": {"type": "string"}})
+}
+
+/// A volume's listing, as `/v1/volumes/{name}/files` gives it.
+fn volume_files_schema() -> Value {
+    json!({"type": "object", "required": ["files", "truncated"], "properties": {
+        "files": {"type": "array", "items": {"type": "object", "required": ["path", "type", "size"], "properties": {
+            "path": {"type": "string"},
+            "type": {"enum": ["file", "dir", "link", "other"]},
+            "size": {"type": "integer"},
+            "lossy": {"type": "boolean", "description": "A name on its path is not UTF-8 (shown with U+FFFD)."},
+            "unreadable": {"type": "boolean", "description": "It could not be looked at, or (a directory) its entries could not be read: what it holds is not listed."},
+        }}},
+        "truncated": {"type": "boolean"},
+    }})
 }
 
 fn path_param() -> Value {
@@ -389,8 +403,8 @@ pub(crate) fn document() -> Value {
                         "type": "object", "additionalProperties": false, "required": ["name", "size_bytes"],
                         "properties": {
                             "name": {"type": "string", "description": "1-64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit."},
-                            "size_bytes": {"type": "integer", "description": "At least 8 MiB, at most `volumes.max_size_bytes`."},
-                            "max_entries": {"type": "integer", "description": "Default one per 16 KiB of its size, at least 1024."},
+                            "size_bytes": {"type": "integer", "description": "At least 8 MiB, at most `volumes.max_size_bytes` (else 400 naming it)."},
+                            "max_entries": {"type": "integer", "description": "Default one per 16 KiB of its size, at least 1024; at most `volumes.max_entries` and one per 4 KiB of `size_bytes` (else 400 naming it)."},
                         }}}}},
                     "responses": with(with(with(errors(&[400, 401, 403, 413, 415, 421, 429, 503]), "409",
                         json!({"description": "A volume of this name exists."})), "422",
@@ -420,7 +434,7 @@ pub(crate) fn document() -> Value {
                 "summary": "Every entry of the volume (links are listed, never followed)",
                 "parameters": [name_param()],
                 "responses": with(errors(&[401, 403, 404, 409, 421, 429, 503]), "200",
-                    json!({"description": "`files`: `path`, `type` (`file`, `dir`, `link`, `other`) and `size` of each.", "content": json_body(&files)})),
+                    json!({"description": "`files`: `path`, `type` (`file`, `dir`, `link`, `other`) and `size` of each, however deep; `lossy` where a name on its path is not UTF-8 (shown with U+FFFD; the file routes cannot name it), `unreadable` where it could not be looked at or, a directory, its entries could not be read (what it holds is not listed). `truncated`: there were more than 10,000 entries or 4 MiB of paths.", "content": {"application/json": {"schema": volume_files_schema()}}})),
             }},
             "/v1/volumes/{name}/files/{path}": {
                 "get": {
@@ -433,7 +447,7 @@ pub(crate) fn document() -> Value {
                     "summary": "Write a file of the volume (missing directories are made), as the volume's one writer; a link in the way is refused",
                     "parameters": [name_param(), volume_path_param()],
                     "requestBody": {"required": false, "description": "The file's contents; none makes an empty file.", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written (413 `volume_full` when the volume has no room; nothing of it is left)."})),
+                    "responses": with(errors(&[400, 401, 403, 404, 409, 413, 421]), "204", json!({"description": "Written whole: a file that was there is replaced, keeping its permissions. Refused or failed (413 `volume_full` when the volume has no room for it beside the file it replaces; 400 for the path), nothing of it is left: the old file is as it was, and no directory is made."})),
                 },
                 "delete": {
                     "summary": "Remove a file, a link (never its target) or an empty directory of the volume",

@@ -718,6 +718,29 @@ fn an_http_client_that_leaves_mid_call_takes_its_sandbox_with_it() {
     HostState::now().assert_same_as(&before, &"after the MCP client left");
 }
 
+/// `airlock mcp ARGS` on pipes, for raw JSON-RPC (the warm pool off, its log in `dir/stderr`).
+fn raw_stdio(
+    args: &[&str],
+    dir: &std::path::Path,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    BufReader<std::process::ChildStdout>,
+) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
+        .arg("mcp")
+        .args(args)
+        .env("AIRLOCK_POOL__SIZE", "0")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    (child, stdin, stdout)
+}
+
 /// Over stdio nothing but protocol messages reaches stdout (logs go to stderr), and a host
 /// that closes stdin while a call runs takes its sandbox with it.
 #[test]
@@ -725,16 +748,8 @@ fn stdio_writes_only_protocol_messages_and_a_closed_stdin_stops_what_runs() {
     let _g = serial();
     let before = HostState::now();
     let dir = scratch_dir("mcp-raw");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_airlock"))
-        .args(["mcp", "--state-dir", dir.to_str().unwrap()])
-        .env("AIRLOCK_POOL__SIZE", "0")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let (mut child, mut stdin, mut stdout) =
+        raw_stdio(&["--state-dir", dir.to_str().unwrap()], &dir);
     let send = |stdin: &mut std::process::ChildStdin, v: Value| writeln!(stdin, "{v}").unwrap();
     send(&mut stdin, initialize());
     let mut line = String::new();
@@ -1141,4 +1156,78 @@ fn wait_for_memory_released(server: &Server) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The names `tools/list` answers over stdio, from `airlock mcp` run with `config`.
+fn stdio_tool_names(config: &str) -> Vec<String> {
+    let dir = scratch_dir("mcp-tool-names");
+    let config_path = dir.join("airlock.toml");
+    std::fs::write(&config_path, config).unwrap();
+    let state = dir.join("state");
+    let (mut child, mut stdin, mut stdout) = raw_stdio(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--state-dir",
+            state.to_str().unwrap(),
+        ],
+        &dir,
+    );
+    for message in [
+        initialize(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    ] {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    let listed = loop {
+        let mut line = String::new();
+        let read = stdout.read_line(&mut line).unwrap();
+        assert!(read > 0, "airlock mcp ended before it listed its tools");
+        let answer: Value = serde_json::from_str(&line).unwrap();
+        if answer["id"] == 2 {
+            break answer;
+        }
+    };
+    drop(stdin);
+    assert!(child.wait().unwrap().success());
+    listed["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools: {listed}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// `airlock mcp --help` names exactly the tools `tools/list` serves over stdio: all of them
+/// where `[tools]` configures a tool server, and all but those it marks so otherwise.
+#[test]
+fn mcp_help_names_exactly_the_tools_it_serves() {
+    let help = airlock().args(["mcp", "--help"]).output().unwrap();
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let listed: Vec<(&str, bool)> = help
+        .lines()
+        .skip_while(|l| *l != "Tools:")
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(|l| {
+            let name = l.split_whitespace().next().unwrap();
+            (name, l.contains("[tools]"))
+        })
+        .collect();
+    let all: Vec<&str> = listed.iter().map(|(name, _)| *name).collect();
+    let always: Vec<&str> = listed
+        .iter()
+        .filter(|(_, only_with_tools)| !only_with_tools)
+        .map(|(name, _)| *name)
+        .collect();
+
+    let with_tools = format!(
+        "[tools.servers.crm]\ncommand = \"{}\"\nargs = [\"{}\", \"stdio\"]\n",
+        mcp_python().display(),
+        tool_server_script()
+    );
+    assert_eq!(stdio_tool_names(&with_tools), all, "{help}");
+    assert_eq!(stdio_tool_names(""), always, "{help}");
 }

@@ -591,3 +591,352 @@ fn a_volume_holds_up_against_pinning_link_floods_and_odd_names() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+fn files_of(server: &Server, volume: &str) -> Value {
+    let r = server.call("GET", &format!("/v1/volumes/{volume}/files"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// What a volume holds by the kernel's count: its bytes and entries.
+fn used(server: &Server, volume: &str) -> (Value, Value) {
+    let shown = server
+        .call("GET", &format!("/v1/volumes/{volume}"), None)
+        .json();
+    (shown["used_bytes"].clone(), shown["used_entries"].clone())
+}
+
+/// An upload refused for any reason (no room for its bytes or its entry, a name no file
+/// system takes, a path through a file) leaves the file it would have replaced as it was and
+/// makes no directory; one with room replaces the file whole, keeping its permissions.
+#[test]
+fn a_refused_upload_leaves_the_file_it_would_replace_and_makes_no_directory() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let made = server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": "v", "size_bytes": 8 * MIB, "max_entries": 64})),
+    );
+    assert_eq!(made.status, 201, "{}", made.text());
+    assert_eq!(put(&server, "v", "keep.txt", b"the original").status, 204);
+    assert_eq!(put(&server, "v", "d/kept.txt", b"kept").status, 204);
+    let unchanged = |before: &(Value, Value, Value), what: &str| {
+        let got = server.call("GET", "/v1/volumes/v/files/keep.txt", None);
+        assert_eq!(
+            (got.status, got.text()),
+            (200, "the original".into()),
+            "{what}"
+        );
+        assert_eq!(files_of(&server, "v"), before.0, "{what}");
+        assert_eq!(
+            used(&server, "v"),
+            (before.1.clone(), before.2.clone()),
+            "{what}"
+        );
+    };
+    let now = || {
+        let (bytes, entries) = used(&server, "v");
+        (files_of(&server, "v"), bytes, entries)
+    };
+    // Refused as `status` `code` (naming `field`), the volume as it was `before`.
+    let refused = |path: &str, data: &[u8], before, (status, code, field): (u16, &str, Value)| {
+        let r = put(&server, "v", path, data);
+        assert_eq!(
+            (r.status, r.error_code(), r.json()["error"]["field"].clone()),
+            (status, code.to_owned(), field),
+            "{path}: {}",
+            r.text()
+        );
+        unchanged(before, path);
+    };
+    let full = || (413, "volume_full", Value::Null);
+
+    // More bytes than the volume has room for.
+    let before = now();
+    let big = vec![7u8; (12 * MIB) as usize];
+    for path in ["keep.txt", "new/sub/big", "d/new/big"] {
+        refused(path, &big, &before, full());
+    }
+    // A name longer than a file system takes (255 bytes), or a path through a file: the
+    // caller's error, found before anything is made.
+    let long = "n".repeat(256);
+    for path in [
+        long.clone(),
+        format!("fresh/deeper/{long}"),
+        format!("d/{long}/x"),
+        "d/kept.txt/new/x".into(),
+        "keep.txt/x".into(),
+    ] {
+        refused(
+            &path,
+            b"x",
+            &before,
+            (400, "invalid_request", json!("path")),
+        );
+    }
+
+    // No entry left: a replacement needs one beside the file it replaces until it takes its
+    // place, and a path needs one for each directory it makes.
+    let mount = json!([{"name": "v", "path": "/work/v"}]);
+    let fill = "import os\nos.chmod('/work/v/keep.txt', 0o600)\nn = 0\n\
+                try:\n    while n < 1000:\n        open(f'/work/v/f{n}', 'w').close(); n += 1\n\
+                except OSError:\n    pass\nn";
+    let r = server.execute(mounting(fill, mount.clone()));
+    let filled = r.json()["result"].as_u64().unwrap();
+    assert!((10..64).contains(&filled), "{}", r.text());
+    let before = now();
+    for path in ["keep.txt", "d/kept.txt", "a/b/c/new.txt"] {
+        refused(path, b"replaced", &before, full());
+    }
+    let got = server.call("GET", "/v1/volumes/v/files/d/kept.txt", None);
+    assert_eq!(got.text(), "kept");
+    // Two entries free: the new file and one directory, not three.
+    let r = server.execute(mounting(
+        "import os\nos.remove('/work/v/f0'); os.remove('/work/v/f1')\n'freed'",
+        mount.clone(),
+    ));
+    assert_eq!(r.json()["result"], "freed", "{}", r.text());
+    let before = now();
+    refused("a/b/c/new.txt", b"new", &before, full());
+
+    // With room, the new file takes the old one's place whole, and its permissions.
+    assert_eq!(put(&server, "v", "keep.txt", b"replaced").status, 204);
+    let got = server.call("GET", "/v1/volumes/v/files/keep.txt", None);
+    assert_eq!(got.text(), "replaced");
+    assert_eq!(used(&server, "v").1, before.2, "no entry more");
+    let r = server.execute(mounting(
+        "import os\nst = os.stat('/work/v/keep.txt')\n[oct(st.st_mode & 0o7777), st.st_uid]",
+        mount,
+    ));
+    assert_eq!(r.json()["result"], json!(["0o600", 1000]), "{}", r.text());
+}
+
+/// The issue's reproduction: a sandbox makes 17 nested directories of 250-character names
+/// (paths past PATH_MAX, 4096 bytes); the volume still lists, whole, and the file routes
+/// reach its deepest file. A path part longer than a name may be (255 bytes) is a 400 on
+/// every route that takes a path.
+#[test]
+fn a_tree_deeper_than_a_path_may_be_long_lists_whole_and_long_names_are_the_caller_s() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 16 * MIB).status, 201);
+    let mount = json!([{"name": "v", "path": "/work/v"}]);
+    let deep = "import os\nos.chdir('/work/v')\n\
+                for i in range(17):\n    n = chr(97 + i) * 250\n    os.mkdir(n)\n    os.chdir(n)\n\
+                open('bottom.txt', 'w').write('deep down')\n'made'";
+    let r = server.execute(mounting(deep, mount.clone()));
+    assert_eq!(r.json()["result"], "made", "{}", r.text());
+    let listed = files_of(&server, "v");
+    let files = listed["files"].as_array().unwrap();
+    assert_eq!(files.len(), 18, "{listed}");
+    assert_eq!(listed["truncated"], false);
+    let dirs: Vec<String> = (0..17u8)
+        .map(|i| char::from(b'a' + i).to_string().repeat(250))
+        .collect();
+    let bottom = format!("{}/bottom.txt", dirs.join("/"));
+    assert!(bottom.len() > 4096);
+    let found = files
+        .iter()
+        .find(|f| f["path"] == bottom.as_str())
+        .unwrap_or_else(|| panic!("the deepest file is not listed"));
+    assert_eq!(
+        (found["type"].clone(), found["size"].clone()),
+        (json!("file"), json!(9))
+    );
+    assert!(
+        files.iter().all(|f| f.get("unreadable").is_none()),
+        "{listed}"
+    );
+
+    let route = format!("/v1/volumes/v/files/{bottom}");
+    let got = server.call("GET", &route, None);
+    assert_eq!((got.status, got.text()), (200, "deep down".into()));
+    assert_eq!(put(&server, "v", &bottom, b"replaced").status, 204);
+    assert_eq!(server.call("GET", &route, None).text(), "replaced");
+    assert_eq!(server.call("DELETE", &route, None).status, 204);
+    assert_eq!(server.call("GET", &route, None).status, 404);
+
+    // 255 bytes is a name; 256 is not, on any route.
+    let longest = "y".repeat(255);
+    assert_eq!(put(&server, "v", &longest, b"x").status, 204);
+    let long = "x".repeat(256);
+    for path in [long.clone(), format!("a/{long}"), format!("{long}/b")] {
+        let route = format!("/v1/volumes/v/files/{path}");
+        for r in [
+            server.call("GET", &route, None),
+            put(&server, "v", &path, b"x"),
+            server.call("DELETE", &route, None),
+        ] {
+            assert_eq!(
+                (r.status, r.json()["error"]["field"].clone()),
+                (400, json!("path")),
+                "{path}: {}",
+                r.text()
+            );
+        }
+    }
+    let r = server.execute(mounting(
+        "1",
+        json!([{"name": "v", "path": format!("/work/{long}")}]),
+    ));
+    assert_eq!(
+        (r.status, r.json()["error"]["field"].clone()),
+        (400, json!("volumes[0].path")),
+        "{}",
+        r.text()
+    );
+}
+
+/// Loop devices still backed by an image under `state`.
+fn loops_of(state: &std::path::Path) -> usize {
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter(|d| {
+            std::fs::read_to_string(d.path().join("loop/backing_file"))
+                .is_ok_and(|f| f.contains(&*state.to_string_lossy()))
+        })
+        .count()
+}
+
+/// The image of the key's volume `name`.
+fn image_of(server: &Server, name: &str) -> std::path::PathBuf {
+    let owners = server.state_dir().join("volumes");
+    let owner = std::fs::read_dir(&owners)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap();
+    owner.path().join(format!("{name}.img"))
+}
+
+/// A directory whose entries cannot be read (its block damaged on the disk) is listed,
+/// marked `unreadable`; the rest of the volume is listed as ever.
+#[test]
+fn a_directory_that_cannot_be_read_is_listed_marked_with_the_rest() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 16 * MIB).status, 201);
+    assert_eq!(put(&server, "v", "broken/inner.txt", b"x").status, 204);
+    assert_eq!(put(&server, "v", "fine/ok.txt", b"y").status, 204);
+    // Nothing holds it now: once its mount has gone, its image is ours to damage.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while loops_of(&server.state_dir()) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the volume stayed mounted"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let zapped = std::process::Command::new("debugfs")
+        .args(["-w", "-R", "zap_block -f /broken 0"])
+        .arg(image_of(&server, "v"))
+        .output()
+        .expect("debugfs (e2fsprogs, which volumes need for mkfs.ext4)");
+    assert!(zapped.status.success(), "{zapped:?}");
+
+    let listed = files_of(&server, "v");
+    let entries: Vec<(String, bool)> = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["path"].as_str().unwrap().to_owned(),
+                f["unreadable"] == true,
+            )
+        })
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("broken".to_owned(), true),
+            ("fine".to_owned(), false),
+            ("fine/ok.txt".to_owned(), false)
+        ],
+        "{listed}"
+    );
+    assert_eq!(listed["truncated"], false);
+}
+
+/// Sends a PUT of `data` to `path` of volume `v` with strace attached to the server, which
+/// kills it (SIGKILL, nothing cleaned up) at the first `syscall` of its: the moment a
+/// finished upload would be linked into its directory (`linkat`) or renamed over the file it
+/// replaces (`renameat`). The server must die without answering.
+fn put_killed_at(server: &Server, syscall: &str, path: &str, data: &[u8]) {
+    use std::io::{BufRead, Read, Write};
+    let mut strace = std::process::Command::new("strace")
+        .args(["-f", "-o", "/dev/null", "-e"])
+        .arg(format!("trace={syscall}"))
+        .arg("-e")
+        .arg(format!("inject={syscall}:error=EIO:signal=KILL"))
+        .arg("-p")
+        .arg(server.child.id().to_string())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("strace, to kill the server at a chosen system call");
+    let mut said = std::io::BufReader::new(strace.stderr.take().unwrap());
+    let mut line = String::new();
+    said.read_line(&mut line).unwrap();
+    assert!(line.contains("attached"), "strace: {line}");
+    let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    write!(
+        s,
+        "PUT /v1/volumes/v/files/{path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        server.addr,
+        data.len()
+    )
+    .unwrap();
+    s.write_all(data).unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    let _ = strace.kill();
+    let _ = strace.wait();
+    assert_eq!(
+        answer, "",
+        "the server answered instead of dying at {syscall}"
+    );
+}
+
+/// A server killed while it uploads leaves nothing of the upload: not the new file beside
+/// the old one it would replace, not the directories it made for a new one. The next start
+/// finds the volume as it was before the upload, counted as it was.
+#[test]
+fn an_upload_cut_short_by_a_crash_leaves_the_volume_as_it_was() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    assert_eq!(create(&server, "v", 16 * MIB).status, 201);
+    assert_eq!(put(&server, "v", "keep.txt", b"the original").status, 204);
+    assert_eq!(put(&server, "v", "d/kept.txt", b"kept").status, 204);
+    let listed = files_of(&server, "v");
+    let counted = used(&server, "v");
+
+    let mut server = server;
+    for (syscall, path) in [
+        ("renameat", "keep.txt"),
+        ("renameat", "d/kept.txt"),
+        ("linkat", "new/sub/file.txt"),
+        ("linkat", "d/new/file.txt"),
+    ] {
+        put_killed_at(&server, syscall, path, b"the replacement");
+        let dir = server.kill_keeping_state();
+        server = Server::start_in(dir, "", &[], Some(KEY));
+        assert_eq!(files_of(&server, "v"), listed, "after {syscall} of {path}");
+        assert_eq!(used(&server, "v"), counted, "after {syscall} of {path}");
+        let got = server.call("GET", "/v1/volumes/v/files/keep.txt", None);
+        assert_eq!(got.text(), "the original");
+    }
+    // Nothing of them is left beside the volume either.
+    let owner = image_of(&server, "v").parent().unwrap().to_owned();
+    let mut beside: Vec<String> = std::fs::read_dir(owner)
+        .unwrap()
+        .flatten()
+        .map(|f| f.file_name().to_string_lossy().into_owned())
+        .collect();
+    beside.sort();
+    assert_eq!(beside, [".lock", "v.img", "v.json"]);
+}
