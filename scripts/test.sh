@@ -15,9 +15,10 @@ fi
 # openssl: the egress tests make a certificate for their HTTPS server. postgresql, haproxy:
 # the replicas test's store and balancer; systemd: systemd-analyze for the unit's test;
 # runc and containers-common (its default seccomp profile): the pod test's container.
-# groff-base: the CLI test renders `airlock man`.
+# groff-base: the CLI test renders `airlock man`. strace: the volumes test that kills the
+# server at one system call of an upload.
 ensure_debian_packages "${SANDBOX_PYTHON_PACKAGES[@]}" util-linux bsdutils time openssl e2fsprogs \
-    postgresql haproxy systemd runc golang-github-containers-common groff-base
+    postgresql haproxy systemd runc golang-github-containers-common groff-base strace
 ensure_rust_components rustfmt clippy
 # cargo-deny builds while the packages below download (mostly waiting on the network); its
 # check waits for it.
