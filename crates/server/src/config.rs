@@ -691,7 +691,8 @@ pub struct CorsConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConcurrencyConfig {
-    /// Executions running at once, for all keys together.
+    /// Executions running at once, for all keys together; a slot given back goes to the
+    /// waiting key that started one least recently.
     pub max_running: usize,
     /// Executions waiting for a slot, for all keys together; past it, 503.
     pub max_queue: usize,
