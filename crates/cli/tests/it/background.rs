@@ -736,3 +736,73 @@ fn turns_go_in_the_order_of_submission() {
     sorted.sort();
     assert_eq!(started, sorted, "started out of the order of submission");
 }
+
+#[test]
+fn a_cancelled_background_execution_s_audit_record_says_so() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let id = submit(&server, &json!({"code": long}));
+    first_output(&server, &id);
+    let r = server.call("DELETE", &format!("/v1/executions/{id}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "cancelled");
+    let audit = server.state_dir().join("audit.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let record = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let record = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|l| l["id"] == id.as_str() && l.get("status").is_some());
+        if let Some(record) = record {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "no record for {id}: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(record["error"]["type"], "Cancelled", "{record}");
+    assert!(
+        record["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("DELETE"),
+        "{record}"
+    );
+}
+
+#[test]
+fn output_events_hold_at_most_16_kib_each_cut_between_characters() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // One print of 40,003 bytes, three-byte characters, in one write.
+    let id = submit(&server, &json!({"code": "print('€' * 13334)"}));
+    let v = wait_ended(&server, &id, Duration::from_secs(30));
+    assert_eq!(v["state"], "finished", "{v}");
+    let expected = format!("{}\n", "€".repeat(13334));
+    assert_eq!(v["result"]["stdout"], expected.as_str());
+    let mut events = follow(&server, KEY, &id, None);
+    let mut pieces = Vec::new();
+    while let Some(e) = events.next() {
+        if e.name == "stdout" {
+            let piece = e.data["text"].as_str().unwrap().to_owned();
+            assert!(piece.len() <= 16 << 10, "an event of {} bytes", piece.len());
+            pieces.push((id_of(&e), piece));
+        }
+    }
+    assert!(pieces.len() >= 3, "{} events", pieces.len());
+    let text: String = pieces.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(text, expected);
+    // Resumed after each of them, what follows is exactly the rest.
+    for (n, (after, _)) in pieces.iter().enumerate() {
+        let mut rest = String::new();
+        let mut events = follow(&server, KEY, &id, Some(*after));
+        while let Some(e) = events.next() {
+            if e.name == "stdout" {
+                rest.push_str(e.data["text"].as_str().unwrap());
+            }
+        }
+        let want: String = pieces[n + 1..].iter().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(rest, want, "after event {n}");
+    }
+}

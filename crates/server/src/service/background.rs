@@ -310,7 +310,8 @@ impl Live {
     /// until [`COALESCE_BYTES`] are held, the other stream writes, or the next
     /// [`Live::flush_output`] (every [`FLUSH_EVERY`] while it runs). A program that flushes a
     /// byte at a time makes a few events a second, not one per byte: the log stays within a
-    /// few times the output limits.
+    /// few times the output limits. No event holds more than [`COALESCE_BYTES`] of text: a
+    /// longer write is cut between characters.
     fn output(&self, s: Stream, text: &str) {
         let mut held = lock(&self.held);
         if held.0 != Some(s) && !held.1.is_empty() {
@@ -319,10 +320,13 @@ impl Live {
         }
         held.0 = Some(s);
         held.1.push_str(text);
-        if held.1.len() >= COALESCE_BYTES {
-            let text = std::mem::take(&mut held.1);
-            self.append_text(Some(s), &text);
+        let mut at = 0;
+        while held.1.len() - at >= COALESCE_BYTES {
+            let end = char_floor(&held.1, at + COALESCE_BYTES);
+            self.append_text(Some(s), &held.1[at..end]);
+            at = end;
         }
+        held.1.drain(..at);
     }
 
     /// Writes the output held back, if any.
@@ -1179,8 +1183,16 @@ pub(crate) struct Tail {
     watch: Option<tokio::sync::watch::Receiver<(u64, bool)>>,
 }
 
-/// Output held back for the log joins one event up to this many bytes.
+/// Output held back for the log joins one event up to this many bytes, the most an event holds.
 const COALESCE_BYTES: usize = 16 << 10;
+
+/// The largest `i <= at` where a character of `text` begins (`at` within `text`).
+fn char_floor(text: &str, at: usize) -> usize {
+    (0..=at)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0)
+}
 /// How often output held back is written while an execution runs.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 

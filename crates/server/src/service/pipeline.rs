@@ -510,7 +510,16 @@ async fn in_background(
     let ran = tokio::task::spawn_blocking(move || {
         let state = &st;
         // 6. audit.
-        let ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
+        let mut ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
+        let deleted = live.clone();
+        ctx.cancelled = Some(Box::new(move || {
+            deleted.is_cancelled().then(|| {
+                format!(
+                    "cancelled by its key (DELETE /v1/executions/{}) before it ended",
+                    deleted.id
+                )
+            })
+        }));
         if let Err(e) = audit_start(state, &ctx) {
             drop((admitted, tracked));
             state
