@@ -23,9 +23,23 @@ fn other_key() -> String {
     )
 }
 
+const THIRD_KEY: &str = "third-key-for-background-01234567";
+
+fn third_key() -> String {
+    format!(
+        "[[keys]]\nname = \"third\"\nhash = \"{}\"\n",
+        key_hash(THIRD_KEY)
+    )
+}
+
 /// Submits `body`; its id (after checking the 202 and its `Location`).
 fn submit(server: &Server, body: &Value) -> String {
-    let r = server.call("POST", "/v1/executions", Some(body));
+    submit_as(server, KEY, body)
+}
+
+/// Submits `body` as `key`; its id.
+fn submit_as(server: &Server, key: &str, body: &Value) -> String {
+    let r = call_as(server.addr, key, "POST", "/v1/executions", Some(body));
     assert_eq!(r.status, 202, "{}", r.text());
     let v = r.json();
     let id = v["id"].as_str().unwrap().to_owned();
@@ -48,16 +62,31 @@ fn stored_bytes(server: &Server, id: &str, file: &str) -> u64 {
 }
 
 fn get(server: &Server, id: &str) -> Value {
-    let r = server.call("GET", &format!("/v1/executions/{id}"), None);
+    get_as(server, KEY, id)
+}
+
+fn get_as(server: &Server, key: &str, id: &str) -> Value {
+    let r = call_as(
+        server.addr,
+        key,
+        "GET",
+        &format!("/v1/executions/{id}"),
+        None,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
 }
 
 /// Polls until the execution has ended (up to `within`).
 fn wait_ended(server: &Server, id: &str, within: Duration) -> Value {
+    wait_ended_as(server, KEY, id, within)
+}
+
+/// Polls until `key`'s execution has ended (up to `within`).
+fn wait_ended_as(server: &Server, key: &str, id: &str, within: Duration) -> Value {
     let deadline = Instant::now() + within;
     loop {
-        let v = get(server, id);
+        let v = get_as(server, key, id);
         let state = v["state"].as_str().unwrap().to_owned();
         if !["queued", "running"].contains(&state.as_str()) {
             return v;
@@ -735,6 +764,87 @@ fn turns_go_in_the_order_of_submission() {
     let mut sorted = started.clone();
     sorted.sort();
     assert_eq!(started, sorted, "started out of the order of submission");
+}
+
+#[test]
+fn turns_go_to_the_key_that_ran_least_recently() {
+    let _g = serial();
+    let server = Server::start(&format!("{}{}", other_key(), third_key()), &[]);
+    // The first of the test key's holds the one turn (background.max_running = 1) until it
+    // is cancelled; meanwhile it queues two more, the other key two and a third key one.
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let first = submit(&server, &json!({"code": long}));
+    first_output(&server, &first);
+    let short = |name: &str| json!({"code": format!("print({name:?})")});
+    let queued = [
+        ("a2", KEY),
+        ("a3", KEY),
+        ("b1", OTHER_KEY),
+        ("b2", OTHER_KEY),
+        ("c1", THIRD_KEY),
+    ]
+    .map(|(name, key)| (name, key, submit_as(&server, key, &short(name))));
+    let r = server.call("DELETE", &format!("/v1/executions/{first}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // One at a time, each started once the one before it ended: the order of their starts is
+    // the order of their turns.
+    let mut starts: Vec<(String, &str)> = queued
+        .iter()
+        .map(|(name, key, id)| {
+            let v = wait_ended_as(&server, key, id, Duration::from_secs(60));
+            assert_eq!(v["state"], "finished", "{name}: {v}");
+            (v["started_at"].as_str().unwrap().to_owned(), *name)
+        })
+        .collect();
+    starts.sort();
+    let order: Vec<&str> = starts.iter().map(|(_, name)| *name).collect();
+    // Keys that never ran first (in the order of their submissions), then each key in turn
+    // by the time it last started: a key waits behind at most one execution of each other.
+    assert_eq!(order, ["b1", "c1", "a2", "b2", "a3"]);
+}
+
+#[test]
+fn queued_executions_wait_on_the_disk_not_in_memory() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let running = submit(&server, &json!({"code": long}));
+    first_output(&server, &running);
+    // As many as a key may queue (16), each with 15 MiB of stdin.
+    const STDIN: usize = 15 << 20;
+    const QUEUED: usize = 16;
+    let stdin = "s".repeat(STDIN);
+    let before = server.rss();
+    let ids: Vec<String> = (0..QUEUED)
+        .map(|i| {
+            let code = format!("import sys\nprint(len(sys.stdin.buffer.read()))\n{i}");
+            submit(&server, &json!({"code": code, "stdin": stdin}))
+        })
+        .collect();
+    let grown = server.rss().saturating_sub(before);
+    let total = (QUEUED * STDIN) as u64;
+    eprintln!("{QUEUED} queued with {STDIN} bytes of stdin each: RSS grew by {grown} bytes");
+    assert!(
+        grown < total / 8,
+        "RSS grew by {grown} bytes for {total} bytes of queued stdin"
+    );
+    for id in &ids {
+        assert_eq!(get(&server, id)["state"], "queued");
+        assert!(
+            stored_bytes(&server, id, "job") > STDIN as u64,
+            "{id}'s job is not on the disk"
+        );
+    }
+    // Each gets its stdin whole when its turn comes, and its job leaves the disk.
+    let r = server.call("DELETE", &format!("/v1/executions/{running}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (i, id) in ids.iter().enumerate() {
+        let v = wait_ended(&server, id, Duration::from_secs(120));
+        assert_eq!(v["state"], "finished", "{v}");
+        assert_eq!(v["result"]["stdout"], format!("{STDIN}\n"));
+        assert_eq!(v["result"]["result"], i);
+        assert_eq!(stored_bytes(&server, id, "job"), 0);
+    }
 }
 
 #[test]
