@@ -126,6 +126,14 @@ fn id_of(event: &SseEvent) -> u64 {
         .unwrap_or_else(|| panic!("an event without an id: {event:?}"))
 }
 
+/// Submits one that prints, then sleeps for ten minutes; its id, once it runs.
+fn start_long(server: &Server) -> String {
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let id = submit(server, &json!({ "code": long }));
+    first_output(server, &id);
+    id
+}
+
 /// Waits for the first event of `id`, which must be output.
 fn first_output(server: &Server, id: &str) -> SseEvent {
     let event = follow(server, KEY, id, None).next().unwrap();
@@ -613,11 +621,7 @@ fn a_graceful_shutdown_interrupts_background_executions_and_leaves_nothing_behin
 fn cancelled_queued_executions_do_not_pile_up_past_what_a_key_may_keep() {
     let _g = serial();
     let server = Server::start("[background]\nmax_kept_per_key = 3\n", &[]);
-    let running = submit(
-        &server,
-        &json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"}),
-    );
-    first_output(&server, &running);
+    let running = start_long(&server);
     let mut cancelled = Vec::new();
     for _ in 0..10 {
         let id = submit(&server, &json!({"code": "print('never')"}));
@@ -772,9 +776,7 @@ fn turns_go_to_the_key_that_ran_least_recently() {
     let server = Server::start(&format!("{}{}", other_key(), third_key()), &[]);
     // The first of the test key's holds the one turn (background.max_running = 1) until it
     // is cancelled; meanwhile it queues two more, the other key two and a third key one.
-    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
-    let first = submit(&server, &json!({"code": long}));
-    first_output(&server, &first);
+    let first = start_long(&server);
     let short = |name: &str| json!({"code": format!("print({name:?})")});
     let queued = [
         ("a2", KEY),
@@ -807,9 +809,7 @@ fn turns_go_to_the_key_that_ran_least_recently() {
 fn queued_executions_wait_on_the_disk_not_in_memory() {
     let _g = serial();
     let server = Server::start("", &[]);
-    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
-    let running = submit(&server, &json!({"code": long}));
-    first_output(&server, &running);
+    let running = start_long(&server);
     // As many as a key may queue (16), each with 15 MiB of stdin.
     const STDIN: usize = 15 << 20;
     const QUEUED: usize = 16;
@@ -851,9 +851,7 @@ fn queued_executions_wait_on_the_disk_not_in_memory() {
 fn a_cancelled_background_execution_s_audit_record_says_so() {
     let _g = serial();
     let server = Server::start("", &[]);
-    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
-    let id = submit(&server, &json!({"code": long}));
-    first_output(&server, &id);
+    let id = start_long(&server);
     let r = server.call("DELETE", &format!("/v1/executions/{id}"), None);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["state"], "cancelled");
