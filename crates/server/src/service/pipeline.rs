@@ -431,25 +431,36 @@ pub(crate) async fn submit(
     // result, whole in memory) must fit the key's share too, or it could never be read.
     answer_size(state, &job.limits, form)?;
     let answer_bytes = answer_size(state, &job.limits, Form::Json)?;
-    let live = state.background.submit(
-        &caller,
-        state.held_id("ex_"),
-        &request_id,
-        &job.limits,
-        parked::size(&job),
-    )?;
     let st = state.clone();
     // Its spans join the submission's trace, after the 202.
     let trace = state.telemetry.request_span(&request_id);
-    // From here it goes on whether or not its client waits for the answer: a task of its own.
+    // From here it goes on whether or not its client waits for the answer: a task of its own,
+    // so that nothing it stored is left without one.
     let (stored_tx, stored_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
-        // What is large in its job waits on the disk, not in memory: it may wait for hours.
-        let parking = live.clone();
-        let job = match blocking("storing the job", move || parking.park(job)).await {
-            Ok(job) => job,
+        let (bg, key, rid, id) = (
+            st.clone(),
+            caller.clone(),
+            request_id.clone(),
+            st.held_id("ex_"),
+        );
+        // Stored, and what is large in its job parked on the disk rather than held in memory
+        // (it may wait for hours); sizing, writing and syncing off the async workers.
+        let stored = blocking("storing the background execution", move || {
+            let size = parked::size(&job);
+            let live = bg.background.submit(&key, id, &rid, &job.limits, size)?;
+            match live.park(job) {
+                Ok(job) => Ok((live, job)),
+                Err(e) => {
+                    bg.background.withdraw(&live);
+                    Err(e)
+                }
+            }
+        })
+        .await;
+        let (live, job) = match stored {
+            Ok(stored) => stored,
             Err(e) => {
-                st.background.withdraw(&live);
                 let _ = stored_tx.send(Err(e));
                 return;
             }
