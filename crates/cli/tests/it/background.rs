@@ -373,6 +373,10 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
     );
     first_output(&server, &ran);
     let waited = submit(&server, &json!({"code": "print('never')"}));
+    assert!(
+        stored_bytes(&server, &waited, "job") > 0,
+        "its job waits on the disk"
+    );
     let dir = server.kill_keeping_state();
     // As a power loss may leave it: an event cut short at the end of the log.
     let log = dir.join("state/background").join(&ran).join("events");
@@ -421,6 +425,9 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
         server.metric("airlock_background_executions{state=\"ended\"}"),
         3.0
     );
+    // The job that waited will not run now: it is gone from the disk.
+    assert_eq!(stored_bytes(&server, &waited, "job"), 0);
+    assert!(stored_dir(&server, &waited).join("meta.json").exists());
     // Past their retention they are removed.
     let deadline = Instant::now() + Duration::from_secs(20);
     while server.metric("airlock_background_executions{state=\"ended\"}") > 0.0 {
