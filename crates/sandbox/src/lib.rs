@@ -57,6 +57,8 @@ pub use bounded::{BoundedDir, BoundedError, BoundedKind};
 pub use cgroup::{
     cleanup_failures, remove_leftovers, settle, CgroupError, CgroupVersion, Layout, SANDBOX_PREFIX,
 };
+/// Large blocks mapped on their own, given back to the system when freed (a server's).
+pub use sys::map_large_blocks;
 /// Starts writing a range of a file to disk without waiting (snapshots use it so that their
 /// final sync waits for the last piece only).
 pub use sys::start_writeback;

@@ -4,14 +4,17 @@
 //! requests in flight (`enter`), so a throttled key cannot make the server buffer bodies for
 //! it. Then it waits for a running slot (`admit`): its key's own concurrency, when the key has
 //! limits of its own (bounded queue; past it, 429), then the global concurrency (bounded queue;
-//! past it, 503). Queues are FIFO, bounded in length and in waiting time, and closed on
-//! shutdown. The configured numbers are the numbers enforced.
+//! past it, 503). A key's own queue is first come, first served; the global one, which all
+//! keys share, goes by [`Turns`]: a slot given back goes to the waiting key that started
+//! least recently, so one key's many requests hold up another key's behind at most one of
+//! its own. Queues are bounded in length and in waiting time, and closed on shutdown. The
+//! configured numbers are the numbers enforced.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::config::ConcurrencyConfig;
 use crate::keys::Key;
@@ -92,7 +95,7 @@ impl Drop for Entered {
 #[derive(Debug)]
 pub struct Admitted {
     _key: Option<OwnedSemaphorePermit>,
-    _global: OwnedSemaphorePermit,
+    _global: Slot,
     metrics: Arc<Metrics>,
 }
 
@@ -102,10 +105,239 @@ impl Drop for Admitted {
     }
 }
 
+/// Whose turn it is among keys waiting for something they share: the key that started least
+/// recently goes first (one that never started before any that did), and one key's waiters
+/// go in the order they came. A key waits behind at most one start of each other key.
+#[derive(Debug, Default)]
+pub struct Turns {
+    clock: u64,
+    /// When each key last started, on `clock`.
+    last: HashMap<String, u64>,
+}
+
+impl Turns {
+    /// `key` starts now.
+    pub fn start(&mut self, key: &str) {
+        self.clock += 1;
+        match self.last.get_mut(key) {
+            Some(at) => *at = self.clock,
+            None => {
+                self.last.insert(key.to_owned(), self.clock);
+            }
+        }
+    }
+
+    /// The next to go of `waiting`: each waiter's ticket (rising in the order they came) and
+    /// key.
+    pub fn next<'a>(&self, waiting: impl Iterator<Item = (u64, &'a str)>) -> Option<u64> {
+        waiting
+            .min_by_key(|(ticket, key)| (self.last.get(*key).copied().unwrap_or(0), *ticket))
+            .map(|(ticket, _)| ticket)
+    }
+}
+
+/// The running slots all keys share, handed out in [`Turns`].
+struct Slots {
+    inner: Mutex<SlotsInner>,
+    /// `queue_depth` counts the waiters within the queue's bound.
+    metrics: Arc<Metrics>,
+}
+
+struct SlotsInner {
+    free: usize,
+    closed: bool,
+    next_ticket: u64,
+    waiting: BTreeMap<u64, Waiter>,
+    /// Waiters within the queue's bound (requests answered in place; background work waits
+    /// outside it).
+    queued: usize,
+    turns: Turns,
+}
+
+struct Waiter {
+    key: String,
+    counted: bool,
+    /// Sent when the waiter is given a slot; dropped unsent when admission closes.
+    given: oneshot::Sender<()>,
+}
+
+/// One running slot, given back (to the next waiter, if any) when dropped.
+pub struct Slot {
+    slots: Arc<Slots>,
+}
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.slots.inner);
+        inner.free += 1;
+        inner.hand_over(&self.slots.metrics);
+    }
+}
+
+impl SlotsInner {
+    /// Takes `ticket` out of the queue, if it still waits there.
+    fn unwait(&mut self, ticket: u64, metrics: &Metrics) -> Option<Waiter> {
+        let waiter = self.waiting.remove(&ticket)?;
+        if waiter.counted {
+            self.queued -= 1;
+            metrics.queue_depth.dec();
+        }
+        Some(waiter)
+    }
+
+    /// Gives the free slots to the waiters whose turn it is.
+    fn hand_over(&mut self, metrics: &Metrics) {
+        while self.free > 0 {
+            let next = self
+                .turns
+                .next(self.waiting.iter().map(|(t, w)| (*t, w.key.as_str())));
+            let Some(waiter) = next.and_then(|t| self.unwait(t, metrics)) else {
+                return;
+            };
+            // A waiter that went away takes itself out of the queue first: sent, it is taken.
+            if waiter.given.send(()).is_ok() {
+                self.free -= 1;
+                self.turns.start(&waiter.key);
+            }
+        }
+    }
+}
+
+/// A place in the queue for a slot; leaving it early (the request dropped: its client went
+/// away) takes it out of the queue, or gives back the slot it was given meanwhile.
+struct Wait<'a> {
+    slots: &'a Arc<Slots>,
+    ticket: u64,
+    given: oneshot::Receiver<()>,
+    over: bool,
+}
+
+impl Drop for Wait<'_> {
+    fn drop(&mut self) {
+        if self.over {
+            return;
+        }
+        let mut inner = lock(&self.slots.inner);
+        if inner.unwait(self.ticket, &self.slots.metrics).is_none() && self.given.try_recv().is_ok()
+        {
+            inner.free += 1;
+            inner.hand_over(&self.slots.metrics);
+        }
+    }
+}
+
+impl Slots {
+    fn new(n: usize, metrics: Arc<Metrics>) -> Slots {
+        Slots {
+            inner: Mutex::new(SlotsInner {
+                free: n,
+                closed: false,
+                next_ticket: 0,
+                waiting: BTreeMap::new(),
+                queued: 0,
+                turns: Turns::default(),
+            }),
+            metrics,
+        }
+    }
+
+    /// A slot for `key`: now if one is free, else when its turn comes. `bound`: the most that
+    /// may wait within the queue's bound, and until when (none: outside it, as long as it
+    /// takes).
+    async fn take(
+        self: &Arc<Self>,
+        key: &str,
+        bound: Option<(usize, tokio::time::Instant)>,
+    ) -> Result<Slot, NoSlot> {
+        let (ticket, given) = {
+            let mut inner = lock(&self.inner);
+            if inner.closed {
+                return Err(NoSlot(Some(Rejection::ShuttingDown)));
+            }
+            if inner.free > 0 {
+                inner.free -= 1;
+                inner.turns.start(key);
+                return Ok(Slot {
+                    slots: self.clone(),
+                });
+            }
+            if let Some((max_queue, _)) = bound {
+                if inner.queued >= max_queue {
+                    return Err(NoSlot(None));
+                }
+                inner.queued += 1;
+                self.metrics.queue_depth.inc();
+            }
+            let ticket = inner.next_ticket;
+            inner.next_ticket += 1;
+            let (tx, rx) = oneshot::channel();
+            inner.waiting.insert(
+                ticket,
+                Waiter {
+                    key: key.to_owned(),
+                    counted: bound.is_some(),
+                    given: tx,
+                },
+            );
+            (ticket, rx)
+        };
+        let mut wait = Wait {
+            slots: self,
+            ticket,
+            given,
+            over: false,
+        };
+        let got = match bound {
+            Some((_, deadline)) => tokio::time::timeout_at(deadline, &mut wait.given).await,
+            None => Ok((&mut wait.given).await),
+        };
+        wait.over = true;
+        let given = match got {
+            Ok(given) => given.is_ok(),
+            Err(_elapsed) => {
+                let mut inner = lock(&self.inner);
+                if inner.unwait(ticket, &self.metrics).is_some() {
+                    return Err(NoSlot(Some(Rejection::QueueTimeout)));
+                }
+                // Given a slot (or closed) as the time ran out.
+                wait.given.try_recv().is_ok()
+            }
+        };
+        if given {
+            Ok(Slot {
+                slots: self.clone(),
+            })
+        } else {
+            Err(NoSlot(Some(Rejection::ShuttingDown)))
+        }
+    }
+
+    /// Refuses every waiter and every later request.
+    fn close(&self) {
+        let mut inner = lock(&self.inner);
+        inner.closed = true;
+        let tickets: Vec<u64> = inner.waiting.keys().copied().collect();
+        for ticket in tickets {
+            // Dropping its sender tells the waiter.
+            inner.unwait(ticket, &self.metrics);
+        }
+    }
+
+    fn has_room(&self, max_queue: usize) -> bool {
+        let inner = lock(&self.inner);
+        inner.free > 0 || inner.queued < max_queue
+    }
+}
+
 pub struct Admission {
     config: ConcurrencyConfig,
-    global: Arc<Semaphore>,
-    global_waiting: Mutex<usize>,
+    global: Arc<Slots>,
     /// Each key's gate, by name; keys reloaded get theirs (`reload`).
     keys: std::sync::RwLock<HashMap<String, Arc<KeyGate>>>,
     metrics: Arc<Metrics>,
@@ -127,15 +359,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// dropped while it waits: the client went away).
 struct Waiting<'a> {
     count: &'a Mutex<usize>,
-    gauge: Option<&'a Metrics>,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         *lock(self.count) -= 1;
-        if let Some(m) = self.gauge {
-            m.queue_depth.dec();
-        }
     }
 }
 
@@ -146,8 +374,7 @@ impl Admission {
             .map(|k| (k.name().to_owned(), Arc::new(KeyGate::of(k))))
             .collect();
         Admission {
-            global: Arc::new(Semaphore::new(config.max_running)),
-            global_waiting: Mutex::new(0),
+            global: Arc::new(Slots::new(config.max_running, metrics.clone())),
             config,
             keys: std::sync::RwLock::new(keys),
             metrics,
@@ -171,14 +398,14 @@ impl Admission {
 
     /// Whether a request arriving now could start without waiting, or at least queue.
     pub fn has_room(&self) -> bool {
-        self.global.available_permits() > 0 || *lock(&self.global_waiting) < self.config.max_queue
+        self.global.has_room(self.config.max_queue)
     }
 
     /// Before a request's body is read: the key's rate limit, and a bound on its requests in
     /// flight (its concurrency plus its queue, when it has limits of its own).
     pub fn enter(&self, key: &Key) -> Result<Entered, Rejection> {
         let gate = self.gate(key)?;
-        if self.global.is_closed() {
+        if lock(&self.global.inner).closed {
             return Err(Rejection::ShuttingDown);
         }
         let mut in_flight = lock(&gate.in_flight);
@@ -224,19 +451,15 @@ impl Admission {
             None => None,
             Some(running) => {
                 let queue = key.config.max_queue.unwrap_or(self.config.max_queue);
-                let permit = acquire(running, &gate.waiting, queue, deadline, None).await;
+                let permit = acquire(running, &gate.waiting, queue, deadline).await;
                 Some(permit.map_err(|no| no.or(Rejection::KeyBusy))?)
             }
         };
-        let global = acquire(
-            &self.global,
-            &self.global_waiting,
-            self.config.max_queue,
-            deadline,
-            Some(&self.metrics),
-        )
-        .await
-        .map_err(|no| no.or(Rejection::Overloaded))?;
+        let global = self
+            .global
+            .take(key.name(), Some((self.config.max_queue, deadline)))
+            .await
+            .map_err(|no| no.or(Rejection::Overloaded))?;
         self.metrics.running.inc();
         Ok(Admitted {
             _key: key_permit,
@@ -262,10 +485,9 @@ impl Admission {
         };
         let global = self
             .global
-            .clone()
-            .acquire_owned()
+            .take(key.name(), None)
             .await
-            .map_err(|_| Rejection::ShuttingDown)?;
+            .map_err(|no| no.or(Rejection::ShuttingDown))?;
         self.metrics.running.inc();
         Ok(Admitted {
             _key: key_permit,
@@ -303,13 +525,13 @@ impl NoSlot {
     }
 }
 
-/// Takes a permit now, or queues for one if fewer than `max_queue` already wait.
+/// Takes a permit of a key's own now, or queues for one (first come, first served) if fewer
+/// than `max_queue` already wait.
 async fn acquire(
     semaphore: &Arc<Semaphore>,
     waiting: &Mutex<usize>,
     max_queue: usize,
     deadline: tokio::time::Instant,
-    gauge: Option<&Metrics>,
 ) -> Result<OwnedSemaphorePermit, NoSlot> {
     match semaphore.clone().try_acquire_owned() {
         Ok(permit) => return Ok(permit),
@@ -323,13 +545,7 @@ async fn acquire(
         }
         *count += 1;
     }
-    if let Some(m) = gauge {
-        m.queue_depth.inc();
-    }
-    let _waiting = Waiting {
-        count: waiting,
-        gauge,
-    };
+    let _waiting = Waiting { count: waiting };
     match tokio::time::timeout_at(deadline, semaphore.clone().acquire_owned()).await {
         Ok(Ok(permit)) => Ok(permit),
         Ok(Err(_closed)) => Err(NoSlot(Some(Rejection::ShuttingDown))),
@@ -391,7 +607,7 @@ mod tests {
         let started = std::time::Instant::now();
         assert_eq!(adm.admit(&key).await.unwrap_err(), Rejection::QueueTimeout);
         assert!(started.elapsed() >= Duration::from_millis(150));
-        assert_eq!(*lock(&adm.global_waiting), 0, "the queue is left empty");
+        assert_eq!(lock(&adm.global.inner).queued, 0, "the queue is left empty");
     }
 
     #[tokio::test]
@@ -408,6 +624,72 @@ mod tests {
         assert_eq!(waiter.await.unwrap().unwrap_err(), Rejection::ShuttingDown);
         assert_eq!(adm.admit(&key).await.unwrap_err(), Rejection::ShuttingDown);
         assert_eq!(adm.enter(&key).err(), Some(Rejection::ShuttingDown));
+    }
+
+    /// Two keys without limits of their own, sharing `running` slots.
+    fn two_keys(running: usize) -> (Arc<Admission>, Arc<Key>, Arc<Key>) {
+        let store = KeyStore::new(vec![
+            KeyConfig::new("a", hash_key("key-a-for-tests-0001")),
+            KeyConfig::new("b", hash_key("key-b-for-tests-0001")),
+        ])
+        .unwrap();
+        let cfg = ConcurrencyConfig {
+            max_running: running,
+            max_queue: 10,
+            queue_timeout_ms: 10_000,
+        };
+        let adm = Admission::new(cfg, &store.keys(), Arc::new(Metrics::default()));
+        (
+            Arc::new(adm),
+            store.keys()[0].clone(),
+            store.keys()[1].clone(),
+        )
+    }
+
+    async fn wait_queued(adm: &Admission, n: usize) {
+        while lock(&adm.global.inner).queued != n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slot_given_back_goes_to_the_key_that_started_least_recently() {
+        let (adm, a, b) = two_keys(1);
+        let running = adm.admit(&a).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        for (n, (name, key)) in [("a1", &a), ("a2", &a), ("b1", &b)].into_iter().enumerate() {
+            let (admission, key, tx) = (adm.clone(), key.clone(), tx.clone());
+            tokio::spawn(async move {
+                let slot = admission.admit(&key).await.unwrap();
+                tx.send(name).unwrap();
+                drop(slot);
+            });
+            wait_queued(&adm, n + 1).await;
+        }
+        drop(running);
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            order.push(rx.recv().await.unwrap());
+        }
+        assert_eq!(order, ["b1", "a1", "a2"]);
+        assert_eq!(lock(&adm.global.inner).free, 1);
+    }
+
+    #[tokio::test]
+    async fn a_slot_given_to_a_waiter_that_went_away_goes_on() {
+        let (adm, a, b) = two_keys(1);
+        let running = adm.admit(&a).await.unwrap();
+        let waiter = {
+            let (adm, b) = (adm.clone(), b.clone());
+            tokio::spawn(async move { adm.admit(&b).await.map(drop) })
+        };
+        wait_queued(&adm, 1).await;
+        // Given the slot, and gone before it could take it.
+        drop(running);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(lock(&adm.global.inner).free, 1);
+        assert!(adm.admit(&a).await.is_ok());
     }
 
     #[tokio::test]

@@ -263,8 +263,8 @@ pub struct BackgroundConfig {
     pub max_kept_per_key: usize,
     /// How long an ended execution's result and events are kept.
     pub retention_ms: u64,
-    /// Bytes one key's background executions may store (their events and results); past
-    /// it a submission is 429, and one that runs is stopped.
+    /// Bytes one key's background executions may store (their events, results, and the jobs
+    /// of those waiting); past it a submission is 429, and one that runs is stopped.
     pub max_bytes_per_key: u64,
 }
 
@@ -691,7 +691,8 @@ pub struct CorsConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ConcurrencyConfig {
-    /// Executions running at once, for all keys together.
+    /// Executions running at once, for all keys together; a slot given back goes to the
+    /// waiting key that started one least recently.
     pub max_running: usize,
     /// Executions waiting for a slot, for all keys together; past it, 503.
     pub max_queue: usize,

@@ -250,7 +250,7 @@ pub(crate) fn document() -> Value {
                 "summary": "Submit code to run in the background: answered 202 at once, run to its end whether or not anyone listens",
                 "requestBody": {"required": true, "content": json_body(&request)},
                 "responses": with(errors(&[400, 401, 403, 408, 413, 415, 421, 429, 503]), "202",
-                    json!({"description": "Taken: the execution's state (`queued`), with `Location: /v1/executions/{id}`. `limits.timeout_ms` and `limits.cpu_ms` may reach `background.max_timeout_ms` (default 4 h; `background.default_timeout_ms` when left out). 429 when the key already has `background.max_queued_per_key` waiting or keeps `background.max_kept_per_key`.",
+                    json!({"description": "Taken: the execution's state (`queued`), with `Location: /v1/executions/{id}`. `limits.timeout_ms` and `limits.cpu_ms` may reach `background.max_timeout_ms` (default 4 h); left out, `timeout_ms` is `background.default_timeout_ms` and `cpu_ms` the execution's `timeout_ms`. 429 when the key already has `background.max_queued_per_key` waiting, keeps `background.max_kept_per_key`, or its background executions' events, results and waiting jobs would store more than `background.max_bytes_per_key`.",
                            "content": {"application/json": {"schema": background_schema()}}})),
             }},
             "/v1/executions/{id}": {

@@ -80,6 +80,19 @@ pub struct Started {
     pub addr: SocketAddr,
 }
 
+/// Blocks of this many bytes or more are mapped on their own ([`give_back_large_blocks`]).
+const LARGE_BLOCK: usize = 1 << 20;
+
+/// A large body, request or answer freed goes back to the system rather than stay resident in
+/// the arena of the thread that freed it (`airlock_sandbox::map_large_blocks`): what the
+/// memory budget counts is what the server holds, and a background execution's job parked on
+/// the disk leaves no copy behind.
+pub(crate) fn give_back_large_blocks() {
+    if !airlock_sandbox::map_large_blocks(LARGE_BLOCK) {
+        tracing::warn!("cannot set the allocator's threshold for large blocks");
+    }
+}
+
 /// Reads the configuration again (SIGHUP), for its keys.
 pub type Reload = Box<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
@@ -92,6 +105,7 @@ pub async fn run(
     on_start: impl FnOnce(Started),
 ) -> Result<(), ServeError> {
     crate::sizing::check(&config).map_err(ServeError::Config)?;
+    give_back_large_blocks();
     let state_dir = make_state_dir(&config)?;
     let resolved = KeyStore::resolve(&config.keys, env_key.as_deref(), &state_dir)?;
     if let Some(key) = &resolved.generated {

@@ -21,6 +21,7 @@ pub async fn run_stdio(config: crate::config::Config) -> Result<(), ServeError> 
     use rmcp::ServiceExt;
     use tokio::signal::unix::{signal, SignalKind};
     crate::sizing::check(&config).map_err(ServeError::Config)?;
+    crate::serve::give_back_large_blocks();
     let state_dir = make_state_dir(&config)?;
     // A key nobody holds: it only names the local caller in logs, metrics and the audit log.
     let secret = crate::keys::generate_key()

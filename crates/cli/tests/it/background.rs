@@ -23,9 +23,23 @@ fn other_key() -> String {
     )
 }
 
+const THIRD_KEY: &str = "third-key-for-background-01234567";
+
+fn third_key() -> String {
+    format!(
+        "[[keys]]\nname = \"third\"\nhash = \"{}\"\n",
+        key_hash(THIRD_KEY)
+    )
+}
+
 /// Submits `body`; its id (after checking the 202 and its `Location`).
 fn submit(server: &Server, body: &Value) -> String {
-    let r = server.call("POST", "/v1/executions", Some(body));
+    submit_as(server, KEY, body)
+}
+
+/// Submits `body` as `key`; its id.
+fn submit_as(server: &Server, key: &str, body: &Value) -> String {
+    let r = call_as(server.addr, key, "POST", "/v1/executions", Some(body));
     assert_eq!(r.status, 202, "{}", r.text());
     let v = r.json();
     let id = v["id"].as_str().unwrap().to_owned();
@@ -48,16 +62,31 @@ fn stored_bytes(server: &Server, id: &str, file: &str) -> u64 {
 }
 
 fn get(server: &Server, id: &str) -> Value {
-    let r = server.call("GET", &format!("/v1/executions/{id}"), None);
+    get_as(server, KEY, id)
+}
+
+fn get_as(server: &Server, key: &str, id: &str) -> Value {
+    let r = call_as(
+        server.addr,
+        key,
+        "GET",
+        &format!("/v1/executions/{id}"),
+        None,
+    );
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
 }
 
 /// Polls until the execution has ended (up to `within`).
 fn wait_ended(server: &Server, id: &str, within: Duration) -> Value {
+    wait_ended_as(server, KEY, id, within)
+}
+
+/// Polls until `key`'s execution has ended (up to `within`).
+fn wait_ended_as(server: &Server, key: &str, id: &str, within: Duration) -> Value {
     let deadline = Instant::now() + within;
     loop {
-        let v = get(server, id);
+        let v = get_as(server, key, id);
         let state = v["state"].as_str().unwrap().to_owned();
         if !["queued", "running"].contains(&state.as_str()) {
             return v;
@@ -95,6 +124,14 @@ fn id_of(event: &SseEvent) -> u64 {
     event
         .id
         .unwrap_or_else(|| panic!("an event without an id: {event:?}"))
+}
+
+/// Submits one that prints, then sleeps for ten minutes; its id, once it runs.
+fn start_long(server: &Server) -> String {
+    let long = "import time\nprint('started', flush=True)\ntime.sleep(600)";
+    let id = submit(server, &json!({ "code": long }));
+    first_output(server, &id);
+    id
 }
 
 /// Waits for the first event of `id`, which must be output.
@@ -336,6 +373,10 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
     );
     first_output(&server, &ran);
     let waited = submit(&server, &json!({"code": "print('never')"}));
+    assert!(
+        stored_bytes(&server, &waited, "job") > 0,
+        "its job waits on the disk"
+    );
     let dir = server.kill_keeping_state();
     // As a power loss may leave it: an event cut short at the end of the log.
     let log = dir.join("state/background").join(&ran).join("events");
@@ -384,6 +425,9 @@ fn a_restart_keeps_what_ended_and_interrupts_what_ran() {
         server.metric("airlock_background_executions{state=\"ended\"}"),
         3.0
     );
+    // The job that waited will not run now: it is gone from the disk.
+    assert_eq!(stored_bytes(&server, &waited, "job"), 0);
+    assert!(stored_dir(&server, &waited).join("meta.json").exists());
     // Past their retention they are removed.
     let deadline = Instant::now() + Duration::from_secs(20);
     while server.metric("airlock_background_executions{state=\"ended\"}") > 0.0 {
@@ -584,11 +628,7 @@ fn a_graceful_shutdown_interrupts_background_executions_and_leaves_nothing_behin
 fn cancelled_queued_executions_do_not_pile_up_past_what_a_key_may_keep() {
     let _g = serial();
     let server = Server::start("[background]\nmax_kept_per_key = 3\n", &[]);
-    let running = submit(
-        &server,
-        &json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(600)"}),
-    );
-    first_output(&server, &running);
+    let running = start_long(&server);
     let mut cancelled = Vec::new();
     for _ in 0..10 {
         let id = submit(&server, &json!({"code": "print('never')"}));
@@ -735,4 +775,149 @@ fn turns_go_in_the_order_of_submission() {
     let mut sorted = started.clone();
     sorted.sort();
     assert_eq!(started, sorted, "started out of the order of submission");
+}
+
+#[test]
+fn turns_go_to_the_key_that_ran_least_recently() {
+    let _g = serial();
+    let server = Server::start(&format!("{}{}", other_key(), third_key()), &[]);
+    // The first of the test key's holds the one turn (background.max_running = 1) until it
+    // is cancelled; meanwhile it queues two more, the other key two and a third key one.
+    let first = start_long(&server);
+    let short = |name: &str| json!({"code": format!("print({name:?})")});
+    let queued = [
+        ("a2", KEY),
+        ("a3", KEY),
+        ("b1", OTHER_KEY),
+        ("b2", OTHER_KEY),
+        ("c1", THIRD_KEY),
+    ]
+    .map(|(name, key)| (name, key, submit_as(&server, key, &short(name))));
+    let r = server.call("DELETE", &format!("/v1/executions/{first}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // One at a time, each started once the one before it ended: the order of their starts is
+    // the order of their turns.
+    let mut starts: Vec<(String, &str)> = queued
+        .iter()
+        .map(|(name, key, id)| {
+            let v = wait_ended_as(&server, key, id, Duration::from_secs(60));
+            assert_eq!(v["state"], "finished", "{name}: {v}");
+            (v["started_at"].as_str().unwrap().to_owned(), *name)
+        })
+        .collect();
+    starts.sort();
+    let order: Vec<&str> = starts.iter().map(|(_, name)| *name).collect();
+    // Keys that never ran first (in the order of their submissions), then each key in turn
+    // by the time it last started: a key waits behind at most one execution of each other.
+    assert_eq!(order, ["b1", "c1", "a2", "b2", "a3"]);
+}
+
+#[test]
+fn queued_executions_wait_on_the_disk_not_in_memory() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let running = start_long(&server);
+    // As many as a key may queue (16), each with 15 MiB of stdin.
+    const STDIN: usize = 15 << 20;
+    const QUEUED: usize = 16;
+    let stdin = "s".repeat(STDIN);
+    let before = server.rss();
+    let ids: Vec<String> = (0..QUEUED)
+        .map(|i| {
+            let code = format!("import sys\nprint(len(sys.stdin.buffer.read()))\n{i}");
+            submit(&server, &json!({"code": code, "stdin": stdin}))
+        })
+        .collect();
+    let grown = server.rss().saturating_sub(before);
+    let total = (QUEUED * STDIN) as u64;
+    eprintln!("{QUEUED} queued with {STDIN} bytes of stdin each: RSS grew by {grown} bytes");
+    assert!(
+        grown < total / 8,
+        "RSS grew by {grown} bytes for {total} bytes of queued stdin"
+    );
+    for id in &ids {
+        assert_eq!(get(&server, id)["state"], "queued");
+        assert!(
+            stored_bytes(&server, id, "job") > STDIN as u64,
+            "{id}'s job is not on the disk"
+        );
+    }
+    // Each gets its stdin whole when its turn comes, and its job leaves the disk.
+    let r = server.call("DELETE", &format!("/v1/executions/{running}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (i, id) in ids.iter().enumerate() {
+        let v = wait_ended(&server, id, Duration::from_secs(120));
+        assert_eq!(v["state"], "finished", "{v}");
+        assert_eq!(v["result"]["stdout"], format!("{STDIN}\n"));
+        assert_eq!(v["result"]["result"], i);
+        assert_eq!(stored_bytes(&server, id, "job"), 0);
+    }
+}
+
+#[test]
+fn a_cancelled_background_execution_s_audit_record_says_so() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let id = start_long(&server);
+    let r = server.call("DELETE", &format!("/v1/executions/{id}"), None);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "cancelled");
+    let audit = server.state_dir().join("audit.jsonl");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let record = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let record = text
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .find(|l| l["id"] == id.as_str() && l.get("status").is_some());
+        if let Some(record) = record {
+            break record;
+        }
+        assert!(Instant::now() < deadline, "no record for {id}: {text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(record["error"]["type"], "Cancelled", "{record}");
+    assert!(
+        record["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("DELETE"),
+        "{record}"
+    );
+}
+
+#[test]
+fn output_events_hold_at_most_16_kib_each_cut_between_characters() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    // One print of 40,003 bytes, three-byte characters, in one write.
+    let id = submit(&server, &json!({"code": "print('€' * 13334)"}));
+    let v = wait_ended(&server, &id, Duration::from_secs(30));
+    assert_eq!(v["state"], "finished", "{v}");
+    let expected = format!("{}\n", "€".repeat(13334));
+    assert_eq!(v["result"]["stdout"], expected.as_str());
+    let mut events = follow(&server, KEY, &id, None);
+    let mut pieces = Vec::new();
+    while let Some(e) = events.next() {
+        if e.name == "stdout" {
+            let piece = e.data["text"].as_str().unwrap().to_owned();
+            assert!(piece.len() <= 16 << 10, "an event of {} bytes", piece.len());
+            pieces.push((id_of(&e), piece));
+        }
+    }
+    assert!(pieces.len() >= 3, "{} events", pieces.len());
+    let text: String = pieces.iter().map(|(_, p)| p.as_str()).collect();
+    assert_eq!(text, expected);
+    // Resumed after each of them, what follows is exactly the rest.
+    for (n, (after, _)) in pieces.iter().enumerate() {
+        let mut rest = String::new();
+        let mut events = follow(&server, KEY, &id, Some(*after));
+        while let Some(e) = events.next() {
+            if e.name == "stdout" {
+                rest.push_str(e.data["text"].as_str().unwrap());
+            }
+        }
+        let want: String = pieces[n + 1..].iter().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(rest, want, "after event {n}");
+    }
 }

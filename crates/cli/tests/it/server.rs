@@ -875,6 +875,73 @@ fn per_key_concurrency_and_rate_limits_answer_429() {
     assert!((1..=20).contains(&retry), "{retry}");
 }
 
+/// Sends `code` as `key` to `/v1/execute` and leaves the answer unread: dropping the stream
+/// is the client going away, which cancels it.
+fn hold(server: &Server, key: &str, code: &str) -> std::net::TcpStream {
+    let mut s = server.connect();
+    let body = json!({ "code": code }).to_string();
+    write!(
+        s,
+        "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// Waits until `n` requests wait for a running slot.
+fn wait_queued(server: &Server, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric("airlock_queue_depth") != n as f64 {
+        assert!(Instant::now() < deadline, "never {n} queued");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_slot_given_back_goes_to_the_key_that_ran_least_recently() {
+    let _g = serial();
+    // Neither key has limits of its own: each may take every slot (4 by default).
+    let server = Server::start(&other_key_toml(""), &[]);
+    let holders: Vec<_> = (0..4)
+        .map(|_| hold(&server, KEY, "import time\ntime.sleep(600)"))
+        .collect();
+    server.wait_running(4);
+    // The test key queues two more, then the other key one.
+    let code = |name: &str| format!("print({name:?})");
+    let a1 = in_background(&server, &code("a1"), KEY);
+    wait_queued(&server, 1);
+    let a2 = in_background(&server, &code("a2"), KEY);
+    wait_queued(&server, 2);
+    let b1 = in_background(&server, &code("b1"), OTHER_KEY);
+    wait_queued(&server, 3);
+    // One slot is given back: the three run one after the other in it.
+    let mut holders = holders.into_iter();
+    drop(holders.next());
+    for waiter in [a1, a2, b1] {
+        assert_eq!(waiter.join().unwrap().status, 200);
+    }
+    // Their order is the order of their `started` lines.
+    let names: std::collections::HashMap<String, &str> = ["a1", "a2", "b1"]
+        .into_iter()
+        .map(|n| (airlock_api::sha256_hex(code(n).as_bytes()), n))
+        .collect();
+    let audit = std::fs::read_to_string(server.state_dir().join("audit.jsonl")).unwrap();
+    let order: Vec<&str> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "started")
+        .filter_map(|l| names.get(l["code_sha256"].as_str()?).copied())
+        .collect();
+    assert_eq!(
+        order,
+        ["b1", "a1", "a2"],
+        "the other key waits behind one at most"
+    );
+    drop(holders);
+}
+
 #[test]
 fn limits_above_a_ceiling_are_refused_with_the_ceiling_named() {
     let _g = serial();

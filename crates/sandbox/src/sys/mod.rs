@@ -14,7 +14,7 @@ pub use nix::unistd::ForkResult;
 mod abi;
 mod wipe;
 
-pub use wipe::wipe_freed_memory;
+pub use wipe::{map_large_blocks, wipe_freed_memory};
 
 /// `fork(2)`.
 ///

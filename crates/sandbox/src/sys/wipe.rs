@@ -23,6 +23,19 @@ pub fn wipe_freed_memory(on: bool) {
     WIPING.store(on, Ordering::Relaxed);
 }
 
+/// Blocks of `bytes` or more are mapped on their own, and unmapped when freed
+/// (`mallopt(3)`'s `M_MMAP_THRESHOLD`, fixed). Left to itself glibc raises that threshold to
+/// the largest block freed (up to 32 MiB), after which such blocks come from the arena of the
+/// thread that asked, and a freed one stays there, resident, for that thread's next: a server
+/// whose threads each took in one large request holds as much for none. Whether it was set.
+pub fn map_large_blocks(bytes: usize) -> bool {
+    let Ok(bytes) = libc::c_int::try_from(bytes) else {
+        return false;
+    };
+    // SAFETY: mallopt takes no pointers; it sets the allocator's parameters under its lock.
+    unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, bytes) == 1 }
+}
+
 /// Zeroes `len` bytes at `ptr` in a way the compiler keeps, though the block is freed next.
 ///
 /// # Safety

@@ -10,10 +10,14 @@
 //!   the output limits (each stream's output once, JSON-escaped, in events of at least a
 //!   byte);
 //! - `result.json`: the result with its output, once it ran; read back from the disk, never
-//!   held in memory.
+//!   held in memory;
+//! - `job`: while it waits for its turn, what is large in its job (code, files, stdin...), so
+//!   that what waits, for hours maybe, holds no memory (`parked.rs`); read back, and removed,
+//!   when its turn comes.
 //!
 //! What is queued or running is also in memory ([`Live`]): its cancel handle and a watch of
-//! how far its events log is written, which followers wait on. A restart finds those in
+//! how far its events log is written, which followers wait on. Turns go by key
+//! ([`Turns`]): the waiting key that started least recently goes next. A restart finds those in
 //! `meta.json` still queued or running and marks them `interrupted` (the audit log's own
 //! repair marks their `started` line); ended ones stay readable until their retention
 //! (`[background] retention_ms`) has passed.
@@ -28,12 +32,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use airlock_api::{ApiError, ExecuteResponse, Limits};
-use airlock_engine::{Cancel, OutputSink, Stream};
+use airlock_engine::{Cancel, Job, OutputSink, Stream};
 use serde::{Deserialize, Serialize};
 
+use crate::admission::Turns;
 use crate::config::BackgroundConfig;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
+use crate::service::parked;
 use crate::service::stream::{self, Whole};
 
 /// Where a background execution is.
@@ -152,13 +158,16 @@ struct Inner {
     /// Ended ones whose `meta.json` could not be replaced (a full disk): what they are, until
     /// it can be ([`Background::expire`] tries again).
     unsaved: HashMap<String, Meta>,
-    /// Bytes each key's background executions store (events and results), by fingerprint.
+    /// Bytes each key's background executions store (events, results, the jobs of those
+    /// waiting), by fingerprint.
     stored: HashMap<String, Arc<AtomicU64>>,
     /// Those waiting for their turn, in the order they were submitted: their key and how
     /// many of its executions may run at once.
     waiting: std::collections::BTreeMap<u64, (String, usize)>,
     next_ticket: u64,
     running: usize,
+    /// Whose turn is next, by key fingerprint.
+    turns: Turns,
 }
 
 impl Inner {
@@ -170,9 +179,9 @@ impl Inner {
     }
 }
 
-/// Bytes an execution's directory stores: its events and its result.
+/// Bytes an execution's directory stores: its events, its result, its job while it waits.
 fn stored_size(dir: &Path) -> u64 {
-    ["events", "result.json"]
+    ["events", "result.json", "job"]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
         .map(|m| m.len())
@@ -273,7 +282,7 @@ struct Log {
 pub(crate) struct Live {
     pub id: String,
     fingerprint: String,
-    /// Its place in the order of submissions: turns go by it.
+    /// Its place in the order of submissions: its key's turns go by it.
     ticket: u64,
     dir: PathBuf,
     pub cancel: Cancel,
@@ -283,10 +292,13 @@ pub(crate) struct Live {
     log: Mutex<Log>,
     /// Why the events log could not be written, if it could not.
     log_failed: Mutex<Option<Error>>,
-    /// Bytes its key's background executions store (their events and results), and the most
-    /// they may (`background.max_bytes_per_key`).
+    /// Bytes its key's background executions store (their events, results and waiting jobs),
+    /// and the most they may (`background.max_bytes_per_key`).
     stored: Arc<AtomicU64>,
     max_stored: u64,
+    /// Bytes of its job counted in `stored` while it waits on the disk (`job`); 0 once it is
+    /// read back or gone.
+    parked: AtomicU64,
     /// Output held back for the log: its stream and text.
     held: Mutex<(Option<Stream>, String)>,
     /// Bytes of the events log written whole, and whether the last event is among them.
@@ -310,7 +322,8 @@ impl Live {
     /// until [`COALESCE_BYTES`] are held, the other stream writes, or the next
     /// [`Live::flush_output`] (every [`FLUSH_EVERY`] while it runs). A program that flushes a
     /// byte at a time makes a few events a second, not one per byte: the log stays within a
-    /// few times the output limits.
+    /// few times the output limits. No event holds more than [`COALESCE_BYTES`] of text: a
+    /// longer write is cut between characters.
     fn output(&self, s: Stream, text: &str) {
         let mut held = lock(&self.held);
         if held.0 != Some(s) && !held.1.is_empty() {
@@ -319,10 +332,13 @@ impl Live {
         }
         held.0 = Some(s);
         held.1.push_str(text);
-        if held.1.len() >= COALESCE_BYTES {
-            let text = std::mem::take(&mut held.1);
-            self.append_text(Some(s), &text);
+        let mut at = 0;
+        while held.1.len() - at >= COALESCE_BYTES {
+            let end = char_floor(&held.1, at + COALESCE_BYTES);
+            self.append_text(Some(s), &held.1[at..end]);
+            at = end;
         }
+        held.1.drain(..at);
     }
 
     /// Writes the output held back, if any.
@@ -422,6 +438,56 @@ impl Live {
 
     pub fn meta(&self) -> Meta {
         lock(&self.meta).clone()
+    }
+
+    /// Stores what is large in `job` in its directory while it waits, out of memory (its
+    /// bytes were counted at submission). On the disk: a blocking call.
+    pub fn park(&self, mut job: Job) -> Result<Job, Error> {
+        let written = parked::park(&mut job, &self.dir.join("job")).map_err(|e| {
+            tracing::warn!(error = %e, "cannot store a background execution's job");
+            Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                format!("the background execution cannot be stored: {e}"),
+            )
+        })?;
+        // Counted ahead by its size (`parked::size`), which it is.
+        let counted = self.parked.swap(written, Ordering::AcqRel);
+        debug_assert_eq!(written, counted, "a parked job's size, known ahead");
+        if written != counted {
+            let _ = self
+                .stored
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some((v + written).saturating_sub(counted))
+                });
+        }
+        Ok(job)
+    }
+
+    /// Its turn came: `job` whole again, its stdin read from the disk as the program takes it,
+    /// and no longer counted among what its key stores. On the disk: a blocking call.
+    pub fn unpark(&self, mut job: Job) -> Result<Job, Error> {
+        let path = self.dir.join("job");
+        let read = parked::unpark(&mut job, &path);
+        self.unstore_parked();
+        read.map(|()| job).map_err(|e| {
+            tracing::error!(execution = %self.id, error = %e, "cannot read a background execution's job back");
+            Error::internal(format!("its job could not be read back: {e}"))
+        })
+    }
+
+    /// Removes its job from the disk (a stdin opened from it is read on), and from its key's
+    /// count.
+    fn unstore_parked(&self) {
+        let n = self.parked.swap(0, Ordering::AcqRel);
+        if n > 0 {
+            let _ = std::fs::remove_file(self.dir.join("job"));
+            let _ = self
+                .stored
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_sub(n))
+                });
+        }
     }
 }
 
@@ -523,6 +589,8 @@ impl Background {
                 let _ = std::fs::remove_dir_all(&path);
                 continue;
             };
+            // A job that waited when the server stopped: it will not run now.
+            let _ = std::fs::remove_file(path.join("job"));
             if !meta.state.ended() {
                 let (at, ms) = now();
                 let was = meta.state;
@@ -580,13 +648,16 @@ impl Background {
         (bg, interrupted)
     }
 
-    /// Takes a submission in: within the key's bounds (waiting, kept), its directory made.
+    /// Takes a submission in: within the key's bounds (waiting, kept, stored, counting the
+    /// `parked` bytes its job will store while it waits), its directory made. Its job is
+    /// stored next ([`Live::park`]).
     pub fn submit(
         &self,
         key: &Key,
         id: String,
         request_id: &str,
         limits: &Limits,
+        parked: u64,
     ) -> Result<Arc<Live>, Error> {
         let Some(root) = &self.dir else {
             return Err(Error::new(
@@ -633,15 +704,16 @@ impl Background {
         }
         let stored = inner.stored_of(&fingerprint);
         let max_stored = self.config.max_bytes_per_key;
-        if stored.load(Ordering::Acquire) >= max_stored {
+        let holds = stored.load(Ordering::Acquire);
+        if holds.saturating_add(parked) > max_stored {
             return Err(Error::new(
                 Kind::RateLimited,
                 "rate_limited",
                 format!(
-                    "this key's background executions store {} bytes of events and results, \
-                     as many as they may (background.max_bytes_per_key); delete ended ones \
-                     (DELETE /v1/executions/{{id}}) or wait for them to expire",
-                    stored.load(Ordering::Acquire)
+                    "this key's background executions store {holds} bytes of events, results \
+                     and waiting jobs, and this one's job needs {parked} more: past what they \
+                     may (background.max_bytes_per_key); delete ended ones (DELETE \
+                     /v1/executions/{{id}}) or wait for them to end or expire"
                 ),
             )
             .retry_after(60));
@@ -703,16 +775,34 @@ impl Background {
                 len: 0,
             }),
             log_failed: Mutex::new(None),
-            stored,
+            stored: stored.clone(),
             max_stored,
+            parked: AtomicU64::new(parked),
             held: Mutex::new((None, String::new())),
             written: tokio::sync::watch::Sender::new((0, false)),
         });
+        // Its job's bytes, counted before they are written: what waits never holds more.
+        stored.fetch_add(parked, Ordering::AcqRel);
         inner.keys.entry(fingerprint.clone()).or_default().queued += 1;
         let (per_key, _) = key_limits(&self.config, key);
         inner.waiting.insert(ticket, (fingerprint, per_key));
         inner.live.insert(id, live.clone());
         Ok(live)
+    }
+
+    /// Takes back a submission whose job could not be stored ([`Live::park`]), before it was
+    /// answered: as if it never was.
+    pub fn withdraw(&self, live: &Live) {
+        live.unstore_parked();
+        {
+            let mut inner = lock(&self.inner);
+            inner.live.remove(&live.id);
+            inner.waiting.remove(&live.ticket);
+            let c = inner.keys.entry(live.fingerprint.clone()).or_default();
+            c.queued = c.queued.saturating_sub(1);
+        }
+        let _ = std::fs::remove_dir_all(&live.dir);
+        self.turns.notify_waiters();
     }
 
     /// Waits for `live`'s turn to run: fewer than `max_running` background executions running,
@@ -727,18 +817,27 @@ impl Background {
                 if live.is_cancelled() {
                     return None;
                 }
-                // The first submitted of those whose key has room goes first: one whose key
-                // is at its own bound does not hold up other keys.
-                let first = inner
-                    .waiting
-                    .iter()
-                    .find(|(_, (fingerprint, per_key))| {
-                        inner.keys.get(fingerprint).map_or(0, |c| c.running) < *per_key
-                    })
-                    .map(|(ticket, _)| *ticket);
-                if inner.running < self.config.max_running && first == Some(live.ticket) {
+                // Of those whose key has room (one whose key is at its own bound holds up no
+                // other key), the key that started least recently goes first, and its
+                // earliest submitted.
+                let Inner {
+                    waiting,
+                    keys,
+                    turns,
+                    ..
+                } = &*inner;
+                let next = turns.next(
+                    waiting
+                        .iter()
+                        .filter(|(_, (fingerprint, per_key))| {
+                            keys.get(fingerprint).map_or(0, |c| c.running) < *per_key
+                        })
+                        .map(|(ticket, (fingerprint, _))| (*ticket, fingerprint.as_str())),
+                );
+                if inner.running < self.config.max_running && next == Some(live.ticket) {
                     inner.waiting.remove(&live.ticket);
                     inner.running += 1;
+                    inner.turns.start(&live.fingerprint);
                     // Held for its key now, so a second of its executions waits.
                     let c = inner.keys.entry(live.fingerprint.clone()).or_default();
                     c.queued = c.queued.saturating_sub(1);
@@ -752,6 +851,8 @@ impl Background {
 
     /// Ends `live`: its result stored, its last event written, its state and counts moved.
     pub fn end(&self, live: &Live, ended: Ended, shutting_down: bool, had_turn: bool) {
+        // A job that never ran leaves the disk with it.
+        live.unstore_parked();
         let (at, ms) = now();
         let mut meta = lock(&live.meta).clone();
         let failed_log = lock(&live.log_failed).take();
@@ -1179,8 +1280,16 @@ pub(crate) struct Tail {
     watch: Option<tokio::sync::watch::Receiver<(u64, bool)>>,
 }
 
-/// Output held back for the log joins one event up to this many bytes.
+/// Output held back for the log joins one event up to this many bytes, the most an event holds.
 const COALESCE_BYTES: usize = 16 << 10;
+
+/// The largest `i <= at` where a character of `text` begins (`at` within `text`).
+fn char_floor(text: &str, at: usize) -> usize {
+    (0..=at)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0)
+}
 /// How often output held back is written while an execution runs.
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 

@@ -290,6 +290,10 @@ pub(crate) struct Context {
     pub code_bytes: u64,
     /// The limits its `started` line gives, for a final record when it never ran.
     pub limits: Limits,
+    /// Who cancelled it, if anyone the record should name did (a background execution's
+    /// `DELETE`): asked when its record is written, which then says so beside its
+    /// `internal_error`.
+    pub cancelled: Option<Box<dyn Fn() -> Option<String> + Send>>,
 }
 
 impl Context {
@@ -349,6 +353,7 @@ impl Context {
             code_sha256,
             code_bytes,
             limits: limits.clone(),
+            cancelled: None,
         }
     }
 }
@@ -453,6 +458,19 @@ pub(crate) fn record_unrun(state: &SharedState, ctx: &Context) {
     );
 }
 
+/// What the record of an execution cancelled by someone it names says of it.
+fn cancelled(ctx: &Context, status: Status) -> Option<airlock_api::ErrorInfo> {
+    if status != Status::InternalError {
+        return None;
+    }
+    let message = ctx.cancelled.as_ref()?()?;
+    Some(airlock_api::ErrorInfo {
+        kind: "Cancelled".into(),
+        message,
+        traceback: None,
+    })
+}
+
 /// Appends an execution's final record; a failed write stops every later execution.
 fn append_record(
     state: &SharedState,
@@ -478,7 +496,7 @@ fn append_record(
         limits_hit: limits_hit.to_vec(),
         usage: usage.clone(),
         interrupted: false,
-        error: None,
+        error: cancelled(ctx, status),
     };
     // The result is the client's all the same: a record that cannot be written is kept (and
     // served by id) until the log can be written again; nothing new runs meanwhile.

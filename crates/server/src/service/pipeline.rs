@@ -48,6 +48,7 @@ use crate::service::execution::{
     answer_size, audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection,
     reserve_answer, Context, Lifetime,
 };
+use crate::service::parked;
 use crate::service::sessions::{self, OpenSession, PreparedCell};
 use crate::service::stream::{self, EventStream};
 use crate::{SharedState, Tracked};
@@ -396,8 +397,9 @@ pub(crate) async fn run<T: Send + 'static>(
 }
 
 /// A background execution (`POST /v1/executions`): steps 1 to 3 while its client waits, then
-/// it is stored and answered at once; the rest runs on a task of its own, to its end whether or
-/// not anyone listens: its turn among background work (`[background]`), 4. its answer's
+/// it is stored (its job too, read back when its turn comes) and answered at once; the rest
+/// runs on a task of its own, to its end whether or not anyone listens: its turn among
+/// background work (`[background]`), 4. its answer's
 /// reservation (waited for, not refused: nobody waits on it), 5. a slot (waited for as long as
 /// it takes), 6 to 8 as for any execution, its output into its events log. What it ran to is
 /// stored by `background::Background::end`.
@@ -429,18 +431,48 @@ pub(crate) async fn submit(
     // result, whole in memory) must fit the key's share too, or it could never be read.
     answer_size(state, &job.limits, form)?;
     let answer_bytes = answer_size(state, &job.limits, Form::Json)?;
-    let live = state
-        .background
-        .submit(&caller, state.held_id("ex_"), &request_id, &job.limits)?;
-    // Answered: its place among the key's requests and its body's memory are given back.
-    drop(received);
-    let meta = live.meta();
     let st = state.clone();
     // Its spans join the submission's trace, after the 202.
     let trace = state.telemetry.request_span(&request_id);
+    // From here it goes on whether or not its client waits for the answer: a task of its own,
+    // so that nothing it stored is left without one.
+    let (stored_tx, stored_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
+        let (bg, key, rid, id) = (
+            st.clone(),
+            caller.clone(),
+            request_id.clone(),
+            st.held_id("ex_"),
+        );
+        // Stored, and what is large in its job parked on the disk rather than held in memory
+        // (it may wait for hours); sizing, writing and syncing off the async workers.
+        let stored = blocking("storing the background execution", move || {
+            let size = parked::size(&job);
+            let live = bg.background.submit(&key, id, &rid, &job.limits, size)?;
+            match live.park(job) {
+                Ok(job) => Ok((live, job)),
+                Err(e) => {
+                    bg.background.withdraw(&live);
+                    Err(e)
+                }
+            }
+        })
+        .await;
+        let (live, job) = match stored {
+            Ok(stored) => stored,
+            Err(e) => {
+                let _ = stored_tx.send(Err(e));
+                return;
+            }
+        };
+        let _ = stored_tx.send(Ok(live.meta()));
         in_background(&st, caller, request_id, job, &live, answer_bytes, trace).await;
     });
+    let meta = stored_rx
+        .await
+        .map_err(|_| Error::internal("storing the background execution failed"))??;
+    // Answered: its place among the key's requests and its body's memory are given back.
+    drop(received);
     Ok(meta)
 }
 
@@ -456,7 +488,7 @@ async fn in_background(
     state: &SharedState,
     caller: Arc<Key>,
     request_id: String,
-    mut job: Job,
+    job: Job,
     live: &Arc<Live>,
     answer_bytes: u64,
     trace: Option<crate::telemetry::Trace>,
@@ -471,6 +503,11 @@ async fn in_background(
     };
     let Some(turn) = turn else {
         return stopped(Error::shutting_down(), false);
+    };
+    let unparking = live.clone();
+    let mut job = match blocking("reading the job back", move || unparking.unpark(job)).await {
+        Ok(job) => job,
+        Err(e) => return stopped(e, true),
     };
     // 4. reserve: the reservation waits for room; nobody is refused for it now.
     let answer = loop {
@@ -510,7 +547,16 @@ async fn in_background(
     let ran = tokio::task::spawn_blocking(move || {
         let state = &st;
         // 6. audit.
-        let ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
+        let mut ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
+        let deleted = live.clone();
+        ctx.cancelled = Some(Box::new(move || {
+            deleted.is_cancelled().then(|| {
+                format!(
+                    "cancelled by its key (DELETE /v1/executions/{}) before it ended",
+                    deleted.id
+                )
+            })
+        }));
         if let Err(e) = audit_start(state, &ctx) {
             drop((admitted, tracked));
             state
