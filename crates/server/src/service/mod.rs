@@ -14,6 +14,7 @@ pub(crate) mod egress;
 pub(crate) mod environments;
 pub(crate) mod eval;
 pub(crate) mod execution;
+pub(crate) mod paused;
 pub(crate) mod pickle;
 pub(crate) mod pipeline;
 pub(crate) mod sessions;
