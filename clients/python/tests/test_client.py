@@ -396,6 +396,18 @@ SNAPSHOT_CHECK = """[x, rows, alias is rows, f(1), p.norm(), js.dumps([1]), open
  'lock' in globals(), 'gen' in globals()]"""
 
 
+def snapshot_of(server: Server, session_id: str) -> pathlib.Path:
+    """The snapshot file a paused session's record names."""
+    sessions = server.state / "sessions"
+    record = json.loads((sessions / f"{session_id}.json").read_text())
+    return sessions / str(record["snapshot_file"])
+
+
+def nothing_kept_of(server: Server, session_id: str) -> bool:
+    """Whether no record or snapshot of the session is left."""
+    return not [p for p in (server.state / "sessions").glob(f"{session_id}.*") if not p.name.endswith(".deleted")]
+
+
 def test_a_paused_session_comes_back_with_its_values(server: Server, client: Airlock) -> None:
     with client.session() as s:
         assert s.run(SNAPSHOT_STATE).result == "ready"
@@ -410,7 +422,7 @@ def test_a_paused_session_comes_back_with_its_values(server: Server, client: Air
         assert set(snapshot.not_kept) == {"lock", "gen"}, snapshot.not_kept
         assert "lock" in snapshot.not_kept["lock"] and "generator" in snapshot.not_kept["gen"]
         assert snapshot.stored_bytes > 0 and snapshot.state_bytes > 0 and snapshot.taken_at
-        assert (server.state / "sessions" / f"{s.id}.snap").is_file()
+        assert snapshot_of(server, s.id).is_file()
         # Shown and listed paused; the listing without the names.
         assert s.refresh().paused == snapshot
         listed = {i.id: i for i in client.sessions()}
@@ -462,10 +474,10 @@ def test_a_paused_session_is_found_by_id_and_deleted(server: Server, client: Air
     same = client.session_by_id(s.id)
     assert isinstance(same, Session) and same.id == s.id
     assert same.info.paused is not None and same.info.paused.variables == ["kept"]
-    snap = server.state / "sessions" / f"{s.id}.snap"
+    snap = snapshot_of(server, s.id)
     assert snap.is_file()
     same.close()
-    assert same.closed and not snap.exists()
+    assert same.closed and not snap.exists() and nothing_kept_of(server, s.id)
     with pytest.raises(NotFound):
         client.session_by_id(s.id)
     with pytest.raises(NotFound):
@@ -483,7 +495,7 @@ def test_snapshot_refusals(server: Server, client: Airlock) -> None:
     with client.session() as s:
         s.run("marker = 'a'")
         s.pause()
-        snap = server.state / "sessions" / f"{s.id}.snap"
+        snap = snapshot_of(server, s.id)
         data = bytearray(snap.read_bytes())
         data[len(data) // 2] ^= 0x40
         snap.write_bytes(bytes(data))
@@ -518,7 +530,7 @@ def test_snapshot_refusals(server: Server, client: Airlock) -> None:
             assert (over.value.status, over.value.code) == (413, "quota_exceeded")
             assert s.refresh().paused is None
             assert s.run("[kept, len(blob)]").result == ["yes", 16_000_000]
-            assert not (server.state / "sessions" / f"{s.id}.snap").exists()
+            assert nothing_kept_of(server, s.id)
             # Small enough, it is kept.
             s.run("del blob")
             assert s.pause().paused is not None

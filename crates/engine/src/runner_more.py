@@ -749,10 +749,121 @@ def rebind(value, namespace, foreign):
     return value
 
 
+def load_variables(data, buffers):
+    """The variables of a snapshot's pickle, and those that could not be made again, each
+    with why. The pickle is read whole; only if that fails is it read again forgivingly
+    (`ForgivingReader`), so that one value that cannot be made again (an exception whose
+    `__init__` wants other arguments, a module gone) loses only the variables that hold it."""
+    import pickle
+
+    try:
+        return pickle.loads(data, buffers=buffers), {}
+    except Exception:
+        pass
+    reader = forgiving_reader(data, buffers)
+    values = reader.load()
+    failed = {}
+    for name, value in list(values.items()):
+        why = reader.spoiled.get(id(value))
+        if why is not None:
+            failed[name] = why
+            del values[name]
+    return values, failed
+
+
+def forgiving_reader(data, buffers):
+    """An unpickler that goes on where making a value fails: in its place a marker, and the
+    marker, whatever it went into and whatever was made with that are spoiled (`spoiled`:
+    id to why), whichever way they were reached (the memo lets one variable hold another's
+    objects, and a container is made before what it holds)."""
+    import io
+    import pickle
+    import pickletools
+
+    atoms = (int, float, complex, str, bytes, bool, type(None))
+
+    class Unrestorable:
+        __slots__ = ("why",)
+
+        def __init__(self, why):
+            self.why = why
+
+    base = pickle._Unpickler
+    # Ops that put what they take into what is below it, which stays on the stack.
+    into = {"BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"}
+    guarded_ops = into | {"REDUCE", "NEWOBJ", "NEWOBJ_EX", "OBJ", "INST", "FROZENSET",
+                          "DICT", "GLOBAL", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4",
+                          "READONLY_BUFFER", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "LIST"}
+
+    class Forgiving(base):
+        dispatch = dict(base.dispatch)
+
+        def __init__(self):
+            super().__init__(io.BytesIO(data), buffers=buffers)
+            self.spoiled = {}
+            self.made_with = {}  # id of an object: what was made with it, or holds it
+            self.kept = []  # what those ids name, alive until the end (ids are not reused)
+
+        def spoil(self, obj, why):
+            todo = [obj]
+            while todo:
+                o = todo.pop()
+                if isinstance(o, atoms) or id(o) in self.spoiled:
+                    continue
+                self.spoiled[id(o)] = why
+                self.kept.append(o)
+                todo.extend(self.made_with.get(id(o), ()))
+
+    def guarded(handler, op):
+        """`handler`, noting what its result was made with; where it raises, the stack is
+        left as the op would have left it (a marker for what it would have made, or its
+        target as it is), and that is spoiled. These handlers fail, if they do, only once
+        they have taken their operands (all but a target or REDUCE's callable) off the stack."""
+        before, after = op.stack_before, op.stack_after
+        marked = pickletools.markobject in before
+        below = before.index(pickletools.markobject) if marked else len(before)
+        makes_new = op.name not in into
+
+        def run(self):
+            if marked:
+                target = self.metastack[-1]
+                taken = target[len(target) - below:] + self.stack
+            else:
+                target = self.stack
+                taken = target[len(target) - below:] if below else []
+            depth = len(target) - below + len(after)
+            try:
+                handler(self)
+            except BaseException as exc:
+                if self.stack is not target:  # failed before the mark was taken off
+                    self.pop_mark()
+                marker = Unrestorable(why_not(exc))
+                del target[depth:]
+                target.extend([marker] * (depth - len(target)))
+                if makes_new:
+                    target[-1] = marker
+                self.spoil(target[-1], marker.why)
+            made = target[-1]
+            for o in taken:
+                if o is made or isinstance(o, atoms):
+                    continue
+                self.made_with.setdefault(id(o), []).append(made)
+                self.kept.append(o)
+                why = self.spoiled.get(id(o))
+                if why is not None:
+                    self.spoil(made, why)
+        return run
+
+    for code, handler in base.dispatch.items():
+        op = pickletools.code2op.get(chr(code))
+        if op is not None and op.name in guarded_ops:
+            Forgiving.dispatch[code] = guarded(handler, op)
+    return Forgiving()
+
+
 def restore_snapshot(namespace, source):
     import importlib
     import json
-    import pickle
     import tarfile
 
     if source.exactly(len(SNAPSHOT_MAGIC)) != SNAPSHOT_MAGIC:
@@ -772,7 +883,7 @@ def restore_snapshot(namespace, source):
     if tag != b"M":
         raise ValueError("a snapshot without its manifest")
     meta = json.loads(meta)
-    values = pickle.loads(data, buffers=buffers)
+    values, failed = load_variables(data, buffers)
     foreign = None
     for value in values.values():
         glob = getattr(value, "__globals__", None)
@@ -781,7 +892,7 @@ def restore_snapshot(namespace, source):
             break
     for name, value in values.items():
         namespace[name] = rebind(value, namespace, foreign) if foreign is not None else value
-    return sorted(values), meta["not_kept"]
+    return sorted(values), {**meta["not_kept"], **failed}
 
 
 def bounded_report(kept, not_kept):

@@ -95,7 +95,7 @@ pub fn paused_bytes(config: &config::Config) -> impl Fn(&str) -> u64 {
         .snapshot_dir
         .clone()
         .unwrap_or_else(|| config.state_dir().join("sessions"));
-    let paused = service::snapshots::Paused::open(&dir);
+    let paused = service::paused::Paused::open(&dir, &config.sessions);
     move |owner| paused.stored_bytes_of(owner)
 }
 
@@ -144,7 +144,7 @@ pub struct AppState {
     /// Volumes, stored under the state directory.
     pub volumes: Arc<airlock_engine::volumes::Volumes>,
     /// Paused sessions, stored in `sessions.snapshot_dir`.
-    pub paused: service::snapshots::Paused,
+    pub paused: service::paused::Paused,
     /// `[credentials]`, read at start ([`AppState::with_credentials`]).
     pub credentials: Credentials,
     /// Background executions, stored under the state directory.
@@ -200,7 +200,9 @@ impl AppState {
             .snapshot_dir
             .clone()
             .unwrap_or_else(|| config.state_dir().join("sessions"));
-        let paused = service::snapshots::Paused::open(&snapshot_dir);
+        let paused = service::paused::Paused::open(&snapshot_dir, &config.sessions);
+        // What a stop mid-way left, and tombstones that no longer matter.
+        paused.tidy();
         let (background, interrupted) = service::background::Background::open(
             &config.state_dir(),
             config.background.clone(),

@@ -263,7 +263,13 @@ fn snapshots_altered_cut_swapped_replayed_or_over_quota_are_refused() {
         // Nothing of it runs: no session came back.
         assert_eq!(server.metric("airlock_sessions_open"), open_before, "{why}");
     };
-    let snap = |id: &str| dir.join(format!("{id}.snap"));
+    // The snapshot a session's record names.
+    let snap = |id: &str| {
+        let record: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(format!("{id}.json"))).unwrap())
+                .unwrap();
+        dir.join(record["snapshot_file"].as_str().unwrap())
+    };
 
     // One byte altered.
     let a = paused_one("a");
@@ -391,7 +397,11 @@ fn snapshots_altered_cut_swapped_replayed_or_over_quota_are_refused() {
         cell(&server, &big, "[kept, len(blob)]")["result"],
         json!(["yes", 60_000_000])
     );
-    assert!(!snap(&big).exists());
+    assert!(
+        files_of(&dir, &big).is_empty(),
+        "{:?}",
+        files_of(&dir, &big)
+    );
     assert!(std::fs::read_dir(server.state_dir().join("sessions"))
         .unwrap()
         .flatten()
@@ -463,10 +473,8 @@ fn checkpointed_sessions_come_back_from_their_last_cell_after_a_kill() {
         204
     );
     let dir = server.kill_keeping_state();
-    assert!(!dir
-        .join("state/sessions")
-        .join(format!("{closed}.snap"))
-        .exists());
+    let left = left_of(&dir.join("state/sessions"), &closed);
+    assert!(left.is_empty(), "{left:?}");
 
     let server = Server::start_in(dir, config, &[], Some(KEY));
     let back = cell(
@@ -657,10 +665,451 @@ fn a_session_paused_by_one_replica_is_resumed_by_another_sharing_the_directory()
     let back = cell(&second, &id, "[where, v.tolist()]");
     assert_eq!(back["result"], json!(["first", [0, 1, 2, 3, 4]]));
     assert!(back["resumed"].is_object(), "{back}");
-    assert!(!shared.join(format!("{id}.snap")).exists());
+    assert!(
+        files_of(&shared, &id).is_empty(),
+        "{:?}",
+        files_of(&shared, &id).keys()
+    );
     // The first no longer holds it paused.
     let r = post(&first, &id, "resume");
     assert_eq!(r.status, 404, "{}", r.text());
     drop((first, second));
     let _ = std::fs::remove_dir_all(&shared);
+}
+
+/// State with a value that pickles but cannot be unpickled: an exception whose `__init__`
+/// takes two arguments (`BaseException` pickles its `args`, one string here).
+const UNPICKLABLE_BACK: &str = "class Boom(Exception):\n    def __init__(self, a, b):\n        \
+     super().__init__(f'{a}-{b}')\nbad = Boom(1, 2)\nholds_bad = [bad, 'x']\ngood = 41\n\
+     shared = [1, 2]\nalias = shared\nimport numpy as np\narr = np.arange(4) * 2";
+
+/// What came back of `UNPICKLABLE_BACK`, asked by a cell.
+const UNPICKLABLE_CHECK: &str = "['bad' in globals(), 'holds_bad' in globals(), good + 1, \
+     alias is shared, arr.tolist(), Boom.__name__]";
+
+fn unpickled_whole_but(resumed: &Value) {
+    let not_kept = &resumed["not_kept"];
+    for name in ["bad", "holds_bad"] {
+        assert!(
+            not_kept[name]
+                .as_str()
+                .is_some_and(|why| why.contains("missing 1 required positional argument")),
+            "{name}: {resumed}"
+        );
+    }
+    let variables = resumed["variables"].as_array().unwrap();
+    for name in ["good", "shared", "alias", "arr", "Boom", "np"] {
+        assert!(variables.contains(&json!(name)), "{name}: {resumed}");
+    }
+    assert!(!variables.contains(&json!("bad")), "{resumed}");
+}
+
+/// One value that cannot be made again loses only the variables that hold it: each is named
+/// with why in `resumed.not_kept`, and every other comes back, after a pause asked for and
+/// after one the server made of an idle session; later cells, pauses, resumes and forks work.
+#[test]
+fn a_value_that_cannot_come_back_is_named_and_every_other_comes_back() {
+    let _g = serial();
+    let config = "[sessions]\npause_after_idle_ms = 3000\n";
+    let server = Server::start(config, &[]);
+    let expected = json!([false, false, 42, true, [0, 2, 4, 6], "Boom"]);
+
+    // Paused when asked: it pickled, so nothing is named at the pause.
+    let asked = open(&server, json!({}));
+    cell(&server, &asked, UNPICKLABLE_BACK);
+    let paused = post(&server, &asked, "pause");
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    assert_eq!(paused.json()["paused"]["not_kept"], json!({}));
+    // A fork of the paused session, then the session itself, by a cell.
+    let forked = post(&server, &asked, "fork");
+    assert_eq!(forked.status, 201, "{}", forked.text());
+    unpickled_whole_but(&forked.json()["resumed"]);
+    let fork = forked.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(cell(&server, &fork, UNPICKLABLE_CHECK)["result"], expected);
+    let back = cell(&server, &asked, UNPICKLABLE_CHECK);
+    assert_eq!(back["result"], expected, "{back}");
+    unpickled_whole_but(&back["resumed"]);
+    // It goes on: a cell, a pause and a resume, a fork of it open.
+    cell(&server, &asked, "good = good + 1");
+    assert_eq!(post(&server, &asked, "pause").status, 200);
+    let resumed = post(&server, &asked, "resume");
+    assert_eq!(resumed.status, 200, "{}", resumed.text());
+    assert_eq!(resumed.json()["resumed"]["not_kept"], json!({}));
+    let live_fork = post(&server, &asked, "fork");
+    assert_eq!(live_fork.status, 201, "{}", live_fork.text());
+    let live_fork = live_fork.json()["id"].as_str().unwrap().to_owned();
+    assert_eq!(cell(&server, &live_fork, "good")["result"], 42);
+
+    // Paused by the server, the session idle: the same.
+    let idle = open(&server, json!({}));
+    cell(&server, &idle, UNPICKLABLE_BACK);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !server
+        .call("GET", &format!("/v1/sessions/{idle}"), None)
+        .json()["paused"]
+        .is_object()
+    {
+        assert!(std::time::Instant::now() < deadline, "never paused");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let resumed = post(&server, &idle, "resume");
+    assert_eq!(resumed.status, 200, "{}", resumed.text());
+    unpickled_whole_but(&resumed.json()["resumed"]);
+    assert_eq!(cell(&server, &idle, UNPICKLABLE_CHECK)["result"], expected);
+}
+
+/// The files of session `id` in the snapshot directory `dir`, by name.
+fn files_of(dir: &std::path::Path, id: &str) -> std::collections::BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("{id}.")))
+        .filter_map(|n| Some((n.clone(), std::fs::read(dir.join(&n)).ok()?)))
+        .collect()
+}
+
+/// The files of session `id` left in `dir` but its tombstone.
+fn left_of(dir: &std::path::Path, id: &str) -> Vec<String> {
+    files_of(dir, id)
+        .into_keys()
+        .filter(|n| !n.ends_with(".deleted"))
+        .collect()
+}
+
+/// Asserts that session `id` is gone: a GET, a cell and a resume each answer `status` with
+/// `code`.
+fn assert_gone(server: &Server, id: &str, status: u16, code: &str) {
+    for (method, what) in [("GET", ""), ("POST", "/execute"), ("POST", "/resume")] {
+        let r = server.call(
+            method,
+            &format!("/v1/sessions/{id}{what}"),
+            Some(&json!({"code": "print('still here')"})),
+        );
+        assert_eq!(
+            (r.status, r.error_code()),
+            (status, code.to_owned()),
+            "{id}: {method} {what}: {}",
+            r.text()
+        );
+    }
+}
+
+/// The bytes of every file in `dir`, as its file system holds them.
+fn bytes_in(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// `sessions.checkpoint = "each_cell"`: a DELETE that comes while a cell's checkpoint is
+/// being finished (its state all written, the file being synced and kept) wins, whether the
+/// session had a checkpoint before or not: after its 204 the session never comes back, not
+/// at its next request nor after a restart, and none of its files is left.
+#[test]
+fn a_delete_racing_a_checkpoint_wins_and_leaves_nothing() {
+    let _g = serial();
+    let config = "[sessions]\ncheckpoint = \"each_cell\"\nmax_open_per_key = 8\n";
+    let server = Server::start(config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let addr = server.addr;
+    const STATE: u64 = 40_000_000;
+    let mut deleted = Vec::new();
+    for round in 0..6 {
+        let id = open(&server, json!({"limits": {"memory_mb": 512}}));
+        if round % 2 == 1 {
+            // One checkpoint is there already.
+            cell(&server, &id, "before = 1");
+        }
+        let path = format!("/v1/sessions/{id}/execute");
+        let code = format!("import os\nsecret = 'round {round}'\nblob = os.urandom({STATE})");
+        let running = std::thread::spawn(move || {
+            call_as(addr, KEY, "POST", &path, Some(&json!({"code": code})))
+        });
+        // The new snapshot holds the whole state: its stream is over, it is being kept.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let written = std::fs::read_dir(&dir)
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n.starts_with(&format!("{id}.")) && n.contains(".snap")
+                })
+                .any(|e| e.metadata().is_ok_and(|m| m.len() >= STATE));
+            if written {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no checkpoint"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let r = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
+        assert_eq!(r.status, 204, "round {round}: {}", r.text());
+        let _ = running.join().unwrap();
+        assert_gone(&server, &id, 404, "not_found");
+        assert!(
+            left_of(&dir, &id).is_empty(),
+            "round {round}: {:?}",
+            left_of(&dir, &id)
+        );
+        deleted.push(id);
+    }
+    let state = server.kill_keeping_state();
+    let server = Server::start_in(state, config, &[], Some(KEY));
+    for id in &deleted {
+        assert_gone(&server, id, 404, "not_found");
+        assert!(
+            left_of(&dir, id).is_empty(),
+            "{id}: {:?}",
+            left_of(&dir, id)
+        );
+    }
+    assert_eq!(server.metric("airlock_sessions_paused"), 0.0);
+}
+
+/// `sessions.checkpoint = "each_cell"`: a session its code ends (`sys.exit`) has its
+/// checkpoint removed at once; after a restart it is gone like any session the server held
+/// when it stopped (410 `session_lost`), never paused, never resumed.
+#[test]
+fn a_session_its_code_ended_leaves_no_checkpoint_to_come_back_from() {
+    let _g = serial();
+    let config = "[sessions]\ncheckpoint = \"each_cell\"\n";
+    let server = Server::start(config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let id = open(&server, json!({}));
+    cell(&server, &id, "kept = 'before the end'");
+    assert!(!files_of(&dir, &id).is_empty(), "a checkpoint is kept");
+    let r = server.call(
+        "POST",
+        &format!("/v1/sessions/{id}/execute"),
+        Some(&json!({"code": "import sys\nsys.exit(0)"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["session_ended"], true, "{}", r.text());
+    assert!(left_of(&dir, &id).is_empty(), "{:?}", left_of(&dir, &id));
+    let shown = server
+        .call("GET", &format!("/v1/sessions/{id}"), None)
+        .json();
+    assert!(shown["paused"].is_null(), "{shown}");
+    assert_eq!(server.metric("airlock_sessions_paused"), 0.0);
+
+    let state = server.kill_keeping_state();
+    let server = Server::start_in(state, config, &[], Some(KEY));
+    assert_gone(&server, &id, 410, "session_lost");
+    // A fork finds nothing to fork, as of any session it does not hold.
+    assert_eq!(post(&server, &id, "fork").status, 404);
+    assert!(server.call("GET", "/v1/sessions", None).json()["sessions"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+/// A server killed while it kept a newer snapshot of a session (the new snapshot on disk,
+/// the record still the one before) brings the session back as it was at the one before;
+/// at start, snapshots no record names and stale locks are removed.
+#[test]
+fn a_kill_between_a_snapshot_and_its_record_keeps_the_snapshot_before() {
+    let _g = serial();
+    let server = Server::start("", &[]);
+    let dir = server.state_dir().join("sessions");
+    let id = open(&server, json!({}));
+    cell(&server, &id, "marker = 'before'");
+    assert_eq!(post(&server, &id, "pause").status, 200);
+    let before = files_of(&dir, &id);
+    cell(&server, &id, "marker = 'after'");
+    assert_eq!(post(&server, &id, "pause").status, 200);
+    let after = files_of(&dir, &id);
+    let state = server.kill_keeping_state();
+
+    // What a kill -9 leaves once the new snapshot is written where it goes and before its
+    // record is: the files before, the new snapshot over them.
+    for name in files_of(&dir, &id).keys() {
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    for (name, bytes) in before
+        .iter()
+        .chain(after.iter().filter(|(n, _)| n.contains(".snap")))
+    {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+    // Locks nobody holds, and a snapshot no record names.
+    for name in [format!("{id}.lock"), "se_stalelock0000.lock".into()] {
+        std::fs::write(dir.join(name), b"").unwrap();
+    }
+    std::fs::write(dir.join("se_orphan0000.snap"), b"no record names it").unwrap();
+
+    let server = Server::start_in(state, "", &[], Some(KEY));
+    let named: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let back = cell(&server, &id, "marker");
+    assert_eq!(back["result"], "before", "{back}");
+    assert_eq!(back["resumed"]["cells"], 1, "{back}");
+    assert!(
+        !named
+            .iter()
+            .any(|n| n.ends_with(".lock") || n.starts_with("se_orphan")),
+        "{named:?}"
+    );
+    // One snapshot of the session was left: the one its record named.
+    let snapshots = named
+        .iter()
+        .filter(|n| n.starts_with(&id) && n.contains(".snap"))
+        .count();
+    assert_eq!(snapshots, 1, "{named:?}");
+}
+
+/// A deleted session's tombstone keeps its files, copied back, from being taken while they
+/// could matter (while the session could still be kept somewhere, and while a copy of its
+/// record would still be within its retention), then goes: tombstones do not pile up, and
+/// a record copied back later is past its retention, and never taken either.
+#[test]
+fn tombstones_last_while_they_matter_and_then_go() {
+    let _g = serial();
+    let config = "[sessions]\npaused_retention_ms = 4000\nmax_lifetime_ms = 2000\n\
+                  snapshot_timeout_ms = 1000\n";
+    let server = Server::start(config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let id = open(&server, json!({}));
+    cell(&server, &id, "marker = 'deleted'");
+    assert_eq!(post(&server, &id, "pause").status, 200);
+    let kept = files_of(&dir, &id);
+    assert_eq!(
+        server
+            .call("DELETE", &format!("/v1/sessions/{id}"), None)
+            .status,
+        204
+    );
+    let tombstone = dir.join(format!("{id}.deleted"));
+    assert!(tombstone.exists());
+    let copy_back = || {
+        for (name, bytes) in &kept {
+            std::fs::write(dir.join(name), bytes).unwrap();
+        }
+    };
+    copy_back();
+    let gone = |server: &Server| assert_gone(server, &id, 404, "not_found");
+    gone(&server);
+    // Then it goes, with what was copied back.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while tombstone.exists() {
+        assert!(std::time::Instant::now() < deadline, "the tombstone stays");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        files_of(&dir, &id).is_empty(),
+        "{:?}",
+        files_of(&dir, &id).keys()
+    );
+    // A copy now is past its retention.
+    copy_back();
+    gone(&server);
+    let state = server.stop_keeping_state();
+    let server = Server::start_in(state, config, &[], Some(KEY));
+    gone(&server);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !files_of(&dir, &id).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            files_of(&dir, &id).keys()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Pauses and a fork at once near a small quota: each holds its bytes of the key's storage
+/// before it writes them (a fork's snapshot, which it only reads back, too), so the
+/// snapshot directory never holds more than the quota, and those that do not fit are
+/// refused with 413 `quota_exceeded`, their sessions running on.
+#[test]
+fn concurrent_pauses_and_forks_never_hold_more_than_the_quota() {
+    let _g = serial();
+    const QUOTA: u64 = 50_000_000;
+    let config =
+        format!("[sessions]\nmax_open_per_key = 8\n[volumes]\nmax_bytes_per_key = {QUOTA}\n");
+    let server = Server::start(&config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let addr = server.addr;
+    for round in 0..2 {
+        let ids: Vec<String> = (0..4)
+            .map(|_| {
+                let id = open(&server, json!({"limits": {"memory_mb": 512}}));
+                cell(
+                    &server,
+                    &id,
+                    "import os\nblob = os.urandom(24_000_000)\nmine = 'yes'",
+                );
+                id
+            })
+            .collect();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let sampler = {
+            let (dir, done) = (dir.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut most = 0;
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    most = most.max(bytes_in(&dir));
+                }
+                most
+            })
+        };
+        let answers: Vec<(String, common::http::Response)> = ids
+            .iter()
+            .zip(["pause", "pause", "pause", "fork"])
+            .map(|(id, what)| {
+                let path = format!("/v1/sessions/{id}/{what}");
+                let id = id.clone();
+                std::thread::spawn(move || (id, call_as(addr, KEY, "POST", &path, None)))
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        let most = sampler.join().unwrap();
+        assert!(
+            most <= QUOTA,
+            "round {round}: {most} bytes stored, over {QUOTA}"
+        );
+        for (id, r) in &answers {
+            match r.status {
+                200 | 201 => {}
+                413 => {
+                    assert_eq!(r.error_code(), "quota_exceeded", "{}", r.text());
+                    assert_eq!(cell(&server, id, "mine")["result"], "yes");
+                }
+                _ => panic!("round {round}: {}", r.text()),
+            }
+        }
+        // Three pauses of 24 MB never all fit in 50 MB.
+        assert!(
+            answers[..3].iter().any(|(_, r)| r.status == 413),
+            "round {round}: all fit"
+        );
+        // Room again for the next round.
+        for (id, r) in &answers {
+            let _ = server.call("DELETE", &format!("/v1/sessions/{id}"), None);
+            if r.status == 201 {
+                let fork = r.json()["id"].as_str().unwrap().to_owned();
+                let _ = server.call("DELETE", &format!("/v1/sessions/{fork}"), None);
+            }
+        }
+        assert!(
+            bytes_in(&dir) < 1_000_000,
+            "round {round}: {}",
+            bytes_in(&dir)
+        );
+    }
 }

@@ -15,6 +15,7 @@ pub(crate) mod environments;
 pub(crate) mod eval;
 pub(crate) mod execution;
 pub(crate) mod parked;
+pub(crate) mod paused;
 pub(crate) mod pickle;
 pub(crate) mod pipeline;
 pub(crate) mod sessions;

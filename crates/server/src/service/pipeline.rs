@@ -686,10 +686,8 @@ fn engine_and_finish(
     let done = match ran {
         Ran::Execution(ran) => finish(state, ctx, ran).map(Finished::Execution),
         Ran::Cell(Ok((execution, ended))) => {
-            if !ended && state.config.sessions.checkpoint == crate::config::Checkpoint::EachCell {
-                if let Some(cell) = &cell {
-                    crate::service::snapshots::checkpoint(state, &cell.session());
-                }
+            if let Some(cell) = &cell {
+                crate::service::snapshots::after_cell(state, &cell.session(), true);
             }
             finish(state, ctx, Ok(execution)).map(|r| {
                 Finished::Cell(CellResponse {
@@ -701,6 +699,9 @@ fn engine_and_finish(
             })
         }
         Ran::Cell(Err(e)) => {
+            if let Some(cell) = &cell {
+                crate::service::snapshots::after_cell(state, &cell.session(), false);
+            }
             // Its `started` line is written: it gets a final record all the same.
             record_unrun(state, &ctx);
             Err(e)

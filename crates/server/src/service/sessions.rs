@@ -255,6 +255,11 @@ impl OpenSession {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// Ended by a cell (`sys.exit()`, a limit, a crash) or by its sandbox's end.
+    pub(crate) fn has_ended(&self) -> bool {
+        lock(&self.ended).is_some()
+    }
+
     pub(crate) fn owner(&self) -> &str {
         &self.key_fingerprint
     }
@@ -553,11 +558,11 @@ pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some(why));
     }
+    entry.session.close();
     if why != "paused" {
         // Closed for good: its checkpoint goes too.
         state.paused.forget(&entry.id);
     }
-    entry.session.close();
     entry.session.wait_ended(Duration::from_secs(10));
 }
 
@@ -577,12 +582,11 @@ pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
         .filter(|e| e.key_fingerprint == key.fingerprint())
         .map(|e| e.info())
         .collect();
-    let retention = Duration::from_millis(state.config.sessions.paused_retention_ms);
     let open: std::collections::HashSet<String> = sessions.iter().map(|s| s.id.clone()).collect();
     sessions.extend(
         state
             .paused
-            .listed_of(&key.fingerprint(), retention)
+            .listed_of(&key.fingerprint())
             .into_iter()
             // An open session's checkpoint is not a paused session.
             .filter(|info| !open.contains(&info.id)),
@@ -627,11 +631,16 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some("closed"));
     }
-    // Its checkpoint (or what a pause in flight kept), if it has one, goes for good.
-    state.paused.forget(&entry.id);
+    // Its sandbox first: a pause or checkpoint under way stops, or, finishing, finds the
+    // session closed. Then its checkpoint (or what a pause in flight kept), if it has one,
+    // goes for good, once whatever holds the session's files has let go.
     entry.session.close();
-    let _ = tokio::task::spawn_blocking(move || entry.session.wait_ended(Duration::from_secs(10)))
-        .await;
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        st.paused.forget(&entry.id);
+        entry.session.wait_ended(Duration::from_secs(10))
+    })
+    .await;
     Ok(())
 }
 

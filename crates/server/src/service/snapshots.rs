@@ -2,440 +2,30 @@
 //! freed, and brought back in a fresh sandbox by its next request, or forked into a new
 //! session. The snapshot is made and read only inside sandboxes of the session's key; to
 //! the server it is opaque bytes, compressed and bound to the session and key by a MAC
-//! (`airlock_engine::snapshot`). Paused sessions live on disk, in `sessions.snapshot_dir`:
-//! `<id>.snap` (the snapshot) and `<id>.json` (its record: the key's fingerprint, what the
-//! session was opened with, the MAC, what it holds), so a restart, graceful or not, finds
-//! them. In memory each is an entry of an index (id, key, size).
+//! (`airlock_engine::snapshot`). Paused sessions live on disk, in `sessions.snapshot_dir`
+//! (`paused.rs`: each session's record and the snapshot it names, claims, tombstones), so a
+//! restart, graceful or not, finds them. Each snapshot's bytes are held against its key's
+//! storage before they are written ([`Reservation`]), and a snapshot becomes the session's
+//! in one step, its record's rename ([`keep`]).
 
-use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
-
 use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
-use airlock_engine::snapshot::{open_verified, Binding, Sealed, SnapshotKey, SnapshotWriter};
+use airlock_engine::snapshot::{open_verified, Binding, Sealed, SnapshotWriter};
 use airlock_engine::{SessionError, SnapshotError, SnapshotReport};
 
 use crate::error::{Error, Kind};
 use crate::keys::Key;
+use crate::service::paused::{rfc, PausedRecord};
 use crate::service::sessions::{self, OpenSession};
 use crate::{AppState, SharedState};
 
 /// How long a snapshot or a restore may take (`sessions.snapshot_timeout_ms`).
 fn snapshot_timeout(state: &AppState) -> Duration {
     Duration::from_millis(state.config.sessions.snapshot_timeout_ms)
-}
-
-/// A paused session's record.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PausedRecord {
-    pub id: String,
-    pub key_fingerprint: String,
-    /// When the session was first opened, RFC 3339.
-    pub created_at: String,
-    pub idle_timeout_ms: u64,
-    pub max_lifetime_ms: u64,
-    /// What it was opened with, its files aside (they are in the snapshot).
-    pub request: SessionRequest,
-    /// Its cells' limits, as `GET /v1/sessions/{id}` shows them.
-    pub limits: airlock_api::Limits,
-    pub sealed: Sealed,
-    pub snapshot: SnapshotInfo,
-}
-
-/// The paused sessions of a snapshot directory.
-pub struct Paused {
-    dir: PathBuf,
-    key: Result<SnapshotKey, String>,
-    /// Id to what the index keeps of each: its key, its bytes on disk (snapshot and record),
-    /// and the session as a listing shows it (without the names of its variables).
-    index: Mutex<HashMap<String, Indexed>>,
-    /// Ids being paused, resumed or forked by this process.
-    claimed: Mutex<HashSet<String>>,
-}
-
-impl std::fmt::Debug for Paused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Paused").field("dir", &self.dir).finish()
-    }
-}
-
-/// A paused session as the index holds it.
-#[derive(Clone, Debug)]
-struct Indexed {
-    owner: String,
-    bytes: u64,
-    listed: SessionInfo,
-}
-
-impl Indexed {
-    fn of(record: &PausedRecord, record_bytes: u64) -> Indexed {
-        let mut listed = paused_info(record, Duration::ZERO);
-        if let Some(p) = listed.paused.as_mut() {
-            p.variables = Vec::new();
-            p.not_kept = Default::default();
-        }
-        Indexed {
-            owner: record.key_fingerprint.clone(),
-            bytes: record.sealed.stored_bytes + record_bytes,
-            listed,
-        }
-    }
-}
-
-/// Whether `id` may name files of the snapshot directory (the server's ids always may).
-fn valid_id(id: &str) -> bool {
-    id.starts_with("se_")
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-fn rfc(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-impl Paused {
-    /// The paused sessions in `dir` (made if missing, private), and the key of their MACs
-    /// (`dir/.key`); leftovers of a pause cut short are removed. Where the directory or the
-    /// key cannot be had, pausing is unavailable and says why.
-    pub fn open(dir: &Path) -> Paused {
-        let made = fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("{}: {e}", dir.display()));
-        let key = made.and_then(|()| {
-            SnapshotKey::load_or_create(&dir.join(".key"))
-                .map_err(|e| format!("{}: {e}", dir.join(".key").display()))
-        });
-        let mut index = HashMap::new();
-        for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".tmp") {
-                let _ = fs::remove_file(&path);
-                continue;
-            }
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            let bytes = fs::read(&path).ok();
-            let record = bytes
-                .as_deref()
-                .and_then(|b| serde_json::from_slice::<PausedRecord>(b).ok());
-            let record_bytes = bytes.map_or(0, |b| b.len() as u64);
-            let deleted = dir.join(format!("{id}.deleted")).exists();
-            match record {
-                Some(_) if deleted => {
-                    tracing::warn!(path = %path.display(), "a deleted session's record is back; it is never resumed");
-                }
-                Some(r) if r.id == id && valid_id(id) => {
-                    index.insert(r.id.clone(), Indexed::of(&r, record_bytes));
-                }
-                _ => {
-                    tracing::warn!(path = %path.display(), "a paused session's record cannot be read; left as it is")
-                }
-            }
-        }
-        Paused {
-            dir: dir.to_path_buf(),
-            key,
-            index: Mutex::new(index),
-            claimed: Mutex::new(HashSet::new()),
-        }
-    }
-
-    fn key(&self) -> Result<&SnapshotKey, Error> {
-        self.key.as_ref().map_err(|why| {
-            Error::new(
-                Kind::Unprocessable,
-                "snapshots_unavailable",
-                format!("sessions cannot be paused here: {why}"),
-            )
-        })
-    }
-
-    fn index(&self) -> std::sync::MutexGuard<'_, HashMap<String, Indexed>> {
-        self.index.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn snap_path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.snap"))
-    }
-
-    fn record_path(&self, id: &str) -> PathBuf {
-        self.dir.join(format!("{id}.json"))
-    }
-
-    /// Whether `id` is a paused session of the key with `fingerprint`.
-    pub fn holds(&self, id: &str, fingerprint: &str) -> bool {
-        if let Some(e) = self.index().get(id) {
-            return e.owner == fingerprint;
-        }
-        // Paused by another replica sharing the directory since this one started: taken
-        // into the index from its record.
-        if !valid_id(id) || self.deleted(id) {
-            return false;
-        }
-        let Ok(bytes) = fs::read(self.record_path(id)) else {
-            return false;
-        };
-        match serde_json::from_slice::<PausedRecord>(&bytes) {
-            Ok(r) if r.id == id => {
-                let owned = r.key_fingerprint == fingerprint;
-                self.index()
-                    .insert(r.id.clone(), Indexed::of(&r, bytes.len() as u64));
-                owned
-            }
-            _ => false,
-        }
-    }
-
-    /// How many sessions are paused, all keys together.
-    pub fn count(&self) -> usize {
-        self.index().len()
-    }
-
-    /// The bytes on disk of the key's paused sessions (snapshots and records).
-    pub fn stored_bytes_of(&self, fingerprint: &str) -> u64 {
-        self.index()
-            .values()
-            .filter(|e| e.owner == fingerprint)
-            .map(|e| e.bytes)
-            .sum()
-    }
-
-    /// The bytes on disk of paused session `id`, if there is one.
-    fn bytes_of(&self, id: &str) -> Option<u64> {
-        self.index().get(id).map(|e| e.bytes)
-    }
-
-    /// How many paused sessions the key has.
-    pub fn count_of(&self, fingerprint: &str) -> usize {
-        self.index()
-            .values()
-            .filter(|e| e.owner == fingerprint)
-            .count()
-    }
-
-    /// Paused sessions and their bytes on disk, all keys together (for `/metrics`).
-    pub fn totals(&self) -> (usize, u64) {
-        let index = self.index();
-        (index.len(), index.values().map(|e| e.bytes).sum())
-    }
-
-    /// The record of paused session `id`, if it is the key's.
-    pub fn record(&self, id: &str, fingerprint: &str) -> Option<PausedRecord> {
-        if !valid_id(id) || !self.holds(id, fingerprint) || self.deleted(id) {
-            return None;
-        }
-        let Ok(bytes) = fs::read(self.record_path(id)) else {
-            // Resumed or deleted by another replica sharing the directory.
-            self.index().remove(id);
-            return None;
-        };
-        let record: PausedRecord = serde_json::from_slice(&bytes).ok()?;
-        (record.id == id && record.key_fingerprint == fingerprint).then_some(record)
-    }
-
-    /// The key's paused sessions as a listing shows them (from memory: the names of their
-    /// variables are for `GET /v1/sessions/{id}`), each kept until `retention` after it was
-    /// paused.
-    pub fn listed_of(&self, fingerprint: &str, retention: Duration) -> Vec<SessionInfo> {
-        self.index()
-            .values()
-            .filter(|e| e.owner == fingerprint)
-            .map(|e| {
-                let mut info = e.listed.clone();
-                if let Some(taken) = info
-                    .paused
-                    .as_ref()
-                    .and_then(|p| humantime::parse_rfc3339(&p.taken_at).ok())
-                {
-                    info.expires_at = rfc(taken + retention);
-                }
-                info
-            })
-            .collect()
-    }
-
-    /// Claims `id` for one pause, resume or fork in this process, and, with an exclusive
-    /// `flock` on `<id>.lock`, against other replicas sharing the directory.
-    fn claim(&self, id: &str) -> Result<Claim<'_>, Error> {
-        // Never a path of the caller's making.
-        if !valid_id(id) {
-            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
-        }
-        let busy = || {
-            Error::new(
-                Kind::Conflict,
-                "session_busy",
-                "the session is being paused, resumed or forked by another request",
-            )
-        };
-        if !self
-            .claimed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned())
-        {
-            return Err(busy());
-        }
-        let mut claim = Claim {
-            paused: self,
-            id: id.to_owned(),
-            lock: None,
-            path: None,
-        };
-        let path = self.dir.join(format!("{id}.lock"));
-        claim.path = Some(path.clone());
-        let file = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                claim.lock = Some(lock);
-                Ok(claim)
-            }
-            Err(_) => Err(busy()),
-        }
-    }
-
-    fn save(&self, record: &PausedRecord) -> Result<(), Error> {
-        let path = self.record_path(&record.id);
-        let tmp = self.dir.join(format!("{}.json.tmp", record.id));
-        let written = (|| {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            fs::File::open(&self.dir)?.sync_all()?;
-            Ok::<u64, std::io::Error>(bytes.len() as u64)
-        })();
-        let record_bytes = written.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::internal(format!("writing {}: {e}", path.display()))
-        })?;
-        self.index()
-            .insert(record.id.clone(), Indexed::of(record, record_bytes));
-        Ok(())
-    }
-
-    /// Deletes paused session `id` for good: a tombstone (`<id>.deleted`, kept) first, so
-    /// that its record and snapshot, copied back, are never taken again; then both.
-    pub fn delete(&self, id: &str) -> Result<(), Error> {
-        if !valid_id(id) {
-            return Ok(());
-        }
-        let tombstone = self.dir.join(format!("{id}.deleted"));
-        fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(&tombstone)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::internal(format!("{}: {e}", tombstone.display())))?;
-        self.remove(id);
-        Ok(())
-    }
-
-    fn deleted(&self, id: &str) -> bool {
-        self.dir.join(format!("{id}.deleted")).exists()
-    }
-
-    /// Deletes `id`'s snapshot for good if it has one (a session closed for good: its
-    /// checkpoint).
-    pub fn forget(&self, id: &str) {
-        if self.index().contains_key(id) {
-            let _ = self.delete(id);
-        }
-    }
-
-    /// Deletes the key's paused session `id` for good (blocking), holding it meanwhile.
-    pub fn delete_owned(&self, id: &str, fingerprint: &str) -> Result<(), Error> {
-        let _claim = self.claim(id)?;
-        if !self.holds(id, fingerprint) {
-            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
-        }
-        self.delete(id)
-    }
-
-    /// Forgets paused session `id`: its record, then its snapshot.
-    pub fn remove(&self, id: &str) {
-        if !valid_id(id) {
-            return;
-        }
-        self.index().remove(id);
-        let _ = fs::remove_file(self.record_path(id));
-        let _ = fs::remove_file(self.snap_path(id));
-    }
-
-    /// Paused sessions kept longer than `retention`: removed; their ids and keys.
-    pub fn expire(&self, retention: Duration) -> Vec<(String, String)> {
-        let now = SystemTime::now();
-        let ids: Vec<(String, String)> = self
-            .index()
-            .iter()
-            .map(|(id, e)| (id.clone(), e.owner.clone()))
-            .collect();
-        let mut gone = Vec::new();
-        for (id, owner) in ids {
-            let old = fs::metadata(self.record_path(&id))
-                .and_then(|m| m.modified())
-                .is_ok_and(|t| now.duration_since(t).unwrap_or_default() > retention);
-            if old {
-                if let Ok(_claim) = self.claim(&id) {
-                    if self.delete(&id).is_ok() {
-                        gone.push((id, owner));
-                    }
-                }
-            }
-        }
-        gone
-    }
-}
-
-/// A claim on one session id ([`Paused::claim`]).
-struct Claim<'a> {
-    paused: &'a Paused,
-    id: String,
-    lock: Option<nix::fcntl::Flock<fs::File>>,
-    /// The lock's file: removed while still locked, so none is left behind.
-    path: Option<PathBuf>,
-}
-
-impl Drop for Claim<'_> {
-    fn drop(&mut self) {
-        if let (Some(path), Some(_)) = (&self.path, &self.lock) {
-            let _ = fs::remove_file(path);
-        }
-        drop(self.lock.take());
-        self.paused
-            .claimed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
-    }
 }
 
 fn snapshot_error(e: SnapshotError) -> Error {
@@ -465,9 +55,10 @@ fn snapshot_error(e: SnapshotError) -> Error {
 }
 
 /// How many state bytes a snapshot of the key's may hold now: the configured most, within
-/// what its storage has left after its volumes and its other paused sessions.
+/// what its storage has left after its volumes and its other paused sessions (what the
+/// snapshots being written hold aside: they share it by their reservations).
 fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
-    let used = storage_used(state, owner);
+    let used = storage_used(state, owner).saturating_sub(state.paused.held_by(owner));
     state
         .config
         .sessions
@@ -487,33 +78,121 @@ fn storage_used(state: &AppState, owner: &str) -> u64 {
     volumes + state.paused.stored_bytes_of(owner)
 }
 
-/// Room a record takes beside its snapshot, counted before it is written.
+/// Room a record takes beside its snapshot, held before either is written.
 const RECORD_ROOM: u64 = 1 << 20;
 
-/// Keeps the snapshot written at `tmp` as `record`'s: within the key's storage and its most
-/// paused sessions, counted under the storage lock (two at once never both fit where one
-/// does); else it is removed, and the answer says why.
-fn keep(state: &AppState, tmp: &Path, record: &PausedRecord) -> Result<(), Error> {
-    let temporary = Temporary(Some(tmp.to_path_buf()));
+/// The most a reservation holds beyond what it was asked for (an eighth of that, up to
+/// this), so that the key's storage is not counted again for each frame of a large
+/// snapshot, nor held far ahead of a small one.
+const HOLD_AHEAD: u64 = 8 << 20;
+
+/// Bytes of a key's storage held for a snapshot being written, before they are written:
+/// counted with its volumes and paused sessions (`Paused::stored_bytes_of`), so that
+/// pauses, checkpoints and forks at once never write more than the key's storage has room
+/// for. Given back when dropped (the snapshot kept, and counted as such, or removed).
+struct Reservation<'a> {
+    state: &'a AppState,
+    owner: String,
+    held: u64,
+    /// Its place among the key's snapshots being written.
+    place: u64,
+}
+
+impl<'a> Reservation<'a> {
+    fn new(state: &'a AppState, owner: &str) -> Self {
+        Reservation {
+            state,
+            owner: owner.to_owned(),
+            held: 0,
+            place: state.paused.start_writing(owner),
+        }
+    }
+
+    /// Holds `bytes` in all, if the key's storage has room for them beside everything else
+    /// it holds; else nothing more, and why.
+    fn hold(&mut self, bytes: u64) -> Result<(), Error> {
+        if bytes <= self.held {
+            return Ok(());
+        }
+        let _storage = self.state.volumes.storage_lock();
+        let others = storage_used(self.state, &self.owner).saturating_sub(self.held);
+        let quota = self.state.config.volumes.max_bytes_per_key;
+        let room = quota.saturating_sub(others);
+        if bytes > room {
+            return Err(over_quota(others, bytes, quota));
+        }
+        let want = (bytes + (bytes / 8).min(HOLD_AHEAD)).min(room);
+        self.state
+            .paused
+            .hold(&self.owner, self.place, want - self.held);
+        self.held = want;
+        Ok(())
+    }
+
+    /// Gives back what it holds, to try again in its turn.
+    fn give_back(&mut self) {
+        self.state
+            .paused
+            .give_back(&self.owner, self.place, self.held, false);
+        self.held = 0;
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.state
+            .paused
+            .give_back(&self.owner, self.place, self.held, true);
+    }
+}
+
+fn over_quota(used: u64, needed: u64, quota: u64) -> Error {
+    Error::new(
+        Kind::TooLarge,
+        "quota_exceeded",
+        format!(
+            "this key's storage (its volumes, its paused sessions and the snapshots being \
+             written) holds {used} bytes; this snapshot's {needed} more would pass its quota \
+             of {quota} (volumes.max_bytes_per_key); nothing was kept, and the session runs on"
+        ),
+    )
+}
+
+/// A snapshot file being written, or written and not yet kept, and the bytes held for it.
+/// Dropped, the file is removed first, then the bytes are given back (fields drop in order).
+struct Written<'a> {
+    file: Temporary,
+    reservation: Reservation<'a>,
+}
+
+/// Makes the snapshot `written` the session's, as `record` (which names it): the record's
+/// rename is the switch, then the snapshot before is removed. Refused, and the snapshot
+/// removed, when the session is no longer `wanted` (closed meanwhile) or was deleted, when
+/// the key's storage has no room for it beside everything it holds (the snapshot it
+/// replaces too, until that is removed), or when the key has its most paused sessions.
+/// Under the session's claim (the caller's) and the storage lock, so that two at once never
+/// both fit where one does.
+fn keep(
+    state: &AppState,
+    mut written: Written,
+    record: &PausedRecord,
+    wanted: &dyn Fn() -> bool,
+) -> Result<(), Error> {
+    let paused = &state.paused;
+    let id = &record.id;
+    if !wanted() || paused.deleted(id) {
+        return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
+    }
     let _storage = state.volumes.storage_lock();
     let owner = &record.key_fingerprint;
-    let replaced = state.paused.bytes_of(&record.id);
-    let used = storage_used(state, owner).saturating_sub(replaced.unwrap_or(0));
+    let used = storage_used(state, owner).saturating_sub(written.reservation.held);
     let needed = record.sealed.stored_bytes + RECORD_ROOM;
     let quota = state.config.volumes.max_bytes_per_key;
     if used.saturating_add(needed) > quota {
-        return Err(Error::new(
-            Kind::TooLarge,
-            "quota_exceeded",
-            format!(
-                "this key's storage (its volumes and paused sessions) holds {used} bytes; this \
-                 snapshot's {needed} more would pass its quota of {quota} \
-                 (volumes.max_bytes_per_key); nothing was kept, and the session runs on"
-            ),
-        ));
+        return Err(over_quota(used, needed, quota));
     }
     let most = state.config.sessions.max_paused_per_key;
-    if replaced.is_none() && state.paused.count_of(owner) >= most {
+    if paused.kept(id).is_none() && paused.count_of(owner) >= most {
         return Err(Error::new(
             Kind::TooLarge,
             "quota_exceeded",
@@ -523,23 +202,64 @@ fn keep(state: &AppState, tmp: &Path, record: &PausedRecord) -> Result<(), Error
             ),
         ));
     }
-    fs::rename(tmp, state.paused.snap_path(&record.id))
-        .map_err(|e| Error::internal(format!("keeping a snapshot: {e}")))?;
-    temporary.keep();
-    state.paused.save(record)
+    paused.commit(record)?;
+    // Counted in the index now: the file stays, what was held goes back.
+    written.file.keep();
+    Ok(())
 }
 
-/// Writes `entry`'s state to a snapshot bound to `binding` at `path` (which must not exist).
-fn take(
-    state: &AppState,
+/// Writes `entry`'s state to a snapshot bound to `binding` at `path` (which must not
+/// exist), its bytes held against the key's storage before they are written; what it
+/// holds, and the file with the bytes held for it. Refused for want of room while other
+/// snapshots of the key's were being written (pauses at once, say, that do not all fit),
+/// it is taken again in its turn (`Paused::wait_for_turn`: those that began first go
+/// first), so that of those, the ones that fit are kept, and only the others refused.
+fn take<'a>(
+    state: &'a AppState,
     owner: &str,
     entry: &OpenSession,
     path: &Path,
     binding: Binding,
-) -> Result<(Sealed, SnapshotInfo), Error> {
-    let mut writer = SnapshotWriter::create(path, state.paused.key()?, binding)
-        .map_err(|e| Error::internal(format!("{}: {e}", path.display())))?;
-    let max = room_for_snapshot(state, owner);
+) -> Result<(Sealed, SnapshotInfo, Written<'a>), Error> {
+    // Each turn waited for is another's try, which its own timeout bounds: this is only a
+    // bound should those never end.
+    let until = std::time::Instant::now() + 4 * snapshot_timeout(state);
+    let mut reservation = Reservation::new(state, owner);
+    loop {
+        match take_once(state, entry, path, binding, &mut reservation) {
+            Ok((sealed, info, file)) => return Ok((sealed, info, Written { file, reservation })),
+            Err(Refused::NoRoom(error)) => {
+                reservation.give_back();
+                if !state.paused.wait_for_turn(owner, reservation.place, until) {
+                    return Err(error);
+                }
+            }
+            Err(Refused::Other(error)) => return Err(error),
+        }
+    }
+}
+
+/// Why one try of [`take`] failed.
+enum Refused {
+    /// The key's storage had no room for the snapshot (its file removed already).
+    NoRoom(Error),
+    Other(Error),
+}
+
+/// One try of [`take`], with what `reservation` holds.
+fn take_once(
+    state: &AppState,
+    entry: &OpenSession,
+    path: &Path,
+    binding: Binding,
+    reservation: &mut Reservation,
+) -> Result<(Sealed, SnapshotInfo, Temporary), Refused> {
+    reservation.hold(RECORD_ROOM).map_err(Refused::NoRoom)?;
+    let mut writer =
+        SnapshotWriter::create(path, state.paused.key().map_err(Refused::Other)?, binding)
+            .map_err(|e| Refused::Other(Error::internal(format!("{}: {e}", path.display()))))?;
+    let mut file = Temporary(Some(path.to_path_buf()));
+    let max = room_for_snapshot(state, &reservation.owner);
     // Compressed, MACed and written by a thread of its own while the channel is read.
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
     let writing = std::thread::Builder::new()
@@ -550,32 +270,55 @@ fn take(
             }
             Ok(writer)
         })
-        .map_err(|e| Error::internal(format!("a snapshot's writer: {e}")))?;
+        .map_err(|e| Refused::Other(Error::internal(format!("a snapshot's writer: {e}"))))?;
+    // The state's bytes bound what is written (compressed, at most a few bytes more per
+    // block, within the record's room).
+    let mut received = 0u64;
+    let mut refused = None;
+    let mut writing = Some((tx, writing));
     let taken = entry.engine_session().snapshot(
         &mut |chunk| {
-            tx.send(chunk)
-                .map_err(|_| std::io::Error::other("the snapshot's writer stopped"))
+            received += chunk.len() as u64;
+            if let Err(e) = reservation.hold(received + RECORD_ROOM) {
+                refused = Some(e);
+                // Nothing more is written: the file is closed and removed now, while the
+                // rest of the state is read and dropped.
+                if let Some((tx, thread)) = writing.take() {
+                    drop(tx);
+                    let _ = thread.join();
+                }
+                drop(std::mem::replace(&mut file, Temporary(None)));
+                return Err(std::io::Error::other("over the key's storage"));
+            }
+            match &writing {
+                Some((tx, _)) => tx
+                    .send(chunk)
+                    .map_err(|_| std::io::Error::other("the snapshot's writer stopped")),
+                None => Err(std::io::Error::other("the snapshot's writer stopped")),
+            }
         },
         max,
         snapshot_timeout(state),
     );
-    drop(tx);
-    let written = writing
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the snapshot's writer failed")));
-    let (report, _) = match taken {
-        Ok(taken) => taken,
-        Err(e) => {
-            let _ = fs::remove_file(path);
-            return Err(snapshot_error(e));
+    let done = match writing {
+        Some((tx, thread)) => {
+            drop(tx);
+            thread
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("the snapshot's writer failed")))
         }
+        None => Err(std::io::Error::other("the snapshot's writer stopped")),
     };
-    let sealed = written.and_then(SnapshotWriter::finish).map_err(|e| {
-        let _ = fs::remove_file(path);
-        Error::internal(format!("{}: {e}", path.display()))
-    })?;
+    let (report, _) = match (taken, refused) {
+        (Err(SnapshotError::Store(_)), Some(refused)) => return Err(Refused::NoRoom(refused)),
+        (Ok(taken), _) => taken,
+        (Err(e), _) => return Err(Refused::Other(snapshot_error(e))),
+    };
+    let sealed = done
+        .and_then(SnapshotWriter::finish)
+        .map_err(|e| Refused::Other(Error::internal(format!("{}: {e}", path.display()))))?;
     let info = snapshot_info(&sealed, entry.cells(), report);
-    Ok((sealed, info))
+    Ok((sealed, info, file))
 }
 
 fn snapshot_info(sealed: &Sealed, cells: u64, report: SnapshotReport) -> SnapshotInfo {
@@ -617,26 +360,22 @@ pub(crate) fn pause_idle(state: &SharedState, idle: Duration) {
 }
 
 fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionInfo, Error> {
-    let id = entry.id().to_owned();
-    let id = id.as_str();
-    let owner = entry.owner().to_owned();
+    let id = entry.id();
     let claim = state.paused.claim(id)?;
     let busy = entry.claim()?;
-    let binding = Binding {
-        key_fingerprint: &owner,
-        session_id: id,
-    };
-    let tmp = state.paused.dir.join(format!("{id}.snap.tmp"));
-    let _ = fs::remove_file(&tmp);
-    let (sealed, info) = take(state, &owner, entry, &tmp, binding)?;
+    let (sealed, info, written) = take_own(state, entry)?;
     let mut session_info = entry.info();
-    let record = PausedRecord::of_open(entry, id, entry.created_at(), sealed, info.clone());
-    keep(state, &tmp, &record)?;
-    // Closed meanwhile (a DELETE does not wait for a pause): what was kept goes.
-    if entry.is_closed() {
-        let _ = state.paused.delete(id);
-        return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
-    }
+    let record = PausedRecord::of_open(
+        entry,
+        id,
+        entry.created_at(),
+        sealed,
+        info.clone(),
+        &written,
+    );
+    // Deleted meanwhile (a DELETE closes the session, then waits for this claim): nothing
+    // is kept.
+    keep(state, written, &record, &|| !entry.is_closed())?;
     drop(busy);
     sessions::unregister(state, entry, "paused");
     drop(claim);
@@ -651,26 +390,59 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
     Ok(session_info)
 }
 
-/// Writes an open session's state to its snapshot after a cell (`sessions.checkpoint =
-/// "each_cell"`), the cell still holding the session: a server killed later brings it back
-/// from here. One that cannot be written (over the quota, say) is logged; the one before
-/// stays.
-pub(crate) fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
-    let id = entry.id().to_owned();
-    let owner = entry.owner().to_owned();
-    let tmp = state.paused.dir.join(format!("{id}.snap.tmp"));
-    let _ = fs::remove_file(&tmp);
+/// Open session `entry`'s state written to a new snapshot file of its own (which no record
+/// names yet), under its claim (the caller's).
+fn take_own<'a>(
+    state: &'a AppState,
+    entry: &OpenSession,
+) -> Result<(Sealed, SnapshotInfo, Written<'a>), Error> {
+    let (_, path) = state.paused.new_snapshot(entry.id());
     let binding = Binding {
-        key_fingerprint: &owner,
-        session_id: &id,
+        key_fingerprint: entry.owner(),
+        session_id: entry.id(),
     };
-    let kept = take(state, &owner, entry, &tmp, binding).and_then(|(sealed, info)| {
-        let record = PausedRecord::of_open(entry, &id, entry.created_at(), sealed, info);
-        keep(state, &tmp, &record)
-    });
-    if let Err(e) = kept {
-        let _ = fs::remove_file(&tmp);
-        tracing::warn!(session = %id, error = %e.message, "a session's checkpoint could not be written; its last one stays");
+    take(state, entry.owner(), entry, &path, binding)
+}
+
+/// After a cell of `entry` (`completed`: it ran to its answer): if it ended the session
+/// (`sys.exit()`, a limit, a crash), the session's checkpoint goes at once, for an ended
+/// session never comes back; otherwise, with `sessions.checkpoint = "each_cell"`, its state
+/// is written to its snapshot.
+pub(crate) fn after_cell(state: &SharedState, entry: &Arc<OpenSession>, completed: bool) {
+    if entry.has_ended() {
+        state.paused.forget(entry.id());
+    } else if completed && state.config.sessions.checkpoint == crate::config::Checkpoint::EachCell {
+        checkpoint(state, entry);
+    }
+}
+
+/// Writes an open session's state to its snapshot after a cell, the cell still holding the
+/// session: a server killed later brings it back from here. Under the session's claim,
+/// which a DELETE waits for: one that comes meanwhile finds the snapshot kept and removes
+/// it, or closes the session first, and then nothing is kept. One that cannot be written
+/// (over the quota, say) is logged; the one before stays.
+fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
+    let id = entry.id();
+    let kept = state
+        .paused
+        .claim_within(id, snapshot_timeout(state))
+        .and_then(|_claim| {
+            if entry.is_closed() {
+                return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
+            }
+            let (sealed, info, written) = take_own(state, entry)?;
+            let record =
+                PausedRecord::of_open(entry, id, entry.created_at(), sealed, info, &written);
+            keep(state, written, &record, &|| !entry.is_closed())
+        });
+    match kept {
+        Ok(()) => {}
+        Err(_) if entry.is_closed() => {
+            tracing::info!(session = %id, "a session closed while its checkpoint was written: nothing of it is kept");
+        }
+        Err(e) => {
+            tracing::warn!(session = %id, error = %e.message, "a session's checkpoint could not be written; its last one stays");
+        }
     }
 }
 
@@ -709,7 +481,7 @@ pub(crate) fn resume(
         state,
         key,
         opening,
-        &state.paused.snap_path(id),
+        &state.paused.snapshot_path(&record)?,
         binding,
         &record.sealed,
     )?;
@@ -789,7 +561,7 @@ fn bring_back(
 struct Temporary(Option<PathBuf>);
 
 impl Temporary {
-    fn keep(mut self) {
+    fn keep(&mut self) {
         self.0 = None;
     }
 }
@@ -803,7 +575,9 @@ impl Drop for Temporary {
 }
 
 /// A new session of `key`'s with the state of its session `id`, open or paused (blocking);
-/// `id` goes on as it was.
+/// `id` goes on as it was. The snapshot of an open one is written for the new session
+/// (under its claim, its bytes held against the key's storage like any) and removed once
+/// read back.
 pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     let fingerprint = key.fingerprint();
     // The source is the caller's, open or paused, before anything is touched.
@@ -813,7 +587,8 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
     }
     let new_id = state.held_id("se_");
     let claim = state.paused.claim(id)?;
-    let (opening, record, path, binding_id, temporary) = match live {
+    let new_claim = state.paused.claim(&new_id)?;
+    let (opening, record, path, binding_id, written) = match live {
         Some(entry) => {
             let busy = entry.claim()?;
             let now = entry.info();
@@ -825,16 +600,16 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
                 now.max_lifetime_ms,
                 &new_id,
             )?;
-            let tmp = state.paused.dir.join(format!("{new_id}.snap.tmp"));
-            let temporary = Temporary(Some(tmp.clone()));
+            let path = state.paused.fork_path(&new_id);
             let binding = Binding {
                 key_fingerprint: &fingerprint,
                 session_id: &new_id,
             };
-            let (sealed, info) = take(state, &fingerprint, &entry, &tmp, binding)?;
+            let (sealed, info, written) = take(state, &fingerprint, &entry, &path, binding)?;
             drop(busy);
-            let record = PausedRecord::of_open(&entry, &new_id, SystemTime::now(), sealed, info);
-            (opening, record, tmp, new_id.clone(), Some(temporary))
+            let record =
+                PausedRecord::of_open(&entry, &new_id, SystemTime::now(), sealed, info, &written);
+            (opening, record, path, new_id.clone(), Some(written))
         }
         None => {
             let record = state
@@ -849,13 +624,8 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
                 record.max_lifetime_ms,
                 &new_id,
             )?;
-            (
-                opening,
-                record,
-                state.paused.snap_path(id),
-                id.to_owned(),
-                None,
-            )
+            let path = state.paused.snapshot_path(&record)?;
+            (opening, record, path, id.to_owned(), None)
         }
     };
     let binding = Binding {
@@ -863,8 +633,8 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
         session_id: &binding_id,
     };
     let brought = bring_back(state, key, opening, &path, binding, &record.sealed);
-    drop(temporary);
-    drop(claim);
+    drop(written);
+    drop((new_claim, claim));
     let (entry, report) = brought?;
     let entry = entry.resumed_as(SystemTime::now(), record.snapshot.cells);
     sessions::register(state, key, entry.clone())?;
@@ -878,14 +648,15 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
 }
 
 impl PausedRecord {
-    /// The record of open session `entry`'s state, sealed as `sealed`, kept as session `id`
-    /// (its own, or a fork's) first opened at `created_at`.
+    /// The record of open session `entry`'s state, sealed as `sealed` in the snapshot file
+    /// `written`, kept as session `id` (its own, or a fork's) first opened at `created_at`.
     fn of_open(
         entry: &OpenSession,
         id: &str,
         created_at: SystemTime,
         sealed: Sealed,
         snapshot: SnapshotInfo,
+        written: &Written,
     ) -> PausedRecord {
         let now = entry.info();
         PausedRecord {
@@ -898,33 +669,13 @@ impl PausedRecord {
             limits: now.limits,
             sealed,
             snapshot,
+            snapshot_file: written
+                .file
+                .0
+                .as_deref()
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned()),
         }
-    }
-
-    /// The session as `GET /v1/sessions/{id}` shows it while paused.
-    pub(crate) fn info(&self, retention: Duration) -> SessionInfo {
-        paused_info(self, retention)
-    }
-}
-
-/// A paused session as `GET /v1/sessions/{id}` shows it: it is kept until `retention` after
-/// its snapshot was taken.
-fn paused_info(record: &PausedRecord, retention: Duration) -> SessionInfo {
-    let expires = humantime::parse_rfc3339(&record.snapshot.taken_at)
-        .map(|t| rfc(t + retention))
-        .unwrap_or_default();
-    SessionInfo {
-        id: record.id.clone(),
-        created_at: record.created_at.clone(),
-        expires_at: expires,
-        idle_timeout_ms: record.idle_timeout_ms,
-        max_lifetime_ms: record.max_lifetime_ms,
-        cells: record.snapshot.cells,
-        ended: None,
-        limits: record.limits.clone(),
-        egress_between_cells: None,
-        paused: Some(record.snapshot.clone()),
-        resumed: None,
     }
 }
 
@@ -1027,18 +778,24 @@ pub async fn reaper(state: SharedState) {
         }
         let st = state.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            let retention = Duration::from_millis(st.config.sessions.paused_retention_ms);
-            for (id, owner) in st.paused.expire(retention) {
+            for (id, owner) in st.paused.expire() {
                 sessions::audit_session(&st, &id, &owner, Some("expired"));
             }
+            st.paused.sweep_tombstones();
         })
         .await;
         let st = state.clone();
-        if let Ok(reaped) = tokio::task::spawn_blocking(move || st.sessions.reap()).await {
-            for r in reaped {
-                state.paused.forget(&r.id);
-                sessions::audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
+        let reaped = tokio::task::spawn_blocking(move || {
+            let reaped = st.sessions.reap();
+            // Closed for good: their checkpoints go too.
+            for r in &reaped {
+                st.paused.forget(&r.id);
             }
+            reaped
+        })
+        .await;
+        for r in reaped.into_iter().flatten() {
+            sessions::audit_session(&state, &r.id, &r.key_fingerprint, Some(r.why));
         }
     }
 }
