@@ -1145,38 +1145,41 @@ mod tests {
             _ => None,
         })
     }
+    /// Each byte of `s` in `table` written its way.
+    fn replacing(s: &str, table: &[(u8, &str)]) -> String {
+        each(s, |b| {
+            table
+                .iter()
+                .find(|(c, _)| *c == b)
+                .map(|(_, e)| (*e).to_owned())
+        })
+    }
     /// Python's html.escape.
     fn html_escape(s: &str) -> String {
-        each(s, |b| {
-            Some(
-                match b {
-                    b'&' => "&amp;",
-                    b'<' => "&lt;",
-                    b'>' => "&gt;",
-                    b'"' => "&quot;",
-                    b'\'' => "&#x27;",
-                    _ => return None,
-                }
-                .into(),
-            )
-        })
+        replacing(
+            s,
+            &[
+                (b'&', "&amp;"),
+                (b'<', "&lt;"),
+                (b'>', "&gt;"),
+                (b'"', "&quot;"),
+                (b'\'', "&#x27;"),
+            ],
+        )
     }
     /// Go's html/template.
     fn go_html(s: &str) -> String {
-        each(s, |b| {
-            Some(
-                match b {
-                    b'&' => "&amp;",
-                    b'<' => "&lt;",
-                    b'>' => "&gt;",
-                    b'"' => "&#34;",
-                    b'\'' => "&#39;",
-                    b'+' => "&#43;",
-                    _ => return None,
-                }
-                .into(),
-            )
-        })
+        replacing(
+            s,
+            &[
+                (b'&', "&amp;"),
+                (b'<', "&lt;"),
+                (b'>', "&gt;"),
+                (b'"', "&#34;"),
+                (b'\'', "&#39;"),
+                (b'+', "&#43;"),
+            ],
+        )
     }
     /// Python's urllib.parse.quote with `safe`.
     fn quote(s: &str, safe: &str) -> String {
