@@ -796,8 +796,11 @@ fn undo_pending(root: BorrowedFd<'_>, at: &Path) {
                 let removed = dir(n).and_then(|fd| {
                     nix::unistd::unlinkat(&fd, parts[n], nix::unistd::UnlinkatFlags::RemoveDir)
                 });
-                if removed.is_err() {
-                    break;
+                // One it never got to make is not there: the ones above it may be. One that
+                // is not empty holds more than the upload: so do those above it.
+                match removed {
+                    Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+                    Err(_) => break,
                 }
             }
         }

@@ -157,8 +157,9 @@ struct SlotsInner {
 struct Waiter {
     key: String,
     counted: bool,
-    /// Sent when the waiter is given a slot; dropped unsent when admission closes.
-    given: oneshot::Sender<()>,
+    /// Sent `true` when the waiter is given a slot, `false` when it gives its place in a
+    /// full queue to another key's request; dropped unsent when admission closes.
+    given: oneshot::Sender<bool>,
 }
 
 /// One running slot, given back (to the next waiter, if any) when dropped.
@@ -181,6 +182,29 @@ impl Drop for Slot {
 }
 
 impl SlotsInner {
+    /// Makes room in the full queue for a request of `key`: the newest waiter of the key
+    /// that holds the most places gives its place up, when that key holds more than `key`
+    /// would with it. Whether there is room now.
+    fn share(&mut self, key: &str, metrics: &Metrics) -> bool {
+        let mut held: HashMap<&str, (usize, u64)> = HashMap::new();
+        for (ticket, w) in self.waiting.iter().filter(|(_, w)| w.counted) {
+            let e = held.entry(w.key.as_str()).or_insert((0, *ticket));
+            e.0 += 1;
+            e.1 = e.1.max(*ticket);
+        }
+        let own = held.get(key).map_or(0, |h| h.0);
+        let Some((_, (most, newest))) = held.into_iter().max_by_key(|(_, (n, _))| *n) else {
+            return false;
+        };
+        if most <= own + 1 {
+            return false;
+        }
+        if let Some(waiter) = self.unwait(newest, metrics) {
+            let _ = waiter.given.send(false);
+        }
+        true
+    }
+
     /// Takes `ticket` out of the queue, if it still waits there.
     fn unwait(&mut self, ticket: u64, metrics: &Metrics) -> Option<Waiter> {
         let waiter = self.waiting.remove(&ticket)?;
@@ -201,7 +225,7 @@ impl SlotsInner {
                 return;
             };
             // A waiter that went away takes itself out of the queue first: sent, it is taken.
-            if waiter.given.send(()).is_ok() {
+            if waiter.given.send(true).is_ok() {
                 self.free -= 1;
                 self.turns.start(&waiter.key);
             }
@@ -214,7 +238,7 @@ impl SlotsInner {
 struct Wait<'a> {
     slots: &'a Arc<Slots>,
     ticket: u64,
-    given: oneshot::Receiver<()>,
+    given: oneshot::Receiver<bool>,
     over: bool,
 }
 
@@ -224,7 +248,8 @@ impl Drop for Wait<'_> {
             return;
         }
         let mut inner = lock(&self.slots.inner);
-        if inner.unwait(self.ticket, &self.slots.metrics).is_none() && self.given.try_recv().is_ok()
+        if inner.unwait(self.ticket, &self.slots.metrics).is_none()
+            && self.given.try_recv() == Ok(true)
         {
             inner.free += 1;
             inner.hand_over(&self.slots.metrics);
@@ -268,7 +293,8 @@ impl Slots {
                 });
             }
             if let Some((max_queue, _)) = bound {
-                if inner.queued >= max_queue {
+                // A full queue: one key's requests may not keep the others' out.
+                if inner.queued >= max_queue && !inner.share(key, &self.metrics) {
                     return Err(NoSlot(None));
                 }
                 inner.queued += 1;
@@ -299,22 +325,23 @@ impl Slots {
         };
         wait.over = true;
         let given = match got {
-            Ok(given) => given.is_ok(),
+            Ok(given) => given.ok(),
             Err(_elapsed) => {
                 let mut inner = lock(&self.inner);
                 if inner.unwait(ticket, &self.metrics).is_some() {
                     return Err(NoSlot(Some(Rejection::QueueTimeout)));
                 }
-                // Given a slot (or closed) as the time ran out.
-                wait.given.try_recv().is_ok()
+                // Given a slot, or its place taken, or closed, as the time ran out.
+                wait.given.try_recv().ok()
             }
         };
-        if given {
-            Ok(Slot {
+        match given {
+            Some(true) => Ok(Slot {
                 slots: self.clone(),
-            })
-        } else {
-            Err(NoSlot(Some(Rejection::ShuttingDown)))
+            }),
+            // Its place in the full queue went to another key's request.
+            Some(false) => Err(NoSlot(None)),
+            None => Err(NoSlot(Some(Rejection::ShuttingDown))),
         }
     }
 
@@ -673,6 +700,52 @@ mod tests {
         }
         assert_eq!(order, ["b1", "a1", "a2"]);
         assert_eq!(lock(&adm.global.inner).free, 1);
+    }
+
+    #[tokio::test]
+    async fn one_key_s_requests_never_keep_another_s_out_of_a_full_queue() {
+        let (adm, a, b) = two_keys(1);
+        let running = adm.admit(&a).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut waiters = Vec::new();
+        // Key a fills the queue (10 places).
+        for n in 0..10 {
+            let (admission, key, tx) = (adm.clone(), a.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let got = admission.admit(&key).await.map(drop);
+                tx.send((format!("a{n}"), got)).unwrap();
+            }));
+            wait_queued(&adm, n + 1).await;
+        }
+        // Key b's requests each take the place of a's newest while a holds more than b.
+        for n in 0..5 {
+            let (admission, key, tx) = (adm.clone(), b.clone(), tx.clone());
+            waiters.push(tokio::spawn(async move {
+                let got = admission.admit(&key).await.map(drop);
+                tx.send((format!("b{n}"), got)).unwrap();
+            }));
+            let (who, got) = rx.recv().await.unwrap();
+            assert_eq!(
+                (who, got),
+                (format!("a{}", 9 - n), Err(Rejection::Overloaded)),
+                "b{n} took the place of a's newest"
+            );
+        }
+        // Five each: a sixth of b's is refused like any request past a full queue.
+        assert_eq!(lock(&adm.global.inner).queued, 10);
+        assert_eq!(adm.admit(&b).await.unwrap_err(), Rejection::Overloaded);
+        assert_eq!(lock(&adm.global.inner).queued, 10);
+        drop(running);
+        let mut order = Vec::new();
+        for _ in 0..10 {
+            let (who, got) = rx.recv().await.unwrap();
+            assert_eq!(got, Ok(()), "{who}");
+            order.push(who);
+        }
+        assert_eq!(
+            order,
+            ["b0", "a0", "b1", "a1", "b2", "a2", "b3", "a3", "b4", "a4"]
+        );
     }
 
     #[tokio::test]

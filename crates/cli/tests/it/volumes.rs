@@ -861,16 +861,17 @@ fn a_directory_that_cannot_be_read_is_listed_marked_with_the_rest() {
 }
 
 /// Sends a PUT of `data` to `path` of volume `v` with strace attached to the server, which
-/// kills it (SIGKILL, nothing cleaned up) at the first `syscall` of its: the moment a
+/// kills it (SIGKILL, nothing cleaned up) at the `nth` `syscall` of its: the moment a
 /// finished upload would be linked into its directory (`linkat`) or renamed over the file it
-/// replaces (`renameat`). The server must die without answering.
-fn put_killed_at(server: &Server, syscall: &str, path: &str, data: &[u8]) {
+/// replaces (`renameat`), or one of the directories it makes (`mkdirat`). The server must
+/// die without answering.
+fn put_killed_at(server: &Server, syscall: &str, nth: u32, path: &str, data: &[u8]) {
     use std::io::{BufRead, Read, Write};
     let mut strace = std::process::Command::new("strace")
         .args(["-f", "-o", "/dev/null", "-e"])
         .arg(format!("trace={syscall}"))
         .arg("-e")
-        .arg(format!("inject={syscall}:error=EIO:signal=KILL"))
+        .arg(format!("inject={syscall}:error=EIO:signal=KILL:when={nth}"))
         .arg("-p")
         .arg(server.child.id().to_string())
         .stderr(std::process::Stdio::piped())
@@ -916,13 +917,15 @@ fn an_upload_cut_short_by_a_crash_leaves_the_volume_as_it_was() {
     let counted = used(&server, "v");
 
     let mut server = server;
-    for (syscall, path) in [
-        ("renameat", "keep.txt"),
-        ("renameat", "d/kept.txt"),
-        ("linkat", "new/sub/file.txt"),
-        ("linkat", "d/new/file.txt"),
+    for (syscall, nth, path) in [
+        ("renameat", 1, "keep.txt"),
+        ("renameat", 1, "d/kept.txt"),
+        ("linkat", 1, "new/sub/file.txt"),
+        ("linkat", 1, "d/new/file.txt"),
+        // Killed between the two directories it makes: the one made goes.
+        ("mkdirat", 2, "x/y/file.txt"),
     ] {
-        put_killed_at(&server, syscall, path, b"the replacement");
+        put_killed_at(&server, syscall, nth, path, b"the replacement");
         let dir = server.kill_keeping_state();
         server = Server::start_in(dir, "", &[], Some(KEY));
         assert_eq!(files_of(&server, "v"), listed, "after {syscall} of {path}");

@@ -842,6 +842,8 @@ impl Background {
                     let c = inner.keys.entry(live.fingerprint.clone()).or_default();
                     c.queued = c.queued.saturating_sub(1);
                     c.running += 1;
+                    // Those that deferred to this one look again: a turn may still be free.
+                    self.turns.notify_waiters();
                     return Some(Turn { bg: self });
                 }
             }
@@ -1464,6 +1466,63 @@ mod tests {
         for cut in [0, 1, 5, first - 1] {
             assert_eq!(whole_events_len(&file, cut), 0, "{cut}");
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A waiter that deferred to another key's submission (still being stored, not yet
+    /// waiting) looks again once that one takes its turn, while a turn is still free.
+    #[tokio::test]
+    async fn a_waiter_that_deferred_looks_again_when_the_other_takes_its_turn() {
+        use crate::config::KeyConfig;
+        use crate::keys::{hash_key, KeyStore};
+        let dir = std::env::temp_dir().join(format!("airlock-bg-turns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = BackgroundConfig {
+            max_running: 2,
+            max_running_per_key: 4,
+            ..BackgroundConfig::default()
+        };
+        let (bg, _) = Background::open(&dir, config, 4);
+        let bg = Arc::new(bg);
+        let store = KeyStore::new(vec![
+            KeyConfig::new("a", hash_key("key-a-for-tests-0001")),
+            KeyConfig::new("b", hash_key("key-b-for-tests-0001")),
+        ])
+        .unwrap();
+        let (a, b) = (store.keys()[0].clone(), store.keys()[1].clone());
+        let limits = Limits {
+            timeout_ms: 1000,
+            memory_mb: 64,
+            cpu_ms: 1000,
+            pids: 8,
+            disk_mb: 8,
+            output_bytes: 1024,
+        };
+        // Key a has started once; key b never has, so b goes first.
+        let first = bg.submit(&a, "ex_a0".into(), "r0", &limits, 0).unwrap();
+        drop(bg.turn(&first).await.unwrap());
+        let x = bg.submit(&a, "ex_x".into(), "r1", &limits, 0).unwrap();
+        let y = bg.submit(&b, "ex_y".into(), "r2", &limits, 0).unwrap();
+        let (waiter, xs) = (bg.clone(), x.clone());
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let turn = waiter.turn(&xs).await;
+            let _ = tx.send(turn.is_some());
+            std::mem::forget(turn);
+        });
+        // The test's runtime has one thread: x's task runs to its wait, deferring to y.
+        tokio::task::yield_now().await;
+        assert!(
+            rx.try_recv().is_err(),
+            "x defers to y, whose key started less recently"
+        );
+        let _y_turn = bg.turn(&y).await.unwrap();
+        let x_started = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        assert!(
+            matches!(x_started, Ok(Ok(true))),
+            "x waits though a turn is free: {x_started:?}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 

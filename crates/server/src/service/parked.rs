@@ -179,6 +179,11 @@ impl Reader {
         Ok(())
     }
 
+    /// Bytes left of the file as it was opened (none if it grew since).
+    fn left(&self) -> u64 {
+        self.len.saturating_sub(self.at)
+    }
+
     fn u64(&mut self) -> std::io::Result<u64> {
         let mut n = [0u8; 8];
         self.exact(&mut n)?;
@@ -188,7 +193,7 @@ impl Reader {
     /// A count of parts, each at least 16 bytes (two lengths).
     fn count(&mut self) -> std::io::Result<u64> {
         let n = self.u64()?;
-        if n > (self.len - self.at) / 16 {
+        if n > self.left() / 16 {
             return Err(invalid("a count past the end of the file"));
         }
         Ok(n)
@@ -202,7 +207,7 @@ impl Reader {
 
     fn bytes(&mut self) -> std::io::Result<Vec<u8>> {
         let n = self.u64()?;
-        if n > self.len - self.at {
+        if n > self.left() {
             return Err(invalid("a length past the end of the file"));
         }
         let mut buf = vec![0u8; n as usize];

@@ -449,13 +449,13 @@ pub(crate) async fn submit(
         let stored = blocking("storing the background execution", move || {
             let size = parked::size(&job);
             let live = bg.background.submit(&key, id, &rid, &job.limits, size)?;
-            match live.park(job) {
-                Ok(job) => Ok((live, job)),
-                Err(e) => {
-                    bg.background.withdraw(&live);
-                    Err(e)
-                }
-            }
+            // Withdrawn unless parked, even by a panic: a submission no task waits for
+            // would hold its key's turn for good.
+            let mut unparked = Withdraw(Some((&bg, &live)));
+            let job = live.park(job)?;
+            unparked.0 = None;
+            drop(unparked);
+            Ok((live, job))
         })
         .await;
         let (live, job) = match stored {
@@ -745,6 +745,17 @@ impl Stopper {
 }
 
 /// Stops the work if the request is dropped before it is answered (its client went away).
+/// Withdraws a background submission when dropped, unless disarmed.
+struct Withdraw<'a>(Option<(&'a SharedState, &'a Arc<crate::service::background::Live>)>);
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if let Some((state, live)) = self.0.take() {
+            state.background.withdraw(live);
+        }
+    }
+}
+
 struct StopOnDrop(Option<Stopper>);
 
 impl Drop for StopOnDrop {
