@@ -11,6 +11,7 @@ import importlib
 import json
 import math
 import pathlib
+import subprocess
 import threading
 import time
 from typing import Any
@@ -63,6 +64,7 @@ from airlock_client import (
     Usage,
     Volume,
     VolumeBusy,
+    VolumeFiles,
     VolumeFull,
     VolumeInfo,
     VolumeInUse,
@@ -919,6 +921,46 @@ def test_volume_refusals(client: Airlock) -> None:
         tiny.delete()
 
 
+def test_a_volume_s_listing_marks_what_it_cannot_read_and_says_when_it_stops(server: Server, client: Airlock) -> None:
+    vol = client.create_volume("client-marks", 16 * MIB)
+    mount = [vol.mount("/work/v")]
+    try:
+        # More names than one listing gives (hard links take no entries of the volume).
+        flood = (
+            "import os\nopen('/work/v/one', 'w').close()\n"
+            "for i in range(10050):\n    os.link('/work/v/one', f'/work/v/l{i:05}')\n'made'"
+        )
+        assert client.run(flood, volumes=mount).result == "made"
+        listing = vol.files()
+        assert isinstance(listing, VolumeFiles) and listing.truncated and len(listing) == 10_000
+        # A name that is not UTF-8 is listed with U+FFFD in its place, marked lossy.
+        odd = (
+            "import os\nfor n in os.listdir('/work/v'):\n    os.remove('/work/v/' + n)\n"
+            "os.mkdir(b'/work/v/\\xff')\nopen(b'/work/v/\\xff/inner', 'w').close()\n'made'"
+        )
+        assert client.run(odd, volumes=mount).result == "made"
+        vol.upload("broken/inner.txt", "x")
+        vol.upload("fine/ok.txt", "y")
+        # A directory whose block is damaged on the disk, once nothing has the volume mounted.
+        [image] = server.state.glob("volumes/*/client-marks.img")
+        deadline = time.monotonic() + 10
+        while any(str(image) in b.read_text() for b in pathlib.Path("/sys/block").glob("loop*/loop/backing_file")):
+            assert time.monotonic() < deadline, "the volume stayed mounted"
+            time.sleep(0.05)
+        subprocess.run(["debugfs", "-w", "-R", "zap_block -f /broken 0", str(image)], check=True, capture_output=True)
+        listing = vol.files()
+        assert not listing.truncated
+        assert [(f.path, f.type, f.lossy, f.unreadable) for f in listing] == [
+            ("broken", "dir", False, True),
+            ("fine", "dir", False, False),
+            ("fine/ok.txt", "file", False, False),
+            ("\ufffd", "dir", True, False),
+            ("\ufffd/inner", "file", True, False),
+        ]
+    finally:
+        vol.delete()
+
+
 def test_volume_error_codes_have_their_exceptions() -> None:
     json_type = {"content-type": "application/json"}
     for status, code, kind in [
@@ -944,7 +986,9 @@ def test_the_async_client_s_volumes(server: Server) -> None:
             e = await c.run(code, volumes=[vol.mount("/work/a")])
             assert e.result == "A", e
             assert await vol.download("a.txt") == b"AB"
-            assert await vol.files() == [FileEntry("a.txt", "file", 2)]
+            listing = await vol.files()
+            assert listing == [FileEntry("a.txt", "file", 2)]
+            assert isinstance(listing, VolumeFiles) and not listing.truncated
             assert (await vol.info()).used_entries == 1
             stream = await c.stream("print(open('/tmp/a/a.txt').read())", volumes=[vol.mount("/tmp/a", read_only=True)])
             assert (await stream.finish()).stdout == "AB\n"

@@ -77,6 +77,7 @@ from airlock_client.models import (
     ToolList,
     TruncatedEvent,
     Usage,
+    VolumeFiles,
     VolumeInfo,
 )
 
@@ -151,6 +152,7 @@ __all__ = [
     "Usage",
     "Volume",
     "VolumeBusy",
+    "VolumeFiles",
     "VolumeFull",
     "VolumeInUse",
     "VolumeInfo",

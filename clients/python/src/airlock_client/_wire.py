@@ -43,12 +43,14 @@ from airlock_client.models import (
     StreamEvent,
     ToolList,
     TruncatedEvent,
+    VolumeFiles,
     VolumeInfo,
     _Reader,
     read_approvals,
     read_environments,
     read_files,
     read_sessions,
+    read_volume_files,
     read_volumes,
 )
 
@@ -765,8 +767,9 @@ def delete_volume(name: str) -> Request[None]:
     return Request("DELETE", f"/v1/volumes/{segment(name, 'volume name')}", nothing, ok=(204,))
 
 
-def volume_files(name: str) -> Request[list[FileEntry]]:
-    return Request("GET", f"/v1/volumes/{segment(name, 'volume name')}/files", lambda a: read_files(read_json(a)))
+def volume_files(name: str) -> Request[VolumeFiles]:
+    path = f"/v1/volumes/{segment(name, 'volume name')}/files"
+    return Request("GET", path, lambda a: read_volume_files(read_json(a)))
 
 
 def _volume_file(name: str, path: str) -> str:

@@ -33,6 +33,7 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeFiles,
     VolumeInfo,
 )
 
@@ -670,7 +671,7 @@ class AsyncVolume:
     async def download(self, path: str) -> bytes:
         return await self._client._do(_wire.volume_download(self.name, path))
 
-    async def files(self) -> list[FileEntry]:
+    async def files(self) -> VolumeFiles:
         return await self._client._do(_wire.volume_files(self.name))
 
     async def remove(self, path: str) -> None:

@@ -32,6 +32,7 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeFiles,
     VolumeInfo,
 )
 
@@ -725,8 +726,10 @@ class Volume:
         """A regular file's contents (links are refused, never followed)."""
         return self._client._do(_wire.volume_download(self.name, path))
 
-    def files(self) -> list[FileEntry]:
-        """Everything in the volume (links listed, never followed)."""
+    def files(self) -> VolumeFiles:
+        """Everything in the volume (links listed, never followed), up to 10,000 entries or
+        4 MiB of paths (then `truncated`); entries it could not read are marked `unreadable`,
+        names that are not UTF-8 `lossy`."""
         return self._client._do(_wire.volume_files(self.name))
 
     def remove(self, path: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar, Union
+from typing import Iterable, Literal, TypeVar, Union
 
 from airlock_client.decode import DecodeError, decode
 from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolError
@@ -39,6 +39,7 @@ __all__ = [
     "ToolList",
     "TruncatedEvent",
     "Usage",
+    "VolumeFiles",
     "VolumeInfo",
 ]
 
@@ -603,15 +604,38 @@ class SessionInfo:
 @dataclass(frozen=True)
 class FileEntry:
     """An entry below a session's working directory or of a volume: `type` is `file`, `dir`,
-    `link` or `other` (links are listed, never followed)."""
+    `link` or `other` (links are listed, never followed). A volume's listing marks an entry
+    `lossy` when a name on its path is not UTF-8 (shown with U+FFFD; the file methods cannot
+    name it, code in a sandbox can rename or remove it), and `unreadable` when it could not
+    be looked at or, a directory, its entries could not be read (what it holds is not
+    listed)."""
 
     path: str
     type: str
     size: int
+    lossy: bool = False
+    unreadable: bool = False
 
     @classmethod
     def _read(cls, r: _Reader) -> FileEntry:
-        return cls(r.text("path"), r.text("type"), r.integer("size"))
+        return cls(
+            r.text("path"), r.text("type"), r.integer("size"), r.flag("lossy", False), r.flag("unreadable", False)
+        )
+
+
+class VolumeFiles(list[FileEntry]):
+    """A volume's listing (`Volume.files()`): a list of its entries, and `truncated`, true when
+    the volume held more than one listing gives (10,000 entries or 4 MiB of paths): what is
+    listed is then not all of it. Compares as the list it is."""
+
+    truncated: bool
+
+    def __init__(self, entries: Iterable[FileEntry] = (), truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+    def __repr__(self) -> str:
+        return f"VolumeFiles({list.__repr__(self)}, truncated={self.truncated})"
 
 
 @dataclass(frozen=True)
@@ -760,6 +784,11 @@ def read_environments(value: object) -> list[Environment]:
 
 def read_files(value: object) -> list[FileEntry]:
     return [FileEntry._read(f) for f in _Reader(value, "$").each("files")]
+
+
+def read_volume_files(value: object) -> VolumeFiles:
+    r = _Reader(value, "$")
+    return VolumeFiles([FileEntry._read(f) for f in r.each("files")], r.flag("truncated"))
 
 
 def read_sessions(value: object) -> list[SessionInfo]:
