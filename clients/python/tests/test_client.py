@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import decimal
+import hashlib
 import importlib
 import json
 import math
@@ -23,6 +24,7 @@ import pytest
 from airlock_client import (
     Airlock,
     Approval,
+    ApprovalDetail,
     AsyncAirlock,
     AsyncVolume,
     BackgroundNotFinished,
@@ -640,6 +642,9 @@ def test_approvals_are_listed_decided_once_and_announced_by_a_stream(server: Ser
         with agent.stream(code % "streamed", on_approval=on_approval) as stream:
             events = list(stream)
         assert [a.arguments for a in seen] == [{"text": "streamed"}]
+        # Small and printable ASCII: the preview is all of them, and they are given.
+        assert seen[0].arguments_preview == '{"text":"streamed"}'
+        assert seen[0].arguments_shown == "whole" and not seen[0].arguments_escaped
         assert seen[0].key == "execute-only" and seen[0].tool == "write_note" and seen[0].line == 3
         assert any(isinstance(e, Approval) for e in events)
         assert stream.execution is not None and stream.execution.result == ["ok", "written"]
@@ -667,6 +672,53 @@ def test_approvals_are_listed_decided_once_and_announced_by_a_stream(server: Ser
                 await c.deny("ap_0123", "gone")
 
     asyncio.run(main())
+
+
+def test_one_approval_gives_the_arguments_whole_that_its_preview_cuts_and_escapes(server: Server) -> None:
+    text = "\u202e" + "x" * 20000
+    code = (
+        f"import tools\ntry:\n    out = tools.crm.write_note(text={text!r})\n"
+        "except tools.ToolError as e:\n    out = e.kind\nout"
+    )
+    with Airlock(server.url, EXECUTE_ONLY) as agent, Airlock(server.url, APPROVER) as boss:
+        done: list[Execution] = []
+        runner = threading.Thread(target=lambda: done.append(agent.run(code)))
+        runner.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not (waiting := boss.approvals()):
+                assert time.monotonic() < deadline, "no call waited"
+                time.sleep(0.05)
+            listed = waiting[0]
+            # Too long to show whole, and a right-to-left override in it: the listing gives a
+            # cut preview in printable ASCII, and not the arguments.
+            assert listed.arguments is None
+            assert listed.arguments_shown == "cut" and listed.arguments_escaped
+            preview = listed.arguments_preview
+            assert preview.startswith('{"text":"\\u{202e}xxx') and "more bytes)" in preview, preview[:80]
+            assert preview.isascii() and preview.isprintable() and len(preview) <= 16384
+            # One approval: as listed, with the arguments whole, the very bytes it names.
+            one = boss.approval(listed.id)
+            assert isinstance(one, ApprovalDetail) and one.approval == listed
+            assert one.arguments == {"text": text}
+            sent = json.dumps(one.arguments, separators=(",", ":"), ensure_ascii=False).encode()
+            assert (len(sent), hashlib.sha256(sent).hexdigest()) == (listed.arguments_bytes, listed.arguments_sha256)
+
+            async def main() -> ApprovalDetail:
+                async with AsyncAirlock(server.url, APPROVER) as c:
+                    with pytest.raises(NotFound):
+                        await c.approval("ap_0123")
+                    return await c.approval(listed.id)
+
+            assert asyncio.run(main()) == one
+            with pytest.raises(Forbidden):
+                agent.approval(listed.id)  # not a key that approves
+            boss.deny(listed.id, "no")
+            with pytest.raises(NotFound):
+                boss.approval(listed.id)  # decided
+        finally:
+            runner.join()
+        assert done[0].result == "denied"
 
 
 def test_error_mapping(server: Server, client: Airlock) -> None:

@@ -52,6 +52,8 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
+    ArgumentsShown,
     BackgroundError,
     BackgroundEvent,
     BackgroundInfo,
@@ -83,6 +85,8 @@ from airlock_client.models import (
 
 __all__ = [
     "Approval",
+    "ApprovalDetail",
+    "ArgumentsShown",
     "Decided",
     "APIError",
     "AirlockError",

@@ -28,6 +28,7 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
     BackgroundError,
     BackgroundEvent,
     BackgroundInfo,
@@ -722,12 +723,19 @@ def approvals() -> Request[list[Approval]]:
     return Request("GET", "/v1/approvals", lambda a: read_approvals(read_json(a)))
 
 
+def _approval(approval_id: str) -> str:
+    return f"/v1/approvals/{segment(approval_id, 'approval id')}"
+
+
+def approval(approval_id: str) -> Request[ApprovalDetail]:
+    return Request("GET", _approval(approval_id), lambda a: ApprovalDetail._read(read_json(a)))
+
+
 def decide(approval_id: str, decision: str, reason: str | None) -> Request[Decided]:
     body: dict[str, object] = {"decision": decision}
     if reason is not None:
         body["reason"] = reason
-    path = f"/v1/approvals/{segment(approval_id, 'approval id')}"
-    return Request("POST", path, lambda a: Decided._read(read_json(a)), json=body)
+    return Request("POST", _approval(approval_id), lambda a: Decided._read(read_json(a)), json=body)
 
 
 def environments() -> Request[list[Environment]]:

@@ -22,6 +22,7 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
     BackgroundEvent,
     BackgroundInfo,
     Decided,
@@ -213,6 +214,12 @@ class AsyncAirlock:
         """Tool calls waiting for an approval that this key (scope `approve`) may decide:
         those of the keys its `approves` names, never its own; oldest first."""
         return await self._do(_wire.approvals())
+
+    async def approval(self, approval_id: str) -> ApprovalDetail:
+        """One waiting call that this key may decide, as listed, with its arguments whole:
+        what the tool will get, however long, and whatever characters it holds (show a person
+        `approval.arguments_preview`). Raises NotFound as `approve` does."""
+        return await self._do(_wire.approval(approval_id))
 
     async def approve(self, approval_id: str, reason: str | None = None) -> Decided:
         """Lets the one waiting call `approval_id` run. Raises NotFound when it waits no more

@@ -14,6 +14,8 @@ from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolErr
 
 __all__ = [
     "Approval",
+    "ApprovalDetail",
+    "ArgumentsShown",
     "BackgroundError",
     "BackgroundEvent",
     "BackgroundInfo",
@@ -388,15 +390,24 @@ class TruncatedEvent:
     limit: int
 
 
+# How much of a call's arguments `Approval.arguments_preview` shows: all of them, all but the
+# ends of long strings, or nothing (a sentence says so).
+ArgumentsShown = Literal["whole", "cut", "too_large"]
+_ARGUMENTS_SHOWN = frozenset(ArgumentsShown.__args__)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Approval:
     """A tool call waiting for an approval (docs/approvals.md): as `approvals()` lists it, and
     as a stream's `approval_requested` event says one of its calls waits. Show a person
     `arguments_preview`: bounded, every key and every value but long strings, and nothing but
-    printable ASCII (anything else written `\\u{...}`). `arguments` is None unless that
-    preview is all of them and escapes nothing; the server's `GET /v1/approvals/{id}` has
-    them whole. `line` is the code's line as the sandbox reported it (where to look, not a
-    proof)."""
+    printable ASCII (anything else written `\\u{...}`). `arguments_shown` says how much of
+    the arguments it shows: `whole`, `cut` (long strings cut, each followed by `...(N more
+    bytes)`) or `too_large` (none of them: a sentence says so). `arguments_escaped` is true
+    when it escapes characters of theirs (a right-to-left override, an invisible or a control
+    character): a screen could show those as something else. `arguments` is None unless the
+    preview is all of them and escapes nothing; `approval(id)` gives them whole. `line` is the
+    code's line as the sandbox reported it (where to look, not a proof)."""
 
     id: str
     execution_id: str
@@ -404,21 +415,43 @@ class Approval:
     server: str
     tool: str
     arguments: dict[str, object] | None
+    arguments_preview: str
+    arguments_shown: ArgumentsShown
+    arguments_escaped: bool
     arguments_bytes: int
     arguments_sha256: str
     line: int | None
     requested_at: str
     expires_at: str
-    arguments_preview: str | None = None
 
     @classmethod
     def _read(cls, r: _Reader) -> Approval:
+        shown = r.text("arguments_shown")
+        if shown not in _ARGUMENTS_SHOWN:
+            raise ProtocolError(f"{r.where}.arguments_shown: unknown value {shown[:40]!r}")
         return cls(
             r.text("id"), r.text("execution_id"), r.text("key"), r.text("server"), r.text("tool"),
-            r.opt_object("arguments"), r.integer("arguments_bytes"), r.text("arguments_sha256"),
+            r.opt_object("arguments"), r.text("arguments_preview"), shown,  # type: ignore[arg-type]
+            r.flag("arguments_escaped"), r.integer("arguments_bytes"), r.text("arguments_sha256"),
             r.opt_integer("line"), r.text("requested_at"), r.text("expires_at"),
-            r.opt_text("arguments_preview"),
         )
+
+
+@dataclass(frozen=True)
+class ApprovalDetail:
+    """One waiting call as `approval(id)` gives it: the `approval` as listed, and its
+    `arguments` whole, parsed: the JSON object the tool will get (`approval.arguments_bytes`
+    and `arguments_sha256` are of its bytes as sent). Its strings are the call's exactly, a
+    right-to-left override or a control character included: show a person
+    `approval.arguments_preview`, not these strings as text."""
+
+    approval: Approval
+    arguments: dict[str, object]
+
+    @classmethod
+    def _read(cls, value: object) -> ApprovalDetail:
+        r = _Reader(value, "$")
+        return cls(Approval._read(r.child("approval")), r.child("arguments").obj)
 
 
 @dataclass(frozen=True)
