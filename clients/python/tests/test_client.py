@@ -7,12 +7,15 @@ import asyncio
 import dataclasses
 import datetime
 import decimal
+import hashlib
 import importlib
 import json
 import math
 import pathlib
+import subprocess
 import threading
 import time
+import typing
 from typing import Any
 
 import httpx
@@ -22,12 +25,17 @@ import pytest
 from airlock_client import (
     Airlock,
     Approval,
+    ApprovalDetail,
+    ArgumentsShown,
     AsyncAirlock,
     AsyncVolume,
+    BackgroundInfo,
     BackgroundNotFinished,
+    BackgroundState,
     BadRequest,
     Conflict,
     DataFrame,
+    Decided,
     Environment,
     EvalError,
     Evaluation,
@@ -56,6 +64,7 @@ from airlock_client import (
     Snapshot,
     SnapshotFailed,
     SnapshotInvalid,
+    Status,
     Tool,
     TransportError,
     TruncatedEvent,
@@ -63,6 +72,7 @@ from airlock_client import (
     Usage,
     Volume,
     VolumeBusy,
+    VolumeFiles,
     VolumeFull,
     VolumeInfo,
     VolumeInUse,
@@ -638,6 +648,9 @@ def test_approvals_are_listed_decided_once_and_announced_by_a_stream(server: Ser
         with agent.stream(code % "streamed", on_approval=on_approval) as stream:
             events = list(stream)
         assert [a.arguments for a in seen] == [{"text": "streamed"}]
+        # Small and printable ASCII: the preview is all of them, and they are given.
+        assert seen[0].arguments_preview == '{"text":"streamed"}'
+        assert seen[0].arguments_shown == "whole" and not seen[0].arguments_escaped
         assert seen[0].key == "execute-only" and seen[0].tool == "write_note" and seen[0].line == 3
         assert any(isinstance(e, Approval) for e in events)
         assert stream.execution is not None and stream.execution.result == ["ok", "written"]
@@ -665,6 +678,53 @@ def test_approvals_are_listed_decided_once_and_announced_by_a_stream(server: Ser
                 await c.deny("ap_0123", "gone")
 
     asyncio.run(main())
+
+
+def test_one_approval_gives_the_arguments_whole_that_its_preview_cuts_and_escapes(server: Server) -> None:
+    text = "\u202e" + "x" * 20000
+    code = (
+        f"import tools\ntry:\n    out = tools.crm.write_note(text={text!r})\n"
+        "except tools.ToolError as e:\n    out = e.kind\nout"
+    )
+    with Airlock(server.url, EXECUTE_ONLY) as agent, Airlock(server.url, APPROVER) as boss:
+        done: list[Execution] = []
+        runner = threading.Thread(target=lambda: done.append(agent.run(code)))
+        runner.start()
+        try:
+            deadline = time.monotonic() + 20
+            while not (waiting := boss.approvals()):
+                assert time.monotonic() < deadline, "no call waited"
+                time.sleep(0.05)
+            listed = waiting[0]
+            # Too long to show whole, and a right-to-left override in it: the listing gives a
+            # cut preview in printable ASCII, and not the arguments.
+            assert listed.arguments is None
+            assert listed.arguments_shown == "cut" and listed.arguments_escaped
+            preview = listed.arguments_preview
+            assert preview.startswith('{"text":"\\u{202e}xxx') and "more bytes)" in preview, preview[:80]
+            assert preview.isascii() and preview.isprintable() and len(preview) <= 16384
+            # One approval: as listed, with the arguments whole, the very bytes it names.
+            one = boss.approval(listed.id)
+            assert isinstance(one, ApprovalDetail) and one.approval == listed
+            assert one.arguments == {"text": text}
+            sent = json.dumps(one.arguments, separators=(",", ":"), ensure_ascii=False).encode()
+            assert (len(sent), hashlib.sha256(sent).hexdigest()) == (listed.arguments_bytes, listed.arguments_sha256)
+
+            async def main() -> ApprovalDetail:
+                async with AsyncAirlock(server.url, APPROVER) as c:
+                    with pytest.raises(NotFound):
+                        await c.approval("ap_0123")
+                    return await c.approval(listed.id)
+
+            assert asyncio.run(main()) == one
+            with pytest.raises(Forbidden):
+                agent.approval(listed.id)  # not a key that approves
+            boss.deny(listed.id, "no")
+            with pytest.raises(NotFound):
+                boss.approval(listed.id)  # decided
+        finally:
+            runner.join()
+        assert done[0].result == "denied"
 
 
 def test_error_mapping(server: Server, client: Airlock) -> None:
@@ -919,6 +979,46 @@ def test_volume_refusals(client: Airlock) -> None:
         tiny.delete()
 
 
+def test_a_volume_s_listing_marks_what_it_cannot_read_and_says_when_it_stops(server: Server, client: Airlock) -> None:
+    vol = client.create_volume("client-marks", 16 * MIB)
+    mount = [vol.mount("/work/v")]
+    try:
+        # More names than one listing gives (hard links take no entries of the volume).
+        flood = (
+            "import os\nopen('/work/v/one', 'w').close()\n"
+            "for i in range(10050):\n    os.link('/work/v/one', f'/work/v/l{i:05}')\n'made'"
+        )
+        assert client.run(flood, volumes=mount).result == "made"
+        listing = vol.files()
+        assert isinstance(listing, VolumeFiles) and listing.truncated and len(listing) == 10_000
+        # A name that is not UTF-8 is listed with U+FFFD in its place, marked lossy.
+        odd = (
+            "import os\nfor n in os.listdir('/work/v'):\n    os.remove('/work/v/' + n)\n"
+            "os.mkdir(b'/work/v/\\xff')\nopen(b'/work/v/\\xff/inner', 'w').close()\n'made'"
+        )
+        assert client.run(odd, volumes=mount).result == "made"
+        vol.upload("broken/inner.txt", "x")
+        vol.upload("fine/ok.txt", "y")
+        # A directory whose block is damaged on the disk, once nothing has the volume mounted.
+        [image] = server.state.glob("volumes/*/client-marks.img")
+        deadline = time.monotonic() + 10
+        while any(str(image) in b.read_text() for b in pathlib.Path("/sys/block").glob("loop*/loop/backing_file")):
+            assert time.monotonic() < deadline, "the volume stayed mounted"
+            time.sleep(0.05)
+        subprocess.run(["debugfs", "-w", "-R", "zap_block -f /broken 0", str(image)], check=True, capture_output=True)
+        listing = vol.files()
+        assert not listing.truncated
+        assert [(f.path, f.type, f.lossy, f.unreadable) for f in listing] == [
+            ("broken", "dir", False, True),
+            ("fine", "dir", False, False),
+            ("fine/ok.txt", "file", False, False),
+            ("\ufffd", "dir", True, False),
+            ("\ufffd/inner", "file", True, False),
+        ]
+    finally:
+        vol.delete()
+
+
 def test_volume_error_codes_have_their_exceptions() -> None:
     json_type = {"content-type": "application/json"}
     for status, code, kind in [
@@ -944,7 +1044,9 @@ def test_the_async_client_s_volumes(server: Server) -> None:
             e = await c.run(code, volumes=[vol.mount("/work/a")])
             assert e.result == "A", e
             assert await vol.download("a.txt") == b"AB"
-            assert await vol.files() == [FileEntry("a.txt", "file", 2)]
+            listing = await vol.files()
+            assert listing == [FileEntry("a.txt", "file", 2)]
+            assert isinstance(listing, VolumeFiles) and not listing.truncated
             assert (await vol.info()).used_entries == 1
             stream = await c.stream("print(open('/tmp/a/a.txt').read())", volumes=[vol.mount("/tmp/a", read_only=True)])
             assert (await stream.finish()).stdout == "AB\n"
@@ -967,14 +1069,22 @@ def test_the_async_client_s_volumes(server: Server) -> None:
 
 def test_the_models_cover_the_openapi_document(server: Server) -> None:
     """Every property the server's own OpenAPI document gives a response type is a field of
-    the client's model of it, and every required one is read: a field added or renamed on the
-    server fails here."""
+    the client's model of it, and every required one is read; every value of a vocabulary the
+    client checks is one it knows: a field or a value added or renamed on the server fails here."""
     doc = httpx.get(f"{server.url}/openapi.json", headers={"Authorization": f"Bearer {KEY}"}).json()
     schemas = doc["components"]["schemas"]
-    env_path = doc["paths"]["/v1/environments/{name}"]["get"]["responses"]["200"]
-    schemas["Environment"] = env_path["content"]["application/json"]["schema"]
-    volume_path = doc["paths"]["/v1/volumes/{name}"]["get"]["responses"]["200"]
-    schemas["Volume"] = volume_path["content"]["application/json"]["schema"]
+
+    def answer(path: str, method: str = "get", status: str = "200") -> dict[str, Any]:
+        content: dict[str, Any] = doc["paths"][path][method]["responses"][status]["content"]
+        schema: dict[str, Any] = content["application/json"]["schema"]
+        return schema
+
+    # The answers described in place rather than named among the components.
+    schemas["Environment"] = answer("/v1/environments/{name}")
+    schemas["Volume"] = answer("/v1/volumes/{name}")
+    schemas["VolumeFiles"] = answer("/v1/volumes/{name}/files")
+    schemas["VolumeFileEntry"] = schemas["VolumeFiles"]["properties"]["files"]["items"]
+    schemas["Background"] = answer("/v1/executions", "post", "202")
     models: dict[str, type] = {
         "ExecuteResponse": Execution,
         "CellResponse": Execution,
@@ -987,22 +1097,50 @@ def test_the_models_cover_the_openapi_document(server: Server) -> None:
         "ExecutionRecord": ExecutionRecord,
         "SessionInfo": SessionInfo,
         "FileEntry": FileEntry,
+        "VolumeFileEntry": FileEntry,
         "EvalResponse": Evaluation,
         "EvalError": EvalError,
         "ToolApi": Tool,
+        "Approval": Approval,
+        "ApprovalDetail": ApprovalDetail,
+        "Decided": Decided,
         "Environment": Environment,
         "Volume": VolumeInfo,
+        "VolumeFiles": VolumeFiles,
         "SnapshotInfo": Snapshot,
+        "Background": BackgroundInfo,
     }
     # JSON names the models keep under another name.
     renamed = {("OutputFile", "base64"): "content"}
+    # JSON names no model keeps, and why.
+    unkept = {
+        ("Background", "background"): "always true: what tells it from a record, which execution() refuses",
+        ("Background", "events"): "the path of its events, which events() asks for itself",
+    }
+    missing = []
     for name, model in models.items():
-        fields = {f.name for f in dataclasses.fields(model)}
+        if dataclasses.is_dataclass(model):
+            fields = {f.name for f in dataclasses.fields(model)}
+        else:
+            # A listing that is the list of its entries (`files`), with fields of its own.
+            assert issubclass(model, list), model
+            fields = {"files", *typing.get_type_hints(model)}
         schema = schemas[name]
-        for prop in schema["properties"]:
-            assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is not in {model.__name__}"
-        for prop in schema.get("required", []):
-            assert renamed.get((name, prop), prop) in fields, f"{name}.{prop} is required"
+        for prop in dict.fromkeys([*schema["properties"], *schema.get("required", [])]):
+            if (name, prop) not in unkept and renamed.get((name, prop), prop) not in fields:
+                missing.append(f"{name}.{prop} is not in {model.__name__}")
+    assert not missing, "\n".join(missing)
+
+    def values(schema: dict[str, Any]) -> set[str]:
+        return set(schema.get("enum", [])) | {s["const"] for s in schema.get("oneOf", [])}
+
+    for schema, vocabulary in [
+        (schemas["Status"], Status),
+        (schemas["Decision"], typing.get_type_hints(Decided)["decision"]),
+        (schemas["Shown"], ArgumentsShown),
+        (schemas["Background"]["properties"]["state"], BackgroundState),
+    ]:
+        assert values(schema) == set(typing.get_args(vocabulary)), vocabulary
 
 
 def test_after_a_crash_sessions_are_lost_and_running_executions_recorded_as_interrupted(

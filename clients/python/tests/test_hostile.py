@@ -521,6 +521,42 @@ def test_eval_values_are_decoded_strictly(hostile: Hostile) -> None:
         client(hostile).eval("1/0").raise_for_error()
 
 
+def test_approvals_and_volume_listings_are_read_strictly(hostile: Hostile) -> None:
+    approval = {
+        "id": "ap_1", "execution_id": "ex_1", "key": "agent", "server": "crm", "tool": "t", "arguments": None,
+        "arguments_preview": "{}", "arguments_shown": "whole", "arguments_escaped": False, "arguments_bytes": 2,
+        "arguments_sha256": "0" * 64, "line": 1, "requested_at": "t", "expires_at": "t",
+    }
+    c = client(hostile)
+    hostile.json({"approval": approval, "arguments": {"a": "\u202e"}})
+    assert c.approval("ap_1").arguments == {"a": "\u202e"}
+    wrong: list[tuple[dict[str, object], str]] = [
+        ({"arguments_shown": "all"}, r"^\$\.approval\.arguments_shown: unknown value 'all'$"),
+        ({"arguments_escaped": None}, r"^\$\.approval\.arguments_escaped: expected bool"),
+        ({"arguments_preview": None}, r"^\$\.approval\.arguments_preview: expected str"),
+    ]
+    for changes, match in wrong:
+        hostile.json({"approval": {**approval, **changes}, "arguments": {}})
+        with pytest.raises(ProtocolError, match=match):
+            c.approval("ap_1")
+    hostile.json({"approval": approval, "arguments": [1]})
+    with pytest.raises(ProtocolError, match=r"^\$\.arguments: expected dict"):
+        c.approval("ap_1")
+    with pytest.raises(ValueError):
+        c.approval("..")
+    assert hostile.seen == [("GET", "/v1/approvals/ap_1")] * 5
+    for listing, match in [
+        ({"files": []}, r"^\$\.truncated: missing$"),
+        (
+            {"files": [{"path": "a", "type": "file", "size": 1, "lossy": 1}], "truncated": False},
+            r"^\$\.files\[0\]\.lossy: expected bool",
+        ),
+    ]:
+        hostile.json(listing)
+        with pytest.raises(ProtocolError, match=match):
+            c.volume("v").files()
+
+
 def test_infinite_numbers_and_control_characters_are_refused_or_cleaned(hostile: Hostile) -> None:
     hostile.answer(200, json.dumps({**RESULT, "usage": {"wall_ms": 1}}).replace('"wall_ms": 1', '"wall_ms": 1e999').encode())
     with pytest.raises(ProtocolError, match="too large"):

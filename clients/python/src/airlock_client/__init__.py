@@ -52,6 +52,8 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
+    ArgumentsShown,
     BackgroundError,
     BackgroundEvent,
     BackgroundInfo,
@@ -77,11 +79,14 @@ from airlock_client.models import (
     ToolList,
     TruncatedEvent,
     Usage,
+    VolumeFiles,
     VolumeInfo,
 )
 
 __all__ = [
     "Approval",
+    "ApprovalDetail",
+    "ArgumentsShown",
     "Decided",
     "APIError",
     "AirlockError",
@@ -151,6 +156,7 @@ __all__ = [
     "Usage",
     "Volume",
     "VolumeBusy",
+    "VolumeFiles",
     "VolumeFull",
     "VolumeInUse",
     "VolumeInfo",

@@ -28,6 +28,7 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
     BackgroundError,
     BackgroundEvent,
     BackgroundInfo,
@@ -43,12 +44,14 @@ from airlock_client.models import (
     StreamEvent,
     ToolList,
     TruncatedEvent,
+    VolumeFiles,
     VolumeInfo,
     _Reader,
     read_approvals,
     read_environments,
     read_files,
     read_sessions,
+    read_volume_files,
     read_volumes,
 )
 
@@ -720,12 +723,19 @@ def approvals() -> Request[list[Approval]]:
     return Request("GET", "/v1/approvals", lambda a: read_approvals(read_json(a)))
 
 
+def _approval(approval_id: str) -> str:
+    return f"/v1/approvals/{segment(approval_id, 'approval id')}"
+
+
+def approval(approval_id: str) -> Request[ApprovalDetail]:
+    return Request("GET", _approval(approval_id), lambda a: ApprovalDetail._read(read_json(a)))
+
+
 def decide(approval_id: str, decision: str, reason: str | None) -> Request[Decided]:
     body: dict[str, object] = {"decision": decision}
     if reason is not None:
         body["reason"] = reason
-    path = f"/v1/approvals/{segment(approval_id, 'approval id')}"
-    return Request("POST", path, lambda a: Decided._read(read_json(a)), json=body)
+    return Request("POST", _approval(approval_id), lambda a: Decided._read(read_json(a)), json=body)
 
 
 def environments() -> Request[list[Environment]]:
@@ -765,8 +775,9 @@ def delete_volume(name: str) -> Request[None]:
     return Request("DELETE", f"/v1/volumes/{segment(name, 'volume name')}", nothing, ok=(204,))
 
 
-def volume_files(name: str) -> Request[list[FileEntry]]:
-    return Request("GET", f"/v1/volumes/{segment(name, 'volume name')}/files", lambda a: read_files(read_json(a)))
+def volume_files(name: str) -> Request[VolumeFiles]:
+    path = f"/v1/volumes/{segment(name, 'volume name')}/files"
+    return Request("GET", path, lambda a: read_volume_files(read_json(a)))
 
 
 def _volume_file(name: str, path: str) -> str:

@@ -22,6 +22,7 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
     BackgroundEvent,
     BackgroundInfo,
     Decided,
@@ -33,6 +34,7 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeFiles,
     VolumeInfo,
 )
 
@@ -212,6 +214,12 @@ class AsyncAirlock:
         """Tool calls waiting for an approval that this key (scope `approve`) may decide:
         those of the keys its `approves` names, never its own; oldest first."""
         return await self._do(_wire.approvals())
+
+    async def approval(self, approval_id: str) -> ApprovalDetail:
+        """One waiting call that this key may decide, as listed, with its arguments whole:
+        what the tool will get, however long, and whatever characters it holds (show a person
+        `approval.arguments_preview`). Raises NotFound as `approve` does."""
+        return await self._do(_wire.approval(approval_id))
 
     async def approve(self, approval_id: str, reason: str | None = None) -> Decided:
         """Lets the one waiting call `approval_id` run. Raises NotFound when it waits no more
@@ -670,7 +678,7 @@ class AsyncVolume:
     async def download(self, path: str) -> bytes:
         return await self._client._do(_wire.volume_download(self.name, path))
 
-    async def files(self) -> list[FileEntry]:
+    async def files(self) -> VolumeFiles:
         return await self._client._do(_wire.volume_files(self.name))
 
     async def remove(self, path: str) -> None:

@@ -21,6 +21,7 @@ from airlock_client.errors import (
 )
 from airlock_client.models import (
     Approval,
+    ApprovalDetail,
     BackgroundEvent,
     BackgroundInfo,
     Decided,
@@ -32,6 +33,7 @@ from airlock_client.models import (
     SessionInfo,
     StreamEvent,
     ToolList,
+    VolumeFiles,
     VolumeInfo,
 )
 
@@ -210,6 +212,12 @@ class Airlock:
         """Tool calls waiting for an approval that this key (scope `approve`) may decide:
         those of the keys its `approves` names, never its own; oldest first."""
         return self._do(_wire.approvals())
+
+    def approval(self, approval_id: str) -> ApprovalDetail:
+        """One waiting call that this key may decide, as listed, with its arguments whole:
+        what the tool will get, however long, and whatever characters it holds (show a person
+        `approval.arguments_preview`). Raises NotFound as `approve` does."""
+        return self._do(_wire.approval(approval_id))
 
     def approve(self, approval_id: str, reason: str | None = None) -> Decided:
         """Lets the one waiting call `approval_id` run. Raises NotFound when it waits no more
@@ -725,8 +733,10 @@ class Volume:
         """A regular file's contents (links are refused, never followed)."""
         return self._client._do(_wire.volume_download(self.name, path))
 
-    def files(self) -> list[FileEntry]:
-        """Everything in the volume (links listed, never followed)."""
+    def files(self) -> VolumeFiles:
+        """Everything in the volume (links listed, never followed), up to 10,000 entries or
+        4 MiB of paths (then `truncated`); entries it could not read are marked `unreadable`,
+        names that are not UTF-8 `lossy`."""
         return self._client._do(_wire.volume_files(self.name))
 
     def remove(self, path: str) -> None:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar, Union
+from typing import Iterable, Literal, TypeVar, Union
 
 from airlock_client.decode import DecodeError, decode
 from airlock_client.errors import EvaluationFailed, ExecutionFailed, ProtocolError
 
 __all__ = [
     "Approval",
+    "ApprovalDetail",
+    "ArgumentsShown",
     "BackgroundError",
     "BackgroundEvent",
     "BackgroundInfo",
@@ -39,6 +41,7 @@ __all__ = [
     "ToolList",
     "TruncatedEvent",
     "Usage",
+    "VolumeFiles",
     "VolumeInfo",
 ]
 
@@ -387,15 +390,24 @@ class TruncatedEvent:
     limit: int
 
 
+# How much of a call's arguments `Approval.arguments_preview` shows: all of them, all but the
+# ends of long strings, or nothing (a sentence says so).
+ArgumentsShown = Literal["whole", "cut", "too_large"]
+_ARGUMENTS_SHOWN = frozenset(ArgumentsShown.__args__)  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Approval:
     """A tool call waiting for an approval (docs/approvals.md): as `approvals()` lists it, and
     as a stream's `approval_requested` event says one of its calls waits. Show a person
     `arguments_preview`: bounded, every key and every value but long strings, and nothing but
-    printable ASCII (anything else written `\\u{...}`). `arguments` is None unless that
-    preview is all of them and escapes nothing; the server's `GET /v1/approvals/{id}` has
-    them whole. `line` is the code's line as the sandbox reported it (where to look, not a
-    proof)."""
+    printable ASCII (anything else written `\\u{...}`). `arguments_shown` says how much of
+    the arguments it shows: `whole`, `cut` (long strings cut, each followed by `...(N more
+    bytes)`) or `too_large` (none of them: a sentence says so). `arguments_escaped` is true
+    when it escapes characters of theirs (a right-to-left override, an invisible or a control
+    character): a screen could show those as something else. `arguments` is None unless the
+    preview is all of them and escapes nothing; `approval(id)` gives them whole. `line` is the
+    code's line as the sandbox reported it (where to look, not a proof)."""
 
     id: str
     execution_id: str
@@ -403,21 +415,43 @@ class Approval:
     server: str
     tool: str
     arguments: dict[str, object] | None
+    arguments_preview: str
+    arguments_shown: ArgumentsShown
+    arguments_escaped: bool
     arguments_bytes: int
     arguments_sha256: str
     line: int | None
     requested_at: str
     expires_at: str
-    arguments_preview: str | None = None
 
     @classmethod
     def _read(cls, r: _Reader) -> Approval:
+        shown = r.text("arguments_shown")
+        if shown not in _ARGUMENTS_SHOWN:
+            raise ProtocolError(f"{r.where}.arguments_shown: unknown value {shown[:40]!r}")
         return cls(
             r.text("id"), r.text("execution_id"), r.text("key"), r.text("server"), r.text("tool"),
-            r.opt_object("arguments"), r.integer("arguments_bytes"), r.text("arguments_sha256"),
+            r.opt_object("arguments"), r.text("arguments_preview"), shown,  # type: ignore[arg-type]
+            r.flag("arguments_escaped"), r.integer("arguments_bytes"), r.text("arguments_sha256"),
             r.opt_integer("line"), r.text("requested_at"), r.text("expires_at"),
-            r.opt_text("arguments_preview"),
         )
+
+
+@dataclass(frozen=True)
+class ApprovalDetail:
+    """One waiting call as `approval(id)` gives it: the `approval` as listed, and its
+    `arguments` whole, parsed: the JSON object the tool will get (`approval.arguments_bytes`
+    and `arguments_sha256` are of its bytes as sent). Its strings are the call's exactly, a
+    right-to-left override or a control character included: show a person
+    `approval.arguments_preview`, not these strings as text."""
+
+    approval: Approval
+    arguments: dict[str, object]
+
+    @classmethod
+    def _read(cls, value: object) -> ApprovalDetail:
+        r = _Reader(value, "$")
+        return cls(Approval._read(r.child("approval")), r.child("arguments").obj)
 
 
 @dataclass(frozen=True)
@@ -603,15 +637,38 @@ class SessionInfo:
 @dataclass(frozen=True)
 class FileEntry:
     """An entry below a session's working directory or of a volume: `type` is `file`, `dir`,
-    `link` or `other` (links are listed, never followed)."""
+    `link` or `other` (links are listed, never followed). A volume's listing marks an entry
+    `lossy` when a name on its path is not UTF-8 (shown with U+FFFD; the file methods cannot
+    name it, code in a sandbox can rename or remove it), and `unreadable` when it could not
+    be looked at or, a directory, its entries could not be read (what it holds is not
+    listed)."""
 
     path: str
     type: str
     size: int
+    lossy: bool = False
+    unreadable: bool = False
 
     @classmethod
     def _read(cls, r: _Reader) -> FileEntry:
-        return cls(r.text("path"), r.text("type"), r.integer("size"))
+        return cls(
+            r.text("path"), r.text("type"), r.integer("size"), r.flag("lossy", False), r.flag("unreadable", False)
+        )
+
+
+class VolumeFiles(list[FileEntry]):
+    """A volume's listing (`Volume.files()`): a list of its entries, and `truncated`, true when
+    the volume held more than one listing gives (10,000 entries or 4 MiB of paths): what is
+    listed is then not all of it. Compares as the list it is."""
+
+    truncated: bool
+
+    def __init__(self, entries: Iterable[FileEntry] = (), truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+    def __repr__(self) -> str:
+        return f"VolumeFiles({list.__repr__(self)}, truncated={self.truncated})"
 
 
 @dataclass(frozen=True)
@@ -760,6 +817,11 @@ def read_environments(value: object) -> list[Environment]:
 
 def read_files(value: object) -> list[FileEntry]:
     return [FileEntry._read(f) for f in _Reader(value, "$").each("files")]
+
+
+def read_volume_files(value: object) -> VolumeFiles:
+    r = _Reader(value, "$")
+    return VolumeFiles([FileEntry._read(f) for f in r.each("files")], r.flag("truncated"))
 
 
 def read_sessions(value: object) -> list[SessionInfo]:
