@@ -1213,6 +1213,17 @@ impl<W: Write> Decoder<W> {
     }
 }
 
+impl<D: Read + Write> Decoder<Emitter<'_, D>> {
+    /// Why decoding (or writing what it decoded) failed with `e`: the emitter's own reason,
+    /// or the answer's coding.
+    fn stop(&mut self, e: io::Error) -> Stop {
+        self.sink()
+            .stop
+            .take()
+            .unwrap_or_else(|| Stop::cut("bad_answer", format!("decoding the answer: {e}")))
+    }
+}
+
 /// Relays an answer's body: read as its framing says, decoded, scrubbed, framed for the
 /// code. Returns how many occurrences of the secret were masked.
 fn relay_body<D: Read + Write, U: Read + Write + Timed>(
@@ -1257,7 +1268,9 @@ fn relay_body<D: Read + Write, U: Read + Write + Timed>(
                 let now = Instant::now();
                 let idle_left = meter.idle.saturating_sub(now - asked);
                 let due = decoder.sink().scrub.next_due();
-                let wait = due.map_or(idle_left, |d| idle_left.min(d - now.min(d)));
+                let wait = due.map_or(idle_left, |d| {
+                    idle_left.min(d.saturating_duration_since(now))
+                });
                 up.io.read_timeout(wait);
                 match up.fill() {
                     Ok(n) => break n,
@@ -1298,18 +1311,13 @@ fn relay_body<D: Read + Write, U: Read + Write + Timed>(
                 }
             }
         };
-        let pass =
-            |decoder: &mut Decoder<Emitter<'_, D>>,
-             fed: &mut bool,
-             piece: &[u8]|
-             -> Result<(), Stop> {
-                *fed |= !piece.is_empty();
-                decoder.feed(piece).map_err(|e| {
-                    decoder.sink().stop.take().unwrap_or_else(|| {
-                        Stop::cut("bad_answer", format!("decoding the answer: {e}"))
-                    })
-                })
-            };
+        let pass = |decoder: &mut Decoder<Emitter<'_, D>>,
+                    fed: &mut bool,
+                    piece: &[u8]|
+         -> Result<(), Stop> {
+            *fed |= !piece.is_empty();
+            decoder.feed(piece).map_err(|e| decoder.stop(e))
+        };
         // `left` bytes of body (a length's or a chunk's), or all until the close.
         let mut relay = |up: &mut Side<U>,
                          decoder: &mut Decoder<Emitter<'_, D>>,
@@ -1356,13 +1364,7 @@ fn relay_body<D: Read + Write, U: Read + Write + Timed>(
                 }
             },
         }
-        decoder.finish(fed).map_err(|e| {
-            decoder
-                .sink()
-                .stop
-                .take()
-                .unwrap_or_else(|| Stop::cut("bad_answer", format!("decoding the answer: {e}")))
-        })?;
+        decoder.finish(fed).map_err(|e| decoder.stop(e))?;
         decoder.sink().end()
     })();
     // The next answer's head is read with the idle timeout again.
