@@ -32,14 +32,14 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::answer::{Form, Reserved};
-use crate::caller::{Caller, RequestId};
-use crate::error::Error;
-use crate::keys::{random_id, Key};
-use crate::service::execution::refuse_if_unavailable;
-use crate::service::pipeline::{self, Finished, Input, Received, Work};
-use crate::service::{approvals, eval, sessions, tools};
-use crate::SharedState;
+use airlock_service::answer::{Form, Reserved};
+use airlock_service::caller::{Caller, RequestId};
+use airlock_service::error::Error;
+use airlock_service::execution::refuse_if_unavailable;
+use airlock_service::keys::{random_id, Key};
+use airlock_service::pipeline::{self, Finished, Input, Received, Work};
+use airlock_service::SharedServices;
+use airlock_service::{approvals, eval, sessions, tools};
 
 mod progress;
 
@@ -82,7 +82,7 @@ const fn named(name: &'static str, title: &'static str) -> ToolName {
 /// The tools, for one transport. Cheap to clone: the HTTP transport makes one per request.
 #[derive(Clone, Debug)]
 pub struct Tools {
-    state: SharedState,
+    state: SharedServices,
     /// The caller over stdio; over HTTP each request carries its own (and this is [`None`]).
     local: Option<Arc<Key>>,
     /// Whether the host set a logging level that takes `info` (`logging/setLevel`, stdio
@@ -166,7 +166,7 @@ struct ExecutionId {
 struct Background {
     /// What `get_execution` and `cancel_execution` take.
     id: String,
-    state: crate::service::background::State,
+    state: airlock_service::background::State,
     /// RFC 3339.
     submitted_at: String,
     started_at: Option<String>,
@@ -325,7 +325,7 @@ matplotlib where the host installed them. Close sessions you no longer need.";
 
 impl Tools {
     /// Tools for callers that the HTTP guard authenticated.
-    pub fn for_http(state: SharedState) -> Tools {
+    pub fn for_http(state: SharedServices) -> Tools {
         Tools {
             state,
             local: None,
@@ -334,7 +334,7 @@ impl Tools {
     }
 
     /// Tools for the one local caller of `airlock mcp`.
-    pub fn for_stdio(state: SharedState, key: Arc<Key>) -> Tools {
+    pub fn for_stdio(state: SharedServices, key: Arc<Key>) -> Tools {
         Tools {
             state,
             local: Some(key),
@@ -788,7 +788,7 @@ impl Tools {
         tool: &str,
         request_id: &str,
         context: &RequestContext<RoleServer>,
-    ) -> Option<crate::telemetry::Span> {
+    ) -> Option<airlock_service::telemetry::Span> {
         if self.local.is_none() || !self.state.telemetry.enabled() {
             return None;
         }
@@ -870,7 +870,9 @@ impl Tools {
             .background
             .wait_ended(key, &a.id, wait)
             .await
-            .ok_or_else(|| crate::service::not_here(&self.state, &a.id, "background execution"))?;
+            .ok_or_else(|| {
+                airlock_service::services::not_here(&self.state, &a.id, "background execution")
+            })?;
         let head = match (&meta.error, meta.state) {
             (Some(e), s) => format!("execution {} is {}: {}", meta.id, s.as_str(), e.message),
             (None, s) => format!("execution {} is {}", meta.id, s.as_str()),
@@ -882,11 +884,12 @@ impl Tools {
             }
             // Whole in memory as text blocks and rmcp's JSON of them, as run_python's answer
             // is, and reserved as it is (its limits are the execution's).
-            let bytes = crate::answer::answer_bytes(st.engine.config(), &m.limits, Form::Mcp);
+            let bytes =
+                airlock_service::answer::answer_bytes(st.engine.config(), &m.limits, Form::Mcp);
             let share = st
                 .memory
                 .reserve(&k, bytes)
-                .map_err(|over| crate::answer::over_budget(over, "answers"))?;
+                .map_err(|over| airlock_service::answer::over_budget(over, "answers"))?;
             Ok(st.background.result(&m)?.map(|result| (result, share)))
         })
         .await
@@ -908,7 +911,9 @@ impl Tools {
             .background
             .delete(key, &a.id, std::time::Duration::from_secs(10))
             .await
-            .ok_or_else(|| crate::service::not_here(&self.state, &a.id, "background execution"))?;
+            .ok_or_else(|| {
+                airlock_service::services::not_here(&self.state, &a.id, "background execution")
+            })?;
         let text = format!(
             "execution {} is {}; its result and output are removed",
             meta.id,
@@ -1054,7 +1059,7 @@ impl Tools {
         key: &Arc<Key>,
         a: SessionId,
     ) -> Result<CallToolResult, Error> {
-        crate::service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
+        airlock_service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
         let list = sessions::files(&self.state, key, &a.session_id).await?;
         let text = if list.files.is_empty() {
             "(no files)".to_owned()
@@ -1075,7 +1080,7 @@ impl Tools {
         a: ReadSessionFile,
     ) -> Result<CallToolResult, Error> {
         let path = a.path.clone();
-        crate::service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
+        airlock_service::snapshots::bring_back_if_paused(&self.state, key, &a.session_id).await?;
         let data = sessions::read_file(&self.state, key, &a.session_id, a.path).await?;
         let bytes = data.len() as u64;
         let (content, shown_as) = if data.starts_with(PNG_SIGNATURE) {
@@ -1125,7 +1130,7 @@ const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
 /// A background execution's tool result: its state in a text block, then `ran`'s blocks (the
 /// outcome of one that ran), with both as structured content.
 fn background_result(
-    meta: &crate::service::background::Meta,
+    meta: &airlock_service::background::Meta,
     head: String,
     ran: Option<CallToolResult>,
 ) -> CallToolResult {
@@ -1140,8 +1145,8 @@ fn background_result(
             None,
             matches!(
                 meta.state,
-                crate::service::background::State::Failed
-                    | crate::service::background::State::Interrupted
+                airlock_service::background::State::Failed
+                    | airlock_service::background::State::Interrupted
             ),
         ),
     };

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Request};
-use axum::response::IntoResponse;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -31,14 +30,16 @@ use tower::ServiceExt;
 
 use airlock_engine::Engine;
 
-use crate::audit::AuditLog;
-use crate::config::Config;
-use crate::error::Error;
+use crate::http::app;
+use crate::http::error::IntoHttp;
 use crate::http::guard::Authenticated;
-use crate::keys::KeyStore;
-use crate::metrics::event;
 use crate::wire::{Findings, Flow, Guarded, MAX_HEAD};
-use crate::{app, AppState, SharedState};
+use airlock_service::audit::AuditLog;
+use airlock_service::config::Config;
+use airlock_service::error::Error;
+use airlock_service::keys::KeyStore;
+use airlock_service::metrics::event;
+use airlock_service::{Services, SharedServices};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -50,7 +51,7 @@ pub enum ServeError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Keys(#[from] crate::keys::KeyError),
+    Keys(#[from] airlock_service::keys::KeyError),
     #[error(transparent)]
     Engine(#[from] airlock_engine::EngineError),
     #[error("audit log: {0}")]
@@ -123,10 +124,10 @@ pub async fn run(
     if let airlock_sandbox::ProcMasks::Removed(covers) = airlock_sandbox::unmask_proc() {
         tracing::info!(covers = %covers.join(","), "uncovered /proc in airlock's own mount namespace, for sandboxes to mount theirs");
     }
-    let credentials = crate::Credentials::load(&config, &state_dir.join("trust"))
+    let credentials = airlock_service::Credentials::load(&config, &state_dir.join("trust"))
         .map_err(ServeError::Credentials)?;
     let (engine, audit) = start_engine(&config, &state_dir)?;
-    let tools = crate::service::tools::start(&config, &resolved.store)
+    let tools = airlock_service::tools::start(&config, &resolved.store)
         .await
         .map_err(ServeError::Tools)?;
     // Keys with the approve scope decide waiting calls over HTTP (`airlock mcp` has none).
@@ -135,8 +136,8 @@ pub async fn run(
     }
     let environments = open_environments(&state_dir)?;
     let listen = config.listen;
-    let state: SharedState = Arc::new(
-        AppState::new(config, engine, resolved.store, audit, tools, environments)
+    let state: SharedServices = Arc::new(
+        Services::new(config, engine, resolved.store, audit, tools, environments)
             .with_credentials(credentials),
     );
     let worst: u64 = crate::sizing::worst_case(&state.config)
@@ -178,7 +179,7 @@ pub async fn run(
     let _ = writeln!(std::io::stderr(), "airlock: listening on http://{addr}");
     tracing::info!(%addr, "listening");
     on_start(Started { addr });
-    tokio::spawn(crate::service::environments::build_defined(state.clone()));
+    tokio::spawn(airlock_service::environments::build_defined(state.clone()));
 
     let reload = Reload_ {
         read: reload,
@@ -258,7 +259,7 @@ pub(crate) fn start_engine(
 
 /// Ends what runs once nothing new may start: running sandboxes are killed (and waited for,
 /// a few seconds at most), then sessions, then the warm pool.
-pub(crate) async fn stop_everything(state: &SharedState) {
+pub(crate) async fn stop_everything(state: &SharedServices) {
     let deadline = tokio::time::Instant::now() + KILL_DEADLINE;
     while state.running_count() > 0 && tokio::time::Instant::now() < deadline {
         state.cancel_all();
@@ -267,7 +268,7 @@ pub(crate) async fn stop_everything(state: &SharedState) {
     close_sessions_and_pool(state).await;
 }
 
-async fn close_sessions_and_pool(state: &SharedState) {
+async fn close_sessions_and_pool(state: &SharedServices) {
     if let Some(tools) = &state.tools {
         tools.shutdown();
     }
@@ -290,7 +291,7 @@ struct Reload_ {
 impl Reload_ {
     /// Reads the configuration again and serves its keys from now on; on any error the keys
     /// stay as they were. Requests already admitted finish under the key they came with.
-    fn keys(&self, state: &AppState) {
+    fn keys(&self, state: &Services) {
         let config = match (self.read)() {
             Ok(config) => config,
             Err(e) => {
@@ -316,7 +317,7 @@ impl Reload_ {
                 }
             };
         let keys = resolved.store.keys();
-        if let Err(e) = crate::service::tools::check_grants(state.tools.as_deref(), &keys) {
+        if let Err(e) = airlock_service::tools::check_grants(state.tools.as_deref(), &keys) {
             tracing::error!(error = %e, "SIGHUP: the keys stay as they were");
             return;
         }
@@ -339,7 +340,7 @@ impl Reload_ {
 }
 
 /// Removes ended background executions once their retention has passed.
-async fn expire_background(state: SharedState) {
+async fn expire_background(state: SharedServices) {
     let mut shutdown = state.shutdown_signal();
     loop {
         tokio::select! {
@@ -357,7 +358,7 @@ async fn expire_background(state: SharedState) {
 
 async fn serve(
     listener: TcpListener,
-    state: SharedState,
+    state: SharedServices,
     reload: Reload_,
 ) -> Result<(), ServeError> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -368,7 +369,7 @@ async fn serve(
     let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut connections = JoinSet::new();
-    tokio::spawn(crate::service::snapshots::reaper(state.clone()));
+    tokio::spawn(airlock_service::snapshots::reaper(state.clone()));
     tokio::spawn(expire_background(state.clone()));
 
     loop {
@@ -475,7 +476,7 @@ async fn serve(
 const NOTSENT_LOWAT: u32 = 128 << 10;
 
 /// At exit: the spans of the last requests (and of the shutdown's own endings) go out.
-pub(crate) async fn flush_traces(state: &SharedState) {
+pub(crate) async fn flush_traces(state: &SharedServices) {
     let st = state.clone();
     let flushed = tokio::task::spawn_blocking(move || st.telemetry.flush(TRACES_DEADLINE))
         .await
@@ -556,7 +557,7 @@ impl Table {
         }
     }
 
-    async fn enter(self: &Arc<Self>, state: &SharedState, peer: IpAddr) -> Option<TableSlot> {
+    async fn enter(self: &Arc<Self>, state: &SharedServices, peer: IpAddr) -> Option<TableSlot> {
         let slot = match self.slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {
@@ -759,7 +760,7 @@ async fn connection(
     stream: TcpStream,
     entry: TableSlot,
     router: Router,
-    state: SharedState,
+    state: SharedServices,
     mut stop: watch::Receiver<bool>,
 ) {
     state.metrics.connections.inc();
@@ -783,7 +784,7 @@ async fn connection(
                     "Transfer-Encoding together with Content-Length is refused",
                 )
                 .ends_connection()
-                .into_response()
+                .into_http()
             } else {
                 let (read, body) = ReadToEnd::new(req.into_parts());
                 let mut req = body.map(Body::new);
@@ -914,7 +915,7 @@ async fn refuse(mut stream: TcpStream) {
 /// `info,rmcp=warn`; an empty or invalid one counts as unset. The default keeps rmcp's own
 /// per-connection lines (a tool server's handshake) out.
 fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFilter {
-    [crate::config::ENV_LOG, "RUST_LOG"]
+    [airlock_service::config::ENV_LOG, "RUST_LOG"]
         .iter()
         .filter_map(|name| var(name).filter(|v| !v.trim().is_empty()))
         .find_map(|v| tracing_subscriber::EnvFilter::try_new(v).ok())
@@ -925,7 +926,7 @@ fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFi
 /// is dropped: the subscriber's own report of the failure would go to the same stderr through
 /// `eprintln!`, whose panic aborts the server (a log reader that went away would otherwise
 /// take the server, and the clean-up of its sandboxes, with it).
-pub fn init_logging(format: crate::config::LogFormat) {
+pub fn init_logging(format: airlock_service::config::LogFormat) {
     let filter = log_filter(|name| std::env::var(name).ok());
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
@@ -934,8 +935,8 @@ pub fn init_logging(format: crate::config::LogFormat) {
         .log_internal_errors(false)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = match format {
-        crate::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        crate::config::LogFormat::Text => builder.try_init(),
+        airlock_service::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        airlock_service::config::LogFormat::Text => builder.try_init(),
     };
 }
 

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::answer::{answer_bytes, Form};
-use crate::config::Config;
+use airlock_service::answer::{answer_bytes, Form};
+use airlock_service::config::Config;
 
 /// One part of the server's worst-case memory.
 #[derive(Clone, Debug, Serialize)]
@@ -67,7 +67,7 @@ pub fn worst_case(config: &Config) -> Vec<Part> {
     let e = &config.engine;
     let running = config.concurrency.max_running as u64;
     let response = e.max_result_bytes + (128 << 10);
-    let eval_running = crate::eval_slots(config) as u64;
+    let eval_running = airlock_service::services::eval_slots(config) as u64;
     let ev = &config.eval;
     let eval_each = ev.max_memory_bytes as u64 + 8 * ev.max_result_bytes as u64;
     vec![

@@ -1,39 +1,82 @@
-//! The layering rule of the crate docs, checked on the sources: start-up → adapters →
-//! services → foundation, never back; among adapters only `http` → `mcp` (the route table
-//! mounts MCP's HTTP transport); no circle among the top-level modules, nor among the
-//! submodules of `service/` and `http/`; and no transport in `service/` (no path of axum,
-//! http, hyper, rmcp and their kin). Every `crate::` and `super::` path outside comments
+//! The layering rules of the crates' docs, checked on the sources of `airlock-server` and
+//! `airlock-service`. Server: start-up → adapters → foundation, never back; among adapters
+//! only `http` → `mcp` (the route table mounts MCP's HTTP transport). Service: services →
+//! the state they share (`services`) → stores and foundation, never back. In both, no circle
+//! among the top-level modules, nor among the submodules of `http/` and `telemetry/`; and no
+//! transport in the service crate (no path of axum, http, hyper, rmcp and their kin, and no
+//! such dependency in its manifest). Every `crate::` and `super::` path outside comments
 //! counts, in `use` lines and inline alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Each top-level module and its layer (higher imports lower).
-const LAYERS: &[(&str, u8)] = &[
-    ("serve", START_UP),
-    ("stdio", START_UP),
-    ("http", ADAPTER),
-    ("mcp", ADAPTER),
-    ("service", SERVICE),
-    ("admission", FOUNDATION),
-    ("answer", FOUNDATION),
-    ("audit", FOUNDATION),
-    ("audit_lines", FOUNDATION),
-    ("budget", FOUNDATION),
-    ("caller", FOUNDATION),
-    ("config", FOUNDATION),
-    ("error", FOUNDATION),
-    ("keys", FOUNDATION),
-    ("metrics", FOUNDATION),
-    ("openapi", FOUNDATION),
-    ("sizing", FOUNDATION),
-    ("store", FOUNDATION),
-    ("telemetry", FOUNDATION),
-    ("wire", FOUNDATION),
-];
+/// One crate's modules and their layers (higher imports lower).
+struct Crate {
+    dir: &'static str,
+    layers: &'static [(&'static str, u8)],
+    /// The directories whose submodules must not import each other in a circle either.
+    directories: &'static [&'static str],
+}
+
+const SERVER: Crate = Crate {
+    dir: "server",
+    layers: &[
+        ("serve", START_UP),
+        ("stdio", START_UP),
+        ("http", ADAPTER),
+        ("mcp", ADAPTER),
+        ("openapi", FOUNDATION),
+        ("sizing", FOUNDATION),
+        ("wire", FOUNDATION),
+    ],
+    directories: &["http"],
+};
+
+const SERVICE: Crate = Crate {
+    dir: "service",
+    layers: &[
+        ("approvals", SERVICES),
+        ("body", SERVICES),
+        ("egress", SERVICES),
+        ("environments", SERVICES),
+        ("eval", SERVICES),
+        ("execution", SERVICES),
+        ("pickle", SERVICES),
+        ("pipeline", SERVICES),
+        ("sessions", SERVICES),
+        ("snapshots", SERVICES),
+        ("status", SERVICES),
+        ("tools", SERVICES),
+        ("volumes", SERVICES),
+        ("services", SHARED),
+        ("admission", FOUNDATION),
+        ("answer", FOUNDATION),
+        ("audit", FOUNDATION),
+        ("audit_lines", FOUNDATION),
+        ("background", FOUNDATION),
+        ("budget", FOUNDATION),
+        ("caller", FOUNDATION),
+        ("config", FOUNDATION),
+        ("credentials", FOUNDATION),
+        ("error", FOUNDATION),
+        ("keys", FOUNDATION),
+        ("metrics", FOUNDATION),
+        ("open_sessions", FOUNDATION),
+        ("parked", FOUNDATION),
+        ("paused", FOUNDATION),
+        ("store", FOUNDATION),
+        ("stream", FOUNDATION),
+        ("telemetry", FOUNDATION),
+    ],
+    directories: &["telemetry"],
+};
+
+const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];
+
 const START_UP: u8 = 3;
 const ADAPTER: u8 = 2;
-const SERVICE: u8 = 1;
+const SERVICES: u8 = 6;
+const SHARED: u8 = 5;
 const FOUNDATION: u8 = 0;
 
 /// The one import between adapters the rule allows: the HTTP route table mounts MCP's
@@ -53,11 +96,27 @@ const TRANSPORTS: &[&str] = &[
     "tower",
 ];
 
-/// The directories whose submodules must not import each other in a circle either.
-const DIRECTORIES: &[&str] = &["service", "http"];
+impl Crate {
+    fn src(&self) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(self.dir)
+            .join("src")
+    }
 
-fn src() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    fn layer(&self, module: &str) -> Option<u8> {
+        self.layers
+            .iter()
+            .find(|(m, _)| *m == module)
+            .map(|(_, l)| *l)
+    }
+
+    /// The rule: below, or the same module, or a peer in a layer whose peers may meet (all
+    /// but the adapters, which meet only as [`ADAPTER_IMPORTS`] says).
+    fn allowed(&self, from: &str, to: &str) -> bool {
+        let (f, t) = (self.layer(from).unwrap(), self.layer(to).unwrap());
+        t < f || from == to || (t == f && f != ADAPTER) || ADAPTER_IMPORTS.contains(&(from, to))
+    }
 }
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -71,16 +130,17 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every source file, relative to `src/`, with its text.
-fn files() -> Vec<(PathBuf, String)> {
+/// Every source file of a crate, relative to its `src/`, with its text.
+fn files(krate: &Crate) -> Vec<(PathBuf, String)> {
+    let src = krate.src();
     let mut paths = Vec::new();
-    sources(&src(), &mut paths);
+    sources(&src, &mut paths);
     paths.sort();
     paths
         .into_iter()
         .map(|p| {
             let text = std::fs::read_to_string(&p).unwrap();
-            (p.strip_prefix(src()).unwrap().to_path_buf(), text)
+            (p.strip_prefix(&src).unwrap().to_path_buf(), text)
         })
         .collect()
 }
@@ -187,8 +247,8 @@ fn tree<'a>(text: &'a str, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) 
 }
 
 /// Names the crate root re-exports, with the module each comes from (`pub use a::b::{c, d}`).
-fn reexports() -> BTreeMap<String, String> {
-    let lib = code(&std::fs::read_to_string(src().join("lib.rs")).unwrap());
+fn reexports(krate: &Crate) -> BTreeMap<String, String> {
+    let lib = code(&std::fs::read_to_string(krate.src().join("lib.rs")).unwrap());
     let mut names = BTreeMap::new();
     for line in lib.lines() {
         let Some(rest) = line.trim().strip_prefix("pub use ") else {
@@ -203,17 +263,6 @@ fn reexports() -> BTreeMap<String, String> {
     names
 }
 
-fn layer(module: &str) -> Option<u8> {
-    LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
-}
-
-/// The rule: below, or the same module, or a peer in a layer whose peers may meet (all but
-/// the adapters, which meet only as [`ADAPTER_IMPORTS`] says).
-fn allowed(from: &str, to: &str) -> bool {
-    let (f, t) = (layer(from).unwrap(), layer(to).unwrap());
-    t < f || from == to || (t == f && f != ADAPTER) || ADAPTER_IMPORTS.contains(&(from, to))
-}
-
 /// One import of one module by a file: the file, and the module (a node of the graphs) it
 /// reaches.
 struct Import {
@@ -226,10 +275,10 @@ struct Import {
 /// for `service/` and `http/` the submodule (`crate::service::sessions::find` →
 /// `service/sessions`; `super::stream` in `service/` → `service/stream`). Items of the crate
 /// root itself (`AppState`, `SharedState`) are no module's.
-fn imports() -> Vec<Import> {
-    let all = files();
+fn imports(krate: &Crate) -> Vec<Import> {
+    let all = files(krate);
     let nodes: BTreeSet<String> = all.iter().map(|(f, _)| node_of(f)).collect();
-    let reexported = reexports();
+    let reexported = reexports(krate);
     let mut found = Vec::new();
     for (file, text) in &all {
         let from = node_of(file);
@@ -252,7 +301,7 @@ fn imports() -> Vec<Import> {
             let first = &path[0];
             let top = match reexported.get(first) {
                 Some(module) => module.clone(),
-                None if layer(first).is_some() => first.clone(),
+                None if krate.layer(first).is_some() => first.clone(),
                 None => continue,
             };
             let to = match path.get(1) {
@@ -276,16 +325,17 @@ fn top(node: &str) -> &str {
 }
 
 /// Every import that breaks the rule, as `file: crate::x (layer) from module (layer)`.
-fn violations() -> Vec<String> {
+fn violations(krate: &Crate) -> Vec<String> {
     let mut bad = Vec::new();
-    for Import { file, from, to } in imports() {
+    for Import { file, from, to } in imports(krate) {
         let (from, to) = (top(&from), top(&to));
-        if !allowed(from, to) {
+        if !krate.allowed(from, to) {
             bad.push(format!(
-                "{}: imports crate::{to} (layer {}) from {from} (layer {})",
+                "{}/{}: imports crate::{to} (layer {}) from {from} (layer {})",
+                krate.dir,
                 file.display(),
-                layer(to).unwrap(),
-                layer(from).unwrap()
+                krate.layer(to).unwrap(),
+                krate.layer(from).unwrap()
             ));
         }
     }
@@ -372,29 +422,37 @@ fn transport_paths(code: &str) -> Vec<String> {
 
 #[test]
 fn every_module_has_a_layer_and_every_layer_entry_a_module() {
-    let mut modules: Vec<String> = files().iter().map(|(f, _)| module_of(f)).collect();
-    modules.sort();
-    modules.dedup();
-    modules.retain(|m| m != "lib");
-    let unplaced: Vec<&String> = modules.iter().filter(|m| layer(m).is_none()).collect();
-    assert!(
-        unplaced.is_empty(),
-        "modules without a layer in LAYERS: {unplaced:?}"
-    );
-    let gone: Vec<&str> = LAYERS
-        .iter()
-        .map(|(m, _)| *m)
-        .filter(|m| !modules.iter().any(|x| x == m))
-        .collect();
-    assert!(
-        gone.is_empty(),
-        "LAYERS names modules that do not exist: {gone:?}"
-    );
+    for krate in CRATES {
+        let mut modules: Vec<String> = files(krate).iter().map(|(f, _)| module_of(f)).collect();
+        modules.sort();
+        modules.dedup();
+        modules.retain(|m| m != "lib");
+        let unplaced: Vec<&String> = modules
+            .iter()
+            .filter(|m| krate.layer(m).is_none())
+            .collect();
+        assert!(
+            unplaced.is_empty(),
+            "{}: modules without a layer: {unplaced:?}",
+            krate.dir
+        );
+        let gone: Vec<&str> = krate
+            .layers
+            .iter()
+            .map(|(m, _)| *m)
+            .filter(|m| !modules.iter().any(|x| x == m))
+            .collect();
+        assert!(
+            gone.is_empty(),
+            "{}: the layers name modules that do not exist: {gone:?}",
+            krate.dir
+        );
+    }
 }
 
 #[test]
 fn no_module_imports_one_above_it_or_another_adapter() {
-    let bad = violations();
+    let bad: Vec<String> = CRATES.iter().flat_map(|k| violations(k)).collect();
     assert!(
         bad.is_empty(),
         "imports against the layers:\n{}",
@@ -405,10 +463,7 @@ fn no_module_imports_one_above_it_or_another_adapter() {
 #[test]
 fn the_services_name_no_transport() {
     let mut found = Vec::new();
-    for (file, text) in files() {
-        if module_of(&file) != "service" {
-            continue;
-        }
+    for (file, text) in files(&SERVICE) {
         for path in transport_paths(&code(&text)) {
             found.push(format!("{}: {path}", file.display()));
         }
@@ -419,40 +474,63 @@ fn the_services_name_no_transport() {
          adapters'):\n{}",
         found.join("\n")
     );
+    // Nor can they: the manifest names none of those crates.
+    let manifest = std::fs::read_to_string(SERVICE.src().join("..").join("Cargo.toml")).unwrap();
+    let named: Vec<&str> = TRANSPORTS
+        .iter()
+        .map(|t| *t)
+        .filter(|t| {
+            let dashed = t.replace('_', "-");
+            manifest.lines().any(|l| {
+                l.trim_start().starts_with(&format!("{dashed} "))
+                    || l.trim_start().starts_with(&format!("{dashed}="))
+            })
+        })
+        .collect();
+    assert!(
+        named.is_empty(),
+        "the service crate depends on a transport: {named:?}"
+    );
 }
 
 #[test]
 fn no_two_top_level_modules_import_each_other_in_a_circle() {
-    let all = imports();
-    let edges: BTreeSet<(String, String)> = all
-        .iter()
-        .map(|i| (top(&i.from).to_owned(), top(&i.to).to_owned()))
-        .collect();
-    if let Some(found) = circle(&edges) {
-        panic!(
-            "top-level modules in a circle: {}\n{}",
-            found.join(" -> "),
-            witnesses(&found, &all, |n| top(n).to_owned())
-        );
+    for krate in CRATES {
+        let all = imports(krate);
+        let edges: BTreeSet<(String, String)> = all
+            .iter()
+            .map(|i| (top(&i.from).to_owned(), top(&i.to).to_owned()))
+            .collect();
+        if let Some(found) = circle(&edges) {
+            panic!(
+                "{}: top-level modules in a circle: {}\n{}",
+                krate.dir,
+                found.join(" -> "),
+                witnesses(&found, &all, |n| top(n).to_owned())
+            );
+        }
     }
 }
 
 #[test]
-fn no_two_submodules_of_service_or_http_import_each_other_in_a_circle() {
-    let all = imports();
-    for dir in DIRECTORIES {
-        let inside = |n: &str| top(n) == *dir;
-        let edges: BTreeSet<(String, String)> = all
-            .iter()
-            .filter(|i| inside(&i.from) && inside(&i.to))
-            .map(|i| (i.from.clone(), i.to.clone()))
-            .collect();
-        if let Some(found) = circle(&edges) {
-            panic!(
-                "{dir}/ modules in a circle: {}\n{}",
-                found.join(" -> "),
-                witnesses(&found, &all, str::to_owned)
-            );
+fn no_two_submodules_of_a_directory_import_each_other_in_a_circle() {
+    for krate in CRATES {
+        let all = imports(krate);
+        for dir in krate.directories {
+            let inside = |n: &str| top(n) == *dir;
+            let edges: BTreeSet<(String, String)> = all
+                .iter()
+                .filter(|i| inside(&i.from) && inside(&i.to))
+                .map(|i| (i.from.clone(), i.to.clone()))
+                .collect();
+            if let Some(found) = circle(&edges) {
+                panic!(
+                    "{}/{dir}/ modules in a circle: {}\n{}",
+                    krate.dir,
+                    found.join(" -> "),
+                    witnesses(&found, &all, str::to_owned)
+                );
+            }
         }
     }
 }
@@ -475,17 +553,23 @@ fn the_reader_finds_what_it_must() {
     let supers = paths_after(&code(text), "super::");
     assert_eq!(supers[0], ["stream", "self"]);
     assert_eq!(supers[1], ["stream", "Events"]);
-    assert!(!allowed("service", "http"));
+    assert!(!SERVER.allowed("wire", "http"));
     assert!(
-        allowed("http", "mcp"),
+        SERVER.allowed("http", "mcp"),
         "the route table mounts MCP's transport"
     );
-    assert!(!allowed("mcp", "http"));
-    assert!(!allowed("keys", "service"));
-    assert!(allowed("http", "http"));
-    assert!(allowed("serve", "stdio"));
-    assert!(allowed("audit", "store"));
-    assert_eq!(reexports().get("app").map(String::as_str), Some("http"));
+    assert!(!SERVER.allowed("mcp", "http"));
+    assert!(SERVER.allowed("http", "http"));
+    assert!(SERVER.allowed("serve", "stdio"));
+    assert!(!SERVICE.allowed("keys", "services"));
+    assert!(!SERVICE.allowed("services", "sessions"));
+    assert!(SERVICE.allowed("sessions", "services"));
+    assert!(SERVICE.allowed("pipeline", "execution"));
+    assert!(SERVICE.allowed("audit", "store"));
+    assert_eq!(
+        reexports(&SERVER).get("app").map(String::as_str),
+        Some("http")
+    );
     // A circle is found, and named in order; a tree has none.
     let edges = |pairs: &[(&str, &str)]| -> BTreeSet<(String, String)> {
         pairs

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use airlock_server::audit::AuditLog;
 use airlock_server::config::{Config, KeyConfig, Scope};
 use airlock_server::keys::{hash_key, KeyStore};
-use airlock_server::{app, AppState, SharedState};
+use airlock_server::{app, Services, SharedServices};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::response::Response;
@@ -25,7 +25,7 @@ const NO_SCOPE: &str = "router-test-key-with-no-scope-at-all";
 
 /// A state directory removed with the server.
 struct Server {
-    state: SharedState,
+    state: SharedServices,
     dir: PathBuf,
 }
 
@@ -70,7 +70,7 @@ fn server(tweak: impl FnOnce(&mut Config)) -> Server {
     let engine = airlock_engine::Engine::new(config.engine.clone()).unwrap();
     let (audit, _) = AuditLog::open(&config).unwrap();
     let environments = Arc::new(airlock_engine::environments::Environments::open(&dir).unwrap());
-    let state = Arc::new(AppState::new(
+    let state = Arc::new(Services::new(
         config,
         engine,
         keys,

@@ -19,14 +19,16 @@ use std::task::{Context, Poll};
 use airlock_api::Text;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+
+use crate::http::error::IntoHttp;
 use http_body::{Frame, SizeHint};
 
-use crate::answer::{over_budget, Reserved, WINDOW};
-use crate::budget::Share;
-use crate::error::Error;
-use crate::keys::Key;
-use crate::SharedState;
+use airlock_service::answer::{over_budget, Reserved, WINDOW};
+use airlock_service::budget::Share;
+use airlock_service::error::Error;
+use airlock_service::keys::Key;
+use airlock_service::SharedServices;
 
 /// Bytes of output escaped per piece (at most 6 times as many are sent in it).
 const PIECE: usize = 32 << 10;
@@ -56,7 +58,7 @@ impl Answer {
             Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "cannot serialize an answer");
-                return Error::internal("the answer could not be serialized").into_response();
+                return Error::internal("the answer could not be serialized").into_http();
             }
         };
         let json = Bytes::from(deferred.json);
@@ -137,7 +139,7 @@ impl http_body::Body for Answer {
 /// caller's share (with the reservation its handler made, if any) and everyone's. One that
 /// does not fit is replaced by a short 429 or 503: the key (or the server) holds too many
 /// answers nobody has read.
-pub fn count(state: &SharedState, key: Option<&Key>, mut response: Response) -> Response {
+pub fn count(state: &SharedServices, key: Option<&Key>, mut response: Response) -> Response {
     if response.extensions().get::<Counted>().is_some() {
         return response;
     }
@@ -162,13 +164,13 @@ pub fn count(state: &SharedState, key: Option<&Key>, mut response: Response) -> 
                     state
                         .metrics
                         .security_events
-                        .add(&[crate::metrics::event::ANSWER_OVER_BUDGET]);
+                        .add(&[airlock_service::metrics::event::ANSWER_OVER_BUDGET]);
                     tracing::warn!(
                         key = key.name(),
                         bytes = size,
                         "an answer did not fit in the memory budget"
                     );
-                    let error = over_budget(over, "answers").into_response();
+                    let error = over_budget(over, "answers").into_http();
                     return count(state, None, error);
                 }
             }
@@ -194,7 +196,12 @@ pub fn count(state: &SharedState, key: Option<&Key>, mut response: Response) -> 
 /// it is sent (an MCP call answered as server-sent events, its notifications first, its
 /// result when the call ends): the slot is kept, and the body handed to hyper in pieces,
 /// until its last piece is taken.
-pub fn hold_stream(state: &SharedState, key: &Key, response: Response, slot: Reserved) -> Response {
+pub fn hold_stream(
+    state: &SharedServices,
+    key: &Key,
+    response: Response,
+    slot: Reserved,
+) -> Response {
     let share = state.memory.share(Some(key));
     let mut response = response.map(|inner| {
         Body::new(Held {
@@ -362,9 +369,9 @@ impl<T: Send + 'static> http_body::Body for Unfolded<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::MemoryBudget;
-    use crate::config::KeyConfig;
-    use crate::keys::{hash_key, KeyStore};
+    use airlock_service::budget::MemoryBudget;
+    use airlock_service::config::KeyConfig;
+    use airlock_service::keys::{hash_key, KeyStore};
     use http_body_util::BodyExt;
 
     #[tokio::test]

@@ -1,19 +1,19 @@
 //! `GET /v1/approvals`, `GET /v1/approvals/{id}` and `POST /v1/approvals/{id}` (keys with
 //! the `approve` scope, as the route table says), over the approvals service.
 
+use crate::http::error::HttpError;
 use airlock_api::{ApprovalDetail, ApprovalList, Decided};
 use axum::extract::{Path, Request, State};
 use axum::{Extension, Json};
 
-use crate::caller::Caller;
-use crate::error::Error;
 use crate::http::body::body_of;
-use crate::service::approvals;
-use crate::SharedState;
+use airlock_service::approvals;
+use airlock_service::caller::Caller;
+use airlock_service::SharedServices;
 
 /// `GET /v1/approvals`.
 pub(crate) async fn list(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
 ) -> Json<ApprovalList> {
     Json(approvals::list(&state, &caller.0))
@@ -21,21 +21,24 @@ pub(crate) async fn list(
 
 /// `GET /v1/approvals/{id}`.
 pub(crate) async fn get(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Json<ApprovalDetail>, Error> {
-    approvals::get(&state, &caller.0, &id).map(Json)
+) -> Result<Json<ApprovalDetail>, HttpError> {
+    approvals::get(&state, &caller.0, &id)
+        .map(Json)
+        .map_err(HttpError)
 }
 
 /// `POST /v1/approvals/{id}`.
 pub(crate) async fn decide(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     req: Request,
-) -> Result<Json<Decided>, Error> {
+) -> Result<Json<Decided>, HttpError> {
     approvals::decide(&state, &caller.0, &id, body_of(req))
         .await
         .map(Json)
+        .map_err(HttpError)
 }

@@ -1,4 +1,4 @@
-//! An HTTP request's body handed to the services as theirs ([`crate::service::body::Body`]):
+//! An HTTP request's body handed to the services as theirs ([`airlock_service::body::Body`]):
 //! its declared type and length from the headers, its data frames as they arrive (trailers
 //! are skipped).
 
@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap};
 
-use crate::service::body::{Body, Chunks};
+use airlock_service::body::{Body, Chunks};
 
 /// The body of `req`, for a service to read.
 pub(crate) fn body_of(req: Request) -> Body {

@@ -5,7 +5,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-use crate::error::{Error, Kind};
+use airlock_service::error::{Error, Kind};
 
 tokio::task_local! {
     /// The id of the request being answered, set by the guard around everything that answers
@@ -63,8 +63,30 @@ pub(crate) fn kind_of(status: StatusCode) -> Kind {
     }
 }
 
-impl IntoResponse for Error {
+/// An [`Error`] as the HTTP adapter answers it: the one place an error becomes a status.
+#[derive(Debug)]
+pub(crate) struct HttpError(pub(crate) Error);
+
+impl From<Error> for HttpError {
+    fn from(error: Error) -> Self {
+        HttpError(error)
+    }
+}
+
+impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
+        let HttpError(error) = self;
+        error.into_http()
+    }
+}
+
+/// The response of an [`Error`].
+pub(crate) trait IntoHttp {
+    fn into_http(self) -> Response;
+}
+
+impl IntoHttp for Error {
+    fn into_http(self) -> Response {
         let status = status(self.kind);
         let body = self.body(REQUEST_ID.try_with(Clone::clone).ok());
         let mut response = (status, axum::Json(body)).into_response();
@@ -99,16 +121,16 @@ mod tests {
     #[test]
     fn every_503_says_when_to_come_back() {
         let outage = Error::new(Kind::Unavailable, "unavailable", "down");
-        let response = outage.into_response();
+        let response = outage.into_http();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(response.headers()[header::RETRY_AFTER], "1");
         let shutting_down = Error::shutting_down();
         assert_eq!(
-            shutting_down.into_response().headers()[header::RETRY_AFTER],
+            shutting_down.into_http().headers()[header::RETRY_AFTER],
             "5"
         );
         // Other refusals say it only when their maker does.
-        let missing = Error::not_found().into_response();
+        let missing = Error::not_found().into_http();
         assert!(!missing.headers().contains_key(header::RETRY_AFTER));
     }
 

@@ -2,6 +2,7 @@
 //! /v1/executions`, their events and their cancellation) and `GET /v1/executions/{id}`, over
 //! the execution service.
 
+use crate::http::error::HttpError;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -10,49 +11,53 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::answer::{over_budget, Form, WINDOW};
-use crate::budget::Share;
-use crate::caller::{Caller, RequestId};
-use crate::error::Error;
 use crate::http::answer::{Answer, Step, Unfolded};
 use crate::http::body::body_of;
 use crate::http::sse;
-use crate::keys::Key;
-use crate::service::background::{self, Meta, Next, Stored, Tail};
-use crate::service::pipeline::{self, Input, Work};
-use crate::service::{execution, not_here};
-use crate::SharedState;
+use airlock_service::answer::{over_budget, Form, WINDOW};
+use airlock_service::background::{self, Meta, Next, Stored, Tail};
+use airlock_service::budget::Share;
+use airlock_service::caller::{Caller, RequestId};
+use airlock_service::error::Error;
+use airlock_service::execution;
+use airlock_service::keys::Key;
+use airlock_service::pipeline::{self, Input, Work};
+use airlock_service::services::not_here;
+use airlock_service::SharedServices;
 
 /// `GET /v1/executions/{id}`: the caller's own only. A background execution's state (and
 /// result, once it has one), or any other execution's audit record.
 pub(crate) async fn execution(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     if state.background.holds(&id) {
         if let Some(meta) = state.background.get(&caller.0, &id) {
             return background_view(&state, &caller.0, meta).await;
         }
         // Another key's, or deleted: answered as one that never was, after the same look-up
         // (neither its words nor its time tell them apart), never with its audit record.
-        return Err(match execution::record(&state, &caller.0, &id).await {
-            Ok(_) => execution::no_record(&state, &id),
-            Err(e) => e,
-        });
+        return Err(HttpError(
+            match execution::record(&state, &caller.0, &id).await {
+                Ok(_) => execution::no_record(&state, &id),
+                Err(e) => e,
+            },
+        ));
     }
     execution::record(&state, &caller.0, &id)
         .await
         .map(|record| Json(record).into_response())
+        .map_err(HttpError)
 }
 
 /// `POST /v1/execute`.
 pub(crate) async fn execute(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     req: Request,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     run(&state, caller, request_id, req, |body| {
         Work::Execute(Input::Body(body))
     })
@@ -63,12 +68,12 @@ pub(crate) async fn execute(
 /// answer as JSON, or its events when the client asked for a stream (`POST /v1/execute`, a
 /// session's cell).
 pub(crate) async fn run(
-    state: &SharedState,
+    state: &SharedServices,
     caller: Caller,
     request_id: String,
     req: Request,
-    work: impl FnOnce(crate::service::body::Body) -> Work,
-) -> Result<Response, Error> {
+    work: impl FnOnce(airlock_service::body::Body) -> Work,
+) -> Result<Response, HttpError> {
     let stream = sse::wanted(req.headers());
     let request = pipeline::Request {
         caller: caller.0,
@@ -89,11 +94,11 @@ pub(crate) async fn run(
 
 /// `POST /v1/executions`: a background execution, answered `202` with its id at once.
 pub(crate) async fn submit(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Extension(RequestId(request_id)): Extension<RequestId>,
     req: Request,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     let request = pipeline::Request {
         caller: caller.0,
         request_id,
@@ -114,14 +119,18 @@ pub(crate) async fn submit(
 
 /// A background execution's state, and its result once it has one: the result is read
 /// from the disk as it is sent, never held whole.
-async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<Response, Error> {
+async fn background_view(
+    state: &SharedServices,
+    key: &Key,
+    meta: Meta,
+) -> Result<Response, HttpError> {
     let (st, m) = (state.clone(), meta.clone());
     let stored = tokio::task::spawn_blocking(move || st.background.stored(&m))
         .await
         .map_err(|e| Error::internal(e.to_string()))?
         .map_err(|e| match e.kind {
             // Deleted meanwhile.
-            crate::error::Kind::NotFound => execution::no_record(state, &meta.id),
+            airlock_service::error::Kind::NotFound => execution::no_record(state, &meta.id),
             _ => e,
         })?;
     let Some(stored) = stored else {
@@ -147,11 +156,11 @@ async fn background_view(state: &SharedState, key: &Key, meta: Meta) -> Result<R
 }
 
 /// What a body read from the disk holds at once: a piece and the window.
-fn reserve_window(state: &SharedState, key: &Key) -> Result<Share, Error> {
+fn reserve_window(state: &SharedServices, key: &Key) -> Result<Share, HttpError> {
     state
         .memory
         .reserve(key, background::CHUNK as u64 + WINDOW)
-        .map_err(|over| over_budget(over, "answers"))
+        .map_err(|over| HttpError(over_budget(over, "answers")))
 }
 
 /// The pieces of a background execution's view with its result.
@@ -182,11 +191,11 @@ impl Viewed {
 /// `GET /v1/executions/{id}/events`: a background execution's events as server-sent events,
 /// from its start or after the event a `Last-Event-ID` names, following it while it runs.
 pub(crate) async fn events(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     let after = match headers.get("last-event-id") {
         None => 0,
         Some(v) => v
@@ -205,7 +214,7 @@ pub(crate) async fn events(
         .await
         .map_err(|e| Error::internal(e.to_string()))?
         .map_err(|e| match e.kind {
-            crate::error::Kind::NotFound => not_here(&state, &id, "background execution"),
+            airlock_service::error::Kind::NotFound => not_here(&state, &id, "background execution"),
             _ => e,
         })?;
     let share = reserve_window(&state, &caller.0)?;
@@ -239,10 +248,10 @@ fn followed((mut tail, quiet): (Tail, Option<Duration>)) -> Step<(Tail, Option<D
 /// and removes it (its result and events) once it ended: `200` with its last state, or `202`
 /// if it is still ending after a few seconds (it is removed when it ends).
 pub(crate) async fn delete(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     let meta = state
         .background
         .delete(&caller.0, &id, CANCEL_WAIT)

@@ -11,20 +11,20 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::caller::{require, Caller, RequestId};
-use crate::error::{Error, Kind};
-use crate::http::error::REQUEST_ID;
+use crate::http::error::{IntoHttp, REQUEST_ID};
 use crate::http::routes::{self, Access};
-use crate::keys::{random_id, Key};
-use crate::metrics::event;
-use crate::SharedState;
+use airlock_service::caller::{require, Caller, RequestId};
+use airlock_service::error::{Error, Kind};
+use airlock_service::keys::{random_id, Key};
+use airlock_service::metrics::event;
+use airlock_service::SharedServices;
 
 /// Set once a request on the connection presents a valid key (`serve.rs` keeps such
 /// connections over anonymous ones at the connection cap).
 #[derive(Clone, Debug)]
 pub struct Authenticated(pub Arc<std::sync::atomic::AtomicBool>);
 
-pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
+pub async fn guard(State(state): State<SharedServices>, mut req: Request, next: Next) -> Response {
     let matched = req
         .extensions()
         .get::<MatchedPath>()
@@ -53,7 +53,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
         match checked {
             Ok(Some(early)) => early,
             Ok(None) => next.run(req).await,
-            Err(e) => e.into_response(),
+            Err(e) => e.into_http(),
         }
     });
     let response = answered.await;
@@ -71,7 +71,7 @@ pub async fn guard(State(state): State<SharedState>, mut req: Request, next: Nex
 /// The request's log line and metric, written when the request ends, also when it ends
 /// because the client went away (the handler is then dropped mid-way).
 struct RequestLog {
-    state: SharedState,
+    state: SharedServices,
     rid: String,
     method: Method,
     route: String,
@@ -111,7 +111,7 @@ impl Drop for RequestLog {
 /// Who may call the route is the route table's to say (`routes::access`): no key for public
 /// routes and those the configuration opens, else a valid key with the route's scope.
 fn check(
-    state: &SharedState,
+    state: &SharedServices,
     matched: Option<&str>,
     req: &mut Request,
 ) -> Result<Option<Response>, Error> {
@@ -145,7 +145,7 @@ fn check(
     Ok(None)
 }
 
-fn check_host(state: &SharedState, headers: &HeaderMap) -> Result<(), Error> {
+fn check_host(state: &SharedServices, headers: &HeaderMap) -> Result<(), Error> {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
@@ -191,7 +191,7 @@ fn host_name(host: &str) -> &str {
     })
 }
 
-fn cors(state: &SharedState, req: &Request) -> Result<Option<Response>, Error> {
+fn cors(state: &SharedServices, req: &Request) -> Result<Option<Response>, Error> {
     let Some(origin) = req.headers().get(header::ORIGIN) else {
         return Ok(None);
     };
@@ -237,7 +237,7 @@ fn cors(state: &SharedState, req: &Request) -> Result<Option<Response>, Error> {
 }
 
 /// The CORS headers for an allowed origin, on whatever the response is.
-fn add_cors_headers(state: &SharedState, origin: Option<HeaderValue>, response: &mut Response) {
+fn add_cors_headers(state: &SharedServices, origin: Option<HeaderValue>, response: &mut Response) {
     if state.config.cors.allowed_origins.is_empty() {
         return; // CORS is off: no CORS headers at all
     }
@@ -260,7 +260,7 @@ fn add_cors_headers(state: &SharedState, origin: Option<HeaderValue>, response: 
     }
 }
 
-fn authenticate(state: &SharedState, headers: &HeaderMap) -> Result<Arc<Key>, Error> {
+fn authenticate(state: &SharedServices, headers: &HeaderMap) -> Result<Arc<Key>, Error> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

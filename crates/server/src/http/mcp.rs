@@ -2,6 +2,7 @@
 //! in, then hands it to rmcp's transport, which calls the tools of `mcp.rs`; rmcp's own
 //! refusals are answered in the API's one error shape.
 
+use crate::http::error::HttpError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,15 +13,15 @@ use axum::Extension;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::answer::Reserved;
-use crate::caller::Caller;
-use crate::error::Error;
 use crate::http::answer::hold_stream;
 use crate::http::body::from_parts;
-use crate::http::error::kind_of;
+use crate::http::error::{kind_of, IntoHttp};
 use crate::mcp::{Handover, Tools};
-use crate::service::pipeline;
-use crate::SharedState;
+use airlock_service::answer::Reserved;
+use airlock_service::caller::Caller;
+use airlock_service::error::Error;
+use airlock_service::pipeline;
+use airlock_service::SharedServices;
 
 /// The streamable HTTP transport for `/mcp`. Stateless: each POST is answered on its own, so
 /// no MCP session outlives its request or can be taken over by another key (airlock sessions
@@ -28,7 +29,7 @@ use crate::SharedState;
 /// answer is JSON, unless the call sends a notification first (progress, when the client
 /// gave a token): rmcp then answers that POST with server-sent events, the notifications and
 /// the result, with a comment line after `http.sse_keep_alive_ms` of silence.
-pub(crate) fn service(state: SharedState) -> StreamableHttpService<Tools, NeverSessionManager> {
+pub(crate) fn service(state: SharedServices) -> StreamableHttpService<Tools, NeverSessionManager> {
     let max_body = usize::try_from(state.config.http.max_body_bytes).unwrap_or(usize::MAX);
     let keep_alive = state.config.http.sse_keep_alive_ms;
     let config = StreamableHttpServerConfig::default()
@@ -51,11 +52,11 @@ pub(crate) fn service(state: SharedState) -> StreamableHttpService<Tools, NeverS
 /// the server read bodies for it), then the MCP transport. The message's arrival is handed to
 /// the call it carries; what the call reserves for its answer counts the answer rmcp makes.
 pub(crate) async fn route(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     Extension(caller): Extension<Caller>,
     Extension(service): Extension<StreamableHttpService<Tools, NeverSessionManager>>,
     req: Request,
-) -> Result<Response, Error> {
+) -> Result<Response, HttpError> {
     if req.method() != axum::http::Method::POST {
         // rmcp answers the rest (405: stateless, no GET stream, nothing to DELETE).
         return Ok(transport_error(service.handle(req).await.into_response()).await);
@@ -114,5 +115,5 @@ async fn transport_error(response: Response) -> Response {
     } else {
         text
     };
-    Error::new(kind_of(status), code, message).into_response()
+    Error::new(kind_of(status), code, message).into_http()
 }

@@ -1,6 +1,6 @@
 //! The HTTP adapter: the route table ([`routes`]: every route once, with its handler,
 //! OpenAPI operation and scope), the guard every request passes ([`guard`]), then one
-//! handler per route, each a call into [`crate::service`]; what HTTP alone knows: the
+//! handler per route, each a call into [`airlock_service`]; what HTTP alone knows: the
 //! status of each error ([`error`]), answers written out and counted ([`answer`]), bodies
 //! handed to the services ([`body`]), server-sent events ([`sse`]), and MCP's streamable
 //! HTTP transport ([`mcp`]); a request's span, when traces are on ([`trace`]).
@@ -25,11 +25,11 @@ pub(crate) mod volumes;
 
 use axum::Router;
 
-use crate::SharedState;
+use airlock_service::SharedServices;
 
 /// The HTTP service: the routes of the table ([`routes`]), the answers for unknown paths and
 /// methods, all behind the guard.
-pub fn app(state: SharedState) -> Router {
+pub fn app(state: SharedServices) -> Router {
     routes::router(&state)
         .fallback(status::not_found)
         .method_not_allowed_fallback(status::method_not_allowed)

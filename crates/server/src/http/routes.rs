@@ -8,11 +8,11 @@ use axum::routing::{any, on, MethodFilter, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::{json, Value};
 
-use crate::config::{Config, Scope};
 use crate::http::{
     approvals, environments, eval, executions, mcp, pickle, sessions, status, tools, volumes,
 };
-use crate::SharedState;
+use airlock_service::config::{Config, Scope};
+use airlock_service::SharedServices;
 
 /// One route.
 pub(crate) struct Route {
@@ -24,7 +24,7 @@ pub(crate) struct Route {
     pub access: Access,
     /// Whether the configuration serves it (else it is 404 like any unknown path).
     served: fn(&Config) -> bool,
-    handler: fn(MethodFilter, &SharedState) -> MethodRouter<SharedState>,
+    handler: fn(MethodFilter, &SharedServices) -> MethodRouter<SharedServices>,
 }
 
 /// Who may call a route.
@@ -494,7 +494,7 @@ pub(crate) fn access(matched: Option<&str>, method: &axum::http::Method) -> Acce
 
 /// The routes the configuration serves, each with its handler (the guard and the fallbacks
 /// are the adapter's: `http::app`).
-pub(crate) fn router(state: &SharedState) -> Router<SharedState> {
+pub(crate) fn router(state: &SharedServices) -> Router<SharedServices> {
     let mut router = Router::new();
     for route in TABLE.iter().filter(|r| (r.served)(&state.config)) {
         let handler = (route.handler)(route.method.filter(), state);

@@ -15,9 +15,9 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 
 use crate::http::answer::Counted;
-use crate::service::pipeline::Outcome;
-use crate::service::stream::EventStream;
-use crate::AppState;
+use airlock_service::pipeline::Outcome;
+use airlock_service::stream::EventStream;
+use airlock_service::Services;
 
 /// Whether the request asked for a stream.
 pub(crate) fn wanted(headers: &HeaderMap) -> bool {
@@ -31,7 +31,7 @@ pub(crate) fn wanted(headers: &HeaderMap) -> bool {
 
 /// The answer to a request that may have asked for a stream: its answer when it ran to its
 /// end, or the stream.
-pub(crate) fn respond(state: &AppState, outcome: Outcome<Response>) -> Response {
+pub(crate) fn respond(state: &Services, outcome: Outcome<Response>) -> Response {
     match outcome {
         Outcome::Done(answer) => answer,
         Outcome::Streamed(events) => response(
@@ -119,8 +119,8 @@ impl http_body::Body for EventBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::stream::channel;
     use airlock_engine::{OutputSink, Stream};
+    use airlock_service::stream::channel;
     use http_body_util::BodyExt;
     use std::sync::Arc;
 

@@ -1,27 +1,28 @@
 //! What the server says of itself: health, readiness, metrics, and the answers for unknown
 //! paths and methods (the OpenAPI document is the route table's: `routes.rs`).
 
+use crate::http::error::HttpError;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::caller::Caller;
-use crate::config::Scope;
-use crate::error::{Error, Kind};
-use crate::service::status;
-use crate::SharedState;
+use airlock_service::caller::Caller;
+use airlock_service::config::Scope;
+use airlock_service::error::{Error, Kind};
+use airlock_service::status;
+use airlock_service::SharedServices;
 
-pub(crate) async fn not_found() -> Error {
-    Error::not_found()
+pub(crate) async fn not_found() -> HttpError {
+    HttpError(Error::not_found())
 }
 
-pub(crate) async fn method_not_allowed() -> Error {
-    Error::new(
+pub(crate) async fn method_not_allowed() -> HttpError {
+    HttpError(Error::new(
         Kind::MethodNotAllowed,
         "method_not_allowed",
         "this route does not take that method",
-    )
+    ))
 }
 
 pub(crate) async fn healthz() -> Json<serde_json::Value> {
@@ -31,7 +32,7 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
 /// Whether an execution could start now ([`status::not_ready_because`]); to keys that may
 /// see metrics, how the pools, zygotes and tool servers are doing too.
 pub(crate) async fn readyz(
-    State(state): State<SharedState>,
+    State(state): State<SharedServices>,
     caller: Option<Extension<Caller>>,
 ) -> Response {
     let reasons = status::not_ready_because(&state);
@@ -62,7 +63,7 @@ pub(crate) async fn readyz(
         let secs = if state.is_shutting_down() {
             Error::shutting_down().retry_after_secs
         } else {
-            Some(crate::error::UNAVAILABLE_RETRY_AFTER_SECS)
+            Some(airlock_service::error::UNAVAILABLE_RETRY_AFTER_SECS)
         };
         if let Some(secs) = secs {
             response
@@ -74,7 +75,7 @@ pub(crate) async fn readyz(
 }
 
 /// Prometheus' text (the route's scope is `metrics`, unless the configuration opens it).
-pub(crate) async fn metrics(State(state): State<SharedState>) -> Response {
+pub(crate) async fn metrics(State(state): State<SharedServices>) -> Response {
     let mut response = status::metrics_text(&state).into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -12,14 +12,14 @@ use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use opentelemetry::KeyValue;
 
-use crate::telemetry::Span;
-use crate::SharedState;
+use airlock_service::telemetry::Span;
+use airlock_service::SharedServices;
 
 /// Routes left untraced: probes and scrapes would be most spans and tell nothing.
 const UNTRACED: &[&str] = &["/healthz", "/readyz", "/metrics"];
 
 /// The request's span, when traces are on: named `METHOD route` (the route's template).
-pub fn begin(state: &SharedState, req: &Request, route: &str, request_id: &str) -> Option<Span> {
+pub fn begin(state: &SharedServices, req: &Request, route: &str, request_id: &str) -> Option<Span> {
     if !state.telemetry.enabled() || UNTRACED.contains(&route) {
         return None;
     }
@@ -53,7 +53,7 @@ pub fn begin(state: &SharedState, req: &Request, route: &str, request_id: &str) 
 }
 
 /// The answer carries the request's span until it is written out.
-pub fn answered(state: &SharedState, span: Option<Span>, response: Response) -> Response {
+pub fn answered(state: &SharedServices, span: Option<Span>, response: Response) -> Response {
     let Some(mut span) = span else {
         return response;
     };

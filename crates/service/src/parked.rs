@@ -20,7 +20,7 @@ use airlock_engine::{Entrypoint, InputFile, Job, Stdin};
 const MAGIC: &[u8] = b"airlock parked job 1\n";
 
 /// Bytes `job`'s file will hold ([`park`]), known before it is written.
-pub(crate) fn size(job: &Job) -> u64 {
+pub fn size(job: &Job) -> u64 {
     let part = |bytes: usize| 8 + bytes as u64;
     let env: u64 = job
         .env
@@ -61,7 +61,7 @@ fn json_len(inputs: &serde_json::Map<String, serde_json::Value>) -> usize {
 
 /// Writes what is large in `job` to a new file at `path` and takes it out of `job`; the bytes
 /// written. A file cut short is removed.
-pub(crate) fn park(job: &mut Job, path: &Path) -> std::io::Result<u64> {
+pub fn park(job: &mut Job, path: &Path) -> std::io::Result<u64> {
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -119,7 +119,7 @@ fn put(w: &mut impl Write, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Puts back into `job` what [`park`] wrote to `path`: stdin, if it was parked, as the file
 /// itself, read from where it begins as the program takes it.
-pub(crate) fn unpark(job: &mut Job, path: &Path) -> std::io::Result<()> {
+pub fn unpark(job: &mut Job, path: &Path) -> std::io::Result<()> {
     let file = File::open(path)?;
     let len = file.metadata()?.len();
     let mut r = Reader {

@@ -11,7 +11,6 @@ use airlock_egress::{Credential, SetHeader};
 use crate::config::{Config, CredentialConfig};
 use crate::error::Error;
 use crate::keys::Key;
-use crate::AppState;
 
 /// The configured credentials with their values read, and where each sandbox's trust
 /// bundle (the host's CA bundle and its leash's CA) is written.
@@ -47,7 +46,7 @@ impl Credentials {
 
     /// Whether every credential `keys` are granted was read at start (a reload reads keys
     /// only: a credential added with it needs a restart).
-    pub(crate) fn check_grants(&self, keys: &[Arc<Key>]) -> Result<(), String> {
+    pub fn check_grants(&self, keys: &[Arc<Key>]) -> Result<(), String> {
         for key in keys {
             if let Some(name) = key
                 .config
@@ -109,47 +108,46 @@ pub fn read(name: &str, c: &CredentialConfig) -> Result<Credential, String> {
     Credential::new(name, c.hosts.clone(), headers, Arc::new(upstream))
 }
 
-/// The credentials an execution or session of `key` may use: those it asks for (each
-/// granted to the key), or all of the key's when it asks for none.
-pub(crate) fn for_request(
-    state: &AppState,
-    key: &Key,
-    asked: Option<Vec<String>>,
-) -> Result<Vec<Arc<Credential>>, Error> {
-    let granted = &key.config.credentials;
-    let names = match asked {
-        None => granted.clone(),
-        Some(asked) => {
-            if let Some(wider) = asked.iter().find(|n| !granted.contains(n)) {
-                return Err(Error::forbidden(format!(
-                    "credential {wider:?} is not granted to key `{}`",
-                    key.name()
-                ))
-                .field("credentials"));
+impl Credentials {
+    /// The credentials an execution or session of `key` may use: those it asks for (each
+    /// granted to the key), or all of the key's when it asks for none.
+    pub fn for_request(
+        &self,
+        key: &Key,
+        asked: Option<Vec<String>>,
+    ) -> Result<Vec<Arc<Credential>>, Error> {
+        let granted = &key.config.credentials;
+        let names = match asked {
+            None => granted.clone(),
+            Some(asked) => {
+                if let Some(wider) = asked.iter().find(|n| !granted.contains(n)) {
+                    return Err(Error::forbidden(format!(
+                        "credential {wider:?} is not granted to key `{}`",
+                        key.name()
+                    ))
+                    .field("credentials"));
+                }
+                asked
             }
-            asked
-        }
-    };
-    names
-        .iter()
-        .map(|n| {
-            state
-                .credentials
-                .by_name
-                .get(n)
-                .cloned()
-                .ok_or_else(|| Error::internal(format!("credential {n:?} granted but not loaded")))
-        })
-        .collect()
-}
+        };
+        names
+            .iter()
+            .map(|n| {
+                self.by_name.get(n).cloned().ok_or_else(|| {
+                    Error::internal(format!("credential {n:?} granted but not loaded"))
+                })
+            })
+            .collect()
+    }
 
-/// The interception of a leash whose requests may carry `credentials`: a CA of its own and
-/// its sandbox's trust bundle.
-pub(crate) fn interception(
-    state: &AppState,
-    credentials: Vec<Arc<Credential>>,
-) -> Result<Arc<airlock_egress::Interception>, Error> {
-    airlock_egress::Interception::new(credentials, &state.credentials.trust_dir)
-        .map(Arc::new)
-        .map_err(|e| Error::internal(format!("the credential proxy's CA: {e}")))
+    /// The interception of a leash whose requests may carry `credentials`: a CA of its own and
+    /// its sandbox's trust bundle.
+    pub fn interception(
+        &self,
+        credentials: Vec<Arc<Credential>>,
+    ) -> Result<Arc<airlock_egress::Interception>, Error> {
+        airlock_egress::Interception::new(credentials, &self.trust_dir)
+            .map(Arc::new)
+            .map_err(|e| Error::internal(format!("the credential proxy's CA: {e}")))
+    }
 }

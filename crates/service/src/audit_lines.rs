@@ -12,10 +12,10 @@ use airlock_api::ExecutionRecord;
 
 /// How often a failed log is tried again (by the requests and readiness probes that ask),
 /// and the store's writer tries the database again: what a refusal's `Retry-After` says.
-pub(crate) const RETRY_EVERY: Duration = Duration::from_secs(1);
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
 
 /// One JSON line: the value and a newline.
-pub(crate) fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
+pub fn line_of(value: &impl serde::Serialize) -> std::io::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     line.push(b'\n');
     Ok(line)
@@ -51,7 +51,7 @@ pub struct Recovery {
 pub const INTERRUPTED: &str =
     "the server stopped before this execution ended; its outcome is unknown";
 
-pub(crate) fn interrupted(started: StartedLine<'_>) -> ExecutionRecord {
+pub fn interrupted(started: StartedLine<'_>) -> ExecutionRecord {
     ExecutionRecord {
         id: started.id.into_owned(),
         request_id: started.request_id.into_owned(),
@@ -78,7 +78,7 @@ pub(crate) fn interrupted(started: StartedLine<'_>) -> ExecutionRecord {
 /// Cuts the file back to its last newline: what follows it is a line the machine stopped in
 /// the middle of (each line is one write, so a crashed process leaves none). Returns the bytes
 /// cut.
-pub(crate) fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
+pub fn cut_torn_tail(file: &mut File) -> std::io::Result<u64> {
     let len = file.metadata()?.len();
     let mut end = len;
     let mut buf = [0u8; 4096];

@@ -22,8 +22,8 @@ use crate::budget::Share;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
 use crate::metrics::event;
-use crate::AppState;
-use crate::SharedState;
+use crate::services::Services;
+use crate::services::SharedServices;
 
 /// The ceilings for one key: its own where it has them, never above the engine's.
 fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
@@ -47,8 +47,8 @@ fn key_ceilings(global: &Limits, key: &LimitsRequest) -> Limits {
 
 /// The limits for one request: what it asks for, within the key's ceilings; what it leaves
 /// out takes the defaults, brought down to the key's ceilings.
-pub(crate) fn resolve_limits(
-    state: &SharedState,
+pub fn resolve_limits(
+    state: &SharedServices,
     key: &Key,
     asked: &LimitsRequest,
 ) -> Result<Limits, Error> {
@@ -92,8 +92,8 @@ pub(crate) fn resolve_limits(
 /// The limits of a background execution: its time and CPU within `[background]`'s ceiling
 /// (its default when left out, CPU defaulting to the time), every other limit as for any
 /// request. The key's own ceilings on time and CPU are for requests answered in place.
-pub(crate) fn resolve_background_limits(
-    state: &SharedState,
+pub fn resolve_background_limits(
+    state: &SharedServices,
     key: &Key,
     asked: &LimitsRequest,
 ) -> Result<Limits, Error> {
@@ -133,15 +133,15 @@ pub(crate) fn resolve_background_limits(
 
 /// How long a job may run: as a request answered in place, or in the background.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lifetime {
+pub enum Lifetime {
     Request,
     Background,
 }
 
 /// Turns a request into a job, naming the field at fault for anything wrong with it; the
 /// volumes it names are leased last, for `holder`, once nothing else can refuse it.
-pub(crate) fn job_from(
-    state: &SharedState,
+pub fn job_from(
+    state: &SharedServices,
     key: &Key,
     mut req: ExecuteRequest,
     holder: &str,
@@ -163,9 +163,9 @@ pub(crate) fn job_from(
         Lifetime::Request => resolve_limits(state, key, &req.limits)?,
         Lifetime::Background => resolve_background_limits(state, key, &req.limits)?,
     };
-    let egress = crate::service::egress::for_request(state, key, req.egress, req.credentials)
-        .map_err(reject)?;
-    let environment = crate::service::environments::for_request(state, req.environment.as_deref())?;
+    let egress =
+        crate::egress::for_request(state, key, req.egress, req.credentials).map_err(reject)?;
+    let environment = crate::environments::for_request(state, req.environment.as_deref())?;
     // What only a request can get wrong (its encoding, a path given twice) is checked here;
     // sizes, counts, names and paths are the engine's to check (`Engine::check`).
     let mut seen = std::collections::HashSet::with_capacity(req.files.len());
@@ -202,8 +202,7 @@ pub(crate) fn job_from(
         stream: false,
         echo_traceback: false,
         cancel: None,
-        tools: crate::service::tools::for_key(state, key)
-            .map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
+        tools: crate::tools::for_key(state, key).map(|t| t as Arc<dyn airlock_engine::ToolBridge>),
         egress,
         environment,
         volumes: Vec::new(),
@@ -212,12 +211,12 @@ pub(crate) fn job_from(
         EngineError::Invalid(r) => reject(refusal(r)),
         e => Error::internal(e.to_string()),
     })?;
-    job.volumes = crate::service::volumes::mounts(state, key, holder, &asked_volumes)?;
+    job.volumes = crate::volumes::mounts(state, key, holder, &asked_volumes)?;
     Ok(job)
 }
 
 /// The engine's refusal of a job, as the API answers it.
-pub(crate) fn refusal(r: airlock_engine::Refusal) -> Error {
+pub fn refusal(r: airlock_engine::Refusal) -> Error {
     match r.kind {
         airlock_engine::RefusalKind::TooLarge => Error::too_large(r.field, r.message),
         airlock_engine::RefusalKind::Invalid => Error::invalid(r.field, r.message),
@@ -226,7 +225,7 @@ pub(crate) fn refusal(r: airlock_engine::Refusal) -> Error {
 
 /// Function mode from a request's `entrypoint` and `inputs`, checked (no inputs without an
 /// entrypoint, a dotted name, bounded nesting).
-pub(crate) fn entrypoint_from(
+pub fn entrypoint_from(
     name: Option<String>,
     inputs: Option<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Option<Entrypoint>, Error> {
@@ -247,7 +246,7 @@ pub(crate) fn entrypoint_from(
     Ok(Some(entrypoint))
 }
 
-pub(crate) fn rejection(r: Rejection) -> Error {
+pub fn rejection(r: Rejection) -> Error {
     match r {
         Rejection::RateLimited(secs) => Error::new(
             Kind::RateLimited,
@@ -277,10 +276,10 @@ pub(crate) fn rejection(r: Rejection) -> Error {
     }
 }
 
-pub(crate) use super::refuse_if_unavailable;
+pub use crate::services::refuse_if_unavailable;
 
 /// What the audit record needs besides the result.
-pub(crate) struct Context {
+pub struct Context {
     pub id: String,
     pub request_id: String,
     pub key: String,
@@ -296,10 +295,21 @@ pub(crate) struct Context {
     pub cancelled: Option<Box<dyn Fn() -> Option<String> + Send>>,
 }
 
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("id", &self.id)
+            .field("request_id", &self.request_id)
+            .field("key_fingerprint", &self.key_fingerprint)
+            .field("code_sha256", &self.code_sha256)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Context {
     /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
-    pub fn for_job(state: &AppState, key: &Key, request_id: String, job: &Job) -> Context {
+    pub fn for_job(state: &Services, key: &Key, request_id: String, job: &Job) -> Context {
         Context::for_job_as(key, request_id, job, state.held_id("ex_"))
     }
 
@@ -318,7 +328,7 @@ impl Context {
 
     /// A new execution of `code` by `key` under `limits`, starting now (hashes the code).
     pub fn for_code(
-        state: &AppState,
+        state: &Services,
         key: &Key,
         request_id: String,
         code: &str,
@@ -361,8 +371,8 @@ impl Context {
 /// Reserves what an execution's answer can hold (429 or 503 when it does not fit the key's
 /// share or everyone's), before it queues: what a key has in flight and unread never holds
 /// more than its share.
-pub(crate) fn reserve_answer(
-    state: &SharedState,
+pub fn reserve_answer(
+    state: &SharedServices,
     key: &Key,
     limits: &Limits,
     form: Form,
@@ -380,7 +390,7 @@ pub(crate) fn reserve_answer(
 /// The most an answer under `limits` can hold; refused when that would never fit a key's
 /// share, however long the client waited (a session's cells at 64 MiB of output, over MCP):
 /// the error says what to change.
-pub(crate) fn answer_size(state: &SharedState, limits: &Limits, form: Form) -> Result<u64, Error> {
+pub fn answer_size(state: &SharedServices, limits: &Limits, form: Form) -> Result<u64, Error> {
     let bytes = answer_bytes(state.engine.config(), limits, form);
     let share = state.config.http.max_buffered_bytes_per_key;
     if bytes > share {
@@ -400,7 +410,7 @@ pub(crate) fn answer_size(state: &SharedState, limits: &Limits, form: Form) -> R
 
 /// The audit log's `started` line; when it cannot be written, the execution is refused and
 /// so is every later one.
-pub(crate) fn audit_start(state: &SharedState, ctx: &Context) -> Result<(), Error> {
+pub fn audit_start(state: &SharedServices, ctx: &Context) -> Result<(), Error> {
     use std::borrow::Cow::Borrowed;
     let started = crate::audit_lines::StartedLine {
         event: Borrowed("started"),
@@ -415,7 +425,7 @@ pub(crate) fn audit_start(state: &SharedState, ctx: &Context) -> Result<(), Erro
     };
     state.audit.append_started(&started).map_err(|e| {
         tracing::warn!(request_id = %ctx.request_id, error = %e, "refused: the audit log cannot be written");
-        super::audit_unavailable(&e.to_string())
+        crate::services::audit_unavailable(&e.to_string())
     })
 }
 
@@ -439,7 +449,7 @@ fn engine_error(ctx: &Context, e: EngineError) -> Error {
 
 /// The final record of an execution that never ran (refused by the engine, cancelled before
 /// its sandbox started, or a sandbox that could not start): `internal_error`, nothing used.
-pub(crate) fn record_unrun(state: &SharedState, ctx: &Context) {
+pub fn record_unrun(state: &SharedServices, ctx: &Context) {
     tracing::warn!(
         request_id = %ctx.request_id,
         execution = %ctx.id,
@@ -473,7 +483,7 @@ fn cancelled(ctx: &Context, status: Status) -> Option<airlock_api::ErrorInfo> {
 
 /// Appends an execution's final record; a failed write stops every later execution.
 fn append_record(
-    state: &SharedState,
+    state: &SharedServices,
     ctx: &Context,
     status: Status,
     (exit_code, signal): (Option<i32>, Option<i32>),
@@ -504,8 +514,8 @@ fn append_record(
 }
 
 /// Metrics, the audit record and the log line for one execution; the response.
-pub(crate) fn finish(
-    state: &SharedState,
+pub fn finish(
+    state: &SharedServices,
     ctx: Context,
     ran: Result<Execution, EngineError>,
 ) -> Result<ExecuteResponse, Error> {
@@ -600,11 +610,7 @@ fn store_unreadable(why: &str) -> Error {
 }
 
 /// `key`'s record of execution `id` (`GET /v1/executions/{id}`).
-pub(crate) async fn record(
-    state: &SharedState,
-    key: &Key,
-    id: &str,
-) -> Result<ExecutionRecord, Error> {
+pub async fn record(state: &SharedServices, key: &Key, id: &str) -> Result<ExecutionRecord, Error> {
     // Another key's execution is as absent as one that never was.
     // The PostgreSQL store may query the database.
     let (st, wanted) = (state.clone(), id.to_owned());
@@ -626,11 +632,11 @@ pub(crate) async fn record(
 }
 
 /// What [`record`] answers for an id it holds no record of for the caller.
-pub(crate) fn no_record(state: &SharedState, id: &str) -> Error {
+pub fn no_record(state: &SharedServices, id: &str) -> Error {
     // With a shared store every replica holds every record: a miss is just a miss.
     if state.config.store.url.is_some() {
         Error::not_found()
     } else {
-        super::not_here(state, id, "execution")
+        crate::services::not_here(state, id, "execution")
     }
 }

@@ -19,12 +19,13 @@ use airlock_engine::{SessionError, SnapshotError, SnapshotReport};
 
 use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::paused::{rfc, PausedRecord};
-use crate::service::sessions::{self, OpenSession};
-use crate::{AppState, SharedState};
+use crate::open_sessions::OpenSession;
+use crate::paused::{rfc, PausedRecord};
+use crate::services::{Services, SharedServices};
+use crate::sessions;
 
 /// How long a snapshot or a restore may take (`sessions.snapshot_timeout_ms`).
-fn snapshot_timeout(state: &AppState) -> Duration {
+fn snapshot_timeout(state: &Services) -> Duration {
     Duration::from_millis(state.config.sessions.snapshot_timeout_ms)
 }
 
@@ -57,7 +58,7 @@ fn snapshot_error(e: SnapshotError) -> Error {
 /// How many state bytes a snapshot of the key's may hold now: the configured most, within
 /// what its storage has left after its volumes and its other paused sessions (what the
 /// snapshots being written hold aside: they share it by their reservations).
-fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
+fn room_for_snapshot(state: &Services, owner: &str) -> u64 {
     let used = storage_used(state, owner).saturating_sub(state.paused.held_by(owner));
     state
         .config
@@ -67,7 +68,7 @@ fn room_for_snapshot(state: &AppState, owner: &str) -> u64 {
 }
 
 /// What the key's storage holds: its volumes' sizes and its paused sessions' bytes.
-fn storage_used(state: &AppState, owner: &str) -> u64 {
+fn storage_used(state: &Services, owner: &str) -> u64 {
     let volumes: u64 = state
         .volumes
         .list(owner)
@@ -91,7 +92,7 @@ const HOLD_AHEAD: u64 = 8 << 20;
 /// pauses, checkpoints and forks at once never write more than the key's storage has room
 /// for. Given back when dropped (the snapshot kept, and counted as such, or removed).
 struct Reservation<'a> {
-    state: &'a AppState,
+    state: &'a Services,
     owner: String,
     held: u64,
     /// Its place among the key's snapshots being written.
@@ -99,7 +100,7 @@ struct Reservation<'a> {
 }
 
 impl<'a> Reservation<'a> {
-    fn new(state: &'a AppState, owner: &str) -> Self {
+    fn new(state: &'a Services, owner: &str) -> Self {
         Reservation {
             state,
             owner: owner.to_owned(),
@@ -173,7 +174,7 @@ struct Written<'a> {
 /// Under the session's claim (the caller's) and the storage lock, so that two at once never
 /// both fit where one does.
 fn keep(
-    state: &AppState,
+    state: &Services,
     mut written: Written,
     record: &PausedRecord,
     wanted: &dyn Fn() -> bool,
@@ -215,7 +216,7 @@ fn keep(
 /// it is taken again in its turn (`Paused::wait_for_turn`: those that began first go
 /// first), so that of those, the ones that fit are kept, and only the others refused.
 fn take<'a>(
-    state: &'a AppState,
+    state: &'a Services,
     owner: &str,
     entry: &OpenSession,
     path: &Path,
@@ -248,7 +249,7 @@ enum Refused {
 
 /// One try of [`take`], with what `reservation` holds.
 fn take_once(
-    state: &AppState,
+    state: &Services,
     entry: &OpenSession,
     path: &Path,
     binding: Binding,
@@ -334,7 +335,7 @@ fn snapshot_info(sealed: &Sealed, cells: u64, report: SnapshotReport) -> Snapsho
 
 /// Pauses `key`'s live session `id` (blocking): its state to a snapshot, then its sandbox
 /// closed. Refused, the session running on, when the state is over what may be kept.
-pub(crate) fn pause(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+pub fn pause(state: &SharedServices, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     let entry = sessions::find(state, key, id)?;
     pause_entry(state, &entry)
 }
@@ -342,7 +343,7 @@ pub(crate) fn pause(state: &SharedState, key: &Key, id: &str) -> Result<SessionI
 /// Pauses the open sessions unused for `idle` (the reaper, with `pause_after_idle_ms`), each
 /// on a blocking thread of its own so that none waits for another (nor the reaper for any);
 /// one that cannot be paused runs on, and is tried again after another `idle`.
-pub(crate) fn pause_idle(state: &SharedState, idle: Duration) {
+pub fn pause_idle(state: &SharedServices, idle: Duration) {
     for entry in state.sessions.all() {
         if !entry.idle_for(idle) {
             continue;
@@ -359,7 +360,7 @@ pub(crate) fn pause_idle(state: &SharedState, idle: Duration) {
     }
 }
 
-fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionInfo, Error> {
+fn pause_entry(state: &SharedServices, entry: &Arc<OpenSession>) -> Result<SessionInfo, Error> {
     let id = entry.id();
     let claim = state.paused.claim(id)?;
     let busy = entry.claim()?;
@@ -393,7 +394,7 @@ fn pause_entry(state: &SharedState, entry: &Arc<OpenSession>) -> Result<SessionI
 /// Open session `entry`'s state written to a new snapshot file of its own (which no record
 /// names yet), under its claim (the caller's).
 fn take_own<'a>(
-    state: &'a AppState,
+    state: &'a Services,
     entry: &OpenSession,
 ) -> Result<(Sealed, SnapshotInfo, Written<'a>), Error> {
     let (_, path) = state.paused.new_snapshot(entry.id());
@@ -408,7 +409,7 @@ fn take_own<'a>(
 /// (`sys.exit()`, a limit, a crash), the session's checkpoint goes at once, for an ended
 /// session never comes back; otherwise, with `sessions.checkpoint = "each_cell"`, its state
 /// is written to its snapshot.
-pub(crate) fn after_cell(state: &SharedState, entry: &Arc<OpenSession>, completed: bool) {
+pub fn after_cell(state: &SharedServices, entry: &Arc<OpenSession>, completed: bool) {
     if entry.has_ended() {
         state.paused.forget(entry.id());
     } else if completed && state.config.sessions.checkpoint == crate::config::Checkpoint::EachCell {
@@ -421,7 +422,7 @@ pub(crate) fn after_cell(state: &SharedState, entry: &Arc<OpenSession>, complete
 /// which a DELETE waits for: one that comes meanwhile finds the snapshot kept and removes
 /// it, or closes the session first, and then nothing is kept. One that cannot be written
 /// (over the quota, say) is logged; the one before stays.
-fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
+fn checkpoint(state: &SharedServices, entry: &Arc<OpenSession>) {
     let id = entry.id();
     let kept = state
         .paused
@@ -449,8 +450,8 @@ fn checkpoint(state: &SharedState, entry: &Arc<OpenSession>) {
 /// Brings `key`'s paused session `id` back in a fresh sandbox (blocking): jailed as a new
 /// session opened with the same request, the snapshot checked whole, then read in there.
 /// The session is open again under its id; its snapshot is gone.
-pub(crate) fn resume(
-    state: &SharedState,
+pub fn resume(
+    state: &SharedServices,
     key: &Key,
     id: &str,
 ) -> Result<(Arc<OpenSession>, SnapshotInfo), Error> {
@@ -464,7 +465,7 @@ pub(crate) fn resume(
     let record = state
         .paused
         .record(id, &fingerprint)
-        .ok_or_else(|| crate::service::not_here(state, id, "session"))?;
+        .ok_or_else(|| crate::services::not_here(state, id, "session"))?;
     let binding = Binding {
         key_fingerprint: &fingerprint,
         session_id: id,
@@ -509,7 +510,7 @@ fn already_open(_entry: Arc<OpenSession>) -> Error {
 /// The opening of a session for `record`'s request under `id` (its volumes leased now: a
 /// writer the source still is gets 409 before any state is taken).
 fn opening_for(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Key,
     request: &SessionRequest,
     idle_timeout_ms: u64,
@@ -525,7 +526,7 @@ fn opening_for(
 /// A fresh session from `opening`, with the snapshot at `path` (bound to `binding`, sealed
 /// as `sealed`) checked whole, then read into it; not yet registered.
 fn bring_back(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Key,
     opening: sessions::Opening,
     path: &Path,
@@ -578,12 +579,12 @@ impl Drop for Temporary {
 /// `id` goes on as it was. The snapshot of an open one is written for the new session
 /// (under its claim, its bytes held against the key's storage like any) and removed once
 /// read back.
-pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+pub fn fork(state: &SharedServices, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     let fingerprint = key.fingerprint();
     // The source is the caller's, open or paused, before anything is touched.
     let live = sessions::find(state, key, id).ok();
     if live.is_none() && !state.paused.holds(id, &fingerprint) {
-        return Err(crate::service::not_here(state, id, "session"));
+        return Err(crate::services::not_here(state, id, "session"));
     }
     let new_id = state.held_id("se_");
     let claim = state.paused.claim(id)?;
@@ -615,7 +616,7 @@ pub(crate) fn fork(state: &SharedState, key: &Key, id: &str) -> Result<SessionIn
             let record = state
                 .paused
                 .record(id, &fingerprint)
-                .ok_or_else(|| crate::service::not_here(state, id, "session"))?;
+                .ok_or_else(|| crate::services::not_here(state, id, "session"))?;
             let opening = opening_for(
                 state,
                 key,
@@ -680,8 +681,8 @@ impl PausedRecord {
 }
 
 /// `POST /v1/sessions/{id}/pause`.
-pub(crate) async fn pause_session(
-    state: &SharedState,
+pub async fn pause_session(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: String,
 ) -> Result<SessionInfo, Error> {
@@ -690,12 +691,12 @@ pub(crate) async fn pause_session(
 
 /// `POST /v1/sessions/{id}/resume`: a paused session brought back (one already open is
 /// answered as it is).
-pub(crate) async fn resume_session(
-    state: &SharedState,
+pub async fn resume_session(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: String,
 ) -> Result<SessionInfo, Error> {
-    crate::service::execution::refuse_if_unavailable(state)?;
+    crate::execution::refuse_if_unavailable(state)?;
     let (entry, resumed) = find_or_resume(state, key, &id).await?;
     let mut info = sessions::info(state, key, entry.id())?;
     info.resumed = resumed;
@@ -703,8 +704,8 @@ pub(crate) async fn resume_session(
 }
 
 /// `POST /v1/sessions/{id}/fork`.
-pub(crate) async fn fork_session(
-    state: &SharedState,
+pub async fn fork_session(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: String,
 ) -> Result<SessionInfo, Error> {
@@ -713,13 +714,13 @@ pub(crate) async fn fork_session(
 
 /// `f` for `key`'s session `id` on a blocking thread, unless the server refuses work now.
 async fn blocking(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Arc<Key>,
     id: String,
     what: &'static str,
-    f: fn(&SharedState, &Key, &str) -> Result<SessionInfo, Error>,
+    f: fn(&SharedServices, &Key, &str) -> Result<SessionInfo, Error>,
 ) -> Result<SessionInfo, Error> {
-    crate::service::execution::refuse_if_unavailable(state)?;
+    crate::execution::refuse_if_unavailable(state)?;
     let (st, key) = (state.clone(), key.clone());
     tokio::task::spawn_blocking(move || f(&st, &key, &id))
         .await
@@ -728,8 +729,8 @@ async fn blocking(
 
 /// The caller's session `id`, brought back first if it is paused (what came back, then). A
 /// request that finds another bringing it back waits for it.
-pub(crate) async fn find_or_resume(
-    state: &SharedState,
+pub async fn find_or_resume(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: &str,
 ) -> Result<(Arc<OpenSession>, Option<airlock_api::SnapshotInfo>), Error> {
@@ -757,8 +758,8 @@ pub(crate) async fn find_or_resume(
 }
 
 /// Brings `key`'s session `id` back if it is paused (for the routes that then use it).
-pub(crate) async fn bring_back_if_paused(
-    state: &SharedState,
+pub async fn bring_back_if_paused(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: &str,
 ) -> Result<(), Error> {
@@ -766,7 +767,7 @@ pub(crate) async fn bring_back_if_paused(
 }
 
 /// Runs the reaper until shutdown.
-pub async fn reaper(state: SharedState) {
+pub async fn reaper(state: SharedServices) {
     let mut shutdown = state.shutdown_signal();
     loop {
         tokio::select! {

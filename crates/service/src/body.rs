@@ -16,10 +16,10 @@ use crate::budget::Share;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
 use crate::metrics::event;
-use crate::SharedState;
+use crate::services::SharedServices;
 
 /// A request's body as a transport hands it over.
-pub(crate) struct Body {
+pub struct Body {
     /// The content type the sender declared (`application/json; charset=utf-8`), or empty.
     pub content_type: String,
     /// The length the sender declared, if it did: a body declared too large is refused
@@ -29,8 +29,17 @@ pub(crate) struct Body {
     pub chunks: Pin<Box<dyn Chunks>>,
 }
 
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Body")
+            .field("content_type", &self.content_type)
+            .field("declared_len", &self.declared_len)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A body's bytes as they arrive.
-pub(crate) trait Chunks: Send {
+pub trait Chunks: Send {
     /// The next piece; `None` at the end; an error when the transport could not read it.
     fn poll_chunk(
         self: Pin<&mut Self>,
@@ -39,7 +48,8 @@ pub(crate) trait Chunks: Send {
 }
 
 /// A request body, and its share of the memory budget for bodies.
-pub(crate) struct ReadBody {
+#[derive(Debug)]
+pub struct ReadBody {
     pub bytes: Vec<u8>,
     pub share: Share,
 }
@@ -47,17 +57,13 @@ pub(crate) struct ReadBody {
 /// Reads a JSON body's bytes: `application/json` only, no more than the configured bytes
 /// (counted as they arrive, whatever their framing), within the body timeout, and within the
 /// memory budget for bodies (all requests', and the key's own share).
-pub(crate) async fn read_body(
-    state: &SharedState,
-    key: &Key,
-    body: Body,
-) -> Result<ReadBody, Error> {
+pub async fn read_body(state: &SharedServices, key: &Key, body: Body) -> Result<ReadBody, Error> {
     read_body_as(state, key, body, true).await
 }
 
 /// As [`read_body`]; `json: false` takes any content type (file uploads).
-pub(crate) async fn read_body_as(
-    state: &SharedState,
+pub async fn read_body_as(
+    state: &SharedServices,
     key: &Key,
     body: Body,
     json: bool,
@@ -123,10 +129,7 @@ pub(crate) async fn read_body_as(
 }
 
 /// Parses a JSON body; errors name the field at fault.
-pub(crate) fn parse_json<T: DeserializeOwned>(
-    state: &SharedState,
-    bytes: &[u8],
-) -> Result<T, Error> {
+pub fn parse_json<T: DeserializeOwned>(state: &SharedServices, bytes: &[u8]) -> Result<T, Error> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         state.metrics.security_events.add(&[event::REJECTED_INPUT]);

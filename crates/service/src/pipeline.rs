@@ -39,22 +39,23 @@ use airlock_engine::{Cancel, Discard, Job, OutputSink};
 
 use crate::admission::{Admitted, Entered};
 use crate::answer::Form;
+use crate::background::{self, Ended, Live};
+use crate::body::{parse_json, read_body, Body};
 use crate::budget::Share;
 use crate::error::Error;
-use crate::keys::Key;
-use crate::service::background::{self, Ended, Live};
-use crate::service::body::{parse_json, read_body, Body};
-use crate::service::execution::{
+use crate::execution::{
     answer_size, audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection,
     reserve_answer, Context, Lifetime,
 };
-use crate::service::parked;
-use crate::service::sessions::{self, OpenSession, PreparedCell};
-use crate::service::stream::{self, EventStream};
-use crate::{SharedState, Tracked};
+use crate::keys::Key;
+use crate::open_sessions::OpenSession;
+use crate::parked;
+use crate::services::{SharedServices, Tracked};
+use crate::sessions::{self, PreparedCell};
+use crate::stream::{self, EventStream};
 
 /// An execution-like request, as the transport hands it over.
-pub(crate) struct Request {
+pub struct Request {
     pub caller: Arc<Key>,
     pub request_id: String,
     pub work: Work,
@@ -74,10 +75,20 @@ pub(crate) struct Request {
     pub observer: Option<Box<dyn OutputSink>>,
 }
 
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("request_id", &self.request_id)
+            .field("stream", &self.stream)
+            .finish_non_exhaustive()
+    }
+}
+
 /// What a request asks to run. One lives per request, moved once or twice: boxing the
 /// larger variant would buy nothing.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum Work {
+#[derive(Debug)]
+pub enum Work {
     /// A one-shot execution (function mode when it names an entrypoint).
     Execute(Input<ExecuteRequest>),
     /// A cell of one of the caller's sessions.
@@ -88,7 +99,8 @@ pub(crate) enum Work {
 }
 
 /// Where the request's arguments are.
-pub(crate) enum Input<T> {
+#[derive(Debug)]
+pub enum Input<T> {
     /// In a JSON body still to be read (step 2).
     Body(Body),
     /// Already parsed by the transport (MCP's tool arguments).
@@ -97,13 +109,15 @@ pub(crate) enum Input<T> {
 
 /// What a request holds from steps 1 and 2: its place among its key's requests in flight,
 /// held until it is answered, and its body's memory, held until it is admitted to run.
-pub(crate) struct Received {
+#[derive(Debug)]
+pub struct Received {
     _entered: Entered,
     body: Option<Share>,
 }
 
 /// What came of a request.
-pub(crate) enum Outcome<T> {
+#[derive(Debug)]
+pub enum Outcome<T> {
     /// It ran to its end: its answer, made by the transport's `present`.
     Done(T),
     /// It runs on: its events as they come, the result last. The stream holds the answer's
@@ -112,7 +126,8 @@ pub(crate) enum Outcome<T> {
 }
 
 /// What an execution-like request ran to: the record of one execution or of one cell.
-pub(crate) enum Finished {
+#[derive(Debug)]
+pub enum Finished {
     Execution(ExecuteResponse),
     Cell(CellResponse),
 }
@@ -137,8 +152,8 @@ impl serde::Serialize for Finished {
 
 /// Steps 1 (but the refusals, which are each piece of work's) and 2 for a whole message whose
 /// work is not known yet: a place among the key's requests in flight, then the body.
-pub(crate) async fn receive(
-    state: &SharedState,
+pub async fn receive(
+    state: &SharedServices,
     key: &Key,
     body: Body,
 ) -> Result<(Received, Vec<u8>), Error> {
@@ -149,7 +164,7 @@ pub(crate) async fn receive(
 }
 
 /// A place among the key's requests in flight, within its rate limit.
-fn enter(state: &SharedState, key: &Key) -> Result<Received, Error> {
+fn enter(state: &SharedServices, key: &Key) -> Result<Received, Error> {
     let entered = state.admission.enter(key).map_err(rejection)?;
     Ok(Received {
         _entered: entered,
@@ -160,7 +175,7 @@ fn enter(state: &SharedState, key: &Key) -> Result<Received, Error> {
 /// Steps 1 and 2: the place taken here unless the transport took it, then the body if the
 /// arguments are in one.
 async fn arrive<T>(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Key,
     received: Option<Received>,
     input: Input<T>,
@@ -187,7 +202,7 @@ enum Arguments<T> {
 }
 
 impl<T: serde::de::DeserializeOwned> Arguments<T> {
-    fn parse(self, state: &SharedState) -> Result<T, Error> {
+    fn parse(self, state: &SharedServices) -> Result<T, Error> {
         match self {
             Arguments::Json(bytes) => parse_json(state, &bytes),
             Arguments::Given(given) => Ok(given),
@@ -203,11 +218,11 @@ const INLINE_BYTES: usize = 16 << 10;
 /// that `on_disk` says reads nothing from the disk, else on a blocking thread (big bodies are
 /// CPU work, and arguments the transport parsed may hold large files to decode).
 async fn prepare<T, R>(
-    state: &SharedState,
+    state: &SharedServices,
     what: &str,
     arguments: Arguments<T>,
     on_disk: impl FnOnce(&T) -> bool,
-    f: impl FnOnce(&SharedState, T) -> Result<R, Error> + Send + 'static,
+    f: impl FnOnce(&SharedServices, T) -> Result<R, Error> + Send + 'static,
 ) -> Result<R, Error>
 where
     T: serde::de::DeserializeOwned + Send + 'static,
@@ -258,8 +273,8 @@ impl Ready {
 /// to its end from what it finished with and the answer's reservation, on the blocking
 /// thread (serializing a large answer is CPU work); a streamed request's answer is its
 /// events.
-pub(crate) async fn run<T: Send + 'static>(
-    state: &SharedState,
+pub async fn run<T: Send + 'static>(
+    state: &SharedServices,
     request: Request,
     present: impl FnOnce(Finished, Share) -> T + Send + 'static,
 ) -> Result<Outcome<T>, Error> {
@@ -341,7 +356,7 @@ pub(crate) async fn run<T: Send + 'static>(
         let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
         let execution_id = ctx.id.clone();
         let watch = |watcher: Option<airlock_tools::Watcher>| {
-            watcher.and_then(|w| crate::service::approvals::watch(state, &execution_id, w))
+            watcher.and_then(|w| crate::approvals::watch(state, &execution_id, w))
         };
         if stream {
             let gone = stopper.clone();
@@ -403,10 +418,7 @@ pub(crate) async fn run<T: Send + 'static>(
 /// reservation (waited for, not refused: nobody waits on it), 5. a slot (waited for as long as
 /// it takes), 6 to 8 as for any execution, its output into its events log. What it ran to is
 /// stored by `background::Background::end`.
-pub(crate) async fn submit(
-    state: &SharedState,
-    request: Request,
-) -> Result<background::Meta, Error> {
+pub async fn submit(state: &SharedServices, request: Request) -> Result<background::Meta, Error> {
     let Request {
         caller,
         request_id,
@@ -485,7 +497,7 @@ async fn cancelled(live: &Live) {
 
 /// The steps of a background execution after its answer (see [`submit`]).
 async fn in_background(
-    state: &SharedState,
+    state: &SharedServices,
     caller: Arc<Key>,
     request_id: String,
     job: Job,
@@ -571,7 +583,7 @@ async fn in_background(
             let data = serde_json::to_value(&**approval).unwrap_or_default();
             aside.event("approval_requested", &data);
         });
-        let watching = crate::service::approvals::watch(state, &ctx.id, event);
+        let watching = crate::approvals::watch(state, &ctx.id, event);
         let mut sink = live.sink();
         let answered = AtomicBool::new(false);
         // 7 and 8.
@@ -614,7 +626,7 @@ async fn in_background(
 
 /// Steps 1 to 3: enter, the body, the work checked and ready.
 async fn arrive_and_prepare(
-    state: &SharedState,
+    state: &SharedServices,
     caller: &Arc<Key>,
     request_id: &str,
     work: Work,
@@ -642,7 +654,7 @@ async fn arrive_and_prepare(
         Work::Cell { session, input } => {
             // A paused session comes back first (before a byte of body is read).
             let (entry, resumed) =
-                crate::service::snapshots::find_or_resume(state, caller, &session).await?;
+                crate::snapshots::find_or_resume(state, caller, &session).await?;
             let (received, arguments) = arrive(state, caller, received, input).await?;
             // 3. the cell's checks, and its session claimed.
             let key = caller.clone();
@@ -663,7 +675,7 @@ async fn arrive_and_prepare(
 /// Steps 7 and 8: the engine runs the work to its end; the slot is given back once the
 /// sandbox is gone; then the metrics, the final record and the log line.
 fn engine_and_finish(
-    state: &SharedState,
+    state: &SharedServices,
     ctx: Context,
     ready: Ready,
     sink: &mut dyn OutputSink,
@@ -679,7 +691,7 @@ fn engine_and_finish(
     let resumed = cell.as_ref().and_then(|c| c.take_resumed());
     // A cell's calls still waiting are withdrawn with it (a one-shot execution's went with
     // its sandbox already): no call waits on past its execution.
-    crate::service::approvals::withdraw(state, &ctx.id);
+    crate::approvals::withdraw(state, &ctx.id);
     answered.store(true, Ordering::Release);
     drop((admitted, tracked));
     // 8. finish.
@@ -687,7 +699,7 @@ fn engine_and_finish(
         Ran::Execution(ran) => finish(state, ctx, ran).map(Finished::Execution),
         Ran::Cell(Ok((execution, ended))) => {
             if let Some(cell) = &cell {
-                crate::service::snapshots::after_cell(state, &cell.session(), true);
+                crate::snapshots::after_cell(state, &cell.session(), true);
             }
             finish(state, ctx, Ok(execution)).map(|r| {
                 Finished::Cell(CellResponse {
@@ -700,7 +712,7 @@ fn engine_and_finish(
         }
         Ran::Cell(Err(e)) => {
             if let Some(cell) = &cell {
-                crate::service::snapshots::after_cell(state, &cell.session(), false);
+                crate::snapshots::after_cell(state, &cell.session(), false);
             }
             // Its `started` line is written: it gets a final record all the same.
             record_unrun(state, &ctx);
@@ -746,7 +758,7 @@ impl Stopper {
 
 /// Stops the work if the request is dropped before it is answered (its client went away).
 /// Withdraws a background submission when dropped, unless disarmed.
-struct Withdraw<'a>(Option<(&'a SharedState, &'a Arc<crate::service::background::Live>)>);
+struct Withdraw<'a>(Option<(&'a SharedServices, &'a Arc<crate::background::Live>)>);
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
@@ -771,8 +783,8 @@ impl Drop for StopOnDrop {
 /// no `started` line: its opening and closing are audit lines of their own, and each of its
 /// cells goes through [`run`]. Its sandbox's start is the `sandbox_start` phase of request
 /// `request_id`'s span.
-pub(crate) async fn open_session(
-    state: &SharedState,
+pub async fn open_session(
+    state: &SharedServices,
     caller: &Arc<Key>,
     request_id: &str,
     input: Input<SessionRequest>,

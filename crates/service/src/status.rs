@@ -4,12 +4,12 @@
 
 use airlock_engine::Mechanism;
 
-use crate::{AppState, SharedState};
+use crate::services::{Services, SharedServices};
 
 /// Why an execution could not start now; empty when it could: the host enforces what the
 /// policy requires, the start-up trial run worked (tried again while it fails), the server
 /// is not shutting down, the audit log can be written, and there is room.
-pub(crate) fn not_ready_because(state: &SharedState) -> Vec<String> {
+pub fn not_ready_because(state: &SharedServices) -> Vec<String> {
     let mut reasons = Vec::new();
     let host = airlock_sandbox::host_support();
     let downgraded = |m| state.engine.config().is_downgraded(m);
@@ -44,7 +44,7 @@ pub(crate) fn not_ready_because(state: &SharedState) -> Vec<String> {
 /// How the pools, zygotes and tool servers are doing. None of it decides readiness: a cold
 /// sandbox serves when a pool is empty, and a tool server that is down fails the calls to
 /// it, not the executions (said in `degraded`).
-pub(crate) fn details(state: &AppState) -> serde_json::Map<String, serde_json::Value> {
+pub fn details(state: &Services) -> serde_json::Map<String, serde_json::Value> {
     let mut body = serde_json::Map::new();
     if let Some(pool) = state.engine.pool() {
         body.insert("pool".into(), serde_json::json!(pool.status()));
@@ -76,7 +76,7 @@ pub(crate) fn details(state: &AppState) -> serde_json::Map<String, serde_json::V
 }
 
 /// Every metric, in Prometheus' text format.
-pub(crate) fn metrics_text(state: &AppState) -> String {
+pub fn metrics_text(state: &Services) -> String {
     let pool = state.engine.pool().map(|p| p.status()).unwrap_or_default();
     let mut text = state.metrics.render();
     text.push_str(&crate::metrics::render_pool(&pool));

@@ -7,17 +7,17 @@ use airlock_egress::{ConnectionRecord, CredentialRecord, EgressPolicy, Leash, Ob
 
 use crate::error::Error;
 use crate::keys::Key;
-use crate::AppState;
+use crate::services::Services;
 
 /// The leash for one execution or session of `key`, with the credentials its requests may
 /// carry; [`None`] when it may reach nothing.
-pub(crate) fn for_request(
-    state: &Arc<AppState>,
+pub fn for_request(
+    state: &Arc<Services>,
     key: &Key,
     asked: Option<EgressPolicy>,
     asked_credentials: Option<Vec<String>>,
 ) -> Result<Option<Arc<Leash>>, Error> {
-    let credentials = crate::service::credentials::for_request(state, key, asked_credentials)?;
+    let credentials = state.credentials.for_request(key, asked_credentials)?;
     let allowed = &key.config.egress;
     let policy = match asked {
         None => allowed.clone(),
@@ -39,22 +39,19 @@ pub(crate) fn for_request(
         Some(observer(state)),
     );
     if !credentials.is_empty() {
-        leash = leash.with_interception(crate::service::credentials::interception(
-            state,
-            credentials,
-        )?);
+        leash = leash.with_interception(state.credentials.interception(credentials)?);
     }
     Ok(Some(Arc::new(leash)))
 }
 
 /// What writes a connection's audit line and counts it.
-pub(crate) fn observer(state: &Arc<AppState>) -> Arc<dyn Observer> {
+pub fn observer(state: &Arc<Services>) -> Arc<dyn Observer> {
     Arc::new(ConnectionAudit(Arc::downgrade(state)))
 }
 
 /// Records connections in the audit log and metrics.
 #[derive(Debug)]
-struct ConnectionAudit(Weak<AppState>);
+struct ConnectionAudit(Weak<Services>);
 
 impl Observer for ConnectionAudit {
     fn connection(&self, record: &ConnectionRecord) {

@@ -5,10 +5,10 @@ use serde::{Deserialize, Serialize};
 
 use airlock_engine::environments::{EnvError, EnvMount, EnvironmentInfo};
 
+use crate::body::{parse_json, read_body, Body};
 use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, Body};
-use crate::SharedState;
+use crate::services::SharedServices;
 
 /// `POST /v1/environments`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -30,7 +30,7 @@ pub struct Created {
     pub log_tail: Vec<String>,
 }
 
-pub(crate) fn env_error(e: EnvError) -> Error {
+pub fn env_error(e: EnvError) -> Error {
     match e {
         EnvError::Unknown(_) | EnvError::Invalid(_) => Error::invalid("environment", e.to_string()),
         EnvError::Busy(_) => Error::new(Kind::Conflict, "conflict", e.to_string()),
@@ -45,10 +45,7 @@ pub(crate) fn env_error(e: EnvError) -> Error {
 }
 
 /// The environment a request names, checked and ready to mount.
-pub(crate) fn for_request(
-    state: &SharedState,
-    name: Option<&str>,
-) -> Result<Option<EnvMount>, Error> {
+pub fn for_request(state: &SharedServices, name: Option<&str>) -> Result<Option<EnvMount>, Error> {
     let Some(name) = name else {
         return Ok(None);
     };
@@ -60,8 +57,8 @@ pub(crate) fn for_request(
 }
 
 /// Builds `requirements` as `name` on a blocking thread, logging each line of the build.
-pub(crate) async fn build(
-    state: &SharedState,
+pub async fn build(
+    state: &SharedServices,
     name: String,
     requirements: Vec<String>,
 ) -> Result<Created, Error> {
@@ -76,7 +73,7 @@ pub(crate) async fn build(
         let label = name.clone();
         let (info, built) = envs
             .create(&name, &reqs, &python, settings.disk_mb << 20, &|mount, log| {
-                let audit = crate::service::egress::observer(&st);
+                let audit = crate::egress::observer(&st);
                 let egress = airlock_engine::environments::BuildEgress {
                     settings: st.egress.clone(),
                     observer: Some(audit),
@@ -101,7 +98,7 @@ pub(crate) async fn build(
 }
 
 /// Every named environment.
-pub(crate) async fn list(state: &SharedState) -> Result<Vec<EnvironmentInfo>, Error> {
+pub async fn list(state: &SharedServices) -> Result<Vec<EnvironmentInfo>, Error> {
     let st = state.clone();
     tokio::task::spawn_blocking(move || st.environments.list())
         .await
@@ -110,7 +107,7 @@ pub(crate) async fn list(state: &SharedState) -> Result<Vec<EnvironmentInfo>, Er
 }
 
 /// The environment named `name`.
-pub(crate) fn get(state: &SharedState, name: &str) -> Result<EnvironmentInfo, Error> {
+pub fn get(state: &SharedServices, name: &str) -> Result<EnvironmentInfo, Error> {
     match state.environments.get(name).map_err(env_error)? {
         Some(info) => Ok(info),
         None => Err(Error::not_found()),
@@ -118,7 +115,7 @@ pub(crate) fn get(state: &SharedState, name: &str) -> Result<EnvironmentInfo, Er
 }
 
 /// Builds (or reuses) and names the environment a request body asks for; done when built.
-pub(crate) async fn create(state: &SharedState, key: &Key, body: Body) -> Result<Created, Error> {
+pub async fn create(state: &SharedServices, key: &Key, body: Body) -> Result<Created, Error> {
     let body = read_body(state, key, body).await?;
     let asked: CreateEnvironment = parse_json(state, &body.bytes)?;
     drop(body);
@@ -126,7 +123,7 @@ pub(crate) async fn create(state: &SharedState, key: &Key, body: Body) -> Result
 }
 
 /// Deletes the environment named `name` and closes its pooled sandboxes.
-pub(crate) async fn delete(state: &SharedState, name: String) -> Result<(), Error> {
+pub async fn delete(state: &SharedServices, name: String) -> Result<(), Error> {
     let st = state.clone();
     let removed = tokio::task::spawn_blocking(move || {
         let hash = st.environments.get(&name).ok().flatten().map(|i| i.hash);
@@ -149,7 +146,7 @@ pub(crate) async fn delete(state: &SharedState, name: String) -> Result<(), Erro
 
 /// Builds the environments the config defines that are missing or differ, one after the
 /// other, in the background (a request naming one before it is ready gets a 400).
-pub(crate) async fn build_defined(state: SharedState) {
+pub async fn build_defined(state: SharedServices) {
     let defined = state.config.environments.define.clone();
     for (name, requirements) in defined {
         let current = state.environments.get(&name).ok().flatten();

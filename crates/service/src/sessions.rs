@@ -1,6 +1,6 @@
-//! The session service: the registry of open sessions ([`Sessions`]), opening one
-//! ([`prepare_open`], [`start`]), its cells ([`prepare_cell`], [`PreparedCell`]), its files,
-//! closing it ([`close`]) and what the reaper closes ([`Sessions::reap`]; the reaper itself,
+//! The session service: opening one ([`prepare_open`], [`start`]), its cells
+//! ([`prepare_cell`], [`PreparedCell`]), its files, closing it ([`close`]); the registry of
+//! open sessions and what the reaper closes are [`crate::open_sessions`] (the reaper itself,
 //! which also pauses idle sessions, is `snapshots::reaper`). The order of a session's opening and of each
 //! cell is the pipeline's (`pipeline.rs`); what each step does to a session is here. A
 //! session belongs to the key that made it (by the key's fingerprint): any other key gets
@@ -15,163 +15,23 @@ use std::time::{Duration, Instant, SystemTime};
 
 use airlock_api::{
     CellRequest, ExecuteRequest, FileEntry, FileList, SessionInfo, SessionList, SessionRequest,
-    Status,
 };
 use airlock_engine::{Cell, CellResult, Execution, Session, SessionError};
 
+use crate::body::{read_body_as, Body};
 use crate::error::{Error, Kind};
+use crate::execution::{entrypoint_from, job_from, refuse_if_unavailable, resolve_limits};
 use crate::keys::Key;
-use crate::service::body::{read_body_as, Body};
-use crate::service::execution::{entrypoint_from, job_from, refuse_if_unavailable, resolve_limits};
-use crate::service::tools;
-use crate::{AppState, SharedState};
+use crate::open_sessions::{lock, InUse, OpenSession};
+use crate::services::{Services, SharedServices};
+use crate::tools;
 
 /// How often the reaper looks for idle and expired sessions.
-pub(crate) const REAP_EVERY: Duration = Duration::from_millis(500);
-
-/// Every open session.
-#[derive(Default)]
-pub struct Sessions {
-    open: Mutex<HashMap<String, Arc<OpenSession>>>,
-    started: AtomicU64,
-}
-
-pub struct OpenSession {
-    id: String,
-    key_fingerprint: String,
-    created_at: SystemTime,
-    created: Instant,
-    /// When its sandbox's lifetime ends (from its start, or its latest resume).
-    expires_at: SystemTime,
-    /// Paused, not closed, when idle (`sessions.pause_after_idle_ms`).
-    pauses_when_idle: bool,
-    /// What it was opened with (its files aside: they are in its scratch file system), for
-    /// the sandbox a resume or a fork makes.
-    request: SessionRequest,
-    idle_timeout: Duration,
-    max_lifetime: Duration,
-    last_used: Mutex<Instant>,
-    cells: AtomicU64,
-    ended: Mutex<Option<Status>>,
-    /// One request at a time: another gets 409.
-    busy: AtomicBool,
-    /// Removed from the open sessions (deleted or reaped): no request may start on it.
-    closed: AtomicBool,
-    session: Session,
-    /// Code mode: the session's tool set, given the key's grants again at each cell.
-    tools: Option<Arc<airlock_tools::ToolSet>>,
-    /// The session's egress leash: each cell has budgets of its own, and the time between
-    /// cells the session's.
-    egress: Option<Arc<airlock_egress::Leash>>,
-}
-
-impl std::fmt::Debug for Sessions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sessions")
-            .field("open", &self.count())
-            .finish()
-    }
-}
-
-impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<OpenSession>>> {
-        self.open.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn count(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Every open session.
-    pub(crate) fn all(&self) -> Vec<Arc<OpenSession>> {
-        self.lock().values().cloned().collect()
-    }
-
-    /// Open sessions and sessions started so far, in Prometheus text.
-    pub fn render_metrics(&self) -> String {
-        format!(
-            "# HELP airlock_sessions_open Sessions open now (ended ones until they are closed).\n\
-             # TYPE airlock_sessions_open gauge\nairlock_sessions_open {}\n\
-             # HELP airlock_sessions_started_total Sessions started.\n\
-             # TYPE airlock_sessions_started_total counter\nairlock_sessions_started_total {}\n",
-            self.count(),
-            self.started.load(Ordering::Relaxed)
-        )
-    }
-
-    /// Closes every session and waits for their sandboxes to be gone (shutdown).
-    pub fn close_all(&self) {
-        let all: Vec<Arc<OpenSession>> = self.lock().drain().map(|(_, e)| e).collect();
-        for entry in &all {
-            entry.session.close();
-        }
-        for entry in &all {
-            entry.session.wait_ended(Duration::from_secs(10));
-        }
-    }
-
-    /// Closes the sessions idle or alive for too long; returns them. The volumes of sessions
-    /// whose sandbox has ended are let go.
-    pub fn reap(&self) -> Vec<Reaped> {
-        for entry in self.all() {
-            entry.session.release_if_ended();
-        }
-        let now = Instant::now();
-        let expired: Vec<Arc<OpenSession>> = {
-            let mut open = self.lock();
-            let ids: Vec<String> = open
-                .values()
-                .filter(|e| {
-                    let idle = now.duration_since(*lock(&e.last_used));
-                    let due = (idle >= e.idle_timeout && !e.pauses_when_idle)
-                        || now.duration_since(e.created) >= e.max_lifetime;
-                    // Claimed as busy for good, so that no request starts on it meanwhile;
-                    // a session in use now is reaped when it is done (or killed at its
-                    // lifetime by its own sandbox's clock).
-                    due && e
-                        .busy
-                        .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                })
-                .map(|e| e.id.clone())
-                .collect();
-            ids.iter()
-                .filter_map(|id| open.remove(id))
-                .inspect(|e| e.closed.store(true, Ordering::Release))
-                .collect()
-        };
-        for e in &expired {
-            e.session.close();
-        }
-        for e in &expired {
-            e.session.wait_ended(Duration::from_secs(10));
-        }
-        expired
-            .iter()
-            .map(|e| Reaped {
-                id: e.id.clone(),
-                key_fingerprint: e.key_fingerprint.clone(),
-                why: if now.duration_since(e.created) >= e.max_lifetime {
-                    "expired"
-                } else {
-                    "idle"
-                },
-            })
-            .collect()
-    }
-}
-
-/// A session the reaper closed, and why (`idle` or `expired`).
-#[derive(Debug)]
-pub struct Reaped {
-    pub id: String,
-    pub key_fingerprint: String,
-    pub why: &'static str,
-}
+pub const REAP_EVERY: Duration = Duration::from_millis(500);
 
 /// The caller's session `id`; 410 `session_lost` for one of its sessions the server lost
 /// when it stopped; otherwise 404 (also when it is another key's).
-pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error> {
+pub fn find(state: &Services, key: &Key, id: &str) -> Result<Arc<OpenSession>, Error> {
     let fingerprint = key.fingerprint();
     if let Some(entry) = state
         .sessions
@@ -188,7 +48,7 @@ pub(crate) fn find(state: &AppState, key: &Key, id: &str) -> Result<Arc<OpenSess
             "the server stopped since this session was opened, and a session does not survive a restart: start another",
         ));
     }
-    Err(crate::service::not_here(state, id, "session"))
+    Err(crate::services::not_here(state, id, "session"))
 }
 
 /// Whether one more session fits: the key's own cap (429), then the server's (503). Sessions
@@ -220,123 +80,6 @@ fn room_for_one(
     Ok(())
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl OpenSession {
-    /// Destroys the session's sandbox now: a cell cut short leaves its state unknown.
-    pub(crate) fn destroy(&self) {
-        self.session.close();
-    }
-
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
-    pub(crate) fn request(&self) -> &SessionRequest {
-        &self.request
-    }
-
-    /// Whether it has been unused for `idle` and can be claimed (not ended, not busy).
-    pub(crate) fn idle_for(&self, idle: Duration) -> bool {
-        lock(&self.ended).is_none()
-            && !self.busy.load(Ordering::Acquire)
-            && lock(&self.last_used).elapsed() >= idle
-    }
-
-    /// Counts as used now (a pause that failed is not tried again at once).
-    pub(crate) fn touch(&self) {
-        *lock(&self.last_used) = Instant::now();
-    }
-
-    /// Removed from the open sessions (closed, reaped, paused).
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Ended by a cell (`sys.exit()`, a limit, a crash) or by its sandbox's end.
-    pub(crate) fn has_ended(&self) -> bool {
-        lock(&self.ended).is_some()
-    }
-
-    pub(crate) fn owner(&self) -> &str {
-        &self.key_fingerprint
-    }
-
-    pub(crate) fn cells(&self) -> u64 {
-        self.cells.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn created_at(&self) -> SystemTime {
-        self.created_at
-    }
-
-    pub(crate) fn engine_session(&self) -> &Session {
-        &self.session
-    }
-
-    /// Claims the session for one request (409 while another runs).
-    pub(crate) fn claim(self: &Arc<Self>) -> Result<impl Drop, Error> {
-        self.take()
-    }
-
-    pub(crate) fn info(&self) -> SessionInfo {
-        let rfc = |t: SystemTime| humantime::format_rfc3339_millis(t).to_string();
-        SessionInfo {
-            id: self.id.clone(),
-            created_at: rfc(self.created_at),
-            expires_at: rfc(self.expires_at),
-            idle_timeout_ms: self.idle_timeout.as_millis() as u64,
-            max_lifetime_ms: self.max_lifetime.as_millis() as u64,
-            cells: self.cells.load(Ordering::Relaxed),
-            ended: *lock(&self.ended),
-            limits: self.session.cell_limits(),
-            egress_between_cells: self.egress.as_ref().and_then(|l| l.between_cells()),
-            paused: None,
-            resumed: None,
-        }
-    }
-
-    /// Marks the session busy for one request, or says it is.
-    fn take(self: &Arc<Self>) -> Result<InUse, Error> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
-        }
-        if let Some(status) = *lock(&self.ended) {
-            return Err(Error::new(
-                Kind::Conflict,
-                "session_ended",
-                format!("the session has ended ({status}); close it and start another"),
-            ));
-        }
-        if self.busy.swap(true, Ordering::AcqRel) {
-            return Err(Error::new(
-                Kind::Conflict,
-                "session_busy",
-                "the session is running another request",
-            ));
-        }
-        let busy = InUse(self.clone());
-        // Closed between the check and the claim: give it back.
-        if self.closed.load(Ordering::Acquire) {
-            return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
-        }
-        *lock(&self.last_used) = Instant::now();
-        Ok(busy)
-    }
-}
-
-/// Held while a request uses the session.
-struct InUse(Arc<OpenSession>);
-
-impl Drop for InUse {
-    fn drop(&mut self) {
-        *lock(&self.0.last_used) = Instant::now();
-        self.0.busy.store(false, Ordering::Release);
-    }
-}
-
 fn session_error(e: SessionError, entry: &OpenSession) -> Error {
     match e {
         SessionError::Ended(status) => {
@@ -355,14 +98,15 @@ fn session_error(e: SessionError, entry: &OpenSession) -> Error {
             Error::new(error_kind, code, format!("{kind}: {message}")).field("path")
         }
         SessionError::Engine(airlock_engine::EngineError::Invalid(r)) => {
-            crate::service::execution::refusal(r)
+            crate::execution::refusal(r)
         }
         SessionError::Engine(e) => Error::internal(e.to_string()),
     }
 }
 
 /// A session asked for, checked and ready to start ([`prepare_open`], then [`start`]).
-pub(crate) struct Opening {
+#[derive(Debug)]
+pub struct Opening {
     id: String,
     request: SessionRequest,
     job: airlock_engine::Job,
@@ -376,8 +120,8 @@ pub(crate) struct Opening {
 /// Checks a session's request: its timeouts within the configured ones, its cells' limits
 /// within the key's ceilings, its job as an execution's (`job_from`), and room for one more
 /// (CPU work: called off the async workers).
-pub(crate) fn prepare_open(
-    state: &SharedState,
+pub fn prepare_open(
+    state: &SharedServices,
     key: &Key,
     asked: SessionRequest,
 ) -> Result<Opening, Error> {
@@ -385,8 +129,8 @@ pub(crate) fn prepare_open(
 }
 
 /// As [`prepare_open`], for a session of the id given (a paused one coming back, a fork).
-pub(crate) fn prepare_open_as(
-    state: &SharedState,
+pub fn prepare_open_as(
+    state: &SharedServices,
     key: &Key,
     asked: SessionRequest,
     id: String,
@@ -431,7 +175,7 @@ pub(crate) fn prepare_open_as(
             volumes: asked.volumes,
         },
         &format!("session {id}"),
-        crate::service::execution::Lifetime::Request,
+        crate::execution::Lifetime::Request,
     )?;
     let egress = job.egress.clone();
     if let Some(leash) = &egress {
@@ -461,8 +205,8 @@ pub(crate) fn prepare_open_as(
 
 /// Starts a session owned by `key` (on a blocking thread), registers it if there is still
 /// room, and writes its audit line.
-pub(crate) async fn start(
-    state: &SharedState,
+pub async fn start(
+    state: &SharedServices,
     key: &Key,
     opening: Opening,
 ) -> Result<SessionInfo, Error> {
@@ -477,8 +221,8 @@ pub(crate) async fn start(
 }
 
 /// Starts an opening's sandbox (blocking): the session, not yet registered.
-pub(crate) fn launch(
-    state: &SharedState,
+pub fn launch(
+    state: &SharedServices,
     key_fingerprint: &str,
     opening: Opening,
 ) -> Result<Arc<OpenSession>, Error> {
@@ -518,24 +262,9 @@ pub(crate) fn launch(
     }))
 }
 
-impl OpenSession {
-    /// The same session, as it comes back from a snapshot: its creation time and count of
-    /// cells as they were.
-    pub(crate) fn resumed_as(self: Arc<Self>, created_at: SystemTime, cells: u64) -> Arc<Self> {
-        match Arc::try_unwrap(self) {
-            Ok(mut entry) => {
-                entry.created_at = created_at;
-                entry.cells = AtomicU64::new(cells);
-                Arc::new(entry)
-            }
-            Err(shared) => shared,
-        }
-    }
-}
-
 /// Registers a started session if there is still room (else closes it), and writes its
 /// audit line.
-pub(crate) fn register(state: &AppState, key: &Key, entry: Arc<OpenSession>) -> Result<(), Error> {
+pub fn register(state: &Services, key: &Key, entry: Arc<OpenSession>) -> Result<(), Error> {
     let id = entry.id.clone();
     {
         let mut open = state.sessions.lock();
@@ -553,7 +282,7 @@ pub(crate) fn register(state: &AppState, key: &Key, entry: Arc<OpenSession>) -> 
 
 /// Takes a session out of the open ones (it is paused, or closed), with its audit line;
 /// its sandbox is closed and waited for.
-pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
+pub fn unregister(state: &Services, entry: &OpenSession, why: &str) {
     if let Some(e) = state.sessions.lock().remove(&entry.id) {
         e.closed.store(true, Ordering::Release);
         audit_session(state, &e.id, &e.key_fingerprint, Some(why));
@@ -569,12 +298,12 @@ pub(crate) fn unregister(state: &AppState, entry: &OpenSession, why: &str) {
 /// A session's opening or closing in the audit log (a later start tells the sessions it lost
 /// from those closed). A line that cannot be written is kept until it can, and executions
 /// are refused meanwhile.
-pub(crate) fn audit_session(state: &AppState, id: &str, key_fingerprint: &str, why: Option<&str>) {
+pub fn audit_session(state: &Services, id: &str, key_fingerprint: &str, why: Option<&str>) {
     let _ = state.audit.append_session(id, key_fingerprint, why);
 }
 
 /// `key`'s sessions, open and paused, oldest first.
-pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
+pub fn list(state: &Services, key: &Key) -> SessionList {
     let mut sessions: Vec<SessionInfo> = state
         .sessions
         .lock()
@@ -596,7 +325,7 @@ pub(crate) fn list(state: &AppState, key: &Key) -> SessionList {
 }
 
 /// What `key`'s session `id` is, open or paused.
-pub(crate) fn info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo, Error> {
+pub fn info(state: &Services, key: &Key, id: &str) -> Result<SessionInfo, Error> {
     match find(state, key, id) {
         Ok(entry) => Ok(entry.info()),
         Err(e) => match state.paused.record(id, &key.fingerprint()) {
@@ -610,7 +339,7 @@ pub(crate) fn info(state: &AppState, key: &Key, id: &str) -> Result<SessionInfo,
 
 /// Closes `key`'s session `id` and waits for its sandbox to be gone (a running cell goes with
 /// it).
-pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<(), Error> {
+pub async fn close(state: &SharedServices, key: &Key, id: &str) -> Result<(), Error> {
     let entry = match find(state, key, id) {
         Ok(entry) => entry,
         Err(e) if state.paused.holds(id, &key.fingerprint()) => {
@@ -645,7 +374,8 @@ pub(crate) async fn close(state: &SharedState, key: &Key, id: &str) -> Result<()
 }
 
 /// A cell checked, holding its session for itself until it is dropped ([`prepare_cell`]).
-pub(crate) struct PreparedCell {
+#[derive(Debug)]
+pub struct PreparedCell {
     entry: Arc<OpenSession>,
     /// What came back, when this cell's request brought a paused session back.
     resumed: Mutex<Option<airlock_api::SnapshotInfo>>,
@@ -657,8 +387,8 @@ pub(crate) struct PreparedCell {
 
 /// Checks a cell of `key`'s session (its code's size, its entrypoint, its timeout within the
 /// key's ceilings) and claims the session for it: another request gets 409 meanwhile.
-pub(crate) fn prepare_cell(
-    state: &SharedState,
+pub fn prepare_cell(
+    state: &SharedServices,
     key: &Key,
     entry: Arc<OpenSession>,
     asked: CellRequest,
@@ -696,32 +426,32 @@ pub(crate) fn prepare_cell(
 
 impl PreparedCell {
     /// Says what came back, when the request brought its paused session back.
-    pub(crate) fn resumed(self, resumed: Option<airlock_api::SnapshotInfo>) -> Self {
+    pub fn resumed(self, resumed: Option<airlock_api::SnapshotInfo>) -> Self {
         *lock(&self.resumed) = resumed;
         self
     }
 
-    pub(crate) fn take_resumed(&self) -> Option<airlock_api::SnapshotInfo> {
+    pub fn take_resumed(&self) -> Option<airlock_api::SnapshotInfo> {
         lock(&self.resumed).take()
     }
 
     /// The cell's limits: the session's, with its own wall clock.
-    pub(crate) fn limits(&self) -> &airlock_api::Limits {
+    pub fn limits(&self) -> &airlock_api::Limits {
         &self.limits
     }
 
-    pub(crate) fn code(&self) -> &str {
+    pub fn code(&self) -> &str {
         &self.code
     }
 
     /// Its session.
-    pub(crate) fn session(&self) -> Arc<OpenSession> {
+    pub fn session(&self) -> Arc<OpenSession> {
         self.entry.clone()
     }
 
     /// Code mode: the session's tools, with the key's grants as they are now, under the
     /// cell's execution id.
-    pub(crate) fn begin(&self, key: &Key, execution_id: &str) {
+    pub fn begin(&self, key: &Key, execution_id: &str) {
         if let Some(tools) = &self.entry.tools {
             tools.begin(&key.grants, execution_id);
         }
@@ -729,7 +459,7 @@ impl PreparedCell {
 
     /// Runs the cell in its session's interpreter, as execution `execution_id`; what it did,
     /// as an execution, and whether it ended the session.
-    pub(crate) fn execute(
+    pub fn execute(
         &mut self,
         execution_id: &str,
         sink: &mut dyn airlock_engine::OutputSink,
@@ -771,7 +501,7 @@ impl PreparedCell {
 /// Runs one file operation on the caller's session `id`, off the async workers, with the
 /// session held busy meanwhile.
 async fn file_op<T: Send + 'static>(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Arc<Key>,
     id: &str,
     what: &'static str,
@@ -788,8 +518,8 @@ async fn file_op<T: Send + 'static>(
 }
 
 /// Writes a request body, any content type, as `path` in `key`'s session `id`.
-pub(crate) async fn put_file(
-    state: &SharedState,
+pub async fn put_file(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: &str,
     path: String,
@@ -806,8 +536,8 @@ pub(crate) async fn put_file(
 }
 
 /// The contents of `path` in `key`'s session `id`, up to `http.max_body_bytes`.
-pub(crate) async fn read_file(
-    state: &SharedState,
+pub async fn read_file(
+    state: &SharedServices,
     key: &Arc<Key>,
     id: &str,
     path: String,
@@ -822,11 +552,7 @@ pub(crate) async fn read_file(
 }
 
 /// Everything below the working directory of `key`'s session `id`.
-pub(crate) async fn files(
-    state: &SharedState,
-    key: &Arc<Key>,
-    id: &str,
-) -> Result<FileList, Error> {
+pub async fn files(state: &SharedServices, key: &Arc<Key>, id: &str) -> Result<FileList, Error> {
     refuse_if_unavailable(state)?;
     let entries = file_op(state, key, id, "listing files", |s| s.list_files()).await?;
     let files = entries

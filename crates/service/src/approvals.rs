@@ -16,14 +16,14 @@ use airlock_api::{
 };
 use airlock_tools::{ApprovalRecord, Approvals, Watch, Watcher};
 
+use crate::body::{parse_json, read_body, Body};
 use crate::config::Scope;
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, Body};
-use crate::{AppState, SharedState};
+use crate::services::{Services, SharedServices};
 
 /// Whether `approver` may see and decide `approval`.
-pub(crate) fn may_decide(approver: &Key, approval: &Approval) -> bool {
+pub fn may_decide(approver: &Key, approval: &Approval) -> bool {
     approver.allows(Scope::Approve)
         && approval.key != approver.name()
         && approver
@@ -33,12 +33,12 @@ pub(crate) fn may_decide(approver: &Key, approval: &Approval) -> bool {
             .any(|k| k == "*" || *k == approval.key)
 }
 
-fn table(state: &AppState) -> Option<&Arc<Approvals>> {
+fn table(state: &Services) -> Option<&Arc<Approvals>> {
     state.tools.as_ref().map(|registry| registry.approvals())
 }
 
 /// `GET /v1/approvals`: the calls waiting that `caller` may decide, oldest first.
-pub(crate) fn list(state: &AppState, caller: &Key) -> ApprovalList {
+pub fn list(state: &Services, caller: &Key) -> ApprovalList {
     let approvals = table(state)
         .map(|t| t.pending(|a| may_decide(caller, a)))
         .unwrap_or_default();
@@ -47,10 +47,10 @@ pub(crate) fn list(state: &AppState, caller: &Key) -> ApprovalList {
 
 /// `GET /v1/approvals/{id}`: one waiting call that `caller` may decide, as listed, with its
 /// arguments whole (the bytes the call will send).
-pub(crate) fn get(state: &AppState, caller: &Key, id: &str) -> Result<ApprovalDetail, Error> {
+pub fn get(state: &Services, caller: &Key, id: &str) -> Result<ApprovalDetail, Error> {
     let found = table(state).and_then(|t| t.get(id, |a| may_decide(caller, a)));
     let Some((approval, arguments)) = found else {
-        return Err(crate::service::not_here(state, id, "waiting tool call"));
+        return Err(crate::services::not_here(state, id, "waiting tool call"));
     };
     let arguments = serde_json::value::RawValue::from_string(arguments.to_string())
         .map_err(|_| Error::internal("the arguments could not be read back"))?;
@@ -61,8 +61,8 @@ pub(crate) fn get(state: &AppState, caller: &Key, id: &str) -> Result<ApprovalDe
 }
 
 /// `POST /v1/approvals/{id}`: decides one waiting call, once.
-pub(crate) async fn decide(
-    state: &SharedState,
+pub async fn decide(
+    state: &SharedServices,
     caller: &Key,
     id: &str,
     body: Body,
@@ -88,7 +88,7 @@ pub(crate) async fn decide(
         )
     });
     let Some(approval) = decided else {
-        return Err(crate::service::not_here(state, id, "waiting tool call"));
+        return Err(crate::services::not_here(state, id, "waiting tool call"));
     };
     Ok(Decided {
         approval: (*approval).clone(),
@@ -99,12 +99,12 @@ pub(crate) async fn decide(
 
 /// Tells `tell` of each call of `execution_id` that starts waiting, until the watch is
 /// dropped; None when the server has no tools.
-pub(crate) fn watch(state: &AppState, execution_id: &str, tell: Watcher) -> Option<Watch> {
+pub fn watch(state: &Services, execution_id: &str, tell: Watcher) -> Option<Watch> {
     table(state).map(|t| t.watch(execution_id, tell))
 }
 
 /// Withdraws the calls of `execution_id` still waiting: its execution is over.
-pub(crate) fn withdraw(state: &AppState, execution_id: &str) {
+pub fn withdraw(state: &Services, execution_id: &str) {
     if let Some(t) = table(state) {
         t.withdraw_execution(execution_id);
     }
@@ -112,7 +112,7 @@ pub(crate) fn withdraw(state: &AppState, execution_id: &str) {
 
 /// Decides a waiting call for the MCP host that answered its elicitation (the host's user
 /// stands for the key that ran the code, as its own approver).
-pub(crate) fn decide_for_host(
+pub fn decide_for_host(
     approvals: &Approvals,
     id: &str,
     decision: Decision,
@@ -123,10 +123,10 @@ pub(crate) fn decide_for_host(
 }
 
 /// How the audit log names an MCP host that decided by elicitation.
-pub(crate) const HOST: &str = "mcp_host";
+pub const HOST: &str = "mcp_host";
 
 /// Each step of an approval: an audit line, a count, a log line.
-pub(crate) fn record(state: &AppState, record: &ApprovalRecord) {
+pub fn record(state: &Services, record: &ApprovalRecord) {
     state.metrics.tool_approvals.add(&[record.outcome]);
     // A line that cannot be written is kept, and written when the log can be again.
     let _ = state.audit.append_event(record);

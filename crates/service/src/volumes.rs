@@ -11,11 +11,11 @@ use airlock_engine::volumes::{
     Access, JobVolume, Lease, Usage, VolumeError, VolumeFile, VolumeInfo,
 };
 
+use crate::body::{parse_json, read_body, read_body_as, Body};
 use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, read_body_as, Body};
-use crate::service::refuse_if_unavailable;
-use crate::SharedState;
+use crate::services::refuse_if_unavailable;
+use crate::services::SharedServices;
 
 /// Most volumes one execution or session mounts.
 pub const MAX_MOUNTS: usize = 8;
@@ -81,7 +81,7 @@ struct Details<'a> {
     size_bytes: Option<u64>,
 }
 
-fn audit(state: &SharedState, key: &Key, event: &'static str, volume: &str, details: Details) {
+fn audit(state: &SharedServices, key: &Key, event: &'static str, volume: &str, details: Details) {
     let line = VolumeEvent {
         event,
         volume,
@@ -97,7 +97,7 @@ fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
-pub(crate) fn volume_error(e: VolumeError) -> Error {
+pub fn volume_error(e: VolumeError) -> Error {
     let message = e.to_string();
     match e {
         VolumeError::Unknown(_) | VolumeError::NoFile(_) => {
@@ -122,8 +122,8 @@ pub(crate) fn volume_error(e: VolumeError) -> Error {
 
 /// Runs `f` on a blocking thread (volumes are mounted, read and written there).
 async fn blocking<T: Send + 'static>(
-    state: &SharedState,
-    f: impl FnOnce(&SharedState) -> Result<T, Error> + Send + 'static,
+    state: &SharedServices,
+    f: impl FnOnce(&SharedServices) -> Result<T, Error> + Send + 'static,
 ) -> Result<T, Error> {
     let st = state.clone();
     tokio::task::spawn_blocking(move || f(&st))
@@ -132,8 +132,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// `POST /v1/volumes`.
-pub(crate) async fn create(
-    state: &SharedState,
+pub async fn create(
+    state: &SharedServices,
     key: &Arc<Key>,
     body: Body,
 ) -> Result<VolumeInfo, Error> {
@@ -170,7 +170,7 @@ pub(crate) async fn create(
 }
 
 /// `GET /v1/volumes`.
-pub(crate) async fn list(state: &SharedState, key: &Key) -> Result<Vec<VolumeInfo>, Error> {
+pub async fn list(state: &SharedServices, key: &Key) -> Result<Vec<VolumeInfo>, Error> {
     let owner = key.fingerprint();
     blocking(state, move |state| {
         state.volumes.list(&owner).map_err(volume_error)
@@ -179,11 +179,7 @@ pub(crate) async fn list(state: &SharedState, key: &Key) -> Result<Vec<VolumeInf
 }
 
 /// `GET /v1/volumes/{name}`.
-pub(crate) async fn get(
-    state: &SharedState,
-    key: &Key,
-    name: String,
-) -> Result<VolumeShown, Error> {
+pub async fn get(state: &SharedServices, key: &Key, name: String) -> Result<VolumeShown, Error> {
     let owner = key.fingerprint();
     blocking(state, move |state| {
         let info = state.volumes.get(&owner, &name).map_err(volume_error)?;
@@ -194,7 +190,7 @@ pub(crate) async fn get(
 }
 
 /// `DELETE /v1/volumes/{name}`: refused while anything holds it.
-pub(crate) async fn delete(state: &SharedState, key: &Arc<Key>, name: String) -> Result<(), Error> {
+pub async fn delete(state: &SharedServices, key: &Arc<Key>, name: String) -> Result<(), Error> {
     let key = key.clone();
     blocking(state, move |state| {
         let info = state
@@ -215,7 +211,7 @@ pub(crate) async fn delete(state: &SharedState, key: &Arc<Key>, name: String) ->
 
 /// A lease for a file route, named after the request.
 fn lease_for_route(
-    state: &SharedState,
+    state: &SharedServices,
     key: &Key,
     name: &str,
     access: Access,
@@ -227,8 +223,8 @@ fn lease_for_route(
 }
 
 /// `PUT /v1/volumes/{name}/files/{path}`: the body becomes the file (one writer at a time).
-pub(crate) async fn put_file(
-    state: &SharedState,
+pub async fn put_file(
+    state: &SharedServices,
     key: &Arc<Key>,
     name: String,
     path: String,
@@ -259,8 +255,8 @@ pub(crate) async fn put_file(
 
 /// `GET /v1/volumes/{name}/files/{path}`: a regular file's contents, up to
 /// `http.max_body_bytes`; a link is never followed.
-pub(crate) async fn read_file(
-    state: &SharedState,
+pub async fn read_file(
+    state: &SharedServices,
     key: &Key,
     name: String,
     path: String,
@@ -280,11 +276,7 @@ pub(crate) async fn read_file(
 }
 
 /// `GET /v1/volumes/{name}/files`.
-pub(crate) async fn files(
-    state: &SharedState,
-    key: &Key,
-    name: String,
-) -> Result<VolumeFiles, Error> {
+pub async fn files(state: &SharedServices, key: &Key, name: String) -> Result<VolumeFiles, Error> {
     let owner = key.fingerprint();
     blocking(state, move |state| {
         let lease = state
@@ -303,8 +295,8 @@ pub(crate) async fn files(
 }
 
 /// `DELETE /v1/volumes/{name}/files/{path}`: a file, a link or an empty directory.
-pub(crate) async fn remove_file(
-    state: &SharedState,
+pub async fn remove_file(
+    state: &SharedServices,
     key: &Arc<Key>,
     name: String,
     path: String,
@@ -330,8 +322,8 @@ pub(crate) async fn remove_file(
 /// each at most once, below `/work` or `/tmp`, apart from the others; a writer's lease is
 /// the only one ([`VolumeError::Busy`], 409, names the holder). Blocking (a volume may be
 /// mounted now).
-pub(crate) fn mounts(
-    state: &SharedState,
+pub fn mounts(
+    state: &SharedServices,
     key: &Key,
     holder: &str,
     asked: &[VolumeMountRequest],

@@ -19,7 +19,7 @@ pub struct RequestId(pub String);
 pub struct Caller(pub Arc<Key>);
 
 /// 403 unless the caller's key has `scope`.
-pub(crate) fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
+pub fn require(caller: &Caller, scope: Scope) -> Result<(), Error> {
     if caller.0.allows(scope) {
         Ok(())
     } else {

@@ -65,11 +65,21 @@ pub struct Events {
     _done: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events")
+            .field("queued", &self.queued)
+            .field("gone", &self.gone)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Stops what a stream's client was waiting for.
 pub type OnGone = Arc<dyn Fn() + Send + Sync>;
 
 /// The receiving half, for the transport: the events as they come, until the execution drops
 /// its sender. It holds the execution's answer reservation until it is dropped.
+#[derive(Debug)]
 pub struct EventStream {
     rx: mpsc::Receiver<Event>,
     queued: Arc<AtomicUsize>,
@@ -196,7 +206,7 @@ pub fn streamed_result(answer: impl serde::Serialize) -> serde_json::Value {
 
 /// Output held back while a UTF-8 character is split between two reads, per stream: each
 /// event's text is whole characters (invalid bytes become U+FFFD, as in the result).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Whole([Vec<u8>; 2]);
 
 impl Whole {
@@ -229,6 +239,7 @@ impl Whole {
 
 /// Sends events from beside the execution's thread (a tool call that waits for an approval),
 /// into the same queue; the stream ends only once these are dropped too.
+#[derive(Debug)]
 pub struct Aside {
     tx: mpsc::Sender<Event>,
     queued: Arc<AtomicUsize>,

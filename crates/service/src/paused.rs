@@ -68,7 +68,7 @@ impl PausedRecord {
 
     /// The session as `GET /v1/sessions/{id}` shows it while paused: it is kept until
     /// `retention` after its snapshot was taken.
-    pub(crate) fn info(&self, retention: Duration) -> SessionInfo {
+    pub fn info(&self, retention: Duration) -> SessionInfo {
         SessionInfo {
             id: self.id.clone(),
             created_at: self.created_at.clone(),
@@ -104,7 +104,7 @@ fn is_snapshot_of(name: &str, id: &str) -> bool {
 }
 
 /// Whether `id` may name files of the snapshot directory (the server's ids always may).
-pub(crate) fn valid_id(id: &str) -> bool {
+pub fn valid_id(id: &str) -> bool {
     id.starts_with("se_")
         && id.len() <= 128
         && id
@@ -112,7 +112,7 @@ pub(crate) fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-pub(crate) fn rfc(t: SystemTime) -> String {
+pub fn rfc(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
 }
 
@@ -379,7 +379,7 @@ impl Paused {
         })
     }
 
-    pub(crate) fn key(&self) -> Result<&SnapshotKey, Error> {
+    pub fn key(&self) -> Result<&SnapshotKey, Error> {
         self.key.as_ref().map_err(|why| {
             Error::new(
                 Kind::Unprocessable,
@@ -398,7 +398,7 @@ impl Paused {
     }
 
     /// The path of `record`'s snapshot, if its name is one of its session's.
-    pub(crate) fn snapshot_path(&self, record: &PausedRecord) -> Result<PathBuf, Error> {
+    pub fn snapshot_path(&self, record: &PausedRecord) -> Result<PathBuf, Error> {
         record
             .snapshot_name()
             .map(|name| self.dir.join(name))
@@ -406,7 +406,7 @@ impl Paused {
     }
 
     /// A new snapshot file for session `id` (its name, its path); no record names it yet.
-    pub(crate) fn new_snapshot(&self, id: &str) -> (String, PathBuf) {
+    pub fn new_snapshot(&self, id: &str) -> (String, PathBuf) {
         let mut random = [0u8; 8];
         let _ = getrandom::fill(&mut random);
         let name = format!("{id}.{:016x}.snap", u64::from_le_bytes(random));
@@ -415,7 +415,7 @@ impl Paused {
     }
 
     /// Where a fork writes the snapshot of the session it is made from, for `new_id`.
-    pub(crate) fn fork_path(&self, new_id: &str) -> PathBuf {
+    pub fn fork_path(&self, new_id: &str) -> PathBuf {
         self.dir.join(format!("{new_id}.snap.tmp"))
     }
 
@@ -451,13 +451,13 @@ impl Paused {
     }
 
     /// The bytes of the key's storage its snapshots being written hold.
-    pub(crate) fn held_by(&self, fingerprint: &str) -> u64 {
+    pub fn held_by(&self, fingerprint: &str) -> u64 {
         lock(&self.writing).get(fingerprint).map_or(0, |w| w.held)
     }
 
     /// One more snapshot of the key's being written: its place among them (in the order
     /// they began), writing.
-    pub(crate) fn start_writing(&self, fingerprint: &str) -> u64 {
+    pub fn start_writing(&self, fingerprint: &str) -> u64 {
         let mut writing = lock(&self.writing);
         let w = writing.entry(fingerprint.to_owned()).or_default();
         let place = w.next;
@@ -468,7 +468,7 @@ impl Paused {
 
     /// Holds `more` bytes of the key's storage for its snapshot at `place`, which is
     /// writing (under the storage lock, once counted).
-    pub(crate) fn hold(&self, fingerprint: &str, place: u64, more: u64) {
+    pub fn hold(&self, fingerprint: &str, place: u64, more: u64) {
         let mut writing = lock(&self.writing);
         let w = writing.entry(fingerprint.to_owned()).or_default();
         w.held += more;
@@ -478,7 +478,7 @@ impl Paused {
     /// The key's snapshot at `place` gives back the `bytes` it held: it is no longer
     /// writing (refused for want of room, it waits for its turn to try again), or, `done`,
     /// no longer one of the key's at all (kept or given up).
-    pub(crate) fn give_back(&self, fingerprint: &str, place: u64, bytes: u64, done: bool) {
+    pub fn give_back(&self, fingerprint: &str, place: u64, bytes: u64, done: bool) {
         let mut writing = lock(&self.writing);
         if let Some(w) = writing.get_mut(fingerprint) {
             w.held = w.held.saturating_sub(bytes);
@@ -501,7 +501,7 @@ impl Paused {
     /// it stop writing (refused in turn, they wait for it), then has the room they held. With
     /// none before it and none after it writing, the room was never there: no turn. At most
     /// until `until`.
-    pub(crate) fn wait_for_turn(&self, fingerprint: &str, place: u64, until: Instant) -> bool {
+    pub fn wait_for_turn(&self, fingerprint: &str, place: u64, until: Instant) -> bool {
         let mut writing = lock(&self.writing);
         let mut waited = false;
         loop {
@@ -528,7 +528,7 @@ impl Paused {
     }
 
     /// The bytes on disk of paused session `id` and its snapshot's name, if there is one.
-    pub(crate) fn kept(&self, id: &str) -> Option<(u64, String)> {
+    pub fn kept(&self, id: &str) -> Option<(u64, String)> {
         self.index().get(id).map(|e| (e.bytes, e.snapshot.clone()))
     }
 
@@ -579,12 +579,12 @@ impl Paused {
 
     /// Claims `id` for one request in this process, and, with an exclusive `flock` on
     /// `<id>.lock`, against other replicas sharing the directory; 409 if it is claimed.
-    pub(crate) fn claim(&self, id: &str) -> Result<Claim<'_>, Error> {
+    pub fn claim(&self, id: &str) -> Result<Claim<'_>, Error> {
         self.claim_within(id, Duration::ZERO)
     }
 
     /// As [`Paused::claim`], waiting up to `within` for a claim held now to be given back.
-    pub(crate) fn claim_within(&self, id: &str, within: Duration) -> Result<Claim<'_>, Error> {
+    pub fn claim_within(&self, id: &str, within: Duration) -> Result<Claim<'_>, Error> {
         // Never a path of the caller's making.
         if !valid_id(id) {
             return Err(not_found());
@@ -644,7 +644,7 @@ impl Paused {
     /// Makes `record` the session's, in one step: written aside, synced and renamed over
     /// the one before; then the snapshot the one before named, if another, is removed. Under
     /// the session's claim and the storage lock (the caller's). Its record's bytes.
-    pub(crate) fn commit(&self, record: &PausedRecord) -> Result<u64, Error> {
+    pub fn commit(&self, record: &PausedRecord) -> Result<u64, Error> {
         let path = self.record_path(&record.id);
         let tmp = self.dir.join(format!("{}.json.tmp", record.id));
         let before = self.named_on_disk(&record.id);
@@ -679,7 +679,7 @@ impl Paused {
     /// Deletes session `id`'s files for good, under its claim (the caller's): a tombstone
     /// (`<id>.deleted`) first, so that its record and snapshot, copied back, are never taken
     /// again while that could matter; then both.
-    pub(crate) fn delete(&self, id: &str) -> Result<(), Error> {
+    pub fn delete(&self, id: &str) -> Result<(), Error> {
         if !valid_id(id) {
             return Ok(());
         }
@@ -697,7 +697,7 @@ impl Paused {
         Ok(())
     }
 
-    pub(crate) fn deleted(&self, id: &str) -> bool {
+    pub fn deleted(&self, id: &str) -> bool {
         self.dir.join(format!("{id}.deleted")).exists()
     }
 
@@ -734,7 +734,7 @@ impl Paused {
 
     /// Forgets paused session `id`, under its claim (the caller's): its record, then the
     /// snapshot it named.
-    pub(crate) fn remove(&self, id: &str) {
+    pub fn remove(&self, id: &str) {
         if !valid_id(id) {
             return;
         }
@@ -812,7 +812,8 @@ impl Paused {
 }
 
 /// A claim on one session id ([`Paused::claim`]).
-pub(crate) struct Claim<'a> {
+#[derive(Debug)]
+pub struct Claim<'a> {
     paused: &'a Paused,
     id: String,
     lock: Option<nix::fcntl::Flock<fs::File>>,

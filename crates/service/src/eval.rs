@@ -4,14 +4,14 @@
 
 use airlock_api::{EvalError, EvalRequest, EvalResponse};
 
+use crate::body::{parse_json, read_body, Body, ReadBody};
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::body::{parse_json, read_body, Body, ReadBody};
-use crate::SharedState;
+use crate::services::SharedServices;
 
 /// Evaluates the expression a request body holds (`POST /v1/eval`).
-pub(crate) async fn from_body(
-    state: &SharedState,
+pub async fn from_body(
+    state: &SharedServices,
     key: &Key,
     body: Body,
 ) -> Result<EvalResponse, Error> {
@@ -30,10 +30,7 @@ pub(crate) async fn from_body(
 }
 
 /// Evaluates `expression` within the `[eval]` budgets, waiting for a turn first.
-pub(crate) async fn evaluate(
-    state: &SharedState,
-    expression: String,
-) -> Result<EvalResponse, Error> {
+pub async fn evaluate(state: &SharedServices, expression: String) -> Result<EvalResponse, Error> {
     let limits = state.config.eval.limits();
     if expression.len() > limits.max_input_bytes {
         // Refused at once, by its length: it need not wait for a turn, holding its bytes.
@@ -48,7 +45,7 @@ pub(crate) async fn evaluate(
 /// Waits for a turn, then takes the expression from `parse` and evaluates it, both off the
 /// async workers (parsing a large body is CPU work too).
 async fn evaluate_with(
-    state: &SharedState,
+    state: &SharedServices,
     parse: impl FnOnce() -> Result<String, Error> + Send + 'static,
 ) -> Result<EvalResponse, Error> {
     // A bounded number at once, each bounded in time: floods wait, they do not pile up CPU.
@@ -67,7 +64,7 @@ async fn evaluate_with(
 
 /// The answer to an evaluation, counted in the metrics.
 fn response(
-    state: &SharedState,
+    state: &SharedServices,
     outcome: Result<airlock_pyeval::Evaluated, airlock_pyeval::Error>,
 ) -> EvalResponse {
     match outcome {

@@ -8,14 +8,11 @@ use airlock_tools::{ApprovalRecord, CallRecord, Observer, Registry, ToolSet};
 
 use crate::config::Config;
 use crate::keys::{Key, KeyStore};
-use crate::{AppState, SharedState};
+use crate::services::{Services, SharedServices};
 
 /// Starts every configured tool server and checks every key's grants against what they
 /// list; any failure stops the start with its reason. None when no server is configured.
-pub(crate) async fn start(
-    config: &Config,
-    keys: &KeyStore,
-) -> Result<Option<Arc<Registry>>, String> {
+pub async fn start(config: &Config, keys: &KeyStore) -> Result<Option<Arc<Registry>>, String> {
     if config.tools.servers.is_empty() {
         check_grants(None, &keys.keys())?;
         return Ok(None);
@@ -44,7 +41,7 @@ pub(crate) async fn start(
 
 /// Whether every key's grants name tools the servers list (warnings logged); at start and
 /// when keys are reloaded.
-pub(crate) fn check_grants(registry: Option<&Registry>, keys: &[Arc<Key>]) -> Result<(), String> {
+pub fn check_grants(registry: Option<&Registry>, keys: &[Arc<Key>]) -> Result<(), String> {
     for key in keys {
         let Some(registry) = registry else {
             if !key.grants.is_empty() {
@@ -67,7 +64,7 @@ pub(crate) fn check_grants(registry: Option<&Registry>, keys: &[Arc<Key>]) -> Re
 
 /// The tool set of one execution (or session) of `key`: None when the key may call nothing,
 /// so its sandbox has no tool channel at all.
-pub(crate) fn for_key(state: &SharedState, key: &Key) -> Option<Arc<ToolSet>> {
+pub fn for_key(state: &SharedServices, key: &Key) -> Option<Arc<ToolSet>> {
     let registry = state.tools.as_ref()?;
     if key.grants.is_empty() {
         return None;
@@ -78,12 +75,12 @@ pub(crate) fn for_key(state: &SharedState, key: &Key) -> Option<Arc<ToolSet>> {
 
 /// Records calls in the audit log and metrics.
 #[derive(Debug)]
-struct ToolCallAudit(Weak<AppState>);
+struct ToolCallAudit(Weak<Services>);
 
 impl Observer for ToolCallAudit {
     fn approval(&self, record: &ApprovalRecord) {
         if let Some(state) = self.0.upgrade() {
-            crate::service::approvals::record(&state, record);
+            crate::approvals::record(&state, record);
         }
     }
 
@@ -124,7 +121,7 @@ impl Observer for ToolCallAudit {
 }
 
 /// What a key may call, as `GET /v1/tools` and MCP's `list_tool_apis` give it.
-pub(crate) fn listing(state: &SharedState, key: &Key) -> airlock_api::ToolsResponse {
+pub fn listing(state: &SharedServices, key: &Key) -> airlock_api::ToolsResponse {
     let apis = match &state.tools {
         Some(registry) => registry.apis(&key.grants),
         None => Vec::new(),

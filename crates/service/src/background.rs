@@ -39,13 +39,13 @@ use crate::admission::Turns;
 use crate::config::BackgroundConfig;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::service::parked;
-use crate::service::stream::{self, Whole};
+use crate::parked;
+use crate::stream::{self, Whole};
 
 /// Where a background execution is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum State {
+pub enum State {
     /// Waiting for its turn (`[background] max_running`, the key's own) and a slot.
     Queued,
     Running,
@@ -79,7 +79,7 @@ impl State {
 
 /// What `meta.json` holds.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub(crate) struct Meta {
+pub struct Meta {
     pub id: String,
     pub state: State,
     pub key: String,
@@ -107,8 +107,8 @@ pub(crate) struct Meta {
 
 /// What `GET /v1/executions/{id}` says of a background execution (its result follows, from
 /// the disk, when it has one).
-#[derive(Serialize)]
-pub(crate) struct View<'a> {
+#[derive(Debug, Serialize)]
+pub struct View<'a> {
     pub id: &'a str,
     pub background: bool,
     pub state: State,
@@ -189,7 +189,7 @@ fn stored_size(dir: &Path) -> u64 {
 }
 
 /// Every background execution of this server.
-pub(crate) struct Background {
+pub struct Background {
     /// `<state>/background`; `None` when it could not be made (submissions are refused).
     dir: Option<PathBuf>,
     config: BackgroundConfig,
@@ -279,7 +279,7 @@ struct Log {
 }
 
 /// A background execution that is queued or running.
-pub(crate) struct Live {
+pub struct Live {
     pub id: String,
     fingerprint: String,
     /// Its place in the order of submissions: its key's turns go by it.
@@ -492,7 +492,8 @@ impl Live {
 }
 
 /// Output into the events log, as `stdout`/`stderr`/`truncated` events (those of a stream).
-pub(crate) struct Sink<'a> {
+#[derive(Debug)]
+pub struct Sink<'a> {
     live: &'a Live,
     whole: Whole,
 }
@@ -526,7 +527,8 @@ impl OutputSink for Sink<'_> {
 }
 
 /// A background execution's place among those running; given back when dropped.
-pub(crate) struct Turn<'a> {
+#[derive(Debug)]
+pub struct Turn<'a> {
     bg: &'a Background,
 }
 
@@ -538,7 +540,8 @@ impl Drop for Turn<'_> {
 }
 
 /// How it ended.
-pub(crate) enum Ended {
+#[derive(Debug)]
+pub enum Ended {
     /// It ran: its result (output and all).
     Ran(Box<ExecuteResponse>),
     /// It did not run to a result of its own.
@@ -1274,7 +1277,8 @@ fn interruption(was: State) -> Error {
 }
 
 /// An events log read from a position on, following it while its execution runs.
-pub(crate) struct Tail {
+#[derive(Debug)]
+pub struct Tail {
     file: Arc<File>,
     at: u64,
     /// How far the log is written whole, and whether its last event is in.
@@ -1293,13 +1297,14 @@ fn char_floor(text: &str, at: usize) -> usize {
         .unwrap_or(0)
 }
 /// How often output held back is written while an execution runs.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(100);
+pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Bytes of the log read at once.
-pub(crate) const CHUNK: usize = 32 << 10;
+pub const CHUNK: usize = 32 << 10;
 
 /// What a [`Tail`] gives next.
-pub(crate) enum Next {
+#[derive(Debug)]
+pub enum Next {
     Bytes(Vec<u8>),
     /// Nothing new for the time asked.
     Silent,
@@ -1353,7 +1358,8 @@ async fn read_piece(file: &Arc<File>, at: u64, end: u64) -> std::io::Result<Vec<
 }
 
 /// A stored result, read from the disk as it is sent.
-pub(crate) struct Stored {
+#[derive(Debug)]
+pub struct Stored {
     file: Arc<File>,
     at: u64,
     pub len: u64,

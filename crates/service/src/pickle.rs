@@ -1,14 +1,14 @@
 //! The pickle scan service: a pickle or a ZIP archive of them, scanned without being run, a
 //! bounded number at once (`[pickle]`).
 
+use crate::body::{read_body_as, Body, ReadBody};
 use crate::error::Error;
 use crate::keys::Key;
-use crate::service::body::{read_body_as, Body, ReadBody};
-use crate::SharedState;
+use crate::services::SharedServices;
 
 /// The report on the file a request body holds, any content type (`POST /v1/pickle/scan`).
-pub(crate) async fn from_body(
-    state: &SharedState,
+pub async fn from_body(
+    state: &SharedServices,
     key: &Key,
     body: Body,
 ) -> Result<serde_json::Value, Error> {

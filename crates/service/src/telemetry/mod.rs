@@ -29,7 +29,7 @@ use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData};
 use crate::config::TelemetryConfig;
 
 /// A request's span, as the pipeline carries it to the work the request started.
-pub(crate) type Trace = SpanContext;
+pub type Trace = SpanContext;
 use crate::metrics::Metrics;
 
 /// The traces of one server: off (`Default`), or a queue to the collector.
