@@ -163,7 +163,7 @@ pub async fn run(
     if let Err(e) = &trial {
         tracing::error!(error = %e, "the start-up trial run failed; executions will fail until it is fixed (see `airlock doctor`)");
     }
-    *state.trial.lock().unwrap_or_else(|e| e.into_inner()) = trial;
+    state.lifecycle.set_trial(trial);
 
     let listener = TcpListener::bind(listen)
         .await
@@ -261,8 +261,8 @@ pub(crate) fn start_engine(
 /// a few seconds at most), then sessions, then the warm pool.
 pub(crate) async fn stop_everything(state: &SharedServices) {
     let deadline = tokio::time::Instant::now() + KILL_DEADLINE;
-    while state.running_count() > 0 && tokio::time::Instant::now() < deadline {
-        state.cancel_all();
+    while state.lifecycle.running_count() > 0 && tokio::time::Instant::now() < deadline {
+        state.lifecycle.cancel_all();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     close_sessions_and_pool(state).await;
@@ -424,7 +424,7 @@ async fn serve(
     let _ = stop_tx.send(true);
     let grace = Duration::from_millis(state.config.shutdown_grace_ms);
     tracing::info!(
-        running = state.running_count(),
+        running = state.lifecycle.running_count(),
         grace_ms = grace.as_millis() as u64,
         "shutting down"
     );
@@ -435,14 +435,14 @@ async fn serve(
     };
     if tokio::time::timeout(grace, drain).await.is_err() {
         tracing::warn!(
-            running = state.running_count(),
+            running = state.lifecycle.running_count(),
             "grace period over: killing the sandboxes still running"
         );
         // Keep killing until nothing runs: an execution may have been between its last
         // check and its spawn when the first round went out.
         let deadline = tokio::time::Instant::now() + KILL_DEADLINE;
-        while state.running_count() > 0 && tokio::time::Instant::now() < deadline {
-            state.cancel_all();
+        while state.lifecycle.running_count() > 0 && tokio::time::Instant::now() < deadline {
+            state.lifecycle.cancel_all();
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         // Answers are on their way; the connections get a moment to write them.
@@ -468,7 +468,7 @@ async fn serve(
     if let Some(why) = state.audit.write_kept() {
         tracing::error!(error = %why, "stopped with audit lines that could not be written");
     }
-    tracing::info!(still_running = state.running_count(), "stopped");
+    tracing::info!(still_running = state.lifecycle.running_count(), "stopped");
     Ok(())
 }
 

@@ -60,6 +60,7 @@ const SERVICE: Crate = Crate {
         ("credentials", FOUNDATION),
         ("error", FOUNDATION),
         ("keys", FOUNDATION),
+        ("lifecycle", FOUNDATION),
         ("metrics", FOUNDATION),
         ("open_sessions", FOUNDATION),
         ("parked", FOUNDATION),
@@ -478,7 +479,7 @@ fn the_services_name_no_transport() {
     let manifest = std::fs::read_to_string(SERVICE.src().join("..").join("Cargo.toml")).unwrap();
     let named: Vec<&str> = TRANSPORTS
         .iter()
-        .map(|t| *t)
+        .copied()
         .filter(|t| {
             let dashed = t.replace('_', "-");
             manifest.lines().any(|l| {

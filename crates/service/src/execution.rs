@@ -523,7 +523,7 @@ pub fn finish(
         Ok(execution) => execution,
         Err(e) => {
             if let EngineError::Spawn(_) | EngineError::Io { .. } = &e {
-                state.sandboxes_failed(&e.to_string());
+                state.lifecycle.sandboxes_failed(&e.to_string());
             }
             // Its `started` line is written: it gets a final record all the same.
             record_unrun(state, &ctx);
@@ -538,9 +538,9 @@ pub fn finish(
             .error
             .as_ref()
             .map_or("", |e| e.message.as_str());
-        state.sandboxes_failed(why);
+        state.lifecycle.sandboxes_failed(why);
     } else if execution.result.status != Status::InternalError {
-        state.sandboxes_work();
+        state.lifecycle.sandboxes_work();
     }
     state.telemetry.executed(crate::telemetry::Executed {
         id: &ctx.id,

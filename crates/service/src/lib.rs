@@ -55,6 +55,7 @@ pub mod caller;
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod lifecycle;
 pub mod metrics;
 pub mod open_sessions;
 pub mod parked;

@@ -48,9 +48,10 @@ use crate::execution::{
     reserve_answer, Context, Lifetime,
 };
 use crate::keys::Key;
+use crate::lifecycle::Tracked;
 use crate::open_sessions::OpenSession;
 use crate::parked;
-use crate::services::{SharedServices, Tracked};
+use crate::services::SharedServices;
 use crate::sessions::{self, PreparedCell};
 use crate::stream::{self, EventStream};
 
@@ -315,7 +316,7 @@ pub async fn run<T: Send + 'static>(
             job.cancel = Some(cancel.clone());
             // Line-buffered when streamed or observed: print() is seen as it happens.
             job.stream = stream || observer.is_some();
-            let tracked = state.track(cancel.clone());
+            let tracked = state.lifecycle.track(cancel.clone());
             (Ready::Execute(job), Stop::Cancel(cancel), Some(tracked))
         }
         Ready::Cell(cell) => {
@@ -545,7 +546,7 @@ async fn in_background(
     job.cancel = Some(live.cancel.clone());
     // Line-buffered: print() reaches the log as it happens.
     job.stream = true;
-    let tracked = state.track(live.cancel.clone());
+    let tracked = state.lifecycle.track(live.cancel.clone());
     // Output held back for the log is written a little later at most.
     let flushing = live.clone();
     let flusher = tokio::spawn(async move {

@@ -3,11 +3,9 @@
 //! audit log, keys, metrics, traces; open and paused sessions, background work), which never
 //! import it; the services (executions, sessions, snapshots, ...) stand above it.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use airlock_engine::{Cancel, Engine};
+use airlock_engine::Engine;
 
 use crate::admission::Admission;
 use crate::audit::AuditLog;
@@ -15,6 +13,7 @@ use crate::config::Config;
 use crate::credentials::Credentials;
 use crate::error::{Error, Kind};
 use crate::keys::KeyStore;
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::{budget, keys, telemetry};
 
@@ -29,19 +28,10 @@ pub struct Services {
     pub audit: Arc<AuditLog>,
     /// Lower-case host names (no port) accepted in the Host header.
     pub allowed_hosts: Vec<String>,
-    /// Whether sandboxes start: the start-up trial run, then each execution's sandbox (a
-    /// failed start sets it, a sandbox that runs clears it), and why not.
-    pub trial: Mutex<Result<(), String>>,
-    /// When `/readyz` last tried a trial run again while sandboxes could not start, and
-    /// whether one is running.
-    retrial: Mutex<(Option<std::time::Instant>, bool)>,
+    /// Shutdown, whether sandboxes start, the executions running now.
+    pub lifecycle: Lifecycle,
     /// Memory for request bodies and answers (http.max_buffered_bytes, and per key).
     pub memory: budget::MemoryBudget,
-    shutting_down: AtomicBool,
-    /// Turns true on shutdown, for whoever waits on something else meanwhile.
-    shutdown: tokio::sync::watch::Sender<bool>,
-    running: Mutex<HashMap<u64, Cancel>>,
-    next_execution: AtomicU64,
     /// Open sessions, each one key's.
     pub sessions: crate::open_sessions::Sessions,
     /// Turns to evaluate an expression (`eval.max_running`).
@@ -141,17 +131,12 @@ impl Services {
             metrics,
             audit: Arc::new(audit),
             allowed_hosts,
-            trial: Mutex::new(Err("not run yet".into())),
-            retrial: Mutex::new((None, false)),
+            lifecycle: Lifecycle::default(),
             memory,
-            shutting_down: AtomicBool::new(false),
-            shutdown: tokio::sync::watch::Sender::new(false),
             sessions: crate::open_sessions::Sessions::default(),
             eval_slots: tokio::sync::Semaphore::new(eval_turns),
             pickle_slots: tokio::sync::Semaphore::new(pickle_turns),
             tools,
-            running: Mutex::new(HashMap::new()),
-            next_execution: AtomicU64::new(0),
             credentials: Credentials::default(),
             telemetry,
         }
@@ -164,121 +149,40 @@ impl Services {
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
+        self.lifecycle.is_shutting_down()
     }
 
     /// Refuses new executions from now on, waiters in the queues included.
     pub fn begin_shutdown(&self) {
-        self.shutting_down.store(true, Ordering::SeqCst);
+        self.lifecycle.begin_shutdown();
         self.admission.close();
-        self.shutdown.send_replace(true);
     }
 
     /// Changes when shutdown begins.
     pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
-        self.shutdown.subscribe()
+        self.lifecycle.shutdown_signal()
     }
 
     /// Resolves once shutdown has begun.
     pub async fn shutdown_begun(&self) {
-        let mut rx = self.shutdown.subscribe();
-        let _ = rx.wait_for(|begun| *begun).await.map(|_| ());
-    }
-
-    /// A sandbox could not start (too many open files, the interpreter gone): `/readyz` says
-    /// so until one runs again.
-    pub fn sandboxes_failed(&self, why: &str) {
-        let mut trial = self.trial.lock().unwrap_or_else(|e| e.into_inner());
-        if trial.is_ok() {
-            tracing::error!(error = %why, "a sandbox could not start; not ready until one does");
-        }
-        *trial = Err(format!("sandboxes cannot start: {why}"));
-    }
-
-    /// A sandbox ran: whatever kept them from starting has gone.
-    pub fn sandboxes_work(&self) {
-        let mut trial = self.trial.lock().unwrap_or_else(|e| e.into_inner());
-        if trial.is_err() {
-            tracing::info!("sandboxes start again; ready");
-            *trial = Ok(());
-        }
+        self.lifecycle.shutdown_begun().await
     }
 
     /// While sandboxes cannot start, tries a trial run again in the background, at most
-    /// every `RETRIAL_EVERY`: readiness comes back by itself when the fault goes away, even if
+    /// every two seconds: readiness comes back by itself when the fault goes away, even if
     /// no execution is sent meanwhile (a balancer sends none to an unready server).
     pub fn retry_trial(self: &Arc<Self>) {
-        const RETRIAL_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
-        if self.trial.lock().unwrap_or_else(|e| e.into_inner()).is_ok() {
+        let Some(retrial) = self.lifecycle.retrial_due() else {
             return;
-        }
-        {
-            let mut retrial = self.retrial.lock().unwrap_or_else(|e| e.into_inner());
-            let due = retrial.0.is_none_or(|at| at.elapsed() >= RETRIAL_EVERY);
-            if retrial.1 || !due || self.is_shutting_down() {
-                return;
-            }
-            *retrial = (Some(std::time::Instant::now()), true);
-        }
-        /// Marks the trial done however it ends (a panic too), so the next one can run.
-        struct Done(Arc<Services>);
-        impl Drop for Done {
-            fn drop(&mut self) {
-                self.0.retrial.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
-            }
-        }
-        let done = Done(self.clone());
+        };
+        let state = self.clone();
         tokio::task::spawn_blocking(move || {
-            let state = &done.0;
             match state.engine.self_test() {
-                Ok(_) => state.sandboxes_work(),
-                Err(e) => {
-                    *state.trial.lock().unwrap_or_else(|e| e.into_inner()) = Err(e);
-                }
+                Ok(_) => state.lifecycle.sandboxes_work(),
+                Err(e) => state.lifecycle.set_trial(Err(e)),
             }
+            drop(retrial);
         });
-    }
-
-    /// Kills every running execution's sandbox.
-    pub fn cancel_all(&self) -> usize {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
-        for cancel in running.values() {
-            cancel.cancel();
-        }
-        running.len()
-    }
-
-    pub fn running_count(&self) -> usize {
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    /// Registers a running execution so that shutdown can cancel it; deregistered on drop.
-    pub fn track(self: &Arc<Self>, cancel: Cancel) -> Tracked {
-        let id = self.next_execution.fetch_add(1, Ordering::Relaxed);
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, cancel);
-        Tracked {
-            state: self.clone(),
-            id,
-        }
-    }
-}
-
-#[derive(Debug)]
-pub struct Tracked {
-    state: SharedServices,
-    id: u64,
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.state
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
     }
 }
 

@@ -26,7 +26,7 @@ pub fn not_ready_because(state: &SharedServices) -> Vec<String> {
         }
     }
     state.retry_trial();
-    if let Err(e) = &*state.trial.lock().unwrap_or_else(|e| e.into_inner()) {
+    if let Err(e) = state.lifecycle.trial() {
         reasons.push(format!("trial run: {e}"));
     }
     if state.is_shutting_down() {
