@@ -30,8 +30,11 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Where an environment appears inside a sandbox.
-pub const ENV_MOUNT: &str = "/env";
+use crate::engine::Engine;
+use crate::job::{InputFile, Job};
+pub use crate::policy::{EnvMount, ENV_MOUNT};
+use crate::pump::{OutputSink, Stdin, Stream};
+
 const MANIFEST: &str = "airlock-environment.json";
 /// Longest requirement list accepted, in lines and bytes.
 pub const MAX_REQUIREMENTS: usize = 256;
@@ -106,24 +109,6 @@ struct Manifest {
     packages: Vec<String>,
     /// Digest of every entry of the tree but this manifest (see [`tree_digest`]).
     tree: String,
-}
-
-/// An environment ready to mount.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvMount {
-    pub name: String,
-    pub hash: String,
-    /// The host directory mounted at `/env`.
-    pub source: PathBuf,
-    /// Writable: a build in progress; read-only for everything else.
-    pub writable: bool,
-}
-
-impl EnvMount {
-    /// The site-packages directory inside the sandbox, for `python` (`major.minor`).
-    pub fn site_packages(python: &str) -> String {
-        format!("{ENV_MOUNT}/lib/python{python}/site-packages")
-    }
 }
 
 /// The store of one state directory.
@@ -1100,8 +1085,8 @@ struct BuildLog<'a> {
     progress: &'a mut (dyn FnMut(&str) + Send),
 }
 
-impl crate::OutputSink for BuildLog<'_> {
-    fn output(&mut self, _: crate::Stream, chunk: &[u8]) {
+impl OutputSink for BuildLog<'_> {
+    fn output(&mut self, _: Stream, chunk: &[u8]) {
         let _ = self.file.write_all(chunk);
         for &b in chunk {
             if b == b'\n' {
@@ -1121,12 +1106,12 @@ impl crate::OutputSink for BuildLog<'_> {
         }
     }
 
-    fn truncated(&mut self, _: crate::Stream, limit: u64) {
+    fn truncated(&mut self, _: Stream, limit: u64) {
         let _ = writeln!(self.file, "[output past {limit} bytes not kept]");
     }
 }
 
-impl crate::Engine {
+impl Engine {
     /// Runs one environment build in a sandbox: `mount` writable at `/env`, egress only under
     /// `settings.egress` with the operator's budgets and name answers (each connection told
     /// to `observer`), the output streamed to `log` and `progress`.
@@ -1171,17 +1156,17 @@ impl crate::Engine {
             egress.observer,
         );
         egress.begin(&format!("build:{}", mount.hash));
-        let job = crate::Job {
+        let job = Job {
             code: BUILD_CODE.into(),
             filename: "build.py".into(),
-            stdin: crate::Stdin::Empty,
+            stdin: Stdin::Empty,
             env: Vec::new(),
             files: vec![
-                crate::InputFile {
+                InputFile {
                     path: "requirements.txt".into(),
                     data: (requirements.join("\n") + "\n").into_bytes(),
                 },
-                crate::InputFile {
+                InputFile {
                     path: "build.json".into(),
                     data: build.to_string().into_bytes(),
                 },

@@ -22,11 +22,19 @@ use airlock_sandbox::{KillReason, Killer, Outcome, Probe, SetOnce};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::channel::{self, Assembler, Broken, Frame};
-use crate::launcher::Mode;
+use crate::config::RESPONSE_OVERHEAD;
+use crate::engine::Engine;
+use crate::error::{EngineError, Refusal};
+use crate::isolation;
+use crate::job::{check_entrypoint, Entrypoint, Job};
+use crate::launcher::{socket_pair, Mode};
 use crate::marshal::{self, Value};
+use crate::paths::check_relative_path;
 use crate::pump::{self, OutputSink, Progress, Stream, Streams};
+use crate::request::{entrypoint_fields, tools_field};
+use crate::tools::{Breach, ToolBridge};
 use crate::verdict::{self, Response, Verdict};
-use crate::{Engine, EngineError, Entrypoint, Job};
+use crate::volumes::JobVolume;
 
 /// How long a new session may take to be ready, and a file operation to be answered.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -77,16 +85,16 @@ pub struct Session {
     response_limit: u64,
     /// Code mode: the bridge serving the session's tool channel, asked for its package at
     /// each cell (the caller may change what it grants between cells).
-    tools: Option<Arc<dyn crate::ToolBridge>>,
+    tools: Option<Arc<dyn ToolBridge>>,
     /// Why the tool channel was cut, when the code broke its protocol.
-    breach: Arc<crate::tools::Breach>,
+    breach: Arc<Breach>,
     /// The session's egress: each cell is an account of its own (`Leash::begin`), and the
     /// time between cells the session's (`Leash::for_session`, which the caller names).
     egress: Option<Arc<airlock_egress::Leash>>,
     /// The volumes its sandbox mounts, with their leases: let go once the sandbox is gone
     /// and its channel holds nothing more (a descriptor passed on it would keep a volume's
     /// mount), or with the session (after `io`, which closes the channel).
-    volumes: Mutex<Vec<crate::volumes::JobVolume>>,
+    volumes: Mutex<Vec<JobVolume>>,
 }
 
 /// One cell.
@@ -137,12 +145,12 @@ impl Session {
         let (wake_r, wake_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| io_error("pipe2", e.into()))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        let (launcher, end2) = (engine.launcher.clone(), end.clone());
+        let (launcher, end2) = (engine.launcher().clone(), end.clone());
         let tools = match &setup.tools {
-            Some(bridge) => Some((bridge.clone(), crate::socket_pair()?)),
+            Some(bridge) => Some((bridge.clone(), socket_pair()?)),
             None => None,
         };
-        let breach = Arc::new(crate::tools::Breach::default());
+        let breach = Arc::new(Breach::default());
         let breach2 = breach.clone();
         std::thread::Builder::new()
             .name("airlock-session".into())
@@ -248,9 +256,9 @@ impl Session {
         }
         let mut isolation = started
             .wait(READY_TIMEOUT)
-            .map(|i| crate::isolation(&i))
+            .map(|i| isolation::reported(&i))
             .ok_or_else(|| failed("the sandbox did not report its isolation".into()))?;
-        crate::with_egress(&mut isolation, setup.egress.as_deref());
+        isolation::with_egress(&mut isolation, setup.egress.as_deref());
         Ok(Session {
             io: Mutex::new(io),
             killer,
@@ -326,8 +334,8 @@ impl Session {
             return Err(SessionError::Ended(status));
         }
         if let Some(e) = &cell.entrypoint {
-            crate::check_entrypoint(e)
-                .map_err(|(field, m)| EngineError::from(crate::Refusal::invalid(field, m)))?;
+            check_entrypoint(e)
+                .map_err(|(field, m)| EngineError::from(Refusal::invalid(field, m)))?;
         }
         io.cells += 1;
         let filename = format!("cell{}.py", io.cells);
@@ -336,10 +344,10 @@ impl Session {
             ("code", Value::Str(&cell.code)),
             ("filename", Value::Str(&filename)),
         ];
-        fields.extend(marshal::entrypoint_fields(cell.entrypoint.as_ref()));
+        fields.extend(entrypoint_fields(cell.entrypoint.as_ref()));
         let package = self.tools.as_ref().map(|t| t.package());
         if self.tools.is_some() {
-            fields.push(("tools", marshal::tools_field(package.as_ref())));
+            fields.push(("tools", tools_field(package.as_ref())));
         }
         let request = marshal::encode(&Value::Dict(fields))
             .map_err(|e| io_error("encoding a cell", std::io::Error::other(e)))?;
@@ -456,8 +464,7 @@ impl Session {
     /// Writes a file below the working directory (missing directories are made); a link or
     /// anything but a regular file in the way is refused.
     pub fn put_file(&self, path: &str, data: &[u8]) -> Result<(), SessionError> {
-        crate::check_relative_path(path)
-            .map_err(|m| EngineError::from(crate::Refusal::invalid("path", m)))?;
+        check_relative_path(path).map_err(|m| EngineError::from(Refusal::invalid("path", m)))?;
         self.file_op(&Value::Dict(vec![
             ("op", Value::Str("put")),
             ("path", Value::Str(path)),
@@ -470,10 +477,9 @@ impl Session {
     /// link on the way.
     pub fn get_file(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, SessionError> {
         use base64::Engine as _;
-        crate::check_relative_path(path)
-            .map_err(|m| EngineError::from(crate::Refusal::invalid("path", m)))?;
+        check_relative_path(path).map_err(|m| EngineError::from(Refusal::invalid("path", m)))?;
         // Half the result limit: its base64 and the answer around it fit in a response.
-        let result_limit = self.response_limit - crate::RESPONSE_OVERHEAD;
+        let result_limit = self.response_limit - RESPONSE_OVERHEAD;
         let max = max_bytes.min(result_limit / 2).min(i32::MAX as u64);
         let value = self.file_op(&Value::Dict(vec![
             ("op", Value::Str("get")),
@@ -500,7 +506,7 @@ impl Session {
         if entries.len() > MAX_LIST_ENTRIES as usize
             || entries
                 .iter()
-                .any(|e| crate::check_relative_path(&e.path).is_err())
+                .any(|e| check_relative_path(&e.path).is_err())
         {
             return Err(bad_answer("a listing"));
         }

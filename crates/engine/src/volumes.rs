@@ -33,8 +33,11 @@ use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use serde::{Deserialize, Serialize};
 
+use crate::paths::check_relative_path;
+use crate::policy::SANDBOX_UID;
+
 /// Who owns the files on a volume's file system: the sandbox's uid and gid.
-pub const OWNER_ID: u32 = crate::SANDBOX_UID;
+pub const OWNER_ID: u32 = SANDBOX_UID;
 /// Longest volume name.
 pub const MAX_NAME: usize = 64;
 /// Smallest volume: room for ext4's journal and a few files.
@@ -734,7 +737,7 @@ fn file_error<'a>(
 }
 
 fn check_path(path: &str) -> Result<(), VolumeError> {
-    crate::check_relative_path(path).map_err(|message| VolumeError::Invalid {
+    check_relative_path(path).map_err(|message| VolumeError::Invalid {
         field: "path",
         message,
     })
@@ -788,7 +791,7 @@ fn undo_pending(root: BorrowedFd<'_>, at: &Path) {
                 Mode::empty(),
             ),
         };
-        if pending.dir.is_empty() || crate::check_relative_path(&pending.dir).is_ok() {
+        if pending.dir.is_empty() || check_relative_path(&pending.dir).is_ok() {
             if let (Some(name), Ok(fd)) = (&pending.temporary, dir(parts.len())) {
                 remove_file_named(&fd, name);
             }
