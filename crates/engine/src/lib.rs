@@ -52,9 +52,7 @@ pub use policy::{EGRESS_PORT, SCRATCH_MOUNTS, WORKDIR};
 pub use pool::{Pool, PoolConfig, PoolStatus};
 pub use pump::{Discard, OutputSink, Stdin, Stream};
 pub use runner::source as runner;
-pub use session::{
-    Cell, CellResult, ListedFile, Session, SessionError, SnapshotError, SnapshotReport,
-    MAX_LIST_ENTRIES,
-};
+pub use session::snapshots::{SnapshotError, SnapshotReport};
+pub use session::{Cell, CellResult, ListedFile, Session, SessionError, MAX_LIST_ENTRIES};
 pub use tools::{tool_answer, ToolBridge, ToolCall, ToolValue, TOOLS_FD};
 pub use zygotes::{ZygoteConfig, ZygoteStatus};
