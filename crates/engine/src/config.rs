@@ -68,6 +68,8 @@ pub struct EngineConfig {
 }
 
 const MIB: u64 = 1 << 20;
+/// Room for an error's message and traceback beyond the result limit.
+pub(crate) const RESPONSE_OVERHEAD: u64 = 128 * 1024;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -102,13 +104,22 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
-    /// See [`crate::Engine::result_bytes`].
+    /// The most memory one execution's result can hold, under `limits`: both captured
+    /// streams as written, and the sandbox's response (result, error, outputs, files) once
+    /// parsed and serialized again (twice its bytes: numbers and escapes can grow a little
+    /// when written back).
     pub fn result_bytes(&self, limits: &Limits) -> u64 {
-        let response = self.max_result_bytes + crate::RESPONSE_OVERHEAD;
+        let response = self.response_limit();
         limits
             .output_bytes
             .saturating_mul(2)
             .saturating_add(response.saturating_mul(2))
+    }
+
+    /// The most a runner's response may hold: the result limit, and room for an error's
+    /// message and traceback.
+    pub(crate) fn response_limit(&self) -> u64 {
+        self.max_result_bytes + RESPONSE_OVERHEAD
     }
 }
 

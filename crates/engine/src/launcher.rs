@@ -13,8 +13,11 @@ use std::time::Duration;
 use airlock_sandbox::{spawn, Child, Command, KillReason, Policy, Prestarted, SpawnError};
 
 use crate::compiled::CompiledRunner;
+use crate::error::EngineError;
+use crate::interpreter::Interpreter;
+use crate::policy::{EnvMount, CA_BUNDLE, ENV_MOUNT, PIP_TARGET, WORKDIR};
+use crate::runner;
 use crate::zygotes::Zygotes;
-use crate::{environments, runner, EngineError, Interpreter, CA_BUNDLE, PIP_TARGET, WORKDIR};
 
 /// How long a sandbox's runner may take to say it is ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -71,7 +74,7 @@ impl Launcher {
         tools: Option<OwnedFd>,
         preload: bool,
     ) -> Result<(Child, UnixStream), EngineError> {
-        let (control, theirs) = crate::socket_pair()?;
+        let (control, theirs) = socket_pair()?;
         let tools_passed = tools.is_some();
         let mut command = self.command(policy, theirs, tools);
         match mode {
@@ -117,7 +120,7 @@ impl Launcher {
 
     /// A cold sandbox whose runner reads its request at once, never a zygote's child.
     fn start_cold(&self, policy: &Policy) -> Result<(Child, UnixStream), EngineError> {
-        let (control, theirs) = crate::socket_pair()?;
+        let (control, theirs) = socket_pair()?;
         let command = self.command(policy, theirs, None);
         Ok((self.spawn_cold(command, policy)?, control))
     }
@@ -128,7 +131,7 @@ impl Launcher {
         if let Some(compiled) = &self.compiled {
             if let Ok(fd) = compiled.descriptor() {
                 let boot = compiled.boot(3 + command.passed_fds());
-                if command.replace_arg(runner(), boot) {
+                if command.replace_arg(runner::source(), boot) {
                     command = command.pass_fd(fd);
                 }
             }
@@ -148,7 +151,7 @@ impl Launcher {
     /// tool channel at 4, when given).
     fn command(&self, policy: &Policy, theirs: UnixStream, tools: Option<OwnedFd>) -> Command {
         let mut command = Command::new(self.interpreter.path.clone())
-            .args(["-I", "-S", "-B", "-c", runner()])
+            .args(["-I", "-S", "-B", "-c", runner::source()])
             .env("PATH", "/usr/bin:/bin")
             .env("HOME", WORKDIR)
             .env("LANG", "C.UTF-8")
@@ -169,11 +172,8 @@ impl Launcher {
         }
         if has_environment(policy) {
             command = command
-                .env(
-                    "PATH",
-                    format!("{}/bin:/usr/bin:/bin", environments::ENV_MOUNT),
-                )
-                .env("VIRTUAL_ENV", environments::ENV_MOUNT);
+                .env("PATH", format!("{}/bin:/usr/bin:/bin", ENV_MOUNT))
+                .env("VIRTUAL_ENV", ENV_MOUNT);
         }
         if let Some(port) = policy.egress_port {
             // What pip, requests, httpx, urllib and curl all read.
@@ -199,7 +199,7 @@ impl Launcher {
         within: Duration,
     ) -> Result<(), String> {
         let zygotes = self.zygotes.as_ref().ok_or("zygotes are not started")?;
-        let (_control, theirs) = crate::socket_pair().map_err(|e| e.to_string())?;
+        let (_control, theirs) = socket_pair().map_err(|e| e.to_string())?;
         let command = self.command(policy, theirs, None).arg("warm");
         let preload = zygotes.wants_preloads(code);
         zygotes.wait_ready(&command, policy, preload, || self.sys_path(policy), within)
@@ -207,13 +207,11 @@ impl Launcher {
 
     /// `sys.path` after the standard library in a sandbox with `policy`'s root: the
     /// environment's site-packages first, then the interpreter's own packages (a job's request
-    /// adds where `pip install` puts packages, see `Engine::runner_request`).
+    /// adds where `pip install` puts packages, see `request::for_job`).
     pub(crate) fn sys_path(&self, policy: &Policy) -> Vec<String> {
         let mut path = Vec::new();
         if has_environment(policy) {
-            path.push(environments::EnvMount::site_packages(
-                &self.interpreter.version,
-            ));
+            path.push(EnvMount::site_packages(&self.interpreter.version));
         }
         path.extend(self.interpreter.extra_sys_path.iter().cloned());
         path
@@ -222,10 +220,7 @@ impl Launcher {
 
 /// Whether a sandbox with `policy` has an environment mounted at `/env`.
 fn has_environment(policy: &Policy) -> bool {
-    policy
-        .root
-        .iter()
-        .any(|e| e.path() == Path::new(environments::ENV_MOUNT))
+    policy.root.iter().any(|e| e.path() == Path::new(ENV_MOUNT))
 }
 
 /// Whether a warm runner said it is ready (its one byte, `R`) within `READY_TIMEOUT`; its
@@ -249,4 +244,12 @@ fn ready_or_gone(child: Child, control: &UnixStream) -> Option<Child> {
         tracing::debug!(error = %e, "a zygote's child never started");
     }
     None
+}
+
+/// A pair of connected sockets: a channel between the host and a sandbox.
+pub(crate) fn socket_pair() -> Result<(UnixStream, UnixStream), EngineError> {
+    UnixStream::pair().map_err(|source| EngineError::Io {
+        what: "socketpair",
+        source,
+    })
 }

@@ -23,27 +23,6 @@ pub(crate) enum Value<'a> {
     Json(&'a serde_json::Value),
 }
 
-/// Function mode's two request fields (None for a plain execution), the same for a one-shot
-/// run and a session cell.
-pub(crate) fn entrypoint_fields(e: Option<&crate::Entrypoint>) -> [(&'static str, Value<'_>); 2] {
-    [
-        ("entrypoint", e.map_or(Value::None, |e| Value::Str(&e.name))),
-        (
-            "inputs",
-            e.map_or(Value::None, |e| Value::Object(&e.inputs)),
-        ),
-    ]
-}
-
-/// The request's `tools` field: the package the runner builds (an object of plain data), or
-/// None when the job has no tools.
-pub(crate) fn tools_field(package: Option<&serde_json::Value>) -> Value<'_> {
-    match package {
-        Some(serde_json::Value::Object(map)) => Value::Object(map),
-        _ => Value::None,
-    }
-}
-
 /// One object is at most this long (marshal's lengths are signed 32-bit).
 const MAX_LEN: usize = i32::MAX as usize;
 

@@ -15,7 +15,7 @@
 //! target by one, up to `max_size`, and the target falls back by one per `shrink_after_ms`
 //! without such a miss.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 use airlock_sandbox::{Child, Policy};
 use serde::{Deserialize, Serialize};
 
+use crate::error::EngineError;
 use crate::launcher::{said_ready, Launcher, Mode};
-use crate::{Engine, EngineError};
+use crate::policy::{self, EnvMount};
 /// First pause after a failed start; it doubles up to `MAX_BACKOFF`.
 const BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -37,6 +38,8 @@ const ZYGOTE_WAIT: Duration = Duration::from_millis(200);
 const LAZY_REFILL: Duration = Duration::from_millis(100);
 /// Refills allowed at once however few executions run (see [`refills_at_once`]).
 const MIN_REFILLS_AT_ONCE: usize = 2;
+/// How long an environment's pool outlives its last execution.
+const ENV_POOL_IDLE: Duration = Duration::from_secs(600);
 
 /// Warm pool settings (`[pool]` in the server's configuration).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -219,13 +222,6 @@ impl Drop for InUse {
 }
 
 impl Pool {
-    /// Starts filling a pool of sandboxes for `engine`'s default limits, started as its
-    /// own are (see `launcher`).
-    pub fn start(engine: &Engine, config: PoolConfig) -> Result<Pool, String> {
-        let policy = engine.policy(&engine.config.defaults);
-        Self::start_for(&engine.launcher, config, policy, false)
-    }
-
     /// Starts filling a pool of sandboxes built from `policy` (an environment's, or the
     /// defaults'); with `preload`, children of the preloading zygote.
     pub(crate) fn start_for(
@@ -405,6 +401,107 @@ impl Pool {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// Warm pools for environments in demand: one per stored environment, started by the first
+/// execution that names it (which itself starts cold), closed once unused for
+/// `ENV_POOL_IDLE`.
+#[derive(Debug)]
+pub(crate) struct EnvPools {
+    config: PoolConfig,
+    pools: Mutex<BTreeMap<String, (Arc<Pool>, Instant)>>,
+}
+
+impl EnvPools {
+    /// Pools of `config` (each keeps one sandbox ready once asked for, more while in
+    /// demand).
+    pub(crate) fn new(config: PoolConfig) -> Self {
+        EnvPools {
+            config,
+            pools: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn pools(&self) -> MutexGuard<'_, BTreeMap<String, (Arc<Pool>, Instant)>> {
+        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of `env`'s sandboxes, started now (with `launcher`, from `defaults`, the
+    /// policy of the default limits) if it was not running; pools unused for
+    /// `ENV_POOL_IDLE` are closed on the way.
+    pub(crate) fn get(
+        &self,
+        launcher: &Launcher,
+        env: &EnvMount,
+        defaults: impl FnOnce() -> Policy,
+    ) -> Option<Arc<Pool>> {
+        let now = Instant::now();
+        let (pool, stale) = {
+            let mut map = self.pools();
+            let stale: Vec<Arc<Pool>> = {
+                let old: Vec<String> = map
+                    .iter()
+                    .filter(|(hash, (_, used))| {
+                        **hash != env.hash && now.duration_since(*used) > ENV_POOL_IDLE
+                    })
+                    .map(|(hash, _)| hash.clone())
+                    .collect();
+                old.iter()
+                    .filter_map(|h| map.remove(h))
+                    .map(|(p, _)| p)
+                    .collect()
+            };
+            let pool = match map.get_mut(&env.hash) {
+                Some((pool, used)) => {
+                    *used = now;
+                    Some(pool.clone())
+                }
+                None => {
+                    // Built for the default limits, like the main pool's.
+                    let mut policy = defaults();
+                    policy::with_environment(&mut policy, env);
+                    let config = self.config.clone();
+                    if let Ok(pool) = Pool::start_for(launcher, config, policy, false) {
+                        map.insert(env.hash.clone(), (Arc::new(pool), now));
+                    }
+                    // This execution goes cold; the next finds a sandbox ready.
+                    None
+                }
+            };
+            (pool, stale)
+        };
+        for pool in stale {
+            pool.close();
+        }
+        pool
+    }
+
+    /// Closes the pool of the environment stored as `hash`, if it has one.
+    pub(crate) fn close(&self, hash: &str) {
+        let pool = self.pools().remove(hash);
+        if let Some((pool, _)) = pool {
+            pool.close();
+        }
+    }
+
+    /// The pools, with how many sandboxes each holds ready.
+    pub(crate) fn status(&self) -> Vec<(String, PoolStatus)> {
+        self.pools()
+            .iter()
+            .map(|(hash, (pool, _))| (hash.clone(), pool.status()))
+            .collect()
+    }
+
+    /// Closes every pool.
+    pub(crate) fn close_all(&self) {
+        let all: Vec<Arc<Pool>> = std::mem::take(&mut *self.pools())
+            .into_values()
+            .map(|(p, _)| p)
+            .collect();
+        for pool in all {
+            pool.close();
+        }
     }
 }
 
@@ -619,22 +716,25 @@ fn start_warm(launcher: &Launcher, policy: &Policy, preload: bool) -> Result<War
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::EngineConfig;
+    use crate::config::EngineConfig;
+    use crate::interpreter::Interpreter;
 
     #[test]
     fn only_a_sandbox_built_alike_is_taken_from_the_pool() {
-        let Ok(engine) = Engine::new(EngineConfig::default()) else {
+        let config = EngineConfig::default();
+        let Ok(python) = Interpreter::detect(&config.python) else {
             panic!("/usr/bin/python3 is required by the test suite");
         };
-        let defaults = engine.config().defaults.clone();
-        let pooled = engine.policy(&defaults);
+        let policy = |limits: &airlock_api::Limits| policy::for_limits(&config, &python, limits);
+        let defaults = config.defaults.clone();
+        let pooled = policy(&defaults);
         // The timeout is the host's alone: restarted at take.
         let longer = airlock_api::Limits {
             timeout_ms: defaults.timeout_ms * 2,
             output_bytes: defaults.output_bytes * 2,
             ..defaults.clone()
         };
-        assert!(same_sandbox(&pooled, &engine.policy(&longer)));
+        assert!(same_sandbox(&pooled, &policy(&longer)));
         // Anything the sandbox itself is built with is not.
         for other in [
             airlock_api::Limits {
@@ -654,7 +754,7 @@ mod tests {
                 ..defaults.clone()
             },
         ] {
-            assert!(!same_sandbox(&pooled, &engine.policy(&other)), "{other:?}");
+            assert!(!same_sandbox(&pooled, &policy(&other)), "{other:?}");
         }
     }
 

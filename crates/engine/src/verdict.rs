@@ -13,6 +13,7 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::paths::check_relative_path;
 use crate::pump::{decode_output, Streams};
 
 /// What the runner sends back: exactly one of the two.
@@ -126,7 +127,7 @@ pub(crate) fn parse_response(
 /// A returned file: a relative path of plain components, and either contents (base64 of
 /// exactly `size` bytes) or the reason it was skipped.
 fn check_file(f: &OutputFile) -> Result<(), String> {
-    crate::check_relative_path(&f.path)?;
+    check_relative_path(&f.path)?;
     match (&f.base64, &f.skipped) {
         (Some(data), None) => {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -602,7 +603,7 @@ mod tests {
         streams.stdout.data = "a\u{20ac}".as_bytes()[..3].to_vec();
         streams.stdout.truncated = true;
         streams.stderr.data = b"err".to_vec();
-        let iso = crate::isolation(&outcome(Some(Exit::Code(0)), None, 0).isolation);
+        let iso = crate::isolation::reported(&outcome(Some(Exit::Code(0)), None, 0).isolation);
         let usage = airlock_api::Usage {
             wall_ms: 5,
             ..airlock_api::Usage::default()

@@ -296,7 +296,7 @@ impl Zygotes {
         // the part it loads on demand (charts, files, tools, tracebacks) included: compiling
         // that costs about 3 ms, which each child would otherwise pay.
         spec.prepare = true;
-        spec.prepare_more = format!("{}\nLOADED.append(True)\n", crate::RUNNER_MORE);
+        spec.prepare_more = format!("{}\nLOADED.append(True)\n", crate::runner::MORE);
         spec.warm_up = WARM_UP.to_owned();
         // One BLAS thread: a pool of them would be stopped and started again around every
         // fork (OpenBLAS's fork handlers), and a sandbox has one core's worth of CPU anyway.
