@@ -26,8 +26,6 @@ pub struct Services {
     pub admission: Admission,
     pub metrics: Arc<Metrics>,
     pub audit: Arc<AuditLog>,
-    /// Lower-case host names (no port) accepted in the Host header.
-    pub allowed_hosts: Vec<String>,
     /// Shutdown, whether sandboxes start, the executions running now.
     pub lifecycle: Lifecycle,
     /// Memory for request bodies and answers (http.max_buffered_bytes, and per key).
@@ -86,7 +84,6 @@ impl Services {
             metrics.clone(),
         );
         let admission = Admission::new(config.concurrency.clone(), &keys.keys(), metrics.clone());
-        let allowed_hosts = allowed_hosts(&config);
         let eval_turns = eval_slots(&config);
         let pickle_turns = config.pickle.max_running.max(1);
         let memory = budget::MemoryBudget::new(
@@ -130,7 +127,6 @@ impl Services {
             admission,
             metrics,
             audit: Arc::new(audit),
-            allowed_hosts,
             lifecycle: Lifecycle::default(),
             memory,
             sessions: crate::open_sessions::Sessions::default(),
@@ -184,22 +180,6 @@ impl Services {
             drop(retrial);
         });
     }
-}
-
-/// localhost names, the listen address, and what the operator added.
-fn allowed_hosts(config: &Config) -> Vec<String> {
-    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
-    let ip = config.listen.ip();
-    if !ip.is_unspecified() {
-        hosts.push(ip.to_string());
-    }
-    hosts.extend(config.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()));
-    hosts.sort();
-    hosts.dedup();
-    hosts
 }
 
 /// A 404 for what this server does not hold; one that names another replica says so, for

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use crate::http::error::{IntoHttp, REQUEST_ID};
 use crate::http::routes::{self, Access};
 use airlock_service::caller::{require, Caller, RequestId};
+use airlock_service::config::Config;
 use airlock_service::error::{Error, Kind};
 use airlock_service::keys::{random_id, Key};
 use airlock_service::metrics::event;
@@ -24,7 +25,42 @@ use airlock_service::SharedServices;
 #[derive(Clone, Debug)]
 pub struct Authenticated(pub Arc<std::sync::atomic::AtomicBool>);
 
-pub async fn guard(State(state): State<SharedServices>, mut req: Request, next: Next) -> Response {
+/// What the guard holds: the services, and the host names it answers for.
+#[derive(Clone, Debug)]
+pub struct Guarded {
+    pub state: SharedServices,
+    /// Lower-case host names (no port) accepted in the Host header.
+    pub hosts: Arc<[String]>,
+}
+
+impl Guarded {
+    pub fn new(state: SharedServices) -> Self {
+        let hosts = allowed_hosts(&state.config).into();
+        Guarded { state, hosts }
+    }
+}
+
+/// localhost names, the listen address, and what the operator added.
+fn allowed_hosts(config: &Config) -> Vec<String> {
+    let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "::1"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let ip = config.listen.ip();
+    if !ip.is_unspecified() {
+        hosts.push(ip.to_string());
+    }
+    hosts.extend(config.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()));
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+pub async fn guard(
+    State(Guarded { state, hosts }): State<Guarded>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let matched = req
         .extensions()
         .get::<MatchedPath>()
@@ -46,7 +82,7 @@ pub async fn guard(State(state): State<SharedServices>, mut req: Request, next: 
     let mut caller = None;
     // Errors made while answering carry the request's id (`http::error::REQUEST_ID`).
     let answered = REQUEST_ID.scope(log.rid.clone(), async {
-        let checked = check(&state, matched.as_deref(), &mut req);
+        let checked = check(&state, &hosts, matched.as_deref(), &mut req);
         // A key without the route's scope is named in the log line, as any other.
         caller = req.extensions().get::<Caller>().map(|c| c.0.clone());
         log.key = caller.as_ref().map(|k| k.name().to_owned());
@@ -112,6 +148,7 @@ impl Drop for RequestLog {
 /// routes and those the configuration opens, else a valid key with the route's scope.
 fn check(
     state: &SharedServices,
+    hosts: &[String],
     matched: Option<&str>,
     req: &mut Request,
 ) -> Result<Option<Response>, Error> {
@@ -123,7 +160,7 @@ fn check(
     // Keyless reads answer any Host: the kubelet and Prometheus send the pod's address, and
     // a page that rebinds a name to the server learns only what any client could.
     if !keyless {
-        check_host(state, req.headers())?;
+        check_host(state, hosts, req.headers())?;
     }
     if let Some(response) = cors(state, req)? {
         return Ok(Some(response));
@@ -145,13 +182,13 @@ fn check(
     Ok(None)
 }
 
-fn check_host(state: &SharedServices, headers: &HeaderMap) -> Result<(), Error> {
+fn check_host(state: &SharedServices, hosts: &[String], headers: &HeaderMap) -> Result<(), Error> {
     let host = headers
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .unwrap_or("");
     let name = host_name(host).to_ascii_lowercase();
-    if state.allowed_hosts.contains(&name) {
+    if hosts.contains(&name) {
         return Ok(());
     }
     state.metrics.security_events.add(&[event::FOREIGN_HOST]);

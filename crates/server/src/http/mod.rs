@@ -34,7 +34,7 @@ pub fn app(state: SharedServices) -> Router {
         .fallback(status::not_found)
         .method_not_allowed_fallback(status::method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            guard::Guarded::new(state.clone()),
             guard::guard,
         ))
         .with_state(state)
