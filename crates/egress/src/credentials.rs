@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use crate::scrub::Scrubber;
-use crate::HostRule;
+use airlock_api::egress::{host_matches, EgressPolicy, HostRule};
 
 /// Shortest secret the proxy accepts: a shorter one could not be told from ordinary text
 /// when it is taken out of answers.
@@ -128,7 +128,7 @@ impl Credential {
     pub fn applies_to(&self, host: &str, port: u16) -> bool {
         self.hosts
             .iter()
-            .any(|r| r.ports.contains(&port) && crate::host_matches(&r.host, host))
+            .any(|r| r.ports.contains(&port) && host_matches(&r.host, host))
     }
 
     pub(crate) fn scrubber(&self) -> &Arc<Scrubber> {
@@ -141,7 +141,7 @@ pub fn check_hosts(whose: &str, hosts: &[HostRule]) -> Result<(), String> {
     if hosts.is_empty() {
         return Err(format!("{whose}: list the hosts it applies to"));
     }
-    crate::EgressPolicy {
+    EgressPolicy {
         hosts: hosts.to_vec(),
         ranges: Vec::new(),
     }

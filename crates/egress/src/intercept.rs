@@ -709,7 +709,8 @@ impl Relay<'_> {
                 None => (a, 443),
                 _ => return Err(mismatch()),
             };
-            let same = crate::normalize(name).as_deref() == Some(self.host) && port == self.port;
+            let same = airlock_api::egress::normalize(name).as_deref() == Some(self.host)
+                && port == self.port;
             if same {
                 Ok(())
             } else {
@@ -1435,7 +1436,7 @@ mod tests {
         let upstream = upstream_config(rustls::RootCertStore::empty()).unwrap();
         Credential::new(
             "api",
-            vec![crate::HostRule {
+            vec![airlock_api::egress::HostRule {
                 host: "api.test".into(),
                 ports: vec![443],
             }],

@@ -25,7 +25,8 @@ use serde::{Deserialize, Serialize};
 use crate::credentials::{Credential, CredentialRecord};
 use crate::framing::{self, Body};
 use crate::intercept::{self, Interception, Meter, Prefixed, Relay, Side, Stop};
-use crate::{Denied, EgressPolicy, Target};
+use crate::policy::{self, Denied, Target};
+use airlock_api::egress::{normalize, EgressPolicy, Usage};
 
 /// Largest request head the proxy reads (request line and headers).
 const MAX_HEAD: usize = 16 * 1024;
@@ -85,7 +86,7 @@ impl Settings {
             }
         }
         for name in self.resolve.keys() {
-            if crate::normalize(name).as_deref() != Some(name.as_str()) {
+            if normalize(name).as_deref() != Some(name.as_str()) {
                 return Err(format!(
                     "egress.resolve: {name:?} is not a lower-case host name"
                 ));
@@ -145,28 +146,6 @@ pub trait Observer: Send + Sync + std::fmt::Debug {
 
     /// A request that carried a credential, once its answer was relayed (or cut).
     fn credential(&self, _record: &CredentialRecord) {}
-}
-
-/// One execution's use of the network, as the result reports it.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-#[serde(deny_unknown_fields)]
-pub struct Usage {
-    /// Connections made to an allowed target.
-    pub connections: u64,
-    /// Connections the policy or a budget refused.
-    pub denied: u64,
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-    /// Requests that carried a credential (set by the proxy, never seen by the code);
-    /// absent when none did.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub credential_requests: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// What one account (an execution, a session's cell, or a session's time between cells)
@@ -625,9 +604,7 @@ impl<'a> Connection<'a> {
         self.record.port = request.port;
 
         let leash = &self.shared.leash;
-        let target = leash
-            .policy
-            .check_target(&request.host, request.port)
+        let target = policy::check_target(&leash.policy, &request.host, request.port)
             .map_err(|d| Refusal::denied(&d))?;
         let upstream = self.connect(&target, request.port)?;
         // Bytes go on as they come: a relay must not add Nagle's wait to the code's own.
@@ -884,8 +861,8 @@ impl<'a> Connection<'a> {
         let mut refused = None;
         let mut failed = None;
         for addr in addrs {
-            let addr = crate::unmap(addr);
-            if let Err(d) = self.shared.leash.policy.check_address(addr, port) {
+            let addr = policy::unmap(addr);
+            if let Err(d) = policy::check_address(&self.shared.leash.policy, addr, port) {
                 self.record.address.get_or_insert_with(|| addr.to_string());
                 refused.get_or_insert(d);
                 continue;
