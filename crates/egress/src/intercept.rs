@@ -25,16 +25,11 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 
 use crate::credentials::{Credential, CredentialRecord, HOP_BY_HOP};
+use crate::head::{Head, Role};
 use crate::scrub::ScrubStream;
 
 /// The host's CA bundle, which the sandbox's trust store extends.
 pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-/// Largest request head read on an intercepted connection.
-const MAX_REQUEST_HEAD: usize = 16 * 1024;
-/// Largest answer head; a longer one cuts the connection.
-const MAX_ANSWER_HEAD: usize = 64 * 1024;
-const MAX_REQUEST_HEADERS: usize = 64;
-const MAX_ANSWER_HEADERS: usize = 128;
 /// Longest chunk-size or trailer line of an answer.
 const MAX_LINE: usize = 4096;
 const BUFFER: usize = 32 * 1024;
@@ -481,108 +476,36 @@ impl<S: Read + Write> Side<S> {
     }
 }
 
-/// A head as read: its first line's parts and its headers.
-struct Head {
-    /// The method, or for an answer the status code.
-    first: String,
-    /// The target, or for an answer the reason phrase.
-    second: String,
-    minor: u8,
-    headers: Vec<(String, Vec<u8>)>,
-}
-
-impl Head {
-    fn get<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
-        self.headers
-            .iter()
-            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_slice())
-    }
-
-    /// Comma-separated tokens of every `name` header, lower-case.
-    fn tokens(&self, name: &str) -> Vec<String> {
-        self.get(name)
-            .flat_map(|v| {
-                String::from_utf8_lossy(v)
-                    .split(',')
-                    .map(|t| t.trim().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|t| !t.is_empty())
-            .collect()
-    }
-
-    fn as_httparse(&self) -> Vec<httparse::Header<'_>> {
-        self.headers
-            .iter()
-            .map(|(n, v)| httparse::Header {
-                name: n.as_str(),
-                value: v.as_slice(),
-            })
-            .collect()
-    }
-}
-
-/// Reads a head from `side`: [`None`] if the stream ended before its first byte.
+/// Reads a head of `role` from `side`: [`None`] if the stream ended before its first byte.
 fn read_head<S: Read + Write>(
     side: &mut Side<S>,
-    request: bool,
+    role: Role,
     mut meter: Option<&mut Meter<'_>>,
 ) -> Result<Option<Head>, Stop> {
-    let (max, what) = if request {
-        (MAX_REQUEST_HEAD, "request")
-    } else {
-        (MAX_ANSWER_HEAD, "answer")
+    let max = role.max_head();
+    let what = match role {
+        Role::Request => "request",
+        Role::Answer => "answer",
     };
     loop {
         if !side.pending().is_empty() {
-            let parsed = if request {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
-                let mut req = httparse::Request::new(&mut headers);
-                match req.parse(side.pending()) {
-                    Ok(httparse::Status::Complete(len)) => Some((
-                        len,
-                        Head {
-                            first: req.method.unwrap_or_default().to_owned(),
-                            second: req.path.unwrap_or_default().to_owned(),
-                            minor: req.version.unwrap_or(1),
-                            headers: owned(req.headers),
-                        },
-                    )),
-                    Ok(httparse::Status::Partial) => None,
-                    Err(e) => {
-                        return Err(Stop::reply(
-                            "400 Bad Request",
-                            "bad_request",
-                            format!("not an HTTP request: {e}"),
-                        ))
-                    }
+            match Head::parse(role, side.pending()) {
+                Ok(Some((len, head))) => {
+                    side.consume(len);
+                    return Ok(Some(head));
                 }
-            } else {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_ANSWER_HEADERS];
-                let mut res = httparse::Response::new(&mut headers);
-                match res.parse(side.pending()) {
-                    Ok(httparse::Status::Complete(len)) => Some((
-                        len,
-                        Head {
-                            first: res.code.unwrap_or_default().to_string(),
-                            second: res.reason.unwrap_or_default().to_owned(),
-                            minor: res.version.unwrap_or(1),
-                            headers: owned(res.headers),
-                        },
-                    )),
-                    Ok(httparse::Status::Partial) => None,
-                    Err(e) => {
-                        return Err(Stop::cut("bad_answer", format!("not an HTTP answer: {e}")))
-                    }
+                Ok(None) => {}
+                Err(e) if role == Role::Request => {
+                    return Err(Stop::reply(
+                        "400 Bad Request",
+                        "bad_request",
+                        format!("not an HTTP request: {e}"),
+                    ))
                 }
-            };
-            if let Some((len, head)) = parsed {
-                side.consume(len);
-                return Ok(Some(head));
+                Err(e) => return Err(Stop::cut("bad_answer", format!("not an HTTP answer: {e}"))),
             }
             if side.pending().len() > max {
-                return Err(if request {
+                return Err(if role == Role::Request {
                     Stop::reply(
                         "431 Request Header Fields Too Large",
                         "bad_request",
@@ -595,7 +518,7 @@ fn read_head<S: Read + Write>(
         }
         let was_empty = side.pending().is_empty();
         let n = side.fill().map_err(|e| {
-            if request && was_empty {
+            if role == Role::Request && was_empty {
                 // Waiting for a next request that never comes is the end of the connection.
                 Stop::Cut {
                     denied: false,
@@ -622,13 +545,6 @@ fn read_head<S: Read + Write>(
     }
 }
 
-fn owned(headers: &[httparse::Header<'_>]) -> Vec<(String, Vec<u8>)> {
-    headers
-        .iter()
-        .map(|h| (h.name.to_owned(), h.value.to_vec()))
-        .collect()
-}
-
 /// Where the code's requests on one intercepted connection go, and what each is told.
 pub(crate) struct Relay<'a> {
     pub credential: &'a Credential,
@@ -649,7 +565,7 @@ impl Relay<'_> {
         meter: &mut Meter<'_>,
     ) -> Result<(), Stop> {
         loop {
-            let Some(head) = read_head(down, true, None)? else {
+            let Some(head) = read_head(down, Role::Request, None)? else {
                 return Ok(());
             };
             let (out_head, mut body, path, keep) = self.request(&head)?;
@@ -857,13 +773,13 @@ impl Relay<'_> {
 
         let scrubber = self.credential.scrubber().clone();
         loop {
-            let Some(answer) = read_head(up, false, Some(meter))? else {
+            let Some(answer) = read_head(up, Role::Answer, Some(meter))? else {
                 return Err(Stop::cut(
                     "connection_lost",
                     "the upstream closed before answering",
                 ));
             };
-            let status: u16 = answer.first.parse().unwrap_or(0);
+            let status = answer.status();
             record.status = Some(status);
             if status == 101 {
                 return Err(Stop::cut("bad_answer", "the upstream switched protocols"));

@@ -8,6 +8,7 @@
 
 pub mod credentials;
 mod framing;
+mod head;
 pub mod intercept;
 pub mod policy;
 pub mod proxy;

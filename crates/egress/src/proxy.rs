@@ -24,17 +24,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::credentials::{Credential, CredentialRecord};
 use crate::framing::{self, Body};
+use crate::head::{Head, Role};
 use crate::intercept::{self, Interception, Meter, Prefixed, Relay, Side, Stop};
 use crate::policy::{self, Denied, Target};
 use airlock_api::egress::{normalize, EgressPolicy, Usage};
 
-/// Largest request head the proxy reads (request line and headers).
-const MAX_HEAD: usize = 16 * 1024;
 /// The whole head must arrive within this, however slowly it trickles.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest host name or detail an audit line carries.
 const MAX_AUDITED: usize = 256;
-const MAX_HEADERS: usize = 64;
 const BUFFER: usize = 32 * 1024;
 /// How long, and how many bytes, a plain connection's end waits for the client to close
 /// (what it sends meanwhile is dropped).
@@ -1177,16 +1175,14 @@ fn read_request(client: &mut TcpStream) -> Result<Request, Refusal> {
             Err(e) => return Err(bad(format!("reading the request: {e}"))),
         };
         buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => return build_request(&req, &buf[len..]),
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => {}
-            Ok(httparse::Status::Partial) => {
+        match Head::parse(Role::Request, &buf) {
+            Ok(Some((len, head))) => return build_request(&head, &buf[len..]),
+            Ok(None) if buf.len() < Role::Request.max_head() => {}
+            Ok(None) => {
                 return Err(Refusal::failed(
                     "431 Request Header Fields Too Large",
                     "bad_request",
-                    format!("a request head over {MAX_HEAD} bytes"),
+                    format!("a request head over {} bytes", Role::Request.max_head()),
                 ))
             }
             Err(e) => return Err(bad(format!("not an HTTP request: {e}"))),
@@ -1194,16 +1190,11 @@ fn read_request(client: &mut TcpStream) -> Result<Request, Refusal> {
     }
 }
 
-fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request, Refusal> {
+fn build_request(req: &Head, rest: &[u8]) -> Result<Request, Refusal> {
     let bad = |detail: String| Refusal::failed("400 Bad Request", "bad_request", detail);
-    let method = req.method.unwrap_or_default().to_owned();
-    let target = req.path.unwrap_or_default();
-    let header = |name: &str| {
-        req.headers
-            .iter()
-            .find(|h| h.name.eq_ignore_ascii_case(name))
-            .and_then(|h| std::str::from_utf8(h.value).ok())
-    };
+    let method = req.first.clone();
+    let target = req.second.as_str();
+    let headers = req.as_httparse();
     if method == "CONNECT" {
         let (host, port) = split_authority(target, None)
             .ok_or_else(|| bad(format!("CONNECT needs host:port, not {target:?}")))?;
@@ -1227,7 +1218,11 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
         };
         (after[..end].to_owned(), path)
     } else if target.starts_with('/') {
-        let host = header("host").ok_or_else(|| bad("a request without a Host".into()))?;
+        let host = req
+            .get("host")
+            .next()
+            .and_then(|value| std::str::from_utf8(value).ok())
+            .ok_or_else(|| bad("a request without a Host".into()))?;
         (host.to_owned(), target.to_owned())
     } else {
         return Err(Refusal::failed(
@@ -1238,12 +1233,12 @@ fn build_request(req: &httparse::Request<'_, '_>, rest: &[u8]) -> Result<Request
     };
     let (host, port) = split_authority(&authority, Some(80))
         .ok_or_else(|| bad(format!("{authority:?} is not host[:port]")))?;
-    let body = Body::of(req.headers).map_err(|e| bad(e.to_string()))?;
+    let body = Body::of(&headers).map_err(|e| bad(e.to_string()))?;
     // Upstream sees the origin form, the authority that was checked, and no proxy headers.
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
     framing::end_head(
         &mut head,
-        req.headers,
+        &headers,
         &[
             "host",
             "connection",
