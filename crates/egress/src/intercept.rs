@@ -15,7 +15,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use rcgen::{
@@ -26,7 +26,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 
 use crate::credentials::{Credential, CredentialRecord, HOP_BY_HOP};
 use crate::head::{Head, Role};
-use crate::scrub::ScrubStream;
+use crate::scrub::{ScrubStream, Scrubber};
 
 /// The host's CA bundle, which the sandbox's trust store extends.
 pub const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -53,10 +53,10 @@ pub fn upstream_config(roots: rustls::RootCertStore) -> Result<rustls::ClientCon
     Ok(config)
 }
 
-/// One leash's interception: its credentials, its CA, the certificates made so far, and
-/// the trust bundle its sandbox mounts.
+/// One leash's interception: its credentials (with the scrubbers of their secrets), its CA,
+/// the certificates made so far, and the trust bundle its sandbox mounts.
 pub struct Interception {
-    credentials: Vec<Arc<Credential>>,
+    credentials: Vec<Carried>,
     issuer: Issuer<'static, KeyPair>,
     ca: CertificateDer<'static>,
     ca_pem: String,
@@ -73,6 +73,14 @@ impl std::fmt::Debug for Interception {
             .field("bundle", &self.bundle)
             .finish_non_exhaustive()
     }
+}
+
+/// A credential a leash's connections may carry, and the scrubber of its secrets: made at
+/// the first connection that carries it, as a host's certificate is.
+#[derive(Debug)]
+struct Carried {
+    credential: Arc<Credential>,
+    scrubber: OnceLock<Arc<Scrubber>>,
 }
 
 impl Drop for Interception {
@@ -141,7 +149,13 @@ impl Interception {
             file.write_all(&bundle_text)?;
         }
         Ok(Interception {
-            credentials,
+            credentials: credentials
+                .into_iter()
+                .map(|credential| Carried {
+                    credential,
+                    scrubber: OnceLock::new(),
+                })
+                .collect(),
             issuer: Issuer::new(params, ca_key),
             ca: ca.der().clone(),
             ca_pem,
@@ -161,13 +175,25 @@ impl Interception {
         &self.ca_pem
     }
 
-    /// The credential for `host` and `port`, if one applies.
-    pub fn credential_for(&self, host: &str, port: u16) -> Option<&Arc<Credential>> {
-        self.credentials.iter().find(|c| c.applies_to(host, port))
+    /// The credential for `host` and `port`, if one applies, with the scrubber of its
+    /// secrets.
+    pub fn credential_for(
+        &self,
+        host: &str,
+        port: u16,
+    ) -> Option<(&Arc<Credential>, &Arc<Scrubber>)> {
+        let carried = self
+            .credentials
+            .iter()
+            .find(|c| c.credential.applies_to(host, port))?;
+        let scrubber = carried
+            .scrubber
+            .get_or_init(|| Arc::new(Scrubber::new(carried.credential.secrets())));
+        Some((&carried.credential, scrubber))
     }
 
     pub fn credentials(&self) -> impl Iterator<Item = &str> {
-        self.credentials.iter().map(|c| c.name.as_str())
+        self.credentials.iter().map(|c| c.credential.name.as_str())
     }
 
     /// The server side for `host`: a certificate for that name alone, HTTP/1.1 only.
@@ -548,6 +574,8 @@ fn read_head<S: Read + Write>(
 /// Where the code's requests on one intercepted connection go, and what each is told.
 pub(crate) struct Relay<'a> {
     pub credential: &'a Credential,
+    /// Takes the credential's secrets out of every answer.
+    pub scrubber: &'a Arc<Scrubber>,
     pub host: &'a str,
     pub port: u16,
     /// Told about each request that carried the credential.
@@ -771,7 +799,7 @@ impl Relay<'_> {
         up.io.write_all(&chunk).map_err(Stop::io)?;
         up.io.flush().map_err(Stop::io)?;
 
-        let scrubber = self.credential.scrubber().clone();
+        let scrubber = self.scrubber;
         loop {
             let Some(answer) = read_head(up, Role::Answer, Some(meter))? else {
                 return Err(Stop::cut(
@@ -820,7 +848,7 @@ impl Relay<'_> {
                 continue;
             }
             if !head_only {
-                let found = relay_body(down, up, meter, &plan, framing, &scrubber)?;
+                let found = relay_body(down, up, meter, &plan, framing, scrubber)?;
                 record.scrubbed += found;
             }
             down.io.flush().map_err(Stop::io)?;
@@ -1149,7 +1177,7 @@ fn relay_body<D: Read + Write, U: Read + Write + Timed>(
     meter: &mut Meter<'_>,
     plan: &Plan,
     framing: OutFraming,
-    scrubber: &Arc<crate::scrub::Scrubber>,
+    scrubber: &Arc<Scrubber>,
 ) -> Result<u64, Stop> {
     let Plan::Body {
         framing: in_framing,
@@ -1389,8 +1417,10 @@ mod tests {
         };
         let mut code = peer(requests, step);
         let mut upstream = peer(answers, step);
+        let scrubber = Arc::new(Scrubber::new(credential.secrets()));
         let result = Relay {
             credential: &credential,
+            scrubber: &scrubber,
             host: "api.test",
             port: 443,
             record: &mut told,

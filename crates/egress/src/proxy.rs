@@ -27,6 +27,7 @@ use crate::framing::{self, Body};
 use crate::head::{Head, Role};
 use crate::intercept::{self, Interception, Meter, Prefixed, Relay, Side, Stop};
 use crate::policy::{self, Denied, Target};
+use crate::scrub::Scrubber;
 use airlock_api::egress::{normalize, EgressPolicy, Usage};
 
 /// The whole head must arrive within this, however slowly it trickles.
@@ -618,15 +619,16 @@ impl<'a> Connection<'a> {
         let credential = match (&target, leash.interception.as_ref()) {
             (Target::Name(name), Some(ix)) if request.plain.is_none() => ix
                 .credential_for(name, request.port)
-                .map(|c| (name.clone(), ix.clone(), c.clone())),
+                .map(|(c, scrubber)| (name.clone(), ix.clone(), c.clone(), scrubber.clone())),
             _ => None,
         };
-        if let Some((name, ix, credential)) = credential {
+        if let Some((name, ix, credential, scrubber)) = credential {
             return self.intercept(
                 client,
                 upstream,
                 &ix,
                 &credential,
+                &scrubber,
                 &name,
                 request.port,
                 &request.rest,
@@ -691,6 +693,7 @@ impl<'a> Connection<'a> {
         upstream: TcpStream,
         ix: &Arc<Interception>,
         credential: &Arc<Credential>,
+        scrubber: &Arc<Scrubber>,
         name: &str,
         port: u16,
         rest: &[u8],
@@ -754,6 +757,7 @@ impl<'a> Connection<'a> {
         };
         let mut relay = Relay {
             credential,
+            scrubber,
             host: name,
             port,
             record: &mut told,
@@ -782,7 +786,7 @@ impl<'a> Connection<'a> {
                 ..
             } = &mut stop
             {
-                *detail = credential.scrubber().masked(detail);
+                *detail = scrubber.masked(detail);
             }
             if let Stop::Reply {
                 status,
