@@ -6,18 +6,26 @@
 //! The default policy allows nothing.
 #![forbid(unsafe_code)]
 
+mod answer;
 pub mod credentials;
 mod framing;
 mod head;
 pub mod intercept;
+mod leash;
+mod pipe;
 pub mod policy;
 pub mod proxy;
+mod relay;
+mod request;
 pub mod scrub;
+mod side;
+mod stop;
 
 pub use airlock_api::egress::{
     host_rule_covers, normalize, EgressPolicy, HostRule, RangeRule, Usage,
 };
 pub use credentials::{Credential, CredentialRecord, SetHeader};
 pub use intercept::Interception;
+pub use leash::{ConnectionRecord, Leash, Observer, Settings};
 pub use policy::{check_address, check_target, special, Denied, Target};
-pub use proxy::{ConnectionRecord, Leash, Observer, Serving, Settings};
+pub use proxy::Serving;
