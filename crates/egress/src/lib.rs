@@ -27,5 +27,5 @@ pub use airlock_api::egress::{
 pub use credentials::{Credential, CredentialRecord, SetHeader};
 pub use intercept::Interception;
 pub use leash::{ConnectionRecord, Leash, Observer, Settings};
-pub use policy::{check_address, check_target, special, Denied, Target};
+pub use policy::{special, Checks, Denied, Target};
 pub use proxy::Serving;

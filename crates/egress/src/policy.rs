@@ -1,9 +1,9 @@
 //! The egress leash applied: the two checks the proxy makes of an [`EgressPolicy`] (the rules
 //! as data, and their own checks, are `airlock-api`'s), in this order:
-//! 1. [`check_target`] on what the code asked for (`CONNECT host:port`, or a plain request's
+//! 1. [`Checks::check_target`] on what the code asked for (`CONNECT host:port`, or a plain request's
 //!    Host): a host name must match a rule exactly or by a `*.` wildcard, with the port
 //!    listed; an IP literal is refused unless a listed range covers it.
-//! 2. [`check_address`] on every address the proxy is about to connect to: an address of a
+//! 2. [`Checks::check_address`] on every address the proxy is about to connect to: an address of a
 //!    special range (loopback, private, link-local and the metadata address, CGNAT,
 //!    multicast, unspecified, and their IPv6 forms, IPv4-mapped included) is refused unless a
 //!    listed range covers it. Checking the address actually connected to, after the proxy's
@@ -53,43 +53,52 @@ pub enum Target {
     Address(IpAddr),
 }
 
-/// The first check: the host and port the code asked for.
-pub fn check_target(policy: &EgressPolicy, host: &str, port: u16) -> Result<Target, Denied> {
-    let literal = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if let Ok(addr) = literal.parse::<IpAddr>() {
-        let addr = unmap(addr);
-        return if range_allows(policy, addr, port) {
-            Ok(Target::Address(addr))
-        } else {
-            Err(Denied::IpLiteral(addr))
-        };
-    }
-    let name = normalize(host).ok_or_else(|| Denied::BadHost(host.to_owned()))?;
-    let rules: Vec<&HostRule> = policy
-        .hosts
-        .iter()
-        .filter(|r| host_matches(&r.host, &name))
-        .collect();
-    if rules.is_empty() {
-        return Err(Denied::HostNotListed(name));
-    }
-    if !rules.iter().any(|r| r.ports.contains(&port)) {
-        return Err(Denied::PortNotListed { host: name, port });
-    }
-    Ok(Target::Name(name))
+/// The proxy's two checks of a policy, in the order it makes them.
+pub trait Checks {
+    /// The first check: the host and port the code asked for.
+    fn check_target(&self, host: &str, port: u16) -> Result<Target, Denied>;
+
+    /// The second check: an address the proxy resolved and is about to connect to.
+    fn check_address(&self, addr: IpAddr, port: u16) -> Result<(), Denied>;
 }
 
-/// The second check: an address the proxy resolved and is about to connect to.
-pub fn check_address(policy: &EgressPolicy, addr: IpAddr, port: u16) -> Result<(), Denied> {
-    let addr = unmap(addr);
-    match special(addr) {
-        Some(kind) if !range_allows(policy, addr, port) => {
-            Err(Denied::SpecialAddress { addr, kind })
+impl Checks for EgressPolicy {
+    fn check_target(&self, host: &str, port: u16) -> Result<Target, Denied> {
+        let literal = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        if let Ok(addr) = literal.parse::<IpAddr>() {
+            let addr = unmap(addr);
+            return if range_allows(self, addr, port) {
+                Ok(Target::Address(addr))
+            } else {
+                Err(Denied::IpLiteral(addr))
+            };
         }
-        _ => Ok(()),
+        let name = normalize(host).ok_or_else(|| Denied::BadHost(host.to_owned()))?;
+        let rules: Vec<&HostRule> = self
+            .hosts
+            .iter()
+            .filter(|r| host_matches(&r.host, &name))
+            .collect();
+        if rules.is_empty() {
+            return Err(Denied::HostNotListed(name));
+        }
+        if !rules.iter().any(|r| r.ports.contains(&port)) {
+            return Err(Denied::PortNotListed { host: name, port });
+        }
+        Ok(Target::Name(name))
+    }
+
+    fn check_address(&self, addr: IpAddr, port: u16) -> Result<(), Denied> {
+        let addr = unmap(addr);
+        match special(addr) {
+            Some(kind) if !range_allows(self, addr, port) => {
+                Err(Denied::SpecialAddress { addr, kind })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -188,7 +197,7 @@ mod tests {
             ("example.com", 80),
         ] {
             assert!(
-                matches!(check_target(&p, host, port), Ok(Target::Name(_))),
+                matches!(p.check_target(host, port), Ok(Target::Name(_))),
                 "{host}:{port}"
             );
         }
@@ -204,7 +213,7 @@ mod tests {
             ("", 443, "bad_host"),
             ("a..org", 443, "bad_host"),
         ] {
-            let denied = check_target(&p, host, port).unwrap_err();
+            let denied = p.check_target(host, port).unwrap_err();
             assert_eq!(denied.reason(), reason, "{host:?}:{port}: {denied}");
         }
     }
@@ -213,11 +222,11 @@ mod tests {
     fn ip_literals_need_a_listed_range() {
         let p = policy();
         assert_eq!(
-            check_target(&p, "127.0.0.1", 8443),
+            p.check_target("127.0.0.1", 8443),
             Ok(Target::Address("127.0.0.1".parse().unwrap()))
         );
         assert_eq!(
-            check_target(&p, "[::ffff:127.0.0.1]", 8443),
+            p.check_target("[::ffff:127.0.0.1]", 8443),
             Ok(Target::Address("127.0.0.1".parse().unwrap())),
             "IPv4-mapped is the IPv4 address"
         );
@@ -228,7 +237,7 @@ mod tests {
             ("::1", 8443),
         ] {
             assert_eq!(
-                check_target(&p, host, port).unwrap_err().reason(),
+                p.check_target(host, port).unwrap_err().reason(),
                 "ip_literal",
                 "{host}:{port}"
             );
@@ -269,7 +278,7 @@ mod tests {
             } else {
                 8443
             };
-            let denied = check_address(&p, addr, port).unwrap_err();
+            let denied = p.check_address(addr, port).unwrap_err();
             assert_eq!(denied.reason(), "special_address", "{addr}: {denied}");
         }
         assert_eq!(
@@ -278,26 +287,51 @@ mod tests {
         );
         for public in ["93.184.216.34", "2606:4700::1111", "64:ff9b::5db8:d822"] {
             assert_eq!(
-                check_address(&p, public.parse().unwrap(), 443),
+                p.check_address(public.parse().unwrap(), 443),
                 Ok(()),
                 "{public}"
             );
         }
         // A listed range opens its special addresses, on its ports only.
+        assert_eq!(p.check_address("127.0.0.1".parse().unwrap(), 8443), Ok(()));
         assert_eq!(
-            check_address(&p, "127.0.0.1".parse().unwrap(), 8443),
-            Ok(())
-        );
-        assert_eq!(
-            check_address(&p, "::ffff:127.0.0.2".parse().unwrap(), 8443),
+            p.check_address("::ffff:127.0.0.2".parse().unwrap(), 8443),
             Ok(())
         );
     }
 
     #[test]
-    fn the_default_policy_allows_nothing() {
+    fn a_request_is_never_wider_than_its_key() {
+        let key = policy();
+        let asks = |v: serde_json::Value| -> EgressPolicy { serde_json::from_value(v).unwrap() };
+        assert!(key
+            .covers(&asks(
+                serde_json::json!({"hosts": [{"host": "pypi.org", "ports": [443]}]})
+            ))
+            .is_ok());
+        assert!(key
+            .covers(&asks(
+                serde_json::json!({"hosts": [{"host": "files.pythonhosted.org", "ports": [443]}]})
+            ))
+            .is_ok());
+        assert!(key
+            .covers(&asks(
+                serde_json::json!({"hosts": [{"host": "*.a.pythonhosted.org", "ports": [443]}]})
+            ))
+            .is_ok());
+        for wider in [
+            serde_json::json!({"hosts": [{"host": "pypi.org", "ports": [80]}]}),
+            serde_json::json!({"hosts": [{"host": "*.pypi.org", "ports": [443]}]}),
+            serde_json::json!({"hosts": [{"host": "*.org", "ports": [443]}]}),
+            serde_json::json!({"ranges": [{"cidr": "127.0.0.0/7", "ports": [8443]}]}),
+            serde_json::json!({"ranges": [{"cidr": "127.0.0.1/32", "ports": [22]}]}),
+        ] {
+            assert!(key.covers(&asks(wider.clone())).is_err(), "{wider}");
+        }
+        assert!(EgressPolicy::default().allows_nothing());
         assert_eq!(
-            check_target(&EgressPolicy::default(), "pypi.org", 443)
+            EgressPolicy::default()
+                .check_target("pypi.org", 443)
                 .unwrap_err()
                 .reason(),
             "host_not_listed"

@@ -30,7 +30,7 @@ use crate::framing;
 use crate::intercept::{self, Interception, Prefixed};
 use crate::leash::{ConnectionRecord, Leash, Owner, Settings, Tally};
 use crate::pipe::{self, linger, Shape};
-use crate::policy::{self, Target};
+use crate::policy::{self, Checks, Target};
 use crate::relay::Relay;
 use crate::request::{read_request, Refusal, HEAD_TIMEOUT};
 use crate::scrub::Scrubber;
@@ -303,7 +303,9 @@ impl<'a> Connection<'a> {
         self.record.port = request.port;
 
         let leash = &self.shared.leash;
-        let target = policy::check_target(&leash.policy, &request.host, request.port)
+        let target = leash
+            .policy
+            .check_target(&request.host, request.port)
             .map_err(|d| Refusal::denied(&d))?;
         let upstream = self.connect(&target, request.port)?;
         // Bytes go on as they come: a relay must not add Nagle's wait to the code's own.
@@ -405,7 +407,7 @@ impl<'a> Connection<'a> {
         let mut failed = None;
         for addr in addrs {
             let addr = policy::unmap(addr);
-            if let Err(d) = policy::check_address(&self.shared.leash.policy, addr, port) {
+            if let Err(d) = self.shared.leash.policy.check_address(addr, port) {
                 self.record.address.get_or_insert_with(|| addr.to_string());
                 refused.get_or_insert(d);
                 continue;

@@ -87,25 +87,23 @@ pub(crate) struct Meter<'a> {
 impl Meter<'_> {
     pub(crate) fn sent(&mut self, n: usize) -> Result<(), Stop> {
         self.out += n as u64;
-        if self.bytes_out.fetch_add(n as u64, Ordering::Relaxed) + n as u64 > self.max_out {
-            return Err(Stop::Cut {
-                denied: true,
-                reason: "bytes_out_budget",
-                detail: None,
-            });
-        }
-        Ok(())
+        spend(self.bytes_out, n as u64, self.max_out, "bytes_out_budget")
     }
 
     pub(crate) fn received(&mut self, n: usize) -> Result<(), Stop> {
         self.inn += n as u64;
-        if self.bytes_in.fetch_add(n as u64, Ordering::Relaxed) + n as u64 > self.max_in {
-            return Err(Stop::Cut {
-                denied: true,
-                reason: "bytes_in_budget",
-                detail: None,
-            });
-        }
-        Ok(())
+        spend(self.bytes_in, n as u64, self.max_in, "bytes_in_budget")
     }
+}
+
+/// Counts `n` bytes in `account`; past `max`, the connection is cut for `reason`.
+fn spend(account: &AtomicU64, n: u64, max: u64, reason: &'static str) -> Result<(), Stop> {
+    if account.fetch_add(n, Ordering::Relaxed) + n > max {
+        return Err(Stop::Cut {
+            denied: true,
+            reason,
+            detail: None,
+        });
+    }
+    Ok(())
 }
