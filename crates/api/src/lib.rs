@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 mod approvals;
+pub mod egress;
 mod text;
 mod value;
 pub use approvals::{
@@ -143,7 +144,7 @@ pub struct Usage {
     pub tool_calls: u64,
     /// Connections and bytes through the egress proxy, when an egress policy applied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<airlock_egress::Usage>,
+    pub egress: Option<egress::Usage>,
 }
 
 /// What was in force for this execution.
@@ -160,7 +161,7 @@ pub struct Isolation {
     pub network: String,
     /// The egress policy that applied, when there was one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress: Option<airlock_egress::EgressPolicy>,
+    pub egress: Option<egress::EgressPolicy>,
     /// `read_only`: only allow-listed host paths, read-only; writable tmpfs of `disk_mb`.
     pub filesystem: String,
     /// `enforced` or `disabled`.
@@ -299,7 +300,7 @@ pub struct ExecuteRequest {
     /// Hosts the code may reach through airlock's proxy; never wider than the key's policy,
     /// which applies when this is absent.
     #[serde(default)]
-    pub egress: Option<airlock_egress::EgressPolicy>,
+    pub egress: Option<egress::EgressPolicy>,
     /// Credentials the proxy may set on the code's requests to their hosts (names from
     /// the key's `credentials`, which all apply when this is absent; `[]` for none).
     #[serde(default)]
@@ -396,7 +397,7 @@ pub struct SessionRequest {
     /// Hosts the session's code may reach through airlock's proxy (`pip install` from the
     /// package index, say); never wider than the key's policy, which applies when absent.
     #[serde(default)]
-    pub egress: Option<airlock_egress::EgressPolicy>,
+    pub egress: Option<egress::EgressPolicy>,
     /// Credentials the proxy may set on the session's requests to their hosts (names from
     /// the key's `credentials`, which all apply when this is absent; `[]` for none).
     #[serde(default)]
@@ -443,7 +444,7 @@ pub struct SessionInfo {
     /// threads or processes a cell left running), over the session's life so far: one
     /// budget of `[egress]` for all of it. Absent without an egress policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub egress_between_cells: Option<airlock_egress::Usage>,
+    pub egress_between_cells: Option<egress::Usage>,
     /// Present while the session is paused: its state is a snapshot on disk, and its next
     /// request brings it back in a fresh sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]

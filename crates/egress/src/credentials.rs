@@ -1,15 +1,15 @@
 //! Credentials the proxy sets on requests to their hosts, so that the secret never enters a
 //! sandbox: what a credential is once its values are read ([`Credential`]), and what one use
-//! of it looks like to the audit log ([`CredentialRecord`]). Its [`Scrubber`] takes every
-//! form of its secret out of what the upstream answers before the code reads it.
+//! of it looks like to the audit log ([`CredentialRecord`]). Its secrets
+//! ([`Credential::secrets`]) are what an interception's scrubber takes out of what the
+//! upstream answers before the code reads it (`crate::scrub`).
 
 use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::scrub::Scrubber;
-use crate::HostRule;
+use airlock_api::egress::{host_matches, EgressPolicy, HostRule};
 
 /// Shortest secret the proxy accepts: a shorter one could not be told from ordinary text
 /// when it is taken out of answers.
@@ -41,7 +41,6 @@ pub struct Credential {
     pub headers: Vec<SetHeader>,
     /// Verifies the real host's certificate (the host's CA bundle, or the operator's).
     pub upstream: Arc<rustls::ClientConfig>,
-    scrubber: Arc<Scrubber>,
 }
 
 impl fmt::Debug for Credential {
@@ -114,13 +113,11 @@ impl Credential {
                 ));
             }
         }
-        let scrubber = Scrubber::new(headers.iter().map(|h| h.secret.as_bytes()));
         Ok(Credential {
             name: name.to_owned(),
             hosts,
             headers,
             upstream,
-            scrubber: Arc::new(scrubber),
         })
     }
 
@@ -128,11 +125,12 @@ impl Credential {
     pub fn applies_to(&self, host: &str, port: u16) -> bool {
         self.hosts
             .iter()
-            .any(|r| r.ports.contains(&port) && crate::host_matches(&r.host, host))
+            .any(|r| r.ports.contains(&port) && host_matches(&r.host, host))
     }
 
-    pub(crate) fn scrubber(&self) -> &Arc<Scrubber> {
-        &self.scrubber
+    /// The secrets inside its headers' values.
+    pub fn secrets(&self) -> impl Iterator<Item = &[u8]> {
+        self.headers.iter().map(|h| h.secret.as_bytes())
     }
 }
 
@@ -141,7 +139,7 @@ pub fn check_hosts(whose: &str, hosts: &[HostRule]) -> Result<(), String> {
     if hosts.is_empty() {
         return Err(format!("{whose}: list the hosts it applies to"));
     }
-    crate::EgressPolicy {
+    EgressPolicy {
         hosts: hosts.to_vec(),
         ranges: Vec::new(),
     }

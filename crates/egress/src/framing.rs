@@ -9,9 +9,8 @@
 //! followed by an empty trailer section. Anything else is refused, so the proxy can never
 //! think a body goes on where the upstream reads a second request.
 
-/// Largest answer head the proxy rewrites; a longer one is relayed as it is.
-const MAX_ANSWER_HEAD: usize = 64 * 1024;
-const MAX_ANSWER_HEADERS: usize = 128;
+use crate::head::{Head, Role};
+
 /// Hex digits of a chunk size (a `u64`).
 const MAX_SIZE_DIGITS: u8 = 16;
 
@@ -182,7 +181,7 @@ impl Chunked {
 
 /// The upstream's answer on its way to the client: interim (1xx) heads pass as they are,
 /// the final head with `Connection: close` in place of its own connection headers, and the
-/// rest as it is. A head that does not parse, or is longer than `MAX_ANSWER_HEAD`, passes
+/// rest as it is. A head that does not parse, or is longer than an answer's may be, passes
 /// as it is: the client's own reader judges it.
 #[derive(Debug, Default)]
 pub struct Answer {
@@ -234,28 +233,22 @@ impl Answer {
     }
 
     fn step(&self) -> Step {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_ANSWER_HEADERS];
-        let mut answer = httparse::Response::new(&mut headers);
-        match answer.parse(&self.head) {
-            Ok(httparse::Status::Complete(len)) => {
-                let code = answer.code.unwrap_or(0);
+        match Head::parse(Role::Answer, &self.head) {
+            Ok(Some((len, answer))) => {
+                let code = answer.status();
                 if (100..200).contains(&code) && code != 101 {
                     return Step::Interim(len);
                 }
-                let mut head = format!(
-                    "HTTP/1.{} {code} {}\r\n",
-                    answer.version.unwrap_or(1),
-                    answer.reason.unwrap_or("")
-                )
-                .into_bytes();
+                let mut head =
+                    format!("HTTP/1.{} {code} {}\r\n", answer.minor, answer.second).into_bytes();
                 end_head(
                     &mut head,
-                    answer.headers,
+                    &answer.as_httparse(),
                     &["connection", "keep-alive", "proxy-connection"],
                 );
                 Step::Final(head, len)
             }
-            Ok(httparse::Status::Partial) if self.head.len() <= MAX_ANSWER_HEAD => Step::Wait,
+            Ok(None) if self.head.len() <= Role::Answer.max_head() => Step::Wait,
             _ => Step::AsItIs,
         }
     }
