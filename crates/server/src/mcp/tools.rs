@@ -25,10 +25,10 @@ use airlock_service::Services;
 
 /// One tool.
 pub(super) struct Tool {
-    pub name: &'static str,
-    pub title: &'static str,
+    name: &'static str,
+    title: &'static str,
     /// Whether only a server with the operator's tools (`[tools]`) serves it.
-    pub code_mode: bool,
+    code_mode: bool,
     /// What it does to what it names, as its annotations tell the host.
     effect: Effect,
     /// Its arguments' JSON Schema (`inputSchema`), of the type its handler reads them as.
@@ -345,4 +345,18 @@ fn output_schema<O: JsonSchema>() -> JsonObject {
         root.insert("$defs".into(), serde_json::Value::Object(defs));
     }
     root
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A name twice would be listed twice and dispatched to the first.
+    #[test]
+    fn each_tool_is_in_the_table_once() {
+        let mut names = std::collections::BTreeSet::new();
+        for tool in TABLE {
+            assert!(names.insert(tool.name), "{} twice", tool.name);
+        }
+    }
 }
