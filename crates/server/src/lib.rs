@@ -6,7 +6,7 @@
 //! Each module belongs to one layer and imports only from its own layer or the ones below.
 //! `tests/layers.rs` reads every `crate::` and `super::` path and fails on one that points up,
 //! on an import between adapters other than `http` → `mcp`, and on a circle among the
-//! top-level modules or among the submodules of `http/`:
+//! top-level modules or among the submodules of `http/` and `mcp/`:
 //!
 //! 1. **Start-up** ([`serve`], [`stdio`]): builds the services, the listeners and the
 //!    signals, and mounts the adapters on them.
@@ -16,8 +16,10 @@
 //!    OpenAPI document and the guard's scope checks are made), the guard, the handlers, the
 //!    HTTP form of errors (`http::error`, the one place an [`Error`] becomes a status),
 //!    answers, bodies and server-sent events, and MCP's streamable HTTP transport, which
-//!    mounts [`mcp`]'s tools: the one import between adapters. [`mcp`] turns tool calls into
-//!    service calls and results into tool results.
+//!    mounts [`mcp`]'s tools: the one import between adapters. [`mcp`] holds the table of
+//!    tools (each tool's name, schemas, description and handler, from which `tools/list`,
+//!    the dispatch of `tools/call` and `airlock mcp --help` are made), and turns tool calls
+//!    into service calls and results into tool results.
 //! 3. **Foundation**: the connection layer ([`wire`]), sizing and the OpenAPI descriptions.
 //!
 //! Below them all are the services ([`airlock_service`]), which know no transport.
