@@ -68,7 +68,7 @@ const SERVICE: Crate = Crate {
         ("stream", FOUNDATION),
         ("telemetry", FOUNDATION),
     ],
-    directories: &["telemetry"],
+    directories: &["config", "telemetry"],
 };
 
 const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];
@@ -478,7 +478,7 @@ fn the_services_name_no_transport() {
     let manifest = std::fs::read_to_string(SERVICE.src().join("..").join("Cargo.toml")).unwrap();
     let named: Vec<&str> = TRANSPORTS
         .iter()
-        .map(|t| *t)
+        .copied()
         .filter(|t| {
             let dashed = t.replace('_', "-");
             manifest.lines().any(|l| {

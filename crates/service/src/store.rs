@@ -99,7 +99,8 @@ const MIGRATIONS: &[&str] = &["
     CREATE INDEX airlock_audit_replica ON airlock_audit (replica, event);
 "];
 
-/// The connection settings: the URL, with the password from its file or the environment.
+/// The connection settings: the URL, with the password from its file, else the one the binary
+/// gave (`AIRLOCK_STORE_PASSWORD`).
 fn connection(config: &Config) -> std::io::Result<tokio_postgres::Config> {
     let url = config.store.url.as_deref().unwrap_or_default();
     let mut pg = tokio_postgres::Config::from_str(url).map_err(std::io::Error::other)?;
@@ -110,7 +111,7 @@ fn connection(config: &Config) -> std::io::Result<tokio_postgres::Config> {
                 .trim_end_matches(['\n', '\r'])
                 .to_owned(),
         ),
-        None => std::env::var(crate::config::ENV_STORE_PASSWORD).ok(),
+        None => config.store.password.as_ref().map(|p| p.text().to_owned()),
     };
     if let Some(password) = password {
         pg.password(password);
