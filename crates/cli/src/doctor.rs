@@ -312,7 +312,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
     }
 
     let env = crate::serve::settings_env();
-    let memory = match airlock_server::config::load(args.config.as_deref(), &env, None, None) {
+    let memory = match crate::config::load(args.config.as_deref(), &env, None, None) {
         Ok(config) => {
             if let Err(e) = airlock_server::sizing::check(&config) {
                 checks.push(check(
@@ -327,7 +327,7 @@ pub fn main(args: DoctorArgs) -> ExitCode {
             let server = airlock_server::sizing::worst_case(&config);
             Some(Memory {
                 // The file read: named, or found in the user's or the system's place.
-                config: airlock_server::config::config_file(args.config.as_deref(), &env),
+                config: crate::config::config_file(args.config.as_deref(), &env),
                 server_total_bytes: server.iter().map(|p| p.bytes).sum(),
                 server,
                 sandboxes: airlock_server::sizing::sandboxes(&config),

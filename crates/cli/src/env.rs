@@ -60,15 +60,11 @@ fn print(info: &EnvironmentInfo) {
 
 pub fn main(args: EnvArgs) -> ExitCode {
     let env = crate::serve::settings_env();
-    let config = match airlock_server::config::load(
-        args.config.as_deref(),
-        &env,
-        None,
-        args.state_dir.clone(),
-    ) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
+    let config =
+        match crate::config::load(args.config.as_deref(), &env, None, args.state_dir.clone()) {
+            Ok(c) => crate::config::settle(c, &env),
+            Err(e) => return usage(e),
+        };
     let store = match Environments::open(&config.state_dir()) {
         Ok(s) => s,
         Err(e) => return failed(e),

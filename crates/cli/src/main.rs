@@ -5,6 +5,7 @@
 #[macro_use]
 mod out;
 
+mod config;
 mod doctor;
 mod env;
 mod eval;

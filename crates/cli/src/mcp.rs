@@ -53,6 +53,7 @@ pub fn main(args: McpArgs) -> ExitCode {
             Ok(c) => c,
             Err(status) => return status,
         };
-    airlock_server::init_logging(config.log_format);
+    airlock_server::init_logging(config.log_format, crate::config::log_filter(&env));
+    let config = crate::config::settle(config, &env);
     crate::serve::run_to_end(airlock_server::run_stdio(config))
 }

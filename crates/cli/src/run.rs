@@ -133,7 +133,8 @@ fn environment(
     config: Option<&Path>,
 ) -> Result<airlock_engine::environments::EnvMount, String> {
     let env = crate::serve::settings_env();
-    let config = airlock_server::config::load(config, &env, None, None)
+    let config = crate::config::load(config, &env, None, None)
+        .map(|c| crate::config::settle(c, &env))
         .map_err(|e| format!("--config: {e}"))?;
     let store = airlock_engine::environments::Environments::open(&config.state_dir())
         .map_err(|e| e.to_string())?;
@@ -276,7 +277,7 @@ type StartedTools = (
 /// the file configures none and no `--tool` asked for one.
 fn start_tools(path: &Path, patterns: &[String]) -> Result<Option<StartedTools>, String> {
     let env = crate::serve::settings_env();
-    let config = airlock_server::config::load(Some(path), &env, None, None)
+    let config = crate::config::load(Some(path), &env, None, None)
         .map_err(|e| format!("--config {}: {e}", path.display()))?;
     if config.tools.servers.is_empty() {
         if patterns.is_empty() {
@@ -459,7 +460,11 @@ fn prepare(args: RunArgs, cancel: &Cancel) -> Result<Prepared, String> {
     let mut engine = Engine::new(config).map_err(|e| e.to_string())?;
     // The runner compiled once and kept where `airlock serve` keeps its state; without it
     // the sandbox compiles the runner's source, as before.
-    let cache = airlock_server::config::Config::default().state_dir();
+    let cache = crate::config::settle(
+        airlock_server::config::Config::default(),
+        &crate::serve::settings_env(),
+    )
+    .state_dir();
     let _ = engine.use_compiled_runner(&cache.join("runner"));
     if args.zygote {
         let mut zygote = airlock_engine::ZygoteConfig::default();

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use airlock_server::config::{self, ENV_API_KEY};
+use crate::config::{self, ENV_API_KEY};
 use clap::Args;
 
 use crate::{EXIT_AIRLOCK, EXIT_USAGE};
@@ -104,15 +104,18 @@ pub fn main(args: ServeArgs) -> ExitCode {
         Err(status) => return status,
     };
     if args.print_config {
-        out!("{}", config.to_toml());
+        out!("{}", config::to_toml(&config));
         return ExitCode::SUCCESS;
     }
-    airlock_server::init_logging(config.log_format);
+    airlock_server::init_logging(config.log_format, config::log_filter(&env));
+    let config = config::settle(config, &env);
     let key = env.get(ENV_API_KEY).cloned();
     // SIGHUP reads the same file and environment again, for the keys.
     let (file, listen, state_dir) = (args.config.clone(), args.listen, args.state_dir.clone());
     let reload: airlock_server::Reload = Box::new(move || {
-        config::load(file.as_deref(), &env, listen, state_dir.clone()).map_err(|e| e.to_string())
+        config::load(file.as_deref(), &env, listen, state_dir.clone())
+            .map(|c| config::settle(c, &env))
+            .map_err(|e| e.to_string())
     });
     run_to_end(airlock_server::run(config, key, reload, |_| {}))
 }

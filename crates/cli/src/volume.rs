@@ -105,15 +105,11 @@ fn owner(config: &airlock_server::config::Config, name: Option<&str>) -> Result<
 
 pub fn main(args: VolumeArgs) -> ExitCode {
     let env = crate::serve::settings_env();
-    let config = match airlock_server::config::load(
-        args.config.as_deref(),
-        &env,
-        None,
-        args.state_dir.clone(),
-    ) {
-        Ok(c) => c,
-        Err(e) => return usage(e),
-    };
+    let config =
+        match crate::config::load(args.config.as_deref(), &env, None, args.state_dir.clone()) {
+            Ok(c) => crate::config::settle(c, &env),
+            Err(e) => return usage(e),
+        };
     let owner = match owner(&config, args.key.as_deref()) {
         Ok(owner) => owner,
         Err(e) => return usage(e),

@@ -911,23 +911,14 @@ async fn refuse(mut stream: TcpStream) {
     let _ = stream.shutdown().await;
 }
 
-/// The log filter: `AIRLOCK_LOG`, else `RUST_LOG` (the ecosystem's habit), else
-/// `info,rmcp=warn`; an empty or invalid one counts as unset. The default keeps rmcp's own
-/// per-connection lines (a tool server's handshake) out.
-fn log_filter(var: impl Fn(&str) -> Option<String>) -> tracing_subscriber::EnvFilter {
-    [airlock_service::config::ENV_LOG, "RUST_LOG"]
-        .iter()
-        .filter_map(|name| var(name).filter(|v| !v.trim().is_empty()))
-        .find_map(|v| tracing_subscriber::EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
-}
-
-/// Logs to stderr, as text or JSON lines, through [`log_filter`]. A line stderr cannot take
-/// is dropped: the subscriber's own report of the failure would go to the same stderr through
-/// `eprintln!`, whose panic aborts the server (a log reader that went away would otherwise
-/// take the server, and the clean-up of its sandboxes, with it).
-pub fn init_logging(format: airlock_service::config::LogFormat) {
-    let filter = log_filter(|name| std::env::var(name).ok());
+/// Logs to stderr, as text or JSON lines, through `filter` (the binary picks it). A line
+/// stderr cannot take is dropped: the subscriber's own report of the failure would go to the
+/// same stderr through `eprintln!`, whose panic aborts the server (a log reader that went away
+/// would otherwise take the server, and the clean-up of its sandboxes, with it).
+pub fn init_logging(
+    format: airlock_service::config::LogFormat,
+    filter: tracing_subscriber::EnvFilter,
+) {
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -938,39 +929,4 @@ pub fn init_logging(format: airlock_service::config::LogFormat) {
         airlock_service::config::LogFormat::Json => builder.json().flatten_event(true).try_init(),
         airlock_service::config::LogFormat::Text => builder.try_init(),
     };
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_log_filter_is_airlock_log_then_rust_log_then_info() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(k, _)| *k == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        let shown = |f: tracing_subscriber::EnvFilter| f.to_string();
-        assert_eq!(shown(super::log_filter(env(&[]))), "rmcp=warn,info");
-        assert_eq!(
-            shown(super::log_filter(env(&[("RUST_LOG", "debug")]))),
-            "debug"
-        );
-        assert_eq!(
-            shown(super::log_filter(env(&[
-                ("RUST_LOG", "debug"),
-                ("AIRLOCK_LOG", "warn")
-            ]))),
-            "warn"
-        );
-        assert_eq!(
-            shown(super::log_filter(env(&[
-                ("AIRLOCK_LOG", ""),
-                ("RUST_LOG", "error")
-            ]))),
-            "error"
-        );
-    }
 }

@@ -2,10 +2,11 @@
 //! `airlock-service`. Server: start-up → adapters → foundation, never back; among adapters
 //! only `http` → `mcp` (the route table mounts MCP's HTTP transport). Service: services →
 //! the state they share (`services`) → stores and foundation, never back. In both, no circle
-//! among the top-level modules, nor among the submodules of `http/`, `mcp/` and
-//! `telemetry/`; and no transport in the service crate (no path of axum, http, hyper, rmcp
-//! and their kin, and no such dependency in its manifest). Every `crate::` and `super::`
-//! path outside comments counts, in `use` lines and inline alike.
+//! among the top-level modules, nor among the submodules of `http/`, `mcp/`, `config/`,
+//! `store/` and `telemetry/`; and no transport in the service crate (no path of axum, http,
+//! hyper, rmcp and their kin, and no such dependency in its manifest); and in neither crate a
+//! read of the environment or of TOML (the binary reads the configuration). Every `crate::`
+//! and `super::` path outside comments counts, in `use` lines and inline alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -69,7 +70,7 @@ const SERVICE: Crate = Crate {
         ("stream", FOUNDATION),
         ("telemetry", FOUNDATION),
     ],
-    directories: &["telemetry"],
+    directories: &["config", "store", "telemetry"],
 };
 
 const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];
@@ -491,6 +492,36 @@ fn the_services_name_no_transport() {
     assert!(
         named.is_empty(),
         "the service crate depends on a transport: {named:?}"
+    );
+}
+
+/// Only the binary reads configuration (the TOML file, `AIRLOCK_*` variables, the host's
+/// places): the libraries take values. No source of either crate reads an environment
+/// variable or parses TOML, and neither manifest names the `toml` crate.
+#[test]
+fn the_libraries_read_no_configuration() {
+    let mut found = Vec::new();
+    for krate in CRATES {
+        for (file, text) in files(krate) {
+            let code = code(&text);
+            for needle in ["env::var", "toml::"] {
+                if code.contains(needle) {
+                    found.push(format!("{}/{}: {needle}", krate.dir, file.display()));
+                }
+            }
+        }
+        let manifest = std::fs::read_to_string(krate.src().join("..").join("Cargo.toml")).unwrap();
+        if manifest.lines().any(|l| {
+            let l = l.trim_start();
+            l.starts_with("toml ") || l.starts_with("toml=")
+        }) {
+            found.push(format!("{}/Cargo.toml: toml", krate.dir));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "configuration read in a library (crates/cli/src/config.rs reads it):\n{}",
+        found.join("\n")
     );
 }
 
