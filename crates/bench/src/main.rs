@@ -16,6 +16,7 @@
 mod background;
 mod credentials;
 mod eval;
+mod rss;
 mod snapshots;
 mod telemetry;
 
@@ -63,6 +64,8 @@ struct Args {
     /// Only executions with traces off, to a collector, to one down and to one that never
     /// answers (`--turns` turns).
     telemetry: bool,
+    /// Only the server's RSS before and after this many answers of 10 MB.
+    rss: Option<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -82,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
         credentials: false,
         background: None,
         telemetry: false,
+        rss: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -100,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
                 args.background = Some(value("--background")?.parse().map_err(|e| format!("{e}"))?)
             }
             "--telemetry" => args.telemetry = true,
+            "--rss" => args.rss = Some(value("--rss")?.parse().map_err(|e| format!("{e}"))?),
             "--one-gb" => args.one_gb = true,
             "--paused" => args.paused = value("--paused")?.parse().map_err(|e| format!("{e}"))?,
             "--load" => args.load = Some(value("--load")?.parse().map_err(|e| format!("{e}"))?),
@@ -111,7 +116,7 @@ fn parse_args() -> Result<Args, String> {
                 args.closed = Some(value("--closed")?.parse().map_err(|e| format!("{e}"))?)
             }
             "-h" | "--help" => {
-                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--background MINUTES] [--telemetry [--turns N]]");
+                println!("usage: airlock-bench [--airlock PATH] [--rounds N] [--requests N] [--blocks N] [--eval-only] [--load CLIENTS [--seconds S] [--turns N]] [--closed REQUESTS [--turns N]] [--snapshots [--one-gb] [--paused N]] [--credentials] [--background MINUTES] [--telemetry [--turns N]] [--rss ANSWERS]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -214,6 +219,11 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if let Some(minutes) = args.background {
         return background::measure(&server, minutes);
+    }
+    if let Some(answers) = args.rss {
+        pool_full(&mut client)?;
+        settle();
+        return rss::measure(&server, answers);
     }
     if let Some(clients) = args.load {
         if !nix::unistd::geteuid().is_root() {

@@ -21,7 +21,7 @@ const ONE_GB: &str = "import numpy as np\n\
 big = np.random.default_rng(2).random(134_217_728)\n\
 'ready'";
 
-fn call(
+pub(crate) fn call(
     client: &mut Client,
     method: &str,
     path: &str,

@@ -1,8 +1,8 @@
 //! Background executions against the real server (`POST /v1/executions`): they run without
 //! their client, their events are resumed after any event with every byte once, they are
 //! cancelled queued or running, their own ceilings hold, restarts keep what ended and
-//! interrupt what ran, their results are read back from the disk past the memory budget,
-//! and another key sees none of it.
+//! interrupt what ran, their results are read back from the disk past the memory budget
+//! and give the server's memory back once deleted, and another key sees none of it.
 
 use crate::common;
 
@@ -852,6 +852,43 @@ fn queued_executions_wait_on_the_disk_not_in_memory() {
         assert_eq!(v["result"]["result"], i);
         assert_eq!(stored_bytes(&server, id, "job"), 0);
     }
+}
+
+#[test]
+fn the_memory_of_large_results_goes_back_once_they_are_fetched_and_deleted() {
+    let _g = serial();
+    // As served by default, zygotes and the warm pool on: their work, on threads of their
+    // own, spreads the answers over more of glibc's arenas.
+    let server = Server::start("[zygote]\n[pool]\n", &[]);
+    // What the first execution makes once (threads, the events log's machinery) is not
+    // counted.
+    let first = submit(&server, &json!({"code": "print(1)"}));
+    wait_ended(&server, &first, Duration::from_secs(30));
+    const OUTPUT: usize = 10_000_000;
+    const RESULTS: usize = 6;
+    let code = format!("import sys\nsys.stdout.write('x' * {OUTPUT})");
+    let body = json!({"code": code, "limits": {"output_bytes": OUTPUT}});
+    let before = server.rss();
+    let ids: Vec<String> = (0..RESULTS).map(|_| submit(&server, &body)).collect();
+    for id in &ids {
+        // Polled until it ended: that last answer is the whole result.
+        let v = wait_ended(&server, id, Duration::from_secs(60));
+        let head: String = v.to_string().chars().take(300).collect();
+        assert_eq!(v["state"], "finished", "{head}");
+        assert_eq!(v["result"]["stdout"].as_str().unwrap().len(), OUTPUT);
+    }
+    for id in &ids {
+        let r = server.call("DELETE", &format!("/v1/executions/{id}"), None);
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    // glibc left to itself kept them in its arenas: 40 MiB and more for these six.
+    let grown = server.rss().saturating_sub(before);
+    eprintln!("{RESULTS} results of {OUTPUT} bytes fetched and deleted: RSS grew by {grown} bytes");
+    assert!(
+        grown < 20 << 20,
+        "RSS grew by {} MiB for {RESULTS} results fetched and deleted",
+        grown >> 20
+    );
 }
 
 #[test]
