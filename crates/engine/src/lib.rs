@@ -16,6 +16,7 @@
 pub mod channel;
 mod compiled;
 mod config;
+pub mod durable;
 mod engine;
 pub mod environments;
 mod error;

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use airlock_api::{ApiError, ExecuteResponse, Limits};
+use airlock_engine::durable::{write_aside, Place};
 use airlock_engine::{Cancel, Job, OutputSink, Stream};
 use serde::{Deserialize, Serialize};
 
@@ -230,13 +231,8 @@ fn well_formed(id: &str) -> bool {
 }
 
 fn write_meta(dir: &Path, meta: &Meta) -> std::io::Result<()> {
-    let tmp = dir.join("meta.json.tmp");
-    let mut f = private_file(&tmp)?;
-    f.write_all(&serde_json::to_vec(meta).map_err(std::io::Error::other)?)?;
-    f.sync_data()?;
-    std::fs::rename(tmp, dir.join("meta.json"))?;
-    // The rename itself outlives a power loss only once the directory is synced.
-    File::open(dir)?.sync_all()
+    let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    write_aside(&dir.join("meta.json"), &bytes, Place::Replace)
 }
 
 /// A file only airlock reads, made anew.

@@ -15,7 +15,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -24,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
+use airlock_engine::durable::{write_aside, Place};
 use airlock_engine::snapshot::{Sealed, SnapshotKey};
 
 use crate::config::SessionsConfig;
@@ -646,26 +646,12 @@ impl Paused {
     /// the session's claim and the storage lock (the caller's). Its record's bytes.
     pub fn commit(&self, record: &PausedRecord) -> Result<u64, Error> {
         let path = self.record_path(&record.id);
-        let tmp = self.dir.join(format!("{}.json.tmp", record.id));
         let before = self.named_on_disk(&record.id);
-        let written = (|| {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            fs::File::open(&self.dir)?.sync_all()?;
-            Ok::<u64, std::io::Error>(bytes.len() as u64)
-        })();
-        let record_bytes = written.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::internal(format!("writing {}: {e}", path.display()))
-        })?;
+        let bytes = serde_json::to_vec(record)
+            .map_err(|e| Error::internal(format!("a paused session's record: {e}")))?;
+        write_aside(&path, &bytes, Place::Replace)
+            .map_err(|e| Error::internal(format!("writing {}: {e}", path.display())))?;
+        let record_bytes = bytes.len() as u64;
         let indexed = Indexed::of(record, record_bytes)
             .ok_or_else(|| Error::internal("a snapshot without a name of its session's"))?;
         let named = indexed.snapshot.clone();

@@ -26,13 +26,14 @@ mod tree;
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use crate::durable::{write_aside, Place};
 pub use crate::policy::{EnvMount, ENV_MOUNT};
 pub use build::{BuildEgress, BuildError, BuildSettings};
 use error::io_err;
@@ -299,18 +300,9 @@ impl Environments {
             packages: manifest.packages,
         };
         let path = self.name_file(name);
-        let tmp = random_name().map_err(io_err("naming a new version of", &path))?;
-        let tmp = path.with_extension(format!("json.{tmp}"));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            io_err("writing", &path)(e)
-        })?;
+        let json = serde_json::to_vec_pretty(&info)
+            .map_err(|e| io_err("writing", &path)(io::Error::other(e)))?;
+        write_aside(&path, &json, Place::Replace).map_err(io_err("writing", &path))?;
         if fresh {
             // Sealed just now by this process: its digest is the one it computed.
             self.verified

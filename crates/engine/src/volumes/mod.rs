@@ -32,14 +32,15 @@ use std::time::{Duration, Instant};
 
 use airlock_sandbox::{BoundedDir, BoundedError};
 
+use crate::durable::{write_aside, Place};
 use files::undo_pending;
 pub use files::{Listing, VolumeFile};
 pub use lease::{Access, JobVolume, Lease};
 use lease::{Holders, Open};
+use volume::io_err;
 pub use volume::{
     check_name, Quota, Usage, VolumeError, VolumeInfo, MAX_NAME, MIN_BYTES, OWNER_ID,
 };
-use volume::{io_err, write_atomically};
 
 /// How long a new lease waits for a mount of the same volume that has not yet gone.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
@@ -222,10 +223,10 @@ impl Volumes {
             created_at: now.into(),
         };
         let manifest = dir.join(format!("{name}.json"));
-        let made = write_atomically(&manifest, &serde_json::to_vec_pretty(&info).expect("json"));
-        if let Err(e) = made {
+        let json = serde_json::to_vec_pretty(&info).expect("json");
+        if let Err(e) = write_aside(&manifest, &json, Place::Replace) {
             let _ = fs::remove_file(&image);
-            return Err(e);
+            return Err(io_err("write", &manifest)(e));
         }
         Ok(info)
     }
