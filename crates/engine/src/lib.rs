@@ -35,6 +35,7 @@ mod request;
 mod runner;
 mod session;
 pub mod snapshot;
+pub mod storage;
 mod tools;
 mod verdict;
 pub mod volumes;

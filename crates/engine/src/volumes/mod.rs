@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use airlock_sandbox::{BoundedDir, BoundedError};
 
 use crate::durable::{write_aside, Place};
+use crate::storage::{Account, Kept, Storage, Whose};
 use files::undo_pending;
 pub use files::{Listing, VolumeFile};
 pub use lease::{Access, JobVolume, Lease};
@@ -55,8 +56,6 @@ pub struct Volumes {
     /// may wait for a mount to go) and a deletion hold, so that neither waits behind another
     /// volume, and a volume is never deleted between a check and a lease.
     open: Mutex<HashMap<(String, String), Slot>>,
-    /// Held while a volume is made (its quota counted).
-    making: Mutex<()>,
 }
 
 type Slot = Arc<Mutex<Weak<Open>>>;
@@ -104,14 +103,7 @@ impl Volumes {
             dir,
             unavailable: made.err().or_else(unavailable),
             open: Mutex::new(HashMap::new()),
-            making: Mutex::new(()),
         }
-    }
-
-    /// Held while a key's storage is counted and taken (a volume made, a snapshot kept), so
-    /// that two at once never both fit where only one does.
-    pub fn storage_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.making.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Why volumes cannot be had here, if they cannot.
@@ -142,9 +134,9 @@ impl Volumes {
             .clone()
     }
 
-    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`, which
-    /// also counts `elsewhere(owner)`: the key's other storage (its paused sessions), asked
-    /// under [`Volumes::storage_lock`].
+    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`, its
+    /// bytes held in the key's `storage` (beside its paused sessions) before its image is
+    /// made, and counted from its manifest once that is written.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -154,7 +146,7 @@ impl Volumes {
         max_entries: u64,
         quota: &Quota,
         now: &str,
-        elsewhere: &dyn Fn(&str) -> u64,
+        storage: &Storage,
     ) -> Result<VolumeInfo, VolumeError> {
         check_name(name)?;
         self.available()?;
@@ -179,13 +171,12 @@ impl Volumes {
             });
         }
         let dir = self.owner_dir(owner)?;
-        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .map_err(io_err("create", &dir))?;
-        // Another process (the CLI beside the server) counts the same quota.
+        // Another process (the CLI beside the server) makes the same key's volumes.
         let _owner = lock_owner(&dir)?;
         let existing = self.list(owner)?;
         if existing.iter().any(|v| v.name == name) {
@@ -197,14 +188,15 @@ impl Volumes {
                 existing.len()
             )));
         }
-        let used: u64 = existing.iter().map(|v| v.size_bytes).sum::<u64>() + elsewhere(owner);
-        if used.saturating_add(size_bytes) > quota.max_bytes_per_key {
-            return Err(VolumeError::Quota(format!(
-                "this key's storage (its volumes and paused sessions) holds {used} bytes; \
-                 {size_bytes} more would pass its quota of {} (volumes.max_bytes_per_key)",
-                quota.max_bytes_per_key
-            )));
-        }
+        let _held = storage
+            .reserve(owner, Account::Stored, size_bytes)
+            .map_err(|r| {
+                VolumeError::Quota(format!(
+                    "this key's storage (its volumes and paused sessions) holds {} bytes; \
+                     {size_bytes} more would pass its quota of {} (volumes.max_bytes_per_key)",
+                    r.used, r.quota
+                ))
+            })?;
         let image = dir.join(format!("{name}.img"));
         // An image without a manifest is a creation cut short: this one replaces it.
         let _ = fs::remove_file(&image);
@@ -383,6 +375,22 @@ impl Volumes {
             // ext4 keeps inodes 1 to 10 (the root is inode 2) for itself.
             used_entries: (st.files() - st.files_free()).saturating_sub(10),
         })
+    }
+}
+
+/// A key's volumes count in full from their manifests, which processes beside this one (the
+/// CLI beside the server) write too: read at each count.
+impl Kept for Volumes {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        match whose {
+            Whose::Key(owner) => self
+                .list(owner)
+                .unwrap_or_default()
+                .iter()
+                .map(|v| v.size_bytes)
+                .sum(),
+            Whose::Operator => 0,
+        }
     }
 }
 

@@ -76,11 +76,10 @@ pub struct Usage {
     pub used_entries: u64,
 }
 
-/// Bounds on one key's volumes (the server's `[volumes]`).
+/// Bounds on one key's volumes (the server's `[volumes]`; the sum of their sizes is the
+/// key's storage's, `storage::Quotas::stored`).
 #[derive(Clone, Copy, Debug)]
 pub struct Quota {
-    /// The sum of the sizes of one key's volumes.
-    pub max_bytes_per_key: u64,
     pub max_volumes_per_key: usize,
     /// Largest single volume.
     pub max_size_bytes: u64,
