@@ -116,6 +116,7 @@ impl Services {
             &config.state_dir(),
             config.background.clone(),
             config.concurrency.max_running,
+            storage.clone(),
         );
         if !interrupted.is_empty() {
             tracing::warn!(
