@@ -110,7 +110,8 @@ impl Services {
         let storage = Arc::new(
             Storage::open(&config.state_dir(), quotas(&config))
                 .counting(Account::Stored, volumes.clone())
-                .counting(Account::Stored, paused.clone()),
+                .counting(Account::Stored, paused.clone())
+                .counting_operator(environments.clone()),
         );
         let (background, interrupted) = crate::background::Background::open(
             &config.state_dir(),

@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::durable::{write_aside, Place};
 pub use crate::policy::{EnvMount, ENV_MOUNT};
+use crate::storage::{Kept, Whose};
 pub use build::{BuildEgress, BuildError, BuildSettings};
 use error::io_err;
 pub use error::EnvError;
@@ -320,6 +321,24 @@ impl Environments {
             for entry in entries.flatten() {
                 let _ = remove_tree(&entry.path());
             }
+        }
+    }
+}
+
+/// The operator's, not a key's: environments are named for every key, and built and
+/// deleted under the `environments` scope. Their stored trees, each once however many names
+/// point at it.
+impl Kept for Environments {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        match whose {
+            Whose::Operator => {
+                let mut trees = std::collections::HashMap::new();
+                for info in self.list().unwrap_or_default() {
+                    trees.insert(info.hash, info.size_bytes);
+                }
+                trees.values().sum()
+            }
+            Whose::Key(_) => 0,
         }
     }
 }
