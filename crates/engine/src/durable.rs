@@ -3,7 +3,8 @@
 //! directory synced. A reader finds the file as it was or as it is now, never a part of it,
 //! and what was said written stays written. Every small file airlock keeps is written so: the
 //! snapshot key, paused sessions' records, volumes' manifests, background executions' states,
-//! environments' names, the runner's compiled code.
+//! environments' names, the runner's compiled code. And the lock files by which processes
+//! sharing those files take turns ([`open_lock_file`]).
 
 use std::fs;
 use std::io::{self, Write};
@@ -60,6 +61,17 @@ fn write_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .open(path)?;
     f.write_all(bytes)?;
     f.sync_all()
+}
+
+/// The lock file at `path` (made, mode 0600, if missing; never through a link), to `flock`.
+pub fn open_lock_file(path: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// Syncs the directory that holds `path`: its name there is kept.

@@ -6,7 +6,7 @@
 //! - [`Account::Background`]: its background executions' events, results and waiting jobs,
 //!   within `background.max_bytes_per_key`.
 //!
-//! The operator's environments are no key's (built under the `environments` scope, named for
+//! The operator's environments are no key's (built under the `admin` scope, named for
 //! every key): they are counted server-wide ([`Storage::operator_bytes`]), within no quota but
 //! each build's own bound while it writes.
 //!
@@ -37,6 +37,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use nix::fcntl::{Flock, FlockArg};
+
+use crate::durable::open_lock_file;
 
 /// Where a key's bytes count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -276,19 +278,7 @@ impl Storage {
         item: &str,
         bytes: u64,
     ) -> Result<(), Refused> {
-        let (mut ledger, _key_lock) = self.lock_key(owner, account);
-        let used = self.count_all(&mut ledger, owner, account, None);
-        let key = ledger.keys.entry(owner.to_owned()).or_default();
-        *key.counted.entry((account, item.to_owned())).or_default() += bytes;
-        let quota = self.quotas.of(account);
-        if used.saturating_add(bytes) > quota {
-            return Err(Refused {
-                used,
-                needed: bytes,
-                quota,
-            });
-        }
-        Ok(())
+        self.add(owner, account, item, bytes, true)
     }
 
     /// Counts `bytes` more of `owner`'s `account` for `item`, about to be written, if they
@@ -300,19 +290,35 @@ impl Storage {
         item: &str,
         bytes: u64,
     ) -> Result<(), Refused> {
+        self.add(owner, account, item, bytes, false)
+    }
+
+    /// Counts `bytes` more for `item` if they fit, or `anyway`; refused if they do not.
+    fn add(
+        &self,
+        owner: &str,
+        account: Account,
+        item: &str,
+        bytes: u64,
+        anyway: bool,
+    ) -> Result<(), Refused> {
         let (mut ledger, _key_lock) = self.lock_key(owner, account);
         let used = self.count_all(&mut ledger, owner, account, None);
         let quota = self.quotas.of(account);
-        if used.saturating_add(bytes) > quota {
-            return Err(Refused {
+        let fits = used.saturating_add(bytes) <= quota;
+        if fits || anyway {
+            let key = ledger.keys.entry(owner.to_owned()).or_default();
+            *key.counted.entry((account, item.to_owned())).or_default() += bytes;
+        }
+        if fits {
+            Ok(())
+        } else {
+            Err(Refused {
                 used,
                 needed: bytes,
                 quota,
-            });
+            })
         }
-        let key = ledger.keys.entry(owner.to_owned()).or_default();
-        *key.counted.entry((account, item.to_owned())).or_default() += bytes;
-        Ok(())
     }
 
     /// Counts `bytes` fewer of `owner`'s `account` for `item` (some of what it wrote removed).
@@ -358,14 +364,7 @@ impl Storage {
                     return None;
                 }
             }
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(dir.join(".lock"))
-                .ok()?;
+            let file = open_lock_file(&dir.join(".lock")).ok()?;
             Flock::lock(file, FlockArg::LockExclusive).ok()
         });
         (lock(&self.ledger), key_lock)

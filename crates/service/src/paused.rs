@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
-use airlock_engine::durable::{write_aside, Place};
+use airlock_engine::durable::{open_lock_file, write_aside, Place};
 use airlock_engine::snapshot::{Sealed, SnapshotKey};
 use airlock_engine::storage::{Kept, Whose};
 
@@ -512,13 +512,7 @@ impl Paused {
             path: self.dir.join(format!("{id}.lock")),
         };
         loop {
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&claim.path)
+            let file = open_lock_file(&claim.path)
                 .map_err(|e| Error::internal(format!("{}: {e}", claim.path.display())))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(held) => {

@@ -326,7 +326,7 @@ impl Environments {
 }
 
 /// The operator's, not a key's: environments are named for every key, and built and
-/// deleted under the `environments` scope. Their stored trees, each once however many names
+/// deleted under the `admin` scope. Their stored trees, each once however many names
 /// point at it.
 impl Kept for Environments {
     fn kept(&self, whose: Whose<'_>) -> u64 {

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use airlock_sandbox::{BoundedDir, BoundedError};
 
-use crate::durable::{write_aside, Place};
+use crate::durable::{open_lock_file, write_aside, Place};
 use crate::storage::{Account, Kept, Storage, Whose};
 use files::undo_pending;
 pub use files::{Listing, VolumeFile};
@@ -398,14 +398,7 @@ impl Kept for Volumes {
 /// creating and deleting take it, in whichever process.
 fn lock_owner(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, VolumeError> {
     let path = dir.join(".lock");
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(io_err("open", &path))?;
+    let file = open_lock_file(&path).map_err(io_err("open", &path))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| io_err("flock", &path)(e.into()))
 }
