@@ -20,13 +20,13 @@
 //! paused sessions from their index), or here as it is written, for what only this process
 //! writes ([`Storage::count`]: background executions'). No one else adds bytes up.
 //!
-//! One lock: a key's account is counted and taken in one step, under this process's lock and
-//! the key's `<state>/storage/<owner>/.lock` (`flock`), which every process using the state
-//! directory takes. Each reservation is also a file there, `<account>.<16 hex digits>`, its
-//! bytes (8, little-endian) `flock`ed by its holder while it lives, so that processes beside
-//! this one count it; one that a killed process left is no longer locked, counts no more, and
-//! is removed. A store shared by replicas (a database) would keep the same accounts behind the
-//! same calls.
+//! One lock: a key's account is counted and taken in one step, under this process's lock and,
+//! for the stored account, which processes beside the server take from too (`airlock volume
+//! create`), the key's `<state>/storage/<owner>/.lock` (`flock`), which each of them takes.
+//! Each reservation of that account is also a file there, `stored.<16 hex digits>`, its bytes
+//! (8, little-endian) `flock`ed by its holder while it lives, so that the others count it; one
+//! that a killed process left is no longer locked, counts no more, and is removed. A store
+//! shared by replicas (a database) would keep the same accounts behind the same calls.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File};
@@ -201,10 +201,6 @@ impl Storage {
     pub fn counting_operator(mut self, store: Arc<dyn Kept>) -> Storage {
         self.operator.push(store);
         self
-    }
-
-    pub fn quota(&self, account: Account) -> u64 {
-        self.quotas.of(account)
     }
 
     /// What the operator keeps, server-wide.
