@@ -125,7 +125,7 @@ fn keep(
 /// exist), its bytes held against the key's storage before they are written; what it
 /// holds, and the file with the bytes held for it. Refused for want of room while other
 /// snapshots of the key's were being written (pauses at once, say, that do not all fit),
-/// it is taken again in its turn (`Paused::wait_for_turn`: those that began first go
+/// it is taken again in its turn (`Reservation::wait_for_turn`: those that began first go
 /// first), so that of those, the ones that fit are kept, and only the others refused.
 fn take<'a>(
     state: &'a Services,
