@@ -524,14 +524,20 @@ fn trial_volume(engine: &Engine) -> Result<String, String> {
             ));
         }
         let quota = Quota {
-            max_bytes_per_key: 8 << 20,
             max_volumes_per_key: 1,
             max_size_bytes: 8 << 20,
             max_entries: 64,
         };
+        let storage = airlock_engine::storage::Storage::open(
+            &dir,
+            airlock_engine::storage::Quotas {
+                stored: 8 << 20,
+                background: 0,
+            },
+        );
         let e = |e: airlock_engine::volumes::VolumeError| e.to_string();
         volumes
-            .create("doctor", "trial", 8 << 20, 64, &quota, "now", &|_| 0)
+            .create("doctor", "trial", 8 << 20, 64, &quota, "now", &storage)
             .map_err(e)?;
         let lease = volumes
             .lease("doctor", "trial", Access::Write, "airlock doctor")

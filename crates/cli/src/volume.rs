@@ -114,7 +114,7 @@ pub fn main(args: VolumeArgs) -> ExitCode {
         Ok(owner) => owner,
         Err(e) => return usage(e),
     };
-    let volumes = Volumes::open(&config.state_dir());
+    let volumes = std::sync::Arc::new(Volumes::open(&config.state_dir()));
     match args.command {
         VolumeCommand::Create {
             name,
@@ -126,11 +126,10 @@ pub fn main(args: VolumeArgs) -> ExitCode {
                 .unwrap_or((size / (16 << 10)).max(1024))
                 .min(quota.max_entries);
             let now = humantime_now();
-            // The key's paused sessions count too, as the server counts them.
-            let paused = airlock_server::paused_bytes(&config);
-            match volumes.create(&owner, &name, size, entries, &quota, &now, &|owner| {
-                paused(owner)
-            }) {
+            // The key's storage as the server counts it: its paused sessions too, and what
+            // the server holds for what it is writing.
+            let storage = airlock_server::storage_beside_the_server(&config, volumes.clone());
+            match volumes.create(&owner, &name, size, entries, &quota, &now, &storage) {
                 Ok(info) => {
                     print_json(&info);
                     ExitCode::SUCCESS

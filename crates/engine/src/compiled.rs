@@ -11,11 +11,13 @@
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use airlock_sandbox::{spawn, Command, Exit, Policy};
 use sha2::{Digest, Sha256};
+
+use crate::durable::{write_aside, Place};
 
 /// Run in the sandbox: the runner's source on stdin, its code object on stdout.
 const COMPILE: &str = "import marshal, sys\n\
@@ -149,23 +151,14 @@ fn make_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes the cache entry whole or not at all (a temporary file renamed over it).
+/// Writes the cache entry whole or not at all.
 fn store(dir: &Path, path: &Path, code: &[u8]) -> std::io::Result<()> {
     make_dir(dir)?;
-    let tmp: PathBuf = dir.join(format!(".tmp-{}", std::process::id()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    file.write_all(HEADER)?;
-    file.write_all(hex(&Sha256::digest(code)).as_bytes())?;
-    file.write_all(b"\n")?;
-    file.write_all(code)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
+    let mut entry = HEADER.to_vec();
+    entry.extend_from_slice(hex(&Sha256::digest(code)).as_bytes());
+    entry.push(b'\n');
+    entry.extend_from_slice(code);
+    write_aside(path, &entry, Place::Replace)
 }
 
 /// The interpreter compiles the runner's source in a sandbox and writes the code object.

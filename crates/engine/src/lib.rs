@@ -16,6 +16,7 @@
 pub mod channel;
 mod compiled;
 mod config;
+pub mod durable;
 mod engine;
 pub mod environments;
 mod error;
@@ -34,6 +35,7 @@ mod request;
 mod runner;
 mod session;
 pub mod snapshot;
+pub mod storage;
 mod tools;
 mod verdict;
 pub mod volumes;

@@ -14,6 +14,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use hmac::{KeyInit, Mac};
+
+use crate::durable::{write_aside, Place};
 use sha2::Sha256;
 
 type HmacSha256 = hmac::Hmac<Sha256>;
@@ -50,23 +52,10 @@ impl SnapshotKey {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let mut key = [0u8; 32];
                 getrandom::fill(&mut key).map_err(|e| io::Error::other(e.to_string()))?;
-                let tmp = path.with_extension("new");
-                let mut f = fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&tmp)?;
-                f.write_all(&key)?;
-                f.sync_all()?;
                 // Another process may have made one meanwhile: the first one stays.
-                match fs::hard_link(&tmp, path) {
-                    Ok(()) => {
-                        let _ = fs::remove_file(&tmp);
-                        Ok(SnapshotKey(key))
-                    }
+                match write_aside(path, &key, Place::New) {
+                    Ok(()) => Ok(SnapshotKey(key)),
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                        let _ = fs::remove_file(&tmp);
                         Self::load_or_create(path)
                     }
                     Err(e) => Err(e),

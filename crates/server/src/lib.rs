@@ -52,8 +52,8 @@ pub mod sizing;
 mod wire;
 
 pub use airlock_service::{
-    admission, audit, config, keys, metrics, paused_bytes, read_credential, Credentials, Error,
-    Services, SharedServices,
+    admission, audit, config, keys, metrics, read_credential, storage_beside_the_server,
+    Credentials, Error, Services, SharedServices,
 };
 pub use http::app;
 pub use http::routes::{openapi, ROUTES};

@@ -32,6 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use airlock_api::{ApiError, ExecuteResponse, Limits};
+use airlock_engine::durable::{write_aside, Place};
+use airlock_engine::storage::{Account, Refused, Storage};
 use airlock_engine::{Cancel, Job, OutputSink, Stream};
 use serde::{Deserialize, Serialize};
 
@@ -158,9 +160,6 @@ struct Inner {
     /// Ended ones whose `meta.json` could not be replaced (a full disk): what they are, until
     /// it can be ([`Background::expire`] tries again).
     unsaved: HashMap<String, Meta>,
-    /// Bytes each key's background executions store (events, results, the jobs of those
-    /// waiting), by fingerprint.
-    stored: HashMap<String, Arc<AtomicU64>>,
     /// Those waiting for their turn, in the order they were submitted: their key and how
     /// many of its executions may run at once.
     waiting: std::collections::BTreeMap<u64, (String, usize)>,
@@ -168,15 +167,6 @@ struct Inner {
     running: usize,
     /// Whose turn is next, by key fingerprint.
     turns: Turns,
-}
-
-impl Inner {
-    fn stored_of(&mut self, fingerprint: &str) -> Arc<AtomicU64> {
-        self.stored
-            .entry(fingerprint.to_owned())
-            .or_default()
-            .clone()
-    }
 }
 
 /// Bytes an execution's directory stores: its events, its result, its job while it waits.
@@ -193,6 +183,8 @@ pub struct Background {
     /// `<state>/background`; `None` when it could not be made (submissions are refused).
     dir: Option<PathBuf>,
     config: BackgroundConfig,
+    /// Where each key's bytes count (`background.max_bytes_per_key`).
+    storage: Arc<Storage>,
     inner: Mutex<Inner>,
     /// A turn given back, or one cancelled while it waits: waiters look again.
     turns: tokio::sync::Notify,
@@ -230,13 +222,8 @@ fn well_formed(id: &str) -> bool {
 }
 
 fn write_meta(dir: &Path, meta: &Meta) -> std::io::Result<()> {
-    let tmp = dir.join("meta.json.tmp");
-    let mut f = private_file(&tmp)?;
-    f.write_all(&serde_json::to_vec(meta).map_err(std::io::Error::other)?)?;
-    f.sync_data()?;
-    std::fs::rename(tmp, dir.join("meta.json"))?;
-    // The rename itself outlives a power loss only once the directory is synced.
-    File::open(dir)?.sync_all()
+    let bytes = serde_json::to_vec(meta).map_err(std::io::Error::other)?;
+    write_aside(&dir.join("meta.json"), &bytes, Place::Replace)
 }
 
 /// A file only airlock reads, made anew.
@@ -292,12 +279,11 @@ pub struct Live {
     log: Mutex<Log>,
     /// Why the events log could not be written, if it could not.
     log_failed: Mutex<Option<Error>>,
-    /// Bytes its key's background executions store (their events, results and waiting jobs),
-    /// and the most they may (`background.max_bytes_per_key`).
-    stored: Arc<AtomicU64>,
-    max_stored: u64,
-    /// Bytes of its job counted in `stored` while it waits on the disk (`job`); 0 once it is
-    /// read back or gone.
+    /// Where its bytes count, with its key's other background executions' (their events,
+    /// results and waiting jobs, within `background.max_bytes_per_key`).
+    storage: Arc<Storage>,
+    /// Bytes of its job counted while it waits on the disk (`job`); 0 once it is read back
+    /// or gone.
     parked: AtomicU64,
     /// Output held back for the log: its stream and text.
     held: Mutex<(Option<Stream>, String)>,
@@ -386,15 +372,14 @@ impl Live {
                 drop(log);
                 self.written.send_modify(|w| w.0 = len);
                 let n = bytes.len() as u64;
-                let stored = self.stored.fetch_add(n, Ordering::AcqRel) + n;
-                if stored > self.max_stored {
+                if let Err(past) = self.count(n) {
                     self.stop(Error::new(
                         Kind::TooLarge,
                         "storage_full",
                         format!(
                             "its key's background executions store more than \
                              background.max_bytes_per_key ({} bytes): it was stopped",
-                            self.max_stored
+                            past.quota
                         ),
                     ));
                 }
@@ -454,14 +439,24 @@ impl Live {
         // Counted ahead by its size (`parked::size`), which it is.
         let counted = self.parked.swap(written, Ordering::AcqRel);
         debug_assert_eq!(written, counted, "a parked job's size, known ahead");
-        if written != counted {
-            let _ = self
-                .stored
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some((v + written).saturating_sub(counted))
-                });
+        if written > counted {
+            let _ = self.count(written - counted);
+        } else if written < counted {
+            self.uncount(counted - written);
         }
         Ok(job)
+    }
+
+    /// Counts `n` more bytes of its key's background executions' (written already); refused
+    /// when that passes their quota.
+    fn count(&self, n: u64) -> Result<(), Refused> {
+        self.storage
+            .count(&self.fingerprint, Account::Background, &self.id, n)
+    }
+
+    fn uncount(&self, n: u64) {
+        self.storage
+            .uncount(&self.fingerprint, Account::Background, &self.id, n);
     }
 
     /// Its turn came: `job` whole again, its stdin read from the disk as the program takes it,
@@ -482,11 +477,7 @@ impl Live {
         let n = self.parked.swap(0, Ordering::AcqRel);
         if n > 0 {
             let _ = std::fs::remove_file(self.dir.join("job"));
-            let _ = self
-                .stored
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                    Some(v.saturating_sub(n))
-                });
+            self.uncount(n);
         }
     }
 }
@@ -567,6 +558,7 @@ impl Background {
         state_dir: &Path,
         mut config: BackgroundConfig,
         slots: usize,
+        storage: Arc<Storage>,
     ) -> (Background, Vec<String>) {
         // Requests answered in place always keep a slot: with one slot in all, none is left.
         config.max_running = config.max_running.min(slots.saturating_sub(1));
@@ -629,9 +621,12 @@ impl Background {
                     .or_default()
                     .kept += 1;
             }
-            inner
-                .stored_of(&meta.key_fingerprint)
-                .fetch_add(stored_size(&path), Ordering::AcqRel);
+            let _ = storage.count(
+                &meta.key_fingerprint,
+                Account::Background,
+                &meta.id,
+                stored_size(&path),
+            );
             inner.ended.insert(
                 meta.id.clone(),
                 (
@@ -644,6 +639,7 @@ impl Background {
         let bg = Background {
             dir,
             config,
+            storage,
             inner: Mutex::new(inner),
             turns: tokio::sync::Notify::new(),
             tombs: Mutex::new(()),
@@ -705,10 +701,11 @@ impl Background {
             )
             .retry_after(60));
         }
-        let stored = inner.stored_of(&fingerprint);
-        let max_stored = self.config.max_bytes_per_key;
-        let holds = stored.load(Ordering::Acquire);
-        if holds.saturating_add(parked) > max_stored {
+        // Its job's bytes, counted before they are written: what waits never holds more.
+        let counted = self
+            .storage
+            .count_within(&fingerprint, Account::Background, &id, parked);
+        if let Err(Refused { used: holds, .. }) = counted {
             return Err(Error::new(
                 Kind::RateLimited,
                 "rate_limited",
@@ -755,6 +752,7 @@ impl Background {
             Ok(events) => events,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
+                self.storage.forget(&fingerprint, Account::Background, &id);
                 tracing::warn!(error = %e, "cannot store a background execution");
                 return Err(Error::new(
                     Kind::Unavailable,
@@ -778,14 +776,11 @@ impl Background {
                 len: 0,
             }),
             log_failed: Mutex::new(None),
-            stored: stored.clone(),
-            max_stored,
+            storage: self.storage.clone(),
             parked: AtomicU64::new(parked),
             held: Mutex::new((None, String::new())),
             written: tokio::sync::watch::Sender::new((0, false)),
         });
-        // Its job's bytes, counted before they are written: what waits never holds more.
-        stored.fetch_add(parked, Ordering::AcqRel);
         inner.keys.entry(fingerprint.clone()).or_default().queued += 1;
         let (per_key, _) = key_limits(&self.config, key);
         inner.waiting.insert(ticket, (fingerprint, per_key));
@@ -797,6 +792,8 @@ impl Background {
     /// answered: as if it never was.
     pub fn withdraw(&self, live: &Live) {
         live.unstore_parked();
+        self.storage
+            .forget(&live.fingerprint, Account::Background, &live.id);
         {
             let mut inner = lock(&self.inner);
             inner.live.remove(&live.id);
@@ -879,7 +876,9 @@ impl Background {
                 match stored {
                     Ok(size) => {
                         meta.has_result = true;
-                        live.stored.fetch_add(size, Ordering::AcqRel);
+                        // Kept even past the quota (it ran): the key's next submissions
+                        // are refused until it deletes some.
+                        let _ = live.count(size);
                         let state = if failed_log.is_some() {
                             State::Failed
                         } else if live.is_cancelled() {
@@ -1077,7 +1076,7 @@ impl Background {
             self.remove(id);
             return;
         }
-        self.unstore(id, &dir);
+        self.unstore(id);
         let _ = std::fs::remove_file(dir.join("events"));
         let _ = std::fs::remove_file(dir.join("result.json"));
         meta.deleted = true;
@@ -1090,7 +1089,7 @@ impl Background {
 
     fn remove(&self, id: &str) {
         if let Some(dir) = &self.dir {
-            self.unstore(id, &dir.join(id));
+            self.unstore(id);
             if let Err(e) = std::fs::remove_dir_all(dir.join(id)) {
                 tracing::warn!(execution = id, error = %e, "cannot remove a background execution");
             }
@@ -1105,8 +1104,8 @@ impl Background {
         }
     }
 
-    /// Takes what `dir` stores off its owner's count, before its files go.
-    fn unstore(&self, id: &str, dir: &Path) {
+    /// Takes what it stores off its owner's count, before its files go.
+    fn unstore(&self, id: &str) {
         let owner = {
             let inner = lock(&self.inner);
             inner
@@ -1116,11 +1115,7 @@ impl Background {
                 .or_else(|| inner.live.get(id).map(|l| l.fingerprint.clone()))
         };
         if let Some(owner) = owner {
-            let n = stored_size(dir);
-            let stored = lock(&self.inner).stored_of(&owner);
-            let _ = stored.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(v.saturating_sub(n))
-            });
+            self.storage.forget(&owner, Account::Background, id);
         }
     }
 
@@ -1489,7 +1484,14 @@ mod tests {
             max_running_per_key: 4,
             ..BackgroundConfig::default()
         };
-        let (bg, _) = Background::open(&dir, config, 4);
+        let storage = Storage::open(
+            &dir,
+            airlock_engine::storage::Quotas {
+                stored: 0,
+                background: config.max_bytes_per_key,
+            },
+        );
+        let (bg, _) = Background::open(&dir, config, 4, Arc::new(storage));
         let bg = Arc::new(bg);
         let store = KeyStore::new(vec![
             KeyConfig::new("a", hash_key("key-a-for-tests-0001")),

@@ -65,4 +65,4 @@ pub mod telemetry;
 
 pub use credentials::{read as read_credential, Credentials};
 pub use error::Error;
-pub use services::{paused_bytes, Services, SharedServices};
+pub use services::{storage_beside_the_server, Services, SharedServices};

@@ -60,7 +60,9 @@ fn json_len(inputs: &serde_json::Map<String, serde_json::Value>) -> usize {
 }
 
 /// Writes what is large in `job` to a new file at `path` and takes it out of `job`; the bytes
-/// written. A file cut short is removed.
+/// written. A file cut short is removed. Written in place, neither aside nor synced
+/// (`durable::write_aside` is for what outlives a restart): only this process reads it back,
+/// and a restart removes it.
 pub fn park(job: &mut Job, path: &Path) -> std::io::Result<u64> {
     let file = std::fs::OpenOptions::new()
         .write(true)

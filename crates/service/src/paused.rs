@@ -1,8 +1,9 @@
 //! The snapshot directory (`sessions.snapshot_dir`): paused sessions' records and snapshots
 //! on disk, the index of them in memory, the claims that let one request at a time touch a
 //! session's files (in this process, and through `flock` in replicas sharing the directory),
-//! the bytes held for snapshots being written, and tombstones. What is done with them
-//! (pause, resume, fork, checkpoints, the reaper) is `snapshots.rs`'s.
+//! and tombstones; what they keep of their keys' storage, counted there
+//! (`airlock_engine::storage`, which also holds the bytes of snapshots being written). What
+//! is done with them (pause, resume, fork, checkpoints, the reaper) is `snapshots.rs`'s.
 //!
 //! A session `<id>` has at most: its record `<id>.json` (the key's fingerprint, what the
 //! session was opened with, the MAC, what it holds, and the name of its snapshot); its
@@ -15,7 +16,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -24,7 +24,9 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
+use airlock_engine::durable::{open_lock_file, write_aside, Place};
 use airlock_engine::snapshot::{Sealed, SnapshotKey};
+use airlock_engine::storage::{Kept, Whose};
 
 use crate::config::SessionsConfig;
 use crate::error::{Error, Kind};
@@ -133,11 +135,9 @@ pub struct Paused {
     /// Ids claimed by this process, and the wake-up of claims waiting for one.
     claimed: Mutex<HashSet<String>>,
     given_back: Condvar,
-    /// Per key, the snapshots being written and the bytes of its storage held for them
-    /// (grown under the storage lock, `Volumes::storage_lock`), and the wake-up of those
-    /// waiting for some to be written.
-    writing: Mutex<HashMap<String, Writing>>,
-    room_freed: Condvar,
+    /// Held while a record is made a session's: a key's count of paused sessions is checked
+    /// and the record written in one step.
+    keeping: Mutex<()>,
     /// The tombstones this process knows of, oldest first: when each was made, and whose.
     tombstones: Mutex<VecDeque<(SystemTime, String)>>,
 }
@@ -157,16 +157,6 @@ struct Tidying {
     /// When its tombstone was made, if it has one, and whether that can no longer matter.
     made: Option<SystemTime>,
     spent: bool,
-}
-
-/// A key's snapshots being written.
-#[derive(Debug, Default)]
-struct Writing {
-    /// Their places, and whether each is writing (or waits for its turn to try again).
-    writers: BTreeMap<u64, bool>,
-    next: u64,
-    /// The bytes of its storage they hold.
-    held: u64,
 }
 
 /// A paused session as the index holds it.
@@ -236,8 +226,7 @@ impl Paused {
             index: Mutex::new(HashMap::new()),
             claimed: Mutex::new(HashSet::new()),
             given_back: Condvar::new(),
-            writing: Mutex::new(HashMap::new()),
-            room_freed: Condvar::new(),
+            keeping: Mutex::new(()),
             tombstones: Mutex::new(VecDeque::new()),
         };
         for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -438,95 +427,6 @@ impl Paused {
         self.index().len()
     }
 
-    /// The bytes on disk of the key's paused sessions (snapshots and records), and those held
-    /// for its snapshots being written.
-    pub fn stored_bytes_of(&self, fingerprint: &str) -> u64 {
-        let kept: u64 = self
-            .index()
-            .values()
-            .filter(|e| e.owner == fingerprint)
-            .map(|e| e.bytes)
-            .sum();
-        kept + self.held_by(fingerprint)
-    }
-
-    /// The bytes of the key's storage its snapshots being written hold.
-    pub fn held_by(&self, fingerprint: &str) -> u64 {
-        lock(&self.writing).get(fingerprint).map_or(0, |w| w.held)
-    }
-
-    /// One more snapshot of the key's being written: its place among them (in the order
-    /// they began), writing.
-    pub fn start_writing(&self, fingerprint: &str) -> u64 {
-        let mut writing = lock(&self.writing);
-        let w = writing.entry(fingerprint.to_owned()).or_default();
-        let place = w.next;
-        w.next += 1;
-        w.writers.insert(place, true);
-        place
-    }
-
-    /// Holds `more` bytes of the key's storage for its snapshot at `place`, which is
-    /// writing (under the storage lock, once counted).
-    pub fn hold(&self, fingerprint: &str, place: u64, more: u64) {
-        let mut writing = lock(&self.writing);
-        let w = writing.entry(fingerprint.to_owned()).or_default();
-        w.held += more;
-        w.writers.insert(place, true);
-    }
-
-    /// The key's snapshot at `place` gives back the `bytes` it held: it is no longer
-    /// writing (refused for want of room, it waits for its turn to try again), or, `done`,
-    /// no longer one of the key's at all (kept or given up).
-    pub fn give_back(&self, fingerprint: &str, place: u64, bytes: u64, done: bool) {
-        let mut writing = lock(&self.writing);
-        if let Some(w) = writing.get_mut(fingerprint) {
-            w.held = w.held.saturating_sub(bytes);
-            if done {
-                w.writers.remove(&place);
-            } else if let Some(writes) = w.writers.get_mut(&place) {
-                *writes = false;
-            }
-            if w.writers.is_empty() {
-                writing.remove(fingerprint);
-            }
-        }
-        drop(writing);
-        self.room_freed.notify_all();
-    }
-
-    /// For the key's snapshot at `place`, refused for want of room (and holding nothing
-    /// now): waits for its turn to try again, and says whether it has one. Those that began
-    /// before it go first: it waits until they are done. The first waits until those after
-    /// it stop writing (refused in turn, they wait for it), then has the room they held. With
-    /// none before it and none after it writing, the room was never there: no turn. At most
-    /// until `until`.
-    pub fn wait_for_turn(&self, fingerprint: &str, place: u64, until: Instant) -> bool {
-        let mut writing = lock(&self.writing);
-        let mut waited = false;
-        loop {
-            let (before, after_writing) = writing.get(fingerprint).map_or((false, false), |w| {
-                (
-                    w.writers.keys().any(|p| *p < place),
-                    w.writers.iter().any(|(p, writes)| *p > place && *writes),
-                )
-            });
-            let left = until.saturating_duration_since(Instant::now());
-            if !(before || after_writing) {
-                return waited;
-            }
-            if left.is_zero() {
-                return false;
-            }
-            waited = true;
-            writing = self
-                .room_freed
-                .wait_timeout(writing, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-    }
-
     /// The bytes on disk of paused session `id` and its snapshot's name, if there is one.
     pub fn kept(&self, id: &str) -> Option<(u64, String)> {
         self.index().get(id).map(|e| (e.bytes, e.snapshot.clone()))
@@ -612,13 +512,7 @@ impl Paused {
             path: self.dir.join(format!("{id}.lock")),
         };
         loop {
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o600)
-                .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-                .open(&claim.path)
+            let file = open_lock_file(&claim.path)
                 .map_err(|e| Error::internal(format!("{}: {e}", claim.path.display())))?;
             match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
                 Ok(held) => {
@@ -642,30 +536,29 @@ impl Paused {
     }
 
     /// Makes `record` the session's, in one step: written aside, synced and renamed over
-    /// the one before; then the snapshot the one before named, if another, is removed. Under
-    /// the session's claim and the storage lock (the caller's). Its record's bytes.
-    pub fn commit(&self, record: &PausedRecord) -> Result<u64, Error> {
+    /// the one before; then the snapshot the one before named, if another, is removed.
+    /// Refused when the key has `most` paused sessions and this is not one of them. Under the
+    /// session's claim, with the bytes of its snapshot and record held in the key's storage
+    /// (the caller's). Its record's bytes.
+    pub fn commit(&self, record: &PausedRecord, most: usize) -> Result<u64, Error> {
+        let _one_at_a_time = lock(&self.keeping);
+        if self.kept(&record.id).is_none() && self.count_of(&record.key_fingerprint) >= most {
+            return Err(Error::new(
+                Kind::TooLarge,
+                "quota_exceeded",
+                format!(
+                    "this key has {most} paused sessions, its most (sessions.max_paused_per_key); \
+                     nothing was kept, and the session runs on"
+                ),
+            ));
+        }
         let path = self.record_path(&record.id);
-        let tmp = self.dir.join(format!("{}.json.tmp", record.id));
         let before = self.named_on_disk(&record.id);
-        let written = (|| {
-            let mut f = fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)?;
-            fs::File::open(&self.dir)?.sync_all()?;
-            Ok::<u64, std::io::Error>(bytes.len() as u64)
-        })();
-        let record_bytes = written.map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            Error::internal(format!("writing {}: {e}", path.display()))
-        })?;
+        let bytes = serde_json::to_vec(record)
+            .map_err(|e| Error::internal(format!("a paused session's record: {e}")))?;
+        write_aside(&path, &bytes, Place::Replace)
+            .map_err(|e| Error::internal(format!("writing {}: {e}", path.display())))?;
+        let record_bytes = bytes.len() as u64;
         let indexed = Indexed::of(record, record_bytes)
             .ok_or_else(|| Error::internal("a snapshot without a name of its session's"))?;
         let named = indexed.snapshot.clone();
@@ -808,6 +701,36 @@ impl Paused {
                 }
             }
         }
+    }
+}
+
+/// The bytes on disk of a key's paused sessions (snapshots and records), from the index.
+impl Kept for Paused {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        match whose {
+            Whose::Key(fingerprint) => self
+                .index()
+                .values()
+                .filter(|e| e.owner == fingerprint)
+                .map(|e| e.bytes)
+                .sum(),
+            Whose::Operator => 0,
+        }
+    }
+}
+
+/// The paused sessions of a snapshot directory as a process beside the server counts them
+/// (`airlock volume create`): read from the disk at each count, since the server pauses,
+/// resumes and deletes meanwhile.
+#[derive(Debug)]
+pub struct OnDisk {
+    pub dir: PathBuf,
+    pub config: SessionsConfig,
+}
+
+impl Kept for OnDisk {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        Kept::kept(&Paused::open(&self.dir, &self.config), whose)
     }
 }
 

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+use airlock_engine::storage::{Account, Quotas, Storage};
+use airlock_engine::volumes::Volumes;
 use airlock_engine::Engine;
 
 use crate::admission::Admission;
@@ -45,7 +47,10 @@ pub struct Services {
     /// Volumes, stored under the state directory.
     pub volumes: Arc<airlock_engine::volumes::Volumes>,
     /// Paused sessions, stored in `sessions.snapshot_dir`.
-    pub paused: crate::paused::Paused,
+    pub paused: Arc<crate::paused::Paused>,
+    /// What each key keeps on disk (its volumes and paused sessions; its background
+    /// executions'), and what is held for what is being written: the one count of it.
+    pub storage: Arc<Storage>,
     /// `[credentials]`, read at start ([`Services::with_credentials`]).
     pub credentials: Credentials,
     /// Background executions, stored under the state directory.
@@ -95,18 +100,21 @@ impl Services {
         if let Some(why) = volumes.unavailable() {
             tracing::info!(why, "volumes are not available");
         }
-        let snapshot_dir = config
-            .sessions
-            .snapshot_dir
-            .clone()
-            .unwrap_or_else(|| config.state_dir().join("sessions"));
-        let paused = crate::paused::Paused::open(&snapshot_dir, &config.sessions);
+        let snapshot_dir = snapshot_dir(&config);
+        let paused = Arc::new(crate::paused::Paused::open(&snapshot_dir, &config.sessions));
         // What a stop mid-way left, and tombstones that no longer matter.
         paused.tidy();
+        let storage = Arc::new(
+            Storage::open(&config.state_dir(), quotas(&config))
+                .counting(Account::Stored, volumes.clone())
+                .counting(Account::Stored, paused.clone())
+                .counting_operator(environments.clone()),
+        );
         let (background, interrupted) = crate::background::Background::open(
             &config.state_dir(),
             config.background.clone(),
             config.concurrency.max_running,
+            storage.clone(),
         );
         if !interrupted.is_empty() {
             tracing::warn!(
@@ -121,6 +129,7 @@ impl Services {
             environments,
             volumes,
             paused,
+            storage,
             config,
             engine,
             keys,
@@ -217,14 +226,32 @@ pub fn audit_unavailable(why: &str) -> Error {
     .retry_after(crate::audit_lines::RETRY_EVERY.as_secs())
 }
 
-/// The bytes each key's paused sessions take in the snapshot directory `config` names, as
-/// the server counts them against the key's storage (for `airlock volume create`).
-pub fn paused_bytes(config: &Config) -> impl Fn(&str) -> u64 {
-    let dir = config
+/// Each key's quotas: its volumes and paused sessions together, its background executions.
+fn quotas(config: &Config) -> Quotas {
+    Quotas {
+        stored: config.volumes.max_bytes_per_key,
+        background: config.background.max_bytes_per_key,
+    }
+}
+
+/// The storage of `config`'s state directory as a process beside the server counts it
+/// (`airlock volume create`): `volumes`, and the paused sessions of the snapshot directory,
+/// read from the disk at each count; the server's reservations from their files.
+pub fn storage_beside_the_server(config: &Config, volumes: Arc<Volumes>) -> Storage {
+    let paused = crate::paused::OnDisk {
+        dir: snapshot_dir(config),
+        config: config.sessions.clone(),
+    };
+    Storage::open(&config.state_dir(), quotas(config))
+        .counting(Account::Stored, volumes)
+        .counting(Account::Stored, Arc::new(paused))
+}
+
+/// `sessions.snapshot_dir`, or `sessions` in the state directory.
+fn snapshot_dir(config: &Config) -> std::path::PathBuf {
+    config
         .sessions
         .snapshot_dir
         .clone()
-        .unwrap_or_else(|| config.state_dir().join("sessions"));
-    let paused = crate::paused::Paused::open(&dir, &config.sessions);
-    move |owner| paused.stored_bytes_of(owner)
+        .unwrap_or_else(|| config.state_dir().join("sessions"))
 }

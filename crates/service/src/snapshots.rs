@@ -5,7 +5,7 @@
 //! (`airlock_engine::snapshot`). Paused sessions live on disk, in `sessions.snapshot_dir`
 //! (`paused.rs`: each session's record and the snapshot it names, claims, tombstones), so a
 //! restart, graceful or not, finds them. Each snapshot's bytes are held against its key's
-//! storage before they are written ([`Reservation`]), and a snapshot becomes the session's
+//! storage before they are written (a `storage::Reservation`), and a snapshot becomes the session's
 //! in one step, its record's rename ([`keep`]).
 
 use std::fs;
@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use airlock_api::{SessionInfo, SessionRequest, SnapshotInfo};
 use airlock_engine::snapshot::{open_verified, Binding, Sealed, SnapshotWriter};
+use airlock_engine::storage::{Account, Refused, Reservation};
 use airlock_engine::{SessionError, SnapshotError, SnapshotReport};
 
 use crate::error::{Error, Kind};
@@ -56,98 +57,25 @@ fn snapshot_error(e: SnapshotError) -> Error {
 }
 
 /// How many state bytes a snapshot of the key's may hold now: the configured most, within
-/// what its storage has left after its volumes and its other paused sessions (what the
-/// snapshots being written hold aside: they share it by their reservations).
+/// what its storage has left beside its volumes and its other paused sessions (the snapshots
+/// being written share that room by their reservations).
 fn room_for_snapshot(state: &Services, owner: &str) -> u64 {
-    let used = storage_used(state, owner).saturating_sub(state.paused.held_by(owner));
     state
         .config
         .sessions
         .max_snapshot_bytes
-        .min(state.config.volumes.max_bytes_per_key.saturating_sub(used))
-}
-
-/// What the key's storage holds: its volumes' sizes and its paused sessions' bytes.
-fn storage_used(state: &Services, owner: &str) -> u64 {
-    let volumes: u64 = state
-        .volumes
-        .list(owner)
-        .unwrap_or_default()
-        .iter()
-        .map(|v| v.size_bytes)
-        .sum();
-    volumes + state.paused.stored_bytes_of(owner)
+        .min(state.storage.room(owner, Account::Stored))
 }
 
 /// Room a record takes beside its snapshot, held before either is written.
 const RECORD_ROOM: u64 = 1 << 20;
 
-/// The most a reservation holds beyond what it was asked for (an eighth of that, up to
-/// this), so that the key's storage is not counted again for each frame of a large
-/// snapshot, nor held far ahead of a small one.
-const HOLD_AHEAD: u64 = 8 << 20;
-
-/// Bytes of a key's storage held for a snapshot being written, before they are written:
-/// counted with its volumes and paused sessions (`Paused::stored_bytes_of`), so that
-/// pauses, checkpoints and forks at once never write more than the key's storage has room
-/// for. Given back when dropped (the snapshot kept, and counted as such, or removed).
-struct Reservation<'a> {
-    state: &'a Services,
-    owner: String,
-    held: u64,
-    /// Its place among the key's snapshots being written.
-    place: u64,
-}
-
-impl<'a> Reservation<'a> {
-    fn new(state: &'a Services, owner: &str) -> Self {
-        Reservation {
-            state,
-            owner: owner.to_owned(),
-            held: 0,
-            place: state.paused.start_writing(owner),
-        }
-    }
-
-    /// Holds `bytes` in all, if the key's storage has room for them beside everything else
-    /// it holds; else nothing more, and why.
-    fn hold(&mut self, bytes: u64) -> Result<(), Error> {
-        if bytes <= self.held {
-            return Ok(());
-        }
-        let _storage = self.state.volumes.storage_lock();
-        let others = storage_used(self.state, &self.owner).saturating_sub(self.held);
-        let quota = self.state.config.volumes.max_bytes_per_key;
-        let room = quota.saturating_sub(others);
-        if bytes > room {
-            return Err(over_quota(others, bytes, quota));
-        }
-        let want = (bytes + (bytes / 8).min(HOLD_AHEAD)).min(room);
-        self.state
-            .paused
-            .hold(&self.owner, self.place, want - self.held);
-        self.held = want;
-        Ok(())
-    }
-
-    /// Gives back what it holds, to try again in its turn.
-    fn give_back(&mut self) {
-        self.state
-            .paused
-            .give_back(&self.owner, self.place, self.held, false);
-        self.held = 0;
-    }
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        self.state
-            .paused
-            .give_back(&self.owner, self.place, self.held, true);
-    }
-}
-
-fn over_quota(used: u64, needed: u64, quota: u64) -> Error {
+fn over_quota(refused: Refused) -> Error {
+    let Refused {
+        used,
+        needed,
+        quota,
+    } = refused;
     Error::new(
         Kind::TooLarge,
         "quota_exceeded",
@@ -171,8 +99,7 @@ struct Written<'a> {
 /// removed, when the session is no longer `wanted` (closed meanwhile) or was deleted, when
 /// the key's storage has no room for it beside everything it holds (the snapshot it
 /// replaces too, until that is removed), or when the key has its most paused sessions.
-/// Under the session's claim (the caller's) and the storage lock, so that two at once never
-/// both fit where one does.
+/// Under the session's claim (the caller's), its bytes held until its record counts them.
 fn keep(
     state: &Services,
     mut written: Written,
@@ -184,26 +111,11 @@ fn keep(
     if !wanted() || paused.deleted(id) {
         return Err(Error::new(Kind::NotFound, "not_found", "no such session"));
     }
-    let _storage = state.volumes.storage_lock();
-    let owner = &record.key_fingerprint;
-    let used = storage_used(state, owner).saturating_sub(written.reservation.held);
-    let needed = record.sealed.stored_bytes + RECORD_ROOM;
-    let quota = state.config.volumes.max_bytes_per_key;
-    if used.saturating_add(needed) > quota {
-        return Err(over_quota(used, needed, quota));
-    }
-    let most = state.config.sessions.max_paused_per_key;
-    if paused.kept(id).is_none() && paused.count_of(owner) >= most {
-        return Err(Error::new(
-            Kind::TooLarge,
-            "quota_exceeded",
-            format!(
-                "this key has {most} paused sessions, its most (sessions.max_paused_per_key); \
-                 nothing was kept, and the session runs on"
-            ),
-        ));
-    }
-    paused.commit(record)?;
+    written
+        .reservation
+        .hold(record.sealed.stored_bytes + RECORD_ROOM)
+        .map_err(over_quota)?;
+    paused.commit(record, state.config.sessions.max_paused_per_key)?;
     // Counted in the index now: the file stays, what was held goes back.
     written.file.keep();
     Ok(())
@@ -213,7 +125,7 @@ fn keep(
 /// exist), its bytes held against the key's storage before they are written; what it
 /// holds, and the file with the bytes held for it. Refused for want of room while other
 /// snapshots of the key's were being written (pauses at once, say, that do not all fit),
-/// it is taken again in its turn (`Paused::wait_for_turn`: those that began first go
+/// it is taken again in its turn (`Reservation::wait_for_turn`: those that began first go
 /// first), so that of those, the ones that fit are kept, and only the others refused.
 fn take<'a>(
     state: &'a Services,
@@ -225,23 +137,23 @@ fn take<'a>(
     // Each turn waited for is another's try, which its own timeout bounds: this is only a
     // bound should those never end.
     let until = std::time::Instant::now() + 4 * snapshot_timeout(state);
-    let mut reservation = Reservation::new(state, owner);
+    let mut reservation = state.storage.reservation(owner, Account::Stored);
     loop {
         match take_once(state, entry, path, binding, &mut reservation) {
             Ok((sealed, info, file)) => return Ok((sealed, info, Written { file, reservation })),
-            Err(Refused::NoRoom(error)) => {
+            Err(Failed::NoRoom(error)) => {
                 reservation.give_back();
-                if !state.paused.wait_for_turn(owner, reservation.place, until) {
+                if !reservation.wait_for_turn(until) {
                     return Err(error);
                 }
             }
-            Err(Refused::Other(error)) => return Err(error),
+            Err(Failed::Other(error)) => return Err(error),
         }
     }
 }
 
 /// Why one try of [`take`] failed.
-enum Refused {
+enum Failed {
     /// The key's storage had no room for the snapshot (its file removed already).
     NoRoom(Error),
     Other(Error),
@@ -254,13 +166,15 @@ fn take_once(
     path: &Path,
     binding: Binding,
     reservation: &mut Reservation,
-) -> Result<(Sealed, SnapshotInfo, Temporary), Refused> {
-    reservation.hold(RECORD_ROOM).map_err(Refused::NoRoom)?;
+) -> Result<(Sealed, SnapshotInfo, Temporary), Failed> {
+    reservation
+        .hold(RECORD_ROOM)
+        .map_err(|r| Failed::NoRoom(over_quota(r)))?;
     let mut writer =
-        SnapshotWriter::create(path, state.paused.key().map_err(Refused::Other)?, binding)
-            .map_err(|e| Refused::Other(Error::internal(format!("{}: {e}", path.display()))))?;
+        SnapshotWriter::create(path, state.paused.key().map_err(Failed::Other)?, binding)
+            .map_err(|e| Failed::Other(Error::internal(format!("{}: {e}", path.display()))))?;
     let mut file = Temporary(Some(path.to_path_buf()));
-    let max = room_for_snapshot(state, &reservation.owner);
+    let max = room_for_snapshot(state, reservation.owner());
     // Compressed, MACed and written by a thread of its own while the channel is read.
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
     let writing = std::thread::Builder::new()
@@ -271,7 +185,7 @@ fn take_once(
             }
             Ok(writer)
         })
-        .map_err(|e| Refused::Other(Error::internal(format!("a snapshot's writer: {e}"))))?;
+        .map_err(|e| Failed::Other(Error::internal(format!("a snapshot's writer: {e}"))))?;
     // The state's bytes bound what is written (compressed, at most a few bytes more per
     // block, within the record's room).
     let mut received = 0u64;
@@ -281,7 +195,7 @@ fn take_once(
         &mut |chunk| {
             received += chunk.len() as u64;
             if let Err(e) = reservation.hold(received + RECORD_ROOM) {
-                refused = Some(e);
+                refused = Some(over_quota(e));
                 // Nothing more is written: the file is closed and removed now, while the
                 // rest of the state is read and dropped.
                 if let Some((tx, thread)) = writing.take() {
@@ -311,13 +225,13 @@ fn take_once(
         None => Err(std::io::Error::other("the snapshot's writer stopped")),
     };
     let (report, _) = match (taken, refused) {
-        (Err(SnapshotError::Store(_)), Some(refused)) => return Err(Refused::NoRoom(refused)),
+        (Err(SnapshotError::Store(_)), Some(refused)) => return Err(Failed::NoRoom(refused)),
         (Ok(taken), _) => taken,
-        (Err(e), _) => return Err(Refused::Other(snapshot_error(e))),
+        (Err(e), _) => return Err(Failed::Other(snapshot_error(e))),
     };
     let sealed = done
         .and_then(SnapshotWriter::finish)
-        .map_err(|e| Refused::Other(Error::internal(format!("{}: {e}", path.display()))))?;
+        .map_err(|e| Failed::Other(Error::internal(format!("{}: {e}", path.display()))))?;
     let info = snapshot_info(&sealed, entry.cells(), report);
     Ok((sealed, info, file))
 }

@@ -101,6 +101,11 @@ pub fn metrics_text(state: &Services) -> String {
          # HELP airlock_sessions_paused_bytes Bytes the paused sessions take on disk.\n\
          # TYPE airlock_sessions_paused_bytes gauge\nairlock_sessions_paused_bytes {paused_bytes}\n"
     ));
+    text.push_str(&format!(
+        "# HELP airlock_environments_stored_bytes Bytes the operator's environments take on disk (each stored build once; no key's).\n\
+         # TYPE airlock_environments_stored_bytes gauge\nairlock_environments_stored_bytes {}\n",
+        state.storage.operator_bytes()
+    ));
     let (queued, running, kept) = state.background.counts();
     text.push_str(&format!(
         "# HELP airlock_background_executions Background executions by state: queued and running now, ended and kept on disk.\n\

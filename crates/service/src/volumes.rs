@@ -156,7 +156,7 @@ pub async fn create(
                 entries,
                 &state.config.volumes.quota(),
                 &now(),
-                &|owner| state.paused.stored_bytes_of(owner),
+                &state.storage,
             )
             .map_err(volume_error)?;
         let details = Details {

@@ -173,6 +173,16 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
         .map(|e| e["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["tiny", "tiny2"]);
+    // The operator's, no key's: counted server-wide, each stored build once.
+    let stored = || -> f64 {
+        let text = call(&server, ADMIN, "GET", "/metrics", None).text();
+        text.lines()
+            .find_map(|l| l.strip_prefix("airlock_environments_stored_bytes "))
+            .map_or(-1.0, |v| v.trim().parse().unwrap())
+    };
+    let size = built["size_bytes"].as_f64().unwrap();
+    assert!(size > 0.0, "{built:#}");
+    assert_eq!(stored(), size);
 
     // Named by a request: importable, first on the path, and read-only.
     let code = "import errno, sys, tinyenv_pkg\ntry:\n    open('/env/planted.py', 'w'); w = 'wrote'\nexcept OSError as e:\n    w = errno.errorcode[e.errno]\n[tinyenv_pkg.VALUE, tinyenv_pkg.__file__, w, sys.prefix]";
@@ -286,11 +296,13 @@ fn an_environment_is_built_in_a_sandbox_and_mounted_read_only() {
         404
     );
     assert_eq!(entries(&store).len(), 1);
+    assert_eq!(stored(), size);
     assert_eq!(
         call(&server, ADMIN, "DELETE", "/v1/environments/tiny2", None).status,
         204
     );
     assert!(entries(&store).is_empty());
+    assert_eq!(stored(), 0.0);
     let r = call(
         &server,
         USER,

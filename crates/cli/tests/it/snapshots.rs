@@ -1113,3 +1113,273 @@ fn concurrent_pauses_and_forks_never_hold_more_than_the_quota() {
         );
     }
 }
+
+/// `airlock volume` on `server`'s state directory and configuration, as its key, run by
+/// `wrapper` (strace, say) when one is given.
+fn volume_cli(server: &Server, wrapper: &[&str]) -> std::process::Command {
+    let state = server.state_dir();
+    let config = state.parent().unwrap().join("airlock.toml");
+    let mut cmd = match wrapper {
+        [] => airlock(),
+        [first, rest @ ..] => {
+            let mut cmd = std::process::Command::new(first);
+            cmd.args(rest).arg(env!("CARGO_BIN_EXE_airlock"));
+            cmd
+        }
+    };
+    cmd.arg("volume")
+        .arg("--config")
+        .arg(config)
+        .arg("--state-dir")
+        .arg(state)
+        .env("AIRLOCK_API_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd
+}
+
+/// `airlock volume create NAME --size SIZE` beside `server`: its exit code and stderr.
+fn cli_create(server: &Server, name: &str, size: &str) -> (Option<i32>, String) {
+    let out = volume_cli(server, &[])
+        .args(["create", name, "--size", size])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The names in `dir` now (none if it is gone).
+fn names_in(dir: &std::path::Path) -> std::collections::BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Until `done`, every name that appears in `dir` beyond `before` (claims' `.lock` files
+/// aside), however briefly.
+fn watch_names(
+    dir: std::path::PathBuf,
+    before: std::collections::BTreeSet<String>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<std::collections::BTreeSet<String>> {
+    std::thread::spawn(move || {
+        let mut seen = std::collections::BTreeSet::new();
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            for name in names_in(&dir) {
+                if !before.contains(&name) && !name.ends_with(".lock") {
+                    seen.insert(name);
+                }
+            }
+        }
+        seen
+    })
+}
+
+/// An `airlock volume create` held by strace where its image is about to be sized (its first
+/// `ftruncate`, after the key's quota was counted), stopped there until [`Stopped::resume`];
+/// killed if dropped before.
+struct Stopped {
+    strace: Option<std::process::Child>,
+    pid: i32,
+}
+
+impl Stopped {
+    fn create(server: &Server, name: &str, size: &str) -> Stopped {
+        let trace = server.state_dir().parent().unwrap().join("cli.strace");
+        let trace_arg = trace.to_string_lossy().into_owned();
+        let mut cmd = volume_cli(
+            server,
+            &[
+                "strace",
+                "-f",
+                "-o",
+                &trace_arg,
+                "-e",
+                "trace=ftruncate",
+                "-e",
+                "inject=ftruncate:signal=STOP:when=1",
+            ],
+        );
+        let strace = cmd
+            .args(["create", name, "--size", size])
+            .spawn()
+            .expect("strace, to stop the CLI at a chosen system call");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let mut stopped = Stopped {
+            pid: 0,
+            strace: Some(strace),
+        };
+        loop {
+            let said = std::fs::read_to_string(&trace).unwrap_or_default();
+            if let Some(line) = said.lines().find(|l| l.contains("stopped by SIGSTOP")) {
+                stopped.pid = line.split_whitespace().next().unwrap().parse().unwrap();
+                return stopped;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the CLI never reached its image: {said}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Lets it go on; its exit code and stderr.
+    fn resume(mut self) -> (Option<i32>, String) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.pid),
+            nix::sys::signal::Signal::SIGCONT,
+        )
+        .unwrap();
+        let out = self.strace.take().unwrap().wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(mut strace) = self.strace.take() {
+            if self.pid > 0 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = strace.kill();
+            let _ = strace.wait();
+        }
+    }
+}
+
+/// A volume being made by `airlock volume create` beside the server holds its bytes of the
+/// key's storage before its image is made: a pause, a fork and a cell's checkpoint that find
+/// no room beside it are refused before anything of their snapshots is written (no file of
+/// theirs appears, not even for a moment), their sessions running on as they were; the
+/// volume is made once its maker goes on.
+#[test]
+fn a_snapshot_without_room_beside_a_volume_being_made_writes_no_file() {
+    let _g = serial();
+    let config = format!(
+        "[sessions]\nmax_open_per_key = 8\ncheckpoint = \"each_cell\"\n\
+         [volumes]\nmax_bytes_per_key = {}\n",
+        48u64 << 20
+    );
+    let server = Server::start(&config, &[]);
+    let dir = server.state_dir().join("sessions");
+    let a = open(&server, json!({}));
+    cell(&server, &a, "mine = 'a'");
+    let b = open(&server, json!({}));
+    cell(&server, &b, "mine = 'b'");
+    // Their checkpoints take a few KB of the 48 MiB: 47 MiB more fit, a snapshot's record
+    // (1 MiB held before anything is written) beside them no longer does.
+    let before = names_in(&dir);
+    let making = Stopped::create(&server, "v", "47M");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = watch_names(dir.clone(), before.clone(), done.clone());
+    let r = post(&server, &a, "pause");
+    assert_eq!(
+        (r.status, r.error_code()),
+        (413, "quota_exceeded".into()),
+        "a pause beside a volume being made: {}",
+        r.text()
+    );
+    let r = post(&server, &a, "fork");
+    assert_eq!(
+        (r.status, r.error_code()),
+        (413, "quota_exceeded".into()),
+        "a fork beside a volume being made: {}",
+        r.text()
+    );
+    // Each cell's checkpoint finds no room either; the one before stays.
+    assert_eq!(cell(&server, &a, "mine")["result"], "a");
+    assert_eq!(cell(&server, &b, "mine")["result"], "b");
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let appeared = watch.join().unwrap();
+    assert!(appeared.is_empty(), "written before refused: {appeared:?}");
+    let now: std::collections::BTreeSet<String> = names_in(&dir)
+        .into_iter()
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert_eq!(now, before);
+    let (code, err) = making.resume();
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(server.call("GET", "/v1/volumes/v", None).status, 200);
+}
+
+/// A fork's snapshot of an open session, written while its new session is made and removed
+/// once read back, counts against the key's storage from its first byte to its removal, for
+/// every process that counts that storage: `airlock volume create` beside the server is
+/// refused while the volume would not fit beside it, and fits once the fork is done.
+#[test]
+fn a_fork_s_snapshot_counts_against_its_key_for_the_cli_while_it_is_written() {
+    let _g = serial();
+    let config = "[sessions]\nmax_open_per_key = 8\n[volumes]\nmax_bytes_per_key = 60000000\n";
+    let server = Server::start(config, &[]);
+    let dir = server.state_dir().join("sessions");
+    // The session waits for the test's go-ahead, read from a volume of the key's (8 MiB of
+    // its 60 MB), while its snapshot is being written: its 30 MB of files first, then its
+    // variables, whose pickling waits.
+    let r = server.call(
+        "POST",
+        "/v1/volumes",
+        Some(&json!({"name": "flag", "size_bytes": 8 << 20})),
+    );
+    assert_eq!(r.status, 201, "{}", r.text());
+    let id = open(
+        &server,
+        json!({"limits": {"memory_mb": 512},
+               "volumes": [{"name": "flag", "path": "/work/flag", "read_only": true}]}),
+    );
+    cell(
+        &server,
+        &id,
+        "import os, time\nopen('/work/big', 'wb').write(os.urandom(30_000_000))\n\
+         class Wait:\n    def __reduce__(self):\n        deadline = time.time() + 120\n        \
+         while not os.path.exists('/work/flag/go') and time.time() < deadline:\n            \
+         time.sleep(0.05)\n        return (int, ())\nwait = Wait()",
+    );
+    let fork = {
+        let (addr, path) = (server.addr, format!("/v1/sessions/{id}/fork"));
+        std::thread::spawn(move || call_as(addr, KEY, "POST", &path, None))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_dir(&dir).unwrap().flatten().any(|e| {
+        e.file_name().to_string_lossy().ends_with(".snap.tmp")
+            && e.metadata().is_ok_and(|m| m.len() >= 25_000_000)
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fork's snapshot never reached 25 MB"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (code, err) = cli_create(&server, "v", "32M");
+    assert_eq!(
+        code,
+        Some(2),
+        "made beside a fork's 30 MB being written: {err}"
+    );
+    assert!(err.contains("max_bytes_per_key"), "{err}");
+    let go = common::http::request(
+        server.addr,
+        "PUT",
+        "/v1/volumes/flag/files/go",
+        &[("Authorization".into(), format!("Bearer {KEY}"))],
+        Some(b"go"),
+    );
+    assert_eq!(go.status, 204, "{}", go.text());
+    let r = fork.join().unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Removed once read back: the room is there again.
+    assert!(!names_in(&dir).iter().any(|n| n.ends_with(".tmp")));
+    let (code, err) = cli_create(&server, "v", "32M");
+    assert_eq!(code, Some(0), "{err}");
+}

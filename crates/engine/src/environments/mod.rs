@@ -26,14 +26,16 @@ mod tree;
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
+use crate::durable::{write_aside, Place};
 pub use crate::policy::{EnvMount, ENV_MOUNT};
+use crate::storage::{Kept, Whose};
 pub use build::{BuildEgress, BuildError, BuildSettings};
 use error::io_err;
 pub use error::EnvError;
@@ -299,18 +301,9 @@ impl Environments {
             packages: manifest.packages,
         };
         let path = self.name_file(name);
-        let tmp = random_name().map_err(io_err("naming a new version of", &path))?;
-        let tmp = path.with_extension(format!("json.{tmp}"));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec_pretty(&info).map_err(io::Error::other)?)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            io_err("writing", &path)(e)
-        })?;
+        let json = serde_json::to_vec_pretty(&info)
+            .map_err(|e| io_err("writing", &path)(io::Error::other(e)))?;
+        write_aside(&path, &json, Place::Replace).map_err(io_err("writing", &path))?;
         if fresh {
             // Sealed just now by this process: its digest is the one it computed.
             self.verified
@@ -328,6 +321,24 @@ impl Environments {
             for entry in entries.flatten() {
                 let _ = remove_tree(&entry.path());
             }
+        }
+    }
+}
+
+/// The operator's, not a key's: environments are named for every key, and built and
+/// deleted under the `admin` scope. Their stored trees, each once however many names
+/// point at it.
+impl Kept for Environments {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        match whose {
+            Whose::Operator => {
+                let mut trees = std::collections::HashMap::new();
+                for info in self.list().unwrap_or_default() {
+                    trees.insert(info.hash, info.size_bytes);
+                }
+                trees.values().sum()
+            }
+            Whose::Key(_) => 0,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
@@ -13,7 +14,8 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 use serde::{Deserialize, Serialize};
 
 use super::lease::Lease;
-use super::volume::{io_err, sync_name_of, write_synced, VolumeError, OWNER_ID};
+use super::volume::{io_err, VolumeError, OWNER_ID};
+use crate::durable::sync_dir_of;
 use crate::paths::check_relative_path;
 
 /// One file of a volume's listing.
@@ -147,11 +149,26 @@ impl Pending {
         }
     }
 
+    /// Written in place, not aside (`durable::write_aside`): a note cut short is one
+    /// written before anything was made, and [`undo_pending`] passes it over.
     fn note(&self, at: &Path) -> Result<(), VolumeError> {
         write_synced(at, &serde_json::to_vec(self).expect("json"))
-            .and_then(|()| sync_name_of(at))
+            .and_then(|()| sync_dir_of(at))
             .map_err(io_err("write", at))
     }
+}
+
+/// Writes `bytes` to the file `path` (made, mode 0600, if missing), synced.
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
 }
 
 /// Undoes what the upload noted at `at` made, if it left a note (a crash cut it short): its
@@ -279,7 +296,9 @@ impl Lease {
     /// directory names (`O_TMPFILE`), then the missing directories made, then linked at `path`
     /// or, where a file is, renamed over it (keeping its permissions). A write refused or
     /// failed at any step ([`VolumeError::Full`] where the volume has no room) leaves the
-    /// volume as it was: the file it would replace, and no directory it made.
+    /// volume as it was: the file it would replace, and no directory it made. (Not
+    /// `durable::write_aside`, which works by paths: here every step is taken beneath the
+    /// volume's root, whose tree a sandbox makes, and the file has no name until it is whole.)
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), VolumeError> {
         check_path(path)?;
         let (parent, name) = match path.rsplit_once('/') {

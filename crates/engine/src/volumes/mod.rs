@@ -32,14 +32,16 @@ use std::time::{Duration, Instant};
 
 use airlock_sandbox::{BoundedDir, BoundedError};
 
+use crate::durable::{open_lock_file, write_aside, Place};
+use crate::storage::{Account, Kept, Storage, Whose};
 use files::undo_pending;
 pub use files::{Listing, VolumeFile};
 pub use lease::{Access, JobVolume, Lease};
 use lease::{Holders, Open};
+use volume::io_err;
 pub use volume::{
     check_name, Quota, Usage, VolumeError, VolumeInfo, MAX_NAME, MIN_BYTES, OWNER_ID,
 };
-use volume::{io_err, write_atomically};
 
 /// How long a new lease waits for a mount of the same volume that has not yet gone.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
@@ -54,8 +56,6 @@ pub struct Volumes {
     /// may wait for a mount to go) and a deletion hold, so that neither waits behind another
     /// volume, and a volume is never deleted between a check and a lease.
     open: Mutex<HashMap<(String, String), Slot>>,
-    /// Held while a volume is made (its quota counted).
-    making: Mutex<()>,
 }
 
 type Slot = Arc<Mutex<Weak<Open>>>;
@@ -103,14 +103,7 @@ impl Volumes {
             dir,
             unavailable: made.err().or_else(unavailable),
             open: Mutex::new(HashMap::new()),
-            making: Mutex::new(()),
         }
-    }
-
-    /// Held while a key's storage is counted and taken (a volume made, a snapshot kept), so
-    /// that two at once never both fit where only one does.
-    pub fn storage_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.making.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Why volumes cannot be had here, if they cannot.
@@ -141,9 +134,9 @@ impl Volumes {
             .clone()
     }
 
-    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`, which
-    /// also counts `elsewhere(owner)`: the key's other storage (its paused sessions), asked
-    /// under [`Volumes::storage_lock`].
+    /// Makes a volume of `size_bytes` and `max_entries` for `owner`, within `quota`, its
+    /// bytes held in the key's `storage` (beside its paused sessions) before its image is
+    /// made, and counted from its manifest once that is written.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -153,7 +146,7 @@ impl Volumes {
         max_entries: u64,
         quota: &Quota,
         now: &str,
-        elsewhere: &dyn Fn(&str) -> u64,
+        storage: &Storage,
     ) -> Result<VolumeInfo, VolumeError> {
         check_name(name)?;
         self.available()?;
@@ -178,13 +171,12 @@ impl Volumes {
             });
         }
         let dir = self.owner_dir(owner)?;
-        let _making = self.making.lock().unwrap_or_else(|e| e.into_inner());
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
             .map_err(io_err("create", &dir))?;
-        // Another process (the CLI beside the server) counts the same quota.
+        // Another process (the CLI beside the server) makes the same key's volumes.
         let _owner = lock_owner(&dir)?;
         let existing = self.list(owner)?;
         if existing.iter().any(|v| v.name == name) {
@@ -196,14 +188,15 @@ impl Volumes {
                 existing.len()
             )));
         }
-        let used: u64 = existing.iter().map(|v| v.size_bytes).sum::<u64>() + elsewhere(owner);
-        if used.saturating_add(size_bytes) > quota.max_bytes_per_key {
-            return Err(VolumeError::Quota(format!(
-                "this key's storage (its volumes and paused sessions) holds {used} bytes; \
-                 {size_bytes} more would pass its quota of {} (volumes.max_bytes_per_key)",
-                quota.max_bytes_per_key
-            )));
-        }
+        let _held = storage
+            .reserve(owner, Account::Stored, size_bytes)
+            .map_err(|r| {
+                VolumeError::Quota(format!(
+                    "this key's storage (its volumes and paused sessions) holds {} bytes; \
+                     {size_bytes} more would pass its quota of {} (volumes.max_bytes_per_key)",
+                    r.used, r.quota
+                ))
+            })?;
         let image = dir.join(format!("{name}.img"));
         // An image without a manifest is a creation cut short: this one replaces it.
         let _ = fs::remove_file(&image);
@@ -222,10 +215,10 @@ impl Volumes {
             created_at: now.into(),
         };
         let manifest = dir.join(format!("{name}.json"));
-        let made = write_atomically(&manifest, &serde_json::to_vec_pretty(&info).expect("json"));
-        if let Err(e) = made {
+        let json = serde_json::to_vec_pretty(&info).expect("json");
+        if let Err(e) = write_aside(&manifest, &json, Place::Replace) {
             let _ = fs::remove_file(&image);
-            return Err(e);
+            return Err(io_err("write", &manifest)(e));
         }
         Ok(info)
     }
@@ -385,18 +378,27 @@ impl Volumes {
     }
 }
 
+/// A key's volumes count in full from their manifests, which processes beside this one (the
+/// CLI beside the server) write too: read at each count.
+impl Kept for Volumes {
+    fn kept(&self, whose: Whose<'_>) -> u64 {
+        match whose {
+            Whose::Key(owner) => self
+                .list(owner)
+                .unwrap_or_default()
+                .iter()
+                .map(|v| v.size_bytes)
+                .sum(),
+            Whose::Operator => 0,
+        }
+    }
+}
+
 /// An exclusive lock on one owner's volumes (`<owner>/.lock`), for as long as it is held:
 /// creating and deleting take it, in whichever process.
 fn lock_owner(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>, VolumeError> {
     let path = dir.join(".lock");
-    let file = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(io_err("open", &path))?;
+    let file = open_lock_file(&path).map_err(io_err("open", &path))?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| io_err("flock", &path)(e.into()))
 }

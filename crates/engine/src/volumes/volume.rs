@@ -1,9 +1,7 @@
 //! A volume as the store keeps it: its name, manifest, size and quota, the errors every
-//! part of the volumes answers with, and the synced writes of its files on the host.
+//! part of the volumes answers with.
 
-use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -78,11 +76,10 @@ pub struct Usage {
     pub used_entries: u64,
 }
 
-/// Bounds on one key's volumes (the server's `[volumes]`).
+/// Bounds on one key's volumes (the server's `[volumes]`; the sum of their sizes is the
+/// key's storage's, `storage::Quotas::stored`).
 #[derive(Clone, Copy, Debug)]
 pub struct Quota {
-    /// The sum of the sizes of one key's volumes.
-    pub max_bytes_per_key: u64,
     pub max_volumes_per_key: usize,
     /// Largest single volume.
     pub max_size_bytes: u64,
@@ -109,38 +106,5 @@ pub fn check_name(name: &str) -> Result<(), VolumeError> {
                  starting with a letter or a digit"
             ),
         })
-    }
-}
-
-/// Writes `bytes` to `path` by a temporary file renamed over it, synced.
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), VolumeError> {
-    let tmp = path.with_extension("tmp");
-    let written = write_synced(&tmp, bytes)
-        .and_then(|()| fs::rename(&tmp, path))
-        .and_then(|()| sync_name_of(path));
-    written.map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_err("write", path)(e)
-    })
-}
-
-/// Writes `bytes` to the file `path` (made, mode 0600, if missing), synced.
-pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
-}
-
-/// Syncs the directory that holds `path`: its name there is kept.
-pub(super) fn sync_name_of(path: &Path) -> io::Result<()> {
-    match path.parent() {
-        Some(dir) => fs::File::open(dir)?.sync_all(),
-        None => Ok(()),
     }
 }

@@ -140,7 +140,6 @@ impl Default for VolumesConfig {
 impl VolumesConfig {
     pub fn quota(&self) -> airlock_engine::volumes::Quota {
         airlock_engine::volumes::Quota {
-            max_bytes_per_key: self.max_bytes_per_key,
             max_volumes_per_key: self.max_volumes_per_key,
             max_size_bytes: self.max_size_bytes,
             max_entries: self.max_entries,
