@@ -2,10 +2,10 @@
 //! `airlock-service`. Server: start-up → adapters → foundation, never back; among adapters
 //! only `http` → `mcp` (the route table mounts MCP's HTTP transport). Service: services →
 //! the state they share (`services`) → stores and foundation, never back. In both, no circle
-//! among the top-level modules, nor among the submodules of `http/` and `telemetry/`; and no
-//! transport in the service crate (no path of axum, http, hyper, rmcp and their kin, and no
-//! such dependency in its manifest). Every `crate::` and `super::` path outside comments
-//! counts, in `use` lines and inline alike.
+//! among the top-level modules, nor among the submodules of `http/`, `background/` and
+//! `telemetry/`; and no transport in the service crate (no path of axum, http, hyper, rmcp and
+//! their kin, and no such dependency in its manifest). Every `crate::` and `super::` path
+//! outside comments counts, in `use` lines and inline alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ const SERVICE: Crate = Crate {
         ("stream", FOUNDATION),
         ("telemetry", FOUNDATION),
     ],
-    directories: &["telemetry"],
+    directories: &["background", "telemetry"],
 };
 
 const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];
@@ -478,7 +478,7 @@ fn the_services_name_no_transport() {
     let manifest = std::fs::read_to_string(SERVICE.src().join("..").join("Cargo.toml")).unwrap();
     let named: Vec<&str> = TRANSPORTS
         .iter()
-        .map(|t| *t)
+        .copied()
         .filter(|t| {
             let dashed = t.replace('_', "-");
             manifest.lines().any(|l| {

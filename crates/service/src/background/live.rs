@@ -1,0 +1,289 @@
+//! A background execution that is queued or running, in memory: its cancel handle, its state,
+//! its events log being written and the output held back for it, and what its key stores.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use airlock_engine::{Cancel, Job, OutputSink, Stream};
+
+use super::log::{EventsLog, Held};
+use super::meta::{write_meta, Meta, State};
+use crate::error::{Error, Kind};
+use crate::parked;
+use crate::stream::{self, Whole};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A background execution that is queued or running.
+pub struct Live {
+    pub id: String,
+    pub(super) fingerprint: String,
+    /// Its place in the order of submissions: its key's turns go by it.
+    pub(super) ticket: u64,
+    pub(super) dir: PathBuf,
+    pub cancel: Cancel,
+    /// Deleted (so cancelled) while queued or running: removed once it ends.
+    deleted: AtomicBool,
+    meta: Mutex<Meta>,
+    log: EventsLog,
+    /// Output held back for the log.
+    held: Mutex<Held>,
+    /// Why the events log could not be written, if it could not.
+    log_failed: Mutex<Option<Error>>,
+    /// Bytes its key's background executions store (their events, results and waiting jobs),
+    /// and the most they may (`background.max_bytes_per_key`).
+    stored: Arc<AtomicU64>,
+    max_stored: u64,
+    /// Bytes of its job counted in `stored` while it waits on the disk (`job`); 0 once it is
+    /// read back or gone.
+    parked: AtomicU64,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live").field("id", &self.id).finish()
+    }
+}
+
+impl Live {
+    /// A submission as `meta` says, stored in `dir` with its empty events log; its job's
+    /// `parked` bytes are counted in its key's `stored` bytes from now, before they are
+    /// written: what waits never holds more.
+    pub(super) fn new(
+        meta: Meta,
+        ticket: u64,
+        dir: PathBuf,
+        events: File,
+        stored: Arc<AtomicU64>,
+        max_stored: u64,
+        parked: u64,
+    ) -> Live {
+        stored.fetch_add(parked, Ordering::AcqRel);
+        Live {
+            id: meta.id.clone(),
+            fingerprint: meta.key_fingerprint.clone(),
+            ticket,
+            dir,
+            cancel: Cancel::default(),
+            deleted: AtomicBool::new(false),
+            meta: Mutex::new(meta),
+            log: EventsLog::new(events),
+            held: Mutex::new(Held::default()),
+            log_failed: Mutex::new(None),
+            stored,
+            max_stored,
+            parked: AtomicU64::new(parked),
+        }
+    }
+
+    /// Appends one event to the log, after the output held back before it.
+    pub fn event(&self, name: &str, data: &serde_json::Value) {
+        self.flush_output();
+        self.append(name, data);
+    }
+
+    /// Output text for the log, held back ([`Held`]).
+    fn output(&self, s: Stream, text: &str) {
+        lock(&self.held).push(s, text, |s, text| self.append_text(s, text));
+    }
+
+    /// Writes the output held back, if any.
+    pub fn flush_output(&self) {
+        let mut held = lock(&self.held);
+        if let Some((s, text)) = held.take() {
+            self.append_text(s, &text);
+        }
+    }
+
+    fn append_text(&self, s: Stream, text: &str) {
+        self.append(stream::name(s), &serde_json::json!({ "text": text }));
+    }
+
+    /// Stops it for `why`, the first reason given.
+    fn stop(&self, why: Error) {
+        let mut failed = lock(&self.log_failed);
+        if failed.is_none() {
+            *failed = Some(why);
+            self.cancel.cancel();
+        }
+    }
+
+    /// Why it was stopped (its log could not be written, or its key stores too much), once.
+    pub(super) fn take_failure(&self) -> Option<Error> {
+        lock(&self.log_failed).take()
+    }
+
+    /// Whether its last event is written.
+    pub fn has_ended(&self) -> bool {
+        self.log.has_ended()
+    }
+
+    /// Appends one event to the log. A log that cannot be written stops the execution: its
+    /// client would otherwise miss output without knowing.
+    fn append(&self, name: &str, data: &serde_json::Value) {
+        match self.log.append(name, data) {
+            None => {}
+            Some(Ok(n)) => {
+                let stored = self.stored.fetch_add(n, Ordering::AcqRel) + n;
+                if stored > self.max_stored {
+                    self.stop(Error::new(
+                        Kind::TooLarge,
+                        "storage_full",
+                        format!(
+                            "its key's background executions store more than \
+                             background.max_bytes_per_key ({} bytes): it was stopped",
+                            self.max_stored
+                        ),
+                    ));
+                }
+            }
+            Some(Err(e)) => {
+                tracing::error!(execution = %self.id, error = %e, "a background execution's events cannot be written; it is stopped");
+                self.stop(Error::internal(format!(
+                    "its events could not be written: {e}"
+                )));
+            }
+        }
+    }
+
+    /// Its last event is in: the log is closed, and its followers read to its end.
+    pub(super) fn close_log(&self) {
+        self.log.close();
+    }
+
+    /// How far its log is written whole, and whether its last event is in, as it changes.
+    pub(super) fn written(&self) -> tokio::sync::watch::Receiver<(u64, bool)> {
+        self.log.subscribe()
+    }
+
+    /// Counts `n` bytes more stored for its key (its result).
+    pub(super) fn count_stored(&self, n: u64) {
+        self.stored.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// What its output goes to while it runs.
+    pub fn sink(&self) -> Sink<'_> {
+        Sink {
+            live: self,
+            whole: Whole::default(),
+        }
+    }
+
+    /// Its sandbox is starting.
+    pub fn running(&self, started_at: &str) {
+        let mut meta = lock(&self.meta);
+        meta.state = State::Running;
+        meta.started_at = Some(started_at.to_owned());
+        if let Err(e) = write_meta(&self.dir, &meta) {
+            tracing::warn!(execution = %self.id, error = %e, "cannot write a background execution's state");
+        }
+    }
+
+    /// Whether it was cancelled: only a delete cancels one.
+    pub fn is_cancelled(&self) -> bool {
+        self.deleted.load(Ordering::Acquire)
+    }
+
+    /// Deleted while queued or running: cancelled, and removed once it ends.
+    pub(super) fn delete(&self) {
+        self.deleted.store(true, Ordering::Release);
+        self.cancel.cancel();
+    }
+
+    pub fn meta(&self) -> Meta {
+        lock(&self.meta).clone()
+    }
+
+    pub(super) fn set_meta(&self, meta: Meta) {
+        *lock(&self.meta) = meta;
+    }
+
+    /// Stores what is large in `job` in its directory while it waits, out of memory (its
+    /// bytes were counted at submission). On the disk: a blocking call.
+    pub fn park(&self, mut job: Job) -> Result<Job, Error> {
+        let written = parked::park(&mut job, &self.dir.join("job")).map_err(|e| {
+            tracing::warn!(error = %e, "cannot store a background execution's job");
+            Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                format!("the background execution cannot be stored: {e}"),
+            )
+        })?;
+        // Counted ahead by its size (`parked::size`), which it is.
+        let counted = self.parked.swap(written, Ordering::AcqRel);
+        debug_assert_eq!(written, counted, "a parked job's size, known ahead");
+        if written != counted {
+            let _ = self
+                .stored
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some((v + written).saturating_sub(counted))
+                });
+        }
+        Ok(job)
+    }
+
+    /// Its turn came: `job` whole again, its stdin read from the disk as the program takes it,
+    /// and no longer counted among what its key stores. On the disk: a blocking call.
+    pub fn unpark(&self, mut job: Job) -> Result<Job, Error> {
+        let path = self.dir.join("job");
+        let read = parked::unpark(&mut job, &path);
+        self.unstore_parked();
+        read.map(|()| job).map_err(|e| {
+            tracing::error!(execution = %self.id, error = %e, "cannot read a background execution's job back");
+            Error::internal(format!("its job could not be read back: {e}"))
+        })
+    }
+
+    /// Removes its job from the disk (a stdin opened from it is read on), and from its key's
+    /// count.
+    pub(super) fn unstore_parked(&self) {
+        let n = self.parked.swap(0, Ordering::AcqRel);
+        if n > 0 {
+            let _ = std::fs::remove_file(self.dir.join("job"));
+            let _ = self
+                .stored
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                    Some(v.saturating_sub(n))
+                });
+        }
+    }
+}
+
+/// Output into the events log, as `stdout`/`stderr`/`truncated` events (those of a stream).
+#[derive(Debug)]
+pub struct Sink<'a> {
+    live: &'a Live,
+    whole: Whole,
+}
+
+impl Sink<'_> {
+    /// What is still held: a character split at the very end, the output held back.
+    pub fn flush(&mut self) {
+        for s in [Stream::Stdout, Stream::Stderr] {
+            if let Some(text) = self.whole.rest(s) {
+                self.live.output(s, &text);
+            }
+        }
+        self.live.flush_output();
+    }
+}
+
+impl OutputSink for Sink<'_> {
+    fn output(&mut self, s: Stream, chunk: &[u8]) {
+        if let Some(text) = self.whole.text(s, chunk) {
+            self.live.output(s, &text);
+        }
+    }
+
+    fn truncated(&mut self, s: Stream, limit: u64) {
+        self.whole.cut(s);
+        self.live.event(
+            "truncated",
+            &serde_json::json!({ "stream": stream::name(s), "limit": limit }),
+        );
+    }
+}

@@ -1,0 +1,701 @@
+//! Background executions (`POST /v1/executions`): answered at once with an id, then run to
+//! their end whether or not anyone listens. The order of their steps is the pipeline's
+//! (`pipeline::submit`); this module keeps what outlives the request, one directory each under
+//! `<state>/background/<id>/`, a file of this folder for each job:
+//! - `meta.json` ([`meta`]): its state (`queued`, `running`, then `finished`, `failed`,
+//!   `cancelled` or `interrupted`) and times, replaced whole (written aside, synced, renamed)
+//!   at each change;
+//! - `events` ([`log`]): its events as server-sent events, appended as they happen, each with
+//!   an `id:` that is the byte offset just past it, so a client resumes after any event it got
+//!   (`Last-Event-ID`) and is sent every byte of output exactly once; read by a [`Tail`]
+//!   ([`tail`]);
+//! - `result.json` ([`results`]): the result with its output, once it ran; read back from the
+//!   disk, never held in memory;
+//! - `job`: while it waits for its turn, what is large in its job (code, files, stdin...), so
+//!   that what waits, for hours maybe, holds no memory (`parked.rs`); read back, and removed,
+//!   when its turn comes.
+//!
+//! What is queued or running is also in memory ([`Live`], [`live`]): its cancel handle and a
+//! watch of how far its events log is written, which followers wait on. Turns go by key
+//! ([`queue`]): the waiting key that started least recently goes next. A restart finds those
+//! in `meta.json` still queued or running and marks them `interrupted` (the audit log's own
+//! repair marks their `started` line); ended ones stay readable until their retention
+//! (`[background] retention_ms`) has passed, and deleted ones leave a tombstone until then
+//! ([`tombs`]). [`Background`] holds them all under one lock.
+
+mod live;
+mod log;
+mod meta;
+mod queue;
+mod results;
+mod tail;
+mod tombs;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use airlock_api::{ExecuteResponse, Limits};
+
+use crate::config::BackgroundConfig;
+use crate::error::{Error, Kind};
+use crate::keys::Key;
+use crate::stream;
+
+pub use live::{Live, Sink};
+pub use log::FLUSH_EVERY;
+pub use meta::{Meta, State, View};
+pub use results::Stored;
+pub use tail::{Next, Tail, CHUNK};
+
+use meta::{interruption, now, read_meta, write_meta};
+use queue::{key_limits, Queue};
+use tombs::Kept;
+
+#[derive(Default)]
+struct Inner {
+    live: HashMap<String, Arc<Live>>,
+    queue: Queue,
+    kept: Kept,
+    /// Bytes each key's background executions store (events, results, the jobs of those
+    /// waiting), by fingerprint.
+    stored: HashMap<String, Arc<AtomicU64>>,
+}
+
+impl Inner {
+    fn stored_of(&mut self, fingerprint: &str) -> Arc<AtomicU64> {
+        self.stored
+            .entry(fingerprint.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+/// Bytes an execution's directory stores: its events, its result, its job while it waits.
+fn stored_size(dir: &Path) -> u64 {
+    ["events", "result.json", "job"]
+        .iter()
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Every background execution of this server.
+pub struct Background {
+    /// `<state>/background`; `None` when it could not be made (submissions are refused).
+    dir: Option<PathBuf>,
+    config: BackgroundConfig,
+    inner: Mutex<Inner>,
+    /// A turn given back, or one cancelled while it waits: waiters look again.
+    turns: tokio::sync::Notify,
+    /// Deletions, one at a time.
+    tombs: Mutex<()>,
+}
+
+impl std::fmt::Debug for Background {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Background")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ids are made by `keys::held_id`; anything else names nothing (and no path).
+fn well_formed(id: &str) -> bool {
+    id.len() <= 100
+        && id.starts_with("ex_")
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// A background execution's place among those running; given back when dropped.
+#[derive(Debug)]
+pub struct Turn<'a> {
+    bg: &'a Background,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        lock(&self.bg.inner).queue.give_back();
+        self.bg.turns.notify_waiters();
+    }
+}
+
+/// How it ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It ran: its result (output and all).
+    Ran(Box<ExecuteResponse>),
+    /// It did not run to a result of its own.
+    Not(Error),
+}
+
+impl Background {
+    /// The background executions under `state_dir`: those left queued or running by the last
+    /// run are marked interrupted (their ids are returned), ended ones are kept.
+    pub fn open(
+        state_dir: &Path,
+        mut config: BackgroundConfig,
+        slots: usize,
+    ) -> (Background, Vec<String>) {
+        // Requests answered in place always keep a slot: with one slot in all, none is left.
+        config.max_running = config.max_running.min(slots.saturating_sub(1));
+        let dir = state_dir.join("background");
+        let made = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir);
+        let mut inner = Inner::default();
+        let mut interrupted = Vec::new();
+        let dir = match made {
+            Ok(()) => Some(dir),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "background executions are not available");
+                None
+            }
+        };
+        let entries = dir.as_ref().and_then(|d| std::fs::read_dir(d).ok());
+        for entry in entries.into_iter().flatten().flatten() {
+            let path = entry.path();
+            let Some(mut meta) = read_meta(&path) else {
+                // Never submitted whole (a crash between its directory and its state).
+                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            };
+            // A job that waited when the server stopped: it will not run now.
+            let _ = std::fs::remove_file(path.join("job"));
+            if !meta.state.ended() {
+                let error = interruption(meta.state);
+                if let Some(data) = meta.end(State::Interrupted, Some(&error)) {
+                    log::end_interrupted(&path, &meta.id, &data);
+                }
+                let _ = write_meta(&path, &meta);
+                interrupted.push(meta.id.clone());
+            }
+            inner
+                .stored_of(&meta.key_fingerprint)
+                .fetch_add(stored_size(&path), Ordering::AcqRel);
+            inner.kept.add(
+                &meta.id,
+                &meta.key_fingerprint,
+                meta.ended_ms.unwrap_or(0),
+                meta.deleted,
+            );
+        }
+        let bg = Background {
+            dir,
+            config,
+            inner: Mutex::new(inner),
+            turns: tokio::sync::Notify::new(),
+            tombs: Mutex::new(()),
+        };
+        (bg, interrupted)
+    }
+
+    /// Takes a submission in: within the key's bounds (waiting, kept, stored, counting the
+    /// `parked` bytes its job will store while it waits), its directory made. Its job is
+    /// stored next ([`Live::park`]).
+    pub fn submit(
+        &self,
+        key: &Key,
+        id: String,
+        request_id: &str,
+        limits: &Limits,
+        parked: u64,
+    ) -> Result<Arc<Live>, Error> {
+        let Some(root) = &self.dir else {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                "background executions are not available: the state directory cannot hold them",
+            ));
+        };
+        if self.config.max_running == 0 {
+            return Err(Error::new(
+                Kind::Unavailable,
+                "unavailable",
+                "background executions need a running slot beside those of requests answered \
+                 in place: concurrency.max_running is 1; raise it",
+            ));
+        }
+        let fingerprint = key.fingerprint();
+        let (per_key, max_queued) = key_limits(&self.config, key);
+        let mut inner = lock(&self.inner);
+        let counts = inner.queue.of(&fingerprint);
+        if counts.queued >= max_queued {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key already has {} background executions waiting, as many as it may",
+                    counts.queued
+                ),
+            )
+            .retry_after(1));
+        }
+        let held = counts.queued + counts.running + inner.kept.of(&fingerprint);
+        if held >= self.config.max_kept_per_key {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key holds {held} background executions, as many as it may keep \
+                     (background.max_kept_per_key); delete ended ones (DELETE \
+                     /v1/executions/{{id}}) or wait for them to expire"
+                ),
+            )
+            .retry_after(60));
+        }
+        let stored = inner.stored_of(&fingerprint);
+        let max_stored = self.config.max_bytes_per_key;
+        let holds = stored.load(Ordering::Acquire);
+        if holds.saturating_add(parked) > max_stored {
+            return Err(Error::new(
+                Kind::RateLimited,
+                "rate_limited",
+                format!(
+                    "this key's background executions store {holds} bytes of events, results \
+                     and waiting jobs, and this one's job needs {parked} more: past what they \
+                     may (background.max_bytes_per_key); delete ended ones (DELETE \
+                     /v1/executions/{{id}}) or wait for them to end or expire"
+                ),
+            )
+            .retry_after(60));
+        }
+        let dir = root.join(&id);
+        let meta = Meta::queued(id.clone(), key, request_id, limits);
+        let made = std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(dir.join("events"))
+            })
+            .and_then(|events| write_meta(&dir, &meta).map(|()| events))
+            // Its directory's entry outlives a power loss once `background/` is synced.
+            .and_then(|events| File::open(root)?.sync_all().map(|()| events));
+        let events = match made {
+            Ok(events) => events,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                tracing::warn!(error = %e, "cannot store a background execution");
+                return Err(Error::new(
+                    Kind::Unavailable,
+                    "unavailable",
+                    format!("the background execution cannot be stored: {e}"),
+                ));
+            }
+        };
+        let ticket = inner.queue.enqueue(&fingerprint, per_key);
+        let live = Arc::new(Live::new(
+            meta, ticket, dir, events, stored, max_stored, parked,
+        ));
+        inner.live.insert(id, live.clone());
+        Ok(live)
+    }
+
+    /// Takes back a submission whose job could not be stored ([`Live::park`]), before it was
+    /// answered: as if it never was.
+    pub fn withdraw(&self, live: &Live) {
+        live.unstore_parked();
+        {
+            let mut inner = lock(&self.inner);
+            inner.live.remove(&live.id);
+            inner.queue.leave(live.ticket, &live.fingerprint, false);
+        }
+        let _ = std::fs::remove_dir_all(&live.dir);
+        self.turns.notify_waiters();
+    }
+
+    /// Waits for `live`'s turn to run: fewer than `max_running` background executions running,
+    /// and fewer than its key's own. `None` when it was cancelled meanwhile.
+    pub async fn turn(&self, live: &Live) -> Option<Turn<'_>> {
+        loop {
+            let notified = self.turns.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = lock(&self.inner);
+                if live.is_cancelled() {
+                    return None;
+                }
+                let max = self.config.max_running;
+                if inner.queue.take_turn(live.ticket, &live.fingerprint, max) {
+                    // Those that deferred to this one look again: a turn may still be free.
+                    self.turns.notify_waiters();
+                    return Some(Turn { bg: self });
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Ends `live`: its result stored, its last event written, its state and counts moved.
+    pub fn end(&self, live: &Live, ended: Ended, shutting_down: bool, had_turn: bool) {
+        // A job that never ran leaves the disk with it.
+        live.unstore_parked();
+        let mut meta = live.meta();
+        let failed_log = live.take_failure();
+        let (state, event, data) = match ended {
+            Ended::Ran(mut response) => match results::store(&live.dir, &response.result) {
+                Ok(size) => {
+                    meta.has_result = true;
+                    live.count_stored(size);
+                    let state = if failed_log.is_some() {
+                        State::Failed
+                    } else if live.is_cancelled() {
+                        State::Cancelled
+                    } else if shutting_down
+                        && response.result.status == airlock_api::Status::InternalError
+                    {
+                        State::Interrupted
+                    } else {
+                        State::Finished
+                    };
+                    if let Some(why) = &failed_log {
+                        meta.error = Some(why.body(None).error);
+                    }
+                    stream::without_output(&mut response.result);
+                    meta.end(state, None);
+                    (state, "result", stream::streamed_result(&response))
+                }
+                Err(e) => {
+                    tracing::error!(execution = %live.id, error = %e, "cannot store a background execution's result");
+                    let error = Error::internal(format!("its result could not be stored: {e}"));
+                    let data = meta.end(State::Failed, Some(&error));
+                    (State::Failed, "error", data.unwrap_or_default())
+                }
+            },
+            Ended::Not(error) => {
+                let (state, error) = if live.is_cancelled() && failed_log.is_none() {
+                    (
+                        State::Cancelled,
+                        Error::new(
+                            Kind::Conflict,
+                            "cancelled",
+                            "it was cancelled before it ran",
+                        ),
+                    )
+                } else if let Some(why) = failed_log {
+                    (State::Failed, why)
+                } else if shutting_down {
+                    (State::Interrupted, interruption(meta.state))
+                } else {
+                    (State::Failed, error)
+                };
+                let data = meta.end(state, Some(&error));
+                (state, "error", data.unwrap_or_default())
+            }
+        };
+        debug_assert_eq!(meta.state, state);
+        live.event(event, &data);
+        let saved = write_meta(&live.dir, &meta);
+        if let Err(e) = &saved {
+            tracing::warn!(execution = %live.id, error = %e, "cannot write a background execution's state");
+        }
+        live.set_meta(meta.clone());
+        {
+            let mut inner = lock(&self.inner);
+            let ended_ms = meta.ended_ms.unwrap_or(0);
+            if saved.is_err() {
+                inner.kept.keep_unsaved(meta);
+            }
+            inner.live.remove(&live.id);
+            inner.kept.add(&live.id, &live.fingerprint, ended_ms, false);
+            inner.queue.leave(live.ticket, &live.fingerprint, had_turn);
+        }
+        live.close_log();
+        self.turns.notify_waiters();
+        if live.is_cancelled() {
+            self.tombstone(&live.id);
+        }
+    }
+
+    /// `key`'s background execution `id`: what it is now. `None` when there is none of
+    /// `key`'s by that id.
+    pub fn get(&self, key: &Key, id: &str) -> Option<Meta> {
+        if !well_formed(id) {
+            return None;
+        }
+        let (live, unsaved) = {
+            let inner = lock(&self.inner);
+            // Deleted: gone from now on, even while its files are still being removed.
+            if inner.kept.is_deleted(id) {
+                return None;
+            }
+            (inner.live.get(id).cloned(), inner.kept.unsaved(id).cloned())
+        };
+        let meta = match (live, unsaved) {
+            (Some(live), _) => live.meta(),
+            (None, Some(meta)) => meta,
+            (None, None) => read_meta(&self.dir.as_ref()?.join(id))?,
+        };
+        (meta.key_fingerprint == key.fingerprint() && !meta.deleted).then_some(meta)
+    }
+
+    /// Whether the server holds any background execution by that id (of any key).
+    pub fn holds(&self, id: &str) -> bool {
+        well_formed(id) && {
+            let inner = lock(&self.inner);
+            inner.live.contains_key(id) || inner.kept.holds(id)
+        }
+    }
+
+    /// Its stored result, when it has one.
+    pub fn result_path(&self, meta: &Meta) -> Option<PathBuf> {
+        meta.has_result
+            .then(|| {
+                self.dir
+                    .as_ref()
+                    .map(|d| d.join(&meta.id).join("result.json"))
+            })
+            .flatten()
+    }
+
+    /// `meta`'s stored result, if it has one, to be read piece by piece.
+    pub fn stored(&self, meta: &Meta) -> Result<Option<Stored>, Error> {
+        self.result_path(meta)
+            .map(|path| Stored::open(&path))
+            .transpose()
+    }
+
+    /// `meta`'s stored result, parsed (held whole in memory: for an answer made whole, as
+    /// MCP's are, whose memory the caller reserved).
+    pub fn result(&self, meta: &Meta) -> Result<Option<airlock_api::ExecutionResult>, Error> {
+        self.result_path(meta)
+            .map(|path| results::read(&path))
+            .transpose()
+    }
+
+    /// `key`'s execution `id` once it ended, or as it is after `wait`.
+    pub async fn wait_ended(&self, key: &Key, id: &str, wait: Duration) -> Option<Meta> {
+        let meta = self.get(key, id)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let Some(live) = live else {
+            return Some(meta);
+        };
+        let mut written = live.written();
+        let _ = tokio::time::timeout(wait, written.wait_for(|w| w.1)).await;
+        Some(live.meta())
+    }
+
+    /// Deletes `key`'s execution `id`: cancels it if it is queued or running (waiting up to
+    /// `wait` for it to end), and removes its result and events once it ended; from then on
+    /// it is as absent as one that never was. Its last state (not ended if it is still
+    /// ending: it is removed when it does).
+    pub async fn delete(&self, key: &Key, id: &str, wait: Duration) -> Option<Meta> {
+        let meta = self.get(key, id)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let Some(live) = live else {
+            self.tombstone(&meta.id);
+            return Some(meta);
+        };
+        live.delete();
+        self.turns.notify_waiters();
+        let mut written = live.written();
+        let _ = tokio::time::timeout(wait, written.wait_for(|w| w.1)).await;
+        let meta = live.meta();
+        if meta.state.ended() {
+            self.tombstone(&meta.id);
+        }
+        Some(meta)
+    }
+
+    /// Removes an ended execution's result and events, and marks it deleted: what is left
+    /// of it (a small `meta.json`) only says it is gone, until its retention ends. Once.
+    fn tombstone(&self, id: &str) {
+        // Held to the end: a second caller returns once the first is done.
+        let _one_at_a_time = lock(&self.tombs);
+        if !lock(&self.inner).kept.mark_deleted(id) {
+            return;
+        }
+        let Some(dir) = self.dir.as_ref().map(|d| d.join(id)) else {
+            return;
+        };
+        let unsaved = lock(&self.inner).kept.take_unsaved(id);
+        let Some(meta) = unsaved.or_else(|| read_meta(&dir)) else {
+            return;
+        };
+        if meta.started_at.is_none() {
+            // It never ran: no audit record to fall back on, so nothing needs to stay.
+            self.remove(id);
+            return;
+        }
+        self.unstore(id, &dir);
+        if let Some(meta) = tombs::bury(&dir, meta) {
+            lock(&self.inner).kept.keep_unsaved(meta);
+        }
+    }
+
+    fn remove(&self, id: &str) {
+        if let Some(dir) = &self.dir {
+            self.unstore(id, &dir.join(id));
+            if let Err(e) = std::fs::remove_dir_all(dir.join(id)) {
+                tracing::warn!(execution = id, error = %e, "cannot remove a background execution");
+            }
+        }
+        lock(&self.inner).kept.forget(id);
+    }
+
+    /// Takes what `dir` stores off its owner's count, before its files go.
+    fn unstore(&self, id: &str, dir: &Path) {
+        let owner = {
+            let inner = lock(&self.inner);
+            inner
+                .kept
+                .owner(id)
+                .map(str::to_owned)
+                .or_else(|| inner.live.get(id).map(|l| l.fingerprint.clone()))
+        };
+        if let Some(owner) = owner {
+            let n = stored_size(dir);
+            let stored = lock(&self.inner).stored_of(&owner);
+            let _ = stored.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(v.saturating_sub(n))
+            });
+        }
+    }
+
+    /// Removes the ended executions older than the retention; how many. Stores the states
+    /// that could not be stored when they ended.
+    pub fn expire(&self) -> usize {
+        if let Some(root) = &self.dir {
+            // Under the lock, so that a deletion meanwhile is not written over.
+            lock(&self.inner).kept.save_unsaved(root);
+        }
+        let (_, now_ms) = now();
+        let old = lock(&self.inner)
+            .kept
+            .expired(now_ms, self.config.retention_ms);
+        for id in &old {
+            self.remove(id);
+        }
+        old.len()
+    }
+
+    /// Resolves once no background execution is queued or running (at shutdown, once each
+    /// has stored how it ended).
+    pub async fn settled(&self) {
+        loop {
+            let notified = self.turns.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.inner).live.is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Queued, running, and ended ones kept, now.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        let inner = lock(&self.inner);
+        let (queued, running) = inner.queue.totals();
+        (queued, running, inner.kept.total())
+    }
+
+    /// How often ended ones are looked at for their retention.
+    pub fn expire_every(&self) -> Duration {
+        Duration::from_millis((self.config.retention_ms / 4).clamp(250, 60_000))
+    }
+
+    /// A reader of `key`'s execution `id`'s events after `after` (a `Last-Event-ID`, or 0
+    /// for all). `Err` names a position that is not the end of an event.
+    pub fn events(&self, key: &Key, id: &str, after: u64) -> Result<Tail, Error> {
+        let meta = self.get(key, id).ok_or_else(Error::not_found)?;
+        let dir = self.dir.as_ref().ok_or_else(Error::not_found)?;
+        let live = lock(&self.inner).live.get(id).cloned();
+        let path = dir.join(&meta.id).join("events");
+        Tail::open(&path, after, live.map(|live| live.written()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter that deferred to another key's submission (still being stored, not yet
+    /// waiting) looks again once that one takes its turn, while a turn is still free.
+    #[tokio::test]
+    async fn a_waiter_that_deferred_looks_again_when_the_other_takes_its_turn() {
+        use crate::config::KeyConfig;
+        use crate::keys::{hash_key, KeyStore};
+        let dir = std::env::temp_dir().join(format!("airlock-bg-turns-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = BackgroundConfig {
+            max_running: 2,
+            max_running_per_key: 4,
+            ..BackgroundConfig::default()
+        };
+        let (bg, _) = Background::open(&dir, config, 4);
+        let bg = Arc::new(bg);
+        let store = KeyStore::new(vec![
+            KeyConfig::new("a", hash_key("key-a-for-tests-0001")),
+            KeyConfig::new("b", hash_key("key-b-for-tests-0001")),
+        ])
+        .unwrap();
+        let (a, b) = (store.keys()[0].clone(), store.keys()[1].clone());
+        let limits = Limits {
+            timeout_ms: 1000,
+            memory_mb: 64,
+            cpu_ms: 1000,
+            pids: 8,
+            disk_mb: 8,
+            output_bytes: 1024,
+        };
+        // Key a has started once; key b never has, so b goes first.
+        let first = bg.submit(&a, "ex_a0".into(), "r0", &limits, 0).unwrap();
+        drop(bg.turn(&first).await.unwrap());
+        let x = bg.submit(&a, "ex_x".into(), "r1", &limits, 0).unwrap();
+        let y = bg.submit(&b, "ex_y".into(), "r2", &limits, 0).unwrap();
+        let (waiter, xs) = (bg.clone(), x.clone());
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let turn = waiter.turn(&xs).await;
+            let _ = tx.send(turn.is_some());
+            std::mem::forget(turn);
+        });
+        // The test's runtime has one thread: x's task runs to its wait, deferring to y.
+        tokio::task::yield_now().await;
+        assert!(
+            rx.try_recv().is_err(),
+            "x defers to y, whose key started less recently"
+        );
+        let _y_turn = bg.turn(&y).await.unwrap();
+        let x_started = tokio::time::timeout(Duration::from_secs(30), rx).await;
+        assert!(
+            matches!(x_started, Ok(Ok(true))),
+            "x waits though a turn is free: {x_started:?}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn ids_that_are_not_execution_ids_name_nothing() {
+        assert!(well_formed("ex_abc123"));
+        assert!(well_formed("ex_r1_abc"));
+        for bad in [
+            "",
+            "ex_../x",
+            "se_abc",
+            "ex_a/b",
+            "ex_.",
+            &format!("ex_{}", "a".repeat(100)),
+        ] {
+            assert!(!well_formed(bad), "{bad}");
+        }
+    }
+}
