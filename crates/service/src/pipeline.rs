@@ -488,13 +488,6 @@ pub async fn submit(state: &SharedServices, request: Request) -> Result<backgrou
     Ok(meta)
 }
 
-/// Waits until `live` is cancelled.
-async fn cancelled(live: &Live) {
-    while !live.is_cancelled() {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 /// The steps of a background execution after its answer (see [`submit`]).
 async fn in_background(
     state: &SharedServices,
@@ -522,20 +515,17 @@ async fn in_background(
         Err(e) => return stopped(e, true),
     };
     // 4. reserve: the reservation waits for room; nobody is refused for it now.
-    let answer = loop {
-        if live.is_cancelled() || state.is_shutting_down() {
-            return stopped(Error::shutting_down(), true);
-        }
-        if let Ok(share) = state.memory.reserve(&caller, answer_bytes) {
-            break share;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let answer = tokio::select! {
+        biased;
+        () = live.cancelled() => return stopped(Error::shutting_down(), true),
+        () = state.shutdown_begun() => return stopped(Error::shutting_down(), true),
+        share = state.memory.reserve_waiting(&caller, answer_bytes) => share,
     };
     // 5. admit, as long as it takes.
     let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
     let admitted = tokio::select! {
         admitted = state.admission.admit_waiting(&caller) => admitted.map_err(rejection),
-        () = cancelled(live) => Err(Error::shutting_down()),
+        () = live.cancelled() => Err(Error::shutting_down()),
     };
     drop(waiting);
     let admitted = match admitted.and_then(|a| refuse_if_unavailable(state).map(|()| a)) {
@@ -548,12 +538,7 @@ async fn in_background(
     let tracked = state.track(live.cancel.clone());
     // Output held back for the log is written a little later at most.
     let flushing = live.clone();
-    let flusher = tokio::spawn(async move {
-        while !flushing.has_ended() {
-            tokio::time::sleep(background::FLUSH_EVERY).await;
-            flushing.flush_output();
-        }
-    });
+    let flusher = tokio::spawn(async move { flushing.flush_held().await });
     let (st, after) = (state.clone(), live.clone());
     let live = live.clone();
     let ran = tokio::task::spawn_blocking(move || {

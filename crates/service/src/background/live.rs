@@ -3,12 +3,13 @@
 
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use airlock_engine::{Cancel, Job, OutputSink, Stream};
 
-use super::log::{EventsLog, Held};
+use super::log::{EventsLog, Held, FLUSH_EVERY};
 use super::meta::{write_meta, Meta, State};
 use crate::error::{Error, Kind};
 use crate::parked;
@@ -27,11 +28,13 @@ pub struct Live {
     pub(super) dir: PathBuf,
     pub cancel: Cancel,
     /// Deleted (so cancelled) while queued or running: removed once it ends.
-    deleted: AtomicBool,
+    deleted: tokio::sync::watch::Sender<bool>,
     meta: Mutex<Meta>,
     log: EventsLog,
     /// Output held back for the log.
     held: Mutex<Held>,
+    /// Output is held now that was not: it is written [`FLUSH_EVERY`] later at most.
+    held_anew: tokio::sync::Notify,
     /// Why the events log could not be written, if it could not.
     log_failed: Mutex<Option<Error>>,
     /// Bytes its key's background executions store (their events, results and waiting jobs),
@@ -69,10 +72,11 @@ impl Live {
             ticket,
             dir,
             cancel: Cancel::default(),
-            deleted: AtomicBool::new(false),
+            deleted: tokio::sync::watch::Sender::new(false),
             meta: Mutex::new(meta),
             log: EventsLog::new(events),
             held: Mutex::new(Held::default()),
+            held_anew: tokio::sync::Notify::new(),
             log_failed: Mutex::new(None),
             stored,
             max_stored,
@@ -88,11 +92,33 @@ impl Live {
 
     /// Output text for the log, held back ([`Held`]).
     fn output(&self, s: Stream, text: &str) {
-        lock(&self.held).push(s, text, |s, text| self.append_text(s, text));
+        let mut held = lock(&self.held);
+        let was_empty = held.is_empty();
+        held.push(s, text, |s, text| self.append_text(s, text));
+        if was_empty && !held.is_empty() {
+            self.held_anew.notify_one();
+        }
+    }
+
+    /// Writes the output held back on a clock that ticks every [`FLUSH_EVERY`] from now, at
+    /// the first tick after it was held, until its last event is written: woken by output
+    /// held, it sleeps only while output waits for the tick.
+    pub async fn flush_held(&self) {
+        let mut written = self.log.subscribe();
+        let start = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = self.held_anew.notified() => {}
+                _ = written.wait_for(|w| w.1) => return,
+            }
+            // Joined meanwhile with what follows it, up to an event's worth.
+            tokio::time::sleep_until(next_tick(start, tokio::time::Instant::now())).await;
+            self.flush_output();
+        }
     }
 
     /// Writes the output held back, if any.
-    pub fn flush_output(&self) {
+    fn flush_output(&self) {
         let mut held = lock(&self.held);
         if let Some((s, text)) = held.take() {
             self.append_text(s, &text);
@@ -166,9 +192,9 @@ impl Live {
     }
 
     /// What its output goes to while it runs.
-    pub fn sink(&self) -> Sink<'_> {
+    pub fn sink(self: &Arc<Self>) -> Sink {
         Sink {
-            live: self,
+            live: self.clone(),
             whole: Whole::default(),
         }
     }
@@ -185,12 +211,18 @@ impl Live {
 
     /// Whether it was cancelled: only a delete cancels one.
     pub fn is_cancelled(&self) -> bool {
-        self.deleted.load(Ordering::Acquire)
+        *self.deleted.borrow()
+    }
+
+    /// Resolves once it is cancelled.
+    pub async fn cancelled(&self) {
+        // The sender is `self`'s: the wait ends only by a cancel.
+        let _ = self.deleted.subscribe().wait_for(|deleted| *deleted).await;
     }
 
     /// Deleted while queued or running: cancelled, and removed once it ends.
     pub(super) fn delete(&self) {
-        self.deleted.store(true, Ordering::Release);
+        self.deleted.send_replace(true);
         self.cancel.cancel();
     }
 
@@ -253,14 +285,21 @@ impl Live {
     }
 }
 
+/// The first tick after `now` of a clock that ticks every [`FLUSH_EVERY`] from `start`.
+fn next_tick(start: tokio::time::Instant, now: tokio::time::Instant) -> tokio::time::Instant {
+    let every = FLUSH_EVERY.as_nanos();
+    let ticks = now.saturating_duration_since(start).as_nanos() / every + 1;
+    start + Duration::from_nanos(u64::try_from(ticks * every).unwrap_or(u64::MAX))
+}
+
 /// Output into the events log, as `stdout`/`stderr`/`truncated` events (those of a stream).
 #[derive(Debug)]
-pub struct Sink<'a> {
-    live: &'a Live,
+pub struct Sink {
+    live: Arc<Live>,
     whole: Whole,
 }
 
-impl Sink<'_> {
+impl Sink {
     /// What is still held: a character split at the very end, the output held back.
     pub fn flush(&mut self) {
         for s in [Stream::Stdout, Stream::Stderr] {
@@ -272,7 +311,7 @@ impl Sink<'_> {
     }
 }
 
-impl OutputSink for Sink<'_> {
+impl OutputSink for Sink {
     fn output(&mut self, s: Stream, chunk: &[u8]) {
         if let Some(text) = self.whole.text(s, chunk) {
             self.live.output(s, &text);
@@ -285,5 +324,26 @@ impl OutputSink for Sink<'_> {
             "truncated",
             &serde_json::json!({ "stream": stream::name(s), "limit": limit }),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_held_back_waits_for_the_next_tick_of_its_clock() {
+        let start = tokio::time::Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        for (now, tick) in [
+            (0, 100),
+            (1, 100),
+            (99, 100),
+            (100, 200),
+            (150, 200),
+            (1_050, 1_100),
+        ] {
+            assert_eq!(next_tick(start, at(now)), at(tick), "{now} ms");
+        }
     }
 }

@@ -14,10 +14,10 @@ use std::time::Duration;
 use airlock_engine::Stream;
 
 /// Output held back for the log joins one event up to this many bytes, the most an event holds.
-pub const COALESCE_BYTES: usize = 16 << 10;
+pub(super) const COALESCE_BYTES: usize = 16 << 10;
 
 /// How long output is held back for the log at most while an execution runs.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -99,8 +99,8 @@ impl EventsLog {
 }
 
 /// Output text held back for the log: joined with what follows it on the same stream until
-/// [`COALESCE_BYTES`] are held, the other stream writes, or it is flushed (at most
-/// [`FLUSH_EVERY`] after it was held, while it runs). A program that flushes a byte at a time
+/// [`COALESCE_BYTES`] are held, the other stream writes, or it is flushed (on a clock of
+/// [`FLUSH_EVERY`], while it runs). A program that flushes a byte at a time
 /// makes a few events a second, not one per byte: the log stays within a few times the
 /// output limits. No event holds more than [`COALESCE_BYTES`] of text: a longer write is cut
 /// between characters.
@@ -135,6 +135,10 @@ impl Held {
             return None;
         }
         Some((self.stream?, std::mem::take(&mut self.text)))
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.text.is_empty()
     }
 }
 

@@ -47,7 +47,6 @@ use crate::keys::Key;
 use crate::stream;
 
 pub use live::{Live, Sink};
-pub use log::FLUSH_EVERY;
 pub use meta::{Meta, State, View};
 pub use results::Stored;
 pub use tail::{Next, Tail, CHUNK};
@@ -680,6 +679,67 @@ mod tests {
             matches!(x_started, Ok(Ok(true))),
             "x waits though a turn is free: {x_started:?}"
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Background work under a directory of its own, and a key.
+    fn one_key(name: &str) -> (PathBuf, Background, Arc<Key>) {
+        use crate::config::KeyConfig;
+        use crate::keys::{hash_key, KeyStore};
+        let dir = std::env::temp_dir().join(format!("airlock-bg-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (bg, _) = Background::open(&dir, BackgroundConfig::default(), 4);
+        let store =
+            KeyStore::new(vec![KeyConfig::new("a", hash_key("key-a-for-tests-0001"))]).unwrap();
+        (dir, bg, store.keys()[0].clone())
+    }
+
+    fn limits() -> Limits {
+        Limits {
+            timeout_ms: 1000,
+            memory_mb: 64,
+            cpu_ms: 1000,
+            pids: 8,
+            disk_mb: 8,
+            output_bytes: 1024,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_the_cancel_ends_with_the_delete() {
+        let (dir, bg, a) = one_key("cancel");
+        let live = bg.submit(&a, "ex_c".into(), "r", &limits(), 0).unwrap();
+        let waiting = live.clone();
+        let waiter = tokio::spawn(async move { waiting.cancelled().await });
+        // The test's runtime has one thread: the waiter runs to its wait.
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "cancelled before it was");
+        bg.delete(&a, "ex_c", Duration::ZERO).await.unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(30), waiter).await;
+        assert!(woken.is_ok(), "still waiting, though it was cancelled");
+        assert!(live.is_cancelled());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn output_held_back_is_written_without_more_output() {
+        use airlock_engine::{OutputSink, Stream};
+        let (dir, bg, a) = one_key("flush");
+        let live = bg.submit(&a, "ex_f".into(), "r", &limits(), 0).unwrap();
+        let flushing = live.clone();
+        let flusher = tokio::spawn(async move { flushing.flush_held().await });
+        let mut written = live.written();
+        live.sink().output(Stream::Stdout, b"held");
+        assert_eq!(written.borrow().0, 0, "held back, not written at once");
+        let wrote = tokio::time::timeout(Duration::from_secs(30), written.wait_for(|w| w.0 > 0));
+        assert!(wrote.await.is_ok(), "output held back was never written");
+        let log = std::fs::read_to_string(dir.join("background/ex_f/events")).unwrap();
+        assert!(log.contains(r#"{"text":"held"}"#), "{log}");
+        // Its last event ends the flusher.
+        bg.end(&live, Ended::Not(Error::internal("stopped")), false, false);
+        let ended = tokio::time::timeout(Duration::from_secs(30), flusher).await;
+        assert!(ended.is_ok(), "the flusher outlives its execution");
         let _ = std::fs::remove_dir_all(dir);
     }
 
