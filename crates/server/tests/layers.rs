@@ -2,8 +2,8 @@
 //! `airlock-service`. Server: start-up → adapters → foundation, never back; among adapters
 //! only `http` → `mcp` (the route table mounts MCP's HTTP transport). Service: services →
 //! the state they share (`services`) → stores and foundation, never back. In both, no circle
-//! among the top-level modules, nor among the submodules of `http/`, `background/` and
-//! `telemetry/`; and no transport in the service crate (no path of axum, http, hyper, rmcp and
+//! among the top-level modules, nor among the submodules of `http/`, `background/`,
+//! `pipeline/` and `telemetry/`; and no transport in the service crate (no path of axum, http, hyper, rmcp and
 //! their kin, and no such dependency in its manifest). Every `crate::` and `super::` path
 //! outside comments counts, in `use` lines and inline alike.
 
@@ -68,7 +68,7 @@ const SERVICE: Crate = Crate {
         ("stream", FOUNDATION),
         ("telemetry", FOUNDATION),
     ],
-    directories: &["background", "telemetry"],
+    directories: &["background", "pipeline", "telemetry"],
 };
 
 const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];
