@@ -9,14 +9,26 @@ use std::time::Duration;
 
 use airlock_engine::{Cancel, Job, OutputSink, Stream};
 
+use airlock_api::ExecuteResponse;
+
 use super::log::{EventsLog, Held, FLUSH_EVERY};
-use super::meta::{write_meta, Meta, State};
+use super::meta::{interruption, write_meta, Meta, State};
+use super::results;
 use crate::error::{Error, Kind};
 use crate::parked;
 use crate::stream::{self, Whole};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How it ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It ran: its result (output and all).
+    Ran(Box<ExecuteResponse>),
+    /// It did not run to a result of its own.
+    Not(Error),
 }
 
 /// A background execution that is queued or running.
@@ -139,7 +151,7 @@ impl Live {
     }
 
     /// Why it was stopped (its log could not be written, or its key stores too much), once.
-    pub(super) fn take_failure(&self) -> Option<Error> {
+    fn take_failure(&self) -> Option<Error> {
         lock(&self.log_failed).take()
     }
 
@@ -176,6 +188,74 @@ impl Live {
         }
     }
 
+    /// It ended as `ended` says: its result stored, its last event written, `meta.json`
+    /// replaced; its state now, and whether that could be written.
+    pub(super) fn finish(&self, ended: Ended, shutting_down: bool) -> (Meta, bool) {
+        // A job that never ran leaves the disk with it.
+        self.unstore_parked();
+        let mut meta = self.meta();
+        let failed_log = self.take_failure();
+        let (event, data) = match ended {
+            Ended::Ran(mut response) => match results::store(&self.dir, &response.result) {
+                Ok(size) => {
+                    meta.has_result = true;
+                    self.count_stored(size);
+                    let state = if failed_log.is_some() {
+                        State::Failed
+                    } else if self.is_cancelled() {
+                        State::Cancelled
+                    } else if shutting_down
+                        && response.result.status == airlock_api::Status::InternalError
+                    {
+                        State::Interrupted
+                    } else {
+                        State::Finished
+                    };
+                    if let Some(why) = &failed_log {
+                        meta.error = Some(why.body(None).error);
+                    }
+                    stream::without_output(&mut response.result);
+                    meta.end(state, None);
+                    ("result", stream::streamed_result(&response))
+                }
+                Err(e) => {
+                    tracing::error!(execution = %self.id, error = %e, "cannot store a background execution's result");
+                    let error = Error::internal(format!("its result could not be stored: {e}"));
+                    (
+                        "error",
+                        meta.end(State::Failed, Some(&error)).unwrap_or_default(),
+                    )
+                }
+            },
+            Ended::Not(error) => {
+                let (state, error) = if self.is_cancelled() && failed_log.is_none() {
+                    (
+                        State::Cancelled,
+                        Error::new(
+                            Kind::Conflict,
+                            "cancelled",
+                            "it was cancelled before it ran",
+                        ),
+                    )
+                } else if let Some(why) = failed_log {
+                    (State::Failed, why)
+                } else if shutting_down {
+                    (State::Interrupted, interruption(meta.state))
+                } else {
+                    (State::Failed, error)
+                };
+                ("error", meta.end(state, Some(&error)).unwrap_or_default())
+            }
+        };
+        self.event(event, &data);
+        let saved = write_meta(&self.dir, &meta);
+        if let Err(e) = &saved {
+            tracing::warn!(execution = %self.id, error = %e, "cannot write a background execution's state");
+        }
+        self.set_meta(meta.clone());
+        (meta, saved.is_ok())
+    }
+
     /// Its last event is in: the log is closed, and its followers read to its end.
     pub(super) fn close_log(&self) {
         self.log.close();
@@ -187,7 +267,7 @@ impl Live {
     }
 
     /// Counts `n` bytes more stored for its key (its result).
-    pub(super) fn count_stored(&self, n: u64) {
+    fn count_stored(&self, n: u64) {
         self.stored.fetch_add(n, Ordering::AcqRel);
     }
 
@@ -230,7 +310,7 @@ impl Live {
         lock(&self.meta).clone()
     }
 
-    pub(super) fn set_meta(&self, meta: Meta) {
+    fn set_meta(&self, meta: Meta) {
         *lock(&self.meta) = meta;
     }
 

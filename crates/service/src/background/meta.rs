@@ -180,6 +180,27 @@ pub(super) fn read_meta(dir: &Path) -> Option<Meta> {
     serde_json::from_slice(&bytes).ok()
 }
 
+/// What the last run left in `dir`: its state, and whether it was queued or running then. It
+/// is interrupted now (its log ends with the error, `meta.json` says so), and a job that
+/// waited is removed: it will not run now. `None` for one never submitted whole (a crash
+/// between its directory and its state), which is removed.
+pub(super) fn recover(dir: &Path) -> Option<(Meta, bool)> {
+    let Some(mut meta) = read_meta(dir) else {
+        let _ = std::fs::remove_dir_all(dir);
+        return None;
+    };
+    let _ = std::fs::remove_file(dir.join("job"));
+    let was_running = !meta.state.ended();
+    if was_running {
+        let error = interruption(meta.state);
+        if let Some(data) = meta.end(State::Interrupted, Some(&error)) {
+            super::log::end_interrupted(dir, &meta.id, &data);
+        }
+        let _ = write_meta(dir, &meta);
+    }
+    Some((meta, was_running))
+}
+
 /// Why it was interrupted, as its error says.
 pub(super) fn interruption(was: State) -> Error {
     let what = if was == State::Queued {

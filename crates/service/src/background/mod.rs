@@ -39,19 +39,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use airlock_api::{ExecuteResponse, Limits};
+use airlock_api::Limits;
 
 use crate::config::BackgroundConfig;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
-use crate::stream;
 
-pub use live::{Live, Sink};
+pub use live::{Ended, Live, Sink};
 pub use meta::{Meta, State, View};
 pub use results::Stored;
 pub use tail::{Next, Tail, CHUNK};
 
-use meta::{interruption, now, read_meta, write_meta};
+use meta::{now, read_meta, write_meta};
 use queue::{key_limits, Queue};
 use tombs::Kept;
 
@@ -129,15 +128,6 @@ impl Drop for Turn<'_> {
     }
 }
 
-/// How it ended.
-#[derive(Debug)]
-pub enum Ended {
-    /// It ran: its result (output and all).
-    Ran(Box<ExecuteResponse>),
-    /// It did not run to a result of its own.
-    Not(Error),
-}
-
 impl Background {
     /// The background executions under `state_dir`: those left queued or running by the last
     /// run are marked interrupted (their ids are returned), ended ones are kept.
@@ -165,19 +155,10 @@ impl Background {
         let entries = dir.as_ref().and_then(|d| std::fs::read_dir(d).ok());
         for entry in entries.into_iter().flatten().flatten() {
             let path = entry.path();
-            let Some(mut meta) = read_meta(&path) else {
-                // Never submitted whole (a crash between its directory and its state).
-                let _ = std::fs::remove_dir_all(&path);
+            let Some((meta, was_running)) = meta::recover(&path) else {
                 continue;
             };
-            // A job that waited when the server stopped: it will not run now.
-            let _ = std::fs::remove_file(path.join("job"));
-            if !meta.state.ended() {
-                let error = interruption(meta.state);
-                if let Some(data) = meta.end(State::Interrupted, Some(&error)) {
-                    log::end_interrupted(&path, &meta.id, &data);
-                }
-                let _ = write_meta(&path, &meta);
+            if was_running {
                 interrupted.push(meta.id.clone());
             }
             inner
@@ -343,72 +324,11 @@ impl Background {
 
     /// Ends `live`: its result stored, its last event written, its state and counts moved.
     pub fn end(&self, live: &Live, ended: Ended, shutting_down: bool, had_turn: bool) {
-        // A job that never ran leaves the disk with it.
-        live.unstore_parked();
-        let mut meta = live.meta();
-        let failed_log = live.take_failure();
-        let (state, event, data) = match ended {
-            Ended::Ran(mut response) => match results::store(&live.dir, &response.result) {
-                Ok(size) => {
-                    meta.has_result = true;
-                    live.count_stored(size);
-                    let state = if failed_log.is_some() {
-                        State::Failed
-                    } else if live.is_cancelled() {
-                        State::Cancelled
-                    } else if shutting_down
-                        && response.result.status == airlock_api::Status::InternalError
-                    {
-                        State::Interrupted
-                    } else {
-                        State::Finished
-                    };
-                    if let Some(why) = &failed_log {
-                        meta.error = Some(why.body(None).error);
-                    }
-                    stream::without_output(&mut response.result);
-                    meta.end(state, None);
-                    (state, "result", stream::streamed_result(&response))
-                }
-                Err(e) => {
-                    tracing::error!(execution = %live.id, error = %e, "cannot store a background execution's result");
-                    let error = Error::internal(format!("its result could not be stored: {e}"));
-                    let data = meta.end(State::Failed, Some(&error));
-                    (State::Failed, "error", data.unwrap_or_default())
-                }
-            },
-            Ended::Not(error) => {
-                let (state, error) = if live.is_cancelled() && failed_log.is_none() {
-                    (
-                        State::Cancelled,
-                        Error::new(
-                            Kind::Conflict,
-                            "cancelled",
-                            "it was cancelled before it ran",
-                        ),
-                    )
-                } else if let Some(why) = failed_log {
-                    (State::Failed, why)
-                } else if shutting_down {
-                    (State::Interrupted, interruption(meta.state))
-                } else {
-                    (State::Failed, error)
-                };
-                let data = meta.end(state, Some(&error));
-                (state, "error", data.unwrap_or_default())
-            }
-        };
-        debug_assert_eq!(meta.state, state);
-        live.event(event, &data);
-        let saved = write_meta(&live.dir, &meta);
-        if let Err(e) = &saved {
-            tracing::warn!(execution = %live.id, error = %e, "cannot write a background execution's state");
-        }
-        live.set_meta(meta.clone());
+        let (meta, saved) = live.finish(ended, shutting_down);
         {
             let mut inner = lock(&self.inner);
             let ended_ms = meta.ended_ms.unwrap_or(0);
-            if saved.is_err() {
+            if !saved {
                 inner.kept.keep_unsaved(meta);
             }
             inner.live.remove(&live.id);
@@ -625,36 +545,48 @@ impl Background {
 mod tests {
     use super::*;
 
-    /// A waiter that deferred to another key's submission (still being stored, not yet
-    /// waiting) looks again once that one takes its turn, while a turn is still free.
-    #[tokio::test]
-    async fn a_waiter_that_deferred_looks_again_when_the_other_takes_its_turn() {
+    /// Background work under a directory of its own (`name`), and keys by those names.
+    fn background(
+        name: &str,
+        config: BackgroundConfig,
+        keys: &[&str],
+    ) -> (PathBuf, Background, Vec<Arc<Key>>) {
         use crate::config::KeyConfig;
         use crate::keys::{hash_key, KeyStore};
-        let dir = std::env::temp_dir().join(format!("airlock-bg-turns-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("airlock-bg-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let config = BackgroundConfig {
-            max_running: 2,
-            max_running_per_key: 4,
-            ..BackgroundConfig::default()
-        };
         let (bg, _) = Background::open(&dir, config, 4);
-        let bg = Arc::new(bg);
-        let store = KeyStore::new(vec![
-            KeyConfig::new("a", hash_key("key-a-for-tests-0001")),
-            KeyConfig::new("b", hash_key("key-b-for-tests-0001")),
-        ])
-        .unwrap();
-        let (a, b) = (store.keys()[0].clone(), store.keys()[1].clone());
-        let limits = Limits {
+        let keys = keys
+            .iter()
+            .map(|k| KeyConfig::new(k, hash_key(&format!("key-{k}-for-tests-0001"))))
+            .collect();
+        (dir, bg, KeyStore::new(keys).unwrap().keys().to_vec())
+    }
+
+    fn limits() -> Limits {
+        Limits {
             timeout_ms: 1000,
             memory_mb: 64,
             cpu_ms: 1000,
             pids: 8,
             disk_mb: 8,
             output_bytes: 1024,
+        }
+    }
+
+    /// A waiter that deferred to another key's submission (still being stored, not yet
+    /// waiting) looks again once that one takes its turn, while a turn is still free.
+    #[tokio::test]
+    async fn a_waiter_that_deferred_looks_again_when_the_other_takes_its_turn() {
+        let config = BackgroundConfig {
+            max_running: 2,
+            max_running_per_key: 4,
+            ..BackgroundConfig::default()
         };
+        let (dir, bg, keys) = background("turns", config, &["a", "b"]);
+        let (bg, a, b) = (Arc::new(bg), keys[0].clone(), keys[1].clone());
+        let limits = limits();
         // Key a has started once; key b never has, so b goes first.
         let first = bg.submit(&a, "ex_a0".into(), "r0", &limits, 0).unwrap();
         drop(bg.turn(&first).await.unwrap());
@@ -682,33 +614,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    /// Background work under a directory of its own, and a key.
-    fn one_key(name: &str) -> (PathBuf, Background, Arc<Key>) {
-        use crate::config::KeyConfig;
-        use crate::keys::{hash_key, KeyStore};
-        let dir = std::env::temp_dir().join(format!("airlock-bg-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let (bg, _) = Background::open(&dir, BackgroundConfig::default(), 4);
-        let store =
-            KeyStore::new(vec![KeyConfig::new("a", hash_key("key-a-for-tests-0001"))]).unwrap();
-        (dir, bg, store.keys()[0].clone())
-    }
-
-    fn limits() -> Limits {
-        Limits {
-            timeout_ms: 1000,
-            memory_mb: 64,
-            cpu_ms: 1000,
-            pids: 8,
-            disk_mb: 8,
-            output_bytes: 1024,
-        }
-    }
-
     #[tokio::test]
     async fn a_wait_for_the_cancel_ends_with_the_delete() {
-        let (dir, bg, a) = one_key("cancel");
+        let (dir, bg, keys) = background("cancel", BackgroundConfig::default(), &["a"]);
+        let a = keys[0].clone();
         let live = bg.submit(&a, "ex_c".into(), "r", &limits(), 0).unwrap();
         let waiting = live.clone();
         let waiter = tokio::spawn(async move { waiting.cancelled().await });
@@ -725,7 +634,8 @@ mod tests {
     #[tokio::test]
     async fn output_held_back_is_written_without_more_output() {
         use airlock_engine::{OutputSink, Stream};
-        let (dir, bg, a) = one_key("flush");
+        let (dir, bg, keys) = background("flush", BackgroundConfig::default(), &["a"]);
+        let a = keys[0].clone();
         let live = bg.submit(&a, "ex_f".into(), "r", &limits(), 0).unwrap();
         let flushing = live.clone();
         let flusher = tokio::spawn(async move { flushing.flush_held().await });
