@@ -71,8 +71,9 @@ pub struct Request {
     /// elicitation); a stream's client gets an `approval_requested` event anyway.
     pub approvals: Option<airlock_tools::Watcher>,
     /// Told of the output as it comes when the answer is not streamed (an MCP call's
-    /// progress), in place of [`Discard`]; it must not block. The program's stdout is then
-    /// line-buffered, as for a stream, so what it prints is seen as it is printed.
+    /// progress), in place of [`Discard`](airlock_engine::Discard); it must not block. The
+    /// program's stdout is then line-buffered, as for a stream, so what it prints is seen as
+    /// it is printed.
     pub observer: Option<Box<dyn OutputSink>>,
 }
 
