@@ -2,11 +2,12 @@
 //! `airlock-service`. Server: start-up → adapters → foundation, never back; among adapters
 //! only `http` → `mcp` (the route table mounts MCP's HTTP transport). Service: services →
 //! the state they share (`services`) → stores and foundation, never back. In both, no circle
-//! among the top-level modules, nor among the submodules of `http/`, `mcp/`, `config/`,
-//! `store/` and `telemetry/`; and no transport in the service crate (no path of axum, http,
-//! hyper, rmcp and their kin, and no such dependency in its manifest); and in neither crate a
-//! read of the environment or of TOML (the binary reads the configuration). Every `crate::`
-//! and `super::` path outside comments counts, in `use` lines and inline alike.
+//! among the top-level modules, nor among the submodules of `http/`, `mcp/`, `background/`,
+//! `config/`, `pipeline/`, `store/` and `telemetry/`; and no transport in the service crate
+//! (no path of axum, http, hyper, rmcp and their kin, and no such dependency in its
+//! manifest); and in neither crate a read of the environment or of TOML (the binary reads the
+//! configuration). Every `crate::` and `super::` path outside comments counts, in `use` lines
+//! and inline alike.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -70,7 +71,7 @@ const SERVICE: Crate = Crate {
         ("stream", FOUNDATION),
         ("telemetry", FOUNDATION),
     ],
-    directories: &["config", "store", "telemetry"],
+    directories: &["background", "config", "pipeline", "store", "telemetry"],
 };
 
 const CRATES: [&Crate; 2] = [&SERVER, &SERVICE];

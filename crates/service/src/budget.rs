@@ -10,11 +10,15 @@
 //!   out or its connection closed.
 //! - Any other answer counts from when it is made until it is written out.
 //!
-//! Past a budget, new work gets 429 (the key's share) or 503 (everyone's), as for bodies.
+//! Past a budget, new work gets 429 (the key's share) or 503 (everyone's), as for bodies;
+//! background work waits instead ([`MemoryBudget::reserve_waiting`]), woken when memory is
+//! given back.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+use tokio::sync::Notify;
 
 use crate::keys::Key;
 
@@ -23,6 +27,8 @@ pub struct MemoryBudget {
     all: Arc<Pool>,
     per_key: std::sync::RwLock<HashMap<String, Arc<Pool>>>,
     per_key_bytes: u64,
+    /// Told whenever one of its pools gives memory back: a waiter looks again.
+    freed: Arc<Notify>,
 }
 
 /// One budget: a limit and what is counted against it now.
@@ -30,13 +36,15 @@ pub struct MemoryBudget {
 struct Pool {
     limit: u64,
     used: AtomicU64,
+    freed: Arc<Notify>,
 }
 
 impl Pool {
-    fn new(limit: u64) -> Arc<Pool> {
+    fn new(limit: u64, freed: &Arc<Notify>) -> Arc<Pool> {
         Arc::new(Pool {
             limit,
             used: AtomicU64::new(0),
+            freed: freed.clone(),
         })
     }
 
@@ -53,7 +61,18 @@ impl Pool {
     }
 
     fn give(&self, n: u64) {
-        self.used.fetch_sub(n, Ordering::AcqRel);
+        if n > 0 {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Whether `n` more fit now (a look that takes nothing).
+    fn fits(&self, n: u64) -> bool {
+        self.used
+            .load(Ordering::Acquire)
+            .checked_add(n)
+            .is_some_and(|total| total <= self.limit)
     }
 }
 
@@ -76,14 +95,16 @@ pub struct Share {
 
 impl MemoryBudget {
     pub fn new(total_bytes: u64, per_key_bytes: u64, keys: &[Arc<Key>]) -> Self {
+        let freed = Arc::new(Notify::new());
         let per_key = keys
             .iter()
-            .map(|k| (k.name().to_owned(), Pool::new(per_key_bytes)))
+            .map(|k| (k.name().to_owned(), Pool::new(per_key_bytes, &freed)))
             .collect();
         MemoryBudget {
-            all: Pool::new(total_bytes),
+            all: Pool::new(total_bytes, &freed),
             per_key: std::sync::RwLock::new(per_key),
             per_key_bytes,
+            freed,
         }
     }
 
@@ -94,7 +115,7 @@ impl MemoryBudget {
         for k in keys {
             per_key
                 .entry(k.name().to_owned())
-                .or_insert_with(|| Pool::new(self.per_key_bytes));
+                .or_insert_with(|| Pool::new(self.per_key_bytes, &self.freed));
         }
     }
 
@@ -120,6 +141,26 @@ impl MemoryBudget {
         let mut share = self.share(Some(key));
         share.cover(bytes)?;
         Ok(share)
+    }
+
+    /// A share of `bytes`, waited for as long as it takes: tried again each time memory is
+    /// given back (for background work, whose bounds were met before it waits here).
+    pub async fn reserve_waiting(&self, key: &Key, bytes: u64) -> Share {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Listening before it looks: memory given back in between wakes it.
+            freed.as_mut().enable();
+            // A look first, which takes nothing: a try that fails may give back what it took
+            // for a moment, which would wake this very waiter again and again.
+            let fits = self.pool_of(key.name()).is_none_or(|p| p.fits(bytes));
+            if fits && self.all.fits(bytes) {
+                if let Ok(share) = self.reserve(key, bytes) {
+                    return share;
+                }
+            }
+            freed.await;
+        }
     }
 
     /// Bytes counted now, against everyone's budget.
@@ -258,5 +299,44 @@ mod tests {
         drop(merged);
         assert_eq!((budget.used(), budget.used_by("a")), (0, 0));
         budget.reserve(a, 50).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_share_waited_for_comes_once_memory_is_given_back() {
+        let store = KeyStore::new(vec![
+            KeyConfig::new("a", hash_key("key-for-tests-000a")),
+            KeyConfig::new("b", hash_key("key-for-tests-000b")),
+            KeyConfig::new("c", hash_key("key-for-tests-000c")),
+        ])
+        .unwrap();
+        let [a, b, c] = [0, 1, 2].map(|i| store.keys()[i].clone());
+        let budget = Arc::new(MemoryBudget::new(100, 60, &store.keys()));
+        let _mine = budget.reserve(&a, 30).unwrap();
+        let others = budget.reserve(&b, 60).unwrap();
+        let little = budget.reserve(&c, 5).unwrap();
+        // Its key has room (30 + 20 <= 60), everyone's has not (95 + 20 > 100).
+        let (waiting, key) = (budget.clone(), a.clone());
+        let waiter = tokio::spawn(async move { waiting.reserve_waiting(&key, 20).await });
+        // The test's runtime has one thread: the waiter runs to its wait (a waiter woken by
+        // its own tries would spin here for good).
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "no room, yet a share was given");
+        // Memory given back, not enough: it looks again, and waits on.
+        drop(little);
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "a share past everyone's budget was given"
+        );
+        // Enough: it is woken for it.
+        drop(others);
+        let share = tokio::time::timeout(std::time::Duration::from_secs(30), waiter)
+            .await
+            .expect("still waiting, though memory was given back")
+            .unwrap();
+        assert_eq!(
+            (share.bytes(), budget.used_by("a"), budget.used()),
+            (20, 50, 50)
+        );
     }
 }

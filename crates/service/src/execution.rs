@@ -1,5 +1,5 @@
 //! The execution service: what each step of an execution does, whichever adapter it came
-//! from; the order is the pipeline's (`pipeline.rs`). Limits within the key's ceilings
+//! from; the order is the pipeline's (`pipeline/`). Limits within the key's ceilings
 //! ([`resolve_limits`]) and jobs ([`job_from`]), refusals ([`refuse_if_unavailable`],
 //! [`rejection`]), the answer's reservation ([`reserve_answer`]), the audit log's `started`
 //! line ([`audit_start`]), the record, metrics and log line ([`finish`]); and the record read
@@ -22,7 +22,6 @@ use crate::budget::Share;
 use crate::error::{Error, Kind};
 use crate::keys::Key;
 use crate::metrics::event;
-use crate::services::Services;
 use crate::services::SharedServices;
 
 /// The ceilings for one key: its own where it has them, never above the engine's.
@@ -307,14 +306,9 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A new execution of `job` by `key`, starting now (hashes the code: CPU work for a large
+    /// Execution `id` of `job` by `key`, starting now (hashes the code: CPU work for a large
     /// one, so called off the async workers); its tool calls are audited under its id.
-    pub fn for_job(state: &Services, key: &Key, request_id: String, job: &Job) -> Context {
-        Context::for_job_as(key, request_id, job, state.held_id("ex_"))
-    }
-
-    /// [`Context::for_job`] under an id given ahead (a background execution's).
-    pub fn for_job_as(key: &Key, request_id: String, job: &Job, id: String) -> Context {
+    pub fn for_job(key: &Key, request_id: String, job: &Job, id: String) -> Context {
         let sha = airlock_api::sha256_hex(job.code.as_bytes());
         let ctx = Context::new(id, key, request_id, sha, job.code.len() as u64, &job.limits);
         if let Some(tools) = &job.tools {
@@ -326,23 +320,16 @@ impl Context {
         ctx
     }
 
-    /// A new execution of `code` by `key` under `limits`, starting now (hashes the code).
+    /// Execution `id` of `code` by `key` under `limits`, starting now (hashes the code).
     pub fn for_code(
-        state: &Services,
         key: &Key,
         request_id: String,
         code: &str,
         limits: &Limits,
+        id: String,
     ) -> Context {
         let sha = airlock_api::sha256_hex(code.as_bytes());
-        Context::new(
-            state.held_id("ex_"),
-            key,
-            request_id,
-            sha,
-            code.len() as u64,
-            limits,
-        )
+        Context::new(id, key, request_id, sha, code.len() as u64, limits)
     }
 
     /// A new execution of `key`, starting now.

@@ -2,7 +2,7 @@
 //! ([`prepare_cell`], [`PreparedCell`]), its files, closing it ([`close`]); the registry of
 //! open sessions and what the reaper closes are [`crate::open_sessions`] (the reaper itself,
 //! which also pauses idle sessions, is `snapshots::reaper`). The order of a session's opening and of each
-//! cell is the pipeline's (`pipeline.rs`); what each step does to a session is here. A
+//! cell is the pipeline's (`pipeline/`); what each step does to a session is here. A
 //! session belongs to the key that made it (by the key's fingerprint): any other key gets
 //! 404. Its limits cover the whole session; each cell goes through admission like an
 //! execution, and is audited like one. Idle and expired sessions are closed by a reaper, and

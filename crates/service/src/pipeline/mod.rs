@@ -23,37 +23,37 @@
 //! line gets its record. A background execution ([`submit`]) takes steps 1 to 3 while its
 //! client waits, is answered, and takes the rest on a task of its own: its turn among
 //! background work, then 4 (waited for rather than refused) to 8, its output into its events
-//! log (`background.rs`). The pipeline takes a transport-free [`Request`] and yields a
+//! log (`background/`). Steps 4 to 8 are written once for both (`execute.rs`); where they
+//! differ, they ask the work's recipient (`recipients.rs`). The pipeline takes a transport-free [`Request`] and yields a
 //! transport-free [`Outcome`] or an [`Error`]; the adapters map them (HTTP: statuses and
 //! server-sent events; MCP: tool results). A transport that must take in a whole message
 //! before it knows the work it holds (MCP over HTTP) takes steps 1 and 2 for it with
 //! [`receive`], and hands the result over ([`Received`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod execute;
+mod recipients;
+
 use std::sync::Arc;
 
-use airlock_api::{
-    CellRequest, CellResponse, ExecuteRequest, ExecuteResponse, Limits, SessionInfo, SessionRequest,
-};
-use airlock_engine::{Cancel, Discard, Job, OutputSink};
+use airlock_api::{CellRequest, ExecuteRequest, SessionInfo, SessionRequest};
+use airlock_engine::{Job, OutputSink};
 
-use crate::admission::{Admitted, Entered};
+use crate::admission::Entered;
 use crate::answer::Form;
 use crate::background::{self, Ended, Live};
 use crate::body::{parse_json, read_body, Body};
 use crate::budget::Share;
 use crate::error::Error;
-use crate::execution::{
-    answer_size, audit_start, finish, job_from, record_unrun, refuse_if_unavailable, rejection,
-    reserve_answer, Context, Lifetime,
-};
+use crate::execution::{answer_size, job_from, refuse_if_unavailable, rejection, Lifetime};
 use crate::keys::Key;
-use crate::lifecycle::Tracked;
-use crate::open_sessions::OpenSession;
 use crate::parked;
 use crate::services::SharedServices;
-use crate::sessions::{self, PreparedCell};
-use crate::stream::{self, EventStream};
+use crate::sessions;
+use crate::telemetry::Trace;
+
+use execute::{execute, Ready};
+pub use execute::{Finished, Outcome};
+use recipients::{Answered, Logged, Streamed};
 
 /// An execution-like request, as the transport hands it over.
 pub struct Request {
@@ -71,8 +71,9 @@ pub struct Request {
     /// elicitation); a stream's client gets an `approval_requested` event anyway.
     pub approvals: Option<airlock_tools::Watcher>,
     /// Told of the output as it comes when the answer is not streamed (an MCP call's
-    /// progress), in place of [`Discard`]; it must not block. The program's stdout is then
-    /// line-buffered, as for a stream, so what it prints is seen as it is printed.
+    /// progress), in place of [`Discard`](airlock_engine::Discard); it must not block. The
+    /// program's stdout is then line-buffered, as for a stream, so what it prints is seen as
+    /// it is printed.
     pub observer: Option<Box<dyn OutputSink>>,
 }
 
@@ -112,43 +113,8 @@ pub enum Input<T> {
 /// held until it is answered, and its body's memory, held until it is admitted to run.
 #[derive(Debug)]
 pub struct Received {
-    _entered: Entered,
+    entered: Entered,
     body: Option<Share>,
-}
-
-/// What came of a request.
-#[derive(Debug)]
-pub enum Outcome<T> {
-    /// It ran to its end: its answer, made by the transport's `present`.
-    Done(T),
-    /// It runs on: its events as they come, the result last. The stream holds the answer's
-    /// reservation; dropping it stops the work.
-    Streamed(EventStream),
-}
-
-/// What an execution-like request ran to: the record of one execution or of one cell.
-#[derive(Debug)]
-pub enum Finished {
-    Execution(ExecuteResponse),
-    Cell(CellResponse),
-}
-
-impl Finished {
-    fn result_mut(&mut self) -> &mut airlock_api::ExecutionResult {
-        match self {
-            Finished::Execution(r) => &mut r.result,
-            Finished::Cell(r) => &mut r.result,
-        }
-    }
-}
-
-impl serde::Serialize for Finished {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Finished::Execution(r) => r.serialize(s),
-            Finished::Cell(r) => r.serialize(s),
-        }
-    }
 }
 
 /// Steps 1 (but the refusals, which are each piece of work's) and 2 for a whole message whose
@@ -168,7 +134,7 @@ pub async fn receive(
 fn enter(state: &SharedServices, key: &Key) -> Result<Received, Error> {
     let entered = state.admission.enter(key).map_err(rejection)?;
     Ok(Received {
-        _entered: entered,
+        entered,
         body: None,
     })
 }
@@ -253,23 +219,6 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::internal(format!("{what}: {e}")))?
 }
 
-/// The work checked and ready to run (step 3). One lives per request, moved a few times:
-/// boxing the job would buy nothing.
-#[allow(clippy::large_enum_variant)]
-enum Ready {
-    Execute(Job),
-    Cell(PreparedCell),
-}
-
-impl Ready {
-    fn limits(&self) -> &Limits {
-        match self {
-            Ready::Execute(job) => &job.limits,
-            Ready::Cell(cell) => cell.limits(),
-        }
-    }
-}
-
 /// Runs `request` through every step in order. `present` makes the answer of work that ran
 /// to its end from what it finished with and the answer's reservation, on the blocking
 /// thread (serializing a large answer is CPU work); a streamed request's answer is its
@@ -286,11 +235,11 @@ pub async fn run<T: Send + 'static>(
         received,
         stream,
         form,
-        approvals: watcher,
-        mut observer,
+        approvals,
+        observer,
     } = request;
     let trace = state.telemetry.request_span(&request_id);
-    let (mut received, ready) = arrive_and_prepare(
+    let (received, ready) = arrive_and_prepare(
         state,
         &caller,
         &request_id,
@@ -299,116 +248,19 @@ pub async fn run<T: Send + 'static>(
         Lifetime::Request,
     )
     .await?;
-    // 4. reserve: the most its answer can hold, from now until it is written out.
-    let answer = reserve_answer(state, &caller, ready.limits(), form)?;
-    // 5. admit; the job leaves the queue for its sandbox: its body no longer waits here.
-    let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
-    let admitted = state.admission.admit(&caller).await.map_err(rejection)?;
-    drop(waiting);
-    received.body = None;
-    // Shutdown may have begun while this request waited.
-    refuse_if_unavailable(state)?;
-    // What stops the work if its client goes: the sandbox killed, or the session closed.
-    let answered = Arc::new(AtomicBool::new(false));
-    let (ready, stop, tracked) = match ready {
-        Ready::Execute(mut job) => {
-            let cancel = Cancel::default();
-            job.cancel = Some(cancel.clone());
-            // Line-buffered when streamed or observed: print() is seen as it happens.
-            job.stream = stream || observer.is_some();
-            let tracked = state.lifecycle.track(cancel.clone());
-            (Ready::Execute(job), Stop::Cancel(cancel), Some(tracked))
-        }
-        Ready::Cell(cell) => {
-            let session = cell.session();
-            (Ready::Cell(cell), Stop::Session(session), None)
-        }
-    };
-    let stopper = Stopper {
-        stop,
-        answered: answered.clone(),
-    };
-    let mut on_drop = StopOnDrop(Some(stopper.clone()));
-    // A stream's place travels with its execution; a plain answer's is held here.
-    let (travelling, waiting) = if stream {
-        (Some(received), None)
-    } else {
-        (None, Some(received))
-    };
-    // Steps 6 to 8 on one blocking thread, to their end even if the client goes: a `started`
-    // line always gets its record.
-    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-    let st = state.clone();
-    let task = tokio::task::spawn_blocking(move || {
-        let state = &st;
-        // 6. audit.
-        let ctx = match &ready {
-            Ready::Execute(job) => Context::for_job(state, &caller, request_id, job),
-            Ready::Cell(cell) => {
-                let ctx = Context::for_code(state, &caller, request_id, cell.code(), cell.limits());
-                cell.begin(&caller, &ctx.id);
-                ctx
-            }
+    let Received { entered, body } = received;
+    if stream {
+        // Its place travels with its execution, until the last event.
+        let to = Streamed::new(form, entered);
+        return match execute(state, caller, request_id, ready, body, trace, to).await? {
+            Outcome::Streamed(events) => Ok(Outcome::Streamed(events)),
+            Outcome::Done(never) => match never {},
         };
-        if let Err(e) = audit_start(state, &ctx) {
-            let _ = started_tx.send(Err(e));
-            return None;
-        }
-        let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
-        let execution_id = ctx.id.clone();
-        let watch = |watcher: Option<airlock_tools::Watcher>| {
-            watcher.and_then(|w| crate::approvals::watch(state, &execution_id, w))
-        };
-        if stream {
-            let gone = stopper.clone();
-            let (events, mut sink) = stream::channel(Arc::new(move || gone.stop()), answer);
-            let aside = sink.aside();
-            let event: airlock_tools::Watcher = Arc::new(move |_, approval| {
-                let data = serde_json::to_value(&**approval).unwrap_or_default();
-                aside.send("approval_requested", &data);
-            });
-            // Dropped before the last event: its sender would keep the stream open.
-            let watching = watch(Some(event));
-            // A client gone meanwhile drops the stream, which stops the work: it still gets
-            // its record.
-            let _ = started_tx.send(Ok(Some(events)));
-            let request_id = ctx.request_id.clone();
-            let done =
-                engine_and_finish(state, ctx, ready, &mut sink, admitted, tracked, &answered);
-            drop(watching);
-            drop(travelling);
-            sink.end(
-                done.map(|mut finished| {
-                    stream::without_output(finished.result_mut());
-                    finished
-                }),
-                &request_id,
-            );
-            None
-        } else {
-            let _ = started_tx.send(Ok(None));
-            let _watching = watch(watcher);
-            let sink: &mut dyn OutputSink = match observer.as_deref_mut() {
-                Some(observer) => observer,
-                None => &mut Discard,
-            };
-            let done = engine_and_finish(state, ctx, ready, sink, admitted, tracked, &answered);
-            Some(done.map(|finished| present(finished, answer)))
-        }
-    });
-    let outcome = match started_rx.await {
-        Err(_) => Err(Error::internal("the execution task failed")),
-        Ok(Err(e)) => Err(e),
-        Ok(Ok(Some(events))) => Ok(Outcome::Streamed(events)),
-        Ok(Ok(None)) => match task.await {
-            Ok(Some(done)) => done.map(Outcome::Done),
-            Ok(None) => Err(Error::internal("the execution task failed")),
-            Err(e) => Err(Error::internal(format!("the execution task failed: {e}"))),
-        },
-    };
-    // Answered, refused by the audit log, or handed to its stream (whose end stops it).
-    on_drop.0 = None;
-    drop(waiting);
+    }
+    let to = Answered::new(form, observer, approvals, present);
+    let outcome = execute(state, caller, request_id, ready, body, trace, to).await;
+    // Answered (or refused): its place among its key's requests is given back.
+    drop(entered);
     outcome
 }
 
@@ -479,7 +331,7 @@ pub async fn submit(state: &SharedServices, request: Request) -> Result<backgrou
             }
         };
         let _ = stored_tx.send(Ok(live.meta()));
-        in_background(&st, caller, request_id, job, &live, answer_bytes, trace).await;
+        in_background(&st, caller, request_id, job, live, answer_bytes, trace).await;
     });
     let meta = stored_rx
         .await
@@ -489,139 +341,43 @@ pub async fn submit(state: &SharedServices, request: Request) -> Result<backgrou
     Ok(meta)
 }
 
-/// Waits until `live` is cancelled.
-async fn cancelled(live: &Live) {
-    while !live.is_cancelled() {
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
-/// The steps of a background execution after its answer (see [`submit`]).
+/// The steps of a background execution after its answer (see [`submit`]): its turn among
+/// background work, its job read back, then 4 to 8 as for any execution, into its events log.
 async fn in_background(
     state: &SharedServices,
     caller: Arc<Key>,
     request_id: String,
     job: Job,
-    live: &Arc<Live>,
+    live: Arc<Live>,
     answer_bytes: u64,
-    trace: Option<crate::telemetry::Trace>,
+    trace: Option<Trace>,
 ) {
     let bg = &state.background;
-    let stopped = |error: Error, had_turn: bool| {
-        bg.end(live, Ended::Not(error), state.is_shutting_down(), had_turn);
-    };
     let turn = tokio::select! {
-        turn = bg.turn(live) => turn,
+        turn = bg.turn(&live) => turn,
         () = state.shutdown_begun() => None,
     };
     let Some(turn) = turn else {
-        return stopped(Error::shutting_down(), false);
+        let error = Error::shutting_down();
+        return bg.end(&live, Ended::Not(error), state.is_shutting_down(), false);
     };
     let unparking = live.clone();
-    let mut job = match blocking("reading the job back", move || unparking.unpark(job)).await {
-        Ok(job) => job,
-        Err(e) => return stopped(e, true),
-    };
-    // 4. reserve: the reservation waits for room; nobody is refused for it now.
-    let answer = loop {
-        if live.is_cancelled() || state.is_shutting_down() {
-            return stopped(Error::shutting_down(), true);
+    let ran = match blocking("reading the job back", move || unparking.unpark(job)).await {
+        Ok(job) => {
+            let to = Logged::new(live.clone(), answer_bytes);
+            let ready = Ready::Execute(job);
+            execute(state, caller, request_id, ready, None, trace, to).await
         }
-        if let Ok(share) = state.memory.reserve(&caller, answer_bytes) {
-            break share;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        Err(e) => Err(e),
     };
-    // 5. admit, as long as it takes.
-    let waiting = state.telemetry.phase(trace.as_ref(), "admission_wait");
-    let admitted = tokio::select! {
-        admitted = state.admission.admit_waiting(&caller) => admitted.map_err(rejection),
-        () = cancelled(live) => Err(Error::shutting_down()),
-    };
-    drop(waiting);
-    let admitted = match admitted.and_then(|a| refuse_if_unavailable(state).map(|()| a)) {
-        Ok(admitted) => admitted,
-        Err(e) => return stopped(e, true),
-    };
-    job.cancel = Some(live.cancel.clone());
-    // Line-buffered: print() reaches the log as it happens.
-    job.stream = true;
-    let tracked = state.lifecycle.track(live.cancel.clone());
-    // Output held back for the log is written a little later at most.
-    let flushing = live.clone();
-    let flusher = tokio::spawn(async move {
-        while !flushing.has_ended() {
-            tokio::time::sleep(background::FLUSH_EVERY).await;
-            flushing.flush_output();
-        }
-    });
-    let (st, after) = (state.clone(), live.clone());
-    let live = live.clone();
-    let ran = tokio::task::spawn_blocking(move || {
-        let state = &st;
-        // 6. audit.
-        let mut ctx = Context::for_job_as(&caller, request_id, &job, live.id.clone());
-        let deleted = live.clone();
-        ctx.cancelled = Some(Box::new(move || {
-            deleted.is_cancelled().then(|| {
-                format!(
-                    "cancelled by its key (DELETE /v1/executions/{}) before it ended",
-                    deleted.id
-                )
-            })
-        }));
-        if let Err(e) = audit_start(state, &ctx) {
-            drop((admitted, tracked));
-            state
-                .background
-                .end(&live, Ended::Not(e), state.is_shutting_down(), true);
-            return;
-        }
-        live.running(&ctx.started_at);
-        let _traced = state.telemetry.execution(&ctx.id, trace.as_ref());
-        let aside = live.clone();
-        let event: airlock_tools::Watcher = Arc::new(move |_, approval| {
-            let data = serde_json::to_value(&**approval).unwrap_or_default();
-            aside.event("approval_requested", &data);
-        });
-        let watching = crate::approvals::watch(state, &ctx.id, event);
-        let mut sink = live.sink();
-        let answered = AtomicBool::new(false);
-        // 7 and 8.
-        let done = engine_and_finish(
-            state,
-            ctx,
-            Ready::Execute(job),
-            &mut sink,
-            admitted,
-            Some(tracked),
-            &answered,
-        );
-        sink.flush();
-        drop(watching);
-        let ended = match done {
-            Ok(Finished::Execution(response)) => Ended::Ran(Box::new(response)),
-            Ok(Finished::Cell(_)) => Ended::Not(Error::internal("a cell ran in the background")),
-            Err(e) => Ended::Not(e),
-        };
-        state
-            .background
-            .end(&live, ended, state.is_shutting_down(), true);
-        // Stored: the answer's memory is free.
-        drop(answer);
-    })
-    .await;
+    // Stopped before it ran (cancelled, the server stopping, the audit log), or its task
+    // failed: it still ends, its counts given back, rather than stay `running` until a
+    // restart.
     if let Err(e) = ran {
-        tracing::error!(error = %e, "a background execution's task failed");
-        // It still ends, its counts given back, rather than stay `running` until a restart.
-        if !after.has_ended() {
-            let error = Error::internal("the execution failed inside airlock");
-            state
-                .background
-                .end(&after, Ended::Not(error), state.is_shutting_down(), true);
+        if !live.has_ended() {
+            bg.end(&live, Ended::Not(e), state.is_shutting_down(), true);
         }
     }
-    flusher.abort();
     drop(turn);
 }
 
@@ -673,91 +429,6 @@ async fn arrive_and_prepare(
     })
 }
 
-/// Steps 7 and 8: the engine runs the work to its end; the slot is given back once the
-/// sandbox is gone; then the metrics, the final record and the log line.
-fn engine_and_finish(
-    state: &SharedServices,
-    ctx: Context,
-    ready: Ready,
-    sink: &mut dyn OutputSink,
-    admitted: Admitted,
-    tracked: Option<Tracked>,
-    answered: &AtomicBool,
-) -> Result<Finished, Error> {
-    // 7. the engine.
-    let (ran, cell) = match ready {
-        Ready::Execute(job) => (Ran::Execution(state.engine.execute(job, sink)), None),
-        Ready::Cell(mut cell) => (Ran::Cell(cell.execute(&ctx.id, sink)), Some(cell)),
-    };
-    let resumed = cell.as_ref().and_then(|c| c.take_resumed());
-    // A cell's calls still waiting are withdrawn with it (a one-shot execution's went with
-    // its sandbox already): no call waits on past its execution.
-    crate::approvals::withdraw(state, &ctx.id);
-    answered.store(true, Ordering::Release);
-    drop((admitted, tracked));
-    // 8. finish.
-    let done = match ran {
-        Ran::Execution(ran) => finish(state, ctx, ran).map(Finished::Execution),
-        Ran::Cell(Ok((execution, ended))) => {
-            if let Some(cell) = &cell {
-                crate::snapshots::after_cell(state, &cell.session(), true);
-            }
-            finish(state, ctx, Ok(execution)).map(|r| {
-                Finished::Cell(CellResponse {
-                    id: r.id,
-                    session_ended: ended,
-                    resumed,
-                    result: r.result,
-                })
-            })
-        }
-        Ran::Cell(Err(e)) => {
-            if let Some(cell) = &cell {
-                crate::snapshots::after_cell(state, &cell.session(), false);
-            }
-            // Its `started` line is written: it gets a final record all the same.
-            record_unrun(state, &ctx);
-            Err(e)
-        }
-    };
-    // The session is free for its next request once this cell is recorded.
-    drop(cell);
-    done
-}
-
-/// What the engine gave back.
-enum Ran {
-    Execution(Result<airlock_engine::Execution, airlock_engine::EngineError>),
-    Cell(Result<(airlock_engine::Execution, bool), Error>),
-}
-
-/// What a client that goes away stops: its execution's sandbox, or its session mid-cell
-/// (whose state is unknown then). Nothing once the work is done.
-#[derive(Clone)]
-struct Stopper {
-    stop: Stop,
-    answered: Arc<AtomicBool>,
-}
-
-#[derive(Clone)]
-enum Stop {
-    Cancel(Cancel),
-    Session(Arc<OpenSession>),
-}
-
-impl Stopper {
-    fn stop(&self) {
-        if self.answered.load(Ordering::Acquire) {
-            return;
-        }
-        match &self.stop {
-            Stop::Cancel(cancel) => cancel.cancel(),
-            Stop::Session(session) => session.destroy(),
-        }
-    }
-}
-
-/// Stops the work if the request is dropped before it is answered (its client went away).
 /// Withdraws a background submission when dropped, unless disarmed.
 struct Withdraw<'a>(Option<(&'a SharedServices, &'a Arc<crate::background::Live>)>);
 
@@ -765,16 +436,6 @@ impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some((state, live)) = self.0.take() {
             state.background.withdraw(live);
-        }
-    }
-}
-
-struct StopOnDrop(Option<Stopper>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if let Some(stopper) = self.0.take() {
-            stopper.stop();
         }
     }
 }
