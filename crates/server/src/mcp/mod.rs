@@ -1,7 +1,7 @@
 //! MCP: airlock's tools for agents, over stdio (`airlock mcp`, mounted by `stdio.rs`) and
 //! over streamable HTTP (`POST /mcp`, mounted by `http/mcp.rs`). One handler serves both; it
 //! parses the arguments and hands them to the same services as the REST routes: executions
-//! and cells go through the one pipeline (`service/pipeline.rs`), so a tool call is checked,
+//! and cells go through the one pipeline (`airlock_service::pipeline`), so a tool call is checked,
 //! limited and recorded exactly like the request it stands for.
 //!
 //! Over HTTP the caller is the key the guard authenticated (the route needs the `execute`
