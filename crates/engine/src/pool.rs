@@ -214,10 +214,11 @@ pub(crate) struct InUse(Arc<Shared>);
 
 impl Drop for InUse {
     fn drop(&mut self) {
-        // Under the lock, so that a worker deciding to defer cannot miss the wake-up.
+        // Under the lock, so that a worker deciding to defer cannot miss the wake-up. One
+        // worker: it wakes the next if there is more to start (see `refill`).
         let _state = self.0.state();
         self.0.in_use.fetch_sub(1, Ordering::Relaxed);
-        self.0.work.notify_all();
+        self.0.work.notify_one();
     }
 }
 
@@ -296,7 +297,7 @@ impl Pool {
                     // starts if none is under way.
                     state.target = (state.target + 1).min(s.config.max_size);
                     state.last_miss = Instant::now();
-                    s.work.notify_all();
+                    s.work.notify_one();
                     // The sandbox a refill is making is ready sooner than one made from
                     // nothing, which would also take the CPU that one needs: wait for it, a
                     // while, unless every refill under way is already waited for.
@@ -321,7 +322,7 @@ impl Pool {
             // Counted in use before the workers hear of the take (see `defer_refill`).
             state.last_take = Instant::now();
             s.in_use.fetch_add(1, Ordering::Relaxed);
-            s.work.notify_all();
+            s.work.notify_one();
             drop(state);
             let in_use = InUse(s.clone());
             // A runner that wrote anything more, or whose end closed, is not a ready runner.
@@ -565,6 +566,13 @@ fn refill(s: &Arc<Shared>) {
                         let wait = retry_wait(&state).max(defer_refill(s, &state));
                         if wait.is_zero() {
                             state.starting += 1;
+                            // Takes and ends wake one worker, not all four (each woken
+                            // worker is a switch of a busy core): it passes the word on
+                            // while more may start.
+                            let room = state.starting < refills_at_once(running, s.config.workers);
+                            if room && state.idle.len() + state.starting < state.target {
+                                s.work.notify_one();
+                            }
                             break Vec::new();
                         }
                         state = s
@@ -604,9 +612,9 @@ fn refill(s: &Arc<Shared>) {
             }
             Err(EngineError::ZygoteNotReady) => {
                 // Not a failure: the zygote starts (or cannot, which its own status says).
-                let _ = s
-                    .work
-                    .wait_timeout_while(state, ZYGOTE_WAIT, |st| !st.closed);
+                // Any word to the workers ends the wait, as it ends their others: a worker
+                // woken alone must look again, or the word would be lost.
+                let _ = s.work.wait_timeout(state, ZYGOTE_WAIT);
             }
             Err(e) => {
                 s.failures.fetch_add(1, Ordering::Relaxed);
