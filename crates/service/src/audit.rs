@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use airlock_api::ExecutionRecord;
 
 use crate::audit_lines::{cut_torn_tail, interrupted, line_of, Recovery, StartedLine, RETRY_EVERY};
-use crate::config::AuditSync;
+use crate::config::{AuditConfig, AuditSync};
 
 /// Records served by id; older ones stay in the file.
 const RECENT: usize = 10_000;
@@ -68,7 +68,7 @@ impl AuditLog {
     /// Opens the store the configuration names; what opening it repaired and found.
     pub fn open(config: &crate::config::Config) -> std::io::Result<(Self, Recovery)> {
         match &config.store.url {
-            None => FileLog::open(&config.audit_path(), config.audit.sync)
+            None => FileLog::open(&config.audit_path(), &config.audit)
                 .map(|(log, recovery)| (AuditLog::File(Arc::new(log)), recovery)),
             Some(_) => crate::store::PgLog::open(config)
                 .map(|(log, recovery)| (AuditLog::Postgres(Box::new(log)), recovery)),
@@ -205,7 +205,8 @@ impl FileLog {
     /// cut short (the machine lost power mid-write) is cut off; every execution whose
     /// `started` line has no record after it (the server stopped before it ended) gets its
     /// final record now: `internal_error`, `interrupted`. [`Recovery`] says what was done.
-    pub fn open(path: &Path, sync: AuditSync) -> std::io::Result<(Self, Recovery)> {
+    pub fn open(path: &Path, config: &AuditConfig) -> std::io::Result<(Self, Recovery)> {
+        let sync = config.sync;
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -278,11 +279,7 @@ impl FileLog {
             inner.file.sync_data()?;
         }
         // Answers that wait for their record are not made to wait for the interval too.
-        let interval = match sync {
-            AuditSync::Background => SYNC_INTERVAL,
-            AuditSync::Answer => Duration::ZERO,
-        };
-        let syncer = Syncer::start(inner.file.clone(), interval)?;
+        let syncer = Syncer::start(inner.file.clone(), config.sync_interval())?;
         let log = FileLog {
             path,
             syncer,
@@ -556,13 +553,6 @@ impl Drop for FileLog {
     }
 }
 
-/// The least time between two syncs' starts in the background mode: lines written meanwhile
-/// share the next. An `fdatasync` costs this machine's two cores 0.4-1.2 ms of CPU (the
-/// journal's commit, the block layer, the virtual disk's interrupts), and under load nearly
-/// every line had one of its own (1.2 an execution at 150 executions a second); a quiet
-/// server's first line is still synced at once.
-const SYNC_INTERVAL: Duration = Duration::from_millis(10);
-
 /// `fdatasync` on a thread of its own: lines written while a sync runs, or within `interval`
 /// of its start, share the next one.
 #[derive(Debug)]
@@ -745,6 +735,14 @@ mod tests {
     use airlock_api::{Limits, Status, Usage};
     use std::time::Duration;
 
+    fn audit(sync: AuditSync, sync_every_ms: u64) -> AuditConfig {
+        AuditConfig {
+            sync,
+            sync_every_ms,
+            path: None,
+        }
+    }
+
     fn record(id: &str) -> ExecutionRecord {
         ExecutionRecord {
             id: id.into(),
@@ -775,7 +773,7 @@ mod tests {
     #[test]
     fn lines_are_synced_in_the_background_and_an_answer_waits_for_its_record_when_asked() {
         let dir = fresh_dir("sync");
-        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         // Concurrent writers: each record is on disk when its append returns.
         std::thread::scope(|s| {
             for t in 0..4 {
@@ -794,7 +792,8 @@ mod tests {
         assert_eq!((written, synced), (100, 100));
         drop(log);
         // In the background: nothing waits, and the syncer catches up by itself.
-        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Background).unwrap();
+        let (log, _) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Background, 10)).unwrap();
         log.append(&record("ex_bg")).unwrap();
         let until = Instant::now() + Duration::from_secs(5);
         while log.syncer.lock().synced < 1 {
@@ -807,40 +806,45 @@ mod tests {
 
     #[test]
     fn in_the_background_lines_written_close_together_share_a_sync() {
-        let dir = fresh_dir("interval");
-        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Background).unwrap();
-        let start = Instant::now();
-        for i in 0..40 {
-            log.append(&record(&format!("ex_{i}"))).unwrap();
-            std::thread::sleep(Duration::from_millis(3));
+        // The default interval, and one set longer: each is what two syncs are apart at least.
+        for every_ms in [crate::config::DEFAULT_SYNC_EVERY_MS, 30] {
+            let dir = fresh_dir("interval");
+            let config = audit(AuditSync::Background, every_ms);
+            let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), &config).unwrap();
+            let start = Instant::now();
+            for i in 0..40 {
+                log.append(&record(&format!("ex_{i}"))).unwrap();
+                std::thread::sleep(Duration::from_millis(3));
+            }
+            let until = Instant::now() + Duration::from_secs(5);
+            while log.syncer.lock().synced < 40 {
+                assert!(Instant::now() < until, "never synced");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // Forty lines 3 ms apart, each of which would have had a sync of its own (one
+            // takes well under 3 ms here): two syncs never started closer than the interval.
+            let closest = log.syncer.lock().closest;
+            assert!(
+                closest.is_some_and(|c| c >= Duration::from_millis(every_ms)),
+                "syncs {closest:?} apart with sync_every_ms = {every_ms}, over {:?}",
+                start.elapsed()
+            );
+            assert_eq!(read_all(log.path()).unwrap().len(), 40);
+            drop(log);
+            std::fs::remove_dir_all(&dir).unwrap();
         }
-        let until = Instant::now() + Duration::from_secs(5);
-        while log.syncer.lock().synced < 40 {
-            assert!(Instant::now() < until, "never synced");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        // Forty lines 3 ms apart, each of which would have had a sync of its own (one takes
-        // well under 3 ms here): two syncs never started closer than the interval.
-        let closest = log.syncer.lock().closest;
-        assert!(
-            closest.is_some_and(|c| c >= SYNC_INTERVAL),
-            "syncs {closest:?} apart, over {:?}",
-            start.elapsed()
-        );
-        assert_eq!(read_all(log.path()).unwrap().len(), 40);
-        drop(log);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn records_survive_a_restart_and_the_file_is_private() {
         let dir = std::env::temp_dir().join(format!("airlock-audit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, _) = FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         log.append(&record("ex_a")).unwrap();
         log.append(&record("ex_b")).unwrap();
         drop(log);
-        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert_eq!(log.get("ex_a").unwrap().key, "alice");
         assert!(log.get("ex_c").is_none());
@@ -888,7 +892,8 @@ mod tests {
             + &started_line("ex_second");
         std::fs::write(dir.join(AUDIT_FILE), text).unwrap();
 
-        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery.interrupted, ["ex_open", "ex_second"]);
         assert_eq!(recovery.torn_bytes, 0);
         let open = log.get("ex_open").unwrap();
@@ -900,7 +905,8 @@ mod tests {
         drop(log);
 
         // The records are in the file: the next start has nothing to add.
-        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery, Recovery::default());
         assert!(log.get("ex_second").unwrap().interrupted);
         let records = read_all_records(log.path());
@@ -914,7 +920,8 @@ mod tests {
         let whole = serde_json::to_string(&record("ex_a")).unwrap() + "\n";
         let torn = &serde_json::to_string(&record("ex_b")).unwrap()[..40];
         std::fs::write(dir.join(AUDIT_FILE), format!("{whole}{torn}")).unwrap();
-        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery.torn_bytes, 40);
         assert_eq!(std::fs::read_to_string(log.path()).unwrap(), whole);
         // The next line starts on a line of its own.
@@ -924,11 +931,13 @@ mod tests {
 
         // A file that is one torn line, and an empty one.
         std::fs::write(dir.join(AUDIT_FILE), "{\"id\":").unwrap();
-        let (log, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (log, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery.torn_bytes, 6);
         assert_eq!(std::fs::metadata(log.path()).unwrap().len(), 0);
         drop(log);
-        let (_, recovery) = FileLog::open(&dir.join(AUDIT_FILE), AuditSync::Answer).unwrap();
+        let (_, recovery) =
+            FileLog::open(&dir.join(AUDIT_FILE), &audit(AuditSync::Answer, 10)).unwrap();
         assert_eq!(recovery, Recovery::default());
         std::fs::remove_dir_all(&dir).unwrap();
     }

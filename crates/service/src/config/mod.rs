@@ -29,6 +29,7 @@ pub use keys::{KeyConfig, Scope};
 pub use native::{EvalConfig, PickleConfig};
 pub use records::{
     AuditConfig, AuditSync, StoreConfig, StorePassword, TelemetryConfig, AUDIT_FILE,
+    DEFAULT_SYNC_EVERY_MS, MAX_SYNC_EVERY_MS,
 };
 pub use requests::{
     ConcurrencyConfig, CorsConfig, HttpConfig, McpConfig, MetricsConfig, MAX_PROGRESS_INTERVAL_MS,
@@ -169,6 +170,9 @@ impl Config {
             if let Err(m) = records::check_store_url(url) {
                 return bad(format!("store.url: {m}"));
             }
+        }
+        if let Err(m) = self.audit.validate() {
+            return bad(m);
         }
         if let Err(m) = self.tools.validate() {
             return bad(m);
@@ -377,6 +381,29 @@ mod tests {
         c.keys.pop();
         c.keys.push(KeyConfig::new("bob", "plaintext".into()));
         assert!(c.validate().unwrap_err().to_string().contains("64 hex"));
+    }
+
+    #[test]
+    fn the_audit_log_s_sync_spacing_is_between_a_millisecond_and_a_second() {
+        let mut c = Config::default();
+        assert_eq!(c.audit.sync_every_ms, DEFAULT_SYNC_EVERY_MS);
+        assert_eq!(
+            c.audit.sync_interval(),
+            std::time::Duration::from_millis(DEFAULT_SYNC_EVERY_MS)
+        );
+        for ok in [1, MAX_SYNC_EVERY_MS] {
+            c.audit.sync_every_ms = ok;
+            c.validate().unwrap();
+        }
+        for bad in [0, MAX_SYNC_EVERY_MS + 1] {
+            c.audit.sync_every_ms = bad;
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("audit.sync_every_ms"), "{bad}: {e}");
+        }
+        // Answers that wait for their record are never held back by the spacing.
+        c.audit.sync_every_ms = 100;
+        c.audit.sync = AuditSync::Answer;
+        assert_eq!(c.audit.sync_interval(), std::time::Duration::ZERO);
     }
 
     #[test]

@@ -5,24 +5,65 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 /// `[audit]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
     /// `background`: lines are synced to disk as they are written (at most one sync every
-    /// 10 ms, which the lines written meanwhile share), and nothing waits for it; `answer`:
-    /// each sync at once, and an execution's answer waits for its record to be on disk.
+    /// `sync_every_ms`, which the lines written meanwhile share), and nothing waits for it;
+    /// `answer`: each sync at once, and an execution's answer waits for its record to be on
+    /// disk.
     pub sync: AuditSync,
+    /// With `sync = "background"`, the least time between two syncs' starts: what a power cut
+    /// can lose, at most, beside one sync's own time. A quiet server's first line is synced at
+    /// once all the same.
+    pub sync_every_ms: u64,
     /// The audit log's file (see [`Config::audit_path`](super::Config::audit_path) for where it goes
     /// by default).
     pub path: Option<PathBuf>,
 }
 
+/// The most `[audit] sync_every_ms` may be: a second of lines at most is ever at stake.
+pub const MAX_SYNC_EVERY_MS: u64 = 1000;
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            sync: AuditSync::default(),
+            sync_every_ms: DEFAULT_SYNC_EVERY_MS,
+            path: None,
+        }
+    }
+}
+
+impl AuditConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_SYNC_EVERY_MS).contains(&self.sync_every_ms) {
+            return Err(format!(
+                "audit.sync_every_ms ({}) must be between 1 and {MAX_SYNC_EVERY_MS}",
+                self.sync_every_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// The least time between two syncs' starts (none when each answer waits for its own).
+    pub fn sync_interval(&self) -> std::time::Duration {
+        match self.sync {
+            AuditSync::Background => std::time::Duration::from_millis(self.sync_every_ms),
+            AuditSync::Answer => std::time::Duration::ZERO,
+        }
+    }
+}
+
+/// `[audit] sync_every_ms` by default.
+pub const DEFAULT_SYNC_EVERY_MS: u64 = 50;
+
 /// When audit lines reach the disk (`[audit] sync`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuditSync {
-    /// Synced as written, on the syncer's thread, at most one sync every 10 ms; nothing
-    /// waits for it.
+    /// Synced as written, on the syncer's thread, at most one sync every `sync_every_ms`;
+    /// nothing waits for it.
     #[default]
     Background,
     /// Synced as soon as written, and an execution's answer waits for its record to be on
