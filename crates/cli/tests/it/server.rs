@@ -2267,3 +2267,49 @@ fn readyz_answers_a_probe_without_a_key_only_when_configured_and_only_ready_or_n
     );
     let _ = busy.join();
 }
+
+/// A binary copied without `libairlock_sandbox.so` beside it makes every fresh sandbox a cold
+/// one: it says so in its log at start, where the one built beside its library says nothing.
+#[test]
+fn a_server_without_its_library_says_its_zygotes_are_off() {
+    use std::io::BufRead;
+    let _g = serial();
+    let dir = scratch_dir("no-library");
+    let alone = dir.join("airlock");
+    std::fs::copy(env!("CARGO_BIN_EXE_airlock"), &alone).unwrap();
+    let state = dir.join("state");
+    let mut child = std::process::Command::new(&alone)
+        .args(["serve", "--listen", "127.0.0.1:0", "--state-dir"])
+        .arg(&state)
+        .env("AIRLOCK_API_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let listening = line.contains("listening");
+        lines.push(line);
+        if listening {
+            break;
+        }
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+    let warned = |lines: &[String]| {
+        lines.iter().any(|l| {
+            l.contains("WARN")
+                && l.contains("zygotes are off")
+                && l.contains("libairlock_sandbox.so")
+        })
+    };
+    assert!(warned(&lines), "{lines:#?}");
+    // Beside its library: no such line.
+    let server = Server::start("", &[]);
+    let r = server.execute(json!({"code": "print(1)"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(!warned(&server.log_lines()), "{:#?}", server.log_lines());
+}
