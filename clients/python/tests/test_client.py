@@ -184,7 +184,8 @@ def test_arrays_tables_and_reprs(client: Airlock) -> None:
     assert isinstance(a, numpy.ndarray) and a.dtype == numpy.int64
     assert numpy.array_equal(a, numpy.arange(6).reshape(2, 3))
     assert isinstance(r["f"], numpy.ndarray) and r["f"].dtype == numpy.float32 and list(r["f"]) == [0.5, 1.5]
-    assert r["df"] == DataFrame(columns=["x", "y"], index=[0, 1], records=[{"x": 1, "y": "a"}, {"x": 2, "y": "b"}])
+    assert r["df"] == DataFrame(columns=["x", "y"], index=[0, 1], records=[{"x": 1, "y": "a"}, {"x": 2, "y": "b"}],
+                            dtypes=["int64", "object"])
     assert r["s"] == Series(name="s", index=[0, 1], data=[1.5, 2.5])
     big, nan, thing = r["big"], r["nan"], r["thing"]
     assert type(big) is int and big == 2**80

@@ -47,8 +47,10 @@ def to_json_more(value, depth, cap):
         if isinstance(value, pandas.DataFrame):
             if value.size > MAX_CELLS:
                 return marked_repr(value, "table of more than %d cells" % MAX_CELLS, cap)
+            # The dtypes too: records alone cannot tell int64 from object, or a date from a string.
             return {MARK: "dataframe", "columns": to_json(list(value.columns), inner, cap),
                     "index": to_json(list(value.index), inner, cap),
+                    "dtypes": [str(dtype) for dtype in value.dtypes],
                     "records": to_json(value.to_dict(orient="records"), inner, cap)}
         if isinstance(value, pandas.Series):
             if value.size > MAX_CELLS:

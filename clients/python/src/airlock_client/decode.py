@@ -53,11 +53,14 @@ class Repr:
 
 @dataclass(frozen=True)
 class DataFrame:
-    """A pandas DataFrame as sent: column labels, index labels and one dict per row."""
+    """A pandas DataFrame as sent: column labels, index labels, one dict per row and each
+    column's dtype as pandas names it (`str(dtype)`: "int64", "category", "datetime64[ns]");
+    `dtypes` is None for a table from a server older than the dtypes (a stored result)."""
 
     columns: list[object]
     index: list[object]
     records: list[dict[object, object]]
+    dtypes: list[str] | None = None
 
     def to_pandas(self) -> Any:
         """This table as a `pandas.DataFrame` (pandas must be installed): a missing value that
@@ -162,6 +165,21 @@ def _render(path: _Path) -> str:
         else:
             parts.append(f"[{json.dumps(step)}]")
     return "$" + "".join(reversed(parts))
+
+
+def _label(raw: object) -> object:
+    """A column label as sent, comparable: a string as itself, any other form as its JSON."""
+    return raw if type(raw) is str else (json.dumps(raw),)
+
+
+def _record_keys(raw: object) -> list[object]:
+    """The keys of a record already decoded (an object, or a "dict" form's pairs), as sent."""
+    assert isinstance(raw, dict)
+    if MARK not in raw:
+        return list(raw)
+    items = raw["items"]
+    assert isinstance(items, list)
+    return [pair[0] for pair in items]
 
 
 def _type_name(value: object) -> str:
@@ -401,7 +419,27 @@ class _Decoder:
             records.append(record)
         if len(records) != len(index):
             self.fail((path, "records"), f"{len(records)} records for an index of {len(index)}")
-        return DataFrame(columns, index, records)
+        # Each record holds exactly the columns' labels (a label twice holds one value), as
+        # their forms: a NaN label equals no decoded NaN, but its form equals its form.
+        raw_columns, raw_records = obj["columns"], obj["records"]
+        assert isinstance(raw_columns, list) and isinstance(raw_records, list)
+        labels = {_label(label) for label in raw_columns}
+        for i, raw in enumerate(raw_records):
+            if {_label(key) for key in _record_keys(raw)} != labels:
+                self.fail(((path, "records"), i), "keys that are not the columns' labels")
+        return DataFrame(columns, index, records, self.dtypes(obj, len(columns), path, depth))
+
+    def dtypes(self, obj: dict[str, object], count: int, path: _Path, depth: int) -> list[str] | None:
+        if "dtypes" not in obj:
+            return None
+        dtypes: list[str] = []
+        for i, dtype in enumerate(self.sequence(obj, "dtypes", path, depth)):
+            if not isinstance(dtype, str):
+                self.fail(((path, "dtypes"), i), f"expected a string, got {_type_name(dtype)}")
+            dtypes.append(dtype)
+        if len(dtypes) != count:
+            self.fail((path, "dtypes"), f"{len(dtypes)} dtypes for {count} columns")
+        return dtypes
 
     def series(self, obj: dict[str, object], path: _Path, depth: int) -> object:
         if "name" not in obj:

@@ -91,7 +91,7 @@ fn each_kind_of_return_value_crosses_in_its_documented_form() {
         "np_float": 0.25,
         "np_int": 7,
         "np_bool": true,
-        "dataframe": {"$airlock": "dataframe", "columns": ["x", "y"], "index": [0, 1],
+        "dataframe": {"$airlock": "dataframe", "columns": ["x", "y"], "index": [0, 1], "dtypes": ["int64", "object"],
                       "records": [{"x": 1, "y": "a"}, {"x": 2, "y": null}]},
         "series": {"$airlock": "series", "name": "s", "index": [0, 1], "data": [1.5, 2.5]},
         "custom": {"$airlock": "repr", "type": "__main__.Thing", "repr": "<Thing>",

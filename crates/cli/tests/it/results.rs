@@ -166,7 +166,7 @@ fn big_ints_and_non_finite_floats_cross_exactly_up_to_4300_digits() {
         ),
         (
             "import pandas as pd, numpy as np\npd.DataFrame({'a': [1.0, np.nan]})",
-            json!({"$airlock": "dataframe", "columns": ["a"], "index": [0, 1],
+            json!({"$airlock": "dataframe", "columns": ["a"], "index": [0, 1], "dtypes": ["float64"],
                    "records": [{"a": 1.0}, {"a": float("nan")}]}),
         ),
         // The code's own limit on int-to-str conversion does not lower airlock's.
@@ -239,6 +239,20 @@ fn types_json_lacks_cross_in_documented_marked_forms() {
         (
             "1+2j",
             json!({"$airlock": "complex", "real": 1.0, "imag": 2.0}),
+        ),
+        // A table's dtypes, one per column (duplicate labels included), as pandas names them:
+        // its records alone cannot tell a category from an object or an int32 from an int64.
+        (
+            "import pandas as pd, numpy as np\n\
+             f = pd.DataFrame({'i': np.array([1], dtype='int32'), 's': ['x'], 'c': pd.Categorical(['u']),\n\
+             'd': pd.to_datetime(['2024-01-02']), 'b': [True]})\n\
+             f.insert(1, 'b', [2.5], allow_duplicates=True)\n\
+             f",
+            json!({"$airlock": "dataframe", "columns": ["i", "b", "s", "c", "d", "b"], "index": [0],
+                   "dtypes": ["int32", "float64", "object", "category", "datetime64[ns]", "bool"],
+                   "records": [{"i": 1, "b": true, "s": "x", "c": "u",
+                                "d": {"$airlock": "datetime", "type": "pandas._libs.tslibs.timestamps.Timestamp",
+                                      "iso": "2024-01-02T00:00:00"}}]}),
         ),
     ];
     for (code, want) in cases {
