@@ -142,8 +142,11 @@ impl JsonSchema for ResultValue {
             form(
                 "dataframe",
                 &["columns", "index", "records"],
+                // `dtypes` (pandas' name of each column's dtype) is sent by every server since
+                // it was added; a result stored before then has none.
                 serde_json::json!({
-                "columns": values, "index": values, "records": values}),
+                "columns": values, "index": values, "records": values,
+                "dtypes": {"type": "array", "items": {"type": "string"}}}),
             ),
             form(
                 "series",
