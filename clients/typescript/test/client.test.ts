@@ -24,7 +24,7 @@ before(async () => {
 });
 
 after(async () => {
-  await server.stop();
+  await server?.stop();
 });
 
 test("run returns every field of the result", async () => {
