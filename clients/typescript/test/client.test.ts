@@ -1,4 +1,4 @@
-import { after, before, test } from "node:test";
+import { before, test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
@@ -13,18 +13,13 @@ import {
   TransportError,
   type StreamEvent,
 } from "../src/index.js";
-import { EXECUTE_ONLY, KEY, launch, type Server } from "./harness.js";
+import { EXECUTE_ONLY, KEY, useServer } from "./harness.js";
 
-let server: Server;
+const server = useServer();
 let client: Airlock;
 
 before(async () => {
-  server = await launch();
-  client = new Airlock({ baseUrl: server.url, apiKey: KEY });
-});
-
-after(async () => {
-  await server?.stop();
+  client = new Airlock({ baseUrl: (await server.ready()).url, apiKey: KEY });
 });
 
 test("run returns every field of the result", async () => {
@@ -133,7 +128,7 @@ test("outputs carry charts and JSON", async () => {
 });
 
 test("errors carry their code, status, request id and field", async () => {
-  const stranger = new Airlock({ baseUrl: server.url, apiKey: "wrong-key" });
+  const stranger = new Airlock({ baseUrl: server().url, apiKey: "wrong-key" });
   await assert.rejects(stranger.run("1"), (e: unknown) => {
     assert.ok(e instanceof UnauthorizedError);
     assert.equal(e.status, 401);
@@ -143,7 +138,7 @@ test("errors carry their code, status, request id and field", async () => {
     return true;
   });
   const e = await client.run("1");
-  const limited = new Airlock({ baseUrl: server.url, apiKey: EXECUTE_ONLY });
+  const limited = new Airlock({ baseUrl: server().url, apiKey: EXECUTE_ONLY });
   await assert.rejects(limited.execution(e.id), ForbiddenError);
   await assert.rejects(client.execution("ex_does_not_exist"), NotFoundError);
   await assert.rejects(client.run("1", { limits: { timeout_ms: 1e9 } }), (err: unknown) => {

@@ -1,4 +1,4 @@
-import { after, before, test } from "node:test";
+import { before, test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
@@ -19,19 +19,14 @@ import {
   retryAfterMs,
   type Fetch,
 } from "../src/index.js";
-import { BURST, BURST_PER_MINUTE, KEY, SLOW, launch, type Server } from "./harness.js";
+import { BURST, BURST_PER_MINUTE, KEY, SLOW, useServer } from "./harness.js";
 import { htmlErrorPage } from "./proxy.js";
 
-let server: Server;
+const server = useServer();
 let client: Airlock;
 
 before(async () => {
-  server = await launch();
-  client = new Airlock({ baseUrl: server.url, apiKey: KEY });
-});
-
-after(async () => {
-  await server?.stop();
+  client = new Airlock({ baseUrl: (await server.ready()).url, apiKey: KEY });
 });
 
 /** A `fetch` that counts the requests it passes on to the real one. */
@@ -48,7 +43,7 @@ function counting(): { fetch: Fetch; count: () => number } {
 
 test("a rate limit is a RateLimitedError with Retry-After, not retried past the bound", async () => {
   const counter = counting();
-  const slow = new Airlock({ baseUrl: server.url, apiKey: SLOW, maxRetries: 3, maxRetryWaitMs: 2000, fetch: counter.fetch });
+  const slow = new Airlock({ baseUrl: server().url, apiKey: SLOW, maxRetries: 3, maxRetryWaitMs: 2000, fetch: counter.fetch });
   assert.ok((await slow.run("1")).ok);
   await assert.rejects(slow.run("1"), (e: unknown) => {
     assert.ok(e instanceof RateLimitedError);
@@ -64,7 +59,7 @@ test("a rate limit is a RateLimitedError with Retry-After, not retried past the 
 /** Spends `BURST`'s tokens until a request is refused; returns that refusal. A request with
  * a malformed body is the cheapest: admitted (a token taken), then refused. */
 async function exhaust(): Promise<RateLimitedError> {
-  const once = new Airlock({ baseUrl: server.url, apiKey: BURST, maxRetries: 0 });
+  const once = new Airlock({ baseUrl: server().url, apiKey: BURST, maxRetries: 0 });
   const malformed = { method: "POST", path: "/v1/execute", body: "{", contentType: "application/json" } as const;
   for (let i = 0; i <= BURST_PER_MINUTE + 1; i++) {
     try {
@@ -82,19 +77,19 @@ test("a 429 is retried when its Retry-After is within the bound, as many times a
   assert.ok(refused.retryAfterMs !== undefined && refused.retryAfterMs <= 2000, String(refused.retryAfterMs));
   // Within the bound: waited for, sent again, answered.
   const counter = counting();
-  const patient = new Airlock({ baseUrl: server.url, apiKey: BURST, maxRetries: 3, maxRetryWaitMs: 5000, fetch: counter.fetch });
+  const patient = new Airlock({ baseUrl: server().url, apiKey: BURST, maxRetries: 3, maxRetryWaitMs: 5000, fetch: counter.fetch });
   assert.equal((await patient.run("1 + 1")).result, 2);
   assert.ok(counter.count() >= 2, `sent ${counter.count()} times`);
   // Past the bound (a shorter wait than the server asks): thrown at once.
   await exhaust();
   const hasty = counting();
-  const impatient = new Airlock({ baseUrl: server.url, apiKey: BURST, maxRetries: 3, maxRetryWaitMs: 100, fetch: hasty.fetch });
+  const impatient = new Airlock({ baseUrl: server().url, apiKey: BURST, maxRetries: 3, maxRetryWaitMs: 100, fetch: hasty.fetch });
   await assert.rejects(impatient.run("1"), RateLimitedError);
   assert.equal(hasty.count(), 1);
   // No retries allowed: thrown at once too.
   await exhaust();
   const none = counting();
-  const never = new Airlock({ baseUrl: server.url, apiKey: BURST, maxRetries: 0, maxRetryWaitMs: 5000, fetch: none.fetch });
+  const never = new Airlock({ baseUrl: server().url, apiKey: BURST, maxRetries: 0, maxRetryWaitMs: 5000, fetch: none.fetch });
   await assert.rejects(never.run("1"), RateLimitedError);
   assert.equal(none.count(), 1);
 });

@@ -9,6 +9,7 @@
 // the venv `scripts/lib.sh ensure_mcp_client` makes).
 
 import { spawn, type ChildProcess } from "node:child_process";
+import { after, before } from "node:test";
 import { createHash } from "node:crypto";
 import { existsSync, mkdtempSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -228,4 +229,24 @@ export async function eventually<T>(what: string, check: () => Promise<T | undef
     if (Date.now() > until) throw new Error(`${what}: not within ${ms} ms`);
     await sleep(50);
   }
+}
+
+/** A server for the tests of one file: started before them and stopped (checked as `stop`
+ * checks) after them. The returned function gives it; its `ready` waits until it listens (root
+ * hooks may run side by side). */
+export function useServer(options: LaunchOptions = {}): (() => Server) & { ready: () => Promise<Server> } {
+  let server: Server | undefined;
+  let started: Promise<Server> | undefined;
+  const ready = (): Promise<Server> => (started ??= launch(options).then((s) => (server = s)));
+  before(ready);
+  after(async () => {
+    await started?.then((s) => s.stop());
+  });
+  return Object.assign(
+    () => {
+      if (server === undefined) throw new Error("the test server did not start");
+      return server;
+    },
+    { ready },
+  );
 }

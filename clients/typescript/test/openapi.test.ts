@@ -1,22 +1,14 @@
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 
-import { launch, type Server } from "./harness.js";
+import { useServer } from "./harness.js";
 import { GENERATED, generate } from "./openapi-gen.js";
 
-let server: Server;
-
-before(async () => {
-  server = await launch();
-});
-
-after(async () => {
-  await server?.stop();
-});
+const server = useServer();
 
 test("the checked-in types are those of the OpenAPI document the server serves", async () => {
-  const served = await generate(server.url);
+  const served = await generate(server().url);
   const checkedIn = readFileSync(GENERATED, "utf8");
   assert.ok(
     served === checkedIn,

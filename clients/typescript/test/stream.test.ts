@@ -1,4 +1,4 @@
-import { after, before, test } from "node:test";
+import { before, test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
@@ -11,19 +11,14 @@ import {
   type Approval,
   type StreamEvent,
 } from "../src/index.js";
-import { APPROVER, EXECUTE_ONLY, KEY, eventually, launch, type Server } from "./harness.js";
+import { APPROVER, EXECUTE_ONLY, KEY, eventually, useServer } from "./harness.js";
 import { cuttingProxy } from "./proxy.js";
 
-let server: Server;
+const server = useServer();
 let client: Airlock;
 
 before(async () => {
-  server = await launch();
-  client = new Airlock({ baseUrl: server.url, apiKey: KEY });
-});
-
-after(async () => {
-  await server?.stop();
+  client = new Airlock({ baseUrl: (await server.ready()).url, apiKey: KEY });
 });
 
 /** The server's count of sandboxes running now (`/metrics`). */
@@ -38,7 +33,7 @@ async function running(): Promise<number> {
 const SLEEPER = "import time\nprint('started', flush=True)\ntime.sleep(120)";
 
 test("a connection cut mid-stream ends the iterator with a TransportError", async () => {
-  const proxy = await cuttingProxy(server.url, "started");
+  const proxy = await cuttingProxy(server().url, "started");
   try {
     const behind = new Airlock({ baseUrl: proxy.url, apiKey: KEY });
     const seen: StreamEvent[] = [];
@@ -63,7 +58,7 @@ test("a connection cut mid-stream ends the iterator with a TransportError", asyn
 test("a stream cut before its first event is an error, never a silent end", async () => {
   // The proxy cuts once the answer's head is through, before any event: with the
   // connection closed cleanly at a chunk's end, or not, the iterator must not end silently.
-  const proxy = await cuttingProxy(server.url, "text/event-stream");
+  const proxy = await cuttingProxy(server().url, "text/event-stream");
   try {
     const behind = new Airlock({ baseUrl: proxy.url, apiKey: KEY });
     await assert.rejects(behind.stream(SLEEPER).result(), (e: unknown) => e instanceof TransportError || e instanceof ProtocolError);
@@ -128,8 +123,8 @@ const NOTE =
   "except tools.ToolError as e:\n    out = [e.kind, str(e)]\nout";
 
 test("approvals: announced by a stream, decided once by another key, denied with a reason", async () => {
-  const agent = new Airlock({ baseUrl: server.url, apiKey: EXECUTE_ONLY });
-  const boss = new Airlock({ baseUrl: server.url, apiKey: APPROVER });
+  const agent = new Airlock({ baseUrl: server().url, apiKey: EXECUTE_ONLY });
+  const boss = new Airlock({ baseUrl: server().url, apiKey: APPROVER });
   await assert.rejects(agent.approvals(), ForbiddenError);
   const seen: Approval[] = [];
   const stream = agent.stream(NOTE.replace("%s", "'streamed'"), {
@@ -173,8 +168,8 @@ test("approvals: announced by a stream, decided once by another key, denied with
 });
 
 test("an onApproval that throws ends the stream with its error", async () => {
-  const agent = new Airlock({ baseUrl: server.url, apiKey: EXECUTE_ONLY });
-  const boss = new Airlock({ baseUrl: server.url, apiKey: APPROVER });
+  const agent = new Airlock({ baseUrl: server().url, apiKey: EXECUTE_ONLY });
+  const boss = new Airlock({ baseUrl: server().url, apiKey: APPROVER });
   const oops = new Error("the handler failed");
   const stream = agent.stream(NOTE.replace("%s", "'x'"), {
     onApproval: async (a) => {
