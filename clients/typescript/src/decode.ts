@@ -3,6 +3,7 @@
 // evaluated or looked up by name; anything airlock would not send is a DecodeError that says
 // where, as the Python client's decoder does (clients/forms.json is both clients' table).
 
+import { ProtocolError } from "./errors.js";
 import { put } from "./json.js";
 import {
   Complex,
@@ -25,16 +26,17 @@ const MARK = "$airlock";
 
 /** A result that is not what airlock sends: `path` says where (`$.result[2].items[0]`),
  * `reason` what is wrong. */
-export class DecodeError extends Error {
-  override readonly name = "DecodeError";
+export class DecodeError extends ProtocolError {
+  override name = "DecodeError";
 
   constructor(
-    /** Where, from `$` (the value given to `decode`), as `$.a[0]["b c"]`. */
+    /** Where, from `$` (the value given to `decode`, or the answer `where` names), as
+     * `$.a[0]["b c"]`. */
     readonly path: string,
     /** What is wrong there. */
     readonly reason: string,
   ) {
-    super(`${path}: ${reason}`);
+    super(`${path}: ${reason}`, { code: "protocol_error", status: 200 });
   }
 }
 
@@ -44,6 +46,9 @@ export interface DecodeOptions {
   maxDepth?: number;
   /** How many values there may be in all (default 1 000 000). */
   maxItems?: number;
+  /** Where `raw` sits in the answer it came in, as keys and indexes from `$` (`["result"]`
+   * names an execution's result `$.result`): errors name their paths from there. */
+  where?: readonly (string | number)[];
 }
 
 /**
@@ -53,7 +58,9 @@ export interface DecodeOptions {
  * a bound passed.
  */
 export function decode(raw: unknown, options: DecodeOptions = {}): Value {
-  return new Decoder(options.maxDepth ?? 128, options.maxItems ?? 1_000_000).value(raw, null, undefined, 0);
+  let path: Path = null;
+  for (const step of options.where ?? []) path = at(path, step);
+  return new Decoder(options.maxDepth ?? 128, options.maxItems ?? 1_000_000).value(raw, path, undefined, 0);
 }
 
 // Where a value sits, as links to its parent, rendered only on error.
