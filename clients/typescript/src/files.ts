@@ -9,43 +9,46 @@ import { ProtocolError } from "./errors.js";
  * as it is read; such an upload is never retried). */
 export type FileData = Uint8Array | string | Blob | ReadableStream<Uint8Array>;
 
-/** The requests of one place that holds files (`/v1/sessions/{id}` or `/v1/volumes/{name}`). */
-export class FileRoutes {
+/** A place that holds files (a session's working directory, a volume): they go in and out
+ * here without a sandbox. */
+export abstract class FileHolder {
   readonly #transport: Transport;
   readonly #base: string;
 
   /** Files below `base` (a route's path, its segments encoded). */
-  constructor(transport: Transport, base: string) {
+  protected constructor(transport: Transport, base: string) {
     this.#transport = transport;
     this.#base = base;
   }
 
-  /** Writes `data` at `path` (204, or `ok`). */
-  async upload(path: string, data: FileData, options: CallOptions, ok: readonly number[]): Promise<void> {
+  /** Writes a file whole: bytes, text (as UTF-8), a `Blob` or a `ReadableStream`; missing
+   * directories are made. `path` is relative, without `..`, `.` or empty parts. */
+  async upload(path: string, data: FileData, options: CallOptions = {}): Promise<void> {
     if (!isFileData(data)) throw new TypeError("a file's data is a Uint8Array, a string, a Blob or a ReadableStream");
-    const req: ApiRequest = { method: "PUT", path: this.#file(path), body: data, ok };
+    const req: ApiRequest = { method: "PUT", path: this.#file(path), body: data, ok: [204] };
     await this.#transport.request(req, "none", options);
   }
 
-  /** The file at `path`, whole (within the client's `maxResponseBytes`). */
-  async download(path: string, options: CallOptions): Promise<Uint8Array> {
+  /** A regular file's bytes, whole (a link is refused, never followed; a missing file is a
+   * `NotFoundError`). */
+  async download(path: string, options: CallOptions = {}): Promise<Uint8Array> {
     const answer = await this.#transport.request({ method: "GET", path: this.#file(path) }, "bytes", options);
     return answer.body;
   }
 
-  /** The file at `path` as a stream of its bytes, read as the caller reads it. */
-  async downloadStream(path: string, options: CallOptions): Promise<ReadableStream<Uint8Array>> {
+  /** As `download`, as a stream of its bytes, read as the caller reads it. */
+  async downloadStream(path: string, options: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
     const answer = await this.#transport.stream({ method: "GET", path: this.#file(path) }, options);
     return answer.body;
   }
 
-  /** Removes the file, link or empty directory at `path` (204). */
-  async remove(path: string, options: CallOptions): Promise<void> {
+  /** Removes the file, link or empty directory at `path` (volumes only). */
+  protected async removeFile(path: string, options: CallOptions): Promise<void> {
     await this.#transport.request({ method: "DELETE", path: this.#file(path), ok: [204] }, "none", options);
   }
 
   /** The listing's body (`{"files": [...], ...}`), its `files` checked to be an array. */
-  async list(options: CallOptions): Promise<Record<string, unknown> & { files: unknown[] }> {
+  protected async listFiles(options: CallOptions): Promise<Record<string, unknown> & { files: unknown[] }> {
     const answer = await this.#transport.request({ method: "GET", path: `${this.#base}/files` }, "json", options);
     const body = object(answer.body, "$");
     return { ...body, files: array(body["files"], "$.files") };

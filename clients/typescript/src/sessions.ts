@@ -3,7 +3,7 @@
 
 import { executeBody, type RunOptions } from "./client.js";
 import { ExecutionFailedError, NotFoundError, SessionLostError } from "./errors.js";
-import { FileRoutes, array, expected, type FileData } from "./files.js";
+import { FileHolder, array, expected } from "./files.js";
 import { segment, type CallOptions, type Transport } from "./http.js";
 import { object, toExecution } from "./results.js";
 import { ExecutionStream, type OnApproval } from "./stream.js";
@@ -95,7 +95,7 @@ export async function listSessions(transport: Transport, options: CallOptions = 
  * One request at a time (another gets `SessionBusyError`). `close()` destroys it; `pause()`
  * frees its sandbox and keeps its state on the server's disk (across restarts too), and its
  * next request brings it back; `fork()` makes another session with the same state. */
-export class Session {
+export class Session extends FileHolder {
   /** The session's id (`se_...`). */
   readonly id: string;
   /** The session as last read: on opening, `refresh()`, `pause()`, `resume()`. */
@@ -103,14 +103,15 @@ export class Session {
   /** Whether `close()` closed it. */
   closed = false;
   readonly #transport: Transport;
-  readonly #files: FileRoutes;
 
-  /** A handle on the session `info` describes (`Airlock.session`, `sessionById` make them). */
+  /** A handle on the session `info` describes (`Airlock.session`, `sessionById` make them).
+   * Its files are below its working directory, `/work`; a paused session is brought back
+   * by any request of them, and the server caps downloads at half the result limit. */
   constructor(transport: Transport, info: SessionInfo) {
+    super(transport, sessionPath(info.id));
     this.#transport = transport;
     this.id = info.id;
     this.info = info;
-    this.#files = new FileRoutes(transport, sessionPath(info.id));
   }
 
   /** Runs a cell in the session's interpreter and returns its execution, whatever its
@@ -134,12 +135,7 @@ export class Session {
     args: Record<string, unknown> = {},
     options: Omit<CellOptions, "entrypoint" | "inputs"> = {},
   ): Promise<unknown> {
-    const execution = await this.run(code, { ...options, entrypoint, inputs: args });
-    if (!execution.ok) {
-      const why = execution.error ? `${execution.error.type}: ${execution.error.message}` : `exit code ${execution.exit_code ?? "none"}`;
-      throw new ExecutionFailedError(`${entrypoint}() ended ${execution.status}: ${why}`, execution, execution.requestId);
-    }
-    return execution.result;
+    return valueOf(await this.run(code, { ...options, entrypoint, inputs: args }), entrypoint);
   }
 
   /** As `run`, with the output as it is written (see `Airlock.stream`). Leaving the loop
@@ -152,26 +148,9 @@ export class Session {
     );
   }
 
-  /** Writes a file below the working directory (`/work`); text is written as UTF-8, missing
-   * directories are made. */
-  upload(path: string, data: FileData, options: CallOptions = {}): Promise<void> {
-    return this.#files.upload(path, data, options, [204]);
-  }
-
-  /** A regular file's contents (a link, FIFO or device the code made is refused, 400;
-   * a missing file is `NotFoundError`). The server caps downloads at half the result limit. */
-  download(path: string, options: CallOptions = {}): Promise<Uint8Array> {
-    return this.#files.download(path, options);
-  }
-
-  /** As `download`, as a stream of bytes. */
-  downloadStream(path: string, options: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
-    return this.#files.downloadStream(path, options);
-  }
-
   /** Everything below the working directory (links listed, never followed). */
   async files(options: CallOptions = {}): Promise<FileEntry[]> {
-    return (await this.#files.list(options)).files as FileEntry[];
+    return (await this.listFiles(options)).files as FileEntry[];
   }
 
   /** The session as the server holds it now. */
@@ -227,6 +206,14 @@ export class Session {
     this.info = toSessionInfo(answer.body);
     return this.info;
   }
+}
+
+/** The value of a function-mode execution, or the `ExecutionFailedError` of one that did not
+ * end `ok`. */
+export function valueOf(execution: Execution, entrypoint: string): unknown {
+  if (execution.ok) return execution.result;
+  const why = execution.error ? `${execution.error.type}: ${execution.error.message}` : `exit code ${execution.exit_code ?? "none"}`;
+  throw new ExecutionFailedError(`${entrypoint}() ended ${execution.status}: ${why}`, execution, execution.requestId);
 }
 
 function sessionPath(id: string): string {

@@ -2,7 +2,7 @@
 // (docs/volumes.md): made, listed, deleted, their files read and written without a sandbox,
 // and mounted into runs and sessions.
 
-import { FileRoutes, array, expected, type FileData } from "./files.js";
+import { FileHolder, array, expected } from "./files.js";
 import { segment, type CallOptions, type Transport } from "./http.js";
 import { object } from "./results.js";
 import type { operations } from "./openapi.gen.js";
@@ -80,19 +80,20 @@ export class Volumes {
  * sandbox, and `mount(path)` is what `run`, `stream`, `submit` and `session` take in
  * `volumes` to mount it. A writable mount, an upload or a removal is the volume's one writer
  * at a time (`VolumeBusyError` names the holder); read-only mounts share it. */
-export class Volume {
+export class Volume extends FileHolder {
   /** The volume's name. */
   readonly name: string;
   /** The volume as last read (`create`, `refresh`); undefined until then. */
   info: VolumeInfo | undefined;
   readonly #transport: Transport;
-  readonly #files: FileRoutes;
 
-  /** A handle on the volume `name` (`airlock.volumes.get` makes them). */
+  /** A handle on the volume `name` (`airlock.volumes.get` makes them). An upload is written
+   * whole or not at all: `VolumeFullError` when it does not fit, `VolumeBusyError` while
+   * another writer holds the volume. */
   constructor(transport: Transport, name: string) {
+    super(transport, volumePath(name));
     this.#transport = transport;
     this.name = name;
-    this.#files = new FileRoutes(transport, volumePath(name));
   }
 
   /** The mount that puts this volume at `path` (absolute, below `/work` or `/tmp`), for the
@@ -111,30 +112,13 @@ export class Volume {
 
   /** Every entry of the volume (links listed, never followed). */
   async files(options: CallOptions = {}): Promise<VolumeFiles> {
-    const body = await this.#files.list(options);
+    const body = await this.listFiles(options);
     return { files: body.files as VolumeFileEntry[], truncated: body["truncated"] === true };
-  }
-
-  /** Writes a file whole (text as UTF-8; missing directories are made), or nothing of it:
-   * `VolumeFullError` when it does not fit, `VolumeBusyError` while another writer holds
-   * the volume. */
-  upload(path: string, data: FileData, options: CallOptions = {}): Promise<void> {
-    return this.#files.upload(path, data, options, [204]);
-  }
-
-  /** A regular file's bytes (a link on the way is refused, never followed). */
-  download(path: string, options: CallOptions = {}): Promise<Uint8Array> {
-    return this.#files.download(path, options);
-  }
-
-  /** As `download`, as a stream of bytes. */
-  downloadStream(path: string, options: CallOptions = {}): Promise<ReadableStream<Uint8Array>> {
-    return this.#files.downloadStream(path, options);
   }
 
   /** Removes a file, a link (never its target) or an empty directory. */
   remove(path: string, options: CallOptions = {}): Promise<void> {
-    return this.#files.remove(path, options);
+    return this.removeFile(path, options);
   }
 
   /** Deletes the volume and everything in it. `VolumeInUseError` (naming the holders) while

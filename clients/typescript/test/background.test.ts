@@ -20,10 +20,10 @@ import {
   WaitTimeoutError,
   InterruptedError,
   type BackgroundEvent,
-  type Execution,
   type Fetch,
 } from "../src/index.js";
 import { KEY, OTHER, launch, sleep, type Server } from "./harness.js";
+import { acrossRestart } from "./restart.js";
 
 // 50 lines over about 2.5 s on stdout, every fifth echoed on stderr; characters of 1 to 4 bytes.
 const CHATTY =
@@ -279,25 +279,13 @@ test("one that fails ends its events with the error, and wait throws the server'
 });
 
 test("a result is read again after the server restarts", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "airlock-test-ts-background-"));
-  try {
-    let first: Server | undefined = await launch({ dir });
-    let id: string;
-    let ran: Execution;
-    let seen: BackgroundEvent[];
-    try {
-      const c = new Airlock({ baseUrl: first.url, apiKey: KEY });
-      const h = await c.submit("print('kept')\n{'v': 6 * 7, 's': 'é'}");
-      ran = await h.wait();
-      seen = await all(h.events());
-      id = h.id;
-      await first.stop();
-      first = undefined;
-    } finally {
-      await first?.stop();
-    }
-    const second = await launch({ dir });
-    try {
+  await acrossRestart(
+    async (first) => {
+      const h = await new Airlock({ baseUrl: first.url, apiKey: KEY }).submit("print('kept')\n{'v': 6 * 7, 's': 'é'}");
+      const ran = await h.wait();
+      return { id: h.id, ran, seen: await all(h.events()) };
+    },
+    async (second, { id, ran, seen }) => {
       const c = new Airlock({ baseUrl: second.url, apiKey: KEY });
       const again = c.background(id);
       const info = await again.refresh();
@@ -313,12 +301,8 @@ test("a result is read again after the server restarts", async () => {
       assert.deepEqual(unread(await all(again.events())), unread(seen));
       await again.cancel();
       await assert.rejects(c.background(id).refresh(), NotFoundError);
-    } finally {
-      await second.stop();
-    }
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+    },
+  );
 });
 
 test("a follower goes on across a crash and restart, and the run is interrupted", async () => {

@@ -5,9 +5,6 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 
 import {
   Airlock,
@@ -21,6 +18,7 @@ import {
   type StreamEvent,
 } from "../src/index.js";
 import { KEY, OTHER, launch, type Server } from "./harness.js";
+import { acrossRestart } from "./restart.js";
 
 // Session downloads are capped at half the result limit: 4 MiB here, for a file of a few MB.
 const BIGGER_RESULTS = "[engine]\nmax_result_bytes = 8388608\n";
@@ -245,7 +243,7 @@ test("a busy session answers 409, and unknown or another key's sessions 404", as
   await assert.rejects(client.sessionById(".."), TypeError);
 });
 
-test("a session is opened with the run options: limits, volumes, credentials", async () => {
+test("a session is opened with the run options: limits and credentials", async () => {
   const s = await client.session({ limits: { memory_mb: 256, timeout_ms: 5000 }, credentials: [] });
   try {
     assert.equal(s.info.limits.memory_mb, 256);
@@ -262,33 +260,20 @@ test("a session is opened with the run options: limits, volumes, credentials", a
 });
 
 test("a paused session is there after a restart", async () => {
-  const dir = mkdtempSync(join(tmpdir(), "airlock-test-ts-sessions-"));
-  try {
-    let first: Server | undefined = await launch({ dir });
-    let id: string;
-    try {
-      const c = new Airlock({ baseUrl: first.url, apiKey: KEY });
-      const s = await c.session();
+  await acrossRestart(
+    async (first) => {
+      const s = await new Airlock({ baseUrl: first.url, apiKey: KEY }).session();
       await s.run(STATE);
       await s.pause();
-      id = s.id;
-      await first.stop();
-      first = undefined;
-    } finally {
-      await first?.stop();
-    }
-    const second = await launch({ dir });
-    try {
+      return s.id;
+    },
+    async (second, id) => {
       const c = new Airlock({ baseUrl: second.url, apiKey: KEY });
       const same = await c.sessionById(id);
       assert.equal(same.info.paused?.cells, 1);
       assert.deepEqual((await same.run(CHECK)).result, [42, [1, 2, 3], 43, "in work", false]);
       await same.close();
       await assert.rejects(c.sessionById(id), NotFoundError);
-    } finally {
-      await second.stop();
-    }
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+    },
+  );
 });
