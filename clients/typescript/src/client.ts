@@ -1,9 +1,12 @@
 // `Airlock`: the client of one airlock server.
 
+import { BackgroundExecution, submit } from "./background.js";
+import { Environments } from "./environments.js";
 import { ExecutionFailedError } from "./errors.js";
 import type { Value } from "./values.js";
 import { segment, Transport, type CallOptions, type Fetch } from "./http.js";
 import { object, toEvaluation, toExecution } from "./results.js";
+import { listSessions, openSession, sessionById, type Session, type SessionInfo, type SessionOptions } from "./sessions.js";
 import { ExecutionStream, type OnApproval } from "./stream.js";
 import type {
   Approval,
@@ -19,6 +22,7 @@ import type {
   ToolList,
   VolumeMount,
 } from "./types.js";
+import { Volumes } from "./volumes.js";
 
 /** The server's URL when neither the options nor `AIRLOCK_URL` give one. */
 export const DEFAULT_URL = "http://127.0.0.1:8080";
@@ -202,6 +206,50 @@ export class Airlock {
     const answer = await this.transport.request({ method: "POST", path: "/v1/pickle/scan", body: data }, "json", options);
     return object(answer.body, "$");
   }
+
+  // Sessions, background executions, volumes and environments: their own modules.
+
+  /** Opens a session: one sandbox and interpreter for many cells (variables, imports and
+   * files persist). `close()` it when done. */
+  session(options: SessionOptions = {}): Promise<Session> {
+    return openSession(this.transport, options);
+  }
+
+  /** This key's session `id`, open or paused (a paused one is kept across restarts);
+   * `NotFoundError` when there is none. */
+  sessionById(id: string, options: CallOptions = {}): Promise<Session> {
+    return sessionById(this.transport, id, options);
+  }
+
+  /** This key's sessions, open and paused. */
+  sessions(options: CallOptions = {}): Promise<SessionInfo[]> {
+    return listSessions(this.transport, options);
+  }
+
+  /** As `run`, in the background: answered at once with a handle, and it runs on the server
+   * whether or not anyone follows it (`limits.timeout_ms` up to the background ceiling, 4 h
+   * by default). Refusals throw here, as `run`'s do. */
+  submit(code: string, options: RunOptions = {}): Promise<BackgroundExecution> {
+    return submit(this.transport, code, options);
+  }
+
+  /** A handle on this key's background execution `id`; nothing is asked until it is used. */
+  background(id: string): BackgroundExecution {
+    return new BackgroundExecution(this.transport, id);
+  }
+
+  /** This key's volumes. */
+  get volumes(): Volumes {
+    return (this.#volumes ??= new Volumes(this.transport));
+  }
+
+  /** The named environments. */
+  get environments(): Environments {
+    return (this.#environments ??= new Environments(this.transport));
+  }
+
+  #volumes: Volumes | undefined;
+  #environments: Environments | undefined;
 
   async #decide(id: string, decision: "approve" | "deny", reason: string | undefined, options: CallOptions): Promise<Decided> {
     const json: { decision: string; reason?: string } = { decision };

@@ -249,6 +249,48 @@ export class Transport {
     };
   }
 
+  /** Sends `req` and gives its answer's body as a stream of bytes, read as the caller reads
+   * it (not bounded by `maxResponseBytes`: the caller decides how much to take). The call's
+   * signal and timeout hold until the stream ends or is cancelled; a connection lost
+   * mid-stream errors it with a `TransportError`. */
+  async stream(req: ApiRequest, options: CallOptions = {}): Promise<Answer<ReadableStream<Uint8Array>>> {
+    const call = new Call(this, options);
+    let response: Response;
+    try {
+      response = await this.#send(req, call, "*/*");
+    } catch (e) {
+      call.release();
+      throw e;
+    }
+    const reader = response.body?.getReader();
+    const body = new ReadableStream<Uint8Array>({
+      async pull(controller) {
+        try {
+          const next = reader === undefined ? { done: true as const } : await call.do(() => reader.read());
+          if (next.done) {
+            call.release();
+            controller.close();
+          } else {
+            controller.enqueue(next.value);
+          }
+        } catch (e) {
+          call.release();
+          controller.error(e);
+        }
+      },
+      async cancel(reason) {
+        call.release();
+        await reader?.cancel(reason).catch(() => undefined);
+      },
+    });
+    return {
+      status: response.status,
+      headers: response.headers,
+      requestId: response.headers.get("x-request-id") ?? undefined,
+      body,
+    };
+  }
+
   /** One exchange with retries: the response of a status the request expects (its body
    * unread), or the refusal thrown. */
   async #send(req: ApiRequest, call: Call, accept: string): Promise<Response> {

@@ -42,3 +42,28 @@ export {
 export { readEvents, SseParser, type SseEvent, type SseOptions } from "./sse.js";
 export { ExecutionStream, parseStreamEvent, type OnApproval } from "./stream.js";
 export type * from "./types.js";
+export {
+  BackgroundEvents,
+  BackgroundExecution,
+  BackgroundNotFinishedError,
+  WaitTimeoutError,
+  type BackgroundEvent,
+  type BackgroundFailure,
+  type BackgroundInfo,
+  type BackgroundState,
+  type EventsOptions,
+  type WaitOptions,
+} from "./background.js";
+export { Environments, type BuiltEnvironment, type EnvironmentInfo } from "./environments.js";
+export type { FileData } from "./files.js";
+export {
+  Session,
+  type CellExecution,
+  type CellOptions,
+  type CellStreamOptions,
+  type FileEntry,
+  type SessionInfo,
+  type SessionOptions,
+  type SnapshotInfo,
+} from "./sessions.js";
+export { Volume, Volumes, type CreateVolumeOptions, type VolumeFileEntry, type VolumeFiles, type VolumeInfo } from "./volumes.js";

@@ -4,9 +4,10 @@
 // `SLOW` (one request a minute, for 429 and `Retry-After`), `BURST` (thirty a minute: a 429
 // that asks for a second or two), `APPROVER` (scope `approve`, for the calls of
 // `EXECUTE_ONLY`, whose code may call `crm.write_note`, which needs an approval), `OTHER` (a
-// plain key, to see none of `KEY`'s). The binary is `$AIRLOCK_TEST_BIN` (by default the
-// repository's debug build), the tool server's Python `$AIRLOCK_TEST_MCP_PYTHON` (by default
-// the venv `scripts/lib.sh ensure_mcp_client` makes).
+// plain key, to see none of `KEY`'s), `ADMIN` (scopes execute, read and admin: builds of
+// environments). The binary is `$AIRLOCK_TEST_BIN` (by default the repository's debug build),
+// the tool server's Python `$AIRLOCK_TEST_MCP_PYTHON` (by default the venv `scripts/lib.sh
+// ensure_mcp_client` makes).
 
 import { spawn, type ChildProcess } from "node:child_process";
 import { after, before } from "node:test";
@@ -24,6 +25,7 @@ export const SLOW = "client-slow-key-0123456789abcdef";
 export const BURST = "client-burst-key-0123456789abcde";
 export const APPROVER = "client-approver-0123456789abcdef";
 export const OTHER = "client-other-key-0123456789abcdef";
+export const ADMIN = "client-admin-key-0123456789abcde";
 /** The requests a minute `BURST` may make. */
 export const BURST_PER_MINUTE = 30;
 /** Each key's volumes may hold this many bytes in all: small, so that a test passes it. */
@@ -77,6 +79,11 @@ approves = ["execute-only"]
 [[keys]]
 name = "other"
 hash = "${hash(OTHER)}"
+
+[[keys]]
+name = "admin"
+hash = "${hash(ADMIN)}"
+scopes = ["execute", "read", "admin"]
 
 [[keys]]
 name = "slow"
