@@ -25,9 +25,9 @@ test("the parts of an execution, in order", () => {
   const ok = execution({ stdout: "hello\n", stderr: "oops\n", resultJson: 42 });
   assert.equal(render(ok), "stdout:\nhello\nstderr:\noops\nresult: 42");
   assert.equal(render(execution({})), "(the code ran and printed nothing)");
-  const exited = execution({ status: "error", stdout: "bye\n", exitCode: 3 });
+  const exited = execution({ status: "error", stdout: "bye\n", exit_code: 3 });
   assert.equal(render(exited), "status: error: it exited with code 3\nstdout:\nbye");
-  const slow = execution({ status: "timeout", limits: { timeoutMs: 500 }, limitsHit: ["wall"] });
+  const slow = execution({ status: "timeout", limits: { timeout_ms: 500 }, limits_hit: ["wall"] });
   assert.equal(render(slow), "status: timeout (limits hit: wall): it ran longer than its time limit (500 ms) and was killed");
   const failed = execution({
     status: "error",
@@ -44,7 +44,7 @@ test("charts and files are named, never inlined", () => {
     execution({
       outputs: [{ type: "image/png", data: png } as { type: string }, { type: "text/html" }, { type: "image/png" }],
       files: [{ path: "outputs/report.csv", content: "secret-bytes" } as { path: string }],
-      sessionEnded: true,
+      session_ended: true,
     }),
   );
   // Nothing printed: said so, as the notes are no output of the code's.
@@ -62,8 +62,8 @@ test("the text is bounded, keeping the beginning and end of each long part", () 
   const e = execution({
     status: "error",
     stdout: "a".repeat(2_000_000),
-    stdoutTruncated: true,
-    limitsHit: ["output"],
+    stdout_truncated: true,
+    limits_hit: ["output"],
     error: { type: "ValueError", message: "b".repeat(1000), traceback: `Traceback (most recent call last):\nValueError: ${"b".repeat(1000)}` },
   });
   const text = render(e, { maxChars: 3000 });

@@ -10,14 +10,17 @@
  * session and says so in its note; it never runs a cell twice (a refused cell did not run).
  */
 
-/** What an adapter reads of an execution (an `Execution` of the client fits). */
+/**
+ * What an adapter reads of an execution (an `Execution` of the client fits): the API's fields
+ * under the API's names, and `resultJson`, the result as the server sent it.
+ */
 export interface ExecutionLike {
   /** `ok`, `error`, `timeout`, `memory_limit`, `cpu_limit`, `policy_violation`, `crashed`, ... */
   readonly status: string;
   readonly stdout: string;
   readonly stderr: string;
-  readonly stdoutTruncated?: boolean | undefined;
-  readonly stderrTruncated?: boolean | undefined;
+  readonly stdout_truncated?: boolean | undefined;
+  readonly stderr_truncated?: boolean | undefined;
   /** The last expression's value as the server sent it (typed forms undecoded); null if none. */
   readonly resultJson?: unknown;
   /** The program's uncaught exception, or airlock's own failure. */
@@ -27,15 +30,15 @@ export interface ExecutionLike {
   /** Files the code left in `./outputs`: only their paths are told to the model. */
   readonly files?: readonly { readonly path: string }[] | undefined;
   /** Set on a session's cell that ended the session's interpreter. */
-  readonly sessionEnded?: boolean | null | undefined;
+  readonly session_ended?: boolean | null | undefined;
   readonly limits?: {
-    readonly timeoutMs?: number | undefined;
-    readonly cpuMs?: number | undefined;
-    readonly memoryMb?: number | undefined;
+    readonly timeout_ms?: number | undefined;
+    readonly cpu_ms?: number | undefined;
+    readonly memory_mb?: number | undefined;
   } | undefined;
-  readonly limitsHit?: readonly string[] | undefined;
+  readonly limits_hit?: readonly string[] | undefined;
   readonly signal?: number | null | undefined;
-  readonly exitCode?: number | null | undefined;
+  readonly exit_code?: number | null | undefined;
 }
 
 /** The options an adapter passes with each run: the framework's abort signal. */
@@ -138,7 +141,7 @@ export class Kernel<Settings extends object = object> {
         execution = await session.run(code, options);
         note = RESTARTED;
       }
-      this.#lost = Boolean(execution.sessionEnded);
+      this.#lost = Boolean(execution.session_ended);
       if (this.#lost) await this.#drop();
       return { execution, note };
     });

@@ -38,9 +38,9 @@ const MIN_SHARE = 200;
 const ROWS = 20;
 
 const WHY: Record<string, (l: ExecutionLike["limits"]) => string> = {
-  timeout: (l) => `it ran longer than its time limit (${l?.timeoutMs ?? "?"} ms) and was killed`,
-  cpu_limit: (l) => `it used more than its CPU time limit (${l?.cpuMs ?? "?"} ms) and was killed`,
-  memory_limit: (l) => `it used more than its memory limit (${l?.memoryMb ?? "?"} MB) and was killed`,
+  timeout: (l) => `it ran longer than its time limit (${l?.timeout_ms ?? "?"} ms) and was killed`,
+  cpu_limit: (l) => `it used more than its CPU time limit (${l?.cpu_ms ?? "?"} ms) and was killed`,
+  memory_limit: (l) => `it used more than its memory limit (${l?.memory_mb ?? "?"} MB) and was killed`,
   policy_violation: () => "the sandbox refused something it tried to do (a forbidden system call)",
   crashed: () => "the Python process crashed",
   internal_error: () => "the sandbox service failed; this is not the code's fault, try again",
@@ -78,8 +78,8 @@ export function render(execution: ExecutionLike, options: RenderOptions = {}): s
   }
 
   const tail: string[] = [];
-  if (e.stdoutTruncated) tail.push("[stdout was cut at the sandbox's output limit]");
-  if (e.stderrTruncated) tail.push("[stderr was cut at the sandbox's output limit]");
+  if (e.stdout_truncated) tail.push("[stdout was cut at the sandbox's output limit]");
+  if (e.stderr_truncated) tail.push("[stderr was cut at the sandbox's output limit]");
   const outputs = e.outputs ?? [];
   if (outputs.length > 0) {
     const kinds = [...new Set(outputs.map((o) => o.type))].sort().join(", ");
@@ -90,7 +90,7 @@ export function render(execution: ExecutionLike, options: RenderOptions = {}): s
     const names = files.slice(0, 20).map((f) => f.path).join(", ") + (files.length > 20 ? ", ..." : "");
     tail.push(`[files left in ./outputs: ${names}]`);
   }
-  if (e.sessionEnded) {
+  if (e.session_ended) {
     tail.push(
       "[the session's interpreter has ended: the next code starts a fresh one, " +
         "without the earlier variables and files]",
@@ -284,8 +284,8 @@ function statusLine(e: ExecutionLike): string {
   let why = WHY[e.status]?.(e.limits) ?? "";
   if (e.status === "crashed" && e.signal !== undefined && e.signal !== null) why += ` (signal ${e.signal})`;
   if (e.status === "error" && !e.error) {
-    why = e.exitCode !== undefined && e.exitCode !== null ? `it exited with code ${e.exitCode}` : "";
+    why = e.exit_code !== undefined && e.exit_code !== null ? `it exited with code ${e.exit_code}` : "";
   }
-  const hit = e.limitsHit && e.limitsHit.length > 0 ? ` (limits hit: ${e.limitsHit.join(", ")})` : "";
+  const hit = e.limits_hit && e.limits_hit.length > 0 ? ` (limits hit: ${e.limits_hit.join(", ")})` : "";
   return `status: ${e.status}${hit}` + (why ? `: ${why}` : "");
 }
