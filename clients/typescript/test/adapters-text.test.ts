@@ -113,3 +113,26 @@ test("typed forms read as Python prints them", () => {
   // here is always the code's own dict.
   assert.equal(show({ repr: "x", truncated: false }), "{'repr': 'x', 'truncated': False}");
 });
+
+test("the core import loads no framework: only the adapters' own modules import one", async () => {
+  const { readFileSync } = await import("node:fs");
+  const { dirname, join } = await import("node:path");
+  const { fileURLToPath } = await import("node:url");
+  const frameworks = /^(ai|ai\/.*|@langchain\/.*|langchain|@openai\/agents.*|@mastra\/.*|zod.*)$/;
+  // Every module the core's entry reaches through its imports, and each bare import among them.
+  const seen = new Set<string>();
+  const bare: string[] = [];
+  const visit = (file: string): void => {
+    if (seen.has(file)) return;
+    seen.add(file);
+    for (const [, spec] of readFileSync(file, "utf8").matchAll(/(?:^|\n)\s*(?:import|export)[^"'\n]*?from\s*["']([^"']+)["']/g)) {
+      if (spec === undefined) continue;
+      if (spec.startsWith(".")) visit(join(dirname(file), spec));
+      else bare.push(spec);
+    }
+  };
+  visit(join(dirname(fileURLToPath(import.meta.url)), "..", "src", "index.js"));
+  assert.ok(seen.size > 1);
+  assert.deepEqual(bare.filter((s) => frameworks.test(s)), []);
+  assert.ok(![...seen].some((f) => f.includes("/src/adapters/")), [...seen].join("\n"));
+});
