@@ -7,71 +7,26 @@ import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { generateText, isStepCount } from "ai";
-import { MockLanguageModelV4 } from "ai/test";
 import { pythonREPL, pythonTool } from "../src/adapters/ai-sdk.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { scripted, toolResults } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
-import { KEY, type Server, launch } from "./harness.js";
-
-type Prompt = { role: string; content: unknown }[];
-
-/** The tool results the model was shown, in order. */
-function toolResults(prompt: Prompt): { id: string; output: { type: string; value: unknown } }[] {
-  return prompt
-    .filter((m) => m.role === "tool")
-    .flatMap((m) => m.content as { type: string; toolCallId: string; output: { type: string; value: unknown } }[])
-    .filter((p) => p.type === "tool-result")
-    .map((p) => ({ id: p.toolCallId, output: p.output }));
-}
-
-const usage = {
-  inputTokens: { total: 1, noCache: 1, cacheRead: undefined, cacheWrite: undefined },
-  outputTokens: { total: 1, text: 1, reasoning: undefined },
-};
-
-/** A model that calls `tool` with each of `codes` in turn, then answers with every result it
- * was shown, joined by `---` lines. */
-function scripted(tool: string, codes: string[]): MockLanguageModelV4 {
-  return new MockLanguageModelV4({
-    doGenerate: async ({ prompt }) => {
-      const done = toolResults(prompt as Prompt);
-      if (done.length < codes.length) {
-        return {
-          content: [{ type: "tool-call", toolCallId: `c${done.length}`, toolName: tool, input: JSON.stringify({ code: codes[done.length] }) }],
-          finishReason: { unified: "tool-calls", raw: undefined },
-          usage,
-          warnings: [],
-        };
-      }
-      const text = done.map((r) => String(r.output.value)).join("\n---\n");
-      return { content: [{ type: "text", text }], finishReason: { unified: "stop", raw: undefined }, usage, warnings: [] };
-    },
-  });
-}
 
 if (!NODE_22) {
   delegate(import.meta.url);
 } else {
-  let server: Server;
-  let airlock: Airlock;
-  before(async () => {
-    server = await launch();
-    airlock = new Airlock({ baseUrl: server.url, apiKey: KEY });
-  });
-  after(async () => {
-    await server?.stop();
-  });
+  const served = serve();
 
   test("ai-sdk: the one-shot tool runs each call in a fresh sandbox; the model reads the text", async () => {
     const marker = join(mkdtempSync(join(tmpdir(), "airlock-adapters-")), "pwned");
-    const model = scripted("python", ["y = 2 ** 10\ny", "y", probe(server.url), hostile(marker), "```python\nprint('fenced')\n```"]);
+    const model = scripted("python", ["y = 2 ** 10\ny", "y", probe(served.server.url), hostile(marker), "```python\nprint('fenced')\n```"]);
     const seen: unknown[] = [];
     const result = await generateText({
       model,
-      tools: { python: pythonTool({ client: airlock, onExecution: (e) => seen.push(e) }) },
+      tools: { python: pythonTool({ client: served.airlock, onExecution: (e) => seen.push(e) }) },
       stopWhen: isStepCount(10),
       prompt: "compute",
     });
@@ -100,7 +55,7 @@ if (!NODE_22) {
     const seen: { outputs: { type: string; data: unknown }[] }[] = [];
     const result = await generateText({
       model,
-      tools: { python: pythonTool({ client: airlock, maxChars: 2000, onExecution: (e) => seen.push(e) }) },
+      tools: { python: pythonTool({ client: served.airlock, maxChars: 2000, onExecution: (e) => seen.push(e) }) },
       stopWhen: isStepCount(3),
       prompt: "plot",
     });
@@ -117,7 +72,7 @@ if (!NODE_22) {
   });
 
   test("ai-sdk: a refusal by the server is a tool error the model reads", async () => {
-    const wrong = new Airlock({ baseUrl: server.url, apiKey: WRONG_KEY });
+    const wrong = new Airlock({ baseUrl: served.server.url, apiKey: WRONG_KEY });
     const model = scripted("python", ["1"]);
     const result = await generateText({
       model,
@@ -125,7 +80,7 @@ if (!NODE_22) {
       stopWhen: isStepCount(3),
       prompt: "go",
     });
-    const [shown] = toolResults(model.doGenerateCalls[1]?.prompt as Prompt);
+    const [shown] = toolResults(model.doGenerateCalls[1]?.prompt);
     assert.equal(shown?.output.type, "error-text");
     assert.match(String(shown?.output.value), /401|unauthorized|key/i);
     assert.match(result.text, /401|unauthorized|key/i);
@@ -136,7 +91,7 @@ if (!NODE_22) {
     const model = scripted("python", ["import time\ntime.sleep(30)"]);
     const started = generateText({
       model,
-      tools: { python: pythonTool({ client: airlock }) },
+      tools: { python: pythonTool({ client: served.airlock }) },
       stopWhen: isStepCount(3),
       prompt: "sleep",
       abortSignal: controller.signal,
@@ -146,12 +101,13 @@ if (!NODE_22) {
   });
 
   test("ai-sdk: the session tool keeps state between the model's calls", async (t) => {
-    if (typeof (airlock as unknown as { session?: unknown }).session !== "function") {
+    const sessions = sessionsOf(served.airlock);
+    if (sessions === undefined) {
       t.skip("the client has no sessions yet");
       return;
     }
     const model = scripted("python_repl", ["x = 6 * 7", "x"]);
-    const repl = pythonREPL({ client: airlock as never });
+    const repl = pythonREPL({ client: sessions });
     try {
       const result = await generateText({ model, tools: { python_repl: repl.tool }, stopWhen: isStepCount(5), prompt: "go" });
       assert.equal(result.text, "(the code ran and printed nothing)\n---\nresult: 42");

@@ -5,7 +5,11 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
+import type { OpensSessions } from "../src/adapters/sandbox.js";
+import { Airlock } from "../src/index.js";
+import { KEY, type Server, launch } from "./harness.js";
 
 // A secret in this process's environment (set before the server starts, so it inherits it
 // too): code in the sandbox must never see it.
@@ -78,3 +82,38 @@ export function assertContained(text: string, marker: string): void {
 
 /** A key the server does not know. */
 export const WRONG_KEY = "not-a-key-0123456789abcdef01234";
+
+/** The server of a test file and a client of it, started before its tests and stopped after. */
+export interface Served {
+  readonly server: Server;
+  readonly airlock: Airlock;
+}
+
+/** Registers hooks that start a server before the file's tests and stop it after them. */
+export function serve(): Served {
+  let server: Server | undefined;
+  let airlock: Airlock | undefined;
+  before(async () => {
+    server = await launch();
+    airlock = new Airlock({ baseUrl: server.url, apiKey: KEY });
+  });
+  after(async () => {
+    await server?.stop();
+  });
+  return {
+    get server(): Server {
+      assert.ok(server, "the server is not started");
+      return server;
+    },
+    get airlock(): Airlock {
+      assert.ok(airlock, "the server is not started");
+      return airlock;
+    },
+  };
+}
+
+/** The client's sessions, when it has them (they come with the client's session methods). */
+export function sessionsOf(airlock: Airlock): OpensSessions | undefined {
+  const candidate = airlock as unknown as { session?: unknown };
+  return typeof candidate.session === "function" ? (airlock as unknown as OpensSessions) : undefined;
+}

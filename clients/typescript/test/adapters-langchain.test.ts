@@ -7,7 +7,7 @@ import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { BaseChatModel } from "@langchain/core/language_models/chat_models";
 import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
 import type { ChatResult } from "@langchain/core/outputs";
@@ -16,9 +16,8 @@ import { convertToOpenAITool } from "@langchain/core/utils/function_calling";
 import { createAgent } from "langchain";
 import { pythonREPL, pythonTool } from "../src/adapters/langchain.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
-import { KEY, type Server, launch } from "./harness.js";
 
 /** A chat model that answers from a script and records the tools bound to it and the
  * messages it was shown. */
@@ -55,26 +54,18 @@ function call(tool: string, code: string, n: number): AIMessage {
 if (!NODE_22) {
   delegate(import.meta.url);
 } else {
-  let server: Server;
-  let airlock: Airlock;
-  before(async () => {
-    server = await launch();
-    airlock = new Airlock({ baseUrl: server.url, apiKey: KEY });
-  });
-  after(async () => {
-    await server?.stop();
-  });
+  const served = serve();
 
   test("langchain: createAgent runs the one-shot tool; ToolMessages carry the text, artifacts the execution", async () => {
     const marker = join(mkdtempSync(join(tmpdir(), "airlock-adapters-")), "pwned");
     const model = new ScriptedChatModel([
       call("python", "y = 6 * 7\nprint('set')\ny", 1),
       call("python", "y", 2),
-      call("python", probe(server.url), 3),
+      call("python", probe(served.server.url), 3),
       call("python", hostile(marker), 4),
       new AIMessage("done"),
     ]);
-    const agent = createAgent({ model, tools: [pythonTool({ client: airlock })] });
+    const agent = createAgent({ model, tools: [pythonTool({ client: served.airlock })] });
     const { messages } = await agent.invoke({ messages: [{ role: "user", content: "probe the sandbox" }] });
 
     assert.equal(model.bound[0]?.function.name, "python");
@@ -96,7 +87,7 @@ if (!NODE_22) {
   });
 
   test("langchain: invoked directly, with fences and a tool call", async () => {
-    const python = pythonTool({ client: airlock });
+    const python = pythonTool({ client: served.airlock });
     assert.equal(await python.invoke({ code: "```python\ny = 5\nprint(y)\n```" }), "stdout:\n5");
     const message = (await python.invoke({ type: "tool_call", id: "c1", name: "python", args: { code: "1/0" } })) as ToolMessage;
     assert.ok(ToolMessage.isInstance(message));
@@ -105,16 +96,17 @@ if (!NODE_22) {
   });
 
   test("langchain: a refusal by the server is thrown from the tool", async () => {
-    const python = pythonTool({ client: new Airlock({ baseUrl: server.url, apiKey: WRONG_KEY }) });
+    const python = pythonTool({ client: new Airlock({ baseUrl: served.server.url, apiKey: WRONG_KEY }) });
     await assert.rejects(python.invoke({ code: "1" }), (e: unknown) => (e as { status?: number }).status === 401);
   });
 
   test("langchain: the session tool keeps state between calls", async (t) => {
-    if (typeof (airlock as unknown as { session?: unknown }).session !== "function") {
+    const sessions = sessionsOf(served.airlock);
+    if (sessions === undefined) {
       t.skip("the client has no sessions yet");
       return;
     }
-    const repl = pythonREPL({ client: airlock as never });
+    const repl = pythonREPL({ client: sessions });
     try {
       assert.equal(await repl.tool.invoke({ code: "z = 1" }), "(the code ran and printed nothing)");
       assert.equal(await repl.tool.invoke({ code: "z + 1" }), "result: 2");

@@ -7,13 +7,12 @@ import assert from "node:assert/strict";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { after, before, test } from "node:test";
+import { test } from "node:test";
 import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled } from "@openai/agents";
 import { pythonREPL, pythonTool } from "../src/adapters/openai-agents.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
-import { KEY, type Server, launch } from "./harness.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
 
@@ -63,20 +62,12 @@ class ScriptedModel implements Model {
 if (!NODE_22) {
   delegate(import.meta.url);
 } else {
-  let server: Server;
-  let airlock: Airlock;
-  before(async () => {
-    server = await launch();
-    airlock = new Airlock({ baseUrl: server.url, apiKey: KEY });
-  });
-  after(async () => {
-    await server?.stop();
-  });
+  const served = serve();
 
   test("openai-agents: run() drives the one-shot tool; the model reads each output", async () => {
     const marker = join(mkdtempSync(join(tmpdir(), "airlock-adapters-")), "pwned");
-    const model = new ScriptedModel("python", ["y = 2 ** 10\ny", "y", probe(server.url), hostile(marker)]);
-    const agent = new Agent({ name: "analyst", model, tools: [pythonTool({ client: airlock })] });
+    const model = new ScriptedModel("python", ["y = 2 ** 10\ny", "y", probe(served.server.url), hostile(marker)]);
+    const agent = new Agent({ name: "analyst", model, tools: [pythonTool({ client: served.airlock })] });
     const result = await run(agent, "compute");
     const [first, second, third, fourth] = String(result.finalOutput).split("\n---\n");
     assert.equal(first, "result: 1024");
@@ -91,7 +82,7 @@ if (!NODE_22) {
   });
 
   test("openai-agents: a refusal goes through errorFunction, or the SDK's default", async () => {
-    const wrong = new Airlock({ baseUrl: server.url, apiKey: WRONG_KEY });
+    const wrong = new Airlock({ baseUrl: served.server.url, apiKey: WRONG_KEY });
     const refusal = (_context: unknown, error: unknown): string => `refused: ${(error as { status?: number }).status}`;
     let model = new ScriptedModel("python", ["1"]);
     let result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: wrong, errorFunction: refusal })] }), "go");
@@ -103,12 +94,13 @@ if (!NODE_22) {
   });
 
   test("openai-agents: the session tool keeps state between calls", async (t) => {
-    if (typeof (airlock as unknown as { session?: unknown }).session !== "function") {
+    const sessions = sessionsOf(served.airlock);
+    if (sessions === undefined) {
       t.skip("the client has no sessions yet");
       return;
     }
     const model = new ScriptedModel("python_repl", ["x = 6 * 7", "x"]);
-    const repl = pythonREPL({ client: airlock as never });
+    const repl = pythonREPL({ client: sessions });
     try {
       const result = await run(new Agent({ name: "a", model, tools: [repl.tool] }), "go");
       assert.equal(result.finalOutput, "(the code ran and printed nothing)\n---\nresult: 42");
