@@ -1,0 +1,117 @@
+// The LangChain.js adapter against a real `airlock serve`, driven by LangChain's own agent
+// loop (`createAgent` of the `langchain` package) with a scripted chat model built on
+// `@langchain/core`'s `BaseChatModel`: the model's code runs in the sandbox, its next turn
+// reads the ToolMessage, the artifact carries the whole execution, refusals are tool errors.
+
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import { BaseChatModel } from "@langchain/core/language_models/chat_models";
+import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
+import type { ChatResult } from "@langchain/core/outputs";
+import type { StructuredToolInterface } from "@langchain/core/tools";
+import { convertToOpenAITool } from "@langchain/core/utils/function_calling";
+import { createAgent } from "langchain";
+import { pythonREPL, pythonTool } from "../src/adapters/langchain.js";
+import { Airlock } from "../src/index.js";
+import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { NODE_22, delegate } from "./adapters-node22.js";
+
+/** A chat model that answers from a script and records the tools bound to it and the
+ * messages it was shown. */
+class ScriptedChatModel extends BaseChatModel {
+  readonly script: AIMessage[];
+  bound: ReturnType<typeof convertToOpenAITool>[] = [];
+  seen: BaseMessage[][] = [];
+
+  constructor(script: AIMessage[]) {
+    super({});
+    this.script = [...script];
+  }
+
+  _llmType(): string {
+    return "scripted";
+  }
+
+  override bindTools(tools: StructuredToolInterface[]): this {
+    this.bound = tools.map((t) => convertToOpenAITool(t));
+    return this;
+  }
+
+  async _generate(messages: BaseMessage[]): Promise<ChatResult> {
+    this.seen.push(messages);
+    const message = this.script.shift() ?? new AIMessage("done");
+    return { generations: [{ text: typeof message.content === "string" ? message.content : "", message }] };
+  }
+}
+
+function call(tool: string, code: string, n: number): AIMessage {
+  return new AIMessage({ content: "", tool_calls: [{ name: tool, args: { code }, id: `call_${n}`, type: "tool_call" }] });
+}
+
+if (!NODE_22) {
+  delegate(import.meta.url);
+} else {
+  const served = serve();
+
+  test("langchain: createAgent runs the one-shot tool; ToolMessages carry the text, artifacts the execution", async () => {
+    const marker = join(mkdtempSync(join(tmpdir(), "airlock-adapters-")), "pwned");
+    const model = new ScriptedChatModel([
+      call("python", "y = 6 * 7\nprint('set')\ny", 1),
+      call("python", "y", 2),
+      call("python", probe(served.server.url), 3),
+      call("python", hostile(marker), 4),
+      new AIMessage("done"),
+    ]);
+    const agent = createAgent({ model, tools: [pythonTool({ client: served.airlock })] });
+    const { messages } = await agent.invoke({ messages: [{ role: "user", content: "probe the sandbox" }] });
+
+    assert.equal(model.bound[0]?.function.name, "python");
+    assert.deepEqual((model.bound[0]?.function.parameters as { required?: string[] }).required, ["code"]);
+    const results = messages.filter((m): m is ToolMessage => ToolMessage.isInstance(m));
+    assert.deepEqual(results.map((m) => m.tool_call_id), ["call_1", "call_2", "call_3", "call_4"]);
+    assert.equal(results[0]?.content, "stdout:\nset\nresult: 42");
+    assert.match(String(results[1]?.content), /NameError: name 'y' is not defined/); // a fresh sandbox each call
+    assertSandboxed(String(results[2]?.content));
+    assertContained(String(results[3]?.content), marker);
+    // The artifact is the whole execution, for the program.
+    const artifact = results[0]?.artifact as { status: string; isolation: { network: string } };
+    assert.equal(artifact.status, "ok");
+    assert.equal(artifact.isolation.network, "none");
+    // The model's next turn was shown the tool's text.
+    const shown = model.seen[1]?.filter((m) => ToolMessage.isInstance(m)).map((m) => m.content);
+    assert.deepEqual(shown, ["stdout:\nset\nresult: 42"]);
+    assert.equal(messages.at(-1)?.content, "done");
+  });
+
+  test("langchain: invoked directly, with fences and a tool call", async () => {
+    const python = pythonTool({ client: served.airlock });
+    assert.equal(await python.invoke({ code: "```python\ny = 5\nprint(y)\n```" }), "stdout:\n5");
+    const message = (await python.invoke({ type: "tool_call", id: "c1", name: "python", args: { code: "1/0" } })) as ToolMessage;
+    assert.ok(ToolMessage.isInstance(message));
+    assert.match(String(message.content), /ZeroDivisionError: division by zero/);
+    assert.equal((message.artifact as { status: string }).status, "error");
+  });
+
+  test("langchain: a refusal by the server is thrown from the tool", async () => {
+    const python = pythonTool({ client: new Airlock({ baseUrl: served.server.url, apiKey: WRONG_KEY }) });
+    await assert.rejects(python.invoke({ code: "1" }), (e: unknown) => (e as { status?: number }).status === 401);
+  });
+
+  test("langchain: the session tool keeps state between calls", async (t) => {
+    const sessions = sessionsOf(served.airlock);
+    if (sessions === undefined) {
+      t.skip("the client has no sessions yet");
+      return;
+    }
+    const repl = pythonREPL({ client: sessions });
+    try {
+      assert.equal(await repl.tool.invoke({ code: "z = 1" }), "(the code ran and printed nothing)");
+      assert.equal(await repl.tool.invoke({ code: "z + 1" }), "result: 2");
+    } finally {
+      await repl.close();
+    }
+  });
+}

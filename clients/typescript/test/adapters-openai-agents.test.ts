@@ -1,0 +1,111 @@
+// The OpenAI Agents SDK adapter against a real `airlock serve`, driven by the SDK's own runner
+// (`run()`) with a scripted `Model` (the SDK's model interface, no network): the model's code
+// runs in the sandbox, its next turn reads the function call's output, refusals go through the
+// SDK's `errorFunction`.
+
+import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled } from "@openai/agents";
+import { pythonREPL, pythonTool } from "../src/adapters/openai-agents.js";
+import { Airlock } from "../src/index.js";
+import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { NODE_22, delegate } from "./adapters-node22.js";
+
+setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
+
+/** The function call outputs the model was given, in order. */
+function toolOutputs(request: ModelRequest): string[] {
+  const items = Array.isArray(request.input) ? request.input : [];
+  return items.flatMap((item) => {
+    if (item.type !== "function_call_result") return [];
+    const output = item.output as unknown;
+    if (typeof output === "string") return [output];
+    return [String((output as { text?: unknown }).text)];
+  });
+}
+
+/** A model that calls `tool` with each of `codes` in turn, then answers with every output it
+ * was shown, joined by `---` lines. */
+class ScriptedModel implements Model {
+  readonly requests: ModelRequest[] = [];
+  constructor(
+    readonly tool: string,
+    readonly codes: string[],
+  ) {}
+
+  async getResponse(request: ModelRequest): Promise<ModelResponse> {
+    this.requests.push(request);
+    const done = toolOutputs(request);
+    const usage = new Usage();
+    if (done.length < this.codes.length) {
+      const code = this.codes[done.length] ?? "";
+      return {
+        usage,
+        output: [{ type: "function_call", callId: `c${done.length}`, name: this.tool, arguments: JSON.stringify({ code }), status: "completed" }],
+      };
+    }
+    const text = done.join("\n---\n");
+    return {
+      usage,
+      output: [{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text }] }],
+    };
+  }
+
+  getStreamedResponse(): AsyncIterable<never> {
+    throw new Error("not streamed in these tests");
+  }
+}
+
+if (!NODE_22) {
+  delegate(import.meta.url);
+} else {
+  const served = serve();
+
+  test("openai-agents: run() drives the one-shot tool; the model reads each output", async () => {
+    const marker = join(mkdtempSync(join(tmpdir(), "airlock-adapters-")), "pwned");
+    const model = new ScriptedModel("python", ["y = 2 ** 10\ny", "y", probe(served.server.url), hostile(marker)]);
+    const agent = new Agent({ name: "analyst", model, tools: [pythonTool({ client: served.airlock })] });
+    const result = await run(agent, "compute");
+    const [first, second, third, fourth] = String(result.finalOutput).split("\n---\n");
+    assert.equal(first, "result: 1024");
+    assert.ok(second?.startsWith("status: error"));
+    assert.match(second ?? "", /NameError: name 'y' is not defined/);
+    assertSandboxed(third ?? "");
+    assertContained(fourth ?? "", marker);
+    const definition = model.requests[0]?.tools[0] as { name: string; parameters: { required: string[] }; strict: boolean };
+    assert.equal(definition.name, "python");
+    assert.deepEqual(definition.parameters.required, ["code"]);
+    assert.equal(definition.strict, true);
+  });
+
+  test("openai-agents: a refusal goes through errorFunction, or the SDK's default", async () => {
+    const wrong = new Airlock({ baseUrl: served.server.url, apiKey: WRONG_KEY });
+    const refusal = (_context: unknown, error: unknown): string => `refused: ${(error as { status?: number }).status}`;
+    let model = new ScriptedModel("python", ["1"]);
+    let result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: wrong, errorFunction: refusal })] }), "go");
+    assert.equal(result.finalOutput, "refused: 401");
+
+    model = new ScriptedModel("python", ["1"]);
+    result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: wrong })] }), "go");
+    assert.match(String(result.finalOutput), /error occurred while running the tool/i);
+  });
+
+  test("openai-agents: the session tool keeps state between calls", async (t) => {
+    const sessions = sessionsOf(served.airlock);
+    if (sessions === undefined) {
+      t.skip("the client has no sessions yet");
+      return;
+    }
+    const model = new ScriptedModel("python_repl", ["x = 6 * 7", "x"]);
+    const repl = pythonREPL({ client: sessions });
+    try {
+      const result = await run(new Agent({ name: "a", model, tools: [repl.tool] }), "go");
+      assert.equal(result.finalOutput, "(the code ran and printed nothing)\n---\nresult: 42");
+    } finally {
+      await repl.close();
+    }
+  });
+}
