@@ -263,15 +263,11 @@ test("one that fails ends its events with the error, and wait throws the server'
     assert.match(e.message, /max_bytes_per_key/);
     return true;
   });
-  // Its events end with how it ended: the server sends the stopped run's result (status
-  // internal_error) rather than an `error` event naming storage_full; either is taken here.
+  // Its events end as its state does: an `error` naming storage_full.
   const last = (await all(h.events())).at(-1);
-  if (last?.type === "error") {
-    assert.equal(last.code, "storage_full");
-    assert.ok(last.error instanceof StorageFullError);
-  } else {
-    assert.ok(last?.type === "result" && !last.execution.ok, JSON.stringify(last));
-  }
+  assert.ok(last?.type === "error", JSON.stringify(last));
+  assert.equal(last.code, "storage_full");
+  assert.ok(last.error instanceof StorageFullError);
   const info = await h.refresh();
   assert.equal(info.state, "failed");
   assert.equal(info.error?.code, "storage_full");

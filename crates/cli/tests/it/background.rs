@@ -721,6 +721,15 @@ fn a_key_s_background_executions_store_no_more_than_their_bytes() {
     let v = wait_ended(&server, &id, Duration::from_secs(30));
     assert_eq!(v["state"], "failed", "{v}");
     assert_eq!(v["error"]["code"], "storage_full", "{v}");
+    // Its events end as its state does: an `error` naming why, not the killed run's result.
+    let mut events = follow(&server, KEY, &id, None);
+    let mut last = None;
+    while let Some(event) = events.next() {
+        last = Some(event);
+    }
+    let last = last.expect("no events");
+    assert_eq!(last.name, "error", "{last:?}");
+    assert_eq!(last.data["error"]["code"], "storage_full", "{last:?}");
     let stored = stored_bytes(&server, &id, "events") + stored_bytes(&server, &id, "result.json");
     assert!(stored > 0, "nothing stored");
     assert!(stored < 65536 + 2 * 200_000, "{stored} bytes stored");

@@ -197,9 +197,14 @@ impl Live {
                     // Kept even past the quota (it ran): the key's next submissions are
                     // refused until it deletes some.
                     let _ = self.count(size);
-                    let state = if failed_log.is_some() {
-                        State::Failed
-                    } else if self.is_cancelled() {
+                    // Stopped by airlock (its log, its key's bytes): it failed, and its events
+                    // end as its state says, with why; what it ran to is kept as its result.
+                    if let Some(why) = &failed_log {
+                        let data = meta.end(State::Failed, Some(why)).unwrap_or_default();
+                        return self.record_end(meta, "error", &data);
+                    }
+                    stream::without_output(&mut response.result);
+                    let state = if self.is_cancelled() {
                         State::Cancelled
                     } else if shutting_down
                         && response.result.status == airlock_api::Status::InternalError
@@ -208,10 +213,6 @@ impl Live {
                     } else {
                         State::Finished
                     };
-                    if let Some(why) = &failed_log {
-                        meta.error = Some(why.body(None).error);
-                    }
-                    stream::without_output(&mut response.result);
                     meta.end(state, None);
                     ("result", stream::streamed_result(&response))
                 }
@@ -244,7 +245,12 @@ impl Live {
                 ("error", meta.end(state, Some(&error)).unwrap_or_default())
             }
         };
-        self.event(event, &data);
+        self.record_end(meta, event, &data)
+    }
+
+    /// Writes its last event and its state.
+    fn record_end(&self, meta: Meta, event: &str, data: &serde_json::Value) -> (Meta, bool) {
+        self.event(event, data);
         let saved = write_meta(&self.dir, &meta);
         if let Err(e) = &saved {
             tracing::warn!(execution = %self.id, error = %e, "cannot write a background execution's state");
