@@ -42,6 +42,9 @@ ensure_mcp_everything
 ensure_otlp_receiver
 # pytest and mypy for the Python client (clients/python).
 ensure_python_client
+# The TypeScript client's packages (clients/typescript): tsc, openapi-typescript, deno, and the
+# agent frameworks its adapters are tested with (Node 22 for them comes with its first run).
+ensure_typescript_client
 # schemathesis, the API fuzzer of crates/cli/tests/it/openapi.rs.
 ensure_schemathesis
 # kubectl kustomize and kubernetes-validate, for deploy/kubernetes (crates/cli/tests/it/deploy.rs).
@@ -127,9 +130,23 @@ if ! wait "$lints"; then
 fi
 grep '^==>' "$lint_log" || true
 rm -f "$lint_log"
+# The TypeScript client's tests wait on their servers' sandboxes most of the time: they run
+# beside the Python client's, each against servers of its own.
+step "the TypeScript client (beside the Python client's tests): tsc --noEmit, node --test, the adapters under Node 22, the package packed into Node and Deno"
+ts_log=$(mktemp)
+(cd clients/typescript && npm run --silent check && npm test) >"$ts_log" 2>&1 &
+ts_tests=$!
 step "the Python client: pytest, mypy --strict"
 (cd clients/python && "../../$PYTHON_CLIENT_VENV/bin/python" -m pytest -q -p no:cacheprovider tests \
     && "../../$PYTHON_CLIENT_VENV/bin/python" -m mypy --strict --cache-dir /dev/null src tests)
+step "the TypeScript client's tests (begun beside the Python client's)"
+if ! wait "$ts_tests"; then
+    cat "$ts_log" >&2
+    echo "the TypeScript client's checks failed (above)" >&2
+    exit 1
+fi
+grep -E '^# (tests|pass|fail)' "$ts_log" || true
+rm -f "$ts_log"
 step "the jail, kernel, limits, results, outputs and function tests again, every sandbox a zygote's child"
 TEST_VIA_ZYGOTE=1 cargo test --workspace --locked --test it -- jail:: kernel:: limits:: \
     results:: outputs:: function::

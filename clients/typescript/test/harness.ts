@@ -192,7 +192,13 @@ export async function launch(options: LaunchOptions = {}): Promise<Server> {
 
 async function stopProcess(proc: ChildProcess, exited: Promise<number | null>, pid: number): Promise<void> {
   if (proc.exitCode === null && proc.signalCode === null) proc.kill("SIGTERM");
-  const code = await Promise.race([exited, sleep(30_000).then(() => "hung" as const)]);
+  // A timer left pending would keep the test file's process alive for its 30 s.
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const hung = new Promise<"hung">((resolve) => {
+    timer = setTimeout(() => resolve("hung"), 30_000);
+  });
+  const code = await Promise.race([exited, hung]);
+  clearTimeout(timer);
   if (code === "hung") {
     proc.kill("SIGKILL");
     throw new Error("airlock serve did not stop within 30 s of SIGTERM");

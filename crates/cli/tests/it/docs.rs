@@ -220,6 +220,7 @@ fn every_link_in_the_docs_reaches_a_file_and_a_heading() {
         .map(|p| root.join(p))
         .collect();
     pages.push(root.join("clients/python/README.md"));
+    pages.push(root.join("clients/typescript/README.md"));
     for entry in std::fs::read_dir(root.join("docs")).unwrap() {
         pages.push(entry.unwrap().path());
     }
