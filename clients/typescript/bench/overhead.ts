@@ -46,7 +46,8 @@ async function serve(): Promise<{ url: string; stop: () => Promise<void> }> {
     child.stderr.setEncoding("utf8");
     child.stderr.on("data", (chunk: string) => {
       seen += chunk;
-      const found = /airlock: listening on (\S+)/.exec(seen);
+      // A whole line only: a chunk may end inside the URL.
+      const found = /airlock: listening on (\S+)\n/.exec(seen);
       if (found?.[1]) resolve(found[1]);
     });
     child.on("exit", (code) => reject(new Error(`airlock serve exited (${code}):\n${seen}`)));
