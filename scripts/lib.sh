@@ -87,8 +87,8 @@ ensure_python_client() {
 # The TypeScript client (clients/typescript): its npm packages in its own node_modules, from
 # the npm registry through a cache outside the clone that a machine keeps between runs (a fresh
 # machine downloads them once); `npm ci` installs exactly package-lock.json's versions.
-AIRLOCK_CACHE_DIR=${AIRLOCK_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/airlock}
-export AIRLOCK_CACHE_DIR
+# Not exported, and no AIRLOCK_ name: a server under test would read it as a setting.
+CLIENTS_CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/airlock
 
 # ensure_typescript_client: node and npm (Debian's, when missing), and clients/typescript's
 # node_modules as its package-lock.json says.
@@ -99,8 +99,8 @@ ensure_typescript_client() {
         && [ "$dir/node_modules/.package-lock.json" -nt "$dir/package-lock.json" ]; then
         return 0
     fi
-    echo "==> installing the TypeScript client's packages (npm ci, cache $AIRLOCK_CACHE_DIR/npm)"
-    (cd "$dir" && npm ci --silent --no-audit --no-fund --prefer-offline --cache "$AIRLOCK_CACHE_DIR/npm")
+    echo "==> installing the TypeScript client's packages (npm ci, cache $CLIENTS_CACHE_DIR/npm)"
+    (cd "$dir" && npm ci --silent --no-audit --no-fund --prefer-offline --cache "$CLIENTS_CACHE_DIR/npm")
 }
 
 # schemathesis, which fuzzes the real server from its own /openapi.json (crates/cli/tests/

@@ -2,7 +2,7 @@
 // (ai@7, Node >= 22) and Mastra (@mastra/core@1, Node >= 22.13) do not run on Node 20, which
 // the package itself supports. Node comes from the npm registry (the `node-<os>-<arch>`
 // packages hold the official binaries) and is kept under ~/.cache/airlock/ (or
-// $AIRLOCK_CACHE_DIR), installed on first use. Under Node 22 or later already, that node runs.
+// $XDG_CACHE_HOME/airlock), installed on first use. Under Node 22 or later already, that node runs.
 //
 //     node scripts/node22.mjs --test build/test/adapters-ai-sdk.test.js
 import { spawnSync } from "node:child_process";
@@ -12,7 +12,7 @@ import { join } from "node:path";
 
 const VERSION = "22.23.5";
 const major = Number(process.versions.node.split(".")[0]);
-const cache = process.env.AIRLOCK_CACHE_DIR ?? join(homedir(), ".cache", "airlock");
+const cache = join(process.env.XDG_CACHE_HOME || join(homedir(), ".cache"), "airlock");
 
 function node22() {
   if (major >= 22) return process.execPath;
