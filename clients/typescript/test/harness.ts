@@ -126,6 +126,9 @@ export interface LaunchOptions {
   listen?: string;
   /** TOML put before the configuration. */
   extra?: string;
+  /** The command line that starts the server, given its own (it must end by exec'ing that,
+   * so that the server keeps the child's pid). */
+  wrap?: (argv: string[]) => string[];
 }
 
 /** Starts `airlock serve` and resolves once it listens. */
@@ -140,11 +143,18 @@ export async function launch(options: LaunchOptions = {}): Promise<Server> {
   // One warm sandbox and no zygote: enough for these tests, and quick to start.
   env["AIRLOCK_POOL__SIZE"] = "1";
   env["AIRLOCK_ZYGOTE__ENABLED"] = "false";
-  const proc = spawn(
+  const argv = [
     binary(),
-    ["serve", "--listen", options.listen ?? "127.0.0.1:0", "--config", join(dir, "airlock.toml"), "--state-dir", join(dir, "state")],
-    { stdio: ["ignore", "ignore", "pipe"], env },
-  );
+    "serve",
+    "--listen",
+    options.listen ?? "127.0.0.1:0",
+    "--config",
+    join(dir, "airlock.toml"),
+    "--state-dir",
+    join(dir, "state"),
+  ];
+  const [command = "", ...args] = options.wrap?.(argv) ?? argv;
+  const proc = spawn(command, args, { stdio: ["ignore", "ignore", "pipe"], env });
   let log = "";
   const exited = new Promise<number | null>((resolve) => proc.once("exit", (code) => resolve(code)));
   const url = await new Promise<string>((resolve, reject) => {
