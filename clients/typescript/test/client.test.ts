@@ -13,7 +13,7 @@ import {
   TransportError,
   type StreamEvent,
 } from "../src/index.js";
-import { EXECUTE_ONLY, KEY, useServer } from "./harness.js";
+import { EXECUTE_ONLY, KEY, launch, useServer } from "./harness.js";
 
 const server = useServer();
 let client: Airlock;
@@ -151,7 +151,23 @@ test("errors carry their code, status, request id and field", async () => {
     assert.equal(err.field, "environment");
     return true;
   });
-  await assert.rejects(client.run("x = 1\n".repeat(3 << 20)), PayloadTooLargeError);
+});
+
+test("a body over the server's limit is a PayloadTooLargeError", async () => {
+  // A server that takes 64 KiB: the 100 KB sent fit in the connection's buffers, so the
+  // client has written them all when the server answers 413 and closes (a body of
+  // megabytes would still be being written then, and the write would fail first).
+  const small = await launch({ extra: "[http]\nmax_body_bytes = 65536\n" });
+  try {
+    const client = new Airlock({ baseUrl: small.url, apiKey: KEY });
+    await assert.rejects(client.run("x = 1\n".repeat(100_000 / 6)), (err: unknown) => {
+      assert.ok(err instanceof PayloadTooLargeError, String(err));
+      assert.equal(err.status, 413);
+      return true;
+    });
+  } finally {
+    await small.stop();
+  }
 });
 
 test("a server that is gone is a transport error", async () => {
