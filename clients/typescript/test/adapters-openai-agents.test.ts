@@ -11,7 +11,7 @@ import { test } from "node:test";
 import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled } from "@openai/agents";
 import { pythonREPL, pythonTool } from "../src/adapters/openai-agents.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
@@ -23,7 +23,9 @@ function toolOutputs(request: ModelRequest): string[] {
     if (item.type !== "function_call_result") return [];
     const output = item.output as unknown;
     if (typeof output === "string") return [output];
-    return [String((output as { text?: unknown }).text)];
+    // Structured output: its text items (images are read in the test that asks for them).
+    const items = (Array.isArray(output) ? output : [output]) as { type: string; text?: unknown }[];
+    return [items.filter((o) => o.type === "input_text" || o.type === "text").map((o) => String(o.text)).join("\n")];
   });
 }
 
@@ -91,6 +93,20 @@ if (!NODE_22) {
     model = new ScriptedModel("python", ["1"]);
     result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: wrong })] }), "go");
     assert.match(String(result.finalOutput), /error occurred while running the tool/i);
+  });
+
+  test("openai-agents: with images, the model's next turn gets the chart as an input_image", async () => {
+    const model = new ScriptedModel("python", [charts(1), "print('no chart')"]);
+    const result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: served.airlock, images: true })] }), "plot");
+    assert.equal(result.finalOutput, "stdout:\ndrawn\n[1 chart(s) attached as image(s)]\n---\nstdout:\nno chart");
+    const items = Array.isArray(model.requests[2]?.input) ? model.requests[2].input : [];
+    const [drawn, plain] = items.flatMap((i) => (i.type === "function_call_result" ? [i.output as unknown] : []));
+    assert.deepEqual(plain, { type: "text", text: "stdout:\nno chart" }); // no chart: text as ever (the SDK's form)
+    const parts = drawn as { type: string; text?: string; image?: unknown }[];
+    assert.deepEqual(parts.map((p) => p.type), ["input_text", "input_image"]);
+    const image = String(parts[1]?.image);
+    assert.ok(image.startsWith("data:image/png;base64,"), image.slice(0, 40));
+    assertPng(image.slice("data:image/png;base64,".length));
   });
 
   test("openai-agents: the session tool keeps state between calls", async (t) => {
