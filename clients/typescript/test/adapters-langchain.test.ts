@@ -8,48 +8,13 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { BaseChatModel } from "@langchain/core/language_models/chat_models";
-import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
-import type { ChatResult } from "@langchain/core/outputs";
-import type { StructuredToolInterface } from "@langchain/core/tools";
-import { convertToOpenAITool } from "@langchain/core/utils/function_calling";
+import { AIMessage, ToolMessage } from "@langchain/core/messages";
 import { createAgent } from "langchain";
 import { pythonREPL, pythonTool } from "../src/adapters/langchain.js";
 import { Airlock } from "../src/index.js";
 import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { ScriptedChatModel, call } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
-
-/** A chat model that answers from a script and records the tools bound to it and the
- * messages it was shown. */
-class ScriptedChatModel extends BaseChatModel {
-  readonly script: AIMessage[];
-  bound: ReturnType<typeof convertToOpenAITool>[] = [];
-  seen: BaseMessage[][] = [];
-
-  constructor(script: AIMessage[]) {
-    super({});
-    this.script = [...script];
-  }
-
-  _llmType(): string {
-    return "scripted";
-  }
-
-  override bindTools(tools: StructuredToolInterface[]): this {
-    this.bound = tools.map((t) => convertToOpenAITool(t));
-    return this;
-  }
-
-  async _generate(messages: BaseMessage[]): Promise<ChatResult> {
-    this.seen.push(messages);
-    const message = this.script.shift() ?? new AIMessage("done");
-    return { generations: [{ text: typeof message.content === "string" ? message.content : "", message }] };
-  }
-}
-
-function call(tool: string, code: string, n: number): AIMessage {
-  return new AIMessage({ content: "", tool_calls: [{ name: tool, args: { code }, id: `call_${n}`, type: "tool_call" }] });
-}
 
 if (!NODE_22) {
   delegate(import.meta.url);

@@ -8,58 +8,14 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled } from "@openai/agents";
+import { Agent, run, setTracingDisabled } from "@openai/agents";
 import { pythonREPL, pythonTool } from "../src/adapters/openai-agents.js";
 import { Airlock } from "../src/index.js";
 import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { ScriptedModel } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
-
-/** The function call outputs the model was given, in order. */
-function toolOutputs(request: ModelRequest): string[] {
-  const items = Array.isArray(request.input) ? request.input : [];
-  return items.flatMap((item) => {
-    if (item.type !== "function_call_result") return [];
-    const output = item.output as unknown;
-    if (typeof output === "string") return [output];
-    // Structured output: its text items (images are read in the test that asks for them).
-    const items = (Array.isArray(output) ? output : [output]) as { type: string; text?: unknown }[];
-    return [items.filter((o) => o.type === "input_text" || o.type === "text").map((o) => String(o.text)).join("\n")];
-  });
-}
-
-/** A model that calls `tool` with each of `codes` in turn, then answers with every output it
- * was shown, joined by `---` lines. */
-class ScriptedModel implements Model {
-  readonly requests: ModelRequest[] = [];
-  constructor(
-    readonly tool: string,
-    readonly codes: string[],
-  ) {}
-
-  async getResponse(request: ModelRequest): Promise<ModelResponse> {
-    this.requests.push(request);
-    const done = toolOutputs(request);
-    const usage = new Usage();
-    if (done.length < this.codes.length) {
-      const code = this.codes[done.length] ?? "";
-      return {
-        usage,
-        output: [{ type: "function_call", callId: `c${done.length}`, name: this.tool, arguments: JSON.stringify({ code }), status: "completed" }],
-      };
-    }
-    const text = done.join("\n---\n");
-    return {
-      usage,
-      output: [{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text }] }],
-    };
-  }
-
-  getStreamedResponse(): AsyncIterable<never> {
-    throw new Error("not streamed in these tests");
-  }
-}
 
 if (!NODE_22) {
   delegate(import.meta.url);
