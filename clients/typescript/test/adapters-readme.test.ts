@@ -16,6 +16,7 @@ import { assertPng, assertSandboxed, charts, probe, serve } from "./adapters-com
 import { ScriptedChatModel, ScriptedModel, call, scripted, toolResults } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 import { KEY } from "./harness.js";
+import { strictProblems } from "./readme-check.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
 
@@ -66,24 +67,7 @@ if (!NODE_22) {
   });
 
   test("the README's adapter examples type-check under strict", () => {
-    const program = ts.createProgram(
-      BLOCKS.map((_, i) => join(WORK, `block${i}.mts`)),
-      {
-        strict: true,
-        noUncheckedIndexedAccess: true,
-        exactOptionalPropertyTypes: true,
-        module: ts.ModuleKind.NodeNext,
-        moduleResolution: ts.ModuleResolutionKind.NodeNext,
-        target: ts.ScriptTarget.ES2022,
-        lib: ["lib.es2022.d.ts", "lib.dom.d.ts"],
-        types: ["node"],
-        noEmit: true,
-        skipLibCheck: true,
-      },
-    );
-    const problems = ts.getPreEmitDiagnostics(program).map((d) =>
-      ts.formatDiagnostic(d, { getCanonicalFileName: (f) => f, getCurrentDirectory: () => WORK, getNewLine: () => "\n" }),
-    );
+    const problems = strictProblems(BLOCKS.map((_, i) => join(WORK, `block${i}.mts`)), WORK);
     assert.deepEqual(problems, []);
   });
 
