@@ -11,7 +11,7 @@ import { test } from "node:test";
 import { generateText, isStepCount } from "ai";
 import { pythonREPL, pythonTool } from "../src/adapters/ai-sdk.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
 import { scripted, toolResults } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 
@@ -69,6 +69,49 @@ if (!NODE_22) {
     // The chart itself went to the program.
     assert.equal(seen[0]?.outputs[0]?.type, "image/png");
     assert.ok(String(seen[0]?.outputs[0]?.data).startsWith("iVBOR"));
+  });
+
+  test("ai-sdk: with images, the model's next turn gets the charts as image parts, within the bounds", async () => {
+    const model = scripted("python", [charts(1), charts(3)]);
+    const seen: { outputs: { type: string; data: unknown }[] }[] = [];
+    await generateText({
+      model,
+      tools: { python: pythonTool({ client: served.airlock, images: { max: 2 }, onExecution: (e) => seen.push(e) }) },
+      stopWhen: isStepCount(5),
+      prompt: "plot",
+    });
+    // The last turn of the model was shown both calls' results.
+    const [one, three] = toolResults(model.doGenerateCalls[2]?.prompt) as { output: { type: string; value: Part[] } }[];
+    type Part = { type: string; text?: string; mediaType?: string; data?: { type: string; data: string } };
+    assert.equal(one?.output.type, "content");
+    assert.deepEqual(one?.output.value.map((p) => p.type), ["text", "file"]);
+    assert.equal(one?.output.value[0]?.text, "stdout:\ndrawn\n[1 chart(s) attached as image(s)]");
+    const chart = one?.output.value[1];
+    assert.equal(chart?.mediaType, "image/png");
+    assertPng(chart?.data?.data);
+    assert.equal(chart?.data?.data, seen[0]?.outputs[0]?.data); // the execution's own chart
+    // Three charts, two handed over: the third is named, as without images.
+    assert.deepEqual(three?.output.value.map((p) => p.type), ["text", "file", "file"]);
+    assert.equal(
+      three?.output.value[0]?.text,
+      "stdout:\ndrawn\n[2 chart(s) attached as image(s)]\n[1 display output(s) not shown here: image/png]",
+    );
+    assert.deepEqual(three?.output.value.slice(1).map((p) => p.data?.data), seen[1]?.outputs.slice(0, 2).map((o) => o.data));
+  });
+
+  test("ai-sdk: with images, a chart over the byte bound and a call without charts answer text", async () => {
+    const model = scripted("python", [charts(1), "print('no chart')"]);
+    await generateText({
+      model,
+      tools: { python: pythonTool({ client: served.airlock, images: { maxBytes: 100 } }) },
+      stopWhen: isStepCount(5),
+      prompt: "plot",
+    });
+    const shown = toolResults(model.doGenerateCalls[2]?.prompt).map((r) => r.output);
+    assert.deepEqual(shown, [
+      { type: "text", value: "stdout:\ndrawn\n[1 display output(s) not shown here: image/png]" },
+      { type: "text", value: "stdout:\nno chart" },
+    ]);
   });
 
   test("ai-sdk: a refusal by the server is a tool error the model reads", async () => {

@@ -117,3 +117,16 @@ export function sessionsOf(airlock: Airlock): OpensSessions | undefined {
   const candidate = airlock as unknown as { session?: unknown };
   return typeof candidate.session === "function" ? (airlock as unknown as OpensSessions) : undefined;
 }
+
+/** Code that draws `n` matplotlib charts, shown one by one, and prints `drawn`. */
+export function charts(n: number): string {
+  return `import matplotlib.pyplot as plt\nfor i in range(${n}):\n    plt.plot([1, 2, 3][: i + 2]); plt.show()\nprint("drawn")`;
+}
+
+/** A real PNG's bytes in base64: its signature and a header chunk. */
+export function assertPng(base64: unknown): void {
+  assert.equal(typeof base64, "string");
+  const bytes = Buffer.from(String(base64), "base64");
+  assert.deepEqual([...bytes.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]);
+  assert.equal(bytes.subarray(12, 16).toString("latin1"), "IHDR");
+}

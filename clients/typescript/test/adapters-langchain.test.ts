@@ -8,48 +8,13 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { BaseChatModel } from "@langchain/core/language_models/chat_models";
-import { AIMessage, type BaseMessage, ToolMessage } from "@langchain/core/messages";
-import type { ChatResult } from "@langchain/core/outputs";
-import type { StructuredToolInterface } from "@langchain/core/tools";
-import { convertToOpenAITool } from "@langchain/core/utils/function_calling";
+import { AIMessage, ToolMessage } from "@langchain/core/messages";
 import { createAgent } from "langchain";
 import { pythonREPL, pythonTool } from "../src/adapters/langchain.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { ScriptedChatModel, call } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
-
-/** A chat model that answers from a script and records the tools bound to it and the
- * messages it was shown. */
-class ScriptedChatModel extends BaseChatModel {
-  readonly script: AIMessage[];
-  bound: ReturnType<typeof convertToOpenAITool>[] = [];
-  seen: BaseMessage[][] = [];
-
-  constructor(script: AIMessage[]) {
-    super({});
-    this.script = [...script];
-  }
-
-  _llmType(): string {
-    return "scripted";
-  }
-
-  override bindTools(tools: StructuredToolInterface[]): this {
-    this.bound = tools.map((t) => convertToOpenAITool(t));
-    return this;
-  }
-
-  async _generate(messages: BaseMessage[]): Promise<ChatResult> {
-    this.seen.push(messages);
-    const message = this.script.shift() ?? new AIMessage("done");
-    return { generations: [{ text: typeof message.content === "string" ? message.content : "", message }] };
-  }
-}
-
-function call(tool: string, code: string, n: number): AIMessage {
-  return new AIMessage({ content: "", tool_calls: [{ name: tool, args: { code }, id: `call_${n}`, type: "tool_call" }] });
-}
 
 if (!NODE_22) {
   delegate(import.meta.url);
@@ -84,6 +49,24 @@ if (!NODE_22) {
     const shown = model.seen[1]?.filter((m) => ToolMessage.isInstance(m)).map((m) => m.content);
     assert.deepEqual(shown, ["stdout:\nset\nresult: 42"]);
     assert.equal(messages.at(-1)?.content, "done");
+  });
+
+  test("langchain: with images, the model's next turn gets the chart as an image block", async () => {
+    const model = new ScriptedChatModel([call("python", charts(1), 1), call("python", "print('no chart')", 2), new AIMessage("done")]);
+    const agent = createAgent({ model, tools: [pythonTool({ client: served.airlock, images: true })] });
+    const { messages } = await agent.invoke({ messages: [{ role: "user", content: "plot" }] });
+    const [drawn, plain] = model.seen[2]?.filter((m) => ToolMessage.isInstance(m)).map((m) => m.content) ?? [];
+    type Block = { type: string; text?: string; mimeType?: string; data?: string };
+    assert.ok(Array.isArray(drawn), JSON.stringify(drawn));
+    const blocks = drawn as Block[];
+    assert.deepEqual(blocks.map((b) => b.type), ["text", "image"]);
+    assert.equal(blocks[0]?.text, "stdout:\ndrawn\n[1 chart(s) attached as image(s)]");
+    assert.equal(blocks[1]?.mimeType, "image/png");
+    assertPng(blocks[1]?.data);
+    assert.equal(plain, "stdout:\nno chart"); // no chart: text as ever
+    // The artifact is still the whole execution, its chart included.
+    const artifact = messages.filter((m): m is ToolMessage => ToolMessage.isInstance(m))[0]?.artifact as { outputs: { data: string }[] };
+    assert.equal(artifact.outputs[0]?.data, blocks[1]?.data);
   });
 
   test("langchain: invoked directly, with fences and a tool call", async () => {

@@ -9,8 +9,8 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { Agent } from "@mastra/core/agent";
 import { pythonREPL, pythonTool } from "../src/adapters/mastra.js";
-import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf } from "./adapters-common.js";
-import { scripted } from "./adapters-mock-model.js";
+import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf } from "./adapters-common.js";
+import { scripted, toolResults } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 
 if (!NODE_22) {
@@ -37,6 +37,27 @@ if (!NODE_22) {
     const tools = ([...model.doGenerateCalls, ...model.doStreamCalls][0]?.tools ?? []) as { name: string; inputSchema: { required?: string[] } }[];
     assert.equal(tools[0]?.name, "python");
     assert.deepEqual(tools[0]?.inputSchema.required, ["code"]);
+  });
+
+  test("mastra: with images, the model's next turn gets the chart", async () => {
+    const model = scripted("python", [charts(1)]);
+    const agent = new Agent({
+      id: "a",
+      name: "a",
+      instructions: "Use Python.",
+      model: model as never,
+      tools: { python: pythonTool({ client: served.airlock, images: true }) },
+    });
+    await agent.generate("plot", { maxSteps: 5 });
+    const calls = [...model.doGenerateCalls, ...model.doStreamCalls];
+    const [shown] = toolResults(calls[1]?.prompt);
+    type Part = { type: string; text?: string; mediaType?: string; data?: { data?: unknown } };
+    assert.equal(shown?.output.type, "content");
+    const parts = shown?.output.value as Part[];
+    assert.deepEqual(parts.map((p) => p.type), ["text", "file"]);
+    assert.equal(parts[0]?.text, "stdout:\ndrawn\n[1 chart(s) attached as image(s)]");
+    assert.equal(parts[1]?.mediaType, "image/png");
+    assertPng(parts[1]?.data?.data);
   });
 
   test("mastra: the session tool keeps state between calls", async (t) => {

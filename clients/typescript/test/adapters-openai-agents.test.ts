@@ -8,56 +8,14 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { Agent, type Model, type ModelRequest, type ModelResponse, Usage, run, setTracingDisabled } from "@openai/agents";
+import { Agent, run, setTracingDisabled } from "@openai/agents";
 import { pythonREPL, pythonTool } from "../src/adapters/openai-agents.js";
 import { Airlock } from "../src/index.js";
-import { assertContained, assertSandboxed, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { assertContained, assertPng, assertSandboxed, charts, hostile, probe, serve, sessionsOf, WRONG_KEY } from "./adapters-common.js";
+import { ScriptedModel } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
-
-/** The function call outputs the model was given, in order. */
-function toolOutputs(request: ModelRequest): string[] {
-  const items = Array.isArray(request.input) ? request.input : [];
-  return items.flatMap((item) => {
-    if (item.type !== "function_call_result") return [];
-    const output = item.output as unknown;
-    if (typeof output === "string") return [output];
-    return [String((output as { text?: unknown }).text)];
-  });
-}
-
-/** A model that calls `tool` with each of `codes` in turn, then answers with every output it
- * was shown, joined by `---` lines. */
-class ScriptedModel implements Model {
-  readonly requests: ModelRequest[] = [];
-  constructor(
-    readonly tool: string,
-    readonly codes: string[],
-  ) {}
-
-  async getResponse(request: ModelRequest): Promise<ModelResponse> {
-    this.requests.push(request);
-    const done = toolOutputs(request);
-    const usage = new Usage();
-    if (done.length < this.codes.length) {
-      const code = this.codes[done.length] ?? "";
-      return {
-        usage,
-        output: [{ type: "function_call", callId: `c${done.length}`, name: this.tool, arguments: JSON.stringify({ code }), status: "completed" }],
-      };
-    }
-    const text = done.join("\n---\n");
-    return {
-      usage,
-      output: [{ type: "message", role: "assistant", status: "completed", content: [{ type: "output_text", text }] }],
-    };
-  }
-
-  getStreamedResponse(): AsyncIterable<never> {
-    throw new Error("not streamed in these tests");
-  }
-}
 
 if (!NODE_22) {
   delegate(import.meta.url);
@@ -91,6 +49,20 @@ if (!NODE_22) {
     model = new ScriptedModel("python", ["1"]);
     result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: wrong })] }), "go");
     assert.match(String(result.finalOutput), /error occurred while running the tool/i);
+  });
+
+  test("openai-agents: with images, the model's next turn gets the chart as an input_image", async () => {
+    const model = new ScriptedModel("python", [charts(1), "print('no chart')"]);
+    const result = await run(new Agent({ name: "a", model, tools: [pythonTool({ client: served.airlock, images: true })] }), "plot");
+    assert.equal(result.finalOutput, "stdout:\ndrawn\n[1 chart(s) attached as image(s)]\n---\nstdout:\nno chart");
+    const items = Array.isArray(model.requests[2]?.input) ? model.requests[2].input : [];
+    const [drawn, plain] = items.flatMap((i) => (i.type === "function_call_result" ? [i.output as unknown] : []));
+    assert.deepEqual(plain, { type: "text", text: "stdout:\nno chart" }); // no chart: text as ever (the SDK's form)
+    const parts = drawn as { type: string; text?: string; image?: unknown }[];
+    assert.deepEqual(parts.map((p) => p.type), ["input_text", "input_image"]);
+    const image = String(parts[1]?.image);
+    assert.ok(image.startsWith("data:image/png;base64,"), image.slice(0, 40));
+    assertPng(image.slice("data:image/png;base64,".length));
   });
 
   test("openai-agents: the session tool keeps state between calls", async (t) => {

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import type { ExecutionLike } from "../src/adapters/sandbox.js";
-import { clip, render, show, stripFences } from "../src/adapters/text.js";
+import { clip, pickImages, render, show, stripFences } from "../src/adapters/text.js";
 
 function execution(fields: Partial<ExecutionLike>): ExecutionLike {
   return { status: "ok", stdout: "", stderr: "", resultJson: null, ...fields };
@@ -56,6 +56,19 @@ test("charts and files are named, never inlined", () => {
       "[the session's interpreter has ended: the next code starts a fresh one, without the earlier variables and files]",
   );
   assert.ok(!text.includes("iVBOR") && !text.includes("secret-bytes"));
+});
+
+test("images: PNG outputs within the bounds are picked, the rest named", () => {
+  const png = (bytes: number): { type: string; data: string } => ({ type: "image/png", data: btoa("x".repeat(bytes)) });
+  const e = execution({ outputs: [png(10), { type: "text/html" }, png(2000), png(20), png(30)] });
+  const { images, attached } = pickImages(e, { max: 2, maxBytes: 1000 });
+  assert.deepEqual(images.map((i) => i.data), [png(10).data, png(20).data]); // the large one skipped, the last past max
+  assert.deepEqual([...attached], [0, 3]);
+  assert.equal(
+    render(e, { attached }),
+    "(the code ran and printed nothing)\n[2 chart(s) attached as image(s)]\n[3 display output(s) not shown here: image/png, text/html]",
+  );
+  assert.equal(pickImages(e, { maxBytes: 10 }).images.length, 1); // exactly at the bound: kept
 });
 
 test("the text is bounded, keeping the beginning and end of each long part", () => {

@@ -7,6 +7,7 @@ import { fileURLToPath } from "node:url";
 
 import ts from "typescript";
 
+import { strictProblems } from "./readme-check.js";
 import { APPROVER, EXECUTE_ONLY, KEY, launch, type Server } from "./harness.js";
 
 // Every TypeScript block of the README marked `ts run` is type-checked against the built
@@ -37,23 +38,7 @@ test("the README has runnable examples", () => {
 
 test("the README's examples type-check under strict", () => {
   const files = BLOCKS.map((_, i) => join(WORK, `block${i}.mts`));
-  const program = ts.createProgram(files, {
-    strict: true,
-    noUncheckedIndexedAccess: true,
-    exactOptionalPropertyTypes: true,
-    module: ts.ModuleKind.NodeNext,
-    moduleResolution: ts.ModuleResolutionKind.NodeNext,
-    target: ts.ScriptTarget.ES2022,
-    lib: ["lib.es2022.d.ts", "lib.dom.d.ts"],
-    types: ["node"],
-    noEmit: true,
-    skipLibCheck: true,
-  });
-  const problems = ts.getPreEmitDiagnostics(program).map((d) => ts.formatDiagnostic(d, {
-    getCanonicalFileName: (f) => f,
-    getCurrentDirectory: () => WORK,
-    getNewLine: () => "\n",
-  }));
+  const problems = strictProblems(files, WORK);
   assert.deepEqual(problems, []);
 });
 

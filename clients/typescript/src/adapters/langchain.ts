@@ -17,7 +17,9 @@
  *
  * Both are `DynamicStructuredTool`s with one argument, `code`, and `responseFormat`
  * `"content_and_artifact"`: the `ToolMessage`'s content is the text the model reads, its
- * `artifact` the whole execution (charts, files, the decoded result) for the program. A
+ * `artifact` the whole execution (charts, files, the decoded result) for the program. With
+ * `images`, a call that drew charts answers content blocks instead: the text, then each chart
+ * as a standard `image` block (`mimeType`, base64 `data`), for a multimodal chat model. A
  * refusal by the server is thrown, as any tool's failure; the run's abort signal cancels the
  * request.
  */
@@ -37,10 +39,15 @@ import {
 } from "./tool.js";
 
 export { PythonREPL } from "./tool.js";
-export type { PythonREPLOptions, PythonToolOptions } from "./tool.js";
+export type { Image, ImageBounds, PythonREPLOptions, PythonToolOptions } from "./tool.js";
+
+/** A `ToolMessage`'s content: the text, or with charts the text and `image` blocks. */
+export type AirlockContent =
+  | string
+  | ({ type: "text"; text: string } | { type: "image"; mimeType: string; data: string })[];
 
 /** A LangChain tool whose artifact is an execution of type `E`. */
-export type AirlockTool<E> = DynamicStructuredTool<ReturnType<typeof codeSchema>, CodeInput, CodeInput, [string, E]>;
+export type AirlockTool<E> = DynamicStructuredTool<ReturnType<typeof codeSchema>, CodeInput, CodeInput, [AirlockContent, E]>;
 
 function langchainTool<E>(runner: Runner<E>): AirlockTool<E> {
   return new DynamicStructuredTool({
@@ -48,9 +55,11 @@ function langchainTool<E>(runner: Runner<E>): AirlockTool<E> {
     description: runner.description,
     schema: codeSchema(),
     responseFormat: "content_and_artifact",
-    func: async ({ code }: CodeInput, _run?: unknown, config?: { signal?: AbortSignal }): Promise<[string, E]> => {
-      const { text, execution } = await runner.answer(code, config?.signal);
-      return [text, execution];
+    func: async ({ code }: CodeInput, _run?: unknown, config?: { signal?: AbortSignal }): Promise<[AirlockContent, E]> => {
+      const { text, images, execution } = await runner.answer(code, config?.signal);
+      if (images.length === 0) return [text, execution];
+      const blocks = images.map(({ mediaType, data }) => ({ type: "image" as const, mimeType: mediaType, data }));
+      return [[{ type: "text", text }, ...blocks], execution];
     },
   });
 }

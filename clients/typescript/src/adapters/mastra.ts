@@ -20,7 +20,9 @@
  *
  * Each tool's id is its name (`python`, `python_repl`); it takes one argument, `code`, and
  * answers text. A refusal by the server is thrown, which Mastra hands the model as the tool's
- * error. The agent's abort signal cancels the request.
+ * error. The agent's abort signal cancels the request. With `images`, the tool's output is
+ * `{ text, images }` and its `toModelOutput` gives the model the text and each chart as an
+ * `image/png` file part (the AI SDK's form, which Mastra passes to the model).
  */
 
 import { createTool } from "@mastra/core/tools";
@@ -30,21 +32,36 @@ import {
   type PythonToolOptions,
   PythonREPL,
   type Runner,
+  type TextAndImages,
+  type ToolOptions,
   codeOf,
   codeSchema,
+  modelOutput,
   oneShot,
   repl,
 } from "./tool.js";
 
 export { PythonREPL } from "./tool.js";
-export type { PythonREPLOptions, PythonToolOptions } from "./tool.js";
+export type { Image, ImageBounds, PythonREPLOptions, PythonToolOptions, TextAndImages } from "./tool.js";
 
-function mastraTool<E>(runner: Runner<E>) {
+function mastraTool<E>(runner: Runner<E>, images: ToolOptions<E>["images"]) {
+  if (!images) {
+    return createTool({
+      id: runner.name,
+      description: runner.description,
+      inputSchema: codeSchema(),
+      execute: async (input, context) => (await runner.answer(codeOf(input), context?.abortSignal)).text,
+    });
+  }
   return createTool({
     id: runner.name,
     description: runner.description,
     inputSchema: codeSchema(),
-    execute: async (input, context) => (await runner.answer(codeOf(input), context?.abortSignal)).text,
+    execute: async (input, context): Promise<TextAndImages> => {
+      const { text, images } = await runner.answer(codeOf(input), context?.abortSignal);
+      return { text, images };
+    },
+    toModelOutput: (output) => modelOutput(output as TextAndImages),
   });
 }
 
@@ -53,7 +70,7 @@ export type AirlockMastraTool = ReturnType<typeof mastraTool>;
 
 /** A tool (id `python`) that runs each call's code in a fresh sandbox. */
 export function pythonTool<C extends RunsCode>(options: PythonToolOptions<C>): AirlockMastraTool {
-  return mastraTool(oneShot(options));
+  return mastraTool(oneShot(options), options.images);
 }
 
 /**
@@ -62,5 +79,5 @@ export function pythonTool<C extends RunsCode>(options: PythonToolOptions<C>): A
  */
 export function pythonREPL<C extends OpensSessions>(options: PythonREPLOptions<C>): PythonREPL<AirlockMastraTool> {
   const runner = repl(options);
-  return new PythonREPL(mastraTool(runner), runner.kernel);
+  return new PythonREPL(mastraTool(runner, options.images), runner.kernel);
 }

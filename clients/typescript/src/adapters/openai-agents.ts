@@ -19,7 +19,9 @@
  * answering text. A refusal by the server is thrown from the tool, and the SDK handles it as
  * any tool's failure: by its `errorFunction` (which you may pass; by default the model is told
  * that the tool failed, without details; `null` makes the run fail). `needsApproval` and
- * `timeoutMs` pass through too. The run's abort signal cancels the request.
+ * `timeoutMs` pass through too. The run's abort signal cancels the request. With `images`, a
+ * call that drew charts answers the SDK's structured output instead: a `text` item, then each
+ * chart as an `image` item (which the SDK sends as `input_image`), for a multimodal model.
  */
 
 import { type FunctionTool, tool } from "@openai/agents";
@@ -36,6 +38,12 @@ import {
 } from "./tool.js";
 
 export { PythonREPL } from "./tool.js";
+export type { Image, ImageBounds } from "./tool.js";
+
+/** A function tool's output: the text, or with charts a `text` item and `image` items. */
+export type AirlockToolOutput =
+  | string
+  | ({ type: "text"; text: string } | { type: "image"; image: { data: string; mediaType: string } })[];
 
 /** What the SDK's `tool()` takes that these tools pass through. */
 export interface AgentsToolOptions {
@@ -60,7 +68,11 @@ function agentsTool<E>(runner: Runner<E>, extra: AgentsToolOptions): AirlockFunc
     ...(errorFunction !== undefined ? { errorFunction } : {}),
     ...(needsApproval !== undefined ? { needsApproval } : {}),
     ...(timeoutMs !== undefined ? { timeoutMs } : {}),
-    execute: async (input, _context, details) => (await runner.answer(codeOf(input), details?.signal)).text,
+    execute: async (input, _context, details): Promise<AirlockToolOutput> => {
+      const { text, images } = await runner.answer(codeOf(input), details?.signal);
+      if (images.length === 0) return text;
+      return [{ type: "text", text }, ...images.map(({ mediaType, data }) => ({ type: "image" as const, image: { data, mediaType } }))];
+    },
   });
 }
 

@@ -25,8 +25,8 @@ export interface ExecutionLike {
   readonly resultJson?: unknown;
   /** The program's uncaught exception, or airlock's own failure. */
   readonly error?: { readonly type: string; readonly message: string; readonly traceback?: string | null | undefined } | null | undefined;
-  /** Display outputs (charts, HTML): only their types are told to the model. */
-  readonly outputs?: readonly { readonly type: string }[] | undefined;
+  /** Display outputs (charts, HTML): only their types are told to the model, unless asked. */
+  readonly outputs?: readonly { readonly type: string; readonly data?: unknown }[] | undefined;
   /** Files the code left in `./outputs`: only their paths are told to the model. */
   readonly files?: readonly { readonly path: string }[] | undefined;
   /** Set on a session's cell that ended the session's interpreter. */

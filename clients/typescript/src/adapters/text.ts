@@ -2,7 +2,8 @@
  * An execution as text for a model to read: what the code printed, its result, the error with
  * its traceback, why it stopped when it did not end well, and what was cut. Bounded: a model's
  * context is small, and a program can print megabytes. Charts and files are named, never
- * inlined: their bytes stay with the program (an adapter's `onExecution`).
+ * inlined: their bytes stay with the program (an adapter's `onExecution`), unless the tool
+ * was asked to hand charts to the model as images ({@link pickImages}).
  *
  * The same rules and bounds as the Python client's adapters, so a model reads the same text
  * from either.
@@ -52,6 +53,55 @@ export interface RenderOptions {
   maxChars?: number;
   /** A note put first, in brackets (a session tool says its session was replaced). */
   note?: string | undefined;
+  /** The indices of the display outputs handed to the model as images ({@link pickImages}). */
+  attached?: ReadonlySet<number> | undefined;
+}
+
+/** Images a tool's answer carries at most, by default. */
+export const DEFAULT_MAX_IMAGES = 4;
+/** The most bytes of one image a tool's answer carries, by default (1 MiB). */
+export const DEFAULT_MAX_IMAGE_BYTES = 1_048_576;
+
+/** A chart handed to a multimodal model beside a tool's text. */
+export interface Image {
+  /** Its media type (`image/png`). */
+  readonly mediaType: string;
+  /** Its bytes in base64, as the server sent them. */
+  readonly data: string;
+}
+
+/** How many images a tool's answer carries at most, and how large each may be. */
+export interface ImageBounds {
+  /** Images at most (default {@link DEFAULT_MAX_IMAGES}); later ones are only named. */
+  max?: number;
+  /** Bytes of one image at most (default {@link DEFAULT_MAX_IMAGE_BYTES}); larger ones are only named. */
+  maxBytes?: number;
+}
+
+/**
+ * The execution's PNG display outputs (matplotlib figures, `display()`ed images) a model may
+ * see, in order, within `bounds`, and their indices among the outputs (for {@link render},
+ * which names the others).
+ */
+export function pickImages(execution: ExecutionLike, bounds: ImageBounds = {}): { images: Image[]; attached: Set<number> } {
+  const max = bounds.max ?? DEFAULT_MAX_IMAGES;
+  const maxBytes = bounds.maxBytes ?? DEFAULT_MAX_IMAGE_BYTES;
+  const images: Image[] = [];
+  const attached = new Set<number>();
+  (execution.outputs ?? []).forEach((output, i) => {
+    const { type, data } = output;
+    if (type !== "image/png" || typeof data !== "string" || images.length >= max) return;
+    if (base64Bytes(data) > maxBytes) return;
+    images.push({ mediaType: type, data });
+    attached.add(i);
+  });
+  return { images, attached };
+}
+
+// The bytes base64 text stands for, without decoding it.
+function base64Bytes(data: string): number {
+  const padding = data.endsWith("==") ? 2 : data.endsWith("=") ? 1 : 0;
+  return Math.floor((data.length * 3) / 4) - padding;
 }
 
 /**
@@ -80,7 +130,9 @@ export function render(execution: ExecutionLike, options: RenderOptions = {}): s
   const tail: string[] = [];
   if (e.stdout_truncated) tail.push("[stdout was cut at the sandbox's output limit]");
   if (e.stderr_truncated) tail.push("[stderr was cut at the sandbox's output limit]");
-  const outputs = e.outputs ?? [];
+  const attached = options.attached ?? new Set<number>();
+  if (attached.size > 0) tail.push(`[${attached.size} chart(s) attached as image(s)]`);
+  const outputs = (e.outputs ?? []).filter((_, i) => !attached.has(i));
   if (outputs.length > 0) {
     const kinds = [...new Set(outputs.map((o) => o.type))].sort().join(", ");
     tail.push(`[${outputs.length} display output(s) not shown here: ${kinds}]`);

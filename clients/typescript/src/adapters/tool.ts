@@ -15,7 +15,19 @@ import {
   type SessionLike,
   runOnce,
 } from "./sandbox.js";
-import { CODE_DESCRIPTION, DEFAULT_MAX_CHARS, ONE_SHOT_DESCRIPTION, SESSION_DESCRIPTION, render, stripFences } from "./text.js";
+import {
+  CODE_DESCRIPTION,
+  DEFAULT_MAX_CHARS,
+  type Image,
+  type ImageBounds,
+  ONE_SHOT_DESCRIPTION,
+  SESSION_DESCRIPTION,
+  pickImages,
+  render,
+  stripFences,
+} from "./text.js";
+
+export type { Image, ImageBounds } from "./text.js";
 
 /** The settings a client's `run` (or `session`) takes, without the per-call `signal`. */
 export type SettingsOf<F> = F extends (first: never, options?: infer O) => unknown
@@ -40,6 +52,12 @@ export interface ToolOptions<E> {
    * sees only as text: how the program gets what is kept out of the model's context.
    */
   onExecution?: (execution: E, code: string) => void;
+  /**
+   * Hand the execution's charts (its `image/png` display outputs) to the model as images
+   * beside the text, for a multimodal model: `true` within the default bounds (4 images of
+   * 1 MiB at most), or the bounds. Charts past them are named in the text, as without it.
+   */
+  images?: boolean | ImageBounds | undefined;
 }
 
 /** A tool that runs each call in a fresh sandbox. */
@@ -58,10 +76,39 @@ export interface PythonREPLOptions<C extends OpensSessions> extends ToolOptions<
   sandbox?: C extends OpensSessions ? SettingsOf<C["session"]> : never;
 }
 
-/** A tool's answer: the text for the model and the whole execution for the program. */
-export interface Answer<E> {
+/** What the model is given: the text, and the charts when the tool was asked for them. */
+export interface TextAndImages {
+  /** The execution as text ({@link render}). */
   readonly text: string;
+  /** The charts handed over as images, in order (none unless asked). */
+  readonly images: readonly Image[];
+}
+
+/** A tool's answer: what the model is given and the whole execution for the program. */
+export interface Answer<E> extends TextAndImages {
   readonly execution: E;
+}
+
+/** What the AI SDK's `toModelOutput` answers (Mastra's too), as far as the tools use it. */
+export type ModelOutput =
+  | { type: "text"; value: string }
+  | {
+      type: "content";
+      value: ({ type: "text"; text: string } | { type: "file"; mediaType: string; data: { type: "data"; data: string } })[];
+    };
+
+/** The text, then each image as a file part: the AI SDK's form of images in a tool result. */
+export function modelOutput({ text, images }: TextAndImages): ModelOutput {
+  if (images.length === 0) return { type: "text", value: text };
+  const files = images.map(({ mediaType, data }) => ({ type: "file" as const, mediaType, data: { type: "data" as const, data } }));
+  return { type: "content", value: [{ type: "text", text }, ...files] };
+}
+
+// The model's text and images of an execution, as the tool's options ask.
+function answerOf<E>(execution: E, images: ToolOptions<E>["images"], maxChars: number, note?: string): Answer<E> {
+  const e = execution as ExecutionLike;
+  const picked = images ? pickImages(e, images === true ? {} : images) : { images: [], attached: undefined };
+  return { text: render(e, { maxChars, note, attached: picked.attached }), images: picked.images, execution };
 }
 
 /** The framework-independent half of a tool. */
@@ -74,7 +121,7 @@ export interface Runner<E> {
 
 /** The runner of a one-shot tool. */
 export function oneShot<C extends RunsCode>(options: PythonToolOptions<C>): Runner<ExecutionOf<C>> {
-  const { client, sandbox, maxChars = DEFAULT_MAX_CHARS, onExecution } = options;
+  const { client, sandbox, maxChars = DEFAULT_MAX_CHARS, onExecution, images } = options;
   return {
     name: options.name ?? "python",
     description: options.description ?? ONE_SHOT_DESCRIPTION,
@@ -82,7 +129,7 @@ export function oneShot<C extends RunsCode>(options: PythonToolOptions<C>): Runn
       const source = stripFences(code);
       const execution = (await runOnce(client, source, sandbox, signal)) as ExecutionOf<C>;
       onExecution?.(execution, source);
-      return { text: render(execution as ExecutionLike, { maxChars }), execution };
+      return answerOf(execution, images, maxChars);
     },
   };
 }
@@ -94,7 +141,7 @@ export interface REPLRunner extends Runner<ExecutionLike> {
 
 /** The runner of a session tool. */
 export function repl<C extends OpensSessions>(options: PythonREPLOptions<C>): REPLRunner {
-  const { client, sandbox, maxChars = DEFAULT_MAX_CHARS, onExecution } = options;
+  const { client, sandbox, maxChars = DEFAULT_MAX_CHARS, onExecution, images } = options;
   const kernel = new Kernel<object>(client as OpensSessions | (() => Promise<SessionLike>), sandbox as object | undefined);
   return {
     name: options.name ?? "python_repl",
@@ -104,7 +151,7 @@ export function repl<C extends OpensSessions>(options: PythonREPLOptions<C>): RE
       const source = stripFences(code);
       const { execution, note } = await kernel.run(source, signal);
       onExecution?.(execution, source);
-      return { text: render(execution, { maxChars, note }), execution };
+      return answerOf(execution, images, maxChars, note);
     },
   };
 }
