@@ -273,7 +273,6 @@ export class BackgroundEvents implements AsyncIterable<BackgroundEvent> {
           const event = toEvent(sse.event, sse.data, sse.id as string, stream.requestId);
           got = true;
           quiet = 0;
-          if (event === undefined) continue;
           this.lastEventId = event.id;
           yield event;
           if (event.type === "result" || event.type === "error") return;
@@ -300,13 +299,14 @@ export class BackgroundEvents implements AsyncIterable<BackgroundEvent> {
     return this.#transport.events(
       { method: "GET", path: `/v1/executions/${segment(this.id, "an execution id")}/events`, headers },
       { signal: this.#signal },
+      true,
     );
   }
 }
 
-/** The event a server-sent event of an execution's log stands for (undefined: one this
- * client does not know, from a newer server). */
-function toEvent(name: string, data: string, id: string, requestId: string | undefined): BackgroundEvent | undefined {
+/** The event a server-sent event of an execution's log stands for (one airlock does not send
+ * is a `ProtocolError`). */
+function toEvent(name: string, data: string, id: string, requestId: string | undefined): BackgroundEvent {
   if (name === "error") {
     let body: unknown;
     try {
@@ -320,7 +320,6 @@ function toEvent(name: string, data: string, id: string, requestId: string | und
     return { id, type: "error", code, message, error: errorFor(code, message, { requestId }) };
   }
   const event = parseStreamEvent({ event: name, data, id, retry: undefined }, requestId);
-  if (event === undefined) return undefined;
   if (event.type === "result") return { id, type: "result", execution: toExecution(event.body, requestId, "$(result event)") };
   return { id, ...event };
 }

@@ -9,6 +9,7 @@ import {
   ProtocolError,
   TransportError,
   errorFromAnswer,
+  printable,
 } from "./errors.js";
 import { readEvents, type SseEvent } from "./sse.js";
 import { parseJson as parseExact } from "./json.js";
@@ -208,8 +209,10 @@ export class Transport {
    * accepted it (refusals throw here, before any event, and are retried as `request`'s are).
    * Iterating it yields each event; a connection lost mid-stream throws a `TransportError`,
    * the call's abort its signal's reason. The stream ending by itself ends the iteration: the
-   * caller knows whether that was its last event. */
-  async events(req: ApiRequest, options: CallOptions = {}): Promise<EventStream> {
+   * caller knows whether that was its last event. The whole stream may take
+   * `maxResponseBytes`, or with `perEvent` (a background execution's log, which may go on for
+   * hours) each of its events. */
+  async events(req: ApiRequest, options: CallOptions = {}, perEvent = false): Promise<EventStream> {
     const call = new Call(this, options);
     let response: Response;
     try {
@@ -228,7 +231,7 @@ export class Transport {
       throw e;
     }
     const body = response.body;
-    const maxEventChars = this.maxResponseBytes;
+    const limits = { maxEventChars: this.maxResponseBytes, ...(perEvent ? {} : { maxStreamBytes: this.maxResponseBytes }) };
     let iterated = false;
     return {
       status: response.status,
@@ -240,7 +243,7 @@ export class Transport {
         iterated = true;
         try {
           if (body === null) return;
-          yield* call.guard(readEvents(body, { maxEventChars }));
+          yield* call.guard(readEvents(body, { ...limits, strict: true }));
         } finally {
           call.abort(new TransportError("the stream was left", { code: "closed" }));
           call.release();
@@ -297,6 +300,9 @@ export class Transport {
     const headers: Record<string, string> = {
       Authorization: `Bearer ${this.#apiKey}`,
       Accept: accept,
+      // airlock answers uncompressed; fetch would otherwise ask for gzip and inflate a bomb
+      // before the client counts a byte of it.
+      "Accept-Encoding": "identity",
       ...req.headers,
     };
     let body: BodyInit | undefined;
@@ -320,8 +326,18 @@ export class Transport {
     const ok = req.ok ?? [200];
     for (let attempt = 0; ; attempt++) {
       const response = await call.do(() => this.#fetch(this.baseUrl + req.path, init));
-      if (ok.includes(response.status)) return response;
       const requestId = response.headers.get("x-request-id") ?? undefined;
+      const encoding = (response.headers.get("content-encoding") ?? "identity").trim().toLowerCase();
+      if (encoding !== "identity") {
+        // Refused before a byte of it is read, so fetch inflates nothing.
+        await response.body?.cancel().catch(() => undefined);
+        throw new ProtocolError(`a compressed answer (${printable(encoding, 40)}), though none was asked for`, {
+          code: "protocol_error",
+          status: response.status,
+          requestId,
+        });
+      }
+      if (ok.includes(response.status)) return response;
       if (response.status < 400) {
         await response.body?.cancel().catch(() => undefined);
         throw new ProtocolError(

@@ -5,15 +5,21 @@
 // exponent's digits, not followed by either); all integers of 15 digits are safe. A match in a
 // string only costs the slower parser.
 const LONG_INTEGER = /(?<![\d.eE+]|[eE]-)\d{16}(?![.eE])/;
+// A number JSON.parse would read as an infinity, or one of thousands of digits: an exponent of
+// three digits or more, a run of digits longer than the longest number read.
+const HUGE_NUMBER = /[eE][+-]?\d{3}|\d{4301}/;
+// The longest number literal read, as Python's int() reads at most 4300 digits by default.
+const MAX_NUMBER_CHARS = 4300;
 
 /**
  * Parses JSON text as `JSON.parse` does, except that an integer (a number written without a
- * fraction or an exponent) outside ±(2^53 - 1) is a `bigint`, exactly. Text with no integer
- * of 16 digits or more goes to `JSON.parse` itself; other text to a parser of its own, a few
- * times slower. A malformed text throws a `SyntaxError`.
+ * fraction or an exponent) outside ±(2^53 - 1) is a `bigint`, exactly, and a number too large
+ * for a float (`1e999`) or of more than 4300 characters is refused. Text with no integer of 16
+ * digits or more and no such number goes to `JSON.parse` itself; other text to a parser of
+ * its own, a few times slower. A malformed text throws a `SyntaxError`.
  */
 export function parseJson(text: string): unknown {
-  if (!LONG_INTEGER.test(text)) return JSON.parse(text);
+  if (!LONG_INTEGER.test(text) && !HUGE_NUMBER.test(text)) return JSON.parse(text);
   return new Parser(text).document();
 }
 
@@ -127,9 +133,12 @@ class Parser {
       const match = NUMBER.exec(text);
       if (match === null) this.fail("bad number");
       const literal = match[0];
-      this.at += literal.length;
+      if (literal.length > MAX_NUMBER_CHARS) this.fail(`a number of more than ${MAX_NUMBER_CHARS} characters`);
       const number = Number(literal);
-      if (match[1] === undefined && match[2] === undefined && !Number.isSafeInteger(number)) return BigInt(literal);
+      const integer = match[1] === undefined && match[2] === undefined;
+      if (!integer && !Number.isFinite(number)) this.fail("a number too large for a float");
+      this.at += literal.length;
+      if (integer && !Number.isSafeInteger(number)) return BigInt(literal);
       return number;
     }
     for (const [word, value] of WORDS) {

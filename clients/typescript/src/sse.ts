@@ -3,7 +3,7 @@
 // or CR, comments, multi-line `data`, `id` (kept across events, as `Last-Event-ID` resumes)
 // and `retry`. Bounded: one event may hold at most `maxEventChars` characters.
 
-import { ProtocolError } from "./errors.js";
+import { ProtocolError, printable } from "./errors.js";
 
 /** One event of a stream. */
 export interface SseEvent {
@@ -22,6 +22,11 @@ export interface SseEvent {
 export interface SseOptions {
   /** The most characters one event (its lines, comments included) may take; 64 Mi by default. */
   maxEventChars?: number;
+  /** The most bytes the whole stream may take; unbounded by default. */
+  maxStreamBytes?: number;
+  /** Refuse a field other than `event`, `data`, `id` and `retry` (the format skips them): a
+   * stream of a server that sends none. */
+  strict?: boolean;
 }
 
 const DEFAULT_MAX_EVENT_CHARS = 64 << 20;
@@ -33,12 +38,21 @@ export async function* readEvents(
   body: ReadableStream<Uint8Array>,
   options: SseOptions = {},
 ): AsyncGenerator<SseEvent, void, undefined> {
-  const parser = new SseParser(options.maxEventChars ?? DEFAULT_MAX_EVENT_CHARS);
+  const parser = new SseParser(options.maxEventChars ?? DEFAULT_MAX_EVENT_CHARS, options.strict);
+  const maxStreamBytes = options.maxStreamBytes ?? Infinity;
   const reader = body.getReader();
   const decoder = new TextDecoder("utf-8", { fatal: true });
+  let size = 0;
   try {
     for (;;) {
       const { done, value } = await reader.read();
+      size += value?.byteLength ?? 0;
+      if (size > maxStreamBytes) {
+        throw new ProtocolError(`the stream is over the client's limit of ${maxStreamBytes} bytes`, {
+          code: "protocol_error",
+          status: 200,
+        });
+      }
       let text: string;
       try {
         text = done ? decoder.decode() : decoder.decode(value, { stream: true });
@@ -66,7 +80,10 @@ export class SseParser {
   private lastId: string | undefined;
   private retry: number | undefined;
 
-  constructor(private readonly maxEventChars: number = DEFAULT_MAX_EVENT_CHARS) {}
+  constructor(
+    private readonly maxEventChars: number = DEFAULT_MAX_EVENT_CHARS,
+    private readonly strict = false,
+  ) {}
 
   /** The events that `text` completes. */
   feed(text: string): SseEvent[] {
@@ -128,7 +145,13 @@ export class SseParser {
         if (/^[0-9]+$/.test(value)) this.retry = Number(value);
         break;
       default:
-        // Unknown fields are ignored, as the format says.
+        // Unknown fields are ignored, as the format says, unless the stream has none.
+        if (this.strict) {
+          throw new ProtocolError(`an unknown event field ${JSON.stringify(printable(name, 40))}`, {
+            code: "protocol_error",
+            status: 200,
+          });
+        }
         break;
     }
     return undefined;

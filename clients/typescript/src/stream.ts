@@ -1,8 +1,9 @@
 // A streamed execution (`POST /v1/execute` or a session's cell with `Accept:
 // text/event-stream`): the server's events read into typed `StreamEvent`s, the result last.
 
-import { ERROR_CODES, ProtocolError, TransportError, errorFor } from "./errors.js";
+import { ERROR_CODES, ProtocolError, TransportError, errorFor, printable } from "./errors.js";
 import type { EventStream } from "./http.js";
+import { parseJson } from "./json.js";
 import { object, toExecution } from "./results.js";
 import type { SseEvent } from "./sse.js";
 import type { Approval, Execution, StreamEvent } from "./types.js";
@@ -14,37 +15,38 @@ export type OnApproval = (approval: Approval) => unknown;
 
 /** The event a server-sent event of an execution's stream stands for: an output event, an
  * approval request, the raw result (`{ type: "result", body }`) or the error it carries
- * (thrown); undefined for an event this client does not know (a newer server's). Shared by
- * every stream of executions (in place, cells, background). */
+ * (thrown); an event airlock does not send is a `ProtocolError`. Shared by every stream of
+ * executions (in place, cells, background). */
 export function parseStreamEvent(
   event: SseEvent,
   requestId?: string,
-):
-  | Exclude<StreamEvent, { type: "result" } | { type: "display" }>
-  | { type: "result"; body: Record<string, unknown> }
-  | undefined {
+): Exclude<StreamEvent, { type: "result" } | { type: "display" }> | { type: "result"; body: Record<string, unknown> } {
+  const name = JSON.stringify(printable(event.event, 40));
+  if (!EVENTS.has(event.event)) throw bad(`an unknown event ${name}`);
   let data: unknown;
   try {
-    data = JSON.parse(event.data);
+    // Exact, as answers are: a result's big integers stay whole.
+    data = parseJson(event.data);
   } catch {
-    throw new ProtocolError(`a ${event.event.slice(0, 40)} event is not JSON`, { code: "protocol_error", status: 200 });
+    throw bad(`a ${name} event is not JSON`);
   }
-  const where = `$(${event.event.slice(0, 40)} event)`;
+  const where = `$(${event.event} event)`;
   switch (event.event) {
     case "stdout":
     case "stderr": {
-      const text = object(data, where)["text"];
-      if (typeof text !== "string") throw bad(`${where}.text: expected a string`);
+      const body = object(data, where);
+      const text = body["text"];
+      if (typeof text !== "string" || Object.keys(body).length !== 1) throw bad(`${where}: expected {"text": string}`);
       return { type: event.event, text };
     }
     case "truncated": {
       const body = object(data, where);
       const stream = body["stream"];
       const limit = body["limit"];
-      if ((stream !== "stdout" && stream !== "stderr") || typeof limit !== "number") {
+      if ((stream !== "stdout" && stream !== "stderr") || !Number.isSafeInteger(limit) || Object.keys(body).length !== 2) {
         throw bad(`${where}: expected {"stream": "stdout"|"stderr", "limit": number}`);
       }
-      return { type: "truncated", stream, limit };
+      return { type: "truncated", stream, limit: limit as number };
     }
     case "approval_requested": {
       const body = object(data, where);
@@ -65,9 +67,12 @@ export function parseStreamEvent(
       });
     }
     default:
-      return undefined;
+      throw bad(`an unknown event ${name}`);
   }
 }
+
+// The events airlock's streams carry (docs/http-api.md, "Streaming").
+const EVENTS: ReadonlySet<string> = new Set(["stdout", "stderr", "truncated", "approval_requested", "result", "error"]);
 
 function bad(message: string): ProtocolError {
   return new ProtocolError(message, { code: "protocol_error", status: 200 });
@@ -121,22 +126,17 @@ export class ExecutionStream implements AsyncIterable<StreamEvent> {
     const handlers: Promise<unknown>[] = [];
     let failed: unknown;
     try {
+      let execution: Execution | undefined;
       for await (const sse of stream) {
+        // The result is the last event: the stream ends with it, or it is not airlock's.
+        if (execution !== undefined) throw bad(`an event after the stream's result (${printable(sse.event, 40)})`);
         if (failed !== undefined) throw failed;
         const event = parseStreamEvent(sse, stream.requestId);
-        if (event === undefined) continue;
         if (event.type === "result") {
           await Promise.all(handlers);
           if (failed !== undefined) throw failed;
-          const execution = toExecution(event.body, stream.requestId, "$(result event)");
-          if (execution.output_streamed === true) {
-            execution.stdout = output.stdout.join("") + execution.stdout;
-            execution.stderr = output.stderr.join("") + execution.stderr;
-          }
-          this.execution = execution;
-          for (const out of execution.outputs) yield { type: "display", output: out };
-          yield { type: "result", execution };
-          return;
+          execution = toExecution(event.body, stream.requestId, "$(result event)");
+          continue;
         }
         if (event.type === "stdout" || event.type === "stderr") output[event.type].push(event.text);
         if (event.type === "approval" && this.#onApproval !== undefined) {
@@ -151,7 +151,14 @@ export class ExecutionStream implements AsyncIterable<StreamEvent> {
         yield event;
       }
       if (failed !== undefined) throw failed;
-      throw bad("the stream ended before its result");
+      if (execution === undefined) throw bad("the stream ended before its result");
+      if (execution.output_streamed === true) {
+        execution.stdout = output.stdout.join("") + execution.stdout;
+        execution.stderr = output.stderr.join("") + execution.stderr;
+      }
+      this.execution = execution;
+      for (const out of execution.outputs) yield { type: "display", output: out };
+      yield { type: "result", execution };
     } finally {
       stream.close();
     }
