@@ -9,7 +9,6 @@ import {
   InvalidJsonError,
   MethodNotAllowedError,
   NotFoundError,
-  PayloadTooLargeError,
   ProtocolError,
   RateLimitedError,
   SessionBusyError,
@@ -100,10 +99,8 @@ test("refusals of the transport's own requests have their classes", async () => 
   await assert.rejects(t.request({ method: "POST", path: "/v1/execute", body: "1", contentType: "text/plain" }, "json"), UnsupportedMediaTypeError);
   await assert.rejects(t.request({ method: "GET", path: "/v1/sessions/se_nobody" }, "json"), NotFoundError);
   await assert.rejects(t.request({ method: "DELETE", path: "/v1/eval" }, "json"), MethodNotAllowedError);
-  await assert.rejects(
-    t.request({ method: "POST", path: "/v1/execute", body: "x".repeat(64 << 20), contentType: "application/json" }, "json"),
-    PayloadTooLargeError,
-  );
+  // 413: client.test.ts, against a server whose limit a body can pass while it still fits in
+  // the connection's buffers (64 MiB sent here raced the server's close: EPIPE).
 });
 
 test("a session's conflicts are 409s of their own class", async () => {
