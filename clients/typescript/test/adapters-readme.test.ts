@@ -16,7 +16,7 @@ import { assertPng, assertSandboxed, charts, probe, serve } from "./adapters-com
 import { ScriptedChatModel, ScriptedModel, call, scripted, toolResults } from "./adapters-mock-model.js";
 import { NODE_22, delegate } from "./adapters-node22.js";
 import { KEY } from "./harness.js";
-import { strictProblems } from "./readme-check.js";
+import { built, strictProblems } from "./readme-check.js";
 
 setTracingDisabled(true); // no trace export (it would need the network and an OpenAI key)
 
@@ -41,7 +41,7 @@ if (!NODE_22) {
   const served = serve();
 
   before(() => {
-    execFileSync("npm", ["run", "build"], { cwd: PACKAGE, stdio: "pipe" });
+    built();
     rmSync(WORK, { recursive: true, force: true });
     mkdirSync(WORK, { recursive: true });
     BLOCKS.forEach((code, i) => writeFileSync(join(WORK, `block${i}.mts`), code));

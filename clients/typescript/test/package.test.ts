@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { KEY, launch, type Server } from "./harness.js";
+import { built } from "./readme-check.js";
 
 // The package as a new user gets it: built, packed, installed from the tarball into an empty
 // directory, then imported by name from plain Node ESM and from Deno.
@@ -26,8 +27,8 @@ let dir: string;
 before(async () => {
   server = await launch();
   dir = mkdtempSync(join(tmpdir(), "airlock-ts-package-"));
-  execFileSync("npm", ["run", "build"], { cwd: PACKAGE, stdio: "pipe" });
-  execFileSync("npm", ["pack", "--pack-destination", dir, "--cache", CACHE], { cwd: PACKAGE, stdio: "pipe" });
+  built();
+  execFileSync("npm", ["pack", "--ignore-scripts", "--pack-destination", dir, "--cache", CACHE], { cwd: PACKAGE, stdio: "pipe" });
   const [tarball] = readdirSync(dir).filter((f) => f.endsWith(".tgz"));
   assert.ok(tarball, "npm pack made a tarball");
   const user = join(dir, "user");

@@ -7,7 +7,7 @@ import { fileURLToPath } from "node:url";
 
 import ts from "typescript";
 
-import { strictProblems } from "./readme-check.js";
+import { built, strictProblems } from "./readme-check.js";
 import { APPROVER, EXECUTE_ONLY, KEY, launch, type Server } from "./harness.js";
 
 // Every TypeScript block of the README marked `ts run` is type-checked against the built
@@ -22,7 +22,7 @@ let server: Server;
 
 before(async () => {
   server = await launch();
-  execFileSync("npm", ["run", "build"], { cwd: PACKAGE, stdio: "pipe" });
+  built();
   rmSync(WORK, { recursive: true, force: true });
   mkdirSync(WORK, { recursive: true });
   BLOCKS.forEach((code, i) => writeFileSync(join(WORK, `block${i}.mts`), code));
