@@ -2,10 +2,9 @@
 
 import { BackgroundExecution, submit } from "./background.js";
 import { Environments } from "./environments.js";
-import { ExecutionFailedError } from "./errors.js";
 import type { Value } from "./values.js";
 import { segment, Transport, type CallOptions, type Fetch } from "./http.js";
-import { object, toEvaluation, toExecution } from "./results.js";
+import { object, toEvaluation, toExecution, valueOf } from "./results.js";
 import { listSessions, openSession, sessionById, type Session, type SessionInfo, type SessionOptions } from "./sessions.js";
 import { ExecutionStream, type OnApproval } from "./stream.js";
 import type {
@@ -124,12 +123,7 @@ export class Airlock {
     args: Record<string, unknown> = {},
     options: Omit<RunOptions, "entrypoint" | "inputs"> = {},
   ): Promise<Value> {
-    const execution = await this.run(code, { ...options, entrypoint, inputs: args });
-    if (!execution.ok) {
-      const why = execution.error ? `${execution.error.type}: ${execution.error.message}` : `exit code ${execution.exit_code ?? "none"}`;
-      throw new ExecutionFailedError(`${entrypoint}() ended ${execution.status}: ${why}`, execution, execution.requestId);
-    }
-    return execution.result;
+    return valueOf(await this.run(code, { ...options, entrypoint, inputs: args }), entrypoint);
   }
 
   /** As `run`, with the output as it is written: `for await (const event of

@@ -2,7 +2,7 @@
 // answer without them is a ProtocolError, not a crash later), and results decoded.
 
 import { decode } from "./decode.js";
-import { ProtocolError, printable } from "./errors.js";
+import { ExecutionFailedError, ProtocolError, printable } from "./errors.js";
 import type { Value } from "./values.js";
 import type { Evaluation, Execution, ResultValue, Status } from "./types.js";
 
@@ -127,4 +127,12 @@ function outputFile(value: unknown, where: string): void {
   if (typeof data === "string" && (data.length % 4 !== 0 || !BASE64.test(data))) {
     throw new ProtocolError(`${where}.base64: not base64`, { code: "protocol_error", status: 200 });
   }
+}
+
+/** The value of a function-mode execution, or the `ExecutionFailedError` of one that did not
+ * end `ok`. */
+export function valueOf(execution: Execution, entrypoint: string): Value {
+  if (execution.ok) return execution.result;
+  const why = execution.error ? `${execution.error.type}: ${execution.error.message}` : `exit code ${execution.exit_code ?? "none"}`;
+  throw new ExecutionFailedError(`${entrypoint}() ended ${execution.status}: ${why}`, execution, execution.requestId);
 }

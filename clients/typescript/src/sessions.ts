@@ -2,13 +2,14 @@
 // files, and pausing, resuming and forking them.
 
 import { executeBody, type RunOptions } from "./client.js";
-import { ExecutionFailedError, NotFoundError, SessionLostError } from "./errors.js";
+import { NotFoundError, SessionLostError } from "./errors.js";
 import { FileHolder, array, expected } from "./files.js";
 import { segment, type CallOptions, type Transport } from "./http.js";
-import { object, toExecution } from "./results.js";
+import { object, toExecution, valueOf } from "./results.js";
 import { ExecutionStream, type OnApproval } from "./stream.js";
 import type { components } from "./openapi.gen.js";
 import type { Execution } from "./types.js";
+import type { Value } from "./values.js";
 
 type Schemas = components["schemas"];
 
@@ -134,7 +135,7 @@ export class Session extends FileHolder {
     entrypoint: string,
     args: Record<string, unknown> = {},
     options: Omit<CellOptions, "entrypoint" | "inputs"> = {},
-  ): Promise<unknown> {
+  ): Promise<Value> {
     return valueOf(await this.run(code, { ...options, entrypoint, inputs: args }), entrypoint);
   }
 
@@ -206,14 +207,6 @@ export class Session extends FileHolder {
     this.info = toSessionInfo(answer.body);
     return this.info;
   }
-}
-
-/** The value of a function-mode execution, or the `ExecutionFailedError` of one that did not
- * end `ok`. */
-export function valueOf(execution: Execution, entrypoint: string): unknown {
-  if (execution.ok) return execution.result;
-  const why = execution.error ? `${execution.error.type}: ${execution.error.message}` : `exit code ${execution.exit_code ?? "none"}`;
-  throw new ExecutionFailedError(`${entrypoint}() ended ${execution.status}: ${why}`, execution, execution.requestId);
 }
 
 function sessionPath(id: string): string {
