@@ -165,6 +165,8 @@ pub async fn run(
     }
     state.lifecycle.set_trial(trial);
 
+    // Before the address is announced: a SIGTERM sent as soon as it is seen is not lost.
+    let signals = Signals::register()?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|source| ServeError::Listen {
@@ -186,7 +188,26 @@ pub async fn run(
         env_key,
         state_dir,
     };
-    serve(listener, state, reload).await
+    serve(listener, state, reload, signals).await
+}
+
+/// The signals the server answers: SIGHUP reloads the keys, SIGTERM and SIGINT stop it.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> Result<Self, ServeError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let listen = |kind| signal(kind).map_err(ServeError::Signals);
+        Ok(Signals {
+            hup: listen(SignalKind::hangup())?,
+            term: listen(SignalKind::terminate())?,
+            int: listen(SignalKind::interrupt())?,
+        })
+    }
 }
 
 /// The state directory, made private if it is new.
@@ -369,11 +390,13 @@ async fn serve(
     listener: TcpListener,
     state: SharedServices,
     reload: Reload_,
+    signals: Signals,
 ) -> Result<(), ServeError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
-    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signals)?;
+    let Signals {
+        mut hup,
+        mut term,
+        mut int,
+    } = signals;
     let router = app(state.clone());
     let table = Arc::new(Table::new(state.config.http.max_connections));
     let (stop_tx, stop_rx) = watch::channel(false);
