@@ -42,8 +42,9 @@ ensure_mcp_everything
 ensure_otlp_receiver
 # pytest and mypy for the Python client (clients/python).
 ensure_python_client
-# The TypeScript client's packages (clients/typescript): tsc, openapi-typescript, deno, and the
-# agent frameworks its adapters are tested with (Node 22 for them comes with its first run).
+# The TypeScript client's packages (clients/typescript): tsc, openapi-typescript, the runtimes
+# its packed package is tried in (deno, bun, workerd), and the agent frameworks its adapters are
+# tested with (Node 22 for them comes with its first run).
 ensure_typescript_client
 # schemathesis, the API fuzzer of crates/cli/tests/it/openapi.rs.
 ensure_schemathesis
