@@ -133,7 +133,7 @@ grep '^==>' "$lint_log" || true
 rm -f "$lint_log"
 # The TypeScript client's tests wait on their servers' sandboxes most of the time: they run
 # beside the Python client's, each against servers of its own.
-step "the TypeScript client (beside the Python client's tests): tsc --noEmit, node --test, the adapters under Node 22, the package packed into Node and Deno"
+step "the TypeScript client (beside the Python client's tests): tsc --noEmit, node --test, the adapters under Node 22, the package packed into Node, Deno, Bun and workerd"
 ts_log=$(mktemp)
 (cd clients/typescript && npm run --silent check && npm test) >"$ts_log" 2>&1 &
 ts_tests=$!
