@@ -3,7 +3,7 @@
 // their events (resumed with `Last-Event-ID` after a lost connection, each event once),
 // waited for, cancelled, and found again by id, across server restarts too.
 
-import { executeBody, type RunOptions } from "./client.js";
+import { executeBody, type RunOptions } from "./request.js";
 import {
   AirlockError,
   ClientTimeoutError,

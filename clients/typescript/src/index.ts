@@ -24,7 +24,8 @@ export {
   type ValueKind,
 } from "./values.js";
 
-export { Airlock, DEFAULT_URL, type AirlockOptions, type Files, type RunOptions, type StreamOptions } from "./client.js";
+export { Airlock, DEFAULT_URL, type AirlockOptions } from "./client.js";
+export type { Files, RunOptions, StreamOptions } from "./request.js";
 export * from "./errors.js";
 export {
   DEFAULTS,

@@ -1,7 +1,7 @@
 // Sessions: one sandbox and one interpreter kept for many cells (docs/sessions.md), their
 // files, and pausing, resuming and forking them.
 
-import { executeBody, type RunOptions } from "./client.js";
+import { executeBody, type RunOptions } from "./request.js";
 import { NotFoundError, SessionLostError } from "./errors.js";
 import { FileHolder, array, expected } from "./files.js";
 import { segment, type CallOptions, type Transport } from "./http.js";
