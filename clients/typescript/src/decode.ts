@@ -105,6 +105,11 @@ const NON_FINITE: Record<string, number> = { nan: NaN, inf: Infinity, "-inf": -I
 
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
 
+/** Whether `text` is standard base64 with its padding, as the server writes it. */
+export function isBase64(text: string): boolean {
+  return BASE64.test(text);
+}
+
 // Decimal's text as str() writes it (Python's Decimal reads more: spaces, underscores).
 const DECIMAL = /^[+-]?(?:(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|s?nan\d*)$/i;
 
@@ -374,7 +379,7 @@ class Decoder {
 
   private bytes(obj: RawObject, here: Path): Uint8Array {
     const text = this.string(obj, "base64", here);
-    if (!BASE64.test(text)) this.fail(at(here, "base64"), "bad base64");
+    if (!isBase64(text)) this.fail(at(here, "base64"), "bad base64");
     const binary = atob(text);
     const out = new Uint8Array(binary.length);
     for (let i = 0; i < binary.length; i++) out[i] = binary.charCodeAt(i);

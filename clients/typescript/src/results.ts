@@ -1,7 +1,7 @@
 // Answers read into the client's types: checked for the fields the client relies on (an
 // answer without them is a ProtocolError, not a crash later), and results decoded.
 
-import { decode } from "./decode.js";
+import { decode, isBase64 } from "./decode.js";
 import { ExecutionFailedError, ProtocolError, printable } from "./errors.js";
 import type { Value } from "./values.js";
 import type { Evaluation, Execution, ResultValue, Status } from "./types.js";
@@ -113,9 +113,6 @@ export function toEvaluation(value: unknown): Evaluation {
   };
 }
 
-// Standard base64 with its padding, as the server writes it (and a length a multiple of 4).
-const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
-
 /** One of an execution's output files: a path, a size, its bytes as base64 (or null, when it
  * was skipped). */
 function outputFile(value: unknown, where: string): void {
@@ -124,7 +121,7 @@ function outputFile(value: unknown, where: string): void {
   field(file, "size", where, "integer");
   field(file, "base64", where, "string", true);
   const data = file["base64"];
-  if (typeof data === "string" && (data.length % 4 !== 0 || !BASE64.test(data))) {
+  if (typeof data === "string" && !isBase64(data)) {
     throw new ProtocolError(`${where}.base64: not base64`, { code: "protocol_error", status: 200 });
   }
 }
